@@ -1,0 +1,110 @@
+//! `agentworks-workspaced`: the only writer of the documents tree.
+//!
+//! Thin on purpose: parse flags, drop capabilities, load the config, then hand the socket to
+//! `agentworks::workspace::server::run`. Exit codes: 0 after a clean shutdown, 1 when the
+//! daemon could not start or failed while running, 2 for a bad command line or config.
+
+use agentworks::daemon::{caps, config::Config, listener, logging, shutdown, systemd};
+use agentworks::ipc::server::{PeerPolicy, ServerLimits};
+use agentworks::workspace::ops::{Limits, Workspace};
+use agentworks::workspace::server;
+use anyhow::Context;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Serve guarded reads and writes of the documents tree on workspaced.sock.
+///
+/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
+/// /etc/agentworks/agentworks.toml (section [workspaced]); AGENTWORKS_STATE_ROOT,
+/// AGENTWORKS_DOCUMENTS_ROOT and AGENTWORKS_RUNTIME_DIR override the file. Under systemd the
+/// socket comes from socket activation (FileDescriptorName=workspaced.sock); otherwise the
+/// daemon binds it itself.
+#[derive(Debug, Parser)]
+#[command(name = "agentworks-workspaced", version)]
+struct Args {
+    /// The TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init("agentworks-workspaced");
+    // Capabilities are per thread: drop them before the runtime starts any. CAP_CHOWN and
+    // CAP_FOWNER are kept only if an operator granted them (to keep owners exactly).
+    let kept = match caps::retain_only(&[::caps::Capability::CAP_CHOWN, ::caps::Capability::CAP_FOWNER]) {
+        Ok(kept) => kept,
+        Err(e) => {
+            eprintln!("agentworks-workspaced: cannot drop capabilities: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let config = match Config::load(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("agentworks-workspaced: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentworks-workspaced: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(config, kept)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("agentworks-workspaced: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(config: Config, kept: Vec<::caps::Capability>) -> anyhow::Result<()> {
+    let shutdown = shutdown::on_signals();
+    let socket_path = config.workspaced_socket();
+    // The socket first, so callers queue in its backlog while we recover instead of failing.
+    let (listener, origin) = listener::unix_listener("workspaced.sock", &socket_path)
+        .with_context(|| format!("cannot listen on {}", socket_path.display()))?;
+    let limits = Limits {
+        max_file_bytes: config.workspaced.max_file_bytes,
+        lock_timeout: Duration::from_millis(config.workspaced.lock_timeout_ms),
+        search_max_results: config.workspaced.search_max_results,
+    };
+    let workspace = Workspace::open(&config.documents_root, config.layout(), limits)
+        .context("cannot open the documents tree")?;
+    let workspace = Arc::new(workspace);
+    let recovering = workspace.clone();
+    let report = tokio::task::spawn_blocking(move || recovering.recover())
+        .await
+        .context("recovery did not finish")?
+        .context("cannot reconcile receipts at start")?;
+    tracing::info!(
+        socket = %socket_path.display(),
+        activated = matches!(origin, listener::ListenerOrigin::Activated),
+        documents_root = %workspace.documents_root().display(),
+        capabilities = ?kept,
+        temp_files_removed = report.temp_files_removed,
+        reconciled_applied = report.applied,
+        reconciled_not_applied = report.not_applied,
+        reconciled_uncertain = report.uncertain,
+        "workspaced ready"
+    );
+    systemd::notify_ready("serving workspaced.sock");
+    systemd::spawn_watchdog(shutdown.clone());
+    let policy = PeerPolicy::for_users(&config.workspaced.allowed_users);
+    let server_limits = ServerLimits {
+        max_connections: 256,
+        max_body_bytes: server::max_body_bytes(config.workspaced.max_file_bytes),
+    };
+    server::run(listener, workspace, policy, server_limits, shutdown).await;
+    systemd::notify_stopping();
+    tracing::info!("workspaced stopped");
+    Ok(())
+}

@@ -1,0 +1,3 @@
+//! `agentworksctl`.
+
+fn main() {}

@@ -1,0 +1,591 @@
+//! The one agentworks configuration file: `/etc/agentworks/agentworks.toml`, one section per
+//! daemon.
+//!
+//! Owns finding the file (flag, then `AGENTWORKS_CONFIG`, then the default path), parsing it
+//! strictly (unknown keys are refused so a typo never silently becomes a default), applying the
+//! environment overrides and validating the result into one [`Config`].
+//!
+//! Must never create directories, open sockets or touch the state root: it only describes where
+//! things are. Sections of daemons not built yet (`[agentd]`, `[gatewayd]`) are kept raw.
+
+use std::path::{Path, PathBuf};
+
+use super::layout::StateLayout;
+
+/// Where the configuration is read from when neither `--config` nor `AGENTWORKS_CONFIG` names
+/// a file. A missing file at this path means "all defaults".
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentworks/agentworks.toml";
+
+/// Environment variable naming the config file (beaten by an explicit `--config`).
+pub const ENV_CONFIG: &str = "AGENTWORKS_CONFIG";
+/// Environment variable overriding `state_root` (beats the file).
+pub const ENV_STATE_ROOT: &str = "AGENTWORKS_STATE_ROOT";
+/// Environment variable overriding `documents_root` (beats the file).
+pub const ENV_DOCUMENTS_ROOT: &str = "AGENTWORKS_DOCUMENTS_ROOT";
+/// Environment variable overriding `runtime_dir` (beats the file).
+pub const ENV_RUNTIME_DIR: &str = "AGENTWORKS_RUNTIME_DIR";
+
+const DEFAULT_STATE_ROOT: &str = "/var/lib/agentworks";
+const DEFAULT_DOCUMENTS_ROOT: &str = "/var/lib/agentworks-documents";
+const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
+
+/// The validated configuration of every daemon.
+///
+/// Defaults, in order of precedence for the three roots:
+///
+/// - `state_root`: `AGENTWORKS_STATE_ROOT`, else the file, else `/var/lib/agentworks`.
+/// - `runtime_dir`: `AGENTWORKS_RUNTIME_DIR`, else the file, else `<state_root>/run` **when
+///   `AGENTWORKS_STATE_ROOT` is set**, else `/run/agentworks`. A private state root (tests,
+///   `quickstart`, a second instance) therefore gets private sockets instead of silently
+///   talking to the system daemons.
+/// - `documents_root`: `AGENTWORKS_DOCUMENTS_ROOT`, else the file, else `<state_root>/documents`
+///   when `AGENTWORKS_STATE_ROOT` is set, else `/var/lib/agentworks-documents`.
+///
+/// An environment variable that is set but empty counts as unset.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The shared state root of DESIGN.md ("Shared state root").
+    pub state_root: PathBuf,
+    /// The default documents root: one folder per project.
+    pub documents_root: PathBuf,
+    /// Where the daemons' sockets live.
+    pub runtime_dir: PathBuf,
+    /// The `[workspaced]` section.
+    pub workspaced: WorkspacedConfig,
+    /// The `[agentd]` section, accepted and kept raw until agentd parses it.
+    pub agentd: toml::Table,
+    /// The `[gatewayd]` section, accepted and kept raw until gatewayd parses it.
+    pub gatewayd: toml::Table,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            state_root: PathBuf::from(DEFAULT_STATE_ROOT),
+            documents_root: PathBuf::from(DEFAULT_DOCUMENTS_ROOT),
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            workspaced: WorkspacedConfig::default(),
+            agentd: toml::Table::new(),
+            gatewayd: toml::Table::new(),
+        }
+    }
+}
+
+/// The `[workspaced]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkspacedConfig {
+    /// The socket path; `None` means `<runtime_dir>/workspaced.sock`
+    /// (see [`Config::workspaced_socket`]).
+    pub socket: Option<PathBuf>,
+    /// Users (besides root and workspaced's own uid) whose processes may call the socket.
+    pub allowed_users: Vec<String>,
+    /// Content bigger than this many bytes is refused.
+    pub max_file_bytes: u64,
+    /// How long a write waits for the per-project lock, in milliseconds.
+    pub lock_timeout_ms: u64,
+    /// The most results a search returns.
+    pub search_max_results: usize,
+}
+
+impl Default for WorkspacedConfig {
+    fn default() -> WorkspacedConfig {
+        WorkspacedConfig {
+            socket: None,
+            allowed_users: vec!["agentworks".to_owned()],
+            max_file_bytes: 8 * 1024 * 1024,
+            lock_timeout_ms: 30_000,
+            search_max_results: 200,
+        }
+    }
+}
+
+/// Where the config file path came from; named in errors so the person knows what to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The `--config` flag.
+    Flag,
+    /// The `AGENTWORKS_CONFIG` environment variable.
+    Env,
+    /// [`DEFAULT_CONFIG_PATH`].
+    Default,
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::Flag => f.write_str("--config"),
+            ConfigSource::Env => f.write_str(ENV_CONFIG),
+            ConfigSource::Default => f.write_str("the default path"),
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file named by `--config` or `AGENTWORKS_CONFIG` does not exist.
+    #[error("config file {path} (from {source_kind}) does not exist; fix the path or unset it")]
+    Missing {
+        path: PathBuf,
+        source_kind: ConfigSource,
+    },
+    /// The file exists but could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown or mistyped keys.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    /// A path setting is relative; every root must be absolute so no daemon depends on its cwd.
+    #[error("{key} must be an absolute path, got {path:?} (from {origin})")]
+    RelativePath {
+        key: &'static str,
+        path: PathBuf,
+        origin: String,
+    },
+    /// A limit is zero, which would refuse everything.
+    #[error("{key} must be greater than 0")]
+    ZeroLimit { key: &'static str },
+    /// A name in `workspaced.allowed_users` is empty.
+    #[error("workspaced.allowed_users contains an empty user name")]
+    EmptyUserName,
+}
+
+impl Config {
+    /// Loads the configuration from the real environment.
+    ///
+    /// Source order: explicit path (the `--config` flag) > env `AGENTWORKS_CONFIG` >
+    /// [`DEFAULT_CONFIG_PATH`]. An explicit or env path that does not exist is an error; a
+    /// missing default file means all defaults. Then the env overrides
+    /// (`AGENTWORKS_STATE_ROOT`, `AGENTWORKS_DOCUMENTS_ROOT`, `AGENTWORKS_RUNTIME_DIR`, see
+    /// [`Config`] for how they shape the other defaults), then validation (roots absolute,
+    /// limits > 0).
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_with_env(explicit, &|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// Same as [`Config::load`], with the environment passed in: `env` returns the value of a
+    /// variable.
+    pub fn load_with_env(
+        explicit: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let (path, source_kind) = match (explicit, env(ENV_CONFIG)) {
+            (Some(path), _) => (path.to_path_buf(), ConfigSource::Flag),
+            (None, Some(path)) => (PathBuf::from(path), ConfigSource::Env),
+            (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), ConfigSource::Default),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if source_kind != ConfigSource::Default {
+                    return Err(ConfigError::Missing { path, source_kind });
+                }
+                None
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        let mut config = match &text {
+            Some(text) => Config::parse(text).map_err(|source| ConfigError::Parse {
+                path: path.clone(),
+                source,
+            })?,
+            None => ParsedConfig {
+                config: Config::default(),
+                file_sets_documents_root: false,
+                file_sets_runtime_dir: false,
+            },
+        };
+        config.apply_env(&env);
+        let origin = match text {
+            Some(_) => path.display().to_string(),
+            None => "defaults".to_owned(),
+        };
+        config.config.validate(&origin)?;
+        Ok(config.config)
+    }
+
+    /// Parses the text of a config file (without env overrides or validation).
+    fn parse(text: &str) -> Result<ParsedConfig, toml::de::Error> {
+        let table: toml::Table = toml::from_str(text)?;
+        let file_sets_documents_root = table.contains_key("documents_root");
+        let file_sets_runtime_dir = table.contains_key("runtime_dir");
+        let config: Config = toml::from_str(text)?;
+        Ok(ParsedConfig {
+            config,
+            file_sets_documents_root,
+            file_sets_runtime_dir,
+        })
+    }
+
+    /// Checks that every root is absolute and every limit positive.
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let paths: [(&'static str, Option<&Path>); 4] = [
+            ("state_root", Some(&self.state_root)),
+            ("documents_root", Some(&self.documents_root)),
+            ("runtime_dir", Some(&self.runtime_dir)),
+            ("workspaced.socket", self.workspaced.socket.as_deref()),
+        ];
+        for (key, path) in paths {
+            if let Some(path) = path
+                && !path.is_absolute()
+            {
+                return Err(ConfigError::RelativePath {
+                    key,
+                    path: path.to_path_buf(),
+                    origin: origin.to_owned(),
+                });
+            }
+        }
+        let ws = &self.workspaced;
+        if ws.max_file_bytes == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.max_file_bytes",
+            });
+        }
+        if ws.lock_timeout_ms == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.lock_timeout_ms",
+            });
+        }
+        if ws.search_max_results == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.search_max_results",
+            });
+        }
+        if ws.allowed_users.iter().any(|u| u.trim().is_empty()) {
+            return Err(ConfigError::EmptyUserName);
+        }
+        Ok(())
+    }
+
+    /// The path of workspaced's socket: `workspaced.socket`, else `<runtime_dir>/workspaced.sock`.
+    pub fn workspaced_socket(&self) -> PathBuf {
+        match &self.workspaced.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("workspaced.sock"),
+        }
+    }
+
+    /// The state-root layout under `state_root`.
+    pub fn layout(&self) -> StateLayout {
+        StateLayout {
+            root: self.state_root.clone(),
+        }
+    }
+}
+
+/// A parsed file plus which optional roots it set, which decides how the env defaults apply.
+struct ParsedConfig {
+    config: Config,
+    file_sets_documents_root: bool,
+    file_sets_runtime_dir: bool,
+}
+
+impl ParsedConfig {
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        let state_root_from_env = env(ENV_STATE_ROOT).map(PathBuf::from);
+        if let Some(root) = &state_root_from_env {
+            self.config.state_root = root.clone();
+        }
+        match env(ENV_RUNTIME_DIR) {
+            Some(dir) => self.config.runtime_dir = PathBuf::from(dir),
+            None => {
+                if let (Some(root), false) = (&state_root_from_env, self.file_sets_runtime_dir) {
+                    self.config.runtime_dir = root.join("run");
+                }
+            }
+        }
+        match env(ENV_DOCUMENTS_ROOT) {
+            Some(dir) => self.config.documents_root = PathBuf::from(dir),
+            None => {
+                if let (Some(root), false) = (&state_root_from_env, self.file_sets_documents_root) {
+                    self.config.documents_root = root.join("documents");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("agentworks.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(c.state_root, Path::new("/var/lib/agentworks"));
+        assert_eq!(c.documents_root, Path::new("/var/lib/agentworks-documents"));
+        assert_eq!(c.runtime_dir, Path::new("/run/agentworks"));
+        assert_eq!(
+            c.workspaced_socket(),
+            Path::new("/run/agentworks/workspaced.sock")
+        );
+        assert_eq!(c.workspaced.allowed_users, vec!["agentworks".to_owned()]);
+        assert_eq!(c.workspaced.max_file_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.workspaced.lock_timeout_ms, 30_000);
+        assert_eq!(c.workspaced.search_max_results, 200);
+        assert!(c.agentd.is_empty() && c.gatewayd.is_empty());
+        assert_eq!(c.layout().root, Path::new("/var/lib/agentworks"));
+    }
+
+    #[test]
+    fn full_file_is_parsed_and_raw_sections_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            r#"
+state_root = "/srv/aw"
+documents_root = "/srv/docs"
+runtime_dir = "/run/aw"
+[workspaced]
+socket = "/run/aw/ws.sock"
+allowed_users = ["alice", "bob"]
+max_file_bytes = 1024
+lock_timeout_ms = 5
+search_max_results = 7
+[agentd]
+listen = "127.0.0.1:8080"
+[gatewayd.tls]
+cert = "/etc/cert.pem"
+"#,
+        );
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(c.state_root, Path::new("/srv/aw"));
+        assert_eq!(c.documents_root, Path::new("/srv/docs"));
+        assert_eq!(c.runtime_dir, Path::new("/run/aw"));
+        assert_eq!(c.workspaced_socket(), Path::new("/run/aw/ws.sock"));
+        assert_eq!(c.workspaced.allowed_users, vec!["alice", "bob"]);
+        assert_eq!(c.workspaced.max_file_bytes, 1024);
+        assert_eq!(c.workspaced.lock_timeout_ms, 5);
+        assert_eq!(c.workspaced.search_max_results, 7);
+        assert_eq!(
+            c.agentd.get("listen").and_then(|v| v.as_str()),
+            Some("127.0.0.1:8080")
+        );
+        assert!(c.gatewayd.contains_key("tls"));
+    }
+
+    #[test]
+    fn precedence_flag_then_env_then_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("flag.toml");
+        let envp = dir.path().join("env.toml");
+        std::fs::write(&flag, "state_root = \"/from/flag\"").unwrap();
+        std::fs::write(&envp, "state_root = \"/from/env\"").unwrap();
+        let env = env_of(&[(ENV_CONFIG, envp.to_str().unwrap())]);
+        let c = Config::load_with_env(Some(&flag), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/from/flag"));
+        let c = Config::load_with_env(None, &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/from/env"));
+    }
+
+    #[test]
+    fn missing_explicit_or_env_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        let err = Config::load_with_env(Some(&missing), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Missing {
+                    source_kind: ConfigSource::Flag,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let env = env_of(&[(ENV_CONFIG, missing.to_str().unwrap())]);
+        let err = Config::load_with_env(None, &env).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Missing {
+                    source_kind: ConfigSource::Env,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_overrides_beat_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "state_root = \"/f/state\"\ndocuments_root = \"/f/docs\"\nruntime_dir = \"/f/run\"\n",
+        );
+        let env = env_of(&[
+            (ENV_STATE_ROOT, "/e/state"),
+            (ENV_DOCUMENTS_ROOT, "/e/docs"),
+            (ENV_RUNTIME_DIR, "/e/run"),
+        ]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/e/state"));
+        assert_eq!(c.documents_root, Path::new("/e/docs"));
+        assert_eq!(c.runtime_dir, Path::new("/e/run"));
+    }
+
+    #[test]
+    fn private_state_root_gets_private_runtime_and_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_STATE_ROOT, "/tmp/aw")]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.runtime_dir, Path::new("/tmp/aw/run"));
+        assert_eq!(c.documents_root, Path::new("/tmp/aw/documents"));
+        assert_eq!(
+            c.workspaced_socket(),
+            Path::new("/tmp/aw/run/workspaced.sock")
+        );
+
+        // The file's own settings still win over the derived defaults.
+        let path = write(
+            dir.path(),
+            "runtime_dir = \"/f/run\"\ndocuments_root = \"/f/docs\"\n",
+        );
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.runtime_dir, Path::new("/f/run"));
+        assert_eq!(c.documents_root, Path::new("/f/docs"));
+    }
+
+    #[test]
+    fn empty_env_value_counts_as_unset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_STATE_ROOT, ""), (ENV_CONFIG, "")]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/var/lib/agentworks"));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in [
+            "stat_root = \"/x\"",
+            "[workspaced]\nmax_file_byte = 3",
+            "[unknownd]\nx = 1",
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "state_root = \"relative/state\"");
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "state_root",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let path = write(dir.path(), "[workspaced]\nsocket = \"ws.sock\"");
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "workspaced.socket",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_RUNTIME_DIR, "run")]);
+        let err = Config::load_with_env(Some(&path), &env).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "runtime_dir",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, key) in [
+            (
+                "[workspaced]\nmax_file_bytes = 0",
+                "workspaced.max_file_bytes",
+            ),
+            (
+                "[workspaced]\nlock_timeout_ms = 0",
+                "workspaced.lock_timeout_ms",
+            ),
+            (
+                "[workspaced]\nsearch_max_results = 0",
+                "workspaced.search_max_results",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::ZeroLimit { key: k } if k == key),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_default_file_means_defaults() {
+        // Only meaningful where no system config is installed (the test machines).
+        if Path::new(DEFAULT_CONFIG_PATH).exists() {
+            return;
+        }
+        let env = env_of(&[(ENV_STATE_ROOT, "/tmp/aw-default-test")]);
+        let c = Config::load_with_env(None, &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/tmp/aw-default-test"));
+        assert_eq!(c.runtime_dir, Path::new("/tmp/aw-default-test/run"));
+        assert_eq!(c.workspaced.max_file_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn unreadable_default_is_not_treated_as_missing() {
+        // A directory where the file should be: reading fails with something else than NotFound.
+        let dir = tempfile::tempdir().unwrap();
+        let err = Config::load_with_env(Some(dir.path()), &env_of(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    }
+}

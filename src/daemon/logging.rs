@@ -1,0 +1,96 @@
+//! Logging setup: journald with structured fields under systemd, compact text on stderr
+//! otherwise.
+//!
+//! Owns installing the one global `tracing` subscriber. Must never panic or fail the daemon: if
+//! journald cannot be reached the daemon logs to stderr instead, and a second call (or a
+//! subscriber installed by someone else, as in tests) leaves things as they are.
+
+use std::sync::Once;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+static INIT: Once = Once::new();
+
+/// Installs the global subscriber.
+///
+/// Logs to journald (tracing-journald, structured fields, `SYSLOG_IDENTIFIER=daemon_name`) when
+/// `JOURNAL_STREAM` names our stderr (its `dev:ino` equals fstat of fd 2), otherwise a compact
+/// fmt layer to stderr. The filter comes from `RUST_LOG`, default `info`. A second call is a
+/// no-op.
+pub fn init(daemon_name: &str) {
+    INIT.call_once(|| install(daemon_name));
+}
+
+fn filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+fn install(daemon_name: &str) {
+    let mut journal_error = None;
+    if stderr_is_journal() {
+        match tracing_journald::layer() {
+            Ok(layer) => {
+                let layer = layer.with_syslog_identifier(daemon_name.to_owned());
+                // Err means a subscriber is already installed: keep it.
+                let _ = tracing_subscriber::registry()
+                    .with(filter())
+                    .with(layer)
+                    .try_init();
+                return;
+            }
+            Err(error) => journal_error = Some(error),
+        }
+    }
+    let layer = tracing_subscriber::fmt::layer()
+        .compact()
+        .with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry()
+        .with(filter())
+        .with(layer)
+        .try_init();
+    if let Some(error) = journal_error {
+        tracing::warn!(%error, "JOURNAL_STREAM is set but journald is unreachable; logging to stderr");
+    }
+}
+
+/// Whether fd 2 is the stream systemd connected to the journal.
+fn stderr_is_journal() -> bool {
+    let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(stat) = rustix::fs::fstat(std::io::stderr()) else {
+        return false;
+    };
+    journal_stream_matches(&value.to_string_lossy(), stat.st_dev, stat.st_ino)
+}
+
+/// Whether a `JOURNAL_STREAM` value (`<dev>:<ino>`, decimal) names the file with `dev`/`ino`.
+pub fn journal_stream_matches(value: &str, dev: u64, ino: u64) -> bool {
+    let Some((d, i)) = value.trim().split_once(':') else {
+        return false;
+    };
+    matches!((d.parse::<u64>(), i.parse::<u64>()), (Ok(d), Ok(i)) if d == dev && i == ino)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_stream_parsing() {
+        assert!(journal_stream_matches("8:12345", 8, 12345));
+        assert!(!journal_stream_matches("8:12345", 8, 1));
+        assert!(!journal_stream_matches("9:12345", 8, 12345));
+        assert!(!journal_stream_matches("garbage", 8, 12345));
+        assert!(!journal_stream_matches("8:", 8, 0));
+    }
+
+    #[test]
+    fn init_twice_is_harmless() {
+        init("agentworks-test");
+        init("agentworks-test");
+        tracing::info!("logging works");
+    }
+}

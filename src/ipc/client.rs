@@ -1,0 +1,288 @@
+//! The client side of a daemon socket: what agentd, agentworksctl, tests and benchmarks use to
+//! call another daemon.
+//!
+//! Owns one HTTP/1.1 exchange per call over a fresh Unix-socket connection, JSON in and out,
+//! and turning the error envelope back into [`ClientError::Remote`].
+//!
+//! Must never retry on its own (a write is not idempotent unless the caller says so) and never
+//! hide the remote error code: callers match on it.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{ACCEPT, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use super::envelope::{ErrorBody, ErrorEnvelope};
+
+/// A client for one daemon socket. Cheap to clone; holds no connection between calls.
+#[derive(Debug, Clone)]
+pub struct UnixClient {
+    socket: PathBuf,
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be connected (daemon not running, wrong path, no permission).
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The daemon answered with an error envelope.
+    #[error("{status} {}: {}", body.code, body.message)]
+    Remote { status: u16, body: ErrorBody },
+    /// The HTTP exchange itself failed (connection reset, malformed response).
+    #[error("HTTP exchange with {socket} for {endpoint} failed: {source}")]
+    Http {
+        socket: PathBuf,
+        endpoint: String,
+        source: hyper::Error,
+    },
+    /// The request could not be built (e.g. `endpoint` is not a valid path).
+    #[error("invalid request to {endpoint}: {source}")]
+    Request {
+        endpoint: String,
+        source: hyper::http::Error,
+    },
+    /// The request body could not be serialized to JSON.
+    #[error("cannot encode the request body for {endpoint} as JSON: {source}")]
+    Encode {
+        endpoint: String,
+        source: serde_json::Error,
+    },
+    /// A 2xx response whose body is not the JSON the caller expected.
+    #[error("{status} response from {endpoint} is not the expected JSON: {source}")]
+    Decode {
+        endpoint: String,
+        status: u16,
+        source: serde_json::Error,
+    },
+    /// A non-2xx response without an error envelope (e.g. from something that is not an
+    /// agentworks daemon).
+    #[error("{status} response from {endpoint} without an error envelope: {body}")]
+    Unexpected {
+        endpoint: String,
+        status: u16,
+        body: String,
+    },
+}
+
+impl ClientError {
+    /// The remote error code, if the daemon answered with an envelope.
+    pub fn remote_code(&self) -> Option<&str> {
+        match self {
+            ClientError::Remote { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+}
+
+/// How much of an unexpected body is kept in [`ClientError::Unexpected`].
+const UNEXPECTED_BODY_SNIPPET: usize = 512;
+
+impl UnixClient {
+    /// A client for the daemon listening on `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> UnixClient {
+        UnixClient {
+            socket: socket.into(),
+        }
+    }
+
+    /// The socket path this client calls.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// POSTs `body` as JSON to `path` (e.g. `/v1/read`).
+    ///
+    /// 2xx → the body deserialized as `Resp`; non-2xx with an envelope → [`ClientError::Remote`];
+    /// connection errors → [`ClientError::Connect`].
+    pub async fn post<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Req,
+    ) -> Result<Resp, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|source| ClientError::Encode {
+            endpoint: path.to_owned(),
+            source,
+        })?;
+        self.call(Method::POST, path, Some(Bytes::from(bytes)))
+            .await
+    }
+
+    /// GETs `path`; same result rules as [`UnixClient::post`].
+    pub async fn get<Resp: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Resp, ClientError> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// One request on one fresh connection.
+    async fn call<Resp: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Resp, ClientError> {
+        let http_error = |source| ClientError::Http {
+            socket: self.socket.clone(),
+            endpoint: path.to_owned(),
+            source,
+        };
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            // HTTP/1.1 requires a Host; the name is meaningless on a Unix socket.
+            .header(HOST, HeaderValue::from_static("localhost"))
+            .header(ACCEPT, HeaderValue::from_static("application/json"));
+        if body.is_some() {
+            builder = builder.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let request = builder
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|source| ClientError::Request {
+                endpoint: path.to_owned(),
+                source,
+            })?;
+
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                path: self.socket.clone(),
+                source,
+            })?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http_error)?;
+        // The connection future drives the socket; it ends once `sender` is dropped below.
+        let driver = tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "client connection ended with an error");
+            }
+        });
+        let exchange = async {
+            let response = sender.send_request(request).await.map_err(http_error)?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(http_error)?
+                .to_bytes();
+            Ok::<_, ClientError>((status, bytes))
+        };
+        let result = exchange.await;
+        drop(sender);
+        // Not awaited: a misbehaving server must not make the caller hang after its answer.
+        drop(driver);
+        let (status, bytes) = result?;
+        decode(path, status, &bytes)
+    }
+}
+
+/// Turns a complete response into the caller's value or a [`ClientError`].
+fn decode<Resp: serde::de::DeserializeOwned>(
+    endpoint: &str,
+    status: StatusCode,
+    bytes: &[u8],
+) -> Result<Resp, ClientError> {
+    if status.is_success() {
+        return serde_json::from_slice(bytes).map_err(|source| ClientError::Decode {
+            endpoint: endpoint.to_owned(),
+            status: status.as_u16(),
+            source,
+        });
+    }
+    match serde_json::from_slice::<ErrorEnvelope>(bytes) {
+        Ok(envelope) => Err(ClientError::Remote {
+            status: status.as_u16(),
+            body: envelope.error,
+        }),
+        Err(_) => {
+            let mut text = String::from_utf8_lossy(bytes).into_owned();
+            if text.len() > UNEXPECTED_BODY_SNIPPET {
+                let mut cut = UNEXPECTED_BODY_SNIPPET;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push('…');
+            }
+            Err(ClientError::Unexpected {
+                endpoint: endpoint.to_owned(),
+                status: status.as_u16(),
+                body: text,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    struct Thing {
+        n: u32,
+    }
+
+    #[test]
+    fn decode_success_and_errors() {
+        let ok: Thing = decode("/v1/t", StatusCode::OK, br#"{"n": 3}"#).unwrap();
+        assert_eq!(ok.n, 3);
+
+        let err = decode::<Thing>("/v1/t", StatusCode::OK, b"not json").unwrap_err();
+        assert!(
+            matches!(err, ClientError::Decode { status: 200, .. }),
+            "{err}"
+        );
+
+        let err = decode::<Thing>(
+            "/v1/t",
+            StatusCode::CONFLICT,
+            br#"{"error":{"code":"revision_conflict","message":"changed","current_revision":"r2"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.remote_code(), Some("revision_conflict"));
+        assert_eq!(err.to_string(), "409 revision_conflict: changed");
+
+        let long = "x".repeat(2000);
+        let err = decode::<Thing>("/v1/t", StatusCode::BAD_GATEWAY, long.as_bytes()).unwrap_err();
+        match err {
+            ClientError::Unexpected { status, body, .. } => {
+                assert_eq!(status, 502);
+                assert!(body.len() <= UNEXPECTED_BODY_SNIPPET + '…'.len_utf8());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_error_names_the_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("absent.sock");
+        let err = UnixClient::new(&socket)
+            .get::<Thing>("/v1/health")
+            .await
+            .unwrap_err();
+        match &err {
+            ClientError::Connect { path, .. } => assert_eq!(path, &socket),
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("absent.sock"));
+    }
+
+    #[tokio::test]
+    async fn invalid_endpoint_is_a_request_error() {
+        let err = UnixClient::new("/nonexistent.sock")
+            .get::<Thing>("not a path")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::Request { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,123 @@
+//! The one JSON error envelope every agentworks socket and endpoint speaks:
+//! `{"error": {"code": "revision_conflict", "message": "...", ...details}}`.
+//!
+//! Owns the envelope types and building JSON responses. Must never decide which code an error
+//! gets: each domain maps its own error enum to a code, once, and calls [`error_response`].
+
+use bytes::Bytes;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+
+/// The body of an error: a stable machine-readable `code`, a `message` for a person, and any
+/// details flattened beside them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorBody {
+    /// Stable, snake_case, e.g. `revision_conflict`.
+    pub code: String,
+    /// What happened and, where possible, what to do about it.
+    pub message: String,
+    /// Extra fields (e.g. `current_revision`), flattened into the object.
+    #[serde(flatten)]
+    pub details: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `{"error": ErrorBody}`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorEnvelope {
+    /// The error.
+    pub error: ErrorBody,
+}
+
+/// Every response body on our sockets is a complete buffer.
+pub type Body = http_body_util::Full<bytes::Bytes>;
+
+/// Sent if a value cannot be serialized (a bug: a map with non-string keys, say), so the caller
+/// still gets an envelope.
+const SERIALIZE_FAILED: &str =
+    r#"{"error":{"code":"internal","message":"the response could not be serialized to JSON"}}"#;
+
+fn with_json(status: StatusCode, bytes: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::new(bytes));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A response with `value` as its JSON body and `Content-Type: application/json`.
+///
+/// If `value` cannot be serialized, the response is a 500 envelope with code `internal`.
+pub fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => with_json(status, Bytes::from(bytes)),
+        Err(error) => {
+            tracing::error!(%error, "cannot serialize response");
+            with_json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Bytes::from_static(SERIALIZE_FAILED.as_bytes()),
+            )
+        }
+    }
+}
+
+/// An error envelope response.
+pub fn error_response(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    details: serde_json::Map<String, serde_json::Value>,
+) -> Response<Body> {
+    let envelope = ErrorEnvelope {
+        error: ErrorBody {
+            code: code.to_owned(),
+            message: message.into(),
+            details,
+        },
+    };
+    json_response(status, &envelope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn error_response_has_the_envelope_shape() {
+        let mut details = serde_json::Map::new();
+        details.insert("current_revision".into(), serde_json::json!("r2"));
+        let response = error_response(
+            StatusCode::CONFLICT,
+            "revision_conflict",
+            "the file changed",
+            details,
+        );
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers().get(CONTENT_TYPE).unwrap(),
+            "application/json"
+        );
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"error": {"code": "revision_conflict",
+                "message": "the file changed", "current_revision": "r2"}})
+        );
+        let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed.error.code, "revision_conflict");
+        assert_eq!(parsed.error.details["current_revision"], "r2");
+    }
+
+    #[tokio::test]
+    async fn unserializable_value_becomes_internal_error() {
+        let mut bad = std::collections::HashMap::new();
+        bad.insert((1, 2), 3);
+        let response = json_response(StatusCode::OK, &bad);
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed.error.code, "internal");
+    }
+}

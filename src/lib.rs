@@ -1,0 +1,23 @@
+//! agentworks: guarded agent access to files on two kinds of machine.
+//!
+//! One package, three daemons and two command-line programs. The library holds every domain;
+//! the binaries in `src/bin/` only parse flags, set up logging, take their listener and call
+//! `run` of their domain.
+//!
+//! Layout, one module per domain:
+//!
+//! - [`daemon`]: plumbing every daemon shares: the one TOML config, the state-root layout,
+//!   socket activation, `sd_notify`, logging, shutdown signals and capability dropping.
+//! - [`ipc`]: HTTP/1.1 + JSON over Unix sockets, `SO_PEERCRED` peer checks, the one JSON error
+//!   envelope, and the client the daemons and CLIs use to talk to each other.
+//! - [`guard`]: the folder and policy guard (write paths, blocked, blocked-write, read-only,
+//!   protected files) evaluated on normalised relative paths; shared by every caller.
+//! - [`patch`]: the one unified-diff parser and strict applier.
+//! - [`workspace`]: `agentworks-workspaced`, the only process that writes the documents tree:
+//!   confined paths, revisions, the per-project lock, receipts, ownership and ACL preservation.
+
+pub mod daemon;
+pub mod guard;
+pub mod ipc;
+pub mod patch;
+pub mod workspace;
