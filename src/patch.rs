@@ -15,9 +15,13 @@ pub enum PatchError {
     Empty,
     #[error("the diff holds more than one file ({0} file headers); send one file per patch")]
     MultipleFiles(usize),
-    #[error("hunk {hunk} does not match the file at line {line}: its context or removed lines differ; re-read the file and make a new diff")]
+    #[error(
+        "hunk {hunk} does not match the file at line {line}: its context or removed lines differ; re-read the file and make a new diff"
+    )]
     ContextMismatch { hunk: usize, line: usize },
-    #[error("hunk {hunk} starts before the end of hunk {previous}; hunks must be ordered and must not overlap")]
+    #[error(
+        "hunk {hunk} starts before the end of hunk {previous}; hunks must be ordered and must not overlap"
+    )]
     Overlap { hunk: usize, previous: usize },
 }
 
@@ -86,7 +90,10 @@ mod tests {
     #[test]
     fn applies_an_exact_diff() {
         let diff = "--- a/f\n+++ b/f\n@@ -2,2 +2,2 @@\n two\n-three\n+THREE\n";
-        assert_eq!(apply_strict(BASE, diff).unwrap(), "one\ntwo\nTHREE\nfour\nfive\n");
+        assert_eq!(
+            apply_strict(BASE, diff).unwrap(),
+            "one\ntwo\nTHREE\nfour\nfive\n"
+        );
     }
 
     #[test]
@@ -118,9 +125,19 @@ mod tests {
 
     #[test]
     fn refuses_garbage_multiple_files_and_empty() {
-        assert!(matches!(apply_strict(BASE, "@@ nonsense"), Err(PatchError::Parse(_))));
-        let two = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-one\n+1\n--- a/g\n+++ b/g\n@@ -1 +1 @@\n-x\n+y\n";
-        assert_eq!(apply_strict(BASE, two).unwrap_err(), PatchError::MultipleFiles(2));
-        assert_eq!(apply_strict(BASE, "--- a/f\n+++ b/f\n").unwrap_err(), PatchError::Empty);
+        assert!(matches!(
+            apply_strict(BASE, "@@ nonsense"),
+            Err(PatchError::Parse(_))
+        ));
+        let two =
+            "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-one\n+1\n--- a/g\n+++ b/g\n@@ -1 +1 @@\n-x\n+y\n";
+        assert_eq!(
+            apply_strict(BASE, two).unwrap_err(),
+            PatchError::MultipleFiles(2)
+        );
+        assert_eq!(
+            apply_strict(BASE, "--- a/f\n+++ b/f\n").unwrap_err(),
+            PatchError::Empty
+        );
     }
 }

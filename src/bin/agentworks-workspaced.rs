@@ -35,7 +35,10 @@ fn main() -> ExitCode {
     logging::init("agentworks-workspaced");
     // Capabilities are per thread: drop them before the runtime starts any. CAP_CHOWN and
     // CAP_FOWNER are kept only if an operator granted them (to keep owners exactly).
-    let kept = match caps::retain_only(&[::caps::Capability::CAP_CHOWN, ::caps::Capability::CAP_FOWNER]) {
+    let kept = match caps::retain_only(&[
+        ::caps::Capability::CAP_CHOWN,
+        ::caps::Capability::CAP_FOWNER,
+    ]) {
         Ok(kept) => kept,
         Err(e) => {
             eprintln!("agentworks-workspaced: cannot drop capabilities: {e}");
@@ -49,7 +52,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("agentworks-workspaced: cannot start the runtime: {e}");

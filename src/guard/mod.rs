@@ -118,10 +118,7 @@ impl ResolvedGuard {
     /// May `path` be created, replaced, moved or deleted? Protected, blocked and read-only
     /// paths are checked before write grants, so a grant never outranks them.
     pub fn check_write(&self, path: &RelPath) -> Result<(), GuardError> {
-        if let Some(name) = path
-            .components()
-            .find(|c| PROTECTED_FILE_NAMES.contains(c))
-        {
+        if let Some(name) = path.components().find(|c| PROTECTED_FILE_NAMES.contains(c)) {
             return Err(GuardError::Protected {
                 path: path.to_string(),
                 name: name.to_owned(),
@@ -146,7 +143,12 @@ impl ResolvedGuard {
 mod tests {
     use super::*;
 
-    fn guard(write: &[&str], blocked: &[&str], blocked_write: &[&str], ro: &[&str]) -> ResolvedGuard {
+    fn guard(
+        write: &[&str],
+        blocked: &[&str],
+        blocked_write: &[&str],
+        ro: &[&str],
+    ) -> ResolvedGuard {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect();
         Guard {
             write_paths: v(write),
@@ -166,19 +168,40 @@ mod tests {
     fn empty_guard_reads_but_never_writes() {
         let g = guard(&[], &[], &[], &[]);
         assert!(g.check_read(&p("a.txt")).is_ok());
-        assert_eq!(g.check_write(&p("a.txt")).unwrap_err().reason(), "outside_write_paths");
+        assert_eq!(
+            g.check_write(&p("a.txt")).unwrap_err().reason(),
+            "outside_write_paths"
+        );
     }
 
     #[test]
     fn precedence_protected_blocked_readonly_then_grants() {
         let g = guard(&["."], &["secret"], &["plans"], &["vendor"]);
         assert!(g.check_write(&p("code/task.py")).is_ok());
-        assert_eq!(g.check_write(&p("workflow.json")).unwrap_err().reason(), "protected");
-        assert_eq!(g.check_write(&p("code/product.json")).unwrap_err().reason(), "protected");
-        assert_eq!(g.check_write(&p("secret/k")).unwrap_err().reason(), "blocked");
-        assert_eq!(g.check_read(&p("secret/k")).unwrap_err().reason(), "blocked");
-        assert_eq!(g.check_write(&p("plans/p.md")).unwrap_err().reason(), "read_only");
-        assert_eq!(g.check_write(&p("vendor/x")).unwrap_err().reason(), "read_only");
+        assert_eq!(
+            g.check_write(&p("workflow.json")).unwrap_err().reason(),
+            "protected"
+        );
+        assert_eq!(
+            g.check_write(&p("code/product.json")).unwrap_err().reason(),
+            "protected"
+        );
+        assert_eq!(
+            g.check_write(&p("secret/k")).unwrap_err().reason(),
+            "blocked"
+        );
+        assert_eq!(
+            g.check_read(&p("secret/k")).unwrap_err().reason(),
+            "blocked"
+        );
+        assert_eq!(
+            g.check_write(&p("plans/p.md")).unwrap_err().reason(),
+            "read_only"
+        );
+        assert_eq!(
+            g.check_write(&p("vendor/x")).unwrap_err().reason(),
+            "read_only"
+        );
         assert!(g.check_read(&p("plans/p.md")).is_ok());
         // Component matching: "secret2" is not "secret".
         assert!(g.check_write(&p("secret2/k")).is_ok());
@@ -188,8 +211,14 @@ mod tests {
     fn write_paths_narrow_by_component() {
         let g = guard(&["code"], &[], &[], &[]);
         assert!(g.check_write(&p("code/a.py")).is_ok());
-        assert_eq!(g.check_write(&p("codex/a.py")).unwrap_err().reason(), "outside_write_paths");
-        assert_eq!(g.check_write(&p("a.py")).unwrap_err().reason(), "outside_write_paths");
+        assert_eq!(
+            g.check_write(&p("codex/a.py")).unwrap_err().reason(),
+            "outside_write_paths"
+        );
+        assert_eq!(
+            g.check_write(&p("a.py")).unwrap_err().reason(),
+            "outside_write_paths"
+        );
     }
 
     #[test]

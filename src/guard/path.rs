@@ -28,11 +28,17 @@ pub enum PathError {
     Nul { path: String },
     #[error("path {path:?} contains a \"..\" component; traversal out of a folder is refused")]
     Traversal { path: String },
-    #[error("path {path:?} contains an empty or \".\" component; write it without \"//\" or \"/./\"")]
+    #[error(
+        "path {path:?} contains an empty or \".\" component; write it without \"//\" or \"/./\""
+    )]
     EmptyComponent { path: String },
-    #[error("path {path:?} names a private file or folder ({component:?}); dot-files are never served")]
+    #[error(
+        "path {path:?} names a private file or folder ({component:?}); dot-files are never served"
+    )]
     Private { path: String, component: String },
-    #[error("path {path:?} is longer than {MAX_PATH_BYTES} bytes or has a component over {MAX_COMPONENT_BYTES}")]
+    #[error(
+        "path {path:?} is longer than {MAX_PATH_BYTES} bytes or has a component over {MAX_COMPONENT_BYTES}"
+    )]
     TooLong { path: String },
 }
 
@@ -150,7 +156,10 @@ mod tests {
             let p = RelPath::parse(ok).unwrap();
             assert!(!p.as_str().ends_with('/'), "{ok}");
         }
-        assert_eq!(RelPath::parse("a/b/c").unwrap().parent().unwrap().as_str(), "a/b");
+        assert_eq!(
+            RelPath::parse("a/b/c").unwrap().parent().unwrap().as_str(),
+            "a/b"
+        );
         assert_eq!(RelPath::parse("a/b/c").unwrap().file_name(), "c");
         assert!(RelPath::parse("x").unwrap().parent().is_none());
     }

@@ -1,4 +1,4 @@
-//! POSIX access ACLs and ownership carry-over for atomic file replacement, on file descriptors only.
+//! POSIX access ACLs and ownership carry-over for atomic replacement, on file descriptors only.
 //!
 //! This module owns two things:
 //!

@@ -31,7 +31,10 @@ pub enum ConfineError {
     #[error("{path} is not a directory (or a component of it is a file)")]
     NotADirectory { path: String },
     #[error("cannot open {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 fn resolve_flags() -> ResolveFlags {
@@ -53,7 +56,12 @@ fn classify(path: &str, errno: Errno) -> ConfineError {
 }
 
 /// `openat2` beneath `dir`, retrying the kernel's `EAGAIN` for a rename that raced the lookup.
-fn open_beneath(dir: BorrowedFd<'_>, path: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+fn open_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
     let mut attempt = 0;
     loop {
         match rustix::fs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, resolve_flags()) {
@@ -66,8 +74,13 @@ fn open_beneath(dir: BorrowedFd<'_>, path: &str, flags: OFlags, mode: Mode) -> R
 /// Open a directory beneath `root`; `None` opens (a duplicate of) `root` itself.
 pub fn open_dir(root: BorrowedFd<'_>, dir: Option<&RelPath>) -> Result<OwnedFd, ConfineError> {
     let path = dir.map(RelPath::as_str).unwrap_or(".");
-    open_beneath(root, path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-        .map_err(|e| classify(path, e))
+    open_beneath(
+        root,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    )
+    .map_err(|e| classify(path, e))
 }
 
 /// Open the directory `dir` beneath `root`, creating missing components one at a time (each
@@ -163,7 +176,11 @@ mod tests {
         std::fs::create_dir(project.path().join("real")).unwrap();
         std::fs::write(project.path().join("real/f"), "x").unwrap();
         symlink(outside.path(), project.path().join("link")).unwrap();
-        symlink(outside.path().join("secret"), project.path().join("real/leaf")).unwrap();
+        symlink(
+            outside.path().join("secret"),
+            project.path().join("real/leaf"),
+        )
+        .unwrap();
         let root = root_fd(project.path());
 
         assert!(matches!(
@@ -188,8 +205,16 @@ mod tests {
         assert!(!outside.path().join("new").exists());
         let f = p("real/f");
         let (dir, name) = open_parent(root.as_fd(), &f, false).unwrap();
-        assert!(open_file(dir.as_fd(), name, &p("real/f")).unwrap().is_some());
-        assert!(open_file(dir.as_fd(), "none", &p("real/none")).unwrap().is_none());
+        assert!(
+            open_file(dir.as_fd(), name, &p("real/f"))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            open_file(dir.as_fd(), "none", &p("real/none"))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

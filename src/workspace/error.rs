@@ -36,7 +36,10 @@ pub enum WorkspaceError {
         current: Revision,
     },
     #[error("request id {request_id:?} was already used for a different change; use a new id")]
-    RequestIdReused { request_id: String, receipt_id: String },
+    RequestIdReused {
+        request_id: String,
+        receipt_id: String,
+    },
     #[error("request id {request_id:?} is still being processed; retry shortly")]
     RequestInProgress { request_id: String },
     #[error("{0}")]
@@ -47,7 +50,9 @@ pub enum WorkspaceError {
     AuditUnavailable(#[from] ReceiptError),
     #[error("{0}")]
     MetadataNotKept(#[from] AclError),
-    #[error("the outcome of request {request_id:?} is uncertain: {reason}; look it up by request id before retrying")]
+    #[error(
+        "the outcome of request {request_id:?} is uncertain: {reason}; look it up by request id before retrying"
+    )]
     Uncertain {
         request_id: String,
         reason: String,
@@ -66,7 +71,11 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    pub fn io(operation: &'static str, path: impl std::fmt::Display, source: impl Into<std::io::Error>) -> Self {
+    pub fn io(
+        operation: &'static str,
+        path: impl std::fmt::Display,
+        source: impl Into<std::io::Error>,
+    ) -> Self {
         WorkspaceError::Io {
             operation,
             path: path.to_string(),
@@ -111,9 +120,10 @@ impl WorkspaceError {
             "not_found" => StatusCode::NOT_FOUND,
             "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "not_text" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "revision_conflict" | "request_id_reused" | "request_in_progress" | "cannot_restore" => {
-                StatusCode::CONFLICT
-            }
+            "revision_conflict"
+            | "request_id_reused"
+            | "request_in_progress"
+            | "cannot_restore" => StatusCode::CONFLICT,
             "patch_rejected" | "ownership_not_kept" => StatusCode::UNPROCESSABLE_ENTITY,
             "busy" | "audit_unavailable" | "lock_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,7 +141,9 @@ impl WorkspaceError {
                 json!({"reason": "escape", "path": path})
             }
             WorkspaceError::TooLarge { size, limit, .. } => json!({"size": size, "limit": limit}),
-            WorkspaceError::RevisionConflict { current, expected, .. } => {
+            WorkspaceError::RevisionConflict {
+                current, expected, ..
+            } => {
                 json!({"current_revision": current, "expected_revision": expected})
             }
             WorkspaceError::RequestIdReused { receipt_id, .. } => json!({"receipt_id": receipt_id}),

@@ -28,7 +28,10 @@ pub fn hit(name: &str) -> Hit {
         }
         match (parts.next(), parts.next()) {
             (None, _) => {
-                tracing::warn!(failpoint = name, "failpoint: killing workspaced with SIGKILL");
+                tracing::warn!(
+                    failpoint = name,
+                    "failpoint: killing workspaced with SIGKILL"
+                );
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
             }
             (Some("sleep"), Some(ms)) => {

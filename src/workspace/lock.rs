@@ -18,11 +18,19 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("cannot open the project lock {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
-    #[error("the project is busy: another operation held its lock for more than {waited_ms} ms; retry")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the project is busy: another operation held its lock for more than {waited_ms} ms; retry"
+    )]
     Timeout { waited_ms: u128 },
     #[error("cannot take the project lock {path}: {source}")]
-    Flock { path: PathBuf, source: std::io::Error },
+    Flock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A held project lock; dropping it (closing the fd) releases it.

@@ -136,9 +136,7 @@ fn unchanged_since(a: &Stat, b: &Stat) -> bool {
 }
 
 fn validate_request_id(id: &str) -> Result<(), WorkspaceError> {
-    if id.is_empty()
-        || id.len() > MAX_REQUEST_ID_BYTES
-        || !id.chars().all(|c| c.is_ascii_graphic())
+    if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES || !id.chars().all(|c| c.is_ascii_graphic())
     {
         return Err(WorkspaceError::InvalidRequest(format!(
             "request_id must be 1..={MAX_REQUEST_ID_BYTES} printable ASCII characters without spaces"
@@ -162,7 +160,10 @@ fn payload_hash(parts: &[&str]) -> String {
 
 /// Read an fd to the end, refusing more than `limit` bytes.
 fn read_bounded(fd: &OwnedFd, limit: u64, path: &RelPath) -> Result<Vec<u8>, WorkspaceError> {
-    let mut file = std::fs::File::from(fd.try_clone().map_err(|e| WorkspaceError::io("read", path, e))?);
+    let mut file = std::fs::File::from(
+        fd.try_clone()
+            .map_err(|e| WorkspaceError::io("read", path, e))?,
+    );
     let mut content = Vec::new();
     (&mut file)
         .take(limit + 1)
@@ -171,7 +172,9 @@ fn read_bounded(fd: &OwnedFd, limit: u64, path: &RelPath) -> Result<Vec<u8>, Wor
     if content.len() as u64 > limit {
         return Err(WorkspaceError::TooLarge {
             path: path.to_string(),
-            size: rustix::fs::fstat(fd).map(|s| s.st_size as u64).unwrap_or(content.len() as u64),
+            size: rustix::fs::fstat(fd)
+                .map(|s| s.st_size as u64)
+                .unwrap_or(content.len() as u64),
             limit,
         });
     }
@@ -222,12 +225,17 @@ fn failpoint_io(name: &'static str, path: &RelPath) -> Result<(), WorkspaceError
 
 impl Workspace {
     /// Open the documents root (created 0755 if missing) and prepare the state layout.
-    pub fn open(documents_root: &Path, layout: StateLayout, limits: Limits) -> Result<Workspace, WorkspaceError> {
-        std::fs::create_dir_all(documents_root)
-            .map_err(|e| WorkspaceError::io("create documents root", documents_root.display(), e))?;
-        let documents_root = documents_root
-            .canonicalize()
-            .map_err(|e| WorkspaceError::io("resolve documents root", documents_root.display(), e))?;
+    pub fn open(
+        documents_root: &Path,
+        layout: StateLayout,
+        limits: Limits,
+    ) -> Result<Workspace, WorkspaceError> {
+        std::fs::create_dir_all(documents_root).map_err(|e| {
+            WorkspaceError::io("create documents root", documents_root.display(), e)
+        })?;
+        let documents_root = documents_root.canonicalize().map_err(|e| {
+            WorkspaceError::io("resolve documents root", documents_root.display(), e)
+        })?;
         let documents_fd = rustix::fs::open(
             &documents_root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -240,7 +248,11 @@ impl Workspace {
             (layout.files_dir().join("locks"), 0o700),
         ] {
             ensure_private_dir(&dir, mode).map_err(|e| {
-                WorkspaceError::io("prepare state directory", dir.display(), std::io::Error::other(e.to_string()))
+                WorkspaceError::io(
+                    "prepare state directory",
+                    dir.display(),
+                    std::io::Error::other(e.to_string()),
+                )
             })?;
         }
         Ok(Workspace {
@@ -266,14 +278,15 @@ impl Workspace {
                 project: name.into(),
             });
         }
-        let root = confine::open_dir(self.documents_fd.as_fd(), Some(&rel)).map_err(|e| match e {
-            ConfineError::NotFound { .. } | ConfineError::NotADirectory { .. } => {
-                WorkspaceError::UnknownProject {
-                    project: name.into(),
+        let root =
+            confine::open_dir(self.documents_fd.as_fd(), Some(&rel)).map_err(|e| match e {
+                ConfineError::NotFound { .. } | ConfineError::NotADirectory { .. } => {
+                    WorkspaceError::UnknownProject {
+                        project: name.into(),
+                    }
                 }
-            }
-            other => other.into(),
-        })?;
+                other => other.into(),
+            })?;
         Ok(Project {
             name: rel.as_str().to_owned(),
             root,
@@ -282,7 +295,10 @@ impl Workspace {
     }
 
     fn lock(&self, project: &Project) -> Result<ProjectLock, LockError> {
-        ProjectLock::acquire(&self.layout.lock_path(&project.root_path), self.limits.lock_timeout)
+        ProjectLock::acquire(
+            &self.layout.lock_path(&project.root_path),
+            self.limits.lock_timeout,
+        )
     }
 
     fn store(&self, project: &Project) -> Result<Arc<Mutex<ReceiptStore>>, WorkspaceError> {
@@ -292,7 +308,11 @@ impl Workspace {
         }
         let dir = self.layout.receipts_dir(&project.root_path);
         ensure_private_dir(&dir, 0o700).map_err(|e| {
-            WorkspaceError::io("prepare receipts directory", dir.display(), std::io::Error::other(e.to_string()))
+            WorkspaceError::io(
+                "prepare receipts directory",
+                dir.display(),
+                std::io::Error::other(e.to_string()),
+            )
         })?;
         let store = Arc::new(Mutex::new(ReceiptStore::open(&dir)?));
         lock_poisoned(&self.stores).insert(key, store.clone());
@@ -300,7 +320,12 @@ impl Workspace {
     }
 
     /// Read what `path` holds now (parent opened, created if `create_parent`).
-    fn current(&self, project: &Project, path: &RelPath, create_parent: bool) -> Result<Current, WorkspaceError> {
+    fn current(
+        &self,
+        project: &Project,
+        path: &RelPath,
+        create_parent: bool,
+    ) -> Result<Current, WorkspaceError> {
         let (parent, name) = confine::open_parent(project.root.as_fd(), path, create_parent)?;
         let name = name.to_owned();
         match confine::open_file(parent.as_fd(), &name, path)? {
@@ -372,10 +397,21 @@ impl Workspace {
         let mut stack: Vec<(OwnedFd, Option<RelPath>, usize)> = vec![(first, start.cloned(), 0)];
         while let Some((dir, prefix, depth)) = stack.pop() {
             let mut names: Vec<String> = Vec::new();
-            let listing = rustix::fs::Dir::read_from(&dir)
-                .map_err(|e| WorkspaceError::io("list", prefix.as_ref().map(|p| p.as_str()).unwrap_or("."), e))?;
+            let listing = rustix::fs::Dir::read_from(&dir).map_err(|e| {
+                WorkspaceError::io(
+                    "list",
+                    prefix.as_ref().map(|p| p.as_str()).unwrap_or("."),
+                    e,
+                )
+            })?;
             for entry in listing {
-                let entry = entry.map_err(|e| WorkspaceError::io("list", prefix.as_ref().map(|p| p.as_str()).unwrap_or("."), e))?;
+                let entry = entry.map_err(|e| {
+                    WorkspaceError::io(
+                        "list",
+                        prefix.as_ref().map(|p| p.as_str()).unwrap_or("."),
+                        e,
+                    )
+                })?;
                 if let Ok(name) = entry.file_name().to_str()
                     && !name.starts_with('.')
                 {
@@ -393,7 +429,8 @@ impl Workspace {
                 if guard.check_read(&rel).is_err() {
                     continue;
                 }
-                let Ok(stat) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+                let Ok(stat) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                else {
                     continue;
                 };
                 let kind = match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
@@ -433,24 +470,32 @@ impl Workspace {
         let _lock = self.lock(&project)?;
         let mut entries = Vec::new();
         let mut truncated = false;
-        self.walk(&project, &guard, start.as_ref(), req.recursive, &mut |rel, kind, stat, _| {
-            if entries.len() >= MAX_LIST_ENTRIES {
-                truncated = true;
-                return Ok(false);
-            }
-            entries.push(ListEntry {
-                path: rel.to_string(),
-                kind,
-                size: (kind == EntryKind::File).then_some(stat.st_size as u64),
-            });
-            Ok(true)
-        })?;
+        self.walk(
+            &project,
+            &guard,
+            start.as_ref(),
+            req.recursive,
+            &mut |rel, kind, stat, _| {
+                if entries.len() >= MAX_LIST_ENTRIES {
+                    truncated = true;
+                    return Ok(false);
+                }
+                entries.push(ListEntry {
+                    path: rel.to_string(),
+                    kind,
+                    size: (kind == EntryKind::File).then_some(stat.st_size as u64),
+                });
+                Ok(true)
+            },
+        )?;
         Ok(ListResponse { entries, truncated })
     }
 
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse, WorkspaceError> {
         if req.query.is_empty() || req.query.len() > 1024 {
-            return Err(WorkspaceError::InvalidRequest("query must be 1..=1024 bytes".into()));
+            return Err(WorkspaceError::InvalidRequest(
+                "query must be 1..=1024 bytes".into(),
+            ));
         }
         let guard = req.context.guard.resolve()?;
         let start = RelPath::parse_folder(&req.path)?;
@@ -469,39 +514,45 @@ impl Workspace {
         let mut truncated = false;
         let mut scanned = 0u64;
         let limit = self.limits.max_file_bytes;
-        self.walk(&project, &guard, start.as_ref(), true, &mut |rel, kind, stat, dir| {
-            if kind != EntryKind::File || stat.st_size as u64 > limit {
-                return Ok(true);
-            }
-            if scanned + stat.st_size as u64 > MAX_SEARCH_BYTES {
-                truncated = true;
-                return Ok(false);
-            }
-            let Ok(Some((fd, _))) = confine::open_file(dir, rel.file_name(), rel) else {
-                return Ok(true);
-            };
-            let Ok(content) = read_bounded(&fd, limit, rel) else {
-                return Ok(true);
-            };
-            scanned += content.len() as u64;
-            let Ok(text) = std::str::from_utf8(&content) else {
-                return Ok(true);
-            };
-            for (index, line) in text.lines().enumerate() {
-                if line.contains(&req.query) {
-                    if matches.len() >= max_results {
-                        truncated = true;
-                        return Ok(false);
-                    }
-                    matches.push(SearchMatch {
-                        path: rel.to_string(),
-                        line: index as u64 + 1,
-                        text: line.chars().take(500).collect(),
-                    });
+        self.walk(
+            &project,
+            &guard,
+            start.as_ref(),
+            true,
+            &mut |rel, kind, stat, dir| {
+                if kind != EntryKind::File || stat.st_size as u64 > limit {
+                    return Ok(true);
                 }
-            }
-            Ok(true)
-        })?;
+                if scanned + stat.st_size as u64 > MAX_SEARCH_BYTES {
+                    truncated = true;
+                    return Ok(false);
+                }
+                let Ok(Some((fd, _))) = confine::open_file(dir, rel.file_name(), rel) else {
+                    return Ok(true);
+                };
+                let Ok(content) = read_bounded(&fd, limit, rel) else {
+                    return Ok(true);
+                };
+                scanned += content.len() as u64;
+                let Ok(text) = std::str::from_utf8(&content) else {
+                    return Ok(true);
+                };
+                for (index, line) in text.lines().enumerate() {
+                    if line.contains(&req.query) {
+                        if matches.len() >= max_results {
+                            truncated = true;
+                            return Ok(false);
+                        }
+                        matches.push(SearchMatch {
+                            path: rel.to_string(),
+                            line: index as u64 + 1,
+                            text: line.chars().take(500).collect(),
+                        });
+                    }
+                }
+                Ok(true)
+            },
+        )?;
         Ok(SearchResponse { matches, truncated })
     }
 
@@ -513,11 +564,17 @@ impl Workspace {
         let expected = parse_expected(&req.expected_revision)?;
         self.check_size(&path, req.content.len())?;
         let hash = payload_hash(&["write", path.as_str(), &req.expected_revision, &req.content]);
-        self.change(&req.context, Operation::Write, &req.request_id, hash, |project| {
-            let current = self.current(project, &path, expected == Revision::Missing)?;
-            self.check_expected(&path, &expected, &current.revision)?;
-            Ok(self.plan_replace(path.clone(), current, req.content.as_bytes().to_vec()))
-        })
+        self.change(
+            &req.context,
+            Operation::Write,
+            &req.request_id,
+            hash,
+            |project| {
+                let current = self.current(project, &path, expected == Revision::Missing)?;
+                self.check_expected(&path, &expected, &current.revision)?;
+                Ok(self.plan_replace(path.clone(), current, req.content.as_bytes().to_vec()))
+            },
+        )
     }
 
     pub fn patch(&self, req: &PatchRequest) -> Result<ChangeResponse, WorkspaceError> {
@@ -526,19 +583,27 @@ impl Workspace {
         let expected = parse_expected(&req.expected_revision)?;
         self.check_size(&path, req.diff.len())?;
         let hash = payload_hash(&["patch", path.as_str(), &req.expected_revision, &req.diff]);
-        self.change(&req.context, Operation::Patch, &req.request_id, hash, |project| {
-            let current = self.current(project, &path, expected == Revision::Missing)?;
-            self.check_expected(&path, &expected, &current.revision)?;
-            let base = match &current.content {
-                Some(bytes) => std::str::from_utf8(bytes).map_err(|_| WorkspaceError::NotText {
-                    path: path.to_string(),
-                })?,
-                None => "",
-            };
-            let patched = crate::patch::apply_strict(base, &req.diff)?;
-            self.check_size(&path, patched.len())?;
-            Ok(self.plan_replace(path.clone(), current, patched.into_bytes()))
-        })
+        self.change(
+            &req.context,
+            Operation::Patch,
+            &req.request_id,
+            hash,
+            |project| {
+                let current = self.current(project, &path, expected == Revision::Missing)?;
+                self.check_expected(&path, &expected, &current.revision)?;
+                let base = match &current.content {
+                    Some(bytes) => {
+                        std::str::from_utf8(bytes).map_err(|_| WorkspaceError::NotText {
+                            path: path.to_string(),
+                        })?
+                    }
+                    None => "",
+                };
+                let patched = crate::patch::apply_strict(base, &req.diff)?;
+                self.check_size(&path, patched.len())?;
+                Ok(self.plan_replace(path.clone(), current, patched.into_bytes()))
+            },
+        )
     }
 
     pub fn move_file(&self, req: &MoveRequest) -> Result<ChangeResponse, WorkspaceError> {
@@ -554,29 +619,38 @@ impl Workspace {
             ));
         }
         let hash = payload_hash(&["move", from.as_str(), to.as_str(), &req.expected_revision]);
-        self.change(&req.context, Operation::Move, &req.request_id, hash, |project| {
-            let source = self.current(project, &from, false)?;
-            self.check_expected(&from, &expected, &source.revision)?;
-            let dest = self.current(project, &to, true)?;
-            self.check_expected(&to, &Revision::Missing, &dest.revision)?;
-            let Some((_, stat)) = source.file else {
-                return Err(ConfineError::NotFound { path: from.to_string() }.into());
-            };
-            Ok(Planned {
-                path: from.clone(),
-                to_path: Some(to.clone()),
-                previous: source.revision.clone(),
-                resulting: source.revision,
-                before: None,
-                action: Action::Move {
-                    from_parent: source.parent,
-                    from_name: source.name,
-                    stat,
-                    to_parent: dest.parent,
-                    to_name: dest.name,
-                },
-            })
-        })
+        self.change(
+            &req.context,
+            Operation::Move,
+            &req.request_id,
+            hash,
+            |project| {
+                let source = self.current(project, &from, false)?;
+                self.check_expected(&from, &expected, &source.revision)?;
+                let dest = self.current(project, &to, true)?;
+                self.check_expected(&to, &Revision::Missing, &dest.revision)?;
+                let Some((_, stat)) = source.file else {
+                    return Err(ConfineError::NotFound {
+                        path: from.to_string(),
+                    }
+                    .into());
+                };
+                Ok(Planned {
+                    path: from.clone(),
+                    to_path: Some(to.clone()),
+                    previous: source.revision.clone(),
+                    resulting: source.revision,
+                    before: None,
+                    action: Action::Move {
+                        from_parent: source.parent,
+                        from_name: source.name,
+                        stat,
+                        to_parent: dest.parent,
+                        to_name: dest.name,
+                    },
+                })
+            },
+        )
     }
 
     pub fn delete(&self, req: &DeleteRequest) -> Result<ChangeResponse, WorkspaceError> {
@@ -589,11 +663,17 @@ impl Workspace {
             ));
         }
         let hash = payload_hash(&["delete", path.as_str(), &req.expected_revision]);
-        self.change(&req.context, Operation::Delete, &req.request_id, hash, |project| {
-            let current = self.current(project, &path, false)?;
-            self.check_expected(&path, &expected, &current.revision)?;
-            self.plan_delete(path.clone(), current)
-        })
+        self.change(
+            &req.context,
+            Operation::Delete,
+            &req.request_id,
+            hash,
+            |project| {
+                let current = self.current(project, &path, false)?;
+                self.check_expected(&path, &expected, &current.revision)?;
+                self.plan_delete(path.clone(), current)
+            },
+        )
     }
 
     pub fn restore(&self, req: &RestoreRequest) -> Result<ChangeResponse, WorkspaceError> {
@@ -654,7 +734,12 @@ impl Workspace {
         Ok(())
     }
 
-    fn check_expected(&self, path: &RelPath, expected: &Revision, current: &Revision) -> Result<(), WorkspaceError> {
+    fn check_expected(
+        &self,
+        path: &RelPath,
+        expected: &Revision,
+        current: &Revision,
+    ) -> Result<(), WorkspaceError> {
         if expected != current {
             return Err(WorkspaceError::RevisionConflict {
                 path: path.to_string(),
@@ -683,7 +768,10 @@ impl Workspace {
 
     fn plan_delete(&self, path: RelPath, current: Current) -> Result<Planned, WorkspaceError> {
         let Some((_, stat)) = current.file else {
-            return Err(ConfineError::NotFound { path: path.to_string() }.into());
+            return Err(ConfineError::NotFound {
+                path: path.to_string(),
+            }
+            .into());
         };
         Ok(Planned {
             path,
@@ -711,9 +799,23 @@ impl Workspace {
     ) -> Result<ChangeResponse, WorkspaceError> {
         validate_request_id(request_id)?;
         let project = self.project(&ctx.project)?;
-        let flight_key = (project.name.clone(), ctx.principal.user_id.clone(), request_id.to_owned());
-        *lock_poisoned(&self.in_flight).entry(flight_key.clone()).or_insert(0) += 1;
-        let result = self.change_in_flight(ctx, operation, request_id, payload_hash, &project, &flight_key, plan);
+        let flight_key = (
+            project.name.clone(),
+            ctx.principal.user_id.clone(),
+            request_id.to_owned(),
+        );
+        *lock_poisoned(&self.in_flight)
+            .entry(flight_key.clone())
+            .or_insert(0) += 1;
+        let result = self.change_in_flight(
+            ctx,
+            operation,
+            request_id,
+            payload_hash,
+            &project,
+            &flight_key,
+            plan,
+        );
         let mut in_flight = lock_poisoned(&self.in_flight);
         if let Some(count) = in_flight.get_mut(&flight_key) {
             *count -= 1;
@@ -738,7 +840,11 @@ impl Workspace {
         let _lock = match self.lock(project) {
             Ok(lock) => lock,
             Err(LockError::Timeout { .. })
-                if lock_poisoned(&self.in_flight).get(flight_key).copied().unwrap_or(0) > 1 =>
+                if lock_poisoned(&self.in_flight)
+                    .get(flight_key)
+                    .copied()
+                    .unwrap_or(0)
+                    > 1 =>
             {
                 return Err(WorkspaceError::RequestInProgress {
                     request_id: request_id.into(),
@@ -830,7 +936,9 @@ impl Workspace {
             Err(e) => {
                 return Err(WorkspaceError::Uncertain {
                     request_id: request_id.into(),
-                    reason: format!("the change was made but its receipt could not be confirmed ({e})"),
+                    reason: format!(
+                        "the change was made but its receipt could not be confirmed ({e})"
+                    ),
                     receipt: Box::new(receipt),
                 });
             }
@@ -884,7 +992,10 @@ impl Workspace {
                         return Err(WorkspaceError::RevisionConflict {
                             path: to.to_string(),
                             expected: Revision::Missing,
-                            current: revision_on_disk(to_parent.as_fd(), &RelPath::parse(to_name)?)?,
+                            current: revision_on_disk(
+                                to_parent.as_fd(),
+                                &RelPath::parse(to_name)?,
+                            )?,
                         });
                     }
                     Err(e) => return Err(WorkspaceError::io("move", path, e)),
@@ -898,7 +1009,13 @@ impl Workspace {
 
     /// Before replacing or removing `name`, make sure it is still the inode whose revision we
     /// checked and that nobody wrote to it since (an editor outside agentworks takes no lock).
-    fn recheck(&self, parent: BorrowedFd<'_>, name: &str, checked: &Stat, path: &RelPath) -> Result<(), WorkspaceError> {
+    fn recheck(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        checked: &Stat,
+        path: &RelPath,
+    ) -> Result<(), WorkspaceError> {
         let now = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW);
         match now {
             Ok(now) if unchanged_since(&now, checked) => Ok(()),
@@ -909,11 +1026,13 @@ impl Workspace {
             })
             .map_err(|e| match e {
                 // Report the revision it held when checked as the expected one.
-                WorkspaceError::RevisionConflict { path, current, .. } => WorkspaceError::RevisionConflict {
-                    path,
-                    expected: Revision::Missing,
-                    current,
-                },
+                WorkspaceError::RevisionConflict { path, current, .. } => {
+                    WorkspaceError::RevisionConflict {
+                        path,
+                        expected: Revision::Missing,
+                        current,
+                    }
+                }
                 other => other,
             }),
         }
@@ -937,10 +1056,21 @@ impl Workspace {
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o666),
         )
-        .map_err(|e| WorkspaceError::io("stage", path, e))?;
+        .map_err(|e| match e {
+            // The folder was removed after we opened it.
+            Errno::NOENT => ConfineError::NotFound {
+                path: path.to_string(),
+            }
+            .into(),
+            other => WorkspaceError::io("stage", path, other),
+        })?;
         let staged = (|| -> Result<(), WorkspaceError> {
-            let mut file = std::fs::File::from(temp.try_clone().map_err(|e| WorkspaceError::io("stage", path, e))?);
-            file.write_all(content).map_err(|e| WorkspaceError::io("stage", path, e))?;
+            let mut file = std::fs::File::from(
+                temp.try_clone()
+                    .map_err(|e| WorkspaceError::io("stage", path, e))?,
+            );
+            file.write_all(content)
+                .map_err(|e| WorkspaceError::io("stage", path, e))?;
             failpoint::hit("after_stage");
             if let Some((original, _)) = existing {
                 // Owner/group, then ACL, then mode, all on fds; refuse rather than degrade.
@@ -952,8 +1082,14 @@ impl Workspace {
             match existing {
                 Some((_, checked)) => {
                     self.recheck(parent, name, checked, path)?;
-                    rustix::fs::renameat_with(parent, temp_name.as_str(), parent, name, RenameFlags::empty())
-                        .map_err(|e| WorkspaceError::io("replace", path, e))
+                    rustix::fs::renameat_with(
+                        parent,
+                        temp_name.as_str(),
+                        parent,
+                        name,
+                        RenameFlags::empty(),
+                    )
+                    .map_err(|e| WorkspaceError::io("replace", path, e))
                 }
                 None => match rustix::fs::renameat_with(
                     parent,
@@ -983,7 +1119,12 @@ impl Workspace {
     }
 
     /// Decide a prepared receipt from what is on disk and record the decision.
-    fn reconcile(&self, project: &Project, store: &Mutex<ReceiptStore>, receipt: &mut Receipt) -> Result<(), WorkspaceError> {
+    fn reconcile(
+        &self,
+        project: &Project,
+        store: &Mutex<ReceiptStore>,
+        receipt: &mut Receipt,
+    ) -> Result<(), WorkspaceError> {
         let path = RelPath::parse(&receipt.path)?;
         let at_path = revision_on_disk(project.root.as_fd(), &path)?;
         let state = match &receipt.to_path {
@@ -1071,8 +1212,9 @@ impl Workspace {
     /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.
     pub fn recover(&self) -> Result<RecoveryReport, WorkspaceError> {
         let mut report = RecoveryReport::default();
-        let projects = rustix::fs::Dir::read_from(&self.documents_fd)
-            .map_err(|e| WorkspaceError::io("list documents root", self.documents_root.display(), e))?;
+        let projects = rustix::fs::Dir::read_from(&self.documents_fd).map_err(|e| {
+            WorkspaceError::io("list documents root", self.documents_root.display(), e)
+        })?;
         let mut names = Vec::new();
         for entry in projects.flatten() {
             if let Ok(name) = entry.file_name().to_str()
@@ -1082,10 +1224,17 @@ impl Workspace {
             }
         }
         for name in names {
-            let Ok(project) = self.project(&name) else { continue };
+            let Ok(project) = self.project(&name) else {
+                continue;
+            };
             let _lock = self.lock(&project)?;
             report.temp_files_removed += sweep_temp_files(project.root.as_fd(), 0);
-            if !self.layout.receipts_dir(&project.root_path).join("receipts.db").exists() {
+            if !self
+                .layout
+                .receipts_dir(&project.root_path)
+                .join("receipts.db")
+                .exists()
+            {
                 continue;
             }
             let store = self.store(&project)?;
@@ -1119,7 +1268,9 @@ fn sweep_temp_files(dir: BorrowedFd<'_>, depth: usize) -> usize {
     let mut removed = 0;
     let mut subdirs = Vec::new();
     for entry in listing.flatten() {
-        let Ok(name) = entry.file_name().to_str() else { continue };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
         if name == "." || name == ".." {
             continue;
         }
@@ -1133,7 +1284,9 @@ fn sweep_temp_files(dir: BorrowedFd<'_>, depth: usize) -> usize {
             {
                 removed += 1;
             }
-            rustix::fs::FileType::Directory if depth + 1 < MAX_WALK_DEPTH => subdirs.push(name.to_owned()),
+            rustix::fs::FileType::Directory if depth + 1 < MAX_WALK_DEPTH => {
+                subdirs.push(name.to_owned())
+            }
             _ => {}
         }
     }

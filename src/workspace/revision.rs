@@ -32,7 +32,9 @@ impl Revision {
         match raw.strip_prefix("sha256:") {
             Some(hex)
                 if hex.len() == 64
-                    && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
             {
                 Ok(Revision::Sha256(hex.to_owned()))
             }
@@ -80,7 +82,14 @@ mod tests {
 
     #[test]
     fn refuses_malformed_revisions() {
-        for bad in ["", "sha256:", "sha256:XYZ", "md5:00", "MISSING", &format!("sha256:{}", "A".repeat(64))] {
+        for bad in [
+            "",
+            "sha256:",
+            "sha256:XYZ",
+            "md5:00",
+            "MISSING",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
             assert!(Revision::parse(bad).is_err(), "{bad:?}");
         }
     }

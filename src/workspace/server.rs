@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Largest request body: the biggest allowed file, JSON-escaped, plus room for the context.
 pub fn max_body_bytes(max_file_bytes: u64) -> usize {
-    (max_file_bytes as usize).saturating_mul(6).saturating_add(64 * 1024)
+    (max_file_bytes as usize)
+        .saturating_mul(6)
+        .saturating_add(64 * 1024)
 }
 
 /// Serve `workspace` on `listener` until `shutdown` is cancelled and in-flight requests finish.
@@ -37,7 +39,11 @@ pub async fn run(
         let policy = policy.clone();
         async move {
             if !policy.allows(&peer) {
-                tracing::warn!(uid = peer.uid, pid = peer.pid, "refused a peer on workspaced.sock");
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    "refused a peer on workspaced.sock"
+                );
                 return forbidden_peer(&peer);
             }
             route(workspace, parts, body).await

@@ -1,0 +1,1 @@
+//! Crash and concurrency suites (filled in separately).

@@ -1,0 +1,6 @@
+//! Integration suites. `harness` starts real daemons; the others test them.
+
+mod crash;
+pub mod harness;
+mod ownership;
+mod workspaced;

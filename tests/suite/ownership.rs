@@ -1,0 +1,1 @@
+//! Ownership and ACL preservation with real users (filled in by the ownership suite).

@@ -1,0 +1,458 @@
+//! workspaced through its real socket: reads, writes, idempotency, conflicts, confinement,
+//! the guard, patch/move/delete/history/restore, peer checks.
+
+use super::harness::*;
+use agentworks::guard::Guard;
+use serde_json::json;
+use std::os::unix::fs::symlink;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[test]
+fn read_write_replay_conflict_and_reuse() {
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("code/task.py", "print('old')\n")]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    let read = client.read(&alice, "code/task.py").unwrap();
+    assert_eq!(read["content"], "print('old')\n");
+    assert_eq!(read["revision"], revision("print('old')\n"));
+
+    let rev = read["revision"].as_str().unwrap();
+    let first = client
+        .write(&alice, "code/task.py", "print('updated')\n", rev, "req-1")
+        .unwrap();
+    assert_eq!(first["state"], "applied");
+    assert_eq!(first["replayed"], false);
+    assert_eq!(first["revision"], revision("print('updated')\n"));
+    assert_eq!(first["receipt"]["previous_revision"], rev);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/task.py")).unwrap(),
+        "print('updated')\n"
+    );
+
+    // The same request again: the recorded outcome, nothing written twice.
+    let again = client
+        .write(&alice, "code/task.py", "print('updated')\n", rev, "req-1")
+        .unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(
+        again["receipt"]["receipt_id"],
+        first["receipt"]["receipt_id"]
+    );
+
+    // Same id, other payload: refused.
+    let (code, _) = client
+        .write(&alice, "code/task.py", "print('other')\n", rev, "req-1")
+        .unwrap_err();
+    assert_eq!(code, "request_id_reused");
+
+    // A stale revision: conflict with the current one, file untouched.
+    let (code, details) = client
+        .write(&alice, "code/task.py", "print('other')\n", rev, "req-2")
+        .unwrap_err();
+    assert_eq!(code, "revision_conflict");
+    assert_eq!(details["current_revision"], revision("print('updated')\n"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/task.py")).unwrap(),
+        "print('updated')\n"
+    );
+
+    // Another user's identical request id is theirs alone: it does not replay alice's receipt.
+    let bob = ctx("demo", "bob");
+    let (code, _) = client.receipt(&bob, "req-1").unwrap_err();
+    assert_eq!(code, "not_found");
+    let (code, _) = client
+        .write(&bob, "code/task.py", "print('updated')\n", rev, "req-1")
+        .unwrap_err();
+    assert_eq!(
+        code, "revision_conflict",
+        "bob's req-1 is a new request, checked afresh"
+    );
+
+    // Create needs "missing"; creating over an existing file conflicts.
+    let created = client
+        .write(&alice, "new/dir/file.md", "# hi\n", "missing", "req-3")
+        .unwrap();
+    assert_eq!(created["previous_revision"], "missing");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("new/dir/file.md")).unwrap(),
+        "# hi\n"
+    );
+    let (code, _) = client
+        .write(&alice, "new/dir/file.md", "x", "missing", "req-4")
+        .unwrap_err();
+    assert_eq!(code, "revision_conflict");
+
+    let receipt = client.receipt(&alice, "req-1").unwrap();
+    assert_eq!(receipt["state"], "applied");
+    assert_eq!(receipt["user_name"], "alice");
+    assert_eq!(receipt["connection_id"], "conn-test");
+}
+
+#[test]
+fn confinement_refuses_every_escape_with_a_clear_reason() {
+    let state = StateRoot::new();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "top secret").unwrap();
+    let dir = state.project("demo", &[("a.txt", "a"), ("workflow.json", "{}")]);
+    symlink(outside.path(), dir.join("linkdir")).unwrap();
+    symlink(outside.path().join("secret"), dir.join("leaf")).unwrap();
+    std::fs::create_dir(dir.join(".git")).unwrap();
+    std::fs::write(dir.join(".git/config"), "[core]").unwrap();
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    let cases = [
+        ("../etc/passwd", "path_refused", "traversal"),
+        ("/etc/passwd", "path_refused", "absolute"),
+        ("a\u{0}b", "path_refused", "nul"),
+        (".git/config", "path_refused", "private"),
+        ("a/./b", "path_refused", "empty_component"),
+        ("linkdir/secret", "path_refused", "symlink"),
+        ("leaf", "path_refused", "symlink"),
+        ("workflow.json", "forbidden", "protected"),
+    ];
+    for (path, want_code, want_reason) in cases {
+        let (code, details) = client
+            .write(&alice, path, "pwned", "missing", "w")
+            .unwrap_err();
+        assert_eq!(
+            (code.as_str(), details["reason"].as_str()),
+            (want_code, Some(want_reason)),
+            "write {path:?}: {details}"
+        );
+        assert!(
+            details["message"].as_str().unwrap().len() > 10,
+            "a message a person can act on"
+        );
+        if want_code == "path_refused" {
+            let (code, _) = client.read(&alice, path).unwrap_err();
+            assert_eq!(code, want_code, "read {path:?}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        "top secret"
+    );
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    // Reading a protected file is allowed; writing it never is.
+    assert_eq!(
+        client.read(&alice, "workflow.json").unwrap()["content"],
+        "{}"
+    );
+    // An unknown project, and a project name that tries to climb out.
+    for project in ["nope", "..", "demo/../demo", "/tmp"] {
+        let (code, _) = client.read(&ctx(project, "alice"), "a.txt").unwrap_err();
+        assert_eq!(code, "not_found", "project {project:?}");
+    }
+    // Listing hides private entries and never follows the symlinks.
+    let list = client
+        .json("/v1/list", json!({"context": alice, "recursive": true}))
+        .unwrap();
+    let paths: Vec<&str> = list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"a.txt"));
+    assert!(
+        !paths
+            .iter()
+            .any(|p| p.starts_with(".git") || p.starts_with("linkdir/")),
+        "{paths:?}"
+    );
+}
+
+#[test]
+fn swapping_a_directory_for_a_symlink_never_writes_outside() {
+    let state = StateRoot::new();
+    let outside = tempfile::tempdir().unwrap();
+    let dir = state.project("demo", &[("sub/seed.txt", "s")]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    // The attacker thread swaps demo/sub between a real directory and a symlink to outside.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        let sub = dir.join("sub");
+        let parked = dir.join("sub-real");
+        let target = outside.path().to_path_buf();
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // workspaced may create `sub` itself while it is missing; then put ours back.
+                if std::fs::rename(&sub, &parked).is_err() {
+                    continue;
+                }
+                if symlink(&target, &sub).is_ok() {
+                    swaps += 1;
+                }
+                if std::fs::remove_file(&sub).is_err() {
+                    let _ = std::fs::remove_dir_all(&sub);
+                }
+                while std::fs::rename(&parked, &sub).is_err() {
+                    let _ = std::fs::remove_dir_all(&sub);
+                }
+            }
+            swaps
+        })
+    };
+    let mut applied = 0;
+    let mut refused = 0;
+    for i in 0..300 {
+        match client.write(
+            &alice,
+            &format!("sub/f{i}.txt"),
+            "payload",
+            "missing",
+            &format!("r{i}"),
+        ) {
+            Ok(_) => applied += 1,
+            Err((code, _)) => {
+                assert!(
+                    ["path_refused", "not_found", "revision_conflict"].contains(&code.as_str()),
+                    "unexpected {code}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 0);
+    let leaked: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+    assert!(
+        leaked.is_empty(),
+        "bytes written outside the project: {leaked:?}"
+    );
+    assert_eq!(applied + refused, 300);
+    eprintln!(
+        "symlink swap race: {swaps} swaps, {applied} writes applied inside, {refused} refused"
+    );
+}
+
+#[test]
+fn guard_is_reapplied_by_workspaced() {
+    let state = StateRoot::new();
+    state.project(
+        "demo",
+        &[
+            ("code/a.py", "a"),
+            ("plans/p.md", "p"),
+            ("secret/k", "k"),
+            ("docs/d.md", "d"),
+        ],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let guard = Guard {
+        write_paths: vec!["code".into(), "plans".into(), "secret".into()],
+        blocked_paths: vec!["secret".into()],
+        blocked_write_paths: vec![],
+        read_only_paths: vec!["plans".into()],
+    };
+    let c = ctx_with_guard("demo", "alice", guard);
+    assert!(
+        client
+            .write(&c, "code/a.py", "b", &revision("a"), "1")
+            .is_ok()
+    );
+    for (path, reason) in [
+        ("plans/p.md", "read_only"),
+        ("secret/k", "blocked"),
+        ("docs/d.md", "outside_write_paths"),
+    ] {
+        let current = std::fs::read_to_string(state.documents().join("demo").join(path)).unwrap();
+        let (code, details) = client
+            .write(&c, path, "x", &revision(&current), &format!("w-{path}"))
+            .unwrap_err();
+        assert_eq!(
+            (code.as_str(), details["reason"].as_str()),
+            ("forbidden", Some(reason)),
+            "{path}"
+        );
+    }
+    let (code, _) = client.read(&c, "secret/k").unwrap_err();
+    assert_eq!(code, "forbidden");
+    assert!(client.read(&c, "plans/p.md").is_ok());
+    // Search and list never show blocked files.
+    let found = client
+        .json("/v1/search", json!({"context": c, "query": "k"}))
+        .unwrap();
+    assert!(
+        found["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| !m["path"].as_str().unwrap().starts_with("secret"))
+    );
+    // A guard that does not parse refuses (fail closed), it is not ignored.
+    let bad = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            write_paths: vec!["../x".into()],
+            ..Guard::default()
+        },
+    );
+    let (code, details) = client
+        .write(&bad, "code/a.py", "c", &revision("b"), "2")
+        .unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("forbidden", Some("invalid_guard"))
+    );
+    // Unknown fields in the context are refused, not ignored.
+    let (code, _) = client
+        .json("/v1/read", json!({"context": {"project": "demo", "principal": {"user_id": "u", "user_name": "u", "source": "t"}, "guard": {"write_paths": [], "allow_everything": true}}, "path": "code/a.py"}))
+        .unwrap_err();
+    assert_eq!(code, "invalid_request");
+}
+
+#[test]
+fn content_bounds_and_text_only() {
+    let state = StateRoot::new();
+    state.set_config("[workspaced]\nmax_file_bytes = 1024\n");
+    let dir = state.project("demo", &[]);
+    std::fs::write(dir.join("bin.dat"), [0xff, 0xfe, 0x00]).unwrap();
+    std::fs::write(dir.join("big.txt"), "x".repeat(2000)).unwrap();
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let (code, _) = client
+        .write(&alice, "a.txt", &"y".repeat(1025), "missing", "1")
+        .unwrap_err();
+    assert_eq!(code, "too_large");
+    assert!(!dir.join("a.txt").exists());
+    assert_eq!(client.read(&alice, "bin.dat").unwrap_err().0, "not_text");
+    assert_eq!(client.read(&alice, "big.txt").unwrap_err().0, "too_large");
+    assert_eq!(client.read(&alice, "none.txt").unwrap_err().0, "not_found");
+}
+
+#[test]
+fn patch_move_delete_history_restore() {
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("a.txt", "one\ntwo\nthree\n")]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let base = revision("one\ntwo\nthree\n");
+
+    // A hunk whose context does not match changes nothing.
+    let bad = "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-TWO\n+2\n";
+    let (code, _) = client
+        .json("/v1/patch", json!({"context": alice, "path": "a.txt", "diff": bad, "expected_revision": base, "request_id": "p0"}))
+        .unwrap_err();
+    assert_eq!(code, "patch_rejected");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+
+    let good = "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n";
+    let patched = client
+        .json("/v1/patch", json!({"context": alice, "path": "a.txt", "diff": good, "expected_revision": base, "request_id": "p1"}))
+        .unwrap();
+    assert_eq!(patched["revision"], revision("one\n2\nthree\n"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "one\n2\nthree\n"
+    );
+
+    let moved = client
+        .json("/v1/move", json!({"context": alice, "path": "a.txt", "to_path": "b/a.txt", "expected_revision": revision("one\n2\nthree\n"), "request_id": "m1"}))
+        .unwrap();
+    assert_eq!(moved["receipt"]["to_path"], "b/a.txt");
+    assert!(!dir.join("a.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b/a.txt")).unwrap(),
+        "one\n2\nthree\n"
+    );
+
+    let deleted = client
+        .json("/v1/delete", json!({"context": alice, "path": "b/a.txt", "expected_revision": revision("one\n2\nthree\n"), "request_id": "d1"}))
+        .unwrap();
+    assert_eq!(deleted["revision"], "missing");
+    assert!(!dir.join("b/a.txt").exists());
+
+    let history = client
+        .json("/v1/history", json!({"context": alice, "path": "b/a.txt"}))
+        .unwrap();
+    let entries = history["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["receipt"]["operation"], "delete");
+    assert_eq!(entries[0]["before_content"], "one\n2\nthree\n");
+    let delete_receipt = entries[0]["receipt"]["receipt_id"].as_str().unwrap();
+
+    let restored = client
+        .json("/v1/restore", json!({"context": alice, "receipt_id": delete_receipt, "expected_revision": "missing", "request_id": "r1"}))
+        .unwrap();
+    assert_eq!(restored["state"], "applied");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b/a.txt")).unwrap(),
+        "one\n2\nthree\n"
+    );
+}
+
+#[test]
+fn peers_other_than_root_self_and_allowed_users_are_refused() {
+    let _users = users_lock();
+    let (uid, gid) = ensure_user("awtest-stranger", &[]);
+    let state = StateRoot::new();
+    state.project("demo", &[("a.txt", "a")]);
+    let daemon = Workspaced::start(&state);
+    // Let the stranger open the socket at all: only the peer check may stop it.
+    std::fs::set_permissions(
+        daemon.socket.parent().unwrap(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &daemon.socket,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+        ])
+        .args(["curl", "-s", "--unix-socket"])
+        .arg(&daemon.socket)
+        .arg("http://_/v1/health")
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains("peer_forbidden"), "stranger got: {body}");
+    // Root is served.
+    assert!(daemon.client().read(&ctx("demo", "alice"), "a.txt").is_ok());
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_restart_keeps_receipts() {
+    let state = StateRoot::new();
+    state.project("demo", &[("a.txt", "a")]);
+    let mut daemon = Workspaced::start(&state);
+    let alice = ctx("demo", "alice");
+    daemon
+        .client()
+        .write(&alice, "a.txt", "b", &revision("a"), "keep-1")
+        .unwrap();
+    let status = daemon.stop();
+    assert!(status.success(), "clean exit on SIGTERM: {status}");
+    assert!(
+        !state.socket().exists()
+            || std::os::unix::net::UnixStream::connect(state.socket()).is_err()
+    );
+    let daemon = Workspaced::start(&state);
+    let receipt = daemon.client().receipt(&alice, "keep-1").unwrap();
+    assert_eq!(receipt["state"], "applied");
+    assert_eq!(receipt["resulting_revision"], revision("b"));
+}
