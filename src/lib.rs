@@ -6,6 +6,7 @@
 //!
 //! Layout, one module per domain:
 //!
+//! - [`ctl`]: `agentworksctl` beyond flag parsing (`quickstart`, `status`).
 //! - [`daemon`]: plumbing every daemon shares: the one TOML config, the state-root layout,
 //!   socket activation, `sd_notify`, logging, shutdown signals and capability dropping.
 //! - [`ipc`]: HTTP/1.1 + JSON over Unix sockets, `SO_PEERCRED` peer checks, the one JSON error
@@ -16,6 +17,7 @@
 //! - [`workspace`]: `agentworks-workspaced`, the only process that writes the documents tree:
 //!   confined paths, revisions, the per-project lock, receipts, ownership and ACL preservation.
 
+pub mod ctl;
 pub mod daemon;
 pub mod guard;
 pub mod ipc;

@@ -3,4 +3,5 @@
 mod crash;
 pub mod harness;
 mod ownership;
+mod quickstart;
 mod workspaced;
