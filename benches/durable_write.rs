@@ -61,7 +61,10 @@ fn ours(state: &Path, writes: usize) -> Duration {
         .spawn()
         .unwrap();
     let socket = state.join("run/workspaced.sock");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let elapsed = runtime.block_on(async {
         let client = UnixClient::new(&socket);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -86,7 +89,10 @@ fn ours(state: &Path, writes: usize) -> Duration {
         }
         started.elapsed()
     });
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = child.wait();
     elapsed
 }
@@ -110,9 +116,18 @@ fn main() {
     let floor_b = floor(&floor_dir, writes);
     let floor_time = floor_a.min(floor_b);
     let per_sec = |d: Duration| writes as f64 / d.as_secs_f64();
-    println!("durable 4 KiB replaces, {writes} writes, {FILES} files, same disk ({})", base.display());
-    println!("  floor (write+fsync+rename+fsync dir): {:>9.1} writes/s", per_sec(floor_time));
-    println!("  workspaced via socket:                {:>9.1} writes/s", per_sec(ours_time));
+    println!(
+        "durable 4 KiB replaces, {writes} writes, {FILES} files, same disk ({})",
+        base.display()
+    );
+    println!(
+        "  floor (write+fsync+rename+fsync dir): {:>9.1} writes/s",
+        per_sec(floor_time)
+    );
+    println!(
+        "  workspaced via socket:                {:>9.1} writes/s",
+        per_sec(ours_time)
+    );
     println!(
         "  ratio ours/floor: {:.3} (workspaced reaches {:.1}% of the floor)",
         per_sec(ours_time) / per_sec(floor_time),

@@ -29,7 +29,11 @@ pub async fn status(config: &Config) -> Vec<DaemonStatus> {
         socket: socket.display().to_string(),
         healthy: answer.is_ok(),
         detail: match answer {
-            Ok(v) => format!("{} {}", v["status"].as_str().unwrap_or("?"), v["version"].as_str().unwrap_or("")),
+            Ok(v) => format!(
+                "{} {}",
+                v["status"].as_str().unwrap_or("?"),
+                v["version"].as_str().unwrap_or("")
+            ),
             Err(e) => e.to_string(),
         },
     }]

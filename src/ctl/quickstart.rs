@@ -12,17 +12,31 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum QuickstartError {
     #[error("cannot prepare {path}: {source}")]
-    Prepare { path: PathBuf, source: std::io::Error },
-    #[error("{binary} was not found next to agentworksctl ({dir}); build every binary first: cargo build --bins")]
+    Prepare {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{binary} was not found next to agentworksctl ({dir}); build every binary first: cargo build --bins"
+    )]
     MissingBinary { binary: String, dir: PathBuf },
     #[error("cannot start {binary}: {source}")]
-    Spawn { binary: String, source: std::io::Error },
+    Spawn {
+        binary: String,
+        source: std::io::Error,
+    },
     #[error("{daemon} exited during start ({status}); its log is above")]
-    DiedAtStart { daemon: String, status: std::process::ExitStatus },
+    DiedAtStart {
+        daemon: String,
+        status: std::process::ExitStatus,
+    },
     #[error("{daemon} did not become ready within {seconds} s")]
     NotReady { daemon: String, seconds: u64 },
     #[error("{daemon} stopped unexpectedly ({status})")]
-    Died { daemon: String, status: std::process::ExitStatus },
+    Died {
+        daemon: String,
+        status: std::process::ExitStatus,
+    },
 }
 
 /// What quickstart started, printed for people and (with --json) for scripts.
@@ -35,9 +49,15 @@ pub struct Started {
 }
 
 const DEMO_FILES: [(&str, &str); 3] = [
-    ("README.md", "# Demo workflow\n\nFiles here are served by agentworks-workspaced.\n"),
+    (
+        "README.md",
+        "# Demo workflow\n\nFiles here are served by agentworks-workspaced.\n",
+    ),
     ("code/task.py", "print('hello from the demo workflow')\n"),
-    ("workflow.json", "{\"name\": \"demo\", \"steps\": [\"task\"]}\n"),
+    (
+        "workflow.json",
+        "{\"name\": \"demo\", \"steps\": [\"task\"]}\n",
+    ),
 ];
 
 /// A running daemon child.
@@ -135,10 +155,12 @@ pub async fn run(
         path: state_root.to_owned(),
         source,
     })?;
-    let state_root = state_root.canonicalize().map_err(|source| QuickstartError::Prepare {
-        path: state_root.to_owned(),
-        source,
-    })?;
+    let state_root = state_root
+        .canonicalize()
+        .map_err(|source| QuickstartError::Prepare {
+            path: state_root.to_owned(),
+            source,
+        })?;
     let (documents, config) = prepare(&state_root)?;
     let binary = sibling("agentworks-workspaced")?;
     let child = Command::new(&binary)

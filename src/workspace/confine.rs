@@ -99,7 +99,9 @@ pub fn open_dir_creating(root: BorrowedFd<'_>, dir: &RelPath) -> Result<OwnedFd,
         }
         walked.push_str(component);
         match rustix::fs::mkdirat(&current, component, Mode::from_raw_mode(0o777)) {
-            Ok(()) | Err(Errno::EXIST) => {}
+            // A new entry is durable only once its parent folder is synced.
+            Ok(()) => rustix::fs::fsync(&current).map_err(|e| classify(&walked, e))?,
+            Err(Errno::EXIST) => {}
             Err(e) => return Err(classify(&walked, e)),
         }
         current = open_beneath(

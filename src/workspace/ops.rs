@@ -916,8 +916,9 @@ impl Workspace {
         failpoint::hit("after_prepare");
         // 4. Apply.
         if let Err(error) = self.apply(&planned) {
-            // Nothing reached the target; record that (best effort: a prepared receipt left
-            // behind is reconciled from the disk later, which gives the same answer).
+            // Every error of `apply` comes before the rename or unlink: nothing reached the
+            // target. Record that (best effort: a prepared receipt left behind is reconciled
+            // from the disk later, which gives the same answer).
             if lock_poisoned(&store)
                 .set_state(&receipt.receipt_id, ReceiptState::NotApplied)
                 .is_err()
@@ -926,9 +927,29 @@ impl Workspace {
             }
             return Err(error);
         }
+        // The target changed. If its folder cannot be synced the change may not survive a
+        // crash: leave the receipt prepared (reconciled from the disk later) and say so.
+        if let Err(error) = self.sync_after(&planned) {
+            return Err(WorkspaceError::Uncertain {
+                request_id: request_id.into(),
+                reason: format!(
+                    "the change reached the file but could not be made durable ({error})"
+                ),
+                receipt: Box::new(receipt),
+            });
+        }
         failpoint::hit("before_mark_applied");
         // 5. Applied, audited, answered.
-        match lock_poisoned(&store).set_state(&receipt.receipt_id, ReceiptState::Applied) {
+        let marked = match failpoint::hit("mark_applied") {
+            Hit::Fail => Err(crate::workspace::receipts::ReceiptError::Unavailable {
+                path: lock_poisoned(&store).path().to_owned(),
+                source: rusqlite::Error::InvalidQuery,
+            }),
+            Hit::Continue => {
+                lock_poisoned(&store).set_state(&receipt.receipt_id, ReceiptState::Applied)
+            }
+        };
+        match marked {
             Ok(updated) => {
                 receipt.state = ReceiptState::Applied;
                 receipt.updated_at_ms = updated;
@@ -961,14 +982,19 @@ impl Workspace {
                 name,
                 content,
                 existing,
-            } => self.replace(parent.as_fd(), name, content, existing.as_ref(), path),
+            } => self.replace(
+                parent.as_fd(),
+                name,
+                content,
+                existing.as_ref(),
+                &planned.previous,
+                path,
+            ),
             Action::Delete { parent, name, stat } => {
-                self.recheck(parent.as_fd(), name, stat, path)?;
+                self.recheck(parent.as_fd(), name, stat, &planned.previous, path)?;
                 failpoint_io("before_unlink", path)?;
                 rustix::fs::unlinkat(parent, name.as_str(), AtFlags::empty())
-                    .map_err(|e| WorkspaceError::io("delete", path, e))?;
-                failpoint::hit("after_rename");
-                fsync_fd(parent.as_fd(), "fsync folder", path)
+                    .map_err(|e| WorkspaceError::io("delete", path, e))
             }
             Action::Move {
                 from_parent,
@@ -978,7 +1004,13 @@ impl Workspace {
                 to_name,
             } => {
                 let to = planned.to_path.as_ref().unwrap_or(path);
-                self.recheck(from_parent.as_fd(), from_name, stat, path)?;
+                self.recheck(
+                    from_parent.as_fd(),
+                    from_name,
+                    stat,
+                    &planned.previous,
+                    path,
+                )?;
                 failpoint_io("before_rename", path)?;
                 match rustix::fs::renameat_with(
                     from_parent,
@@ -1000,9 +1032,7 @@ impl Workspace {
                     }
                     Err(e) => return Err(WorkspaceError::io("move", path, e)),
                 }
-                failpoint::hit("after_rename");
-                fsync_fd(to_parent.as_fd(), "fsync folder", to)?;
-                fsync_fd(from_parent.as_fd(), "fsync folder", path)
+                Ok(())
             }
         }
     }
@@ -1014,26 +1044,15 @@ impl Workspace {
         parent: BorrowedFd<'_>,
         name: &str,
         checked: &Stat,
+        expected: &Revision,
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
-        let now = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW);
-        match now {
+        match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(now) if unchanged_since(&now, checked) => Ok(()),
             _ => Err(WorkspaceError::RevisionConflict {
                 path: path.to_string(),
-                expected: Revision::Missing,
+                expected: expected.clone(),
                 current: revision_on_disk(parent, &RelPath::parse(name)?)?,
-            })
-            .map_err(|e| match e {
-                // Report the revision it held when checked as the expected one.
-                WorkspaceError::RevisionConflict { path, current, .. } => {
-                    WorkspaceError::RevisionConflict {
-                        path,
-                        expected: Revision::Missing,
-                        current,
-                    }
-                }
-                other => other,
             }),
         }
     }
@@ -1046,6 +1065,7 @@ impl Workspace {
         name: &str,
         content: &[u8],
         existing: Option<&(OwnedFd, Stat)>,
+        previous: &Revision,
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
         let temp_name = format!("{TEMP_PREFIX}{}", hex::encode(rand::random::<[u8; 8]>()));
@@ -1081,7 +1101,7 @@ impl Workspace {
             failpoint_io("before_rename", path)?;
             match existing {
                 Some((_, checked)) => {
-                    self.recheck(parent, name, checked, path)?;
+                    self.recheck(parent, name, checked, previous, path)?;
                     rustix::fs::renameat_with(
                         parent,
                         temp_name.as_str(),
@@ -1104,6 +1124,11 @@ impl Workspace {
                         expected: Revision::Missing,
                         current: revision_on_disk(parent, &RelPath::parse(name)?)?,
                     }),
+                    // The folder was removed after we opened it.
+                    Err(Errno::NOENT) => Err(ConfineError::NotFound {
+                        path: path.to_string(),
+                    }
+                    .into()),
                     Err(e) => Err(WorkspaceError::io("create", path, e)),
                 },
             }
@@ -1112,8 +1137,26 @@ impl Workspace {
             let _ = rustix::fs::unlinkat(parent, temp_name.as_str(), AtFlags::empty());
             return Err(error);
         }
-        failpoint::hit("after_rename");
-        fsync_fd(parent, "fsync folder", path)?;
+        Ok(())
+    }
+
+    /// After the rename or unlink reached the target: make the folder entries durable.
+    fn sync_after(&self, planned: &Planned) -> Result<(), WorkspaceError> {
+        let path = &planned.path;
+        failpoint_io("after_rename", path)?;
+        match &planned.action {
+            Action::Replace { parent, .. } | Action::Delete { parent, .. } => {
+                fsync_fd(parent.as_fd(), "fsync folder", path)?;
+            }
+            Action::Move {
+                from_parent,
+                to_parent,
+                ..
+            } => {
+                fsync_fd(to_parent.as_fd(), "fsync folder", path)?;
+                fsync_fd(from_parent.as_fd(), "fsync folder", path)?;
+            }
+        }
         failpoint::hit("after_dir_fsync");
         Ok(())
     }

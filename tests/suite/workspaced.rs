@@ -456,3 +456,109 @@ fn sigterm_stops_cleanly_and_restart_keeps_receipts() {
     assert_eq!(receipt["state"], "applied");
     assert_eq!(receipt["resulting_revision"], revision("b"));
 }
+
+#[test]
+fn unconfirmed_receipt_is_uncertain_then_resolved_by_request_id() {
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("a.txt", "old")]);
+    let alice = ctx("demo", "alice");
+    {
+        let daemon = Workspaced::start_with(
+            &state,
+            Options {
+                failpoint: Some("mark_applied:fail".into()),
+                ..Options::default()
+            },
+        );
+        let (code, details) = daemon
+            .client()
+            .write(&alice, "a.txt", "new", &revision("old"), "u-1")
+            .unwrap_err();
+        assert_eq!(code, "uncertain");
+        assert_eq!(details["previous_revision"], revision("old"));
+        assert_eq!(details["resulting_revision"], revision("new"));
+        assert_eq!(details["receipt"]["request_id"], "u-1");
+        // The change did happen; only its confirmation failed.
+        assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "new");
+    }
+    // Looking it up by request id reconciles from the disk instead of guessing.
+    let daemon = Workspaced::start(&state);
+    let receipt = daemon.client().receipt(&alice, "u-1").unwrap();
+    assert_eq!(receipt["state"], "applied");
+}
+
+#[test]
+fn a_request_id_still_in_progress_gets_a_retryable_conflict() {
+    let state = StateRoot::new();
+    state.set_config("[workspaced]\nlock_timeout_ms = 300\n");
+    state.project("demo", &[("a.txt", "old")]);
+    let daemon = Workspaced::start_with(
+        &state,
+        Options {
+            failpoint: Some("after_prepare:sleep:2000".into()),
+            ..Options::default()
+        },
+    );
+    let alice = ctx("demo", "alice");
+    let first = {
+        let client = daemon.client();
+        let alice = alice.clone();
+        std::thread::spawn(move || client.write(&alice, "a.txt", "new", &revision("old"), "same"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let (code, details) = daemon
+        .client()
+        .write(&alice, "a.txt", "new", &revision("old"), "same")
+        .unwrap_err();
+    assert_eq!(code, "request_in_progress");
+    assert_eq!(details["retryable"], true);
+    // Another id waiting on the same project lock gets `busy`, also retryable.
+    let (code, details) = daemon
+        .client()
+        .write(&alice, "a.txt", "x", &revision("old"), "other")
+        .unwrap_err();
+    assert_eq!(code, "busy");
+    assert_eq!(details["retryable"], true);
+    let applied = first.join().unwrap().unwrap();
+    assert_eq!(applied["replayed"], false);
+    // The retry after it finished gets the recorded outcome.
+    let retried = daemon
+        .client()
+        .write(&alice, "a.txt", "new", &revision("old"), "same")
+        .unwrap();
+    assert_eq!(retried["replayed"], true);
+    assert_eq!(
+        retried["receipt"]["receipt_id"],
+        applied["receipt"]["receipt_id"]
+    );
+}
+
+#[test]
+fn a_failed_folder_sync_after_the_rename_is_uncertain_not_not_applied() {
+    // Regression: an error after the rename used to mark the receipt not_applied although the
+    // new content was on disk.
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("a.txt", "old")]);
+    let alice = ctx("demo", "alice");
+    {
+        let daemon = Workspaced::start_with(
+            &state,
+            Options {
+                failpoint: Some("after_rename:fail".into()),
+                ..Options::default()
+            },
+        );
+        let (code, details) = daemon
+            .client()
+            .write(&alice, "a.txt", "new", &revision("old"), "s-1")
+            .unwrap_err();
+        assert_eq!(code, "uncertain");
+        assert_eq!(details["receipt"]["state"], "prepared");
+        assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "new");
+        // Looked up while the daemon still runs, it is reconciled from the disk.
+        assert_eq!(
+            daemon.client().receipt(&alice, "s-1").unwrap()["state"],
+            "applied"
+        );
+    }
+}
