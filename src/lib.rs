@@ -13,6 +13,7 @@
 //!   envelope, and the client the daemons and CLIs use to talk to each other.
 //! - [`guard`]: the folder and policy guard (write paths, blocked, blocked-write, read-only,
 //!   protected files) evaluated on normalised relative paths; shared by every caller.
+//! - [`identity`]: agentd's users, projects, roles, tokens and the write authority.
 //! - [`patch`]: the one unified-diff parser and strict applier.
 //! - [`workspace`]: `agentworks-workspaced`, the only process that writes the documents tree:
 //!   confined paths, revisions, the per-project lock, receipts, ownership and ACL preservation.
@@ -20,6 +21,7 @@
 pub mod ctl;
 pub mod daemon;
 pub mod guard;
+pub mod identity;
 pub mod ipc;
 pub mod patch;
 pub mod workspace;

@@ -53,8 +53,8 @@ pub struct Config {
     pub runtime_dir: PathBuf,
     /// The `[workspaced]` section.
     pub workspaced: WorkspacedConfig,
-    /// The `[agentd]` section, accepted and kept raw until agentd parses it.
-    pub agentd: toml::Table,
+    /// The `[agentd]` section.
+    pub agentd: AgentdConfig,
     /// The `[gatewayd]` section, accepted and kept raw until gatewayd parses it.
     pub gatewayd: toml::Table,
 }
@@ -66,7 +66,7 @@ impl Default for Config {
             documents_root: PathBuf::from(DEFAULT_DOCUMENTS_ROOT),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             workspaced: WorkspacedConfig::default(),
-            agentd: toml::Table::new(),
+            agentd: AgentdConfig::default(),
             gatewayd: toml::Table::new(),
         }
     }
@@ -97,6 +97,47 @@ impl Default for WorkspacedConfig {
             max_file_bytes: 8 * 1024 * 1024,
             lock_timeout_ms: 30_000,
             search_max_results: 200,
+        }
+    }
+}
+
+/// The `[agentd]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentdConfig {
+    /// The public HTTP listener (MCP at `/mcp`, the REST API at `/v1/`).
+    pub listen: std::net::SocketAddr,
+    /// The URL clients use to reach `listen` (behind a proxy it differs); `None`: `http://<listen>`.
+    pub public_url: Option<String>,
+    /// The operator and gateway socket; `None` means `<runtime_dir>/agentd.sock`.
+    pub socket: Option<PathBuf>,
+    /// Browser origins allowed to call the public endpoints besides `public_url` itself.
+    pub allowed_origins: Vec<String>,
+    /// The group whose members may use the operator endpoints (root always may).
+    pub admin_group: String,
+    /// Users whose processes may use the gateway endpoints (token checks, revocations).
+    pub gateway_users: Vec<String>,
+}
+
+impl Default for AgentdConfig {
+    fn default() -> AgentdConfig {
+        AgentdConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8470)),
+            public_url: None,
+            socket: None,
+            allowed_origins: Vec::new(),
+            admin_group: "agentworks-admin".to_owned(),
+            gateway_users: vec!["agentworks-gw".to_owned()],
+        }
+    }
+}
+
+impl AgentdConfig {
+    /// `public_url`, else `http://<listen>`, without a trailing slash.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => format!("http://{}", self.listen),
         }
     }
 }
@@ -277,6 +318,14 @@ impl Config {
         }
     }
 
+    /// The path of agentd's socket: `agentd.socket`, else `<runtime_dir>/agentd.sock`.
+    pub fn agentd_socket(&self) -> PathBuf {
+        match &self.agentd.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("agentd.sock"),
+        }
+    }
+
     /// The state-root layout under `state_root`.
     pub fn layout(&self) -> StateLayout {
         StateLayout {
@@ -352,7 +401,8 @@ mod tests {
         assert_eq!(c.workspaced.max_file_bytes, 8 * 1024 * 1024);
         assert_eq!(c.workspaced.lock_timeout_ms, 30_000);
         assert_eq!(c.workspaced.search_max_results, 200);
-        assert!(c.agentd.is_empty() && c.gatewayd.is_empty());
+        assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8470");
+        assert!(c.gatewayd.is_empty());
         assert_eq!(c.layout().root, Path::new("/var/lib/agentworks"));
     }
 
@@ -386,10 +436,8 @@ cert = "/etc/cert.pem"
         assert_eq!(c.workspaced.max_file_bytes, 1024);
         assert_eq!(c.workspaced.lock_timeout_ms, 5);
         assert_eq!(c.workspaced.search_max_results, 7);
-        assert_eq!(
-            c.agentd.get("listen").and_then(|v| v.as_str()),
-            Some("127.0.0.1:8080")
-        );
+        assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.agentd.public_url(), "http://127.0.0.1:8080");
         assert!(c.gatewayd.contains_key("tls"));
     }
 

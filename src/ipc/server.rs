@@ -63,21 +63,20 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 ///
 /// Bodies larger than `max_body_bytes` get a 413 envelope (code `too_large`) without calling
 /// the handler; the handler receives the collected body bytes.
-pub async fn serve<H, F>(
-    listener: tokio::net::UnixListener,
+pub async fn serve<L, H, F>(
+    listener: L,
     handler: H,
     shutdown: CancellationToken,
     limits: ServerLimits,
 ) where
-    H: Fn(Peer, hyper::http::request::Parts, Bytes) -> F + Clone + Send + Sync + 'static,
+    L: Accept,
+    H: Fn(L::Peer, hyper::http::request::Parts, Bytes) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let tracker = TaskTracker::new();
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        // Wait for a free slot before accepting, so excess clients queue in the kernel backlog
-        // rather than as tasks in memory.
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
             permit = permits.clone().acquire_owned() => match permit {
@@ -89,11 +88,12 @@ pub async fn serve<H, F>(
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => {
+        let (stream, peer) = match accepted {
+            Ok(Accepted::Connection(stream, peer)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
-                stream
+                (stream, peer)
             }
+            Ok(Accepted::Dropped) => continue,
             Err(error) => {
                 tracing::warn!(%error, ?backoff, "accept failed; backing off");
                 tokio::select! {
@@ -101,17 +101,6 @@ pub async fn serve<H, F>(
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
-        let peer = match stream.peer_cred() {
-            Ok(cred) => Peer {
-                uid: cred.uid(),
-                gid: cred.gid(),
-                pid: cred.pid().unwrap_or(0),
-            },
-            Err(error) => {
-                tracing::warn!(%error, "cannot read peer credentials; closing connection");
                 continue;
             }
         };
@@ -127,15 +116,65 @@ pub async fn serve<H, F>(
     tracker.wait().await;
 }
 
-/// Runs HTTP/1.1 on one connection until the client closes it or shutdown finishes it.
-async fn serve_connection<H, F>(
-    stream: tokio::net::UnixStream,
-    peer: Peer,
+/// What one accept produced: a connection with its peer, or a connection we closed at once.
+pub enum Accepted<S, P> {
+    Connection(S, P),
+    /// Accepted and closed (for example: its credentials could not be read).
+    Dropped,
+}
+
+/// A listener `serve` can run: Unix sockets (peer = `SO_PEERCRED`) and TCP (peer = address).
+pub trait Accept: Send + 'static {
+    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    type Peer: std::fmt::Debug + Copy + Send + Sync + 'static;
+    fn accept(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<Accepted<Self::Stream, Self::Peer>>> + Send;
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    type Peer = Peer;
+    async fn accept(&self) -> std::io::Result<Accepted<Self::Stream, Peer>> {
+        let (stream, _) = tokio::net::UnixListener::accept(self).await?;
+        match stream.peer_cred() {
+            Ok(cred) => Ok(Accepted::Connection(
+                stream,
+                Peer {
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                    pid: cred.pid().unwrap_or(0),
+                },
+            )),
+            Err(error) => {
+                // Without credentials there is nobody to authorize: close it.
+                tracing::warn!(%error, "cannot read peer credentials; closing connection");
+                Ok(Accepted::Dropped)
+            }
+        }
+    }
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    type Peer = std::net::SocketAddr;
+    async fn accept(&self) -> std::io::Result<Accepted<Self::Stream, Self::Peer>> {
+        let (stream, address) = tokio::net::TcpListener::accept(self).await?;
+        let _ = stream.set_nodelay(true);
+        Ok(Accepted::Connection(stream, address))
+    }
+}
+
+async fn serve_connection<S, P, H, F>(
+    stream: S,
+    peer: P,
     handler: H,
     shutdown: CancellationToken,
     max_body_bytes: usize,
 ) where
-    H: Fn(Peer, hyper::http::request::Parts, Bytes) -> F + Clone + Send + Sync + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    P: std::fmt::Debug + Copy + Send + Sync + 'static,
+    H: Fn(P, hyper::http::request::Parts, Bytes) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
@@ -155,19 +194,19 @@ async fn serve_connection<H, F>(
         }
     };
     if let Err(error) = result {
-        tracing::debug!(%error, uid = peer.uid, pid = peer.pid, "connection ended with an error");
+        tracing::debug!(%error, ?peer, "connection ended with an error");
     }
 }
 
 /// Applies the body limit, then calls the handler.
-async fn handle_request<H, F>(
+async fn handle_request<P, H, F>(
     request: Request<Incoming>,
-    peer: Peer,
+    peer: P,
     handler: H,
     max_body_bytes: usize,
 ) -> Response<Body>
 where
-    H: Fn(Peer, hyper::http::request::Parts, Bytes) -> F,
+    H: Fn(P, hyper::http::request::Parts, Bytes) -> F,
     F: std::future::Future<Output = Response<Body>>,
 {
     let (parts, body) = request.into_parts();

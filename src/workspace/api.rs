@@ -199,3 +199,17 @@ pub struct Health {
     pub daemon: String,
     pub version: String,
 }
+
+/// Create a project's folder under the documents root if it does not exist (operators add
+/// projects through agentd, which never touches the documents tree itself).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnsureProjectRequest {
+    pub project: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EnsureProjectResponse {
+    pub project: String,
+    pub created: bool,
+}

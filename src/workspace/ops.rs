@@ -1250,6 +1250,35 @@ impl Workspace {
         Ok(HistoryResponse { entries })
     }
 
+    /// Create the project folder `name` (one component) under the documents root.
+    pub fn ensure_project(
+        &self,
+        req: &EnsureProjectRequest,
+    ) -> Result<EnsureProjectResponse, WorkspaceError> {
+        let rel = RelPath::parse(&req.project)?;
+        if rel.as_str().contains('/') {
+            return Err(WorkspaceError::InvalidRequest(
+                "a project folder is one name directly under the documents root".into(),
+            ));
+        }
+        let created =
+            match rustix::fs::mkdirat(&self.documents_fd, rel.as_str(), Mode::from_raw_mode(0o777))
+            {
+                Ok(()) => {
+                    fsync_fd(self.documents_fd.as_fd(), "fsync documents root", &rel)?;
+                    true
+                }
+                Err(Errno::EXIST) => false,
+                Err(e) => return Err(WorkspaceError::io("create project folder", &rel, e)),
+            };
+        // It must be a real folder (not a symlink or a file someone put there).
+        self.project(rel.as_str())?;
+        Ok(EnsureProjectResponse {
+            project: rel.to_string(),
+            created,
+        })
+    }
+
     // ----- start-up -----
 
     /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.

@@ -73,6 +73,9 @@ async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response
         (&Method::POST, "/v1/receipt") => call(workspace, body, |w, r| w.receipt(&r)).await,
         (&Method::POST, "/v1/history") => call(workspace, body, |w, r| w.history(&r)).await,
         (&Method::POST, "/v1/restore") => call(workspace, body, |w, r| w.restore(&r)).await,
+        (&Method::POST, "/v1/projects/ensure") => {
+            call(workspace, body, |w, r| w.ensure_project(&r)).await
+        }
         (_, p) if p.starts_with("/v1/") => error_response(
             StatusCode::NOT_FOUND,
             "unknown_endpoint",
