@@ -6,9 +6,13 @@
 //!
 //! Layout, one module per domain:
 //!
+//! - [`agent`]: `agentworks-agentd`: the public MCP endpoint, the operator socket, file tools.
 //! - [`ctl`]: `agentworksctl` beyond flag parsing (`quickstart`, `status`).
 //! - [`daemon`]: plumbing every daemon shares: the one TOML config, the state-root layout,
 //!   socket activation, `sd_notify`, logging, shutdown signals and capability dropping.
+//! - [`mcp`]: the public MCP endpoint at `/mcp` (streamable HTTP, the stateless 2026-07-28
+//!   revision and the 2025 handshake era), bearer auth, and the tool catalog over agentd's
+//!   `Backend`.
 //! - [`ipc`]: HTTP/1.1 + JSON over Unix sockets, `SO_PEERCRED` peer checks, the one JSON error
 //!   envelope, and the client the daemons and CLIs use to talk to each other.
 //! - [`guard`]: the folder and policy guard (write paths, blocked, blocked-write, read-only,
@@ -18,10 +22,12 @@
 //! - [`workspace`]: `agentworks-workspaced`, the only process that writes the documents tree:
 //!   confined paths, revisions, the per-project lock, receipts, ownership and ACL preservation.
 
+pub mod agent;
 pub mod ctl;
 pub mod daemon;
 pub mod guard;
 pub mod identity;
 pub mod ipc;
+pub mod mcp;
 pub mod patch;
 pub mod workspace;

@@ -1,6 +1,89 @@
-//! `agentworks-agentd`: not built yet (see the open issues); it says so and exits 2.
+//! `agentworks-agentd`: identity, the public MCP endpoint and the operator socket.
+//!
+//! Thin on purpose: parse flags, drop every capability, load the config, take the listeners
+//! (socket activation or bind), then `agentworks::agent::run`. Exit codes: 0 after a clean
+//! shutdown, 1 when it could not start, 2 for a bad command line or config.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("agentworks-agentd is not built yet");
-    std::process::ExitCode::from(2)
+use agentworks::agent;
+use agentworks::daemon::{caps, config::Config, listener, logging, shutdown, systemd};
+use anyhow::Context;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Serve the public MCP endpoint (/mcp) and the operator socket (agentd.sock).
+///
+/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
+/// /etc/agentworks/agentworks.toml (section [agentd]); AGENTWORKS_STATE_ROOT and
+/// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
+/// activation (FileDescriptorName=agentd-http and agentd.sock); otherwise agentd binds them.
+#[derive(Debug, Parser)]
+#[command(name = "agentworks-agentd", version)]
+struct Args {
+    /// The TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init("agentworks-agentd");
+    // agentd needs no capability at all; drop them before any thread exists.
+    if let Err(e) = caps::retain_only(&[]) {
+        eprintln!("agentworks-agentd: cannot drop capabilities: {e}");
+        return ExitCode::from(1);
+    }
+    let config = match Config::load(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("agentworks-agentd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentworks-agentd: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("agentworks-agentd: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = shutdown::on_signals();
+    let socket_path = config.agentd_socket();
+    let (socket, _) = listener::unix_listener("agentd.sock", &socket_path)
+        .with_context(|| format!("cannot listen on {}", socket_path.display()))?;
+    let (public, _) = listener::tcp_listener("agentd-http", config.agentd.listen)
+        .with_context(|| format!("cannot listen on {}", config.agentd.listen))?;
+    let identity = agent::open_identity(&config).context("cannot open the identity store")?;
+    let address = public.local_addr().ok();
+    tracing::info!(
+        socket = %socket_path.display(),
+        public = ?address,
+        public_url = %config.agentd.public_url(),
+        workspaced = %config.workspaced_socket().display(),
+        "agentd ready"
+    );
+    systemd::notify_ready("serving /mcp and agentd.sock");
+    systemd::spawn_watchdog(shutdown.clone());
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        systemd::notify_stopping();
+    });
+    agent::run(&config, identity, public, socket, shutdown).await;
+    tracing::info!("agentd stopped");
+    Ok(())
 }

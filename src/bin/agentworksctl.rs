@@ -1,21 +1,27 @@
 //! `agentworksctl`: the operator CLI.
 //!
-//! Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
+//! Parses flags and calls `agentworks::ctl`. Exit codes: 0 success, 1 the operation failed
+//! (refused by a daemon, or a daemon unreachable), 2 bad usage or configuration.
 
-use agentworks::ctl;
+use agentworks::ctl::{self, admin::CtlError};
 use agentworks::daemon::{config::Config, shutdown};
-use clap::{Parser, Subcommand};
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Administer agentworks: start a private stack, check the daemons.
+/// Administer agentworks: users, projects, members, tokens, receipts, daemon status, and a
+/// private quickstart stack.
 ///
-/// The daemons are found through the same configuration as they use: --config, else
-/// $AGENTWORKS_CONFIG, else /etc/agentworks/agentworks.toml; AGENTWORKS_STATE_ROOT points at
-/// another state root (for example a running quickstart's).
+/// agentworksctl talks to agentd's socket (operator endpoints: root and the agentworks-admin
+/// group only). It finds it through the same configuration as the daemons: --config, else
+/// $AGENTWORKS_CONFIG, else /etc/agentworks/agentworks.toml; AGENTWORKS_STATE_ROOT selects
+/// another state root, e.g. a running quickstart's:
+///
+///   AGENTWORKS_STATE_ROOT=.agentworks-quickstart agentworksctl user list
 #[derive(Debug, Parser)]
 #[command(name = "agentworksctl", version)]
-struct Args {
+struct Cli {
     /// The TOML configuration file.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -29,18 +35,160 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Start every daemon in the foreground on a private state root (loopback only, all as
-    /// the current user), create a demo project, print how to use it; Ctrl-C stops them all.
+    /// the current user), create a demo user, workflow and token, and print the MCP URL and a
+    /// client configuration; Ctrl-C stops them all. Running it again reuses the state root.
     Quickstart {
-        /// The private state root; reused when run again.
+        /// The private state root.
         #[arg(long, value_name = "DIR", default_value = ".agentworks-quickstart")]
         state_root: PathBuf,
+        /// The loopback port of the public MCP/HTTP listener.
+        #[arg(long, default_value_t = 8470)]
+        port: u16,
     },
     /// Show each daemon's health.
     Status,
+    /// Users: add, list, disable, enable.
+    #[command(subcommand)]
+    User(UserCmd),
+    /// Projects (a folder under the documents root each): add, list.
+    #[command(subcommand)]
+    Project(ProjectCmd),
+    /// Project members and their roles.
+    #[command(subcommand)]
+    Member(MemberCmd),
+    /// Personal access tokens: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Write receipts.
+    #[command(subcommand)]
+    Receipt(ReceiptCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum UserCmd {
+    /// Add a user.
+    Add { name: String },
+    /// List users.
+    List,
+    /// Disable a user: every token of theirs stops working at once.
+    Disable { name: String },
+    /// Enable a disabled user.
+    Enable { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum ProjectCmd {
+    /// Add a project; its folder is created under the documents root by workspaced.
+    Add(ProjectAdd),
+    /// List projects.
+    List,
+}
+
+#[derive(Debug, ClapArgs)]
+struct ProjectAdd {
+    name: String,
+    /// workflow or code.
+    #[arg(long, default_value = "workflow")]
+    kind: String,
+    /// The owning user.
+    #[arg(long)]
+    owner: String,
+    /// The folder under the documents root (default: the project's name).
+    #[arg(long)]
+    folder: Option<String>,
+    /// Policy WritePaths: folders where authors may write (default: the whole project).
+    #[arg(long = "write-path", value_name = "PATH")]
+    write_paths: Vec<String>,
+    /// Policy BlockedPaths: neither readable nor writable.
+    #[arg(long = "blocked-path", value_name = "PATH")]
+    blocked_paths: Vec<String>,
+    /// Policy BlockedWritePaths: readable, never writable.
+    #[arg(long = "blocked-write-path", value_name = "PATH")]
+    blocked_write_paths: Vec<String>,
+    /// Read-only grants.
+    #[arg(long = "read-only-path", value_name = "PATH")]
+    read_only_paths: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum MemberCmd {
+    /// Add a member, or change a member's role.
+    Add {
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        user: String,
+        /// owner, co-owner, editor, runner or viewer.
+        #[arg(long)]
+        role: String,
+    },
+    /// Remove a member (effective for their next request).
+    Remove {
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        user: String,
+    },
+    /// List a project's members.
+    List {
+        #[arg(long)]
+        project: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCmd {
+    /// Create a token; it is printed once and stored only as a hash.
+    Create(TokenCreate),
+    /// List tokens (never their secrets).
+    List {
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Revoke a token by id (effective for the next request).
+    Revoke { id: String },
+}
+
+#[derive(Debug, ClapArgs)]
+struct TokenCreate {
+    /// The user the token acts as.
+    #[arg(long)]
+    user: String,
+    /// workflows:read, workflows:run, workflows:write or devices:connect (exclusive). Repeat.
+    #[arg(long = "scope", required = true)]
+    scopes: Vec<String>,
+    /// Restrict the token to one project.
+    #[arg(long)]
+    project: Option<String>,
+    /// Expire after this long: 30d, 12h, 90m.
+    #[arg(long, value_name = "DURATION")]
+    expires_in: Option<String>,
+    /// Folder caps: the token may write only beneath these folders. Repeat.
+    #[arg(long = "write-folder", value_name = "PATH")]
+    write_folders: Vec<String>,
+    /// Folder caps: these folders are read-only for the token. Repeat.
+    #[arg(long = "read-only-folder", value_name = "PATH")]
+    read_only_folders: Vec<String>,
+    /// A label to recognise the token by.
+    #[arg(long)]
+    label: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ReceiptCmd {
+    /// Show the receipt of a write, by request id (reconciled if it was left prepared).
+    Show {
+        request_id: String,
+        #[arg(long)]
+        project: String,
+        /// Whose request id (ids are scoped to the user who sent them).
+        #[arg(long)]
+        user: String,
+    },
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -51,43 +199,233 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(async move {
-        match args.command {
-            Cmd::Quickstart { state_root } => quickstart(state_root, args.json).await,
-            Cmd::Status => status(args.config, args.json).await,
+    runtime.block_on(dispatch(cli))
+}
+
+async fn dispatch(cli: Cli) -> ExitCode {
+    if let Cmd::Quickstart { state_root, port } = cli.command {
+        return quickstart(state_root, port, cli.json).await;
+    }
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentworksctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Cmd::Status = cli.command {
+        return status(&config, cli.json).await;
+    }
+    let (endpoint, body) = match request(cli.command) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentworksctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match ctl::admin::call(&config, endpoint, &body).await {
+        Ok(answer) => {
+            if cli.json {
+                println!("{answer}");
+            } else {
+                print_text(endpoint, &answer);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ CtlError::Usage(_)) => {
+            eprintln!("agentworksctl: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            if cli.json {
+                if let CtlError::Refused {
+                    code,
+                    message,
+                    details,
+                } = &e
+                {
+                    let mut error = details.clone();
+                    error.insert("code".into(), json!(code));
+                    error.insert("message".into(), json!(message));
+                    println!("{}", json!({ "error": error }));
+                }
+            }
+            eprintln!("agentworksctl: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Parse and validate a command into an operator endpoint and its body (phase one: nothing
+/// is sent until everything checks out).
+fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
+    let role = |raw: &str| -> Result<String, CtlError> {
+        agentworks::identity::Role::parse(raw)
+            .map(|r| r.as_str().to_owned())
+            .ok_or_else(|| {
+                CtlError::Usage(format!(
+                    "{raw:?} is not a role: owner, co-owner, editor, runner or viewer"
+                ))
+            })
+    };
+    Ok(match command {
+        Cmd::User(UserCmd::Add { name }) => ("users/add", json!({ "name": name })),
+        Cmd::User(UserCmd::List) => ("users/list", json!({})),
+        Cmd::User(UserCmd::Disable { name }) => ("users/disable", json!({ "name": name })),
+        Cmd::User(UserCmd::Enable { name }) => ("users/enable", json!({ "name": name })),
+        Cmd::Project(ProjectCmd::Add(p)) => {
+            if agentworks::identity::ProjectKind::parse(&p.kind).is_none() {
+                return Err(CtlError::Usage(format!(
+                    "--kind {:?}: use workflow or code",
+                    p.kind
+                )));
+            }
+            let write_paths = if p.write_paths.is_empty() {
+                vec![".".to_string()]
+            } else {
+                p.write_paths
+            };
+            (
+                "projects/add",
+                json!({
+                    "name": p.name, "kind": p.kind, "owner": p.owner, "folder": p.folder,
+                    "policy": {
+                        "write_paths": write_paths, "blocked_paths": p.blocked_paths,
+                        "blocked_write_paths": p.blocked_write_paths, "read_only_paths": p.read_only_paths,
+                    }
+                }),
+            )
+        }
+        Cmd::Project(ProjectCmd::List) => ("projects/list", json!({})),
+        Cmd::Member(MemberCmd::Add {
+            project,
+            user,
+            role: r,
+        }) => (
+            "members/add",
+            json!({ "project": project, "user": user, "role": role(&r)? }),
+        ),
+        Cmd::Member(MemberCmd::Remove { project, user }) => (
+            "members/remove",
+            json!({ "project": project, "user": user }),
+        ),
+        Cmd::Member(MemberCmd::List { project }) => ("members/list", json!({ "project": project })),
+        Cmd::Token(TokenCmd::Create(t)) => {
+            for scope in &t.scopes {
+                if agentworks::identity::Scope::parse(scope).is_none() {
+                    return Err(CtlError::Usage(format!(
+                        "--scope {scope:?}: use workflows:read, workflows:run, workflows:write or devices:connect"
+                    )));
+                }
+            }
+            let expires_at_ms = match &t.expires_in {
+                Some(d) => {
+                    Some(agentworks::identity::store::now_ms() + ctl::admin::parse_duration_ms(d)?)
+                }
+                None => None,
+            };
+            let write_folders = (!t.write_folders.is_empty()).then_some(t.write_folders);
+            (
+                "tokens/create",
+                json!({
+                    "user": t.user, "scopes": t.scopes, "project": t.project, "label": t.label,
+                    "expires_at_ms": expires_at_ms, "write_folders": write_folders,
+                    "read_only_folders": t.read_only_folders,
+                }),
+            )
+        }
+        Cmd::Token(TokenCmd::List { user }) => ("tokens/list", json!({ "user": user })),
+        Cmd::Token(TokenCmd::Revoke { id }) => ("tokens/revoke", json!({ "id": id })),
+        Cmd::Receipt(ReceiptCmd::Show {
+            request_id,
+            project,
+            user,
+        }) => (
+            "receipts/show",
+            json!({ "project": project, "request_id": request_id, "user": user }),
+        ),
+        Cmd::Quickstart { .. } | Cmd::Status => {
+            return Err(CtlError::Usage("handled elsewhere".into()));
         }
     })
 }
 
-async fn quickstart(state_root: PathBuf, json: bool) -> ExitCode {
+fn print_text(endpoint: &str, answer: &Value) {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    match endpoint {
+        "tokens/create" => {
+            println!(
+                "token {} for {} ({})",
+                s(&answer["info"]["id"]),
+                s(&answer["info"]["user_name"]),
+                answer["info"]["scopes"]
+                    .as_array()
+                    .map(|a| a.iter().map(|x| s(x)).collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            );
+            println!("{}", s(&answer["token"]));
+            println!("(shown once: store it now; only its hash is kept)");
+        }
+        "users/list" | "projects/list" | "members/list" | "tokens/list" => {
+            for row in answer.as_array().into_iter().flatten() {
+                let line = match endpoint {
+                    "users/list" => format!(
+                        "{:<24} {}{}",
+                        s(&row["name"]),
+                        s(&row["id"]),
+                        if row["disabled"] == true {
+                            "  (disabled)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    "projects/list" => format!(
+                        "{:<24} {:<9} folder={} id={}",
+                        s(&row["name"]),
+                        s(&row["kind"]),
+                        s(&row["folder"]),
+                        s(&row["id"])
+                    ),
+                    "members/list" => format!("{:<24} {}", s(&row["user"]), s(&row["role"])),
+                    _ => format!(
+                        "{}  {:<16} {:<40} {}{}",
+                        s(&row["id"]),
+                        s(&row["user_name"]),
+                        row["scopes"]
+                            .as_array()
+                            .map(|a| a.iter().map(|x| s(x)).collect::<Vec<_>>().join(","))
+                            .unwrap_or_default(),
+                        s(&row["label"]),
+                        if row["revoked_at_ms"].is_null() {
+                            ""
+                        } else {
+                            "  (revoked)"
+                        }
+                    ),
+                };
+                println!("{line}");
+            }
+        }
+        _ => println!(
+            "{}",
+            serde_json::to_string_pretty(answer).unwrap_or_default()
+        ),
+    }
+}
+
+async fn quickstart(state_root: PathBuf, port: u16, json_output: bool) -> ExitCode {
     let shutdown = shutdown::on_signals();
-    let result = ctl::quickstart::run(&state_root, shutdown, |started| {
-        if json {
+    let result = ctl::quickstart::run(&state_root, port, shutdown, |started| {
+        if json_output {
             println!("{}", serde_json::to_string(started).unwrap_or_default());
         } else {
-            let socket = started.workspaced_socket.display();
-            println!("agentworks quickstart is running (Ctrl-C stops it)");
-            println!("  state root:      {}", started.state_root.display());
-            println!("  documents root:  {}", started.documents_root.display());
-            println!("  workspaced:      {socket}");
-            println!("  demo project:    {}", started.project);
-            println!();
-            println!("Try it:");
-            println!("  curl --unix-socket {socket} http://_/v1/health");
-            println!(
-                "  curl --unix-socket {socket} http://_/v1/read -d '{{\"context\":{{\"project\":\"demo\",\"principal\":{{\"user_id\":\"u1\",\"user_name\":\"demo\",\"source\":\"curl\"}},\"guard\":{{\"write_paths\":[\".\"]}}}},\"path\":\"README.md\"}}'"
-            );
-            println!();
-            println!(
-                "Administer it from another shell with AGENTWORKS_STATE_ROOT={} agentworksctl status",
-                started.state_root.display()
-            );
+            ctl::quickstart::print_human(started);
         }
     })
     .await;
     match result {
         Ok(()) => {
-            if !json {
+            if !json_output {
                 println!("stopped");
             }
             ExitCode::SUCCESS
@@ -99,16 +437,9 @@ async fn quickstart(state_root: PathBuf, json: bool) -> ExitCode {
     }
 }
 
-async fn status(config: Option<PathBuf>, json: bool) -> ExitCode {
-    let config = match Config::load(config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("agentworksctl: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let report = ctl::status(&config).await;
-    if json {
+async fn status(config: &Config, json_output: bool) -> ExitCode {
+    let report = ctl::status(config).await;
+    if json_output {
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {
         for d in &report {

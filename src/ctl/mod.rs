@@ -5,6 +5,7 @@
 //! the same config and `AGENTWORKS_STATE_ROOT` as the daemons use; it never opens a daemon's
 //! state directory.
 
+pub mod admin;
 pub mod quickstart;
 
 use crate::daemon::config::Config;
@@ -22,19 +23,25 @@ pub struct DaemonStatus {
 
 /// Ask every daemon that exists for its health.
 pub async fn status(config: &Config) -> Vec<DaemonStatus> {
-    let socket = config.workspaced_socket();
-    let answer: Result<serde_json::Value, _> = UnixClient::new(&socket).get("/v1/health").await;
-    vec![DaemonStatus {
-        daemon: "agentworks-workspaced".into(),
-        socket: socket.display().to_string(),
-        healthy: answer.is_ok(),
-        detail: match answer {
-            Ok(v) => format!(
-                "{} {}",
-                v["status"].as_str().unwrap_or("?"),
-                v["version"].as_str().unwrap_or("")
-            ),
-            Err(e) => e.to_string(),
-        },
-    }]
+    let mut report = Vec::new();
+    for (daemon, socket) in [
+        ("agentworks-workspaced", config.workspaced_socket()),
+        ("agentworks-agentd", config.agentd_socket()),
+    ] {
+        let answer: Result<serde_json::Value, _> = UnixClient::new(&socket).get("/v1/health").await;
+        report.push(DaemonStatus {
+            daemon: daemon.into(),
+            socket: socket.display().to_string(),
+            healthy: answer.is_ok(),
+            detail: match answer {
+                Ok(v) => format!(
+                    "{} {}",
+                    v["status"].as_str().unwrap_or("?"),
+                    v["version"].as_str().unwrap_or("")
+                ),
+                Err(e) => e.to_string(),
+            },
+        });
+    }
+    report
 }

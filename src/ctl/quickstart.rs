@@ -1,10 +1,13 @@
 //! `agentworksctl quickstart`: the whole daemon set in the foreground on a private state root.
 //!
-//! Every daemon runs as the current user with its sockets under `<state>/run`; a demo project
-//! is created once; Ctrl-C (or SIGTERM) stops every daemon with SIGTERM and waits for it.
-//! Running it again reuses the state root. It never touches the system state root.
+//! Every daemon runs as the current user, loopback only, with its sockets under `<state>/run`;
+//! a demo user, a demo workflow (with a few files) and a `workflows:write` token are created
+//! through agentd's operator socket; Ctrl-C (or SIGTERM) stops every daemon with SIGTERM and
+//! waits for it. Running it again reuses the state root (and mints a new token). It never
+//! touches the system state root.
 
 use crate::ipc::client::UnixClient;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,21 +40,31 @@ pub enum QuickstartError {
         daemon: String,
         status: std::process::ExitStatus,
     },
+    #[error("setting up the demo failed: {0}")]
+    Bootstrap(String),
 }
 
-/// What quickstart started, printed for people and (with --json) for scripts.
+/// What quickstart started, printed for people and (with --json) as the first stdout line.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Started {
+    pub mcp_url: String,
+    pub api_url: String,
+    /// The executor WebSocket URL; `None` until gatewayd is built.
+    pub gateway_url: Option<String>,
+    pub token: String,
+    pub workflow_id: String,
     pub state_root: PathBuf,
     pub documents_root: PathBuf,
+    pub agentd_socket: PathBuf,
     pub workspaced_socket: PathBuf,
-    pub project: String,
+    /// A ready-to-paste MCP client configuration (the common `mcpServers` shape).
+    pub mcp_client_config: Value,
 }
 
 const DEMO_FILES: [(&str, &str); 3] = [
     (
         "README.md",
-        "# Demo workflow\n\nFiles here are served by agentworks-workspaced.\n",
+        "# Demo workflow\n\nFiles here are served by agentworks through MCP.\n",
     ),
     ("code/task.py", "print('hello from the demo workflow')\n"),
     (
@@ -60,7 +73,7 @@ const DEMO_FILES: [(&str, &str); 3] = [
     ),
 ];
 
-/// A running daemon child.
+/// A running daemon child, stopped with SIGTERM when dropped.
 struct Daemon {
     name: &'static str,
     child: Child,
@@ -78,7 +91,7 @@ impl Drop for Daemon {
     }
 }
 
-fn prepare(state_root: &Path) -> Result<(PathBuf, PathBuf), QuickstartError> {
+fn prepare(state_root: &Path, port: u16) -> Result<(PathBuf, PathBuf), QuickstartError> {
     let err = |path: &Path| {
         let path = path.to_owned();
         move |source| QuickstartError::Prepare { path, source }
@@ -95,14 +108,16 @@ fn prepare(state_root: &Path) -> Result<(PathBuf, PathBuf), QuickstartError> {
             std::fs::write(&path, content).map_err(err(&path))?;
         }
     }
+    // quickstart owns this file: rewritten each run so --port takes effect.
     let config = state_root.join("agentworks.toml");
-    if !config.exists() {
-        std::fs::write(
-            &config,
-            "# quickstart: every daemon as the current user, sockets under ./run\n",
-        )
-        .map_err(err(&config))?;
-    }
+    std::fs::write(
+        &config,
+        format!(
+            "# written by agentworksctl quickstart: every daemon as the current user, loopback only\n\
+             [workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
+        ),
+    )
+    .map_err(err(&config))?;
     Ok((documents, config))
 }
 
@@ -122,6 +137,22 @@ fn sibling(binary: &str) -> Result<PathBuf, QuickstartError> {
     }
 }
 
+fn start(name: &'static str, state_root: &Path, config: &Path) -> Result<Daemon, QuickstartError> {
+    let binary = sibling(name)?;
+    let child = Command::new(&binary)
+        .env("AGENTWORKS_STATE_ROOT", state_root)
+        .env("AGENTWORKS_CONFIG", config)
+        .env_remove("AGENTWORKS_DOCUMENTS_ROOT")
+        .env_remove("AGENTWORKS_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|source| QuickstartError::Spawn {
+            binary: binary.display().to_string(),
+            source,
+        })?;
+    Ok(Daemon { name, child })
+}
+
 async fn wait_healthy(daemon: &mut Daemon, socket: &Path) -> Result<(), QuickstartError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -131,7 +162,7 @@ async fn wait_healthy(daemon: &mut Daemon, socket: &Path) -> Result<(), Quicksta
                 status,
             });
         }
-        let health: Result<serde_json::Value, _> = UnixClient::new(socket).get("/v1/health").await;
+        let health: Result<Value, _> = UnixClient::new(socket).get("/v1/health").await;
         if health.is_ok() {
             return Ok(());
         }
@@ -145,9 +176,56 @@ async fn wait_healthy(daemon: &mut Daemon, socket: &Path) -> Result<(), Quicksta
     }
 }
 
-/// Start everything, call `ready` once all daemons answer, then wait for `shutdown` and stop.
+/// Create (or find) the demo user and workflow and mint a token, through agentd's socket.
+async fn bootstrap(agentd: &UnixClient) -> Result<(String, String), QuickstartError> {
+    let admin = |endpoint: &'static str, body: Value| async move {
+        agentd
+            .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
+            .await
+    };
+    let exists = |e: &crate::ipc::client::ClientError| e.remote_code() == Some("already_exists");
+    let fail = |e: crate::ipc::client::ClientError| QuickstartError::Bootstrap(e.to_string());
+    if let Err(e) = admin("users/add", json!({"name": "demo"})).await
+        && !exists(&e)
+    {
+        return Err(fail(e));
+    }
+    if let Err(e) = admin(
+        "projects/add",
+        json!({"name": "demo", "kind": "workflow", "owner": "demo", "folder": "demo"}),
+    )
+    .await
+        && !exists(&e)
+    {
+        return Err(fail(e));
+    }
+    let projects = admin("projects/list", json!({})).await.map_err(fail)?;
+    let workflow_id = projects
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "demo"))
+        .and_then(|p| p["id"].as_str())
+        .ok_or_else(|| {
+            QuickstartError::Bootstrap("the demo project is missing after creating it".into())
+        })?
+        .to_owned();
+    let created = admin(
+        "tokens/create",
+        json!({"user": "demo", "scopes": ["workflows:write"], "label": "quickstart"}),
+    )
+    .await
+    .map_err(fail)?;
+    let token = created["token"]
+        .as_str()
+        .ok_or_else(|| QuickstartError::Bootstrap("agentd returned no token".into()))?
+        .to_owned();
+    Ok((workflow_id, token))
+}
+
+/// Start everything, call `ready` once all daemons answer and the demo exists, then wait for
+/// `shutdown` (or a daemon dying) and stop them all.
 pub async fn run(
     state_root: &Path,
+    port: u16,
     shutdown: tokio_util::sync::CancellationToken,
     ready: impl FnOnce(&Started),
 ) -> Result<(), QuickstartError> {
@@ -161,42 +239,78 @@ pub async fn run(
             path: state_root.to_owned(),
             source,
         })?;
-    let (documents, config) = prepare(&state_root)?;
-    let binary = sibling("agentworks-workspaced")?;
-    let child = Command::new(&binary)
-        .env("AGENTWORKS_STATE_ROOT", &state_root)
-        .env("AGENTWORKS_CONFIG", &config)
-        .env_remove("AGENTWORKS_DOCUMENTS_ROOT")
-        .env_remove("AGENTWORKS_RUNTIME_DIR")
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|source| QuickstartError::Spawn {
-            binary: binary.display().to_string(),
-            source,
-        })?;
-    let mut workspaced = Daemon {
-        name: "agentworks-workspaced",
-        child,
-    };
-    let socket = state_root.join("run/workspaced.sock");
-    wait_healthy(&mut workspaced, &socket).await?;
+    let (documents, config) = prepare(&state_root, port)?;
+    let workspaced_socket = state_root.join("run/workspaced.sock");
+    let agentd_socket = state_root.join("run/agentd.sock");
+    let mut workspaced = start("agentworks-workspaced", &state_root, &config)?;
+    wait_healthy(&mut workspaced, &workspaced_socket).await?;
+    let mut agentd = start("agentworks-agentd", &state_root, &config)?;
+    wait_healthy(&mut agentd, &agentd_socket).await?;
+    let (workflow_id, token) = bootstrap(&UnixClient::new(&agentd_socket)).await?;
+    let api_url = format!("http://127.0.0.1:{port}");
+    let mcp_url = format!("{api_url}/mcp");
+    let mcp_client_config = json!({
+        "mcpServers": {
+            "agentworks": {
+                "type": "http",
+                "url": mcp_url,
+                "headers": { "Authorization": format!("Bearer {token}") }
+            }
+        }
+    });
     ready(&Started {
+        mcp_url,
+        api_url,
+        gateway_url: None,
+        token,
+        workflow_id,
         state_root: state_root.clone(),
         documents_root: documents,
-        workspaced_socket: socket,
-        project: "demo".into(),
+        agentd_socket,
+        workspaced_socket,
+        mcp_client_config,
     });
-    // Wait for Ctrl-C, or for a daemon to die on its own.
+    let mut daemons = [agentd, workspaced];
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                if let Ok(Some(status)) = workspaced.child.try_wait() {
-                    return Err(QuickstartError::Died { daemon: workspaced.name.into(), status });
+                for daemon in daemons.iter_mut() {
+                    if let Ok(Some(status)) = daemon.child.try_wait() {
+                        return Err(QuickstartError::Died { daemon: daemon.name.into(), status });
+                    }
                 }
             }
         }
     }
-    drop(workspaced);
+    // agentd first (it calls workspaced), then workspaced; each waits for its in-flight work.
+    drop(daemons);
     Ok(())
+}
+
+/// The human-readable banner.
+pub fn print_human(started: &Started) {
+    println!("agentworks quickstart is running (Ctrl-C stops it)");
+    println!("  MCP endpoint:    {}", started.mcp_url);
+    println!("  token:           {}", started.token);
+    println!("  demo workflow:   {}", started.workflow_id);
+    println!("  state root:      {}", started.state_root.display());
+    println!("  documents root:  {}", started.documents_root.display());
+    println!();
+    println!("MCP client configuration (paste into your client's settings):");
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&started.mcp_client_config).unwrap_or_default()
+    );
+    println!();
+    println!("Try it:");
+    println!(
+        "  curl -s {} -H 'Authorization: Bearer {}' -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' -H 'MCP-Protocol-Version: 2026-07-28' -H 'Mcp-Method: tools/list' -d '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"_meta\":{{\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\",\"io.modelcontextprotocol/clientCapabilities\":{{}}}}}}}}'",
+        started.mcp_url, started.token
+    );
+    println!();
+    println!(
+        "Administer it from another shell: AGENTWORKS_STATE_ROOT={} agentworksctl status",
+        started.state_root.display()
+    );
 }

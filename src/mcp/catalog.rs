@@ -94,7 +94,13 @@ impl Operation {
                     "expected_revision": {"type": "string", "description": "The revision read_file returned (sha256:<hex>), or \"missing\" to create a file that must not exist yet."},
                     "request_id": {"type": "string", "description": "A unique id for this write; retrying with the same id and payload returns the recorded outcome."},
                 }),
-                &["workflow_id", "path", "content", "expected_revision", "request_id"],
+                &[
+                    "workflow_id",
+                    "path",
+                    "content",
+                    "expected_revision",
+                    "request_id",
+                ],
             ),
             Operation::GetWriteReceipt => (
                 json!({
@@ -116,11 +122,15 @@ impl Operation {
     pub fn description(self) -> &'static str {
         match self {
             Operation::ListWorkflows => "List the workflows (projects) this token may see.",
-            Operation::ListFiles => "List files and folders in a workflow, optionally below a folder.",
+            Operation::ListFiles => {
+                "List files and folders in a workflow, optionally below a folder."
+            }
             Operation::ReadFile => {
                 "Read a file in a workflow. Returns its content and its revision (sha256:<hex>), which write_file needs."
             }
-            Operation::SearchFiles => "Search file contents in a workflow, optionally below a folder.",
+            Operation::SearchFiles => {
+                "Search file contents in a workflow, optionally below a folder."
+            }
             Operation::WriteFile => {
                 "Replace or create a file in a workflow. Guarded: expected_revision must be the current revision from read_file (or \"missing\" to create); a mismatch is refused with revision_conflict and the current revision. Retrying with the same request_id returns the same outcome."
             }
@@ -236,14 +246,22 @@ pub(super) fn meta_schema(name: &str) -> Option<Value> {
 /// Checks `arguments` against the subset of JSON Schema our schemas use: `required`,
 /// `additionalProperties: false`, and property `type` of `string` or `object`.
 /// A failure is a [`ToolError`] with code `invalid_arguments` naming the field.
-pub(super) fn validate_arguments(schema: &Value, arguments: &Map<String, Value>) -> Result<(), ToolError> {
+pub(super) fn validate_arguments(
+    schema: &Value,
+    arguments: &Map<String, Value>,
+) -> Result<(), ToolError> {
     let invalid = |field: &str, message: String| {
         let mut error = ToolError::new("invalid_arguments", message);
-        error.details.insert("field".to_owned(), Value::String(field.to_owned()));
+        error
+            .details
+            .insert("field".to_owned(), Value::String(field.to_owned()));
         error
     };
     let empty = Map::new();
-    let properties = schema.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
     let required = schema.get("required").and_then(Value::as_array);
     for name in required.into_iter().flatten().filter_map(Value::as_str) {
         if !arguments.contains_key(name) {
@@ -300,9 +318,23 @@ mod tests {
     #[test]
     fn write_file_schema_has_exactly_the_designed_arguments() {
         let schema = Operation::WriteFile.input_schema();
-        let mut props: Vec<&str> = schema["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut props: Vec<&str> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         props.sort_unstable();
-        assert_eq!(props, ["content", "expected_revision", "path", "request_id", "workflow_id"]);
+        assert_eq!(
+            props,
+            [
+                "content",
+                "expected_revision",
+                "path",
+                "request_id",
+                "workflow_id"
+            ]
+        );
         assert_eq!(schema["required"].as_array().unwrap().len(), 5);
         assert_eq!(schema["additionalProperties"], false);
         assert_eq!(schema["type"], "object");
@@ -313,7 +345,10 @@ mod tests {
         let schema = Operation::SearchFiles.input_schema();
         assert_eq!(schema["required"], json!(["workflow_id", "query"]));
         assert!(schema["properties"].get("path").is_some());
-        assert_eq!(Operation::ListWorkflows.input_schema()["required"], json!([]));
+        assert_eq!(
+            Operation::ListWorkflows.input_schema()["required"],
+            json!([])
+        );
     }
 
     #[test]
@@ -339,7 +374,10 @@ mod tests {
         let write = effective_operations(&caller(&["workflows:write"]), &all);
         assert_eq!(write, all);
         // A write token whose user has no authoring role: the backend decides.
-        let viewer = effective_operations(&caller(&["workflows:write"]), &[Operation::ReadFile, Operation::ReadFile]);
+        let viewer = effective_operations(
+            &caller(&["workflows:write"]),
+            &[Operation::ReadFile, Operation::ReadFile],
+        );
         assert_eq!(viewer, [Operation::ReadFile]);
         assert!(effective_operations(&caller(&["devices:connect"]), &all).is_empty());
     }
@@ -358,18 +396,29 @@ mod tests {
     #[test]
     fn validation_requires_fields_types_and_no_extras() {
         let schema = Operation::ReadFile.input_schema();
-        assert!(validate_arguments(&schema, &args(json!({"workflow_id": "w", "path": "a.md"}))).is_ok());
+        assert!(
+            validate_arguments(&schema, &args(json!({"workflow_id": "w", "path": "a.md"}))).is_ok()
+        );
         let missing = validate_arguments(&schema, &args(json!({"workflow_id": "w"}))).unwrap_err();
         assert_eq!(missing.code, "invalid_arguments");
         assert_eq!(missing.details["field"], "path");
-        let wrong = validate_arguments(&schema, &args(json!({"workflow_id": 3, "path": "a"}))).unwrap_err();
+        let wrong =
+            validate_arguments(&schema, &args(json!({"workflow_id": 3, "path": "a"}))).unwrap_err();
         assert_eq!(wrong.details["field"], "workflow_id");
-        let extra =
-            validate_arguments(&schema, &args(json!({"workflow_id": "w", "path": "a", "mode": "x"}))).unwrap_err();
+        let extra = validate_arguments(
+            &schema,
+            &args(json!({"workflow_id": "w", "path": "a", "mode": "x"})),
+        )
+        .unwrap_err();
         assert_eq!(extra.details["field"], "mode");
         let call = meta_schema(CALL_TOOL).unwrap();
-        assert!(validate_arguments(&call, &args(json!({"name": "read_file", "arguments": {}}))).is_ok());
-        assert!(validate_arguments(&call, &args(json!({"name": "read_file", "arguments": []}))).is_err());
+        assert!(
+            validate_arguments(&call, &args(json!({"name": "read_file", "arguments": {}}))).is_ok()
+        );
+        assert!(
+            validate_arguments(&call, &args(json!({"name": "read_file", "arguments": []})))
+                .is_err()
+        );
         assert!(validate_arguments(&call, &args(json!({}))).is_err());
         assert!(meta_schema("read_file").is_none());
     }

@@ -422,3 +422,238 @@ impl StateRoot {
         }
     }
 }
+
+/// A free loopback TCP port (bound and released; good enough for tests on one machine).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// workspaced + agentd on one temp state root, as the current user, agentd on a free port.
+pub struct Stack {
+    pub state: StateRoot,
+    pub workspaced: Workspaced,
+    pub agentd: Child,
+    pub port: u16,
+}
+
+impl Stack {
+    pub fn start() -> Stack {
+        let state = StateRoot::new();
+        let port = free_port();
+        state.set_config(&format!(
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
+        ));
+        let workspaced = Workspaced::start(&state);
+        let agentd = Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("AGENTWORKS_STATE_ROOT", state.root())
+            .env("AGENTWORKS_CONFIG", state.root().join("agentworks.toml"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stack = Stack {
+            state,
+            workspaced,
+            agentd,
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stack
+            .admin_raw("users/list", serde_json::json!({}))
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "agentd did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stack
+    }
+
+    pub fn mcp_url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    pub fn agentd_socket(&self) -> PathBuf {
+        self.state.root().join("run/agentd.sock")
+    }
+
+    pub fn admin_raw(
+        &self,
+        endpoint: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, ClientError> {
+        block_on(
+            UnixClient::new(self.agentd_socket()).post(&format!("/v1/admin/{endpoint}"), &body),
+        )
+    }
+
+    /// An operator call that must succeed.
+    pub fn admin(&self, endpoint: &str, body: serde_json::Value) -> serde_json::Value {
+        self.admin_raw(endpoint, body.clone())
+            .unwrap_or_else(|e| panic!("admin {endpoint} {body}: {e}"))
+    }
+
+    /// Run `agentworksctl` against this stack.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+            .args(args)
+            .env("AGENTWORKS_STATE_ROOT", self.state.root())
+            .env(
+                "AGENTWORKS_CONFIG",
+                self.state.root().join("agentworks.toml"),
+            )
+            .output()
+            .unwrap()
+    }
+
+    /// A user with a project they own (folder = project name) and a token with `scopes`.
+    pub fn user_with_project(
+        &self,
+        user: &str,
+        project: &str,
+        scopes: &[&str],
+    ) -> (String, String) {
+        let _ = self.admin_raw("users/add", serde_json::json!({"name": user}));
+        let created = self.admin_raw(
+            "projects/add",
+            serde_json::json!({"name": project, "kind": "workflow", "owner": user}),
+        );
+        if let Err(e) = &created {
+            assert_eq!(e.remote_code(), Some("already_exists"), "{e}");
+        }
+        let projects = self.admin("projects/list", serde_json::json!({}));
+        let id = projects
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == project)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (id, self.token(user, scopes, serde_json::json!({})))
+    }
+
+    /// A new token for `user` with `scopes` and extra fields (project, write_folders, …).
+    pub fn token(&self, user: &str, scopes: &[&str], extra: serde_json::Value) -> String {
+        let mut body = serde_json::json!({"user": user, "scopes": scopes});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        self.admin("tokens/create", body)["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.agentd.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.agentd.wait();
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`: (status, headers, body text).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, hyper::HeaderMap, String) {
+    use http_body_util::BodyExt;
+    block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", format!("127.0.0.1:{port}"));
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    })
+}
+
+/// A stateless (2026-07-28) `tools/call` of `tool` with `arguments`: (HTTP status, the
+/// JSON-RPC response or error body).
+pub fn mcp_call(
+    port: u16,
+    token: &str,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {
+            "name": tool, "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}
+            }
+        }
+    });
+    let auth = format!("Bearer {token}");
+    let (status, _, text) = http(
+        port,
+        "POST",
+        "/mcp",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", tool),
+        ],
+        &body.to_string(),
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// The structured result of a successful tool call, or the tool error's `{code, …}`.
+pub fn tool_result(
+    port: u16,
+    token: &str,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> Result<serde_json::Value, serde_json::Value> {
+    let (status, body) = mcp_call(port, token, tool, arguments);
+    assert_eq!(status, 200, "{tool}: HTTP {status}: {body}");
+    let result = &body["result"];
+    if result["isError"] == true {
+        Err(result["structuredContent"]["error"].clone())
+    } else {
+        Ok(result["structuredContent"].clone())
+    }
+}

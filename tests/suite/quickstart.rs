@@ -1,18 +1,25 @@
-//! `agentworksctl quickstart` from a clean directory: starts, prints what scripts need, serves,
-//! and stops every daemon on Ctrl-C (SIGINT).
+//! `agentworksctl quickstart` from a clean directory: starts every daemon, prints what scripts
+//! need (a working MCP URL and token), and stops every daemon on Ctrl-C (SIGINT).
 
 use super::harness::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-#[test]
-fn quickstart_starts_serves_and_stops_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("qs");
+fn start_quickstart(
+    state: &std::path::Path,
+    port: u16,
+) -> (std::process::Child, serde_json::Value) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-        .args(["quickstart", "--json", "--state-root"])
-        .arg(&state)
+        .args([
+            "quickstart",
+            "--json",
+            "--port",
+            &port.to_string(),
+            "--state-root",
+        ])
+        .arg(state)
         .env_remove("AGENTWORKS_STATE_ROOT")
+        .env_remove("AGENTWORKS_CONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -21,17 +28,57 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let started: serde_json::Value =
-        serde_json::from_str(&line).expect("first stdout line is JSON");
-    let socket = std::path::PathBuf::from(started["workspaced_socket"].as_str().unwrap());
-    assert_eq!(started["project"], "demo");
+    let started = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("first stdout line is JSON ({e}): {line:?}"));
+    (child, started)
+}
 
-    // It serves the demo project for real.
-    let client = Client {
-        inner: agentworks::ipc::client::UnixClient::new(&socket),
-    };
-    let read = client.read(&ctx("demo", "demo"), "code/task.py").unwrap();
+fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+#[test]
+fn quickstart_starts_serves_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let port = free_port();
+    let (mut child, started) = start_quickstart(&state, port);
+    for key in [
+        "mcp_url",
+        "api_url",
+        "gateway_url",
+        "token",
+        "workflow_id",
+        "state_root",
+        "documents_root",
+    ] {
+        assert!(started.get(key).is_some(), "{key} missing from {started}");
+    }
+    assert_eq!(started["mcp_url"], format!("http://127.0.0.1:{port}/mcp"));
+    assert_eq!(
+        started["mcp_client_config"]["mcpServers"]["agentworks"]["url"],
+        started["mcp_url"]
+    );
+
+    // The printed URL and token work: read a demo file through MCP, then write one.
+    let token = started["token"].as_str().unwrap();
+    let read = tool_result(
+        port,
+        token,
+        "read_file",
+        serde_json::json!({"workflow_id": started["workflow_id"], "path": "code/task.py"}),
+    )
+    .unwrap();
     assert!(read["content"].as_str().unwrap().contains("hello"));
+    let written = tool_result(
+        port,
+        token,
+        "write_file",
+        serde_json::json!({"workflow_id": started["workflow_id"], "path": "code/task.py",
+            "content": "print('edited')\n", "expected_revision": read["revision"], "request_id": "qs-1"}),
+    )
+    .unwrap();
+    assert_eq!(written["state"], "applied");
 
     // `agentworksctl status` finds it through AGENTWORKS_STATE_ROOT.
     let status = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
@@ -49,40 +96,28 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         String::from_utf8_lossy(&status.stdout)
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGINT);
     let exit = child.wait().unwrap();
     assert!(exit.success(), "quickstart exits 0 after Ctrl-C: {exit}");
+    let socket = std::path::PathBuf::from(started["workspaced_socket"].as_str().unwrap());
     assert!(
         std::os::unix::net::UnixStream::connect(&socket).is_err(),
         "workspaced stopped too"
     );
-
-    // Running it again reuses the state root (the demo files are not recreated over edits).
-    std::fs::write(state.join("documents/demo/README.md"), "edited\n").unwrap();
-    let mut again = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-        .args(["quickstart", "--json", "--state-root"])
-        .arg(&state)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(again.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("workspaced_socket"));
-    assert_eq!(
-        std::fs::read_to_string(state.join("documents/demo/README.md")).unwrap(),
-        "edited\n"
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "agentd stopped too"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(again.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+
+    // Running it again reuses the state root: the same workflow, the edit kept, a new token.
+    let (again, second) = start_quickstart(&state, free_port());
+    assert_eq!(second["workflow_id"], started["workflow_id"]);
+    assert_ne!(second["token"], started["token"]);
+    assert_eq!(
+        std::fs::read_to_string(state.join("documents/demo/code/task.py")).unwrap(),
+        "print('edited')\n"
+    );
+    let mut again = again;
+    signal(&again, nix::sys::signal::Signal::SIGTERM);
     assert!(again.wait().unwrap().success());
 }

@@ -1,0 +1,117 @@
+//! `agentworks-agentd`: identity, the public MCP endpoint, and the operator socket.
+//!
+//! - [`files`]: the catalog's file operations for one caller, through workspaced.
+//! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
+//! - [`admin`]: the operator endpoints on `agentd.sock`.
+//!
+//! agentd never opens a document: every file operation goes to workspaced over its socket,
+//! with the caller's resolved guard, which workspaced re-applies.
+
+pub mod admin;
+pub mod files;
+pub mod mcp_backend;
+
+use crate::daemon::config::Config;
+use crate::daemon::layout::ensure_private_dir;
+use crate::identity::IdentityStore;
+use crate::ipc::client::UnixClient;
+use crate::ipc::envelope::{Body, error_response, json_response};
+use crate::ipc::server::{ServerLimits, serve};
+use crate::mcp::{McpConfig, McpService};
+use hyper::{Method, Request, StatusCode};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body on the public listener (the largest file, JSON-escaped).
+const MAX_PUBLIC_BODY: usize = 48 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentdError {
+    #[error("cannot prepare agentd's state directory {path}: {message}")]
+    StateDir {
+        path: std::path::PathBuf,
+        message: String,
+    },
+    #[error("{0}")]
+    Identity(#[from] crate::identity::IdentityError),
+}
+
+/// Open the identity store at `<state>/agent/agentd.db`.
+pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
+    let dir = config.layout().agent_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(IdentityStore::open(&dir.join("agentd.db"))?)
+}
+
+/// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.
+pub async fn run(
+    config: &Config,
+    identity: IdentityStore,
+    public: tokio::net::TcpListener,
+    socket: tokio::net::UnixListener,
+    shutdown: CancellationToken,
+) {
+    let workspaced = UnixClient::new(config.workspaced_socket());
+    let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
+    let mcp = Arc::new(McpService::new(
+        backend,
+        McpConfig {
+            public_url: config.agentd.public_url(),
+            allowed_origins: config.agentd.allowed_origins.clone(),
+            server_name: "agentworks".into(),
+            server_version: env!("CARGO_PKG_VERSION").into(),
+        },
+    ));
+    let public_handler = move |_peer: std::net::SocketAddr,
+                               parts: hyper::http::request::Parts,
+                               body: bytes::Bytes| {
+        let mcp = mcp.clone();
+        async move {
+            if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
+                return json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
+                );
+            }
+            let path = parts.uri.path().to_owned();
+            match mcp.handle(Request::from_parts(parts, body)).await {
+                Some(response) => response,
+                None => not_found(&path),
+            }
+        }
+    };
+    let admin = admin::Admin {
+        identity,
+        workspaced,
+        policy: Arc::new(admin::SocketPolicy::new(&config.agentd.admin_group)),
+    };
+    let socket_handler = move |peer, parts, body| {
+        let admin = admin.clone();
+        async move { admin.handle(peer, parts, body).await }
+    };
+    let public_limits = ServerLimits {
+        max_connections: 1024,
+        max_body_bytes: MAX_PUBLIC_BODY,
+    };
+    let socket_limits = ServerLimits {
+        max_connections: 256,
+        max_body_bytes: 1024 * 1024,
+    };
+    tokio::join!(
+        serve(public, public_handler, shutdown.clone(), public_limits),
+        serve(socket, socket_handler, shutdown, socket_limits),
+    );
+}
+
+fn not_found(path: &str) -> hyper::Response<Body> {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("{path} is not served here; MCP is at /mcp"),
+        Default::default(),
+    )
+}

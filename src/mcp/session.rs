@@ -1,0 +1,145 @@
+//! Legacy (2025-06-18 / 2025-11-25) sessions: the `Mcp-Session-Id` minted at `initialize`, the
+//! version it negotiated, and the token that opened it.
+//!
+//! A session is only a name for a negotiated version: it grants nothing, and every request is
+//! authenticated on its own. Must never let a session be used by another token (it answers
+//! exactly as if the session did not exist) and never grow without bound: the table is capped
+//! and idle sessions expire. A std mutex is enough: it is never held across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Why a session could not be used or opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SessionError {
+    /// Unknown, ended, expired, or opened by another token: HTTP 404.
+    #[error("session not found: it ended, expired, or never existed; initialize a new one")]
+    NotFound,
+    /// The table is full of live sessions: HTTP 503.
+    #[error("too many open sessions; try again later")]
+    Full,
+}
+
+#[derive(Debug)]
+struct Session {
+    token_id: String,
+    protocol_version: String,
+    last_used: Instant,
+}
+
+/// The live sessions, bounded and idle-expiring.
+#[derive(Debug)]
+pub(super) struct SessionTable {
+    sessions: Mutex<HashMap<String, Session>>,
+    max_sessions: usize,
+    idle_timeout: Duration,
+}
+
+impl SessionTable {
+    pub fn new(max_sessions: usize, idle_timeout: Duration) -> SessionTable {
+        SessionTable {
+            sessions: Mutex::new(HashMap::new()),
+            max_sessions,
+            idle_timeout,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
+        // No code path panics while holding the lock; if one ever did, the map is still a
+        // consistent map of sessions, so keep serving.
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a session for `token_id` at `protocol_version` and returns its id (128 random bits,
+    /// hex: visible ASCII as the transport requires).
+    pub fn open(
+        &self,
+        token_id: &str,
+        protocol_version: &str,
+        now: Instant,
+    ) -> Result<String, SessionError> {
+        let mut sessions = self.lock();
+        if sessions.len() >= self.max_sessions {
+            let idle = self.idle_timeout;
+            sessions.retain(|_, s| now.saturating_duration_since(s.last_used) < idle);
+        }
+        if sessions.len() >= self.max_sessions {
+            return Err(SessionError::Full);
+        }
+        let id = hex::encode(rand::random::<[u8; 16]>());
+        sessions.insert(
+            id.clone(),
+            Session {
+                token_id: token_id.to_owned(),
+                protocol_version: protocol_version.to_owned(),
+                last_used: now,
+            },
+        );
+        Ok(id)
+    }
+
+    /// The negotiated version of a live session owned by `token_id`; marks it used.
+    pub fn resolve(&self, id: &str, token_id: &str, now: Instant) -> Result<String, SessionError> {
+        let mut sessions = self.lock();
+        let Some(session) = sessions.get_mut(id) else {
+            return Err(SessionError::NotFound);
+        };
+        if now.saturating_duration_since(session.last_used) >= self.idle_timeout {
+            sessions.remove(id);
+            return Err(SessionError::NotFound);
+        }
+        if session.token_id != token_id {
+            return Err(SessionError::NotFound);
+        }
+        session.last_used = now;
+        Ok(session.protocol_version.clone())
+    }
+
+    /// Ends a live session owned by `token_id`.
+    pub fn close(&self, id: &str, token_id: &str, now: Instant) -> Result<(), SessionError> {
+        self.resolve(id, token_id, now)?;
+        self.lock().remove(id);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_resolve_close() {
+        let table = SessionTable::new(4, Duration::from_secs(60));
+        let now = Instant::now();
+        let id = table.open("tok", "2025-11-25", now).unwrap();
+        assert_eq!(id.len(), 32);
+        assert_eq!(table.resolve(&id, "tok", now).unwrap(), "2025-11-25");
+        assert_eq!(
+            table.resolve(&id, "other", now),
+            Err(SessionError::NotFound)
+        );
+        assert_eq!(table.close(&id, "other", now), Err(SessionError::NotFound));
+        table.close(&id, "tok", now).unwrap();
+        assert_eq!(table.resolve(&id, "tok", now), Err(SessionError::NotFound));
+        assert_eq!(
+            table.resolve("nope", "tok", now),
+            Err(SessionError::NotFound)
+        );
+    }
+
+    #[test]
+    fn idle_sessions_expire_and_make_room() {
+        let table = SessionTable::new(2, Duration::from_secs(60));
+        let start = Instant::now();
+        let a = table.open("tok", "2025-06-18", start).unwrap();
+        table.open("tok", "2025-06-18", start).unwrap();
+        assert_eq!(
+            table.open("tok", "2025-06-18", start),
+            Err(SessionError::Full)
+        );
+        let later = start + Duration::from_secs(61);
+        assert_eq!(table.resolve(&a, "tok", later), Err(SessionError::NotFound));
+        assert!(table.open("tok", "2025-06-18", later).is_ok());
+    }
+}
