@@ -249,9 +249,10 @@ impl<B: Backend> McpService<B> {
             });
         }
         // 4. The HTTP method; GET offers no stream in either era (we never push).
-        let modern_header = header_str(&request, wire::HEADER_PROTOCOL_VERSION).is_some_and(|v| {
-            !wire::HANDSHAKE_VERSIONS.contains(&v) && !["2024-11-05", "2025-03-26"].contains(&v)
-        });
+        let modern_header = request
+            .headers()
+            .get(wire::HEADER_PROTOCOL_VERSION)
+            .is_some_and(|v| !wire::names_handshake_era(&String::from_utf8_lossy(v.as_bytes())));
         let allow = if modern_header {
             "POST"
         } else {

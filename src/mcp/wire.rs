@@ -176,31 +176,31 @@ pub(super) enum Era {
     Legacy,
 }
 
-/// The era of a request. A `MCP-Protocol-Version` header naming a handshake revision is legacy;
-/// any other value is modern (so the ladder can answer an unknown version with the versions we
-/// serve). Without the header, a body carrying the modern `_meta` envelope is modern (and the
-/// ladder then reports the missing header); anything else is a legacy client (`initialize`, or
-/// a 2025-03-26-style client that sends no header).
+/// The era of a request. A body carrying the modern `_meta` envelope (its reserved protocol
+/// version key, which no handshake-era client sends) is modern whatever the header says, so a
+/// header disagreeing with it is reported by the ladder instead of being obeyed. Otherwise a
+/// `MCP-Protocol-Version` header naming a handshake revision is legacy, any other value is modern
+/// (so the ladder can answer an unknown version with the versions we serve), and no header at all
+/// is a legacy client (`initialize`, or a 2025-03-26-style client that sends none).
 pub(super) fn classify_era(version_header: Option<&str>, message: &Message) -> Era {
+    let has_envelope = match message {
+        Message::Request { params, .. } | Message::Notification { params, .. } => params
+            .get("_meta")
+            .and_then(Value::as_object)
+            .is_some_and(|meta| meta.contains_key(PROTOCOL_VERSION_META_KEY)),
+        Message::Reply => false,
+    };
     match version_header {
-        Some(version) if KNOWN_HANDSHAKE_VERSIONS.contains(&version) => Era::Legacy,
+        _ if has_envelope => Era::Modern,
+        Some(version) if names_handshake_era(version) => Era::Legacy,
         Some(_) => Era::Modern,
-        None => {
-            let params = match message {
-                Message::Request { params, .. } | Message::Notification { params, .. } => params,
-                Message::Reply => return Era::Legacy,
-            };
-            let has_envelope = params
-                .get("_meta")
-                .and_then(Value::as_object)
-                .is_some_and(|meta| meta.contains_key(PROTOCOL_VERSION_META_KEY));
-            if has_envelope {
-                Era::Modern
-            } else {
-                Era::Legacy
-            }
-        }
+        None => Era::Legacy,
     }
+}
+
+/// Whether a `MCP-Protocol-Version` value names a handshake-era revision (served or not).
+pub(super) fn names_handshake_era(version: &str) -> bool {
+    KNOWN_HANDSHAKE_VERSIONS.contains(&version)
 }
 
 /// The routing headers of one request, as the header ladder needs them.
@@ -582,7 +582,7 @@ mod tests {
         .unwrap();
         assert_eq!(classify_era(None, &plain), Era::Legacy);
         assert_eq!(classify_era(None, &enveloped), Era::Modern);
-        assert_eq!(classify_era(Some("2025-11-25"), &enveloped), Era::Legacy);
+        assert_eq!(classify_era(Some("2025-11-25"), &enveloped), Era::Modern);
         assert_eq!(classify_era(Some("2025-06-18"), &plain), Era::Legacy);
         assert_eq!(classify_era(Some("2024-11-05"), &plain), Era::Legacy);
         assert_eq!(classify_era(Some("2026-07-28"), &plain), Era::Modern);

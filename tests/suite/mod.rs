@@ -5,4 +5,5 @@ mod crash;
 pub mod harness;
 mod ownership;
 mod quickstart;
+mod systemd;
 mod workspaced;
