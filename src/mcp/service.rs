@@ -153,10 +153,10 @@ enum Dialect {
     Legacy,
 }
 
-fn header_str<'a>(
-    request: &'a Request<bytes::Bytes>,
+fn header_str(
+    request: &Request<bytes::Bytes>,
     name: impl hyper::header::AsHeaderName,
-) -> Option<&'a str> {
+) -> Option<&str> {
     request.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -176,9 +176,9 @@ impl<B: Backend> McpService<B> {
         }
     }
 
-    /// Handles `/mcp` (POST; GET and DELETE per era) and `/.well-known/oauth-protected-resource`
-    /// + `/.well-known/oauth-protected-resource/mcp` (RFC 9728 metadata). Returns `None` for any
-    /// other path so the caller routes it elsewhere.
+    /// Handles `/mcp` (POST; GET and DELETE per era) and both
+    /// `/.well-known/oauth-protected-resource` and `/.well-known/oauth-protected-resource/mcp`
+    /// (RFC 9728 metadata). Returns `None` for any other path so the caller routes it elsewhere.
     pub async fn handle(&self, request: Request<bytes::Bytes>) -> Option<Response<Body>> {
         match request.uri().path() {
             "/mcp" => Some(match self.handle_mcp(request).await {

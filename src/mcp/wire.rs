@@ -334,7 +334,7 @@ const BASE64_ALPHABET: &[u8; 64] =
 /// Standard padded base64, canonical only (re-encoding must give the input back).
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
