@@ -1,1 +1,608 @@
-fn main() {}
+//! MCP `write_file` / `read_file` throughput: our endpoint against the reference filesystem MCP
+//! server (`@modelcontextprotocol/server-filesystem` from npm, over stdio), side by side in one
+//! run, on the same disk, with the same 4 KiB contents, 16-file rotation and operation count,
+//! one client session each.
+//!
+//! What differs, by design:
+//! - Ours: one HTTP/1.1 keep-alive connection to agentd's `/mcp` (stateless 2026-07-28 calls,
+//!   the bearer token checked on every call); agentd resolves the workflow and the token's
+//!   authority, then calls workspaced over its Unix socket. A write is guarded (its
+//!   expected_revision must match), durable (the file and its folder are fsynced) and recorded:
+//!   two SQLite receipts (prepared, applied) are committed per write.
+//! - Reference: newline-delimited JSON-RPC over the child's stdin/stdout; a write is a plain
+//!   write (temp file + rename when the file exists, no fsync, no revision check, no receipt).
+//!
+//! Ours should still not be slower; the ratios (ours/reference) are printed at the end.
+//!
+//! Run: `cargo bench --bench mcp_vs_filesystem -- 500` (writes and reads per server; default
+//! 500, after 50 + 50 warm-up operations). The reference server is installed once with npm into
+//! `target/bench-mcp-node`; without it (no npm, no network) the benchmark fails, never guesses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use agentworks::ipc::client::UnixClient;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FILES: usize = 16;
+const SIZE: usize = 4096;
+const WARMUP: usize = 50;
+const PACKAGE: &str = "@modelcontextprotocol/server-filesystem";
+const VERSION: &str = "2026.8.31";
+const PROTOCOL: &str = "2026-07-28";
+
+fn content(i: usize) -> String {
+    let mut s = format!("write {i}\n");
+    while s.len() < SIZE {
+        s.push_str("agentworks MCP write benchmark line\n");
+    }
+    s.truncate(SIZE);
+    s
+}
+
+/// One MCP server under test, driven synchronously by [`measure`].
+trait Server {
+    /// Replace (or create) `f<slot>.txt` with `content`; `seq` is unique per write.
+    fn write(&mut self, slot: usize, content: &str, seq: usize);
+    /// The content of `f<slot>.txt`.
+    fn read(&mut self, slot: usize) -> String;
+}
+
+struct Figures {
+    writes: Duration,
+    reads: Duration,
+}
+
+/// Warm-up (WARMUP writes, WARMUP reads), then `ops` timed writes and `ops` timed reads. Every
+/// read is checked against the content last written to that file.
+fn measure(server: &mut dyn Server, ops: usize) -> Figures {
+    let contents: Vec<String> = (0..WARMUP + ops).map(content).collect();
+    let mut last = [usize::MAX; FILES];
+    let mut write_phase = |server: &mut dyn Server, range: std::ops::Range<usize>| {
+        let started = Instant::now();
+        for seq in range {
+            let slot = seq % FILES;
+            server.write(slot, &contents[seq], seq);
+            last[slot] = seq;
+        }
+        started.elapsed()
+    };
+    write_phase(server, 0..WARMUP);
+    let writes = write_phase(server, WARMUP..WARMUP + ops);
+    let read_phase = |server: &mut dyn Server, count: usize| {
+        let started = Instant::now();
+        for i in 0..count {
+            let slot = i % FILES;
+            let got = server.read(slot);
+            assert!(
+                got == contents[last[slot]],
+                "read of f{slot}.txt returned {} bytes that are not the last write",
+                got.len()
+            );
+        }
+        started.elapsed()
+    };
+    read_phase(server, WARMUP);
+    let reads = read_phase(server, ops);
+    Figures { writes, reads }
+}
+
+/// A child process stopped with SIGTERM and reaped when dropped (also on panic).
+struct Process {
+    name: &'static str,
+    child: Child,
+}
+
+impl Process {
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ours: workspaced + agentd, one keep-alive HTTP/1.1 connection to /mcp.
+
+struct Ours {
+    runtime: tokio::runtime::Runtime,
+    sender: SendRequest<Full<Bytes>>,
+    port: u16,
+    auth: String,
+    workflow_id: String,
+    revisions: Vec<String>,
+    next_id: u64,
+}
+
+impl Ours {
+    /// One `tools/call` on the session's connection; the `structuredContent` of a success.
+    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.next_id += 1;
+        let body = json!({
+            "jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+            "params": {
+                "name": tool, "arguments": arguments,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                }
+            }
+        });
+        let request = hyper::Request::post("/mcp")
+            .header("host", format!("127.0.0.1:{}", self.port))
+            .header("authorization", &self.auth)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", PROTOCOL)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let sender = &mut self.sender;
+        let (status, sse, bytes) = self.runtime.block_on(async {
+            sender
+                .ready()
+                .await
+                .expect("the /mcp connection closed: the session must stay on one connection");
+            let response = sender.send_request(request).await.expect("send to /mcp");
+            let status = response.status().as_u16();
+            let sse = response
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, sse, bytes)
+        });
+        let text = String::from_utf8_lossy(&bytes);
+        assert_eq!(status, 200, "{tool}: HTTP {status}: {text}");
+        let json_text = if sse {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else {
+            text.into_owned()
+        };
+        let reply: Value = serde_json::from_str(&json_text)
+            .unwrap_or_else(|e| panic!("{tool}: not JSON ({e}): {json_text}"));
+        let result = &reply["result"];
+        assert!(
+            result.is_object() && result["isError"] != true,
+            "{tool} failed: {reply}"
+        );
+        result["structuredContent"].clone()
+    }
+}
+
+impl Server for Ours {
+    fn write(&mut self, slot: usize, content: &str, seq: usize) {
+        let arguments = json!({
+            "workflow_id": self.workflow_id, "path": format!("f{slot}.txt"), "content": content,
+            "expected_revision": self.revisions[slot], "request_id": format!("bench-{seq}")
+        });
+        let written = self.call("write_file", arguments);
+        self.revisions[slot] = written["revision"]
+            .as_str()
+            .unwrap_or_else(|| panic!("write_file returned no revision: {written}"))
+            .to_owned();
+    }
+
+    fn read(&mut self, slot: usize) -> String {
+        let arguments = json!({"workflow_id": self.workflow_id, "path": format!("f{slot}.txt")});
+        let read = self.call("read_file", arguments);
+        read["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("read_file returned no content: {read}"))
+            .to_owned()
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_daemon(name: &'static str, binary: &str, state: &Path) -> Process {
+    let child = Command::new(binary)
+        .env("AGENTWORKS_STATE_ROOT", state)
+        .env("AGENTWORKS_CONFIG", state.join("agentworks.toml"))
+        .env("RUST_LOG", "warn")
+        .env_remove("AGENTWORKS_DOCUMENTS_ROOT")
+        .env_remove("AGENTWORKS_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    Process { name, child }
+}
+
+/// Poll until `ready` succeeds; panic if the daemon exits or 30 s pass.
+async fn wait_ready<F, Fut>(daemon: &mut Process, ready: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready().await {
+        if let Some(status) = daemon.exited() {
+            panic!("{} exited during start: {status}", daemon.name);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not become ready",
+            daemon.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ours(base: &Path, ops: usize) -> Figures {
+    let state_dir = tempfile::Builder::new()
+        .prefix("state-")
+        .tempdir_in(base)
+        .unwrap();
+    let state = state_dir.path();
+    let port = free_port();
+    std::fs::write(
+        state.join("agentworks.toml"),
+        format!("[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let workspaced_socket = UnixClient::new(state.join("run/workspaced.sock"));
+    let agentd_socket = UnixClient::new(state.join("run/agentd.sock"));
+    let mut workspaced = spawn_daemon(
+        "agentworks-workspaced",
+        env!("CARGO_BIN_EXE_agentworks-workspaced"),
+        state,
+    );
+    runtime.block_on(wait_ready(&mut workspaced, || async {
+        workspaced_socket.get::<Value>("/v1/health").await.is_ok()
+    }));
+    let mut agentd = spawn_daemon(
+        "agentworks-agentd",
+        env!("CARGO_BIN_EXE_agentworks-agentd"),
+        state,
+    );
+    runtime.block_on(wait_ready(&mut agentd, || async {
+        agentd_socket
+            .post::<_, Value>("/v1/admin/users/list", &json!({}))
+            .await
+            .is_ok()
+    }));
+
+    let (workflow_id, token) = runtime.block_on(async {
+        let admin = |endpoint: &'static str, body: Value| {
+            let agentd_socket = &agentd_socket;
+            async move {
+                agentd_socket
+                    .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
+                    .await
+                    .unwrap_or_else(|e| panic!("admin {endpoint}: {e}"))
+            }
+        };
+        admin("users/add", json!({"name": "bench"})).await;
+        admin(
+            "projects/add",
+            json!({"name": "bench", "kind": "workflow", "owner": "bench"}),
+        )
+        .await;
+        let projects = admin("projects/list", json!({})).await;
+        let workflow_id = projects
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "bench"))
+            .and_then(|p| p["id"].as_str())
+            .expect("the bench workflow is listed")
+            .to_owned();
+        let created = admin(
+            "tokens/create",
+            json!({"user": "bench", "scopes": ["workflows:write"]}),
+        )
+        .await;
+        let token = created["token"].as_str().expect("a token").to_owned();
+        (workflow_id, token)
+    });
+
+    let sender = runtime.block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        sender
+    });
+    let mut server = Ours {
+        runtime,
+        sender,
+        port,
+        auth: format!("Bearer {token}"),
+        workflow_id,
+        revisions: vec!["missing".to_owned(); FILES],
+        next_id: 0,
+    };
+    let figures = measure(&mut server, ops);
+    drop(server);
+    // agentd first (it calls workspaced), then workspaced.
+    drop(agentd);
+    drop(workspaced);
+    figures
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference: @modelcontextprotocol/server-filesystem over stdio.
+
+/// Install the pinned reference server into `cache` unless it is already there; its entry point.
+fn install_reference(cache: &Path) -> Result<PathBuf, String> {
+    let package_dir = cache.join("node_modules").join(PACKAGE);
+    let entry = package_dir.join("dist/index.js");
+    let installed_version = std::fs::read_to_string(package_dir.join("package.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|manifest| manifest["version"].as_str().map(str::to_owned));
+    if installed_version.as_deref() == Some(VERSION) && entry.is_file() {
+        return Ok(entry);
+    }
+    std::fs::create_dir_all(cache)
+        .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+    // Its own package.json, so npm installs here and not into an enclosing project.
+    let manifest = cache.join("package.json");
+    if !manifest.exists() {
+        std::fs::write(
+            &manifest,
+            "{\"name\": \"agentworks-bench-mcp-node\", \"private\": true}\n",
+        )
+        .map_err(|e| format!("cannot write {}: {e}", manifest.display()))?;
+    }
+    eprintln!(
+        "installing {PACKAGE}@{VERSION} into {} (once)",
+        cache.display()
+    );
+    let output = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund"])
+        .arg(format!("{PACKAGE}@{VERSION}"))
+        .current_dir(cache)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run npm (is Node.js installed?): {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "npm install {PACKAGE}@{VERSION} failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    if !entry.is_file() {
+        return Err(format!(
+            "npm install succeeded but {} is missing",
+            entry.display()
+        ));
+    }
+    Ok(entry)
+}
+
+struct Reference {
+    process: Process,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    dir: PathBuf,
+    read_tool: &'static str,
+    next_id: u64,
+    line: String,
+}
+
+impl Reference {
+    fn start(entry: &Path, dir: &Path, stderr_log: &Path) -> Result<Reference, String> {
+        let log = std::fs::File::create(stderr_log).map_err(|e| e.to_string())?;
+        let mut child = Command::new("node")
+            .arg(entry)
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot run node: {e}"))?;
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut reference = Reference {
+            process: Process {
+                name: "server-filesystem",
+                child,
+            },
+            stdin,
+            stdout,
+            dir: dir.to_owned(),
+            read_tool: "read_text_file",
+            next_id: 0,
+            line: String::new(),
+        };
+        reference.request(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "agentworks-bench", "version": env!("CARGO_PKG_VERSION")}
+            }),
+        )?;
+        reference.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        let tools = reference.request("tools/list", json!({}))?;
+        let names: Vec<&str> = tools["tools"]
+            .as_array()
+            .map(|ts| ts.iter().filter_map(|t| t["name"].as_str()).collect())
+            .unwrap_or_default();
+        if !names.contains(&"write_file") {
+            return Err(format!("the reference has no write_file tool: {names:?}"));
+        }
+        reference.read_tool = if names.contains(&"read_text_file") {
+            "read_text_file"
+        } else if names.contains(&"read_file") {
+            "read_file"
+        } else {
+            return Err(format!("the reference has no read tool: {names:?}"));
+        };
+        Ok(reference)
+    }
+
+    fn send(&mut self, message: &Value) -> Result<(), String> {
+        let mut line = message.to_string();
+        line.push('\n');
+        self.stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("writing to the reference server: {e}"))
+    }
+
+    /// One request; the `result` of its response (notifications in between are skipped).
+    fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        loop {
+            self.line.clear();
+            let n = self
+                .stdout
+                .read_line(&mut self.line)
+                .map_err(|e| format!("reading from the reference server: {e}"))?;
+            if n == 0 {
+                return Err(format!(
+                    "the reference server closed its stdout during {method}"
+                ));
+            }
+            let Ok(message) = serde_json::from_str::<Value>(&self.line) else {
+                continue;
+            };
+            if message["id"] != id {
+                continue;
+            }
+            if !message["error"].is_null() {
+                return Err(format!("{method} failed: {}", message["error"]));
+            }
+            return Ok(message["result"].clone());
+        }
+    }
+
+    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        let result = self
+            .request("tools/call", json!({"name": tool, "arguments": arguments}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(result["isError"] != true, "{tool} failed: {result}");
+        result
+    }
+
+    fn path(&self, slot: usize) -> String {
+        self.dir.join(format!("f{slot}.txt")).display().to_string()
+    }
+}
+
+impl Server for Reference {
+    fn write(&mut self, slot: usize, content: &str, _seq: usize) {
+        let arguments = json!({"path": self.path(slot), "content": content});
+        self.call("write_file", arguments);
+    }
+
+    fn read(&mut self, slot: usize) -> String {
+        let arguments = json!({"path": self.path(slot)});
+        let result = self.call(self.read_tool, arguments);
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{} returned no text: {result}", self.read_tool))
+            .to_owned()
+    }
+}
+
+fn reference(entry: &Path, base: &Path, ops: usize) -> Result<Figures, String> {
+    let work = tempfile::Builder::new()
+        .prefix("reference-")
+        .tempdir_in(base)
+        .unwrap();
+    std::fs::create_dir_all(work.path().join("files")).unwrap();
+    // The server compares real paths: hand it the canonical one.
+    let dir = work.path().join("files").canonicalize().unwrap();
+    let stderr_log = work.path().join("server.stderr");
+    let with_log = |e: String| {
+        let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
+        format!("{e}\nreference server stderr:\n{log}")
+    };
+    let mut server = Reference::start(entry, &dir, &stderr_log).map_err(with_log)?;
+    let figures = measure(&mut server, ops);
+    if let Some(status) = server.process.exited() {
+        return Err(with_log(format!("the reference server exited: {status}")));
+    }
+    drop(server);
+    Ok(figures)
+}
+
+fn main() {
+    let ops: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(500);
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    // Same disk for both servers: temp dirs under the build's target dir.
+    let base = target.join("bench-mcp");
+    std::fs::create_dir_all(&base).unwrap();
+
+    // The reference first: without it there is nothing to compare against.
+    let entry = match install_reference(&target.join("bench-mcp-node")) {
+        Ok(entry) => entry,
+        Err(e) => {
+            eprintln!("cannot install the reference MCP server: {e}");
+            std::process::exit(1);
+        }
+    };
+
+    let mine = ours(&base, ops);
+    let theirs = match reference(&entry, &base, ops) {
+        Ok(figures) => figures,
+        Err(e) => {
+            eprintln!("the reference MCP server failed: {e}");
+            let _ = std::fs::remove_dir(&base);
+            std::process::exit(1);
+        }
+    };
+    let _ = std::fs::remove_dir(&base);
+
+    let per_sec = |d: Duration| ops as f64 / d.as_secs_f64();
+    let (ours_w, ours_r) = (per_sec(mine.writes), per_sec(mine.reads));
+    let (ref_w, ref_r) = (per_sec(theirs.writes), per_sec(theirs.reads));
+    println!(
+        "MCP tools/call, 4 KiB files, {FILES}-file rotation, {ops} writes then {ops} reads per server \
+         (after {WARMUP} + {WARMUP} warm-up), one client session each, same disk ({})",
+        base.display()
+    );
+    println!("                                              write_file/s   read_file/s");
+    println!("  agentworks /mcp (HTTP keep-alive, durable)  {ours_w:>12.1}  {ours_r:>12.1}");
+    println!("  server-filesystem {VERSION} (stdio)       {ref_w:>12.1}  {ref_r:>12.1}");
+    println!(
+        "  ratio ours/reference                        {:>12.3}  {:>12.3}",
+        ours_w / ref_w,
+        ours_r / ref_r
+    );
+    println!("reproduce: cargo bench --bench mcp_vs_filesystem -- {ops}");
+}

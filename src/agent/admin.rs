@@ -161,6 +161,8 @@ fn workspaced_error(e: ClientError) -> Response<Body> {
     }
 }
 
+// The error side is the ready answer; boxing it would only add an allocation per refusal.
+#[allow(clippy::result_large_err)]
 fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
     let raw: &[u8] = if body.is_empty() { b"{}" } else { body };
     serde_json::from_slice(raw).map_err(|e| {

@@ -237,18 +237,19 @@ async fn dispatch(cli: Cli) -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            if cli.json {
-                if let CtlError::Refused {
+            if let (
+                true,
+                CtlError::Refused {
                     code,
                     message,
                     details,
-                } = &e
-                {
-                    let mut error = details.clone();
-                    error.insert("code".into(), json!(code));
-                    error.insert("message".into(), json!(message));
-                    println!("{}", json!({ "error": error }));
-                }
+                },
+            ) = (cli.json, &e)
+            {
+                let mut error = details.clone();
+                error.insert("code".into(), json!(code));
+                error.insert("message".into(), json!(message));
+                println!("{}", json!({ "error": error }));
             }
             eprintln!("agentworksctl: {e}");
             ExitCode::from(1)
@@ -360,7 +361,7 @@ fn print_text(endpoint: &str, answer: &Value) {
                 s(&answer["info"]["user_name"]),
                 answer["info"]["scopes"]
                     .as_array()
-                    .map(|a| a.iter().map(|x| s(x)).collect::<Vec<_>>().join(" "))
+                    .map(|a| a.iter().map(&s).collect::<Vec<_>>().join(" "))
                     .unwrap_or_default()
             );
             println!("{}", s(&answer["token"]));
@@ -393,7 +394,7 @@ fn print_text(endpoint: &str, answer: &Value) {
                         s(&row["user_name"]),
                         row["scopes"]
                             .as_array()
-                            .map(|a| a.iter().map(|x| s(x)).collect::<Vec<_>>().join(","))
+                            .map(|a| a.iter().map(&s).collect::<Vec<_>>().join(","))
                             .unwrap_or_default(),
                         s(&row["label"]),
                         if row["revoked_at_ms"].is_null() {

@@ -597,10 +597,11 @@ impl<B: Backend> McpService<B> {
             .await
             .contains(&operation)
         {
+            // Live permissions (role, policy) refuse it: the stable code is `forbidden`.
             let mut error = ToolError::new(
-                "operation_not_allowed",
+                "forbidden",
                 format!(
-                    "{} is not allowed for {} right now",
+                    "{} is not allowed for {} right now (no project grants it)",
                     operation.name(),
                     caller.user_name
                 ),
@@ -608,6 +609,9 @@ impl<B: Backend> McpService<B> {
             error
                 .details
                 .insert("name".to_owned(), json!(operation.name()));
+            error
+                .details
+                .insert("reason".to_owned(), json!("operation_not_allowed"));
             return Ok(Err(error));
         }
         if let Err(error) = catalog::validate_arguments(&operation.input_schema(), &arguments) {

@@ -986,7 +986,7 @@ async fn tool_failures_are_results_with_is_error() {
                 "write_file",
                 json!({"workflow_id": "wf1", "path": "a", "content": "x", "expected_revision": "missing", "request_id": "r"}),
             ),
-            "operation_not_allowed",
+            "forbidden",
             "viewer",
         ),
         (

@@ -299,8 +299,20 @@ fn a_role_removed_between_two_calls_counts_on_the_second() {
     let token = stack.token("eve", &["workflows:write"], json!({}));
     assert!(write(&stack, &token, &wf, "e.md", "1", "missing", "e1").is_ok());
     stack.admin("members/remove", json!({"project": "demo", "user": "eve"}));
+    // No project grants eve a write any more, so the live catalog refuses the operation.
     let err = write(&stack, &token, &wf, "e2.md", "2", "missing", "e2").unwrap_err();
-    assert_eq!(err["code"], "not_found", "{err}");
+    assert_eq!(err["code"], "forbidden", "{err}");
+    assert!(!stack.state.documents().join("demo/e2.md").exists());
+    let err = tool_result(
+        stack.port,
+        &token,
+        "read_file",
+        json!({"workflow_id": wf, "path": "e.md"}),
+    )
+    .unwrap_err();
+    // With no project left, even reading is refused, naming no workflow.
+    assert_eq!(err["code"], "forbidden", "{err}");
+    assert!(!err.to_string().contains("demo"), "{err}");
     // Downgraded instead of removed: reads work, writes do not.
     stack.admin(
         "members/add",
@@ -548,4 +560,72 @@ fn agentworksctl_administers_with_clear_errors_and_json() {
     );
     let help = stack.ctl(&["token", "create", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--write-folder"));
+}
+
+/// The official Python SDK (`mcp==2.3.0`), an independently written client, against the real
+/// agentd and workspaced: connect with a bearer token, list tools, read, write with the
+/// revision, retry the same request id, conflict, create, get_api_spec, call_tool — in the
+/// stateless era and both handshake eras.
+#[test]
+fn python_sdk_end_to_end_against_the_real_stack() {
+    let python = std::env::var_os("AGENTWORKS_MCP_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/tmp/mcpvenv/bin/python".into());
+    assert!(
+        python.exists(),
+        "this test needs the official MCP Python SDK at {} (run .ci/run, or: python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp==2.3.0)",
+        python.display()
+    );
+    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client");
+    for (script, args, era) in [
+        ("modern.py", vec![], "2026-07-28"),
+        ("legacy.py", vec!["2025-11-25"], "2025-11-25"),
+        ("legacy.py", vec!["2025-06-18"], "2025-06-18"),
+    ] {
+        // A fresh stack per era: the scenario expects notes.md to start as "hello\n".
+        let stack = Stack::start();
+        let (wf, write_token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+        let read_token = stack.token("alice", &["workflows:read"], json!({}));
+        std::fs::write(stack.state.documents().join("demo/notes.md"), "hello\n").unwrap();
+        let output = std::process::Command::new(&python)
+            .arg(scripts.join(script))
+            .arg(stack.mcp_url())
+            .args(&args)
+            .current_dir(&scripts)
+            .env("AW_WRITE_TOKEN", &write_token)
+            .env("AW_READ_TOKEN", &read_token)
+            .env("AW_WORKFLOW", &wf)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{script} {args:?}: {}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(summary["era"], era);
+        // The writes really went through workspaced, with receipts.
+        assert_eq!(
+            std::fs::read_to_string(stack.state.documents().join("demo/notes.md")).unwrap(),
+            "hello, world\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(stack.state.documents().join("demo/new.md")).unwrap(),
+            "new\n"
+        );
+        let history = stack.workspaced.client().json(
+            "/v1/history",
+            json!({"context": ctx("demo", "alice"), "path": "notes.md"}),
+        );
+        let entries = history.unwrap()["entries"].as_array().unwrap().clone();
+        assert_eq!(
+            entries.len(),
+            1,
+            "one applied write of notes.md, the retry was replayed"
+        );
+        assert_eq!(entries[0]["receipt"]["source"], "mcp");
+    }
 }

@@ -138,7 +138,7 @@ impl Workspaced {
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("AGENTWORKS_STATE_ROOT", state.root())
             .env("AGENTWORKS_CONFIG", state.root().join("agentworks.toml"))
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

@@ -1,0 +1,212 @@
+//! The executor WebSocket protocol between gatewayd and `agentworks executor connect`, and the
+//! bodies of gatewayd's dispatch API on `gatewayd.sock`.
+//!
+//! JSON text frames, one message each, tagged by `type`. The laptop dials out to
+//! `GET /v1/executor` with `Authorization: Bearer <devices:connect token>`; heartbeats are
+//! WebSocket ping/pong. Request ids are made by the server, never by the model. Absolute
+//! folder paths never leave the laptop: folders are named by alias.
+//!
+//! Every frame from the network is hostile until checked: unknown fields and types are
+//! refused (`deny_unknown_fields`), and sizes are bounded by the receivers.
+
+use serde::{Deserialize, Serialize};
+
+/// The largest frame either side accepts.
+pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+/// Default and largest command timeout, in seconds.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+pub const MAX_TIMEOUT_SECS: u64 = 300;
+/// Close code sent when the token was revoked (or the user disabled).
+pub const CLOSE_REVOKED: u16 = 4001;
+/// Close code sent when the token is not accepted at connect.
+pub const CLOSE_UNAUTHORIZED: u16 = 4003;
+
+/// What a folder grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FolderAccess {
+    /// `--folder`: files and commands read-only.
+    ReadOnly,
+    /// `--write-folder`: files and commands may change the folder; patches allowed.
+    ReadWrite,
+}
+
+/// One shared folder as the server sees it: an alias, never an absolute path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FolderInfo {
+    pub alias: String,
+    pub access: FolderAccess,
+    /// `~/Downloads` is shared read/write beside this folder (`$AGENTWORKS_DOWNLOADS`).
+    #[serde(default)]
+    pub downloads: bool,
+}
+
+/// A request the server asks the laptop to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Operation {
+    ExecuteShellCommand {
+        command: String,
+        #[serde(default)]
+        timeout: Option<u64>,
+    },
+    DiffPatchWorkspaceFile {
+        filepath: String,
+        diff: String,
+    },
+}
+
+/// The result of one request, as the laptop reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Outcome {
+    /// A command ran to completion (or to its timeout).
+    Completed {
+        stdout: String,
+        stderr: String,
+        exit_code: Option<i32>,
+        #[serde(default)]
+        stdout_truncated: bool,
+        #[serde(default)]
+        stderr_truncated: bool,
+        #[serde(default)]
+        timed_out: bool,
+        #[serde(default)]
+        cancelled: bool,
+    },
+    /// A patch was applied; every changed file with its new revision.
+    Patched { files: Vec<PatchedFile> },
+    /// Refused before anything ran or changed (grant, guard, sandbox, validation).
+    Refused { code: String, message: String },
+    /// It was running when the executor died: the outcome is unknown and it is never re-run
+    /// under this request id.
+    Interrupted { message: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchedFile {
+    pub path: String,
+    pub revision: String,
+}
+
+/// Frames from the laptop to the gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExecutorFrame {
+    /// The first frame: who this device is and what it shares.
+    Hello {
+        device_name: String,
+        version: String,
+        folders: Vec<FolderInfo>,
+    },
+    /// The request was received and is running (or being looked up in the receipts).
+    Accepted { request_id: String },
+    Result {
+        request_id: String,
+        outcome: Outcome,
+    },
+}
+
+/// Frames from the gateway to the laptop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GatewayFrame {
+    Welcome {
+        device_id: String,
+        heartbeat_secs: u64,
+    },
+    Request {
+        request_id: String,
+        folder: String,
+        operation: Operation,
+    },
+    Cancel {
+        request_id: String,
+    },
+}
+
+// ----- gatewayd.sock (served to agentd) -----
+
+/// A connected (or recently seen) device, as listed to its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub device_id: String,
+    pub name: String,
+    pub user_id: String,
+    pub online: bool,
+    pub folders: Vec<FolderInfo>,
+    pub connected_at_ms: Option<i64>,
+    pub last_seen_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesRequest {
+    /// Only this person's devices are ever listed.
+    pub user_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    /// The person on whose behalf agentd dispatches; must own the device.
+    pub user_id: String,
+    pub device_id: String,
+    pub folder: String,
+    /// Made by the server (agentd), unique per intended operation.
+    pub request_id: String,
+    pub operation: Operation,
+}
+
+/// The answer to a dispatch or an outcome lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum DispatchState {
+    Done {
+        outcome: Outcome,
+    },
+    /// Still running on the laptop.
+    Pending,
+    /// The device disconnected (or its token was revoked) while the request was pending: the
+    /// outcome is unknown; it is never re-sent.
+    Unknown {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestRef {
+    pub user_id: String,
+    pub request_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_refuse_unknown_fields() {
+        let frame = GatewayFrame::Request {
+            request_id: "r1".into(),
+            folder: "proj".into(),
+            operation: Operation::ExecuteShellCommand {
+                command: "true".into(),
+                timeout: Some(5),
+            },
+        };
+        let text = serde_json::to_string(&frame).unwrap();
+        assert_eq!(serde_json::from_str::<GatewayFrame>(&text).unwrap(), frame);
+        assert!(
+            text.contains("\"type\":\"request\"")
+                && text.contains("\"kind\":\"execute_shell_command\"")
+        );
+        let sneaky =
+            r#"{"type":"hello","device_name":"x","version":"1","folders":[],"root":"/home/me"}"#;
+        assert!(serde_json::from_str::<ExecutorFrame>(sneaky).is_err());
+        let unknown = r#"{"type":"format_disk"}"#;
+        assert!(serde_json::from_str::<ExecutorFrame>(unknown).is_err());
+    }
+}
