@@ -16,6 +16,8 @@
 //! - [`ipc`]: HTTP/1.1 + JSON over Unix sockets, `SO_PEERCRED` peer checks, the one JSON error
 //!   envelope, and the client the daemons and CLIs use to talk to each other.
 //! - [`gateway`]: `agentworks-gatewayd`: the executor protocol, the device registry, dispatch.
+//! - [`executor`]: the laptop executor's Landlock sandbox launcher (`agentworks __sandbox-exec`)
+//!   and the shell runner with its limits (timeout, output caps, scrubbed environment).
 //! - [`guard`]: the folder and policy guard (write paths, blocked, blocked-write, read-only,
 //!   protected files) evaluated on normalised relative paths; shared by every caller.
 //! - [`identity`]: agentd's users, projects, roles, tokens and the write authority.
@@ -26,6 +28,7 @@
 pub mod agent;
 pub mod ctl;
 pub mod daemon;
+pub mod executor;
 pub mod gateway;
 pub mod guard;
 pub mod identity;

@@ -26,11 +26,23 @@ pub struct SocketPolicy {
     /// Root, our own uid and the admin group's members.
     operators: BTreeSet<u32>,
     admin_gid: Option<u32>,
+    /// Root, our own uid and the configured gateway users.
+    gateways: BTreeSet<u32>,
 }
 
 impl SocketPolicy {
-    pub fn new(admin_group: &str) -> SocketPolicy {
-        let mut operators = BTreeSet::from([0, nix::unistd::geteuid().as_raw()]);
+    pub fn new(admin_group: &str, gateway_users: &[String]) -> SocketPolicy {
+        let own = nix::unistd::geteuid().as_raw();
+        let mut gateways = BTreeSet::from([0, own]);
+        for name in gateway_users {
+            match nix::unistd::User::from_name(name) {
+                Ok(Some(user)) => {
+                    gateways.insert(user.uid.as_raw());
+                }
+                _ => tracing::info!(user = %name, "gateway user does not exist; skipping it"),
+            }
+        }
+        let mut operators = BTreeSet::from([0, own]);
         let group = nix::unistd::Group::from_name(admin_group).ok().flatten();
         if let Some(group) = &group {
             for member in &group.mem {
@@ -47,11 +59,16 @@ impl SocketPolicy {
         SocketPolicy {
             operators,
             admin_gid: group.map(|g| g.gid.as_raw()),
+            gateways,
         }
     }
 
     pub fn is_operator(&self, peer: &Peer) -> bool {
         self.operators.contains(&peer.uid) || self.admin_gid.is_some_and(|gid| gid == peer.gid)
+    }
+
+    pub fn is_gateway(&self, peer: &Peer) -> bool {
+        self.gateways.contains(&peer.uid)
     }
 }
 
@@ -126,11 +143,46 @@ pub struct ReceiptShowRequest {
     pub user: String,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveLoginRequest {
+    pub user_code: String,
+    pub user: String,
+}
+
+/// gatewayd asks: is this presented token a live `devices:connect` token, and whose?
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCheckRequest {
+    pub token: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCheckResponse {
+    pub token_id: String,
+    pub user_id: String,
+    pub user_name: String,
+}
+
+/// gatewayd asks about every connected device's token at once: which are no longer valid?
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenStatusRequest {
+    pub token_ids: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenStatusResponse {
+    /// Revoked, expired, unknown, or whose user is disabled.
+    pub invalid: Vec<String>,
+}
+
 /// The socket API's state.
 #[derive(Clone)]
 pub struct Admin {
     pub identity: IdentityStore,
     pub workspaced: UnixClient,
+    pub grants: crate::agent::device::DeviceGrants,
     pub policy: std::sync::Arc<SocketPolicy>,
 }
 
@@ -202,6 +254,20 @@ impl Admin {
                 &json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
             );
         }
+        if let Some(rest) = path.strip_prefix("/v1/gateway/") {
+            if !self.policy.is_gateway(&peer) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    path,
+                    "refused a non-gateway peer"
+                );
+                return crate::ipc::server::forbidden_peer(&peer);
+            }
+            return match self.gateway(rest, &body).await {
+                Ok(response) | Err(response) => response,
+            };
+        }
         if let Some(rest) = path.strip_prefix("/v1/admin/") {
             if !self.policy.is_operator(&peer) {
                 tracing::warn!(
@@ -235,6 +301,87 @@ impl Admin {
         )
     }
 
+    #[allow(clippy::result_large_err)]
+    async fn gateway(
+        &self,
+        endpoint: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        Ok(match endpoint {
+            "token-check" => {
+                let r: TokenCheckRequest = decode(body)?;
+                let checked = tokio::task::spawn_blocking(move || id.authenticate(&r.token))
+                    .await
+                    .map_err(|e| {
+                        error_response(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            e.to_string(),
+                            Default::default(),
+                        )
+                    })?;
+                match checked {
+                    Ok(Ok((token, user))) if token.scopes == [Scope::DevicesConnect] => {
+                        json_response(
+                            StatusCode::OK,
+                            &TokenCheckResponse {
+                                token_id: token.id,
+                                user_id: user.id,
+                                user_name: user.name,
+                            },
+                        )
+                    }
+                    Ok(Ok(_)) => error_response(
+                        StatusCode::FORBIDDEN,
+                        "insufficient_scope",
+                        "executors connect with a devices:connect token (agentworks login)",
+                        Default::default(),
+                    ),
+                    Ok(Err(refusal)) => {
+                        let what = format!("{refusal:?}").to_lowercase();
+                        error_response(
+                            StatusCode::UNAUTHORIZED,
+                            &format!("token_{what}"),
+                            format!("the token is {what}"),
+                            Default::default(),
+                        )
+                    }
+                    Err(e) => identity_error(e),
+                }
+            }
+            "token-status" => {
+                let r: TokenStatusRequest = decode(body)?;
+                blocking(move || {
+                    let now = crate::identity::store::now_ms();
+                    let mut invalid = Vec::new();
+                    for token_id in r.token_ids {
+                        let live = match id.token_by_id(&token_id)? {
+                            Some(t) => {
+                                t.revoked_at_ms.is_none()
+                                    && t.expires_at_ms.is_none_or(|e| e > now)
+                                    && id.user_by_id(&t.user_id)?.is_some_and(|u| !u.disabled)
+                            }
+                            None => false,
+                        };
+                        if !live {
+                            invalid.push(token_id);
+                        }
+                    }
+                    Ok(TokenStatusResponse { invalid })
+                })
+                .await
+            }
+            other => error_response(
+                StatusCode::NOT_FOUND,
+                "unknown_endpoint",
+                format!("/v1/gateway/{other} is not a gateway endpoint"),
+                Default::default(),
+            ),
+        })
+    }
+
+    #[allow(clippy::result_large_err)]
     async fn operator(
         &self,
         endpoint: &str,
@@ -319,6 +466,25 @@ impl Admin {
             "tokens/revoke" => {
                 let r: RevokeRequest = decode(body)?;
                 blocking(move || id.revoke_token(&r.id)).await
+            }
+            "login/approve" => {
+                let r: ApproveLoginRequest = decode(body)?;
+                let grants = self.grants.clone();
+                blocking(move || {
+                    id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
+                        kind: "user",
+                        name: r.user.clone(),
+                    })?;
+                    if grants.decide(&r.user_code, &r.user, true) {
+                        Ok(json!({"approved": true, "user": r.user}))
+                    } else {
+                        Err(IdentityError::NotFound {
+                            kind: "pending login",
+                            name: r.user_code,
+                        })
+                    }
+                })
+                .await
             }
             "receipts/show" => {
                 let r: ReceiptShowRequest = decode(body)?;

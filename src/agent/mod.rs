@@ -2,12 +2,14 @@
 //!
 //! - [`files`]: the catalog's file operations for one caller, through workspaced.
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
-//! - [`admin`]: the operator endpoints on `agentd.sock`.
+//! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
+//! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //!
 //! agentd never opens a document: every file operation goes to workspaced over its socket,
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
+pub mod device;
 pub mod files;
 pub mod mcp_backend;
 
@@ -56,6 +58,7 @@ pub async fn run(
 ) {
     let workspaced = UnixClient::new(config.workspaced_socket());
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    let grants = device::DeviceGrants::default();
     let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
     let mcp = Arc::new(McpService::new(
         backend,
@@ -87,7 +90,11 @@ pub async fn run(
     let admin = admin::Admin {
         identity,
         workspaced,
-        policy: Arc::new(admin::SocketPolicy::new(&config.agentd.admin_group)),
+        grants,
+        policy: Arc::new(admin::SocketPolicy::new(
+            &config.agentd.admin_group,
+            &config.agentd.gateway_users,
+        )),
     };
     let socket_handler = move |peer, parts, body| {
         let admin = admin.clone();

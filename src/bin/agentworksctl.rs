@@ -62,6 +62,21 @@ enum Cmd {
     /// Write receipts.
     #[command(subcommand)]
     Receipt(ReceiptCmd),
+    /// Laptop logins (`agentworks login`): approve a pending code for a user.
+    #[command(subcommand)]
+    Login(LoginCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum LoginCmd {
+    /// Approve the code `agentworks login` printed; the laptop then gets a devices:connect
+    /// token for this user (and nothing else).
+    Approve {
+        /// The code shown by `agentworks login`, e.g. BCDF-GHJK.
+        code: String,
+        #[arg(long)]
+        user: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -345,6 +360,9 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
             "receipts/show",
             json!({ "project": project, "request_id": request_id, "user": user }),
         ),
+        Cmd::Login(LoginCmd::Approve { code, user }) => {
+            ("login/approve", json!({ "user_code": code, "user": user }))
+        }
         Cmd::Quickstart { .. } | Cmd::Status => {
             return Err(CtlError::Usage("handled elsewhere".into()));
         }

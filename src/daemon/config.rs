@@ -55,8 +55,8 @@ pub struct Config {
     pub workspaced: WorkspacedConfig,
     /// The `[agentd]` section.
     pub agentd: AgentdConfig,
-    /// The `[gatewayd]` section, accepted and kept raw until gatewayd parses it.
-    pub gatewayd: toml::Table,
+    /// The `[gatewayd]` section.
+    pub gatewayd: GatewaydConfig,
 }
 
 impl Default for Config {
@@ -67,7 +67,7 @@ impl Default for Config {
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             workspaced: WorkspacedConfig::default(),
             agentd: AgentdConfig::default(),
-            gatewayd: toml::Table::new(),
+            gatewayd: GatewaydConfig::default(),
         }
     }
 }
@@ -138,6 +138,50 @@ impl AgentdConfig {
         match &self.public_url {
             Some(url) => url.trim_end_matches('/').to_owned(),
             None => format!("http://{}", self.listen),
+        }
+    }
+}
+
+/// The `[gatewayd]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaydConfig {
+    /// The public WebSocket listener laptops dial (`/v1/executor`).
+    pub listen: std::net::SocketAddr,
+    /// The URL laptops use (`wss://…` behind a TLS proxy); `None`: `ws://<listen>`.
+    pub public_url: Option<String>,
+    /// The dispatch socket agentd calls; `None` means `<runtime_dir>/gatewayd.sock`.
+    pub socket: Option<PathBuf>,
+    /// Peers (besides root and gatewayd's own user) that may dispatch: agentd's user.
+    pub allowed_users: Vec<String>,
+    /// How often the gateway pings each executor, in seconds.
+    pub heartbeat_secs: u64,
+    /// How often connected tokens are re-checked with agentd, in milliseconds.
+    pub token_recheck_ms: u64,
+    /// Most executor connections held at once.
+    pub max_connections: usize,
+}
+
+impl Default for GatewaydConfig {
+    fn default() -> GatewaydConfig {
+        GatewaydConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8471)),
+            public_url: None,
+            socket: None,
+            allowed_users: vec!["agentworks".to_owned()],
+            heartbeat_secs: 15,
+            token_recheck_ms: 250,
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl GatewaydConfig {
+    /// `public_url`, else `ws://<listen>`, without a trailing slash.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => format!("ws://{}", self.listen),
         }
     }
 }
@@ -326,6 +370,14 @@ impl Config {
         }
     }
 
+    /// The path of gatewayd's socket: `gatewayd.socket`, else `<runtime_dir>/gatewayd.sock`.
+    pub fn gatewayd_socket(&self) -> PathBuf {
+        match &self.gatewayd.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("gatewayd.sock"),
+        }
+    }
+
     /// The state-root layout under `state_root`.
     pub fn layout(&self) -> StateLayout {
         StateLayout {
@@ -402,7 +454,7 @@ mod tests {
         assert_eq!(c.workspaced.lock_timeout_ms, 30_000);
         assert_eq!(c.workspaced.search_max_results, 200);
         assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8470");
-        assert!(c.gatewayd.is_empty());
+        assert_eq!(c.gatewayd.listen.to_string(), "127.0.0.1:8471");
         assert_eq!(c.layout().root, Path::new("/var/lib/agentworks"));
     }
 
@@ -423,8 +475,9 @@ lock_timeout_ms = 5
 search_max_results = 7
 [agentd]
 listen = "127.0.0.1:8080"
-[gatewayd.tls]
-cert = "/etc/cert.pem"
+[gatewayd]
+listen = "0.0.0.0:9000"
+public_url = "wss://gw.example.com/"
 "#,
         );
         let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
@@ -438,7 +491,7 @@ cert = "/etc/cert.pem"
         assert_eq!(c.workspaced.search_max_results, 7);
         assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(c.agentd.public_url(), "http://127.0.0.1:8080");
-        assert!(c.gatewayd.contains_key("tls"));
+        assert_eq!(c.gatewayd.public_url(), "wss://gw.example.com");
     }
 
     #[test]

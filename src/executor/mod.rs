@@ -1,0 +1,8 @@
+//! The laptop executor's local side: the Landlock sandbox launcher ([`sandbox`]) and the shell
+//! runner that drives it with the command limits ([`shell`]).
+//!
+//! Owns: how a granted shell command is confined and bounded on the person's machine.
+//! Never: runs a command outside a fully enforced Landlock ruleset.
+
+pub mod sandbox;
+pub mod shell;

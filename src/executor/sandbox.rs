@@ -1,0 +1,869 @@
+//! The executor's sandbox: the policy a command runs under and the launcher that enforces it.
+//!
+//! Owns: [`SandboxPolicy`] (which folders a command may read, write or never touch), the
+//! Landlock support check ([`landlock_status`]) and the launcher ([`launcher_main`]): the
+//! `agentworks` binary re-executed as `agentworks __sandbox-exec <policy-json> -- <sh> -c <cmd>`.
+//! The launcher marks inherited descriptors close-on-exec, becomes a child subreaper, sets
+//! `no_new_privs`, builds and applies a Landlock ruleset to itself, forks the shell (which
+//! inherits the ruleset, plus a nested signal scope so it cannot signal the launcher or anything
+//! outside the sandbox), and when the shell ends — or the launcher is told to stop — kills every
+//! remaining descendant, re-parented orphans included, before exiting with the shell's status.
+//!
+//! Must never: run a command without a ruleset the kernel reports as fully enforced (Landlock
+//! missing, an ABI below [`MIN_ABI`], a rule that cannot be added or a partially enforced
+//! ruleset all refuse); skip a granted folder it cannot open; follow a symlink when granting;
+//! grant the whole home directory (only a fixed list of toolchain folders, read/execute); leave
+//! files or mount points in the person's folders; restrict the network.
+//!
+//! # How exclusions work
+//!
+//! Landlock rules only ever allow, and a rule on a directory covers everything beneath it, so a
+//! blocked path cannot be carved out of a granted folder. Instead, for a grant `W` containing an
+//! excluded path `W/a/b`, the launcher grants every entry of `W` except `a` individually, then
+//! every entry of `a` except `b`, and so on; `W` and `a` themselves only get directory listing
+//! (or read access when the exclusion is a read-only one). `--block` paths, the CLI's
+//! credentials and state (`denied`) and the toolchains' credential files are excluded that way;
+//! `--read-only` paths (and read-only folders nested in a writable one) get read access only.
+//!
+//! Residual limits: new entries cannot be created directly in a folder that lies on the path to
+//! an exclusion (`W` and `a` above), since only their existing entries are granted; entries
+//! created after the ruleset is built are covered only when their parent folder is; the names
+//! (never the contents) inside a blocked directory can be listed, because listing rights on `W`
+//! reach down the whole tree; `/proc` is readable (the command sees every process's command
+//! line, but Landlock's ptrace restriction keeps other processes' environment, memory and
+//! descriptors out of reach); `/tmp` is not granted (`TMPDIR` points at the private scratch
+//! dir); on kernels below ABI 6 the command can signal processes outside the sandbox.
+
+use std::convert::Infallible;
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use landlock::{
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use rustix::fs::{FileType, Mode, OFlags};
+
+/// The hidden subcommand that puts the `agentworks` binary in launcher mode.
+pub const SUBCOMMAND: &str = "__sandbox-exec";
+/// Printed by the binary before a launcher error; the shell runner recognises a refusal by it.
+pub const REFUSAL_PREFIX: &str = "agentworks sandbox refused: ";
+/// The lowest Landlock ABI we run commands under: ABI 3 adds `truncate` control, without which
+/// a read-only file could still be emptied.
+pub const MIN_ABI: i32 = 3;
+/// Debug builds only: simulate a kernel reporting this Landlock ABI (`0` = unavailable).
+pub const TEST_ABI_ENV: &str = "AGENTWORKS_TEST_LANDLOCK_ABI";
+
+/// System paths every command may read and execute (missing ones are skipped).
+const SYSTEM_READ: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    // Configuration: resolver, certificates, passwd/group, alternatives. Secret files in /etc
+    // are root-only by permission, and the executor runs as the person.
+    "/etc",
+    "/opt",
+    "/nix",
+    // Many tools need /proc (self/exe, cpuinfo, meminfo); see the module doc for what it shows.
+    "/proc",
+    "/sys",
+    // Where /etc/resolv.conf points on systemd-resolved machines.
+    "/run/systemd/resolve",
+];
+
+/// Device files commands may read and write (terminals, the null and random devices).
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// Toolchain folders under the person's home granted read and execute. Never the whole home.
+const HOME_TOOLCHAINS: &[&str] = &[
+    ".rustup",
+    ".cargo",
+    ".nvm",
+    ".pyenv",
+    ".volta",
+    ".bun",
+    ".deno",
+    ".local/bin",
+    ".local/lib",
+    "go/bin",
+    "go/pkg/mod",
+];
+
+/// Credential files inside the toolchain folders: never readable.
+const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
+
+/// What a command may touch. Paths must be absolute; they are resolved (symlinks followed) by
+/// the launcher before the ruleset is built.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxPolicy {
+    /// Writable folders (the granted write folder, the private scratch dir, ~/Downloads).
+    pub read_write: Vec<PathBuf>,
+    /// Read-only folders.
+    pub read_only: Vec<PathBuf>,
+    /// `--block` paths: neither readable nor writable nor creatable (existing or not).
+    pub blocked: Vec<PathBuf>,
+    /// `--read-only` paths inside a writable folder: not writable.
+    pub read_only_within: Vec<PathBuf>,
+    /// The CLI's credentials and state dirs: never readable.
+    pub denied: Vec<PathBuf>,
+    /// The person's home (for toolchain read/exec grants, never credentials).
+    pub home: Option<PathBuf>,
+    /// Private scratch dir (TMPDIR, caches point here).
+    pub scratch: PathBuf,
+    /// Where the command starts.
+    pub cwd: PathBuf,
+}
+
+/// Why the launcher refused (or failed) to run a command.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("Landlock is unavailable, so commands are refused: {reason}")]
+    LandlockUnavailable { reason: String },
+    #[error(
+        "the kernel's Landlock ABI {found} is below the required ABI {required} (Linux 6.2+), so commands are refused"
+    )]
+    AbiTooOld { found: i32, required: i32 },
+    #[error(
+        "bad launcher arguments: {0} (usage: {SUBCOMMAND} <policy-json> -- <program> [args...])"
+    )]
+    Usage(String),
+    #[error("bad sandbox policy: {0}")]
+    Policy(String),
+    #[error("cannot open granted path {path}: {source}")]
+    GrantPath {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot build the Landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("the Landlock ruleset is not fully enforced ({0}), so the command is refused")]
+    NotEnforced(String),
+    #[error("cannot {what}: {source}")]
+    Setup {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SandboxError {
+    fn setup(what: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
+        move |source| SandboxError::Setup { what, source }
+    }
+}
+
+/// Checks Landlock support and returns the ABI version, or an error saying why commands are
+/// refused. Debug builds honour [`TEST_ABI_ENV`] to simulate an older or missing Landlock.
+pub fn landlock_status() -> Result<i32, SandboxError> {
+    let kernel = kernel_abi()?;
+    let abi = match simulated_abi() {
+        Some(simulated) if simulated <= 0 => {
+            return Err(SandboxError::LandlockUnavailable {
+                reason: format!("{TEST_ABI_ENV}={simulated} simulates a kernel without Landlock"),
+            });
+        }
+        Some(simulated) => simulated.min(kernel),
+        None => kernel,
+    };
+    if abi < MIN_ABI {
+        return Err(SandboxError::AbiTooOld {
+            found: abi,
+            required: MIN_ABI,
+        });
+    }
+    Ok(abi)
+}
+
+fn simulated_abi() -> Option<i32> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    std::env::var(TEST_ABI_ENV).ok()?.trim().parse().ok()
+}
+
+fn kernel_abi() -> Result<i32, SandboxError> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only queries the ABI version: the kernel
+    // reads no memory (the attribute pointer is NULL, size 0) and creates no descriptor.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if version < 0 {
+        let error = io::Error::last_os_error();
+        let reason = match error.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => {
+                "the kernel has Landlock but it is disabled at boot (add `landlock` to the `lsm=` kernel parameter)".to_owned()
+            }
+            Some(libc::ENOSYS) => {
+                "the kernel was built without Landlock (CONFIG_SECURITY_LANDLOCK)".to_owned()
+            }
+            _ => format!("querying the Landlock ABI failed: {error}"),
+        };
+        return Err(SandboxError::LandlockUnavailable { reason });
+    }
+    i32::try_from(version).map_err(|_| SandboxError::LandlockUnavailable {
+        reason: format!("the kernel reported an impossible Landlock ABI {version}"),
+    })
+}
+
+/// Launcher mode entry: called by the `agentworks` binary when re-executed as
+/// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`. Must be called first thing in
+/// `main`, while the process is single-threaded. On success it never returns (it exits with the
+/// shell's status, 128+signal if the shell was signalled or the launcher told to stop); it
+/// returns only on error, before any command ran, and the caller prints the error after
+/// [`REFUSAL_PREFIX`] and exits 126.
+pub fn launcher_main(args: &[String]) -> SandboxError {
+    match launch(args) {
+        Ok(never) => match never {},
+        Err(error) => error,
+    }
+}
+
+fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
+    // Block the stop signals first so that one arriving during setup stays pending and is
+    // handled by the wait loop (killing the shell) instead of killing the launcher while
+    // descendants run on. The shell does not inherit the mask: std resets it in the child.
+    let mut signals = SigSet::empty();
+    for signal in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        signals.add(signal);
+    }
+    signals
+        .thread_block()
+        .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
+
+    let (policy, program, program_args) = parse_args(args)?;
+
+    // 1. Inherited descriptors above 2: a descriptor opened before the ruleset (a directory,
+    // a socket) would let the command reach outside it, since Landlock checks paths at open
+    // time. We mark them close-on-exec rather than closing them, so the launcher never closes a
+    // descriptor some part of this process might still own; the shell inherits only 0-2.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
+    // nothing, touches no memory, and cannot invalidate a descriptor owned elsewhere.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        return Err(SandboxError::setup(
+            "mark inherited descriptors close-on-exec",
+        )(io::Error::last_os_error()));
+    }
+
+    // 2. Child subreaper: orphans of the command (a grandchild whose parent exited, one that
+    // called setsid()) are re-parented to us rather than to init, so we can find and kill them.
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| SandboxError::setup("become a child subreaper")(e.into()))?;
+
+    // 3. no_new_privs before the ruleset: Landlock requires it for an unprivileged process,
+    // and it keeps setuid binaries from gaining privileges inside the sandbox.
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|e| SandboxError::setup("set no_new_privs")(e.into()))?;
+
+    // 4. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
+    // process) and inherited by the shell. Fully enforced or refuse.
+    let abi = landlock_status()?;
+    let plan = plan_rules(&policy, abi)?;
+    apply_ruleset(plan)?;
+    let signal_scope = signal_scope_ruleset(abi)?;
+
+    // 5. Fork the shell, wait for it, then kill every remaining descendant.
+    let mut command = std::process::Command::new(&program);
+    command
+        .args(&program_args)
+        .current_dir(&policy.cwd)
+        .env_remove(TEST_ABI_ENV);
+    if let Some(ruleset) = signal_scope {
+        let mut ruleset = Some(ruleset);
+        // SAFETY: the closure runs in the forked child before exec. The launcher is
+        // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
+        // no lock can be held by a thread that vanished in the fork and allocating is sound.
+        // It only calls landlock_restrict_self on a ruleset built before the fork.
+        unsafe {
+            command.pre_exec(move || restrict_to_signal_scope(&mut ruleset));
+        }
+    }
+    let child = command.spawn().map_err(|source| SandboxError::Spawn {
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })?;
+    let shell = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    // We reap with waitpid(-1) below (orphans included), so std's handle is not used to wait.
+    drop(child);
+
+    let status = wait_for_shell(shell, &signals);
+    kill_descendants();
+    std::process::exit(status)
+}
+
+fn restrict_to_signal_scope(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
+    let Some(ruleset) = ruleset.take() else {
+        return Ok(());
+    };
+    let status = ruleset.restrict_self().map_err(io::Error::other)?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        return Err(io::Error::other(
+            "the Landlock signal scope is not enforced",
+        ));
+    }
+    Ok(())
+}
+
+type ParsedArgs = (SandboxPolicy, OsString, Vec<OsString>);
+
+fn parse_args(args: &[String]) -> Result<ParsedArgs, SandboxError> {
+    let [policy, separator, program, rest @ ..] = args else {
+        return Err(SandboxError::Usage("too few arguments".to_owned()));
+    };
+    if separator != "--" {
+        return Err(SandboxError::Usage(format!(
+            "expected `--` after the policy, got {separator:?}"
+        )));
+    }
+    let policy: SandboxPolicy =
+        serde_json::from_str(policy).map_err(|e| SandboxError::Policy(e.to_string()))?;
+    Ok((
+        policy,
+        OsString::from(program),
+        rest.iter().map(OsString::from).collect(),
+    ))
+}
+
+/// Waits for the shell; returns its status (128+signal if signalled), or 128+signal of a stop
+/// signal the launcher received first. Orphans that exit meanwhile are reaped.
+fn wait_for_shell(shell: Pid, signals: &SigSet) -> i32 {
+    loop {
+        match signals.wait() {
+            Ok(Signal::SIGCHLD) => {
+                if let Some(status) = reap(Some(shell)) {
+                    return status;
+                }
+            }
+            Ok(stop) => return 128 + stop as i32,
+            Err(Errno::EINTR) => continue,
+            // sigwait cannot fail with a valid set; if it does, stop everything rather than spin.
+            Err(_) => return 125,
+        }
+    }
+}
+
+/// Reaps every exited child without blocking; returns the shell's status if it was among them.
+fn reap(shell: Option<Pid>) -> Option<i32> {
+    let mut found = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if Some(pid) == shell => found = Some(code),
+            Ok(WaitStatus::Signaled(pid, signal, _)) if Some(pid) == shell => {
+                found = Some(128 + signal as i32);
+            }
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return found,
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(_) => return found,
+        }
+    }
+}
+
+/// SIGKILLs every descendant (children, and through them grandchildren; orphans are our
+/// children since we are a subreaper) until none is left alive.
+fn kill_descendants() {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        reap(None);
+        let (all, alive) = descendants(std::process::id());
+        if alive == 0 {
+            break;
+        }
+        for pid in all {
+            // ESRCH (already gone) is fine.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        reap(None);
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    reap(None);
+}
+
+/// All descendants of `root` found in /proc, and how many of them are not zombies.
+fn descendants(root: u32) -> (Vec<i32>, usize) {
+    let mut children: std::collections::HashMap<i32, Vec<(i32, bool)>> = Default::default();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // Fields after the command name, which may itself contain spaces and parentheses.
+            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            let mut fields = after.split_whitespace();
+            let state = fields.next().unwrap_or("?");
+            let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            children
+                .entry(ppid)
+                .or_default()
+                .push((pid, state != "Z" && state != "X"));
+        }
+    }
+    let mut all = Vec::new();
+    let mut alive = 0;
+    let mut queue = vec![i32::try_from(root).unwrap_or(i32::MAX)];
+    while let Some(parent) = queue.pop() {
+        for &(pid, live) in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
+            all.push(pid);
+            alive += usize::from(live);
+            queue.push(pid);
+        }
+    }
+    (all, alive)
+}
+
+/// Whether an excluded path loses all access or only write access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exclusion {
+    NoAccess,
+    ReadOnly,
+}
+
+/// One Landlock rule: an `O_PATH` descriptor opened without following symlinks, and its rights.
+#[derive(Debug)]
+struct PlannedRule {
+    path: PathBuf,
+    fd: OwnedFd,
+    access: BitFlags<AccessFs>,
+}
+
+struct Plan {
+    abi: ABI,
+    handled: BitFlags<AccessFs>,
+    read: BitFlags<AccessFs>,
+    file: BitFlags<AccessFs>,
+    exclusions: Vec<(PathBuf, Exclusion)>,
+    rules: Vec<PlannedRule>,
+}
+
+/// Resolves the policy into Landlock rules (the exclusion walk happens here).
+fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxError> {
+    let abi = ABI::from(abi_version);
+    let handled = AccessFs::from_all(abi);
+    let mut plan = Plan {
+        abi,
+        handled,
+        read: AccessFs::from_read(abi),
+        file: AccessFs::from_file(abi),
+        exclusions: Vec::new(),
+        rules: Vec::new(),
+    };
+
+    let read_write = resolve_all(&policy.read_write, "writable folder")?;
+    let read_only = resolve_all(&policy.read_only, "read-only folder")?;
+    let scratch = resolve_existing(&policy.scratch, "scratch dir")?;
+    for path in read_write.iter().chain(&read_only).chain([&scratch]) {
+        if path == Path::new("/") {
+            return Err(SandboxError::Policy(
+                "refusing to grant the whole filesystem".to_owned(),
+            ));
+        }
+    }
+
+    for path in policy.blocked.iter().chain(&policy.denied) {
+        plan.exclusions
+            .push((resolve_lenient(path)?, Exclusion::NoAccess));
+    }
+    for path in &policy.read_only_within {
+        plan.exclusions
+            .push((resolve_lenient(path)?, Exclusion::ReadOnly));
+    }
+    // A read-only folder nested in a writable one (a project inside a shared Downloads) stays
+    // read-only.
+    for path in &read_only {
+        if read_write.iter().any(|w| path != w && path.starts_with(w)) {
+            plan.exclusions.push((path.clone(), Exclusion::ReadOnly));
+        }
+    }
+    let home = match &policy.home {
+        Some(home) => Some(resolve_existing(home, "home")?),
+        None => None,
+    };
+    if let Some(home) = &home {
+        for secret in HOME_TOOLCHAIN_SECRETS {
+            plan.exclusions
+                .push((resolve_lenient(&home.join(secret))?, Exclusion::NoAccess));
+        }
+    }
+
+    let all = plan.handled;
+    let read = plan.read;
+    for path in SYSTEM_READ {
+        plan.grant_optional(Path::new(path), read)?;
+    }
+    let device =
+        (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev)
+            & plan.handled;
+    for path in DEVICES {
+        plan.grant_optional(Path::new(path), device | (plan.handled & AccessFs::ReadDir))?;
+    }
+    if let Some(home) = &home {
+        for dir in HOME_TOOLCHAINS {
+            plan.grant_optional(&home.join(dir), read)?;
+        }
+    }
+    for path in &read_only {
+        plan.grant_resolved(None, path, read)?;
+    }
+    for path in read_write.iter().chain([&scratch]) {
+        plan.grant_resolved(None, path, all)?;
+    }
+    Ok(plan)
+}
+
+impl Plan {
+    /// A system or toolchain path: skipped when missing, an error when it exists but cannot be
+    /// opened.
+    fn grant_optional(
+        &mut self,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Result<(), SandboxError> {
+        match std::fs::canonicalize(path) {
+            Ok(resolved) => self.grant_resolved(None, &resolved, access),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(SandboxError::GrantPath {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// Grants `access` on `path` (already resolved), minus the exclusions: an excluded path is
+    /// skipped or downgraded; a directory with exclusions beneath it is replaced by its entries.
+    /// `at` is the parent directory's descriptor and the entry name when walking.
+    fn grant_resolved(
+        &mut self,
+        at: Option<(&OwnedFd, &OsStr)>,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Result<(), SandboxError> {
+        if self
+            .exclusions
+            .iter()
+            .any(|(e, kind)| *kind == Exclusion::NoAccess && path.starts_with(e))
+        {
+            return Ok(());
+        }
+        let mut access = access;
+        if self
+            .exclusions
+            .iter()
+            .any(|(e, kind)| *kind == Exclusion::ReadOnly && path.starts_with(e))
+        {
+            access &= self.read;
+        }
+
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let opened = match at {
+            Some((parent, name)) => rustix::fs::openat(parent, name, flags, Mode::empty()),
+            None => rustix::fs::open(path, flags, Mode::empty()),
+        };
+        let fd = match opened {
+            Ok(fd) => fd,
+            // An entry that vanished during the walk grants nothing.
+            Err(rustix::io::Errno::NOENT) if at.is_some() => return Ok(()),
+            Err(e) => return Err(grant_error(path, e)),
+        };
+        let kind = rustix::fs::fstat(&fd)
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+            .map_err(|e| grant_error(path, e))?;
+        match kind {
+            // Never follow a symlink when granting: its target is governed by its own rules.
+            FileType::Symlink => return Ok(()),
+            FileType::Directory => {}
+            _ => {
+                self.push(path, fd, access & self.file);
+                return Ok(());
+            }
+        }
+
+        let inner: Vec<Exclusion> = self
+            .exclusions
+            .iter()
+            .filter(|(e, _)| e != path && e.starts_with(path))
+            .map(|(_, kind)| *kind)
+            .collect();
+        if inner.is_empty() {
+            self.push(path, fd, access);
+            return Ok(());
+        }
+        // On the path to an exclusion: the folder itself gets listing (or reading, when nothing
+        // beneath it is unreadable), its entries are granted one by one.
+        let own = if inner.contains(&Exclusion::NoAccess) {
+            access & AccessFs::ReadDir
+        } else {
+            access & self.read
+        };
+        let dir = rustix::fs::openat(
+            &fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| grant_error(path, e))?;
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&dir).map_err(|e| grant_error(path, e))? {
+            let entry = entry.map_err(|e| grant_error(path, e))?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(OsStr::from_bytes(name).to_owned());
+            }
+        }
+        drop(dir);
+        for name in &names {
+            self.grant_resolved(Some((&fd, name)), &path.join(name), access)?;
+        }
+        if !own.is_empty() {
+            self.push(path, fd, own);
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, path: &Path, fd: OwnedFd, access: BitFlags<AccessFs>) {
+        let access = access & self.handled;
+        if !access.is_empty() {
+            self.rules.push(PlannedRule {
+                path: path.to_owned(),
+                fd,
+                access,
+            });
+        }
+    }
+}
+
+fn grant_error(path: &Path, error: rustix::io::Errno) -> SandboxError {
+    SandboxError::GrantPath {
+        path: path.to_owned(),
+        source: error.into(),
+    }
+}
+
+fn apply_ruleset(plan: Plan) -> Result<(), SandboxError> {
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(plan.handled)?
+        .create()?
+        .no_new_privs(true);
+    for rule in plan.rules {
+        let path = rule.path;
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(rule.fd, rule.access))
+            .map_err(|e| {
+                SandboxError::NotEnforced(format!("rule for {} rejected: {e}", path.display()))
+            })?;
+    }
+    let status = ruleset.restrict_self()?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        return Err(SandboxError::NotEnforced(format!(
+            "kernel reported {:?} for ABI {:?}",
+            status.ruleset, plan.abi
+        )));
+    }
+    if !status.no_new_privs {
+        return Err(SandboxError::NotEnforced(
+            "no_new_privs is not set".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A second, nested ruleset for the shell alone (ABI 6+): it may not signal processes outside
+/// its own domain, so neither the launcher nor the executor.
+fn signal_scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
+    if abi < 6 {
+        return Ok(None);
+    }
+    let ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .scope(Scope::Signal)?
+        .create()?;
+    Ok(Some(ruleset))
+}
+
+fn check_absolute(path: &Path) -> Result<(), SandboxError> {
+    if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+        return Err(SandboxError::Policy(format!(
+            "{} must be absolute and contain no `..`",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn resolve_existing(path: &Path, what: &str) -> Result<PathBuf, SandboxError> {
+    check_absolute(path)?;
+    std::fs::canonicalize(path).map_err(|source| SandboxError::GrantPath {
+        path: path.to_owned(),
+        source: io::Error::new(source.kind(), format!("{what}: {source}")),
+    })
+}
+
+fn resolve_all(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>, SandboxError> {
+    paths.iter().map(|p| resolve_existing(p, what)).collect()
+}
+
+/// Resolves the longest existing prefix of `path` and appends the missing rest, so exclusions
+/// that do not exist yet (a blocked path that must not be created) still match grants.
+fn resolve_lenient(path: &Path) -> Result<PathBuf, SandboxError> {
+    check_absolute(path)?;
+    let mut existing = path.to_path_buf();
+    let mut missing: Vec<OsString> = Vec::new();
+    loop {
+        match std::fs::canonicalize(&existing) {
+            Ok(mut resolved) => {
+                for name in missing.iter().rev() {
+                    resolved.push(name);
+                }
+                return Ok(resolved);
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                match existing.file_name() {
+                    Some(name) => missing.push(name.to_owned()),
+                    None => return Ok(path.to_path_buf()),
+                }
+                if !existing.pop() {
+                    return Ok(path.to_path_buf());
+                }
+            }
+            Err(source) => {
+                return Err(SandboxError::GrantPath {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(root: &Path) -> SandboxPolicy {
+        SandboxPolicy {
+            read_write: vec![root.join("w")],
+            read_only: vec![],
+            blocked: vec![root.join("w/a/b"), root.join("w/missing")],
+            read_only_within: vec![root.join("w/ro")],
+            denied: vec![],
+            home: None,
+            scratch: root.join("scratch"),
+            cwd: root.join("w"),
+        }
+    }
+
+    #[test]
+    fn exclusions_grant_siblings_not_the_parent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        std::fs::write(root.join("w/f"), "x").expect("write");
+        std::os::unix::fs::symlink("/etc", root.join("w/link")).expect("symlink");
+        let abi = landlock_status().expect("landlock");
+        let plan = plan_rules(&policy(&root), abi).expect("plan");
+        let find = |p: &str| {
+            plan.rules
+                .iter()
+                .filter(|r| r.path == root.join(p))
+                .map(|r| r.access)
+                .collect::<Vec<_>>()
+        };
+        let all = AccessFs::from_all(ABI::from(abi));
+        assert_eq!(find("w"), vec![BitFlags::from(AccessFs::ReadDir)]);
+        assert_eq!(find("w/a"), vec![BitFlags::from(AccessFs::ReadDir)]);
+        assert!(find("w/a/b").is_empty(), "blocked path granted");
+        assert!(find("w/missing").is_empty());
+        assert_eq!(find("w/a/c"), vec![all]);
+        assert_eq!(find("w/d"), vec![all]);
+        assert_eq!(find("w/ro"), vec![AccessFs::from_read(ABI::from(abi))]);
+        assert_eq!(find("w/f"), vec![all & AccessFs::from_file(ABI::from(abi))]);
+        assert!(find("w/link").is_empty(), "symlink followed");
+        assert_eq!(find("scratch"), vec![all]);
+    }
+
+    #[test]
+    fn missing_grant_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        std::fs::create_dir_all(root.join("scratch")).expect("mkdir");
+        let error = plan_rules(&policy(&root), MIN_ABI)
+            .err()
+            .expect("must fail");
+        assert!(matches!(error, SandboxError::GrantPath { .. }), "{error}");
+    }
+
+    #[test]
+    fn lenient_resolution_keeps_missing_tail() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        let resolved = resolve_lenient(&root.join("x/y")).expect("resolve");
+        assert_eq!(resolved, root.join("x/y"));
+        assert!(resolve_lenient(Path::new("relative")).is_err());
+        assert!(resolve_lenient(&root.join("../etc")).is_err());
+    }
+}

@@ -1,0 +1,312 @@
+//! The shell runner: one command through the sandbox launcher, with the command limits.
+//!
+//! Owns: spawning `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` in its own process
+//! group with stdin on /dev/null and a scrubbed environment (only PATH, HOME, LANG, LC_*, TERM,
+//! USER, LOGNAME, SHELL, TZ survive; caches and TMPDIR point into the private scratch dir),
+//! capturing each stream up to [`MAX_CAPTURE`] (reading on to EOF so the command never blocks),
+//! the timeout (60 s by default, at most 300 s) and cancellation: SIGTERM to the launcher, which
+//! kills every descendant, then SIGKILL to its process group after a grace period.
+//!
+//! Must never: run the command itself (only the launcher does, under Landlock); pass the
+//! executor's environment through (login tokens, provider keys, agent sockets); retry a command.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
+
+use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND, SandboxPolicy};
+
+/// Default timeout when the request names none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest timeout a request may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bytes kept per stream; the rest is read and discarded.
+pub const MAX_CAPTURE: usize = 1024 * 1024;
+/// Between SIGTERM to the launcher and SIGKILL to its process group.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// The exit status the launcher uses when it refuses to run a command.
+pub const REFUSAL_EXIT: i32 = 126;
+/// How long output readers may run on after the launcher exited.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+/// The shell every command runs in.
+const SHELL: &str = "/bin/sh";
+/// Environment variables kept from the executor's environment (plus every `LC_*`).
+const KEPT_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "TERM", "USER", "LOGNAME", "SHELL", "TZ",
+];
+
+/// One command to run.
+#[derive(Debug, Clone)]
+pub struct ShellRequest {
+    pub command: String,
+    /// Default [`DEFAULT_TIMEOUT`]; above [`MAX_TIMEOUT`] is refused.
+    pub timeout: Option<Duration>,
+    pub policy: SandboxPolicy,
+    /// Extra variables set for the command (e.g. `AGENTWORKS_DOWNLOADS`).
+    pub env_extra: Vec<(String, String)>,
+}
+
+/// What happened. `exit_code` is the launcher's: the shell's status, or 128+signal when the
+/// shell was signalled or the launcher was stopped; `signal` is set when the launcher itself
+/// died of a signal (the SIGKILL after the grace period).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShellOutcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Lossy UTF-8.
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("timeout {requested:?} is above the maximum of {max:?}")]
+    TimeoutTooLong { requested: Duration, max: Duration },
+    #[error("timeout must be more than zero")]
+    ZeroTimeout,
+    #[error("cannot encode the sandbox policy: {0}")]
+    Policy(#[from] serde_json::Error),
+    #[error("cannot prepare the scratch dir {path}: {source}")]
+    Scratch {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the sandbox launcher {exe}: {source}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot wait for the sandbox launcher: {0}")]
+    Wait(#[source] std::io::Error),
+    /// The launcher refused: no sandbox, so the command never ran.
+    #[error("the command was not run: {0}")]
+    SandboxRefused(String),
+}
+
+/// Runs one command through the launcher (`launcher_exe` is `std::env::current_exe()` in
+/// production), with the executor's own environment as the one to scrub.
+pub async fn run(
+    launcher_exe: &Path,
+    request: ShellRequest,
+    cancel: CancellationToken,
+) -> Result<ShellOutcome, ShellError> {
+    run_with_env(launcher_exe, request, cancel, std::env::vars_os().collect()).await
+}
+
+/// [`run`] with an explicit parent environment to scrub (tests pass secrets in it without
+/// mutating the process environment).
+pub async fn run_with_env(
+    launcher_exe: &Path,
+    request: ShellRequest,
+    cancel: CancellationToken,
+    parent_env: Vec<(OsString, OsString)>,
+) -> Result<ShellOutcome, ShellError> {
+    let timeout = match request.timeout {
+        None => DEFAULT_TIMEOUT,
+        Some(t) if t.is_zero() => return Err(ShellError::ZeroTimeout),
+        Some(t) if t > MAX_TIMEOUT => {
+            return Err(ShellError::TimeoutTooLong {
+                requested: t,
+                max: MAX_TIMEOUT,
+            });
+        }
+        Some(t) => t,
+    };
+    let policy_json = serde_json::to_string(&request.policy)?;
+    let scratch = &request.policy.scratch;
+    let scratch_env = [
+        ("TMPDIR", scratch.clone()),
+        ("XDG_CACHE_HOME", scratch.join("cache")),
+        ("npm_config_cache", scratch.join("npm")),
+        ("PIP_CACHE_DIR", scratch.join("pip")),
+    ];
+    for (_, dir) in &scratch_env {
+        std::fs::create_dir_all(dir).map_err(|source| ShellError::Scratch {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+
+    let mut command = tokio::process::Command::new(launcher_exe);
+    command
+        .arg(SUBCOMMAND)
+        .arg(&policy_json)
+        .arg("--")
+        .arg(SHELL)
+        .arg("-c")
+        .arg(&request.command)
+        .env_clear()
+        .envs(scrub_env(parent_env))
+        .envs(request.env_extra.iter().map(|(k, v)| (k, v)))
+        .envs(scratch_env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&request.policy.cwd)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let started = Instant::now();
+    let mut child = command.spawn().map_err(|source| ShellError::Spawn {
+        exe: launcher_exe.to_owned(),
+        source,
+    })?;
+    let launcher = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let mut guard = StopGuard { launcher };
+
+    let stdout = Capture::start(child.stdout.take());
+    let stderr = Capture::start(child.stderr.take());
+
+    let mut timed_out = false;
+    let mut cancelled = false;
+    let status = tokio::select! {
+        status = child.wait() => status.map_err(ShellError::Wait)?,
+        () = tokio::time::sleep(timeout) => {
+            timed_out = true;
+            stop(&mut child, launcher).await?
+        }
+        () = cancel.cancelled() => {
+            cancelled = true;
+            stop(&mut child, launcher).await?
+        }
+    };
+    guard.launcher = None;
+    // The launcher has been reaped; anything still in its group (it should have killed them
+    // all) goes now. A group with members keeps its id from being reused.
+    if let Some(pid) = launcher {
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+
+    let drain_until = tokio::time::Instant::now() + DRAIN_GRACE;
+    let (stdout, stdout_truncated) = stdout.finish(drain_until).await;
+    let (stderr, stderr_truncated) = stderr.finish(drain_until).await;
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+
+    if status.code() == Some(REFUSAL_EXIT)
+        && let Some(reason) = stderr.strip_prefix(REFUSAL_PREFIX)
+    {
+        return Err(ShellError::SandboxRefused(reason.trim_end().to_owned()));
+    }
+    Ok(ShellOutcome {
+        exit_code: status.code(),
+        signal: status.signal(),
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        timed_out,
+        cancelled,
+        duration_ms,
+    })
+}
+
+/// Keeps PATH, HOME, LANG, LC_*, TERM, USER, LOGNAME, SHELL and TZ; drops everything else.
+fn scrub_env(parent: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
+    parent
+        .into_iter()
+        .filter(|(key, _)| {
+            key.to_str()
+                .is_some_and(|k| KEPT_ENV.contains(&k) || k.starts_with("LC_"))
+        })
+        .collect()
+}
+
+/// SIGTERM to the launcher (it kills every descendant), then SIGKILL to its process group after
+/// [`KILL_GRACE`].
+async fn stop(
+    child: &mut tokio::process::Child,
+    launcher: Option<Pid>,
+) -> Result<ExitStatus, ShellError> {
+    if let Some(pid) = launcher {
+        let _ = kill(pid, Signal::SIGTERM);
+    }
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(status) => status.map_err(ShellError::Wait),
+        Err(_) => {
+            if let Some(pid) = launcher {
+                let _ = killpg(pid, Signal::SIGKILL);
+            }
+            child.wait().await.map_err(ShellError::Wait)
+        }
+    }
+}
+
+/// If `run` is dropped mid-command, stop it the same way (SIGTERM now, SIGKILL to the group
+/// after the grace period, from a plain thread since no runtime may be left).
+struct StopGuard {
+    launcher: Option<Pid>,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.launcher.take() {
+            let _ = kill(pid, Signal::SIGTERM);
+            std::thread::spawn(move || {
+                std::thread::sleep(KILL_GRACE);
+                let _ = killpg(pid, Signal::SIGKILL);
+            });
+        }
+    }
+}
+
+/// One output stream read to EOF in a task, keeping the first [`MAX_CAPTURE`] bytes.
+struct Capture {
+    shared: Arc<Mutex<(Vec<u8>, bool)>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Capture {
+    fn start<R: AsyncRead + Unpin + Send + 'static>(reader: Option<R>) -> Capture {
+        let shared = Arc::new(Mutex::new((Vec::new(), false)));
+        let task = reader.map(|mut reader| {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let mut chunk = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match reader.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let Ok(mut buf) = shared.lock() else { break };
+                    let room = MAX_CAPTURE.saturating_sub(buf.0.len());
+                    buf.0.extend_from_slice(&chunk[..n.min(room)]);
+                    if n > room {
+                        buf.1 = true;
+                    }
+                }
+            })
+        });
+        Capture { shared, task }
+    }
+
+    /// Waits for EOF until `until` (a descendant that somehow kept the pipe open cannot hold
+    /// the result hostage), then returns the text and whether it was truncated.
+    async fn finish(mut self, until: tokio::time::Instant) -> (String, bool) {
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout_at(until, &mut task).await.is_err()
+        {
+            task.abort();
+        }
+        match self.shared.lock() {
+            Ok(buf) => (String::from_utf8_lossy(&buf.0).into_owned(), buf.1),
+            Err(_) => (String::new(), false),
+        }
+    }
+}
