@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 const FILES: usize = 16;
 const SIZE: usize = 4096;
 const WARMUP: usize = 50;
+/// Operations per turn when the two servers take turns.
+const CHUNK: usize = 25;
 const PACKAGE: &str = "@modelcontextprotocol/server-filesystem";
 const VERSION: &str = "2026.8.31";
 const PROTOCOL: &str = "2026-07-28";
@@ -58,25 +60,23 @@ struct Figures {
     reads: Duration,
 }
 
-/// Warm-up (WARMUP writes, WARMUP reads), then `ops` timed writes and `ops` timed reads. Every
-/// read is checked against the content last written to that file.
-fn measure(server: &mut dyn Server, ops: usize) -> Figures {
+/// Both servers do the same operations in the same order: warm-up (WARMUP writes, WARMUP
+/// reads), then `ops` timed writes and `ops` timed reads, interleaved in chunks of CHUNK
+/// operations (alternating which server goes first) so that load drifting during the run
+/// weighs on both alike. Every read is checked against the content last written to that file.
+fn measure(mut servers: [&mut dyn Server; 2], ops: usize) -> [Figures; 2] {
     let contents: Vec<String> = (0..WARMUP + ops).map(content).collect();
     let mut last = [usize::MAX; FILES];
-    let mut write_phase = |server: &mut dyn Server, range: std::ops::Range<usize>| {
+    let write = |server: &mut dyn Server, range: std::ops::Range<usize>| {
         let started = Instant::now();
         for seq in range {
-            let slot = seq % FILES;
-            server.write(slot, &contents[seq], seq);
-            last[slot] = seq;
+            server.write(seq % FILES, &contents[seq], seq);
         }
         started.elapsed()
     };
-    write_phase(server, 0..WARMUP);
-    let writes = write_phase(server, WARMUP..WARMUP + ops);
-    let read_phase = |server: &mut dyn Server, count: usize| {
+    let read = |server: &mut dyn Server, range: std::ops::Range<usize>, last: &[usize; FILES]| {
         let started = Instant::now();
-        for i in 0..count {
+        for i in range {
             let slot = i % FILES;
             let got = server.read(slot);
             assert!(
@@ -87,9 +87,39 @@ fn measure(server: &mut dyn Server, ops: usize) -> Figures {
         }
         started.elapsed()
     };
-    read_phase(server, WARMUP);
-    let reads = read_phase(server, ops);
-    Figures { writes, reads }
+    let chunks = |range: std::ops::Range<usize>| {
+        (range.start..range.end)
+            .step_by(CHUNK)
+            .map(move |from| from..(from + CHUNK).min(range.end))
+            .enumerate()
+    };
+    let mut figures = [(); 2].map(|()| Figures {
+        writes: Duration::ZERO,
+        reads: Duration::ZERO,
+    });
+    for server in servers.iter_mut() {
+        write(&mut **server, 0..WARMUP);
+    }
+    for seq in 0..WARMUP {
+        last[seq % FILES] = seq;
+    }
+    for server in servers.iter_mut() {
+        read(&mut **server, 0..WARMUP, &last);
+    }
+    for (n, range) in chunks(WARMUP..WARMUP + ops) {
+        for k in [n % 2, 1 - n % 2] {
+            figures[k].writes += write(&mut *servers[k], range.clone());
+        }
+        for seq in range {
+            last[seq % FILES] = seq;
+        }
+    }
+    for (n, range) in chunks(0..ops) {
+        for k in [n % 2, 1 - n % 2] {
+            figures[k].reads += read(&mut *servers[k], range.clone(), &last);
+        }
+    }
+    figures
 }
 
 /// A child process stopped with SIGTERM and reaped when dropped (also on panic).
@@ -119,14 +149,19 @@ impl Drop for Process {
 // ---------------------------------------------------------------------------------------------
 // Ours: workspaced + agentd, one keep-alive HTTP/1.1 connection to /mcp.
 
+/// Fields drop in order: the connection, then agentd (it calls workspaced), then workspaced,
+/// then the state root.
 struct Ours {
-    runtime: tokio::runtime::Runtime,
     sender: SendRequest<Full<Bytes>>,
+    runtime: tokio::runtime::Runtime,
     port: u16,
     auth: String,
     workflow_id: String,
     revisions: Vec<String>,
     next_id: u64,
+    _agentd: Process,
+    _workspaced: Process,
+    _state: tempfile::TempDir,
 }
 
 impl Ours {
@@ -255,7 +290,7 @@ where
     }
 }
 
-fn ours(base: &Path, ops: usize) -> Figures {
+fn start_ours(base: &Path) -> Ours {
     let state_dir = tempfile::Builder::new()
         .prefix("state-")
         .tempdir_in(base)
@@ -338,21 +373,18 @@ fn ours(base: &Path, ops: usize) -> Figures {
         tokio::spawn(conn);
         sender
     });
-    let mut server = Ours {
-        runtime,
+    Ours {
         sender,
+        runtime,
         port,
         auth: format!("Bearer {token}"),
         workflow_id,
         revisions: vec!["missing".to_owned(); FILES],
         next_id: 0,
-    };
-    let figures = measure(&mut server, ops);
-    drop(server);
-    // agentd first (it calls workspaced), then workspaced.
-    drop(agentd);
-    drop(workspaced);
-    figures
+        _agentd: agentd,
+        _workspaced: workspaced,
+        _state: state_dir,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -408,22 +440,33 @@ fn install_reference(cache: &Path) -> Result<PathBuf, String> {
     Ok(entry)
 }
 
+/// Fields drop in order: the pipes, the server, then its temp dir.
 struct Reference {
-    process: Process,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    process: Process,
     dir: PathBuf,
     read_tool: &'static str,
     next_id: u64,
     line: String,
+    work: tempfile::TempDir,
 }
 
 impl Reference {
-    fn start(entry: &Path, dir: &Path, stderr_log: &Path) -> Result<Reference, String> {
-        let log = std::fs::File::create(stderr_log).map_err(|e| e.to_string())?;
+    /// Start the server on a fresh temp dir under `base` and open the session.
+    fn start(entry: &Path, base: &Path) -> Result<Reference, String> {
+        let work = tempfile::Builder::new()
+            .prefix("reference-")
+            .tempdir_in(base)
+            .unwrap();
+        std::fs::create_dir_all(work.path().join("files")).unwrap();
+        // The server compares real paths: hand it the canonical one.
+        let dir = work.path().join("files").canonicalize().unwrap();
+        let log =
+            std::fs::File::create(work.path().join("server.stderr")).map_err(|e| e.to_string())?;
         let mut child = Command::new("node")
             .arg(entry)
-            .arg(dir)
+            .arg(&dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -432,17 +475,25 @@ impl Reference {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut reference = Reference {
+            stdin,
+            stdout,
             process: Process {
                 name: "server-filesystem",
                 child,
             },
-            stdin,
-            stdout,
-            dir: dir.to_owned(),
+            dir,
             read_tool: "read_text_file",
             next_id: 0,
             line: String::new(),
+            work,
         };
+        reference.open().map_err(|e| reference.with_log(e))?;
+        Ok(reference)
+    }
+
+    /// `initialize`, `notifications/initialized`, and the read tool's name from `tools/list`.
+    fn open(&mut self) -> Result<(), String> {
+        let reference = self;
         reference.request(
             "initialize",
             json!({
@@ -466,7 +517,14 @@ impl Reference {
         } else {
             return Err(format!("the reference has no read tool: {names:?}"));
         };
-        Ok(reference)
+        Ok(())
+    }
+
+    /// `error` followed by what the server wrote to its stderr.
+    fn with_log(&self, error: String) -> String {
+        let log =
+            std::fs::read_to_string(self.work.path().join("server.stderr")).unwrap_or_default();
+        format!("{error}\nreference server stderr:\n{log}")
     }
 
     fn send(&mut self, message: &Value) -> Result<(), String> {
@@ -536,28 +594,6 @@ impl Server for Reference {
     }
 }
 
-fn reference(entry: &Path, base: &Path, ops: usize) -> Result<Figures, String> {
-    let work = tempfile::Builder::new()
-        .prefix("reference-")
-        .tempdir_in(base)
-        .unwrap();
-    std::fs::create_dir_all(work.path().join("files")).unwrap();
-    // The server compares real paths: hand it the canonical one.
-    let dir = work.path().join("files").canonicalize().unwrap();
-    let stderr_log = work.path().join("server.stderr");
-    let with_log = |e: String| {
-        let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
-        format!("{e}\nreference server stderr:\n{log}")
-    };
-    let mut server = Reference::start(entry, &dir, &stderr_log).map_err(with_log)?;
-    let figures = measure(&mut server, ops);
-    if let Some(status) = server.process.exited() {
-        return Err(with_log(format!("the reference server exited: {status}")));
-    }
-    drop(server);
-    Ok(figures)
-}
-
 fn main() {
     let ops: usize = std::env::args()
         .skip(1)
@@ -566,7 +602,6 @@ fn main() {
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // Same disk for both servers: temp dirs under the build's target dir.
     let base = target.join("bench-mcp");
-    std::fs::create_dir_all(&base).unwrap();
 
     // The reference first: without it there is nothing to compare against.
     let entry = match install_reference(&target.join("bench-mcp-node")) {
@@ -577,15 +612,27 @@ fn main() {
         }
     };
 
-    let mine = ours(&base, ops);
-    let theirs = match reference(&entry, &base, ops) {
-        Ok(figures) => figures,
+    std::fs::create_dir_all(&base).unwrap();
+    let mut ours = start_ours(&base);
+    let mut reference = match Reference::start(&entry, &base) {
+        Ok(reference) => reference,
         Err(e) => {
-            eprintln!("the reference MCP server failed: {e}");
+            eprintln!("the reference MCP server failed to start: {e}");
+            drop(ours);
             let _ = std::fs::remove_dir(&base);
             std::process::exit(1);
         }
     };
+    let [mine, theirs] = measure([&mut ours, &mut reference], ops);
+    if let Some(status) = reference.process.exited() {
+        let error = reference.with_log(format!("the reference server exited: {status}"));
+        eprintln!("{error}");
+        drop((ours, reference));
+        let _ = std::fs::remove_dir(&base);
+        std::process::exit(1);
+    }
+    drop(ours);
+    drop(reference);
     let _ = std::fs::remove_dir(&base);
 
     let per_sec = |d: Duration| ops as f64 / d.as_secs_f64();
@@ -593,7 +640,8 @@ fn main() {
     let (ref_w, ref_r) = (per_sec(theirs.writes), per_sec(theirs.reads));
     println!(
         "MCP tools/call, 4 KiB files, {FILES}-file rotation, {ops} writes then {ops} reads per server \
-         (after {WARMUP} + {WARMUP} warm-up), one client session each, same disk ({})",
+         (after {WARMUP} + {WARMUP} warm-up; the servers take turns every {CHUNK} ops), one client \
+         session each, same disk ({})",
         base.display()
     );
     println!("                                              write_file/s   read_file/s");

@@ -81,6 +81,122 @@ fn split_keep_newlines(text: &str) -> Vec<&str> {
     text.split_inclusive('\n').collect()
 }
 
+// ----- Multi-file diffs (added for the laptop executor) -----
+//
+// `apply_strict` takes one file. The executor's `diff_patch_workspace_file` may carry a diff
+// touching several files, each validated before any changes, so it splits the diff here first
+// and applies each part with `apply_strict`.
+
+/// One file's part of a multi-file unified diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDiff {
+    /// The `--- ` path with its `a/` prefix removed; `None` for `/dev/null` (a new file).
+    pub old_path: Option<String>,
+    /// The `+++ ` path with its `b/` prefix removed; `None` for `/dev/null` (a deletion).
+    pub new_path: Option<String>,
+    /// This file's headers and hunks, ready for [`apply_strict`].
+    pub text: String,
+}
+
+fn header_path(raw: &str) -> Option<String> {
+    let path = raw.split('\t').next().unwrap_or(raw).trim_end();
+    if path == "/dev/null" {
+        return None;
+    }
+    let path = path
+        .strip_prefix("a/")
+        .or_else(|| path.strip_prefix("b/"))
+        .unwrap_or(path);
+    Some(path.to_owned())
+}
+
+/// `(old count, new count)` of a `@@ -a[,b] +c[,d] @@` header (a missing count is 1).
+fn hunk_counts(line: &str) -> Result<(usize, usize), PatchError> {
+    let bad = || PatchError::Parse(format!("bad hunk header {line:?}"));
+    let inner = line.strip_prefix("@@ ").ok_or_else(bad)?;
+    let mut parts = inner.split_whitespace();
+    let count = |part: Option<&str>, sign: char| -> Result<usize, PatchError> {
+        let range = part.and_then(|p| p.strip_prefix(sign)).ok_or_else(bad)?;
+        match range.split_once(',') {
+            Some((_, n)) => n.parse().map_err(|_| bad()),
+            None => range.parse::<usize>().map(|_| 1).map_err(|_| bad()),
+        }
+    };
+    Ok((count(parts.next(), '-')?, count(parts.next(), '+')?))
+}
+
+/// Split a unified diff into its files at each `--- `/`+++ ` header pair, counting hunk lines
+/// so that a removed line starting with `-- ` is never taken for a header. Lines outside hunks
+/// and headers (`diff --git`, `index …`) are dropped. A diff without any header is returned as
+/// one part with both paths `None`, for the caller to name.
+pub fn split_files(diff: &str) -> Result<Vec<FileDiff>, PatchError> {
+    let lines: Vec<&str> = diff.split_inclusive('\n').collect();
+    let mut files: Vec<FileDiff> = Vec::new();
+    let mut headerless = String::new();
+    let (mut old_left, mut new_left) = (0usize, 0usize);
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let bare = line.trim_end_matches('\n');
+        if old_left > 0 || new_left > 0 {
+            match bare.chars().next() {
+                Some('+') => new_left = new_left.saturating_sub(1),
+                Some('-') => old_left = old_left.saturating_sub(1),
+                Some('\\') => {}
+                _ => {
+                    old_left = old_left.saturating_sub(1);
+                    new_left = new_left.saturating_sub(1);
+                }
+            }
+        } else if let Some(old) = bare.strip_prefix("--- ")
+            && let Some(new) = lines
+                .get(i + 1)
+                .and_then(|l| l.trim_end_matches('\n').strip_prefix("+++ "))
+        {
+            files.push(FileDiff {
+                old_path: header_path(old),
+                new_path: header_path(new),
+                text: String::new(),
+            });
+            for header in &lines[i..i + 2] {
+                if let Some(file) = files.last_mut() {
+                    file.text.push_str(header);
+                }
+            }
+            i += 2;
+            continue;
+        } else if bare.starts_with("@@ ") {
+            (old_left, new_left) = hunk_counts(bare)?;
+        } else if bare.starts_with('\\') {
+            // "\ No newline at end of file" after a hunk's last line: keep it with the hunk.
+        } else {
+            i += 1;
+            continue;
+        }
+        match files.last_mut() {
+            Some(file) => file.text.push_str(line),
+            None => headerless.push_str(line),
+        }
+        i += 1;
+    }
+    if files.is_empty() {
+        if headerless.is_empty() {
+            return Err(PatchError::Empty);
+        }
+        return Ok(vec![FileDiff {
+            old_path: None,
+            new_path: None,
+            text: headerless,
+        }]);
+    }
+    if !headerless.is_empty() {
+        return Err(PatchError::Parse(
+            "hunks appear before the first file header".into(),
+        ));
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +255,29 @@ mod tests {
             apply_strict(BASE, "--- a/f\n+++ b/f\n").unwrap_err(),
             PatchError::Empty
         );
+    }
+
+    #[test]
+    fn splits_multi_file_diffs_without_mistaking_removed_lines_for_headers() {
+        let diff = "diff --git a/f b/f\nindex 1..2\n--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n--- x\n+y\n keep\n--- a/g\n+++ b/g\n@@ -1 +1 @@\n-two\n+2\n--- /dev/null\n+++ b/new\n@@ -0,0 +1 @@\n+n\n";
+        let files = split_files(diff).expect("ok");
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[0].new_path.as_deref(), Some("f"));
+        assert_eq!(
+            files[0].text,
+            "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n--- x\n+y\n keep\n"
+        );
+        assert_eq!(
+            apply_strict("-- x\nkeep\n", &files[0].text).expect("ok"),
+            "y\nkeep\n"
+        );
+        assert_eq!(files[1].new_path.as_deref(), Some("g"));
+        assert_eq!(files[2].old_path, None);
+        assert_eq!(apply_strict("", &files[2].text).expect("ok"), "n\n");
+        let bare = split_files("@@ -1 +1 @@\n-a\n+b\n").expect("ok");
+        assert_eq!(bare.len(), 1);
+        assert_eq!(bare[0].new_path, None);
+        assert!(split_files("").is_err());
+        assert!(split_files("@@ -x +1 @@\n").is_err());
     }
 }

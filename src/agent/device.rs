@@ -418,6 +418,49 @@ pub async fn handle_public(
                 ),
             }
         }
+        // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
+        "/v1/device/revoke" => {
+            let bearer = parts
+                .headers
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned);
+            let Some(bearer) = bearer else {
+                return Some(oauth_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_token",
+                    "send the token to revoke as Authorization: Bearer …",
+                ));
+            };
+            let identity = identity.clone();
+            let revoked =
+                tokio::task::spawn_blocking(move || match identity.authenticate(&bearer) {
+                    Ok(Ok((token, _))) => identity.revoke_token(&token.id).map(|t| Some(t.id)),
+                    Ok(Err(_)) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .await;
+            match revoked {
+                Ok(Ok(Some(id))) => {
+                    json_response(StatusCode::OK, &serde_json::json!({"revoked": id}))
+                }
+                // An invalid token is as good as revoked (RFC 7009 §2.2 answers 200 too).
+                Ok(Ok(None)) => {
+                    json_response(StatusCode::OK, &serde_json::json!({"revoked": null}))
+                }
+                Ok(Err(e)) => oauth_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    &e.to_string(),
+                ),
+                Err(e) => oauth_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    &e.to_string(),
+                ),
+            }
+        }
         "/v1/device/approve" => {
             let bearer = parts
                 .headers

@@ -5,8 +5,8 @@
 //! resolves the caller's live access again.
 
 use crate::agent::files::{FileTools, Source};
+use crate::identity::IdentityStore;
 use crate::identity::store::TokenRefusal;
-use crate::identity::{IdentityStore, Scope};
 use crate::mcp::{AuthError, Backend, Caller, Operation, ToolError};
 use serde_json::{Map, Value};
 
@@ -51,27 +51,28 @@ impl Backend for AgentBackend {
     }
 
     async fn allowed_operations(&self, caller: &Caller) -> Vec<Operation> {
-        let Ok(listed) = self.files.list_workflows(caller).await else {
+        // One cheap query: is the user a member (an author) anywhere this token reaches? The
+        // call itself still resolves the project's full access (policy, caps) every time.
+        let identity = self.identity.clone();
+        let caller = caller.clone();
+        let capabilities = tokio::task::spawn_blocking(move || {
+            let token = identity.token_by_id(&caller.token_id)?;
+            let project = token.and_then(|t| t.project_id);
+            identity.capabilities(&caller.user_id, project.as_deref())
+        })
+        .await;
+        let Ok(Ok((member, author))) = capabilities else {
             return Vec::new();
         };
-        let workflows = listed["workflows"].as_array().cloned().unwrap_or_default();
         let mut allowed = vec![Operation::ListWorkflows];
-        if !workflows.is_empty() {
+        if member {
             allowed.extend([
                 Operation::ListFiles,
                 Operation::ReadFile,
                 Operation::SearchFiles,
             ]);
         }
-        let writes = caller
-            .scopes
-            .iter()
-            .any(|s| s == Scope::WorkflowsWrite.as_str());
-        if writes
-            && workflows
-                .iter()
-                .any(|w| w["can_write"] == Value::Bool(true))
-        {
+        if author {
             allowed.extend([Operation::WriteFile, Operation::GetWriteReceipt]);
         }
         allowed

@@ -69,11 +69,22 @@ pub async fn run(
             server_version: env!("CARGO_PKG_VERSION").into(),
         },
     ));
+    let public_url = config.agentd.public_url();
+    let public_identity = identity.clone();
+    let public_grants = grants.clone();
     let public_handler = move |_peer: std::net::SocketAddr,
                                parts: hyper::http::request::Parts,
                                body: bytes::Bytes| {
         let mcp = mcp.clone();
+        let grants = public_grants.clone();
+        let identity = public_identity.clone();
+        let public_url = public_url.clone();
         async move {
+            if let Some(response) =
+                device::handle_public(&grants, &identity, &public_url, &parts, &body).await
+            {
+                return response;
+            }
             if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
                 return json_response(
                     StatusCode::OK,

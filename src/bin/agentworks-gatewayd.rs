@@ -1,6 +1,89 @@
-//! `agentworks-gatewayd`: not built yet (see the open issues); it says so and exits 2.
+//! `agentworks-gatewayd`: connected laptops. The executor WebSocket (public) and the dispatch
+//! socket (`gatewayd.sock`, for agentd).
+//!
+//! Thin on purpose: parse flags, drop every capability, load the config, take the listeners
+//! (socket activation or bind), open the store, then `agentworks::gateway::run`. Exit codes: 0
+//! after a clean shutdown, 1 when it could not start, 2 for a bad command line or config.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("agentworks-gatewayd is not built yet");
-    std::process::ExitCode::from(2)
+use agentworks::daemon::{caps, config::Config, listener, logging, shutdown, systemd};
+use agentworks::gateway;
+use anyhow::Context;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Serve the executor WebSocket (/v1/executor) and the dispatch socket (gatewayd.sock).
+///
+/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
+/// /etc/agentworks/agentworks.toml (section [gatewayd]); AGENTWORKS_STATE_ROOT and
+/// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
+/// activation (FileDescriptorName=gatewayd-ws and gatewayd.sock); otherwise gatewayd binds them.
+#[derive(Debug, Parser)]
+#[command(name = "agentworks-gatewayd", version)]
+struct Args {
+    /// The TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init("agentworks-gatewayd");
+    // gatewayd needs no capability at all; drop them before any thread exists.
+    if let Err(e) = caps::retain_only(&[]) {
+        eprintln!("agentworks-gatewayd: cannot drop capabilities: {e}");
+        return ExitCode::from(1);
+    }
+    let config = match Config::load(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("agentworks-gatewayd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentworks-gatewayd: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("agentworks-gatewayd: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = shutdown::on_signals();
+    let socket_path = config.gatewayd_socket();
+    let (public, _) = listener::tcp_listener("gatewayd-ws", config.gatewayd.listen)
+        .with_context(|| format!("cannot listen on {}", config.gatewayd.listen))?;
+    let (socket, _) = listener::unix_listener("gatewayd.sock", &socket_path)
+        .with_context(|| format!("cannot listen on {}", socket_path.display()))?;
+    let store = gateway::open_store(&config).context("cannot open the gateway store")?;
+    tracing::info!(
+        socket = %socket_path.display(),
+        public = ?public.local_addr().ok(),
+        public_url = %config.gatewayd.public_url(),
+        agentd = %config.agentd_socket().display(),
+        "gatewayd ready"
+    );
+    systemd::notify_ready("serving /v1/executor and gatewayd.sock");
+    systemd::spawn_watchdog(shutdown.clone());
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        systemd::notify_stopping();
+    });
+    gateway::run(&config, store, public, socket, shutdown).await;
+    tracing::info!("gatewayd stopped");
+    Ok(())
 }

@@ -1,6 +1,118 @@
-//! `agentworks`, the laptop CLI: not built yet (see the open issues); it says so and exits 2.
+//! `agentworks`, the laptop CLI: `login`, `logout` and `executor connect` (which shares folders
+//! with the server over an outbound WebSocket and runs the agent's commands and patches in a
+//! Landlock sandbox), plus two hidden modes the executor re-executes itself in: the sandbox
+//! launcher (`__sandbox-exec`) and the patch applier (`__apply-patch`).
+//!
+//! Exit codes:
+//! - 0: success (for `executor connect`: sharing ended with Ctrl-C/SIGTERM)
+//! - 1: an error (bad grants, refused URL, network or file errors), with a message
+//! - 2: bad command-line usage
+//! - 3: no credential, or the server no longer accepts it (revoked, 4001; unauthorized,
+//!   4003): run `agentworks login` again
+//! - 126: the sandbox launcher refused to run a command (hidden mode)
 
-fn main() -> std::process::ExitCode {
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use agentworks::executor::config::{Credentials, Dirs, ensure_private_dir};
+use agentworks::executor::connect::{self, End, Executor, Status};
+use agentworks::executor::grants::{GrantArgs, Grants};
+use agentworks::executor::receipts::Receipts;
+use agentworks::executor::{login, sandbox};
+use anyhow::{Context, anyhow};
+use clap::{Parser, Subcommand};
+
+/// Exit code: the credential is missing or no longer accepted.
+const EXIT_RELOGIN: u8 = 3;
+
+#[derive(Parser)]
+#[command(
+    name = "agentworks",
+    version,
+    about = "Share folders of this machine with an agentworks server's agent",
+    long_about = "Share folders of this machine with an agentworks server's agent.\n\n\
+        1. agentworks login --server https://agents.example.com\n\
+        2. agentworks executor connect --write-folder ~/src/project\n\n\
+        The credential is kept in $XDG_CONFIG_HOME/agentworks/credentials.json (default \
+        ~/.config), private state (receipts) in $XDG_STATE_HOME/agentworks (default \
+        ~/.local/state)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sign in with the device grant (or a token on stdin) and store a devices:connect credential.
+    Login {
+        /// agentd's public URL, e.g. https://agents.example.com (http:// only to loopback).
+        #[arg(long)]
+        server: String,
+        /// The gateway's WebSocket URL (wss://…; ws:// only to loopback). Default: the server's
+        /// host on port 8471, ws for an http server and wss for an https one.
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Read a devices:connect token from stdin instead of the device grant; it is checked
+        /// against the server before it is stored.
+        #[arg(long)]
+        with_token: bool,
+        /// The name shown for this device when the login is approved (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Delete the stored credential (and try to revoke it on the server).
+    Logout,
+    /// The laptop executor.
+    Executor {
+        #[command(subcommand)]
+        command: ExecutorCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ExecutorCommand {
+    /// Share folders with the server until Ctrl-C.
+    ///
+    /// Commands run in a Landlock sandbox with open network access; file contents and command
+    /// output go to the server and its model. The home directory, its parents, / and folders
+    /// holding the CLI's credentials or state are refused.
+    Connect {
+        /// This device's name as the server shows it (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+        /// Share a folder read-only: the agent can read files and run commands in a read-only
+        /// sandbox; no patches. Repeatable.
+        #[arg(long = "folder", value_name = "PATH")]
+        folders: Vec<PathBuf>,
+        /// Share a folder read-write: patches, and commands that change files (builds, tests).
+        /// Repeatable.
+        #[arg(long = "write-folder", value_name = "PATH")]
+        write_folders: Vec<PathBuf>,
+        /// A path inside a shared folder that commands and patches can neither read nor write.
+        /// Repeatable.
+        #[arg(long, value_name = "PATH")]
+        block: Vec<PathBuf>,
+        /// A path inside a write folder that stays read-only. Repeatable.
+        #[arg(long = "read-only", value_name = "PATH")]
+        read_only: Vec<PathBuf>,
+        /// Also share ~/Downloads read-write with commands ($AGENTWORKS_DOWNLOADS).
+        #[arg(long)]
+        downloads: bool,
+        /// agentd's URL (default: the one stored at login); the gateway defaults to its host on
+        /// port 8471.
+        #[arg(long)]
+        server: Option<String>,
+        /// The gateway's WebSocket URL (default: the one stored at login, else derived from the
+        /// server URL). wss://, or ws:// to loopback only.
+        #[arg(long)]
+        gateway: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
     // Sandbox launcher mode (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`):
     // must stay first in main, while the process is single-threaded. It only returns on error,
     // before any command ran.
@@ -11,6 +123,200 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(126);
     }
 
-    eprintln!("agentworks (the laptop CLI) is not built yet");
-    std::process::ExitCode::from(2)
+    // Patch applier mode (`agentworks __apply-patch <folder>`, job on stdin): run by the
+    // launcher above, already inside the sandbox.
+    if std::env::args().nth(1).as_deref() == Some(agentworks::executor::patch::SUBCOMMAND) {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        let code = agentworks::executor::patch::apply_main(&args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("agentworks: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("agentworks: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "laptop".to_owned())
+}
+
+fn relogin(message: &str) -> ExitCode {
+    eprintln!("agentworks: {message}\nRun `agentworks login --server URL` again.");
+    ExitCode::from(EXIT_RELOGIN)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let dirs = Dirs::from_env()?;
+    match cli.command {
+        Command::Login {
+            server,
+            gateway,
+            with_token,
+            name,
+        } => {
+            let base = login::server_url(&server)?;
+            if let Some(gateway) = &gateway {
+                connect::executor_url(Some(gateway), &server)?;
+            }
+            let token = if with_token {
+                let mut line = String::new();
+                std::io::stdin()
+                    .lock()
+                    .read_line(&mut line)
+                    .context("cannot read the token from stdin")?;
+                let token = line.trim().to_owned();
+                if token.is_empty() {
+                    return Err(anyhow!("no token on stdin"));
+                }
+                login::check_token(&base, &token).await?;
+                token
+            } else {
+                let code = login::start(&base, &name.unwrap_or_else(hostname)).await?;
+                println!(
+                    "To connect this device, approve the code {} at {}",
+                    code.user_code, code.verification_uri
+                );
+                if let Some(complete) = &code.verification_uri_complete {
+                    println!("(or open {complete})");
+                }
+                println!("Code: {}", code.user_code);
+                println!("Waiting for approval…");
+                login::poll(&base, &code).await?
+            };
+            let stored = Credentials {
+                server: base.render(),
+                gateway,
+                token,
+            }
+            .store(&dirs)?;
+            println!(
+                "Logged in; the credential is stored in {}",
+                stored.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logout => {
+            let Some(creds) = Credentials::load(&dirs)? else {
+                println!("Not logged in.");
+                return Ok(ExitCode::SUCCESS);
+            };
+            let revoked = match login::server_url(&creds.server) {
+                Ok(base) => login::revoke(&base, &creds.token)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            Credentials::delete(&dirs)?;
+            println!("Logged out: the local credential was deleted.");
+            if revoked.is_ok() {
+                println!("The token was revoked on the server.");
+            }
+            if let Err(reason) = revoked {
+                println!(
+                    "The token could not be revoked on the server ({reason}); ask an operator to revoke it (agentworksctl) if it may have leaked."
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Executor {
+            command:
+                ExecutorCommand::Connect {
+                    name,
+                    folders,
+                    write_folders,
+                    block,
+                    read_only,
+                    downloads,
+                    server,
+                    gateway,
+                },
+        } => {
+            let args = GrantArgs {
+                folders,
+                write_folders,
+                block,
+                read_only,
+                downloads,
+            };
+            let grants = Grants::validate(&args, &dirs)?;
+            print!("{}", grants.permissions_text());
+            if let Err(e) = sandbox::landlock_status() {
+                eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
+            }
+            let creds = Credentials::load(&dirs)?;
+            let server = server.or_else(|| creds.as_ref().map(|c| c.server.clone()));
+            let gateway = gateway.or_else(|| creds.as_ref().and_then(|c| c.gateway.clone()));
+            let Some(server) = server.or_else(|| gateway.clone()) else {
+                return Ok(relogin("not logged in"));
+            };
+            let url = connect::executor_url(gateway.as_deref(), &server)?;
+            let Some(creds) = creds else {
+                return Ok(relogin("not logged in"));
+            };
+            ensure_private_dir(&dirs.state)?;
+            let (receipts, interrupted) = Receipts::open(&dirs.receipts_file())?;
+            if interrupted > 0 {
+                eprintln!(
+                    "{interrupted} request(s) were interrupted when the executor last stopped; they will not run again"
+                );
+            }
+            let launcher =
+                std::env::current_exe().context("cannot find the agentworks executable")?;
+            let executor = Arc::new(Executor {
+                url,
+                token: creds.token,
+                device_name: name.unwrap_or_else(hostname),
+                grants: Arc::new(grants),
+                dirs,
+                receipts: Arc::new(receipts),
+                launcher,
+                status: Status::default(),
+            });
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let signals = shutdown.clone();
+            tokio::spawn(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    return;
+                };
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                signals.cancel();
+            });
+            let status = executor.status.clone();
+            let end = connect::run(executor, shutdown).await?;
+            status.finish();
+            match end {
+                End::Shutdown => {
+                    eprintln!("Sharing ended.");
+                    Ok(ExitCode::SUCCESS)
+                }
+                End::Unauthorized(message) => Ok(relogin(&message)),
+            }
+        }
+    }
 }

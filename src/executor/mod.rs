@@ -4,5 +4,11 @@
 //! Owns: how a granted shell command is confined and bounded on the person's machine.
 //! Never: runs a command outside a fully enforced Landlock ruleset.
 
+pub mod config;
+pub mod connect;
+pub mod grants;
+pub mod login;
+pub mod patch;
+pub mod receipts;
 pub mod sandbox;
 pub mod shell;

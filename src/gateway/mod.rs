@@ -2,8 +2,265 @@
 //! dispatch of shell and patch requests for agentd.
 //!
 //! - [`protocol`]: the frames on the executor WebSocket and the dispatch API's bodies.
+//! - [`executor`]: the public listener: `GET /v1/executor` checks, the upgrade, and one
+//!   session task per connected laptop (hello, heartbeats, hostile-frame checks, results).
+//! - [`dispatch`]: `gatewayd.sock`, served to agentd: health, devices, dispatch, cancel,
+//!   outcome.
+//! - [`registry`]: which connection speaks for which device, and the pending requests.
+//! - [`store`]: SQLite: stable device ids and every dispatched request with its outcome.
+//! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
-//! connect and on every dispatch, and never re-sends a request on its own.
+//! connect, on every dispatch and every `token_recheck_ms` for every connected device.
+//!
+//! Must never re-send a request (a request id is recorded before it is sent and answered from
+//! the record ever after; a timeout, a disconnect or a restart make it `unknown`, not retried),
+//! never trust a frame (every frame from a laptop is parsed strictly, bounded, and matched to
+//! the connection it came on), and never list or dispatch to another person's device (every
+//! lookup checks the owner and answers "not found" otherwise).
+//!
+//! One registry per process: see [`registry`] for what several gateway hosts would need.
 
+pub mod dispatch;
+pub mod executor;
 pub mod protocol;
+pub mod registry;
+pub mod store;
+pub mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::config::Config;
+use crate::daemon::layout::{LayoutError, ensure_private_dir};
+use crate::identity::store::now_ms;
+use protocol::{CLOSE_REVOKED, DispatchState, Outcome};
+use registry::{Pending, Registry};
+use store::{Store, StoreError};
+use tokens::TokenAuthority;
+
+/// The audit target: one event per connect, disconnect, revocation close and request.
+pub const AUDIT_TARGET: &str = "agentworks::audit";
+
+/// Why gatewayd could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The private state directory could not be made.
+    #[error("cannot prepare gatewayd's state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: LayoutError },
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Timings and limits, from `[gatewayd]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// WebSocket ping period; a connection silent for three of these is dropped.
+    pub heartbeat: Duration,
+    /// How often connected tokens are re-checked with agentd.
+    pub token_recheck: Duration,
+    /// Most executor connections at once.
+    pub max_connections: usize,
+    /// How long a new connection has to send its hello.
+    pub hello_timeout: Duration,
+    /// Devices not seen for this long are no longer listed.
+    pub recent_devices: Duration,
+}
+
+impl Settings {
+    pub fn from_config(config: &Config) -> Settings {
+        let g = &config.gatewayd;
+        Settings {
+            heartbeat: Duration::from_secs(g.heartbeat_secs.max(1)),
+            token_recheck: Duration::from_millis(g.token_recheck_ms.max(10)),
+            max_connections: g.max_connections.max(1),
+            hello_timeout: Duration::from_secs(10),
+            recent_devices: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// The shared state of one gatewayd process. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    store: Store,
+    registry: Arc<Registry>,
+    tokens: TokenAuthority,
+    settings: Arc<Settings>,
+}
+
+/// Opens gatewayd's store: `<state>/gateway` (0700) and `gatewayd.db` in it. Requests left
+/// pending by a previous process become `unknown` here.
+pub fn open_store(config: &Config) -> Result<Store, GatewayError> {
+    let dir = config.layout().gateway_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|source| GatewayError::StateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let (store, reconciled) = Store::open(&dir.join("gatewayd.db"), now_ms())?;
+    if reconciled > 0 {
+        tracing::warn!(
+            reconciled,
+            "requests pending when gatewayd stopped are now unknown"
+        );
+    }
+    Ok(store)
+}
+
+impl Gateway {
+    pub fn new(store: Store, tokens: TokenAuthority, settings: Settings) -> Gateway {
+        Gateway {
+            store,
+            registry: Arc::new(Registry::default()),
+            tokens,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// Records the final state of a request whose pending entry the caller removed, emits the
+    /// audit event, and answers the dispatcher waiting on it (if it still waits).
+    async fn resolve(&self, request_id: String, pending: Pending, state: DispatchState) {
+        let store = self.store.clone();
+        let (id, recorded) = (request_id.clone(), state.clone());
+        let result =
+            tokio::task::spawn_blocking(move || store.finish_request(&id, &recorded, now_ms()))
+                .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, request_id, "cannot record a request's outcome")
+            }
+            Err(error) => tracing::error!(%error, request_id, "recording task failed"),
+        }
+        audit_request(&pending, &request_id, &state);
+        let _ = pending.reply.send(state);
+    }
+}
+
+/// The one audit event per dispatched request: who, where, what kind, how it ended. Never the
+/// command, its output, a diff or a token.
+fn audit_request(pending: &Pending, request_id: &str, state: &DispatchState) {
+    let (state_name, status, exit_code) = match state {
+        DispatchState::Done { outcome } => {
+            let (status, exit) = match outcome {
+                Outcome::Completed { exit_code, .. } => ("completed", *exit_code),
+                Outcome::Patched { .. } => ("patched", None),
+                Outcome::Refused { .. } => ("refused", None),
+                Outcome::Interrupted { .. } => ("interrupted", None),
+            };
+            ("done", status, exit)
+        }
+        DispatchState::Pending => ("pending", "pending", None),
+        DispatchState::Unknown { .. } => ("unknown", "unknown", None),
+    };
+    tracing::info!(
+        target: AUDIT_TARGET,
+        event = "request",
+        user_id = %pending.user_id,
+        device_id = %pending.device_id,
+        request_id,
+        kind = pending.kind,
+        state = state_name,
+        status,
+        exit_code,
+        "dispatched request finished"
+    );
+}
+
+/// Polls agentd every `token_recheck` with every connected token id and closes the
+/// connections whose token is no longer valid (close code 4001); their pending requests
+/// become unknown. agentd unreachable: the connections stay (every dispatch re-checks and
+/// fails closed) and a warning is logged.
+async fn watch_tokens(gateway: Gateway, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(gateway.settings.token_recheck);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let connected = gateway.registry.tokens();
+        if connected.is_empty() {
+            continue;
+        }
+        let mut ids: Vec<String> = connected.iter().map(|(_, _, t)| t.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        match gateway.tokens.invalid(ids).await {
+            Ok(invalid) => {
+                warned = false;
+                for (device_id, conn_id, token_id) in &connected {
+                    if invalid.contains(token_id) {
+                        revoke(&gateway, device_id, *conn_id);
+                    }
+                }
+            }
+            Err(error) => {
+                if !warned {
+                    tracing::warn!(%error, "cannot re-check executor tokens; will retry");
+                    warned = true;
+                }
+            }
+        }
+    }
+}
+
+/// Closes a connection whose token agentd no longer accepts.
+fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
+    let Some(live) = gateway.registry.live(device_id) else {
+        return;
+    };
+    if live.conn_id != conn_id {
+        return;
+    }
+    tracing::info!(
+        target: AUDIT_TARGET,
+        event = "executor_revoked",
+        user_id = %live.user_id,
+        device_id,
+        "closing an executor connection: its token is no longer valid"
+    );
+    gateway.registry.close(
+        device_id,
+        conn_id,
+        CLOSE_REVOKED,
+        "the token was revoked",
+        "the device's token was revoked while the request was pending; its outcome is unknown",
+    );
+}
+
+/// Serves the executor listener and the dispatch socket until `shutdown`; then closes every
+/// executor connection with 1001 (going away), fails its pending requests as unknown, lets
+/// in-flight socket requests answer, and returns.
+pub async fn run(
+    config: &Config,
+    store: Store,
+    executors: tokio::net::TcpListener,
+    socket: tokio::net::UnixListener,
+    shutdown: CancellationToken,
+) {
+    let gateway = Gateway::new(
+        store,
+        TokenAuthority::new(config.agentd_socket()),
+        Settings::from_config(config),
+    );
+    let policy = crate::ipc::server::PeerPolicy::for_users(&config.gatewayd.allowed_users);
+    tracing::info!(
+        allowed_uids = ?policy.uids().collect::<Vec<_>>(),
+        "gatewayd.sock peer policy"
+    );
+    let watcher = tokio::spawn(watch_tokens(gateway.clone(), shutdown.clone()));
+    let ws = tokio::spawn(executor::serve(
+        executors,
+        gateway.clone(),
+        shutdown.clone(),
+    ));
+    dispatch::serve(socket, gateway, policy, shutdown).await;
+    let _ = ws.await;
+    let _ = watcher.await;
+}

@@ -20,6 +20,13 @@ pub const MAX_TIMEOUT_SECS: u64 = 300;
 pub const CLOSE_REVOKED: u16 = 4001;
 /// Close code sent when the token is not accepted at connect.
 pub const CLOSE_UNAUTHORIZED: u16 = 4003;
+/// Close code sent to a connection replaced by a newer one of the same device (same person,
+/// same device name).
+pub const CLOSE_REPLACED: u16 = 4002;
+/// Close code sent when no hello arrived in time, or the hello was refused.
+pub const CLOSE_POLICY: u16 = 1008;
+/// Close code sent to every executor when gatewayd shuts down.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
 
 /// What a folder grant allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +188,15 @@ pub enum DispatchState {
 pub struct RequestRef {
     pub user_id: String,
     pub request_id: String,
+}
+
+/// The answer to `POST /v1/cancel`: whether a cancel frame was sent (only while the request
+/// is pending on a connected device), and the request's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelResponse {
+    pub cancel_sent: bool,
+    #[serde(flatten)]
+    pub state: DispatchState,
 }
 
 #[cfg(test)]

@@ -289,14 +289,28 @@ impl IdentityStore {
     }
 
     pub fn user_by_id(&self, id: &str) -> Result<Option<User>, IdentityError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1",
-                params![id],
-                row_user,
-            )
-            .optional()?)
+        let db = self.db();
+        let mut stmt =
+            db.prepare_cached("SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1")?;
+        Ok(stmt.query_row(params![id], row_user).optional()?)
+    }
+
+    /// What the user may do anywhere, from one query: (member of any project, author in any
+    /// project), restricted to one project when the token is. Used for the effective catalog;
+    /// every call still resolves its own project's access in full.
+    pub fn capabilities(
+        &self,
+        user_id: &str,
+        project_id: Option<&str>,
+    ) -> Result<(bool, bool), IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(role IN ('owner', 'co-owner', 'editor')), 0) FROM members
+             WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)",
+        )?;
+        let (members, authors): (i64, i64) =
+            stmt.query_row(params![user_id, project_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok((members > 0, authors > 0))
     }
 
     fn require_user(&self, name: &str) -> Result<User, IdentityError> {
@@ -391,14 +405,11 @@ impl IdentityStore {
     }
 
     pub fn project_by_id(&self, id: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1",
-                params![id],
-                row_project,
-            )
-            .optional()?)
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1",
+        )?;
+        Ok(stmt.query_row(params![id], row_project).optional()?)
     }
 
     /// A project by id or by name (operators type names; MCP clients send ids).
@@ -493,13 +504,11 @@ impl IdentityStore {
 
     /// The user's live role on a project, if any.
     pub fn role_of(&self, project_id: &str, user_id: &str) -> Result<Option<Role>, IdentityError> {
-        let role: Option<String> = self
-            .db()
-            .query_row(
-                "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2",
-                params![project_id, user_id],
-                |r| r.get(0),
-            )
+        let db = self.db();
+        let mut stmt =
+            db.prepare_cached("SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2")?;
+        let role: Option<String> = stmt
+            .query_row(params![project_id, user_id], |r| r.get(0))
             .optional()?;
         Ok(role.and_then(|r| Role::parse(&r)))
     }
@@ -615,15 +624,15 @@ impl IdentityStore {
     }
 
     pub fn token_by_id(&self, id: &str) -> Result<Option<TokenInfo>, IdentityError> {
-        Ok(self
-            .db()
-            .query_row(
-                &format!("SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?1"),
-                params![id],
-                row_token,
-            )
-            .optional()?
-            .map(|(t, _)| t))
+        Ok(self.token_row(id)?.map(|(t, _)| t))
+    }
+
+    fn token_row(&self, id: &str) -> Result<Option<(TokenInfo, String)>, IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?1"
+        ))?;
+        Ok(stmt.query_row(params![id], row_token).optional()?)
     }
 
     /// Check a presented token against live rows: parse, find, compare the hash, then
@@ -635,14 +644,7 @@ impl IdentityStore {
         let Some((id, secret)) = token::parse(presented) else {
             return Ok(Err(TokenRefusal::Invalid));
         };
-        let found = self
-            .db()
-            .query_row(
-                &format!("SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?1"),
-                params![id],
-                row_token,
-            )
-            .optional()?;
+        let found = self.token_row(id)?;
         let Some((info, hash)) = found else {
             return Ok(Err(TokenRefusal::Invalid));
         };

@@ -1,11 +1,13 @@
 //! The client side of a daemon socket: what agentd, agentworksctl, tests and benchmarks use to
 //! call another daemon.
 //!
-//! Owns one HTTP/1.1 exchange per call over a fresh Unix-socket connection, JSON in and out,
-//! and turning the error envelope back into [`ClientError::Remote`].
+//! Owns HTTP/1.1 exchanges over Unix-socket connections (kept alive and reused between calls
+//! from a small idle pool), JSON in and out, and turning the error envelope back into
+//! [`ClientError::Remote`].
 //!
-//! Must never retry on its own (a write is not idempotent unless the caller says so) and never
-//! hide the remote error code: callers match on it.
+//! Must never retry a request the server may have seen (a write is not idempotent unless the
+//! caller says so): the only retry is on a fresh connection when a pooled one turned out to be
+//! closed before the request was sent. Never hides the remote error code: callers match on it.
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +19,17 @@ use hyper_util::rt::TokioIo;
 
 use super::envelope::{ErrorBody, ErrorEnvelope};
 
-/// A client for one daemon socket. Cheap to clone; holds no connection between calls.
+/// A client for one daemon socket. Cheap to clone; clones share the idle connections.
 #[derive(Debug, Clone)]
 pub struct UnixClient {
     socket: PathBuf,
+    idle: std::sync::Arc<std::sync::Mutex<Vec<Sender>>>,
 }
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Idle connections kept per client.
+const MAX_IDLE: usize = 16;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +97,7 @@ impl UnixClient {
     pub fn new(socket: impl Into<PathBuf>) -> UnixClient {
         UnixClient {
             socket: socket.into(),
+            idle: Default::default(),
         }
     }
 
@@ -122,7 +131,47 @@ impl UnixClient {
         self.call(Method::GET, path, None).await
     }
 
-    /// One request on one fresh connection.
+    fn take_idle(&self) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(sender) = idle.pop() {
+            if !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, sender: Sender) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if !sender.is_closed() && idle.len() < MAX_IDLE {
+            idle.push(sender);
+        }
+    }
+
+    /// A fresh connection; its driver task ends when the server or the last sender closes it.
+    async fn connect(&self, path: &str) -> Result<Sender, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                path: self.socket.clone(),
+                source,
+            })?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|source| ClientError::Http {
+                socket: self.socket.clone(),
+                endpoint: path.to_owned(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "client connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// One request, on an idle connection if there is one.
     async fn call<Resp: serde::de::DeserializeOwned>(
         &self,
         method: Method,
@@ -150,36 +199,42 @@ impl UnixClient {
                 source,
             })?;
 
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .map_err(|source| ClientError::Connect {
-                path: self.socket.clone(),
-                source,
-            })?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http_error)?;
-        // The connection future drives the socket; it ends once `sender` is dropped below.
-        let driver = tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "client connection ended with an error");
-            }
-        });
-        let exchange = async {
-            let response = sender.send_request(request).await.map_err(http_error)?;
-            let status = response.status();
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(http_error)?
-                .to_bytes();
-            Ok::<_, ClientError>((status, bytes))
+        let pooled = self.take_idle();
+        let reused = pooled.is_some();
+        let mut sender = match pooled {
+            Some(sender) => sender,
+            None => self.connect(path).await?,
         };
-        let result = exchange.await;
-        drop(sender);
-        // Not awaited: a misbehaving server must not make the caller hang after its answer.
-        drop(driver);
+        let (request, retry) = match sender.try_send_request(request).await {
+            Ok(response) => (Ok(response), None),
+            // A pooled connection closed before the request went out: safe to send it again,
+            // once, on a fresh connection. Anything else may have reached the server.
+            Err(mut failed) if reused => match failed.take_message() {
+                Some(request) if failed.error().is_canceled() || failed.error().is_closed() => {
+                    (Err(http_error(failed.into_error())), Some(request))
+                }
+                _ => (Err(http_error(failed.into_error())), None),
+            },
+            Err(failed) => (Err(http_error(failed.into_error())), None),
+        };
+        let response = match (request, retry) {
+            (Ok(response), _) => response,
+            (Err(_), Some(request)) => {
+                sender = self.connect(path).await?;
+                sender.send_request(request).await.map_err(http_error)?
+            }
+            (Err(error), None) => return Err(error),
+        };
+        let status = response.status();
+        let result = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(http_error)
+            .map(|collected| (status, collected.to_bytes()));
+        if result.is_ok() {
+            self.put_idle(sender);
+        }
         let (status, bytes) = result?;
         decode(path, status, &bytes)
     }

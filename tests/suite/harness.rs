@@ -657,3 +657,101 @@ pub fn tool_result(
         Ok(result["structuredContent"].clone())
     }
 }
+
+// ----- gatewayd (appended for tests/suite/gatewayd.rs) -----
+
+impl Stack {
+    /// [`Stack::start`], then a `[gatewayd]` section (listen on a free loopback port,
+    /// `allowed_users = []`) appended to the config, so the file holds both daemons' sections.
+    /// Returns the stack and the gateway's port; start the daemon with [`Gatewayd::start`].
+    pub fn start_with_gateway() -> (Stack, u16) {
+        let stack = Stack::start();
+        let port = free_port();
+        let path = stack.state.root().join("agentworks.toml");
+        let config = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            format!("{config}\n[gatewayd]\nlisten = \"127.0.0.1:{port}\"\nallowed_users = []\n"),
+        )
+        .unwrap();
+        (stack, port)
+    }
+
+    pub fn gatewayd_socket(&self) -> PathBuf {
+        self.state.root().join("run/gatewayd.sock")
+    }
+}
+
+/// A running `agentworks-gatewayd` beside a [`Stack`].
+pub struct Gatewayd {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub port: u16,
+}
+
+impl Gatewayd {
+    /// Start gatewayd on the stack's state root and wait until both its socket and its
+    /// WebSocket port answer.
+    pub fn start(stack: &Stack, port: u16) -> Gatewayd {
+        let child = Command::new(env!("CARGO_BIN_EXE_agentworks-gatewayd"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("AGENTWORKS_STATE_ROOT", stack.state.root())
+            .env(
+                "AGENTWORKS_CONFIG",
+                stack.state.root().join("agentworks.toml"),
+            )
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut daemon = Gatewayd {
+            child,
+            socket: stack.gatewayd_socket(),
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                panic!("gatewayd exited during start: {status}");
+            }
+            let health: Result<serde_json::Value, _> =
+                block_on(UnixClient::new(&daemon.socket).get("/v1/health"));
+            if health.is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return daemon;
+            }
+            assert!(Instant::now() < deadline, "gatewayd did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client {
+            inner: UnixClient::new(&self.socket),
+        }
+    }
+
+    /// SIGTERM and wait for the exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Gatewayd {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}

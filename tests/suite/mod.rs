@@ -2,8 +2,11 @@
 
 mod agentd;
 mod crash;
+mod executor;
+mod gatewayd;
 pub mod harness;
 mod ownership;
 mod quickstart;
+mod sandbox;
 mod systemd;
 mod workspaced;
