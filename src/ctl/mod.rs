@@ -27,6 +27,7 @@ pub async fn status(config: &Config) -> Vec<DaemonStatus> {
     for (daemon, socket) in [
         ("agentworks-workspaced", config.workspaced_socket()),
         ("agentworks-agentd", config.agentd_socket()),
+        ("agentworks-gatewayd", config.gatewayd_socket()),
     ] {
         let answer: Result<serde_json::Value, _> = UnixClient::new(&socket).get("/v1/health").await;
         report.push(DaemonStatus {

@@ -49,7 +49,7 @@ pub enum QuickstartError {
 pub struct Started {
     pub mcp_url: String,
     pub api_url: String,
-    /// The executor WebSocket URL; `None` until gatewayd is built.
+    /// The executor WebSocket URL laptops dial (`agentworks executor connect --gateway`).
     pub gateway_url: Option<String>,
     pub token: String,
     pub workflow_id: String,
@@ -114,11 +114,18 @@ fn prepare(state_root: &Path, port: u16) -> Result<(PathBuf, PathBuf), Quickstar
         &config,
         format!(
             "# written by agentworksctl quickstart: every daemon as the current user, loopback only\n\
-             [workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
+             [workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [gatewayd]\nlisten = \"127.0.0.1:{gateway_port}\"\nallowed_users = []\n",
+            gateway_port = gateway_port(port)
         ),
     )
     .map_err(err(&config))?;
     Ok((documents, config))
+}
+
+/// The executor WebSocket listens next to the HTTP port.
+pub fn gateway_port(port: u16) -> u16 {
+    port.wrapping_add(1)
 }
 
 fn sibling(binary: &str) -> Result<PathBuf, QuickstartError> {
@@ -246,6 +253,9 @@ pub async fn run(
     wait_healthy(&mut workspaced, &workspaced_socket).await?;
     let mut agentd = start("agentworks-agentd", &state_root, &config)?;
     wait_healthy(&mut agentd, &agentd_socket).await?;
+    let gatewayd_socket = state_root.join("run/gatewayd.sock");
+    let mut gatewayd = start("agentworks-gatewayd", &state_root, &config)?;
+    wait_healthy(&mut gatewayd, &gatewayd_socket).await?;
     let (workflow_id, token) = bootstrap(&UnixClient::new(&agentd_socket)).await?;
     let api_url = format!("http://127.0.0.1:{port}");
     let mcp_url = format!("{api_url}/mcp");
@@ -261,7 +271,7 @@ pub async fn run(
     ready(&Started {
         mcp_url,
         api_url,
-        gateway_url: None,
+        gateway_url: Some(format!("ws://127.0.0.1:{}", gateway_port(port))),
         token,
         workflow_id,
         state_root: state_root.clone(),
@@ -270,7 +280,7 @@ pub async fn run(
         workspaced_socket,
         mcp_client_config,
     });
-    let mut daemons = [agentd, workspaced];
+    let mut daemons = [gatewayd, agentd, workspaced];
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -283,7 +293,8 @@ pub async fn run(
             }
         }
     }
-    // agentd first (it calls workspaced), then workspaced; each waits for its in-flight work.
+    // gatewayd first, then agentd (it calls workspaced), then workspaced; each waits for its
+    // in-flight work.
     drop(daemons);
     Ok(())
 }
@@ -309,6 +320,15 @@ pub fn print_human(started: &Started) {
         started.mcp_url, started.token
     );
     println!();
+    if let Some(gateway) = &started.gateway_url {
+        println!("Share a laptop folder with the server-side agent:");
+        println!(
+            "  agentworks login --server {}          # then approve: agentworksctl login approve CODE --user demo",
+            started.api_url
+        );
+        println!("  agentworks executor connect --gateway {gateway} --write-folder ~/src/project");
+        println!();
+    }
     println!(
         "Administer it from another shell: AGENTWORKS_STATE_ROOT={} agentworksctl status",
         started.state_root.display()

@@ -56,6 +56,13 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     }
     assert_eq!(started["mcp_url"], format!("http://127.0.0.1:{port}/mcp"));
     assert_eq!(
+        started["gateway_url"],
+        format!("ws://127.0.0.1:{}", port + 1)
+    );
+    // The executor WebSocket answers (a request without a token is refused, not ignored).
+    let (status, _, _) = http(port + 1, "GET", "/v1/executor", &[], "");
+    assert_eq!(status, 401);
+    assert_eq!(
         started["mcp_client_config"]["mcpServers"]["agentworks"]["url"],
         started["mcp_url"]
     );
@@ -107,6 +114,10 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "agentd stopped too"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port + 1)).is_err(),
+        "gatewayd stopped too"
     );
 
     // Running it again reuses the state root: the same workflow, the edit kept, a new token.
