@@ -4,14 +4,20 @@
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
+//! - [`chat_api`], [`chats`], [`turn`], [`model`]: the agent: chats, the model loop, chats
+//!   bound to a laptop folder (REST + SSE on the public listener).
 //!
 //! agentd never opens a document: every file operation goes to workspaced over its socket,
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
+pub mod chat_api;
+pub mod chats;
 pub mod device;
 pub mod files;
 pub mod mcp_backend;
+pub mod model;
+pub mod turn;
 
 use crate::daemon::config::Config;
 use crate::daemon::layout::ensure_private_dir;
@@ -36,7 +42,38 @@ pub enum AgentdError {
     },
     #[error("{0}")]
     Identity(#[from] crate::identity::IdentityError),
+    #[error("{0}")]
+    Chats(#[from] chats::ChatStoreError),
 }
+
+// ----- the agent (chats): begin -----
+/// Open the chat store at `<state>/agent/chats.db` and the model client, if configured.
+pub fn open_chats(
+    config: &Config,
+    identity: &IdentityStore,
+    files: &files::FileTools,
+) -> Result<chat_api::ChatService, AgentdError> {
+    let dir = config.layout().agent_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    let store = chats::ChatStore::open(&dir.join("chats.db"))?;
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
+    let model = config
+        .agentd
+        .model
+        .clone()
+        .map(|m| model::ModelClient::new(m, credentials));
+    Ok(chat_api::ChatService::new(
+        identity.clone(),
+        files.clone(),
+        store,
+        UnixClient::new(config.gatewayd_socket()),
+        model,
+    ))
+}
+// ----- the agent (chats): end -----
 
 /// Open the identity store at `<state>/agent/agentd.db`.
 pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
@@ -58,6 +95,16 @@ pub async fn run(
 ) {
     let workspaced = UnixClient::new(config.workspaced_socket());
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    // ----- the agent (chats): begin -----
+    let chat_service = match open_chats(config, &identity, &files) {
+        Ok(service) => Some(service),
+        Err(error) => {
+            // MCP and the operator socket still serve; the chat endpoints answer 503.
+            tracing::error!(%error, "cannot open the chat store; chats are unavailable");
+            None
+        }
+    };
+    // ----- the agent (chats): end -----
     let grants = device::DeviceGrants::default();
     let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
     let mcp = Arc::new(McpService::new(
@@ -79,6 +126,7 @@ pub async fn run(
         let grants = public_grants.clone();
         let identity = public_identity.clone();
         let public_url = public_url.clone();
+        let chat_service = chat_service.clone();
         async move {
             if let Some(response) =
                 device::handle_public(&grants, &identity, &public_url, &parts, &body).await
@@ -91,6 +139,26 @@ pub async fn run(
                     &serde_json::json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
                 );
             }
+            // ----- the agent (chats): begin -----
+            let chat_path = parts.uri.path();
+            if chat_path == "/v1/chats"
+                || chat_path.starts_with("/v1/chats/")
+                || chat_path == "/v1/devices"
+            {
+                return match &chat_service {
+                    Some(service) => match service.handle(&parts, &body).await {
+                        Some(response) => response,
+                        None => not_found(chat_path),
+                    },
+                    None => error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        "the chat store could not be opened; see agentd's log",
+                        Default::default(),
+                    ),
+                };
+            }
+            // ----- the agent (chats): end -----
             let path = parts.uri.path().to_owned();
             match mcp.handle(Request::from_parts(parts, body)).await {
                 Some(response) => response,

@@ -20,7 +20,7 @@ use agentworks::executor::config::{Credentials, Dirs, ensure_private_dir};
 use agentworks::executor::connect::{self, End, Executor, Status};
 use agentworks::executor::grants::{GrantArgs, Grants};
 use agentworks::executor::receipts::Receipts;
-use agentworks::executor::{login, sandbox};
+use agentworks::executor::{login, sandbox, shell};
 use anyhow::{Context, anyhow};
 use clap::{Parser, Subcommand};
 
@@ -132,6 +132,12 @@ fn main() -> ExitCode {
     }
 
     let cli = Cli::parse();
+    if let Command::Executor {
+        command: ExecutorCommand::Connect { .. },
+    } = &cli.command
+    {
+        protect_executor();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -149,6 +155,45 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Variables `executor connect` keeps: the commands' own (see [`shell::kept_env`]), the XDG
+/// dirs it needs to find its credential and state, and (debug builds) the Landlock test knob.
+fn executor_keeps(key: &std::ffi::OsStr) -> bool {
+    shell::kept_env(key)
+        || key == "XDG_CONFIG_HOME"
+        || key == "XDG_STATE_HOME"
+        || (cfg!(debug_assertions) && key == sandbox::TEST_ABI_ENV)
+}
+
+/// Keeps the executor's secrets out of reach of the commands it runs, which run as the same
+/// person and can read `/proc/<pid>/…` of processes outside their sandbox on kernels where
+/// Landlock does not restrict that: the process becomes non-dumpable (its memory, descriptors
+/// and environment are no longer open to same-user processes), and when its environment holds
+/// anything beyond what it needs (login and provider tokens, agent sockets) it re-executes
+/// itself without them, since the initial environment stays readable in
+/// `/proc/<pid>/environ` whatever the process later removes. Exits 1 if that fails.
+fn protect_executor() {
+    use std::os::unix::process::CommandExt;
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("agentworks: cannot make the executor non-dumpable: {e}");
+        std::process::exit(1);
+    }
+    if std::env::vars_os().all(|(key, _)| executor_keeps(&key)) {
+        return;
+    }
+    let error = std::process::Command::new("/proc/self/exe")
+        .arg0(
+            std::env::args_os()
+                .next()
+                .unwrap_or_else(|| "agentworks".into()),
+        )
+        .args(std::env::args_os().skip(1))
+        .env_clear()
+        .envs(std::env::vars_os().filter(|(key, _)| executor_keeps(key)))
+        .exec();
+    eprintln!("agentworks: cannot restart without the environment's secrets: {error}");
+    std::process::exit(1);
 }
 
 fn hostname() -> String {

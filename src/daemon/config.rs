@@ -117,6 +117,50 @@ pub struct AgentdConfig {
     pub admin_group: String,
     /// Users whose processes may use the gateway endpoints (token checks, revocations).
     pub gateway_users: Vec<String>,
+    /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
+    pub model: Option<ModelConfig>,
+}
+
+/// The `[agentd.model]` sub-table: an OpenAI-compatible chat-completions endpoint.
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The API base, e.g. `https://api.example.com/v1` (`/chat/completions` is appended).
+    /// `http://` is accepted for loopback hosts only.
+    pub base_url: String,
+    /// The model name sent with every request.
+    pub model: String,
+    /// A file holding the API key; else `$CREDENTIALS_DIRECTORY/model-api-key` (a systemd
+    /// credential) if present; else no key is sent.
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+    /// Most model requests with tool calls in one turn.
+    #[serde(default = "default_max_tool_rounds")]
+    pub max_tool_rounds: u32,
+    /// How long one model request may take, in seconds.
+    #[serde(default = "default_request_timeout_secs")]
+    pub request_timeout_secs: u64,
+}
+
+fn default_max_tool_rounds() -> u32 {
+    16
+}
+
+fn default_request_timeout_secs() -> u64 {
+    300
+}
+
+impl std::fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only the key's path, never the key.
+        f.debug_struct("ModelConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key_file", &self.api_key_file)
+            .field("max_tool_rounds", &self.max_tool_rounds)
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .finish()
+    }
 }
 
 impl Default for AgentdConfig {
@@ -128,6 +172,7 @@ impl Default for AgentdConfig {
             allowed_origins: Vec::new(),
             admin_group: "agentworks-admin".to_owned(),
             gateway_users: vec!["agentworks-gw".to_owned()],
+            model: None,
         }
     }
 }
@@ -315,11 +360,16 @@ impl Config {
 
     /// Checks that every root is absolute and every limit positive.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let paths: [(&'static str, Option<&Path>); 4] = [
+        let model = self.agentd.model.as_ref();
+        let paths: [(&'static str, Option<&Path>); 5] = [
             ("state_root", Some(&self.state_root)),
             ("documents_root", Some(&self.documents_root)),
             ("runtime_dir", Some(&self.runtime_dir)),
             ("workspaced.socket", self.workspaced.socket.as_deref()),
+            (
+                "agentd.model.api_key_file",
+                model.and_then(|m| m.api_key_file.as_deref()),
+            ),
         ];
         for (key, path) in paths {
             if let Some(path) = path
@@ -350,6 +400,18 @@ impl Config {
         }
         if ws.allowed_users.iter().any(|u| u.trim().is_empty()) {
             return Err(ConfigError::EmptyUserName);
+        }
+        if let Some(model) = model {
+            if model.max_tool_rounds == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.max_tool_rounds",
+                });
+            }
+            if model.request_timeout_secs == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.request_timeout_secs",
+                });
+            }
         }
         Ok(())
     }
@@ -666,6 +728,69 @@ public_url = "wss://gw.example.com/"
                 matches!(err, ConfigError::ZeroLimit { key: k } if k == key),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn model_section_is_parsed_with_defaults_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert!(c.agentd.model.is_none());
+
+        let path = write(
+            dir.path(),
+            "[agentd.model]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n",
+        );
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        let m = c.agentd.model.unwrap();
+        assert_eq!(m.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(m.model, "m");
+        assert_eq!(m.api_key_file, None);
+        assert_eq!(m.max_tool_rounds, 16);
+        assert_eq!(m.request_timeout_secs, 300);
+
+        let path = write(
+            dir.path(),
+            "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\napi_key_file = \"/etc/k\"\nmax_tool_rounds = 3\nrequest_timeout_secs = 7\n",
+        );
+        let m = Config::load_with_env(Some(&path), &env_of(&[]))
+            .unwrap()
+            .agentd
+            .model
+            .unwrap();
+        assert_eq!(m.api_key_file.as_deref(), Some(Path::new("/etc/k")));
+        assert_eq!((m.max_tool_rounds, m.request_timeout_secs), (3, 7));
+        assert!(!format!("{m:?}").contains("secret"));
+
+        for (text, expect) in [
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key = \"k\"",
+                "parse",
+            ),
+            ("[agentd.model]\nmodel = \"m\"", "parse"),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nmax_tool_rounds = 0",
+                "agentd.model.max_tool_rounds",
+            ),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nrequest_timeout_secs = 0",
+                "agentd.model.request_timeout_secs",
+            ),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key_file = \"k\"",
+                "agentd.model.api_key_file",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            let ok = match (&err, expect) {
+                (ConfigError::Parse { .. }, "parse") => true,
+                (ConfigError::ZeroLimit { key }, k) => *key == k,
+                (ConfigError::RelativePath { key, .. }, k) => *key == k,
+                _ => false,
+            };
+            assert!(ok, "{text}: {err}");
         }
     }
 

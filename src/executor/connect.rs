@@ -510,6 +510,14 @@ async fn execute(
             format!("{alias:?} is not a folder this executor shares"),
         );
     };
+    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
+    // to see what this process sees (it runs with a scrubbed environment).
+    if let Err(e) = super::sandbox::landlock_status() {
+        return refused(
+            "sandbox_unavailable",
+            format!("the request was not run: {e}"),
+        );
+    }
     let scratch_root = executor.dirs.scratch_root();
     if let Err(e) =
         ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))

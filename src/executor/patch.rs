@@ -339,6 +339,7 @@ pub async fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    super::sandbox::die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {

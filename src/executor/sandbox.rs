@@ -30,9 +30,12 @@
 //! created after the ruleset is built are covered only when their parent folder is; the names
 //! (never the contents) inside a blocked directory can be listed, because listing rights on `W`
 //! reach down the whole tree; `/proc` is readable (the command sees every process's command
-//! line, but Landlock's ptrace restriction keeps other processes' environment, memory and
-//! descriptors out of reach); `/tmp` is not granted (`TMPDIR` points at the private scratch
-//! dir); on kernels below ABI 6 the command can signal processes outside the sandbox.
+//! line, and Landlock's ptrace restriction cannot be relied on to keep other same-user
+//! processes' `/proc/<pid>/environ`, `maps` or `fd` out of reach: on Linux 6.18 it did not, so
+//! the executor makes itself non-dumpable and drops secrets from its own environment at start;
+//! other same-user processes on the machine stay visible this way); `/tmp` is not granted
+//! (`TMPDIR` points at the private scratch dir); on kernels below ABI 6 the command can signal
+//! processes outside the sandbox.
 
 use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
@@ -238,6 +241,26 @@ fn kernel_abi() -> Result<i32, SandboxError> {
     i32::try_from(version).map_err(|_| SandboxError::LandlockUnavailable {
         reason: format!("the kernel reported an impossible Landlock ABI {version}"),
     })
+}
+
+/// Makes a launcher about to be spawned by `command` receive SIGTERM when the executor dies
+/// (even by SIGKILL), so that it kills the command and every descendant instead of running on
+/// unsupervised. The launcher blocks SIGTERM and handles it like a stop request. A launcher
+/// whose parent is already gone when it starts never execs. (The kernel sends the signal when
+/// the spawning *thread* ends: spawn from a runtime worker thread, never a blocking-pool one.)
+pub fn die_with_parent(command: &mut tokio::process::Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only makes two
+    // async-signal-safe system calls (prctl, getppid); it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Launcher mode entry: called by the `agentworks` binary when re-executed as

@@ -160,6 +160,7 @@ pub async fn run_with_env(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
 
+    super::sandbox::die_with_parent(&mut command);
     let started = Instant::now();
     let mut child = command.spawn().map_err(|source| ShellError::Spawn {
         exe: launcher_exe.to_owned(),
@@ -217,14 +218,18 @@ pub async fn run_with_env(
     })
 }
 
-/// Keeps PATH, HOME, LANG, LC_*, TERM, USER, LOGNAME, SHELL and TZ; drops everything else.
+/// Whether a command keeps this variable of the executor's environment: PATH, HOME, LANG,
+/// LC_*, TERM, USER, LOGNAME, SHELL and TZ.
+pub fn kept_env(key: &std::ffi::OsStr) -> bool {
+    key.to_str()
+        .is_some_and(|k| KEPT_ENV.contains(&k) || k.starts_with("LC_"))
+}
+
+/// Keeps what [`kept_env`] keeps; drops everything else.
 fn scrub_env(parent: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
     parent
         .into_iter()
-        .filter(|(key, _)| {
-            key.to_str()
-                .is_some_and(|k| KEPT_ENV.contains(&k) || k.starts_with("LC_"))
-        })
+        .filter(|(key, _)| kept_env(key))
         .collect()
 }
 

@@ -28,8 +28,29 @@ pub struct ErrorEnvelope {
     pub error: ErrorBody,
 }
 
-/// Every response body on our sockets is a complete buffer.
-pub type Body = http_body_util::Full<bytes::Bytes>;
+/// Every response body: a complete buffer ([`full`]) or a stream of chunks ([`streaming`],
+/// for server-sent events).
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// A complete body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes.into()).boxed_unsync()
+}
+
+/// A body that sends each chunk as soon as it is received and ends when every sender is
+/// dropped (server-sent events).
+pub fn streaming(receiver: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    let chunks = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let chunk = receiver.recv().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
+            receiver,
+        ))
+    });
+    http_body_util::StreamBody::new(chunks).boxed_unsync()
+}
 
 /// Sent if a value cannot be serialized (a bug: a map with non-string keys, say), so the caller
 /// still gets an envelope.
@@ -37,7 +58,7 @@ const SERIALIZE_FAILED: &str =
     r#"{"error":{"code":"internal","message":"the response could not be serialized to JSON"}}"#;
 
 fn with_json(status: StatusCode, bytes: Bytes) -> Response<Body> {
-    let mut response = Response::new(Body::new(bytes));
+    let mut response = Response::new(full(bytes));
     *response.status_mut() = status;
     response
         .headers_mut()

@@ -156,4 +156,4 @@ pub struct McpConfig {
 }
 
 /// Every response body is one complete buffer (an SSE answer is a single event).
-pub type Body = http_body_util::Full<bytes::Bytes>;
+pub type Body = crate::ipc::envelope::Body;

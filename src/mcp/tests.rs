@@ -237,8 +237,9 @@ async fn start() -> Server {
                         let body = match Limited::new(body, 1 << 20).collect().await {
                             Ok(collected) => collected.to_bytes(),
                             Err(_) => {
-                                let mut r =
-                                    Response::new(Body::new(Bytes::from_static(b"too large")));
+                                let mut r = Response::new(crate::ipc::envelope::full(
+                                    Bytes::from_static(b"too large"),
+                                ));
                                 *r.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
                                 return Ok::<_, std::convert::Infallible>(r);
                             }

@@ -480,7 +480,7 @@ pub(super) fn message_response(
             format!("event: message\ndata: {json}\n\n"),
         ),
     };
-    let mut response = Response::new(Body::new(Bytes::from(body)));
+    let mut response = Response::new(crate::ipc::envelope::full(Bytes::from(body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));

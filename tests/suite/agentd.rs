@@ -460,7 +460,7 @@ fn operator_endpoints_refuse_other_peers() {
 
 #[test]
 fn agentworksctl_administers_with_clear_errors_and_json() {
-    let stack = Stack::start();
+    let (stack, gateway_port) = Stack::start_with_gateway();
     let ok = |args: &[&str]| {
         let out = stack.ctl(args);
         assert!(
@@ -552,6 +552,11 @@ fn agentworksctl_administers_with_clear_errors_and_json() {
         "god",
     ]);
     assert_eq!(usage.status.code(), Some(2));
+    // status reports every daemon; it fails while one is down and passes once all answer.
+    let down = stack.ctl(&["status"]);
+    assert_eq!(down.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&down.stdout).contains("DOWN agentworks-gatewayd"));
+    let _gatewayd = Gatewayd::start(&stack, gateway_port);
     let status = stack.ctl(&["status"]);
     assert!(
         status.status.success(),

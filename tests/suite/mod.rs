@@ -1,10 +1,12 @@
 //! Integration suites. `harness` starts real daemons; the others test them.
 
+mod agent;
 mod agentd;
 mod crash;
 mod executor;
 mod gatewayd;
 pub mod harness;
+mod laptop;
 mod ownership;
 mod quickstart;
 mod sandbox;

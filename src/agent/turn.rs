@@ -1,0 +1,473 @@
+//! One turn of a chat: the model loop and its tools.
+//!
+//! The loop sends the conversation and the turn's tool list to the model, runs the tool calls
+//! it asks for, feeds the results back, and ends when the model answers without tool calls (or
+//! after `max_tool_rounds` rounds, an error). Every message (user, assistant, tool) is stored,
+//! so the next turn continues the chat.
+//!
+//! The tool list is fixed when the turn starts, from the chat's binding:
+//!
+//! - server mode (no binding): exactly `read_file`, `list_files`, `search_files`, `write_file`,
+//!   through [`FileTools`] with the person's live authority (source `agent`); the project is
+//!   always the chat's, and write request ids are made here, never by the model;
+//! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
+//!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or
+//!   project argument), dispatched through gatewayd to the bound device and folder with
+//!   server-made request ids. Nothing else exists in such a turn: no server file tools, no
+//!   MCP connections, no secrets. An offline device fails the call (`device_offline`); nothing
+//!   ever falls back to the server.
+//!
+//! Every tool call re-checks the retained state first: this turn is still the chat's running
+//! turn and the chat's binding is still the one the turn started with; a stale call is a tool
+//! error and does nothing.
+
+use crate::agent::chat_api::ChatService;
+use crate::agent::chats::{Binding, Chat};
+use crate::agent::files::Source;
+use crate::agent::model::ToolCall;
+use crate::gateway::protocol::{DispatchRequest, DispatchState, Operation, Outcome};
+use crate::ipc::client::ClientError;
+use crate::mcp::{Caller, ToolError};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One server-sent event: `(kind, data)`.
+pub type Event = (&'static str, Value);
+
+/// What the turn works on, fixed at its start.
+pub struct TurnSpec {
+    pub caller: Caller,
+    pub chat: Chat,
+    pub project_name: String,
+    pub turn: i64,
+    pub message: String,
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required,
+           "additionalProperties": false})
+}
+
+fn tool(name: &str, description: &str, parameters: Value) -> Value {
+    json!({"type": "function",
+           "function": {"name": name, "description": description, "parameters": parameters}})
+}
+
+/// The four server-mode tools.
+pub fn server_tools() -> Vec<Value> {
+    vec![
+        tool(
+            "read_file",
+            "Read a file of this project: its content and revision.",
+            schema(
+                json!({"path": {"type": "string", "description": "path relative to the project root"}}),
+                &["path"],
+            ),
+        ),
+        tool(
+            "list_files",
+            "List the files of this project (recursively), optionally under a folder.",
+            schema(json!({"path": {"type": "string"}}), &[]),
+        ),
+        tool(
+            "search_files",
+            "Search the text of this project's files.",
+            schema(
+                json!({"query": {"type": "string"}, "path": {"type": "string"}}),
+                &["query"],
+            ),
+        ),
+        tool(
+            "write_file",
+            "Create or replace a UTF-8 file of this project. expected_revision is the revision \
+             read_file returned, or \"missing\" to create a new file.",
+            schema(
+                json!({"path": {"type": "string"}, "content": {"type": "string"},
+                       "expected_revision": {"type": "string"}}),
+                &["path", "content", "expected_revision"],
+            ),
+        ),
+    ]
+}
+
+/// The two local tools of a bound turn (the bridge schemas).
+pub fn local_tools() -> Vec<Value> {
+    vec![
+        tool(
+            "execute_shell_command",
+            "Run a shell command in the shared folder on the person's computer (sandboxed to \
+             the folder; the network is reachable). Returns stdout, stderr and the exit code.",
+            schema(
+                json!({"command": {"type": "string"},
+                       "timeout": {"type": "integer", "minimum": 1, "maximum": 300,
+                                   "description": "seconds; default 60"}}),
+                &["command"],
+            ),
+        ),
+        tool(
+            "diff_patch_workspace_file",
+            "Apply a unified diff to one file in the shared folder (writable folders only).",
+            schema(
+                json!({"filepath": {"type": "string", "description": "relative to the folder"},
+                       "diff": {"type": "string"}}),
+                &["filepath", "diff"],
+            ),
+        ),
+    ]
+}
+
+fn system_prompt(spec: &TurnSpec) -> String {
+    match &spec.chat.binding {
+        None => format!(
+            "You are the coding agent of the project \"{}\". You work on the project's files on \
+             the server with read_file, list_files, search_files and write_file.",
+            spec.project_name
+        ),
+        Some(binding) => format!(
+            "You are the coding agent of the project \"{}\". This chat is bound to the folder \
+             \"{}\" on the person's computer: use execute_shell_command (cat, ls, sed, builds, \
+             tests) and diff_patch_workspace_file there. No other tools exist in this turn.",
+            spec.project_name, binding.folder
+        ),
+    }
+}
+
+/// Runs one turn to its end, sending events to `events`. Never panics the caller: every
+/// failure becomes an `error` event followed by `end`.
+pub async fn run(service: ChatService, spec: TurnSpec, events: UnboundedSender<Event>) {
+    let emit = |kind: &'static str, data: Value| {
+        // The client may have gone; the turn still runs to its end and is stored.
+        let _ = events.send((kind, data));
+    };
+    let reason = match drive(&service, &spec, &emit).await {
+        Ok(reason) => reason,
+        Err(error) => {
+            tracing::warn!(chat = %spec.chat.chat_id, turn = spec.turn, code = %error.code, "turn failed: {}", error.message);
+            emit(
+                "error",
+                json!({"code": error.code, "message": error.message}),
+            );
+            "error"
+        }
+    };
+    emit("end", json!({"reason": reason}));
+}
+
+async fn drive(
+    service: &ChatService,
+    spec: &TurnSpec,
+    emit: &impl Fn(&'static str, Value),
+) -> Result<&'static str, ToolError> {
+    let Some(model) = service.model.clone() else {
+        return Err(ToolError::new(
+            "model_not_configured",
+            "no model is configured ([agentd.model] in the config file)",
+        ));
+    };
+    let chat_id = spec.chat.chat_id.clone();
+    let user = json!({"role": "user", "content": spec.message});
+    service.append(&chat_id, spec.turn, user).await?;
+    let tools = match spec.chat.binding {
+        None => server_tools(),
+        Some(_) => local_tools(),
+    };
+    let mut call_index = 0u32;
+    for _round in 0..model.max_tool_rounds() {
+        let mut conversation = vec![json!({"role": "system", "content": system_prompt(spec)})];
+        conversation.extend(
+            service
+                .messages(&chat_id)
+                .await?
+                .into_iter()
+                .map(|m| m.message),
+        );
+        let reply = model
+            .complete(&conversation, &tools)
+            .await
+            .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        service
+            .append(&chat_id, spec.turn, reply.message.clone())
+            .await?;
+        if let Some(text) = &reply.content {
+            emit("text", json!({"text": text}));
+        }
+        if reply.tool_calls.is_empty() {
+            return Ok("completed");
+        }
+        for call in &reply.tool_calls {
+            call_index += 1;
+            let arguments: Value = serde_json::from_str(&call.arguments)
+                .unwrap_or(Value::String(call.arguments.clone()));
+            emit(
+                "tool_call",
+                json!({"id": call.id, "name": call.name, "arguments": arguments}),
+            );
+            let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
+            let result = execute(service, spec, call, &request_id).await;
+            let (event, content) = match &result {
+                Ok(value) => (
+                    json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
+                    json!({"ok": true, "result": value}),
+                ),
+                Err(error) => {
+                    let mut body = error.details.clone();
+                    body.insert("code".into(), json!(error.code));
+                    body.insert("message".into(), json!(error.message));
+                    (
+                        json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
+                        json!({"ok": false, "error": body}),
+                    )
+                }
+            };
+            service
+                .append(
+                    &chat_id,
+                    spec.turn,
+                    json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
+                )
+                .await?;
+            emit("tool_result", event);
+        }
+    }
+    Err(ToolError::new(
+        "max_tool_rounds",
+        format!(
+            "the model still asked for tools after {} rounds; the turn was stopped",
+            model.max_tool_rounds()
+        ),
+    ))
+}
+
+/// The arguments as an object with only `allowed` keys.
+fn arguments(call: &ToolCall, allowed: &[&str]) -> Result<Map<String, Value>, ToolError> {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&call.arguments) else {
+        return Err(ToolError::new(
+            "invalid_arguments",
+            "the arguments must be a JSON object",
+        ));
+    };
+    if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ToolError::new(
+            "invalid_arguments",
+            format!(
+                "unknown argument {unknown:?}; {} takes only {}",
+                call.name,
+                allowed.join(", ")
+            ),
+        ));
+    }
+    Ok(map)
+}
+
+fn string(map: &Map<String, Value>, name: &str) -> Result<String, ToolError> {
+    map.get(name)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            ToolError::new(
+                "invalid_arguments",
+                format!("the argument {name:?} (a string) is required"),
+            )
+        })
+}
+
+fn unknown_tool(name: &str, bound: bool) -> ToolError {
+    let available = if bound {
+        "execute_shell_command and diff_patch_workspace_file"
+    } else {
+        "read_file, list_files, search_files and write_file"
+    };
+    ToolError::new(
+        "unknown_tool",
+        format!("there is no tool {name:?} in this turn; the tools are {available}"),
+    )
+}
+
+async fn execute(
+    service: &ChatService,
+    spec: &TurnSpec,
+    call: &ToolCall,
+    request_id: &str,
+) -> Result<Value, ToolError> {
+    // Retained state, re-checked on every call.
+    service
+        .check_current(&spec.chat.chat_id, spec.turn, spec.chat.binding_generation)
+        .await?;
+    let caller = &spec.caller;
+    match &spec.chat.binding {
+        None => {
+            let files = &service.files;
+            let project = json!(spec.chat.project_id);
+            let source = Source::Agent;
+            match call.name.as_str() {
+                "read_file" => {
+                    let mut args = arguments(call, &["path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.read_file(caller, &args, source).await
+                }
+                "list_files" => {
+                    let mut args = arguments(call, &["path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.list_files(caller, &args, source).await
+                }
+                "search_files" => {
+                    let mut args = arguments(call, &["query", "path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.search_files(caller, &args, source).await
+                }
+                "write_file" => {
+                    let mut args = arguments(call, &["path", "content", "expected_revision"])?;
+                    args.insert("workflow_id".into(), project);
+                    args.insert("request_id".into(), json!(request_id));
+                    files.write_file(caller, &args, source).await
+                }
+                other => Err(unknown_tool(other, false)),
+            }
+        }
+        Some(binding) => {
+            let operation = match call.name.as_str() {
+                "execute_shell_command" => {
+                    let args = arguments(call, &["command", "timeout"])?;
+                    let timeout = match args.get("timeout") {
+                        None | Some(Value::Null) => None,
+                        Some(v) => Some(v.as_u64().ok_or_else(|| {
+                            ToolError::new(
+                                "invalid_arguments",
+                                "timeout must be a whole number of seconds (1 to 300)",
+                            )
+                        })?),
+                    };
+                    Operation::ExecuteShellCommand {
+                        command: string(&args, "command")?,
+                        timeout,
+                    }
+                }
+                "diff_patch_workspace_file" => {
+                    let args = arguments(call, &["filepath", "diff"])?;
+                    Operation::DiffPatchWorkspaceFile {
+                        filepath: string(&args, "filepath")?,
+                        diff: string(&args, "diff")?,
+                    }
+                }
+                other => return Err(unknown_tool(other, true)),
+            };
+            // The person's live authority on the project, now (revoked token, removed member).
+            service.files.access(caller, &spec.chat.project_id).await?;
+            dispatch(service, caller, binding, request_id, operation).await
+        }
+    }
+}
+
+async fn dispatch(
+    service: &ChatService,
+    caller: &Caller,
+    binding: &Binding,
+    request_id: &str,
+    operation: Operation,
+) -> Result<Value, ToolError> {
+    let request = DispatchRequest {
+        user_id: caller.user_id.clone(),
+        device_id: binding.device_id.clone(),
+        folder: binding.folder.clone(),
+        request_id: request_id.to_owned(),
+        operation,
+    };
+    let state: DispatchState = match service.gatewayd.post("/v1/dispatch", &request).await {
+        Ok(state) => state,
+        Err(ClientError::Remote { body, .. }) => {
+            return Err(ToolError {
+                code: body.code,
+                message: body.message,
+                details: body.details,
+            });
+        }
+        Err(other) => {
+            return Err(ToolError::new(
+                "gateway_unavailable",
+                format!(
+                    "the device gateway is not reachable ({other}); the call was not run anywhere"
+                ),
+            ));
+        }
+    };
+    let with_id = |mut error: ToolError| {
+        error.details.insert("request_id".into(), json!(request_id));
+        error
+    };
+    match state {
+        DispatchState::Done { outcome } => match outcome {
+            Outcome::Completed {
+                stdout,
+                stderr,
+                exit_code,
+                stdout_truncated,
+                stderr_truncated,
+                timed_out,
+                cancelled,
+            } => Ok(json!({
+                "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
+                "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated,
+                "timed_out": timed_out, "cancelled": cancelled, "request_id": request_id,
+            })),
+            Outcome::Patched { files } => Ok(json!({"files": files, "request_id": request_id})),
+            Outcome::Refused { code, message } => Err(with_id(ToolError::new(code, message))),
+            Outcome::Interrupted { message } => Err(with_id(ToolError::new(
+                "interrupted",
+                format!("{message}; inspect the files before trying again"),
+            ))),
+        },
+        DispatchState::Pending => Err(with_id(ToolError::new(
+            "outcome_unknown",
+            "the request is still running on the device; inspect the files before trying again",
+        ))),
+        DispatchState::Unknown { reason } => Err(with_id(ToolError::new(
+            "outcome_unknown",
+            format!("{reason}; inspect the files before trying again"),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(tools: &[Value]) -> Vec<&str> {
+        tools
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn tool_lists_are_exactly_the_modes_tools() {
+        assert_eq!(
+            names(&server_tools()),
+            ["read_file", "list_files", "search_files", "write_file"]
+        );
+        assert_eq!(
+            names(&local_tools()),
+            ["execute_shell_command", "diff_patch_workspace_file"]
+        );
+        // Nothing in a local schema names a device, folder or project.
+        let text = serde_json::to_string(&local_tools()).unwrap();
+        for word in ["device", "\"folder\"", "workflow_id", "request_id"] {
+            assert!(!text.contains(word), "{word}");
+        }
+        let text = serde_json::to_string(&server_tools()).unwrap();
+        assert!(!text.contains("workflow_id") && !text.contains("request_id"));
+    }
+
+    #[test]
+    fn arguments_refuse_unknown_keys() {
+        let call = |args: &str| ToolCall {
+            id: "c".into(),
+            name: "execute_shell_command".into(),
+            arguments: args.into(),
+        };
+        assert!(arguments(&call(r#"{"command":"ls"}"#), &["command", "timeout"]).is_ok());
+        let err =
+            arguments(&call(r#"{"command":"ls","device_id":"d"}"#), &["command"]).unwrap_err();
+        assert_eq!(err.code, "invalid_arguments");
+        assert!(arguments(&call("[1]"), &["command"]).is_err());
+    }
+}

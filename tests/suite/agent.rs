@@ -1,0 +1,1034 @@
+//! The agent end to end: real agentd, workspaced and gatewayd, a real `agentworks executor
+//! connect` where a test needs a laptop, and a scripted OpenAI-compatible model server on
+//! loopback (hyper, in this file) that plays back tool calls and text and records every request
+//! it was sent, so the tests can check the tool lists and the tool results the model received.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use super::harness::{Gatewayd, Stack, http};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentworks");
+const WAIT: Duration = Duration::from_secs(20);
+const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
+const OUTSIDE: &str = "outside-secret-91c2";
+
+// ----- the scripted model -----
+
+/// One scripted answer: a pause, then the chat-completion body.
+type Step = (Duration, Value);
+
+/// A scripted OpenAI-compatible chat-completions server on loopback.
+struct Model {
+    port: u16,
+    script: Arc<Mutex<VecDeque<Step>>>,
+    requests: Arc<Mutex<Vec<Value>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn text(t: &str) -> Value {
+    json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]})
+}
+
+fn calls(list: &[(&str, &str, Value)]) -> Value {
+    let calls: Vec<Value> = list
+        .iter()
+        .map(|(id, name, args)| {
+            json!({"id": id, "type": "function",
+                   "function": {"name": name, "arguments": args.to_string()}})
+        })
+        .collect();
+    json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": null, "tool_calls": calls},
+        "finish_reason": "tool_calls"}]})
+}
+
+impl Model {
+    fn start() -> Model {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let script: Arc<Mutex<VecDeque<Step>>> = Default::default();
+        let requests: Arc<Mutex<Vec<Value>>> = Default::default();
+        let (s, r) = (script.clone(), requests.clone());
+        runtime.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (s, r) = (s.clone(), r.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let (s, r) = (s.clone(), r.clone());
+                            async move {
+                                use http_body_util::BodyExt;
+                                assert_eq!(req.uri().path(), "/v1/chat/completions");
+                                let body = req.into_body().collect().await.unwrap().to_bytes();
+                                let value: Value = serde_json::from_slice(&body).unwrap();
+                                r.lock().unwrap().push(value);
+                                let step = s.lock().unwrap().pop_front();
+                                let (delay, answer) =
+                                    step.unwrap_or((Duration::ZERO, text("(script ended)")));
+                                tokio::time::sleep(delay).await;
+                                Ok::<_, std::convert::Infallible>(
+                                    hyper::Response::builder()
+                                        .header("content-type", "application/json")
+                                        .body(http_body_util::Full::new(bytes::Bytes::from(
+                                            answer.to_string(),
+                                        )))
+                                        .unwrap(),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Model {
+            port,
+            script,
+            requests,
+            _runtime: runtime,
+        }
+    }
+
+    fn config(&self) -> String {
+        format!(
+            "[agentd.model]\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"scripted\"\nmax_tool_rounds = 4\nrequest_timeout_secs = 30\n",
+            self.port
+        )
+    }
+
+    fn play(&self, steps: Vec<Value>) {
+        let mut script = self.script.lock().unwrap();
+        script.clear();
+        script.extend(steps.into_iter().map(|s| (Duration::ZERO, s)));
+    }
+
+    fn play_slowly(&self, delay: Duration, step: Value) {
+        self.script.lock().unwrap().push_back((delay, step));
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    fn clear(&self) {
+        self.requests.lock().unwrap().clear();
+    }
+}
+
+/// The tool names of one recorded model request.
+fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The tool results (parsed `content`) the model received in one request, by call id.
+fn tool_results(request: &Value) -> Vec<(String, Value)> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().to_owned(),
+                serde_json::from_str(m["content"].as_str().unwrap()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+// ----- the REST API -----
+
+fn api(stack: &Stack, token: &str, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let auth = format!("Bearer {token}");
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (status, _, text) = http(
+        stack.port,
+        method,
+        path,
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        &body,
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// A turn's events: (kind, data), after checking the content type.
+fn turn(
+    port: u16,
+    token: &str,
+    chat: &str,
+    message: &str,
+) -> Result<Vec<(String, Value)>, (u16, Value)> {
+    let auth = format!("Bearer {token}");
+    let (status, headers, text) = http(
+        port,
+        "POST",
+        &format!("/v1/chats/{chat}/turns"),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        &json!({"message": message}).to_string(),
+    );
+    if status != 200 {
+        return Err((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ));
+    }
+    assert_eq!(headers["content-type"], "text/event-stream");
+    let mut events = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.is_empty()) {
+        let mut lines = block.lines();
+        let kind = lines.next().unwrap().strip_prefix("event: ").unwrap();
+        let data = lines.next().unwrap().strip_prefix("data: ").unwrap();
+        events.push((kind.to_owned(), serde_json::from_str(data).unwrap()));
+    }
+    assert_eq!(events.last().unwrap().0, "end", "{events:?}");
+    Ok(events)
+}
+
+fn of_kind<'a>(events: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|(k, _)| k == kind)
+        .map(|(_, v)| v)
+        .collect()
+}
+
+fn result_of<'a>(events: &'a [(String, Value)], id: &str) -> &'a Value {
+    events
+        .iter()
+        .find(|(k, v)| k == "tool_result" && v["id"] == id)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no tool_result {id}: {events:?}"))
+}
+
+/// A person with a workflows token.
+fn user(stack: &Stack, name: &str) -> String {
+    let _ = stack.admin_raw("users/add", json!({"name": name}));
+    stack.token(name, &["workflows:read", "workflows:write"], json!({}))
+}
+
+fn code_project(stack: &Stack, name: &str, owner: &str, files: &[(&str, &str)]) {
+    stack.state.project(name, files);
+    stack.admin(
+        "projects/add",
+        json!({"name": name, "kind": "code", "owner": owner}),
+    );
+}
+
+fn create_chat(stack: &Stack, token: &str, project: &str) -> String {
+    let (status, chat) = api(
+        stack,
+        token,
+        "POST",
+        "/v1/chats",
+        json!({"project": project}),
+    );
+    assert_eq!(status, 201, "{chat}");
+    chat["chat_id"].as_str().unwrap().to_owned()
+}
+
+// ----- a laptop (the pattern of tests/suite/laptop.rs) -----
+
+struct Laptop {
+    dir: tempfile::TempDir,
+}
+
+impl Laptop {
+    fn new() -> Laptop {
+        let laptop = Laptop {
+            dir: tempfile::Builder::new()
+                .prefix("aw-agent-laptop-")
+                .tempdir()
+                .unwrap(),
+        };
+        for (path, content) in [
+            ("home/src/repo/a.txt", "one\ntwo\nthree\n"),
+            ("home/src/outside.txt", OUTSIDE),
+        ] {
+            let path = laptop.root().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        std::fs::create_dir_all(laptop.root().join("xdg-config")).unwrap();
+        std::fs::create_dir_all(laptop.root().join("xdg-state")).unwrap();
+        laptop
+    }
+    fn root(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap()
+    }
+    fn repo(&self) -> PathBuf {
+        self.root().join("home/src/repo")
+    }
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("HOME", self.root().join("home"))
+            .env("XDG_CONFIG_HOME", self.root().join("xdg-config"))
+            .env("XDG_STATE_HOME", self.root().join("xdg-state"))
+            .stdin(Stdio::null());
+        command
+    }
+    fn login(&self, stack: &Stack, gw_port: u16, token: &str) {
+        let server = format!("http://127.0.0.1:{}", stack.port);
+        let gateway = format!("ws://127.0.0.1:{gw_port}");
+        let mut child = self
+            .command(&[
+                "login",
+                "--server",
+                &server,
+                "--gateway",
+                &gateway,
+                "--with-token",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "login: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    fn connect(&self) -> Executor {
+        let repo = self.repo();
+        let child = self
+            .command(&[
+                "executor",
+                "connect",
+                "--name",
+                "laptop",
+                "--write-folder",
+                repo.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Executor { child }
+    }
+}
+
+struct Executor {
+    child: Child,
+}
+
+impl Executor {
+    fn kill(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+/// Everything real: alice with a code project `app`, her laptop sharing `repo` (writable).
+/// Fields drop in order: the executor first, then gatewayd, then the stack.
+struct Setup {
+    executor: Option<Executor>,
+    gw: Gatewayd,
+    stack: Stack,
+    model: Model,
+    laptop: Laptop,
+    alice: String,
+    device_id: String,
+}
+
+impl Setup {
+    fn start(with_executor: bool) -> Setup {
+        let model = Model::start();
+        let (stack, gw_port) = Stack::start_with_gateway_and(&model.config());
+        let gw = Gatewayd::start(&stack, gw_port);
+        let alice = user(&stack, "alice");
+        code_project(&stack, "app", "alice", &[("server.txt", "server file\n")]);
+        let laptop = Laptop::new();
+        let mut setup = Setup {
+            executor: None,
+            gw,
+            stack,
+            model,
+            laptop,
+            alice,
+            device_id: String::new(),
+        };
+        if with_executor {
+            let connect = setup.stack.token("alice", &["devices:connect"], json!({}));
+            setup.laptop.login(&setup.stack, gw_port, &connect);
+            setup.executor = Some(setup.laptop.connect());
+            let device = setup.wait_device(true);
+            setup.device_id = device["device_id"].as_str().unwrap().to_owned();
+        }
+        setup
+    }
+
+    /// alice's device as `GET /v1/devices` lists it, once its online state is `online`.
+    fn wait_device(&self, online: bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (status, body) = api(&self.stack, &self.alice, "GET", "/v1/devices", Value::Null);
+            assert_eq!(status, 200, "{body}");
+            if let Some(device) = body["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["online"] == online)
+            {
+                return device.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the device's online state never became {online}: {body}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn bind(&self, chat: &str) -> (u16, Value) {
+        api(
+            &self.stack,
+            &self.alice,
+            "PUT",
+            &format!("/v1/chats/{chat}/binding"),
+            json!({"device_id": self.device_id, "folder": "repo", "confirm": CONFIRM}),
+        )
+    }
+
+    fn server_file(&self) -> String {
+        std::fs::read_to_string(self.stack.state.documents().join("app/server.txt")).unwrap()
+    }
+}
+
+const PATCH: &str = "--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n";
+
+#[test]
+fn a_bound_turn_runs_a_command_and_a_patch_on_the_laptop_and_the_model_gets_the_results() {
+    let setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+
+    // The device and its folder are listed to alice with the folder's access.
+    let device = setup.wait_device(true);
+    assert_eq!(device["folders"][0]["alias"], "repo", "{device}");
+    assert_eq!(device["folders"][0]["access"], "read_write", "{device}");
+
+    // Binding needs the exact confirmation, which the refusal carries.
+    for confirm in [Value::Null, json!("yes"), json!(CONFIRM.to_lowercase())] {
+        let (status, body) = api(
+            &setup.stack,
+            &setup.alice,
+            "PUT",
+            &format!("/v1/chats/{chat}/binding"),
+            json!({"device_id": setup.device_id, "folder": "repo", "confirm": confirm}),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "consequences_not_confirmed");
+        assert!(body["error"]["message"].as_str().unwrap().contains(CONFIRM));
+    }
+    // Only alice's device and a folder it shares.
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "PUT",
+        &format!("/v1/chats/{chat}/binding"),
+        json!({"device_id": setup.device_id, "folder": "nope", "confirm": CONFIRM}),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("folder_not_shared"))
+    );
+    let (status, bound) = setup.bind(&chat);
+    assert_eq!(status, 200, "{bound}");
+    assert_eq!(bound["binding"]["device_id"], setup.device_id.as_str());
+    assert_eq!(bound["binding"]["folder"], "repo");
+
+    setup.model.play(vec![
+        calls(&[(
+            "c1",
+            "execute_shell_command",
+            json!({"command": "cat a.txt; echo made > made.txt"}),
+        )]),
+        calls(&[(
+            "c2",
+            "diff_patch_workspace_file",
+            json!({"filepath": "a.txt", "diff": PATCH}),
+        )]),
+        // A server tool does not exist in a bound turn.
+        calls(&[(
+            "c3",
+            "write_file",
+            json!({"path": "server.txt", "content": "x", "expected_revision": "missing"}),
+        )]),
+        text("Patched a.txt."),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "fix a.txt").unwrap();
+    let names: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tool_call",
+            "tool_result",
+            "tool_call",
+            "tool_result",
+            "tool_call",
+            "tool_result",
+            "text",
+            "end"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(of_kind(&events, "end")[0]["reason"], "completed");
+    assert_eq!(
+        of_kind(&events, "tool_call")[0]["arguments"]["command"],
+        "cat a.txt; echo made > made.txt"
+    );
+    let c1 = result_of(&events, "c1");
+    assert_eq!(c1["ok"], true, "{c1}");
+    assert_eq!(c1["result"]["stdout"], "one\ntwo\nthree\n");
+    assert_eq!(c1["result"]["exit_code"], 0);
+    assert_eq!(result_of(&events, "c2")["ok"], true, "{events:?}");
+    let c3 = result_of(&events, "c3");
+    assert_eq!(
+        (c3["ok"].clone(), c3["error"]["code"].clone()),
+        (json!(false), json!("unknown_tool"))
+    );
+
+    // The laptop folder changed; the server's project did not.
+    assert_eq!(
+        std::fs::read_to_string(setup.laptop.repo().join("a.txt")).unwrap(),
+        "one\nTWO\nthree\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(setup.laptop.repo().join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(setup.server_file(), "server file\n");
+    assert!(!setup.stack.state.documents().join("app/made.txt").exists());
+
+    // The model saw exactly the two local tools every time, and received the results.
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 4);
+    for request in &requests {
+        assert_eq!(
+            tool_names(request),
+            ["execute_shell_command", "diff_patch_workspace_file"]
+        );
+        let schema = request["tools"].to_string();
+        assert!(
+            !schema.contains("device") && !schema.contains("request_id"),
+            "{schema}"
+        );
+    }
+    let results = tool_results(&requests[3]);
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0].0, "c1");
+    assert_eq!(results[0].1["result"]["stdout"], "one\ntwo\nthree\n");
+    assert_eq!(results[1].1["ok"], true);
+    assert_eq!(
+        results[1].1["result"]["files"][0]["path"], "a.txt",
+        "{}",
+        results[1].1
+    );
+    assert_eq!(results[2].1["error"]["code"], "unknown_tool");
+
+    // The request ids were made by the server, per chat, turn and call.
+    let alice_id = setup
+        .stack
+        .admin("users/list", json!({}))
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "alice")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let outcome = setup
+        .gw
+        .client()
+        .json(
+            "/v1/outcome",
+            json!({"user_id": alice_id, "request_id": format!("chat-{chat}-turn-1-call-2")}),
+        )
+        .unwrap();
+    assert_eq!(outcome["outcome"]["status"], "patched", "{outcome}");
+
+    // The conversation is stored: user, assistant and tool messages, in order.
+    let (status, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200);
+    let roles: Vec<&str> = stored["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
+    );
+}
+
+#[test]
+fn paths_outside_the_bound_folder_are_refused_by_the_executor() {
+    let setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    assert_eq!(setup.bind(&chat).0, 200);
+    let outside_patch =
+        format!("--- a/../outside.txt\n+++ b/../outside.txt\n@@ -1 +1 @@\n-{OUTSIDE}\n+changed\n");
+    setup.model.play(vec![
+        calls(&[
+            (
+                "p1",
+                "diff_patch_workspace_file",
+                json!({"filepath": "../outside.txt", "diff": outside_patch}),
+            ),
+            (
+                "s1",
+                "execute_shell_command",
+                json!({"command": "cat ../outside.txt"}),
+            ),
+            (
+                "s2",
+                "execute_shell_command",
+                json!({"command": "echo changed > ../outside.txt"}),
+            ),
+            // The model cannot pick a device or folder: extra arguments are refused.
+            (
+                "d1",
+                "execute_shell_command",
+                json!({"command": "ls", "device_id": "other", "folder": "x"}),
+            ),
+        ]),
+        text("done"),
+    ]);
+    let events = turn(
+        setup.stack.port,
+        &setup.alice,
+        &chat,
+        "read the file next to the folder",
+    )
+    .unwrap();
+    let p1 = result_of(&events, "p1");
+    assert_eq!(p1["ok"], false, "{p1}");
+    assert_ne!(p1["error"]["code"], "device_offline", "{p1}");
+    for id in ["s1", "s2"] {
+        let s = result_of(&events, id);
+        assert_eq!(s["ok"], true, "{s}");
+        assert_ne!(s["result"]["exit_code"], 0, "{s}");
+        assert!(
+            !s["result"]["stdout"].as_str().unwrap().contains(OUTSIDE),
+            "{s}"
+        );
+    }
+    assert_eq!(
+        result_of(&events, "d1")["error"]["code"],
+        "invalid_arguments"
+    );
+    assert_eq!(
+        std::fs::read_to_string(setup.laptop.root().join("home/src/outside.txt")).unwrap(),
+        OUTSIDE
+    );
+    // The model got the refusals, not the content.
+    let results = tool_results(setup.model.requests().last().unwrap());
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0].1["ok"], false, "{results:?}");
+    for (id, result) in &results {
+        assert!(!result.to_string().contains(OUTSIDE), "{id}: {result}");
+    }
+}
+
+#[test]
+fn an_offline_device_fails_local_calls_without_falling_back_to_the_server() {
+    let mut setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    assert_eq!(setup.bind(&chat).0, 200);
+    setup.executor.as_mut().unwrap().kill();
+    setup.wait_device(false);
+
+    setup.model.play(vec![
+        calls(&[
+            ("s1", "execute_shell_command", json!({"command": "echo changed > server.txt"})),
+            ("p1", "diff_patch_workspace_file", json!({"filepath": "server.txt",
+                "diff": "--- a/server.txt\n+++ b/server.txt\n@@ -1 +1 @@\n-server file\n+changed\n"})),
+            ("r1", "read_file", json!({"path": "server.txt"})),
+        ]),
+        text("the laptop is offline"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "change server.txt").unwrap();
+    for id in ["s1", "p1"] {
+        let r = result_of(&events, id);
+        assert_eq!(r["ok"], false, "{r}");
+        assert_eq!(r["error"]["code"], "device_offline", "{r}");
+    }
+    assert_eq!(result_of(&events, "r1")["error"]["code"], "unknown_tool");
+    assert_eq!(of_kind(&events, "end")[0]["reason"], "completed");
+    // Nothing changed on the server, and the tool list stayed the local one.
+    assert_eq!(setup.server_file(), "server file\n");
+    for request in setup.model.requests() {
+        assert_eq!(
+            tool_names(&request),
+            ["execute_shell_command", "diff_patch_workspace_file"]
+        );
+    }
+    let results = tool_results(setup.model.requests().last().unwrap());
+    assert_eq!(results[0].1["error"]["code"], "device_offline");
+    // The binding is kept.
+    let (_, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(stored["binding"]["device_id"], setup.device_id.as_str());
+}
+
+#[test]
+fn binding_changes_wait_for_the_running_turn_and_unbinding_restores_server_tools() {
+    let setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    assert_eq!(setup.bind(&chat).0, 200);
+
+    // A turn whose model answers slowly.
+    setup.model.play(vec![]);
+    setup
+        .model
+        .play_slowly(Duration::from_secs(3), text("slow answer"));
+    let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
+    let running = std::thread::spawn(move || turn(port, &token, &id, "take your time"));
+    let deadline = Instant::now() + WAIT;
+    while setup.model.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the turn never reached the model"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let path = format!("/v1/chats/{chat}/binding");
+    let (status, body) = setup.bind(&chat);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("turn_running")),
+        "{body}"
+    );
+    let (status, body) = api(&setup.stack, &setup.alice, "DELETE", &path, Value::Null);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("turn_running")),
+        "{body}"
+    );
+    let second = turn(setup.stack.port, &setup.alice, &chat, "again").unwrap_err();
+    assert_eq!(
+        (second.0, second.1["error"]["code"].as_str()),
+        (409, Some("turn_running"))
+    );
+    let events = running.join().unwrap().unwrap();
+    assert_eq!(of_kind(&events, "text")[0]["text"], "slow answer");
+
+    // Once the turn ended: unbind, and the next turn has the server tools again.
+    let (status, body) = api(&setup.stack, &setup.alice, "DELETE", &path, Value::Null);
+    assert_eq!(status, 200, "{body}");
+    assert!(body["binding"].is_null());
+    setup.model.clear();
+    setup.model.play(vec![
+        calls(&[("r1", "read_file", json!({"path": "server.txt"}))]),
+        text("read it"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "read server.txt").unwrap();
+    assert_eq!(
+        result_of(&events, "r1")["result"]["content"],
+        "server file\n",
+        "{events:?}"
+    );
+    for request in setup.model.requests() {
+        assert_eq!(
+            tool_names(&request),
+            ["read_file", "list_files", "search_files", "write_file"]
+        );
+    }
+    // The second turn continued the chat: the first turn's messages were sent too.
+    let first = setup.model.requests()[0]["messages"].to_string();
+    assert!(
+        first.contains("take your time") && first.contains("slow answer"),
+        "{first}"
+    );
+}
+
+#[test]
+fn a_server_mode_turn_writes_through_workspaced_with_receipts() {
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![
+        calls(&[("l1", "list_files", json!({})), ("r1", "read_file", json!({"path": "server.txt"}))]),
+        calls(&[
+            ("w1", "write_file", json!({"path": "notes/new.txt", "content": "written by the agent\n", "expected_revision": "missing"})),
+            ("s1", "search_files", json!({"query": "server"})),
+        ]),
+        // The model cannot pick the project or the request id.
+        calls(&[("w2", "write_file", json!({"path": "x.txt", "content": "x", "expected_revision": "missing", "workflow_id": "other", "request_id": "mine"}))]),
+        text("wrote notes/new.txt"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "write a note").unwrap();
+    assert_eq!(
+        of_kind(&events, "end")[0]["reason"],
+        "completed",
+        "{events:?}"
+    );
+    assert_eq!(
+        result_of(&events, "r1")["result"]["content"],
+        "server file\n"
+    );
+    let w1 = result_of(&events, "w1");
+    assert_eq!(w1["ok"], true, "{w1}");
+    assert_eq!(
+        result_of(&events, "w2")["error"]["code"],
+        "invalid_arguments"
+    );
+    assert!(!setup.stack.state.documents().join("app/x.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(setup.stack.state.documents().join("app/notes/new.txt")).unwrap(),
+        "written by the agent\n"
+    );
+    let requests = setup.model.requests();
+    for request in &requests {
+        assert_eq!(
+            tool_names(request),
+            ["read_file", "list_files", "search_files", "write_file"]
+        );
+    }
+    let results = tool_results(&requests[2]);
+    assert_eq!(results[2].0, "w1");
+    assert_eq!(
+        results[2].1["result"]["receipt_id"],
+        w1["result"]["receipt_id"]
+    );
+
+    // The receipt, under the server-made request id, names alice and the agent.
+    let request_id = format!("chat-{chat}-turn-1-call-3");
+    let receipt = setup.stack.admin(
+        "receipts/show",
+        json!({"project": "app", "request_id": request_id, "user": "alice"}),
+    );
+    let text = receipt.to_string();
+    assert!(
+        text.contains(w1["result"]["receipt_id"].as_str().unwrap()),
+        "{text}"
+    );
+    assert!(
+        text.contains("notes/new.txt") && text.contains("\"agent\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn only_the_chats_creator_reads_it_and_runs_turns_in_it() {
+    let setup = Setup::start(false);
+    let alice = &setup.alice;
+    let chat = create_chat(&setup.stack, alice, "app");
+    let bob = user(&setup.stack, "bob");
+    setup.stack.admin(
+        "members/add",
+        json!({"project": "app", "user": "bob", "role": "co-owner"}),
+    );
+    let mallory = user(&setup.stack, "mallory");
+    setup.model.play(vec![text("hi")]);
+
+    // Another member (a co-owner) is refused; an outsider does not learn the chat exists.
+    let (status, body) = turn(setup.stack.port, &bob, &chat, "hello").unwrap_err();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("chat_not_yours")),
+        "{body}"
+    );
+    let (status, _) = turn(setup.stack.port, &mallory, &chat, "hello").unwrap_err();
+    assert_eq!(status, 404);
+    for token in [&bob, &mallory] {
+        let (status, _) = api(
+            &setup.stack,
+            token,
+            "GET",
+            &format!("/v1/chats/{chat}"),
+            Value::Null,
+        );
+        assert_eq!(status, 404);
+        let (status, _) = api(
+            &setup.stack,
+            token,
+            "DELETE",
+            &format!("/v1/chats/{chat}/binding"),
+            Value::Null,
+        );
+        assert_eq!(status, 404);
+    }
+    let (status, list) = api(
+        &setup.stack,
+        &bob,
+        "GET",
+        "/v1/chats?project=app",
+        Value::Null,
+    );
+    assert_eq!((status, list["chats"].as_array().unwrap().len()), (200, 0));
+    let (status, _) = api(
+        &setup.stack,
+        &mallory,
+        "POST",
+        "/v1/chats",
+        json!({"project": "app"}),
+    );
+    assert_eq!(status, 404);
+    assert!(setup.model.requests().is_empty());
+
+    // Tokens: devices:connect is the wrong scope, garbage is no token.
+    let connect = setup.stack.token("alice", &["devices:connect"], json!({}));
+    let (status, body) = api(&setup.stack, &connect, "GET", "/v1/chats", Value::Null);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("insufficient_scope"))
+    );
+    let (status, _) = api(&setup.stack, "nope", "GET", "/v1/chats", Value::Null);
+    assert_eq!(status, 401);
+
+    // Only code projects have chats.
+    setup.stack.admin(
+        "projects/add",
+        json!({"name": "flows", "kind": "workflow", "owner": "alice"}),
+    );
+    let (status, body) = api(
+        &setup.stack,
+        alice,
+        "POST",
+        "/v1/chats",
+        json!({"project": "flows"}),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("not_a_code_project")),
+        "{body}"
+    );
+
+    // The owner's turn runs; the chat is listed to her.
+    let events = turn(setup.stack.port, alice, &chat, "hello").unwrap();
+    assert_eq!(of_kind(&events, "text")[0]["text"], "hi");
+    let (_, list) = api(
+        &setup.stack,
+        alice,
+        "GET",
+        "/v1/chats?project=app",
+        Value::Null,
+    );
+    assert_eq!(list["chats"][0]["chat_id"], chat.as_str());
+    assert_eq!(list["chats"][0]["turns"], 1);
+}
+
+/// The turn's events reach the caller while the turn is still running, not all at its end.
+#[test]
+fn turn_events_stream_while_the_turn_runs() {
+    use std::io::{Read, Write};
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![calls(&[(
+        "r1",
+        "read_file",
+        json!({"path": "server.txt"}),
+    )])]);
+    setup
+        .model
+        .play_slowly(Duration::from_secs(4), text("done after a while"));
+    let body = json!({"message": "read it"}).to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", setup.stack.port)).unwrap();
+    write!(
+        stream,
+        "POST /v1/chats/{chat}/turns HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        setup.alice,
+        body.len()
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut received = String::new();
+    let mut buffer = [0u8; 4096];
+    while !received.contains("event: tool_result") {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended before the tool result: {received}");
+        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
+    }
+    assert!(!received.contains("event: end"), "{received}");
+    // The tool result arrived and the turn is provably still running: binding is refused.
+    let (status, refused) = setup.bind(&chat);
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "turn_running");
+    while !received.contains("event: end") {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended without an end event: {received}");
+        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
+    }
+    assert!(received.contains("done after a while"), "{received}");
+}

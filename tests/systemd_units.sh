@@ -1,0 +1,130 @@
+#!/bin/sh
+# Static checks of the systemd units and packaging files, no running systemd needed:
+#
+#   1. `systemd-analyze verify` of every system unit (units/) against a throw-away root that
+#      holds the distribution's standard units and stand-in daemon binaries, and of every user
+#      unit (units/user/). verify exits 0 on unknown keys and bad values, so ANY output fails.
+#   2. `systemd-analyze security --offline=yes` of each service, against its exposure goal
+#      (workspaced and gatewayd <= 0.5, agentd <= 1.1).
+#   3. systemd-sysusers and systemd-tmpfiles applied to the throw-away root with our
+#      packaging/ files: they must succeed and print nothing.
+#
+# Usage: tests/systemd_units.sh   (from anywhere; needs systemd >= 252's tools on the host)
+set -eu
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT INT TERM
+root=$work/root
+failed=0
+
+fail() {
+    echo "FAIL: $*" >&2
+    failed=1
+}
+
+# The root: the host's standard units (multi-user.target, sockets.target, network-online.target…),
+# ours, and executable stand-ins for the binaries (verify checks that ExecStart= exists).
+mkdir -p "$root/usr/lib/systemd/system" "$root/usr/lib/systemd/user" "$root/usr/bin" \
+    "$root/etc" "$work/xdg"
+chmod 0700 "$work/xdg"
+for dir in /usr/lib/systemd/system /lib/systemd/system; do
+    if [ -d "$dir" ]; then
+        find "$dir" -maxdepth 1 \( -name '*.target' -o -name '*.service' -o -name '*.socket' \
+            -o -name '*.slice' -o -name '*.mount' -o -name '*.timer' \) \
+            -exec cp -Pn {} "$root/usr/lib/systemd/system/" \;
+    fi
+done
+for bin in agentworks-workspaced agentworks-agentd agentworks-gatewayd; do
+    printf '#!/bin/sh\nexit 0\n' >"$root/usr/bin/$bin"
+    chmod 0755 "$root/usr/bin/$bin"
+done
+cp "$repo"/units/*.service "$repo"/units/*.socket "$repo"/units/*.target \
+    "$root/usr/lib/systemd/system/"
+: >"$root/etc/passwd"
+: >"$root/etc/group"
+
+# 1a. System units.
+out=$(systemd-analyze verify --root="$root" \
+    "$root"/usr/lib/systemd/system/agentworks*.service \
+    "$root"/usr/lib/systemd/system/agentworks*.socket \
+    "$root"/usr/lib/systemd/system/agentworks.target 2>&1) || fail "verify (system) exited $?"
+if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    fail "systemd-analyze verify (system units) printed something"
+fi
+
+# 1b. User units. `verify --user` does not take --root, so ExecStart= is pointed at the
+# stand-ins; everything else is verified as shipped.
+for unit in "$repo"/units/user/*; do
+    sed "s|^ExecStart=/usr/bin/|ExecStart=$root/usr/bin/|" "$unit" \
+        >"$root/usr/lib/systemd/user/$(basename "$unit")"
+done
+out=$(XDG_RUNTIME_DIR=$work/xdg systemd-analyze verify --user \
+    "$root"/usr/lib/systemd/user/agentworks* 2>&1) || fail "verify (user) exited $?"
+if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    fail "systemd-analyze verify --user (user units) printed something"
+fi
+
+# 2. Exposure scores.
+for goal in workspaced:0.5 gatewayd:0.5 agentd:1.1; do
+    daemon=${goal%%:*}
+    max=${goal#*:}
+    unit=agentworks-$daemon.service
+    score=$(systemd-analyze security --offline=yes --root="$root" --no-pager "$unit" 2>&1 |
+        sed -n "s/.*Overall exposure level for $unit: \([0-9.]*\).*/\1/p")
+    if [ -z "$score" ]; then
+        fail "no exposure score for $unit"
+        continue
+    fi
+    echo "$unit: exposure $score (goal <= $max)"
+    if ! awk -v s="$score" -v m="$max" 'BEGIN { exit !(s <= m) }'; then
+        fail "$unit scores $score, above $max"
+    fi
+done
+
+# 3. sysusers.d and tmpfiles.d, applied to the root.
+out=$(systemd-sysusers --root="$root" "$repo/packaging/sysusers.d/agentworks.conf" 2>&1) ||
+    fail "systemd-sysusers exited $?"
+out=$(printf '%s\n' "$out" | grep -v '^Creating ' || true)
+if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    fail "systemd-sysusers printed something unexpected"
+fi
+for user in agentworks agentworks-files agentworks-gw; do
+    grep -q "^$user:" "$root/etc/passwd" || fail "sysusers did not create user $user"
+done
+for group in agentworks agentworks-admin; do
+    grep -q "^$group:" "$root/etc/group" || fail "sysusers did not create group $group"
+done
+grep -q '^agentworks:[^:]*:[^:]*:.*agentworks-files' "$root/etc/group" &&
+    grep -q '^agentworks:[^:]*:[^:]*:.*agentworks-gw' "$root/etc/group" ||
+    fail "agentworks-files and agentworks-gw are not members of group agentworks"
+out=$(systemd-tmpfiles --root="$root" --create "$repo/packaging/tmpfiles.d/agentworks.conf" 2>&1) ||
+    fail "systemd-tmpfiles exited $?"
+if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    fail "systemd-tmpfiles printed something"
+fi
+for dir in var/lib/agentworks/agent var/lib/agentworks/files var/lib/agentworks/gateway \
+    var/lib/agentworks-documents; do
+    [ -d "$root/$dir" ] || fail "tmpfiles did not create /$dir"
+done
+
+# The catalog must compile.
+if [ -f "$repo/packaging/agentworks.catalog" ]; then
+    mkdir -p "$root/usr/lib/systemd/catalog" "$root/var/lib/systemd/catalog"
+    cp "$repo/packaging/agentworks.catalog" "$root/usr/lib/systemd/catalog/"
+    out=$(journalctl --root="$root" --update-catalog 2>&1) || fail "journalctl --update-catalog exited $?"
+    if [ -n "$out" ]; then
+        printf '%s\n' "$out" >&2
+        fail "journalctl --update-catalog printed something"
+    fi
+fi
+
+if [ "$failed" -ne 0 ]; then
+    echo "systemd_units: FAILED" >&2
+    exit 1
+fi
+echo "systemd_units: ok"
