@@ -70,6 +70,34 @@ enum Command {
         #[command(subcommand)]
         command: ExecutorCommand,
     },
+    /// Chat with the server-side agent in a project, one message per line (/unbind, /quit).
+    ///
+    /// Needs a personal token with a workflows scope in $AGENTWORKS_TOKEN or --token-file (the
+    /// laptop's devices:connect credential cannot chat). With --local ALIAS the chat is bound
+    /// to this person's shared laptop folder of that name, after showing the consequences.
+    Chat {
+        /// The project (name or id).
+        #[arg(long)]
+        project: String,
+        /// Resume this chat instead of creating one.
+        #[arg(long)]
+        chat: Option<String>,
+        /// Bind the chat to the shared folder with this alias (see `agentworks executor connect`).
+        #[arg(long, value_name = "FOLDER_ALIAS")]
+        local: Option<String>,
+        /// The device sharing the folder, when several do.
+        #[arg(long)]
+        device: Option<String>,
+        /// Confirm the binding's consequences without asking.
+        #[arg(long)]
+        yes: bool,
+        /// agentd's URL (default: the one stored at login).
+        #[arg(long)]
+        server: Option<String>,
+        /// A file holding the personal token (default: $AGENTWORKS_TOKEN).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -257,6 +285,42 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "Logged in; the credential is stored in {}",
                 stored.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Chat {
+            project,
+            chat,
+            local,
+            device,
+            yes,
+            server,
+            token_file,
+        } => {
+            let token = match token_file {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read the token file {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+                None => std::env::var("AGENTWORKS_TOKEN").map_err(|_| {
+                    anyhow!("set AGENTWORKS_TOKEN (or --token-file) to a personal token with a workflows scope")
+                })?,
+            };
+            let server = match server {
+                Some(server) => server,
+                None => Credentials::load(&dirs)?
+                    .map(|c| c.server)
+                    .ok_or_else(|| anyhow!("no server: pass --server URL (or log in first)"))?,
+            };
+            agentworks::executor::chat::run(agentworks::executor::chat::ChatOptions {
+                server: login::server_url(&server)?,
+                token,
+                project,
+                chat,
+                local,
+                device,
+                assume_yes: yes,
+            })
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logout => {

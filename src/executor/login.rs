@@ -58,7 +58,7 @@ pub struct Reply {
     pub body: String,
 }
 
-/// POST `body` (with `content_type`) to `server` + `path`.
+/// POST `body` (with `content_type`) to `server` + `path`; the whole answer.
 pub async fn post(
     server: &BaseUrl,
     path: &str,
@@ -67,6 +67,53 @@ pub async fn post(
     bearer: Option<&str>,
     extra: &[(&str, &str)],
 ) -> Result<Reply, LoginError> {
+    let url = format!("{}{path}", server.render());
+    let answer = async {
+        let response = send(
+            server,
+            "POST",
+            path,
+            Some(content_type),
+            body,
+            bearer,
+            extra,
+        )
+        .await?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| LoginError::Http {
+                url: url.clone(),
+                reason: e.to_string(),
+            })?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), answer)
+        .await
+        .map_err(|_| LoginError::Http {
+            url: url.clone(),
+            reason: "no answer in time".into(),
+        })?
+}
+
+/// Send one request to `server` + `path` (TCP, or TLS for `https://`) and return the response
+/// as soon as its head arrives, so a caller can read a long body (server-sent events) as it
+/// streams. Connecting is bounded by 20 s; reading the body is up to the caller.
+pub async fn send(
+    server: &BaseUrl,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: String,
+    bearer: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Result<hyper::Response<hyper::body::Incoming>, LoginError> {
     let url = format!("{}{path}", server.render());
     let http = |reason: String| LoginError::Http {
         url: url.clone(),
@@ -88,14 +135,16 @@ pub async fn post(
     .map_err(|_| http("connection timed out".into()))?
     .map_err(|e| http(e.to_string()))?;
     let mut request = hyper::Request::builder()
-        .method("POST")
+        .method(method)
         .uri(format!("{}{path}", server.path))
         .header("host", server.authority())
-        .header("content-type", content_type)
         .header(
             "user-agent",
             concat!("agentworks/", env!("CARGO_PKG_VERSION")),
         );
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
     if let Some(token) = bearer {
         request = request.header("authorization", format!("Bearer {token}"));
     }
@@ -105,31 +154,26 @@ pub async fn post(
     let request = request
         .body(Full::new(bytes::Bytes::from(body)))
         .map_err(|e| http(e.to_string()))?;
-    let send = async {
-        if server.scheme == "https" {
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| http(e.to_string()))?;
-            let tls = tokio_rustls::TlsConnector::from(Arc::clone(
-                &tls_config().map_err(|e| http(e.to_string()))?,
-            ))
-            .connect(name, tcp)
-            .await
+    if server.scheme == "https" {
+        let name = rustls::pki_types::ServerName::try_from(host.clone())
             .map_err(|e| http(e.to_string()))?;
-            exchange(hyper_util::rt::TokioIo::new(tls), request).await
-        } else {
-            exchange(hyper_util::rt::TokioIo::new(tcp), request).await
-        }
-        .map_err(http)
-    };
-    tokio::time::timeout(Duration::from_secs(30), send)
+        let tls = tokio_rustls::TlsConnector::from(Arc::clone(
+            &tls_config().map_err(|e| http(e.to_string()))?,
+        ))
+        .connect(name, tcp)
         .await
-        .map_err(|_| LoginError::Http {
-            url: url.clone(),
-            reason: "no answer in time".into(),
-        })?
+        .map_err(|e| http(e.to_string()))?;
+        exchange(hyper_util::rt::TokioIo::new(tls), request).await
+    } else {
+        exchange(hyper_util::rt::TokioIo::new(tcp), request).await
+    }
+    .map_err(http)
 }
 
-async fn exchange<IO>(io: IO, request: hyper::Request<Full<bytes::Bytes>>) -> Result<Reply, String>
+async fn exchange<IO>(
+    io: IO,
+    request: hyper::Request<Full<bytes::Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>, String>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -137,21 +181,10 @@ where
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let response = sender
+    sender
         .send_request(request)
         .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok(Reply {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    })
+        .map_err(|e| e.to_string())
 }
 
 fn form(pairs: &[(&str, &str)]) -> String {

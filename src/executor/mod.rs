@@ -4,6 +4,7 @@
 //! Owns: how a granted shell command is confined and bounded on the person's machine.
 //! Never: runs a command outside a fully enforced Landlock ruleset.
 
+pub mod chat;
 pub mod config;
 pub mod connect;
 pub mod grants;

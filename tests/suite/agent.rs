@@ -1032,3 +1032,61 @@ fn turn_events_stream_while_the_turn_runs() {
     }
     assert!(received.contains("done after a while"), "{received}");
 }
+
+/// `agentworks chat`: the terminal client binds after confirmation, folds tool calls to a line
+/// each, shows the model's text, and unbinds.
+#[test]
+fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
+    use std::io::Write;
+    let setup = Setup::start(true);
+    setup.model.play(vec![
+        calls(&[("c1", "execute_shell_command", json!({"command": "echo hi"}))]),
+        text("all done"),
+    ]);
+    let chat_cli = |stdin: &str, extra: &[&str]| {
+        let home = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks"))
+            .args(["chat", "--project", "app", "--local", "repo", "--server"])
+            .arg(format!("http://127.0.0.1:{}", setup.stack.port))
+            .args(extra)
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .env("XDG_STATE_HOME", home.path().join("state"))
+            .env("AGENTWORKS_TOKEN", &setup.alice)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // Without a "yes" nothing is bound.
+    let refused = chat_cli("no\n", &[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("consequences"));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not bound"));
+
+    let out = chat_cli("run it\n/unbind\n/quit\n", &["--yes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("bound to "), "{stdout}");
+    assert!(
+        stdout.contains("✓ execute_shell_command echo hi — exit 0, 1 line of output"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("agent> all done"), "{stdout}");
+    assert!(stdout.contains("unbound: server files"), "{stdout}");
+    // The command really ran on the laptop: the model got its output.
+    let results = tool_results(&setup.model.requests()[1]);
+    assert!(results[0].1.to_string().contains("hi"), "{results:?}");
+}
