@@ -76,10 +76,12 @@ pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
-        // tungstenite's default 128 KiB read buffer is zero-filled on the first read and stays
-        // resident: ~142 KiB per idle laptop. 4 KiB keeps idle connections at ~14 KiB (bench:
+        // tungstenite's defaults (128 KiB read buffer, zero-filled on the first read, and a
+        // 128 KiB write buffer) stay resident: ~142 KiB per idle laptop. A 4 KiB read buffer
+        // and writing each frame at once keep an idle connection at ~14 KiB (bench:
         // gateway_roundtrip); large frames still arrive, in more reads.
         .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0)
 }
 
 /// The per-connection read buffer (see [`ws_config`]).
