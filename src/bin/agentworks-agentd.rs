@@ -5,7 +5,7 @@
 //! shutdown, 1 when it could not start, 2 for a bad command line or config.
 
 use agentworks::agent;
-use agentworks::daemon::{caps, config::Config, listener, logging, shutdown, systemd};
+use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
 use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
@@ -27,37 +27,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    logging::init("agentworks-agentd");
-    // agentd needs no capability at all; drop them before any thread exists.
-    if let Err(e) = caps::retain_only(&[]) {
-        eprintln!("agentworks-agentd: cannot drop capabilities: {e}");
-        return ExitCode::from(1);
-    }
-    let config = match Config::load(args.config.as_deref()) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("agentworks-agentd: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("agentworks-agentd: cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(run(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("agentworks-agentd: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    // agentd needs no capability at all.
+    entry::main(
+        "agentworks-agentd",
+        &[],
+        args.config.as_deref(),
+        |config, _| run(config),
+    )
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {

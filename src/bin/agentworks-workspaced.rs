@@ -4,7 +4,7 @@
 //! `agentworks::workspace::server::run`. Exit codes: 0 after a clean shutdown, 1 when the
 //! daemon could not start or failed while running, 2 for a bad command line or config.
 
-use agentworks::daemon::{caps, config::Config, listener, logging, shutdown, systemd};
+use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
 use agentworks::ipc::server::{PeerPolicy, ServerLimits};
 use agentworks::workspace::ops::{Limits, Workspace};
 use agentworks::workspace::server;
@@ -32,44 +32,17 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    logging::init("agentworks-workspaced");
-    // Capabilities are per thread: drop them before the runtime starts any. CAP_CHOWN and
-    // CAP_FOWNER are kept only if an operator granted them (to keep owners exactly).
-    let kept = match caps::retain_only(&[
-        ::caps::Capability::CAP_CHOWN,
-        ::caps::Capability::CAP_FOWNER,
-    ]) {
-        Ok(kept) => kept,
-        Err(e) => {
-            eprintln!("agentworks-workspaced: cannot drop capabilities: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let config = match Config::load(args.config.as_deref()) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("agentworks-workspaced: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("agentworks-workspaced: cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(run(config, kept)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("agentworks-workspaced: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    // CAP_CHOWN and CAP_FOWNER are kept only if an operator granted them (to keep owners
+    // exactly); everything else is dropped.
+    entry::main(
+        "agentworks-workspaced",
+        &[
+            ::caps::Capability::CAP_CHOWN,
+            ::caps::Capability::CAP_FOWNER,
+        ],
+        args.config.as_deref(),
+        run,
+    )
 }
 
 async fn run(config: Config, kept: Vec<::caps::Capability>) -> anyhow::Result<()> {

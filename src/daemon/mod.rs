@@ -10,6 +10,7 @@
 
 pub mod caps;
 pub mod config;
+pub mod entry;
 pub mod layout;
 pub mod listener;
 pub mod logging;
