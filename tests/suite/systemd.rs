@@ -14,8 +14,9 @@ fn spawn_with_notify(
     let dir = tempfile::tempdir().unwrap();
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
+    // Generous: the whole suite runs many daemons at once on two cores.
     notify
-        .set_read_timeout(Some(Duration::from_secs(20)))
+        .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut command = Command::new(workspaced_bin());
     command
@@ -23,9 +24,11 @@ fn spawn_with_notify(
         .env("AGENTWORKS_STATE_ROOT", state.root())
         .env("AGENTWORKS_CONFIG", state.root().join("agentworks.toml"))
         .env("NOTIFY_SOCKET", &notify_path)
+        .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        // A daemon that fails to start says why.
+        .stderr(Stdio::inherit());
     for (k, v) in extra_env {
         command.env(k, v);
     }
@@ -34,7 +37,7 @@ fn spawn_with_notify(
 
 fn next_message(notify: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
-    let n = notify.recv(&mut buf).expect("a notification within 20 s");
+    let n = notify.recv(&mut buf).expect("a notification within 60 s");
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
@@ -68,7 +71,7 @@ fn watchdog_pings_when_systemd_asks_for_them() {
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify
-        .set_read_timeout(Some(Duration::from_secs(20)))
+        .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut child = Command::new("sh")
         .arg("-c")
