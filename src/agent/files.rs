@@ -189,24 +189,35 @@ impl FileTools {
         Ok(json!({ "workflows": workflows }))
     }
 
+    /// A read in the caller's project: resolve live access to `workflow_id`, send `fields` with
+    /// the context to workspaced's `endpoint`, and tag the answer with the workflow id.
+    async fn read_in_project(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+        endpoint: &str,
+        fields: Value,
+    ) -> Result<Value, ToolError> {
+        let workflow = string_arg(args, "workflow_id")?;
+        let (project, access) = self.access(caller, workflow).await?;
+        let mut body = fields;
+        body["context"] = json!(self.context(caller, &project, &access, source));
+        let mut answer = self.workspaced(endpoint, body).await?;
+        answer["workflow_id"] = json!(project.id);
+        Ok(answer)
+    }
+
     pub async fn list_files(
         &self,
         caller: &Caller,
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let workflow = string_arg(args, "workflow_id")?;
         let path = optional_string_arg(args, "path")?.unwrap_or("");
-        let (project, access) = self.access(caller, workflow).await?;
-        let context = self.context(caller, &project, &access, source);
-        let mut listed = self
-            .workspaced(
-                "/v1/list",
-                json!({"context": context, "path": path, "recursive": true}),
-            )
-            .await?;
-        listed["workflow_id"] = json!(project.id);
-        Ok(listed)
+        let fields = json!({"path": path, "recursive": true});
+        self.read_in_project(caller, args, source, "/v1/list", fields)
+            .await
     }
 
     pub async fn read_file(
@@ -215,15 +226,9 @@ impl FileTools {
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let workflow = string_arg(args, "workflow_id")?;
-        let path = string_arg(args, "path")?;
-        let (project, access) = self.access(caller, workflow).await?;
-        let context = self.context(caller, &project, &access, source);
-        let mut read = self
-            .workspaced("/v1/read", json!({"context": context, "path": path}))
-            .await?;
-        read["workflow_id"] = json!(project.id);
-        Ok(read)
+        let fields = json!({"path": string_arg(args, "path")?});
+        self.read_in_project(caller, args, source, "/v1/read", fields)
+            .await
     }
 
     pub async fn search_files(
@@ -232,19 +237,11 @@ impl FileTools {
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let workflow = string_arg(args, "workflow_id")?;
         let query = string_arg(args, "query")?;
         let path = optional_string_arg(args, "path")?.unwrap_or("");
-        let (project, access) = self.access(caller, workflow).await?;
-        let context = self.context(caller, &project, &access, source);
-        let mut found = self
-            .workspaced(
-                "/v1/search",
-                json!({"context": context, "query": query, "path": path}),
-            )
-            .await?;
-        found["workflow_id"] = json!(project.id);
-        Ok(found)
+        let fields = json!({"query": query, "path": path});
+        self.read_in_project(caller, args, source, "/v1/search", fields)
+            .await
     }
 
     pub async fn write_file(
