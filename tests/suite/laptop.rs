@@ -950,3 +950,71 @@ fn without_landlock_every_command_and_patch_is_refused() {
         .unwrap();
     assert!(stderr.contains("refused"), "{stderr}");
 }
+
+/// `--downloads` shares ~/Downloads read/write beside the folders, as `$AGENTWORKS_DOWNLOADS`,
+/// and never widens a read-only project nested inside it.
+#[test]
+fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_project() {
+    let (stack, gw_port) = Stack::start_with_gateway();
+    let gw = Gatewayd::start(&stack, gw_port);
+    let alice = person(&stack, "alice");
+    let laptop = Laptop::new();
+    let downloads = laptop.home().join("Downloads");
+    let nested = downloads.join("ro-project");
+    std::fs::create_dir_all(&nested).unwrap();
+    std::fs::write(nested.join("spec.txt"), "spec\n").unwrap();
+    // With a project nested in Downloads, new entries directly in ~/Downloads itself cannot be
+    // created (the documented Landlock limit: a folder on the path to an exclusion); its
+    // other folders are fully writable.
+    std::fs::create_dir_all(downloads.join("inbox")).unwrap();
+    laptop.login(&stack, gw_port, &alice.token);
+    let grants = vec![
+        "--downloads".to_owned(),
+        "--folder".to_owned(),
+        nested.to_str().unwrap().to_owned(),
+    ];
+    let executor = Executor::spawn(&laptop, &grants, &[]);
+    let mut setup = Setup {
+        executor: Some(executor),
+        gw,
+        stack,
+        gw_port,
+        alice,
+        laptop,
+        device_id: String::new(),
+    };
+    let device = setup.wait_online();
+    setup.device_id = device["device_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        device["folders"],
+        json!([{"alias": "ro-project", "access": "read_only", "downloads": true}])
+    );
+
+    // The companion is writable, through $AGENTWORKS_DOWNLOADS.
+    let wrote = setup.run(
+        "ro-project",
+        "echo saved > \"$AGENTWORKS_DOWNLOADS/inbox/report.txt\" && cat spec.txt",
+    );
+    assert_eq!(wrote["exit_code"], 0, "{wrote}");
+    assert_eq!(wrote["stdout"], "spec\n");
+    assert_eq!(
+        std::fs::read_to_string(downloads.join("inbox/report.txt")).unwrap(),
+        "saved\n"
+    );
+    // The read-only project inside it stays read-only, by either path.
+    for target in ["spec.txt", "\"$AGENTWORKS_DOWNLOADS/ro-project/spec.txt\""] {
+        let refused = setup.run("ro-project", &format!("echo changed > {target}"));
+        assert_ne!(refused["exit_code"], 0, "{target}: {refused}");
+    }
+    let created = setup.run(
+        "ro-project",
+        "echo new > \"$AGENTWORKS_DOWNLOADS/ro-project/new.txt\"",
+    );
+    assert_ne!(created["exit_code"], 0, "{created}");
+    assert_eq!(
+        std::fs::read_to_string(nested.join("spec.txt")).unwrap(),
+        "spec\n"
+    );
+    assert!(!nested.join("new.txt").exists());
+    let _ = &setup.gw_port;
+}
