@@ -1016,5 +1016,4 @@ fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_projec
         "spec\n"
     );
     assert!(!nested.join("new.txt").exists());
-    let _ = &setup.gw_port;
 }
