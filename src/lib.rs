@@ -7,6 +7,8 @@
 //! Layout, one module per domain:
 //!
 //! - [`agent`]: `agentworks-agentd`: the public MCP endpoint, the operator socket, file tools.
+//! - [`cli`]: every program's clap definition (the binaries parse with it; the man pages and
+//!   completions are generated from it).
 //! - [`ctl`]: `agentworksctl` beyond flag parsing (`quickstart`, `status`).
 //! - [`daemon`]: plumbing every daemon shares: the one TOML config, the state-root layout,
 //!   socket activation, `sd_notify`, logging, shutdown signals and capability dropping.
@@ -26,6 +28,7 @@
 //!   confined paths, revisions, the per-project lock, receipts, ownership and ACL preservation.
 
 pub mod agent;
+pub mod cli;
 pub mod ctl;
 pub mod daemon;
 pub mod executor;

@@ -5,25 +5,11 @@
 //! shutdown, 1 when it could not start, 2 for a bad command line or config.
 
 use agentworks::agent;
+use agentworks::cli::agentd::Args;
 use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
 use anyhow::Context;
 use clap::Parser;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// Serve the public MCP endpoint (/mcp) and the operator socket (agentd.sock).
-///
-/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
-/// /etc/agentworks/agentworks.toml (section [agentd]); AGENTWORKS_STATE_ROOT and
-/// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
-/// activation (FileDescriptorName=agentd-http and agentd.sock); otherwise agentd binds them.
-#[derive(Debug, Parser)]
-#[command(name = "agentworks-agentd", version)]
-struct Args {
-    /// The TOML configuration file.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-}
 
 fn main() -> ExitCode {
     let args = Args::parse();

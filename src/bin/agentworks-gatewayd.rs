@@ -5,26 +5,12 @@
 //! (socket activation or bind), open the store, then `agentworks::gateway::run`. Exit codes: 0
 //! after a clean shutdown, 1 when it could not start, 2 for a bad command line or config.
 
+use agentworks::cli::gatewayd::Args;
 use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
 use agentworks::gateway;
 use anyhow::Context;
 use clap::Parser;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// Serve the executor WebSocket (/v1/executor) and the dispatch socket (gatewayd.sock).
-///
-/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
-/// /etc/agentworks/agentworks.toml (section [gatewayd]); AGENTWORKS_STATE_ROOT and
-/// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
-/// activation (FileDescriptorName=gatewayd-ws and gatewayd.sock); otherwise gatewayd binds them.
-#[derive(Debug, Parser)]
-#[command(name = "agentworks-gatewayd", version)]
-struct Args {
-    /// The TOML configuration file.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-}
 
 fn main() -> ExitCode {
     let args = Args::parse();

@@ -4,31 +4,16 @@
 //! `agentworks::workspace::server::run`. Exit codes: 0 after a clean shutdown, 1 when the
 //! daemon could not start or failed while running, 2 for a bad command line or config.
 
+use agentworks::cli::workspaced::Args;
 use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
 use agentworks::ipc::server::{PeerPolicy, ServerLimits};
 use agentworks::workspace::ops::{Limits, Workspace};
 use agentworks::workspace::server;
 use anyhow::Context;
 use clap::Parser;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Serve guarded reads and writes of the documents tree on workspaced.sock.
-///
-/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
-/// /etc/agentworks/agentworks.toml (section [workspaced]); AGENTWORKS_STATE_ROOT,
-/// AGENTWORKS_DOCUMENTS_ROOT and AGENTWORKS_RUNTIME_DIR override the file. Under systemd the
-/// socket comes from socket activation (FileDescriptorName=workspaced.sock); otherwise the
-/// daemon binds it itself.
-#[derive(Debug, Parser)]
-#[command(name = "agentworks-workspaced", version)]
-struct Args {
-    /// The TOML configuration file.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-}
 
 fn main() -> ExitCode {
     let args = Args::parse();

@@ -12,133 +12,20 @@
 //! - 126: the sandbox launcher refused to run a command (hidden mode)
 
 use std::io::BufRead;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use agentworks::cli::laptop::{Cli, Command, ExecutorCommand};
 use agentworks::executor::config::{Credentials, Dirs, ensure_private_dir};
 use agentworks::executor::connect::{self, End, Executor, Status};
 use agentworks::executor::grants::{GrantArgs, Grants};
 use agentworks::executor::receipts::Receipts;
 use agentworks::executor::{login, sandbox, shell};
 use anyhow::{Context, anyhow};
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 /// Exit code: the credential is missing or no longer accepted.
 const EXIT_RELOGIN: u8 = 3;
-
-#[derive(Parser)]
-#[command(
-    name = "agentworks",
-    version,
-    about = "Share folders of this machine with an agentworks server's agent",
-    long_about = "Share folders of this machine with an agentworks server's agent.\n\n\
-        1. agentworks login --server https://agents.example.com\n\
-        2. agentworks executor connect --write-folder ~/src/project\n\n\
-        The credential is kept in $XDG_CONFIG_HOME/agentworks/credentials.json (default \
-        ~/.config), private state (receipts) in $XDG_STATE_HOME/agentworks (default \
-        ~/.local/state)."
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Sign in with the device grant (or a token on stdin) and store a devices:connect credential.
-    Login {
-        /// agentd's public URL, e.g. https://agents.example.com (http:// only to loopback).
-        #[arg(long)]
-        server: String,
-        /// The gateway's WebSocket URL (wss://…; ws:// only to loopback). Default: the server's
-        /// host on port 8471, ws for an http server and wss for an https one.
-        #[arg(long)]
-        gateway: Option<String>,
-        /// Read a devices:connect token from stdin instead of the device grant; it is checked
-        /// against the server before it is stored.
-        #[arg(long)]
-        with_token: bool,
-        /// The name shown for this device when the login is approved (default: the hostname).
-        #[arg(long)]
-        name: Option<String>,
-    },
-    /// Delete the stored credential (and try to revoke it on the server).
-    Logout,
-    /// The laptop executor.
-    Executor {
-        #[command(subcommand)]
-        command: ExecutorCommand,
-    },
-    /// Chat with the server-side agent in a project, one message per line (/unbind, /quit).
-    ///
-    /// Needs a personal token with a workflows scope in $AGENTWORKS_TOKEN or --token-file (the
-    /// laptop's devices:connect credential cannot chat). With --local ALIAS the chat is bound
-    /// to this person's shared laptop folder of that name, after showing the consequences.
-    Chat {
-        /// The project (name or id).
-        #[arg(long)]
-        project: String,
-        /// Resume this chat instead of creating one.
-        #[arg(long)]
-        chat: Option<String>,
-        /// Bind the chat to the shared folder with this alias (see `agentworks executor connect`).
-        #[arg(long, value_name = "FOLDER_ALIAS")]
-        local: Option<String>,
-        /// The device sharing the folder, when several do.
-        #[arg(long)]
-        device: Option<String>,
-        /// Confirm the binding's consequences without asking.
-        #[arg(long)]
-        yes: bool,
-        /// agentd's URL (default: the one stored at login).
-        #[arg(long)]
-        server: Option<String>,
-        /// A file holding the personal token (default: $AGENTWORKS_TOKEN).
-        #[arg(long, value_name = "FILE")]
-        token_file: Option<PathBuf>,
-    },
-}
-
-#[derive(Subcommand)]
-enum ExecutorCommand {
-    /// Share folders with the server until Ctrl-C.
-    ///
-    /// Commands run in a Landlock sandbox with open network access; file contents and command
-    /// output go to the server and its model. The home directory, its parents, / and folders
-    /// holding the CLI's credentials or state are refused.
-    Connect {
-        /// This device's name as the server shows it (default: the hostname).
-        #[arg(long)]
-        name: Option<String>,
-        /// Share a folder read-only: the agent can read files and run commands in a read-only
-        /// sandbox; no patches. Repeatable.
-        #[arg(long = "folder", value_name = "PATH")]
-        folders: Vec<PathBuf>,
-        /// Share a folder read-write: patches, and commands that change files (builds, tests).
-        /// Repeatable.
-        #[arg(long = "write-folder", value_name = "PATH")]
-        write_folders: Vec<PathBuf>,
-        /// A path inside a shared folder that commands and patches can neither read nor write.
-        /// Repeatable.
-        #[arg(long, value_name = "PATH")]
-        block: Vec<PathBuf>,
-        /// A path inside a write folder that stays read-only. Repeatable.
-        #[arg(long = "read-only", value_name = "PATH")]
-        read_only: Vec<PathBuf>,
-        /// Also share ~/Downloads read-write with commands ($AGENTWORKS_DOWNLOADS).
-        #[arg(long)]
-        downloads: bool,
-        /// agentd's URL (default: the one stored at login); the gateway defaults to its host on
-        /// port 8471.
-        #[arg(long)]
-        server: Option<String>,
-        /// The gateway's WebSocket URL (default: the one stored at login, else derived from the
-        /// server URL). wss://, or ws:// to loopback only.
-        #[arg(long)]
-        gateway: Option<String>,
-    },
-}
 
 fn main() -> ExitCode {
     // Sandbox launcher mode (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`):

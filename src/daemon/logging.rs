@@ -15,7 +15,8 @@ static INIT: Once = Once::new();
 
 /// Installs the global subscriber.
 ///
-/// Logs to journald (tracing-journald, structured fields, `SYSLOG_IDENTIFIER=daemon_name`) when
+/// Logs to journald (tracing-journald, structured fields without a prefix, so `message_id` is
+/// `MESSAGE_ID`; `SYSLOG_IDENTIFIER=daemon_name`) when
 /// `JOURNAL_STREAM` names our stderr (its `dev:ino` equals fstat of fd 2), otherwise a compact
 /// fmt layer to stderr. The filter comes from `RUST_LOG`, default `info`. A second call is a
 /// no-op.
@@ -32,7 +33,11 @@ fn install(daemon_name: &str) {
     if stderr_is_journal() {
         match tracing_journald::layer() {
             Ok(layer) => {
-                let layer = layer.with_syslog_identifier(daemon_name.to_owned());
+                // No field prefix: `message_id` and the audit events' `agentworks_*` fields
+                // become the journal's `MESSAGE_ID` and `AGENTWORKS_*` (see `daemon::audit`).
+                let layer = layer
+                    .with_syslog_identifier(daemon_name.to_owned())
+                    .with_field_prefix(None);
                 // Err means a subscriber is already installed: keep it.
                 let _ = tracing_subscriber::registry()
                     .with(filter())

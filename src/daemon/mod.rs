@@ -8,6 +8,7 @@
 //! Must never hold domain logic: nothing here knows what a document, a token or a device is, and
 //! nothing here opens another daemon's state directory.
 
+pub mod audit;
 pub mod caps;
 pub mod config;
 pub mod entry;

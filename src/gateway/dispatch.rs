@@ -41,6 +41,7 @@ use super::protocol::{
 use super::registry::Pending;
 use super::store::{Begin, RequestRecord, StoreError};
 use super::{AUDIT_TARGET, Gateway};
+use crate::daemon::audit;
 use crate::identity::store::now_ms;
 use crate::ipc::envelope::{Body, error_response, json_response};
 use crate::ipc::server::{Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc};
@@ -400,12 +401,13 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     };
     tracing::info!(
         target: AUDIT_TARGET,
-        event = "request_sent",
-        user_id = %request.user_id,
-        device_id = %request.device_id,
-        request_id = %request.request_id,
-        kind,
-        folder = %request.folder,
+        message_id = audit::REQUEST_SENT,
+        agentworks_event = "request_sent",
+        agentworks_user_id = %request.user_id,
+        agentworks_device_id = %request.device_id,
+        agentworks_request_id = %request.request_id,
+        agentworks_kind = kind,
+        agentworks_folder = %request.folder,
         "dispatching a request"
     );
     if let Err(pending) = gateway
@@ -501,11 +503,12 @@ async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Respo
         );
         tracing::info!(
             target: AUDIT_TARGET,
-            event = "request_cancel",
-            user_id = %reference.user_id,
-            device_id = %device_id,
-            request_id = %reference.request_id,
-            sent,
+            message_id = audit::REQUEST_CANCEL,
+            agentworks_event = "request_cancel",
+            agentworks_user_id = %reference.user_id,
+            agentworks_device_id = %device_id,
+            agentworks_request_id = %reference.request_id,
+            agentworks_sent = sent,
             "cancel requested"
         );
     }

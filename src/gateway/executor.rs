@@ -46,6 +46,7 @@ use super::protocol::{
 use super::registry::{Control, Live};
 use super::{AUDIT_TARGET, Gateway};
 use crate::agent::admin::TokenCheckResponse;
+use crate::daemon::audit;
 use crate::identity::store::now_ms;
 use crate::ipc::envelope::{Body, error_response};
 
@@ -571,12 +572,13 @@ async fn session(
     }
     tracing::info!(
         target: AUDIT_TARGET,
-        event = "executor_connected",
-        user_id = %owner.user_id,
-        device_id = %device_id,
-        device_name = %device_name,
-        remote = %remote,
-        version = %version,
+        message_id = audit::EXECUTOR_CONNECTED,
+        agentworks_event = "executor_connected",
+        agentworks_user_id = %owner.user_id,
+        agentworks_device_id = %device_id,
+        agentworks_device_name = %device_name,
+        agentworks_remote = %remote,
+        agentworks_version = %version,
         "executor connected"
     );
     let welcome = GatewayFrame::Welcome {
@@ -608,12 +610,13 @@ async fn session(
     let _ = tokio::task::spawn_blocking(move || store.touch_device(&id, now_ms())).await;
     tracing::info!(
         target: AUDIT_TARGET,
-        event = "executor_disconnected",
-        user_id = %owner.user_id,
-        device_id = %device_id,
-        reason = %ending.why,
-        close_code = ending.close.as_ref().map(|(c, _)| *c),
-        failed_requests = failed_count,
+        message_id = audit::EXECUTOR_DISCONNECTED,
+        agentworks_event = "executor_disconnected",
+        agentworks_user_id = %owner.user_id,
+        agentworks_device_id = %device_id,
+        agentworks_reason = %ending.why,
+        agentworks_close_code = ending.close.as_ref().map(|(c, _)| *c),
+        agentworks_failed_requests = failed_count,
         "executor disconnected"
     );
     if ending.close.is_some() {

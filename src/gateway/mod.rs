@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::daemon::audit;
 use crate::daemon::config::Config;
 use crate::daemon::layout::{LayoutError, ensure_private_dir};
 use crate::identity::store::now_ms;
@@ -42,8 +43,9 @@ use registry::{Pending, Registry};
 use store::{Store, StoreError};
 use tokens::TokenAuthority;
 
-/// The audit target: one event per connect, disconnect, revocation close and request.
-pub const AUDIT_TARGET: &str = "agentworks::audit";
+/// The audit target: one event per connect, disconnect, revocation close and request, each a
+/// journal entry with its `MESSAGE_ID` from [`crate::daemon::audit`].
+pub const AUDIT_TARGET: &str = crate::daemon::audit::TARGET;
 
 /// Why gatewayd could not start.
 #[derive(Debug, thiserror::Error)]
@@ -159,14 +161,15 @@ fn audit_request(pending: &Pending, request_id: &str, state: &DispatchState) {
     };
     tracing::info!(
         target: AUDIT_TARGET,
-        event = "request",
-        user_id = %pending.user_id,
-        device_id = %pending.device_id,
-        request_id,
-        kind = pending.kind,
-        state = state_name,
-        status,
-        exit_code,
+        message_id = audit::REQUEST,
+        agentworks_event = "request",
+        agentworks_user_id = %pending.user_id,
+        agentworks_device_id = %pending.device_id,
+        agentworks_request_id = request_id,
+        agentworks_kind = pending.kind,
+        agentworks_state = state_name,
+        agentworks_status = status,
+        agentworks_exit_code = exit_code,
         "dispatched request finished"
     );
 }
@@ -220,9 +223,10 @@ fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
     }
     tracing::info!(
         target: AUDIT_TARGET,
-        event = "executor_revoked",
-        user_id = %live.user_id,
-        device_id,
+        message_id = audit::EXECUTOR_REVOKED,
+        agentworks_event = "executor_revoked",
+        agentworks_user_id = %live.user_id,
+        agentworks_device_id = device_id,
         "closing an executor connection: its token is no longer valid"
     );
     gateway.registry.close(

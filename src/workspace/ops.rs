@@ -11,6 +11,7 @@
 //! This module never overwrites without a revision check, never follows a symlink, never
 //! writes outside a project folder, and never retries a change on its own.
 
+use crate::daemon::audit;
 use crate::daemon::layout::{StateLayout, ensure_private_dir, root_key};
 use crate::guard::{Guard, RelPath, ResolvedGuard};
 use crate::workspace::acl;
@@ -1188,13 +1189,16 @@ impl Workspace {
         receipt.updated_at_ms = lock_poisoned(store).set_state(&receipt.receipt_id, state)?;
         receipt.state = state;
         tracing::info!(
-            target: "agentworks::audit",
-            event = "receipt_reconciled",
-            project = %receipt.project,
-            path = %receipt.path,
-            request_id = %receipt.request_id,
-            receipt_id = %receipt.receipt_id,
-            state = ?state,
+            target: audit::TARGET,
+            message_id = audit::RECEIPT_RECONCILED,
+            agentworks_event = "receipt_reconciled",
+            agentworks_user_id = %receipt.user_id,
+            agentworks_user_name = %receipt.user_name,
+            agentworks_project = %receipt.project,
+            agentworks_path = %receipt.path,
+            agentworks_request_id = %receipt.request_id,
+            agentworks_receipt_id = %receipt.receipt_id,
+            agentworks_state = ?state,
             "reconciled an interrupted change"
         );
         if state == ReceiptState::Applied {
@@ -1376,21 +1380,30 @@ fn sweep_temp_files(dir: BorrowedFd<'_>, depth: usize) -> usize {
     removed
 }
 
-/// One structured audit event per applied change. File contents never enter it.
+/// One structured audit event per applied change, a journal entry with the operation's
+/// `MESSAGE_ID` (see [`crate::daemon::audit`]) and `AGENTWORKS_*` fields. File contents never enter it.
 fn audit(receipt: &Receipt) {
+    let message_id = match receipt.operation {
+        Operation::Write => audit::WRITE,
+        Operation::Patch => audit::PATCH,
+        Operation::Move => audit::MOVE,
+        Operation::Delete => audit::DELETE,
+        Operation::Restore => audit::RESTORE,
+    };
     tracing::info!(
-        target: "agentworks::audit",
-        event = receipt.operation.as_str(),
-        user_id = %receipt.user_id,
-        user_name = %receipt.user_name,
-        project = %receipt.project,
-        path = %receipt.path,
-        to_path = receipt.to_path.as_deref().unwrap_or(""),
-        request_id = %receipt.request_id,
-        receipt_id = %receipt.receipt_id,
-        previous_revision = %receipt.previous_revision,
-        resulting_revision = %receipt.resulting_revision,
-        source = %receipt.source,
+        target: audit::TARGET,
+        message_id,
+        agentworks_event = receipt.operation.as_str(),
+        agentworks_user_id = %receipt.user_id,
+        agentworks_user_name = %receipt.user_name,
+        agentworks_project = %receipt.project,
+        agentworks_path = %receipt.path,
+        agentworks_to_path = receipt.to_path.as_deref(),
+        agentworks_request_id = %receipt.request_id,
+        agentworks_receipt_id = %receipt.receipt_id,
+        agentworks_previous_revision = %receipt.previous_revision,
+        agentworks_resulting_revision = %receipt.resulting_revision,
+        agentworks_source = %receipt.source,
         "change applied"
     );
 }

@@ -3,6 +3,7 @@
 mod agent;
 mod agentd;
 mod crash;
+mod docs;
 mod executor;
 mod gatewayd;
 pub mod harness;

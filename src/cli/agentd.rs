@@ -1,0 +1,23 @@
+//! The command line of `agentworks-agentd`.
+
+use clap::{CommandFactory, Parser};
+use std::path::PathBuf;
+
+/// Serve the public MCP endpoint (/mcp) and the operator socket (agentd.sock).
+///
+/// Configuration comes from --config, else $AGENTWORKS_CONFIG, else
+/// /etc/agentworks/agentworks.toml (section [agentd]); AGENTWORKS_STATE_ROOT and
+/// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
+/// activation (FileDescriptorName=agentd-http and agentd.sock); otherwise agentd binds them.
+#[derive(Debug, Parser)]
+#[command(name = "agentworks-agentd", version)]
+pub struct Args {
+    /// The TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The clap definition of `agentworks-agentd` (for man pages and completions).
+pub fn command() -> clap::Command {
+    Args::command()
+}
