@@ -442,11 +442,20 @@ pub struct Stack {
 
 impl Stack {
     pub fn start() -> Stack {
-        let state = StateRoot::new();
         let port = free_port();
-        state.set_config(&format!(
-            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
-        ));
+        Stack::start_on(
+            port,
+            &format!(
+                "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
+            ),
+        )
+    }
+
+    /// workspaced + agentd on a new state root with `config`, agentd listening on `port`;
+    /// returns once agentd answers on its socket.
+    fn start_on(port: u16, config: &str) -> Stack {
+        let state = StateRoot::new();
+        state.set_config(config);
         let workspaced = Workspaced::start(&state);
         let agentd = Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
             .env_clear()
@@ -762,39 +771,12 @@ impl Stack {
     /// [`Stack::start_with_gateway`], with `agentd_extra` (e.g. an `[agentd.model]` table)
     /// written into the config before agentd starts. Returns the stack and the gateway's port.
     pub fn start_with_gateway_and(agentd_extra: &str) -> (Stack, u16) {
-        let state = StateRoot::new();
         let port = free_port();
         let gw_port = free_port();
-        state.set_config(&format!(
+        let config = format!(
             "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
              {agentd_extra}\n\n[gatewayd]\nlisten = \"127.0.0.1:{gw_port}\"\nallowed_users = []\n"
-        ));
-        let workspaced = Workspaced::start(&state);
-        let agentd = Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("AGENTWORKS_STATE_ROOT", state.root())
-            .env("AGENTWORKS_CONFIG", state.root().join("agentworks.toml"))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stack = Stack {
-            state,
-            workspaced,
-            agentd,
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while stack
-            .admin_raw("users/list", serde_json::json!({}))
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "agentd did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (stack, gw_port)
+        );
+        (Stack::start_on(port, &config), gw_port)
     }
 }
