@@ -234,8 +234,10 @@ fn xattr_hint(errno: Errno) -> &'static str {
     }
 }
 
-fn chmod_hint(errno: Errno) -> &'static str {
-    if errno == Errno::PERM {
+fn chmod_hint(errno: Errno, mode: u32) -> &'static str {
+    if errno == Errno::PERM && mode & (S_ISUID | S_ISGID) != 0 {
+        "the file carries a setuid/setgid bit; the packaged unit forbids setting those (RestrictSUIDSGID=yes: lift it with a drop-in), otherwise the service needs CAP_FOWNER or the file's group"
+    } else if errno == Errno::PERM {
         "only the file's owner or a process with CAP_FOWNER may change its mode; grant CAP_FOWNER alongside CAP_CHOWN"
     } else {
         "see the error for the cause"
@@ -736,7 +738,7 @@ pub fn carry_over(staged: BorrowedFd<'_>, original: &FileOwnership) -> Result<Ca
     rustix::fs::fchmod(staged, Mode::from_raw_mode(mode)).map_err(|errno| AclError::Chmod {
         mode,
         source: io_err(errno),
-        hint: chmod_hint(errno),
+        hint: chmod_hint(errno, mode),
     })?;
 
     // Step 4, verify: the kernel can quietly drop bits (setgid when not in the group, ACL

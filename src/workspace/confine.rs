@@ -6,13 +6,22 @@
 //! what later calls act on (`*at` calls, `f*` metadata calls), so a component replaced after
 //! the open changes nothing we touch.
 //!
+//! Where `openat2` is unavailable — a kernel before 5.6, or systemd's `RestrictSUIDSGID=`, whose
+//! seccomp filter cannot inspect `openat2`'s flags and so fails every call with `ENOSYS` — the
+//! same rule is kept by walking the path one component at a time with `openat(O_NOFOLLOW)` from
+//! the fd of the component before: a [`RelPath`] has no `..`, no empty and no absolute
+//! components, so every step stays beneath the start, and `O_NOFOLLOW` on every step refuses every
+//! symlink (magic links included) exactly where `RESOLVE_NO_SYMLINKS` would.
+//!
 //! This module never opens a path string relative to the process cwd and never follows a
 //! symlink.
 
 use crate::guard::RelPath;
-use rustix::fs::{Mode, OFlags, ResolveFlags, Stat};
+use crate::workspace::failpoint::{self, Hit};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How often a resolution interrupted by a concurrent rename (`EAGAIN`) is retried.
 const RENAME_RACE_RETRIES: usize = 8;
@@ -55,8 +64,42 @@ fn classify(path: &str, errno: Errno) -> ConfineError {
     }
 }
 
+/// Set once `openat2` answered `ENOSYS`: it will not come back in this process (a seccomp filter
+/// or the kernel), so later opens go straight to the component walk.
+static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// Open `path` (`/`-separated components of a [`RelPath`], or `.`) beneath `dir`, refusing `..`
+/// escapes and every symlink on the way: `openat2`, or the component walk where it is missing.
+pub(crate) fn open_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    if !OPENAT2_MISSING.load(Ordering::Relaxed) {
+        // Debug builds: `AGENTWORKS_FAILPOINT=openat2:fail` answers as systemd's filter does.
+        let answer = match failpoint::hit("openat2") {
+            Hit::Fail => Err(Errno::NOSYS),
+            Hit::Continue => openat2_beneath(dir, path, flags, mode),
+        };
+        match answer {
+            Err(Errno::NOSYS) => {
+                if !OPENAT2_MISSING.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        "openat2 is not available (ENOSYS: an old kernel or a seccomp filter such \
+                         as systemd's RestrictSUIDSGID=); confining paths by opening one \
+                         component at a time with O_NOFOLLOW"
+                    );
+                }
+            }
+            other => return other,
+        }
+    }
+    open_walking(dir, path, flags, mode)
+}
+
 /// `openat2` beneath `dir`, retrying the kernel's `EAGAIN` for a rename that raced the lookup.
-fn open_beneath(
+fn openat2_beneath(
     dir: BorrowedFd<'_>,
     path: &str,
     flags: OFlags,
@@ -68,6 +111,62 @@ fn open_beneath(
             Err(Errno::AGAIN) if attempt < RENAME_RACE_RETRIES => attempt += 1,
             other => return other,
         }
+    }
+}
+
+/// The same confinement without `openat2`: one `openat(O_NOFOLLOW)` per component, each from
+/// the fd of the one before. Refuses what `openat2_beneath` refuses, with the same errors: `..`
+/// (`EXDEV`), an absolute or empty component (`EXDEV`), a symlink anywhere (`ELOOP`).
+fn open_walking(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    let components: Vec<&str> = path.split('/').collect();
+    if components.iter().any(|c| c.is_empty() || *c == "..") {
+        return Err(Errno::XDEV);
+    }
+    let (last, parents) = components.split_last().ok_or(Errno::XDEV)?;
+    let mut current: Option<OwnedFd> = None;
+    for component in parents {
+        let at = current.as_ref().map_or(dir, |fd| fd.as_fd());
+        let next = openat_nofollow(
+            at,
+            component,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        current = Some(next);
+    }
+    let at = current.as_ref().map_or(dir, |fd| fd.as_fd());
+    openat_nofollow(at, last, flags, mode)
+}
+
+/// One step of the walk. `O_DIRECTORY` on a symlink answers `ENOTDIR` before `O_NOFOLLOW` gets
+/// to say `ELOOP`, so a refused step is looked at again to report a symlink as one.
+fn openat_nofollow(
+    at: BorrowedFd<'_>,
+    component: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    match rustix::fs::openat(
+        at,
+        component,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        mode,
+    ) {
+        Err(Errno::NOTDIR) => match rustix::fs::statat(at, component, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat)
+                if rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                    == rustix::fs::FileType::Symlink =>
+            {
+                Err(Errno::LOOP)
+            }
+            _ => Err(Errno::NOTDIR),
+        },
+        other => other,
     }
 }
 
@@ -237,6 +336,66 @@ mod tests {
                 open_file(root.as_fd(), name, &p(name)),
                 Err(ConfineError::NotAFile { .. })
             ));
+        }
+    }
+
+    /// The walk used without `openat2` refuses and allows exactly what `openat2` does.
+    #[test]
+    fn the_component_walk_matches_openat2() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let at = project.path();
+        std::fs::create_dir_all(at.join("a/b")).unwrap();
+        std::fs::write(at.join("a/b/f"), "x").unwrap();
+        std::fs::write(at.join("top"), "x").unwrap();
+        symlink(outside.path(), at.join("a/out")).unwrap();
+        symlink("b", at.join("a/inner")).unwrap();
+        symlink(outside.path().join("secret"), at.join("a/b/leaf")).unwrap();
+        symlink("/proc/self/root", at.join("magic")).unwrap();
+        let root = root_fd(at);
+        let dir = OFlags::RDONLY | OFlags::DIRECTORY;
+        let file = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+        let cases: &[(&str, OFlags, Result<(), Errno>)] = &[
+            (".", dir, Ok(())),
+            ("a", dir, Ok(())),
+            ("a/b", dir, Ok(())),
+            ("a/b/f", file, Ok(())),
+            ("top", file, Ok(())),
+            ("a/out", dir, Err(Errno::LOOP)),
+            ("a/out/secret", file, Err(Errno::LOOP)),
+            ("a/inner", dir, Err(Errno::LOOP)),
+            ("a/inner/f", file, Err(Errno::LOOP)),
+            ("a/b/leaf", file, Err(Errno::LOOP)),
+            ("magic", dir, Err(Errno::LOOP)),
+            ("magic/etc", dir, Err(Errno::LOOP)),
+            ("..", dir, Err(Errno::XDEV)),
+            ("a/../..", dir, Err(Errno::XDEV)),
+            ("a/b/f", dir, Err(Errno::NOTDIR)),
+            ("top/x", file, Err(Errno::NOTDIR)),
+            ("a/none", file, Err(Errno::NOENT)),
+            ("none/f", file, Err(Errno::NOENT)),
+        ];
+        for (path, flags, expected) in cases {
+            let with_openat2 = openat2_beneath(root.as_fd(), path, *flags, Mode::empty());
+            let walking = open_walking(root.as_fd(), path, *flags, Mode::empty());
+            assert_eq!(
+                with_openat2.as_ref().map(|_| ()).map_err(|e| *e),
+                *expected,
+                "openat2 on {path}"
+            );
+            assert_eq!(
+                walking.as_ref().map(|_| ()).map_err(|e| *e),
+                *expected,
+                "walk on {path}"
+            );
+            if let (Ok(a), Ok(b)) = (with_openat2, walking) {
+                let (a, b) = (
+                    rustix::fs::fstat(&a).unwrap(),
+                    rustix::fs::fstat(&b).unwrap(),
+                );
+                assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino), "{path}");
+            }
         }
     }
 

@@ -3,7 +3,8 @@
 //! `AGENTWORKS_FAILPOINT=<name>` makes workspaced SIGKILL itself the first time it reaches
 //! that point, so tests can crash a real process at each step of a write.
 //! `AGENTWORKS_FAILPOINT=<name>:sleep:<ms>` pauses there instead (to hold a lock long).
-//! `AGENTWORKS_FAILPOINT=<name>:fail` makes the step report an I/O error. In release builds
+//! `AGENTWORKS_FAILPOINT=<name>:fail` makes the step report an I/O error (`openat2:fail`: the
+//! kernel or a seccomp filter lacks `openat2`, see [`crate::workspace::confine`]). In release builds
 //! every call compiles to nothing: no environment variable can crash a packaged daemon.
 
 /// Outcome of a failpoint that did not kill the process.

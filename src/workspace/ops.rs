@@ -1367,12 +1367,11 @@ fn sweep_temp_files(dir: BorrowedFd<'_>, depth: usize) -> usize {
         }
     }
     for name in subdirs {
-        if let Ok(fd) = rustix::fs::openat2(
+        if let Ok(fd) = confine::open_beneath(
             dir,
             name.as_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::DIRECTORY,
             Mode::empty(),
-            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
         ) {
             removed += sweep_temp_files(fd.as_fd(), depth + 1);
         }

@@ -92,8 +92,26 @@ fn read_write_replay_conflict_and_reuse() {
     assert_eq!(receipt["connection_id"], "conn-test");
 }
 
+/// workspaced as systemd runs it with `RestrictSUIDSGID=yes`: every `openat2` fails with
+/// `ENOSYS` (here through the debug-only failpoint), so paths are confined by the component walk.
+fn without_openat2() -> Options {
+    Options {
+        failpoint: Some("openat2:fail".into()),
+        ..Options::default()
+    }
+}
+
 #[test]
 fn confinement_refuses_every_escape_with_a_clear_reason() {
+    confinement_refuses_every_escape(Options::default());
+}
+
+#[test]
+fn confinement_refuses_every_escape_without_openat2() {
+    confinement_refuses_every_escape(without_openat2());
+}
+
+fn confinement_refuses_every_escape(options: Options) {
     let state = StateRoot::new();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret"), "top secret").unwrap();
@@ -102,7 +120,7 @@ fn confinement_refuses_every_escape_with_a_clear_reason() {
     symlink(outside.path().join("secret"), dir.join("leaf")).unwrap();
     std::fs::create_dir(dir.join(".git")).unwrap();
     std::fs::write(dir.join(".git/config"), "[core]").unwrap();
-    let daemon = Workspaced::start(&state);
+    let daemon = Workspaced::start_with(&state, options);
     let client = daemon.client();
     let alice = ctx("demo", "alice");
 
@@ -170,10 +188,19 @@ fn confinement_refuses_every_escape_with_a_clear_reason() {
 
 #[test]
 fn swapping_a_directory_for_a_symlink_never_writes_outside() {
+    symlink_swap_race(Options::default());
+}
+
+#[test]
+fn swapping_a_directory_for_a_symlink_never_writes_outside_without_openat2() {
+    symlink_swap_race(without_openat2());
+}
+
+fn symlink_swap_race(options: Options) {
     let state = StateRoot::new();
     let outside = tempfile::tempdir().unwrap();
     let dir = state.project("demo", &[("sub/seed.txt", "s")]);
-    let daemon = Workspaced::start(&state);
+    let daemon = Workspaced::start_with(&state, options);
     let client = daemon.client();
     let alice = ctx("demo", "alice");
 
