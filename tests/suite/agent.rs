@@ -4,7 +4,6 @@
 //! it was sent, so the tests can check the tool lists and the tool results the model received.
 
 use std::collections::VecDeque;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -14,9 +13,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use super::harness::{Gatewayd, Stack, http};
+use super::harness::{Gatewayd, Laptop, Stack, http};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentworks");
 const WAIT: Duration = Duration::from_secs(20);
 const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
 const OUTSIDE: &str = "outside-secret-91c2";
@@ -269,74 +267,30 @@ fn create_chat(stack: &Stack, token: &str, project: &str) -> String {
     chat["chat_id"].as_str().unwrap().to_owned()
 }
 
-// ----- a laptop (the pattern of tests/suite/laptop.rs) -----
+// ----- a laptop (harness::Laptop, as in tests/suite/laptop.rs) -----
 
-struct Laptop {
-    dir: tempfile::TempDir,
+/// alice's laptop: `~/src/repo` (shared writable) and `~/src/outside.txt` (not shared).
+fn alice_laptop() -> Laptop {
+    Laptop::new(
+        "aw-agent-laptop-",
+        &[
+            ("src/repo/a.txt", "one\ntwo\nthree\n"),
+            ("src/outside.txt", OUTSIDE),
+        ],
+    )
 }
 
-impl Laptop {
-    fn new() -> Laptop {
-        let laptop = Laptop {
-            dir: tempfile::Builder::new()
-                .prefix("aw-agent-laptop-")
-                .tempdir()
-                .unwrap(),
-        };
-        for (path, content) in [
-            ("home/src/repo/a.txt", "one\ntwo\nthree\n"),
-            ("home/src/outside.txt", OUTSIDE),
-        ] {
-            let path = laptop.root().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, content).unwrap();
-        }
-        std::fs::create_dir_all(laptop.root().join("xdg-config")).unwrap();
-        std::fs::create_dir_all(laptop.root().join("xdg-state")).unwrap();
-        laptop
-    }
-    fn root(&self) -> PathBuf {
-        self.dir.path().canonicalize().unwrap()
-    }
+/// What these tests do with the laptop of [`alice_laptop`].
+trait LaptopExt {
+    /// The shared folder, `~/src/repo`.
+    fn repo(&self) -> PathBuf;
+    /// `agentworks executor connect` sharing [`LaptopExt::repo`] writable.
+    fn connect(&self) -> Executor;
+}
+
+impl LaptopExt for Laptop {
     fn repo(&self) -> PathBuf {
-        self.root().join("home/src/repo")
-    }
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
-        command
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-            .env("HOME", self.root().join("home"))
-            .env("XDG_CONFIG_HOME", self.root().join("xdg-config"))
-            .env("XDG_STATE_HOME", self.root().join("xdg-state"))
-            .stdin(Stdio::null());
-        command
-    }
-    fn login(&self, stack: &Stack, gw_port: u16, token: &str) {
-        let server = format!("http://127.0.0.1:{}", stack.port);
-        let gateway = format!("ws://127.0.0.1:{gw_port}");
-        let mut child = self
-            .command(&[
-                "login",
-                "--server",
-                &server,
-                "--gateway",
-                &gateway,
-                "--with-token",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "login: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.folder("repo")
     }
     fn connect(&self) -> Executor {
         let repo = self.repo();
@@ -357,6 +311,7 @@ impl Laptop {
     }
 }
 
+/// A running `agentworks executor connect`, killed on drop.
 struct Executor {
     child: Child,
 }
@@ -395,7 +350,7 @@ impl Setup {
         let gw = Gatewayd::start(&stack, gw_port);
         let alice = user(&stack, "alice");
         code_project(&stack, "app", "alice", &[("server.txt", "server file\n")]);
-        let laptop = Laptop::new();
+        let laptop = alice_laptop();
         let mut setup = Setup {
             executor: None,
             gw,

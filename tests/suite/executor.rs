@@ -4,38 +4,32 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use agentworks::gateway::protocol::{ExecutorFrame, GatewayFrame, Operation, Outcome};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::harness::Stack;
+use super::harness::{Laptop, Stack};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentworks");
-
-/// A private HOME with default XDG dirs.
-struct Laptop {
-    dir: tempfile::TempDir,
+/// A laptop with default XDG dirs ([`Laptop::with_default_dirs`]): the credential is in
+/// `~/.config/agentworks/`, the state in `~/.local/state/agentworks/`.
+fn default_dirs_laptop() -> Laptop {
+    Laptop::with_default_dirs("aw-exec-laptop-", &[])
 }
 
-impl Laptop {
-    fn new() -> Laptop {
-        let laptop = Laptop {
-            dir: tempfile::tempdir().unwrap(),
-        };
-        std::fs::create_dir_all(laptop.home()).unwrap();
-        laptop
-    }
-    fn home(&self) -> PathBuf {
-        self.dir.path().canonicalize().unwrap().join("home")
-    }
-    fn credentials(&self) -> PathBuf {
-        self.home().join(".config/agentworks/credentials.json")
-    }
+/// What these tests do with the laptop of [`default_dirs_laptop`].
+trait LaptopExt {
+    /// Create the project folder `~/src/<name>` with `files` (path, content).
+    fn project(&self, name: &str, files: &[(&str, &str)]) -> PathBuf;
+    /// Store a credential for an unreachable server with `token`, as a login would.
+    fn write_credentials(&self, token: &str);
+}
+
+impl LaptopExt for Laptop {
     fn project(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
-        let dir = self.home().join("src").join(name);
+        let dir = self.folder(name);
         std::fs::create_dir_all(&dir).unwrap();
         for (path, content) in files {
             let path = dir.join(path);
@@ -43,16 +37,6 @@ impl Laptop {
             std::fs::write(path, content).unwrap();
         }
         dir
-    }
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
-        command
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("HOME", self.home())
-            .stdin(Stdio::null());
-        command
     }
     fn write_credentials(&self, token: &str) {
         let path = self.credentials();
@@ -74,7 +58,7 @@ fn login_with_token_stores_the_credential_private_and_checks_it() {
     let stack = Stack::start();
     stack.admin("users/add", serde_json::json!({"name": "alice"}));
     let server = format!("http://127.0.0.1:{}", stack.port);
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     let login = |token: &str| {
         let mut child = laptop
             .command(&["login", "--server", &server, "--with-token"])
@@ -125,7 +109,7 @@ fn login_with_the_device_grant_gets_a_devices_connect_token() {
     use std::io::BufRead;
     let stack = Stack::start();
     stack.admin("users/add", serde_json::json!({"name": "alice"}));
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     let server = format!("http://127.0.0.1:{}", stack.port);
     let mut child = laptop
         .command(&["login", "--server", &server, "--name", "test-laptop"])
@@ -181,7 +165,7 @@ impl Tripwire {
 
 #[test]
 fn connect_refuses_home_root_parents_and_private_folders() {
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     laptop.write_credentials("t");
     let wire = Tripwire::new();
     let home = laptop.home();
@@ -256,7 +240,7 @@ fn connect_refuses_home_root_parents_and_private_folders() {
 
 #[test]
 fn connect_prints_permissions_and_refuses_plain_ws_to_a_remote_host() {
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     laptop.write_credentials("t");
     let project = laptop.project("proj", &[]);
     let docs = laptop.project("docs", &[]);
@@ -439,7 +423,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn executor_runs_commands_and_patches_under_its_grants() {
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     laptop.write_credentials("device-token");
     // log.txt exists: the sandbox cannot let commands create entries directly in a folder that
     // holds a --block exclusion (see executor::sandbox's residual limits).
@@ -616,7 +600,7 @@ fn executor_runs_commands_and_patches_under_its_grants() {
 
 #[test]
 fn a_command_interrupted_by_a_crash_is_never_run_again() {
-    let laptop = Laptop::new();
+    let laptop = default_dirs_laptop();
     laptop.write_credentials("device-token");
     let project = laptop.project("proj", &[]);
     let rt = runtime();

@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -15,9 +15,8 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::harness::{Client, Gatewayd, Stack};
+use super::harness::{Client, Gatewayd, Laptop, Stack};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentworks");
 /// How long a bounded wait for something that must happen may take before the test fails.
 const WAIT: Duration = Duration::from_secs(20);
 /// The SSH key fixture's content: never to be seen by a command.
@@ -59,102 +58,36 @@ fn person(stack: &Stack, name: &str) -> Person {
     }
 }
 
-/// A laptop: a private HOME (with an SSH key), XDG config and state dirs outside it, and three
-/// project folders under `~/src`: `proj` (shared writable, with a blocked `private/`), `docs`
-/// (shared read-only) and `repo` (shared writable, no exclusions).
-struct Laptop {
-    dir: tempfile::TempDir,
-}
-
-impl Laptop {
-    fn new() -> Laptop {
-        let laptop = Laptop {
-            dir: tempfile::Builder::new()
-                .prefix("aw-laptop-")
-                .tempdir()
-                .unwrap(),
-        };
-        let files: &[(&str, &str)] = &[
+/// A laptop ([`Laptop::new`]): a private HOME (with an SSH key), XDG config and state dirs
+/// outside it, and three project folders under `~/src`: `proj` (shared writable, with a blocked
+/// `private/`), `docs` (shared read-only) and `repo` (shared writable, no exclusions).
+fn standard_laptop() -> Laptop {
+    Laptop::new(
+        "aw-laptop-",
+        &[
             (".ssh/id_ed25519", SSH_KEY),
             ("src/proj/readme.txt", "readme\n"),
             ("src/proj/private/key.txt", BLOCKED),
             ("src/docs/doc.txt", "doc\n"),
             ("src/repo/a.txt", "one\ntwo\nthree\n"),
             ("src/repo/b.txt", "alpha\nbeta\n"),
-        ];
-        for (path, content) in files {
-            let path = laptop.home().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, content).unwrap();
-        }
-        std::fs::create_dir_all(laptop.config_home()).unwrap();
-        std::fs::create_dir_all(laptop.state_home()).unwrap();
-        laptop
-    }
-    fn root(&self) -> PathBuf {
-        self.dir.path().canonicalize().unwrap()
-    }
-    fn home(&self) -> PathBuf {
-        self.root().join("home")
-    }
-    /// `$XDG_CONFIG_HOME`: the credential is in `agentworks/credentials.json` below it.
-    fn config_home(&self) -> PathBuf {
-        self.root().join("xdg-config")
-    }
-    /// `$XDG_STATE_HOME`: receipts and scratch dirs are in `agentworks/` below it.
-    fn state_home(&self) -> PathBuf {
-        self.root().join("xdg-state")
-    }
-    fn credentials(&self) -> PathBuf {
-        self.config_home().join("agentworks/credentials.json")
-    }
-    fn folder(&self, name: &str) -> PathBuf {
-        self.home().join("src").join(name)
-    }
+        ],
+    )
+}
+
+/// What these tests do with the laptop of [`standard_laptop`].
+trait LaptopExt {
+    /// A file in a project folder.
+    fn read(&self, folder: &str, file: &str) -> String;
+    /// The standard grants: `--write-folder proj --block proj/private --folder docs
+    /// --write-folder repo`.
+    fn grants(&self) -> Vec<String>;
+}
+
+impl LaptopExt for Laptop {
     fn read(&self, folder: &str, file: &str) -> String {
         std::fs::read_to_string(self.folder(folder).join(file)).unwrap()
     }
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
-        command
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-            .env("HOME", self.home())
-            .env("XDG_CONFIG_HOME", self.config_home())
-            .env("XDG_STATE_HOME", self.state_home())
-            .stdin(Stdio::null());
-        command
-    }
-    /// `agentworks login --with-token`, the token on stdin.
-    fn login(&self, stack: &Stack, gateway_port: u16, token: &str) {
-        let server = format!("http://127.0.0.1:{}", stack.port);
-        let gateway = format!("ws://127.0.0.1:{gateway_port}");
-        let mut child = self
-            .command(&[
-                "login",
-                "--server",
-                &server,
-                "--gateway",
-                &gateway,
-                "--with-token",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "login: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(self.credentials().exists());
-    }
-    /// The standard grants: `--write-folder proj --block proj/private --folder docs
-    /// --write-folder repo`.
     fn grants(&self) -> Vec<String> {
         let path = |p: PathBuf| p.to_str().unwrap().to_owned();
         vec![
@@ -241,7 +174,7 @@ impl Setup {
         let (stack, gw_port) = Stack::start_with_gateway();
         let gw = Gatewayd::start(&stack, gw_port);
         let alice = person(&stack, "alice");
-        let laptop = Laptop::new();
+        let laptop = standard_laptop();
         laptop.login(&stack, gw_port, &alice.token);
         let mut setup = Setup {
             executor: None,
@@ -868,7 +801,7 @@ fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
     let alice = person(&stack, "alice");
-    let laptop = Laptop::new();
+    let laptop = standard_laptop();
     laptop.login(&stack, gw_port, &alice.token);
     let path = |p: PathBuf| p.to_str().unwrap().to_owned();
     let cases = [
@@ -958,7 +891,7 @@ fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_projec
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
     let alice = person(&stack, "alice");
-    let laptop = Laptop::new();
+    let laptop = standard_laptop();
     let downloads = laptop.home().join("Downloads");
     let nested = downloads.join("ro-project");
     std::fs::create_dir_all(&nested).unwrap();
