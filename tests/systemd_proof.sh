@@ -9,15 +9,25 @@
 #   3. `dpkg -i` the agentworks .deb in the root (chroot), boot it with
 #      `systemd-nspawn -b --register=no --keep-unit --private-network` in a cgroup of its own,
 #      and run commands in it with `nsenter -t <container PID 1> -a`.
-#   4. `systemctl start agentworks.target`: every service active (Type=notify, so READY=1 was
+#   4. Nothing is enabled or running after installation. `systemctl start agentworks.target`:
+#      every service active (Type=notify, so READY=1 was
 #      received) and every socket unit listening.
 #   5. agentworksctl: a user, a project, a token; `write_file` through the MCP endpoint
-#      (POST /mcp on 127.0.0.1:8470 inside the container's network namespace).
+#      (POST /mcp on 127.0.0.1:8470 inside the container's network namespace); then an ACL
+#      entry and the group survive a second write (under RestrictSUIDSGID=yes, without
+#      PrivateUsers=).
 #   6. `journalctl MESSAGE_ID=<write id> AGENTWORKS_REQUEST_ID=<request id>` finds the audit entry.
-#   7. `systemctl restart agentworks-workspaced.service` and, while it restarts, a request on
-#      /run/agentworks/workspaced.sock (reached through /proc/<leader>/root) waits and is answered.
-#   8. `systemctl stop agentworks.target`: every unit inactive, none failed; then poweroff and
-#      removal of everything under the temporary directory.
+#   7. `systemctl restart agentworks-workspaced.service` slowed by a test drop-in: a request on
+#      /run/agentworks/workspaced.sock (reached through /proc/<leader>/root) sent after the old
+#      process exited and before the new one serves waits in the backlog and is answered by
+#      the new process.
+#   8. `systemctl stop agentworks.target`: every unit inactive, none failed.
+#   9. An edited /etc/agentworks/agentworks.toml survives reinstalling the package, which starts
+#      nothing.
+#  10. The user units, rootless: a lingering user starts agentworks.target with
+#      `systemctl --user`, every service active, sockets in /run/user/<uid>/agentworks, an MCP
+#      write_file lands under ~/.local/state owned by the user, `systemctl --user stop`; then
+#      poweroff and removal of everything under the temporary directory.
 #
 # Run it by hand, as root, on a Debian 12 host with systemd-container, debootstrap, dpkg-dev,
 # debhelper, curl and cargo (Rust >= 1.95) installed:
@@ -27,7 +37,9 @@
 #   AW_PROOF_DEB_DIR=/path/with/debs tests/systemd_proof.sh   # reuse built agentworks_*.deb
 #   AW_PROOF_KEEP=1 tests/systemd_proof.sh                    # keep the temp dir for a post-mortem
 #
-# PID 1 of the host need not be systemd (hence --register=no --keep-unit). Not run by .ci/run.
+# PID 1 of the host need not be systemd (hence --register=no --keep-unit). .ci/run runs it after
+# the test suite. A host that cannot run it (not root, no writable cgroup file system, no
+# systemd-nspawn) is reported and the script exits 2 without pretending it passed.
 set -eu
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -94,6 +106,20 @@ cgroup_dirs() {
 
 # Runs a command inside the booted container.
 in_ct() { nsenter -t "$leader" -a "$@"; }
+
+# --- 0. can this host boot a container at all? -------------------------------------------------
+cannot() {
+    echo "proof: NOT RUN: $*" >&2
+    exit 2
+}
+[ "$(id -u)" = 0 ] || cannot "needs root (debootstrap, systemd-nspawn, cgroups)"
+for tool in systemd-nspawn debootstrap dpkg-buildpackage nsenter curl python3 setfacl getfacl; do
+    command -v "$tool" >/dev/null || cannot "$tool is not installed"
+done
+for h in $(cgroup_dirs); do
+    mkdir "$h/$cg" 2>/dev/null && rmdir "$h/$cg" || cannot "cannot create a cgroup under $h"
+done
+[ -n "$(cgroup_dirs)" ] || cannot "no cgroup file system under /sys/fs/cgroup"
 
 # --- 1. the .deb -------------------------------------------------------------------------------
 if [ -n "${AW_PROOF_DEB_DIR:-}" ]; then
@@ -181,6 +207,16 @@ running | degraded) log "booted ($state), leader $leader" ;;
 esac
 
 # --- 4. the target -----------------------------------------------------------------------------
+# The package enabled and started nothing: that is the operator's decision.
+for unit in agentworks.target agentworks-workspaced.service agentworks-agentd.service \
+    agentworks-gatewayd.service agentworks-workspaced.socket agentworks-agentd.socket \
+    agentworks-gatewayd.socket; do
+    enabled=$(in_ct systemctl is-enabled "$unit" 2>/dev/null || true)
+    active=$(in_ct systemctl show -P ActiveState "$unit")
+    [ "$enabled" != enabled ] && [ "$active" = inactive ] ||
+        die "$unit is $enabled/$active after installing the package"
+done
+log "after installation nothing is enabled or running"
 in_ct systemctl start agentworks.target || die "systemctl start agentworks.target failed"
 for svc in workspaced agentd gatewayd; do
     unit=agentworks-$svc.service
@@ -215,19 +251,53 @@ token=$(in_ct agentworksctl token create --user alice --scope workflows:write --
 [ -n "$token" ] || token=$(in_ct agentworksctl token create --user alice --scope workflows:write \
     --project demo | tail -1 | awk '{print $NF}')
 [ -n "$token" ] || die "no token from agentworksctl"
+# write_file through the MCP endpoint (inside the container's network namespace); prints the
+# JSON-RPC answer. Arguments: path, content, expected revision, request id.
+mcp_write() {
+    body=$(python3 -c 'import json, sys
+path, content, expected, request_id = sys.argv[1:]
+print(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "write_file",
+    "arguments": {"workflow_id": "demo", "path": path, "content": content,
+                  "expected_revision": expected, "request_id": request_id},
+    "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+              "io.modelcontextprotocol/clientCapabilities": {}}}}))' "$@")
+    nsenter -t "$leader" -n curl -sS -X POST http://127.0.0.1:8470/mcp \
+        -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+        -H 'Accept: application/json, text/event-stream' -H 'MCP-Protocol-Version: 2026-07-28' \
+        -H 'Mcp-Method: tools/call' -H 'Mcp-Name: write_file' --data "$body"
+}
+# The resulting revision of a successful write_file answer; fails on an error answer.
+written_revision() {
+    printf '%s' "$1" | python3 -c 'import json, sys
+answer = json.load(sys.stdin)
+result = answer["result"]
+assert not result.get("isError"), result
+print(result["structuredContent"]["revision"])'
+}
+
 request_id=proof-$$-$(date +%s)
-body='{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write_file","arguments":{"workflow_id":"demo","path":"code/hello.txt","content":"hello from the proof\n","expected_revision":"missing","request_id":"'$request_id'"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}'
-answer=$(nsenter -t "$leader" -n curl -sS -X POST http://127.0.0.1:8470/mcp \
-    -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
-    -H 'Accept: application/json, text/event-stream' -H 'MCP-Protocol-Version: 2026-07-28' \
-    -H 'Mcp-Method: tools/call' -H 'Mcp-Name: write_file' --data "$body") || die "curl failed"
-case $answer in
-*'"isError":true'* | *'"error"'*) die "write_file failed: $answer" ;;
-esac
-[ "$(cat "$root/var/lib/agentworks-documents/demo/code/hello.txt" 2>/dev/null ||
-    in_ct sh -c 'cat /var/lib/agentworks-documents/*/code/hello.txt')" = "hello from the proof" ] ||
+answer=$(mcp_write code/hello.txt 'hello from the proof
+' missing "$request_id") || die "curl failed"
+revision=$(written_revision "$answer") || die "write_file failed: $answer"
+file=$(ls -d "$root"/var/lib/agentworks-documents/*/code/hello.txt "$root"/var/lib/agentworks-documents/code/hello.txt 2>/dev/null | head -1)
+[ -n "$file" ] && [ "$(cat "$file")" = "hello from the proof" ] ||
     die "the file is not on disk: $answer"
-log "wrote code/hello.txt through MCP (request $request_id)"
+log "wrote code/hello.txt through MCP (request $request_id, revision $revision)"
+
+# Ownership and ACLs survive a replace under the hardened unit (RestrictSUIDSGID=yes, so paths
+# are confined by the openat walk; no PrivateUsers=): an ACL entry for another user and the
+# group are kept.
+setfacl -m u:65534:r "$file" || die "setfacl on $file"
+group_before=$(stat -c %g "$file")
+answer=$(mcp_write code/hello.txt 'hello again
+' "$revision" "$request_id-2") || die "curl failed"
+written_revision "$answer" >/dev/null || die "the second write_file failed: $answer"
+[ "$(cat "$file")" = "hello again" ] || die "the second write is not on disk"
+getfacl -n "$file" 2>/dev/null | grep -q '^user:65534:r--' ||
+    die "the ACL entry was lost: $(getfacl -n "$file" 2>&1)"
+[ "$(stat -c %g "$file")" = "$group_before" ] || die "the group changed"
+log "replaced code/hello.txt: its ACL entry (user:65534:r--) and group kept"
 
 # --- 6. the audit entry ------------------------------------------------------------------------
 write_id=$(sed -n 's/^pub const WRITE: &str = "\([0-9a-f]*\)";/\1/p' "$repo/src/daemon/audit.rs")
@@ -249,16 +319,38 @@ printf '%s\n' "$entry" | grep -qF "$token" && die "the token in the journal"
 log "audit entry found: journalctl MESSAGE_ID=$write_id AGENTWORKS_REQUEST_ID=$request_id"
 
 # --- 7. a restart loses no request -------------------------------------------------------------
+# A drop-in for this test only slows the start down (ExecStartPre= sleeps), so the request below
+# certainly arrives after the old process is gone and before the new one serves: it can only be
+# answered by waiting in the socket's backlog.
+# (In /etc: the container's /run is a tmpfs the host does not see through $root.)
+unit=agentworks-workspaced.service
+dropin=$root/etc/systemd/system/$unit.d
+mkdir -p "$dropin"
+printf '[Service]\nExecStartPre=/bin/sleep 3\n' >"$dropin/proof-slow-start.conf"
+in_ct systemctl daemon-reload
+old_pid=$(in_ct systemctl show -P MainPID "$unit")
+[ "$old_pid" -gt 0 ] || die "no MainPID for $unit"
+in_ct systemctl restart --no-block "$unit"
+i=0
+while in_ct test -d "/proc/$old_pid" && [ $i -lt 300 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+in_ct test -d "/proc/$old_pid" && die "the old workspaced ($old_pid) did not exit"
+sub=$(in_ct systemctl show -P SubState "$unit")
+[ "$sub" = start-pre ] || {
+    in_ct systemctl cat "$unit" >&2
+    die "$unit is $sub, not in its (slowed) ExecStartPre=, when the request is sent"
+}
 sock=/proc/$leader/root/run/agentworks/workspaced.sock
-in_ct systemctl restart --no-block agentworks-workspaced.service
-code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 30 --unix-socket "$sock" \
+out=$(curl -sS -o /dev/null -w '%{http_code} %{time_total}' --max-time 30 --unix-socket "$sock" \
     http://localhost/v1/health) || die "a request during the restart failed (curl $?)"
-case $code in
-2?? | 4??) log "a request on workspaced.sock during the restart was answered (HTTP $code)" ;;
-*) die "a request during the restart got HTTP $code" ;;
-esac
-in_ct timeout 30 sh -c 'until systemctl is-active -q agentworks-workspaced.service; do sleep 0.2; done' ||
-    die "workspaced did not come back"
+new_pid=$(in_ct systemctl show -P MainPID "$unit")
+[ "${out%% *}" = 200 ] || die "a request during the restart got HTTP ${out%% *}"
+[ "$new_pid" -gt 0 ] && [ "$new_pid" != "$old_pid" ] || die "MainPID $new_pid after the restart"
+log "a request sent while workspaced was down waited ${out#* } s and was answered by the new process ($old_pid -> $new_pid)"
+rm -r "$dropin"
+in_ct systemctl daemon-reload
 
 # --- 8. a clean stop ---------------------------------------------------------------------------
 in_ct systemctl stop agentworks.target || die "systemctl stop agentworks.target failed"
@@ -270,4 +362,85 @@ for unit in $(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' 
     [ -z "$result" ] || [ "$result" = success ] || die "$unit ended with $result"
 done
 log "agentworks.target stopped: every unit inactive, none failed"
+
+# --- 9. an upgrade keeps the operator's configuration and starts nothing -------------------------
+config=$root/etc/agentworks/agentworks.toml
+printf '\n# edited by the operator (systemd proof)\n' >>"$config"
+edited=$(sha256sum <"$config")
+# (Not in /tmp: the container has its own tmpfs there.)
+cp "$deb" "$root/root/agentworks.deb"
+# stdin is /dev/null: a conffile prompt would fail the reinstall instead of hanging.
+in_ct dpkg -i /root/agentworks.deb </dev/null >"$work/upgrade.log" 2>&1 || {
+    cat "$work/upgrade.log" >&2
+    die "reinstalling the package failed"
+}
+[ "$(sha256sum <"$config")" = "$edited" ] || die "the reinstall replaced the edited $config"
+for unit in agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service; do
+    [ "$(in_ct systemctl show -P ActiveState "$unit")" = inactive ] ||
+        die "the reinstall started $unit"
+done
+log "reinstalling kept the edited agentworks.toml and started nothing"
+rm -f "$root/root/agentworks.deb"
+
+# --- 10. the same set as user units, rootless ----------------------------------------------------
+# A lingering user's own systemd (user@.service) starts the user units of the package: state
+# under ~/.local/state, sockets under /run/user/<uid>; the system target is stopped, so the
+# public ports are free.
+in_ct useradd -m -s /bin/sh carol || die "useradd carol"
+carol=$(in_ct id -u carol)
+in_ct loginctl enable-linger carol || die "loginctl enable-linger carol"
+i=0
+until [ "$(in_ct systemctl show -P ActiveState "user@$carol.service")" = active ]; do
+    [ $i -lt 120 ] || die "user@$carol.service did not start"
+    sleep 0.5
+    i=$((i + 1))
+done
+as_carol() {
+    in_ct setpriv --reuid=carol --regid=carol --init-groups env -i PATH=/usr/bin:/bin \
+        HOME=/home/carol XDG_RUNTIME_DIR="/run/user/$carol" \
+        AGENTWORKS_STATE_ROOT=/home/carol/.local/state/agentworks \
+        AGENTWORKS_RUNTIME_DIR="/run/user/$carol/agentworks" "$@"
+}
+as_carol systemctl --user start agentworks.target || die "systemctl --user start agentworks.target"
+for svc in workspaced agentd gatewayd; do
+    unit=agentworks-$svc.service
+    i=0
+    while :; do
+        active=$(as_carol systemctl --user show -P ActiveState "$unit")
+        case $active in active | failed) break ;; esac
+        [ $i -lt 120 ] || break
+        sleep 0.5
+        i=$((i + 1))
+    done
+    [ "$active" = active ] || {
+        in_ct journalctl --no-pager _SYSTEMD_USER_UNIT="$unit" | tail -20 >&2
+        die "user unit $unit: $active"
+    }
+    [ "$(as_carol stat -c %U "/run/user/$carol/agentworks/$svc.sock")" = carol ] ||
+        die "$svc.sock is not carol's"
+    log "user unit $unit active, its socket in /run/user/$carol/agentworks"
+done
+as_carol agentworksctl status >/dev/null || die "agentworksctl status as carol"
+as_carol agentworksctl user add carol >/dev/null || die "user add (rootless)"
+as_carol agentworksctl project add demo --kind code --owner carol --write-path code >/dev/null ||
+    die "project add (rootless)"
+token=$(as_carol agentworksctl token create --user carol --scope workflows:write --project demo |
+    grep -Eo 'aw[a-z]*_[A-Za-z0-9_-]{16,}' | head -1) || true
+[ -n "$token" ] || die "no token from agentworksctl (rootless)"
+answer=$(mcp_write code/rootless.txt 'written by a rootless stack
+' missing "proof-rootless-$$") || die "curl failed"
+written_revision "$answer" >/dev/null || die "write_file (rootless) failed: $answer"
+file=$(ls -d "$root"/home/carol/.local/state/agentworks-documents/*/code/rootless.txt \
+    "$root"/home/carol/.local/state/agentworks-documents/code/rootless.txt 2>/dev/null | head -1)
+[ "$(cat "$file" 2>/dev/null)" = "written by a rootless stack" ] ||
+    die "the rootless write is not on disk: $answer"
+[ "$(stat -c %u "$file")" = "$carol" ] || die "the rootless write is not owned by carol"
+log "rootless: an MCP write_file landed in ~carol/.local/state/agentworks-documents, owned by carol"
+as_carol systemctl --user stop agentworks.target || die "systemctl --user stop agentworks.target"
+for svc in workspaced agentd gatewayd; do
+    [ "$(as_carol systemctl --user show -P ActiveState "agentworks-$svc.service")" = inactive ] ||
+        die "user unit agentworks-$svc.service still running after stop"
+done
+in_ct loginctl disable-linger carol
+log "user units stopped"
 log "PASS"
