@@ -25,15 +25,17 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
     let socket_path = config.agentd_socket();
-    let (socket, _) = listener::unix_listener("agentd.sock", &socket_path)
+    let (socket, socket_origin) = listener::unix_listener("agentd.sock", &socket_path)
         .with_context(|| format!("cannot listen on {}", socket_path.display()))?;
-    let (public, _) = listener::tcp_listener("agentd-http", config.agentd.listen)
+    let (public, public_origin) = listener::tcp_listener("agentd-http", config.agentd.listen)
         .with_context(|| format!("cannot listen on {}", config.agentd.listen))?;
     let identity = agent::open_identity(&config).context("cannot open the identity store")?;
     let address = public.local_addr().ok();
     tracing::info!(
         socket = %socket_path.display(),
+        socket_activated = socket_origin == listener::ListenerOrigin::Activated,
         public = ?address,
+        public_activated = public_origin == listener::ListenerOrigin::Activated,
         public_url = %config.agentd.public_url(),
         workspaced = %config.workspaced_socket().display(),
         "agentd ready"

@@ -26,14 +26,16 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
     let socket_path = config.gatewayd_socket();
-    let (public, _) = listener::tcp_listener("gatewayd-ws", config.gatewayd.listen)
+    let (public, public_origin) = listener::tcp_listener("gatewayd-ws", config.gatewayd.listen)
         .with_context(|| format!("cannot listen on {}", config.gatewayd.listen))?;
-    let (socket, _) = listener::unix_listener("gatewayd.sock", &socket_path)
+    let (socket, socket_origin) = listener::unix_listener("gatewayd.sock", &socket_path)
         .with_context(|| format!("cannot listen on {}", socket_path.display()))?;
     let store = gateway::open_store(&config).context("cannot open the gateway store")?;
     tracing::info!(
         socket = %socket_path.display(),
+        socket_activated = socket_origin == listener::ListenerOrigin::Activated,
         public = ?public.local_addr().ok(),
+        public_activated = public_origin == listener::ListenerOrigin::Activated,
         public_url = %config.gatewayd.public_url(),
         agentd = %config.agentd_socket().display(),
         "gatewayd ready"

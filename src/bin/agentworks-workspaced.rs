@@ -51,7 +51,7 @@ async fn run(config: Config, kept: Vec<::caps::Capability>) -> anyhow::Result<()
         .context("cannot reconcile receipts at start")?;
     tracing::info!(
         socket = %socket_path.display(),
-        activated = matches!(origin, listener::ListenerOrigin::Activated),
+        socket_activated = origin == listener::ListenerOrigin::Activated,
         documents_root = %workspace.documents_root().display(),
         capabilities = ?kept,
         temp_files_removed = report.temp_files_removed,
