@@ -234,7 +234,15 @@ for svc in workspaced agentd gatewayd; do
         in_ct journalctl -u "$unit" --no-pager | tail -20 >&2
         die "$unit: $active ($type)"
     }
-    log "$unit active (Type=notify: READY=1 received)"
+    # Its ready entry says where its listeners came from: systemd, every one.
+    origins=$(in_ct journalctl --no-pager -o verbose -u "$unit" |
+        grep -Eo '(SOCKET|PUBLIC)_ACTIVATED=[a-z]+' | sort -u | tr '\n' ' ')
+    case $origins in
+    *SOCKET_ACTIVATED=true*) ;;
+    *) die "$unit did not log a socket-activated listener: $origins" ;;
+    esac
+    case $origins in *=false*) die "$unit bound a listener itself: $origins" ;; esac
+    log "$unit active (Type=notify: READY=1 received), listeners from its socket units: $origins"
 done
 for sock in $(in_ct systemctl list-units --plain --no-legend 'agentworks-*.socket' | awk '{print $1}'); do
     [ "$(in_ct systemctl show -P ActiveState "$sock")" = active ] || die "$sock not active"

@@ -1,0 +1,138 @@
+#!/bin/sh
+# Builds both packages from this tree and checks them (issue 6, "Packages"):
+#
+#   1. `dpkg-buildpackage -us -uc -b` on a copy of the tree: agentworks_*.deb and
+#      agentworks-cli_*.deb; `lintian --fail-on error` on them.
+#   2. `rpmbuild -bb --nodeps` of rpm/agentworks.spec from a source tarball: agentworks-*.rpm and
+#      agentworks-cli-*.rpm; `rpmlint -r rpm/agentworks.rpmlintrc` on the spec and them (0 errors).
+#   3. What each package holds: the daemons, agentworksctl, the units, sysusers/tmpfiles, the
+#      catalog, man pages and the configuration as a conffile / %config(noreplace) in
+#      agentworks; the laptop command alone (and its man page) in agentworks-cli.
+#
+# Both builds share CARGO_TARGET_DIR (default <repo>/target), so the second reuses the release
+# build of the first.
+#
+# Usage: tests/packages.sh [OUT_DIR]   the .debs and .rpms are left in OUT_DIR (for
+#        AW_PROOF_DEB_DIR=OUT_DIR tests/systemd_proof.sh); without it they are removed at exit.
+# Needs dpkg-dev, debhelper, lintian, rpm, rpmlint and cargo (Rust >= 1.95) on PATH.
+set -eu
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /var/tmp/agentworks-packages.XXXXXX)
+out=${1:-$work/out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
+
+log() { echo "packages: $*" >&2; }
+die() {
+    echo "packages: FAIL: $*" >&2
+    exit 1
+}
+trap 'rm -rf "$work"' EXIT
+trap 'exit 1' INT TERM
+
+# The tree as a release tarball would hold it: no target/, no .git.
+src=$work/src/agentworks-$version
+mkdir -p "$src"
+tar -C "$repo" --exclude=./target --exclude=./.git --exclude=./fuzz/target -cf - . | tar -C "$src" -xf -
+
+# --- 1. Debian -----------------------------------------------------------------------------------
+log "dpkg-buildpackage -us -uc -b"
+(cd "$src" && dpkg-buildpackage -us -uc -b) >"$work/deb.log" 2>&1 || {
+    tail -40 "$work/deb.log" >&2
+    die "dpkg-buildpackage failed"
+}
+cp "$work"/src/agentworks_*.deb "$work"/src/agentworks-cli_*.deb "$out/"
+server_deb=$(ls "$out"/agentworks_"$version"-*.deb)
+cli_deb=$(ls "$out"/agentworks-cli_"$version"-*.deb)
+lintian --fail-on error "$server_deb" "$cli_deb" \
+    >"$work/lintian.log" 2>&1 || {
+    cat "$work/lintian.log" >&2
+    die "lintian reports errors"
+}
+log "lintian: $(grep -c '^E:' "$work/lintian.log" || true) errors, $(grep -c '^W:' "$work/lintian.log" || true) warnings"
+
+# has PACKAGE_LISTING PATH...: every path is in the listing.
+has() {
+    listing=$1
+    shift
+    for path in "$@"; do
+        grep -qx "$path" "$listing" || die "$path is missing from $listing"
+    done
+}
+# lacks PACKAGE_LISTING PATTERN...: no path matches.
+lacks() {
+    listing=$1
+    shift
+    for pattern in "$@"; do
+        if grep -q "$pattern" "$listing"; then die "$listing holds $(grep "$pattern" "$listing")"; fi
+    done
+}
+
+dpkg-deb -c "$server_deb" | awk '{print $6}' | sed 's|^\./|/|' >"$work/deb-server.list"
+dpkg-deb -c "$cli_deb" | awk '{print $6}' | sed 's|^\./|/|' >"$work/deb-cli.list"
+has "$work/deb-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-agentd \
+    /usr/bin/agentworks-gatewayd /usr/bin/agentworksctl \
+    /lib/systemd/system/agentworks.target /lib/systemd/system/agentworks-workspaced.service \
+    /lib/systemd/system/agentworks-workspaced.socket /lib/systemd/system/agentworks-agentd-http.socket \
+    /lib/systemd/system/agentworks-gatewayd-ws.socket /usr/lib/systemd/user/agentworks.target \
+    /usr/lib/sysusers.d/agentworks.conf /usr/lib/tmpfiles.d/agentworks.conf \
+    /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml \
+    /usr/share/man/man1/agentworksctl.1.gz /usr/share/man/man1/agentworks-workspaced.1.gz \
+    /usr/share/bash-completion/completions/agentworksctl
+lacks "$work/deb-server.list" '^/usr/bin/agentworks$'
+has "$work/deb-cli.list" /usr/bin/agentworks /usr/share/man/man1/agentworks.1.gz \
+    /usr/share/bash-completion/completions/agentworks
+lacks "$work/deb-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/'
+dpkg-deb -f "$server_deb" Depends | grep -q systemd || die "agentworks does not depend on systemd"
+mkdir "$work/control"
+dpkg-deb -e "$server_deb" "$work/control"
+grep -qx /etc/agentworks/agentworks.toml "$work/control/conffiles" ||
+    die "/etc/agentworks/agentworks.toml is not a conffile"
+# The maintainer scripts start nothing, and enable a unit only where it was enabled before (an
+# upgrade keeps the operator's choice); tests/systemd_proof.sh checks the behaviour.
+if grep -q 'deb-systemd-invoke \(start\|restart\)' "$work/control/postinst"; then
+    die "postinst starts units: $(grep 'deb-systemd-invoke' "$work/control/postinst")"
+fi
+awk '/was-enabled/ { guarded = 1; next }
+     /deb-systemd-helper .*enable / && !guarded { print; bad = 1 }
+     $0 !~ /^[[:space:]]*(#.*)?$/ { guarded = 0 }
+     END { exit bad }' "$work/control/postinst" >"$work/unguarded" ||
+    die "postinst enables units unconditionally: $(cat "$work/unguarded")"
+log "agentworks.deb and agentworks-cli.deb hold what they should; the config is a conffile"
+
+# --- 2. RPM --------------------------------------------------------------------------------------
+log "rpmbuild -bb"
+top=$work/rpmbuild
+mkdir -p "$top/SOURCES"
+tar -C "$work/src" -czf "$top/SOURCES/agentworks-$version.tar.gz" "agentworks-$version"
+rpmbuild -bb --nodeps --define "_topdir $top" "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
+    tail -40 "$work/rpm.log" >&2
+    die "rpmbuild failed"
+}
+cp "$top"/RPMS/*/agentworks-*.rpm "$out/"
+server_rpm=$(ls "$out"/agentworks-"$version"-*.rpm)
+cli_rpm=$(ls "$out"/agentworks-cli-"$version"-*.rpm)
+# The spec and both packages in one run: the rc file's filters cover all three together.
+rpmlint -r "$repo/rpm/agentworks.rpmlintrc" "$repo/rpm/agentworks.spec" "$server_rpm" "$cli_rpm" \
+    >"$work/rpmlint.log" 2>&1 || {
+    cat "$work/rpmlint.log" >&2
+    die "rpmlint reports errors"
+}
+log "rpmlint: $(tail -1 "$work/rpmlint.log" | sed 's/.*checked; //; s/, [0-9]* badness.*//')"
+rpm -qpl "$server_rpm" 2>/dev/null >"$work/rpm-server.list"
+rpm -qpl "$cli_rpm" 2>/dev/null >"$work/rpm-cli.list"
+has "$work/rpm-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-agentd \
+    /usr/bin/agentworks-gatewayd /usr/bin/agentworksctl /usr/lib/systemd/system/agentworks.target \
+    /usr/lib/systemd/system/agentworks-workspaced.socket /usr/lib/systemd/user/agentworks.target \
+    /usr/lib/sysusers.d/agentworks.conf /usr/lib/tmpfiles.d/agentworks.conf \
+    /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml
+lacks "$work/rpm-server.list" '^/usr/bin/agentworks$'
+has "$work/rpm-cli.list" /usr/bin/agentworks
+lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/'
+rpm -qpc "$server_rpm" 2>/dev/null | grep -qx /etc/agentworks/agentworks.toml ||
+    die "/etc/agentworks/agentworks.toml is not %config in the rpm"
+log "agentworks.rpm and agentworks-cli.rpm hold what they should; the config is %config"
+log "PASS: $(cd "$out" && ls | tr '\n' ' ')"
