@@ -42,11 +42,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     );
     systemd::notify_ready("serving /mcp and agentd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    let stopping = shutdown.clone();
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        systemd::notify_stopping();
-    });
     agent::run(&config, identity, public, socket, shutdown).await;
     tracing::info!("agentd stopped");
     Ok(())

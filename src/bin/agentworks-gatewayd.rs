@@ -42,11 +42,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     );
     systemd::notify_ready("serving /v1/executor and gatewayd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    let stopping = shutdown.clone();
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        systemd::notify_stopping();
-    });
     gateway::run(&config, store, public, socket, shutdown).await;
     tracing::info!("gatewayd stopped");
     Ok(())

@@ -62,11 +62,6 @@ async fn run(config: Config, kept: Vec<::caps::Capability>) -> anyhow::Result<()
     );
     systemd::notify_ready("serving workspaced.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    let stopping = shutdown.clone();
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        systemd::notify_stopping();
-    });
     let policy = PeerPolicy::for_users(&config.workspaced.allowed_users);
     let server_limits = ServerLimits {
         max_connections: 256,

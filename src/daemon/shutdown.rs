@@ -1,12 +1,16 @@
-//! Shutdown signals: the first SIGTERM or SIGINT cancels one token the whole daemon watches.
+//! Shutdown signals: the first SIGTERM or SIGINT sends STOPPING=1 to systemd and cancels one
+//! token the whole daemon watches.
 //!
 //! Owns installing the signal handlers. Must never exit the process itself: the daemon decides
-//! how to wind down (stop accepting, finish in-flight requests, send STOPPING=1).
+//! how to wind down (stop accepting, finish in-flight requests). STOPPING=1 is sent here, before
+//! the token is cancelled, because a task woken by the token may never run once the daemon's
+//! main future returns and the runtime shuts down.
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first SIGTERM or SIGINT. Must be called inside a runtime.
+/// A token cancelled on the first SIGTERM or SIGINT (after STOPPING=1 is sent, when under
+/// systemd). Must be called inside a runtime.
 ///
 /// The handlers are installed before this returns, so a signal arriving right after is not
 /// lost. If a handler cannot be installed (which tokio only reports for invalid signals or an
@@ -28,6 +32,7 @@ pub fn on_signals() -> CancellationToken {
             _ = cancel.cancelled() => return,
         };
         tracing::info!(signal = name, "shutting down");
+        crate::daemon::systemd::notify_stopping();
         cancel.cancel();
     });
     token
