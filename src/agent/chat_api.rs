@@ -7,6 +7,7 @@
 //! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
 //! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (owner only, else 404) |
 //! | `POST /v1/chats/{id}/turns {message}` | `text/event-stream`: `text`, `tool_call`, `tool_result`, `error`, `end` |
+//! | `POST /v1/chats/{id}/cancel` | 202 `{chat_id, turn}`: the running turn stops (409 `no_turn_running`) |
 //! | `PUT /v1/chats/{id}/binding {device_id, folder, confirm}` | chat (409 `turn_running` while a turn runs) |
 //! | `DELETE /v1/chats/{id}/binding` | chat, back in server mode (409 while a turn runs) |
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
@@ -14,7 +15,10 @@
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
 //! chats. One turn at a time per chat (409 `turn_running`). Binding needs `confirm` to be
-//! exactly [`CONFIRMATION`].
+//! exactly [`CONFIRMATION`]. Cancelling stops the turn at its next step: a model request is
+//! abandoned, a command running on the laptop is cancelled through gatewayd (its process group
+//! is killed and its result recorded), tool calls not yet started are answered "not run", and
+//! the stream ends with `end {reason: "cancelled"}`.
 //!
 //! The turn's events are the SSE lines `event: <kind>` / `data: <json>`. The public listener's
 //! responses are complete buffers (`ipc::server`), so the stream is sent when the turn ends;
@@ -37,6 +41,7 @@ use hyper::{Method, Response, StatusCode};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 /// The sentence a client must send as `confirm` to bind a chat to a laptop folder.
 pub const CONFIRMATION: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
@@ -93,10 +98,11 @@ fn from_tool(error: ToolError) -> ApiError {
     }
 }
 
-/// Which turn is running in a chat, with the binding generation it started with.
-#[derive(Debug, Clone, Copy)]
+/// Which turn is running in a chat, and how to cancel it.
+#[derive(Debug, Clone)]
 struct Running {
     turn: i64,
+    cancel: CancellationToken,
 }
 
 /// Everything the chat endpoints and the turns need. Cheap to clone.
@@ -176,8 +182,8 @@ impl ChatService {
     ) -> Result<(), ToolError> {
         let stale =
             |why: &str| ToolError::new("stale_turn", format!("{why}; the call was not run"));
-        let running = self.running.lock().await.get(chat_id).copied();
-        if running.is_none_or(|r| r.turn != turn) {
+        let running = self.running.lock().await.get(chat_id).map(|r| r.turn);
+        if running.is_none_or(|r| r != turn) {
             return Err(stale("this turn is no longer running"));
         }
         let store = self.chats.clone();
@@ -266,6 +272,9 @@ impl ChatService {
             (["v1", "chats"], m) if *m == Method::GET => Route::List,
             (["v1", "chats", id], m) if *m == Method::GET => Route::Get(id.to_string()),
             (["v1", "chats", id, "turns"], m) if *m == Method::POST => Route::Turn(id.to_string()),
+            (["v1", "chats", id, "cancel"], m) if *m == Method::POST => {
+                Route::Cancel(id.to_string())
+            }
             (["v1", "chats", id, "binding"], m) if *m == Method::PUT => Route::Bind(id.to_string()),
             (["v1", "chats", id, "binding"], m) if *m == Method::DELETE => {
                 Route::Unbind(id.to_string())
@@ -290,6 +299,7 @@ impl ChatService {
                 Route::List => self.list(&caller, parts.uri.query()).await,
                 Route::Get(id) => self.get(&caller, &id).await,
                 Route::Turn(id) => self.turn(&caller, &id, body).await,
+                Route::Cancel(id) => self.cancel(&caller, &id).await,
                 Route::Bind(id) => self.bind(&caller, &id, body).await,
                 Route::Unbind(id) => self.unbind(&caller, &id).await,
                 Route::Devices => self
@@ -420,6 +430,7 @@ impl ChatService {
             .map_err(from_tool)?;
 
         // One turn at a time; its binding is read under the same lock binding changes take.
+        let cancel = CancellationToken::new();
         let (chat, turn) = {
             let mut running = self.running.lock().await;
             if running.contains_key(chat_id) {
@@ -433,7 +444,13 @@ impl ChatService {
             })
             .await?;
             let chat = chat.ok_or_else(|| no_chat(chat_id))?;
-            running.insert(chat_id.to_owned(), Running { turn });
+            running.insert(
+                chat_id.to_owned(),
+                Running {
+                    turn,
+                    cancel: cancel.clone(),
+                },
+            );
             (chat, turn)
         };
         tracing::info!(chat = %chat_id, turn, user = %caller.user_id, bound = chat.binding.is_some(), "turn started");
@@ -448,7 +465,7 @@ impl ChatService {
         let service = self.clone();
         let finished = sender.clone();
         let chat_key = chat_id.to_owned();
-        let task = tokio::spawn(turn::run(service, spec, sender));
+        let task = tokio::spawn(turn::run(service, spec, cancel, sender));
         let running = self.running.clone();
         tokio::spawn(async move {
             if let Err(error) = task.await {
@@ -482,6 +499,26 @@ impl ChatService {
             .headers_mut()
             .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok(response)
+    }
+
+    /// `POST /v1/chats/{id}/cancel`: the owner stops the running turn. The answer comes at once;
+    /// the turn's own stream says when it has stopped.
+    async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+        self.own_chat(caller, chat_id).await?;
+        let running = self.running.lock().await.get(chat_id).cloned();
+        let Some(running) = running else {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "no_turn_running",
+                format!("no turn is running in chat {chat_id}"),
+            ));
+        };
+        running.cancel.cancel();
+        tracing::info!(chat = %chat_id, turn = running.turn, user = %caller.user_id, "turn cancel requested");
+        Ok(json_response(
+            StatusCode::ACCEPTED,
+            &json!({"chat_id": chat_id, "turn": running.turn}),
+        ))
     }
 
     async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
@@ -609,6 +646,7 @@ enum Route {
     List,
     Get(String),
     Turn(String),
+    Cancel(String),
     Bind(String),
     Unbind(String),
     Devices,

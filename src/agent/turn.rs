@@ -25,11 +25,15 @@ use crate::agent::chat_api::ChatService;
 use crate::agent::chats::{Binding, Chat};
 use crate::agent::files::Source;
 use crate::agent::model::ToolCall;
-use crate::gateway::protocol::{DispatchRequest, DispatchState, Operation, Outcome};
+use crate::gateway::protocol::{
+    CancelResponse, DispatchRequest, DispatchState, Operation, Outcome, RequestRef,
+};
 use crate::ipc::client::ClientError;
 use crate::mcp::{Caller, ToolError};
 use serde_json::{Map, Value, json};
+use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
 
 /// One server-sent event: `(kind, data)`.
 pub type Event = (&'static str, Value);
@@ -134,12 +138,17 @@ fn system_prompt(spec: &TurnSpec) -> String {
 
 /// Runs one turn to its end, sending events to `events`. Never panics the caller: every
 /// failure becomes an `error` event followed by `end`.
-pub async fn run(service: ChatService, spec: TurnSpec, events: UnboundedSender<Event>) {
+pub async fn run(
+    service: ChatService,
+    spec: TurnSpec,
+    cancel: CancellationToken,
+    events: UnboundedSender<Event>,
+) {
     let emit = |kind: &'static str, data: Value| {
         // The client may have gone; the turn still runs to its end and is stored.
         let _ = events.send((kind, data));
     };
-    let reason = match drive(&service, &spec, &emit).await {
+    let reason = match drive(&service, &spec, &cancel, &emit).await {
         Ok(reason) => reason,
         Err(error) => {
             tracing::warn!(chat = %spec.chat.chat_id, turn = spec.turn, code = %error.code, "turn failed: {}", error.message);
@@ -156,6 +165,7 @@ pub async fn run(service: ChatService, spec: TurnSpec, events: UnboundedSender<E
 async fn drive(
     service: &ChatService,
     spec: &TurnSpec,
+    cancel: &CancellationToken,
     emit: &impl Fn(&'static str, Value),
 ) -> Result<&'static str, ToolError> {
     let Some(model) = service.model.clone() else {
@@ -181,10 +191,12 @@ async fn drive(
                 .into_iter()
                 .map(|m| m.message),
         );
-        let reply = model
-            .complete(&conversation, &tools)
-            .await
-            .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        // A cancelled turn abandons the model request; nothing of it is stored.
+        let reply = tokio::select! {
+            reply = model.complete(&conversation, &tools) => reply,
+            _ = cancel.cancelled() => return Ok("cancelled"),
+        }
+        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
         service
             .append(&chat_id, spec.turn, reply.message.clone())
             .await?;
@@ -203,7 +215,15 @@ async fn drive(
                 json!({"id": call.id, "name": call.name, "arguments": arguments}),
             );
             let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
-            let result = execute(service, spec, call, &request_id).await;
+            // Every call the model asked for gets a result in the history, even when cancelled.
+            let result = if cancel.is_cancelled() {
+                Err(ToolError::new(
+                    "cancelled",
+                    "not run: the turn was cancelled",
+                ))
+            } else {
+                execute(service, spec, call, &request_id, cancel).await
+            };
             let (event, content) = match &result {
                 Ok(value) => (
                     json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
@@ -227,6 +247,9 @@ async fn drive(
                 )
                 .await?;
             emit("tool_result", event);
+        }
+        if cancel.is_cancelled() {
+            return Ok("cancelled");
         }
     }
     Err(ToolError::new(
@@ -288,6 +311,7 @@ async fn execute(
     spec: &TurnSpec,
     call: &ToolCall,
     request_id: &str,
+    cancel: &CancellationToken,
 ) -> Result<Value, ToolError> {
     // Retained state, re-checked on every call.
     service
@@ -353,7 +377,49 @@ async fn execute(
             };
             // The person's live authority on the project, now (revoked token, removed member).
             service.files.access(caller, &spec.chat.project_id).await?;
-            dispatch(service, caller, binding, request_id, operation).await
+            // A cancel while the device runs the call asks it to stop (the executor kills the
+            // process group) and waits for the result, which says `cancelled`.
+            let call = dispatch(service, caller, binding, request_id, operation);
+            tokio::pin!(call);
+            tokio::select! {
+                result = &mut call => return result,
+                _ = cancel.cancelled() => {}
+            }
+            loop {
+                tokio::select! {
+                    result = &mut call => return result,
+                    asked = ask_device_to_cancel(service, caller, request_id) => {
+                        if asked {
+                            return call.await;
+                        }
+                        tokio::time::sleep(CANCEL_RETRY).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How soon a cancel is asked again when gatewayd did not yet know the request.
+const CANCEL_RETRY: Duration = Duration::from_millis(100);
+
+/// `POST /v1/cancel` on gatewayd: true once a cancel frame went to the device, or the request is
+/// no longer pending (nothing left to stop).
+async fn ask_device_to_cancel(service: &ChatService, caller: &Caller, request_id: &str) -> bool {
+    let reference = RequestRef {
+        user_id: caller.user_id.clone(),
+        request_id: request_id.to_owned(),
+    };
+    match service
+        .gatewayd
+        .post::<_, CancelResponse>("/v1/cancel", &reference)
+        .await
+    {
+        Ok(answer) => answer.cancel_sent || answer.state != DispatchState::Pending,
+        // Not dispatched yet (404), or gatewayd unreachable: ask again shortly.
+        Err(error) => {
+            tracing::debug!(%error, request_id, "cancel not delivered yet");
+            false
         }
     }
 }

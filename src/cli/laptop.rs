@@ -52,6 +52,8 @@ pub enum Command {
     /// Needs a personal token with a workflows scope in $AGENTWORKS_TOKEN or --token-file (the
     /// laptop's devices:connect credential cannot chat). With --local ALIAS the chat is bound
     /// to this person's shared laptop folder of that name, after showing the consequences.
+    /// Ctrl-C during a turn cancels it on the server (a command running on the laptop is
+    /// killed); Ctrl-C at the prompt ends the chat.
     Chat {
         /// The project (name or id).
         #[arg(long)]

@@ -305,8 +305,22 @@ async fn turn(
     }
     let mut pending = String::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(120));
+    let mut cancel_asked = false;
     loop {
         tokio::select! {
+            // Ctrl-C asks the server to cancel the turn (its command on the laptop is killed);
+            // the stream then ends with "cancelled". A second Ctrl-C stops waiting for that.
+            _ = tokio::signal::ctrl_c() => {
+                if cancel_asked {
+                    eprintln!("\nstopped waiting; the turn ends on the server");
+                    return Ok(());
+                }
+                cancel_asked = true;
+                eprintln!("\ncancelling the turn… (Ctrl-C again to stop waiting)");
+                if let Err(error) = api.call("POST", &format!("/v1/chats/{chat}/cancel"), None).await {
+                    eprintln!("cannot cancel: {error}");
+                }
+            }
             frame = body.frame() => {
                 let Some(frame) = frame else { break };
                 let frame = frame.map_err(|e| ChatError::Protocol { what: path.clone(), detail: e.to_string() })?;
@@ -467,16 +481,31 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         running: None,
         spin: 0,
     };
-    let stdin = std::io::stdin();
+    // Lines are read on their own thread so Ctrl-C at the prompt still ends the chat once a
+    // turn has taken over SIGINT (tokio keeps its handler for the rest of the process).
+    let (lines_sender, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if lines_sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
     loop {
         if std::io::stdin().is_terminal() {
             eprint!("you> ");
             let _ = std::io::stderr().flush();
         }
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            break;
-        }
+        let line = tokio::select! {
+            line = lines.recv() => match line {
+                Some(line) => line?,
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!();
+                break;
+            }
+        };
         let message = line.trim();
         match message {
             "" => continue,

@@ -1045,3 +1045,261 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
     let results = tool_results(&setup.model.requests()[1]);
     assert!(results[0].1.to_string().contains("hi"), "{results:?}");
 }
+
+/// The pids of processes whose command line contains `needle`.
+fn processes_running(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(needle) {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
+/// Cancelling a bound turn while the laptop runs a command: the command's process is killed,
+/// its result says so, the call the model asked for next is not run, the turn ends as
+/// `cancelled`, and the chat is free for the next turn with a complete history.
+#[test]
+fn cancelling_a_bound_turn_kills_the_laptop_command_and_ends_the_turn() {
+    let setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    assert_eq!(setup.bind(&chat).0, 200);
+    let cancel_path = format!("/v1/chats/{chat}/cancel");
+
+    // Nothing to cancel yet; and only the chat's creator may cancel.
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        &cancel_path,
+        Value::Null,
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("no_turn_running")),
+        "{body}"
+    );
+
+    let sleeper = "sleep 61.25";
+    setup.model.play(vec![calls(&[
+        (
+            "c1",
+            "execute_shell_command",
+            json!({"command": format!("echo started > started.txt; {sleeper}"), "timeout": 120}),
+        ),
+        (
+            "c2",
+            "execute_shell_command",
+            json!({"command": "echo ran > never.txt"}),
+        ),
+    ])]);
+    let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
+    let running = std::thread::spawn(move || turn(port, &token, &id, "run the long thing"));
+    let repo = setup.laptop.repo();
+    let deadline = Instant::now() + WAIT;
+    while !repo.join("started.txt").exists() || processes_running(sleeper).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the command never started on the laptop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let bob = user(&setup.stack, "bob");
+    let (status, _) = api(&setup.stack, &bob, "POST", &cancel_path, Value::Null);
+    assert_eq!(status, 404, "someone else's chat is not theirs to cancel");
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        &cancel_path,
+        Value::Null,
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["turn"], 1);
+
+    let events = running.join().unwrap().unwrap();
+    assert_eq!(
+        events.last().unwrap().1["reason"],
+        "cancelled",
+        "{events:?}"
+    );
+    let first = result_of(&events, "c1");
+    assert_eq!(first["ok"], true, "{first}");
+    assert_eq!(first["result"]["cancelled"], true, "{first}");
+    let second = result_of(&events, "c2");
+    assert_eq!(second["ok"], false, "{second}");
+    assert_eq!(second["error"]["code"], "cancelled", "{second}");
+    assert!(
+        !repo.join("never.txt").exists(),
+        "a call after the cancel ran"
+    );
+    let deadline = Instant::now() + WAIT;
+    while !processes_running(sleeper).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled command is still running: {:?}",
+            processes_running(sleeper)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The chat is free, and the next turn's history answers both calls.
+    setup.model.clear();
+    setup.model.play(vec![text("stopped as asked")]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "what happened?").unwrap();
+    assert_eq!(
+        events.last().unwrap().1["reason"],
+        "completed",
+        "{events:?}"
+    );
+    let history = &setup.model.requests()[0];
+    let answered: Vec<String> = tool_results(history)
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(answered, ["c1", "c2"], "{history}");
+}
+
+/// Cancelling a server-mode turn while the model thinks: the model's late answer is dropped and
+/// the turn ends as `cancelled`.
+#[test]
+fn cancelling_a_turn_abandons_the_model_request() {
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![]);
+    setup
+        .model
+        .play_slowly(Duration::from_secs(20), text("too late"));
+    let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
+    let running = std::thread::spawn(move || turn(port, &token, &id, "think hard"));
+    let deadline = Instant::now() + WAIT;
+    while setup.model.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the turn never reached the model"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        &format!("/v1/chats/{chat}/cancel"),
+        Value::Null,
+    );
+    assert_eq!(status, 202, "{body}");
+    let events = running.join().unwrap().unwrap();
+    assert_eq!(
+        events.last().unwrap().1["reason"],
+        "cancelled",
+        "{events:?}"
+    );
+    assert!(of_kind(&events, "text").is_empty(), "{events:?}");
+    let (_, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert!(!stored.to_string().contains("too late"), "{stored}");
+}
+
+/// `agentworks chat`: Ctrl-C during a turn cancels it on the server (the command on the laptop
+/// is killed) and the client shows why the turn ended; Ctrl-C at the prompt ends the chat.
+#[test]
+fn ctrl_c_in_the_terminal_client_cancels_the_turn_then_ends_the_chat() {
+    use std::io::Write;
+    let setup = Setup::start(true);
+    let sleeper = "sleep 62.75";
+    setup.model.play(vec![calls(&[(
+        "c1",
+        "execute_shell_command",
+        json!({"command": format!("echo started > started.txt; {sleeper}"), "timeout": 120}),
+    )])]);
+    let home = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks"))
+        .args([
+            "chat",
+            "--project",
+            "app",
+            "--local",
+            "repo",
+            "--yes",
+            "--server",
+        ])
+        .arg(format!("http://127.0.0.1:{}", setup.stack.port))
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_STATE_HOME", home.path().join("state"))
+        .env("AGENTWORKS_TOKEN", &setup.alice)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // stdin stays open: only Ctrl-C may end this chat.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"run the long thing\n").unwrap();
+    let repo = setup.laptop.repo();
+    let deadline = Instant::now() + WAIT;
+    while !repo.join("started.txt").exists() || processes_running(sleeper).is_empty() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !processes_running(sleeper).is_empty() {
+        assert!(Instant::now() < deadline, "Ctrl-C did not stop the command");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Once the server has ended the turn (nothing left to cancel), the client is back at the
+    // prompt; give it a moment to print, then Ctrl-C there ends the chat.
+    let chats = api(&setup.stack, &setup.alice, "GET", "/v1/chats", Value::Null).1;
+    let chat = chats["chats"][0]["chat_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + WAIT;
+    while api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        &format!("/v1/chats/{chat}/cancel"),
+        Value::Null,
+    )
+    .0 != 409
+    {
+        assert!(Instant::now() < deadline, "the turn never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pid, Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Ctrl-C at the prompt did not end the chat"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(status.success(), "{status:?}\n{stdout}\n{stderr}");
+    assert!(stderr.contains("cancelling the turn"), "{stderr}");
+    assert!(stdout.contains("(turn ended: cancelled)"), "{stdout}");
+}
