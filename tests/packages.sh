@@ -40,10 +40,12 @@ tar -C "$repo" --exclude=./target --exclude=./.git --exclude=./fuzz/target -cf -
 
 # --- 1. Debian -----------------------------------------------------------------------------------
 log "dpkg-buildpackage -us -uc -b"
+started=$(date +%s)
 (cd "$src" && dpkg-buildpackage -us -uc -b) >"$work/deb.log" 2>&1 || {
     tail -40 "$work/deb.log" >&2
     die "dpkg-buildpackage failed"
 }
+log "built in $(($(date +%s) - started)) s ($(grep -c '^ *Compiling ' "$work/deb.log" || true) crates compiled)"
 cp "$work"/src/agentworks_*.deb "$work"/src/agentworks-cli_*.deb "$out/"
 server_deb=$(ls "$out"/agentworks_"$version"-*.deb)
 cli_deb=$(ls "$out"/agentworks-cli_"$version"-*.deb)
@@ -105,13 +107,18 @@ log "agentworks.deb and agentworks-cli.deb hold what they should; the config is 
 
 # --- 2. RPM --------------------------------------------------------------------------------------
 log "rpmbuild -bb"
+started=$(date +%s)
 top=$work/rpmbuild
 mkdir -p "$top/SOURCES"
 tar -C "$work/src" -czf "$top/SOURCES/agentworks-$version.tar.gz" "agentworks-$version"
-rpmbuild -bb --nodeps --define "_topdir $top" "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
+# Unpacked where dpkg-buildpackage built (same path, same mtimes): cargo reuses that release
+# build instead of compiling agentworks a second time.
+rpmbuild -bb --nodeps --define "_topdir $top" --define "_builddir $work/src" \
+    "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
     tail -40 "$work/rpm.log" >&2
     die "rpmbuild failed"
 }
+log "built in $(($(date +%s) - started)) s ($(grep -c '^ *Compiling ' "$work/rpm.log" || true) crates compiled)"
 cp "$top"/RPMS/*/agentworks-*.rpm "$out/"
 server_rpm=$(ls "$out"/agentworks-"$version"-*.rpm)
 cli_rpm=$(ls "$out"/agentworks-cli-"$version"-*.rpm)
