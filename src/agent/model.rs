@@ -137,6 +137,10 @@ impl ModelClient {
         self.config.max_tool_rounds
     }
 
+    pub fn max_history_bytes(&self) -> usize {
+        self.config.max_history_bytes
+    }
+
     fn api_key(&self) -> Result<Option<String>, ModelError> {
         let path = match (&self.config.api_key_file, &self.credentials_dir) {
             (Some(path), _) => path.clone(),
@@ -351,6 +355,7 @@ mod tests {
             api_key_file: file,
             max_tool_rounds: 1,
             request_timeout_secs: 1,
+            max_history_bytes: 1024,
         };
         assert_eq!(
             ModelClient::new(config(None), None).api_key().unwrap(),

@@ -3,7 +3,8 @@
 //! The loop sends the conversation and the turn's tool list to the model, runs the tool calls
 //! it asks for, feeds the results back, and ends when the model answers without tool calls (or
 //! after `max_tool_rounds` rounds, an error). Every message (user, assistant, tool) is stored,
-//! so the next turn continues the chat.
+//! so the next turn continues the chat; the model gets the most recent whole turns that fit in
+//! `max_history_bytes` (the current turn always), told how many earlier messages it does not see.
 //!
 //! The tool list is fixed when the turn starts, from the chat's binding:
 //!
@@ -136,6 +137,24 @@ fn system_prompt(spec: &TurnSpec) -> String {
     }
 }
 
+/// The most recent part of a chat's messages whose JSON fits in `budget` bytes, cut only before a
+/// user message, so it starts with one and every tool call keeps its results. The current turn
+/// (from the last user message on) is always included, whatever its size.
+fn recent_history(messages: &[Value], budget: usize) -> &[Value] {
+    let mut size = 0;
+    let mut start = None;
+    for (index, message) in messages.iter().enumerate().rev() {
+        size += message.to_string().len();
+        if message["role"] == "user" {
+            if start.is_some() && size > budget {
+                break;
+            }
+            start = Some(index);
+        }
+    }
+    &messages[start.unwrap_or(0)..]
+}
+
 /// Runs one turn to its end, sending events to `events`. Never panics the caller: every
 /// failure becomes an `error` event followed by `end`.
 pub async fn run(
@@ -183,14 +202,22 @@ async fn drive(
     };
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
-        let mut conversation = vec![json!({"role": "system", "content": system_prompt(spec)})];
-        conversation.extend(
-            service
-                .messages(&chat_id)
-                .await?
-                .into_iter()
-                .map(|m| m.message),
-        );
+        let history: Vec<Value> = service
+            .messages(&chat_id)
+            .await?
+            .into_iter()
+            .map(|m| m.message)
+            .collect();
+        let recent = recent_history(&history, model.max_history_bytes());
+        let mut system = system_prompt(spec);
+        let omitted = history.len() - recent.len();
+        if omitted > 0 {
+            system.push_str(&format!(
+                " The {omitted} earliest messages of this chat are not shown (history limit)."
+            ));
+        }
+        let mut conversation = vec![json!({"role": "system", "content": system})];
+        conversation.extend_from_slice(recent);
         // A cancelled turn abandons the model request; nothing of it is stored.
         let reply = tokio::select! {
             reply = model.complete(&conversation, &tools) => reply,
@@ -521,6 +548,37 @@ mod tests {
         }
         let text = serde_json::to_string(&server_tools()).unwrap();
         assert!(!text.contains("workflow_id") && !text.contains("request_id"));
+    }
+
+    #[test]
+    fn history_is_cut_before_a_user_message_and_keeps_the_current_turn() {
+        let user = |t: &str| json!({"role": "user", "content": t});
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]});
+        let result = json!({"role": "tool", "tool_call_id": "c", "content": "x".repeat(100)});
+        let messages = vec![
+            user("first"),
+            call.clone(),
+            result.clone(),
+            user("second"),
+            call.clone(),
+            result.clone(),
+            user("third"),
+        ];
+        let size =
+            |from: usize| -> usize { messages[from..].iter().map(|m| m.to_string().len()).sum() };
+        // Everything fits: everything is sent.
+        assert_eq!(recent_history(&messages, size(0)).len(), 7);
+        // One byte short of everything: the first turn goes, whole.
+        assert_eq!(recent_history(&messages, size(0) - 1), &messages[3..]);
+        // Room for less than the second turn: only the current one.
+        assert_eq!(recent_history(&messages, size(3) - 1), &messages[6..]);
+        // The current turn is sent even when it alone is over the budget.
+        assert_eq!(recent_history(&messages, 1), &messages[6..]);
+        // A current turn already in its tool rounds keeps its calls and results.
+        let mut running = messages.clone();
+        running.extend([call.clone(), result.clone()]);
+        assert_eq!(recent_history(&running, 1), &running[6..]);
+        assert!(recent_history(&[], 10).is_empty());
     }
 
     #[test]

@@ -140,6 +140,10 @@ pub struct ModelConfig {
     /// How long one model request may take, in seconds.
     #[serde(default = "default_request_timeout_secs")]
     pub request_timeout_secs: u64,
+    /// Most bytes (as JSON) of earlier chat messages sent with a request: older turns are left
+    /// out whole; the current turn is always sent.
+    #[serde(default = "default_max_history_bytes")]
+    pub max_history_bytes: usize,
 }
 
 fn default_max_tool_rounds() -> u32 {
@@ -148,6 +152,10 @@ fn default_max_tool_rounds() -> u32 {
 
 fn default_request_timeout_secs() -> u64 {
     300
+}
+
+fn default_max_history_bytes() -> usize {
+    256 * 1024
 }
 
 impl std::fmt::Debug for ModelConfig {
@@ -159,6 +167,7 @@ impl std::fmt::Debug for ModelConfig {
             .field("api_key_file", &self.api_key_file)
             .field("max_tool_rounds", &self.max_tool_rounds)
             .field("request_timeout_secs", &self.request_timeout_secs)
+            .field("max_history_bytes", &self.max_history_bytes)
             .finish()
     }
 }
@@ -410,6 +419,11 @@ impl Config {
             if model.request_timeout_secs == 0 {
                 return Err(ConfigError::ZeroLimit {
                     key: "agentd.model.request_timeout_secs",
+                });
+            }
+            if model.max_history_bytes == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.max_history_bytes",
                 });
             }
         }
@@ -761,6 +775,7 @@ public_url = "wss://gw.example.com/"
             .unwrap();
         assert_eq!(m.api_key_file.as_deref(), Some(Path::new("/etc/k")));
         assert_eq!((m.max_tool_rounds, m.request_timeout_secs), (3, 7));
+        assert_eq!(m.max_history_bytes, 256 * 1024);
         assert!(!format!("{m:?}").contains("secret"));
 
         for (text, expect) in [

@@ -1303,3 +1303,52 @@ fn ctrl_c_in_the_terminal_client_cancels_the_turn_then_ends_the_chat() {
     assert!(stderr.contains("cancelling the turn"), "{stderr}");
     assert!(stdout.contains("(turn ended: cancelled)"), "{stdout}");
 }
+
+/// `max_history_bytes`: a long chat sends the model only its most recent whole turns, and says
+/// that earlier messages are left out.
+#[test]
+fn long_chats_send_only_their_recent_turns_to_the_model() {
+    let model = Model::start();
+    let config = format!("{}max_history_bytes = 800\n", model.config());
+    let (stack, _) = Stack::start_with_gateway_and(&config);
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[("server.txt", "x\n")]);
+    let chat = create_chat(&stack, &alice, "app");
+    // About 330 bytes of JSON per message: two turns fit in 800 bytes, three do not.
+    let long = |tag: &str| format!("{tag}-turn {}", "words ".repeat(50));
+    for tag in ["first", "second", "third"] {
+        model.play(vec![text(&format!("ok {tag}"))]);
+        turn(stack.port, &alice, &chat, &long(tag)).unwrap();
+    }
+    let requests = model.requests();
+    let last = &requests.last().unwrap()["messages"];
+    let sent = last.to_string();
+    assert!(
+        sent.contains("third-turn") && sent.contains("second-turn"),
+        "{sent}"
+    );
+    assert!(
+        !sent.contains("first-turn") && !sent.contains("ok first"),
+        "{sent}"
+    );
+    assert_eq!(
+        last[1]["role"], "user",
+        "the history starts at a user message: {sent}"
+    );
+    assert!(
+        last[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("The 2 earliest messages of this chat are not shown"),
+        "{sent}"
+    );
+    // The stored chat keeps everything.
+    let (_, stored) = api(
+        &stack,
+        &alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert!(stored.to_string().contains("first-turn"));
+}
