@@ -9,8 +9,8 @@
 #      catalog, man pages and the configuration as a conffile / %config(noreplace) in
 #      agentworks; the laptop command alone (and its man page) in agentworks-cli.
 #
-# Both builds share CARGO_TARGET_DIR (default <repo>/target), so the second reuses the release
-# build of the first.
+# Both builds share CARGO_TARGET_DIR (default <repo>/target), so the second compiles only what
+# its environment changes (agentworks and the C crates).
 #
 # Usage: tests/packages.sh [OUT_DIR]   the .debs and .rpms are left in OUT_DIR (for
 #        AW_PROOF_DEB_DIR=OUT_DIR tests/systemd_proof.sh); without it they are removed at exit.
@@ -111,10 +111,9 @@ started=$(date +%s)
 top=$work/rpmbuild
 mkdir -p "$top/SOURCES"
 tar -C "$work/src" -czf "$top/SOURCES/agentworks-$version.tar.gz" "agentworks-$version"
-# Unpacked where dpkg-buildpackage built (same path, same mtimes): cargo reuses that release
-# build instead of compiling agentworks a second time.
-rpmbuild -bb --nodeps --define "_topdir $top" --define "_builddir $work/src" \
-    "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
+# The crates from the registry are reused from the .deb's build; agentworks itself and the C
+# crates (rpmbuild exports its own CFLAGS/LDFLAGS) are compiled again.
+rpmbuild -bb --nodeps --define "_topdir $top" "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
     tail -40 "$work/rpm.log" >&2
     die "rpmbuild failed"
 }
