@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use super::harness::{Gatewayd, Laptop, Stack, http};
+use super::harness::{Gatewayd, Laptop, Stack, http, processes_with};
 
 const WAIT: Duration = Duration::from_secs(20);
 const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
@@ -1046,24 +1046,6 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
     assert!(results[0].1.to_string().contains("hi"), "{results:?}");
 }
 
-/// The pids of processes whose command line contains `needle`.
-fn processes_running(needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(needle) {
-                found.push(name);
-            }
-        }
-    }
-    found
-}
-
 /// Cancelling a bound turn while the laptop runs a command: the command's process is killed,
 /// its result says so, the call the model asked for next is not run, the turn ends as
 /// `cancelled`, and the chat is free for the next turn with a complete history.
@@ -1105,7 +1087,7 @@ fn cancelling_a_bound_turn_kills_the_laptop_command_and_ends_the_turn() {
     let running = std::thread::spawn(move || turn(port, &token, &id, "run the long thing"));
     let repo = setup.laptop.repo();
     let deadline = Instant::now() + WAIT;
-    while !repo.join("started.txt").exists() || processes_running(sleeper).is_empty() {
+    while !repo.join("started.txt").exists() || processes_with(sleeper).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the command never started on the laptop"
@@ -1143,11 +1125,11 @@ fn cancelling_a_bound_turn_kills_the_laptop_command_and_ends_the_turn() {
         "a call after the cancel ran"
     );
     let deadline = Instant::now() + WAIT;
-    while !processes_running(sleeper).is_empty() {
+    while !processes_with(sleeper).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the cancelled command is still running: {:?}",
-            processes_running(sleeper)
+            processes_with(sleeper)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -1252,14 +1234,14 @@ fn ctrl_c_in_the_terminal_client_cancels_the_turn_then_ends_the_chat() {
     stdin.write_all(b"run the long thing\n").unwrap();
     let repo = setup.laptop.repo();
     let deadline = Instant::now() + WAIT;
-    while !repo.join("started.txt").exists() || processes_running(sleeper).is_empty() {
+    while !repo.join("started.txt").exists() || processes_with(sleeper).is_empty() {
         assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = Pid::from_raw(child.id() as i32);
     kill(pid, Signal::SIGINT).unwrap();
     let deadline = Instant::now() + WAIT;
-    while !processes_running(sleeper).is_empty() {
+    while !processes_with(sleeper).is_empty() {
         assert!(Instant::now() < deadline, "Ctrl-C did not stop the command");
         std::thread::sleep(Duration::from_millis(20));
     }

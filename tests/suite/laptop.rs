@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::harness::{Client, Gatewayd, Laptop, Stack};
+use super::harness::{Client, Gatewayd, Laptop, Stack, processes_with};
 
 /// How long a bounded wait for something that must happen may take before the test fails.
 const WAIT: Duration = Duration::from_secs(20);
@@ -326,27 +326,6 @@ fn assert_denied(setup: &Setup, folder: &str, command: &str, secret: &str) {
     );
 }
 
-/// The pids of live processes whose command line contains `marker`.
-fn processes_with(marker: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(marker) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 /// Waits until some process carries `marker` (the command is running).
 fn wait_running(marker: &str) {
     let deadline = Instant::now() + WAIT;
@@ -357,7 +336,7 @@ fn wait_running(marker: &str) {
 }
 
 /// Whether every process carrying `marker` is gone within [`WAIT`].
-fn gone(marker: &str) -> Result<(), Vec<i32>> {
+fn gone(marker: &str) -> Result<(), Vec<String>> {
     let deadline = Instant::now() + WAIT;
     loop {
         let left = processes_with(marker);

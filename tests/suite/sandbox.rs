@@ -12,6 +12,8 @@ use agentworks::executor::sandbox::{self, SandboxPolicy};
 use agentworks::executor::shell::{self, ShellError, ShellOutcome, ShellRequest};
 use tokio_util::sync::CancellationToken;
 
+use super::harness::processes_with;
+
 const SSH_KEY: &str = "FAKE-PRIVATE-KEY-FIXTURE-d41f";
 const OUTSIDE: &str = "OUTSIDE-SECRET-FIXTURE-77ab";
 const CARGO_TOKEN: &str = "CARGO-REGISTRY-TOKEN-FIXTURE-19c2";
@@ -143,27 +145,6 @@ fn require_tool(name: &str) {
         found,
         "`{name}` is not installed: the sandbox tests need it (apt-get install {name})"
     );
-}
-
-/// Every process whose command line contains `marker`.
-fn processes_with(marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if entry
-            .file_name()
-            .to_str()
-            .is_none_or(|n| n.parse::<u32>().is_err())
-        {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(marker) {
-                found.push(format!("{:?}: {cmdline}", entry.file_name()));
-            }
-        }
-    }
-    found
 }
 
 #[test]
