@@ -129,14 +129,7 @@ impl ChatStore {
             path: path.to_owned(),
             source,
         };
-        let conn = Connection::open(path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(err)?;
-        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
-            .map_err(err)?;
-        conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
-            .map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
+        let conn = crate::daemon::sqlite::open_durable(path, SCHEMA).map_err(err)?;
         Ok(ChatStore {
             conn: Arc::new(Mutex::new(conn)),
         })

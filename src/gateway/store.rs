@@ -120,14 +120,7 @@ impl Store {
             path: path.to_owned(),
             source,
         };
-        let conn = Connection::open(path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(err)?;
-        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
-            .map_err(err)?;
-        conn.execute_batch("PRAGMA synchronous=FULL;")
-            .map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
+        let conn = crate::daemon::sqlite::open_durable(path, SCHEMA).map_err(err)?;
         let reconciled = conn
             .execute(
                 "UPDATE requests SET state = 'unknown', reason = ?1, finished_at_ms = ?2
