@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use super::harness::{Gatewayd, Laptop, Stack, http, processes_with};
+use super::harness::{Gatewayd, Laptop, Stack, http, processes_with, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
 const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
@@ -718,14 +718,9 @@ fn binding_changes_wait_for_the_running_turn_and_unbinding_restores_server_tools
         .play_slowly(Duration::from_secs(3), text("slow answer"));
     let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
     let running = std::thread::spawn(move || turn(port, &token, &id, "take your time"));
-    let deadline = Instant::now() + WAIT;
-    while setup.model.requests().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the turn never reached the model"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the turn reaches the model", WAIT, || {
+        !setup.model.requests().is_empty()
+    });
     let path = format!("/v1/chats/{chat}/binding");
     let (status, body) = setup.bind(&chat);
     assert_eq!(
@@ -1086,14 +1081,9 @@ fn cancelling_a_bound_turn_kills_the_laptop_command_and_ends_the_turn() {
     let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
     let running = std::thread::spawn(move || turn(port, &token, &id, "run the long thing"));
     let repo = setup.laptop.repo();
-    let deadline = Instant::now() + WAIT;
-    while !repo.join("started.txt").exists() || processes_with(sleeper).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the command never started on the laptop"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the command runs on the laptop", WAIT, || {
+        repo.join("started.txt").exists() && !processes_with(sleeper).is_empty()
+    });
 
     let bob = user(&setup.stack, "bob");
     let (status, _) = api(&setup.stack, &bob, "POST", &cancel_path, Value::Null);
@@ -1124,15 +1114,9 @@ fn cancelling_a_bound_turn_kills_the_laptop_command_and_ends_the_turn() {
         !repo.join("never.txt").exists(),
         "a call after the cancel ran"
     );
-    let deadline = Instant::now() + WAIT;
-    while !processes_with(sleeper).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the cancelled command is still running: {:?}",
-            processes_with(sleeper)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the cancelled command is gone", WAIT, || {
+        processes_with(sleeper).is_empty()
+    });
 
     // The chat is free, and the next turn's history answers both calls.
     setup.model.clear();
@@ -1163,14 +1147,9 @@ fn cancelling_a_turn_abandons_the_model_request() {
         .play_slowly(Duration::from_secs(20), text("too late"));
     let (port, token, id) = (setup.stack.port, setup.alice.clone(), chat.clone());
     let running = std::thread::spawn(move || turn(port, &token, &id, "think hard"));
-    let deadline = Instant::now() + WAIT;
-    while setup.model.requests().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the turn never reached the model"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the turn reaches the model", WAIT, || {
+        !setup.model.requests().is_empty()
+    });
     let (status, body) = api(
         &setup.stack,
         &setup.alice,
@@ -1233,48 +1212,30 @@ fn ctrl_c_in_the_terminal_client_cancels_the_turn_then_ends_the_chat() {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"run the long thing\n").unwrap();
     let repo = setup.laptop.repo();
-    let deadline = Instant::now() + WAIT;
-    while !repo.join("started.txt").exists() || processes_with(sleeper).is_empty() {
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the command runs on the laptop", WAIT, || {
+        repo.join("started.txt").exists() && !processes_with(sleeper).is_empty()
+    });
     let pid = Pid::from_raw(child.id() as i32);
     kill(pid, Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !processes_with(sleeper).is_empty() {
-        assert!(Instant::now() < deadline, "Ctrl-C did not stop the command");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("Ctrl-C stopped the command", WAIT, || {
+        processes_with(sleeper).is_empty()
+    });
     // Once the server has ended the turn (nothing left to cancel), the client is back at the
     // prompt; give it a moment to print, then Ctrl-C there ends the chat.
     let chats = api(&setup.stack, &setup.alice, "GET", "/v1/chats", Value::Null).1;
     let chat = chats["chats"][0]["chat_id"].as_str().unwrap().to_owned();
-    let deadline = Instant::now() + WAIT;
-    while api(
-        &setup.stack,
-        &setup.alice,
-        "POST",
-        &format!("/v1/chats/{chat}/cancel"),
-        Value::Null,
-    )
-    .0 != 409
-    {
-        assert!(Instant::now() < deadline, "the turn never ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let cancel = format!("/v1/chats/{chat}/cancel");
+    wait_until("the turn ended on the server", WAIT, || {
+        api(&setup.stack, &setup.alice, "POST", &cancel, Value::Null).0 == 409
+    });
     std::thread::sleep(Duration::from_millis(300));
     kill(pid, Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Ctrl-C at the prompt did not end the chat"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut status = None;
+    wait_until("Ctrl-C at the prompt ended the chat", WAIT, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let status = status.unwrap();
     drop(stdin);
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (

@@ -15,7 +15,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PROJECT: &str = "p";
 const FILE: &str = "notes.txt";
@@ -88,13 +88,8 @@ fn receipt_state(client: &Client, ctx: &Context, request_id: &str) -> (String, V
     }
 }
 
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+/// How long the crash tests wait for another daemon to reach a point.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// The lock file of a project, as workspaced names it.
 fn lock_path(state: &StateRoot, project: &str) -> PathBuf {
@@ -613,7 +608,7 @@ fn two_daemons_on_one_state_root_serialize() {
         std::thread::spawn(move || send_write(&client, &ctx, content, &revision(OLD), request_id))
     };
     let a = spawn_writer(one.client(), A, "r-a");
-    wait_until("daemon one holds the project lock", || {
+    wait_until("daemon one holds the project lock", WAIT, || {
         lock_held(&state, PROJECT)
     });
     let b = spawn_writer(two.client(), B, "r-b");
@@ -672,7 +667,9 @@ fn long_operation_in_one_project_does_not_block_another() {
         })
     };
     let a = spawn_writer(one.client(), "p1", "r-p1");
-    wait_until("daemon one holds p1's lock", || lock_held(&state, "p1"));
+    wait_until("daemon one holds p1's lock", WAIT, || {
+        lock_held(&state, "p1")
+    });
     let b = spawn_writer(two.client(), "p2", "r-p2");
     let (b_order, b_reply) = b.join().unwrap();
     // p1 is still in the middle of its write when p2's is done.

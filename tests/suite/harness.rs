@@ -930,3 +930,15 @@ pub fn processes_with(marker: &str) -> Vec<String> {
     }
     found
 }
+
+/// Polls `cond` until it holds; fails the test with `what` if it does not within `within`.
+pub fn wait_until(what: &str, within: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
