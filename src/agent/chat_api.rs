@@ -31,6 +31,7 @@ use crate::agent::turn::{self, TurnSpec};
 use crate::gateway::protocol::{DeviceInfo, DevicesRequest};
 use crate::identity::store::TokenRefusal;
 use crate::identity::{IdentityStore, ProjectKind};
+use crate::ipc::bearer::{Bearer, bearer};
 use crate::ipc::client::{ClientError, UnixClient};
 use crate::ipc::envelope::{Body, error_response, json_response};
 use crate::mcp::{Caller, ToolError};
@@ -200,20 +201,21 @@ impl ChatService {
     async fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
         let unauthorized =
             |code: &str, message: &str| ApiError::new(StatusCode::UNAUTHORIZED, code, message);
-        let presented = parts
-            .headers
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| {
-                unauthorized(
+        let presented = match bearer(&parts.headers) {
+            Bearer::Token(token) => token.to_owned(),
+            Bearer::Absent => {
+                return Err(unauthorized(
                     "missing_token",
                     "this endpoint needs an `Authorization: Bearer <token>` header",
-                )
-            })?
-            .to_owned();
+                ));
+            }
+            Bearer::Malformed => {
+                return Err(unauthorized(
+                    "invalid_token",
+                    "the Authorization header is not one `Bearer <token>`",
+                ));
+            }
+        };
         let identity = self.identity.clone();
         let checked = tokio::task::spawn_blocking(move || identity.authenticate(&presented))
             .await

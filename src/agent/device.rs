@@ -258,6 +258,7 @@ mod tests {
 
 // ----- HTTP glue (public listener) -----
 
+use crate::ipc::bearer::{Bearer, bearer};
 use crate::ipc::envelope::{Body, json_response};
 use hyper::{Response, StatusCode};
 
@@ -420,19 +421,14 @@ pub async fn handle_public(
         }
         // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
         "/v1/device/revoke" => {
-            let bearer = parts
-                .headers
-                .get(hyper::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_owned);
-            let Some(bearer) = bearer else {
+            let Bearer::Token(presented) = bearer(&parts.headers) else {
                 return Some(oauth_error(
                     StatusCode::UNAUTHORIZED,
                     "invalid_token",
                     "send the token to revoke as Authorization: Bearer …",
                 ));
             };
+            let bearer = presented.to_owned();
             let identity = identity.clone();
             let revoked =
                 tokio::task::spawn_blocking(move || match identity.authenticate(&bearer) {
@@ -462,19 +458,14 @@ pub async fn handle_public(
             }
         }
         "/v1/device/approve" => {
-            let bearer = parts
-                .headers
-                .get(hyper::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_owned);
-            let Some(bearer) = bearer else {
+            let Bearer::Token(presented) = bearer(&parts.headers) else {
                 return Some(oauth_error(
                     StatusCode::UNAUTHORIZED,
                     "invalid_token",
                     "approve with one of your tokens: Authorization: Bearer …",
                 ));
             };
+            let bearer = presented.to_owned();
             let Some(request) = decode::<ApproveBody>(content_type, body) else {
                 return Some(oauth_error(
                     StatusCode::BAD_REQUEST,

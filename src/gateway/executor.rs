@@ -20,10 +20,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::ipc::bearer::Bearer;
 use futures_util::{SinkExt, StreamExt};
 use hyper::body::Incoming;
 use hyper::header::{
-    AUTHORIZATION, CONNECTION, HeaderMap, HeaderValue, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY,
+    CONNECTION, HeaderMap, HeaderValue, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY,
     SEC_WEBSOCKET_VERSION, UPGRADE, WWW_AUTHENTICATE,
 };
 use hyper::upgrade::Upgraded;
@@ -194,21 +195,17 @@ fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Respons
     response
 }
 
-/// The bearer token of a request, if it has exactly one well-formed one.
+/// The bearer token of a request, if it has exactly one well-formed one of printable ASCII
+/// within [`MAX_TOKEN_BYTES`].
 pub fn bearer(headers: &HeaderMap) -> Option<String> {
-    let mut values = headers.get_all(AUTHORIZATION).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None;
+    match crate::ipc::bearer::bearer(headers) {
+        Bearer::Token(token)
+            if token.len() <= MAX_TOKEN_BYTES && token.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Some(token.to_owned())
+        }
+        _ => None,
     }
-    let value = value.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    let well_formed = scheme.eq_ignore_ascii_case("bearer")
-        && !token.is_empty()
-        && token.len() <= MAX_TOKEN_BYTES
-        && token.bytes().all(|b| b.is_ascii_graphic());
-    well_formed.then(|| token.to_owned())
 }
 
 /// Whether a comma-separated header (e.g. `Connection: keep-alive, Upgrade`) lists `token`.
@@ -730,6 +727,7 @@ async fn handle_text(gateway: &Gateway, conn_id: u64, text: &str) -> Result<(), 
 mod tests {
     use super::*;
     use crate::gateway::protocol::FolderAccess;
+    use hyper::header::AUTHORIZATION;
 
     fn folder(alias: &str) -> FolderInfo {
         FolderInfo {

@@ -1,11 +1,10 @@
-//! Who may reach the endpoint: `Origin` validation, bearer-token extraction, and the
+//! Who may reach the endpoint: `Origin` validation (the bearer token is parsed by
+//! [`crate::ipc::bearer`]), and the
 //! `WWW-Authenticate` challenges for 401 and 403 answers (RFC 6750 with the RFC 9728
 //! `resource_metadata` parameter the MCP authorization specification asks for).
 //!
 //! Pure: no I/O. Must never accept a token itself (the backend does) and never treat a missing or
 //! malformed header as permission: every doubt fails closed.
-
-use hyper::header::{AUTHORIZATION, HeaderMap};
 
 use super::AuthError;
 
@@ -35,40 +34,6 @@ impl std::fmt::Display for AuthError {
 }
 
 impl std::error::Error for AuthError {}
-
-/// What the `Authorization` header holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Bearer<'a> {
-    /// No `Authorization` header, or one with another scheme: no bearer credentials at all.
-    Absent,
-    /// `Bearer <token>`.
-    Token(&'a str),
-    /// Repeated, not ASCII, or `Bearer` with no token: refused without asking the backend.
-    Malformed,
-}
-
-/// Extracts the bearer token. The scheme is case-insensitive (RFC 9110 §11.1).
-pub(super) fn bearer(headers: &HeaderMap) -> Bearer<'_> {
-    let mut values = headers.get_all(AUTHORIZATION).iter();
-    let Some(value) = values.next() else {
-        return Bearer::Absent;
-    };
-    if values.next().is_some() {
-        return Bearer::Malformed;
-    }
-    let Ok(value) = value.to_str() else {
-        return Bearer::Malformed;
-    };
-    let (scheme, rest) = value.trim().split_once(' ').unwrap_or((value.trim(), ""));
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Bearer::Absent;
-    }
-    let token = rest.trim();
-    if token.is_empty() || token.contains(char::is_whitespace) {
-        return Bearer::Malformed;
-    }
-    Bearer::Token(token)
-}
 
 /// The scheme, host and port of a URL (or `Origin` value), lowercased, without a default port.
 fn origin_of(url: &str) -> Option<String> {
@@ -127,35 +92,6 @@ pub(super) fn insufficient_scope_challenge(scope: &str, metadata_url: &str) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::header::HeaderValue;
-
-    fn with_auth(values: &[&'static str]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for v in values {
-            map.append(AUTHORIZATION, HeaderValue::from_static(v));
-        }
-        map
-    }
-
-    #[test]
-    fn bearer_extraction() {
-        assert_eq!(bearer(&with_auth(&[])), Bearer::Absent);
-        assert_eq!(bearer(&with_auth(&["Bearer abc"])), Bearer::Token("abc"));
-        assert_eq!(bearer(&with_auth(&["bearer  abc "])), Bearer::Token("abc"));
-        assert_eq!(bearer(&with_auth(&["Basic dXNlcjpwdw=="])), Bearer::Absent);
-        assert_eq!(bearer(&with_auth(&["Bearer"])), Bearer::Malformed);
-        assert_eq!(bearer(&with_auth(&["Bearer a b"])), Bearer::Malformed);
-        assert_eq!(
-            bearer(&with_auth(&["Bearer a", "Bearer b"])),
-            Bearer::Malformed
-        );
-        let mut map = HeaderMap::new();
-        map.insert(
-            AUTHORIZATION,
-            HeaderValue::from_bytes(b"Bearer \xff").unwrap(),
-        );
-        assert_eq!(bearer(&map), Bearer::Malformed);
-    }
 
     #[test]
     fn origins() {

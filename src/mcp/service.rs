@@ -17,11 +17,12 @@ use hyper::header::{
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
 
-use super::access::{self, Bearer};
+use super::access;
 use super::catalog::{self, CALL_TOOL, GET_API_SPEC, WORKFLOW_SCOPES};
 use super::session::{SessionError, SessionTable};
 use super::wire::{self, Era, Framing, Message, RoutingHeaders, RpcError, code};
 use super::{AuthError, Backend, Body, Caller, McpConfig, Operation, ToolError};
+use crate::ipc::bearer::{Bearer, bearer};
 use crate::ipc::envelope::{error_response, json_response};
 
 /// Legacy sessions kept at once; beyond this, idle ones are dropped, then opening fails (503).
@@ -236,7 +237,7 @@ impl<B: Backend> McpService<B> {
             ));
         }
         // 2. Authenticate every request, including initialize, discover, GET and DELETE.
-        let caller = match access::bearer(request.headers()) {
+        let caller = match bearer(request.headers()) {
             Bearer::Absent => self.backend.authenticate(None).await,
             Bearer::Token(token) => self.backend.authenticate(Some(token)).await,
             Bearer::Malformed => Err(AuthError::Invalid),
