@@ -518,6 +518,11 @@ async fn execute(
             format!("the request was not run: {e}"),
         );
     }
+    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
+    // replaced root is refused rather than granted through whatever its path names now.
+    if let Err(e) = grants.check_pinned(folder) {
+        return refused("folder_replaced", e.to_string());
+    }
     let scratch_root = executor.dirs.scratch_root();
     if let Err(e) =
         ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
@@ -528,7 +533,10 @@ async fn execute(
     if let Err(e) = ensure_private_dir(&scratch) {
         return refused("scratch_unavailable", e.to_string());
     }
-    let policy = grants.policy(folder, &scratch);
+    let policy = match grants.policy(folder, &scratch) {
+        Ok(policy) => policy,
+        Err(e) => return cleanup(&scratch, refused("folder_replaced", e.to_string())),
+    };
     let outcome = match operation {
         Operation::ExecuteShellCommand { command, timeout } => {
             let timeout = match timeout {

@@ -5,6 +5,14 @@
 //! [`SandboxPolicy`] a request on one folder runs under; the patch [`Guard`] of a folder; and the
 //! aliases the server sees (base names, de-duplicated; never absolute paths).
 //!
+//! Every shared folder, the Downloads companion and every toolchain folder is opened once, at
+//! connect, as an `O_PATH` descriptor kept for the executor's life ([`PinnedDir`]); commands are
+//! granted those descriptors, never a path resolved again later. A command that turns a path
+//! into a symlink (`~/go/bin` → `$HOME`) therefore gains nothing, and a request whose shared
+//! folder (or Downloads) no longer is the pinned directory is refused ([`Grants::check_pinned`]).
+//! A toolchain folder inside a writable grant is not pinned as a toolchain: it is the agent's to
+//! change, and its files are reachable through that grant anyway.
+//!
 //! Must never: share the home directory, one of its parents, `/`, or a folder that contains (or
 //! lies inside) the CLI's credentials or private state; skip a grant that cannot be opened;
 //! let a request on one folder reach another shared folder (only its own `--downloads`
@@ -12,13 +20,19 @@
 //! and component by component (`Path::starts_with`), never as strings.
 
 use std::collections::HashSet;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
 
 use crate::gateway::protocol::{FolderAccess, FolderInfo};
 use crate::guard::{Guard, RelPath};
 
 use super::config::Dirs;
-use super::sandbox::SandboxPolicy;
+use super::sandbox::{
+    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
+};
 
 /// Why the grants were refused.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +73,105 @@ pub enum GrantError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot open the toolchain folder {path}: {source}")]
+    Toolchain {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the shared folder {path} was moved or replaced ({reason}); reconnect to share it again"
+    )]
+    Replaced { path: PathBuf, reason: String },
+}
+
+/// A directory opened at connect (`O_PATH`, no symlink followed) and kept open, with the device
+/// and inode it had then.
+#[derive(Debug, Clone)]
+pub struct PinnedDir {
+    /// Canonical at connect.
+    path: PathBuf,
+    fd: Arc<OwnedFd>,
+    dev: u64,
+    ino: u64,
+}
+
+impl PartialEq for PinnedDir {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.path, self.dev, self.ino) == (&other.path, other.dev, other.ino)
+    }
+}
+
+impl Eq for PinnedDir {}
+
+/// Opens `path` (canonical) as a directory without following a symlink at its end; its device
+/// and inode.
+fn open_dir_at_path(path: &Path) -> std::io::Result<(OwnedFd, u64, u64)> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::fstat(&fd)?;
+    // st_dev and st_ino are unsigned on Linux; the casts only widen.
+    #[allow(clippy::unnecessary_cast)]
+    Ok((fd, stat.st_dev as u64, stat.st_ino as u64))
+}
+
+impl PinnedDir {
+    fn open(path: &Path) -> std::io::Result<PinnedDir> {
+        let (fd, dev, ino) = open_dir_at_path(path)?;
+        Ok(PinnedDir {
+            path: path.to_owned(),
+            fd: Arc::new(fd),
+            dev,
+            ino,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the path still names the pinned directory (no symlink at its end, same device
+    /// and inode).
+    pub fn check(&self) -> Result<(), GrantError> {
+        let replaced = |reason: String| GrantError::Replaced {
+            path: self.path.clone(),
+            reason,
+        };
+        match open_dir_at_path(&self.path) {
+            Ok((_, dev, ino)) if (dev, ino) == (self.dev, self.ino) => Ok(()),
+            Ok(_) => Err(replaced("another directory is there now".to_owned())),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                Err(replaced("it is a symlink now".to_owned()))
+            }
+            Err(e) => Err(replaced(e.to_string())),
+        }
+    }
+
+    /// The sandbox grant of this directory through its descriptor.
+    fn grant(&self, access: PinnedAccess) -> PinnedGrant {
+        PinnedGrant {
+            fd: self.fd.as_raw_fd(),
+            dev: self.dev,
+            ino: self.ino,
+            path: self.path.clone(),
+            access,
+        }
+    }
+}
+
+/// The descriptors pinned at connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pins {
+    /// One per shared folder, in the order of [`Grants::folders`].
+    folders: Vec<PinnedDir>,
+    downloads: Option<PinnedDir>,
+    /// The toolchain folders of [`HOME_TOOLCHAINS`] that exist and lie in no writable grant.
+    toolchains: Vec<PinnedDir>,
+    /// Their credential files ([`HOME_TOOLCHAIN_SECRETS`]), denied.
+    toolchain_secrets: Vec<PathBuf>,
 }
 
 /// The raw command-line grants.
@@ -94,6 +207,7 @@ pub struct Grants {
     pub private: Vec<PathBuf>,
     /// Canonical home.
     pub home: PathBuf,
+    pins: Pins,
 }
 
 /// Canonicalise the longest existing prefix of `path` and append the rest (for paths that may
@@ -177,6 +291,47 @@ fn alias_for(path: &Path, taken: &mut HashSet<String>) -> String {
     alias
 }
 
+/// Pins `canonical` (the resolution of `given`).
+fn pin(given: &Path, canonical: &Path) -> Result<PinnedDir, GrantError> {
+    PinnedDir::open(canonical).map_err(|source| GrantError::Open {
+        path: given.to_owned(),
+        source,
+    })
+}
+
+/// Pins the toolchain folders under `home` that exist and lie in none of the `writable` roots;
+/// returns them with their credential files (resolved now, to be denied).
+fn pin_toolchains(
+    home: &Path,
+    writable: &[&Path],
+) -> Result<(Vec<PinnedDir>, Vec<PathBuf>), GrantError> {
+    let mut pinned: Vec<PinnedDir> = Vec::new();
+    for dir in HOME_TOOLCHAINS {
+        let path = home.join(dir);
+        let canonical = match std::fs::canonicalize(&path) {
+            Ok(canonical) => canonical,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(GrantError::Toolchain { path, source }),
+        };
+        if writable.iter().any(|w| canonical.starts_with(w))
+            || pinned.iter().any(|p| p.path == canonical)
+        {
+            continue;
+        }
+        match PinnedDir::open(&canonical) {
+            Ok(dir) => pinned.push(dir),
+            // A file where a toolchain folder would be is no toolchain.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
+            Err(source) => return Err(GrantError::Toolchain { path, source }),
+        }
+    }
+    let secrets = HOME_TOOLCHAIN_SECRETS
+        .iter()
+        .map(|secret| resolve_lenient(&home.join(secret)))
+        .collect::<Result<_, _>>()?;
+    Ok((pinned, secrets))
+}
+
 impl Grants {
     /// Validate the command-line grants against the person's home and the CLI's dirs.
     pub fn validate(args: &GrantArgs, dirs: &Dirs) -> Result<Grants, GrantError> {
@@ -237,6 +392,7 @@ impl Grants {
                     .iter()
                     .map(|p| (p, FolderAccess::ReadWrite)),
             );
+        let mut folder_pins = Vec::new();
         for (path, access) in given {
             let canonical = open_dir(path)?;
             check(path, &canonical)?;
@@ -245,6 +401,7 @@ impl Grants {
                     path: path.to_owned(),
                 });
             }
+            folder_pins.push(pin(path, &canonical)?);
             folders.push(Folder {
                 alias: alias_for(&canonical, &mut taken),
                 path: canonical,
@@ -255,7 +412,7 @@ impl Grants {
             let given = dirs.home.join("Downloads");
             let canonical = open_dir(&given)?;
             check(&given, &canonical)?;
-            Some(canonical)
+            Some(pin(&given, &canonical)?)
         } else {
             None
         };
@@ -263,7 +420,11 @@ impl Grants {
             raw.iter()
                 .map(|p| {
                     let resolved = resolve_lenient(p)?;
-                    if folders.iter().any(|f| resolved.starts_with(&f.path)) {
+                    let shared = folders
+                        .iter()
+                        .map(|f| f.path.as_path())
+                        .chain(downloads.as_ref().map(PinnedDir::path));
+                    if shared.clone().any(|root| resolved.starts_with(root)) {
                         Ok(resolved)
                     } else {
                         Err(GrantError::Outside {
@@ -276,14 +437,55 @@ impl Grants {
         };
         let blocked = inside("--block", &args.block)?;
         let read_only = inside("--read-only", &args.read_only)?;
+        let writable: Vec<&Path> = folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadWrite)
+            .map(|f| f.path.as_path())
+            .chain(downloads.as_ref().map(PinnedDir::path))
+            .collect();
+        let (toolchains, toolchain_secrets) = pin_toolchains(&home, &writable)?;
         Ok(Grants {
             folders,
             blocked,
             read_only,
-            downloads,
+            downloads: downloads.as_ref().map(|d| d.path.clone()),
             private: private.into_iter().map(|(_, p)| p).collect(),
             home,
+            pins: Pins {
+                folders: folder_pins,
+                downloads,
+                toolchains,
+                toolchain_secrets,
+            },
         })
+    }
+
+    /// Refuses a request on `folder` when it, or the Downloads companion, is no longer the
+    /// directory pinned at connect.
+    pub fn check_pinned(&self, folder: &Folder) -> Result<(), GrantError> {
+        self.folder_pin(folder)?.check()?;
+        match &self.pins.downloads {
+            Some(downloads) => downloads.check(),
+            None => Ok(()),
+        }
+    }
+
+    fn folder_pin(&self, folder: &Folder) -> Result<&PinnedDir, GrantError> {
+        self.folders
+            .iter()
+            .position(|f| f == folder)
+            .and_then(|i| self.pins.folders.get(i))
+            .ok_or_else(|| GrantError::Replaced {
+                path: folder.path.clone(),
+                reason: "it is not one of the folders pinned at connect".to_owned(),
+            })
+    }
+
+    /// The writable roots a request on `folder` gets: the folder if it is a write folder, and
+    /// Downloads.
+    fn writable_roots<'a>(&'a self, folder: &'a Folder) -> Vec<&'a Path> {
+        let own = (folder.access == FolderAccess::ReadWrite).then_some(folder.path.as_path());
+        own.into_iter().chain(self.downloads.as_deref()).collect()
     }
 
     pub fn folder(&self, alias: &str) -> Option<&Folder> {
@@ -327,56 +529,93 @@ impl Grants {
                 "  Downloads ({}): read and write for commands of every shared folder ($AGENTWORKS_DOWNLOADS)\n",
                 d.display()
             ));
+            for b in self.blocked.iter().filter(|b| b.starts_with(d)) {
+                out.push_str(&format!("    blocked: {}\n", b.display()));
+            }
+            for r in self.read_only.iter().filter(|r| r.starts_with(d)) {
+                out.push_str(&format!("    read-only: {}\n", r.display()));
+            }
+            for f in self
+                .folders
+                .iter()
+                .filter(|f| f.access == FolderAccess::ReadOnly && f.path.starts_with(d))
+            {
+                out.push_str(&format!(
+                    "    read-only: {} (shared read-only as {})\n",
+                    f.path.display(),
+                    f.alias
+                ));
+            }
+        }
+        let toolchains: Vec<String> = self
+            .pins
+            .toolchains
+            .iter()
+            .map(|t| t.path.display().to_string())
+            .collect();
+        if !toolchains.is_empty() {
+            out.push_str(&format!(
+                "Toolchain folders commands may read and run: {}\n",
+                toolchains.join(", ")
+            ));
         }
         out.push_str(
             "Commands have open network access (internet, localhost, local network).\n\
              File contents and command output are sent to the server and its model.\n\
-             The CLI's credentials and receipts are never reachable by commands.\n",
+             The CLI's credentials and receipts are never reachable by commands.\n\
+             These folders are held open from now on: if one is moved or replaced, requests on \
+             it are refused until you reconnect.\n",
         );
         out
     }
 
-    /// The sandbox a request on `folder` runs under, with `scratch` as its private scratch dir.
-    pub fn policy(&self, folder: &Folder, scratch: &Path) -> SandboxPolicy {
-        let mut read_write = Vec::new();
-        let mut read_only = Vec::new();
-        let mut read_only_within: Vec<PathBuf> = Vec::new();
-        match folder.access {
-            FolderAccess::ReadOnly => read_only.push(folder.path.clone()),
-            FolderAccess::ReadWrite => {
-                read_write.push(folder.path.clone());
-                read_only_within.extend(
-                    self.read_only
-                        .iter()
-                        .filter(|r| r.starts_with(&folder.path))
-                        .cloned(),
-                );
-                // A read-only folder shared inside this writable one stays read-only.
-                read_only_within.extend(
-                    self.folders
-                        .iter()
-                        .filter(|o| {
-                            o.access == FolderAccess::ReadOnly
-                                && o.path != folder.path
-                                && o.path.starts_with(&folder.path)
-                        })
-                        .map(|o| o.path.clone()),
-                );
-            }
+    /// The sandbox a request on `folder` runs under, with `scratch` as its private scratch dir:
+    /// the folder, Downloads and the toolchains through their pinned descriptors; every
+    /// `--block` path, the CLI's private dirs and the toolchains' credentials denied; inside
+    /// each writable root, its `--read-only` paths and every read-only folder shared inside it
+    /// (whichever folder the request is on) read-only.
+    pub fn policy(&self, folder: &Folder, scratch: &Path) -> Result<SandboxPolicy, GrantError> {
+        let access = match folder.access {
+            FolderAccess::ReadOnly => PinnedAccess::ReadOnly,
+            FolderAccess::ReadWrite => PinnedAccess::ReadWrite,
+        };
+        let mut pinned = vec![self.folder_pin(folder)?.grant(access)];
+        if let Some(downloads) = &self.pins.downloads {
+            pinned.push(downloads.grant(PinnedAccess::ReadWrite));
         }
-        if let Some(downloads) = &self.downloads {
-            read_write.push(downloads.clone());
-        }
-        SandboxPolicy {
-            read_write,
-            read_only,
+        pinned.extend(
+            self.pins
+                .toolchains
+                .iter()
+                .map(|t| t.grant(PinnedAccess::ReadOnly)),
+        );
+        let writable = self.writable_roots(folder);
+        let within = |path: &Path| writable.iter().any(|w| path != *w && path.starts_with(w));
+        let mut read_only_within: Vec<PathBuf> = self
+            .read_only
+            .iter()
+            .filter(|r| within(r))
+            .cloned()
+            .collect();
+        read_only_within.extend(
+            self.folders
+                .iter()
+                .filter(|o| o.access == FolderAccess::ReadOnly && within(&o.path))
+                .map(|o| o.path.clone()),
+        );
+        let mut denied = self.private.clone();
+        denied.extend(self.pins.toolchain_secrets.iter().cloned());
+        Ok(SandboxPolicy {
+            pinned,
+            read_write: Vec::new(),
+            read_only: Vec::new(),
             blocked: self.blocked.clone(),
             read_only_within,
-            denied: self.private.clone(),
-            home: Some(self.home.clone()),
+            denied,
+            home: None,
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
-        }
+        })
     }
 
     /// The guard patches on `folder` are checked against: the whole folder writable except its
@@ -482,15 +721,32 @@ mod tests {
         let aliases: Vec<_> = grants.folders.iter().map(|f| f.alias.as_str()).collect();
         assert_eq!(aliases, ["proj", "proj-2"]);
         let write = grants.folder("proj-2").expect("folder");
-        let policy = grants.policy(write, &root.join("scratch"));
-        assert_eq!(policy.read_write, vec![a.clone()]);
-        assert!(
-            policy.read_only.is_empty(),
+        let policy = grants.policy(write, &root.join("scratch")).expect("policy");
+        let pinned: Vec<_> = policy
+            .pinned
+            .iter()
+            .map(|p| (p.path.clone(), p.access))
+            .collect();
+        assert_eq!(
+            pinned,
+            vec![(a.clone(), PinnedAccess::ReadWrite)],
             "other folders are not reachable"
+        );
+        assert!(policy.read_write.is_empty() && policy.read_only.is_empty());
+        assert_eq!(
+            policy.home, None,
+            "toolchains are pinned, not resolved by path"
         );
         assert_eq!(policy.read_only_within, vec![a.join("sub")]);
         assert_eq!(policy.blocked, vec![a.join("secret")]);
-        assert_eq!(policy.denied.len(), 2);
+        for private in [&dirs.config, &dirs.state] {
+            assert!(policy.denied.contains(private), "{}", private.display());
+        }
+        assert!(
+            policy
+                .denied
+                .contains(&dirs.home.join(".cargo/credentials.toml"))
+        );
         let guard = grants.guard(write);
         assert_eq!(guard.blocked_paths, ["secret"]);
         assert_eq!(guard.read_only_paths, ["sub"]);

@@ -340,6 +340,7 @@ pub async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     super::sandbox::die_with_parent(&mut command);
+    super::sandbox::inherit_pinned(&mut command, &policy);
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {

@@ -100,7 +100,7 @@ const DEVICES: &[&str] = &[
 ];
 
 /// Toolchain folders under the person's home granted read and execute. Never the whole home.
-const HOME_TOOLCHAINS: &[&str] = &[
+pub const HOME_TOOLCHAINS: &[&str] = &[
     ".rustup",
     ".cargo",
     ".nvm",
@@ -115,15 +115,47 @@ const HOME_TOOLCHAINS: &[&str] = &[
 ];
 
 /// Credential files inside the toolchain folders: never readable.
-const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
+pub const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
 
-/// What a command may touch. Paths must be absolute; they are resolved (symlinks followed) by
-/// the launcher before the ruleset is built.
+/// What a pinned directory grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinnedAccess {
+    /// Read, write, create, remove (a `--write-folder`, the Downloads companion).
+    ReadWrite,
+    /// Read and execute (a `--folder`, a toolchain folder).
+    ReadOnly,
+}
+
+/// A directory the executor opened once at connect and keeps open (an `O_PATH` descriptor),
+/// granted to a command through that descriptor: whatever its path names later (a symlink, a
+/// folder moved in its place) does not change what the rule covers. The launcher inherits the
+/// descriptor ([`inherit_pinned`]) and checks that it still is the directory recorded here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedGrant {
+    /// The descriptor's number in the executor, and so in the launcher.
+    pub fd: i32,
+    /// Device and inode of the directory when it was opened.
+    pub dev: u64,
+    pub ino: u64,
+    /// Its canonical path at connect: exclusions are matched against it, and messages name it.
+    pub path: PathBuf,
+    pub access: PinnedAccess,
+}
+
+/// What a command may touch. Paths must be absolute; the path-based ones (`read_write`,
+/// `read_only`, `home`) are resolved (symlinks followed) by the launcher before the ruleset is
+/// built, so the executor grants its shared folders, Downloads and toolchains through `pinned`
+/// descriptors instead and uses paths only for its own private scratch dir and executable.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxPolicy {
-    /// Writable folders (the granted write folder, the private scratch dir, ~/Downloads).
+    /// Directories granted through descriptors pinned at connect.
+    #[serde(default)]
+    pub pinned: Vec<PinnedGrant>,
+    /// Writable folders granted by path.
     pub read_write: Vec<PathBuf>,
-    /// Read-only folders.
+    /// Read-only paths granted by path (the launcher executable, for patches).
     pub read_only: Vec<PathBuf>,
     /// `--block` paths: neither readable nor writable nor creatable (existing or not).
     pub blocked: Vec<PathBuf>,
@@ -131,9 +163,11 @@ pub struct SandboxPolicy {
     pub read_only_within: Vec<PathBuf>,
     /// The CLI's credentials and state dirs: never readable.
     pub denied: Vec<PathBuf>,
-    /// The person's home (for toolchain read/exec grants, never credentials).
+    /// The person's home, for toolchain read/exec grants by path (never credentials); the
+    /// executor pins its toolchains instead and leaves this empty.
     pub home: Option<PathBuf>,
-    /// Private scratch dir (TMPDIR, caches point here).
+    /// Private scratch dir (TMPDIR, caches point here): always read/write, whatever `denied`
+    /// says of the state dir it lies in.
     pub scratch: PathBuf,
     /// Where the command starts.
     pub cwd: PathBuf,
@@ -159,6 +193,14 @@ pub enum SandboxError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+    #[error(
+        "the pinned descriptor {fd} for {path} is not that directory any more ({reason}); reconnect to share it again"
+    )]
+    Pinned {
+        fd: i32,
+        path: PathBuf,
+        reason: String,
     },
     #[error("cannot build the Landlock ruleset: {0}")]
     Ruleset(#[from] landlock::RulesetError),
@@ -257,6 +299,32 @@ pub fn die_with_parent(command: &mut tokio::process::Command) {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
             if nix::unistd::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Lets the launcher about to be spawned by `command` inherit the policy's pinned descriptors:
+/// they are close-on-exec in the executor (so no other child gets them) and the child clears
+/// that flag on exactly these, before exec. The launcher marks every inherited descriptor
+/// close-on-exec again first thing, so the command never holds them.
+pub fn inherit_pinned(command: &mut tokio::process::Command, policy: &SandboxPolicy) {
+    let fds: Vec<i32> = policy.pinned.iter().map(|p| p.fd).collect();
+    if fds.is_empty() {
+        return;
+    }
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl(F_SETFD),
+    // which is async-signal-safe, on descriptor numbers copied before the fork; it allocates
+    // nothing (the Vec was built in the parent) and takes no lock. F_SETFD with 0 only clears
+    // FD_CLOEXEC on the child's own table entry; a stale number fails with EBADF, which fails
+    // the spawn.
+    unsafe {
+        command.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -531,10 +599,30 @@ fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxE
         rules: Vec::new(),
     };
 
-    let read_write = resolve_all(&policy.read_write, "writable folder")?;
-    let read_only = resolve_all(&policy.read_only, "read-only folder")?;
+    // The roots: pinned directories (their descriptors checked) and path grants (resolved now).
+    let mut roots: Vec<Root> = Vec::new();
+    for pinned in &policy.pinned {
+        check_absolute(&pinned.path)?;
+        roots.push(Root {
+            path: pinned.path.clone(),
+            writable: pinned.access == PinnedAccess::ReadWrite,
+            fd: Some(open_pinned(pinned)?),
+        });
+    }
+    for (paths, writable, what) in [
+        (&policy.read_write, true, "writable folder"),
+        (&policy.read_only, false, "read-only path"),
+    ] {
+        for path in paths {
+            roots.push(Root {
+                path: resolve_existing(path, what)?,
+                writable,
+                fd: None,
+            });
+        }
+    }
     let scratch = resolve_existing(&policy.scratch, "scratch dir")?;
-    for path in read_write.iter().chain(&read_only).chain([&scratch]) {
+    for path in roots.iter().map(|r| &r.path).chain([&scratch]) {
         if path == Path::new("/") {
             return Err(SandboxError::Policy(
                 "refusing to grant the whole filesystem".to_owned(),
@@ -542,20 +630,29 @@ fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxE
         }
     }
 
+    // Exclusions are matched by path. Both the path as given (the executor's are canonical from
+    // connect) and its resolution now are excluded: a component turned into a symlink since can
+    // only add an exclusion, never drop one.
     for path in policy.blocked.iter().chain(&policy.denied) {
-        plan.exclusions
-            .push((resolve_lenient(path)?, Exclusion::NoAccess));
+        plan.exclude(path, Exclusion::NoAccess)?;
     }
     for path in &policy.read_only_within {
-        plan.exclusions
-            .push((resolve_lenient(path)?, Exclusion::ReadOnly));
+        plan.exclude(path, Exclusion::ReadOnly)?;
     }
-    // A read-only folder nested in a writable one (a project inside a shared Downloads) stays
+    // A read-only root nested in a writable one (a project inside a shared Downloads) stays
     // read-only.
-    for path in &read_only {
-        if read_write.iter().any(|w| path != w && path.starts_with(w)) {
-            plan.exclusions.push((path.clone(), Exclusion::ReadOnly));
-        }
+    let nested_read_only: Vec<PathBuf> = roots
+        .iter()
+        .filter(|r| !r.writable)
+        .filter(|r| {
+            roots
+                .iter()
+                .any(|w| w.writable && r.path != w.path && r.path.starts_with(&w.path))
+        })
+        .map(|r| r.path.clone())
+        .collect();
+    for path in nested_read_only {
+        plan.exclusions.push((path, Exclusion::ReadOnly));
     }
     let home = match &policy.home {
         Some(home) => Some(resolve_existing(home, "home")?),
@@ -563,8 +660,7 @@ fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxE
     };
     if let Some(home) = &home {
         for secret in HOME_TOOLCHAIN_SECRETS {
-            plan.exclusions
-                .push((resolve_lenient(&home.join(secret))?, Exclusion::NoAccess));
+            plan.exclude(&home.join(secret), Exclusion::NoAccess)?;
         }
     }
 
@@ -584,13 +680,72 @@ fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxE
             plan.grant_optional(&home.join(dir), read)?;
         }
     }
-    for path in &read_only {
-        plan.grant_resolved(None, path, read)?;
+    for root in roots {
+        let access = if root.writable { all } else { read };
+        let source = match &root.fd {
+            Some(fd) => Source::Pinned(fd),
+            None => Source::Path,
+        };
+        plan.grant_resolved(source, &root.path, access)?;
     }
-    for path in read_write.iter().chain([&scratch]) {
-        plan.grant_resolved(None, path, all)?;
-    }
+    // The private scratch dir lies in the CLI's (denied) state dir: it is granted as itself,
+    // past the exclusions.
+    plan.grant_scratch(&scratch)?;
     Ok(plan)
+}
+
+/// One granted root, before the exclusion walk.
+struct Root {
+    path: PathBuf,
+    writable: bool,
+    /// The pinned descriptor, for a pinned root; path roots are opened during the walk.
+    fd: Option<OwnedFd>,
+}
+
+/// Where [`Plan::grant_resolved`] gets the descriptor of the path it grants.
+enum Source<'a> {
+    /// Open the (resolved) path itself, without following a symlink.
+    Path,
+    /// A root pinned at connect: its descriptor, never its path.
+    Pinned(&'a OwnedFd),
+    /// An entry of a directory being walked: its name in that directory.
+    Entry(&'a OwnedFd, &'a OsStr),
+}
+
+/// Takes over a pinned descriptor the launcher inherited, after checking it still is the
+/// directory the executor pinned (same device and inode, a directory). The launcher owns it from
+/// here (it marked every inherited descriptor close-on-exec at start, so the command never has
+/// it).
+fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
+    let refuse = |reason: String| SandboxError::Pinned {
+        fd: pinned.fd,
+        path: pinned.path.clone(),
+        reason,
+    };
+    if pinned.fd < 3 {
+        return Err(refuse("not a pinned descriptor number".to_owned()));
+    }
+    // SAFETY: the number was passed by the executor, which keeps that descriptor open for its
+    // life and let this process inherit it (inherit_pinned); nothing else in the launcher owns
+    // or closes it, so borrowing it for the duplication below is sound. An unexpected number is
+    // caught by the checks that follow (fstat fails, or it is not the recorded directory).
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(pinned.fd) };
+    let fd = rustix::io::fcntl_dupfd_cloexec(borrowed, 3)
+        .map_err(|e| refuse(format!("not open: {e}")))?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| refuse(format!("fstat failed: {e}")))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return Err(refuse("not a directory".to_owned()));
+    }
+    // st_dev and st_ino are unsigned on Linux; the casts only widen.
+    #[allow(clippy::unnecessary_cast)]
+    let (dev, ino) = (stat.st_dev as u64, stat.st_ino as u64);
+    if (dev, ino) != (pinned.dev, pinned.ino) {
+        return Err(refuse(format!(
+            "device/inode {dev}/{ino}, pinned {}/{}",
+            pinned.dev, pinned.ino
+        )));
+    }
+    Ok(fd)
 }
 
 impl Plan {
@@ -602,7 +757,7 @@ impl Plan {
         access: BitFlags<AccessFs>,
     ) -> Result<(), SandboxError> {
         match std::fs::canonicalize(path) {
-            Ok(resolved) => self.grant_resolved(None, &resolved, access),
+            Ok(resolved) => self.grant_resolved(Source::Path, &resolved, access),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(SandboxError::GrantPath {
                 path: path.to_owned(),
@@ -611,12 +766,32 @@ impl Plan {
         }
     }
 
+    /// Adds `path` (absolute) as an exclusion, and its resolution now if that differs.
+    fn exclude(&mut self, path: &Path, kind: Exclusion) -> Result<(), SandboxError> {
+        check_absolute(path)?;
+        let resolved = resolve_lenient(path)?;
+        if resolved != path {
+            self.exclusions.push((resolved, kind));
+        }
+        self.exclusions.push((path.to_owned(), kind));
+        Ok(())
+    }
+
+    /// The private scratch dir: read/write, no exclusion applies.
+    fn grant_scratch(&mut self, scratch: &Path) -> Result<(), SandboxError> {
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd =
+            rustix::fs::open(scratch, flags, Mode::empty()).map_err(|e| grant_error(scratch, e))?;
+        self.push(scratch, fd, self.handled);
+        Ok(())
+    }
+
     /// Grants `access` on `path` (already resolved), minus the exclusions: an excluded path is
     /// skipped or downgraded; a directory with exclusions beneath it is replaced by its entries.
-    /// `at` is the parent directory's descriptor and the entry name when walking.
+    /// `source` says where its descriptor comes from.
     fn grant_resolved(
         &mut self,
-        at: Option<(&OwnedFd, &OsStr)>,
+        source: Source<'_>,
         path: &Path,
         access: BitFlags<AccessFs>,
     ) -> Result<(), SandboxError> {
@@ -637,14 +812,17 @@ impl Plan {
         }
 
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let opened = match at {
-            Some((parent, name)) => rustix::fs::openat(parent, name, flags, Mode::empty()),
-            None => rustix::fs::open(path, flags, Mode::empty()),
+        let opened = match source {
+            Source::Entry(parent, name) => rustix::fs::openat(parent, name, flags, Mode::empty()),
+            Source::Path => rustix::fs::open(path, flags, Mode::empty()),
+            Source::Pinned(fd) => rustix::io::fcntl_dupfd_cloexec(fd, 3),
         };
         let fd = match opened {
             Ok(fd) => fd,
             // An entry that vanished during the walk grants nothing.
-            Err(rustix::io::Errno::NOENT) if at.is_some() => return Ok(()),
+            Err(rustix::io::Errno::NOENT) if matches!(source, Source::Entry(..)) => {
+                return Ok(());
+            }
             Err(e) => return Err(grant_error(path, e)),
         };
         let kind = rustix::fs::fstat(&fd)
@@ -694,7 +872,7 @@ impl Plan {
         }
         drop(dir);
         for name in &names {
-            self.grant_resolved(Some((&fd, name)), &path.join(name), access)?;
+            self.grant_resolved(Source::Entry(&fd, name), &path.join(name), access)?;
         }
         if !own.is_empty() {
             self.push(path, fd, own);
@@ -781,10 +959,6 @@ fn resolve_existing(path: &Path, what: &str) -> Result<PathBuf, SandboxError> {
     })
 }
 
-fn resolve_all(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>, SandboxError> {
-    paths.iter().map(|p| resolve_existing(p, what)).collect()
-}
-
 /// Resolves the longest existing prefix of `path` and appends the missing rest, so exclusions
 /// that do not exist yet (a blocked path that must not be created) still match grants.
 fn resolve_lenient(path: &Path) -> Result<PathBuf, SandboxError> {
@@ -827,6 +1001,7 @@ mod tests {
 
     fn policy(root: &Path) -> SandboxPolicy {
         SandboxPolicy {
+            pinned: vec![],
             read_write: vec![root.join("w")],
             read_only: vec![],
             blocked: vec![root.join("w/a/b"), root.join("w/missing")],

@@ -161,6 +161,7 @@ pub async fn run_with_env(
         .stderr(Stdio::piped());
 
     super::sandbox::die_with_parent(&mut command);
+    super::sandbox::inherit_pinned(&mut command, &request.policy);
     let started = Instant::now();
     let mut child = command.spawn().map_err(|source| ShellError::Spawn {
         exe: launcher_exe.to_owned(),

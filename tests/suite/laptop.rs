@@ -171,10 +171,17 @@ struct Setup {
 
 impl Setup {
     fn start(env: &[(&str, &str)]) -> Setup {
+        let laptop = standard_laptop();
+        let grants = laptop.grants();
+        Setup::start_on(laptop, &grants, env)
+    }
+
+    /// Everything real, alice logged in on `laptop`, which shares `grants`; returns once the
+    /// device is online.
+    fn start_on(laptop: Laptop, grants: &[String], env: &[(&str, &str)]) -> Setup {
         let (stack, gw_port) = Stack::start_with_gateway();
         let gw = Gatewayd::start(&stack, gw_port);
         let alice = person(&stack, "alice");
-        let laptop = standard_laptop();
         laptop.login(&stack, gw_port, &alice.token);
         let mut setup = Setup {
             executor: None,
@@ -185,7 +192,7 @@ impl Setup {
             laptop,
             device_id: String::new(),
         };
-        setup.executor = Some(Executor::spawn(&setup.laptop, &setup.laptop.grants(), env));
+        setup.executor = Some(Executor::spawn(&setup.laptop, grants, env));
         setup.device_id = setup.wait_online()["device_id"]
             .as_str()
             .unwrap()
@@ -867,9 +874,6 @@ fn without_landlock_every_command_and_patch_is_refused() {
 /// and never widens a read-only project nested inside it.
 #[test]
 fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_project() {
-    let (stack, gw_port) = Stack::start_with_gateway();
-    let gw = Gatewayd::start(&stack, gw_port);
-    let alice = person(&stack, "alice");
     let laptop = standard_laptop();
     let downloads = laptop.home().join("Downloads");
     let nested = downloads.join("ro-project");
@@ -879,24 +883,13 @@ fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_projec
     // created (the documented Landlock limit: a folder on the path to an exclusion); its
     // other folders are fully writable.
     std::fs::create_dir_all(downloads.join("inbox")).unwrap();
-    laptop.login(&stack, gw_port, &alice.token);
     let grants = vec![
         "--downloads".to_owned(),
         "--folder".to_owned(),
         nested.to_str().unwrap().to_owned(),
     ];
-    let executor = Executor::spawn(&laptop, &grants, &[]);
-    let mut setup = Setup {
-        executor: Some(executor),
-        gw,
-        stack,
-        gw_port,
-        alice,
-        laptop,
-        device_id: String::new(),
-    };
+    let setup = Setup::start_on(laptop, &grants, &[]);
     let device = setup.wait_online();
-    setup.device_id = device["device_id"].as_str().unwrap().to_owned();
     assert_eq!(
         device["folders"],
         json!([{"alias": "ro-project", "access": "read_only", "downloads": true}])
@@ -928,4 +921,267 @@ fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_projec
         "spec\n"
     );
     assert!(!nested.join("new.txt").exists());
+}
+
+// ----- pinned folders (issue 10, items 3 and 7) -----
+
+/// A laptop with a Go workspace, a cargo toolchain (with a credential) and Downloads, beside the
+/// standard folders.
+fn toolchain_laptop() -> Laptop {
+    let laptop = Laptop::new(
+        "aw-laptop-pin-",
+        &[
+            (".ssh/id_ed25519", SSH_KEY),
+            ("go/bin/gotool", "#!/bin/sh\necho gotool-ran\n"),
+            ("go/src/main.go", "package main\n"),
+            (".cargo/bin/cargotool", "#!/bin/sh\necho cargotool-ran\n"),
+            (".cargo/credentials.toml", "CARGO-TOKEN-FIXTURE-31f0"),
+            ("src/repo/a.txt", "one\n"),
+            ("Downloads/inbox/r.txt", "report\n"),
+            ("Downloads/proj/readme.txt", "readme\n"),
+            ("Downloads/ro/spec.txt", "spec\n"),
+            ("Downloads/keep/k.txt", "keep\n"),
+            ("Downloads/secret.txt", BLOCKED),
+        ],
+    );
+    for tool in ["go/bin/gotool", ".cargo/bin/cargotool"] {
+        use std::os::unix::fs::PermissionsExt;
+        let path = laptop.home().join(tool);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    laptop
+}
+
+fn path_arg(path: PathBuf) -> String {
+    path.to_str().unwrap().to_owned()
+}
+
+/// The outcome of a request that must be refused before anything ran.
+fn refused_with(setup: &Setup, folder: &str, operation: Value, code: &str) -> Value {
+    let outcome = setup.done(folder, operation);
+    assert_eq!(outcome["status"], "refused", "{outcome}");
+    assert_eq!(outcome["code"], code, "{outcome}");
+    outcome
+}
+
+/// Regression (issue 10, item 3): with `--write-folder ~/go`, a command replaced `~/go/bin` by a
+/// symlink to `$HOME`, and the next command read `~/.ssh/id_ed25519`, because toolchain folders
+/// were resolved again (following symlinks) for every request. Toolchains are pinned at connect
+/// now, and one inside a writable grant is not a toolchain at all.
+#[test]
+fn a_toolchain_folder_turned_into_a_symlink_to_home_grants_nothing() {
+    let laptop = toolchain_laptop();
+    let grants = vec![
+        "--write-folder".to_owned(),
+        path_arg(laptop.home().join("go")),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    // The pinned toolchain runs, its credential stays unreadable, the key too.
+    let ran = setup.run("repo", "\"$HOME/.cargo/bin/cargotool\"");
+    assert_eq!(stdout(&ran), "cargotool-ran\n", "{ran}");
+    assert_denied(
+        &setup,
+        "repo",
+        "cat \"$HOME/.cargo/credentials.toml\"",
+        "CARGO-TOKEN-FIXTURE",
+    );
+    assert_denied(&setup, "repo", "cat \"$HOME/.ssh/id_ed25519\"", SSH_KEY);
+
+    // The attack: the agent may change ~/go, so it turns ~/go/bin into a way to $HOME.
+    let swapped = setup.run("go", "mv bin bin-old && ln -s \"$HOME\" bin && ls -l bin");
+    assert_eq!(exit_code(&swapped), 0, "{swapped}");
+    assert!(
+        std::fs::symlink_metadata(setup.laptop.home().join("go/bin"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    for folder in ["repo", "go"] {
+        for command in [
+            "cat \"$HOME/go/bin/.ssh/id_ed25519\"",
+            "cp \"$HOME/go/bin/.ssh/id_ed25519\" stolen",
+            "ls \"$HOME/go/bin/.ssh\"",
+        ] {
+            assert_denied(&setup, folder, command, SSH_KEY);
+        }
+    }
+    assert!(!setup.laptop.folder("repo").join("stolen").exists());
+    assert!(!setup.laptop.home().join("go/stolen").exists());
+}
+
+/// Regression (issue 10, items 3 and 7): a shared folder nested in the shared Downloads was
+/// replaced by a symlink to `$HOME` by a command of another folder; the next request on it ran
+/// with `$HOME` granted read/write. A folder that is no longer the directory pinned at connect
+/// is refused now, commands and patches alike, until the person reconnects.
+#[test]
+fn a_shared_folder_replaced_by_a_symlink_is_refused_until_reconnect() {
+    let laptop = toolchain_laptop();
+    let grants = vec![
+        "--downloads".to_owned(),
+        "--write-folder".to_owned(),
+        path_arg(laptop.home().join("Downloads/proj")),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    assert_eq!(stdout(&setup.run("proj", "cat readme.txt")), "readme\n");
+
+    let swapped = setup.run(
+        "repo",
+        "mv \"$AGENTWORKS_DOWNLOADS/proj\" \"$AGENTWORKS_DOWNLOADS/proj-moved\" && \
+         ln -s \"$HOME\" \"$AGENTWORKS_DOWNLOADS/proj\"",
+    );
+    assert_eq!(exit_code(&swapped), 0, "{swapped}");
+
+    let outcome = refused_with(
+        &setup,
+        "proj",
+        shell("cat .ssh/id_ed25519; cat \"$HOME/.ssh/id_ed25519\"", None),
+        "folder_replaced",
+    );
+    assert!(
+        outcome["message"]
+            .as_str()
+            .unwrap()
+            .contains("moved or replaced"),
+        "{outcome}"
+    );
+    assert!(!outcome.to_string().contains(SSH_KEY));
+    let diff = "--- /dev/null\n+++ b/planted.txt\n@@ -0,0 +1 @@\n+planted\n";
+    refused_with(
+        &setup,
+        "proj",
+        patch("planted.txt", diff),
+        "folder_replaced",
+    );
+    assert!(!setup.laptop.home().join("planted.txt").exists());
+    // The other folder is unaffected.
+    assert_eq!(stdout(&setup.run("repo", "cat a.txt")), "one\n");
+}
+
+/// Regression (issue 10, item 7): `~/Downloads` replaced by a symlink (to `$HOME`) after connect
+/// was followed, so every command had `$HOME` read/write.
+#[test]
+fn downloads_replaced_by_a_symlink_is_refused() {
+    let laptop = toolchain_laptop();
+    let grants = vec![
+        "--downloads".to_owned(),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    let downloads = setup.laptop.home().join("Downloads");
+    std::fs::rename(&downloads, setup.laptop.home().join("Downloads-old")).unwrap();
+    std::os::unix::fs::symlink(setup.laptop.home(), &downloads).unwrap();
+    let outcome = refused_with(
+        &setup,
+        "repo",
+        shell("cat \"$AGENTWORKS_DOWNLOADS/.ssh/id_ed25519\"", None),
+        "folder_replaced",
+    );
+    assert!(!outcome.to_string().contains(SSH_KEY));
+}
+
+/// Regression (issue 10, item 7): a read-only project nested in the shared Downloads was
+/// writable from the commands of any other shared folder (only its own were protected).
+#[test]
+fn a_read_only_project_in_downloads_stays_read_only_from_every_folder() {
+    let laptop = toolchain_laptop();
+    let ro = laptop.home().join("Downloads/ro");
+    let grants = vec![
+        "--downloads".to_owned(),
+        "--folder".to_owned(),
+        path_arg(ro.clone()),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    let read = setup.run("repo", "cat \"$AGENTWORKS_DOWNLOADS/ro/spec.txt\"");
+    assert_eq!(stdout(&read), "spec\n", "{read}");
+    for command in [
+        "echo changed > \"$AGENTWORKS_DOWNLOADS/ro/spec.txt\"",
+        "echo more >> \"$AGENTWORKS_DOWNLOADS/ro/spec.txt\"",
+        "rm \"$AGENTWORKS_DOWNLOADS/ro/spec.txt\"",
+        "touch \"$AGENTWORKS_DOWNLOADS/ro/new.txt\"",
+        "mv \"$AGENTWORKS_DOWNLOADS/ro\" \"$AGENTWORKS_DOWNLOADS/ro2\"",
+    ] {
+        assert_fails(&setup, "repo", command);
+    }
+    assert_eq!(
+        std::fs::read_to_string(ro.join("spec.txt")).unwrap(),
+        "spec\n"
+    );
+    assert!(!ro.join("new.txt").exists());
+    // The rest of Downloads stays writable.
+    let wrote = setup.run(
+        "repo",
+        "echo saved > \"$AGENTWORKS_DOWNLOADS/inbox/new.txt\"",
+    );
+    assert_eq!(exit_code(&wrote), 0, "{wrote}");
+}
+
+/// Issue 10, item 7: `--block` and `--read-only` inside Downloads were refused at start; they
+/// are accepted and enforced for every folder's commands.
+#[test]
+fn block_and_read_only_inside_downloads_are_accepted_and_enforced() {
+    let laptop = toolchain_laptop();
+    let downloads = laptop.home().join("Downloads");
+    let grants = vec![
+        "--downloads".to_owned(),
+        "--block".to_owned(),
+        path_arg(downloads.join("secret.txt")),
+        "--read-only".to_owned(),
+        path_arg(downloads.join("keep")),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    assert_denied(
+        &setup,
+        "repo",
+        "cat \"$AGENTWORKS_DOWNLOADS/secret.txt\"",
+        BLOCKED,
+    );
+    assert_fails(
+        &setup,
+        "repo",
+        "echo x > \"$AGENTWORKS_DOWNLOADS/secret.txt\"",
+    );
+    let kept = setup.run("repo", "cat \"$AGENTWORKS_DOWNLOADS/keep/k.txt\"");
+    assert_eq!(stdout(&kept), "keep\n", "{kept}");
+    assert_fails(
+        &setup,
+        "repo",
+        "echo x > \"$AGENTWORKS_DOWNLOADS/keep/k.txt\"",
+    );
+    assert_fails(&setup, "repo", "touch \"$AGENTWORKS_DOWNLOADS/keep/new\"");
+    let wrote = setup.run("repo", "echo ok > \"$AGENTWORKS_DOWNLOADS/inbox/ok.txt\"");
+    assert_eq!(exit_code(&wrote), 0, "{wrote}");
+    assert_eq!(
+        std::fs::read_to_string(downloads.join("secret.txt")).unwrap(),
+        BLOCKED
+    );
+    assert_eq!(
+        std::fs::read_to_string(downloads.join("keep/k.txt")).unwrap(),
+        "keep\n"
+    );
+}
+
+/// Regression: the private scratch dir (`$TMPDIR`) lies in the CLI's state dir, which is denied,
+/// and was therefore not granted at all: commands could not use their own TMPDIR.
+#[test]
+fn commands_can_use_their_private_tmpdir() {
+    let setup = Setup::start(&[]);
+    let outcome = setup.run("repo", "echo scratch > \"$TMPDIR/t\" && cat \"$TMPDIR/t\"");
+    assert_eq!(stdout(&outcome), "scratch\n", "{outcome}");
+    // It is the request's own: gone after the request.
+    let state = setup.laptop.state_home().join("agentworks");
+    assert_denied(
+        &setup,
+        "repo",
+        &format!("ls {}", state.display()),
+        "receipts",
+    );
 }

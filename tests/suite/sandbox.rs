@@ -72,6 +72,7 @@ impl Fixture {
 
     fn policy(&self) -> SandboxPolicy {
         SandboxPolicy {
+            pinned: vec![],
             read_write: vec![self.project.clone()],
             read_only: vec![self.ro.clone()],
             blocked: vec![],
@@ -551,4 +552,70 @@ async fn the_command_cannot_signal_the_launcher() {
         ok(f.request("if kill -KILL $PPID 2>/dev/null; then echo escaped; else echo refused; fi"))
             .await;
     assert_eq!(out, "refused\n");
+}
+
+/// An `O_PATH` descriptor of `dir` with its device and inode, as the executor pins a folder.
+fn pin(dir: &Path, access: sandbox::PinnedAccess) -> (std::os::fd::OwnedFd, sandbox::PinnedGrant) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let fd: std::os::fd::OwnedFd = std::fs::File::open(dir).unwrap().into();
+    let meta = std::fs::metadata(dir).unwrap();
+    let grant = sandbox::PinnedGrant {
+        fd: fd.as_raw_fd(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+        path: dir.to_owned(),
+        access,
+    };
+    (fd, grant)
+}
+
+#[tokio::test]
+async fn a_pinned_folder_is_granted_through_its_descriptor_not_its_path() {
+    let f = Fixture::new();
+    let (_fd, grant) = pin(&f.project, sandbox::PinnedAccess::ReadWrite);
+    let mut policy = f.policy();
+    policy.read_write.clear();
+    policy.pinned = vec![grant];
+    let ok_request = |c: &str| f.request_with(c, policy.clone());
+    assert_eq!(ok(ok_request("cat README.md")).await, "hello\n");
+
+    // The folder moves away and its path becomes a symlink to the outside: the rule still
+    // covers the directory it was made from, wherever it is, and nothing the path names now.
+    let moved = f.home.join("project-moved");
+    std::fs::rename(&f.project, &moved).unwrap();
+    std::os::unix::fs::symlink(f.root.join("outside"), &f.project).unwrap();
+    // Control: without the sandbox, the old path now reads the outside.
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("secret.txt")).unwrap(),
+        OUTSIDE
+    );
+    let through_old_path = format!("cat {}/secret.txt", f.project.display());
+    let mut request = ok_request(&through_old_path);
+    request.policy.cwd = moved.clone();
+    let out = fails(request).await;
+    assert!(!out.stdout.contains(OUTSIDE), "{out:?}");
+    let mut request = ok_request("echo more >> README.md && cat README.md");
+    request.policy.cwd = moved.clone();
+    assert_eq!(ok(request).await, "hello\nmore\n");
+}
+
+#[tokio::test]
+async fn a_pinned_descriptor_that_is_not_the_recorded_directory_is_refused() {
+    let f = Fixture::new();
+    let (_fd, mut grant) = pin(&f.project, sandbox::PinnedAccess::ReadWrite);
+    grant.ino += 1;
+    let mut policy = f.policy();
+    policy.read_write.clear();
+    policy.pinned = vec![grant];
+    let error = shell::run(
+        launcher(),
+        f.request_with("touch ran-anyway", policy),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, ShellError::SandboxRefused(_)), "{error}");
+    assert!(error.to_string().contains("pinned descriptor"), "{error}");
+    assert!(!f.project.join("ran-anyway").exists());
 }
