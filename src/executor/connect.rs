@@ -597,11 +597,7 @@ async fn execute(
                     format!("{alias} is shared read-only (--folder); patches need --write-folder"),
                 )
             } else {
-                let job = super::patch::PatchJob {
-                    filepath,
-                    diff,
-                    guard: grants.guard(folder),
-                };
+                let job = super::patch::PatchJob::new(grants, folder, filepath, diff);
                 super::patch::run(&executor.launcher, &policy, &folder.path, &job).await
             }
         }

@@ -645,6 +645,19 @@ impl Grants {
             read_only_paths: read_only,
         }
     }
+
+    /// The guard patches inside the Downloads companion are checked against (`None` without
+    /// `--downloads`): built as [`Grants::guard`] builds a folder's, so the `--block` and
+    /// `--read-only` paths inside Downloads, and every read-only folder shared inside it, stay
+    /// out of reach of a patch that names an absolute Downloads path.
+    pub fn downloads_guard(&self) -> Option<Guard> {
+        let downloads = self.downloads.as_ref()?;
+        Some(self.guard(&Folder {
+            alias: String::new(),
+            path: downloads.clone(),
+            access: FolderAccess::ReadWrite,
+        }))
+    }
 }
 
 #[cfg(test)]

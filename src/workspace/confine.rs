@@ -13,8 +13,12 @@
 //! components, so every step stays beneath the start, and `O_NOFOLLOW` on every step refuses every
 //! symlink (magic links included) exactly where `RESOLVE_NO_SYMLINKS` would.
 //!
-//! This module never opens a path string relative to the process cwd and never follows a
-//! symlink.
+//! A regular file with more than one hard link is refused by [`open_file`]: its other names may
+//! lie anywhere on the same filesystem (a private key, a root-only file), and no path check can
+//! see them, so confinement by path says nothing about what such a file is.
+//!
+//! This module never opens a path string relative to the process cwd, never follows a symlink
+//! and never hands out a regular file that has a second name.
 
 use crate::guard::RelPath;
 use crate::workspace::failpoint::{self, Hit};
@@ -39,6 +43,10 @@ pub enum ConfineError {
     NotAFile { path: String },
     #[error("{path} is not a directory (or a component of it is a file)")]
     NotADirectory { path: String },
+    #[error(
+        "{path} has {links} hard links; a file with another name may be a file outside the folder, so it is refused"
+    )]
+    HardLink { path: String, links: u64 },
     #[error("cannot open {path}: {source}")]
     Io {
         path: String,
@@ -216,7 +224,7 @@ pub fn open_dir_creating(root: BorrowedFd<'_>, dir: &RelPath) -> Result<OwnedFd,
 
 /// Open the regular file `name` inside the directory `parent` for reading. `Ok(None)` when it
 /// does not exist. Opened non-blocking so a FIFO planted at the path cannot hang us; anything
-/// but a regular file is refused after `fstat`.
+/// but a regular file, and a regular file with more than one link, is refused after `fstat`.
 pub fn open_file(
     parent: BorrowedFd<'_>,
     name: &str,
@@ -236,6 +244,15 @@ pub fn open_file(
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(ConfineError::NotAFile {
             path: display.to_string(),
+        });
+    }
+    // The link count of the inode we hold, not of a path looked up again: a link made after
+    // this check names the file we validated, never another one.
+    let links = stat.st_nlink as u64; // nlink_t: u64 here, u32 on some targets
+    if links > 1 {
+        return Err(ConfineError::HardLink {
+            path: display.to_string(),
+            links,
         });
     }
     Ok(Some((fd, stat)))
@@ -337,6 +354,29 @@ mod tests {
                 Err(ConfineError::NotAFile { .. })
             ));
         }
+    }
+
+    #[test]
+    fn refuses_a_file_with_a_second_name_anywhere() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::hard_link(outside.path().join("secret"), project.path().join("link")).unwrap();
+        std::fs::write(project.path().join("own"), "x").unwrap();
+        std::fs::hard_link(project.path().join("own"), project.path().join("own2")).unwrap();
+        let root = root_fd(project.path());
+        for name in ["link", "own", "own2"] {
+            assert!(
+                matches!(
+                    open_file(root.as_fd(), name, &p(name)),
+                    Err(ConfineError::HardLink { links: 2, .. })
+                ),
+                "{name}"
+            );
+        }
+        // Once the second name is gone, the file is an ordinary one again.
+        std::fs::remove_file(project.path().join("own2")).unwrap();
+        assert!(open_file(root.as_fd(), "own", &p("own")).unwrap().is_some());
     }
 
     /// The walk used without `openat2` refuses and allows exactly what `openat2` does.

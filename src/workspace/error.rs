@@ -91,7 +91,9 @@ impl WorkspaceError {
             WorkspaceError::Path(_) => "path_refused",
             WorkspaceError::Guard(_) => "forbidden",
             WorkspaceError::Confine(c) => match c {
-                ConfineError::Symlink { .. } | ConfineError::Escape { .. } => "path_refused",
+                ConfineError::Symlink { .. }
+                | ConfineError::Escape { .. }
+                | ConfineError::HardLink { .. } => "path_refused",
                 ConfineError::NotFound { .. } | ConfineError::NotADirectory { .. } => "not_found",
                 ConfineError::NotAFile { .. } => "not_a_file",
                 ConfineError::Io { .. } => "io_error",
@@ -139,6 +141,9 @@ impl WorkspaceError {
             }
             WorkspaceError::Confine(ConfineError::Escape { path }) => {
                 json!({"reason": "escape", "path": path})
+            }
+            WorkspaceError::Confine(ConfineError::HardLink { path, links }) => {
+                json!({"reason": "hard_link", "path": path, "links": links})
             }
             WorkspaceError::TooLarge { size, limit, .. } => json!({"size": size, "limit": limit}),
             WorkspaceError::RevisionConflict {

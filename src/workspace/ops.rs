@@ -8,6 +8,12 @@
 //! prepared receipt nothing is touched (fail closed); if it cannot confirm the outcome the
 //! answer is `uncertain`, resolved later by request id.
 //!
+//! A regular file with more than one hard link is never read, searched, written or otherwise
+//! changed (`confine::open_file` refuses it with `path_refused`, reason `hard_link`): its other
+//! name can be any file on the filesystem, such as a root-only one outside the documents tree,
+//! and every change reads the current content first (revision, receipt before-content). Search
+//! skips such a file; listing still shows its name and size.
+//!
 //! This module never overwrites without a revision check, never follows a symlink, never
 //! writes outside a project folder, and never retries a change on its own.
 
@@ -528,6 +534,11 @@ impl Workspace {
                     truncated = true;
                     return Ok(false);
                 }
+                // A file that cannot be opened as ours is skipped, not reported: a FIFO, a
+                // symlink swapped in, and a file with a second hard link (its other name may be
+                // a file outside the project; `open_file` refuses it). Skipping, not refusing the
+                // whole search, so one planted link cannot deny search of the project, and
+                // nothing of its content, not even whether it matches, reaches the caller.
                 let Ok(Some((fd, _))) = confine::open_file(dir, rel.file_name(), rel) else {
                     return Ok(true);
                 };
@@ -1169,22 +1180,37 @@ impl Workspace {
         store: &Mutex<ReceiptStore>,
         receipt: &mut Receipt,
     ) -> Result<(), WorkspaceError> {
-        let path = RelPath::parse(&receipt.path)?;
-        let at_path = revision_on_disk(project.root.as_fd(), &path)?;
-        let state = match &receipt.to_path {
-            Some(to) => {
-                let at_to = revision_on_disk(project.root.as_fd(), &RelPath::parse(to)?)?;
-                if at_path == Revision::Missing && at_to == receipt.resulting_revision {
-                    ReceiptState::Applied
-                } else if at_path == receipt.previous_revision && at_to == Revision::Missing {
-                    ReceiptState::NotApplied
-                } else {
-                    ReceiptState::Uncertain
-                }
+        // What a path holds now; `None` for a file that has gained a second link since: it is
+        // not read (its other name may be a file outside the project), so the receipt stays
+        // uncertain rather than being decided from it.
+        let on_disk = |path: &str| -> Result<Option<Revision>, WorkspaceError> {
+            match revision_on_disk(project.root.as_fd(), &RelPath::parse(path)?) {
+                Ok(revision) => Ok(Some(revision)),
+                Err(WorkspaceError::Confine(ConfineError::HardLink { .. })) => Ok(None),
+                Err(e) => Err(e),
             }
-            None if at_path == receipt.resulting_revision => ReceiptState::Applied,
-            None if at_path == receipt.previous_revision => ReceiptState::NotApplied,
-            None => ReceiptState::Uncertain,
+        };
+        let at_path = on_disk(&receipt.path)?;
+        let state = match (&receipt.to_path, at_path) {
+            (_, None) => ReceiptState::Uncertain,
+            (Some(to), Some(at_path)) => match on_disk(to)? {
+                Some(at_to)
+                    if at_path == Revision::Missing && at_to == receipt.resulting_revision =>
+                {
+                    ReceiptState::Applied
+                }
+                Some(at_to)
+                    if at_path == receipt.previous_revision && at_to == Revision::Missing =>
+                {
+                    ReceiptState::NotApplied
+                }
+                _ => ReceiptState::Uncertain,
+            },
+            (None, Some(at_path)) if at_path == receipt.resulting_revision => ReceiptState::Applied,
+            (None, Some(at_path)) if at_path == receipt.previous_revision => {
+                ReceiptState::NotApplied
+            }
+            (None, Some(_)) => ReceiptState::Uncertain,
         };
         receipt.updated_at_ms = lock_poisoned(store).set_state(&receipt.receipt_id, state)?;
         receipt.state = state;
