@@ -812,23 +812,26 @@ mod tests {
             std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
             std::fs::write(path, content).expect("write");
         }
-        let folder = |alias: &str, path: PathBuf, access| Folder {
-            alias: alias.into(),
-            path,
-            access,
+        let dirs = crate::executor::config::Dirs {
+            config: home.join(".config/agentworks"),
+            state: home.join(".local/state/agentworks"),
+            home: home.clone(),
         };
-        let grants = Grants {
-            folders: vec![
-                folder("proj", proj.clone(), FolderAccess::ReadWrite),
-                folder("ro", downloads.join("ro"), FolderAccess::ReadOnly),
-                folder("rw", downloads.join("rw"), FolderAccess::ReadWrite),
-            ],
-            blocked: vec![downloads.join("rw/secret")],
+        let args = crate::executor::grants::GrantArgs {
+            folders: vec![downloads.join("ro")],
+            write_folders: vec![proj.clone(), downloads.join("rw")],
+            block: vec![downloads.join("rw/secret")],
             read_only: Vec::new(),
-            downloads: Some(downloads.clone()),
-            private: Vec::new(),
-            home,
+            downloads: true,
         };
+        let grants = Grants::validate(&args, &dirs).expect("valid grants");
+        for (alias, access) in [
+            ("proj", FolderAccess::ReadWrite),
+            ("ro", FolderAccess::ReadOnly),
+            ("rw", FolderAccess::ReadWrite),
+        ] {
+            assert_eq!(grants.folder(alias).expect(alias).access, access);
+        }
         Companion {
             _dir: dir,
             grants,
@@ -859,10 +862,8 @@ mod tests {
         let guard = c.grants.downloads_guard().expect("downloads is shared");
         assert_eq!(guard.blocked_paths, ["rw/secret"]);
         assert_eq!(guard.read_only_paths, ["ro"]);
-        let without = Grants {
-            downloads: None,
-            ..c.grants.clone()
-        };
+        let mut without = c.grants.clone();
+        without.downloads = None;
         assert!(without.downloads_guard().is_none());
     }
 
