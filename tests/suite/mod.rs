@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod attack_authority;
 mod crash;
 mod docs;
 mod executor;
