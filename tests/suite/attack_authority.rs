@@ -445,7 +445,8 @@ fn a_workflows_or_devices_connect_token_cannot_approve_a_device_login() {
 /// The takeover: a second `devices:connect` credential of the same person connects with the
 /// victim laptop's device name. It gets its own device id (and a name clash notice); the
 /// victim's connection is not replaced; a command dispatched to the victim's device runs on
-/// the victim's laptop and never reaches the second one.
+/// the victim's laptop and never reaches the second one; and the terminal client never picks
+/// the second one for the person by its name.
 #[test]
 fn a_second_credential_with_the_same_device_name_cannot_take_over_the_device() {
     let bench = Bench::start();
@@ -522,6 +523,52 @@ fn a_second_credential_with_the_same_device_name_cannot_take_over_the_device() {
         !attacker.folder("repo").join("proof.txt").exists(),
         "the request reached the second credential's laptop"
     );
+
+    // With the victim's laptop offline, `agentworks chat --local repo` does not pick the
+    // other credential's online "laptop" for the person: it asks for a device id.
+    drop(victim_executor);
+    wait_until("the victim's device is offline", WAIT, || {
+        let (_, devices) = api(&bench.stack, &alice, "GET", "/v1/devices", Value::Null);
+        devices["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["device_id"] == victim_id.as_str() && d["online"] == false)
+    });
+    let home = tempfile::tempdir().unwrap();
+    let chat_cli = std::process::Command::new(env!("CARGO_BIN_EXE_agentworks"))
+        .args([
+            "chat",
+            "--project",
+            "app",
+            "--local",
+            "repo",
+            "--yes",
+            "--server",
+        ])
+        .arg(format!("http://127.0.0.1:{}", bench.stack.port))
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_STATE_HOME", home.path().join("state"))
+        .env("AGENTWORKS_TOKEN", &alice)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&chat_cli.stderr);
+    assert!(!chat_cli.status.success(), "{stderr}");
+    assert!(stderr.contains("same name"), "{stderr}");
+    assert!(
+        stderr.contains(&victim_id) && stderr.contains(&attacker_id),
+        "{stderr}"
+    );
+    let (_, chats) = api(&bench.stack, &alice, "GET", "/v1/chats", Value::Null);
+    for listed in chats["chats"].as_array().unwrap() {
+        assert_ne!(
+            listed["binding"]["device_id"],
+            attacker_id.as_str(),
+            "{chats}"
+        );
+    }
 }
 
 /// A device recorded before devices were owned by credentials (a database from an earlier
@@ -649,11 +696,16 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
     wait_until("the command runs on the laptop", WAIT, || {
         repo.join("started.txt").exists()
     });
+    let killed = Instant::now();
     bench.gw.child.kill().unwrap();
     bench.gw.child.wait().unwrap();
 
     // The request's deadline (3 s + 30 s) passes with gatewayd down.
     let events = running.join().unwrap().unwrap();
+    eprintln!(
+        "outcome_unknown reported {:?} after the kill",
+        killed.elapsed()
+    );
     let result = result_of(&events, "c1");
     assert_eq!(result["ok"], false, "{result}");
     assert_eq!(result["error"]["code"], "outcome_unknown", "{result}");
@@ -678,6 +730,7 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
         "operation": {"kind": "execute_shell_command", "command": started_then_sleep(sleeper), "timeout": 3}});
     let mut dispatch = dispatch;
     dispatch["device_id"] = bench.wait_online(&alice, "laptop", None)["device_id"].clone();
+    let reconnected = Instant::now();
     let mut recovered = Value::Null;
     wait_until("the receipt is recovered", WAIT, || {
         recovered = bench
@@ -687,6 +740,10 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
             .unwrap();
         recovered["recovery"] != "unsettled"
     });
+    eprintln!(
+        "receipt recovered {:?} after the laptop reconnected",
+        reconnected.elapsed()
+    );
     assert_eq!(recovered["recovery"], "settled", "{recovered}");
     assert_eq!(recovered["from_receipt"], true, "{recovered}");
     let outcome = &recovered["state"]["outcome"];
@@ -728,11 +785,19 @@ fn a_result_lost_when_gatewayd_dies_is_recovered_from_the_laptop_receipt() {
     wait_until("the command runs on the laptop", WAIT, || {
         repo.join("started.txt").exists()
     });
+    let killed = Instant::now();
     bench.gw.child.kill().unwrap();
     bench.gw.child.wait().unwrap();
     bench.gw = Gatewayd::start(&bench.stack, bench.gw_port);
+    let back = Instant::now();
 
     let events = running.join().unwrap().unwrap();
+    // A measurement, not an assertion: how long the recovery took.
+    eprintln!(
+        "recovered: gatewayd back {:?} after the kill, the result reached the model {:?} after that",
+        back - killed,
+        back.elapsed()
+    );
     let result = result_of(&events, "c1");
     assert_eq!(result["ok"], true, "{result}");
     assert_eq!(result["result"]["stdout"], "started\n", "{result}");
