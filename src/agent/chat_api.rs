@@ -15,7 +15,8 @@
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
 //! chats. One turn at a time per chat (409 `turn_running`). Binding needs `confirm` to be
-//! exactly [`CONFIRMATION`]. Cancelling stops the turn at its next step: a model request is
+//! exactly [`CONFIRMATION`] and an authoring role (owner, co-owner, editor) on the project
+//! (403 `forbidden`, reason `no_authoring_role`): a bound chat runs commands. Cancelling stops the turn at its next step: a model request is
 //! abandoned, a command running on the laptop is cancelled through gatewayd (its process group
 //! is killed and its result recorded), tool calls not yet started are answered "not run", and
 //! the stream ends with `end {reason: "cancelled"}`.
@@ -523,7 +524,8 @@ impl ChatService {
         ))
     }
 
-    async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
+    /// The caller's devices, from gatewayd (only that person's).
+    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
         let request = DevicesRequest {
             user_id: caller.user_id.clone(),
         };
@@ -575,7 +577,7 @@ impl ChatService {
                 .insert("confirmation".into(), json!(CONFIRMATION));
             return Err(error);
         }
-        let (project, _) = self
+        let (project, access) = self
             .files
             .access(caller, &chat.project_id)
             .await
@@ -587,6 +589,8 @@ impl ChatService {
                 "only chats of code projects can be bound to a laptop folder",
             ));
         }
+        // A bound chat runs commands: only an authoring role binds (and every call re-checks).
+        turn::require_authoring_role(&access).map_err(from_tool)?;
         if self.running.lock().await.contains_key(chat_id) {
             return Err(turn_running(chat_id));
         }

@@ -2,10 +2,14 @@
 //! `devices:connect` token.
 //!
 //! The CLI asks for a device code (`POST /v1/device/code`), shows the person the user code and
-//! the verification URL, and polls `POST /v1/device/token`. The person approves the code with
-//! any valid token of theirs (`POST /v1/device/approve`), or an operator approves it for them
-//! (`agentworksctl login approve CODE --user NAME`). Only then is a token minted, with the
-//! exclusive `devices:connect` scope and nothing else.
+//! the verification URL, and polls `POST /v1/device/token`. Approving the code is an
+//! account-level act: an operator approves it for the person through the operator socket
+//! (`agentworksctl login approve CODE --user NAME`), or (until the web console's signed-in
+//! session exists) the person approves it with a bearer token that carries the exclusive
+//! `devices:approve` scope (`POST /v1/device/approve`); any other token gets 403
+//! `insufficient_scope`, so a leaked `workflows:*` or `devices:connect` token cannot mint itself
+//! a laptop credential. Only then is a token minted, with the exclusive `devices:connect` scope
+//! and nothing else.
 //!
 //! Pending grants live in memory for ten minutes: a restarted agentd forgets them and the CLI
 //! simply asks again. A device code is a 256-bit secret; a user code is short, typed by a
@@ -309,8 +313,7 @@ fn decode<T: serde::de::DeserializeOwned>(content_type: Option<&str>, body: &[u8
     }
 }
 
-/// Route `/v1/device/*`; `None` for other paths. `approver` resolves a bearer token to a user
-/// name (for `approve`).
+/// Route `/v1/device/*`; `None` for other paths. `approve` takes a `devices:approve` bearer.
 pub async fn handle_public(
     grants: &DeviceGrants,
     identity: &IdentityStore,
@@ -475,8 +478,8 @@ pub async fn handle_public(
             };
             let identity = identity.clone();
             let checked = tokio::task::spawn_blocking(move || identity.authenticate(&bearer)).await;
-            let user = match checked {
-                Ok(Ok(Ok((_, user)))) => user,
+            let (token, user) = match checked {
+                Ok(Ok(Ok(found))) => found,
                 _ => {
                     return Some(oauth_error(
                         StatusCode::UNAUTHORIZED,
@@ -485,6 +488,22 @@ pub async fn handle_public(
                     ));
                 }
             };
+            // An account-level act: only a token made for it (RFC 6750 §3.1).
+            if !token.scopes.contains(&Scope::DevicesApprove) {
+                let mut refused = oauth_error(
+                    StatusCode::FORBIDDEN,
+                    "insufficient_scope",
+                    "approving a device login needs a token with the devices:approve scope (or an operator: agentworksctl login approve CODE --user NAME)",
+                );
+                refused.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    hyper::header::HeaderValue::from_static(
+                        "Bearer error=\"insufficient_scope\", scope=\"devices:approve\"",
+                    ),
+                );
+                tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
+                return Some(refused);
+            }
             if grants.decide(&request.user_code, &user.name, request.approve) {
                 json_response(
                     StatusCode::OK,

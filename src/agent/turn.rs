@@ -14,21 +14,32 @@
 //! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
 //!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or
 //!   project argument), dispatched through gatewayd to the bound device and folder with
-//!   server-made request ids. Nothing else exists in such a turn: no server file tools, no
-//!   MCP connections, no secrets. An offline device fails the call (`device_offline`); nothing
-//!   ever falls back to the server.
+//!   server-made request ids; the patch tool only when the device's folder list at the turn's
+//!   start says the folder is shared writable (a read-only folder, or one whose access cannot
+//!   be learned, gets the shell tool alone). Nothing else exists in such a turn: no server file
+//!   tools, no MCP connections, no secrets. An offline device fails the call
+//!   (`device_offline`); nothing ever falls back to the server.
 //!
 //! Every tool call re-checks the retained state first: this turn is still the chat's running
 //! turn and the chat's binding is still the one the turn started with; a stale call is a tool
-//! error and does nothing.
+//! error and does nothing. A local call also re-checks, from live rows, that the person still
+//! has an authoring role (owner, co-owner, editor) on the chat's project.
+//!
+//! When the exchange with gatewayd fails after the dispatch was sent (connection reset, a bad
+//! answer), nobody here knows whether it ran: the call is never reported "not run". agentd asks
+//! gatewayd to recover it (`POST /v1/recover`: gatewayd's record, or the device's own receipt)
+//! until the operation's deadline, and answers the real result, "never sent" (gatewayd had no
+//! record), or `outcome_unknown`, never a guess.
 
 use crate::agent::chat_api::ChatService;
 use crate::agent::chats::{Binding, Chat};
 use crate::agent::files::Source;
 use crate::agent::model::ToolCall;
 use crate::gateway::protocol::{
-    CancelResponse, DispatchRequest, DispatchState, Operation, Outcome, RequestRef,
+    CancelResponse, DispatchRequest, DispatchState, FolderAccess, Operation, Outcome, Recovery,
+    RequestRef,
 };
+use crate::identity::Access;
 use crate::ipc::client::ClientError;
 use crate::mcp::{Caller, ToolError};
 use serde_json::{Map, Value, json};
@@ -95,21 +106,22 @@ pub fn server_tools() -> Vec<Value> {
     ]
 }
 
-/// The two local tools of a bound turn (the bridge schemas).
-pub fn local_tools() -> Vec<Value> {
-    vec![
-        tool(
-            "execute_shell_command",
-            "Run a shell command in the shared folder on the person's computer (sandboxed to \
-             the folder; the network is reachable). Returns stdout, stderr and the exit code.",
-            schema(
-                json!({"command": {"type": "string"},
-                       "timeout": {"type": "integer", "minimum": 1, "maximum": 300,
-                                   "description": "seconds; default 60"}}),
-                &["command"],
-            ),
+/// The local tools of a bound turn (the bridge schemas): the shell, and the patch tool only for
+/// a writable folder.
+pub fn local_tools(writable: bool) -> Vec<Value> {
+    let mut tools = vec![tool(
+        "execute_shell_command",
+        "Run a shell command in the shared folder on the person's computer (sandboxed to \
+         the folder; the network is reachable). Returns stdout, stderr and the exit code.",
+        schema(
+            json!({"command": {"type": "string"},
+                   "timeout": {"type": "integer", "minimum": 1, "maximum": 300,
+                               "description": "seconds; default 60"}}),
+            &["command"],
         ),
-        tool(
+    )];
+    if writable {
+        tools.push(tool(
             "diff_patch_workspace_file",
             "Apply a unified diff to one file in the shared folder (writable folders only).",
             schema(
@@ -117,24 +129,87 @@ pub fn local_tools() -> Vec<Value> {
                        "diff": {"type": "string"}}),
                 &["filepath", "diff"],
             ),
-        ),
-    ]
+        ));
+    }
+    tools
 }
 
-fn system_prompt(spec: &TurnSpec) -> String {
-    match &spec.chat.binding {
-        None => format!(
+/// What a turn may call, fixed at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// No binding: the four server file tools.
+    Server,
+    /// Bound to a laptop folder: the shell, and the patch tool if the folder is writable.
+    Local { writable: bool },
+}
+
+impl Mode {
+    fn tools(self) -> Vec<Value> {
+        match self {
+            Mode::Server => server_tools(),
+            Mode::Local { writable } => local_tools(writable),
+        }
+    }
+}
+
+/// Whether the bound folder is shared writable, from the device's folder list now. Anything
+/// that does not say so (a read-only folder, an unknown device or folder, gatewayd unreachable)
+/// is false: the patch tool is then not offered.
+async fn bound_folder_writable(service: &ChatService, caller: &Caller, binding: &Binding) -> bool {
+    match service.devices(caller).await {
+        Ok(devices) => devices
+            .iter()
+            .find(|d| d.device_id == binding.device_id)
+            .and_then(|d| d.folders.iter().find(|f| f.alias == binding.folder))
+            .is_some_and(|f| f.access == FolderAccess::ReadWrite),
+        Err(error) => {
+            tracing::info!(%error, "the bound folder's access is unknown; no patch tool this turn");
+            false
+        }
+    }
+}
+
+fn system_prompt(spec: &TurnSpec, mode: Mode) -> String {
+    match (&spec.chat.binding, mode) {
+        (Some(binding), Mode::Local { writable }) => format!(
+            "You are the coding agent of the project \"{}\". This chat is bound to the folder \
+             \"{}\" on the person's computer: use {} there. No other tools exist in this turn.",
+            spec.project_name,
+            binding.folder,
+            if writable {
+                "execute_shell_command (cat, ls, sed, builds, tests) and diff_patch_workspace_file"
+            } else {
+                "execute_shell_command (cat, ls, grep, builds, tests); the folder is shared \
+                 read-only, so commands cannot change it and there is no patch tool"
+            }
+        ),
+        _ => format!(
             "You are the coding agent of the project \"{}\". You work on the project's files on \
              the server with read_file, list_files, search_files and write_file.",
             spec.project_name
         ),
-        Some(binding) => format!(
-            "You are the coding agent of the project \"{}\". This chat is bound to the folder \
-             \"{}\" on the person's computer: use execute_shell_command (cat, ls, sed, builds, \
-             tests) and diff_patch_workspace_file there. No other tools exist in this turn.",
-            spec.project_name, binding.folder
-        ),
     }
+}
+
+/// Refuses a local call (or a binding) unless the person's live role on the project authors:
+/// running commands and patches on a laptop folder is authoring, whatever a viewer or runner
+/// may read.
+pub fn require_authoring_role(access: &Access) -> Result<(), ToolError> {
+    if access.role.is_some_and(|role| role.can_author()) {
+        return Ok(());
+    }
+    let role = access.role.map_or("none", |role| role.as_str());
+    let mut error = ToolError::new(
+        "forbidden",
+        format!(
+            "running commands or patches in a laptop folder needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
+        ),
+    );
+    error
+        .details
+        .insert("reason".into(), json!("no_authoring_role"));
+    error.details.insert("role".into(), json!(role));
+    Err(error)
 }
 
 /// The most recent part of a chat's messages whose JSON fits in `budget` bytes, cut only before a
@@ -196,10 +271,13 @@ async fn drive(
     let chat_id = spec.chat.chat_id.clone();
     let user = json!({"role": "user", "content": spec.message});
     service.append(&chat_id, spec.turn, user).await?;
-    let tools = match spec.chat.binding {
-        None => server_tools(),
-        Some(_) => local_tools(),
+    let mode = match &spec.chat.binding {
+        None => Mode::Server,
+        Some(binding) => Mode::Local {
+            writable: bound_folder_writable(service, &spec.caller, binding).await,
+        },
     };
+    let tools = mode.tools();
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
         let history: Vec<Value> = service
@@ -209,7 +287,7 @@ async fn drive(
             .map(|m| m.message)
             .collect();
         let recent = recent_history(&history, model.max_history_bytes());
-        let mut system = system_prompt(spec);
+        let mut system = system_prompt(spec, mode);
         let omitted = history.len() - recent.len();
         if omitted > 0 {
             system.push_str(&format!(
@@ -249,7 +327,7 @@ async fn drive(
                     "not run: the turn was cancelled",
                 ))
             } else {
-                execute(service, spec, call, &request_id, cancel).await
+                execute(service, spec, mode, call, &request_id, cancel).await
             };
             let (event, content) = match &result {
                 Ok(value) => (
@@ -321,11 +399,13 @@ fn string(map: &Map<String, Value>, name: &str) -> Result<String, ToolError> {
         })
 }
 
-fn unknown_tool(name: &str, bound: bool) -> ToolError {
-    let available = if bound {
-        "execute_shell_command and diff_patch_workspace_file"
-    } else {
-        "read_file, list_files, search_files and write_file"
+fn unknown_tool(name: &str, mode: Mode) -> ToolError {
+    let available = match mode {
+        Mode::Local { writable: true } => "execute_shell_command and diff_patch_workspace_file",
+        Mode::Local { writable: false } => {
+            "execute_shell_command (the folder is shared read-only: no patches)"
+        }
+        Mode::Server => "read_file, list_files, search_files and write_file",
     };
     ToolError::new(
         "unknown_tool",
@@ -336,6 +416,7 @@ fn unknown_tool(name: &str, bound: bool) -> ToolError {
 async fn execute(
     service: &ChatService,
     spec: &TurnSpec,
+    mode: Mode,
     call: &ToolCall,
     request_id: &str,
     cancel: &CancellationToken,
@@ -372,7 +453,7 @@ async fn execute(
                     args.insert("request_id".into(), json!(request_id));
                     files.write_file(caller, &args, source).await
                 }
-                other => Err(unknown_tool(other, false)),
+                other => Err(unknown_tool(other, mode)),
             }
         }
         Some(binding) => {
@@ -393,20 +474,22 @@ async fn execute(
                         timeout,
                     }
                 }
-                "diff_patch_workspace_file" => {
+                "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
                     let args = arguments(call, &["filepath", "diff"])?;
                     Operation::DiffPatchWorkspaceFile {
                         filepath: string(&args, "filepath")?,
                         diff: string(&args, "diff")?,
                     }
                 }
-                other => return Err(unknown_tool(other, true)),
+                other => return Err(unknown_tool(other, mode)),
             };
-            // The person's live authority on the project, now (revoked token, removed member).
-            service.files.access(caller, &spec.chat.project_id).await?;
+            // The person's live authority on the project, now (revoked token, removed member,
+            // a role lowered to runner or viewer).
+            let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
+            require_authoring_role(&access)?;
             // A cancel while the device runs the call asks it to stop (the executor kills the
             // process group) and waits for the result, which says `cancelled`.
-            let call = dispatch(service, caller, binding, request_id, operation);
+            let call = dispatch(service, caller, binding, request_id, operation, cancel);
             tokio::pin!(call);
             tokio::select! {
                 result = &mut call => return result,
@@ -451,13 +534,108 @@ async fn ask_device_to_cancel(service: &ChatService, caller: &Caller, request_id
     }
 }
 
+/// Whether a failed exchange with gatewayd may have reached it: anything but "could not
+/// connect" or "could not build the request". gatewayd's own refusals come before it sends,
+/// except `internal`.
+fn may_have_been_sent(error: &ClientError) -> bool {
+    match error {
+        ClientError::Connect { .. } | ClientError::Request { .. } | ClientError::Encode { .. } => {
+            false
+        }
+        ClientError::Remote { body, .. } => body.code == "internal",
+        ClientError::Http { .. } | ClientError::Decode { .. } | ClientError::Unexpected { .. } => {
+            true
+        }
+    }
+}
+
+/// The first and the longest pause between two recovery questions to gatewayd.
+const RECOVERY_PAUSE_MIN: Duration = Duration::from_millis(250);
+const RECOVERY_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// The dispatch's answer was lost after it may have reached gatewayd: asks gatewayd to recover
+/// it (its record, or the device's receipt) until `deadline`. Returns the real state, or an
+/// error that says the outcome is unknown (or, when gatewayd never recorded it, that it was
+/// never sent). Never re-sends the request.
+async fn recover(
+    service: &ChatService,
+    request: &DispatchRequest,
+    deadline: tokio::time::Instant,
+    cancel: &CancellationToken,
+    lost: ClientError,
+) -> Result<DispatchState, ToolError> {
+    tracing::warn!(error = %lost, request_id = %request.request_id, "the dispatch's answer was lost; recovering it");
+    let unknown = |why: &str| {
+        let mut error = ToolError::new(
+            "outcome_unknown",
+            format!(
+                "the device gateway failed after the request was sent ({lost}); {why}: whether it ran on the device is unknown and it is not re-sent; inspect the files before trying again"
+            ),
+        );
+        error
+            .details
+            .insert("request_id".into(), json!(request.request_id));
+        error
+    };
+    let mut pause = RECOVERY_PAUSE_MIN;
+    loop {
+        let last = match service
+            .gatewayd
+            .post::<_, Recovery>("/v1/recover", request)
+            .await
+        {
+            Ok(Recovery::Settled {
+                state,
+                from_receipt,
+            }) => {
+                tracing::info!(request_id = %request.request_id, from_receipt, "a lost dispatch answer was recovered");
+                return Ok(state);
+            }
+            Ok(Recovery::NeverSent) => {
+                let mut error = ToolError::new(
+                    "not_run",
+                    "the device gateway failed before it recorded the request, so it was never sent to the device (and never will be under this request id); it did not run",
+                );
+                error
+                    .details
+                    .insert("request_id".into(), json!(request.request_id));
+                return Err(error);
+            }
+            Ok(Recovery::Unsettled { reason }) => reason,
+            Err(ClientError::Remote { body, .. }) if body.code == "request_id_reused" => {
+                return Err(ToolError {
+                    code: body.code,
+                    message: body.message,
+                    details: body.details,
+                });
+            }
+            Err(error) => format!("gatewayd cannot be asked ({error})"),
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(unknown(&format!(
+                "it could not be recovered before the request's deadline ({last})"
+            )));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = cancel.cancelled() => {
+                return Err(unknown(&format!("the turn was cancelled while it was being recovered ({last})")));
+            }
+        }
+        pause = (pause * 2).min(RECOVERY_PAUSE_MAX);
+    }
+}
+
 async fn dispatch(
     service: &ChatService,
     caller: &Caller,
     binding: &Binding,
     request_id: &str,
     operation: Operation,
+    cancel: &CancellationToken,
 ) -> Result<Value, ToolError> {
+    // The same deadline gatewayd keeps for the result; a lost answer is recovered until then.
+    let deadline = tokio::time::Instant::now() + operation.deadline();
     let request = DispatchRequest {
         user_id: caller.user_id.clone(),
         device_id: binding.device_id.clone(),
@@ -467,6 +645,9 @@ async fn dispatch(
     };
     let state: DispatchState = match service.gatewayd.post("/v1/dispatch", &request).await {
         Ok(state) => state,
+        Err(lost) if may_have_been_sent(&lost) => {
+            recover(service, &request, deadline, cancel, lost).await?
+        }
         Err(ClientError::Remote { body, .. }) => {
             return Err(ToolError {
                 code: body.code,
@@ -478,7 +659,7 @@ async fn dispatch(
             return Err(ToolError::new(
                 "gateway_unavailable",
                 format!(
-                    "the device gateway is not reachable ({other}); the call was not run anywhere"
+                    "the device gateway is not reachable ({other}); the call was not sent, so it was not run anywhere"
                 ),
             ));
         }
@@ -538,11 +719,12 @@ mod tests {
             ["read_file", "list_files", "search_files", "write_file"]
         );
         assert_eq!(
-            names(&local_tools()),
+            names(&local_tools(true)),
             ["execute_shell_command", "diff_patch_workspace_file"]
         );
+        assert_eq!(names(&local_tools(false)), ["execute_shell_command"]);
         // Nothing in a local schema names a device, folder or project.
-        let text = serde_json::to_string(&local_tools()).unwrap();
+        let text = serde_json::to_string(&local_tools(true)).unwrap();
         for word in ["device", "\"folder\"", "workflow_id", "request_id"] {
             assert!(!text.contains(word), "{word}");
         }

@@ -152,12 +152,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 let code = login::start(&base, &name.unwrap_or_else(hostname)).await?;
                 println!(
-                    "To connect this device, approve the code {} at {}",
-                    code.user_code, code.verification_uri
+                    "To connect this device, have the code {} approved for your account: an operator runs `agentworksctl login approve {} --user YOU`, or you POST it to {} with a devices:approve token of yours",
+                    code.user_code, code.user_code, code.verification_uri
                 );
-                if let Some(complete) = &code.verification_uri_complete {
-                    println!("(or open {complete})");
-                }
                 println!("Code: {}", code.user_code);
                 println!("Waiting for approval…");
                 login::poll(&base, &code).await?

@@ -141,7 +141,7 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
             for scope in &t.scopes {
                 if agentworks::identity::Scope::parse(scope).is_none() {
                     return Err(CtlError::Usage(format!(
-                        "--scope {scope:?}: use workflows:read, workflows:run, workflows:write or devices:connect"
+                        "--scope {scope:?}: use workflows:read, workflows:run, workflows:write, devices:connect or devices:approve"
                     )));
                 }
             }

@@ -162,7 +162,8 @@ pub struct TokenCreate {
     /// The user the token acts as.
     #[arg(long)]
     pub user: String,
-    /// workflows:read, workflows:run, workflows:write or devices:connect (exclusive). Repeat.
+    /// workflows:read, workflows:run, workflows:write, devices:connect (exclusive) or
+    /// devices:approve (exclusive: approves laptop logins for the user). Repeat.
     #[arg(long = "scope", required = true)]
     pub scopes: Vec<String>,
     /// Restrict the token to one project.

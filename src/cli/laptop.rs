@@ -64,7 +64,8 @@ pub enum Command {
         /// Bind the chat to the shared folder with this alias (see `agentworks executor connect`).
         #[arg(long, value_name = "FOLDER_ALIAS")]
         local: Option<String>,
-        /// The device sharing the folder, when several do.
+        /// The device sharing the folder, when several do: its name, or its id when devices of
+        /// one name (different credentials) share it.
         #[arg(long)]
         device: Option<String>,
         /// Confirm the binding's consequences without asking.

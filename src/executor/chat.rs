@@ -355,7 +355,7 @@ fn pick_device(
     let all = devices["devices"].as_array().cloned().unwrap_or_default();
     let mut candidates: Vec<(Value, Value)> = all
         .iter()
-        .filter(|d| device.is_none_or(|n| d["name"] == n))
+        .filter(|d| device.is_none_or(|n| d["name"] == n || d["device_id"] == n))
         .filter_map(|d| {
             d["folders"]
                 .as_array()?
@@ -390,6 +390,32 @@ fn pick_device(
             )))
         }
         1 => Ok(candidates.remove(0)),
+        // Two devices of one name are two credentials (a device id belongs to the credential
+        // that created it): never pick one of them for the person by online state.
+        _ if candidates[1..]
+            .iter()
+            .any(|(d, _)| d["name"] == candidates[0].0["name"]) =>
+        {
+            let ids: Vec<String> = candidates
+                .iter()
+                .map(|(d, _)| {
+                    format!(
+                        "{} ({}, {})",
+                        d["device_id"].as_str().unwrap_or("?"),
+                        d["name"].as_str().unwrap_or("?"),
+                        if d["online"] == true {
+                            "online"
+                        } else {
+                            "offline"
+                        }
+                    )
+                })
+                .collect();
+            Err(ChatError::Usage(format!(
+                "several devices with the same name share {alias:?} (they connected with different credentials); choose one with --device DEVICE_ID: {}",
+                ids.join(", ")
+            )))
+        }
         _ if candidates[0].0["online"] == true && candidates[1].0["online"] != true => {
             Ok(candidates.remove(0))
         }
@@ -570,5 +596,25 @@ mod tests {
             "d1"
         );
         assert!(pick_device(&devices, "other", None).is_err());
+    }
+
+    #[test]
+    fn never_picks_between_two_devices_of_one_name() {
+        // Another credential connected with the name "laptop": online, while the person's own
+        // laptop is offline. Nothing is picked by online state; an id picks.
+        let devices = json!({"devices": [
+            {"device_id": "d-other", "name": "laptop", "online": true, "folders": [{"alias": "site", "access": "read_write"}]},
+            {"device_id": "d-mine", "name": "laptop", "online": false, "folders": [{"alias": "site", "access": "read_write"}]},
+        ]});
+        let refused = pick_device(&devices, "site", None).unwrap_err().to_string();
+        assert!(
+            refused.contains("d-other") && refused.contains("d-mine"),
+            "{refused}"
+        );
+        assert!(pick_device(&devices, "site", Some("laptop")).is_err());
+        assert_eq!(
+            pick_device(&devices, "site", Some("d-mine")).unwrap().0["device_id"],
+            "d-mine"
+        );
     }
 }

@@ -3,12 +3,14 @@
 //! Owns: dialling `<gateway>/v1/executor` (`wss://`, or `ws://` to loopback only) with
 //! `Authorization: Bearer <token>`; the Hello with folder aliases; answering pings and noticing
 //! a silent server; reconnecting with exponential backoff (1 s → 30 s, with jitter); the one-line
-//! status on stderr; running each request under the grants and the receipts; ending on
-//! SIGINT/SIGTERM (running commands cancelled, close 1000) or on a 4001/4003 close (the
-//! credential is no longer accepted).
+//! status on stderr; running each request under the grants and the receipts; answering the
+//! server's receipt queries from the receipts alone; ending on SIGINT/SIGTERM (running
+//! commands cancelled, close 1000) or on a 4001/4003 close (the credential is no longer
+//! accepted).
 //!
 //! Must never: send an absolute path in the Hello; run a request whose receipt could not be
-//! recorded first; run a request id twice; keep a command running after its connection is gone.
+//! recorded first; run a request id twice; keep a command running after its connection is gone;
+//! run anything because of a receipt query.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -361,9 +363,13 @@ async fn session(
                     }
                     Some(Ok(Message::Text(text))) => {
                         match serde_json::from_str::<GatewayFrame>(text.as_str()) {
-                            Ok(GatewayFrame::Welcome { device_id, heartbeat_secs }) => {
+                            Ok(GatewayFrame::Welcome { device_id, heartbeat_secs, notice }) => {
                                 welcomed = true;
                                 heartbeat = Duration::from_secs(heartbeat_secs.clamp(1, 600));
+                                if let Some(notice) = notice {
+                                    executor.status.show(&format!("notice from the server: {notice}"));
+                                    executor.status.finish();
+                                }
                                 let aliases: Vec<String> =
                                     executor.grants.folders.iter().map(|f| f.alias.clone()).collect();
                                 executor.status.show(&format!(
@@ -390,6 +396,24 @@ async fn session(
                                 if let Some(token) = running.lock().ok().and_then(|m| m.get(&request_id).cloned()) {
                                     token.cancel();
                                 }
+                            }
+                            Ok(GatewayFrame::ReceiptQuery { request_id }) => {
+                                // Only the receipts answer; nothing runs because of this frame.
+                                let receipts = Arc::clone(&executor.receipts);
+                                let out = out_tx.clone();
+                                let status = executor.status.clone();
+                                tasks.spawn(async move {
+                                    let id = request_id.clone();
+                                    match tokio::task::spawn_blocking(move || receipts.lookup(&id)).await {
+                                        Ok(Ok(receipt)) => {
+                                            let _ = out.send(ExecutorFrame::Receipt { request_id, receipt }).await;
+                                        }
+                                        // Unreadable receipts are not "unknown": no answer, and the
+                                        // server asks again.
+                                        Ok(Err(e)) => status.show(&format!("cannot read a receipt: {e}")),
+                                        Err(e) => status.show(&format!("cannot read a receipt: {e}")),
+                                    }
+                                });
                             }
                             Err(e) => {
                                 executor.status.show(&format!("ignored a frame the server sent: {e}"));

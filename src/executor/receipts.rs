@@ -3,10 +3,12 @@
 //!
 //! Owns: recording a request as `running` durably before it runs and its outcome after;
 //! answering a repeated request id from the record; marking requests found `running` at start-up
-//! (the executor died mid-command) `interrupted`.
+//! (the executor died mid-command) `interrupted`; answering the server's receipt query
+//! ([`Receipts::lookup`]) from the record alone.
 //!
 //! Must never: let a request id run twice; run a request it could not first record; live inside
-//! a shared folder (the grants refuse folders containing the state dir).
+//! a shared folder (the grants refuse folders containing the state dir); record or run
+//! anything because of a receipt query.
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,7 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::gateway::protocol::{Operation, Outcome};
+use crate::gateway::protocol::{Operation, Outcome, ReceiptState};
 
 /// Why the receipts could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +156,32 @@ impl Receipts {
         Ok(begin)
     }
 
+    /// What the receipts record for `request_id`, for the server's receipt query: the outcome
+    /// (an interrupted request's too), "running", or unknown (never seen). Only reads.
+    pub fn lookup(&self, request_id: &str) -> Result<ReceiptState, ReceiptError> {
+        let found: Option<(String, Option<String>)> = self
+            .conn()
+            .query_row(
+                "SELECT state, outcome FROM receipts WHERE request_id = ?1",
+                params![request_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        Ok(match found {
+            None => ReceiptState::Unknown,
+            Some((state, _)) if state == "running" => ReceiptState::Running,
+            Some((state, Some(outcome))) if state == "done" => ReceiptState::Done {
+                outcome: serde_json::from_str(&outcome)?,
+            },
+            // Interrupted, or done without an outcome (cannot be written, but never guessed).
+            Some(_) => ReceiptState::Done {
+                outcome: Outcome::Interrupted {
+                    message: INTERRUPTED_MESSAGE.into(),
+                },
+            },
+        })
+    }
+
     /// Record the outcome of a request that [`Receipts::begin`] let run.
     pub fn finish(&self, request_id: &str, outcome: &Outcome) -> Result<(), ReceiptError> {
         let text = serde_json::to_string(outcome)?;
@@ -204,5 +232,29 @@ mod tests {
         ));
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn a_lookup_answers_from_the_record_and_never_records_anything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (r, _) = Receipts::open(&dir.path().join("receipts.db")).expect("open");
+        let op = Operation::ExecuteShellCommand {
+            command: "true".into(),
+            timeout: None,
+        };
+        assert_eq!(r.lookup("new").expect("lookup"), ReceiptState::Unknown);
+        // Looking did not record it: it still runs (once) when it arrives.
+        assert_eq!(r.begin("new", "p", &op).expect("begin"), Begin::Run);
+        assert_eq!(r.lookup("new").expect("lookup"), ReceiptState::Running);
+        let done = Outcome::Refused {
+            code: "x".into(),
+            message: "y".into(),
+        };
+        r.finish("new", &done).expect("finish");
+        assert_eq!(
+            r.lookup("new").expect("lookup"),
+            ReceiptState::Done { outcome: done }
+        );
+        assert_eq!(r.lookup("other").expect("lookup"), ReceiptState::Unknown);
     }
 }

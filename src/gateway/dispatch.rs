@@ -7,22 +7,32 @@
 //! | `POST /v1/dispatch` | [`DispatchRequest`] | [`DispatchState`], after the result (or the failure) |
 //! | `POST /v1/cancel` | [`RequestRef`] | [`CancelResponse`] |
 //! | `POST /v1/outcome` | [`RequestRef`] | [`DispatchState`], as recorded (survives restarts) |
+//! | `POST /v1/recover` | [`DispatchRequest`] | [`Recovery`]: the state of a dispatch whose answer agentd lost |
 //!
 //! Errors are the usual envelope: `invalid_request` (400), `not_found` (404: no such device or
 //! request *for this person*), `device_offline` (409), `folder_not_granted` (403),
 //! `token_revoked` or agentd's other token codes (401), `request_id_reused` (409: the id was
-//! used for another person or device), `agentd_unavailable` (503), `peer_forbidden` (403: the
-//! caller's uid is not root, gatewayd's own, or in `[gatewayd] allowed_users`).
+//! used for another person, device, folder or operation), `agentd_unavailable` (503),
+//! `peer_forbidden` (403: the caller's uid is not root, gatewayd's own, or in
+//! `[gatewayd] allowed_users`).
 //!
-//! Order of a dispatch: validate → answer a known request id from its record (never send it
-//! again) → the device must be this person's (else 404) and online (else 409) and share the
+//! Order of a dispatch: validate → answer a known request id from its record if it is the same
+//! request (same person, device, folder and operation; else `request_id_reused`), never sending
+//! it again → the device must be this person's (else 404) and online (else 409) and share the
 //! folder (else 403) → re-check the connection's token with agentd (invalid: close the
 //! connection with 4001 and answer 401) → record the request as pending → send it once → wait
 //! for its result, its connection's end, or its deadline (command timeout + 30 s; 60 s for a
 //! patch), whichever comes first → answer what was recorded.
 //!
+//! A recovery (agentd's exchange failed after it sent the dispatch, so it cannot know whether
+//! gatewayd sent it): no record → claim the id as never sent ([`Recovery::NeverSent`]); a
+//! record of another request → `request_id_reused`; done → that; pending → unsettled; unknown
+//! → ask the device's connection (the credential that owns the device) for its receipt, for at
+//! most [`RECEIPT_QUERY_TIMEOUT`]: a recorded outcome is stored and answered, "running" or no
+//! answer is unsettled, "never seen" is unknown for good.
+//!
 //! Must never reveal that another person's device or request exists, never send a request id
-//! twice, and never fall back to another device.
+//! twice, never replay one request's outcome for another, and never fall back to another device.
 
 use std::time::Duration;
 
@@ -35,21 +45,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::executor::valid_alias;
 use super::protocol::{
-    CancelResponse, DEFAULT_TIMEOUT_SECS, DeviceInfo, DevicesRequest, DispatchRequest,
-    DispatchState, GatewayFrame, MAX_FRAME_BYTES, MAX_TIMEOUT_SECS, Operation, RequestRef,
+    CancelResponse, DeviceInfo, DevicesRequest, DispatchRequest, DispatchState, GatewayFrame,
+    MAX_FRAME_BYTES, MAX_TIMEOUT_SECS, Operation, ReceiptState, Recovery, RequestRef,
 };
 use super::registry::Pending;
-use super::store::{Begin, RequestRecord, StoreError};
+use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
 use super::{AUDIT_TARGET, Gateway};
 use crate::daemon::audit;
 use crate::identity::store::now_ms;
 use crate::ipc::envelope::{Body, error_response, json_response};
 use crate::ipc::server::{Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc};
 
-/// Grace beyond a command's own timeout before its request counts as unknown.
-const SHELL_GRACE: Duration = Duration::from_secs(30);
-/// How long a patch may take.
-const PATCH_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a recovery waits for the device to answer a receipt query.
+pub const RECEIPT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest request id accepted.
 const MAX_REQUEST_ID_BYTES: usize = 128;
 /// The longest user or device id accepted.
@@ -138,7 +146,7 @@ async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Response<Body>
     }
     let known = matches!(
         path,
-        "/v1/devices" | "/v1/dispatch" | "/v1/cancel" | "/v1/outcome"
+        "/v1/devices" | "/v1/dispatch" | "/v1/cancel" | "/v1/outcome" | "/v1/recover"
     );
     if !known {
         return refuse(
@@ -161,6 +169,7 @@ async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Response<Body>
         "/v1/devices" => devices(gateway, body).await,
         "/v1/dispatch" => dispatch(gateway, body).await,
         "/v1/cancel" => cancel(gateway, body).await,
+        "/v1/recover" => recover(gateway, body).await,
         _ => outcome(gateway, body).await,
     };
     match answer {
@@ -240,13 +249,11 @@ async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Resp
 
 /// The deadline of an operation, and its kind's name for the record and the audit.
 fn deadline_and_kind(operation: &Operation) -> (Duration, &'static str) {
-    match operation {
-        Operation::ExecuteShellCommand { timeout, .. } => (
-            Duration::from_secs(timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)) + SHELL_GRACE,
-            "execute_shell_command",
-        ),
-        Operation::DiffPatchWorkspaceFile { .. } => (PATCH_DEADLINE, "diff_patch_workspace_file"),
-    }
+    let kind = match operation {
+        Operation::ExecuteShellCommand { .. } => "execute_shell_command",
+        Operation::DiffPatchWorkspaceFile { .. } => "diff_patch_workspace_file",
+    };
+    (operation.deadline(), kind)
 }
 
 #[allow(clippy::result_large_err)]
@@ -276,15 +283,28 @@ fn check_operation(operation: &Operation) -> Result<(), Response<Body>> {
     Ok(())
 }
 
-/// The answer for a request id seen before: its record, if it is this person's and this
-/// device's; otherwise `request_id_reused` (which says nothing about the other use).
-fn replay(record: RequestRecord, user_id: &str, device_id: &str) -> Response<Body> {
-    if record.user_id != user_id || record.device_id != device_id {
-        return refuse(
-            StatusCode::CONFLICT,
-            "request_id_reused",
-            "this request id was already used for another request; make a new one",
-        );
+/// Whether `record` is the request `request` asks for: same person, device, folder and
+/// operation. A record from before payload fingerprints matches nothing (fail closed).
+fn same_request(record: &RequestRecord, request: &DispatchRequest) -> bool {
+    record.user_id == request.user_id
+        && record.device_id == request.device_id
+        && record.payload_sha256.as_deref()
+            == Some(payload_sha256(&request.folder, &request.operation).as_str())
+}
+
+fn reused() -> Response<Body> {
+    refuse(
+        StatusCode::CONFLICT,
+        "request_id_reused",
+        "this request id was already used for another request; make a new one",
+    )
+}
+
+/// The answer for a request id seen before: its record, if it is this very request;
+/// otherwise `request_id_reused` (which says nothing about the other use).
+fn replay(record: RequestRecord, request: &DispatchRequest) -> Response<Body> {
+    if !same_request(&record, request) {
+        return reused();
     }
     ok(&record.state)
 }
@@ -300,7 +320,7 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     let store = gateway.store.clone();
     let id = request.request_id.clone();
     if let Some(record) = blocking(move || store.request(&id)).await? {
-        return Ok(replay(record, &request.user_id, &request.device_id));
+        return Ok(replay(record, &request));
     }
 
     // The device: this person's (else not found), online, sharing the folder.
@@ -365,7 +385,7 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     let frame = GatewayFrame::Request {
         request_id: request.request_id.clone(),
         folder: request.folder.clone(),
-        operation: request.operation,
+        operation: request.operation.clone(),
     };
     let frame_bytes = serde_json::to_vec(&frame)
         .map(|v| v.len())
@@ -379,17 +399,9 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     }
 
     // Record, then send once.
-    let store = gateway.store.clone();
-    let (rid, uid, did, folder) = (
-        request.request_id.clone(),
-        request.user_id.clone(),
-        request.device_id.clone(),
-        request.folder.clone(),
-    );
-    let begun =
-        blocking(move || store.begin_request(&rid, &uid, &did, &folder, kind, now_ms())).await?;
+    let begun = record_request(gateway, &request, kind, true).await?;
     if let Begin::Existing(record) = begun {
-        return Ok(replay(record, &request.user_id, &request.device_id));
+        return Ok(replay(record, &request));
     }
     let (reply, answer) = oneshot::channel();
     let pending = Pending {
@@ -465,6 +477,146 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     }
 }
 
+/// Records `request` as pending (`send`) or claims its id as never sent; see
+/// [`super::store::Store::begin_request`] and [`super::store::Store::claim_unsent`].
+async fn record_request(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    kind: &'static str,
+    send: bool,
+) -> Result<Begin, Response<Body>> {
+    let store = gateway.store.clone();
+    let (rid, uid, did, folder) = (
+        request.request_id.clone(),
+        request.user_id.clone(),
+        request.device_id.clone(),
+        request.folder.clone(),
+    );
+    let payload = payload_sha256(&request.folder, &request.operation);
+    blocking(move || {
+        let new = NewRequest {
+            request_id: &rid,
+            user_id: &uid,
+            device_id: &did,
+            folder: &folder,
+            kind,
+            payload_sha256: &payload,
+        };
+        if send {
+            store.begin_request(&new, now_ms())
+        } else {
+            store.claim_unsent(&new, now_ms())
+        }
+    })
+    .await
+}
+
+/// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
+/// device's receipt when the record says unknown. Never sends the request.
+async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let request: DispatchRequest = decode(body)?;
+    check_ids(&request.user_id, Some(&request.request_id))?;
+    check_operation(&request.operation)?;
+    // A claim is recorded from these: they must be what a dispatch would accept.
+    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "device_id and folder must be an id and a folder alias",
+        ));
+    }
+    let (_, kind) = deadline_and_kind(&request.operation);
+    // Unknown to gatewayd: it was never sent, and claiming the id makes sure it never is (a
+    // dispatch of it still under way finds the claim and answers from it).
+    let record = match record_request(gateway, &request, kind, false).await? {
+        Begin::New => return Ok(ok(&Recovery::NeverSent)),
+        Begin::Existing(record) => record,
+    };
+    if !same_request(&record, &request) {
+        return Err(reused());
+    }
+    let unsettled = |reason: &str| -> Response<Body> {
+        ok(&Recovery::Unsettled {
+            reason: reason.to_owned(),
+        })
+    };
+    match &record.state {
+        DispatchState::Done { .. } => {
+            return Ok(ok(&Recovery::Settled {
+                state: record.state,
+                from_receipt: false,
+            }));
+        }
+        DispatchState::Pending => {
+            return Ok(unsettled("the request is still running on the device"));
+        }
+        DispatchState::Unknown { .. } if !record.sent => return Ok(ok(&Recovery::NeverSent)),
+        DispatchState::Unknown { .. } => {}
+    }
+
+    // Unknown: only the device's own receipt can tell, asked on the connection of the
+    // credential that owns the device.
+    let store = gateway.store.clone();
+    let device_id = record.device_id.clone();
+    let device = blocking(move || store.device(&device_id)).await?;
+    let live = gateway.registry.live(&record.device_id).filter(|live| {
+        live.user_id == record.user_id
+            && device.as_ref().is_some_and(|d| {
+                d.user_id == record.user_id && d.token_id.as_deref() == Some(live.token_id.as_str())
+            })
+    });
+    let Some(live) = live else {
+        return Ok(unsettled(
+            "the device is not connected; its receipt can be asked for once it is",
+        ));
+    };
+    let Some(answer) =
+        gateway
+            .registry
+            .query_receipt(&record.device_id, live.conn_id, &request.request_id)
+    else {
+        return Ok(unsettled("the device's receipt is being asked for already"));
+    };
+    let receipt = match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
+        Ok(Ok(receipt)) => receipt,
+        _ => {
+            gateway
+                .registry
+                .forget_receipt_query(&request.request_id, live.conn_id);
+            return Ok(unsettled("the device did not answer the receipt query"));
+        }
+    };
+    match receipt {
+        ReceiptState::Running => Ok(unsettled("the device says the request is still running")),
+        ReceiptState::Unknown => Ok(ok(&Recovery::Settled {
+            state: DispatchState::Unknown {
+                reason: "the device has no receipt of this request (it never arrived there, or its receipts were lost); whether it ran is unknown and it is not re-sent".into(),
+            },
+            from_receipt: true,
+        })),
+        ReceiptState::Done { outcome } => {
+            let store = gateway.store.clone();
+            let (id, recorded) = (request.request_id.clone(), outcome.clone());
+            let changed =
+                blocking(move || store.recover_request(&id, &recorded, now_ms())).await?;
+            let state = DispatchState::Done { outcome };
+            if changed {
+                super::audit_request(
+                    &record.user_id,
+                    &record.device_id,
+                    kind,
+                    &request.request_id,
+                    &state,
+                );
+            }
+            Ok(ok(&Recovery::Settled {
+                state,
+                from_receipt: true,
+            }))
+        }
+    }
+}
+
 /// This person's record of `request_id`, or a 404 that says nothing more.
 async fn owned_record(
     gateway: &Gateway,
@@ -528,6 +680,7 @@ async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::protocol::PATCH_DEADLINE;
 
     #[test]
     fn deadlines_follow_the_operation() {

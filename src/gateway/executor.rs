@@ -5,15 +5,17 @@
 //! it a 503 and close), one HTTP/1.1 request (`GET /v1/executor`, else 404/405), the bearer
 //! token (missing → 401), the WebSocket handshake headers (else 400), agentd's verdict on the
 //! token (refused → agentd's 401/403 with its code; agentd unreachable → 503) — all *before*
-//! the upgrade — then the session: the hello (within 10 s), the device's stable id, the welcome,
-//! heartbeats, request frames out and result frames in, and the cleanup that fails every
-//! pending request of the connection as unknown.
+//! the upgrade — then the session: the hello (within 10 s), the device's stable id (owned by
+//! the connection's credential; another credential with the same name is another device and is
+//! told so in the welcome), the welcome, heartbeats, request and receipt-query frames out,
+//! result and receipt frames in, and the cleanup that fails every pending request of the
+//! connection as unknown.
 //!
 //! Must never trust a frame: only text frames of at most [`MAX_FRAME_BYTES`] that parse as an
 //! [`ExecutorFrame`] (unknown fields and types refused) are read; anything else closes the
 //! connection with a policy error (1008; 1009 for an oversized frame). A result counts only
-//! for a request pending *on this connection*. Must never re-send a request, and never log a
-//! token, a command, its output or a diff.
+//! for a request pending *on this connection*, a receipt only for a query sent on it. Must
+//! never re-send a request, and never log a token, a command, its output or a diff.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -520,19 +522,22 @@ async fn session(
             return;
         }
     };
+    // The device id belongs to this credential: another token with the same name is another
+    // device (a clash notice says so), never this one's id.
     let store = gateway.store.clone();
-    let (user_id, name, shared, ver) = (
+    let (user_id, token_id, name, shared, ver) = (
         owner.user_id.clone(),
+        owner.token_id.clone(),
         device_name.clone(),
         folders.clone(),
         version.clone(),
     );
     let registered = tokio::task::spawn_blocking(move || {
-        store.register_device(&user_id, &name, &shared, &ver, now_ms())
+        store.register_device(&user_id, &token_id, &name, &shared, &ver, now_ms())
     })
     .await;
-    let device_id = match registered {
-        Ok(Ok(id)) => id,
+    let (device_id, name_clash) = match registered {
+        Ok(Ok(registered)) => (registered.device_id, registered.name_clash),
         other => {
             let detail = match other {
                 Ok(Err(e)) => e.to_string(),
@@ -578,9 +583,16 @@ async fn session(
         agentworks_version = %version,
         "executor connected"
     );
+    let notice = name_clash.then(|| {
+        tracing::warn!(user_id = %owner.user_id, %device_id, "a device connected with the name of another credential's device; it got its own device id");
+        format!(
+            "another device of yours is already named \"{device_name}\" (it connected with another credential); this connection is a separate device, {device_id}, and never receives that device's requests: give it another --name to tell them apart"
+        )
+    });
     let welcome = GatewayFrame::Welcome {
         device_id: device_id.clone(),
         heartbeat_secs: gateway.settings.heartbeat.as_secs(),
+        notice,
     };
     let ending = match send_frame(&mut ws, &welcome).await {
         Ok(()) => serve_session(&gateway, &mut ws, &mut inbox, conn_id, &shutdown).await,
@@ -717,6 +729,21 @@ async fn handle_text(gateway: &Gateway, conn_id: u64, text: &str) -> Result<(), 
                     conn_id,
                     "result for a request not pending on this connection (late or foreign); ignored"
                 ),
+            }
+            Ok(())
+        }
+        ExecutorFrame::Receipt {
+            request_id,
+            receipt,
+        } => {
+            if !gateway
+                .registry
+                .answer_receipt(&request_id, conn_id, receipt)
+            {
+                tracing::warn!(
+                    conn_id,
+                    "receipt for a query not sent on this connection (late or foreign); ignored"
+                );
             }
             Ok(())
         }

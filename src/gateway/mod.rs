@@ -5,19 +5,23 @@
 //! - [`executor`]: the public listener: `GET /v1/executor` checks, the upgrade, and one
 //!   session task per connected laptop (hello, heartbeats, hostile-frame checks, results).
 //! - [`dispatch`]: `gatewayd.sock`, served to agentd: health, devices, dispatch, cancel,
-//!   outcome.
-//! - [`registry`]: which connection speaks for which device, and the pending requests.
-//! - [`store`]: SQLite: stable device ids and every dispatched request with its outcome.
+//!   outcome, recover (a dispatch whose answer agentd lost, settled from the device's receipt).
+//! - [`registry`]: which connection speaks for which device, the pending requests and the
+//!   receipt queries.
+//! - [`store`]: SQLite: device ids (each owned by the credential that created it) and every
+//!   dispatched request with a fingerprint of its payload and its outcome.
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
 //! connect, on every dispatch and every `token_recheck_ms` for every connected device.
 //!
 //! Must never re-send a request (a request id is recorded before it is sent and answered from
-//! the record ever after; a timeout, a disconnect or a restart make it `unknown`, not retried),
+//! the record ever after, and only for the same payload; a timeout, a disconnect or a restart
+//! make it `unknown`, not retried, and only the device's own receipt can settle it later),
 //! never trust a frame (every frame from a laptop is parsed strictly, bounded, and matched to
-//! the connection it came on), and never list or dispatch to another person's device (every
-//! lookup checks the owner and answers "not found" otherwise).
+//! the connection it came on), never list or dispatch to another person's device (every
+//! lookup checks the owner and answers "not found" otherwise), and never let one credential
+//! speak for a device another credential created.
 //!
 //! One registry per process: see [`registry`] for what several gateway hosts would need.
 
@@ -138,14 +142,27 @@ impl Gateway {
             }
             Err(error) => tracing::error!(%error, request_id, "recording task failed"),
         }
-        audit_request(&pending, &request_id, &state);
+        audit_request(
+            &pending.user_id,
+            &pending.device_id,
+            pending.kind,
+            &request_id,
+            &state,
+        );
         let _ = pending.reply.send(state);
     }
 }
 
-/// The one audit event per dispatched request: who, where, what kind, how it ended. Never the
-/// command, its output, a diff or a token.
-fn audit_request(pending: &Pending, request_id: &str, state: &DispatchState) {
+/// The one audit event per dispatched request: who, where, what kind, how it ended (again when
+/// an unknown outcome is recovered from the device's receipt). Never the command, its output,
+/// a diff or a token.
+fn audit_request(
+    user_id: &str,
+    device_id: &str,
+    kind: &str,
+    request_id: &str,
+    state: &DispatchState,
+) {
     let (state_name, status, exit_code) = match state {
         DispatchState::Done { outcome } => {
             let (status, exit) = match outcome {
@@ -163,10 +180,10 @@ fn audit_request(pending: &Pending, request_id: &str, state: &DispatchState) {
         target: AUDIT_TARGET,
         message_id = audit::REQUEST,
         agentworks_event = "request",
-        agentworks_user_id = %pending.user_id,
-        agentworks_device_id = %pending.device_id,
+        agentworks_user_id = user_id,
+        agentworks_device_id = device_id,
         agentworks_request_id = request_id,
-        agentworks_kind = pending.kind,
+        agentworks_kind = kind,
         agentworks_state = state_name,
         agentworks_status = status,
         agentworks_exit_code = exit_code,

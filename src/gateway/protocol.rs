@@ -8,6 +8,13 @@
 //!
 //! Every frame from the network is hostile until checked: unknown fields and types are
 //! refused (`deny_unknown_fields`), and sizes are bounded by the receivers.
+//!
+//! A result whose frame was lost (the connection or gatewayd went away after the request was
+//! sent) is recovered by asking the executor's private receipts: [`GatewayFrame::ReceiptQuery`]
+//! asks, [`ExecutorFrame::Receipt`] answers with the recorded outcome, "still running" or
+//! "unknown" (never seen). The executor only looks: such a frame never makes it run anything.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +23,10 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 /// Default and largest command timeout, in seconds.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 pub const MAX_TIMEOUT_SECS: u64 = 300;
+/// Grace beyond a command's own timeout before its request counts as unknown.
+pub const SHELL_GRACE: Duration = Duration::from_secs(30);
+/// How long a patch may take.
+pub const PATCH_DEADLINE: Duration = Duration::from_secs(60);
 /// Close code sent when the token was revoked (or the user disabled).
 pub const CLOSE_REVOKED: u16 = 4001;
 /// Close code sent when the token is not accepted at connect.
@@ -64,6 +75,20 @@ pub enum Operation {
     },
 }
 
+impl Operation {
+    /// How long after it was sent a request may take before its outcome counts as unknown: the
+    /// command's timeout and [`SHELL_GRACE`], or [`PATCH_DEADLINE`]. gatewayd gives up waiting
+    /// for the result then, and agentd stops trying to recover a lost answer then.
+    pub fn deadline(&self) -> Duration {
+        match self {
+            Operation::ExecuteShellCommand { timeout, .. } => {
+                Duration::from_secs(timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)) + SHELL_GRACE
+            }
+            Operation::DiffPatchWorkspaceFile { .. } => PATCH_DEADLINE,
+        }
+    }
+}
+
 /// The result of one request, as the laptop reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
@@ -98,6 +123,18 @@ pub struct PatchedFile {
     pub revision: String,
 }
 
+/// What the executor's private receipts record for one request id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ReceiptState {
+    /// Finished (or interrupted): the outcome as recorded.
+    Done { outcome: Outcome },
+    /// Recorded as running, and still running in this executor.
+    Running,
+    /// No receipt of this request id: it never arrived here (or the receipts were lost).
+    Unknown,
+}
+
 /// Frames from the laptop to the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -114,6 +151,11 @@ pub enum ExecutorFrame {
         request_id: String,
         outcome: Outcome,
     },
+    /// The answer to a [`GatewayFrame::ReceiptQuery`].
+    Receipt {
+        request_id: String,
+        receipt: ReceiptState,
+    },
 }
 
 /// Frames from the gateway to the laptop.
@@ -123,6 +165,10 @@ pub enum GatewayFrame {
     Welcome {
         device_id: String,
         heartbeat_secs: u64,
+        /// Something the person should know about this connection, e.g. that another device of
+        /// theirs (another credential) already has this name. Absent when there is nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<String>,
     },
     Request {
         request_id: String,
@@ -130,6 +176,11 @@ pub enum GatewayFrame {
         operation: Operation,
     },
     Cancel {
+        request_id: String,
+    },
+    /// What do your receipts record for this request id? Answered with
+    /// [`ExecutorFrame::Receipt`]; never runs anything.
+    ReceiptQuery {
         request_id: String,
     },
 }
@@ -188,6 +239,25 @@ pub enum DispatchState {
 pub struct RequestRef {
     pub user_id: String,
     pub request_id: String,
+}
+
+/// The answer to `POST /v1/recover` (body: the [`DispatchRequest`] whose answer agentd lost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "recovery", rename_all = "snake_case")]
+pub enum Recovery {
+    /// The request's final state: as recorded, or recovered now from the device's receipt
+    /// (`from_receipt`). `Unknown` here is for good: the device has no receipt of it, or it
+    /// was recorded unknown and the device's receipt cannot change that.
+    Settled {
+        state: DispatchState,
+        from_receipt: bool,
+    },
+    /// gatewayd had no record of the request id, so it was never sent (a request is recorded
+    /// before it is sent); the id is now claimed, so it never will be.
+    NeverSent,
+    /// Not final yet (still running, the device is offline, or it did not answer the receipt
+    /// query): ask again later.
+    Unsettled { reason: String },
 }
 
 /// The answer to `POST /v1/cancel`: whether a cancel frame was sent (only while the request

@@ -1,16 +1,18 @@
 //! The in-memory registry of connected executors and of the requests waiting on them.
 //!
 //! Owns, for this process only: which connection currently speaks for each device id (one per
-//! device; a newer one replaces the older), the token id each connection authenticated with,
-//! the folders it shares, a channel to its session task, and every pending request with the
-//! connection it was sent on and the one reply slot its dispatcher waits on.
+//! device; a newer one of the same credential replaces the older), the token id each
+//! connection authenticated with, the folders it shares, a channel to its session task, every
+//! pending request with the connection it was sent on and the one reply slot its dispatcher
+//! waits on, and every receipt query waiting for its device's answer.
 //!
 //! The invariant that makes "never twice" hold: a pending request lives in exactly one map
 //! entry, and whoever *removes* it (the result frame, the disconnect, the deadline, the
 //! shutdown) is the only one who records and answers its outcome.
 //!
 //! Must never list or hand out a device to anyone but the session and dispatch code, which
-//! check the owner; never match a result frame to a request sent on another connection.
+//! check the owner; never match a result (or receipt) frame to a request (or receipt query)
+//! sent on another connection.
 //!
 //! One registry per process. More than one gateway host would need a shared registry (or a
 //! device-to-host map in a shared store) so that agentd can reach the host holding a device's
@@ -23,7 +25,7 @@ use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{DispatchState, FolderInfo, GatewayFrame};
+use super::protocol::{DispatchState, FolderInfo, GatewayFrame, ReceiptState};
 
 /// What a dispatcher or the token watcher asks a session task to do.
 #[derive(Debug)]
@@ -64,10 +66,19 @@ pub struct Pending {
     pub reply: oneshot::Sender<DispatchState>,
 }
 
+/// A receipt query sent to a device and not yet answered.
+#[derive(Debug)]
+struct ReceiptQuery {
+    conn_id: u64,
+    reply: oneshot::Sender<ReceiptState>,
+}
+
 #[derive(Default)]
 struct Inner {
     live: HashMap<String, Live>,
     pending: HashMap<String, Pending>,
+    /// At most one receipt query per request id at a time.
+    receipt_queries: HashMap<String, ReceiptQuery>,
     next_conn_id: u64,
 }
 
@@ -217,6 +228,60 @@ impl Registry {
             .collect()
     }
 
+    /// Sends a receipt query for `request_id` on `device_id`'s connection `conn_id` and returns
+    /// where its answer will arrive. `None` if that connection is gone (or replaced), or a query
+    /// for this request id is already under way.
+    pub fn query_receipt(
+        &self,
+        device_id: &str,
+        conn_id: u64,
+        request_id: &str,
+    ) -> Option<oneshot::Receiver<ReceiptState>> {
+        let mut inner = self.lock();
+        if inner.receipt_queries.contains_key(request_id) {
+            return None;
+        }
+        let live = inner.live.get(device_id).filter(|l| l.conn_id == conn_id)?;
+        let frame = GatewayFrame::ReceiptQuery {
+            request_id: request_id.to_owned(),
+        };
+        live.control.send(Control::Frame(frame)).ok()?;
+        let (reply, answer) = oneshot::channel();
+        inner
+            .receipt_queries
+            .insert(request_id.to_owned(), ReceiptQuery { conn_id, reply });
+        Some(answer)
+    }
+
+    /// Delivers a receipt frame from connection `conn_id`. False (and ignored) unless a query
+    /// for `request_id` was sent on that very connection.
+    pub fn answer_receipt(&self, request_id: &str, conn_id: u64, receipt: ReceiptState) -> bool {
+        let mut inner = self.lock();
+        if inner
+            .receipt_queries
+            .get(request_id)
+            .is_none_or(|q| q.conn_id != conn_id)
+        {
+            return false;
+        }
+        match inner.receipt_queries.remove(request_id) {
+            Some(query) => query.reply.send(receipt).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Forgets an unanswered receipt query of connection `conn_id` (its asker gave up).
+    pub fn forget_receipt_query(&self, request_id: &str, conn_id: u64) {
+        let mut inner = self.lock();
+        if inner
+            .receipt_queries
+            .get(request_id)
+            .is_some_and(|q| q.conn_id == conn_id)
+        {
+            inner.receipt_queries.remove(request_id);
+        }
+    }
+
     /// Queues a frame on `device_id`'s connection `conn_id` (best effort).
     pub fn send_frame(&self, device_id: &str, conn_id: u64, frame: GatewayFrame) -> bool {
         let inner = self.lock();
@@ -292,6 +357,32 @@ mod tests {
         assert!(registry.is_pending_on("r1", new_id));
         assert_eq!(registry.take_all_pending(new_id).len(), 1);
         assert!(registry.take_pending("r1", None).is_none());
+    }
+
+    #[test]
+    fn a_receipt_answers_only_the_query_sent_on_its_connection() {
+        let registry = Registry::default();
+        let (l, mut rx) = live(&registry, "u1");
+        let id = l.conn_id;
+        registry.register("d1", l);
+        let answer = registry.query_receipt("d1", id, "r1").unwrap();
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Control::Frame(GatewayFrame::ReceiptQuery { .. }))
+        ));
+        // One query per request id at a time; none on another connection id.
+        assert!(registry.query_receipt("d1", id, "r1").is_none());
+        assert!(registry.query_receipt("d1", id + 1, "r2").is_none());
+        // Another connection cannot answer it, nor can an unasked id be answered.
+        assert!(!registry.answer_receipt("r1", id + 1, ReceiptState::Running));
+        assert!(!registry.answer_receipt("r9", id, ReceiptState::Running));
+        assert!(registry.answer_receipt("r1", id, ReceiptState::Unknown));
+        assert_eq!(answer.blocking_recv().unwrap(), ReceiptState::Unknown);
+        // Answered once; a forgotten query frees the id for the next one.
+        assert!(!registry.answer_receipt("r1", id, ReceiptState::Unknown));
+        let _again = registry.query_receipt("d1", id, "r1").unwrap();
+        registry.forget_receipt_query("r1", id);
+        assert!(registry.query_receipt("d1", id, "r1").is_some());
     }
 
     #[test]

@@ -1,13 +1,21 @@
 //! gatewayd's durable state: SQLite at `<state>/gateway/gatewayd.db` (WAL, `synchronous=FULL`).
 //!
-//! Owns two tables: `devices` (one stable device id per `(user_id, device_name)`, the folders
-//! it last shared, when it was last seen) and `requests` (every dispatched request id with its
-//! owner, device, kind and state: `pending`, `done` with the outcome, or `unknown` with a
-//! reason). A request is recorded *before* it is sent, so a request id once in this table is
-//! never sent again, whatever happens to gatewayd.
+//! Owns two tables: `devices` (one stable device id per `(user_id, token_id, device_name)`:
+//! a device id belongs to the credential that created it; the folders it last shared, when it
+//! was last seen) and `requests` (every dispatched request id with its owner, device, kind, a
+//! SHA-256 of its payload (folder and operation) and its state: `pending`, `done` with the
+//! outcome, or `unknown` with a reason). A request is recorded *before* it is sent, so a
+//! request id once in this table is never sent again, whatever happens to gatewayd; a request
+//! id claimed by a recovery before it was ever recorded is kept `unknown` with `sent = 0`.
 //!
 //! At open, every request still `pending` becomes `unknown`: gatewayd died while it was on a
-//! laptop, and nobody can tell whether it ran.
+//! laptop, and nobody can tell whether it ran. Only the device's own receipt can later turn
+//! such an `unknown` into `done` ([`Store::recover_request`]).
+//!
+//! Databases made before devices were owned by credentials are migrated at open: their device
+//! rows keep their ids but have no credential, so no connection ever claims them again (the
+//! laptop gets a new device id on its next connection); their request rows have no payload
+//! fingerprint, so a request id of theirs is never replayed for any payload.
 //!
 //! Must never hold a token, never delete a request record, and never be called on an async
 //! thread: every call is short and synchronous; async callers use `spawn_blocking`.
@@ -17,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::protocol::{DispatchState, FolderInfo, Outcome};
+use super::protocol::{DispatchState, FolderInfo, Operation, Outcome};
 
 /// Why the gateway store failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,17 +55,25 @@ fn query(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError 
     move |source| StoreError::Query { operation, source }
 }
 
-const SCHEMA: &str = "
+/// The devices table as it is now; also the target of the migration from the table keyed by
+/// `(user_id, name)` alone.
+const DEVICES_TABLE: &str = "
 CREATE TABLE IF NOT EXISTS devices (
     device_id     TEXT PRIMARY KEY,
     user_id       TEXT NOT NULL,
+    -- The agentd token id of the credential that created the device; NULL for devices from
+    -- before devices were owned by credentials, which no connection ever claims.
+    token_id      TEXT,
     name          TEXT NOT NULL,
     folders       TEXT NOT NULL DEFAULT '[]',
     version       TEXT NOT NULL DEFAULT '',
     created_at_ms INTEGER NOT NULL,
     last_seen_ms  INTEGER NOT NULL,
-    UNIQUE (user_id, name)
+    UNIQUE (user_id, token_id, name)
 );
+";
+
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS requests (
     request_id     TEXT PRIMARY KEY,
     user_id        TEXT NOT NULL,
@@ -68,20 +84,80 @@ CREATE TABLE IF NOT EXISTS requests (
     outcome        TEXT,
     reason         TEXT,
     created_at_ms  INTEGER NOT NULL,
-    finished_at_ms INTEGER
+    finished_at_ms INTEGER,
+    payload_sha256 TEXT,
+    sent           INTEGER NOT NULL DEFAULT 1
 );
-CREATE INDEX IF NOT EXISTS devices_by_user ON devices (user_id, last_seen_ms);
 ";
+
+/// Brings a database made by an earlier gatewayd to the current schema, in one transaction:
+/// the devices table gains its credential column (rebuilt, since its unique key changes) and
+/// the requests table its payload fingerprint and `sent` flag.
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let has_devices: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'devices'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_devices {
+        tx.execute_batch(DEVICES_TABLE)?;
+    } else if !has_column(&tx, "devices", "token_id")? {
+        tx.execute_batch(&format!(
+            "ALTER TABLE devices RENAME TO devices_before_credentials;
+             {DEVICES_TABLE}
+             INSERT INTO devices
+                 (device_id, user_id, token_id, name, folders, version, created_at_ms, last_seen_ms)
+                 SELECT device_id, user_id, NULL, name, folders, version, created_at_ms, last_seen_ms
+                 FROM devices_before_credentials;
+             DROP TABLE devices_before_credentials;"
+        ))?;
+    }
+    tx.execute_batch(
+        "CREATE INDEX IF NOT EXISTS devices_by_user ON devices (user_id, last_seen_ms);",
+    )?;
+    if !has_column(&tx, "requests", "payload_sha256")? {
+        tx.execute_batch("ALTER TABLE requests ADD COLUMN payload_sha256 TEXT;")?;
+    }
+    if !has_column(&tx, "requests", "sent")? {
+        tx.execute_batch("ALTER TABLE requests ADD COLUMN sent INTEGER NOT NULL DEFAULT 1;")?;
+    }
+    tx.commit()
+}
+
+fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+    let mut statement = conn.prepare(&format!("PRAGMA table_info({table})"))?;
+    let names = statement
+        .query_map([], |r| r.get::<_, String>(1))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(names.iter().any(|n| n == column))
+}
+
+/// The SHA-256 (hex) of what a request asks for: its folder and operation, as JSON. Two
+/// dispatches under one request id are the same request only if these match.
+pub fn payload_sha256(folder: &str, operation: &Operation) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    // Serialising our own enum cannot fail; a failure would hash as the folder alone, which
+    // never matches a real payload's hash.
+    hasher.update(serde_json::to_vec(&(folder, operation)).unwrap_or_default());
+    hex::encode(hasher.finalize())
+}
 
 /// The reason recorded for requests found pending when gatewayd starts.
 pub const RESTART_REASON: &str =
     "gatewayd stopped while the request was pending; it may or may not have run on the device";
+/// The reason recorded for a request id claimed by a recovery before it was ever recorded.
+pub const NEVER_SENT_REASON: &str = "gatewayd never recorded this request, so it was never sent to the device; the id is now claimed and it never will be";
 
 /// A device as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceRecord {
     pub device_id: String,
     pub user_id: String,
+    /// The credential that created the device; `None` for a device from before devices were
+    /// owned by credentials (no connection speaks for it any more).
+    pub token_id: Option<String>,
     pub name: String,
     pub folders: Vec<FolderInfo>,
     pub last_seen_ms: i64,
@@ -94,7 +170,32 @@ pub struct RequestRecord {
     pub user_id: String,
     pub device_id: String,
     pub kind: String,
+    /// [`payload_sha256`] of the request; `None` for a request recorded before fingerprints.
+    pub payload_sha256: Option<String>,
+    /// False for an id claimed by a recovery without ever being sent.
+    pub sent: bool,
     pub state: DispatchState,
+}
+
+/// What [`Store::register_device`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub device_id: String,
+    /// Another device of the same person already has this name (another credential's, or one
+    /// from before devices were owned by credentials).
+    pub name_clash: bool,
+}
+
+/// A request about to be recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRequest<'a> {
+    pub request_id: &'a str,
+    pub user_id: &'a str,
+    pub device_id: &'a str,
+    pub folder: &'a str,
+    pub kind: &'a str,
+    /// [`payload_sha256`] of the folder and operation.
+    pub payload_sha256: &'a str,
 }
 
 /// What [`Store::begin_request`] found.
@@ -120,7 +221,8 @@ impl Store {
             path: path.to_owned(),
             source,
         };
-        let conn = crate::daemon::sqlite::open_durable(path, SCHEMA).map_err(err)?;
+        let mut conn = crate::daemon::sqlite::open_durable(path, SCHEMA).map_err(err)?;
+        migrate(&mut conn).map_err(err)?;
         let reconciled = conn
             .execute(
                 "UPDATE requests SET state = 'unknown', reason = ?1, finished_at_ms = ?2
@@ -140,16 +242,19 @@ impl Store {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The stable id of `(user_id, name)`, created on first sight; records the folders and
-    /// version this connection shares and marks it seen now.
+    /// The stable id of `(user_id, token_id, name)`, created on first sight; records the folders
+    /// and version this connection shares and marks it seen now. A device id belongs to the
+    /// credential that created it: another token with the same name gets its own device id
+    /// (and `name_clash`), never this one.
     pub fn register_device(
         &self,
         user_id: &str,
+        token_id: &str,
         name: &str,
         folders: &[FolderInfo],
         version: &str,
         now_ms: i64,
-    ) -> Result<String, StoreError> {
+    ) -> Result<Registered, StoreError> {
         let folders_json = serde_json::to_string(folders).map_err(|source| StoreError::Json {
             what: "folders",
             id: name.to_owned(),
@@ -159,12 +264,20 @@ impl Store {
         let tx = db.transaction().map_err(query("begin a device update"))?;
         let existing: Option<String> = tx
             .query_row(
-                "SELECT device_id FROM devices WHERE user_id = ?1 AND name = ?2",
-                params![user_id, name],
+                "SELECT device_id FROM devices WHERE user_id = ?1 AND token_id = ?2 AND name = ?3",
+                params![user_id, token_id, name],
                 |r| r.get(0),
             )
             .optional()
             .map_err(query("look up a device"))?;
+        let name_clash: bool = tx
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM devices
+                 WHERE user_id = ?1 AND name = ?3 AND (token_id IS NULL OR token_id != ?2)",
+                params![user_id, token_id, name],
+                |r| r.get(0),
+            )
+            .map_err(query("look up devices of the same name"))?;
         let device_id = match existing {
             Some(id) => {
                 tx.execute(
@@ -179,16 +292,19 @@ impl Store {
                 let id = format!("dev_{}", hex::encode(rand::random::<[u8; 12]>()));
                 tx.execute(
                     "INSERT INTO devices
-                     (device_id, user_id, name, folders, version, created_at_ms, last_seen_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
-                    params![id, user_id, name, folders_json, version, now_ms],
+                     (device_id, user_id, token_id, name, folders, version, created_at_ms, last_seen_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                    params![id, user_id, token_id, name, folders_json, version, now_ms],
                 )
                 .map_err(query("insert a device"))?;
                 id
             }
         };
         tx.commit().map_err(query("commit a device update"))?;
-        Ok(device_id)
+        Ok(Registered {
+            device_id,
+            name_clash,
+        })
     }
 
     /// Marks a device seen now (at disconnect).
@@ -210,6 +326,7 @@ impl Store {
                 name: row.get(2)?,
                 folders: Vec::new(),
                 last_seen_ms: row.get(4)?,
+                token_id: row.get(5)?,
             },
             row.get(3)?,
         ))
@@ -231,7 +348,7 @@ impl Store {
         let row = self
             .db()
             .query_row(
-                "SELECT device_id, user_id, name, folders, last_seen_ms FROM devices
+                "SELECT device_id, user_id, name, folders, last_seen_ms, token_id FROM devices
                  WHERE device_id = ?1",
                 params![device_id],
                 Store::device_from_row,
@@ -250,7 +367,7 @@ impl Store {
         let db = self.db();
         let mut statement = db
             .prepare(
-                "SELECT device_id, user_id, name, folders, last_seen_ms FROM devices
+                "SELECT device_id, user_id, name, folders, last_seen_ms, token_id FROM devices
                  WHERE user_id = ?1 AND last_seen_ms >= ?2 ORDER BY last_seen_ms DESC, name",
             )
             .map_err(query("list devices"))?;
@@ -263,28 +380,86 @@ impl Store {
     }
 
     /// Records a request as pending unless its id is already known; see [`Begin`].
+    /// `payload_sha256` is [`payload_sha256`] of its folder and operation.
     pub fn begin_request(
         &self,
-        request_id: &str,
-        user_id: &str,
-        device_id: &str,
-        folder: &str,
-        kind: &str,
+        request: &NewRequest<'_>,
         now_ms: i64,
     ) -> Result<Begin, StoreError> {
+        self.insert_request(request, now_ms, true)
+    }
+
+    /// Claims a request id nobody recorded (recovery of a dispatch whose answer agentd lost):
+    /// recorded `unknown`, never sent, so a dispatch still under way with this id finds it and
+    /// never sends it. An id already known is returned as it is.
+    pub fn claim_unsent(&self, request: &NewRequest<'_>, now_ms: i64) -> Result<Begin, StoreError> {
+        self.insert_request(request, now_ms, false)
+    }
+
+    fn insert_request(
+        &self,
+        request: &NewRequest<'_>,
+        now_ms: i64,
+        send: bool,
+    ) -> Result<Begin, StoreError> {
         let mut db = self.db();
-        let tx = db.transaction().map_err(query("begin a request"))?;
-        if let Some(existing) = Store::request_in(&tx, request_id)? {
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(query("begin a request"))?;
+        if let Some(existing) = Store::request_in(&tx, request.request_id)? {
             return Ok(Begin::Existing(existing));
         }
+        let (state, reason, finished) = if send {
+            ("pending", None, None)
+        } else {
+            ("unknown", Some(NEVER_SENT_REASON), Some(now_ms))
+        };
         tx.execute(
-            "INSERT INTO requests (request_id, user_id, device_id, folder, kind, state, created_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6)",
-            params![request_id, user_id, device_id, folder, kind, now_ms],
+            "INSERT INTO requests (request_id, user_id, device_id, folder, kind, state, reason,
+                                   created_at_ms, finished_at_ms, payload_sha256, sent)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                request.request_id,
+                request.user_id,
+                request.device_id,
+                request.folder,
+                request.kind,
+                state,
+                reason,
+                now_ms,
+                finished,
+                request.payload_sha256,
+                send
+            ],
         )
         .map_err(query("record a request"))?;
         tx.commit().map_err(query("commit a request"))?;
         Ok(Begin::New)
+    }
+
+    /// Turns an `unknown` request that was sent into `done` with `outcome`, which must come
+    /// from the device's own receipt. True if it was changed; a request in any other state
+    /// (done, pending, or never sent) is left as it is.
+    pub fn recover_request(
+        &self,
+        request_id: &str,
+        outcome: &Outcome,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(outcome).map_err(|source| StoreError::Json {
+            what: "outcome",
+            id: request_id.to_owned(),
+            source,
+        })?;
+        let changed = self
+            .db()
+            .execute(
+                "UPDATE requests SET state = 'done', outcome = ?2, reason = NULL, finished_at_ms = ?3
+                 WHERE request_id = ?1 AND state = 'unknown' AND sent = 1",
+                params![request_id, text, now_ms],
+            )
+            .map_err(query("record a recovered outcome"))?;
+        Ok(changed == 1)
     }
 
     /// Records the final state of a pending request. A request already final keeps its first
@@ -336,11 +511,13 @@ impl Store {
             String,
             Option<String>,
             Option<String>,
+            Option<String>,
+            bool,
         );
         let row: Option<Row> = conn
             .query_row(
-                "SELECT user_id, device_id, kind, state, outcome, reason FROM requests
-                 WHERE request_id = ?1",
+                "SELECT user_id, device_id, kind, state, outcome, reason, payload_sha256, sent
+                 FROM requests WHERE request_id = ?1",
                 params![request_id],
                 |r| {
                     Ok((
@@ -350,12 +527,15 @@ impl Store {
                         r.get(3)?,
                         r.get(4)?,
                         r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
                     ))
                 },
             )
             .optional()
             .map_err(query("read a request"))?;
-        let Some((user_id, device_id, kind, state, outcome, reason)) = row else {
+        let Some((user_id, device_id, kind, state, outcome, reason, payload_sha256, sent)) = row
+        else {
             return Ok(None);
         };
         let state = match (state.as_str(), outcome) {
@@ -378,6 +558,8 @@ impl Store {
             user_id,
             device_id,
             kind,
+            payload_sha256,
+            sent,
             state,
         }))
     }
@@ -396,23 +578,99 @@ mod tests {
         }]
     }
 
+    fn new_request<'a>(request_id: &'a str, payload: &'a str) -> NewRequest<'a> {
+        NewRequest {
+            request_id,
+            user_id: "u1",
+            device_id: "d1",
+            folder: "proj",
+            kind: "shell",
+            payload_sha256: payload,
+        }
+    }
+
     #[test]
-    fn device_ids_are_stable_per_user_and_name() {
+    fn device_ids_are_stable_per_user_credential_and_name() {
         let tmp = tempfile::tempdir().unwrap();
         let (store, _) = Store::open(&tmp.path().join("g.db"), 1).unwrap();
         let a = store
-            .register_device("u1", "laptop", &folders(), "1", 10)
+            .register_device("u1", "t1", "laptop", &folders(), "1", 10)
             .unwrap();
-        let again = store.register_device("u1", "laptop", &[], "2", 20).unwrap();
-        let other_user = store.register_device("u2", "laptop", &[], "1", 30).unwrap();
+        assert!(!a.name_clash);
+        let again = store
+            .register_device("u1", "t1", "laptop", &[], "2", 20)
+            .unwrap();
+        let other_user = store
+            .register_device("u2", "t9", "laptop", &[], "1", 30)
+            .unwrap();
         assert_eq!(a, again);
-        assert_ne!(a, other_user);
+        assert_ne!(a.device_id, other_user.device_id);
+        assert!(!other_user.name_clash, "another person's names never clash");
+        // Another credential of the same person, same name: its own device, never the first.
+        let other_token = store
+            .register_device("u1", "t2", "laptop", &[], "1", 40)
+            .unwrap();
+        assert_ne!(other_token.device_id, a.device_id);
+        assert!(other_token.name_clash);
+        let first = store.device(&a.device_id).unwrap().unwrap();
+        assert_eq!(first.token_id.as_deref(), Some("t1"));
+        assert_eq!(first.last_seen_ms, 20);
+        assert!(first.folders.is_empty());
         let listed = store.devices_of("u1", 0).unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].last_seen_ms, 20);
-        assert!(listed[0].folders.is_empty());
-        assert!(store.devices_of("u1", 21).unwrap().is_empty());
-        assert_eq!(store.device(&other_user).unwrap().unwrap().user_id, "u2");
+        assert_eq!(listed.len(), 2);
+        assert!(store.devices_of("u1", 41).unwrap().is_empty());
+        assert_eq!(
+            store
+                .device(&other_user.device_id)
+                .unwrap()
+                .unwrap()
+                .user_id,
+            "u2"
+        );
+    }
+
+    #[test]
+    fn a_database_from_before_credentials_is_migrated_and_its_devices_never_claimed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("g.db");
+        {
+            // The schema gatewayd used before devices were owned by credentials.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE devices (
+                    device_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, name TEXT NOT NULL,
+                    folders TEXT NOT NULL DEFAULT '[]', version TEXT NOT NULL DEFAULT '',
+                    created_at_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL,
+                    UNIQUE (user_id, name));
+                 CREATE TABLE requests (
+                    request_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, device_id TEXT NOT NULL,
+                    folder TEXT NOT NULL, kind TEXT NOT NULL,
+                    state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'unknown')),
+                    outcome TEXT, reason TEXT, created_at_ms INTEGER NOT NULL,
+                    finished_at_ms INTEGER);
+                 CREATE INDEX devices_by_user ON devices (user_id, last_seen_ms);
+                 INSERT INTO devices VALUES ('dev_old', 'u1', 'laptop', '[]', '0.1', 1, 2);
+                 INSERT INTO requests (request_id, user_id, device_id, folder, kind, state, created_at_ms)
+                     VALUES ('r-old', 'u1', 'dev_old', 'proj', 'shell', 'pending', 1);",
+            )
+            .unwrap();
+        }
+        let (store, reconciled) = Store::open(&path, 5).unwrap();
+        assert_eq!(reconciled, 1);
+        let old = store.device("dev_old").unwrap().unwrap();
+        assert_eq!((old.token_id, old.name.as_str()), (None, "laptop"));
+        // No credential ever claims the old device: the same name gets a new id, and a clash.
+        let new = store
+            .register_device("u1", "t1", "laptop", &[], "1", 10)
+            .unwrap();
+        assert_ne!(new.device_id, "dev_old");
+        assert!(new.name_clash);
+        let record = store.request("r-old").unwrap().unwrap();
+        assert_eq!((record.payload_sha256, record.sent), (None, true));
+        drop(store);
+        // Opening again changes nothing.
+        let (store, _) = Store::open(&path, 6).unwrap();
+        assert_eq!(store.devices_of("u1", 0).unwrap().len(), 2);
     }
 
     #[test]
@@ -421,15 +679,11 @@ mod tests {
         let path = tmp.path().join("g.db");
         let (store, _) = Store::open(&path, 1).unwrap();
         assert_eq!(
-            store
-                .begin_request("r1", "u1", "d1", "proj", "shell", 5)
-                .unwrap(),
+            store.begin_request(&new_request("r1", "h1"), 5).unwrap(),
             Begin::New
         );
         assert_eq!(
-            store
-                .begin_request("r2", "u1", "d1", "proj", "shell", 5)
-                .unwrap(),
+            store.begin_request(&new_request("r2", "h2"), 5).unwrap(),
             Begin::New
         );
         let done = DispatchState::Done {
@@ -449,11 +703,11 @@ mod tests {
                 7,
             )
             .unwrap();
-        match store
-            .begin_request("r1", "u1", "d1", "proj", "shell", 8)
-            .unwrap()
-        {
-            Begin::Existing(record) => assert_eq!(record.state, done),
+        match store.begin_request(&new_request("r1", "h1"), 8).unwrap() {
+            Begin::Existing(record) => {
+                assert_eq!(record.state, done);
+                assert_eq!(record.payload_sha256.as_deref(), Some("h1"));
+            }
             other => panic!("{other:?}"),
         }
         drop(store);
@@ -467,5 +721,77 @@ mod tests {
             }
         );
         assert!(store.request("r3").unwrap().is_none());
+    }
+
+    #[test]
+    fn only_a_sent_unknown_request_is_recovered_and_a_claimed_id_is_never_sent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(&tmp.path().join("g.db"), 1).unwrap();
+        let outcome = Outcome::Refused {
+            code: "x".into(),
+            message: "y".into(),
+        };
+        store.begin_request(&new_request("sent", "h"), 1).unwrap();
+        // Pending: not recoverable (its result frame may still come).
+        assert!(!store.recover_request("sent", &outcome, 2).unwrap());
+        let unknown = DispatchState::Unknown {
+            reason: "lost".into(),
+        };
+        store.finish_request("sent", &unknown, 3).unwrap();
+        assert!(store.recover_request("sent", &outcome, 4).unwrap());
+        assert_eq!(
+            store.request("sent").unwrap().unwrap().state,
+            DispatchState::Done {
+                outcome: outcome.clone()
+            }
+        );
+        assert!(
+            !store.recover_request("sent", &outcome, 5).unwrap(),
+            "done stays done"
+        );
+
+        // A claim records the id as never sent; a dispatch with it then finds the claim.
+        assert_eq!(
+            store.claim_unsent(&new_request("lost", "h"), 6).unwrap(),
+            Begin::New
+        );
+        match store.begin_request(&new_request("lost", "h"), 7).unwrap() {
+            Begin::Existing(record) => {
+                assert!(!record.sent);
+                assert_eq!(
+                    record.state,
+                    DispatchState::Unknown {
+                        reason: NEVER_SENT_REASON.into()
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!store.recover_request("lost", &outcome, 8).unwrap());
+        assert!(matches!(
+            store.claim_unsent(&new_request("sent", "h"), 9).unwrap(),
+            Begin::Existing(_)
+        ));
+    }
+
+    #[test]
+    fn payload_fingerprints_tell_operations_and_folders_apart() {
+        let echo = |c: &str| Operation::ExecuteShellCommand {
+            command: c.into(),
+            timeout: None,
+        };
+        assert_eq!(
+            payload_sha256("proj", &echo("a")),
+            payload_sha256("proj", &echo("a"))
+        );
+        assert_ne!(
+            payload_sha256("proj", &echo("a")),
+            payload_sha256("proj", &echo("b"))
+        );
+        assert_ne!(
+            payload_sha256("proj", &echo("a")),
+            payload_sha256("other", &echo("a"))
+        );
+        assert_eq!(payload_sha256("p", &echo("a")).len(), 64);
     }
 }

@@ -9,7 +9,13 @@
 use crate::guard::{Guard, RelPath};
 use serde::{Deserialize, Serialize};
 
-/// Token scopes. `devices:connect` is exclusive: a token with it has no other scope.
+/// Token scopes. `devices:connect` and `devices:approve` are exclusive: a token with one of them
+/// has no other scope.
+///
+/// `devices:approve` lets a bearer token approve a laptop's device login (`agentworks login`)
+/// for its user: an account-level act, otherwise done only through the operator socket
+/// (`agentworksctl login approve`). No token has it unless it is asked for by name when the
+/// token is created; the device grant never mints it; it gives no MCP, chat or executor access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Scope {
     #[serde(rename = "workflows:read")]
@@ -20,6 +26,8 @@ pub enum Scope {
     WorkflowsWrite,
     #[serde(rename = "devices:connect")]
     DevicesConnect,
+    #[serde(rename = "devices:approve")]
+    DevicesApprove,
 }
 
 impl Scope {
@@ -29,6 +37,7 @@ impl Scope {
             Scope::WorkflowsRun => "workflows:run",
             Scope::WorkflowsWrite => "workflows:write",
             Scope::DevicesConnect => "devices:connect",
+            Scope::DevicesApprove => "devices:approve",
         }
     }
 
@@ -38,19 +47,24 @@ impl Scope {
             "workflows:run" => Some(Scope::WorkflowsRun),
             "workflows:write" => Some(Scope::WorkflowsWrite),
             "devices:connect" => Some(Scope::DevicesConnect),
+            "devices:approve" => Some(Scope::DevicesApprove),
             _ => None,
         }
     }
 
-    /// Refuse a scope set that mixes `devices:connect` with anything, or is empty.
+    /// Refuse a scope set that mixes `devices:connect` or `devices:approve` with anything, or
+    /// is empty.
     pub fn validate_set(scopes: &[Scope]) -> Result<(), String> {
         if scopes.is_empty() {
             return Err("a token needs at least one scope".into());
         }
-        if scopes.contains(&Scope::DevicesConnect) && scopes.len() > 1 {
-            return Err(
-                "devices:connect is exclusive: a token with it can have no other scope".into(),
-            );
+        for exclusive in [Scope::DevicesConnect, Scope::DevicesApprove] {
+            if scopes.contains(&exclusive) && scopes.len() > 1 {
+                return Err(format!(
+                    "{} is exclusive: a token with it can have no other scope",
+                    exclusive.as_str()
+                ));
+            }
         }
         Ok(())
     }
@@ -110,6 +124,10 @@ pub struct FileGuard {
 pub struct Access {
     pub can_read: bool,
     pub can_write: bool,
+    /// The user's live role on the project (`None` when nothing is allowed). Running commands
+    /// or patches on a laptop folder needs a role that [`Role::can_author`], whatever the
+    /// token's workflows scope.
+    pub role: Option<Role>,
     /// The guard workspaced re-applies; `write_paths` is empty unless `can_write`.
     pub guard: Guard,
     /// Why writes (or everything) are refused, for the error message.
@@ -121,6 +139,7 @@ impl Access {
         Access {
             can_read: false,
             can_write: false,
+            role: None,
             guard: Guard::default(),
             denial: Some(reason.into()),
         }
@@ -234,6 +253,7 @@ pub fn resolve(input: &AccessInputs<'_>) -> Access {
     Access {
         can_read: true,
         can_write,
+        role: Some(role),
         guard,
         denial,
     }
@@ -269,6 +289,7 @@ mod tests {
         let r = [Scope::WorkflowsRead];
         let run = [Scope::WorkflowsRun];
         let dev = [Scope::DevicesConnect];
+        let approve = [Scope::DevicesApprove];
         let a = resolve(&inputs(&w, Some(Role::Editor), &fg, Some(OPEN)));
         assert!(a.can_read && a.can_write);
         assert_eq!(a.guard.write_paths, vec!["."]);
@@ -284,8 +305,11 @@ mod tests {
         for role in [Role::Runner, Role::Viewer] {
             let a = resolve(&inputs(&w, Some(role), &fg, Some(OPEN)));
             assert!(a.can_read && !a.can_write, "{role:?}");
+            assert_eq!(a.role, Some(role));
+            assert!(!role.can_author());
         }
         assert!(!resolve(&inputs(&dev, Some(Role::Owner), &fg, Some(OPEN))).can_read);
+        assert!(!resolve(&inputs(&approve, Some(Role::Owner), &fg, Some(OPEN))).can_read);
         assert!(!resolve(&inputs(&w, None, &fg, Some(OPEN))).can_read);
         assert!(
             !resolve(&inputs(&w, Some(Role::Owner), &fg, None)).can_read,
@@ -331,9 +355,16 @@ mod tests {
     }
 
     #[test]
-    fn devices_connect_is_exclusive() {
+    fn devices_connect_and_devices_approve_are_exclusive() {
         assert!(Scope::validate_set(&[Scope::DevicesConnect]).is_ok());
+        assert!(Scope::validate_set(&[Scope::DevicesApprove]).is_ok());
         assert!(Scope::validate_set(&[Scope::DevicesConnect, Scope::WorkflowsRead]).is_err());
+        assert!(Scope::validate_set(&[Scope::DevicesApprove, Scope::WorkflowsWrite]).is_err());
+        assert!(Scope::validate_set(&[Scope::DevicesApprove, Scope::DevicesConnect]).is_err());
         assert!(Scope::validate_set(&[]).is_err());
+        assert_eq!(
+            Scope::parse("devices:approve").map(Scope::as_str),
+            Some("devices:approve")
+        );
     }
 }

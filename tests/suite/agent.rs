@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 
 use super::harness::{Gatewayd, Laptop, Stack, http, processes_with, wait_until};
 
-const WAIT: Duration = Duration::from_secs(20);
-const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
+pub(super) const WAIT: Duration = Duration::from_secs(20);
+pub(super) const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
 const OUTSIDE: &str = "outside-secret-91c2";
 
 // ----- the scripted model -----
@@ -25,19 +25,19 @@ const OUTSIDE: &str = "outside-secret-91c2";
 type Step = (Duration, Value);
 
 /// A scripted OpenAI-compatible chat-completions server on loopback.
-struct Model {
+pub(super) struct Model {
     port: u16,
     script: Arc<Mutex<VecDeque<Step>>>,
     requests: Arc<Mutex<Vec<Value>>>,
     _runtime: tokio::runtime::Runtime,
 }
 
-fn text(t: &str) -> Value {
+pub(super) fn text(t: &str) -> Value {
     json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]})
 }
 
-fn calls(list: &[(&str, &str, Value)]) -> Value {
+pub(super) fn calls(list: &[(&str, &str, Value)]) -> Value {
     let calls: Vec<Value> = list
         .iter()
         .map(|(id, name, args)| {
@@ -51,7 +51,7 @@ fn calls(list: &[(&str, &str, Value)]) -> Value {
 }
 
 impl Model {
-    fn start() -> Model {
+    pub(super) fn start() -> Model {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -109,14 +109,14 @@ impl Model {
         }
     }
 
-    fn config(&self) -> String {
+    pub(super) fn config(&self) -> String {
         format!(
             "[agentd.model]\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"scripted\"\nmax_tool_rounds = 4\nrequest_timeout_secs = 30\n",
             self.port
         )
     }
 
-    fn play(&self, steps: Vec<Value>) {
+    pub(super) fn play(&self, steps: Vec<Value>) {
         let mut script = self.script.lock().unwrap();
         script.clear();
         script.extend(steps.into_iter().map(|s| (Duration::ZERO, s)));
@@ -126,17 +126,17 @@ impl Model {
         self.script.lock().unwrap().push_back((delay, step));
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub(super) fn requests(&self) -> Vec<Value> {
         self.requests.lock().unwrap().clone()
     }
 
-    fn clear(&self) {
+    pub(super) fn clear(&self) {
         self.requests.lock().unwrap().clear();
     }
 }
 
 /// The tool names of one recorded model request.
-fn tool_names(request: &Value) -> Vec<String> {
+pub(super) fn tool_names(request: &Value) -> Vec<String> {
     request["tools"]
         .as_array()
         .map(|tools| {
@@ -149,7 +149,7 @@ fn tool_names(request: &Value) -> Vec<String> {
 }
 
 /// The tool results (parsed `content`) the model received in one request, by call id.
-fn tool_results(request: &Value) -> Vec<(String, Value)> {
+pub(super) fn tool_results(request: &Value) -> Vec<(String, Value)> {
     request["messages"]
         .as_array()
         .unwrap()
@@ -166,7 +166,13 @@ fn tool_results(request: &Value) -> Vec<(String, Value)> {
 
 // ----- the REST API -----
 
-fn api(stack: &Stack, token: &str, method: &str, path: &str, body: Value) -> (u16, Value) {
+pub(super) fn api(
+    stack: &Stack,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
     let auth = format!("Bearer {token}");
     let body = if body.is_null() {
         String::new()
@@ -190,7 +196,7 @@ fn api(stack: &Stack, token: &str, method: &str, path: &str, body: Value) -> (u1
 }
 
 /// A turn's events: (kind, data), after checking the content type.
-fn turn(
+pub(super) fn turn(
     port: u16,
     token: &str,
     chat: &str,
@@ -225,7 +231,7 @@ fn turn(
     Ok(events)
 }
 
-fn of_kind<'a>(events: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
+pub(super) fn of_kind<'a>(events: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
     events
         .iter()
         .filter(|(k, _)| k == kind)
@@ -233,7 +239,7 @@ fn of_kind<'a>(events: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-fn result_of<'a>(events: &'a [(String, Value)], id: &str) -> &'a Value {
+pub(super) fn result_of<'a>(events: &'a [(String, Value)], id: &str) -> &'a Value {
     events
         .iter()
         .find(|(k, v)| k == "tool_result" && v["id"] == id)
@@ -242,12 +248,12 @@ fn result_of<'a>(events: &'a [(String, Value)], id: &str) -> &'a Value {
 }
 
 /// A person with a workflows token.
-fn user(stack: &Stack, name: &str) -> String {
+pub(super) fn user(stack: &Stack, name: &str) -> String {
     let _ = stack.admin_raw("users/add", json!({"name": name}));
     stack.token(name, &["workflows:read", "workflows:write"], json!({}))
 }
 
-fn code_project(stack: &Stack, name: &str, owner: &str, files: &[(&str, &str)]) {
+pub(super) fn code_project(stack: &Stack, name: &str, owner: &str, files: &[(&str, &str)]) {
     stack.state.project(name, files);
     stack.admin(
         "projects/add",
@@ -255,7 +261,7 @@ fn code_project(stack: &Stack, name: &str, owner: &str, files: &[(&str, &str)]) 
     );
 }
 
-fn create_chat(stack: &Stack, token: &str, project: &str) -> String {
+pub(super) fn create_chat(stack: &Stack, token: &str, project: &str) -> String {
     let (status, chat) = api(
         stack,
         token,

@@ -323,6 +323,7 @@ impl Gateway {
             &GatewayFrame::Welcome {
                 device_id: "dev-1".into(),
                 heartbeat_secs: 30,
+                notice: None,
             },
         )
         .await;

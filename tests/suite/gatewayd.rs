@@ -163,6 +163,7 @@ impl FakeExecutor {
                                         }
                                     }
                                     GatewayFrame::Cancel { request_id } => record.lock().unwrap().cancels.push(request_id),
+                                    GatewayFrame::ReceiptQuery { .. } => panic!("an unexpected receipt query"),
                                     GatewayFrame::Welcome { .. } => panic!("a second welcome"),
                                 }
                             }

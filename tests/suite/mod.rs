@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod attack_authority;
 mod attack_patch;
 mod crash;
 mod docs;
