@@ -376,6 +376,7 @@ impl Grants {
             home: Some(self.home.clone()),
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
+            limits: Default::default(),
         }
     }
 

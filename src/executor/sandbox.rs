@@ -3,17 +3,25 @@
 //! Owns: [`SandboxPolicy`] (which folders a command may read, write or never touch), the
 //! Landlock support check ([`landlock_status`]) and the launcher ([`launcher_main`]): the
 //! `agentworks` binary re-executed as `agentworks __sandbox-exec <policy-json> -- <sh> -c <cmd>`.
-//! The launcher marks inherited descriptors close-on-exec, becomes a child subreaper, sets
-//! `no_new_privs`, builds and applies a Landlock ruleset to itself, forks the shell (which
-//! inherits the ruleset, plus a nested signal scope so it cannot signal the launcher or anything
-//! outside the sandbox), and when the shell ends — or the launcher is told to stop — kills every
-//! remaining descendant, re-parented orphans included, before exiting with the shell's status.
+//! The launcher, in this order (each step in `launch` says why it comes there): marks inherited
+//! descriptors close-on-exec; becomes the leader of a new session with no controlling terminal;
+//! becomes a child subreaper; opens the command's cgroup (when the executor made one); sets
+//! `no_new_privs` and `RLIMIT_NPROC`; builds and applies a Landlock ruleset to itself that grants
+//! no terminal device; installs the seccomp filter refusing Unix sockets and io_uring (below
+//! ABI 9, unless allowed; `seccomp.rs`); forks the shell (which moves into the command's cgroup
+//! and enters a nested ruleset with the signal and abstract-socket scopes, so it cannot signal
+//! the launcher or connect to an abstract socket outside the sandbox); and when the shell ends
+//! — or the launcher is told to stop — ends everything the command left (`cgroup.kill` first,
+//! then SIGKILL to every descendant it finds) and exits with the shell's status only once
+//! `waitpid(-1)` answers `ECHILD`.
 //!
 //! Must never: run a command without a ruleset the kernel reports as fully enforced (Landlock
 //! missing, an ABI below [`MIN_ABI`], a rule that cannot be added or a partially enforced
-//! ruleset all refuse); skip a granted folder it cannot open; follow a symlink when granting;
-//! grant the whole home directory (only a fixed list of toolchain folders, read/execute); leave
-//! files or mount points in the person's folders; restrict the network.
+//! ruleset all refuse), nor with a controlling terminal, nor without a scope or seccomp filter
+//! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant the
+//! whole home directory (only a fixed list of toolchain folders, read/execute) or a terminal
+//! device; exit while a process of the command is alive; leave files or mount points in the
+//! person's folders; restrict the network.
 //!
 //! # How exclusions work
 //!
@@ -35,7 +43,10 @@
 //! the executor makes itself non-dumpable and drops secrets from its own environment at start;
 //! other same-user processes on the machine stay visible this way); `/tmp` is not granted
 //! (`TMPDIR` points at the private scratch dir); on kernels below ABI 6 the command can signal
-//! processes outside the sandbox.
+//! processes outside the sandbox (and, with `--allow-unix-sockets`, reach abstract sockets);
+//! without a delegated cgroup, ending a command is a race the launcher wins by killing faster
+//! than the command forks (a cgroup's `cgroup.kill` has no such race); ptys cannot be made
+//! (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do not work.
 
 use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
@@ -44,7 +55,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
@@ -55,6 +66,10 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use rustix::fs::{FileType, Mode, OFlags};
+
+use super::cgroup::CommandCgroupFds;
+use super::limits::{self, CommandLimits};
+use super::seccomp::{self, SeccompError};
 
 /// The hidden subcommand that puts the `agentworks` binary in launcher mode.
 pub const SUBCOMMAND: &str = "__sandbox-exec";
@@ -87,16 +102,15 @@ const SYSTEM_READ: &[&str] = &[
     "/run/systemd/resolve",
 ];
 
-/// Device files commands may read and write (terminals, the null and random devices).
+/// Device files commands may read and write: the null and random devices, and never a
+/// terminal (`/dev/tty`, `/dev/ptmx`, `/dev/pts/*`, `/dev/console`): a command that could open
+/// one could type into the person's shell with `TIOCSTI` or read and draw on their terminals.
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/tty",
-    "/dev/ptmx",
-    "/dev/pts",
 ];
 
 /// Toolchain folders under the person's home granted read and execute. Never the whole home.
@@ -137,6 +151,9 @@ pub struct SandboxPolicy {
     pub scratch: PathBuf,
     /// Where the command starts.
     pub cwd: PathBuf,
+    /// Processes, Unix sockets and the command's cgroup (see [`CommandLimits`]).
+    #[serde(default)]
+    pub limits: CommandLimits,
 }
 
 /// Why the launcher refused (or failed) to run a command.
@@ -167,6 +184,18 @@ pub enum SandboxError {
     #[error("cannot {what}: {source}")]
     Setup {
         what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the launcher still has a controlling terminal ({0}), so the command is refused: it could type into the person's shell"
+    )]
+    Terminal(String),
+    #[error("{0}, so the command is refused")]
+    Seccomp(#[from] SeccompError),
+    #[error("cannot use the command's cgroup {path}, so the command is refused: {source}")]
+    Cgroup {
+        path: PathBuf,
         #[source]
         source: io::Error,
     },
@@ -263,6 +292,21 @@ pub fn die_with_parent(command: &mut tokio::process::Command) {
     }
 }
 
+/// Makes a launcher about to be spawned by `command` the leader of a new session (and so of a
+/// new process group with its pid as id, which `killpg(launcher)` reaches), with no controlling
+/// terminal. Used instead of `process_group(0)`: `setsid()` fails for a process-group leader.
+/// The launcher checks again ([`launcher_main`] step 2) and refuses without it.
+pub fn new_session(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and makes one async-signal-safe
+    // system call (setsid); it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid()?;
+            Ok(())
+        });
+    }
+}
+
 /// Launcher mode entry: called by the `agentworks` binary when re-executed as
 /// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`. Must be called first thing in
 /// `main`, while the process is single-threaded. On success it never returns (it exits with the
@@ -296,9 +340,10 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     let (policy, program, program_args) = parse_args(args)?;
 
     // 1. Inherited descriptors above 2: a descriptor opened before the ruleset (a directory,
-    // a socket) would let the command reach outside it, since Landlock checks paths at open
-    // time. We mark them close-on-exec rather than closing them, so the launcher never closes a
-    // descriptor some part of this process might still own; the shell inherits only 0-2.
+    // a socket, a terminal) would let the command reach outside it, since Landlock checks paths
+    // at open time. We mark them close-on-exec rather than closing them, so the launcher never
+    // closes a descriptor some part of this process might still own; the shell inherits only
+    // 0-2 (the runner makes them /dev/null and pipes, never the person's terminal).
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
     // nothing, touches no memory, and cannot invalidate a descriptor owned elsewhere.
     let rc = unsafe {
@@ -315,38 +360,95 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         )(io::Error::last_os_error()));
     }
 
-    // 2. Child subreaper: orphans of the command (a grandchild whose parent exited, one that
+    // 2. A new session with no controlling terminal, before anything is forked: without a
+    // controlling terminal `/dev/tty` cannot be opened and `TIOCSTI` (which needs one) cannot
+    // push keystrokes into the person's shell. The runner already made us a session leader;
+    // a launcher started otherwise makes its own session, and one that still has a terminal
+    // (or cannot tell) refuses.
+    let me = nix::unistd::getpid();
+    if nix::unistd::getsid(None).ok() != Some(me) {
+        nix::unistd::setsid().map_err(|e| SandboxError::Terminal(format!("setsid: {e}")))?;
+    }
+    check_no_terminal()?;
+
+    // 3. Child subreaper: orphans of the command (a grandchild whose parent exited, one that
     // called setsid()) are re-parented to us rather than to init, so we can find and kill them.
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| SandboxError::setup("become a child subreaper")(e.into()))?;
 
-    // 3. no_new_privs before the ruleset: Landlock requires it for an unprivileged process,
+    // 4. The command's cgroup (when the executor made one): its cgroup.procs (to move the shell
+    // in) and cgroup.kill (to end it) are opened now, since the ruleset below grants /sys
+    // read-only. The launcher itself stays outside, so cgroup.kill never kills it.
+    let cgroup = match &policy.limits.cgroup {
+        Some(path) => {
+            Some(
+                CommandCgroupFds::open(path).map_err(|source| SandboxError::Cgroup {
+                    path: path.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+
+    // 5. no_new_privs before the ruleset: Landlock requires it for an unprivileged process,
     // and it keeps setuid binaries from gaining privileges inside the sandbox.
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SandboxError::setup("set no_new_privs")(e.into()))?;
 
-    // 4. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
-    // process) and inherited by the shell. Fully enforced or refuse.
-    let abi = landlock_status()?;
-    let plan = plan_rules(&policy, abi)?;
-    apply_ruleset(plan)?;
-    let signal_scope = signal_scope_ruleset(abi)?;
+    // 6. The process limit: RLIMIT_NPROC counts every process of the user, so it is the count
+    // now plus the command's allowance (see limits.rs); the shell and everything it starts
+    // inherit it.
+    limits::set_process_limit(policy.limits.max_processes)
+        .map_err(SandboxError::setup("set RLIMIT_NPROC"))?;
 
-    // 5. Fork the shell, wait for it, then kill every remaining descendant.
+    // 7. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
+    // process) and inherited by the shell. Fully enforced or refuse. From ABI 9 it also
+    // governs connect() to named Unix sockets (only beneath the writable folders and the
+    // scratch dir), unless the person allowed Unix sockets.
+    let abi = landlock_status()?;
+    let mut plan = plan_rules(&policy, abi)?;
+    if policy.limits.allow_unix_sockets {
+        plan.allow_unix_sockets();
+    }
+    apply_ruleset(plan)?;
+    let scopes = scope_ruleset(abi)?;
+
+    // 8. Below ABI 9, the seccomp filter refusing Unix sockets and io_uring (seccomp.rs),
+    // unless the person allowed Unix sockets. Built and installed last, so nothing the
+    // launcher still needs is refused; one that cannot be installed refuses.
+    if seccomp::needs_unix_socket_filter(abi, policy.limits.allow_unix_sockets) {
+        let filter = seccomp::unix_socket_filter()?;
+        seccomp::install(&filter)?;
+    }
+
+    // 9. Fork the shell: it moves itself into the command's cgroup and enters the nested scope
+    // ruleset (signals and abstract Unix sockets), then execs.
     let mut command = std::process::Command::new(&program);
     command
         .args(&program_args)
         .current_dir(&policy.cwd)
         .env_remove(TEST_ABI_ENV);
-    if let Some(ruleset) = signal_scope {
-        let mut ruleset = Some(ruleset);
-        // SAFETY: the closure runs in the forked child before exec. The launcher is
-        // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
-        // no lock can be held by a thread that vanished in the fork and allocating is sound.
-        // It only calls landlock_restrict_self on a ruleset built before the fork.
-        unsafe {
-            command.pre_exec(move || restrict_to_signal_scope(&mut ruleset));
-        }
+    let mut scopes = scopes;
+    let child_cgroup = cgroup.as_ref().map(CommandCgroupFds::try_clone);
+    let child_cgroup = child_cgroup
+        .transpose()
+        .map_err(|source| SandboxError::Cgroup {
+            path: policy.limits.cgroup.clone().unwrap_or_default(),
+            source,
+        })?;
+    // SAFETY: the closure runs in the forked child before exec. The launcher is
+    // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
+    // no lock can be held by a thread that vanished in the fork and allocating is sound.
+    // It only writes to a cgroup.procs descriptor opened before the fork and calls
+    // landlock_restrict_self on a ruleset built before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(fds) = &child_cgroup {
+                fds.join_self()?;
+            }
+            restrict_to_scopes(&mut scopes)
+        });
     }
     let child = command.spawn().map_err(|source| SandboxError::Spawn {
         program: program.to_string_lossy().into_owned(),
@@ -356,19 +458,36 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // We reap with waitpid(-1) below (orphans included), so std's handle is not used to wait.
     drop(child);
 
+    // 10. Wait for the shell (or a stop signal), then end everything the command left.
     let status = wait_for_shell(shell, &signals);
-    kill_descendants();
+    end_command(cgroup.as_ref());
     std::process::exit(status)
 }
 
-fn restrict_to_signal_scope(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
+/// Step 2's check: `/dev/tty` must not open (`ENXIO`: no controlling terminal; `ENOENT`: no
+/// such device on this machine).
+fn check_no_terminal() -> Result<(), SandboxError> {
+    match rustix::fs::open(
+        "/dev/tty",
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(_) => Err(SandboxError::Terminal("/dev/tty opens".to_owned())),
+        Err(rustix::io::Errno::NXIO | rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(SandboxError::Terminal(format!(
+            "opening /dev/tty failed with {e}, not ENXIO"
+        ))),
+    }
+}
+
+fn restrict_to_scopes(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
     let Some(ruleset) = ruleset.take() else {
         return Ok(());
     };
     let status = ruleset.restrict_self().map_err(io::Error::other)?;
     if status.ruleset != RulesetStatus::FullyEnforced {
         return Err(io::Error::other(
-            "the Landlock signal scope is not enforced",
+            "the Landlock signal and abstract-socket scopes are not enforced",
         ));
     }
     Ok(())
@@ -428,70 +547,127 @@ fn reap(shell: Option<Pid>) -> Option<i32> {
     }
 }
 
-/// SIGKILLs every descendant (children, and through them grandchildren; orphans are our
-/// children since we are a subreaper) until none is left alive.
-fn kill_descendants() {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        reap(None);
-        let (all, alive) = descendants(std::process::id());
-        if alive == 0 {
-            break;
-        }
-        for pid in all {
-            // ESRCH (already gone) is fine.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        reap(None);
-        if Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// Ends whatever the command left running, and returns only when `waitpid(-1)` answers
+/// `ECHILD`: no child, live or zombie, is left, and since the launcher is a subreaper every
+/// orphan of the command was its child, so no process of the command exists any more.
+///
+/// `cgroup.kill` comes first where the command has a cgroup: the kernel kills every process in
+/// it at once, forks in flight included. Then, and without a cgroup as the only means, rounds
+/// of: SIGKILL every live descendant found in /proc (at once on discovery, so a process that
+/// forks and exits — a hopping chain — is hit before it hops again), reap what died, repeat.
+/// There is no deadline: a launcher that gave up would leave the rest to init (the runner's
+/// SIGKILL to the launcher's group after its grace period is the last resort).
+fn end_command(cgroup: Option<&CommandCgroupFds>) {
+    if let Some(fds) = cgroup {
+        // If this fails the rounds below still end everything that is ours.
+        let _ = fds.kill_all();
     }
-    reap(None);
+    let me = nix::unistd::getpid().as_raw();
+    loop {
+        let killed = kill_live_descendants(me);
+        match reap_all() {
+            Reaped::NoChildren => return,
+            Reaped::Some => {}
+            Reaped::None if killed == 0 => {
+                // Children exist but nothing died and nothing live was found: a process
+                // between states (exiting, or not yet in /proc). Look again shortly.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Reaped::None => {}
+        }
+    }
 }
 
-/// All descendants of `root` found in /proc, and how many of them are not zombies.
-fn descendants(root: u32) -> (Vec<i32>, usize) {
-    let mut children: std::collections::HashMap<i32, Vec<(i32, bool)>> = Default::default();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // Fields after the command name, which may itself contain spaces and parentheses.
-            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                continue;
-            };
-            let mut fields = after.split_whitespace();
-            let state = fields.next().unwrap_or("?");
-            let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
-                continue;
-            };
-            children
-                .entry(ppid)
-                .or_default()
-                .push((pid, state != "Z" && state != "X"));
+enum Reaped {
+    /// `ECHILD`: no child at all.
+    NoChildren,
+    /// At least one child was reaped.
+    Some,
+    /// Children exist; none has exited.
+    None,
+}
+
+/// Reaps every exited child without blocking.
+fn reap_all() -> Reaped {
+    let mut reaped = Reaped::None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return reaped,
+            Err(Errno::ECHILD) => {
+                return match reaped {
+                    Reaped::Some => Reaped::Some,
+                    _ => Reaped::NoChildren,
+                };
+            }
+            Ok(_) => reaped = Reaped::Some,
+            Err(Errno::EINTR) => continue,
+            // waitpid(-1) cannot otherwise fail; do not spin on it.
+            Err(_) => return reaped,
         }
     }
-    let mut all = Vec::new();
-    let mut alive = 0;
-    let mut queue = vec![i32::try_from(root).unwrap_or(i32::MAX)];
-    while let Some(parent) = queue.pop() {
-        for &(pid, live) in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
-            all.push(pid);
-            alive += usize::from(live);
-            queue.push(pid);
+}
+
+/// One pass over /proc: SIGKILLs every live process whose parent is `root` or a descendant
+/// already found, the moment its `stat` is read; processes listed before their parent are
+/// resolved at the end of the pass. Returns how many were signalled.
+fn kill_live_descendants(root: i32) -> usize {
+    let mut known: std::collections::HashSet<i32> = [root].into_iter().collect();
+    let mut unresolved: Vec<(i32, i32, bool)> = Vec::new();
+    let mut killed = 0;
+    let hit = |pid: i32, live: bool, killed: &mut usize| {
+        if live {
+            // ESRCH (already gone) is fine.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            *killed += 1;
+        }
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command name, which may itself contain spaces and parentheses.
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = after.split_whitespace();
+        let state = fields.next().unwrap_or("?");
+        let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let live = state != "Z" && state != "X";
+        if known.contains(&ppid) {
+            known.insert(pid);
+            hit(pid, live, &mut killed);
+        } else {
+            unresolved.push((pid, ppid, live));
         }
     }
-    (all, alive)
+    // Children listed before their parents (pid reuse after a wrap).
+    let mut progress = true;
+    while progress {
+        progress = false;
+        unresolved.retain(|&(pid, ppid, live)| {
+            if known.contains(&ppid) {
+                known.insert(pid);
+                hit(pid, live, &mut killed);
+                progress = true;
+                false
+            } else {
+                true
+            }
+        });
+    }
+    killed
 }
 
 /// Whether an excluded path loses all access or only write access.
@@ -702,6 +878,16 @@ impl Plan {
         Ok(())
     }
 
+    /// `--allow-unix-sockets` from ABI 9: `connect()` to named Unix sockets is not handled, so
+    /// allowed everywhere (below ABI 9 the right does not exist and this changes nothing).
+    fn allow_unix_sockets(&mut self) {
+        self.handled.remove(AccessFs::ResolveUnix);
+        for rule in &mut self.rules {
+            rule.access.remove(AccessFs::ResolveUnix);
+        }
+        self.rules.retain(|rule| !rule.access.is_empty());
+    }
+
     fn push(&mut self, path: &Path, fd: OwnedFd, access: BitFlags<AccessFs>) {
         let access = access & self.handled;
         if !access.is_empty() {
@@ -750,15 +936,16 @@ fn apply_ruleset(plan: Plan) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// A second, nested ruleset for the shell alone (ABI 6+): it may not signal processes outside
-/// its own domain, so neither the launcher nor the executor.
-fn signal_scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
+/// A second, nested ruleset for the shell alone (ABI 6+, whenever the kernel has it): it may
+/// not signal processes outside its own domain (so neither the launcher nor the executor), nor
+/// connect to an abstract Unix socket made outside it (a same-user service listening on one).
+fn scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
     if abi < 6 {
         return Ok(None);
     }
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .scope(Scope::Signal)?
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)?
         .create()?;
     Ok(Some(ruleset))
 }
@@ -835,6 +1022,7 @@ mod tests {
             home: None,
             scratch: root.join("scratch"),
             cwd: root.join("w"),
+            limits: CommandLimits::default(),
         }
     }
 

@@ -1,11 +1,12 @@
 //! The shell runner: one command through the sandbox launcher, with the command limits.
 //!
-//! Owns: spawning `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` in its own process
-//! group with stdin on /dev/null and a scrubbed environment (only PATH, HOME, LANG, LC_*, TERM,
+//! Owns: spawning `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` as the leader of a
+//! new session (no controlling terminal; its process group id is its pid) with stdin on /dev/null and a scrubbed environment (only PATH, HOME, LANG, LC_*, TERM,
 //! USER, LOGNAME, SHELL, TZ survive; caches and TMPDIR point into the private scratch dir),
 //! capturing each stream up to [`MAX_CAPTURE`] (reading on to EOF so the command never blocks),
 //! the timeout (60 s by default, at most 300 s) and cancellation: SIGTERM to the launcher, which
-//! kills every descendant, then SIGKILL to its process group after a grace period.
+//! kills every descendant, then `cgroup.kill` on the command's cgroup (when it has one) and
+//! SIGKILL to the launcher's process group after a grace period.
 //!
 //! Must never: run the command itself (only the launcher does, under Landlock); pass the
 //! executor's environment through (login tokens, provider keys, agent sockets); retry a command.
@@ -22,6 +23,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
+use super::cgroup::kill_cgroup_at;
 use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND, SandboxPolicy};
 
 /// Default timeout when the request names none.
@@ -155,11 +157,13 @@ pub async fn run_with_env(
         .envs(request.env_extra.iter().map(|(k, v)| (k, v)))
         .envs(scratch_env.iter().map(|(k, v)| (k, v)))
         .current_dir(&request.policy.cwd)
-        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
 
+    // A new session (and process group) for the launcher: no controlling terminal, and the
+    // group id is the launcher's pid, which the SIGKILL fallback below reaches.
+    super::sandbox::new_session(&mut command);
     super::sandbox::die_with_parent(&mut command);
     let started = Instant::now();
     let mut child = command.spawn().map_err(|source| ShellError::Spawn {
@@ -170,7 +174,11 @@ pub async fn run_with_env(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
-    let mut guard = StopGuard { launcher };
+    let cgroup = request.policy.limits.cgroup.clone();
+    let mut guard = StopGuard {
+        launcher,
+        cgroup: cgroup.clone(),
+    };
 
     let stdout = Capture::start(child.stdout.take());
     let stderr = Capture::start(child.stderr.take());
@@ -181,16 +189,19 @@ pub async fn run_with_env(
         status = child.wait() => status.map_err(ShellError::Wait)?,
         () = tokio::time::sleep(timeout) => {
             timed_out = true;
-            stop(&mut child, launcher).await?
+            stop(&mut child, launcher, cgroup.as_deref()).await?
         }
         () = cancel.cancelled() => {
             cancelled = true;
-            stop(&mut child, launcher).await?
+            stop(&mut child, launcher, cgroup.as_deref()).await?
         }
     };
     guard.launcher = None;
-    // The launcher has been reaped; anything still in its group (it should have killed them
-    // all) goes now. A group with members keeps its id from being reused.
+    // The launcher has been reaped; anything still in its cgroup or its group (it should have
+    // killed them all) goes now. A group with members keeps its id from being reused.
+    if let Some(path) = &cgroup {
+        kill_cgroup_at(path);
+    }
     if let Some(pid) = launcher {
         let _ = killpg(pid, Signal::SIGKILL);
     }
@@ -233,11 +244,13 @@ fn scrub_env(parent: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
         .collect()
 }
 
-/// SIGTERM to the launcher (it kills every descendant), then SIGKILL to its process group after
-/// [`KILL_GRACE`].
+/// SIGTERM to the launcher (it kills every descendant), then, after [`KILL_GRACE`],
+/// `cgroup.kill` on the command's cgroup (when it has one) and SIGKILL to the launcher's
+/// process group (its session: everything that did not make a session of its own).
 async fn stop(
     child: &mut tokio::process::Child,
     launcher: Option<Pid>,
+    cgroup: Option<&Path>,
 ) -> Result<ExitStatus, ShellError> {
     if let Some(pid) = launcher {
         let _ = kill(pid, Signal::SIGTERM);
@@ -245,6 +258,9 @@ async fn stop(
     match tokio::time::timeout(KILL_GRACE, child.wait()).await {
         Ok(status) => status.map_err(ShellError::Wait),
         Err(_) => {
+            if let Some(path) = cgroup {
+                kill_cgroup_at(path);
+            }
             if let Some(pid) = launcher {
                 let _ = killpg(pid, Signal::SIGKILL);
             }
@@ -253,18 +269,23 @@ async fn stop(
     }
 }
 
-/// If `run` is dropped mid-command, stop it the same way (SIGTERM now, SIGKILL to the group
-/// after the grace period, from a plain thread since no runtime may be left).
+/// If `run` is dropped mid-command, stop it the same way (SIGTERM now, cgroup.kill and SIGKILL
+/// to the group after the grace period, from a plain thread since no runtime may be left).
 struct StopGuard {
     launcher: Option<Pid>,
+    cgroup: Option<PathBuf>,
 }
 
 impl Drop for StopGuard {
     fn drop(&mut self) {
         if let Some(pid) = self.launcher.take() {
             let _ = kill(pid, Signal::SIGTERM);
+            let cgroup = self.cgroup.take();
             std::thread::spawn(move || {
                 std::thread::sleep(KILL_GRACE);
+                if let Some(path) = &cgroup {
+                    kill_cgroup_at(path);
+                }
                 let _ = killpg(pid, Signal::SIGKILL);
             });
         }

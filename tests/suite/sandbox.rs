@@ -80,6 +80,7 @@ impl Fixture {
             home: Some(self.home.clone()),
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
+            limits: Default::default(),
         }
     }
 
