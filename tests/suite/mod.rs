@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod attack_sandbox;
 mod crash;
 mod docs;
 mod executor;
