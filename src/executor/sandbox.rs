@@ -1057,6 +1057,61 @@ mod tests {
         assert_eq!(find("scratch"), vec![all]);
     }
 
+    /// Landlock ABI 9 (not on this machine's kernel; the plan is only built, not applied):
+    /// connecting to named Unix sockets is handled and granted only beneath the writable
+    /// folders and the scratch dir, never the system paths; `--allow-unix-sockets` unhandles it.
+    #[test]
+    fn from_abi_9_unix_sockets_resolve_only_beneath_the_shared_folders() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let mut plan = plan_rules(&policy(&root), 9).expect("plan");
+        assert!(plan.handled.contains(AccessFs::ResolveUnix));
+        let has = |plan: &Plan, path: &Path| {
+            plan.rules
+                .iter()
+                .any(|r| r.path == path && r.access.contains(AccessFs::ResolveUnix))
+        };
+        assert!(has(&plan, &root.join("w/d")));
+        assert!(has(&plan, &root.join("scratch")));
+        assert!(!has(&plan, &root.join("w/ro")), "a read-only exclusion");
+        for system in ["/usr", "/etc", "/proc", "/dev/null"] {
+            if let Ok(path) = std::fs::canonicalize(system) {
+                assert!(!has(&plan, &path), "{system}");
+            }
+        }
+        plan.allow_unix_sockets();
+        assert!(!plan.handled.contains(AccessFs::ResolveUnix));
+        assert!(
+            plan.rules
+                .iter()
+                .all(|r| !r.access.contains(AccessFs::ResolveUnix))
+        );
+    }
+
+    #[test]
+    fn no_terminal_device_is_granted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let plan = plan_rules(&policy(&root), MIN_ABI).expect("plan");
+        for terminal in ["/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/console"] {
+            assert!(!DEVICES.contains(&terminal), "{terminal}");
+        }
+        for rule in &plan.rules {
+            let path = rule.path.to_string_lossy();
+            let under_dev = path == "/dev" || path.starts_with("/dev/");
+            assert!(
+                !under_dev || DEVICES.contains(&path.as_ref()),
+                "{path} is granted"
+            );
+        }
+    }
+
     #[test]
     fn missing_grant_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
