@@ -1195,7 +1195,8 @@ fn a_command_cannot_type_into_the_persons_shell_or_use_their_other_terminals() {
         },
     );
     let mut shell = shell.spawn().unwrap();
-    drop(slave);
+    // Kept to look into the input queue the shell reads from.
+    let queue = slave;
     let shell_pid = shell.id();
 
     // Control: from an unsandboxed child of that shell, TIOCSTI works: the typed line runs.
@@ -1224,6 +1225,20 @@ fn a_command_cannot_type_into_the_persons_shell_or_use_their_other_terminals() {
     );
     setup.wait_online();
 
+    // The command has no controlling terminal (tty_nr, the 7th field of its stat, is 0),
+    // although the executor that runs it has one.
+    let tty_nr = |stat: &str| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(4))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let executor_stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", children_of(shell_pid)[0])).unwrap();
+    assert_ne!(tty_nr(&executor_stat), "0", "{executor_stat}");
+    let outcome = setup.run("cat /proc/self/stat", None);
+    assert_eq!(tty_nr(stdout(&outcome)), "0", "{outcome}");
+
     let attempts = [
         ("tty", "/dev/tty".to_owned()),
         ("pts", pts.display().to_string()),
@@ -1247,11 +1262,23 @@ fn a_command_cannot_type_into_the_persons_shell_or_use_their_other_terminals() {
         "{outcome}"
     );
 
-    // Ctrl-C ends sharing; the shell then reads whatever was queued for it: a line injected by
-    // a command would run now, before this one.
-    type_into(&master, "\x03");
+    // Nothing is queued as typed input for the shell...
+    let mut queued: libc::c_int = 0;
+    // SAFETY: TIOCINQ writes the input queue's length into the valid int it is given.
+    let rc = unsafe { libc::ioctl(queue.as_raw_fd(), libc::TIOCINQ, &mut queued) };
+    assert_eq!(rc, 0);
+    assert_eq!(queued, 0, "input was pushed into the person's terminal");
+    // ...and when the executor ends (SIGTERM, as from another terminal: Ctrl-C would flush the
+    // input queue) the shell reads what is: an injected line would run now, before this one.
+    let executor = children_of(shell_pid);
+    assert_eq!(executor.len(), 1, "{executor:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor[0]),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     wait_until("the executor ended", WAIT, || {
-        !setup.executor_alive_by_device()
+        !setup.executor_alive_by_device() && children_of(shell_pid).is_empty()
     });
     type_into(&master, "echo finished-$((6*7))\n");
     wait_until("the shell answered", WAIT, || {
@@ -1296,6 +1323,25 @@ fn a_command_cannot_type_into_the_persons_shell_or_use_their_other_terminals() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = shell.wait();
+}
+
+/// Live children of `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = after.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        if state != "Z" && fields.next() == Some(pid.to_string().as_str()) {
+            children.push(entry.file_name().to_str().unwrap().parse().unwrap());
+        }
+    }
+    children
 }
 
 impl UserLaptop {
