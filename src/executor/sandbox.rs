@@ -553,35 +553,52 @@ fn reap(shell: Option<Pid>) -> Option<i32> {
 ///
 /// `cgroup.kill` comes first where the command has a cgroup: the kernel kills every process in
 /// it at once, forks in flight included. Then, and without a cgroup as the only means, rounds
-/// of: SIGKILL every live descendant found in /proc (at once on discovery, so a process that
-/// forks and exits — a hopping chain — is hit before it hops again), reap what died, repeat.
-/// There is no deadline: a launcher that gave up would leave the rest to init (the runner's
-/// SIGKILL to the launcher's group after its grace period is the last resort).
+/// of: SIGKILL every live descendant found in /proc, at once on discovery. Zombies are reaped
+/// only after a round that found nothing alive, and that is what stops a fork-hopping chain
+/// (fork, the parent exits, repeat), which outruns any scan of /proc: each hop leaves a zombie
+/// child of the launcher, a zombie keeps its slot in the user's RLIMIT_NPROC count until it is
+/// reaped, so the chain can make at most about `--max-processes` more hops before its forks
+/// fail and it stays where the next round kills it. (Root is not bound by RLIMIT_NPROC; a root
+/// executor needs a delegated cgroup for that.) There is no deadline: a launcher that gave up
+/// would leave the rest to init (the runner's SIGKILL to the launcher's group after
+/// `shell::LAUNCHER_GRACE` is the last resort, for a launcher stuck on an unkillable process).
 fn end_command(cgroup: Option<&CommandCgroupFds>) {
-    if let Some(fds) = cgroup {
-        // If this fails the rounds below still end everything that is ours.
-        let _ = fds.kill_all();
+    // Every process of the command is in its cgroup (the shell moved in before exec, and
+    // nothing in the sandbox can write a cgroup.procs: /sys is read-only), so once cgroup.kill
+    // is written every child of the launcher is dying: reap them until ECHILD. If the write
+    // fails, the rounds below still end everything that is ours.
+    if let Some(fds) = cgroup
+        && fds.kill_all().is_ok()
+    {
+        loop {
+            match waitpid(None, None) {
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(Errno::ECHILD) => return,
+                Err(_) => break,
+            }
+        }
     }
     let me = nix::unistd::getpid().as_raw();
     loop {
-        let killed = kill_live_descendants(me);
+        if kill_live_descendants(me) > 0 {
+            continue;
+        }
         match reap_all() {
             Reaped::NoChildren => return,
             Reaped::Some => {}
-            Reaped::None if killed == 0 => {
+            Reaped::None => {
                 // Children exist but nothing died and nothing live was found: a process
                 // between states (exiting, or not yet in /proc). Look again shortly.
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Reaped::None => {}
         }
     }
 }
 
 enum Reaped {
-    /// `ECHILD`: no child at all.
+    /// `ECHILD`: no child at all (any exited ones have just been reaped).
     NoChildren,
-    /// At least one child was reaped.
+    /// At least one child was reaped; others are alive.
     Some,
     /// Children exist; none has exited.
     None,
@@ -593,12 +610,7 @@ fn reap_all() -> Reaped {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => return reaped,
-            Err(Errno::ECHILD) => {
-                return match reaped {
-                    Reaped::Some => Reaped::Some,
-                    _ => Reaped::NoChildren,
-                };
-            }
+            Err(Errno::ECHILD) => return Reaped::NoChildren,
             Ok(_) => reaped = Reaped::Some,
             Err(Errno::EINTR) => continue,
             // waitpid(-1) cannot otherwise fail; do not spin on it.
@@ -609,7 +621,9 @@ fn reap_all() -> Reaped {
 
 /// One pass over /proc: SIGKILLs every live process whose parent is `root` or a descendant
 /// already found, the moment its `stat` is read; processes listed before their parent are
-/// resolved at the end of the pass. Returns how many were signalled.
+/// resolved at the end of the pass. Returns how many were signalled. Kept cheap (one
+/// `openat` and one `read` per process into a reused buffer, no allocation per entry), since a
+/// pass races a command that keeps forking.
 fn kill_live_descendants(root: i32) -> usize {
     let mut known: std::collections::HashSet<i32> = [root].into_iter().collect();
     let mut unresolved: Vec<(i32, i32, bool)> = Vec::new();
@@ -621,30 +635,45 @@ fn kill_live_descendants(root: i32) -> usize {
             *killed += 1;
         }
     };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(proc_dir) = rustix::fs::open(
+        "/proc",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return 0;
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
+    let Ok(entries) = rustix::fs::Dir::read_from(&proc_dir) else {
+        return 0;
+    };
+    let mut path: Vec<u8> = Vec::with_capacity(32);
+    let mut stat = [0u8; 512];
+    for entry in entries {
+        let Ok(entry) = entry else { break };
+        let name = entry.file_name().to_bytes();
+        if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let Some(pid) = parse_i32(name) else { continue };
+        path.clear();
+        path.extend_from_slice(name);
+        path.extend_from_slice(b"/stat\0");
+        let Ok(file) = std::ffi::CStr::from_bytes_with_nul(&path) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+        let Ok(fd) = rustix::fs::openat(
+            &proc_dir,
+            file,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
             continue;
         };
-        // Fields after the command name, which may itself contain spaces and parentheses.
-        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        let Ok(n) = rustix::io::read(&fd, &mut stat) else {
             continue;
         };
-        let mut fields = after.split_whitespace();
-        let state = fields.next().unwrap_or("?");
-        let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
+        let Some((live, ppid)) = parse_stat(&stat[..n]) else {
             continue;
         };
-        let live = state != "Z" && state != "X";
         if known.contains(&ppid) {
             known.insert(pid);
             hit(pid, live, &mut killed);
@@ -668,6 +697,22 @@ fn kill_live_descendants(root: i32) -> usize {
         });
     }
     killed
+}
+
+fn parse_i32(digits: &[u8]) -> Option<i32> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Whether the process of a `/proc/<pid>/stat` line is alive (not a zombie), and its parent.
+/// The fields come after the command name, which may itself hold spaces and parentheses.
+fn parse_stat(line: &[u8]) -> Option<(bool, i32)> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let mut fields = line[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty());
+    let state = fields.next()?;
+    let ppid = parse_i32(fields.next()?)?;
+    Some((state != b"Z" && state != b"X", ppid))
 }
 
 /// Whether an excluded path loses all access or only write access.
