@@ -253,46 +253,100 @@ fn human_size(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// Threads of the real user `uid` running now, from `/proc/<pid>/status` (`Uid:` real id,
-/// `Threads:`): what `RLIMIT_NPROC` compares with.
-pub fn tasks_of_user(uid: u32) -> u64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let mut count = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
-            continue;
-        }
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        if field("Uid:") == Some(u64::from(uid)) {
-            count += field("Threads:").unwrap_or(1);
-        }
-    }
-    count
-}
-
 /// Sets `RLIMIT_NPROC` (soft and hard, so the command cannot raise it) to the real user's
-/// current thread count plus `max_processes`.
+/// current task count plus `max_processes`; returns the limit. Call only while the process is
+/// single-threaded (the launcher, before it forks the shell): the count is probed by forking.
 pub fn set_process_limit(max_processes: u64) -> std::io::Result<u64> {
-    let uid = rustix::process::getuid().as_raw();
-    let limit = tasks_of_user(uid).saturating_add(max_processes);
+    let limit = user_task_count()?.saturating_add(max_processes);
     let rlimit = rustix::process::Rlimit {
         current: Some(limit),
         maximum: Some(limit),
     };
     rustix::process::setrlimit(rustix::process::Resource::Nproc, rlimit)?;
     Ok(limit)
+}
+
+/// The real user's task count as `RLIMIT_NPROC` counts it (threads and zombies of every
+/// process of the user). The kernel does not publish it, and reading every `/proc/<pid>/status`
+/// can take a second on a busy machine, so it is probed: with a soft limit `L`, a fork succeeds
+/// exactly when the count is below `L`, so the count is the smallest `L` at which a fork
+/// succeeds, less one (about 20 forks of a child that exits at once). For root, whom the limit
+/// does not bind, every fork succeeds and this says 0. The original limit is restored.
+fn user_task_count() -> std::io::Result<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let original = getrlimit(Resource::Nproc);
+    let hard = original.maximum.unwrap_or(u64::MAX);
+    let probe = |limit: u64| -> std::io::Result<bool> {
+        setrlimit(
+            Resource::Nproc,
+            Rlimit {
+                current: Some(limit),
+                maximum: original.maximum,
+            },
+        )?;
+        fork_succeeds()
+    };
+    // The smallest L in (low, high] with a successful fork.
+    let mut low = 0u64;
+    let mut high = 1024u64.min(hard);
+    let found = loop {
+        if probe(high)? {
+            break true;
+        }
+        if high >= hard {
+            break false;
+        }
+        low = high;
+        high = high.saturating_mul(2).min(hard);
+    };
+    let result = if found {
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if probe(mid)? {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        Ok(high - 1)
+    } else {
+        // Even the hard limit is reached: no command can start a process anyway.
+        Ok(hard)
+    };
+    setrlimit(Resource::Nproc, original)?;
+    result
+}
+
+/// Forks a child that exits at once and reaps it: `Ok(false)` when the fork fails with
+/// `EAGAIN` (the user is at its `RLIMIT_NPROC`).
+fn fork_succeeds() -> std::io::Result<bool> {
+    // SAFETY: called only while the process is single-threaded (the launcher before it forks
+    // the shell), so the child is a copy of the only thread; the child calls only _exit, which
+    // is async-signal-safe, and touches no memory.
+    match unsafe { libc::fork() } {
+        -1 => {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EAGAIN) {
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+        0 => {
+            // SAFETY: _exit ends the child without running anything of the parent's.
+            unsafe { libc::_exit(0) }
+        }
+        child => {
+            let pid = nix::unistd::Pid::from_raw(child);
+            loop {
+                match nix::sys::wait::waitpid(pid, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(_) => return Ok(true),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -346,10 +400,5 @@ mod tests {
                 .text(Some(9))
                 .contains("only inside the shared folders")
         );
-    }
-
-    #[test]
-    fn this_user_has_tasks() {
-        assert!(tasks_of_user(rustix::process::getuid().as_raw()) >= 1);
     }
 }

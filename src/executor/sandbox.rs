@@ -578,9 +578,20 @@ fn end_command(cgroup: Option<&CommandCgroupFds>) {
             }
         }
     }
+    // The common case first: the shell exited and left nothing behind.
+    if matches!(reap_all(), Reaped::NoChildren) {
+        return;
+    }
     let me = nix::unistd::getpid().as_raw();
+    // Rounds read the stat of newer processes only (pids above the launcher's, which is where
+    // the command's processes are unless pids wrapped around): reading every /proc entry can
+    // take a second on a machine with thousands of processes. A round that finds nothing alive
+    // while children remain may have missed a wrapped pid; after a few of those, full rounds.
+    let mut fruitless = 0;
     loop {
-        if kill_live_descendants(me) > 0 {
+        let newer_than = if fruitless < 3 { me } else { 0 };
+        if kill_live_descendants(me, newer_than) > 0 {
+            fruitless = 0;
             continue;
         }
         match reap_all() {
@@ -588,7 +599,8 @@ fn end_command(cgroup: Option<&CommandCgroupFds>) {
             Reaped::Some => {}
             Reaped::None => {
                 // Children exist but nothing died and nothing live was found: a process
-                // between states (exiting, or not yet in /proc). Look again shortly.
+                // between states (exiting, or not yet in /proc), or a wrapped pid.
+                fruitless += 1;
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -621,10 +633,10 @@ fn reap_all() -> Reaped {
 
 /// One pass over /proc: SIGKILLs every live process whose parent is `root` or a descendant
 /// already found, the moment its `stat` is read; processes listed before their parent are
-/// resolved at the end of the pass. Returns how many were signalled. Kept cheap (one
-/// `openat` and one `read` per process into a reused buffer, no allocation per entry), since a
-/// pass races a command that keeps forking.
-fn kill_live_descendants(root: i32) -> usize {
+/// resolved at the end of the pass. Only pids above `newer_than` are read (`0`: all). Returns
+/// how many were signalled. Kept cheap (one `openat` and one `read` per process into a reused
+/// buffer, no allocation per entry), since a pass races a command that keeps forking.
+fn kill_live_descendants(root: i32, newer_than: i32) -> usize {
     let mut known: std::collections::HashSet<i32> = [root].into_iter().collect();
     let mut unresolved: Vec<(i32, i32, bool)> = Vec::new();
     let mut killed = 0;
@@ -654,6 +666,9 @@ fn kill_live_descendants(root: i32) -> usize {
             continue;
         }
         let Some(pid) = parse_i32(name) else { continue };
+        if pid <= newer_than {
+            continue;
+        }
         path.clear();
         path.extend_from_slice(name);
         path.extend_from_slice(b"/stat\0");

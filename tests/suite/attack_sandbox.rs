@@ -787,9 +787,26 @@ fn cgroup2_root() -> PathBuf {
         .0
 }
 
-/// Tasks (threads) of real uid `uid`, as RLIMIT_NPROC counts them.
+/// Tasks (threads) of real uid `uid` now, from `/proc/<pid>/status` (`Uid:` real id,
+/// `Threads:`), which is what RLIMIT_NPROC counts.
 fn tasks_of(uid: u32) -> u64 {
-    agentworks::executor::limits::tasks_of_user(uid)
+    let mut count = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if field("Uid:") == Some(u64::from(uid)) {
+            count += field("Threads:").unwrap_or(1);
+        }
+    }
+    count
 }
 
 #[test]
