@@ -19,6 +19,7 @@ use agentworks::cli::laptop::{Cli, Command, ExecutorCommand};
 use agentworks::executor::config::{Credentials, Dirs, ensure_private_dir};
 use agentworks::executor::connect::{self, End, Executor, Status};
 use agentworks::executor::grants::{GrantArgs, Grants};
+use agentworks::executor::limits::Limits;
 use agentworks::executor::receipts::Receipts;
 use agentworks::executor::{login, sandbox, shell};
 use anyhow::{Context, anyhow};
@@ -239,6 +240,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     block,
                     read_only,
                     downloads,
+                    allow_unix_sockets,
+                    max_processes,
+                    max_memory,
                     server,
                     gateway,
                 },
@@ -252,7 +256,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let grants = Grants::validate(&args, &dirs)?;
             print!("{}", grants.permissions_text());
-            if let Err(e) = sandbox::landlock_status() {
+            // Moves the executor into a leaf of its delegated cgroup, when it has one.
+            let limits = Limits::setup(max_processes, max_memory, allow_unix_sockets);
+            let abi = sandbox::landlock_status();
+            print!("{}", limits.text(abi.as_ref().ok().copied()));
+            if let Err(e) = abi {
                 eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
             }
             let creds = Credentials::load(&dirs)?;
@@ -282,6 +290,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 dirs,
                 receipts: Arc::new(receipts),
                 launcher,
+                limits: Arc::new(limits),
                 status: Status::default(),
             });
             let shutdown = tokio_util::sync::CancellationToken::new();

@@ -109,6 +109,26 @@ pub enum ExecutorCommand {
         /// Also share ~/Downloads read-write with commands ($AGENTWORKS_DOWNLOADS).
         #[arg(long)]
         downloads: bool,
+        /// Let commands use Unix sockets: they can then reach local services over Unix
+        /// sockets, such as ssh-agent, D-Bus and docker.sock (and, where the agentworks daemons
+        /// run as you, their operator sockets). Without it, creating a Unix socket is refused
+        /// (or, on Landlock ABI 9+, connecting to one outside the shared folders).
+        #[arg(long)]
+        allow_unix_sockets: bool,
+        /// How many processes a command may start. RLIMIT_NPROC counts all of your user's
+        /// processes (threads, in fact), so each command's limit is your user's count when it
+        /// starts plus N: a command can start about N more, fewer if your other programs start
+        /// more meanwhile. It does not bind root. In a delegated cgroup the command also gets
+        /// pids.max = N, its own exact limit.
+        #[arg(long, value_name = "N", default_value_t = crate::executor::limits::DEFAULT_MAX_PROCESSES,
+              value_parser = crate::executor::limits::parse_count)]
+        max_processes: u64,
+        /// The memory a command may use (memory.max of its cgroup), e.g. 4G or 512M; default:
+        /// half of this machine's memory. Needs a delegated cgroup with the memory controller,
+        /// e.g. `systemd-run --user --scope -p Delegate=yes agentworks executor connect …`;
+        /// without one, commands run with no memory limit and connect says so.
+        #[arg(long, value_name = "SIZE", value_parser = crate::executor::limits::parse_size)]
+        max_memory: Option<u64>,
         /// agentd's URL (default: the one stored at login); the gateway defaults to its host on
         /// port 8471.
         #[arg(long)]

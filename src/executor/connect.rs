@@ -205,6 +205,8 @@ pub struct Executor {
     pub receipts: Arc<Receipts>,
     /// The `agentworks` executable (the sandbox launcher).
     pub launcher: PathBuf,
+    /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
+    pub limits: Arc<super::limits::Limits>,
     pub status: Status,
 }
 
@@ -557,9 +559,21 @@ async fn execute(
     if let Err(e) = ensure_private_dir(&scratch) {
         return refused("scratch_unavailable", e.to_string());
     }
-    let policy = match grants.policy(folder, &scratch) {
+    let mut policy = match grants.policy(folder, &scratch) {
         Ok(policy) => policy,
         Err(e) => return cleanup(&scratch, refused("folder_replaced", e.to_string())),
+    };
+    let command_cgroup = match executor.limits.for_command(&mut policy) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            return cleanup(
+                &scratch,
+                refused(
+                    "cgroup_unavailable",
+                    format!("the request was not run: {e}"),
+                ),
+            );
+        }
     };
     let outcome = match operation {
         Operation::ExecuteShellCommand { command, timeout } => {
@@ -626,6 +640,11 @@ async fn execute(
             }
         }
     };
+    if let Some(cgroup) = command_cgroup
+        && let Ok(Err(e)) = tokio::task::spawn_blocking(move || cgroup.kill_and_remove()).await
+    {
+        executor.status.show(&format!("{e}"));
+    }
     cleanup(&scratch, outcome)
 }
 

@@ -615,6 +615,7 @@ impl Grants {
             home: None,
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
+            limits: Default::default(),
         })
     }
 

@@ -577,11 +577,11 @@ pub async fn run(
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .current_dir(folder)
-        .process_group(0)
         .kill_on_drop(true)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    super::sandbox::new_session(&mut command);
     super::sandbox::die_with_parent(&mut command);
     super::sandbox::inherit_pinned(&mut command, &policy);
     let mut child = match command.spawn() {

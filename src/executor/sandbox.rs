@@ -3,17 +3,25 @@
 //! Owns: [`SandboxPolicy`] (which folders a command may read, write or never touch), the
 //! Landlock support check ([`landlock_status`]) and the launcher ([`launcher_main`]): the
 //! `agentworks` binary re-executed as `agentworks __sandbox-exec <policy-json> -- <sh> -c <cmd>`.
-//! The launcher marks inherited descriptors close-on-exec, becomes a child subreaper, sets
-//! `no_new_privs`, builds and applies a Landlock ruleset to itself, forks the shell (which
-//! inherits the ruleset, plus a nested signal scope so it cannot signal the launcher or anything
-//! outside the sandbox), and when the shell ends — or the launcher is told to stop — kills every
-//! remaining descendant, re-parented orphans included, before exiting with the shell's status.
+//! The launcher, in this order (each step in `launch` says why it comes there): marks inherited
+//! descriptors close-on-exec; becomes the leader of a new session with no controlling terminal;
+//! becomes a child subreaper; opens the command's cgroup (when the executor made one); sets
+//! `no_new_privs` and `RLIMIT_NPROC`; builds and applies a Landlock ruleset to itself that grants
+//! no terminal device; installs the seccomp filter refusing Unix sockets and io_uring (below
+//! ABI 9, unless allowed; `seccomp.rs`); forks the shell (which moves into the command's cgroup
+//! and enters a nested ruleset with the signal and abstract-socket scopes, so it cannot signal
+//! the launcher or connect to an abstract socket outside the sandbox); and when the shell ends
+//! — or the launcher is told to stop — ends everything the command left (`cgroup.kill` first,
+//! then SIGKILL to every descendant it finds) and exits with the shell's status only once
+//! `waitpid(-1)` answers `ECHILD`.
 //!
 //! Must never: run a command without a ruleset the kernel reports as fully enforced (Landlock
 //! missing, an ABI below [`MIN_ABI`], a rule that cannot be added or a partially enforced
-//! ruleset all refuse); skip a granted folder it cannot open; follow a symlink when granting;
-//! grant the whole home directory (only a fixed list of toolchain folders, read/execute); leave
-//! files or mount points in the person's folders; restrict the network.
+//! ruleset all refuse), nor with a controlling terminal, nor without a scope or seccomp filter
+//! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant the
+//! whole home directory (only a fixed list of toolchain folders, read/execute) or a terminal
+//! device; exit while a process of the command is alive; leave files or mount points in the
+//! person's folders; restrict the network.
 //!
 //! # How exclusions work
 //!
@@ -35,7 +43,10 @@
 //! the executor makes itself non-dumpable and drops secrets from its own environment at start;
 //! other same-user processes on the machine stay visible this way); `/tmp` is not granted
 //! (`TMPDIR` points at the private scratch dir); on kernels below ABI 6 the command can signal
-//! processes outside the sandbox.
+//! processes outside the sandbox (and, with `--allow-unix-sockets`, reach abstract sockets);
+//! without a delegated cgroup, ending a command is a race the launcher wins by killing faster
+//! than the command forks (a cgroup's `cgroup.kill` has no such race); ptys cannot be made
+//! (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do not work.
 
 use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
@@ -44,7 +55,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
@@ -55,6 +66,10 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use rustix::fs::{FileType, Mode, OFlags};
+
+use super::cgroup::CommandCgroupFds;
+use super::limits::{self, CommandLimits};
+use super::seccomp::{self, SeccompError};
 
 /// The hidden subcommand that puts the `agentworks` binary in launcher mode.
 pub const SUBCOMMAND: &str = "__sandbox-exec";
@@ -87,16 +102,15 @@ const SYSTEM_READ: &[&str] = &[
     "/run/systemd/resolve",
 ];
 
-/// Device files commands may read and write (terminals, the null and random devices).
+/// Device files commands may read and write: the null and random devices, and never a
+/// terminal (`/dev/tty`, `/dev/ptmx`, `/dev/pts/*`, `/dev/console`): a command that could open
+/// one could type into the person's shell with `TIOCSTI` or read and draw on their terminals.
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/tty",
-    "/dev/ptmx",
-    "/dev/pts",
 ];
 
 /// Toolchain folders under the person's home granted read and execute. Never the whole home.
@@ -171,6 +185,9 @@ pub struct SandboxPolicy {
     pub scratch: PathBuf,
     /// Where the command starts.
     pub cwd: PathBuf,
+    /// Processes, Unix sockets and the command's cgroup (see [`CommandLimits`]).
+    #[serde(default)]
+    pub limits: CommandLimits,
 }
 
 /// Why the launcher refused (or failed) to run a command.
@@ -209,6 +226,18 @@ pub enum SandboxError {
     #[error("cannot {what}: {source}")]
     Setup {
         what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the launcher still has a controlling terminal ({0}), so the command is refused: it could type into the person's shell"
+    )]
+    Terminal(String),
+    #[error("{0}, so the command is refused")]
+    Seccomp(#[from] SeccompError),
+    #[error("cannot use the command's cgroup {path}, so the command is refused: {source}")]
+    Cgroup {
+        path: PathBuf,
         #[source]
         source: io::Error,
     },
@@ -331,6 +360,21 @@ pub fn inherit_pinned(command: &mut tokio::process::Command, policy: &SandboxPol
     }
 }
 
+/// Makes a launcher about to be spawned by `command` the leader of a new session (and so of a
+/// new process group with its pid as id, which `killpg(launcher)` reaches), with no controlling
+/// terminal. Used instead of `process_group(0)`: `setsid()` fails for a process-group leader.
+/// The launcher checks again ([`launcher_main`] step 2) and refuses without it.
+pub fn new_session(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and makes one async-signal-safe
+    // system call (setsid); it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid()?;
+            Ok(())
+        });
+    }
+}
+
 /// Launcher mode entry: called by the `agentworks` binary when re-executed as
 /// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`. Must be called first thing in
 /// `main`, while the process is single-threaded. On success it never returns (it exits with the
@@ -364,9 +408,10 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     let (policy, program, program_args) = parse_args(args)?;
 
     // 1. Inherited descriptors above 2: a descriptor opened before the ruleset (a directory,
-    // a socket) would let the command reach outside it, since Landlock checks paths at open
-    // time. We mark them close-on-exec rather than closing them, so the launcher never closes a
-    // descriptor some part of this process might still own; the shell inherits only 0-2.
+    // a socket, a terminal) would let the command reach outside it, since Landlock checks paths
+    // at open time. We mark them close-on-exec rather than closing them, so the launcher never
+    // closes a descriptor some part of this process might still own; the shell inherits only
+    // 0-2 (the runner makes them /dev/null and pipes, never the person's terminal).
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
     // nothing, touches no memory, and cannot invalidate a descriptor owned elsewhere.
     let rc = unsafe {
@@ -383,38 +428,95 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         )(io::Error::last_os_error()));
     }
 
-    // 2. Child subreaper: orphans of the command (a grandchild whose parent exited, one that
+    // 2. A new session with no controlling terminal, before anything is forked: without a
+    // controlling terminal `/dev/tty` cannot be opened and `TIOCSTI` (which needs one) cannot
+    // push keystrokes into the person's shell. The runner already made us a session leader;
+    // a launcher started otherwise makes its own session, and one that still has a terminal
+    // (or cannot tell) refuses.
+    let me = nix::unistd::getpid();
+    if nix::unistd::getsid(None).ok() != Some(me) {
+        nix::unistd::setsid().map_err(|e| SandboxError::Terminal(format!("setsid: {e}")))?;
+    }
+    check_no_terminal()?;
+
+    // 3. Child subreaper: orphans of the command (a grandchild whose parent exited, one that
     // called setsid()) are re-parented to us rather than to init, so we can find and kill them.
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| SandboxError::setup("become a child subreaper")(e.into()))?;
 
-    // 3. no_new_privs before the ruleset: Landlock requires it for an unprivileged process,
+    // 4. The command's cgroup (when the executor made one): its cgroup.procs (to move the shell
+    // in) and cgroup.kill (to end it) are opened now, since the ruleset below grants /sys
+    // read-only. The launcher itself stays outside, so cgroup.kill never kills it.
+    let cgroup = match &policy.limits.cgroup {
+        Some(path) => {
+            Some(
+                CommandCgroupFds::open(path).map_err(|source| SandboxError::Cgroup {
+                    path: path.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+
+    // 5. no_new_privs before the ruleset: Landlock requires it for an unprivileged process,
     // and it keeps setuid binaries from gaining privileges inside the sandbox.
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SandboxError::setup("set no_new_privs")(e.into()))?;
 
-    // 4. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
-    // process) and inherited by the shell. Fully enforced or refuse.
-    let abi = landlock_status()?;
-    let plan = plan_rules(&policy, abi)?;
-    apply_ruleset(plan)?;
-    let signal_scope = signal_scope_ruleset(abi)?;
+    // 6. The process limit: RLIMIT_NPROC counts every process of the user, so it is the count
+    // now plus the command's allowance (see limits.rs); the shell and everything it starts
+    // inherit it.
+    limits::set_process_limit(policy.limits.max_processes)
+        .map_err(SandboxError::setup("set RLIMIT_NPROC"))?;
 
-    // 5. Fork the shell, wait for it, then kill every remaining descendant.
+    // 7. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
+    // process) and inherited by the shell. Fully enforced or refuse. From ABI 9 it also
+    // governs connect() to named Unix sockets (only beneath the writable folders and the
+    // scratch dir), unless the person allowed Unix sockets.
+    let abi = landlock_status()?;
+    let mut plan = plan_rules(&policy, abi)?;
+    if policy.limits.allow_unix_sockets {
+        plan.allow_unix_sockets();
+    }
+    apply_ruleset(plan)?;
+    let scopes = scope_ruleset(abi)?;
+
+    // 8. Below ABI 9, the seccomp filter refusing Unix sockets and io_uring (seccomp.rs),
+    // unless the person allowed Unix sockets. Built and installed last, so nothing the
+    // launcher still needs is refused; one that cannot be installed refuses.
+    if seccomp::needs_unix_socket_filter(abi, policy.limits.allow_unix_sockets) {
+        let filter = seccomp::unix_socket_filter()?;
+        seccomp::install(&filter)?;
+    }
+
+    // 9. Fork the shell: it moves itself into the command's cgroup and enters the nested scope
+    // ruleset (signals and abstract Unix sockets), then execs.
     let mut command = std::process::Command::new(&program);
     command
         .args(&program_args)
         .current_dir(&policy.cwd)
         .env_remove(TEST_ABI_ENV);
-    if let Some(ruleset) = signal_scope {
-        let mut ruleset = Some(ruleset);
-        // SAFETY: the closure runs in the forked child before exec. The launcher is
-        // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
-        // no lock can be held by a thread that vanished in the fork and allocating is sound.
-        // It only calls landlock_restrict_self on a ruleset built before the fork.
-        unsafe {
-            command.pre_exec(move || restrict_to_signal_scope(&mut ruleset));
-        }
+    let mut scopes = scopes;
+    let child_cgroup = cgroup.as_ref().map(CommandCgroupFds::try_clone);
+    let child_cgroup = child_cgroup
+        .transpose()
+        .map_err(|source| SandboxError::Cgroup {
+            path: policy.limits.cgroup.clone().unwrap_or_default(),
+            source,
+        })?;
+    // SAFETY: the closure runs in the forked child before exec. The launcher is
+    // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
+    // no lock can be held by a thread that vanished in the fork and allocating is sound.
+    // It only writes to a cgroup.procs descriptor opened before the fork and calls
+    // landlock_restrict_self on a ruleset built before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(fds) = &child_cgroup {
+                fds.join_self()?;
+            }
+            restrict_to_scopes(&mut scopes)
+        });
     }
     let child = command.spawn().map_err(|source| SandboxError::Spawn {
         program: program.to_string_lossy().into_owned(),
@@ -424,19 +526,36 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // We reap with waitpid(-1) below (orphans included), so std's handle is not used to wait.
     drop(child);
 
+    // 10. Wait for the shell (or a stop signal), then end everything the command left.
     let status = wait_for_shell(shell, &signals);
-    kill_descendants();
+    end_command(cgroup.as_ref());
     std::process::exit(status)
 }
 
-fn restrict_to_signal_scope(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
+/// Step 2's check: `/dev/tty` must not open (`ENXIO`: no controlling terminal; `ENOENT`: no
+/// such device on this machine).
+fn check_no_terminal() -> Result<(), SandboxError> {
+    match rustix::fs::open(
+        "/dev/tty",
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(_) => Err(SandboxError::Terminal("/dev/tty opens".to_owned())),
+        Err(rustix::io::Errno::NXIO | rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(SandboxError::Terminal(format!(
+            "opening /dev/tty failed with {e}, not ENXIO"
+        ))),
+    }
+}
+
+fn restrict_to_scopes(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
     let Some(ruleset) = ruleset.take() else {
         return Ok(());
     };
     let status = ruleset.restrict_self().map_err(io::Error::other)?;
     if status.ruleset != RulesetStatus::FullyEnforced {
         return Err(io::Error::other(
-            "the Landlock signal scope is not enforced",
+            "the Landlock signal and abstract-socket scopes are not enforced",
         ));
     }
     Ok(())
@@ -496,70 +615,187 @@ fn reap(shell: Option<Pid>) -> Option<i32> {
     }
 }
 
-/// SIGKILLs every descendant (children, and through them grandchildren; orphans are our
-/// children since we are a subreaper) until none is left alive.
-fn kill_descendants() {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        reap(None);
-        let (all, alive) = descendants(std::process::id());
-        if alive == 0 {
-            break;
+/// Ends whatever the command left running, and returns only when `waitpid(-1)` answers
+/// `ECHILD`: no child, live or zombie, is left, and since the launcher is a subreaper every
+/// orphan of the command was its child, so no process of the command exists any more.
+///
+/// `cgroup.kill` comes first where the command has a cgroup: the kernel kills every process in
+/// it at once, forks in flight included. Then, and without a cgroup as the only means, rounds
+/// of: SIGKILL every live descendant found in /proc, at once on discovery. Zombies are reaped
+/// only after a round that found nothing alive, and that is what stops a fork-hopping chain
+/// (fork, the parent exits, repeat), which outruns any scan of /proc: each hop leaves a zombie
+/// child of the launcher, a zombie keeps its slot in the user's RLIMIT_NPROC count until it is
+/// reaped, so the chain can make at most about `--max-processes` more hops before its forks
+/// fail and it stays where the next round kills it. (Root is not bound by RLIMIT_NPROC; a root
+/// executor needs a delegated cgroup for that.) There is no deadline: a launcher that gave up
+/// would leave the rest to init (the runner's SIGKILL to the launcher's group after
+/// `shell::LAUNCHER_GRACE` is the last resort, for a launcher stuck on an unkillable process).
+fn end_command(cgroup: Option<&CommandCgroupFds>) {
+    // Every process of the command is in its cgroup (the shell moved in before exec, and
+    // nothing in the sandbox can write a cgroup.procs: /sys is read-only), so once cgroup.kill
+    // is written every child of the launcher is dying: reap them until ECHILD. If the write
+    // fails, the rounds below still end everything that is ours.
+    if let Some(fds) = cgroup
+        && fds.kill_all().is_ok()
+    {
+        loop {
+            match waitpid(None, None) {
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(Errno::ECHILD) => return,
+                Err(_) => break,
+            }
         }
-        for pid in all {
-            // ESRCH (already gone) is fine.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        reap(None);
-        if Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
-    reap(None);
+    // The common case first: the shell exited and left nothing behind.
+    if matches!(reap_all(), Reaped::NoChildren) {
+        return;
+    }
+    let me = nix::unistd::getpid().as_raw();
+    // Rounds read the stat of newer processes only (pids above the launcher's, which is where
+    // the command's processes are unless pids wrapped around): reading every /proc entry can
+    // take a second on a machine with thousands of processes. A round that finds nothing alive
+    // while children remain may have missed a wrapped pid; after a few of those, full rounds.
+    let mut fruitless = 0;
+    loop {
+        let newer_than = if fruitless < 3 { me } else { 0 };
+        if kill_live_descendants(me, newer_than) > 0 {
+            fruitless = 0;
+            continue;
+        }
+        match reap_all() {
+            Reaped::NoChildren => return,
+            Reaped::Some => {}
+            Reaped::None => {
+                // Children exist but nothing died and nothing live was found: a process
+                // between states (exiting, or not yet in /proc), or a wrapped pid.
+                fruitless += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
 }
 
-/// All descendants of `root` found in /proc, and how many of them are not zombies.
-fn descendants(root: u32) -> (Vec<i32>, usize) {
-    let mut children: std::collections::HashMap<i32, Vec<(i32, bool)>> = Default::default();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // Fields after the command name, which may itself contain spaces and parentheses.
-            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                continue;
-            };
-            let mut fields = after.split_whitespace();
-            let state = fields.next().unwrap_or("?");
-            let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
-                continue;
-            };
-            children
-                .entry(ppid)
-                .or_default()
-                .push((pid, state != "Z" && state != "X"));
+enum Reaped {
+    /// `ECHILD`: no child at all (any exited ones have just been reaped).
+    NoChildren,
+    /// At least one child was reaped; others are alive.
+    Some,
+    /// Children exist; none has exited.
+    None,
+}
+
+/// Reaps every exited child without blocking.
+fn reap_all() -> Reaped {
+    let mut reaped = Reaped::None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return reaped,
+            Err(Errno::ECHILD) => return Reaped::NoChildren,
+            Ok(_) => reaped = Reaped::Some,
+            Err(Errno::EINTR) => continue,
+            // waitpid(-1) cannot otherwise fail; do not spin on it.
+            Err(_) => return reaped,
         }
     }
-    let mut all = Vec::new();
-    let mut alive = 0;
-    let mut queue = vec![i32::try_from(root).unwrap_or(i32::MAX)];
-    while let Some(parent) = queue.pop() {
-        for &(pid, live) in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
-            all.push(pid);
-            alive += usize::from(live);
-            queue.push(pid);
+}
+
+/// One pass over /proc: SIGKILLs every live process whose parent is `root` or a descendant
+/// already found, the moment its `stat` is read; processes listed before their parent are
+/// resolved at the end of the pass. Only pids above `newer_than` are read (`0`: all). Returns
+/// how many were signalled. Kept cheap (one `openat` and one `read` per process into a reused
+/// buffer, no allocation per entry), since a pass races a command that keeps forking.
+fn kill_live_descendants(root: i32, newer_than: i32) -> usize {
+    let mut known: std::collections::HashSet<i32> = [root].into_iter().collect();
+    let mut unresolved: Vec<(i32, i32, bool)> = Vec::new();
+    let mut killed = 0;
+    let hit = |pid: i32, live: bool, killed: &mut usize| {
+        if live {
+            // ESRCH (already gone) is fine.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            *killed += 1;
+        }
+    };
+    let Ok(proc_dir) = rustix::fs::open(
+        "/proc",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return 0;
+    };
+    let Ok(entries) = rustix::fs::Dir::read_from(&proc_dir) else {
+        return 0;
+    };
+    let mut path: Vec<u8> = Vec::with_capacity(32);
+    let mut stat = [0u8; 512];
+    for entry in entries {
+        let Ok(entry) = entry else { break };
+        let name = entry.file_name().to_bytes();
+        if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let Some(pid) = parse_i32(name) else { continue };
+        if pid <= newer_than {
+            continue;
+        }
+        path.clear();
+        path.extend_from_slice(name);
+        path.extend_from_slice(b"/stat\0");
+        let Ok(file) = std::ffi::CStr::from_bytes_with_nul(&path) else {
+            continue;
+        };
+        let Ok(fd) = rustix::fs::openat(
+            &proc_dir,
+            file,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let Ok(n) = rustix::io::read(&fd, &mut stat) else {
+            continue;
+        };
+        let Some((live, ppid)) = parse_stat(&stat[..n]) else {
+            continue;
+        };
+        if known.contains(&ppid) {
+            known.insert(pid);
+            hit(pid, live, &mut killed);
+        } else {
+            unresolved.push((pid, ppid, live));
         }
     }
-    (all, alive)
+    // Children listed before their parents (pid reuse after a wrap).
+    let mut progress = true;
+    while progress {
+        progress = false;
+        unresolved.retain(|&(pid, ppid, live)| {
+            if known.contains(&ppid) {
+                known.insert(pid);
+                hit(pid, live, &mut killed);
+                progress = true;
+                false
+            } else {
+                true
+            }
+        });
+    }
+    killed
+}
+
+fn parse_i32(digits: &[u8]) -> Option<i32> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Whether the process of a `/proc/<pid>/stat` line is alive (not a zombie), and its parent.
+/// The fields come after the command name, which may itself hold spaces and parentheses.
+fn parse_stat(line: &[u8]) -> Option<(bool, i32)> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let mut fields = line[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty());
+    let state = fields.next()?;
+    let ppid = parse_i32(fields.next()?)?;
+    Some((state != b"Z" && state != b"X", ppid))
 }
 
 /// Whether an excluded path loses all access or only write access.
@@ -880,6 +1116,16 @@ impl Plan {
         Ok(())
     }
 
+    /// `--allow-unix-sockets` from ABI 9: `connect()` to named Unix sockets is not handled, so
+    /// allowed everywhere (below ABI 9 the right does not exist and this changes nothing).
+    fn allow_unix_sockets(&mut self) {
+        self.handled.remove(AccessFs::ResolveUnix);
+        for rule in &mut self.rules {
+            rule.access.remove(AccessFs::ResolveUnix);
+        }
+        self.rules.retain(|rule| !rule.access.is_empty());
+    }
+
     fn push(&mut self, path: &Path, fd: OwnedFd, access: BitFlags<AccessFs>) {
         let access = access & self.handled;
         if !access.is_empty() {
@@ -928,15 +1174,16 @@ fn apply_ruleset(plan: Plan) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// A second, nested ruleset for the shell alone (ABI 6+): it may not signal processes outside
-/// its own domain, so neither the launcher nor the executor.
-fn signal_scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
+/// A second, nested ruleset for the shell alone (ABI 6+, whenever the kernel has it): it may
+/// not signal processes outside its own domain (so neither the launcher nor the executor), nor
+/// connect to an abstract Unix socket made outside it (a same-user service listening on one).
+fn scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
     if abi < 6 {
         return Ok(None);
     }
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .scope(Scope::Signal)?
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)?
         .create()?;
     Ok(Some(ruleset))
 }
@@ -1010,6 +1257,7 @@ mod tests {
             home: None,
             scratch: root.join("scratch"),
             cwd: root.join("w"),
+            limits: CommandLimits::default(),
         }
     }
 
@@ -1042,6 +1290,61 @@ mod tests {
         assert_eq!(find("w/f"), vec![all & AccessFs::from_file(ABI::from(abi))]);
         assert!(find("w/link").is_empty(), "symlink followed");
         assert_eq!(find("scratch"), vec![all]);
+    }
+
+    /// Landlock ABI 9 (not on this machine's kernel; the plan is only built, not applied):
+    /// connecting to named Unix sockets is handled and granted only beneath the writable
+    /// folders and the scratch dir, never the system paths; `--allow-unix-sockets` unhandles it.
+    #[test]
+    fn from_abi_9_unix_sockets_resolve_only_beneath_the_shared_folders() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let mut plan = plan_rules(&policy(&root), 9).expect("plan");
+        assert!(plan.handled.contains(AccessFs::ResolveUnix));
+        let has = |plan: &Plan, path: &Path| {
+            plan.rules
+                .iter()
+                .any(|r| r.path == path && r.access.contains(AccessFs::ResolveUnix))
+        };
+        assert!(has(&plan, &root.join("w/d")));
+        assert!(has(&plan, &root.join("scratch")));
+        assert!(!has(&plan, &root.join("w/ro")), "a read-only exclusion");
+        for system in ["/usr", "/etc", "/proc", "/dev/null"] {
+            if let Ok(path) = std::fs::canonicalize(system) {
+                assert!(!has(&plan, &path), "{system}");
+            }
+        }
+        plan.allow_unix_sockets();
+        assert!(!plan.handled.contains(AccessFs::ResolveUnix));
+        assert!(
+            plan.rules
+                .iter()
+                .all(|r| !r.access.contains(AccessFs::ResolveUnix))
+        );
+    }
+
+    #[test]
+    fn no_terminal_device_is_granted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let plan = plan_rules(&policy(&root), MIN_ABI).expect("plan");
+        for terminal in ["/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/console"] {
+            assert!(!DEVICES.contains(&terminal), "{terminal}");
+        }
+        for rule in &plan.rules {
+            let path = rule.path.to_string_lossy();
+            let under_dev = path == "/dev" || path.starts_with("/dev/");
+            assert!(
+                !under_dev || DEVICES.contains(&path.as_ref()),
+                "{path} is granted"
+            );
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The shell runner: one command through the sandbox launcher, with the command limits.
 //!
-//! Owns: spawning `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` in its own process
-//! group with stdin on /dev/null and a scrubbed environment (only PATH, HOME, LANG, LC_*, TERM,
+//! Owns: spawning `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` as the leader of a
+//! new session (no controlling terminal; its process group id is its pid) with stdin on /dev/null and a scrubbed environment (only PATH, HOME, LANG, LC_*, TERM,
 //! USER, LOGNAME, SHELL, TZ survive; caches and TMPDIR point into the private scratch dir),
 //! capturing each stream up to [`MAX_CAPTURE`] (reading on to EOF so the command never blocks),
 //! the timeout (60 s by default, at most 300 s) and cancellation: SIGTERM to the launcher, which
-//! kills every descendant, then SIGKILL to its process group after a grace period.
+//! kills every descendant, then `cgroup.kill` on the command's cgroup (when it has one) after a
+//! grace period, and SIGKILL to the launcher's process group after a longer one.
 //!
 //! Must never: run the command itself (only the launcher does, under Landlock); pass the
 //! executor's environment through (login tokens, provider keys, agent sockets); retry a command.
@@ -22,6 +23,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
+use super::cgroup::kill_cgroup_at;
 use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND, SandboxPolicy};
 
 /// Default timeout when the request names none.
@@ -30,8 +32,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bytes kept per stream; the rest is read and discarded.
 pub const MAX_CAPTURE: usize = 1024 * 1024;
-/// Between SIGTERM to the launcher and SIGKILL to its process group.
+/// Between SIGTERM to the launcher and `cgroup.kill` on the command's cgroup.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Between SIGTERM to the launcher and SIGKILL to its process group. Without a cgroup the
+/// launcher is the only one that can find the command's orphans (they are its children), and
+/// killing it hands them to init, so it gets time to finish; only a launcher stuck on a process
+/// that cannot die (uninterruptible sleep) needs the SIGKILL.
+pub const LAUNCHER_GRACE: Duration = Duration::from_secs(10);
 /// The exit status the launcher uses when it refuses to run a command.
 pub const REFUSAL_EXIT: i32 = 126;
 /// How long output readers may run on after the launcher exited.
@@ -155,11 +162,13 @@ pub async fn run_with_env(
         .envs(request.env_extra.iter().map(|(k, v)| (k, v)))
         .envs(scratch_env.iter().map(|(k, v)| (k, v)))
         .current_dir(&request.policy.cwd)
-        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
 
+    // A new session (and process group) for the launcher: no controlling terminal, and the
+    // group id is the launcher's pid, which the SIGKILL fallback below reaches.
+    super::sandbox::new_session(&mut command);
     super::sandbox::die_with_parent(&mut command);
     super::sandbox::inherit_pinned(&mut command, &request.policy);
     let started = Instant::now();
@@ -171,7 +180,11 @@ pub async fn run_with_env(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
-    let mut guard = StopGuard { launcher };
+    let cgroup = request.policy.limits.cgroup.clone();
+    let mut guard = StopGuard {
+        launcher,
+        cgroup: cgroup.clone(),
+    };
 
     let stdout = Capture::start(child.stdout.take());
     let stderr = Capture::start(child.stderr.take());
@@ -182,16 +195,19 @@ pub async fn run_with_env(
         status = child.wait() => status.map_err(ShellError::Wait)?,
         () = tokio::time::sleep(timeout) => {
             timed_out = true;
-            stop(&mut child, launcher).await?
+            stop(&mut child, launcher, cgroup.as_deref()).await?
         }
         () = cancel.cancelled() => {
             cancelled = true;
-            stop(&mut child, launcher).await?
+            stop(&mut child, launcher, cgroup.as_deref()).await?
         }
     };
     guard.launcher = None;
-    // The launcher has been reaped; anything still in its group (it should have killed them
-    // all) goes now. A group with members keeps its id from being reused.
+    // The launcher has been reaped; anything still in its cgroup or its group (it should have
+    // killed them all) goes now. A group with members keeps its id from being reused.
+    if let Some(path) = &cgroup {
+        kill_cgroup_at(path);
+    }
     if let Some(pid) = launcher {
         let _ = killpg(pid, Signal::SIGKILL);
     }
@@ -234,42 +250,68 @@ fn scrub_env(parent: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
         .collect()
 }
 
-/// SIGTERM to the launcher (it kills every descendant), then SIGKILL to its process group after
-/// [`KILL_GRACE`].
+/// SIGTERM to the launcher (it kills every descendant), then, after [`KILL_GRACE`],
+/// `cgroup.kill` on the command's cgroup (when it has one), and after [`LAUNCHER_GRACE`]
+/// SIGKILL to the launcher's process group (its session: everything that did not make a
+/// session of its own).
 async fn stop(
     child: &mut tokio::process::Child,
     launcher: Option<Pid>,
+    cgroup: Option<&Path>,
 ) -> Result<ExitStatus, ShellError> {
     if let Some(pid) = launcher {
         let _ = kill(pid, Signal::SIGTERM);
     }
-    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-        Ok(status) => status.map_err(ShellError::Wait),
-        Err(_) => {
-            if let Some(pid) = launcher {
-                let _ = killpg(pid, Signal::SIGKILL);
-            }
-            child.wait().await.map_err(ShellError::Wait)
-        }
+    if let Ok(status) = tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        return status.map_err(ShellError::Wait);
     }
+    if let Some(path) = cgroup {
+        kill_cgroup_at(path);
+    }
+    let rest = LAUNCHER_GRACE.saturating_sub(KILL_GRACE);
+    if let Ok(status) = tokio::time::timeout(rest, child.wait()).await {
+        return status.map_err(ShellError::Wait);
+    }
+    if let Some(pid) = launcher {
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+    child.wait().await.map_err(ShellError::Wait)
 }
 
-/// If `run` is dropped mid-command, stop it the same way (SIGTERM now, SIGKILL to the group
-/// after the grace period, from a plain thread since no runtime may be left).
+/// If `run` is dropped mid-command, stop it the same way (SIGTERM now, cgroup.kill and SIGKILL
+/// to the group after the grace periods, from a plain thread since no runtime may be left).
+/// Nobody waits for the launcher then, so its pid may be reused meanwhile: the group is only
+/// killed if the process with that pid still has the launcher's start time.
 struct StopGuard {
     launcher: Option<Pid>,
+    cgroup: Option<PathBuf>,
 }
 
 impl Drop for StopGuard {
     fn drop(&mut self) {
         if let Some(pid) = self.launcher.take() {
+            let started = start_time(pid);
             let _ = kill(pid, Signal::SIGTERM);
+            let cgroup = self.cgroup.take();
             std::thread::spawn(move || {
                 std::thread::sleep(KILL_GRACE);
-                let _ = killpg(pid, Signal::SIGKILL);
+                if let Some(path) = &cgroup {
+                    kill_cgroup_at(path);
+                }
+                std::thread::sleep(LAUNCHER_GRACE.saturating_sub(KILL_GRACE));
+                if started.is_some() && start_time(pid) == started {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
             });
         }
     }
+}
+
+/// The start time (clock ticks since boot, field 22 of `/proc/<pid>/stat`) of `pid`.
+fn start_time(pid: Pid) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// One output stream read to EOF in a task, keeping the first [`MAX_CAPTURE`] bytes.

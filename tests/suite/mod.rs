@@ -4,6 +4,7 @@ mod agent;
 mod agentd;
 mod attack_authority;
 mod attack_patch;
+mod attack_sandbox;
 mod crash;
 mod docs;
 mod executor;

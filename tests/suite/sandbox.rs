@@ -81,6 +81,7 @@ impl Fixture {
             home: Some(self.home.clone()),
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
+            limits: Default::default(),
         }
     }
 
