@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod attack_listeners;
 mod crash;
 mod docs;
 mod executor;
