@@ -32,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 const WARMUP: usize = 20;
 const IDLE_CONNECTIONS: usize = 1000;
+/// gatewayd's `max_connections_per_address` here: the idle connections and the round trip's
+/// all come from 127.0.0.1.
+const IDLE_CONNECTIONS_LIMIT: usize = IDLE_CONNECTIONS + 64;
 /// Connections being opened at once (each asks agentd about its token before the upgrade).
 const DIAL_CONCURRENCY: usize = 32;
 /// File descriptors wanted for this process and (inherited) the daemons.
@@ -170,7 +173,9 @@ impl Stack {
             state.join("agentworks.toml"),
             format!(
                 "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{agentd_port}\"\n\n\
-                 [gatewayd]\nlisten = \"127.0.0.1:{gateway_port}\"\nallowed_users = []\n"
+                 [gatewayd]\nlisten = \"127.0.0.1:{gateway_port}\"\nallowed_users = []\n\
+                 # every idle connection comes from this process's one address\n\
+                 max_connections_per_address = {IDLE_CONNECTIONS_LIMIT}\n"
             ),
         )
         .unwrap();

@@ -16,7 +16,8 @@
 //!   revision and the 2025 handshake era), bearer auth, and the tool catalog over agentd's
 //!   `Backend`.
 //! - [`ipc`]: HTTP/1.1 + JSON over Unix sockets, `SO_PEERCRED` peer checks, the one JSON error
-//!   envelope, and the client the daemons and CLIs use to talk to each other.
+//!   envelope, the client the daemons and CLIs use to talk to each other, and the public
+//!   listeners' defences (connection table, header screen, body budget, read timeouts).
 //! - [`gateway`]: `agentworks-gatewayd`: the executor protocol, the device registry, dispatch.
 //! - [`executor`]: the laptop executor's Landlock sandbox launcher (`agentworks __sandbox-exec`)
 //!   and the shell runner with its limits (timeout, output caps, scrubbed environment).

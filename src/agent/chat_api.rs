@@ -45,6 +45,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+/// Largest body of `POST /v1/chats/{id}/turns` (one message; the model sees at most
+/// `max_history_bytes` of earlier ones anyway).
+pub const MAX_TURN_BODY_BYTES: usize = 1024 * 1024;
+/// Largest body of every other chat endpoint (a project name, a binding).
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
+
 /// The sentence a client must send as `confirm` to bind a chat to a laptop folder.
 pub const CONFIRMATION: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
 
@@ -266,34 +272,28 @@ impl ChatService {
             .ok_or_else(|| no_chat(chat_id))
     }
 
+    /// What the public listener may do with a request's body before the handler runs, from
+    /// the head alone: `None` if it is not a chat endpoint (or not with this method, which
+    /// [`ChatService::handle`] answers 405 without authenticating); else the largest body the
+    /// endpoint takes once the bearer token checks out, or the 401/403 the request gets anyway.
+    pub async fn screen(&self, parts: &Parts) -> Option<Result<usize, Response<Body>>> {
+        let Ok(route) = route(parts)? else {
+            return None;
+        };
+        Some(match self.authenticate(parts).await {
+            Ok(_) => Ok(match route {
+                Route::Turn(_) => MAX_TURN_BODY_BYTES,
+                _ => MAX_REQUEST_BODY_BYTES,
+            }),
+            Err(error) => Err(error.response()),
+        })
+    }
+
     /// Serves a chat endpoint, or `None` if the path is not one.
     pub async fn handle(&self, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
-        let path = parts.uri.path();
-        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let route = match (segments.as_slice(), &parts.method) {
-            (["v1", "chats"], m) if *m == Method::POST => Route::Create,
-            (["v1", "chats"], m) if *m == Method::GET => Route::List,
-            (["v1", "chats", id], m) if *m == Method::GET => Route::Get(id.to_string()),
-            (["v1", "chats", id, "turns"], m) if *m == Method::POST => Route::Turn(id.to_string()),
-            (["v1", "chats", id, "cancel"], m) if *m == Method::POST => {
-                Route::Cancel(id.to_string())
-            }
-            (["v1", "chats", id, "binding"], m) if *m == Method::PUT => Route::Bind(id.to_string()),
-            (["v1", "chats", id, "binding"], m) if *m == Method::DELETE => {
-                Route::Unbind(id.to_string())
-            }
-            (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
-            (["v1", "chats", ..], _) | (["v1", "devices"], _) => {
-                return Some(
-                    ApiError::new(
-                        StatusCode::METHOD_NOT_ALLOWED,
-                        "method_not_allowed",
-                        format!("{} is not served on {path}", parts.method),
-                    )
-                    .response(),
-                );
-            }
-            _ => return None,
+        let route = match route(parts)? {
+            Ok(route) => route,
+            Err(response) => return Some(response),
         };
         let result = async {
             let caller = self.authenticate(parts).await?;
@@ -645,6 +645,34 @@ impl ChatService {
         tracing::info!(chat = %chat_id, bound = chat.binding.is_some(), "chat binding changed");
         Ok(json_response(StatusCode::OK, &chat))
     }
+}
+
+/// The chat endpoint a request names: `None` for another path, `Err` (405) for a chat path
+/// with a method it does not serve.
+fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
+    let path = parts.uri.path();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(Ok(match (segments.as_slice(), &parts.method) {
+        (["v1", "chats"], m) if *m == Method::POST => Route::Create,
+        (["v1", "chats"], m) if *m == Method::GET => Route::List,
+        (["v1", "chats", id], m) if *m == Method::GET => Route::Get(id.to_string()),
+        (["v1", "chats", id, "turns"], m) if *m == Method::POST => Route::Turn(id.to_string()),
+        (["v1", "chats", id, "cancel"], m) if *m == Method::POST => Route::Cancel(id.to_string()),
+        (["v1", "chats", id, "binding"], m) if *m == Method::PUT => Route::Bind(id.to_string()),
+        (["v1", "chats", id, "binding"], m) if *m == Method::DELETE => {
+            Route::Unbind(id.to_string())
+        }
+        (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
+        (["v1", "chats", ..], _) | (["v1", "devices"], _) => {
+            return Some(Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} is not served on {path}", parts.method),
+            )
+            .response()));
+        }
+        _ => return None,
+    }))
 }
 
 enum Route {

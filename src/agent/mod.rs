@@ -23,15 +23,18 @@ use crate::daemon::config::Config;
 use crate::daemon::layout::ensure_private_dir;
 use crate::identity::IdentityStore;
 use crate::ipc::client::UnixClient;
+use crate::ipc::connections::{ConnectionLimits, FILES_BESIDES_CONNECTIONS, fit_to_open_files};
 use crate::ipc::envelope::{Body, error_response, json_response};
-use crate::ipc::server::{ServerLimits, serve};
+use crate::ipc::server::{
+    MAX_ANONYMOUS_BODY_BYTES, PublicLimits, Screen, ServerLimits, Verdict, serve, serve_public,
+};
 use crate::mcp::{McpConfig, McpService};
 use hyper::{Method, Request, StatusCode};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body on the public listener (the largest file, JSON-escaped).
-const MAX_PUBLIC_BODY: usize = 48 * 1024 * 1024;
+/// Largest body of an authenticated `POST /mcp` (the largest file, JSON-escaped).
+const MAX_MCP_BODY_BYTES: usize = 48 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentdError {
@@ -114,8 +117,13 @@ pub async fn run(
             allowed_origins: config.agentd.allowed_origins.clone(),
             server_name: "agentworks".into(),
             server_version: env!("CARGO_PKG_VERSION").into(),
+            max_sessions_per_token: config.agentd.max_sessions_per_token,
         },
     ));
+    let screen = Arc::new(PublicScreen {
+        mcp: mcp.clone(),
+        chats: chat_service.clone(),
+    });
     let public_url = config.agentd.public_url();
     let public_identity = identity.clone();
     let public_grants = grants.clone();
@@ -179,18 +187,65 @@ pub async fn run(
         let admin = admin.clone();
         async move { admin.handle(peer, parts, body).await }
     };
-    let public_limits = ServerLimits {
-        max_connections: 1024,
-        max_body_bytes: MAX_PUBLIC_BODY,
-    };
     let socket_limits = ServerLimits {
         max_connections: 256,
         max_body_bytes: 1024 * 1024,
     };
+    let connections = fit_to_open_files(
+        ConnectionLimits::with_reserved_quarter(
+            config.agentd.max_connections,
+            config.agentd.max_connections_per_address,
+        ),
+        FILES_BESIDES_CONNECTIONS + socket_limits.max_connections as u64,
+    );
+    let public_limits = PublicLimits::new(connections, config.agentd.max_body_bytes_in_flight);
+    tracing::info!(?public_limits, "public listener limits");
     tokio::join!(
-        serve(public, public_handler, shutdown.clone(), public_limits),
+        serve_public(
+            public,
+            screen,
+            public_handler,
+            shutdown.clone(),
+            public_limits
+        ),
         serve(socket, socket_handler, shutdown, socket_limits),
     );
+}
+
+/// What agentd's public listener decides from a request's head, before it reads the body:
+/// `/mcp` and the chat endpoints need a valid bearer token (and `/mcp` an allowed `Origin`),
+/// checked here by the same code their handlers run, so a request they would refuse is
+/// refused without its body ever being read; with one, the endpoint's own body limit
+/// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
+/// gets [`MAX_ANONYMOUS_BODY_BYTES`].
+struct PublicScreen {
+    mcp: Arc<McpService<mcp_backend::AgentBackend>>,
+    chats: Option<chat_api::ChatService>,
+}
+
+impl Screen for PublicScreen {
+    async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
+        if head.uri.path() == "/mcp" {
+            return match self.mcp.screen(&head.headers).await {
+                Ok(()) if head.method == Method::POST => Verdict::Authenticated {
+                    max_body_bytes: MAX_MCP_BODY_BYTES,
+                },
+                Ok(()) => Verdict::Authenticated {
+                    max_body_bytes: MAX_ANONYMOUS_BODY_BYTES,
+                },
+                Err(refusal) => Verdict::Refused(refusal),
+            };
+        }
+        if let Some(chats) = &self.chats
+            && let Some(screened) = chats.screen(head).await
+        {
+            return match screened {
+                Ok(max_body_bytes) => Verdict::Authenticated { max_body_bytes },
+                Err(refusal) => Verdict::Refused(refusal),
+            };
+        }
+        Verdict::Anonymous
+    }
 }
 
 fn not_found(path: &str) -> hyper::Response<Body> {

@@ -5,9 +5,17 @@
 //! through agentd's operator socket; Ctrl-C (or SIGTERM) stops every daemon with SIGTERM and
 //! waits for it. Running it again reuses the state root (and mints a new token). It never
 //! touches the system state root.
+//!
+//! Everything it makes is private to the current user, whatever umask it was started with
+//! (root's is usually 022): it runs, and starts the daemons, under umask 077 (as the systemd
+//! units do with `UMask=0077`), and forces the state root and the documents root to 0700
+//! (a state root left by an older version is tightened too); the demo files are 0600.
 
+use crate::daemon::layout::{LayoutError, ensure_private_dir};
 use crate::ipc::client::UnixClient;
 use serde_json::{Value, json};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +27,8 @@ pub enum QuickstartError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot make the quickstart state private: {0}")]
+    Private(#[from] LayoutError),
     #[error(
         "{binary} was not found next to agentworksctl ({dir}); build every binary first: cargo build --bins"
     )]
@@ -97,22 +107,23 @@ fn prepare(state_root: &Path, port: u16) -> Result<(PathBuf, PathBuf), Quickstar
         move |source| QuickstartError::Prepare { path, source }
     };
     let documents = state_root.join("documents");
+    ensure_private_dir(&documents, 0o700)?;
     let demo = documents.join("demo");
-    std::fs::create_dir_all(&demo).map_err(err(&demo))?;
+    ensure_private_dir(&demo, 0o700)?;
     for (name, content) in DEMO_FILES {
         let path = demo.join(name);
         if !path.exists() {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(err(parent))?;
             }
-            std::fs::write(&path, content).map_err(err(&path))?;
+            write_private(&path, content).map_err(err(&path))?;
         }
     }
     // quickstart owns this file: rewritten each run so --port takes effect.
     let config = state_root.join("agentworks.toml");
-    std::fs::write(
+    write_private(
         &config,
-        format!(
+        &format!(
             "# written by agentworksctl quickstart: every daemon as the current user, loopback only\n\
              [workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
              [gatewayd]\nlisten = \"127.0.0.1:{gateway_port}\"\nallowed_users = []\n",
@@ -121,6 +132,17 @@ fn prepare(state_root: &Path, port: u16) -> Result<(PathBuf, PathBuf), Quickstar
     )
     .map_err(err(&config))?;
     Ok((documents, config))
+}
+
+/// Writes `content` to `path`, creating it 0600 (an existing file keeps its mode).
+fn write_private(path: &Path, content: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(content.as_bytes())
 }
 
 /// The executor WebSocket listens next to the HTTP port.
@@ -236,6 +258,11 @@ pub async fn run(
     shutdown: tokio_util::sync::CancellationToken,
     ready: impl FnOnce(&Started),
 ) -> Result<(), QuickstartError> {
+    // First, before anything is created: what quickstart and its daemons create is private
+    // (0700 directories, 0600 files), whatever umask we were started with. Process-wide on
+    // purpose: agentworksctl quickstart is this process's only job, and the children
+    // inherit it.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     std::fs::create_dir_all(state_root).map_err(|source| QuickstartError::Prepare {
         path: state_root.to_owned(),
         source,
@@ -246,6 +273,8 @@ pub async fn run(
             path: state_root.to_owned(),
             source,
         })?;
+    // An existing root (an older quickstart's, made under a permissive umask) is tightened.
+    ensure_private_dir(&state_root, 0o700)?;
     let (documents, config) = prepare(&state_root, port)?;
     let workspaced_socket = state_root.join("run/workspaced.sock");
     let agentd_socket = state_root.join("run/agentd.sock");

@@ -117,6 +117,17 @@ pub struct AgentdConfig {
     pub admin_group: String,
     /// Users whose processes may use the gateway endpoints (token checks, revocations).
     pub gateway_users: Vec<String>,
+    /// Connections the public listener holds at once; a quarter is kept for authenticated
+    /// requests.
+    pub max_connections: usize,
+    /// Connections the public listener holds at once from one client address.
+    pub max_connections_per_address: usize,
+    /// Bytes of request bodies the public listener holds at once (read or being handled); a
+    /// request waits for its share (then 503) and no single body may be larger.
+    pub max_body_bytes_in_flight: usize,
+    /// Handshake-era (2025) MCP sessions one token may hold; one more ends its least recently
+    /// used.
+    pub max_sessions_per_token: usize,
     /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
     pub model: Option<ModelConfig>,
 }
@@ -181,6 +192,10 @@ impl Default for AgentdConfig {
             allowed_origins: Vec::new(),
             admin_group: "agentworks-admin".to_owned(),
             gateway_users: vec!["agentworks-gw".to_owned()],
+            max_connections: 1024,
+            max_connections_per_address: 64,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
+            max_sessions_per_token: 32,
             model: None,
         }
     }
@@ -214,6 +229,8 @@ pub struct GatewaydConfig {
     pub token_recheck_ms: u64,
     /// Most executor connections held at once.
     pub max_connections: usize,
+    /// Most executor connections held at once from one client address.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for GatewaydConfig {
@@ -226,6 +243,7 @@ impl Default for GatewaydConfig {
             heartbeat_secs: 15,
             token_recheck_ms: 250,
             max_connections: 10_000,
+            max_connections_per_address: 64,
         }
     }
 }
@@ -410,6 +428,31 @@ impl Config {
         if ws.allowed_users.iter().any(|u| u.trim().is_empty()) {
             return Err(ConfigError::EmptyUserName);
         }
+        let listener_limits = [
+            ("agentd.max_connections", self.agentd.max_connections),
+            (
+                "agentd.max_connections_per_address",
+                self.agentd.max_connections_per_address,
+            ),
+            (
+                "agentd.max_body_bytes_in_flight",
+                self.agentd.max_body_bytes_in_flight,
+            ),
+            (
+                "agentd.max_sessions_per_token",
+                self.agentd.max_sessions_per_token,
+            ),
+            ("gatewayd.max_connections", self.gatewayd.max_connections),
+            (
+                "gatewayd.max_connections_per_address",
+                self.gatewayd.max_connections_per_address,
+            ),
+        ];
+        for (key, value) in listener_limits {
+            if value == 0 {
+                return Err(ConfigError::ZeroLimit { key });
+            }
+        }
         if let Some(model) = model {
             if model.max_tool_rounds == 0 {
                 return Err(ConfigError::ZeroLimit {
@@ -511,6 +554,57 @@ mod tests {
         let path = dir.join("agentworks.toml");
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    #[test]
+    fn the_shipped_config_documents_real_keys_with_their_defaults() {
+        // Uncomment every `# key = value` and `# [table]` line of the shipped file, in file
+        // order: it must parse (every documented key exists, with the right type) and give
+        // the defaults.
+        let shipped = include_str!("../../packaging/agentworks.toml");
+        let is_key = |line: &str| {
+            line.split_once(" = ").is_some_and(|(key, _)| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+        };
+        let in_order: String = shipped
+            .lines()
+            .filter_map(|line| {
+                if line.starts_with('[') {
+                    return Some(line);
+                }
+                let rest = line.strip_prefix("# ")?;
+                let is_table = rest.starts_with('[') && rest.ends_with(']');
+                (is_table || is_key(rest)).then_some(rest)
+            })
+            .fold(String::new(), |mut out, line| {
+                out.push_str(line);
+                out.push('\n');
+                out
+            });
+        assert!(in_order.contains("max_body_bytes_in_flight = "));
+        let parsed = Config::parse(&in_order)
+            .unwrap_or_else(|e| panic!("{e}\n{in_order}"))
+            .config;
+        let defaults = Config::default();
+        let a = (&parsed.agentd, &defaults.agentd);
+        assert_eq!(a.0.max_connections, a.1.max_connections);
+        assert_eq!(
+            a.0.max_connections_per_address,
+            a.1.max_connections_per_address
+        );
+        assert_eq!(a.0.max_body_bytes_in_flight, a.1.max_body_bytes_in_flight);
+        assert_eq!(a.0.max_sessions_per_token, a.1.max_sessions_per_token);
+        let g = (&parsed.gatewayd, &defaults.gatewayd);
+        assert_eq!(g.0.max_connections, g.1.max_connections);
+        assert_eq!(
+            g.0.max_connections_per_address,
+            g.1.max_connections_per_address
+        );
+        assert_eq!(
+            parsed.workspaced.max_file_bytes,
+            defaults.workspaced.max_file_bytes
+        );
     }
 
     #[test]
@@ -734,6 +828,23 @@ public_url = "wss://gw.example.com/"
             (
                 "[workspaced]\nsearch_max_results = 0",
                 "workspaced.search_max_results",
+            ),
+            ("[agentd]\nmax_connections = 0", "agentd.max_connections"),
+            (
+                "[agentd]\nmax_connections_per_address = 0",
+                "agentd.max_connections_per_address",
+            ),
+            (
+                "[agentd]\nmax_body_bytes_in_flight = 0",
+                "agentd.max_body_bytes_in_flight",
+            ),
+            (
+                "[agentd]\nmax_sessions_per_token = 0",
+                "agentd.max_sessions_per_token",
+            ),
+            (
+                "[gatewayd]\nmax_connections_per_address = 0",
+                "gatewayd.max_connections_per_address",
             ),
         ] {
             let path = write(dir.path(), text);

@@ -1,8 +1,10 @@
 //! The executor side of gatewayd: the public listener laptops dial, and one session task per
 //! connected laptop.
 //!
-//! Owns, in this order for each TCP connection: the connection bound (`max_connections`; past
-//! it a 503 and close), one HTTP/1.1 request (`GET /v1/executor`, else 404/405), the bearer
+//! Owns, in this order for each TCP connection: the connection table (`max_connections`, of
+//! which a quarter is kept for authenticated sessions, and `max_connections_per_address`; a
+//! connection that is still sending its request headers may be evicted to make room, see
+//! [`crate::ipc::connections`]; past the bounds a 503 and close), one HTTP/1.1 request (`GET /v1/executor`, else 404/405), the bearer
 //! token (missing → 401), the WebSocket handshake headers (else 400), agentd's verdict on the
 //! token (refused → agentd's 401/403 with its code; agentd unreachable → 503) — all *before*
 //! the upgrade — then the session: the hello (within 10 s), the device's stable id (owned by
@@ -32,8 +34,7 @@ use hyper::header::{
 use hyper::upgrade::Upgraded;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -51,12 +52,19 @@ use super::{AUDIT_TARGET, Gateway};
 use crate::agent::admin::TokenCheckResponse;
 use crate::daemon::audit;
 use crate::identity::store::now_ms;
+use crate::ipc::connections::{
+    ConnectionLimits, ConnectionSlot, ConnectionTable, FILES_BESIDES_CONNECTIONS, Phase,
+    fit_to_open_files,
+};
 use crate::ipc::envelope::{Body, error_response};
+use crate::ipc::server::refuse_connection;
 
 /// The one path executors dial.
 pub const EXECUTOR_PATH: &str = "/v1/executor";
 /// How long a connection may take to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's read buffer while an upgrade request's head arrives.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long one frame may take to write before the peer counts as gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the closing handshake may take after we sent our close frame.
@@ -97,7 +105,13 @@ pub async fn serve(
     gateway: Gateway,
     shutdown: CancellationToken,
 ) {
-    let permits = Arc::new(Semaphore::new(gateway.settings.max_connections));
+    let table = ConnectionTable::new(fit_to_open_files(
+        ConnectionLimits::with_reserved_quarter(
+            gateway.settings.max_connections,
+            gateway.settings.max_connections_per_address,
+        ),
+        FILES_BESIDES_CONNECTIONS,
+    ));
     let tracker = TaskTracker::new();
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
@@ -121,33 +135,28 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%remote, "max_connections reached; refusing an executor connection");
-            tracker.spawn(refuse_busy(stream));
-            continue;
+        let slot = match table.admit(remote.ip()) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                tracing::debug!(%remote, %refusal, "refusing an executor connection");
+                refuse_connection(&stream, refusal);
+                continue;
+            }
         };
         tracker.spawn(handle_connection(
             stream,
             remote,
             gateway.clone(),
             shutdown.clone(),
-            Arc::new(permit),
+            Arc::new(slot),
             tracker.clone(),
         ));
     }
     drop(listener);
+    // Sessions close with 1001 (going away); connections still sending their head close now.
+    table.evict_waiting();
     tracker.close();
     tracker.wait().await;
-}
-
-/// A plain 503 for a connection over the bound, then close.
-async fn refuse_busy(mut stream: tokio::net::TcpStream) {
-    let body = r#"{"error":{"code":"busy","message":"gatewayd holds its maximum number of executor connections; retry later"}}"#;
-    let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(response.as_bytes())).await;
 }
 
 /// One TCP connection: exactly one HTTP request, which either upgrades or is refused.
@@ -156,30 +165,43 @@ async fn handle_connection(
     remote: SocketAddr,
     gateway: Gateway,
     shutdown: CancellationToken,
-    permit: Arc<OwnedSemaphorePermit>,
+    slot: Arc<ConnectionSlot>,
     tracker: TaskTracker,
 ) {
+    let evicted = slot.evicted().clone();
     let session_shutdown = shutdown.clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let gateway = gateway.clone();
         let shutdown = session_shutdown.clone();
-        let permit = permit.clone();
+        let slot = slot.clone();
         let tracker = tracker.clone();
         async move {
-            Ok::<_, Infallible>(upgrade(request, remote, gateway, shutdown, permit, tracker).await)
+            Ok::<_, Infallible>(upgrade(request, remote, gateway, shutdown, slot, tracker).await)
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
+        // A connection that never ends its headers holds at most this much (hyper's default
+        // read buffer grows to ~400 KiB).
+        .max_buf_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,
+        // Still sending its request headers when room was needed: dropping closes it.
+        _ = evicted.cancelled() => {
+            tracing::debug!(%remote, "waiting executor connection evicted to make room");
+            return;
+        }
         _ = shutdown.cancelled() => {
             connection.as_mut().graceful_shutdown();
-            connection.await
+            tokio::select! {
+                result = connection.as_mut() => result,
+                // serve evicts every waiting connection at shutdown.
+                _ = evicted.cancelled() => return,
+            }
         }
     };
     if let Err(error) = result {
@@ -258,9 +280,11 @@ async fn upgrade(
     remote: SocketAddr,
     gateway: Gateway,
     shutdown: CancellationToken,
-    permit: Arc<OwnedSemaphorePermit>,
+    slot: Arc<ConnectionSlot>,
     tracker: TaskTracker,
 ) -> Response<Body> {
+    // It sent its head: no longer evictable (it answers or upgrades now).
+    slot.set_phase(Phase::Busy);
     if request.uri().path() != EXECUTOR_PATH {
         return refuse(
             StatusCode::NOT_FOUND,
@@ -298,6 +322,8 @@ async fn upgrade(
         }
     };
     drop(token);
+    // Authenticated: from here on it uses the share kept for authenticated sessions.
+    slot.set_phase(Phase::Authenticated);
     let accept = derive_accept_key(key.as_bytes());
     let response = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
@@ -329,7 +355,7 @@ async fn upgrade(
             }
             Err(error) => tracing::debug!(%error, %remote, "executor upgrade failed"),
         }
-        drop(permit);
+        drop(slot);
     });
     response
 }

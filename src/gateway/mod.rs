@@ -71,6 +71,8 @@ pub struct Settings {
     pub token_recheck: Duration,
     /// Most executor connections at once.
     pub max_connections: usize,
+    /// Most executor connections at once from one client address.
+    pub max_connections_per_address: usize,
     /// How long a new connection has to send its hello.
     pub hello_timeout: Duration,
     /// Devices not seen for this long are no longer listed.
@@ -84,6 +86,7 @@ impl Settings {
             heartbeat: Duration::from_secs(g.heartbeat_secs.max(1)),
             token_recheck: Duration::from_millis(g.token_recheck_ms.max(10)),
             max_connections: g.max_connections.max(1),
+            max_connections_per_address: g.max_connections_per_address.max(1),
             hello_timeout: Duration::from_secs(10),
             recent_devices: Duration::from_secs(30 * 24 * 3600),
         }

@@ -153,6 +153,8 @@ pub struct McpConfig {
     pub server_name: String,
     /// `serverInfo.version`.
     pub server_version: String,
+    /// Legacy-era sessions one token may hold; opening one more ends its least recently used.
+    pub max_sessions_per_token: usize,
 }
 
 /// Every response body is one complete buffer (an SSE answer is a single event).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::header::{
-    ACCEPT, ALLOW, CONTENT_TYPE, HeaderName, HeaderValue, ORIGIN, WWW_AUTHENTICATE,
+    ACCEPT, ALLOW, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, ORIGIN, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
@@ -26,6 +26,7 @@ use crate::ipc::bearer::{Bearer, bearer};
 use crate::ipc::envelope::{error_response, json_response};
 
 /// Legacy sessions kept at once; beyond this, idle ones are dropped, then opening fails (503).
+/// With [`McpConfig::max_sessions_per_token`] it takes that many distinct tokens to get here.
 const MAX_SESSIONS: usize = 4096;
 /// A legacy session unused this long is forgotten (its id then answers 404).
 const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60 * 60);
@@ -169,11 +170,16 @@ impl<B: Backend> McpService<B> {
             public_url,
             ..config
         };
+        let sessions = SessionTable::new(
+            MAX_SESSIONS,
+            config.max_sessions_per_token,
+            SESSION_IDLE_TIMEOUT,
+        );
         McpService {
             metadata_url: access::resource_metadata_url(&config.public_url),
             backend,
             config,
-            sessions: SessionTable::new(MAX_SESSIONS, SESSION_IDLE_TIMEOUT),
+            sessions,
         }
     }
 
@@ -218,14 +224,23 @@ impl<B: Backend> McpService<B> {
         )
     }
 
-    async fn handle_mcp(
-        &self,
-        request: Request<bytes::Bytes>,
-    ) -> Result<Response<Body>, Rejection> {
+    /// The checks of a `/mcp` request that need only its headers (steps 1–3 of
+    /// [`McpService::handle`]): the answer it would get if they fail. The public listener
+    /// calls this before it reads the body, so a request that would be refused anyway never
+    /// makes us hold its body; `handle` runs the same checks again on the whole request.
+    pub async fn screen(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        self.admit(headers)
+            .await
+            .map(drop)
+            .map_err(|rejection| rejection.into_response(&self.metadata_url))
+    }
+
+    /// Steps 1–3: Origin, authentication, the endpoint's scope.
+    async fn admit(&self, headers: &HeaderMap) -> Result<Caller, Rejection> {
         // 1. Origin, before anything else: a page on another origin (DNS rebinding) must learn
         //    nothing, not even whether a token works.
-        let origin = header_str(&request, ORIGIN);
-        if request.headers().contains_key(ORIGIN)
+        let origin = headers.get(ORIGIN).and_then(|v| v.to_str().ok());
+        if headers.contains_key(ORIGIN)
             && !access::origin_allowed(
                 Some(origin.unwrap_or("")),
                 &self.config.public_url,
@@ -237,7 +252,7 @@ impl<B: Backend> McpService<B> {
             ));
         }
         // 2. Authenticate every request, including initialize, discover, GET and DELETE.
-        let caller = match bearer(request.headers()) {
+        let caller = match bearer(headers) {
             Bearer::Absent => self.backend.authenticate(None).await,
             Bearer::Token(token) => self.backend.authenticate(Some(token)).await,
             Bearer::Malformed => Err(AuthError::Invalid),
@@ -249,6 +264,15 @@ impl<B: Backend> McpService<B> {
                 scope: WORKFLOW_SCOPES[0],
             });
         }
+        Ok(caller)
+    }
+
+    async fn handle_mcp(
+        &self,
+        request: Request<bytes::Bytes>,
+    ) -> Result<Response<Body>, Rejection> {
+        // 1.–3. Origin, authentication, scope.
+        let caller = self.admit(request.headers()).await?;
         // 4. The HTTP method; GET offers no stream in either era (we never push).
         let modern_header = request
             .headers()

@@ -3,8 +3,10 @@
 //!
 //! A session is only a name for a negotiated version: it grants nothing, and every request is
 //! authenticated on its own. Must never let a session be used by another token (it answers
-//! exactly as if the session did not exist) and never grow without bound: the table is capped
-//! and idle sessions expire. A std mutex is enough: it is never held across an `.await`.
+//! exactly as if the session did not exist) and never grow without bound: the table is capped,
+//! idle sessions expire, and one token holds at most `max_per_token` sessions (opening one
+//! more ends that token's least recently used one), so one caller can never fill the table
+//! and lock everybody else out. A std mutex is enough: it is never held across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -28,19 +30,21 @@ struct Session {
     last_used: Instant,
 }
 
-/// The live sessions, bounded and idle-expiring.
+/// The live sessions, bounded in all and per token, and idle-expiring.
 #[derive(Debug)]
 pub(super) struct SessionTable {
     sessions: Mutex<HashMap<String, Session>>,
     max_sessions: usize,
+    max_per_token: usize,
     idle_timeout: Duration,
 }
 
 impl SessionTable {
-    pub fn new(max_sessions: usize, idle_timeout: Duration) -> SessionTable {
+    pub fn new(max_sessions: usize, max_per_token: usize, idle_timeout: Duration) -> SessionTable {
         SessionTable {
             sessions: Mutex::new(HashMap::new()),
             max_sessions,
+            max_per_token: max_per_token.max(1),
             idle_timeout,
         }
     }
@@ -60,6 +64,23 @@ impl SessionTable {
         now: Instant,
     ) -> Result<String, SessionError> {
         let mut sessions = self.lock();
+        // This token's own sessions first: at its bound, its least recently used one ends
+        // (its id then answers 404, and a client re-initializes, as the transport says).
+        let mut own = 0usize;
+        let mut least_recent: Option<(&String, Instant)> = None;
+        for (id, session) in sessions.iter() {
+            if session.token_id == token_id {
+                own += 1;
+                if least_recent.is_none_or(|(_, used)| session.last_used < used) {
+                    least_recent = Some((id, session.last_used));
+                }
+            }
+        }
+        if own >= self.max_per_token
+            && let Some(id) = least_recent.map(|(id, _)| id.clone())
+        {
+            sessions.remove(&id);
+        }
         if sessions.len() >= self.max_sessions {
             let idle = self.idle_timeout;
             sessions.retain(|_, s| now.saturating_duration_since(s.last_used) < idle);
@@ -110,7 +131,7 @@ mod tests {
 
     #[test]
     fn open_resolve_close() {
-        let table = SessionTable::new(4, Duration::from_secs(60));
+        let table = SessionTable::new(4, 4, Duration::from_secs(60));
         let now = Instant::now();
         let id = table.open("tok", "2025-11-25", now).unwrap();
         assert_eq!(id.len(), 32);
@@ -130,16 +151,51 @@ mod tests {
 
     #[test]
     fn idle_sessions_expire_and_make_room() {
-        let table = SessionTable::new(2, Duration::from_secs(60));
+        // Three tokens, one session each: the table (not a per-token bound) is what is full.
+        let table = SessionTable::new(2, 2, Duration::from_secs(60));
         let start = Instant::now();
         let a = table.open("tok", "2025-06-18", start).unwrap();
-        table.open("tok", "2025-06-18", start).unwrap();
+        table.open("tok-2", "2025-06-18", start).unwrap();
         assert_eq!(
-            table.open("tok", "2025-06-18", start),
+            table.open("tok-3", "2025-06-18", start),
             Err(SessionError::Full)
         );
         let later = start + Duration::from_secs(61);
         assert_eq!(table.resolve(&a, "tok", later), Err(SessionError::NotFound));
         assert!(table.open("tok", "2025-06-18", later).is_ok());
+    }
+
+    #[test]
+    fn one_token_holds_at_most_its_bound_and_loses_its_least_recent_first() {
+        let table = SessionTable::new(8, 3, Duration::from_secs(60));
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let first = table.open("greedy", "2025-06-18", at(0)).unwrap();
+        let second = table.open("greedy", "2025-06-18", at(1)).unwrap();
+        let third = table.open("greedy", "2025-06-18", at(2)).unwrap();
+        // The first one is used again: the second is now the least recent.
+        table.resolve(&first, "greedy", at(3)).unwrap();
+        let fourth = table.open("greedy", "2025-06-18", at(4)).unwrap();
+        assert_eq!(
+            table.resolve(&second, "greedy", at(5)),
+            Err(SessionError::NotFound)
+        );
+        for id in [&first, &third, &fourth] {
+            assert!(table.resolve(id, "greedy", at(5)).is_ok());
+        }
+        // However many it opens, others still get sessions: the table never fills up.
+        for i in 0..100 {
+            table.open("greedy", "2025-06-18", at(10 + i)).unwrap();
+        }
+        let others: Vec<String> = (0..5)
+            .map(|i| {
+                table
+                    .open(&format!("other-{i}"), "2025-11-25", at(200))
+                    .unwrap()
+            })
+            .collect();
+        for (i, id) in others.iter().enumerate() {
+            assert!(table.resolve(id, &format!("other-{i}"), at(201)).is_ok());
+        }
     }
 }

@@ -221,6 +221,7 @@ async fn start() -> Server {
             allowed_origins: vec![ALLOWED_ORIGIN.into()],
             server_name: "agentworks-test".into(),
             server_version: "0.0.0".into(),
+            max_sessions_per_token: 32,
         },
     ));
     let task = tokio::spawn(async move {

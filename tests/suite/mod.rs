@@ -3,6 +3,7 @@
 mod agent;
 mod agentd;
 mod attack_authority;
+mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
 mod crash;
