@@ -12,6 +12,7 @@ pub mod grants;
 pub mod limits;
 pub mod login;
 pub mod patch;
+pub mod privileges;
 pub mod receipts;
 pub mod sandbox;
 pub mod seccomp;

@@ -69,6 +69,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 
 use super::cgroup::CommandCgroupFds;
 use super::limits::{self, CommandLimits};
+use super::privileges;
 use super::seccomp::{self, SeccompError};
 
 /// The hidden subcommand that puts the `agentworks` binary in launcher mode.
@@ -508,15 +509,26 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // SAFETY: the closure runs in the forked child before exec. The launcher is
     // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
     // no lock can be held by a thread that vanished in the fork and allocating is sound.
-    // It only writes to a cgroup.procs descriptor opened before the fork and calls
-    // landlock_restrict_self on a ruleset built before the fork.
+    // It only writes to a cgroup.procs descriptor opened before the fork, calls
+    // landlock_restrict_self on a ruleset built before the fork, and drops capabilities
+    // (prctl, capset).
     unsafe {
         command.pre_exec(move || {
             if let Some(fds) = &child_cgroup {
                 fds.join_self()?;
             }
-            restrict_to_scopes(&mut scopes)
+            restrict_to_scopes(&mut scopes)?;
+            // Last: a privileged launcher's command gets no capability (privileges.rs).
+            privileges::drop_capabilities()
         });
+    }
+    // A launcher with CAP_SYS_ADMIN (a root executor, which RLIMIT_NPROC does not bind) puts
+    // the command in its own PID namespace: when the shell, its first process, is killed, the
+    // kernel kills the rest, so a fork-hopping chain cannot outrun the reaper. Only now: the
+    // first process forked after this is the namespace's, and the process-limit probe above
+    // forks too.
+    if privileges::may_unshare_pid() {
+        privileges::own_pid_namespace().map_err(SandboxError::setup("create a PID namespace"))?;
     }
     let child = command.spawn().map_err(|source| SandboxError::Spawn {
         program: program.to_string_lossy().into_owned(),

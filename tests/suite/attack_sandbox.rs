@@ -1439,3 +1439,63 @@ impl UserLaptop {
         self.device_id().is_some()
     }
 }
+
+// ----- a root launcher -----
+
+/// A root executor is not bound by `RLIMIT_NPROC`, so without a delegated cgroup only the
+/// launcher can stop a fork-hopping chain: it puts the command in its own PID namespace, which
+/// the kernel empties when the shell (its first process) is killed.
+#[tokio::test]
+async fn a_root_launchers_fork_hopping_chain_is_gone_a_second_after_its_timeout() {
+    assert!(nix::unistd::geteuid().is_root(), "this test runs as root");
+    let f = Folder::new();
+    let name = hopper_name();
+    build_hopper(&f.project, &name);
+    let mut request = f.request(&hopping_chain(&name), CommandLimits::default(), &[]);
+    request.timeout = Some(Duration::from_secs(2));
+    let out = sandboxed(request).await;
+    let result_at = Instant::now();
+    assert!(out.timed_out, "{out:?}");
+    assert_chain_gone_a_second_after(&name, result_at);
+}
+
+/// A root executor's commands run with no capability at all (none effective, permitted,
+/// inheritable, ambient or in the bounding set, and root regains none by exec): Landlock
+/// confines paths, not what `CAP_SYS_ADMIN`, `CAP_BPF` or `CAP_SYS_MODULE` reach. Here: root's
+/// `CAP_DAC_OVERRIDE` would read another user's private file in the shared folder.
+#[tokio::test]
+async fn a_root_launchers_command_has_no_capabilities() {
+    assert!(nix::unistd::geteuid().is_root(), "this test runs as root");
+    let f = Folder::new();
+    let private = f.project.join("nobodys.txt");
+    std::fs::write(&private, "nobody's-private-fixture").unwrap();
+    std::os::unix::fs::chown(&private, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    // Control: root outside the sandbox reads it (CAP_DAC_OVERRIDE).
+    let control = Command::new("cat").arg(&private).output().unwrap();
+    assert!(
+        text(&control.stdout).contains("nobody's-private"),
+        "{control:?}"
+    );
+
+    let out = sandboxed(f.request(
+        "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status; cat nobodys.txt",
+        CommandLimits::default(),
+        &[],
+    ))
+    .await;
+    assert!(!out.stdout.contains("nobody's-private"), "{out:?}");
+    let caps: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("Cap"))
+        .collect();
+    assert_eq!(caps.len(), 5, "{out:?}");
+    for line in caps {
+        assert!(line.ends_with("0000000000000000"), "{line}: {out:?}");
+    }
+}

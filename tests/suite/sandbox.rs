@@ -549,9 +549,13 @@ async fn the_command_cannot_signal_the_launcher() {
         "this machine's Landlock ABI {abi} has no signal scope"
     );
     let f = Fixture::new();
-    let out =
-        ok(f.request("if kill -KILL $PPID 2>/dev/null; then echo escaped; else echo refused; fi"))
-            .await;
+    // The launcher's pid as /proc (the machine's) shows the shell's parent: $PPID is 0 when the
+    // command has its own PID namespace (a root launcher's).
+    let out = ok(f.request(
+        "read -r _ _ _ launcher _ < /proc/self/stat; [ \"$launcher\" -gt 1 ] || exit 9; \
+         if kill -KILL \"$launcher\" 2>/dev/null; then echo escaped; else echo refused; fi",
+    ))
+    .await;
     assert_eq!(out, "refused\n");
 }
 
