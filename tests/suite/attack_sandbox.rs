@@ -1303,6 +1303,11 @@ fn a_command_cannot_type_into_the_persons_shell_or_use_their_other_terminals() {
     wait_until("the injected control line ran in the shell", WAIT, || {
         control.exists()
     });
+    // The file can exist before the reader thread has copied the control's own "injected"
+    // off the terminal: wait for it, so that what follows on the screen is the commands' only.
+    wait_until("the control's output reached the screen", WAIT, || {
+        screen.lock().unwrap().contains("injected")
+    });
     let control_screen = screen.lock().unwrap().len();
 
     // The executor, started from that shell as a person would.
