@@ -9,7 +9,7 @@
 //! Run: `cargo bench --bench durable_write` (optionally `-- 1000` for the number of writes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentworks::ipc::client::UnixClient;
+use agentworks_support::unix_http::UnixClient;
 use serde_json::json;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

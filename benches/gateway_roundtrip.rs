@@ -18,8 +18,8 @@
 //! dispatches and direct runs; default 200, after 20 warm-up each).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentworks::gateway::protocol::{ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame};
-use agentworks::ipc::client::UnixClient;
+use agentworks_contract::executor::{ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame};
+use agentworks_support::unix_http::UnixClient;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::io::Write;

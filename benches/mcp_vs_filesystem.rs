@@ -19,7 +19,7 @@
 //! `target/bench-mcp-node`; without it (no npm, no network) the benchmark fails, never guesses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentworks::ipc::client::UnixClient;
+use agentworks_support::unix_http::UnixClient;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;

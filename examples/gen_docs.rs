@@ -1,5 +1,5 @@
 //! Generates the man pages and shell completions from the programs' clap definitions
-//! (`agentworks::cli`), so they cannot drift from the parsers.
+//! (each program's `cli` module in its crate), so they cannot drift from the parsers.
 //!
 //! ```text
 //! cargo run --example gen_docs -- <out dir>
@@ -12,17 +12,19 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use agentworks::cli;
 use clap_complete::Shell;
 
 /// Every program and its clap definition.
 fn programs() -> [(&'static str, clap::Command); 5] {
     [
-        ("agentworks-workspaced", cli::workspaced::command()),
-        ("agentworks-agentd", cli::agentd::command()),
-        ("agentworks-gatewayd", cli::gatewayd::command()),
-        ("agentworksctl", cli::ctl::command()),
-        ("agentworks", cli::laptop::command()),
+        (
+            "agentworks-workspaced",
+            agentworks_workspace::cli::command(),
+        ),
+        ("agentworks-agentd", agentworks_agent::cli::command()),
+        ("agentworks-gatewayd", agentworks_gateway::cli::command()),
+        ("agentworksctl", agentworks_ctl::cli::command()),
+        ("agentworks", agentworks_laptop::cli::command()),
     ]
 }
 

@@ -308,7 +308,7 @@ getfacl -n "$file" 2>/dev/null | grep -q '^user:65534:r--' ||
 log "replaced code/hello.txt: its ACL entry (user:65534:r--) and group kept"
 
 # --- 6. the audit entry ------------------------------------------------------------------------
-write_id=$(sed -n 's/^pub const WRITE: &str = "\([0-9a-f]*\)";/\1/p' "$repo/src/daemon/audit.rs")
+write_id=$(sed -n 's/^pub const WRITE: &str = "\([0-9a-f]*\)";/\1/p' "$repo/crates/daemon/src/audit.rs")
 entry=
 i=0
 while [ -z "$entry" ] && [ $i -lt 20 ]; do

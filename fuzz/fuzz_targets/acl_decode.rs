@@ -2,7 +2,7 @@
 //! encode → decode unchanged (and encode to the same bytes again).
 #![no_main]
 
-use agentworks::workspace::acl::Acl;
+use agentworks_workspace::acl::Acl;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! never panic, and a diff that applies must produce text whose removed lines were really there.
 #![no_main]
 
-use agentworks::patch::apply_strict;
+use agentworks_core::patch::apply_strict;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

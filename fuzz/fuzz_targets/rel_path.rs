@@ -2,7 +2,7 @@
 //! `..` or dot components, not absolute, no NUL) and parse again to itself.
 #![no_main]
 
-use agentworks::guard::RelPath;
+use agentworks_core::guard::RelPath;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,12 +1,12 @@
 //! `agentworks-agentd`: identity, the public MCP endpoint and the operator socket.
 //!
 //! Thin on purpose: parse flags, drop every capability, load the config, take the listeners
-//! (socket activation or bind), then `agentworks::agent::run`. Exit codes: 0 after a clean
+//! (socket activation or bind), then `agentworks_agent::run`. Exit codes: 0 after a clean
 //! shutdown, 1 when it could not start, 2 for a bad command line or config.
 
-use agentworks::agent;
-use agentworks::cli::agentd::Args;
-use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
+use agentworks_agent as agent;
+use agentworks_agent::cli::Args;
+use agentworks_daemon::{config::Config, entry, listener, shutdown, systemd};
 use anyhow::Context;
 use clap::Parser;
 use std::process::ExitCode;

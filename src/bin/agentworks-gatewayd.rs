@@ -2,12 +2,12 @@
 //! socket (`gatewayd.sock`, for agentd).
 //!
 //! Thin on purpose: parse flags, drop every capability, load the config, take the listeners
-//! (socket activation or bind), open the store, then `agentworks::gateway::run`. Exit codes: 0
+//! (socket activation or bind), open the store, then `agentworks_gateway::run`. Exit codes: 0
 //! after a clean shutdown, 1 when it could not start, 2 for a bad command line or config.
 
-use agentworks::cli::gatewayd::Args;
-use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
-use agentworks::gateway;
+use agentworks_daemon::{config::Config, entry, listener, shutdown, systemd};
+use agentworks_gateway as gateway;
+use agentworks_gateway::cli::Args;
 use anyhow::Context;
 use clap::Parser;
 use std::process::ExitCode;

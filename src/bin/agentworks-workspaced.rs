@@ -1,14 +1,14 @@
 //! `agentworks-workspaced`: the only writer of the documents tree.
 //!
 //! Thin on purpose: parse flags, drop capabilities, load the config, then hand the socket to
-//! `agentworks::workspace::server::run`. Exit codes: 0 after a clean shutdown, 1 when the
+//! `agentworks_workspace::server::run`. Exit codes: 0 after a clean shutdown, 1 when the
 //! daemon could not start or failed while running, 2 for a bad command line or config.
 
-use agentworks::cli::workspaced::Args;
-use agentworks::daemon::{config::Config, entry, listener, shutdown, systemd};
-use agentworks::ipc::server::{PeerPolicy, ServerLimits};
-use agentworks::workspace::ops::{Limits, Workspace};
-use agentworks::workspace::server;
+use agentworks_daemon::ipc::server::{PeerPolicy, ServerLimits};
+use agentworks_daemon::{config::Config, entry, listener, shutdown, systemd};
+use agentworks_workspace::cli::Args;
+use agentworks_workspace::ops::{Limits, Workspace};
+use agentworks_workspace::server;
 use anyhow::Context;
 use clap::Parser;
 use std::process::ExitCode;

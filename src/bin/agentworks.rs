@@ -15,13 +15,13 @@ use std::io::BufRead;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use agentworks::cli::laptop::{Cli, Command, ExecutorCommand};
-use agentworks::executor::config::{Credentials, Dirs, ensure_private_dir};
-use agentworks::executor::connect::{self, End, Executor, Status};
-use agentworks::executor::grants::{GrantArgs, Grants};
-use agentworks::executor::limits::Limits;
-use agentworks::executor::receipts::Receipts;
-use agentworks::executor::{login, sandbox, shell};
+use agentworks_laptop::cli::{Cli, Command, ExecutorCommand};
+use agentworks_laptop::config::{Credentials, Dirs, ensure_private_dir};
+use agentworks_laptop::connect::{self, End, Executor, Status};
+use agentworks_laptop::grants::{GrantArgs, Grants};
+use agentworks_laptop::limits::Limits;
+use agentworks_laptop::receipts::Receipts;
+use agentworks_laptop::{login, sandbox, shell};
 use anyhow::{Context, anyhow};
 use clap::Parser;
 
@@ -32,18 +32,18 @@ fn main() -> ExitCode {
     // Sandbox launcher mode (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`):
     // must stay first in main, while the process is single-threaded. It only returns on error,
     // before any command ran.
-    if std::env::args().nth(1).as_deref() == Some(agentworks::executor::sandbox::SUBCOMMAND) {
+    if std::env::args().nth(1).as_deref() == Some(agentworks_laptop::sandbox::SUBCOMMAND) {
         let args: Vec<String> = std::env::args().collect();
-        let error = agentworks::executor::sandbox::launcher_main(&args[2..]);
-        eprintln!("{}{error}", agentworks::executor::sandbox::REFUSAL_PREFIX);
+        let error = agentworks_laptop::sandbox::launcher_main(&args[2..]);
+        eprintln!("{}{error}", agentworks_laptop::sandbox::REFUSAL_PREFIX);
         return std::process::ExitCode::from(126);
     }
 
     // Patch applier mode (`agentworks __apply-patch <folder>`, job on stdin): run by the
     // launcher above, already inside the sandbox.
-    if std::env::args().nth(1).as_deref() == Some(agentworks::executor::patch::SUBCOMMAND) {
+    if std::env::args().nth(1).as_deref() == Some(agentworks_laptop::patch::SUBCOMMAND) {
         let args: Vec<String> = std::env::args().skip(2).collect();
-        let code = agentworks::executor::patch::apply_main(&args);
+        let code = agentworks_laptop::patch::apply_main(&args);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
 
@@ -196,7 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .map(|c| c.server)
                     .ok_or_else(|| anyhow!("no server: pass --server URL (or log in first)"))?,
             };
-            agentworks::executor::chat::run(agentworks::executor::chat::ChatOptions {
+            agentworks_laptop::chat::run(agentworks_laptop::chat::ChatOptions {
                 server: login::server_url(&server)?,
                 token,
                 project,

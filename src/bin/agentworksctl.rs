@@ -1,13 +1,13 @@
 //! `agentworksctl`: the operator CLI.
 //!
-//! Parses flags and calls `agentworks::ctl`. Exit codes: 0 success, 1 the operation failed
+//! Parses flags and calls `agentworks_ctl`. Exit codes: 0 success, 1 the operation failed
 //! (refused by a daemon, or a daemon unreachable), 2 bad usage or configuration.
 
-use agentworks::cli::ctl::{
+use agentworks_ctl::cli::{
     Cli, Cmd, LoginCmd, MemberCmd, ProjectCmd, ReceiptCmd, TokenCmd, UserCmd,
 };
-use agentworks::ctl::{self, admin::CtlError};
-use agentworks::daemon::{config::Config, shutdown};
+use agentworks_ctl::{self as ctl, admin::CtlError};
+use agentworks_daemon::{config::Config, shutdown};
 use clap::Parser;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -29,8 +29,20 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
-    if let Cmd::Quickstart { state_root, port } = cli.command {
-        return quickstart(state_root, port, cli.json).await;
+    if let Cmd::Quickstart {
+        state_root,
+        port,
+        gateway_port,
+    } = cli.command
+    {
+        let ports = match ctl::quickstart::Ports::new(port, gateway_port) {
+            Ok(ports) => ports,
+            Err(e) => {
+                eprintln!("agentworksctl quickstart: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return quickstart(state_root, ports, cli.json).await;
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -87,7 +99,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
 /// is sent until everything checks out).
 fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
     let role = |raw: &str| -> Result<String, CtlError> {
-        agentworks::identity::Role::parse(raw)
+        agentworks_agent::identity::Role::parse(raw)
             .map(|r| r.as_str().to_owned())
             .ok_or_else(|| {
                 CtlError::Usage(format!(
@@ -101,7 +113,7 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
         Cmd::User(UserCmd::Disable { name }) => ("users/disable", json!({ "name": name })),
         Cmd::User(UserCmd::Enable { name }) => ("users/enable", json!({ "name": name })),
         Cmd::Project(ProjectCmd::Add(p)) => {
-            if agentworks::identity::ProjectKind::parse(&p.kind).is_none() {
+            if agentworks_agent::identity::ProjectKind::parse(&p.kind).is_none() {
                 return Err(CtlError::Usage(format!(
                     "--kind {:?}: use workflow or code",
                     p.kind
@@ -139,7 +151,7 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
         Cmd::Member(MemberCmd::List { project }) => ("members/list", json!({ "project": project })),
         Cmd::Token(TokenCmd::Create(t)) => {
             for scope in &t.scopes {
-                if agentworks::identity::Scope::parse(scope).is_none() {
+                if agentworks_agent::identity::Scope::parse(scope).is_none() {
                     return Err(CtlError::Usage(format!(
                         "--scope {scope:?}: use workflows:read, workflows:run, workflows:write, devices:connect or devices:approve"
                     )));
@@ -147,7 +159,7 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
             }
             let expires_at_ms = match &t.expires_in {
                 Some(d) => {
-                    Some(agentworks::identity::store::now_ms() + ctl::admin::parse_duration_ms(d)?)
+                    Some(agentworks_support::clock::now_ms() + ctl::admin::parse_duration_ms(d)?)
                 }
                 None => None,
             };
@@ -243,9 +255,13 @@ fn print_text(endpoint: &str, answer: &Value) {
     }
 }
 
-async fn quickstart(state_root: PathBuf, port: u16, json_output: bool) -> ExitCode {
+async fn quickstart(
+    state_root: PathBuf,
+    ports: ctl::quickstart::Ports,
+    json_output: bool,
+) -> ExitCode {
     let shutdown = shutdown::on_signals();
-    let result = ctl::quickstart::run(&state_root, port, shutdown, |started| {
+    let result = ctl::quickstart::run(&state_root, ports, shutdown, |started| {
         if json_output {
             println!("{}", serde_json::to_string(started).unwrap_or_default());
         } else {

@@ -249,7 +249,7 @@ fn revoked_expired_and_devices_tokens_are_refused() {
     let soon = stack.token(
         "alice",
         &["workflows:write"],
-        json!({"expires_at_ms": agentworks::identity::store::now_ms() + 300}),
+        json!({"expires_at_ms": agentworks_agent::identity::store::now_ms() + 300}),
     );
     assert_eq!(
         mcp_call(stack.port, &soon, "list_workflows", json!({})).0,

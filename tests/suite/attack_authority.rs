@@ -605,7 +605,7 @@ fn a_device_recorded_before_credentials_owned_devices_is_claimed_by_no_connectio
              CREATE INDEX devices_by_user ON devices (user_id, last_seen_ms);",
         )
         .unwrap();
-        let now = agentworks::identity::store::now_ms();
+        let now = agentworks_agent::identity::store::now_ms();
         db.execute(
             "INSERT INTO devices VALUES ('dev_legacy', ?1, 'laptop', ?2, '0.1.0', ?3, ?3)",
             rusqlite::params![

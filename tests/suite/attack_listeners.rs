@@ -820,9 +820,8 @@ fn one_token_cannot_fill_the_mcp_session_table() {
 /// older version is tightened on the next start.
 #[test]
 fn quickstart_documents_are_private_under_a_permissive_umask() {
-    use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     let (uid, gid) = {
         let _lock = users_lock();
         ensure_user("awtest-qs-other", &[])
@@ -832,32 +831,17 @@ fn quickstart_documents_are_private_under_a_permissive_umask() {
     // another user.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let state = dir.path().join("qs");
-    let start = |port: u16| {
-        let mut child = Command::new("sh")
+    let start = |ports: &[u16]| {
+        let mut command = Command::new("sh");
+        command
             .arg("-c")
             .arg("umask 022 && exec \"$0\" \"$@\"")
             .arg(env!("CARGO_BIN_EXE_agentworksctl"))
-            .args([
-                "quickstart",
-                "--json",
-                "--port",
-                &port.to_string(),
-                "--state-root",
-            ])
-            .arg(&state)
+            .args(quickstart_args(&state, [ports[0], ports[1]]))
             .env_remove("AGENTWORKS_STATE_ROOT")
-            .env_remove("AGENTWORKS_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let started: serde_json::Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("first stdout line is JSON ({e}): {line:?}"));
-        (child, started)
+            .env_remove("AGENTWORKS_CONFIG");
+        let run = QuickstartRun::spawn(command);
+        (run.child, run.started)
     };
     let stop = |mut child: std::process::Child| {
         nix::sys::signal::kill(
@@ -939,9 +923,9 @@ fn quickstart_documents_are_private_under_a_permissive_umask() {
         .unwrap();
         assert!(read["content"].as_str().unwrap().contains("Demo workflow"));
     };
-    let port = free_port();
-    let (child, started) = start(port);
-    check(&started, port);
+    let ports = reserve_ports(2);
+    let (child, started) = start(&ports);
+    check(&started, ports[0]);
     stop(child);
     // A root an older version left open: tightened on the next start.
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -950,8 +934,8 @@ fn quickstart_documents_are_private_under_a_permissive_umask() {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    let port = free_port();
-    let (child, started) = start(port);
-    check(&started, port);
+    let ports = reserve_ports(2);
+    let (child, started) = start(&ports);
+    check(&started, ports[0]);
     stop(child);
 }

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use agentworks::ipc::client::ClientError;
+use agentworks_support::unix_http::ClientError;
 use serde_json::{Value, json};
 
 use super::harness::{

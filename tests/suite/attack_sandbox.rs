@@ -23,17 +23,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentworks::executor::limits::CommandLimits;
-use agentworks::executor::sandbox::{self, SandboxPolicy};
-use agentworks::executor::shell::{self, ShellOutcome, ShellRequest};
+use agentworks_laptop::limits::CommandLimits;
+use agentworks_laptop::sandbox::{self, SandboxPolicy};
+use agentworks_laptop::shell::{self, ShellOutcome, ShellRequest};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{
-    Client, Gatewayd, Laptop, Stack, block_on, ensure_user, free_port, processes_with, users_lock,
-    wait_until,
+    Client, Gatewayd, Laptop, QuickstartRun, Stack, block_on, ensure_user, processes_with,
+    quickstart_args, reserve_ports, users_lock, wait_until,
 };
-use agentworks::ipc::client::UnixClient;
+use agentworks_support::unix_http::UnixClient;
 
 /// A bounded wait for something that must happen.
 const WAIT: Duration = Duration::from_secs(20);
@@ -783,7 +783,7 @@ impl Drop for DelegatedCgroup {
 /// `/sys/fs/cgroup/unified`).
 fn cgroup2_root() -> PathBuf {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    agentworks::executor::cgroup::cgroup2_mount(&mountinfo)
+    agentworks_laptop::cgroup::cgroup2_mount(&mountinfo)
         .expect("this test needs a cgroup v2 hierarchy (cgroup2 is not mounted)")
         .0
 }
@@ -973,33 +973,18 @@ fn without_a_delegated_cgroup_connect_names_the_missing_memory_limit() {
 // ----- a same-user quickstart -----
 
 /// `agentworksctl quickstart` as `uid:gid` on `state`; returns the child and its JSON line.
-fn quickstart_as(state: &Path, port: u16, uid: u32, gid: u32) -> (Child, Value) {
-    use std::io::BufRead;
+fn quickstart_as(state: &Path, uid: u32, gid: u32) -> (Child, Value) {
+    let ports = reserve_ports(2);
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentworksctl"));
     command
-        .args([
-            "quickstart",
-            "--json",
-            "--port",
-            &port.to_string(),
-            "--state-root",
-        ])
-        .arg(state)
+        .args(quickstart_args(state, [ports[0], ports[1]]))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", state)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stdin(Stdio::null());
     as_user(&mut command, uid, gid, Start::default());
-    let mut child = command.spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let started = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("quickstart's first line is JSON ({e}): {line:?}"));
-    (child, started)
+    let run = QuickstartRun::spawn(command);
+    (run.child, run.started)
 }
 
 #[test]
@@ -1012,8 +997,7 @@ fn a_command_cannot_reach_the_operator_sockets_of_a_same_user_quickstart() {
         .unwrap();
     chown_tree(dir.path(), uid, gid);
     let state = dir.path().join("qs");
-    let port = free_port();
-    let (quickstart, started) = quickstart_as(&state, port, uid, gid);
+    let (quickstart, started) = quickstart_as(&state, uid, gid);
     struct Stop(Child);
     impl Drop for Stop {
         fn drop(&mut self) {
@@ -1043,7 +1027,7 @@ fn a_command_cannot_reach_the_operator_sockets_of_a_same_user_quickstart() {
     // The laptop of the same user as the daemons.
     let laptop = Laptop::new("aw-qs-laptop-", &[("src/repo/readme.txt", "readme\n")]);
     chown_tree(&laptop.root(), uid, gid);
-    let server = format!("http://127.0.0.1:{port}");
+    let server = started["api_url"].as_str().unwrap().to_owned();
     let gateway = started["gateway_url"].as_str().unwrap().to_owned();
     let mut login = laptop.command(&[
         "login",

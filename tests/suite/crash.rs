@@ -5,9 +5,9 @@
 //! Assertions are about ordering and content only, never about how long something took.
 
 use super::harness::*;
-use agentworks::daemon::layout::root_key;
-use agentworks::ipc::client::ClientError;
-use agentworks::workspace::api::Context;
+use agentworks_contract::workspaced::Context;
+use agentworks_daemon::layout::root_key;
+use agentworks_support::unix_http::ClientError;
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;

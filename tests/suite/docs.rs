@@ -12,27 +12,27 @@ fn programs() -> Vec<(&'static str, &'static str, clap::Command)> {
         (
             "agentworks-workspaced",
             env!("CARGO_BIN_EXE_agentworks-workspaced"),
-            agentworks::cli::workspaced::command(),
+            agentworks_workspace::cli::command(),
         ),
         (
             "agentworks-agentd",
             env!("CARGO_BIN_EXE_agentworks-agentd"),
-            agentworks::cli::agentd::command(),
+            agentworks_agent::cli::command(),
         ),
         (
             "agentworks-gatewayd",
             env!("CARGO_BIN_EXE_agentworks-gatewayd"),
-            agentworks::cli::gatewayd::command(),
+            agentworks_gateway::cli::command(),
         ),
         (
             "agentworksctl",
             env!("CARGO_BIN_EXE_agentworksctl"),
-            agentworks::cli::ctl::command(),
+            agentworks_ctl::cli::command(),
         ),
         (
             "agentworks",
             env!("CARGO_BIN_EXE_agentworks"),
-            agentworks::cli::laptop::command(),
+            agentworks_laptop::cli::command(),
         ),
     ]
 }

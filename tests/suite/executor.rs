@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use agentworks::gateway::protocol::{ExecutorFrame, GatewayFrame, Operation, Outcome};
+use agentworks_contract::executor::{ExecutorFrame, GatewayFrame, Operation, Outcome};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 

@@ -2,7 +2,7 @@
 //! a fake executor (tokio-tungstenite, scripted) standing in for `agentworks executor connect`.
 
 use super::harness::{Gatewayd, Stack, ensure_user, http, users_lock};
-use agentworks::gateway::protocol::{
+use agentworks_contract::executor::{
     ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame, Operation, Outcome,
 };
 use futures_util::{SinkExt, StreamExt};

@@ -2,9 +2,9 @@
 //! another user, with capabilities, or with a failpoint), a blocking client, test users, and a
 //! fake laptop for the `agentworks` CLI.
 
-use agentworks::guard::Guard;
-use agentworks::ipc::client::{ClientError, UnixClient};
-use agentworks::workspace::api::{Context, Principal};
+use agentworks_contract::workspaced::{Context, Principal};
+use agentworks_core::guard::Guard;
+use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::os::unix::fs::PermissionsExt;
@@ -424,13 +424,99 @@ impl StateRoot {
     }
 }
 
-/// A free loopback TCP port (bound and released; good enough for tests on one machine).
+/// A loopback TCP port reserved for one daemon of this test process: see [`reserve_ports`].
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    reserve_ports(1)[0]
+}
+
+/// `n` loopback TCP ports for the daemons a test starts, each handed out once per test
+/// process and free when handed out.
+///
+/// Ports come from below the kernel's ephemeral range (`ip_local_port_range`), so no
+/// outgoing connection and no port-0 bind of any process (another test's client, a daemon
+/// binding port 0) can take one between this check and the daemon's own bind; a port once
+/// handed out is never handed out again here, so two tests of one process never share one.
+/// Each process starts at an offset of its pid, so that concurrent test processes (the suite
+/// and a benchmark, say) rarely try the same ports; one that is taken is skipped.
+pub fn reserve_ports(n: usize) -> Vec<u16> {
+    use std::sync::Mutex;
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(12_000));
+    let span = u32::from(high - low);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut port = next.unwrap_or_else(|| low + (std::process::id() * 16 % span) as u16);
+    let mut ports = Vec::with_capacity(n);
+    let mut tried = 0;
+    while ports.len() < n {
+        assert!(
+            tried < span,
+            "no free loopback port below {high} for the test daemons"
+        );
+        tried += 1;
+        let candidate = port;
+        port = if port + 1 >= high { low } else { port + 1 };
+        if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+            ports.push(candidate);
+        }
+    }
+    *next = Some(port);
+    ports
+}
+
+/// The arguments of `agentworksctl quickstart --json` on `state` with both of its ports given
+/// (`--port`, `--gateway-port`).
+pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = [
+        "quickstart",
+        "--json",
+        "--port",
+        &ports[0].to_string(),
+        "--gateway-port",
+        &ports[1].to_string(),
+        "--state-root",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(state.into());
+    args
+}
+
+/// A running `agentworksctl quickstart --json`: the child and its first stdout line (the JSON
+/// `Started`). Its stderr goes to a file that is shown whenever its start fails.
+pub struct QuickstartRun {
+    pub child: Child,
+    pub started: serde_json::Value,
+}
+
+impl QuickstartRun {
+    /// Spawns `command` (quickstart with [`quickstart_args`]) and reads its JSON line; panics
+    /// with quickstart's stderr if there is none.
+    pub fn spawn(mut command: Command) -> QuickstartRun {
+        use std::io::BufRead;
+        let stderr = tempfile::NamedTempFile::new().unwrap();
+        command
+            .stdout(Stdio::piped())
+            .stderr(stderr.reopen().unwrap());
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        match read.ok().and_then(|_| serde_json::from_str(&line).ok()) {
+            Some(started) => QuickstartRun { child, started },
+            None => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "quickstart printed no JSON line ({status:?}); stdout: {line:?}; stderr:\n{}",
+                    std::fs::read_to_string(stderr.path()).unwrap_or_default()
+                );
+            }
+        }
+    }
 }
 
 /// workspaced + agentd on one temp state root, as the current user, agentd on a free port.

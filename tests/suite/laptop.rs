@@ -851,6 +851,66 @@ fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
     }
 }
 
+// ----- folder aliases: the contract's rule, applied by the laptop before it dials -----
+
+#[test]
+fn a_folder_named_my_notes_is_shared_and_used_end_to_end() {
+    let laptop = Laptop::new("aw-laptop-", &[("src/My Notes/todo.txt", "milk\n")]);
+    let grants = vec![
+        "--write-folder".to_owned(),
+        laptop.folder("My Notes").to_str().unwrap().to_owned(),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    let device = setup.wait_online();
+    assert_eq!(device["folders"][0]["alias"], "My Notes", "{device}");
+    let outcome = setup.run("My Notes", "cat todo.txt && echo eggs >> todo.txt");
+    assert_eq!(stdout(&outcome), "milk\n", "{outcome}");
+    let diff = "--- a/todo.txt\n+++ b/todo.txt\n@@ -1,2 +1,2 @@\n milk\n-eggs\n+bread\n";
+    let outcome = setup.done("My Notes", patch("todo.txt", diff));
+    assert_eq!(outcome["status"], "patched", "{outcome}");
+    assert_eq!(setup.laptop.read("My Notes", "todo.txt"), "milk\nbread\n");
+}
+
+#[test]
+fn a_folder_name_the_contract_refuses_is_refused_before_dialing_with_the_reason() {
+    let (stack, gw_port) = Stack::start_with_gateway();
+    let gw = Gatewayd::start(&stack, gw_port);
+    let alice = person(&stack, "alice");
+    let laptop = Laptop::new(
+        "aw-laptop-",
+        &[
+            ("src/notes: 2026/a.txt", "a\n"),
+            ("src/tab\there/a.txt", "a\n"),
+        ],
+    );
+    laptop.login(&stack, gw_port, &alice.token);
+    for (name, reason) in [("notes: 2026", "':'"), ("tab\there", "'\\t'")] {
+        let grants = [
+            "--folder".to_owned(),
+            laptop.folder(name).to_str().unwrap().to_owned(),
+        ];
+        let mut executor = Executor::spawn(&laptop, &grants, &[]);
+        let status = executor
+            .wait_exit(WAIT)
+            .unwrap_or_else(|| panic!("{name:?} was accepted: {}", executor.stderr()));
+        let stderr = executor.stderr();
+        assert!(!status.success(), "{name:?}: {stderr}");
+        assert!(
+            stderr.contains(reason) && stderr.contains("rename the folder"),
+            "{name:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("connecting to"),
+            "{name:?} dialed: {stderr}"
+        );
+    }
+    let devices = gw
+        .client()
+        .json("/v1/devices", json!({"user_id": alice.user_id}))
+        .unwrap();
+    assert_eq!(devices, json!([]));
+}
+
 // ----- 9. no Landlock -----
 
 #[test]

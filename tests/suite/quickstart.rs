@@ -2,35 +2,15 @@
 //! need (a working MCP URL and token), and stops every daemon on Ctrl-C (SIGINT).
 
 use super::harness::*;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-fn start_quickstart(
-    state: &std::path::Path,
-    port: u16,
-) -> (std::process::Child, serde_json::Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-        .args([
-            "quickstart",
-            "--json",
-            "--port",
-            &port.to_string(),
-            "--state-root",
-        ])
-        .arg(state)
+fn start_quickstart(state: &std::path::Path, ports: [u16; 2]) -> QuickstartRun {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agentworksctl"));
+    command
+        .args(quickstart_args(state, ports))
         .env_remove("AGENTWORKS_STATE_ROOT")
-        .env_remove("AGENTWORKS_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let started = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("first stdout line is JSON ({e}): {line:?}"));
-    (child, started)
+        .env_remove("AGENTWORKS_CONFIG");
+    QuickstartRun::spawn(command)
 }
 
 fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
@@ -41,8 +21,10 @@ fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
 fn quickstart_starts_serves_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("qs");
-    let port = free_port();
-    let (mut child, started) = start_quickstart(&state, port);
+    let ports = reserve_ports(2);
+    let (port, gateway_port) = (ports[0], ports[1]);
+    let run = start_quickstart(&state, [port, gateway_port]);
+    let (mut child, started) = (run.child, run.started);
     for key in [
         "mcp_url",
         "api_url",
@@ -57,10 +39,10 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     assert_eq!(started["mcp_url"], format!("http://127.0.0.1:{port}/mcp"));
     assert_eq!(
         started["gateway_url"],
-        format!("ws://127.0.0.1:{}", port + 1)
+        format!("ws://127.0.0.1:{gateway_port}")
     );
     // The executor WebSocket answers (a request without a token is refused, not ignored).
-    let (status, _, _) = http(port + 1, "GET", "/v1/executor", &[], "");
+    let (status, _, _) = http(gateway_port, "GET", "/v1/executor", &[], "");
     assert_eq!(status, 401);
     assert_eq!(
         started["mcp_client_config"]["mcpServers"]["agentworks"]["url"],
@@ -116,12 +98,14 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         "agentd stopped too"
     );
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port + 1)).is_err(),
+        std::net::TcpStream::connect(("127.0.0.1", gateway_port)).is_err(),
         "gatewayd stopped too"
     );
 
     // Running it again reuses the state root: the same workflow, the edit kept, a new token.
-    let (again, second) = start_quickstart(&state, free_port());
+    let ports = reserve_ports(2);
+    let run = start_quickstart(&state, [ports[0], ports[1]]);
+    let (again, second) = (run.child, run.started);
     assert_eq!(second["workflow_id"], started["workflow_id"]);
     assert_ne!(second["token"], started["token"]);
     assert_eq!(

@@ -50,7 +50,7 @@ fn ready_after_the_socket_answers_watchdog_and_stopping() {
     assert!(ready.contains("READY=1"), "{ready}");
     // READY means serving: the socket answers at once, no retry needed.
     let client = Client {
-        inner: agentworks::ipc::client::UnixClient::new(state.socket()),
+        inner: agentworks_support::unix_http::UnixClient::new(state.socket()),
     };
     assert!(client.read(&ctx("demo", "u"), "a.txt").is_ok());
     nix::sys::signal::kill(
@@ -138,7 +138,7 @@ fn takes_its_socket_from_systemd_socket_activation() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let client = Client {
-        inner: agentworks::ipc::client::UnixClient::new(&socket),
+        inner: agentworks_support::unix_http::UnixClient::new(&socket),
     };
     let read = client.read(&ctx("demo", "u"), "a.txt").unwrap();
     assert_eq!(read["content"], "activated");

@@ -2,7 +2,7 @@
 //! the guard, patch/move/delete/history/restore, peer checks.
 
 use super::harness::*;
-use agentworks::guard::Guard;
+use agentworks_core::guard::Guard;
 use serde_json::json;
 use std::os::unix::fs::symlink;
 use std::sync::Arc;

@@ -1,0 +1,446 @@
+//! agentd's socket API: the operator endpoints `agentworksctl` uses, and health.
+//!
+//! Every endpoint authorizes its peer by `SO_PEERCRED`, not only by who may open the socket:
+//! operator endpoints serve root, agentd's own user (the quickstart case) and members of the
+//! admin group; a gatewayd peer can never create users or tokens. Bodies and answers are JSON;
+//! failures are the one error envelope.
+
+use crate::identity::authority::FileGuard;
+use crate::identity::store::TokenRequest;
+use crate::identity::{IdentityError, IdentityStore, Role, Scope};
+use agentworks_contract::workspaced::{Context, EnsureProjectRequest, Principal};
+use agentworks_core::guard::Guard;
+use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::server::Peer;
+use agentworks_support::unix_http::{ClientError, UnixClient};
+use bytes::Bytes;
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+pub use agentworks_contract::agentd::{
+    ApproveLoginRequest, CreateTokenRequest, ListRequest, MemberRequest, ProjectRequest,
+    ReceiptShowRequest, RevokeRequest, TokenCheckRequest, TokenCheckResponse, TokenStatusRequest,
+    TokenStatusResponse, UserRequest,
+};
+
+/// Who may use which endpoints, resolved once at start from the config.
+#[derive(Debug, Clone)]
+pub struct SocketPolicy {
+    /// Root, our own uid and the admin group's members.
+    operators: BTreeSet<u32>,
+    admin_gid: Option<u32>,
+    /// Root, our own uid and the configured gateway users.
+    gateways: BTreeSet<u32>,
+}
+
+impl SocketPolicy {
+    pub fn new(admin_group: &str, gateway_users: &[String]) -> SocketPolicy {
+        let own = nix::unistd::geteuid().as_raw();
+        let mut gateways = BTreeSet::from([0, own]);
+        for name in gateway_users {
+            match nix::unistd::User::from_name(name) {
+                Ok(Some(user)) => {
+                    gateways.insert(user.uid.as_raw());
+                }
+                _ => tracing::info!(user = %name, "gateway user does not exist; skipping it"),
+            }
+        }
+        let mut operators = BTreeSet::from([0, own]);
+        let group = nix::unistd::Group::from_name(admin_group).ok().flatten();
+        if let Some(group) = &group {
+            for member in &group.mem {
+                if let Ok(Some(user)) = nix::unistd::User::from_name(member) {
+                    operators.insert(user.uid.as_raw());
+                }
+            }
+        } else {
+            tracing::info!(
+                group = admin_group,
+                "the admin group does not exist; only root and agentd's user are operators"
+            );
+        }
+        SocketPolicy {
+            operators,
+            admin_gid: group.map(|g| g.gid.as_raw()),
+            gateways,
+        }
+    }
+
+    pub fn is_operator(&self, peer: &Peer) -> bool {
+        self.operators.contains(&peer.uid) || self.admin_gid.is_some_and(|gid| gid == peer.gid)
+    }
+
+    pub fn is_gateway(&self, peer: &Peer) -> bool {
+        self.gateways.contains(&peer.uid)
+    }
+}
+
+/// The socket API's state.
+#[derive(Clone)]
+pub struct Admin {
+    pub identity: IdentityStore,
+    pub workspaced: UnixClient,
+    pub grants: crate::device::DeviceGrants,
+    pub policy: std::sync::Arc<SocketPolicy>,
+}
+
+fn identity_error(e: IdentityError) -> Response<Body> {
+    let status = match e.code() {
+        "not_found" => StatusCode::NOT_FOUND,
+        "already_exists" => StatusCode::CONFLICT,
+        "invalid_request" => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error_response(status, e.code(), e.to_string(), Default::default())
+}
+
+fn workspaced_error(e: ClientError) -> Response<Body> {
+    match e {
+        ClientError::Remote { status, body } => error_response(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            &body.code,
+            body.message,
+            body.details,
+        ),
+        other => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "workspaced_unavailable",
+            format!("workspaced is not reachable: {other}"),
+            Default::default(),
+        ),
+    }
+}
+
+// The error side is the ready answer; boxing it would only add an allocation per refusal.
+#[allow(clippy::result_large_err)]
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
+    let raw: &[u8] = if body.is_empty() { b"{}" } else { body };
+    serde_json::from_slice(raw).map_err(|e| {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("the request body is not valid: {e}"),
+            Default::default(),
+        )
+    })
+}
+
+/// Run a store call on a blocking thread and answer its result as JSON.
+async fn blocking<T, F>(f: F) -> Response<Body>
+where
+    T: Serialize + Send + 'static,
+    F: FnOnce() -> Result<T, IdentityError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(value)) => json_response(StatusCode::OK, &value),
+        Ok(Err(e)) => identity_error(e),
+        Err(e) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+            Default::default(),
+        ),
+    }
+}
+
+impl Admin {
+    pub async fn handle(&self, peer: Peer, parts: Parts, body: Bytes) -> Response<Body> {
+        let path = parts.uri.path();
+        if parts.method == Method::GET && path == "/v1/health" {
+            return json_response(
+                StatusCode::OK,
+                &json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
+            );
+        }
+        if let Some(rest) = path.strip_prefix("/v1/gateway/") {
+            if !self.policy.is_gateway(&peer) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    path,
+                    "refused a non-gateway peer"
+                );
+                return agentworks_daemon::ipc::server::forbidden_peer(&peer);
+            }
+            return match self.gateway(rest, &body).await {
+                Ok(response) | Err(response) => response,
+            };
+        }
+        if let Some(rest) = path.strip_prefix("/v1/admin/") {
+            if !self.policy.is_operator(&peer) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    path,
+                    "refused a non-operator peer"
+                );
+                return agentworks_daemon::ipc::server::forbidden_peer(&peer);
+            }
+            if parts.method != Method::POST {
+                return error_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    "use POST",
+                    Default::default(),
+                );
+            }
+            return match self.operator(rest, &body).await {
+                Ok(response) | Err(response) => response,
+            };
+        }
+        error_response(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!(
+                "{} {path} is not an endpoint of agentd's socket",
+                parts.method
+            ),
+            Default::default(),
+        )
+    }
+
+    #[allow(clippy::result_large_err)]
+    async fn gateway(
+        &self,
+        endpoint: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        Ok(match endpoint {
+            "token-check" => {
+                let r: TokenCheckRequest = decode(body)?;
+                let checked = tokio::task::spawn_blocking(move || id.authenticate(&r.token))
+                    .await
+                    .map_err(|e| {
+                        error_response(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            e.to_string(),
+                            Default::default(),
+                        )
+                    })?;
+                match checked {
+                    Ok(Ok((token, user))) if token.scopes == [Scope::DevicesConnect] => {
+                        json_response(
+                            StatusCode::OK,
+                            &TokenCheckResponse {
+                                token_id: token.id,
+                                user_id: user.id,
+                                user_name: user.name,
+                            },
+                        )
+                    }
+                    Ok(Ok(_)) => error_response(
+                        StatusCode::FORBIDDEN,
+                        "insufficient_scope",
+                        "executors connect with a devices:connect token (agentworks login)",
+                        Default::default(),
+                    ),
+                    Ok(Err(refusal)) => {
+                        let what = format!("{refusal:?}").to_lowercase();
+                        error_response(
+                            StatusCode::UNAUTHORIZED,
+                            &format!("token_{what}"),
+                            format!("the token is {what}"),
+                            Default::default(),
+                        )
+                    }
+                    Err(e) => identity_error(e),
+                }
+            }
+            "token-status" => {
+                let r: TokenStatusRequest = decode(body)?;
+                blocking(move || {
+                    let now = agentworks_support::clock::now_ms();
+                    let mut invalid = Vec::new();
+                    for token_id in r.token_ids {
+                        let live = match id.token_by_id(&token_id)? {
+                            Some(t) => {
+                                t.revoked_at_ms.is_none()
+                                    && t.expires_at_ms.is_none_or(|e| e > now)
+                                    && id.user_by_id(&t.user_id)?.is_some_and(|u| !u.disabled)
+                            }
+                            None => false,
+                        };
+                        if !live {
+                            invalid.push(token_id);
+                        }
+                    }
+                    Ok(TokenStatusResponse { invalid })
+                })
+                .await
+            }
+            other => error_response(
+                StatusCode::NOT_FOUND,
+                "unknown_endpoint",
+                format!("/v1/gateway/{other} is not a gateway endpoint"),
+                Default::default(),
+            ),
+        })
+    }
+
+    #[allow(clippy::result_large_err)]
+    async fn operator(
+        &self,
+        endpoint: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        Ok(match endpoint {
+            "users/add" => {
+                let r: UserRequest = decode(body)?;
+                blocking(move || id.add_user(&r.name)).await
+            }
+            "users/list" => blocking(move || id.list_users()).await,
+            "users/disable" => {
+                let r: UserRequest = decode(body)?;
+                blocking(move || id.set_user_disabled(&r.name, true)).await
+            }
+            "users/enable" => {
+                let r: UserRequest = decode(body)?;
+                blocking(move || id.set_user_disabled(&r.name, false)).await
+            }
+            "projects/add" => {
+                let r: ProjectRequest = decode(body)?;
+                let folder = r.folder.clone().unwrap_or_else(|| r.name.clone());
+                crate::identity::store::validate_name("folder", &folder).map_err(identity_error)?;
+                // The folder first (idempotent), through the only writer of the documents tree.
+                self.workspaced
+                    .post::<_, Value>(
+                        "/v1/projects/ensure",
+                        &EnsureProjectRequest {
+                            project: folder.clone(),
+                        },
+                    )
+                    .await
+                    .map_err(workspaced_error)?;
+                let policy = r.policy.clone().unwrap_or(Guard {
+                    write_paths: vec![".".into()],
+                    ..Guard::default()
+                });
+                blocking(move || id.add_project(&r.name, r.kind, &folder, &policy, &r.owner)).await
+            }
+            "projects/list" => blocking(move || id.list_projects()).await,
+            "members/add" => {
+                let r: MemberRequest = decode(body)?;
+                let role = r.role.unwrap_or(Role::Viewer);
+                blocking(move || id.set_member(&r.project, &r.user, role)).await
+            }
+            "members/remove" => {
+                let r: MemberRequest = decode(body)?;
+                blocking(move || {
+                    id.remove_member(&r.project, &r.user)
+                        .map(|()| json!({"removed": true}))
+                })
+                .await
+            }
+            "members/list" => {
+                let r: ListRequest = decode(body)?;
+                let project = r.project.unwrap_or_default();
+                blocking(move || id.list_members(&project)).await
+            }
+            "tokens/create" => {
+                let r: CreateTokenRequest = decode(body)?;
+                blocking(move || {
+                    let (info, token) = id.create_token(&TokenRequest {
+                        user: r.user,
+                        label: r.label.unwrap_or_default(),
+                        scopes: r.scopes,
+                        project: r.project,
+                        expires_at_ms: r.expires_at_ms,
+                        file_guard: FileGuard {
+                            write_folders: r.write_folders,
+                            read_only_folders: r.read_only_folders,
+                        },
+                    })?;
+                    Ok(json!({"token": token, "info": info}))
+                })
+                .await
+            }
+            "tokens/list" => {
+                let r: ListRequest = decode(body)?;
+                blocking(move || id.list_tokens(r.user.as_deref())).await
+            }
+            "tokens/revoke" => {
+                let r: RevokeRequest = decode(body)?;
+                blocking(move || id.revoke_token(&r.id)).await
+            }
+            "login/approve" => {
+                let r: ApproveLoginRequest = decode(body)?;
+                let grants = self.grants.clone();
+                blocking(move || {
+                    id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
+                        kind: "user",
+                        name: r.user.clone(),
+                    })?;
+                    if grants.decide(&r.user_code, &r.user, true) {
+                        Ok(json!({"approved": true, "user": r.user}))
+                    } else {
+                        Err(IdentityError::NotFound {
+                            kind: "pending login",
+                            name: r.user_code,
+                        })
+                    }
+                })
+                .await
+            }
+            "receipts/show" => {
+                let r: ReceiptShowRequest = decode(body)?;
+                let lookup = tokio::task::spawn_blocking(move || {
+                    let project = id
+                        .find_project(&r.project)?
+                        .ok_or(IdentityError::NotFound {
+                            kind: "project",
+                            name: r.project.clone(),
+                        })?;
+                    let user = id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
+                        kind: "user",
+                        name: r.user.clone(),
+                    })?;
+                    Ok::<_, IdentityError>((project, user, r.request_id))
+                })
+                .await
+                .map_err(|e| {
+                    error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        e.to_string(),
+                        Default::default(),
+                    )
+                })?
+                .map_err(identity_error)?;
+                let (project, user, request_id) = lookup;
+                let context = Context {
+                    project: project.folder,
+                    principal: Principal {
+                        user_id: user.id,
+                        user_name: user.name,
+                        connection_id: None,
+                        source: "ctl".into(),
+                    },
+                    guard: Guard::default(),
+                };
+                match self
+                    .workspaced
+                    .post::<_, Value>(
+                        "/v1/receipt",
+                        &json!({"context": context, "request_id": request_id}),
+                    )
+                    .await
+                {
+                    Ok(receipt) => json_response(StatusCode::OK, &receipt),
+                    Err(e) => workspaced_error(e),
+                }
+            }
+            other => error_response(
+                StatusCode::NOT_FOUND,
+                "unknown_endpoint",
+                format!("/v1/admin/{other} is not an operator endpoint"),
+                Default::default(),
+            ),
+        })
+    }
+}

@@ -1,0 +1,712 @@
+//! The chat REST API on agentd's public listener (`Authorization: Bearer <token>` of a person,
+//! a token with a `workflows:*` scope):
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns}` |
+//! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
+//! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (owner only, else 404) |
+//! | `POST /v1/chats/{id}/turns {message}` | `text/event-stream`: `text`, `tool_call`, `tool_result`, `error`, `end` |
+//! | `POST /v1/chats/{id}/cancel` | 202 `{chat_id, turn}`: the running turn stops (409 `no_turn_running`) |
+//! | `PUT /v1/chats/{id}/binding {device_id, folder, confirm}` | chat (409 `turn_running` while a turn runs) |
+//! | `DELETE /v1/chats/{id}/binding` | chat, back in server mode (409 while a turn runs) |
+//! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
+//!
+//! A chat is pinned to its creator: a turn from anyone else is refused with 403
+//! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
+//! chats. One turn at a time per chat (409 `turn_running`). Binding needs `confirm` to be
+//! exactly [`CONFIRMATION`] and an authoring role (owner, co-owner, editor) on the project
+//! (403 `forbidden`, reason `no_authoring_role`): a bound chat runs commands. Cancelling stops the turn at its next step: a model request is
+//! abandoned, a command running on the laptop is cancelled through gatewayd (its process group
+//! is killed and its result recorded), tool calls not yet started are answered "not run", and
+//! the stream ends with `end {reason: "cancelled"}`.
+//!
+//! The turn's events are the SSE lines `event: <kind>` / `data: <json>`. The public listener's
+//! responses are complete buffers (`ipc::server`), so the stream is sent when the turn ends;
+//! the turn itself runs in its own task and ends (and is stored) even if the client goes away.
+
+use crate::chats::{Chat, ChatStore, ChatStoreError, StoredMessage};
+use crate::files::FileTools;
+use crate::identity::store::TokenRefusal;
+use crate::identity::{IdentityStore, ProjectKind};
+use crate::mcp::{Caller, ToolError};
+use crate::model::ModelClient;
+use crate::turn::{self, TurnSpec};
+use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
+use agentworks_daemon::ipc::bearer::{Bearer, bearer};
+use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_support::unix_http::{ClientError, UnixClient};
+use bytes::Bytes;
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Largest body of `POST /v1/chats/{id}/turns` (one message; the model sees at most
+/// `max_history_bytes` of earlier ones anyway).
+pub const MAX_TURN_BODY_BYTES: usize = 1024 * 1024;
+/// Largest body of every other chat endpoint (a project name, a binding).
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
+
+pub use agentworks_contract::public_api::CONFIRMATION;
+
+/// An API refusal: status, code, message, details.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    pub details: Map<String, Value>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+
+    fn response(self) -> Response<Body> {
+        error_response(self.status, &self.code, self.message, self.details)
+    }
+}
+
+impl From<ChatStoreError> for ApiError {
+    fn from(error: ChatStoreError) -> ApiError {
+        tracing::error!(%error, "chat store failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("{error}; try again shortly"),
+        )
+    }
+}
+
+/// A file-tool refusal (from a live access check) as an API error.
+fn from_tool(error: ToolError) -> ApiError {
+    let status = match error.code.as_str() {
+        "not_found" => StatusCode::NOT_FOUND,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" => StatusCode::FORBIDDEN,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    ApiError {
+        status,
+        code: error.code,
+        message: error.message,
+        details: error.details,
+    }
+}
+
+/// Which turn is running in a chat, and how to cancel it.
+#[derive(Debug, Clone)]
+struct Running {
+    turn: i64,
+    cancel: CancellationToken,
+}
+
+/// Everything the chat endpoints and the turns need. Cheap to clone.
+#[derive(Clone)]
+pub struct ChatService {
+    pub identity: IdentityStore,
+    pub files: FileTools,
+    pub chats: ChatStore,
+    pub gatewayd: UnixClient,
+    pub model: Option<ModelClient>,
+    running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ChatStoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => Ok(result?),
+        Err(error) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the chat store task failed: {error}"),
+        )),
+    }
+}
+
+fn to_tool(error: ApiError) -> ToolError {
+    ToolError::new(error.code, error.message)
+}
+
+impl ChatService {
+    pub fn new(
+        identity: IdentityStore,
+        files: FileTools,
+        chats: ChatStore,
+        gatewayd: UnixClient,
+        model: Option<ModelClient>,
+    ) -> ChatService {
+        ChatService {
+            identity,
+            files,
+            chats,
+            gatewayd,
+            model,
+            running: Default::default(),
+        }
+    }
+
+    pub(crate) async fn append(
+        &self,
+        chat_id: &str,
+        turn: i64,
+        message: Value,
+    ) -> Result<(), ToolError> {
+        let store = self.chats.clone();
+        let chat_id = chat_id.to_owned();
+        blocking(move || store.append(&chat_id, turn, &message))
+            .await
+            .map_err(to_tool)
+    }
+
+    pub(crate) async fn messages(&self, chat_id: &str) -> Result<Vec<StoredMessage>, ToolError> {
+        let store = self.chats.clone();
+        let chat_id = chat_id.to_owned();
+        blocking(move || store.messages(&chat_id))
+            .await
+            .map_err(to_tool)
+    }
+
+    /// Refuses a tool call whose turn is no longer the chat's running turn, or whose chat's
+    /// binding changed since the turn started.
+    pub(crate) async fn check_current(
+        &self,
+        chat_id: &str,
+        turn: i64,
+        binding_generation: i64,
+    ) -> Result<(), ToolError> {
+        let stale =
+            |why: &str| ToolError::new("stale_turn", format!("{why}; the call was not run"));
+        let running = self.running.lock().await.get(chat_id).map(|r| r.turn);
+        if running.is_none_or(|r| r != turn) {
+            return Err(stale("this turn is no longer running"));
+        }
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || store.get(&id)).await.map_err(to_tool)?;
+        if chat.is_none_or(|c| c.binding_generation != binding_generation) {
+            return Err(stale(
+                "the chat's folder binding changed since this turn started",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
+        let unauthorized =
+            |code: &str, message: &str| ApiError::new(StatusCode::UNAUTHORIZED, code, message);
+        let presented = match bearer(&parts.headers) {
+            Bearer::Token(token) => token.to_owned(),
+            Bearer::Absent => {
+                return Err(unauthorized(
+                    "missing_token",
+                    "this endpoint needs an `Authorization: Bearer <token>` header",
+                ));
+            }
+            Bearer::Malformed => {
+                return Err(unauthorized(
+                    "invalid_token",
+                    "the Authorization header is not one `Bearer <token>`",
+                ));
+            }
+        };
+        let identity = self.identity.clone();
+        let checked = tokio::task::spawn_blocking(move || identity.authenticate(&presented))
+            .await
+            .map_err(|_| unauthorized("invalid_token", "the bearer token could not be checked"))?;
+        let (token, user) = match checked {
+            Ok(Ok(found)) => found,
+            Ok(Err(refusal)) => {
+                let (code, message) = match refusal {
+                    TokenRefusal::Invalid => ("invalid_token", "the bearer token is not valid"),
+                    TokenRefusal::Expired => ("token_expired", "the bearer token has expired"),
+                    TokenRefusal::Revoked => ("token_revoked", "the bearer token has been revoked"),
+                    TokenRefusal::Disabled => ("user_disabled", "the token's user is disabled"),
+                };
+                return Err(unauthorized(code, message));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "token check failed: identity store unavailable");
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the identity store is unavailable; try again shortly",
+                ));
+            }
+        };
+        let scopes: Vec<String> = token.scopes.iter().map(|s| s.as_str().to_owned()).collect();
+        if !scopes.iter().any(|s| s.starts_with("workflows:")) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
+            ));
+        }
+        Ok(Caller {
+            token_id: token.id,
+            user_id: user.id,
+            user_name: user.name,
+            scopes,
+        })
+    }
+
+    /// The chat, if the caller created it; anyone else gets the same 404 as for no chat.
+    async fn own_chat(&self, caller: &Caller, chat_id: &str) -> Result<Chat, ApiError> {
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || store.get(&id)).await?;
+        chat.filter(|c| c.owner == caller.user_id)
+            .ok_or_else(|| no_chat(chat_id))
+    }
+
+    /// What the public listener may do with a request's body before the handler runs, from
+    /// the head alone: `None` if it is not a chat endpoint (or not with this method, which
+    /// [`ChatService::handle`] answers 405 without authenticating); else the largest body the
+    /// endpoint takes once the bearer token checks out, or the 401/403 the request gets anyway.
+    pub async fn screen(&self, parts: &Parts) -> Option<Result<usize, Response<Body>>> {
+        let Ok(route) = route(parts)? else {
+            return None;
+        };
+        Some(match self.authenticate(parts).await {
+            Ok(_) => Ok(match route {
+                Route::Turn(_) => MAX_TURN_BODY_BYTES,
+                _ => MAX_REQUEST_BODY_BYTES,
+            }),
+            Err(error) => Err(error.response()),
+        })
+    }
+
+    /// Serves a chat endpoint, or `None` if the path is not one.
+    pub async fn handle(&self, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
+        let route = match route(parts)? {
+            Ok(route) => route,
+            Err(response) => return Some(response),
+        };
+        let result = async {
+            let caller = self.authenticate(parts).await?;
+            match route {
+                Route::Create => self.create(&caller, body).await,
+                Route::List => self.list(&caller, parts.uri.query()).await,
+                Route::Get(id) => self.get(&caller, &id).await,
+                Route::Turn(id) => self.turn(&caller, &id, body).await,
+                Route::Cancel(id) => self.cancel(&caller, &id).await,
+                Route::Bind(id) => self.bind(&caller, &id, body).await,
+                Route::Unbind(id) => self.unbind(&caller, &id).await,
+                Route::Devices => self
+                    .devices(&caller)
+                    .await
+                    .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
+            }
+        }
+        .await;
+        Some(result.unwrap_or_else(ApiError::response))
+    }
+
+    async fn create(&self, caller: &Caller, body: &Bytes) -> Result<Response<Body>, ApiError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct CreateChat {
+            project: String,
+        }
+        let request: CreateChat = decode(body)?;
+        let (project, _) = self
+            .files
+            .access(caller, &request.project)
+            .await
+            .map_err(from_tool)?;
+        if project.kind != ProjectKind::Code {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "not_a_code_project",
+                format!(
+                    "chats are for code projects only (a code project's chat can be bound to a laptop folder); {:?} is a {} project",
+                    project.name,
+                    project.kind.as_str()
+                ),
+            ));
+        }
+        let store = self.chats.clone();
+        let (user_id, user_name) = (caller.user_id.clone(), caller.user_name.clone());
+        let chat = blocking(move || store.create(&project.id, &user_id, &user_name)).await?;
+        Ok(json_response(StatusCode::CREATED, &chat))
+    }
+
+    async fn list(&self, caller: &Caller, query: Option<&str>) -> Result<Response<Body>, ApiError> {
+        let pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(query.unwrap_or("")).unwrap_or_default();
+        let project = match pairs.iter().find(|(k, _)| k == "project") {
+            Some((_, p)) => Some(self.files.access(caller, p).await.map_err(from_tool)?.0.id),
+            None => None,
+        };
+        let store = self.chats.clone();
+        let user_id = caller.user_id.clone();
+        let chats = blocking(move || store.list(&user_id, project.as_deref())).await?;
+        Ok(json_response(StatusCode::OK, &json!({"chats": chats})))
+    }
+
+    async fn get(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+        let chat = self.own_chat(caller, chat_id).await?;
+        let store = self.chats.clone();
+        let id = chat.chat_id.clone();
+        let messages = blocking(move || store.messages(&id)).await?;
+        let messages: Vec<Value> = messages
+            .into_iter()
+            .map(|m| {
+                let mut out =
+                    json!({"seq": m.seq, "turn": m.turn, "created_at_ms": m.created_at_ms});
+                if let (Some(out), Value::Object(fields)) = (out.as_object_mut(), m.message) {
+                    out.extend(fields);
+                }
+                out
+            })
+            .collect();
+        let mut value = serde_json::to_value(&chat).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        value["messages"] = Value::Array(messages);
+        Ok(json_response(StatusCode::OK, &value))
+    }
+
+    async fn turn(
+        &self,
+        caller: &Caller,
+        chat_id: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, ApiError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct TurnRequest {
+            message: String,
+        }
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || store.get(&id))
+            .await?
+            .ok_or_else(|| no_chat(chat_id))?;
+        if chat.owner != caller.user_id {
+            // Someone who cannot see the project does not learn the chat exists.
+            self.files
+                .access(caller, &chat.project_id)
+                .await
+                .map_err(|_| no_chat(chat_id))?;
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "chat_not_yours",
+                format!(
+                    "chat {chat_id} belongs to {}; only the person who created a chat can run turns in it",
+                    chat.owner_name
+                ),
+            ));
+        }
+        let request: TurnRequest = decode(body)?;
+        if request.message.trim().is_empty() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "message must not be empty",
+            ));
+        }
+        if self.model.is_none() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "model_not_configured",
+                "no model is configured: an operator sets [agentd.model] base_url and model in the config file",
+            ));
+        }
+        let (project, _) = self
+            .files
+            .access(caller, &chat.project_id)
+            .await
+            .map_err(from_tool)?;
+
+        // One turn at a time; its binding is read under the same lock binding changes take.
+        let cancel = CancellationToken::new();
+        let (chat, turn) = {
+            let mut running = self.running.lock().await;
+            if running.contains_key(chat_id) {
+                return Err(turn_running(chat_id));
+            }
+            let store = self.chats.clone();
+            let id = chat_id.to_owned();
+            let (chat, turn) = blocking(move || {
+                let turn = store.next_turn(&id)?;
+                Ok((store.get(&id)?, turn))
+            })
+            .await?;
+            let chat = chat.ok_or_else(|| no_chat(chat_id))?;
+            running.insert(
+                chat_id.to_owned(),
+                Running {
+                    turn,
+                    cancel: cancel.clone(),
+                },
+            );
+            (chat, turn)
+        };
+        tracing::info!(chat = %chat_id, turn, user = %caller.user_id, bound = chat.binding.is_some(), "turn started");
+        let spec = TurnSpec {
+            caller: caller.clone(),
+            chat,
+            project_name: project.name,
+            turn,
+            message: request.message,
+        };
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let service = self.clone();
+        let finished = sender.clone();
+        let chat_key = chat_id.to_owned();
+        let task = tokio::spawn(turn::run(service, spec, cancel, sender));
+        let running = self.running.clone();
+        tokio::spawn(async move {
+            if let Err(error) = task.await {
+                tracing::error!(%error, chat = %chat_key, "turn task failed");
+                let _ = finished.send((
+                    "error",
+                    json!({"code": "internal", "message": "the turn failed unexpectedly"}),
+                ));
+                let _ = finished.send(("end", json!({"reason": "error"})));
+            }
+            running.lock().await.remove(&chat_key);
+            // Dropping the last sender ends the response: only after the chat is free again.
+            drop(finished);
+        });
+        // Each event goes to the caller as soon as the turn emits it.
+        let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some((kind, data)) = receiver.recv().await {
+                let event = Bytes::from(format!("event: {kind}\ndata: {data}\n\n"));
+                if chunks.send(event).is_err() {
+                    // The caller went away; the turn goes on and is stored.
+                    continue;
+                }
+            }
+        });
+        let mut response = Response::new(agentworks_daemon::ipc::envelope::streaming(body));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        response
+            .headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Ok(response)
+    }
+
+    /// `POST /v1/chats/{id}/cancel`: the owner stops the running turn. The answer comes at once;
+    /// the turn's own stream says when it has stopped.
+    async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+        self.own_chat(caller, chat_id).await?;
+        let running = self.running.lock().await.get(chat_id).cloned();
+        let Some(running) = running else {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "no_turn_running",
+                format!("no turn is running in chat {chat_id}"),
+            ));
+        };
+        running.cancel.cancel();
+        tracing::info!(chat = %chat_id, turn = running.turn, user = %caller.user_id, "turn cancel requested");
+        Ok(json_response(
+            StatusCode::ACCEPTED,
+            &json!({"chat_id": chat_id, "turn": running.turn}),
+        ))
+    }
+
+    /// The caller's devices, from gatewayd (only that person's).
+    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
+        let request = DevicesRequest {
+            user_id: caller.user_id.clone(),
+        };
+        match self.gatewayd.post("/v1/devices", &request).await {
+            Ok(devices) => Ok(devices),
+            Err(ClientError::Remote { status, body }) => Err(ApiError {
+                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                code: body.code,
+                message: body.message,
+                details: body.details,
+            }),
+            Err(error) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                format!(
+                    "the device gateway (agentworks-gatewayd) is not reachable at {}: {error}; laptop folders are unavailable until it runs",
+                    self.gatewayd.socket().display()
+                ),
+            )),
+        }
+    }
+
+    async fn bind(
+        &self,
+        caller: &Caller,
+        chat_id: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, ApiError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct BindRequest {
+            device_id: String,
+            folder: String,
+            #[serde(default)]
+            confirm: Option<String>,
+        }
+        let chat = self.own_chat(caller, chat_id).await?;
+        let request: BindRequest = decode(body)?;
+        if request.confirm.as_deref() != Some(CONFIRMATION) {
+            let mut error = ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "consequences_not_confirmed",
+                format!(
+                    "binding a chat to a laptop folder needs the confirmation \"{CONFIRMATION}\" as `confirm`, exactly"
+                ),
+            );
+            error
+                .details
+                .insert("confirmation".into(), json!(CONFIRMATION));
+            return Err(error);
+        }
+        let (project, access) = self
+            .files
+            .access(caller, &chat.project_id)
+            .await
+            .map_err(from_tool)?;
+        if project.kind != ProjectKind::Code {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "not_a_code_project",
+                "only chats of code projects can be bound to a laptop folder",
+            ));
+        }
+        // A bound chat runs commands: only an authoring role binds (and every call re-checks).
+        turn::require_authoring_role(&access).map_err(from_tool)?;
+        if self.running.lock().await.contains_key(chat_id) {
+            return Err(turn_running(chat_id));
+        }
+        let devices = self.devices(caller).await?;
+        let Some(device) = devices.iter().find(|d| d.device_id == request.device_id) else {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "device_not_found",
+                format!(
+                    "you have no device {:?}; GET /v1/devices lists yours",
+                    request.device_id
+                ),
+            ));
+        };
+        if !device.folders.iter().any(|f| f.alias == request.folder) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "folder_not_shared",
+                format!(
+                    "the device {:?} does not share a folder named {:?}",
+                    device.name, request.folder
+                ),
+            ));
+        }
+        self.set_binding(chat_id, Some((request.device_id, request.folder)))
+            .await
+    }
+
+    async fn unbind(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+        self.own_chat(caller, chat_id).await?;
+        self.set_binding(chat_id, None).await
+    }
+
+    /// Changes the binding under the running-turns lock: never while a turn runs.
+    async fn set_binding(
+        &self,
+        chat_id: &str,
+        binding: Option<(String, String)>,
+    ) -> Result<Response<Body>, ApiError> {
+        let running = self.running.lock().await;
+        if running.contains_key(chat_id) {
+            return Err(turn_running(chat_id));
+        }
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || {
+            store.set_binding(&id, binding.as_ref().map(|(d, f)| (d.as_str(), f.as_str())))
+        })
+        .await?;
+        drop(running);
+        let chat = chat.ok_or_else(|| no_chat(chat_id))?;
+        tracing::info!(chat = %chat_id, bound = chat.binding.is_some(), "chat binding changed");
+        Ok(json_response(StatusCode::OK, &chat))
+    }
+}
+
+/// The chat endpoint a request names: `None` for another path, `Err` (405) for a chat path
+/// with a method it does not serve.
+fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
+    let path = parts.uri.path();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(Ok(match (segments.as_slice(), &parts.method) {
+        (["v1", "chats"], m) if *m == Method::POST => Route::Create,
+        (["v1", "chats"], m) if *m == Method::GET => Route::List,
+        (["v1", "chats", id], m) if *m == Method::GET => Route::Get(id.to_string()),
+        (["v1", "chats", id, "turns"], m) if *m == Method::POST => Route::Turn(id.to_string()),
+        (["v1", "chats", id, "cancel"], m) if *m == Method::POST => Route::Cancel(id.to_string()),
+        (["v1", "chats", id, "binding"], m) if *m == Method::PUT => Route::Bind(id.to_string()),
+        (["v1", "chats", id, "binding"], m) if *m == Method::DELETE => {
+            Route::Unbind(id.to_string())
+        }
+        (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
+        (["v1", "chats", ..], _) | (["v1", "devices"], _) => {
+            return Some(Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} is not served on {path}", parts.method),
+            )
+            .response()));
+        }
+        _ => return None,
+    }))
+}
+
+enum Route {
+    Create,
+    List,
+    Get(String),
+    Turn(String),
+    Cancel(String),
+    Bind(String),
+    Unbind(String),
+    Devices,
+}
+
+fn no_chat(chat_id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no chat {chat_id:?} of yours"),
+    )
+}
+
+fn turn_running(chat_id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "turn_running",
+        format!("a turn is running in chat {chat_id}; wait for it to end and try again"),
+    )
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("the request body is not valid: {e}"),
+        )
+    })
+}

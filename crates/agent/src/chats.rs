@@ -1,0 +1,306 @@
+//! The chat store: chats, their messages and their laptop binding, in
+//! `<state>/agent/chats.db` (SQLite, WAL, `synchronous=FULL`), beside the identity store.
+//!
+//! A chat belongs to one project and is pinned to the person who created it (`owner_id`). Its
+//! messages are kept in the OpenAI chat format (`{"role": …, "content": …, "tool_calls": …}`)
+//! in order, so the next turn continues the conversation. The binding (one device and one
+//! folder alias of the owner's) is stored with the chat; `binding_generation` grows on every
+//! bind and unbind, so a turn can tell that the binding it started with is still the current one.
+//! Turn numbers grow per chat and never repeat: they are part of the request ids the server
+//! makes for tool calls.
+//!
+//! Must never hand out another person's chat: every lookup that serves a request is checked
+//! against the owner by the caller ([`crate::chat_api`]).
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChatStoreError {
+    #[error("cannot open the chat store {path}: {source}")]
+    Open {
+        path: std::path::PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("the chat store failed: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("a stored message is not valid JSON: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+/// A chat's binding to one folder on one of its owner's devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Binding {
+    pub device_id: String,
+    pub folder: String,
+    pub bound_at_ms: i64,
+}
+
+/// A chat as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Chat {
+    pub chat_id: String,
+    pub project_id: String,
+    /// The user id of the person who created it: the only one who may read it or run turns.
+    pub owner: String,
+    pub owner_name: String,
+    pub created_at_ms: i64,
+    pub binding: Option<Binding>,
+    /// Grows on every bind and unbind.
+    #[serde(skip)]
+    pub binding_generation: i64,
+    /// Turns started so far.
+    pub turns: i64,
+}
+
+/// One stored message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredMessage {
+    pub seq: i64,
+    pub turn: i64,
+    pub created_at_ms: i64,
+    /// The message in the OpenAI chat format.
+    pub message: Value,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS chats (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    owner_id TEXT NOT NULL,
+    owner_name TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    device_id TEXT,
+    folder TEXT,
+    bound_at_ms INTEGER,
+    binding_generation INTEGER NOT NULL DEFAULT 0,
+    turns INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS chats_owner ON chats(owner_id, project_id);
+CREATE TABLE IF NOT EXISTS messages (
+    chat_id TEXT NOT NULL REFERENCES chats(id),
+    seq INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (chat_id, seq)
+);
+";
+
+const CHAT_COLUMNS: &str = "id, project_id, owner_id, owner_name, created_at_ms, device_id, folder, \
+     bound_at_ms, binding_generation, turns";
+
+fn row_chat(r: &rusqlite::Row<'_>) -> rusqlite::Result<Chat> {
+    let device_id: Option<String> = r.get(5)?;
+    let folder: Option<String> = r.get(6)?;
+    let bound_at_ms: Option<i64> = r.get(7)?;
+    let binding = match (device_id, folder, bound_at_ms) {
+        (Some(device_id), Some(folder), Some(bound_at_ms)) => Some(Binding {
+            device_id,
+            folder,
+            bound_at_ms,
+        }),
+        _ => None,
+    };
+    Ok(Chat {
+        chat_id: r.get(0)?,
+        project_id: r.get(1)?,
+        owner: r.get(2)?,
+        owner_name: r.get(3)?,
+        created_at_ms: r.get(4)?,
+        binding,
+        binding_generation: r.get(8)?,
+        turns: r.get(9)?,
+    })
+}
+
+/// A cheap-to-clone handle on the chat store. Calls block: run them off the async workers.
+#[derive(Clone)]
+pub struct ChatStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl ChatStore {
+    pub fn open(path: &Path) -> Result<ChatStore, ChatStoreError> {
+        let err = |source| ChatStoreError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(err)?;
+        Ok(ChatStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn create(
+        &self,
+        project_id: &str,
+        owner_id: &str,
+        owner_name: &str,
+    ) -> Result<Chat, ChatStoreError> {
+        let id = format!("c{}", hex::encode(rand::random::<[u8; 10]>()));
+        let now = agentworks_support::clock::now_ms();
+        self.db().execute(
+            "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, project_id, owner_id, owner_name, now],
+        )?;
+        Ok(Chat {
+            chat_id: id,
+            project_id: project_id.to_owned(),
+            owner: owner_id.to_owned(),
+            owner_name: owner_name.to_owned(),
+            created_at_ms: now,
+            binding: None,
+            binding_generation: 0,
+            turns: 0,
+        })
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<Chat>, ChatStoreError> {
+        let db = self.db();
+        let mut stmt =
+            db.prepare_cached(&format!("SELECT {CHAT_COLUMNS} FROM chats WHERE id = ?1"))?;
+        Ok(stmt.query_row(params![id], row_chat).optional()?)
+    }
+
+    /// The chats `owner_id` created, optionally in one project, newest first.
+    pub fn list(
+        &self,
+        owner_id: &str,
+        project_id: Option<&str>,
+    ) -> Result<Vec<Chat>, ChatStoreError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(&format!(
+            "SELECT {CHAT_COLUMNS} FROM chats WHERE owner_id = ?1 AND (?2 IS NULL OR project_id = ?2) \
+             ORDER BY created_at_ms DESC, id"
+        ))?;
+        let rows = stmt.query_map(params![owner_id, project_id], row_chat)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    pub fn messages(&self, chat_id: &str) -> Result<Vec<StoredMessage>, ChatStoreError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT seq, turn, created_at_ms, body FROM messages WHERE chat_id = ?1 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![chat_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, turn, created_at_ms, body) = row?;
+            out.push(StoredMessage {
+                seq,
+                turn,
+                created_at_ms,
+                message: serde_json::from_str(&body)?,
+            });
+        }
+        Ok(out)
+    }
+
+    pub fn append(&self, chat_id: &str, turn: i64, message: &Value) -> Result<(), ChatStoreError> {
+        let body = serde_json::to_string(message)?;
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        let next: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE chat_id = ?1",
+            params![chat_id],
+            |r| r.get(0),
+        )?;
+        tx.execute(
+            "INSERT INTO messages (chat_id, seq, turn, created_at_ms, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![chat_id, next, turn, agentworks_support::clock::now_ms(), body],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Starts the next turn: its number (1, 2, …), durable before anything is dispatched.
+    pub fn next_turn(&self, chat_id: &str) -> Result<i64, ChatStoreError> {
+        let db = self.db();
+        Ok(db.query_row(
+            "UPDATE chats SET turns = turns + 1 WHERE id = ?1 RETURNING turns",
+            params![chat_id],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Binds (`Some`) or unbinds (`None`) the chat; the generation grows either way.
+    pub fn set_binding(
+        &self,
+        chat_id: &str,
+        binding: Option<(&str, &str)>,
+    ) -> Result<Option<Chat>, ChatStoreError> {
+        let now = agentworks_support::clock::now_ms();
+        let (device, folder, at) = match binding {
+            Some((device, folder)) => (Some(device), Some(folder), Some(now)),
+            None => (None, None, None),
+        };
+        self.db().execute(
+            "UPDATE chats SET device_id = ?2, folder = ?3, bound_at_ms = ?4, \
+             binding_generation = binding_generation + 1 WHERE id = ?1",
+            params![chat_id, device, folder, at],
+        )?;
+        self.get(chat_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chats_messages_turns_and_bindings_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.db");
+        let store = ChatStore::open(&path).unwrap();
+        let chat = store.create("p1", "u1", "alice").unwrap();
+        store.create("p2", "u1", "alice").unwrap();
+        store.create("p1", "u2", "bob").unwrap();
+        assert_eq!(store.list("u1", None).unwrap().len(), 2);
+        assert_eq!(store.list("u1", Some("p1")).unwrap(), vec![chat.clone()]);
+        assert_eq!(store.next_turn(&chat.chat_id).unwrap(), 1);
+        store
+            .append(
+                &chat.chat_id,
+                1,
+                &serde_json::json!({"role": "user", "content": "hi"}),
+            )
+            .unwrap();
+        store
+            .append(
+                &chat.chat_id,
+                1,
+                &serde_json::json!({"role": "assistant", "content": "yo"}),
+            )
+            .unwrap();
+        let bound = store
+            .set_binding(&chat.chat_id, Some(("d1", "proj")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bound.binding.as_ref().unwrap().folder, "proj");
+        assert_eq!(bound.binding_generation, 1);
+        drop(store);
+
+        let store = ChatStore::open(&path).unwrap();
+        let again = store.get(&chat.chat_id).unwrap().unwrap();
+        assert_eq!(again.turns, 1);
+        assert_eq!(again.binding, bound.binding);
+        let messages = store.messages(&chat.chat_id).unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[1].message["content"], "yo");
+        assert_eq!(store.next_turn(&chat.chat_id).unwrap(), 2);
+        let unbound = store.set_binding(&chat.chat_id, None).unwrap().unwrap();
+        assert_eq!(unbound.binding, None);
+        assert_eq!(unbound.binding_generation, 2);
+        assert!(store.get("nope").unwrap().is_none());
+    }
+}

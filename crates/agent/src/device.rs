@@ -1,0 +1,518 @@
+//! The OAuth 2.0 device authorization grant (RFC 8628) that `agentworks login` uses to get a
+//! `devices:connect` token.
+//!
+//! The CLI asks for a device code (`POST /v1/device/code`), shows the person the user code and
+//! the verification URL, and polls `POST /v1/device/token`. Approving the code is an
+//! account-level act: an operator approves it for the person through the operator socket
+//! (`agentworksctl login approve CODE --user NAME`), or (until the web console's signed-in
+//! session exists) the person approves it with a bearer token that carries the exclusive
+//! `devices:approve` scope (`POST /v1/device/approve`); any other token gets 403
+//! `insufficient_scope`, so a leaked `workflows:*` or `devices:connect` token cannot mint itself
+//! a laptop credential. Only then is a token minted, with the exclusive `devices:connect` scope
+//! and nothing else.
+//!
+//! Pending grants live in memory for ten minutes: a restarted agentd forgets them and the CLI
+//! simply asks again. A device code is a 256-bit secret; a user code is short, typed by a
+//! person, and useless without the device code that polls for it.
+
+use crate::identity::store::TokenRequest;
+use crate::identity::{IdentityError, IdentityStore, Scope};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a device code stays valid.
+pub const GRANT_LIFETIME: Duration = Duration::from_secs(600);
+/// The polling interval the CLI is told to keep (RFC 8628 §3.2).
+pub const POLL_INTERVAL_SECS: u64 = 2;
+/// User codes: 8 characters from an alphabet without look-alikes, shown as XXXX-XXXX.
+const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
+
+pub use agentworks_contract::public_api::DeviceCode;
+
+/// RFC 8628 §3.5 token answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenPoll {
+    Granted {
+        access_token: String,
+        token_id: String,
+    },
+    Pending,
+    SlowDown,
+    Denied,
+    Expired,
+    Invalid,
+}
+
+#[derive(Debug)]
+struct Grant {
+    user_code: String,
+    label: String,
+    created: Instant,
+    last_poll: Option<Instant>,
+    /// Set once approved: the user it was approved for.
+    approved_for: Option<String>,
+    denied: bool,
+    /// Set once the token was handed out: a device code is redeemed once.
+    redeemed: bool,
+}
+
+/// The pending grants, shared by the HTTP handlers.
+#[derive(Clone, Default)]
+pub struct DeviceGrants {
+    inner: Arc<Mutex<HashMap<String, Grant>>>,
+}
+
+fn random_user_code() -> String {
+    let bytes: [u8; 8] = rand::random();
+    let chars: String = bytes
+        .iter()
+        .map(|b| USER_CODE_ALPHABET[*b as usize % USER_CODE_ALPHABET.len()] as char)
+        .collect();
+    format!("{}-{}", &chars[..4], &chars[4..])
+}
+
+/// Normalise what a person typed: case and the dash do not matter.
+pub fn normalise_user_code(raw: &str) -> String {
+    let letters: String = raw
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_uppercase())
+        .collect();
+    if letters.len() == 8 {
+        format!("{}-{}", &letters[..4], &letters[4..])
+    } else {
+        letters
+    }
+}
+
+impl DeviceGrants {
+    fn grants(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start a grant. `label` (the device's name as the CLI reported it) ends up on the token.
+    pub fn start(&self, public_url: &str, label: &str) -> DeviceCode {
+        let device_code = hex::encode(rand::random::<[u8; 32]>());
+        let mut grants = self.grants();
+        grants.retain(|_, g| g.created.elapsed() < GRANT_LIFETIME);
+        let mut user_code = random_user_code();
+        while grants.values().any(|g| g.user_code == user_code) {
+            user_code = random_user_code();
+        }
+        grants.insert(
+            device_code.clone(),
+            Grant {
+                user_code: user_code.clone(),
+                label: label.chars().take(64).collect(),
+                created: Instant::now(),
+                last_poll: None,
+                approved_for: None,
+                denied: false,
+                redeemed: false,
+            },
+        );
+        let verification_uri = format!("{public_url}/v1/device/approve");
+        DeviceCode {
+            verification_uri_complete: Some(format!("{verification_uri}?user_code={user_code}")),
+            verification_uri,
+            device_code,
+            user_code,
+            expires_in: GRANT_LIFETIME.as_secs(),
+            interval: POLL_INTERVAL_SECS,
+        }
+    }
+
+    /// Approve (or deny) the grant with this user code for `user`. False if no live grant has it.
+    pub fn decide(&self, user_code: &str, user: &str, approve: bool) -> bool {
+        let code = normalise_user_code(user_code);
+        let mut grants = self.grants();
+        let Some(grant) = grants
+            .values_mut()
+            .find(|g| g.user_code == code && g.created.elapsed() < GRANT_LIFETIME && !g.redeemed)
+        else {
+            return false;
+        };
+        if approve {
+            grant.approved_for = Some(user.to_owned());
+        } else {
+            grant.denied = true;
+        }
+        true
+    }
+
+    /// One poll by the CLI. Mints the token (once) when the grant was approved.
+    pub fn poll(
+        &self,
+        device_code: &str,
+        identity: &IdentityStore,
+    ) -> Result<TokenPoll, IdentityError> {
+        let (user, label) = {
+            let mut grants = self.grants();
+            let Some(grant) = grants.get_mut(device_code) else {
+                return Ok(TokenPoll::Invalid);
+            };
+            if grant.created.elapsed() >= GRANT_LIFETIME {
+                grants.remove(device_code);
+                return Ok(TokenPoll::Expired);
+            }
+            if grant.denied {
+                grants.remove(device_code);
+                return Ok(TokenPoll::Denied);
+            }
+            let too_fast = grant
+                .last_poll
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(POLL_INTERVAL_SECS) / 2);
+            grant.last_poll = Some(Instant::now());
+            let Some(user) = grant.approved_for.clone() else {
+                return Ok(if too_fast {
+                    TokenPoll::SlowDown
+                } else {
+                    TokenPoll::Pending
+                });
+            };
+            if grant.redeemed {
+                return Ok(TokenPoll::Invalid);
+            }
+            grant.redeemed = true;
+            (user, grant.label.clone())
+        };
+        let minted = identity.create_token(&TokenRequest {
+            user,
+            label: if label.is_empty() {
+                "agentworks login".into()
+            } else {
+                format!("agentworks login: {label}")
+            },
+            scopes: vec![Scope::DevicesConnect],
+            ..TokenRequest::default()
+        });
+        self.grants().remove(device_code);
+        let (info, token) = minted?;
+        Ok(TokenPoll::Granted {
+            access_token: token,
+            token_id: info.id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_code_is_granted_once_after_approval_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
+        identity.add_user("alice").unwrap();
+        let grants = DeviceGrants::default();
+        let start = grants.start("http://x", "laptop");
+        assert_eq!(start.user_code.len(), 9);
+        assert_eq!(
+            grants.poll(&start.device_code, &identity).unwrap(),
+            TokenPoll::Pending
+        );
+        assert_eq!(
+            grants.poll(&start.device_code, &identity).unwrap(),
+            TokenPoll::SlowDown
+        );
+        assert!(!grants.decide("WRONG-CODE", "alice", true));
+        assert!(grants.decide(
+            &start.user_code.to_lowercase().replace('-', ""),
+            "alice",
+            true
+        ));
+        let TokenPoll::Granted { access_token, .. } =
+            grants.poll(&start.device_code, &identity).unwrap()
+        else {
+            panic!("expected a token");
+        };
+        let (info, _) = identity.authenticate(&access_token).unwrap().unwrap();
+        assert_eq!(info.scopes, vec![Scope::DevicesConnect]);
+        assert_eq!(
+            grants.poll(&start.device_code, &identity).unwrap(),
+            TokenPoll::Invalid,
+            "redeemed once"
+        );
+        assert_eq!(grants.poll("nope", &identity).unwrap(), TokenPoll::Invalid);
+    }
+
+    #[test]
+    fn a_denied_code_never_grants() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
+        let grants = DeviceGrants::default();
+        let start = grants.start("http://x", "");
+        assert!(grants.decide(&start.user_code, "alice", false));
+        assert_eq!(
+            grants.poll(&start.device_code, &identity).unwrap(),
+            TokenPoll::Denied
+        );
+    }
+}
+
+// ----- HTTP glue (public listener) -----
+
+use agentworks_daemon::ipc::bearer::{Bearer, bearer};
+use agentworks_daemon::ipc::envelope::{Body, json_response};
+use hyper::{Response, StatusCode};
+
+#[derive(Debug, Deserialize)]
+struct CodeRequest {
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    device_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenRequestBody {
+    grant_type: String,
+    device_code: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    client_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApproveBody {
+    user_code: String,
+    #[serde(default = "yes")]
+    approve: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// RFC 6749 §5.2 error answers (what OAuth clients expect here, not our envelope).
+fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
+    json_response(
+        status,
+        &serde_json::json!({"error": error, "error_description": description}),
+    )
+}
+
+/// RFC 8628 requests are form-encoded; JSON is accepted too.
+fn decode<T: serde::de::DeserializeOwned>(content_type: Option<&str>, body: &[u8]) -> Option<T> {
+    if content_type.is_some_and(|c| c.starts_with("application/json")) {
+        serde_json::from_slice(body).ok()
+    } else {
+        serde_urlencoded::from_bytes(body).ok()
+    }
+}
+
+/// Route `/v1/device/*`; `None` for other paths. `approve` takes a `devices:approve` bearer.
+pub async fn handle_public(
+    grants: &DeviceGrants,
+    identity: &IdentityStore,
+    public_url: &str,
+    parts: &hyper::http::request::Parts,
+    body: &[u8],
+) -> Option<Response<Body>> {
+    let path = parts.uri.path();
+    if !path.starts_with("/v1/device/") {
+        return None;
+    }
+    if parts.method != hyper::Method::POST {
+        return Some(oauth_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request",
+            "use POST",
+        ));
+    }
+    let content_type = parts
+        .headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    Some(match path {
+        "/v1/device/code" => {
+            let Some(request) = decode::<CodeRequest>(content_type, body) else {
+                return Some(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the body does not parse",
+                ));
+            };
+            if request
+                .scope
+                .as_deref()
+                .is_some_and(|s| s != Scope::DevicesConnect.as_str())
+            {
+                return Some(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_scope",
+                    "only devices:connect can be granted this way",
+                ));
+            }
+            let label = request
+                .device_name
+                .or(request.client_id)
+                .unwrap_or_default();
+            json_response(StatusCode::OK, &grants.start(public_url, &label))
+        }
+        "/v1/device/token" => {
+            let Some(request) = decode::<TokenRequestBody>(content_type, body) else {
+                return Some(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the body does not parse",
+                ));
+            };
+            if request.grant_type != "urn:ietf:params:oauth:grant-type:device_code" {
+                return Some(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "unsupported_grant_type",
+                    "use the device_code grant",
+                ));
+            }
+            let grants = grants.clone();
+            let identity = identity.clone();
+            let polled =
+                tokio::task::spawn_blocking(move || grants.poll(&request.device_code, &identity))
+                    .await;
+            match polled {
+                Ok(Ok(TokenPoll::Granted { access_token, .. })) => json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"access_token": access_token, "token_type": "Bearer", "scope": "devices:connect"}),
+                ),
+                Ok(Ok(TokenPoll::Pending)) => oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "authorization_pending",
+                    "waiting for approval",
+                ),
+                Ok(Ok(TokenPoll::SlowDown)) => {
+                    oauth_error(StatusCode::BAD_REQUEST, "slow_down", "poll less often")
+                }
+                Ok(Ok(TokenPoll::Denied)) => oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "access_denied",
+                    "the request was denied",
+                ),
+                Ok(Ok(TokenPoll::Expired)) => oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "expired_token",
+                    "the code expired; log in again",
+                ),
+                Ok(Ok(TokenPoll::Invalid)) => oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_grant",
+                    "unknown or already used device code",
+                ),
+                Ok(Err(e)) => oauth_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    &e.to_string(),
+                ),
+                Err(e) => oauth_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    &e.to_string(),
+                ),
+            }
+        }
+        // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
+        "/v1/device/revoke" => {
+            let Bearer::Token(presented) = bearer(&parts.headers) else {
+                return Some(oauth_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_token",
+                    "send the token to revoke as Authorization: Bearer …",
+                ));
+            };
+            let bearer = presented.to_owned();
+            let identity = identity.clone();
+            let revoked =
+                tokio::task::spawn_blocking(move || match identity.authenticate(&bearer) {
+                    Ok(Ok((token, _))) => identity.revoke_token(&token.id).map(|t| Some(t.id)),
+                    Ok(Err(_)) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .await;
+            match revoked {
+                Ok(Ok(Some(id))) => {
+                    json_response(StatusCode::OK, &serde_json::json!({"revoked": id}))
+                }
+                // An invalid token is as good as revoked (RFC 7009 §2.2 answers 200 too).
+                Ok(Ok(None)) => {
+                    json_response(StatusCode::OK, &serde_json::json!({"revoked": null}))
+                }
+                Ok(Err(e)) => oauth_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    &e.to_string(),
+                ),
+                Err(e) => oauth_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    &e.to_string(),
+                ),
+            }
+        }
+        "/v1/device/approve" => {
+            let Bearer::Token(presented) = bearer(&parts.headers) else {
+                return Some(oauth_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_token",
+                    "approve with one of your tokens: Authorization: Bearer …",
+                ));
+            };
+            let bearer = presented.to_owned();
+            let Some(request) = decode::<ApproveBody>(content_type, body) else {
+                return Some(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the body does not parse",
+                ));
+            };
+            let identity = identity.clone();
+            let checked = tokio::task::spawn_blocking(move || identity.authenticate(&bearer)).await;
+            let (token, user) = match checked {
+                Ok(Ok(Ok(found))) => found,
+                _ => {
+                    return Some(oauth_error(
+                        StatusCode::UNAUTHORIZED,
+                        "invalid_token",
+                        "the token is not valid",
+                    ));
+                }
+            };
+            // An account-level act: only a token made for it (RFC 6750 §3.1).
+            if !token.scopes.contains(&Scope::DevicesApprove) {
+                let mut refused = oauth_error(
+                    StatusCode::FORBIDDEN,
+                    "insufficient_scope",
+                    "approving a device login needs a token with the devices:approve scope (or an operator: agentworksctl login approve CODE --user NAME)",
+                );
+                refused.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    hyper::header::HeaderValue::from_static(
+                        "Bearer error=\"insufficient_scope\", scope=\"devices:approve\"",
+                    ),
+                );
+                tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
+                return Some(refused);
+            }
+            if grants.decide(&request.user_code, &user.name, request.approve) {
+                json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"user": user.name, "approved": request.approve}),
+                )
+            } else {
+                oauth_error(
+                    StatusCode::NOT_FOUND,
+                    "invalid_grant",
+                    "no pending login has that code (it may have expired)",
+                )
+            }
+        }
+        _ => oauth_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request",
+            "unknown device endpoint",
+        ),
+    })
+}

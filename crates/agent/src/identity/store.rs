@@ -1,0 +1,756 @@
+//! The identity store: SQLite at `<state>/agent/agentd.db` (WAL, `synchronous=FULL`).
+//!
+//! Users, projects (with their policy), members and roles, personal access tokens (hashed,
+//! with scopes, an optional project restriction, expiry, revocation and folder caps). Calls
+//! are short and synchronous; async callers run them on a blocking thread. Nothing here
+//! decides access: `authority::resolve` does, from what this returns.
+
+use crate::identity::authority::{FileGuard, Role, Scope};
+use crate::identity::token;
+pub use agentworks_contract::agentd::ProjectKind;
+use agentworks_core::guard::Guard;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("the identity store {path} cannot be opened: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("identity store query failed: {0}")]
+    Query(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{kind} {name:?} does not exist")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} {name:?} already exists")]
+    Exists { kind: &'static str, name: String },
+}
+
+impl IdentityError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            IdentityError::Open { .. } | IdentityError::Query(_) => "identity_unavailable",
+            IdentityError::Invalid(_) => "invalid_request",
+            IdentityError::NotFound { .. } => "not_found",
+            IdentityError::Exists { .. } => "already_exists",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub id: String,
+    pub name: String,
+    pub disabled: bool,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub id: String,
+    pub name: String,
+    pub kind: ProjectKind,
+    /// The folder's name under the documents root.
+    pub folder: String,
+    /// The policy as stored (JSON of a guard); parsed by the authority, never trusted blindly.
+    pub policy: String,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub project: String,
+    pub user: String,
+    pub user_id: String,
+    pub role: Role,
+}
+
+/// A token as listed: never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub user_id: String,
+    pub user_name: String,
+    pub label: String,
+    pub scopes: Vec<Scope>,
+    pub project_id: Option<String>,
+    pub file_guard: FileGuard,
+    pub expires_at_ms: Option<i64>,
+    pub revoked_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+}
+
+/// Why a presented token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRefusal {
+    Invalid,
+    Expired,
+    Revoked,
+    Disabled,
+}
+
+/// New token parameters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TokenRequest {
+    pub user: String,
+    pub label: String,
+    pub scopes: Vec<Scope>,
+    pub project: Option<String>,
+    pub expires_at_ms: Option<i64>,
+    pub file_guard: FileGuard,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS users (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, disabled INTEGER NOT NULL DEFAULT 0,
+    created_at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS projects (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, folder TEXT NOT NULL UNIQUE,
+    policy TEXT NOT NULL, created_at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS members (
+    project_id TEXT NOT NULL REFERENCES projects(id), user_id TEXT NOT NULL REFERENCES users(id),
+    role TEXT NOT NULL, PRIMARY KEY (project_id, user_id));
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), label TEXT NOT NULL,
+    secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT REFERENCES projects(id),
+    file_guard TEXT NOT NULL, expires_at_ms INTEGER, revoked_at_ms INTEGER, created_at_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS tokens_revoked ON tokens (revoked_at_ms);
+";
+
+pub use agentworks_support::clock::now_ms;
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// Names of users and projects: short, lowercase, safe in paths and on command lines.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), IdentityError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(IdentityError::Invalid(format!(
+            "{kind} name {name:?} must be 1-64 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
+        )))
+    }
+}
+
+/// A cheap-to-clone handle on the store.
+#[derive(Clone)]
+pub struct IdentityStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn row_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
+    Ok(User {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        disabled: r.get::<_, i64>(2)? != 0,
+        created_at_ms: r.get(3)?,
+    })
+}
+
+fn row_project(r: &rusqlite::Row<'_>) -> rusqlite::Result<Project> {
+    let kind: String = r.get(2)?;
+    Ok(Project {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        kind: ProjectKind::parse(&kind).unwrap_or(ProjectKind::Workflow),
+        folder: r.get(3)?,
+        policy: r.get(4)?,
+        created_at_ms: r.get(5)?,
+    })
+}
+
+fn row_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<(TokenInfo, String)> {
+    let scopes: String = r.get(5)?;
+    let guard: String = r.get(7)?;
+    // Unreadable scopes or caps fail closed: no scope, nothing writable.
+    let scopes: Vec<Scope> = serde_json::from_str(&scopes).unwrap_or_default();
+    let file_guard: FileGuard = serde_json::from_str(&guard).unwrap_or(FileGuard {
+        write_folders: Some(Vec::new()),
+        read_only_folders: Vec::new(),
+    });
+    Ok((
+        TokenInfo {
+            id: r.get(0)?,
+            user_id: r.get(1)?,
+            user_name: r.get(2)?,
+            label: r.get(3)?,
+            scopes,
+            project_id: r.get(6)?,
+            file_guard,
+            expires_at_ms: r.get(8)?,
+            revoked_at_ms: r.get(9)?,
+            created_at_ms: r.get(10)?,
+        },
+        r.get(4)?,
+    ))
+}
+
+const TOKEN_COLUMNS: &str = "t.id, t.user_id, u.name, t.label, t.secret_hash, t.scopes, t.project_id, \
+     t.file_guard, t.expires_at_ms, t.revoked_at_ms, t.created_at_ms";
+
+impl IdentityStore {
+    pub fn open(path: &Path) -> Result<IdentityStore, IdentityError> {
+        let err = |source| IdentityError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(err)?;
+        Ok(IdentityStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ----- users -----
+
+    pub fn add_user(&self, name: &str) -> Result<User, IdentityError> {
+        validate_name("user", name)?;
+        if self.user_by_name(name)?.is_some() {
+            return Err(IdentityError::Exists {
+                kind: "user",
+                name: name.into(),
+            });
+        }
+        let user = User {
+            id: new_id("usr"),
+            name: name.into(),
+            disabled: false,
+            created_at_ms: now_ms(),
+        };
+        self.db().execute(
+            "INSERT INTO users (id, name, disabled, created_at_ms) VALUES (?1, ?2, 0, ?3)",
+            params![user.id, user.name, user.created_at_ms],
+        )?;
+        Ok(user)
+    }
+
+    pub fn user_by_name(&self, name: &str) -> Result<Option<User>, IdentityError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT id, name, disabled, created_at_ms FROM users WHERE name = ?1",
+                params![name],
+                row_user,
+            )
+            .optional()?)
+    }
+
+    pub fn user_by_id(&self, id: &str) -> Result<Option<User>, IdentityError> {
+        let db = self.db();
+        let mut stmt =
+            db.prepare_cached("SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1")?;
+        Ok(stmt.query_row(params![id], row_user).optional()?)
+    }
+
+    /// What the user may do anywhere, from one query: (member of any project, author in any
+    /// project), restricted to one project when the token is. Used for the effective catalog;
+    /// every call still resolves its own project's access in full.
+    pub fn capabilities(
+        &self,
+        user_id: &str,
+        project_id: Option<&str>,
+    ) -> Result<(bool, bool), IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(role IN ('owner', 'co-owner', 'editor')), 0) FROM members
+             WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)",
+        )?;
+        let (members, authors): (i64, i64) =
+            stmt.query_row(params![user_id, project_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok((members > 0, authors > 0))
+    }
+
+    fn require_user(&self, name: &str) -> Result<User, IdentityError> {
+        self.user_by_name(name)?
+            .ok_or_else(|| IdentityError::NotFound {
+                kind: "user",
+                name: name.into(),
+            })
+    }
+
+    pub fn list_users(&self) -> Result<Vec<User>, IdentityError> {
+        let db = self.db();
+        let mut stmt =
+            db.prepare("SELECT id, name, disabled, created_at_ms FROM users ORDER BY name")?;
+        let rows = stmt
+            .query_map([], row_user)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn set_user_disabled(&self, name: &str, disabled: bool) -> Result<User, IdentityError> {
+        let user = self.require_user(name)?;
+        self.db().execute(
+            "UPDATE users SET disabled = ?1 WHERE id = ?2",
+            params![disabled as i64, user.id],
+        )?;
+        Ok(User { disabled, ..user })
+    }
+
+    // ----- projects and members -----
+
+    /// Add a project owned by `owner`. `policy` must parse as a guard; `folder` is one path
+    /// component (the folder under the documents root, created by workspaced).
+    pub fn add_project(
+        &self,
+        name: &str,
+        kind: ProjectKind,
+        folder: &str,
+        policy: &Guard,
+        owner: &str,
+    ) -> Result<Project, IdentityError> {
+        validate_name("project", name)?;
+        validate_name("folder", folder)?;
+        policy
+            .resolve()
+            .map_err(|e| IdentityError::Invalid(format!("the project policy is invalid: {e}")))?;
+        let owner = self.require_user(owner)?;
+        if self.project_by_name(name)?.is_some() {
+            return Err(IdentityError::Exists {
+                kind: "project",
+                name: name.into(),
+            });
+        }
+        let project = Project {
+            id: new_id("prj"),
+            name: name.into(),
+            kind,
+            folder: folder.into(),
+            policy: serde_json::to_string(policy)
+                .map_err(|e| IdentityError::Invalid(e.to_string()))?,
+            created_at_ms: now_ms(),
+        };
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        tx.execute(
+            "INSERT INTO projects (id, name, kind, folder, policy, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![project.id, project.name, kind.as_str(), project.folder, project.policy, project.created_at_ms],
+        )
+        .map_err(|e| match e {
+            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                IdentityError::Exists { kind: "project folder", name: folder.into() }
+            }
+            other => other.into(),
+        })?;
+        tx.execute(
+            "INSERT INTO members (project_id, user_id, role) VALUES (?1, ?2, 'owner')",
+            params![project.id, owner.id],
+        )?;
+        tx.commit()?;
+        Ok(project)
+    }
+
+    pub fn project_by_name(&self, name: &str) -> Result<Option<Project>, IdentityError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1",
+                params![name],
+                row_project,
+            )
+            .optional()?)
+    }
+
+    pub fn project_by_id(&self, id: &str) -> Result<Option<Project>, IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1",
+        )?;
+        Ok(stmt.query_row(params![id], row_project).optional()?)
+    }
+
+    /// A project by id or by name (operators type names; MCP clients send ids).
+    pub fn find_project(&self, id_or_name: &str) -> Result<Option<Project>, IdentityError> {
+        match self.project_by_id(id_or_name)? {
+            Some(p) => Ok(Some(p)),
+            None => self.project_by_name(id_or_name),
+        }
+    }
+
+    fn require_project(&self, name: &str) -> Result<Project, IdentityError> {
+        self.find_project(name)?
+            .ok_or_else(|| IdentityError::NotFound {
+                kind: "project",
+                name: name.into(),
+            })
+    }
+
+    pub fn list_projects(&self) -> Result<Vec<Project>, IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare(
+            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects ORDER BY name",
+        )?;
+        let rows = stmt
+            .query_map([], row_project)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn set_member(
+        &self,
+        project: &str,
+        user: &str,
+        role: Role,
+    ) -> Result<Member, IdentityError> {
+        let project = self.require_project(project)?;
+        let user = self.require_user(user)?;
+        self.db().execute(
+            "INSERT INTO members (project_id, user_id, role) VALUES (?1, ?2, ?3)
+             ON CONFLICT (project_id, user_id) DO UPDATE SET role = excluded.role",
+            params![project.id, user.id, role.as_str()],
+        )?;
+        Ok(Member {
+            project: project.name,
+            user: user.name,
+            user_id: user.id,
+            role,
+        })
+    }
+
+    pub fn remove_member(&self, project: &str, user: &str) -> Result<(), IdentityError> {
+        let project = self.require_project(project)?;
+        let user = self.require_user(user)?;
+        let removed = self.db().execute(
+            "DELETE FROM members WHERE project_id = ?1 AND user_id = ?2",
+            params![project.id, user.id],
+        )?;
+        if removed == 0 {
+            return Err(IdentityError::NotFound {
+                kind: "membership",
+                name: format!("{} in {}", user.name, project.name),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn list_members(&self, project: &str) -> Result<Vec<Member>, IdentityError> {
+        let project = self.require_project(project)?;
+        let db = self.db();
+        let mut stmt = db.prepare(
+            "SELECT u.name, u.id, m.role FROM members m JOIN users u ON u.id = m.user_id
+             WHERE m.project_id = ?1 ORDER BY u.name",
+        )?;
+        let rows = stmt
+            .query_map(params![project.id], |r| {
+                let role: String = r.get(2)?;
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, role))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(user, user_id, role)| {
+                Role::parse(&role).map(|role| Member {
+                    project: project.name.clone(),
+                    user,
+                    user_id,
+                    role,
+                })
+            })
+            .collect())
+    }
+
+    /// The user's live role on a project, if any.
+    pub fn role_of(&self, project_id: &str, user_id: &str) -> Result<Option<Role>, IdentityError> {
+        let db = self.db();
+        let mut stmt =
+            db.prepare_cached("SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2")?;
+        let role: Option<String> = stmt
+            .query_row(params![project_id, user_id], |r| r.get(0))
+            .optional()?;
+        Ok(role.and_then(|r| Role::parse(&r)))
+    }
+
+    /// Every project the user is a member of, with the role.
+    pub fn projects_of(&self, user_id: &str) -> Result<Vec<(Project, Role)>, IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare(
+            "SELECT p.id, p.name, p.kind, p.folder, p.policy, p.created_at_ms, m.role
+             FROM members m JOIN projects p ON p.id = m.project_id WHERE m.user_id = ?1 ORDER BY p.name",
+        )?;
+        let rows = stmt
+            .query_map(params![user_id], |r| {
+                Ok((row_project(r)?, r.get::<_, String>(6)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(p, role)| Role::parse(&role).map(|r| (p, r)))
+            .collect())
+    }
+
+    // ----- tokens -----
+
+    /// Create a token; the plaintext is returned once and never stored.
+    pub fn create_token(
+        &self,
+        request: &TokenRequest,
+    ) -> Result<(TokenInfo, String), IdentityError> {
+        Scope::validate_set(&request.scopes).map_err(IdentityError::Invalid)?;
+        let user = self.require_user(&request.user)?;
+        let project_id = match &request.project {
+            Some(p) => Some(self.require_project(p)?.id),
+            None => None,
+        };
+        // Caps must parse now, so a token never carries a cap that later fails open.
+        let caps_check = Guard {
+            write_paths: request.file_guard.write_folders.clone().unwrap_or_default(),
+            read_only_paths: request.file_guard.read_only_folders.clone(),
+            ..Guard::default()
+        };
+        caps_check.resolve().map_err(|e| {
+            IdentityError::Invalid(format!("the token's folder caps are invalid: {e}"))
+        })?;
+        if request.expires_at_ms.is_some_and(|t| t <= now_ms()) {
+            return Err(IdentityError::Invalid("the expiry is in the past".into()));
+        }
+        let minted = token::mint();
+        let info = TokenInfo {
+            id: minted.id.clone(),
+            user_id: user.id.clone(),
+            user_name: user.name.clone(),
+            label: request.label.clone(),
+            scopes: request.scopes.clone(),
+            project_id,
+            file_guard: request.file_guard.clone(),
+            expires_at_ms: request.expires_at_ms,
+            revoked_at_ms: None,
+            created_at_ms: now_ms(),
+        };
+        self.db().execute(
+            "INSERT INTO tokens (id, user_id, label, secret_hash, scopes, project_id, file_guard, expires_at_ms, revoked_at_ms, created_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL, ?9)",
+            params![
+                info.id,
+                info.user_id,
+                info.label,
+                minted.secret_hash,
+                to_json(&info.scopes),
+                info.project_id,
+                to_json(&info.file_guard),
+                info.expires_at_ms,
+                info.created_at_ms
+            ],
+        )?;
+        Ok((info, minted.plaintext))
+    }
+
+    pub fn list_tokens(&self, user: Option<&str>) -> Result<Vec<TokenInfo>, IdentityError> {
+        let user_id = match user {
+            Some(name) => Some(self.require_user(name)?.id),
+            None => None,
+        };
+        let db = self.db();
+        let mut stmt = db.prepare(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id
+             WHERE (?1 IS NULL OR t.user_id = ?1) ORDER BY t.created_at_ms"
+        ))?;
+        let rows = stmt
+            .query_map(params![user_id], row_token)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows.into_iter().map(|(t, _)| t).collect())
+    }
+
+    pub fn revoke_token(&self, id: &str) -> Result<TokenInfo, IdentityError> {
+        let changed = self.db().execute(
+            "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
+            params![now_ms(), id],
+        )?;
+        let token = self
+            .token_by_id(id)?
+            .ok_or_else(|| IdentityError::NotFound {
+                kind: "token",
+                name: id.into(),
+            })?;
+        if changed == 0 && token.revoked_at_ms.is_none() {
+            return Err(IdentityError::NotFound {
+                kind: "token",
+                name: id.into(),
+            });
+        }
+        Ok(token)
+    }
+
+    pub fn token_by_id(&self, id: &str) -> Result<Option<TokenInfo>, IdentityError> {
+        Ok(self.token_row(id)?.map(|(t, _)| t))
+    }
+
+    fn token_row(&self, id: &str) -> Result<Option<(TokenInfo, String)>, IdentityError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?1"
+        ))?;
+        Ok(stmt.query_row(params![id], row_token).optional()?)
+    }
+
+    /// Check a presented token against live rows: parse, find, compare the hash, then
+    /// revocation, expiry and the user's state.
+    pub fn authenticate(
+        &self,
+        presented: &str,
+    ) -> Result<Result<(TokenInfo, User), TokenRefusal>, IdentityError> {
+        let Some((id, secret)) = token::parse(presented) else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        let found = self.token_row(id)?;
+        let Some((info, hash)) = found else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        if !token::hashes_equal(&token::hash_secret(secret), &hash) {
+            return Ok(Err(TokenRefusal::Invalid));
+        }
+        if info.revoked_at_ms.is_some() {
+            return Ok(Err(TokenRefusal::Revoked));
+        }
+        if info.expires_at_ms.is_some_and(|t| t <= now_ms()) {
+            return Ok(Err(TokenRefusal::Expired));
+        }
+        let Some(user) = self.user_by_id(&info.user_id)? else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        if user.disabled {
+            return Ok(Err(TokenRefusal::Disabled));
+        }
+        Ok(Ok((info, user)))
+    }
+}
+
+/// Serialising a value we built ourselves cannot fail; keep the fallible call in one place.
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, IdentityStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        (dir, s)
+    }
+
+    fn open_policy() -> Guard {
+        Guard {
+            write_paths: vec![".".into()],
+            ..Guard::default()
+        }
+    }
+
+    #[test]
+    fn users_projects_members() {
+        let (_d, s) = store();
+        s.add_user("alice").unwrap();
+        s.add_user("bob").unwrap();
+        assert!(matches!(
+            s.add_user("alice"),
+            Err(IdentityError::Exists { .. })
+        ));
+        assert!(matches!(
+            s.add_user("Bad Name"),
+            Err(IdentityError::Invalid(_))
+        ));
+        let p = s
+            .add_project(
+                "demo",
+                ProjectKind::Workflow,
+                "demo",
+                &open_policy(),
+                "alice",
+            )
+            .unwrap();
+        let alice = s.user_by_name("alice").unwrap().unwrap();
+        let bob = s.user_by_name("bob").unwrap().unwrap();
+        assert_eq!(s.role_of(&p.id, &alice.id).unwrap(), Some(Role::Owner));
+        assert_eq!(s.role_of(&p.id, &bob.id).unwrap(), None);
+        s.set_member("demo", "bob", Role::Runner).unwrap();
+        assert_eq!(s.role_of(&p.id, &bob.id).unwrap(), Some(Role::Runner));
+        s.set_member("demo", "bob", Role::Editor).unwrap();
+        assert_eq!(s.list_members("demo").unwrap().len(), 2);
+        s.remove_member("demo", "bob").unwrap();
+        assert_eq!(s.role_of(&p.id, &bob.id).unwrap(), None);
+        assert_eq!(s.projects_of(&alice.id).unwrap().len(), 1);
+        assert!(matches!(
+            s.add_project("other", ProjectKind::Code, "demo", &open_policy(), "alice"),
+            Err(IdentityError::Exists { .. })
+        ));
+    }
+
+    #[test]
+    fn tokens_are_hashed_and_refused_when_revoked_expired_or_disabled() {
+        let (dir, s) = store();
+        s.add_user("alice").unwrap();
+        let (info, plain) = s
+            .create_token(&TokenRequest {
+                user: "alice".into(),
+                label: "t".into(),
+                scopes: vec![Scope::WorkflowsWrite],
+                ..TokenRequest::default()
+            })
+            .unwrap();
+        let raw = std::fs::read(dir.path().join("agentd.db")).unwrap();
+        let secret = plain.rsplit('_').next().unwrap();
+        assert!(
+            !raw.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "the secret is never stored"
+        );
+        assert_eq!(s.authenticate(&plain).unwrap().unwrap().0.id, info.id);
+        let mut tampered = plain.clone();
+        tampered.pop();
+        tampered.push(if plain.ends_with('0') { '1' } else { '0' });
+        assert_eq!(
+            s.authenticate(&tampered).unwrap().unwrap_err(),
+            TokenRefusal::Invalid
+        );
+        s.set_user_disabled("alice", true).unwrap();
+        assert_eq!(
+            s.authenticate(&plain).unwrap().unwrap_err(),
+            TokenRefusal::Disabled
+        );
+        s.set_user_disabled("alice", false).unwrap();
+        s.revoke_token(&info.id).unwrap();
+        assert_eq!(
+            s.authenticate(&plain).unwrap().unwrap_err(),
+            TokenRefusal::Revoked
+        );
+        let (_, soon) = s
+            .create_token(&TokenRequest {
+                user: "alice".into(),
+                scopes: vec![Scope::WorkflowsRead],
+                expires_at_ms: Some(now_ms() + 50),
+                ..TokenRequest::default()
+            })
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        assert_eq!(
+            s.authenticate(&soon).unwrap().unwrap_err(),
+            TokenRefusal::Expired
+        );
+        assert!(
+            s.create_token(&TokenRequest {
+                user: "alice".into(),
+                scopes: vec![Scope::DevicesConnect, Scope::WorkflowsRead],
+                ..TokenRequest::default()
+            })
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! `agentworks-agentd`: identity, the public MCP endpoint, and the operator socket.
+//!
+//! - [`identity`]: users, projects, roles, tokens and the write authority.
+//! - [`mcp`]: the MCP streamable HTTP endpoint (both protocol eras) over a `Backend`.
+//! - [`cli`]: its command line.
+//! - [`files`]: the catalog's file operations for one caller, through workspaced.
+//! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
+//! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
+//! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
+//! - [`chat_api`], [`chats`], [`turn`], [`model`]: the agent: chats, the model loop, chats
+//!   bound to a laptop folder (REST + SSE on the public listener).
+//!
+//! agentd never opens a document: every file operation goes to workspaced over its socket,
+//! with the caller's resolved guard, which workspaced re-applies.
+
+pub mod admin;
+pub mod chat_api;
+pub mod chats;
+pub mod cli;
+pub mod device;
+pub mod files;
+pub mod identity;
+pub mod mcp;
+pub mod mcp_backend;
+pub mod model;
+pub mod turn;
+
+use crate::identity::IdentityStore;
+use crate::mcp::{McpConfig, McpService};
+use agentworks_daemon::config::Config;
+use agentworks_daemon::ipc::connections::{
+    ConnectionLimits, FILES_BESIDES_CONNECTIONS, fit_to_open_files,
+};
+use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::server::{
+    MAX_ANONYMOUS_BODY_BYTES, PublicLimits, Screen, ServerLimits, Verdict, serve, serve_public,
+};
+use agentworks_daemon::layout::ensure_private_dir;
+use agentworks_support::unix_http::UnixClient;
+use hyper::{Method, Request, StatusCode};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Largest body of an authenticated `POST /mcp` (the largest file, JSON-escaped).
+const MAX_MCP_BODY_BYTES: usize = 48 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentdError {
+    #[error("cannot prepare agentd's state directory {path}: {message}")]
+    StateDir {
+        path: std::path::PathBuf,
+        message: String,
+    },
+    #[error("{0}")]
+    Identity(#[from] crate::identity::IdentityError),
+    #[error("{0}")]
+    Chats(#[from] chats::ChatStoreError),
+}
+
+// ----- the agent (chats): begin -----
+/// Open the chat store at `<state>/agent/chats.db` and the model client, if configured.
+pub fn open_chats(
+    config: &Config,
+    identity: &IdentityStore,
+    files: &files::FileTools,
+) -> Result<chat_api::ChatService, AgentdError> {
+    let dir = config.layout().agent_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    let store = chats::ChatStore::open(&dir.join("chats.db"))?;
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
+    let model = config
+        .agentd
+        .model
+        .clone()
+        .map(|m| model::ModelClient::new(m, credentials));
+    Ok(chat_api::ChatService::new(
+        identity.clone(),
+        files.clone(),
+        store,
+        UnixClient::new(config.gatewayd_socket()),
+        model,
+    ))
+}
+// ----- the agent (chats): end -----
+
+/// Open the identity store at `<state>/agent/agentd.db`.
+pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
+    let dir = config.layout().agent_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(IdentityStore::open(&dir.join("agentd.db"))?)
+}
+
+/// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.
+pub async fn run(
+    config: &Config,
+    identity: IdentityStore,
+    public: tokio::net::TcpListener,
+    socket: tokio::net::UnixListener,
+    shutdown: CancellationToken,
+) {
+    let workspaced = UnixClient::new(config.workspaced_socket());
+    let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    // ----- the agent (chats): begin -----
+    let chat_service = match open_chats(config, &identity, &files) {
+        Ok(service) => Some(service),
+        Err(error) => {
+            // MCP and the operator socket still serve; the chat endpoints answer 503.
+            tracing::error!(%error, "cannot open the chat store; chats are unavailable");
+            None
+        }
+    };
+    // ----- the agent (chats): end -----
+    let grants = device::DeviceGrants::default();
+    let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
+    let mcp = Arc::new(McpService::new(
+        backend,
+        McpConfig {
+            public_url: config.agentd.public_url(),
+            allowed_origins: config.agentd.allowed_origins.clone(),
+            server_name: "agentworks".into(),
+            server_version: env!("CARGO_PKG_VERSION").into(),
+            max_sessions_per_token: config.agentd.max_sessions_per_token,
+        },
+    ));
+    let screen = Arc::new(PublicScreen {
+        mcp: mcp.clone(),
+        chats: chat_service.clone(),
+    });
+    let public_url = config.agentd.public_url();
+    let public_identity = identity.clone();
+    let public_grants = grants.clone();
+    let public_handler = move |_peer: std::net::SocketAddr,
+                               parts: hyper::http::request::Parts,
+                               body: bytes::Bytes| {
+        let mcp = mcp.clone();
+        let grants = public_grants.clone();
+        let identity = public_identity.clone();
+        let public_url = public_url.clone();
+        let chat_service = chat_service.clone();
+        async move {
+            if let Some(response) =
+                device::handle_public(&grants, &identity, &public_url, &parts, &body).await
+            {
+                return response;
+            }
+            if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
+                return json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
+                );
+            }
+            // ----- the agent (chats): begin -----
+            let chat_path = parts.uri.path();
+            if chat_path == "/v1/chats"
+                || chat_path.starts_with("/v1/chats/")
+                || chat_path == "/v1/devices"
+            {
+                return match &chat_service {
+                    Some(service) => match service.handle(&parts, &body).await {
+                        Some(response) => response,
+                        None => not_found(chat_path),
+                    },
+                    None => error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        "the chat store could not be opened; see agentd's log",
+                        Default::default(),
+                    ),
+                };
+            }
+            // ----- the agent (chats): end -----
+            let path = parts.uri.path().to_owned();
+            match mcp.handle(Request::from_parts(parts, body)).await {
+                Some(response) => response,
+                None => not_found(&path),
+            }
+        }
+    };
+    let admin = admin::Admin {
+        identity,
+        workspaced,
+        grants,
+        policy: Arc::new(admin::SocketPolicy::new(
+            &config.agentd.admin_group,
+            &config.agentd.gateway_users,
+        )),
+    };
+    let socket_handler = move |peer, parts, body| {
+        let admin = admin.clone();
+        async move { admin.handle(peer, parts, body).await }
+    };
+    let socket_limits = ServerLimits {
+        max_connections: 256,
+        max_body_bytes: 1024 * 1024,
+    };
+    let connections = fit_to_open_files(
+        ConnectionLimits::with_reserved_quarter(
+            config.agentd.max_connections,
+            config.agentd.max_connections_per_address,
+        ),
+        FILES_BESIDES_CONNECTIONS + socket_limits.max_connections as u64,
+    );
+    let public_limits = PublicLimits::new(connections, config.agentd.max_body_bytes_in_flight);
+    tracing::info!(?public_limits, "public listener limits");
+    tokio::join!(
+        serve_public(
+            public,
+            screen,
+            public_handler,
+            shutdown.clone(),
+            public_limits
+        ),
+        serve(socket, socket_handler, shutdown, socket_limits),
+    );
+}
+
+/// What agentd's public listener decides from a request's head, before it reads the body:
+/// `/mcp` and the chat endpoints need a valid bearer token (and `/mcp` an allowed `Origin`),
+/// checked here by the same code their handlers run, so a request they would refuse is
+/// refused without its body ever being read; with one, the endpoint's own body limit
+/// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
+/// gets [`MAX_ANONYMOUS_BODY_BYTES`].
+struct PublicScreen {
+    mcp: Arc<McpService<mcp_backend::AgentBackend>>,
+    chats: Option<chat_api::ChatService>,
+}
+
+impl Screen for PublicScreen {
+    async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
+        if head.uri.path() == "/mcp" {
+            return match self.mcp.screen(&head.headers).await {
+                Ok(()) if head.method == Method::POST => Verdict::Authenticated {
+                    max_body_bytes: MAX_MCP_BODY_BYTES,
+                },
+                Ok(()) => Verdict::Authenticated {
+                    max_body_bytes: MAX_ANONYMOUS_BODY_BYTES,
+                },
+                Err(refusal) => Verdict::Refused(refusal),
+            };
+        }
+        if let Some(chats) = &self.chats
+            && let Some(screened) = chats.screen(head).await
+        {
+            return match screened {
+                Ok(max_body_bytes) => Verdict::Authenticated { max_body_bytes },
+                Err(refusal) => Verdict::Refused(refusal),
+            };
+        }
+        Verdict::Anonymous
+    }
+}
+
+fn not_found(path: &str) -> hyper::Response<Body> {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("{path} is not served here; MCP is at /mcp"),
+        Default::default(),
+    )
+}

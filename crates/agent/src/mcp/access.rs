@@ -1,0 +1,154 @@
+//! Who may reach the endpoint: `Origin` validation (the bearer token is parsed by
+//! [`agentworks_daemon::ipc::bearer`]), and the
+//! `WWW-Authenticate` challenges for 401 and 403 answers (RFC 6750 with the RFC 9728
+//! `resource_metadata` parameter the MCP authorization specification asks for).
+//!
+//! Pure: no I/O. Must never accept a token itself (the backend does) and never treat a missing or
+//! malformed header as permission: every doubt fails closed.
+
+use super::AuthError;
+
+impl AuthError {
+    /// The envelope code of this failure.
+    pub fn code(self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing_token",
+            AuthError::Invalid => "invalid_token",
+            AuthError::Expired => "token_expired",
+            AuthError::Revoked => "token_revoked",
+            AuthError::Disabled => "user_disabled",
+        }
+    }
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuthError::Missing => "this endpoint needs an `Authorization: Bearer <token>` header",
+            AuthError::Invalid => "the bearer token is not valid",
+            AuthError::Expired => "the bearer token has expired",
+            AuthError::Revoked => "the bearer token has been revoked",
+            AuthError::Disabled => "the token's user is disabled",
+        })
+    }
+}
+
+impl std::error::Error for AuthError {}
+
+/// The scheme, host and port of a URL (or `Origin` value), lowercased, without a default port.
+fn origin_of(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let authority = rest.split(['/', '?', '#']).next()?.to_ascii_lowercase();
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    let authority = match (scheme.as_str(), authority.rsplit_once(':')) {
+        ("http", Some((host, "80"))) | ("https", Some((host, "443"))) => host.to_owned(),
+        _ => authority,
+    };
+    Some(format!("{scheme}://{authority}"))
+}
+
+/// Whether a request with this `Origin` may proceed: no header (not a browser) or an origin
+/// equal to `public_url`'s own or to one of `allowed`. `null` and unparsable origins fail.
+/// This is the specification's DNS-rebinding defence, so it runs before anything else.
+pub(super) fn origin_allowed(origin: Option<&str>, public_url: &str, allowed: &[String]) -> bool {
+    let Some(origin) = origin else {
+        return true;
+    };
+    let Some(origin) = origin_of(origin.trim()) else {
+        return false;
+    };
+    origin_of(public_url).as_deref() == Some(origin.as_str())
+        || allowed
+            .iter()
+            .any(|a| origin_of(a.trim()).as_deref() == Some(origin.as_str()))
+}
+
+/// The RFC 9728 metadata URL for `/mcp`.
+pub(super) fn resource_metadata_url(public_url: &str) -> String {
+    format!("{public_url}/.well-known/oauth-protected-resource/mcp")
+}
+
+/// The 401 challenge: `error="invalid_token"` for every failure but a missing token (RFC 6750
+/// §3.1: a request without credentials gets no error code).
+pub(super) fn unauthorized_challenge(error: AuthError, metadata_url: &str) -> String {
+    match error {
+        AuthError::Missing => format!("Bearer resource_metadata=\"{metadata_url}\""),
+        _ => format!(
+            "Bearer error=\"invalid_token\", error_description=\"{error}\", resource_metadata=\"{metadata_url}\""
+        ),
+    }
+}
+
+/// The 403 challenge naming the scope a client should ask for.
+pub(super) fn insufficient_scope_challenge(scope: &str, metadata_url: &str) -> String {
+    format!(
+        "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{metadata_url}\""
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        let public = "http://127.0.0.1:8470";
+        let allowed = vec!["https://app.example.com".to_owned()];
+        assert!(origin_allowed(None, public, &allowed));
+        assert!(origin_allowed(
+            Some("http://127.0.0.1:8470"),
+            public,
+            &allowed
+        ));
+        assert!(origin_allowed(
+            Some("HTTPS://App.Example.com:443"),
+            public,
+            &allowed
+        ));
+        assert!(!origin_allowed(
+            Some("http://127.0.0.1:8471"),
+            public,
+            &allowed
+        ));
+        assert!(!origin_allowed(
+            Some("https://evil.example"),
+            public,
+            &allowed
+        ));
+        assert!(!origin_allowed(Some("null"), public, &allowed));
+        assert!(!origin_allowed(
+            Some("https://app.example.com.evil.example"),
+            public,
+            &allowed
+        ));
+        assert!(origin_allowed(
+            Some("http://example.org"),
+            "http://example.org:80/base",
+            &[]
+        ));
+    }
+
+    #[test]
+    fn challenges() {
+        let url = resource_metadata_url("http://h:1");
+        assert_eq!(url, "http://h:1/.well-known/oauth-protected-resource/mcp");
+        let missing = unauthorized_challenge(AuthError::Missing, &url);
+        assert_eq!(missing, format!("Bearer resource_metadata=\"{url}\""));
+        for e in [
+            AuthError::Invalid,
+            AuthError::Expired,
+            AuthError::Revoked,
+            AuthError::Disabled,
+        ] {
+            let c = unauthorized_challenge(e, &url);
+            assert!(c.starts_with("Bearer error=\"invalid_token\""), "{c}");
+            assert!(c.contains(&format!("resource_metadata=\"{url}\"")));
+        }
+        let scope = insufficient_scope_challenge("workflows:write", &url);
+        assert!(scope.contains("error=\"insufficient_scope\""));
+        assert!(scope.contains("scope=\"workflows:write\""));
+    }
+}

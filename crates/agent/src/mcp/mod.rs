@@ -1,0 +1,161 @@
+//! The public MCP endpoint: the Model Context Protocol over streamable HTTP at `/mcp`, for both
+//! protocol eras, with agentworks bearer auth and the one error envelope.
+//!
+//! Owns the wire protocol (JSON-RPC framing, era detection, header validation, legacy sessions),
+//! the tool catalog the protocol exposes, and the HTTP answers for authentication and scope
+//! failures. Must never decide *what* a caller may touch beyond token scopes: roles, folder caps
+//! and policy belong to the [`Backend`] (agentd), which this module only asks. Must never read or
+//! write files itself, and never answer a tool failure with an HTTP 5xx or a JSON-RPC crash.
+//!
+//! The eras, both on the one endpoint (as the backward-compatibility sections of the
+//! specification ask):
+//!
+//! - **2026-07-28** (current, stateless): no `initialize`, no sessions; every request carries its
+//!   protocol version and client capabilities in `params._meta`, mirrored by the
+//!   `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers; `server/discover` advertises
+//!   us; results carry `resultType`; GET and DELETE answer 405.
+//! - **2025-06-18 / 2025-11-25** (handshake era): `initialize` negotiates the version and mints an
+//!   optional `Mcp-Session-Id`, bound to the token that created it; DELETE ends it; GET answers
+//!   405 because we never push.
+//!
+//! Files:
+//!
+//! - [`catalog`] (private): the operations, their schemas, scopes and annotations, the effective
+//!   catalog for a caller, and argument validation. Pure.
+//! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder, error codes and
+//!   response bodies (JSON or one SSE event). Pure.
+//! - `access`: Origin validation, bearer extraction, scope checks and the `WWW-Authenticate`
+//!   challenges. Pure.
+//! - `session`: the legacy session table (bounded, idle-expiring, owner-bound).
+//! - `service`: [`McpService`], routing a request through the checks above to the backend.
+//!
+//! **Why hand-written and not `rmcp`.** The official Rust SDK brings its own tower/axum service
+//! and session manager; its 2026-07-28 work (3.1) is metadata validation on its own stack. We need
+//! one hyper handler that serves both eras on `/mcp`, authenticates *every* request (including
+//! `initialize` and `server/discover`) with 401/403 answers carrying RFC 9728 challenges, turns a
+//! missing tool scope into an HTTP 403 mid-`tools/call`, binds legacy sessions to the token that
+//! opened them, and speaks our error envelope. Bending rmcp to that costs more than the JSON-RPC
+//! layer, which is a few hundred lines of pure, unit-tested code; the real Python SDK (`mcp`
+//! 2.3.0) checks the result end to end in `tests.rs`.
+
+mod access;
+mod catalog;
+mod service;
+mod session;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use service::McpService;
+
+/// Who is calling: the token that authenticated the request and its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's id (not its secret); legacy sessions are bound to it.
+    pub token_id: String,
+    /// The user the token belongs to.
+    pub user_id: String,
+    /// The user's name, for messages and audit.
+    pub user_name: String,
+    /// The token's scopes, e.g. `workflows:read`.
+    pub scopes: Vec<String>,
+}
+
+/// Why a bearer token was not accepted. Every variant answers HTTP 401 with a
+/// `WWW-Authenticate: Bearer resource_metadata="…"` challenge; all but [`AuthError::Missing`]
+/// add `error="invalid_token"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    /// No `Authorization: Bearer` header.
+    Missing,
+    /// Unknown or malformed token.
+    Invalid,
+    /// The token has expired.
+    Expired,
+    /// The token was revoked.
+    Revoked,
+    /// The token's user is disabled.
+    Disabled,
+}
+
+/// A tool failure, reported to the client as a tool result with `isError: true` and
+/// `structuredContent: {"error": {"code", "message", ...details}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolError {
+    /// Stable, snake_case, e.g. `revision_conflict`.
+    pub code: String,
+    /// What happened and, where possible, what to do about it.
+    pub message: String,
+    /// Extra fields (e.g. `current_revision`), flattened beside `code` and `message`.
+    pub details: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ToolError {
+    /// A tool error without details.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ToolError {
+        ToolError {
+            code: code.into(),
+            message: message.into(),
+            details: serde_json::Map::new(),
+        }
+    }
+}
+
+/// One catalog operation. Each is also listed as an MCP tool of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `list_workflows`: the workflows this token may see.
+    ListWorkflows,
+    /// `list_files`: `workflow_id`, `path?`.
+    ListFiles,
+    /// `read_file`: `workflow_id`, `path`; returns `content` and `revision`.
+    ReadFile,
+    /// `search_files`: `workflow_id`, `query`, `path?`.
+    SearchFiles,
+    /// `write_file`: `workflow_id`, `path`, `content`, `expected_revision`, `request_id`.
+    WriteFile,
+    /// `get_write_receipt`: `workflow_id`, `request_id`.
+    GetWriteReceipt,
+}
+
+/// The agentd side of the endpoint: who the caller is, what they may do right now, and doing it.
+pub trait Backend: Send + Sync + 'static {
+    /// Resolves the bearer token (`None` when the request carried none).
+    fn authenticate(
+        &self,
+        bearer: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Caller, AuthError>> + Send;
+    /// The catalog operations this caller may use right now (agentd checks live roles etc.; the
+    /// MCP layer separately enforces scopes).
+    fn allowed_operations(
+        &self,
+        caller: &Caller,
+    ) -> impl std::future::Future<Output = Vec<Operation>> + Send;
+    /// Runs one operation with arguments already checked against its schema.
+    fn call(
+        &self,
+        caller: &Caller,
+        operation: Operation,
+        arguments: serde_json::Map<String, serde_json::Value>,
+    ) -> impl std::future::Future<Output = Result<serde_json::Value, ToolError>> + Send;
+}
+
+/// How the endpoint presents itself.
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    /// The public base URL, e.g. `http://127.0.0.1:8470`, without a trailing slash. The resource
+    /// is `<public_url>/mcp`; requests from this origin are always allowed.
+    pub public_url: String,
+    /// Browser origins (e.g. `https://app.example.com`) allowed besides `public_url`'s own.
+    pub allowed_origins: Vec<String>,
+    /// `serverInfo.name` and the metadata's `resource_name`.
+    pub server_name: String,
+    /// `serverInfo.version`.
+    pub server_version: String,
+    /// Legacy-era sessions one token may hold; opening one more ends its least recently used.
+    pub max_sessions_per_token: usize,
+}
+
+/// Every response body is one complete buffer (an SSE answer is a single event).
+pub type Body = agentworks_daemon::ipc::envelope::Body;

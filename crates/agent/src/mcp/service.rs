@@ -1,0 +1,760 @@
+//! [`McpService`]: one HTTP request in, one response out. Routes `/mcp` and the RFC 9728
+//! metadata paths, runs the checks in a fixed order (Origin, authentication, endpoint scope,
+//! HTTP method, media types, JSON-RPC framing, era, era rules), then answers the MCP method,
+//! asking the [`Backend`] for the caller's live operations and for the operation itself.
+//!
+//! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), and the shape of
+//! results per era. Must never call the backend before the caller is authenticated, never let a
+//! tool failure become a JSON-RPC error or an HTTP 5xx, and never hold the session lock across an
+//! `.await`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::header::{
+    ACCEPT, ALLOW, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, ORIGIN, WWW_AUTHENTICATE,
+};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Map, Value, json};
+
+use super::access;
+use super::catalog::{self, CALL_TOOL, GET_API_SPEC, WORKFLOW_SCOPES};
+use super::session::{SessionError, SessionTable};
+use super::wire::{self, Era, Framing, Message, RoutingHeaders, RpcError, code};
+use super::{AuthError, Backend, Body, Caller, McpConfig, Operation, ToolError};
+use agentworks_daemon::ipc::bearer::{Bearer, bearer};
+use agentworks_daemon::ipc::envelope::{error_response, json_response};
+
+/// Legacy sessions kept at once; beyond this, idle ones are dropped, then opening fails (503).
+/// With [`McpConfig::max_sessions_per_token`] it takes that many distinct tokens to get here.
+const MAX_SESSIONS: usize = 4096;
+/// A legacy session unused this long is forgotten (its id then answers 404).
+const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// The MCP endpoint over a [`Backend`].
+pub struct McpService<B: Backend> {
+    /// Authenticates callers, lists their live operations, runs operations.
+    backend: Arc<B>,
+    /// Public URL, allowed origins, server name and version.
+    config: McpConfig,
+    /// Legacy-era sessions minted at `initialize`.
+    sessions: SessionTable,
+    /// `<public_url>/.well-known/oauth-protected-resource/mcp`, named in every challenge.
+    metadata_url: String,
+}
+
+/// A request refused at the HTTP layer, answered with the agentworks error envelope.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(super) enum Rejection {
+    #[error("origin {0:?} may not call this endpoint")]
+    OriginForbidden(String),
+    #[error("{0}")]
+    Unauthorized(AuthError),
+    #[error("this token lacks the scope {scope}")]
+    InsufficientScope { scope: &'static str },
+    #[error("method not allowed here; allowed: {allow}")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("the client must accept application/json or text/event-stream")]
+    NotAcceptable,
+    #[error("the request body must be application/json")]
+    UnsupportedMediaType,
+    #[error("bad Mcp-Session-Id header: {0}")]
+    BadSessionHeader(&'static str),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+impl Rejection {
+    /// The one mapping from rejection to HTTP answer.
+    fn into_response(self, metadata_url: &str) -> Response<Body> {
+        let message = self.to_string();
+        let mut details = Map::new();
+        let (status, code, challenge, allow) = match self {
+            Rejection::OriginForbidden(_) => {
+                (StatusCode::FORBIDDEN, "origin_forbidden", None, None)
+            }
+            Rejection::Unauthorized(error) => (
+                StatusCode::UNAUTHORIZED,
+                error.code(),
+                Some(access::unauthorized_challenge(error, metadata_url)),
+                None,
+            ),
+            Rejection::InsufficientScope { scope } => {
+                details.insert("scope".to_owned(), Value::String(scope.to_owned()));
+                (
+                    StatusCode::FORBIDDEN,
+                    "insufficient_scope",
+                    Some(access::insufficient_scope_challenge(scope, metadata_url)),
+                    None,
+                )
+            }
+            Rejection::MethodNotAllowed { allow } => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                None,
+                Some(allow),
+            ),
+            Rejection::NotAcceptable => (StatusCode::NOT_ACCEPTABLE, "not_acceptable", None, None),
+            Rejection::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                None,
+                None,
+            ),
+            Rejection::BadSessionHeader(_) => {
+                (StatusCode::BAD_REQUEST, "bad_session_header", None, None)
+            }
+            Rejection::Session(SessionError::NotFound) => {
+                (StatusCode::NOT_FOUND, "session_not_found", None, None)
+            }
+            Rejection::Session(SessionError::Full) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_sessions",
+                None,
+                None,
+            ),
+        };
+        let mut response = error_response(status, code, message, details);
+        let headers = response.headers_mut();
+        if let Some(challenge) = challenge.and_then(|c| HeaderValue::from_str(&c).ok()) {
+            headers.insert(WWW_AUTHENTICATE, challenge);
+        }
+        if let Some(allow) = allow {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        response
+    }
+}
+
+/// Why a method call did not produce a result.
+enum Failure {
+    /// A JSON-RPC error in the response body.
+    Rpc(RpcError),
+    /// An HTTP-level refusal (a tool the token's scopes do not cover).
+    Http(Rejection),
+}
+
+impl From<RpcError> for Failure {
+    fn from(error: RpcError) -> Failure {
+        Failure::Rpc(error)
+    }
+}
+
+impl From<Rejection> for Failure {
+    fn from(rejection: Rejection) -> Failure {
+        Failure::Http(rejection)
+    }
+}
+
+/// The era-specific facts a method handler needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    /// 2026-07-28: `resultType` on results, cache hints on lists, any JSON as structured content.
+    Modern,
+    /// Handshake era: plain results; structured content must be an object.
+    Legacy,
+}
+
+fn header_str(
+    request: &Request<bytes::Bytes>,
+    name: impl hyper::header::AsHeaderName,
+) -> Option<&str> {
+    request.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+impl<B: Backend> McpService<B> {
+    /// An endpoint serving `backend` as described by `config`.
+    pub fn new(backend: Arc<B>, config: McpConfig) -> McpService<B> {
+        let public_url = config.public_url.trim_end_matches('/').to_owned();
+        let config = McpConfig {
+            public_url,
+            ..config
+        };
+        let sessions = SessionTable::new(
+            MAX_SESSIONS,
+            config.max_sessions_per_token,
+            SESSION_IDLE_TIMEOUT,
+        );
+        McpService {
+            metadata_url: access::resource_metadata_url(&config.public_url),
+            backend,
+            config,
+            sessions,
+        }
+    }
+
+    /// Handles `/mcp` (POST; GET and DELETE per era) and both
+    /// `/.well-known/oauth-protected-resource` and `/.well-known/oauth-protected-resource/mcp`
+    /// (RFC 9728 metadata). Returns `None` for any other path so the caller routes it elsewhere.
+    pub async fn handle(&self, request: Request<bytes::Bytes>) -> Option<Response<Body>> {
+        match request.uri().path() {
+            "/mcp" => Some(match self.handle_mcp(request).await {
+                Ok(response) => response,
+                Err(rejection) => {
+                    tracing::debug!(%rejection, "mcp request refused");
+                    rejection.into_response(&self.metadata_url)
+                }
+            }),
+            "/.well-known/oauth-protected-resource" => Some(self.metadata(&request, false)),
+            "/.well-known/oauth-protected-resource/mcp" => Some(self.metadata(&request, true)),
+            _ => None,
+        }
+    }
+
+    /// The RFC 9728 protected-resource metadata. The path-suffixed document describes
+    /// `<public_url>/mcp`; the root one describes `<public_url>` (RFC 9728 §3.3: `resource` must
+    /// equal the identifier the well-known URL was formed from). Public: no auth.
+    fn metadata(&self, request: &Request<bytes::Bytes>, for_mcp: bool) -> Response<Body> {
+        if request.method() != Method::GET {
+            return Rejection::MethodNotAllowed { allow: "GET" }.into_response(&self.metadata_url);
+        }
+        let resource = if for_mcp {
+            format!("{}/mcp", self.config.public_url)
+        } else {
+            self.config.public_url.clone()
+        };
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "resource": resource,
+                "bearer_methods_supported": ["header"],
+                "scopes_supported": WORKFLOW_SCOPES,
+                "resource_name": self.config.server_name,
+            }),
+        )
+    }
+
+    /// The checks of a `/mcp` request that need only its headers (steps 1–3 of
+    /// [`McpService::handle`]): the answer it would get if they fail. The public listener
+    /// calls this before it reads the body, so a request that would be refused anyway never
+    /// makes us hold its body; `handle` runs the same checks again on the whole request.
+    pub async fn screen(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        self.admit(headers)
+            .await
+            .map(drop)
+            .map_err(|rejection| rejection.into_response(&self.metadata_url))
+    }
+
+    /// Steps 1–3: Origin, authentication, the endpoint's scope.
+    async fn admit(&self, headers: &HeaderMap) -> Result<Caller, Rejection> {
+        // 1. Origin, before anything else: a page on another origin (DNS rebinding) must learn
+        //    nothing, not even whether a token works.
+        let origin = headers.get(ORIGIN).and_then(|v| v.to_str().ok());
+        if headers.contains_key(ORIGIN)
+            && !access::origin_allowed(
+                Some(origin.unwrap_or("")),
+                &self.config.public_url,
+                &self.config.allowed_origins,
+            )
+        {
+            return Err(Rejection::OriginForbidden(
+                origin.unwrap_or("<not ASCII>").to_owned(),
+            ));
+        }
+        // 2. Authenticate every request, including initialize, discover, GET and DELETE.
+        let caller = match bearer(headers) {
+            Bearer::Absent => self.backend.authenticate(None).await,
+            Bearer::Token(token) => self.backend.authenticate(Some(token)).await,
+            Bearer::Malformed => Err(AuthError::Invalid),
+        }
+        .map_err(Rejection::Unauthorized)?;
+        // 3. The endpoint needs a workflows scope at all (a `devices:connect` token has none).
+        if !catalog::has_any_scope(&caller, &WORKFLOW_SCOPES) {
+            return Err(Rejection::InsufficientScope {
+                scope: WORKFLOW_SCOPES[0],
+            });
+        }
+        Ok(caller)
+    }
+
+    async fn handle_mcp(
+        &self,
+        request: Request<bytes::Bytes>,
+    ) -> Result<Response<Body>, Rejection> {
+        // 1.–3. Origin, authentication, scope.
+        let caller = self.admit(request.headers()).await?;
+        // 4. The HTTP method; GET offers no stream in either era (we never push).
+        let modern_header = request
+            .headers()
+            .get(wire::HEADER_PROTOCOL_VERSION)
+            .is_some_and(|v| !wire::names_handshake_era(&String::from_utf8_lossy(v.as_bytes())));
+        let allow = if modern_header {
+            "POST"
+        } else {
+            "POST, DELETE"
+        };
+        match *request.method() {
+            Method::POST => self.post(&caller, &request).await,
+            Method::DELETE
+                if !modern_header && request.headers().contains_key(wire::HEADER_SESSION_ID) =>
+            {
+                self.delete(&caller, &request)
+            }
+            _ => Err(Rejection::MethodNotAllowed { allow }),
+        }
+    }
+
+    /// The `Mcp-Session-Id` header, if one (and only one) was sent.
+    fn session_header<'a>(
+        &self,
+        request: &'a Request<bytes::Bytes>,
+    ) -> Result<Option<&'a str>, Rejection> {
+        let mut values = request.headers().get_all(wire::HEADER_SESSION_ID).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(Rejection::BadSessionHeader("sent more than once"));
+        }
+        value
+            .to_str()
+            .map(Some)
+            .map_err(|_| Rejection::BadSessionHeader("not visible ASCII"))
+    }
+
+    /// DELETE ends a legacy session (only its own token may).
+    fn delete(
+        &self,
+        caller: &Caller,
+        request: &Request<bytes::Bytes>,
+    ) -> Result<Response<Body>, Rejection> {
+        let Some(id) = self.session_header(request)? else {
+            return Err(Rejection::MethodNotAllowed {
+                allow: "POST, DELETE",
+            });
+        };
+        self.sessions.close(id, &caller.token_id, Instant::now())?;
+        let mut response = Response::new(Body::default());
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        Ok(response)
+    }
+
+    async fn post(
+        &self,
+        caller: &Caller,
+        request: &Request<bytes::Bytes>,
+    ) -> Result<Response<Body>, Rejection> {
+        if !wire::is_json_content_type(header_str(request, CONTENT_TYPE)) {
+            return Err(Rejection::UnsupportedMediaType);
+        }
+        let framing = wire::parse_accept(header_str(request, ACCEPT))
+            .framing()
+            .ok_or(Rejection::NotAcceptable)?;
+        let message = match wire::parse_message(request.body()) {
+            Ok(message) => message,
+            Err((id, error)) => {
+                return Ok(wire::message_response(
+                    StatusCode::BAD_REQUEST,
+                    Framing::Json,
+                    &wire::error_message(&id, &error),
+                ));
+            }
+        };
+        let headers = RoutingHeaders::from_headers(request.headers());
+        match wire::classify_era(headers.protocol_version.as_deref(), &message) {
+            Era::Modern => self.post_modern(caller, message, &headers, framing).await,
+            Era::Legacy => {
+                self.post_legacy(caller, request, message, &headers, framing)
+                    .await
+            }
+        }
+    }
+
+    async fn post_modern(
+        &self,
+        caller: &Caller,
+        message: Message,
+        headers: &RoutingHeaders,
+        framing: Framing,
+    ) -> Result<Response<Body>, Rejection> {
+        let reject = |id: &Value, error: RpcError| {
+            wire::message_response(
+                error.modern_status(),
+                Framing::Json,
+                &wire::error_message(id, &error),
+            )
+        };
+        let (id, method, params) = match message {
+            Message::Request { id, method, params } => (id, method, params),
+            Message::Notification { .. } => {
+                // No client-to-server notification means anything on this wire; acknowledge
+                // one at a served version and drop it.
+                let version = headers.protocol_version.as_deref().unwrap_or("");
+                if !wire::MODERN_VERSIONS.contains(&version) {
+                    let error =
+                        RpcError::unsupported_version(code::UNSUPPORTED_PROTOCOL_VERSION, version);
+                    return Ok(reject(&Value::Null, error));
+                }
+                return Ok(accepted());
+            }
+            Message::Reply => {
+                let error = RpcError::new(
+                    code::INVALID_REQUEST,
+                    "Body must be a single JSON-RPC request or notification object",
+                );
+                return Ok(reject(&Value::Null, error));
+            }
+        };
+        if let Err(error) = wire::check_modern_request(&method, &params, headers) {
+            return Ok(reject(&id, error));
+        }
+        match self
+            .dispatch(caller, Dialect::Modern, &method, &params)
+            .await
+        {
+            Ok(result) => Ok(wire::message_response(
+                StatusCode::OK,
+                framing,
+                &wire::result_message(&id, result),
+            )),
+            Err(Failure::Rpc(error)) => Ok(reject(&id, error)),
+            Err(Failure::Http(rejection)) => Err(rejection),
+        }
+    }
+
+    async fn post_legacy(
+        &self,
+        caller: &Caller,
+        request: &Request<bytes::Bytes>,
+        message: Message,
+        headers: &RoutingHeaders,
+        framing: Framing,
+    ) -> Result<Response<Body>, Rejection> {
+        // The version header is optional in this era, but when present it must be one we serve.
+        if let Some(version) = headers.protocol_version.as_deref()
+            && !wire::HANDSHAKE_VERSIONS.contains(&version)
+        {
+            let error = RpcError::unsupported_version(code::INVALID_REQUEST, version);
+            return Ok(wire::message_response(
+                StatusCode::BAD_REQUEST,
+                Framing::Json,
+                &wire::error_message(&Value::Null, &error),
+            ));
+        }
+        // A session id must name a live session of this token (else 404, as if it never existed).
+        let now = Instant::now();
+        if let Some(id) = self.session_header(request)? {
+            self.sessions.resolve(id, &caller.token_id, now)?;
+        }
+        let (id, method, params) = match message {
+            Message::Request { id, method, params } => (id, method, params),
+            Message::Notification { .. } | Message::Reply => return Ok(accepted()),
+        };
+        if method == "initialize" {
+            let offered = params
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let version = if wire::HANDSHAKE_VERSIONS.contains(&offered) {
+                offered
+            } else {
+                wire::LATEST_HANDSHAKE_VERSION
+            };
+            let session = self.sessions.open(&caller.token_id, version, now)?;
+            let result = json!({
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": false}},
+                "serverInfo": {"name": self.config.server_name, "version": self.config.server_version},
+                "instructions": INSTRUCTIONS,
+            });
+            let mut response =
+                wire::message_response(StatusCode::OK, framing, &wire::result_message(&id, result));
+            if let Ok(value) = HeaderValue::from_str(&session) {
+                response
+                    .headers_mut()
+                    .insert(HeaderName::from_static(wire::HEADER_SESSION_ID), value);
+            }
+            return Ok(response);
+        }
+        match self
+            .dispatch(caller, Dialect::Legacy, &method, &params)
+            .await
+        {
+            Ok(result) => Ok(wire::message_response(
+                StatusCode::OK,
+                framing,
+                &wire::result_message(&id, result),
+            )),
+            // Handshake-era transports carry method errors in a 200 body.
+            Err(Failure::Rpc(error)) => Ok(wire::message_response(
+                StatusCode::OK,
+                framing,
+                &wire::error_message(&id, &error),
+            )),
+            Err(Failure::Http(rejection)) => Err(rejection),
+        }
+    }
+
+    /// Answers one MCP method for an authenticated caller.
+    async fn dispatch(
+        &self,
+        caller: &Caller,
+        dialect: Dialect,
+        method: &str,
+        params: &Map<String, Value>,
+    ) -> Result<Value, Failure> {
+        let mut result = match (method, dialect) {
+            ("server/discover", Dialect::Modern) => json!({
+                "supportedVersions": wire::supported_versions(),
+                "capabilities": {"tools": {}},
+                "instructions": INSTRUCTIONS,
+                "ttlMs": 0,
+                "cacheScope": "private",
+                "_meta": {wire::SERVER_INFO_META_KEY: {
+                    "name": self.config.server_name,
+                    "version": self.config.server_version,
+                }},
+            }),
+            ("ping", Dialect::Legacy) => return Ok(json!({})),
+            ("tools/list", _) => {
+                let operations = self.effective_operations(caller).await;
+                let mut result = json!({"tools": catalog::tool_list(&operations)});
+                if dialect == Dialect::Modern {
+                    // The list depends on the token, so it may only be cached per token.
+                    result["ttlMs"] = json!(0);
+                    result["cacheScope"] = json!("private");
+                }
+                result
+            }
+            ("tools/call", _) => {
+                let Some(name) = params.get("name").and_then(Value::as_str) else {
+                    return Err(RpcError::new(
+                        code::INVALID_PARAMS,
+                        "tools/call needs a string `name`",
+                    )
+                    .into());
+                };
+                let arguments = match params.get("arguments") {
+                    None | Some(Value::Null) => Map::new(),
+                    Some(Value::Object(arguments)) => arguments.clone(),
+                    Some(_) => {
+                        return Err(RpcError::new(
+                            code::INVALID_PARAMS,
+                            "tools/call `arguments` must be an object",
+                        )
+                        .into());
+                    }
+                };
+                let outcome = self.call_tool(caller, name, arguments).await?;
+                tool_result(outcome, dialect)
+            }
+            _ => {
+                return Err(RpcError::new(
+                    code::METHOD_NOT_FOUND,
+                    format!("Method not found: {method}"),
+                )
+                .into());
+            }
+        };
+        if dialect == Dialect::Modern
+            && let Some(object) = result.as_object_mut()
+        {
+            object.insert("resultType".to_owned(), json!("complete"));
+        }
+        Ok(result)
+    }
+
+    /// The operations this caller may use right now.
+    async fn effective_operations(&self, caller: &Caller) -> Vec<Operation> {
+        let allowed = self.backend.allowed_operations(caller).await;
+        catalog::effective_operations(caller, &allowed)
+    }
+
+    /// Runs a tool: a meta tool or an operation. Tool failures are `Ok(Err(_))`; only a missing
+    /// scope is an HTTP refusal.
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Result<Value, ToolError>, Rejection> {
+        if let Some(schema) = catalog::meta_schema(name) {
+            if let Err(error) = catalog::validate_arguments(&schema, &arguments) {
+                return Ok(Err(error));
+            }
+            if name == GET_API_SPEC {
+                return Ok(Ok(catalog::api_spec(
+                    &self.effective_operations(caller).await,
+                )));
+            }
+            debug_assert_eq!(name, CALL_TOOL);
+            let target = arguments
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let inner = match arguments.get("arguments") {
+                Some(Value::Object(inner)) => inner.clone(),
+                _ => Map::new(),
+            };
+            return self.call_operation(caller, target, inner).await;
+        }
+        self.call_operation(caller, name, arguments).await
+    }
+
+    /// Runs one catalog operation after the scope, live-permission and argument checks.
+    async fn call_operation(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Result<Value, ToolError>, Rejection> {
+        let Some(operation) = Operation::from_name(name) else {
+            let mut error = ToolError::new(
+                "unknown_tool",
+                format!("there is no operation named {name:?}; get_api_spec lists them"),
+            );
+            error.details.insert("name".to_owned(), json!(name));
+            return Ok(Err(error));
+        };
+        // Scope first: no token scope can be widened by the backend, and the client needs the
+        // 403 challenge to ask for a better token.
+        if !catalog::has_any_scope(caller, operation.scopes()) {
+            let scope = operation
+                .scopes()
+                .first()
+                .copied()
+                .unwrap_or(WORKFLOW_SCOPES[0]);
+            return Err(Rejection::InsufficientScope { scope });
+        }
+        if !self
+            .backend
+            .allowed_operations(caller)
+            .await
+            .contains(&operation)
+        {
+            // Live permissions (role, policy) refuse it: the stable code is `forbidden`.
+            let mut error = ToolError::new(
+                "forbidden",
+                format!(
+                    "{} is not allowed for {} right now (no project grants it)",
+                    operation.name(),
+                    caller.user_name
+                ),
+            );
+            error
+                .details
+                .insert("name".to_owned(), json!(operation.name()));
+            error
+                .details
+                .insert("reason".to_owned(), json!("operation_not_allowed"));
+            return Ok(Err(error));
+        }
+        if let Err(error) = catalog::validate_arguments(&operation.input_schema(), &arguments) {
+            return Ok(Err(error));
+        }
+        Ok(self.backend.call(caller, operation, arguments).await)
+    }
+}
+
+/// What a model reading `instructions` should know first.
+const INSTRUCTIONS: &str = "agentworks workflow files. Call get_api_spec for the operations this token may use. \
+Read a file before writing it: write_file needs the revision read_file returned (or \"missing\" to create) \
+and a fresh request_id; retry a write with the same request_id.";
+
+/// 202 Accepted, no body: a notification or reply was taken.
+fn accepted() -> Response<Body> {
+    let mut response = Response::new(Body::default());
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+}
+
+/// A `tools/call` result: `structuredContent` plus a pretty-JSON text rendering; failures carry
+/// `isError: true` and `{"error": {code, message, ...details}}`.
+fn tool_result(outcome: Result<Value, ToolError>, dialect: Dialect) -> Value {
+    let (structured, is_error) = match outcome {
+        Ok(value) => (value, false),
+        Err(error) => {
+            let mut body = error.details;
+            body.insert("code".to_owned(), Value::String(error.code));
+            body.insert("message".to_owned(), Value::String(error.message));
+            (json!({ "error": body }), true)
+        }
+    };
+    let text = serde_json::to_string_pretty(&structured).unwrap_or_default();
+    // Before 2026-07-28, structured content must be an object.
+    let structured = if dialect == Dialect::Legacy && !structured.is_object() {
+        json!({ "result": structured })
+    } else {
+        structured
+    };
+    json!({
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": structured,
+        "isError": is_error,
+    })
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn tool_errors_put_code_and_message_last_so_details_cannot_forge_them() {
+        let mut error = ToolError::new("revision_conflict", "changed");
+        error
+            .details
+            .insert("current_revision".into(), json!("sha256:ab"));
+        error.details.insert("code".into(), json!("forged"));
+        let result = tool_result(Err(error), Dialect::Modern);
+        assert_eq!(result["isError"], true);
+        assert_eq!(
+            result["structuredContent"]["error"]["code"],
+            "revision_conflict"
+        );
+        assert_eq!(
+            result["structuredContent"]["error"]["current_revision"],
+            "sha256:ab"
+        );
+        let text: Value =
+            serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(text, result["structuredContent"]);
+    }
+
+    #[test]
+    fn legacy_structured_content_is_always_an_object() {
+        assert_eq!(
+            tool_result(Ok(json!([1])), Dialect::Legacy)["structuredContent"],
+            json!({"result": [1]})
+        );
+        assert_eq!(
+            tool_result(Ok(json!([1])), Dialect::Modern)["structuredContent"],
+            json!([1])
+        );
+        assert_eq!(
+            tool_result(Ok(json!({"a": 1})), Dialect::Legacy)["structuredContent"],
+            json!({"a": 1})
+        );
+    }
+
+    #[test]
+    fn rejections_map_to_statuses_and_challenges() {
+        let url = "http://h/.well-known/oauth-protected-resource/mcp";
+        let r = Rejection::Unauthorized(AuthError::Expired).into_response(url);
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert!(
+            r.headers()[WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .contains("invalid_token")
+        );
+        let r = Rejection::InsufficientScope {
+            scope: "workflows:write",
+        }
+        .into_response(url);
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert!(
+            r.headers()[WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .contains("scope=\"workflows:write\"")
+        );
+        let r = Rejection::MethodNotAllowed { allow: "POST" }.into_response(url);
+        assert_eq!(r.headers()[ALLOW], "POST");
+        assert_eq!(
+            Rejection::Session(SessionError::NotFound)
+                .into_response(url)
+                .status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}

@@ -1,0 +1,730 @@
+//! The MCP wire format on one HTTP POST: JSON-RPC message parsing, which protocol era a request
+//! belongs to, the 2026-07-28 header/body validation ladder, the error codes with their HTTP
+//! statuses, and the response bodies (`application/json`, or one `text/event-stream` event).
+//!
+//! Pure: no I/O, no auth, no backend. Must never panic on any input: every malformed body or
+//! header becomes a typed [`RpcError`].
+
+use bytes::Bytes;
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::{Map, Value, json};
+
+use super::Body;
+
+/// `params._meta` key carrying the request's protocol version (2026-07-28).
+pub(super) const PROTOCOL_VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+/// `params._meta` key carrying the client's capabilities (2026-07-28).
+pub(super) const CLIENT_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `result._meta` key carrying our name and version on `server/discover`.
+pub(super) const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
+
+/// The stateless revisions we serve.
+pub(super) const MODERN_VERSIONS: [&str; 1] = ["2026-07-28"];
+/// The handshake revisions we serve, oldest first.
+pub(super) const HANDSHAKE_VERSIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
+/// Our answer to an `initialize` offering a version we do not serve.
+pub(super) const LATEST_HANDSHAKE_VERSION: &str = "2025-11-25";
+/// Every handshake-era revision ever published: a header naming one of these routes a request to
+/// the legacy path (where an unserved one is refused), anything else to the modern ladder.
+const KNOWN_HANDSHAKE_VERSIONS: [&str; 4] =
+    ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+pub(super) const HEADER_PROTOCOL_VERSION: &str = "mcp-protocol-version";
+pub(super) const HEADER_METHOD: &str = "mcp-method";
+pub(super) const HEADER_NAME: &str = "mcp-name";
+pub(super) const HEADER_SESSION_ID: &str = "mcp-session-id";
+
+/// JSON-RPC and MCP error codes.
+pub(super) mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// Headers missing, duplicated or disagreeing with the body (2026-07-28).
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// The request's protocol version is not served (2026-07-28).
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+}
+
+/// Every version we serve, oldest first (the `supported` list in errors and discovery).
+pub(super) fn supported_versions() -> Vec<&'static str> {
+    HANDSHAKE_VERSIONS
+        .iter()
+        .chain(MODERN_VERSIONS.iter())
+        .copied()
+        .collect()
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("JSON-RPC error {code}: {message}")]
+pub(super) struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// The "unsupported protocol version" error naming what we serve.
+    pub fn unsupported_version(code: i64, requested: &str) -> RpcError {
+        RpcError {
+            code,
+            message: "Unsupported protocol version".to_owned(),
+            data: Some(json!({"supported": supported_versions(), "requested": requested})),
+        }
+    }
+
+    /// The HTTP status for this error in the 2026-07-28 era (the specification's table; codes it
+    /// does not name answer 200 with the error in the body).
+    pub fn modern_status(&self) -> StatusCode {
+        match self.code {
+            code::PARSE_ERROR
+            | code::INVALID_REQUEST
+            | code::INVALID_PARAMS
+            | code::HEADER_MISMATCH
+            | code::UNSUPPORTED_PROTOCOL_VERSION => StatusCode::BAD_REQUEST,
+            code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+            _ => StatusCode::OK,
+        }
+    }
+}
+
+/// One decoded POST body.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Message {
+    /// A request: answered on this POST.
+    Request {
+        id: Value,
+        method: String,
+        params: Map<String, Value>,
+    },
+    /// A notification: acknowledged with 202.
+    Notification {
+        method: String,
+        params: Map<String, Value>,
+    },
+    /// A client's reply to a server request (we never send any).
+    Reply,
+}
+
+/// Parses a POST body into one message. Errors carry the request id when it could be read.
+/// Batches are refused: none of the revisions we serve allows them.
+pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|_| (Value::Null, RpcError::new(code::PARSE_ERROR, "Parse error")))?;
+    let invalid = |id: Value, message: &str| (id, RpcError::new(code::INVALID_REQUEST, message));
+    let object = match value {
+        Value::Object(object) => object,
+        Value::Array(_) => {
+            return Err(invalid(
+                Value::Null,
+                "JSON-RPC batches are not supported: send one request or notification per POST",
+            ));
+        }
+        _ => {
+            return Err(invalid(
+                Value::Null,
+                "Body must be a single JSON-RPC request or notification object",
+            ));
+        }
+    };
+    let id = match object.get("id") {
+        None => None,
+        Some(id @ Value::String(_)) => Some(id.clone()),
+        Some(id @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(id.clone()),
+        Some(_) => return Err(invalid(Value::Null, "id must be a string or an integer")),
+    };
+    let echo = id.clone().unwrap_or(Value::Null);
+    if object.get("jsonrpc") != Some(&Value::String("2.0".to_owned())) {
+        return Err(invalid(echo, "jsonrpc must be \"2.0\""));
+    }
+    let Some(method) = object.get("method") else {
+        if id.is_some() && (object.contains_key("result") || object.contains_key("error")) {
+            return Ok(Message::Reply);
+        }
+        return Err(invalid(echo, "method is required"));
+    };
+    let Some(method) = method.as_str().map(str::to_owned) else {
+        return Err(invalid(echo, "method must be a string"));
+    };
+    let params = match object.get("params") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(params)) => params.clone(),
+        Some(_) => return Err(invalid(echo, "params must be an object")),
+    };
+    Ok(match id {
+        Some(id) => Message::Request { id, method, params },
+        None => Message::Notification { method, params },
+    })
+}
+
+/// Which revision family a POST speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Era {
+    /// 2026-07-28: per-request envelope, no sessions.
+    Modern,
+    /// 2025-06-18 / 2025-11-25: `initialize` handshake, optional sessions.
+    Legacy,
+}
+
+/// The era of a request. A body carrying the modern `_meta` envelope (its reserved protocol
+/// version key, which no handshake-era client sends) is modern whatever the header says, so a
+/// header disagreeing with it is reported by the ladder instead of being obeyed. Otherwise a
+/// `MCP-Protocol-Version` header naming a handshake revision is legacy, any other value is modern
+/// (so the ladder can answer an unknown version with the versions we serve), and no header at all
+/// is a legacy client (`initialize`, or a 2025-03-26-style client that sends none).
+pub(super) fn classify_era(version_header: Option<&str>, message: &Message) -> Era {
+    let has_envelope = match message {
+        Message::Request { params, .. } | Message::Notification { params, .. } => params
+            .get("_meta")
+            .and_then(Value::as_object)
+            .is_some_and(|meta| meta.contains_key(PROTOCOL_VERSION_META_KEY)),
+        Message::Reply => false,
+    };
+    match version_header {
+        _ if has_envelope => Era::Modern,
+        Some(version) if names_handshake_era(version) => Era::Legacy,
+        Some(_) => Era::Modern,
+        None => Era::Legacy,
+    }
+}
+
+/// Whether a `MCP-Protocol-Version` value names a handshake-era revision (served or not).
+pub(super) fn names_handshake_era(version: &str) -> bool {
+    KNOWN_HANDSHAKE_VERSIONS.contains(&version)
+}
+
+/// The routing headers of one request, as the header ladder needs them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct RoutingHeaders {
+    pub protocol_version: Option<String>,
+    pub method: Option<String>,
+    pub name: Option<String>,
+    /// A routing header sent more than once (first-copy and last-copy readers would disagree).
+    pub duplicated: Option<&'static str>,
+}
+
+impl RoutingHeaders {
+    pub fn from_headers(headers: &HeaderMap) -> RoutingHeaders {
+        let mut routing = RoutingHeaders::default();
+        for (name, slot) in [
+            (HEADER_PROTOCOL_VERSION, &mut routing.protocol_version),
+            (HEADER_METHOD, &mut routing.method),
+            (HEADER_NAME, &mut routing.name),
+        ] {
+            let mut values = headers.get_all(name).iter();
+            // A value that is not visible ASCII is kept lossily: it can never equal a body value
+            // the client mirrored correctly, so it fails the ladder instead of being dropped.
+            *slot = values
+                .next()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            if values.next().is_some() && routing.duplicated.is_none() {
+                routing.duplicated = Some(name);
+            }
+        }
+        routing
+    }
+}
+
+/// The body parameter mirrored as `Mcp-Name` for a method, if any.
+fn name_param(method: &str) -> Option<&'static str> {
+    match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    }
+}
+
+/// The 2026-07-28 ladder for one request; the first failing rung wins. Returns the request's
+/// protocol version.
+///
+/// 1. No routing header is duplicated → `HEADER_MISMATCH`.
+/// 2. `params._meta` is an object with the protocol version and client capabilities →
+///    `INVALID_PARAMS`.
+/// 3. `MCP-Protocol-Version`, `Mcp-Method` and (for name-bearing methods) `Mcp-Name` equal the
+///    body → `HEADER_MISMATCH`. Before the version rung, so a client disagreeing with itself is
+///    told so rather than told its version is unsupported.
+/// 4. The version is one we serve → `UNSUPPORTED_PROTOCOL_VERSION` naming ours.
+pub(super) fn check_modern_request(
+    method: &str,
+    params: &Map<String, Value>,
+    headers: &RoutingHeaders,
+) -> Result<String, RpcError> {
+    let mismatch = |what: &str| RpcError::new(code::HEADER_MISMATCH, what.to_owned());
+    if let Some(name) = headers.duplicated {
+        return Err(mismatch(&format!("{name} header appears more than once")));
+    }
+    let Some(meta) = params.get("_meta").and_then(Value::as_object) else {
+        return Err(RpcError::new(
+            code::INVALID_PARAMS,
+            format!(
+                "params._meta must be an object carrying {PROTOCOL_VERSION_META_KEY:?} and {CLIENT_CAPABILITIES_META_KEY:?}"
+            ),
+        ));
+    };
+    let missing: Vec<&str> = [PROTOCOL_VERSION_META_KEY, CLIENT_CAPABILITIES_META_KEY]
+        .into_iter()
+        .filter(|key| !meta.contains_key(*key))
+        .collect();
+    if !missing.is_empty() {
+        return Err(RpcError::new(
+            code::INVALID_PARAMS,
+            format!("params._meta is missing {}", missing.join(", ")),
+        ));
+    }
+    let version = meta.get(PROTOCOL_VERSION_META_KEY).and_then(Value::as_str);
+    if version.is_none() || headers.protocol_version.as_deref() != version {
+        return Err(mismatch(
+            "MCP-Protocol-Version header does not match params._meta's protocol version",
+        ));
+    }
+    if headers.method.as_deref() != Some(method) {
+        return Err(mismatch(
+            "Mcp-Method header does not match the request's method",
+        ));
+    }
+    if let Some(key) = name_param(method) {
+        match params.get(key) {
+            None | Some(Value::Null) => {}
+            Some(body) => {
+                let header = headers.name.as_deref().and_then(decode_header_value);
+                if body.as_str() != header.as_deref() {
+                    return Err(mismatch(&format!(
+                        "Mcp-Name header does not match the request's {key:?} parameter"
+                    )));
+                }
+            }
+        }
+    }
+    let version = version.unwrap_or_default();
+    if !MODERN_VERSIONS.contains(&version) {
+        return Err(RpcError::unsupported_version(
+            code::UNSUPPORTED_PROTOCOL_VERSION,
+            version,
+        ));
+    }
+    Ok(version.to_owned())
+}
+
+/// Decodes a routing header value: verbatim, unless wrapped as `=?base64?…?=`, in which case the
+/// payload must be canonical base64 of UTF-8 (anything else is `None`, so it never matches).
+pub(super) fn decode_header_value(value: &str) -> Option<String> {
+    let Some(payload) = value
+        .strip_prefix("=?base64?")
+        .and_then(|rest| rest.strip_suffix("?="))
+    else {
+        return Some(value.to_owned());
+    };
+    let bytes = base64_decode(payload)?;
+    String::from_utf8(bytes).ok()
+}
+
+const BASE64_ALPHABET: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard padded base64, canonical only (re-encoding must give the input back).
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    if !bytes.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+    for chunk in bytes.chunks(4) {
+        let mut sextets = [0u32; 4];
+        let mut padding = 0;
+        for (i, &c) in chunk.iter().enumerate() {
+            if c == b'=' {
+                padding += 1;
+                continue;
+            }
+            if padding > 0 {
+                return None;
+            }
+            let index = BASE64_ALPHABET.iter().position(|&a| a == c)?;
+            sextets[i] = u32::try_from(index).ok()?;
+        }
+        if padding > 2 {
+            return None;
+        }
+        let n = (sextets[0] << 18) | (sextets[1] << 12) | (sextets[2] << 6) | sextets[3];
+        let decoded = n.to_be_bytes();
+        out.extend_from_slice(&decoded[1..4 - padding]);
+    }
+    (base64_encode(&out) == text).then_some(out)
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let mut n = 0u32;
+        for (i, &b) in chunk.iter().enumerate() {
+            n |= u32::from(b) << (16 - 8 * i);
+        }
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let index = (n >> (18 - 6 * i)) & 0x3f;
+                out.push(char::from(BASE64_ALPHABET[index as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// What the client's `Accept` header allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Accept {
+    pub json: bool,
+    pub sse: bool,
+}
+
+/// Parses `Accept` with wildcards. No header at all accepts anything (RFC 9110 §12.5.1).
+pub(super) fn parse_accept(header: Option<&str>) -> Accept {
+    let Some(header) = header else {
+        return Accept {
+            json: true,
+            sse: true,
+        };
+    };
+    let types: Vec<String> = header
+        .split(',')
+        .map(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .collect();
+    let any = types.iter().any(|t| t == "*/*");
+    Accept {
+        json: any
+            || types
+                .iter()
+                .any(|t| t == "application/json" || t == "application/*"),
+        sse: any
+            || types
+                .iter()
+                .any(|t| t == "text/event-stream" || t == "text/*"),
+    }
+}
+
+/// How a JSON-RPC answer travels back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// `application/json`, preferred whenever the client accepts it.
+    Json,
+    /// One `event: message` on a `text/event-stream`, for clients accepting only that.
+    Sse,
+}
+
+impl Accept {
+    /// JSON when acceptable, else one SSE event, else nothing (406).
+    pub fn framing(self) -> Option<Framing> {
+        if self.json {
+            Some(Framing::Json)
+        } else if self.sse {
+            Some(Framing::Sse)
+        } else {
+            None
+        }
+    }
+}
+
+/// Whether a `Content-Type` is `application/json` (parameters allowed).
+pub(super) fn is_json_content_type(header: Option<&str>) -> bool {
+    header
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// `{"jsonrpc":"2.0","id":…,"result":…}`.
+pub(super) fn result_message(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// `{"jsonrpc":"2.0","id":…,"error":{…}}`; `id` is `null` when the request's could not be read.
+pub(super) fn error_message(id: &Value, error: &RpcError) -> Value {
+    let mut body = json!({"code": error.code, "message": error.message});
+    if let (Some(data), Some(object)) = (&error.data, body.as_object_mut()) {
+        object.insert("data".to_owned(), data.clone());
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": body})
+}
+
+/// A JSON-RPC message as an HTTP response.
+pub(super) fn message_response(
+    status: StatusCode,
+    framing: Framing,
+    message: &Value,
+) -> Response<Body> {
+    // Serializing a `Value` cannot fail (its map keys are strings), but fail closed if it does.
+    let json = serde_json::to_string(message).unwrap_or_else(|_| {
+        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Internal error"}}"#
+            .to_owned()
+    });
+    let (content_type, body) = match framing {
+        Framing::Json => ("application/json", json),
+        Framing::Sse => (
+            "text/event-stream",
+            format!("event: message\ndata: {json}\n\n"),
+        ),
+    };
+    let mut response = Response::new(agentworks_daemon::ipc::envelope::full(Bytes::from(body)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if framing == Framing::Sse {
+        headers.insert(
+            CACHE_CONTROL,
+            HeaderValue::from_static("no-cache, no-transform"),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, params: Value) -> (String, Map<String, Value>) {
+        (method.to_owned(), params.as_object().cloned().unwrap())
+    }
+
+    fn modern_params(extra: Value) -> Value {
+        let mut params = json!({"_meta": {
+            PROTOCOL_VERSION_META_KEY: "2026-07-28",
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }});
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        params
+    }
+
+    fn headers(version: Option<&str>, method: Option<&str>, name: Option<&str>) -> RoutingHeaders {
+        RoutingHeaders {
+            protocol_version: version.map(str::to_owned),
+            method: method.map(str::to_owned),
+            name: name.map(str::to_owned),
+            duplicated: None,
+        }
+    }
+
+    #[test]
+    fn parse_accepts_requests_notifications_and_replies() {
+        let m = parse_message(br#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#).unwrap();
+        assert_eq!(
+            m,
+            Message::Request {
+                id: json!(7),
+                method: "tools/list".into(),
+                params: Map::new()
+            }
+        );
+        let n =
+            parse_message(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        assert!(matches!(n, Message::Notification { .. }));
+        let r = parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
+        assert_eq!(r, Message::Reply);
+    }
+
+    #[test]
+    fn parse_refuses_garbage_without_panicking() {
+        let (id, e) = parse_message(b"{not json").unwrap_err();
+        assert_eq!((id, e.code), (Value::Null, code::PARSE_ERROR));
+        let (_, e) = parse_message(br#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#).unwrap_err();
+        assert_eq!(e.code, code::INVALID_REQUEST);
+        assert!(e.message.contains("batch"));
+        for body in [
+            &br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#[..],
+            br#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":3}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#,
+            br#""just a string""#,
+            b"",
+        ] {
+            let (_, e) = parse_message(body).unwrap_err();
+            assert!(
+                matches!(e.code, code::INVALID_REQUEST | code::PARSE_ERROR),
+                "{body:?}"
+            );
+        }
+        let (id, _) =
+            parse_message(br#"{"jsonrpc":"2.0","id":"x","method":"m","params":5}"#).unwrap_err();
+        assert_eq!(id, json!("x"));
+        // serde_json's recursion limit turns deep nesting into an error, not a stack overflow.
+        let deep = "[".repeat(100_000);
+        assert_eq!(
+            parse_message(deep.as_bytes()).unwrap_err().1.code,
+            code::PARSE_ERROR
+        );
+    }
+
+    #[test]
+    fn era_follows_the_header_then_the_body_envelope() {
+        let plain = parse_message(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#)
+            .unwrap();
+        let enveloped = parse_message(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(classify_era(None, &plain), Era::Legacy);
+        assert_eq!(classify_era(None, &enveloped), Era::Modern);
+        assert_eq!(classify_era(Some("2025-11-25"), &enveloped), Era::Modern);
+        assert_eq!(classify_era(Some("2025-06-18"), &plain), Era::Legacy);
+        assert_eq!(classify_era(Some("2024-11-05"), &plain), Era::Legacy);
+        assert_eq!(classify_era(Some("2026-07-28"), &plain), Era::Modern);
+        assert_eq!(classify_era(Some("2099-01-01"), &plain), Era::Modern);
+        assert_eq!(classify_era(None, &Message::Reply), Era::Legacy);
+    }
+
+    #[test]
+    fn ladder_accepts_a_consistent_request() {
+        let (m, p) = request("tools/call", modern_params(json!({"name": "read_file"})));
+        let h = headers(Some("2026-07-28"), Some("tools/call"), Some("read_file"));
+        assert_eq!(check_modern_request(&m, &p, &h).unwrap(), "2026-07-28");
+        let (m, p) = request("server/discover", modern_params(json!({})));
+        let h = headers(Some("2026-07-28"), Some("server/discover"), None);
+        assert!(check_modern_request(&m, &p, &h).is_ok());
+    }
+
+    #[test]
+    fn ladder_rejects_in_order() {
+        let (m, p) = request("tools/call", modern_params(json!({"name": "read_file"})));
+        let good = headers(Some("2026-07-28"), Some("tools/call"), Some("read_file"));
+        let mut dup = good.clone();
+        dup.duplicated = Some(HEADER_METHOD);
+        assert_eq!(
+            check_modern_request(&m, &p, &dup).unwrap_err().code,
+            code::HEADER_MISMATCH
+        );
+        for bad in [
+            headers(None, Some("tools/call"), Some("read_file")),
+            headers(Some("2025-11-25"), Some("tools/call"), Some("read_file")),
+            headers(Some("2026-07-28"), Some("tools/list"), Some("read_file")),
+            headers(Some("2026-07-28"), None, Some("read_file")),
+            headers(Some("2026-07-28"), Some("tools/call"), Some("write_file")),
+            headers(Some("2026-07-28"), Some("tools/call"), None),
+        ] {
+            let e = check_modern_request(&m, &p, &bad).unwrap_err();
+            assert_eq!(e.code, code::HEADER_MISMATCH, "{bad:?}");
+            assert_eq!(e.modern_status(), StatusCode::BAD_REQUEST);
+        }
+        let (m2, p2) = request(
+            "tools/list",
+            json!({"_meta": {PROTOCOL_VERSION_META_KEY: "2026-07-28"}}),
+        );
+        let e = check_modern_request(
+            &m2,
+            &p2,
+            &headers(Some("2026-07-28"), Some("tools/list"), None),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        let (m3, p3) = request(
+            "tools/list",
+            json!({"_meta": {PROTOCOL_VERSION_META_KEY: "2099-01-01", CLIENT_CAPABILITIES_META_KEY: {}}}),
+        );
+        let e = check_modern_request(
+            &m3,
+            &p3,
+            &headers(Some("2099-01-01"), Some("tools/list"), None),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::UNSUPPORTED_PROTOCOL_VERSION);
+        assert_eq!(
+            e.data.unwrap()["supported"],
+            json!(["2025-06-18", "2025-11-25", "2026-07-28"])
+        );
+        // A non-string version in the body can never match a header.
+        let (m4, p4) = request(
+            "tools/list",
+            json!({"_meta": {PROTOCOL_VERSION_META_KEY: 2026, CLIENT_CAPABILITIES_META_KEY: {}}}),
+        );
+        let e = check_modern_request(&m4, &p4, &headers(Some("2026"), Some("tools/list"), None))
+            .unwrap_err();
+        assert_eq!(e.code, code::HEADER_MISMATCH);
+    }
+
+    #[test]
+    fn mcp_name_may_be_base64_wrapped() {
+        let (m, p) = request("tools/call", modern_params(json!({"name": "héllo"})));
+        let wrapped = format!("=?base64?{}?=", base64_encode("héllo".as_bytes()));
+        let h = headers(Some("2026-07-28"), Some("tools/call"), Some(&wrapped));
+        assert!(check_modern_request(&m, &p, &h).is_ok());
+        assert_eq!(decode_header_value("plain"), Some("plain".into()));
+        assert_eq!(decode_header_value("=?base64?aGk=?="), Some("hi".into()));
+        assert_eq!(
+            decode_header_value("=?base64?aGl=?="),
+            None,
+            "non-canonical"
+        );
+        assert_eq!(decode_header_value("=?base64?a?="), None);
+        assert_eq!(decode_header_value("=?base64?//8=?="), None, "not UTF-8");
+        for s in ["", "f", "fo", "foo", "foob", "fooba", "foobar"] {
+            assert_eq!(
+                base64_decode(&base64_encode(s.as_bytes())).unwrap(),
+                s.as_bytes()
+            );
+        }
+    }
+
+    #[test]
+    fn routing_headers_notice_duplicates() {
+        let mut map = HeaderMap::new();
+        map.append(HEADER_METHOD, HeaderValue::from_static("tools/list"));
+        map.append(HEADER_METHOD, HeaderValue::from_static("tools/call"));
+        map.insert(
+            HEADER_PROTOCOL_VERSION,
+            HeaderValue::from_static("2026-07-28"),
+        );
+        let h = RoutingHeaders::from_headers(&map);
+        assert_eq!(h.duplicated, Some(HEADER_METHOD));
+        assert_eq!(h.protocol_version.as_deref(), Some("2026-07-28"));
+    }
+
+    #[test]
+    fn accept_and_content_type() {
+        assert_eq!(
+            parse_accept(Some("application/json, text/event-stream")).framing(),
+            Some(Framing::Json)
+        );
+        assert_eq!(
+            parse_accept(Some("text/event-stream")).framing(),
+            Some(Framing::Sse)
+        );
+        assert_eq!(parse_accept(Some("*/*")).framing(), Some(Framing::Json));
+        assert_eq!(parse_accept(Some("text/html")).framing(), None);
+        assert_eq!(parse_accept(None).framing(), Some(Framing::Json));
+        assert!(is_json_content_type(Some(
+            "application/json; charset=utf-8"
+        )));
+        assert!(!is_json_content_type(Some("text/plain")));
+        assert!(!is_json_content_type(None));
+    }
+
+    #[test]
+    fn status_table() {
+        assert_eq!(
+            RpcError::new(code::METHOD_NOT_FOUND, "").modern_status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            RpcError::new(code::PARSE_ERROR, "").modern_status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(RpcError::new(-32603, "").modern_status(), StatusCode::OK);
+    }
+}

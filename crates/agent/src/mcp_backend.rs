@@ -1,0 +1,101 @@
+//! agentd's side of the public MCP endpoint: token authentication against the identity
+//! store, the effective catalog from live permissions, and dispatch to [`FileTools`].
+//!
+//! It never trusts the MCP layer's word on authority beyond the token's scopes: every call
+//! resolves the caller's live access again.
+
+use crate::files::{FileTools, Source};
+use crate::identity::IdentityStore;
+use crate::identity::store::TokenRefusal;
+use crate::mcp::{AuthError, Backend, Caller, Operation, ToolError};
+use serde_json::{Map, Value};
+
+pub struct AgentBackend {
+    identity: IdentityStore,
+    files: FileTools,
+}
+
+impl AgentBackend {
+    pub fn new(identity: IdentityStore, files: FileTools) -> AgentBackend {
+        AgentBackend { identity, files }
+    }
+}
+
+impl Backend for AgentBackend {
+    async fn authenticate(&self, bearer: Option<&str>) -> Result<Caller, AuthError> {
+        let Some(presented) = bearer else {
+            return Err(AuthError::Missing);
+        };
+        let identity = self.identity.clone();
+        let presented = presented.to_owned();
+        let checked = tokio::task::spawn_blocking(move || identity.authenticate(&presented))
+            .await
+            .map_err(|_| AuthError::Invalid)?;
+        match checked {
+            Ok(Ok((token, user))) => Ok(Caller {
+                token_id: token.id,
+                user_id: user.id,
+                user_name: user.name,
+                scopes: token.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+            }),
+            Ok(Err(TokenRefusal::Invalid)) => Err(AuthError::Invalid),
+            Ok(Err(TokenRefusal::Expired)) => Err(AuthError::Expired),
+            Ok(Err(TokenRefusal::Revoked)) => Err(AuthError::Revoked),
+            Ok(Err(TokenRefusal::Disabled)) => Err(AuthError::Disabled),
+            // The store is unavailable: refuse rather than guess.
+            Err(error) => {
+                tracing::warn!(%error, "token check failed: identity store unavailable");
+                Err(AuthError::Invalid)
+            }
+        }
+    }
+
+    async fn allowed_operations(&self, caller: &Caller) -> Vec<Operation> {
+        // One cheap query: is the user a member (an author) anywhere this token reaches? The
+        // call itself still resolves the project's full access (policy, caps) every time.
+        let identity = self.identity.clone();
+        let caller = caller.clone();
+        let capabilities = tokio::task::spawn_blocking(move || {
+            let token = identity.token_by_id(&caller.token_id)?;
+            let project = token.and_then(|t| t.project_id);
+            identity.capabilities(&caller.user_id, project.as_deref())
+        })
+        .await;
+        let Ok(Ok((member, author))) = capabilities else {
+            return Vec::new();
+        };
+        let mut allowed = vec![Operation::ListWorkflows];
+        if member {
+            allowed.extend([
+                Operation::ListFiles,
+                Operation::ReadFile,
+                Operation::SearchFiles,
+            ]);
+        }
+        if author {
+            allowed.extend([Operation::WriteFile, Operation::GetWriteReceipt]);
+        }
+        allowed
+    }
+
+    async fn call(
+        &self,
+        caller: &Caller,
+        operation: Operation,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, ToolError> {
+        let source = Source::Mcp;
+        match operation {
+            Operation::ListWorkflows => self.files.list_workflows(caller).await,
+            Operation::ListFiles => self.files.list_files(caller, &arguments, source).await,
+            Operation::ReadFile => self.files.read_file(caller, &arguments, source).await,
+            Operation::SearchFiles => self.files.search_files(caller, &arguments, source).await,
+            Operation::WriteFile => self.files.write_file(caller, &arguments, source).await,
+            Operation::GetWriteReceipt => {
+                self.files
+                    .get_write_receipt(caller, &arguments, source)
+                    .await
+            }
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! A client for an OpenAI-compatible chat-completions endpoint with tool calling
+//! (`POST <base_url>/chat/completions`, not streamed), over hyper: `https://` through rustls with
+//! the webpki roots, `http://` to loopback hosts only.
+//!
+//! The API key comes from `[agentd.model] api_key_file`, else from the systemd credential
+//! `$CREDENTIALS_DIRECTORY/model-api-key`, else none is sent. It is read for every request (so
+//! a rotated key is picked up) and never logged, never put in an error.
+
+use agentworks_daemon::config::ModelConfig;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest model response read.
+const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+/// The systemd credential name of the API key.
+const CREDENTIAL_NAME: &str = "model-api-key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("the model endpoint is misconfigured: {0}")]
+    Config(String),
+    #[error("cannot read the model API key from {path}: {reason}")]
+    Key { path: PathBuf, reason: String },
+    #[error("the model endpoint could not be reached: {0}")]
+    Unreachable(String),
+    #[error("the model did not answer within {0} s")]
+    Timeout(u64),
+    #[error("the model endpoint answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("the model's answer is not a chat completion: {0}")]
+    Decode(String),
+}
+
+impl ModelError {
+    /// The error event code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ModelError::Config(_) | ModelError::Key { .. } => "model_misconfigured",
+            ModelError::Timeout(_) => "model_timeout",
+            _ => "model_unavailable",
+        }
+    }
+}
+
+/// One tool call the model asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// As the model sent it: a JSON text (not trusted to parse).
+    pub arguments: String,
+}
+
+/// One model answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    /// The assistant message to store and send back next time (OpenAI format).
+    pub message: Value,
+}
+
+struct Endpoint {
+    https: bool,
+    host: String,
+    port: u16,
+    /// The base path without a trailing slash, e.g. `/v1`.
+    path: String,
+    authority: String,
+}
+
+fn parse_endpoint(base_url: &str) -> Result<Endpoint, ModelError> {
+    let uri: hyper::Uri = base_url
+        .parse()
+        .map_err(|e| ModelError::Config(format!("base_url {base_url:?}: {e}")))?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => {
+            return Err(ModelError::Config(format!(
+                "base_url {base_url:?} must start with https:// (or http:// to a loopback host)"
+            )));
+        }
+    };
+    let host = uri
+        .host()
+        .ok_or_else(|| ModelError::Config(format!("base_url {base_url:?} has no host")))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    if !https && !agentworks_support::url::is_loopback_host(&host) {
+        return Err(ModelError::Config(format!(
+            "base_url {base_url:?}: plain http:// is allowed to loopback hosts only; use https://"
+        )));
+    }
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_else(|| host.clone());
+    Ok(Endpoint {
+        https,
+        host,
+        port,
+        path: uri.path().trim_end_matches('/').to_owned(),
+        authority,
+    })
+}
+
+/// The chat-completions client for the configured model.
+#[derive(Clone)]
+pub struct ModelClient {
+    config: Arc<ModelConfig>,
+    credentials_dir: Option<PathBuf>,
+}
+
+impl ModelClient {
+    /// `credentials_dir` is `$CREDENTIALS_DIRECTORY`, if systemd set it.
+    pub fn new(config: ModelConfig, credentials_dir: Option<PathBuf>) -> ModelClient {
+        ModelClient {
+            config: Arc::new(config),
+            credentials_dir,
+        }
+    }
+
+    pub fn max_tool_rounds(&self) -> u32 {
+        self.config.max_tool_rounds
+    }
+
+    pub fn max_history_bytes(&self) -> usize {
+        self.config.max_history_bytes
+    }
+
+    fn api_key(&self) -> Result<Option<String>, ModelError> {
+        let path = match (&self.config.api_key_file, &self.credentials_dir) {
+            (Some(path), _) => path.clone(),
+            (None, Some(dir)) => {
+                let path = dir.join(CREDENTIAL_NAME);
+                if !path.exists() {
+                    return Ok(None);
+                }
+                path
+            }
+            (None, None) => return Ok(None),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Key {
+            path: path.clone(),
+            reason: e.kind().to_string(),
+        })?;
+        let key = text.trim().to_owned();
+        if key.is_empty() {
+            return Err(ModelError::Key {
+                path,
+                reason: "the file is empty".into(),
+            });
+        }
+        Ok(Some(key))
+    }
+
+    /// One chat completion of `messages` with `tools` (OpenAI `tools` entries).
+    pub async fn complete(&self, messages: &[Value], tools: &[Value]) -> Result<Reply, ModelError> {
+        let endpoint = parse_endpoint(&self.config.base_url)?;
+        let key = self.api_key()?;
+        let mut body = json!({
+            "model": self.config.model,
+            "messages": messages,
+            "stream": false,
+        });
+        if !tools.is_empty() {
+            body["tools"] = json!(tools);
+        }
+        let bytes = serde_json::to_vec(&body).map_err(|e| ModelError::Decode(e.to_string()))?;
+        let mut request = hyper::Request::builder()
+            .method("POST")
+            .uri(format!("{}/chat/completions", endpoint.path))
+            .header("host", &endpoint.authority)
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .header(
+                "user-agent",
+                concat!("agentworks-agentd/", env!("CARGO_PKG_VERSION")),
+            );
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+        let timeout = self.config.request_timeout_secs;
+        let (status, bytes) =
+            tokio::time::timeout(Duration::from_secs(timeout), send(&endpoint, request))
+                .await
+                .map_err(|_| ModelError::Timeout(timeout))??;
+        if !(200..300).contains(&status) {
+            let mut text = String::from_utf8_lossy(&bytes).into_owned();
+            if text.len() > 512 {
+                let mut cut = 512;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+            }
+            return Err(ModelError::Status { status, body: text });
+        }
+        parse_reply(&bytes)
+    }
+}
+
+async fn send(
+    endpoint: &Endpoint,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<(u16, Bytes), ModelError> {
+    let unreachable = |e: String| ModelError::Unreachable(e);
+    let tcp = tokio::net::TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    if endpoint.https {
+        let name = rustls::pki_types::ServerName::try_from(endpoint.host.clone())
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+        let tls = agentworks_support::tls::client_config()
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        exchange(hyper_util::rt::TokioIo::new(stream), request).await
+    } else {
+        exchange(hyper_util::rt::TokioIo::new(tcp), request).await
+    }
+}
+
+async fn exchange<IO>(
+    io: IO,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<(u16, Bytes), ModelError>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let failed = |e: hyper::Error| ModelError::Unreachable(e.to_string());
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(failed)?;
+    tokio::spawn(conn);
+    let response = sender.send_request(request).await.map_err(failed)?;
+    let status = response.status().as_u16();
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| ModelError::Unreachable(format!("reading the answer: {e}")))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+fn parse_reply(bytes: &[u8]) -> Result<Reply, ModelError> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ModelError::Decode(e.to_string()))?;
+    let message = value["choices"][0]["message"].clone();
+    if !message.is_object() {
+        return Err(ModelError::Decode("no choices[0].message".into()));
+    }
+    let content = message["content"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = message["tool_calls"].as_array() {
+        for call in calls {
+            let id = call["id"].as_str().unwrap_or_default().to_owned();
+            let name = call["function"]["name"].as_str().unwrap_or_default();
+            let arguments = match &call["function"]["arguments"] {
+                Value::String(s) => s.clone(),
+                Value::Null => "{}".to_owned(),
+                other => other.to_string(),
+            };
+            if id.is_empty() || name.is_empty() {
+                return Err(ModelError::Decode(
+                    "a tool call without an id or a name".into(),
+                ));
+            }
+            tool_calls.push(ToolCall {
+                id,
+                name: name.to_owned(),
+                arguments,
+            });
+        }
+    }
+    // What is stored and sent back: the standard fields only.
+    let mut stored = json!({"role": "assistant", "content": content});
+    if !tool_calls.is_empty() {
+        stored["tool_calls"] = Value::Array(
+            tool_calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function",
+                           "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect(),
+        );
+    }
+    Ok(Reply {
+        content,
+        tool_calls,
+        message: stored,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_need_https_or_loopback() {
+        let e = parse_endpoint("http://127.0.0.1:8000/v1/").unwrap();
+        assert_eq!((e.https, e.port, e.path.as_str()), (false, 8000, "/v1"));
+        assert!(parse_endpoint("http://[::1]:9/v1").is_ok());
+        assert!(parse_endpoint("http://localhost/v1").is_ok());
+        let e = parse_endpoint("https://api.example.com/v1").unwrap();
+        assert_eq!((e.https, e.port), (true, 443));
+        for bad in ["http://api.example.com/v1", "ftp://x/", "not a url"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn replies_with_text_and_tool_calls_parse() {
+        let text = br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#;
+        let r = parse_reply(text).unwrap();
+        assert_eq!(r.content.as_deref(), Some("hi"));
+        assert!(r.tool_calls.is_empty());
+        let calls = br#"{"choices":[{"message":{"role":"assistant","content":null,
+            "tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a\"}"}}]}}]}"#;
+        let r = parse_reply(calls).unwrap();
+        assert_eq!(r.tool_calls[0].name, "read_file");
+        assert_eq!(r.message["tool_calls"][0]["id"], "c1");
+        assert!(parse_reply(b"{}").is_err());
+    }
+
+    #[test]
+    fn the_key_comes_from_the_file_then_the_credential() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |file: Option<PathBuf>| ModelConfig {
+            base_url: "http://127.0.0.1:1/v1".into(),
+            model: "m".into(),
+            api_key_file: file,
+            max_tool_rounds: 1,
+            request_timeout_secs: 1,
+            max_history_bytes: 1024,
+        };
+        assert_eq!(
+            ModelClient::new(config(None), None).api_key().unwrap(),
+            None
+        );
+        std::fs::write(dir.path().join(CREDENTIAL_NAME), "cred\n").unwrap();
+        let client = ModelClient::new(config(None), Some(dir.path().to_owned()));
+        assert_eq!(client.api_key().unwrap().as_deref(), Some("cred"));
+        std::fs::write(dir.path().join("k"), "file-key").unwrap();
+        let client = ModelClient::new(
+            config(Some(dir.path().join("k"))),
+            Some(dir.path().to_owned()),
+        );
+        assert_eq!(client.api_key().unwrap().as_deref(), Some("file-key"));
+        let missing = ModelClient::new(config(Some(dir.path().join("absent"))), None);
+        let err = missing.api_key().unwrap_err().to_string();
+        assert!(err.contains("absent"), "{err}");
+    }
+}

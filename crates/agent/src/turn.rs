@@ -1,0 +1,779 @@
+//! One turn of a chat: the model loop and its tools.
+//!
+//! The loop sends the conversation and the turn's tool list to the model, runs the tool calls
+//! it asks for, feeds the results back, and ends when the model answers without tool calls (or
+//! after `max_tool_rounds` rounds, an error). Every message (user, assistant, tool) is stored,
+//! so the next turn continues the chat; the model gets the most recent whole turns that fit in
+//! `max_history_bytes` (the current turn always), told how many earlier messages it does not see.
+//!
+//! The tool list is fixed when the turn starts, from the chat's binding:
+//!
+//! - server mode (no binding): exactly `read_file`, `list_files`, `search_files`, `write_file`,
+//!   through [`FileTools`] with the person's live authority (source `agent`); the project is
+//!   always the chat's, and write request ids are made here, never by the model;
+//! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
+//!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or
+//!   project argument), dispatched through gatewayd to the bound device and folder with
+//!   server-made request ids; the patch tool only when the device's folder list at the turn's
+//!   start says the folder is shared writable (a read-only folder, or one whose access cannot
+//!   be learned, gets the shell tool alone). Nothing else exists in such a turn: no server file
+//!   tools, no MCP connections, no secrets. An offline device fails the call
+//!   (`device_offline`); nothing ever falls back to the server.
+//!
+//! Every tool call re-checks the retained state first: this turn is still the chat's running
+//! turn and the chat's binding is still the one the turn started with; a stale call is a tool
+//! error and does nothing. A local call also re-checks, from live rows, that the person still
+//! has an authoring role (owner, co-owner, editor) on the chat's project.
+//!
+//! When the exchange with gatewayd fails after the dispatch was sent (connection reset, a bad
+//! answer), nobody here knows whether it ran: the call is never reported "not run". agentd asks
+//! gatewayd to recover it (`POST /v1/recover`: gatewayd's record, or the device's own receipt)
+//! until the operation's deadline, and answers the real result, "never sent" (gatewayd had no
+//! record), or `outcome_unknown`, never a guess.
+
+use crate::chat_api::ChatService;
+use crate::chats::{Binding, Chat};
+use crate::files::Source;
+use crate::identity::Access;
+use crate::mcp::{Caller, ToolError};
+use crate::model::ToolCall;
+use agentworks_contract::executor::{FolderAccess, Operation, Outcome};
+use agentworks_contract::gatewayd::{
+    CancelResponse, DispatchRequest, DispatchState, Recovery, RequestRef,
+};
+use agentworks_support::unix_http::ClientError;
+use serde_json::{Map, Value, json};
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+/// One server-sent event: `(kind, data)`.
+pub type Event = (&'static str, Value);
+
+/// What the turn works on, fixed at its start.
+pub struct TurnSpec {
+    pub caller: Caller,
+    pub chat: Chat,
+    pub project_name: String,
+    pub turn: i64,
+    pub message: String,
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required,
+           "additionalProperties": false})
+}
+
+fn tool(name: &str, description: &str, parameters: Value) -> Value {
+    json!({"type": "function",
+           "function": {"name": name, "description": description, "parameters": parameters}})
+}
+
+/// The four server-mode tools.
+pub fn server_tools() -> Vec<Value> {
+    vec![
+        tool(
+            "read_file",
+            "Read a file of this project: its content and revision.",
+            schema(
+                json!({"path": {"type": "string", "description": "path relative to the project root"}}),
+                &["path"],
+            ),
+        ),
+        tool(
+            "list_files",
+            "List the files of this project (recursively), optionally under a folder.",
+            schema(json!({"path": {"type": "string"}}), &[]),
+        ),
+        tool(
+            "search_files",
+            "Search the text of this project's files.",
+            schema(
+                json!({"query": {"type": "string"}, "path": {"type": "string"}}),
+                &["query"],
+            ),
+        ),
+        tool(
+            "write_file",
+            "Create or replace a UTF-8 file of this project. expected_revision is the revision \
+             read_file returned, or \"missing\" to create a new file.",
+            schema(
+                json!({"path": {"type": "string"}, "content": {"type": "string"},
+                       "expected_revision": {"type": "string"}}),
+                &["path", "content", "expected_revision"],
+            ),
+        ),
+    ]
+}
+
+/// The local tools of a bound turn (the bridge schemas): the shell, and the patch tool only for
+/// a writable folder.
+pub fn local_tools(writable: bool) -> Vec<Value> {
+    let mut tools = vec![tool(
+        "execute_shell_command",
+        "Run a shell command in the shared folder on the person's computer (sandboxed to \
+         the folder; the network is reachable). Returns stdout, stderr and the exit code.",
+        schema(
+            json!({"command": {"type": "string"},
+                   "timeout": {"type": "integer", "minimum": 1, "maximum": 300,
+                               "description": "seconds; default 60"}}),
+            &["command"],
+        ),
+    )];
+    if writable {
+        tools.push(tool(
+            "diff_patch_workspace_file",
+            "Apply a unified diff to one file in the shared folder (writable folders only).",
+            schema(
+                json!({"filepath": {"type": "string", "description": "relative to the folder"},
+                       "diff": {"type": "string"}}),
+                &["filepath", "diff"],
+            ),
+        ));
+    }
+    tools
+}
+
+/// What a turn may call, fixed at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// No binding: the four server file tools.
+    Server,
+    /// Bound to a laptop folder: the shell, and the patch tool if the folder is writable.
+    Local { writable: bool },
+}
+
+impl Mode {
+    fn tools(self) -> Vec<Value> {
+        match self {
+            Mode::Server => server_tools(),
+            Mode::Local { writable } => local_tools(writable),
+        }
+    }
+}
+
+/// Whether the bound folder is shared writable, from the device's folder list now. Anything
+/// that does not say so (a read-only folder, an unknown device or folder, gatewayd unreachable)
+/// is false: the patch tool is then not offered.
+async fn bound_folder_writable(service: &ChatService, caller: &Caller, binding: &Binding) -> bool {
+    match service.devices(caller).await {
+        Ok(devices) => devices
+            .iter()
+            .find(|d| d.device_id == binding.device_id)
+            .and_then(|d| d.folders.iter().find(|f| f.alias == binding.folder))
+            .is_some_and(|f| f.access == FolderAccess::ReadWrite),
+        Err(error) => {
+            tracing::info!(%error, "the bound folder's access is unknown; no patch tool this turn");
+            false
+        }
+    }
+}
+
+fn system_prompt(spec: &TurnSpec, mode: Mode) -> String {
+    match (&spec.chat.binding, mode) {
+        (Some(binding), Mode::Local { writable }) => format!(
+            "You are the coding agent of the project \"{}\". This chat is bound to the folder \
+             \"{}\" on the person's computer: use {} there. No other tools exist in this turn.",
+            spec.project_name,
+            binding.folder,
+            if writable {
+                "execute_shell_command (cat, ls, sed, builds, tests) and diff_patch_workspace_file"
+            } else {
+                "execute_shell_command (cat, ls, grep, builds, tests); the folder is shared \
+                 read-only, so commands cannot change it and there is no patch tool"
+            }
+        ),
+        _ => format!(
+            "You are the coding agent of the project \"{}\". You work on the project's files on \
+             the server with read_file, list_files, search_files and write_file.",
+            spec.project_name
+        ),
+    }
+}
+
+/// Refuses a local call (or a binding) unless the person's live role on the project authors:
+/// running commands and patches on a laptop folder is authoring, whatever a viewer or runner
+/// may read.
+pub fn require_authoring_role(access: &Access) -> Result<(), ToolError> {
+    if access.role.is_some_and(|role| role.can_author()) {
+        return Ok(());
+    }
+    let role = access.role.map_or("none", |role| role.as_str());
+    let mut error = ToolError::new(
+        "forbidden",
+        format!(
+            "running commands or patches in a laptop folder needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
+        ),
+    );
+    error
+        .details
+        .insert("reason".into(), json!("no_authoring_role"));
+    error.details.insert("role".into(), json!(role));
+    Err(error)
+}
+
+/// The most recent part of a chat's messages whose JSON fits in `budget` bytes, cut only before a
+/// user message, so it starts with one and every tool call keeps its results. The current turn
+/// (from the last user message on) is always included, whatever its size.
+fn recent_history(messages: &[Value], budget: usize) -> &[Value] {
+    let mut size = 0;
+    let mut start = None;
+    for (index, message) in messages.iter().enumerate().rev() {
+        size += message.to_string().len();
+        if message["role"] == "user" {
+            if start.is_some() && size > budget {
+                break;
+            }
+            start = Some(index);
+        }
+    }
+    &messages[start.unwrap_or(0)..]
+}
+
+/// Runs one turn to its end, sending events to `events`. Never panics the caller: every
+/// failure becomes an `error` event followed by `end`.
+pub async fn run(
+    service: ChatService,
+    spec: TurnSpec,
+    cancel: CancellationToken,
+    events: UnboundedSender<Event>,
+) {
+    let emit = |kind: &'static str, data: Value| {
+        // The client may have gone; the turn still runs to its end and is stored.
+        let _ = events.send((kind, data));
+    };
+    let reason = match drive(&service, &spec, &cancel, &emit).await {
+        Ok(reason) => reason,
+        Err(error) => {
+            tracing::warn!(chat = %spec.chat.chat_id, turn = spec.turn, code = %error.code, "turn failed: {}", error.message);
+            emit(
+                "error",
+                json!({"code": error.code, "message": error.message}),
+            );
+            "error"
+        }
+    };
+    emit("end", json!({"reason": reason}));
+}
+
+async fn drive(
+    service: &ChatService,
+    spec: &TurnSpec,
+    cancel: &CancellationToken,
+    emit: &impl Fn(&'static str, Value),
+) -> Result<&'static str, ToolError> {
+    let Some(model) = service.model.clone() else {
+        return Err(ToolError::new(
+            "model_not_configured",
+            "no model is configured ([agentd.model] in the config file)",
+        ));
+    };
+    let chat_id = spec.chat.chat_id.clone();
+    let user = json!({"role": "user", "content": spec.message});
+    service.append(&chat_id, spec.turn, user).await?;
+    let mode = match &spec.chat.binding {
+        None => Mode::Server,
+        Some(binding) => Mode::Local {
+            writable: bound_folder_writable(service, &spec.caller, binding).await,
+        },
+    };
+    let tools = mode.tools();
+    let mut call_index = 0u32;
+    for _round in 0..model.max_tool_rounds() {
+        let history: Vec<Value> = service
+            .messages(&chat_id)
+            .await?
+            .into_iter()
+            .map(|m| m.message)
+            .collect();
+        let recent = recent_history(&history, model.max_history_bytes());
+        let mut system = system_prompt(spec, mode);
+        let omitted = history.len() - recent.len();
+        if omitted > 0 {
+            system.push_str(&format!(
+                " The {omitted} earliest messages of this chat are not shown (history limit)."
+            ));
+        }
+        let mut conversation = vec![json!({"role": "system", "content": system})];
+        conversation.extend_from_slice(recent);
+        // A cancelled turn abandons the model request; nothing of it is stored.
+        let reply = tokio::select! {
+            reply = model.complete(&conversation, &tools) => reply,
+            _ = cancel.cancelled() => return Ok("cancelled"),
+        }
+        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        service
+            .append(&chat_id, spec.turn, reply.message.clone())
+            .await?;
+        if let Some(text) = &reply.content {
+            emit("text", json!({"text": text}));
+        }
+        if reply.tool_calls.is_empty() {
+            return Ok("completed");
+        }
+        for call in &reply.tool_calls {
+            call_index += 1;
+            let arguments: Value = serde_json::from_str(&call.arguments)
+                .unwrap_or(Value::String(call.arguments.clone()));
+            emit(
+                "tool_call",
+                json!({"id": call.id, "name": call.name, "arguments": arguments}),
+            );
+            let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
+            // Every call the model asked for gets a result in the history, even when cancelled.
+            let result = if cancel.is_cancelled() {
+                Err(ToolError::new(
+                    "cancelled",
+                    "not run: the turn was cancelled",
+                ))
+            } else {
+                execute(service, spec, mode, call, &request_id, cancel).await
+            };
+            let (event, content) = match &result {
+                Ok(value) => (
+                    json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
+                    json!({"ok": true, "result": value}),
+                ),
+                Err(error) => {
+                    let mut body = error.details.clone();
+                    body.insert("code".into(), json!(error.code));
+                    body.insert("message".into(), json!(error.message));
+                    (
+                        json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
+                        json!({"ok": false, "error": body}),
+                    )
+                }
+            };
+            service
+                .append(
+                    &chat_id,
+                    spec.turn,
+                    json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
+                )
+                .await?;
+            emit("tool_result", event);
+        }
+        if cancel.is_cancelled() {
+            return Ok("cancelled");
+        }
+    }
+    Err(ToolError::new(
+        "max_tool_rounds",
+        format!(
+            "the model still asked for tools after {} rounds; the turn was stopped",
+            model.max_tool_rounds()
+        ),
+    ))
+}
+
+/// The arguments as an object with only `allowed` keys.
+fn arguments(call: &ToolCall, allowed: &[&str]) -> Result<Map<String, Value>, ToolError> {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&call.arguments) else {
+        return Err(ToolError::new(
+            "invalid_arguments",
+            "the arguments must be a JSON object",
+        ));
+    };
+    if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ToolError::new(
+            "invalid_arguments",
+            format!(
+                "unknown argument {unknown:?}; {} takes only {}",
+                call.name,
+                allowed.join(", ")
+            ),
+        ));
+    }
+    Ok(map)
+}
+
+fn string(map: &Map<String, Value>, name: &str) -> Result<String, ToolError> {
+    map.get(name)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            ToolError::new(
+                "invalid_arguments",
+                format!("the argument {name:?} (a string) is required"),
+            )
+        })
+}
+
+fn unknown_tool(name: &str, mode: Mode) -> ToolError {
+    let available = match mode {
+        Mode::Local { writable: true } => "execute_shell_command and diff_patch_workspace_file",
+        Mode::Local { writable: false } => {
+            "execute_shell_command (the folder is shared read-only: no patches)"
+        }
+        Mode::Server => "read_file, list_files, search_files and write_file",
+    };
+    ToolError::new(
+        "unknown_tool",
+        format!("there is no tool {name:?} in this turn; the tools are {available}"),
+    )
+}
+
+async fn execute(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    call: &ToolCall,
+    request_id: &str,
+    cancel: &CancellationToken,
+) -> Result<Value, ToolError> {
+    // Retained state, re-checked on every call.
+    service
+        .check_current(&spec.chat.chat_id, spec.turn, spec.chat.binding_generation)
+        .await?;
+    let caller = &spec.caller;
+    match &spec.chat.binding {
+        None => {
+            let files = &service.files;
+            let project = json!(spec.chat.project_id);
+            let source = Source::Agent;
+            match call.name.as_str() {
+                "read_file" => {
+                    let mut args = arguments(call, &["path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.read_file(caller, &args, source).await
+                }
+                "list_files" => {
+                    let mut args = arguments(call, &["path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.list_files(caller, &args, source).await
+                }
+                "search_files" => {
+                    let mut args = arguments(call, &["query", "path"])?;
+                    args.insert("workflow_id".into(), project);
+                    files.search_files(caller, &args, source).await
+                }
+                "write_file" => {
+                    let mut args = arguments(call, &["path", "content", "expected_revision"])?;
+                    args.insert("workflow_id".into(), project);
+                    args.insert("request_id".into(), json!(request_id));
+                    files.write_file(caller, &args, source).await
+                }
+                other => Err(unknown_tool(other, mode)),
+            }
+        }
+        Some(binding) => {
+            let operation = match call.name.as_str() {
+                "execute_shell_command" => {
+                    let args = arguments(call, &["command", "timeout"])?;
+                    let timeout = match args.get("timeout") {
+                        None | Some(Value::Null) => None,
+                        Some(v) => Some(v.as_u64().ok_or_else(|| {
+                            ToolError::new(
+                                "invalid_arguments",
+                                "timeout must be a whole number of seconds (1 to 300)",
+                            )
+                        })?),
+                    };
+                    Operation::ExecuteShellCommand {
+                        command: string(&args, "command")?,
+                        timeout,
+                    }
+                }
+                "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
+                    let args = arguments(call, &["filepath", "diff"])?;
+                    Operation::DiffPatchWorkspaceFile {
+                        filepath: string(&args, "filepath")?,
+                        diff: string(&args, "diff")?,
+                    }
+                }
+                other => return Err(unknown_tool(other, mode)),
+            };
+            // The person's live authority on the project, now (revoked token, removed member,
+            // a role lowered to runner or viewer).
+            let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
+            require_authoring_role(&access)?;
+            // A cancel while the device runs the call asks it to stop (the executor kills the
+            // process group) and waits for the result, which says `cancelled`.
+            let call = dispatch(service, caller, binding, request_id, operation, cancel);
+            tokio::pin!(call);
+            tokio::select! {
+                result = &mut call => return result,
+                _ = cancel.cancelled() => {}
+            }
+            loop {
+                tokio::select! {
+                    result = &mut call => return result,
+                    asked = ask_device_to_cancel(service, caller, request_id) => {
+                        if asked {
+                            return call.await;
+                        }
+                        tokio::time::sleep(CANCEL_RETRY).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How soon a cancel is asked again when gatewayd did not yet know the request.
+const CANCEL_RETRY: Duration = Duration::from_millis(100);
+
+/// `POST /v1/cancel` on gatewayd: true once a cancel frame went to the device, or the request is
+/// no longer pending (nothing left to stop).
+async fn ask_device_to_cancel(service: &ChatService, caller: &Caller, request_id: &str) -> bool {
+    let reference = RequestRef {
+        user_id: caller.user_id.clone(),
+        request_id: request_id.to_owned(),
+    };
+    match service
+        .gatewayd
+        .post::<_, CancelResponse>("/v1/cancel", &reference)
+        .await
+    {
+        Ok(answer) => answer.cancel_sent || answer.state != DispatchState::Pending,
+        // Not dispatched yet (404), or gatewayd unreachable: ask again shortly.
+        Err(error) => {
+            tracing::debug!(%error, request_id, "cancel not delivered yet");
+            false
+        }
+    }
+}
+
+/// Whether a failed exchange with gatewayd may have reached it: anything but "could not
+/// connect" or "could not build the request". gatewayd's own refusals come before it sends,
+/// except `internal`.
+fn may_have_been_sent(error: &ClientError) -> bool {
+    match error {
+        ClientError::Connect { .. } | ClientError::Request { .. } | ClientError::Encode { .. } => {
+            false
+        }
+        ClientError::Remote { body, .. } => body.code == "internal",
+        ClientError::Http { .. } | ClientError::Decode { .. } | ClientError::Unexpected { .. } => {
+            true
+        }
+    }
+}
+
+/// The first and the longest pause between two recovery questions to gatewayd.
+const RECOVERY_PAUSE_MIN: Duration = Duration::from_millis(250);
+const RECOVERY_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// The dispatch's answer was lost after it may have reached gatewayd: asks gatewayd to recover
+/// it (its record, or the device's receipt) until `deadline`. Returns the real state, or an
+/// error that says the outcome is unknown (or, when gatewayd never recorded it, that it was
+/// never sent). Never re-sends the request.
+async fn recover(
+    service: &ChatService,
+    request: &DispatchRequest,
+    deadline: tokio::time::Instant,
+    cancel: &CancellationToken,
+    lost: ClientError,
+) -> Result<DispatchState, ToolError> {
+    tracing::warn!(error = %lost, request_id = %request.request_id, "the dispatch's answer was lost; recovering it");
+    let unknown = |why: &str| {
+        let mut error = ToolError::new(
+            "outcome_unknown",
+            format!(
+                "the device gateway failed after the request was sent ({lost}); {why}: whether it ran on the device is unknown and it is not re-sent; inspect the files before trying again"
+            ),
+        );
+        error
+            .details
+            .insert("request_id".into(), json!(request.request_id));
+        error
+    };
+    let mut pause = RECOVERY_PAUSE_MIN;
+    loop {
+        let last = match service
+            .gatewayd
+            .post::<_, Recovery>("/v1/recover", request)
+            .await
+        {
+            Ok(Recovery::Settled {
+                state,
+                from_receipt,
+            }) => {
+                tracing::info!(request_id = %request.request_id, from_receipt, "a lost dispatch answer was recovered");
+                return Ok(state);
+            }
+            Ok(Recovery::NeverSent) => {
+                let mut error = ToolError::new(
+                    "not_run",
+                    "the device gateway failed before it recorded the request, so it was never sent to the device (and never will be under this request id); it did not run",
+                );
+                error
+                    .details
+                    .insert("request_id".into(), json!(request.request_id));
+                return Err(error);
+            }
+            Ok(Recovery::Unsettled { reason }) => reason,
+            Err(ClientError::Remote { body, .. }) if body.code == "request_id_reused" => {
+                return Err(ToolError {
+                    code: body.code,
+                    message: body.message,
+                    details: body.details,
+                });
+            }
+            Err(error) => format!("gatewayd cannot be asked ({error})"),
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(unknown(&format!(
+                "it could not be recovered before the request's deadline ({last})"
+            )));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = cancel.cancelled() => {
+                return Err(unknown(&format!("the turn was cancelled while it was being recovered ({last})")));
+            }
+        }
+        pause = (pause * 2).min(RECOVERY_PAUSE_MAX);
+    }
+}
+
+async fn dispatch(
+    service: &ChatService,
+    caller: &Caller,
+    binding: &Binding,
+    request_id: &str,
+    operation: Operation,
+    cancel: &CancellationToken,
+) -> Result<Value, ToolError> {
+    // The same deadline gatewayd keeps for the result; a lost answer is recovered until then.
+    let deadline = tokio::time::Instant::now() + operation.deadline();
+    let request = DispatchRequest {
+        user_id: caller.user_id.clone(),
+        device_id: binding.device_id.clone(),
+        folder: binding.folder.clone(),
+        request_id: request_id.to_owned(),
+        operation,
+    };
+    let state: DispatchState = match service.gatewayd.post("/v1/dispatch", &request).await {
+        Ok(state) => state,
+        Err(lost) if may_have_been_sent(&lost) => {
+            recover(service, &request, deadline, cancel, lost).await?
+        }
+        Err(ClientError::Remote { body, .. }) => {
+            return Err(ToolError {
+                code: body.code,
+                message: body.message,
+                details: body.details,
+            });
+        }
+        Err(other) => {
+            return Err(ToolError::new(
+                "gateway_unavailable",
+                format!(
+                    "the device gateway is not reachable ({other}); the call was not sent, so it was not run anywhere"
+                ),
+            ));
+        }
+    };
+    let with_id = |mut error: ToolError| {
+        error.details.insert("request_id".into(), json!(request_id));
+        error
+    };
+    match state {
+        DispatchState::Done { outcome } => match outcome {
+            Outcome::Completed {
+                stdout,
+                stderr,
+                exit_code,
+                stdout_truncated,
+                stderr_truncated,
+                timed_out,
+                cancelled,
+            } => Ok(json!({
+                "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
+                "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated,
+                "timed_out": timed_out, "cancelled": cancelled, "request_id": request_id,
+            })),
+            Outcome::Patched { files } => Ok(json!({"files": files, "request_id": request_id})),
+            Outcome::Refused { code, message } => Err(with_id(ToolError::new(code, message))),
+            Outcome::Interrupted { message } => Err(with_id(ToolError::new(
+                "interrupted",
+                format!("{message}; inspect the files before trying again"),
+            ))),
+        },
+        DispatchState::Pending => Err(with_id(ToolError::new(
+            "outcome_unknown",
+            "the request is still running on the device; inspect the files before trying again",
+        ))),
+        DispatchState::Unknown { reason } => Err(with_id(ToolError::new(
+            "outcome_unknown",
+            format!("{reason}; inspect the files before trying again"),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(tools: &[Value]) -> Vec<&str> {
+        tools
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn tool_lists_are_exactly_the_modes_tools() {
+        assert_eq!(
+            names(&server_tools()),
+            ["read_file", "list_files", "search_files", "write_file"]
+        );
+        assert_eq!(
+            names(&local_tools(true)),
+            ["execute_shell_command", "diff_patch_workspace_file"]
+        );
+        assert_eq!(names(&local_tools(false)), ["execute_shell_command"]);
+        // Nothing in a local schema names a device, folder or project.
+        let text = serde_json::to_string(&local_tools(true)).unwrap();
+        for word in ["device", "\"folder\"", "workflow_id", "request_id"] {
+            assert!(!text.contains(word), "{word}");
+        }
+        let text = serde_json::to_string(&server_tools()).unwrap();
+        assert!(!text.contains("workflow_id") && !text.contains("request_id"));
+    }
+
+    #[test]
+    fn history_is_cut_before_a_user_message_and_keeps_the_current_turn() {
+        let user = |t: &str| json!({"role": "user", "content": t});
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]});
+        let result = json!({"role": "tool", "tool_call_id": "c", "content": "x".repeat(100)});
+        let messages = vec![
+            user("first"),
+            call.clone(),
+            result.clone(),
+            user("second"),
+            call.clone(),
+            result.clone(),
+            user("third"),
+        ];
+        let size =
+            |from: usize| -> usize { messages[from..].iter().map(|m| m.to_string().len()).sum() };
+        // Everything fits: everything is sent.
+        assert_eq!(recent_history(&messages, size(0)).len(), 7);
+        // One byte short of everything: the first turn goes, whole.
+        assert_eq!(recent_history(&messages, size(0) - 1), &messages[3..]);
+        // Room for less than the second turn: only the current one.
+        assert_eq!(recent_history(&messages, size(3) - 1), &messages[6..]);
+        // The current turn is sent even when it alone is over the budget.
+        assert_eq!(recent_history(&messages, 1), &messages[6..]);
+        // A current turn already in its tool rounds keeps its calls and results.
+        let mut running = messages.clone();
+        running.extend([call.clone(), result.clone()]);
+        assert_eq!(recent_history(&running, 1), &running[6..]);
+        assert!(recent_history(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn arguments_refuse_unknown_keys() {
+        let call = |args: &str| ToolCall {
+            id: "c".into(),
+            name: "execute_shell_command".into(),
+            arguments: args.into(),
+        };
+        assert!(arguments(&call(r#"{"command":"ls"}"#), &["command", "timeout"]).is_ok());
+        let err =
+            arguments(&call(r#"{"command":"ls","device_id":"d"}"#), &["command"]).unwrap_err();
+        assert_eq!(err.code, "invalid_arguments");
+        assert!(arguments(&call("[1]"), &["command"]).is_err());
+    }
+}

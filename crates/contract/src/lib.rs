@@ -1,0 +1,20 @@
+//! The wire contracts between the agentworks processes: one module per socket or endpoint
+//! family, with its request and answer types, error codes, limits and the validation rules
+//! both sides apply. Serde types only, no I/O.
+//!
+//! - [`workspaced`]: `workspaced.sock` (agentd and agentworksctl call it), and receipts.
+//! - [`agentd`]: `agentd.sock`: the operator endpoints and the gateway's token checks; the
+//!   identity vocabulary (scopes, roles, project kinds).
+//! - [`public_api`]: agentd's public device login and chat API.
+//! - [`gatewayd`]: `gatewayd.sock`: dispatch to connected laptops (agentd calls it).
+//! - [`executor`]: the executor WebSocket between gatewayd and `agentworks executor connect`.
+//! - [`envelope`]: the one JSON error envelope every socket and endpoint speaks.
+//!
+//! A daemon crate depends on this crate, never on another daemon's crate.
+
+pub mod agentd;
+pub mod envelope;
+pub mod executor;
+pub mod gatewayd;
+pub mod public_api;
+pub mod workspaced;

@@ -1,0 +1,206 @@
+//! The command line of `agentworksctl`, the operator CLI.
+
+use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Administer agentworks: users, projects, members, tokens, receipts, daemon status, and a
+/// private quickstart stack.
+///
+/// agentworksctl talks to agentd's socket (operator endpoints: root and the agentworks-admin
+/// group only). It finds it through the same configuration as the daemons: --config, else
+/// $AGENTWORKS_CONFIG, else /etc/agentworks/agentworks.toml; AGENTWORKS_STATE_ROOT selects
+/// another state root, e.g. a running quickstart's:
+///
+///   AGENTWORKS_STATE_ROOT=.agentworks-quickstart agentworksctl user list
+#[derive(Debug, Parser)]
+#[command(name = "agentworksctl", version)]
+pub struct Cli {
+    /// The TOML configuration file.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Start every daemon in the foreground on a private state root (loopback only, all as
+    /// the current user), create a demo user, workflow and token, and print the MCP URL and a
+    /// client configuration; Ctrl-C stops them all. Running it again reuses the state root.
+    Quickstart {
+        /// The private state root.
+        #[arg(long, value_name = "DIR", default_value = ".agentworks-quickstart")]
+        state_root: PathBuf,
+        /// The loopback port of the public MCP/HTTP listener.
+        #[arg(long, default_value_t = 8470)]
+        port: u16,
+        /// The loopback port of the executor WebSocket (`agentworks executor connect`);
+        /// defaults to the port after --port.
+        #[arg(long, value_name = "PORT")]
+        gateway_port: Option<u16>,
+    },
+    /// Show each daemon's health.
+    Status,
+    /// Users: add, list, disable, enable.
+    #[command(subcommand)]
+    User(UserCmd),
+    /// Projects (a folder under the documents root each): add, list.
+    #[command(subcommand)]
+    Project(ProjectCmd),
+    /// Project members and their roles.
+    #[command(subcommand)]
+    Member(MemberCmd),
+    /// Personal access tokens: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Write receipts.
+    #[command(subcommand)]
+    Receipt(ReceiptCmd),
+    /// Laptop logins (`agentworks login`): approve a pending code for a user.
+    #[command(subcommand)]
+    Login(LoginCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LoginCmd {
+    /// Approve the code `agentworks login` printed; the laptop then gets a devices:connect
+    /// token for this user (and nothing else).
+    Approve {
+        /// The code shown by `agentworks login`, e.g. BCDF-GHJK.
+        code: String,
+        #[arg(long)]
+        user: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCmd {
+    /// Add a user.
+    Add { name: String },
+    /// List users.
+    List,
+    /// Disable a user: every token of theirs stops working at once.
+    Disable { name: String },
+    /// Enable a disabled user.
+    Enable { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectCmd {
+    /// Add a project; its folder is created under the documents root by workspaced.
+    Add(ProjectAdd),
+    /// List projects.
+    List,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ProjectAdd {
+    pub name: String,
+    /// workflow or code.
+    #[arg(long, default_value = "workflow")]
+    pub kind: String,
+    /// The owning user.
+    #[arg(long)]
+    pub owner: String,
+    /// The folder under the documents root (default: the project's name).
+    #[arg(long)]
+    pub folder: Option<String>,
+    /// Policy WritePaths: folders where authors may write (default: the whole project).
+    #[arg(long = "write-path", value_name = "PATH")]
+    pub write_paths: Vec<String>,
+    /// Policy BlockedPaths: neither readable nor writable.
+    #[arg(long = "blocked-path", value_name = "PATH")]
+    pub blocked_paths: Vec<String>,
+    /// Policy BlockedWritePaths: readable, never writable.
+    #[arg(long = "blocked-write-path", value_name = "PATH")]
+    pub blocked_write_paths: Vec<String>,
+    /// Read-only grants.
+    #[arg(long = "read-only-path", value_name = "PATH")]
+    pub read_only_paths: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemberCmd {
+    /// Add a member, or change a member's role.
+    Add {
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        user: String,
+        /// owner, co-owner, editor, runner or viewer.
+        #[arg(long)]
+        role: String,
+    },
+    /// Remove a member (effective for their next request).
+    Remove {
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        user: String,
+    },
+    /// List a project's members.
+    List {
+        #[arg(long)]
+        project: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Create a token; it is printed once and stored only as a hash.
+    Create(TokenCreate),
+    /// List tokens (never their secrets).
+    List {
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Revoke a token by id (effective for the next request).
+    Revoke { id: String },
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct TokenCreate {
+    /// The user the token acts as.
+    #[arg(long)]
+    pub user: String,
+    /// workflows:read, workflows:run, workflows:write, devices:connect (exclusive) or
+    /// devices:approve (exclusive: approves laptop logins for the user). Repeat.
+    #[arg(long = "scope", required = true)]
+    pub scopes: Vec<String>,
+    /// Restrict the token to one project.
+    #[arg(long)]
+    pub project: Option<String>,
+    /// Expire after this long: 30d, 12h, 90m.
+    #[arg(long, value_name = "DURATION")]
+    pub expires_in: Option<String>,
+    /// Folder caps: the token may write only beneath these folders. Repeat.
+    #[arg(long = "write-folder", value_name = "PATH")]
+    pub write_folders: Vec<String>,
+    /// Folder caps: these folders are read-only for the token. Repeat.
+    #[arg(long = "read-only-folder", value_name = "PATH")]
+    pub read_only_folders: Vec<String>,
+    /// A label to recognise the token by.
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptCmd {
+    /// Show the receipt of a write, by request id (reconciled if it was left prepared).
+    Show {
+        request_id: String,
+        #[arg(long)]
+        project: String,
+        /// Whose request id (ids are scoped to the user who sent them).
+        #[arg(long)]
+        user: String,
+    },
+}
+
+/// The clap definition of `agentworksctl` (for man pages and completions).
+pub fn command() -> clap::Command {
+    Cli::command()
+}

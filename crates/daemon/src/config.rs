@@ -1,0 +1,943 @@
+//! The one agentworks configuration file: `/etc/agentworks/agentworks.toml`, one section per
+//! daemon.
+//!
+//! Owns finding the file (flag, then `AGENTWORKS_CONFIG`, then the default path), parsing it
+//! strictly (unknown keys are refused so a typo never silently becomes a default), applying the
+//! environment overrides and validating the result into one [`Config`].
+//!
+//! Must never create directories, open sockets or touch the state root: it only describes where
+//! things are. Sections of daemons not built yet (`[agentd]`, `[gatewayd]`) are kept raw.
+
+use std::path::{Path, PathBuf};
+
+use super::layout::StateLayout;
+
+/// Where the configuration is read from when neither `--config` nor `AGENTWORKS_CONFIG` names
+/// a file. A missing file at this path means "all defaults".
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentworks/agentworks.toml";
+
+/// Environment variable naming the config file (beaten by an explicit `--config`).
+pub const ENV_CONFIG: &str = "AGENTWORKS_CONFIG";
+/// Environment variable overriding `state_root` (beats the file).
+pub const ENV_STATE_ROOT: &str = "AGENTWORKS_STATE_ROOT";
+/// Environment variable overriding `documents_root` (beats the file).
+pub const ENV_DOCUMENTS_ROOT: &str = "AGENTWORKS_DOCUMENTS_ROOT";
+/// Environment variable overriding `runtime_dir` (beats the file).
+pub const ENV_RUNTIME_DIR: &str = "AGENTWORKS_RUNTIME_DIR";
+
+const DEFAULT_STATE_ROOT: &str = "/var/lib/agentworks";
+const DEFAULT_DOCUMENTS_ROOT: &str = "/var/lib/agentworks-documents";
+const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
+
+/// The validated configuration of every daemon.
+///
+/// Defaults, in order of precedence for the three roots:
+///
+/// - `state_root`: `AGENTWORKS_STATE_ROOT`, else the file, else `/var/lib/agentworks`.
+/// - `runtime_dir`: `AGENTWORKS_RUNTIME_DIR`, else the file, else `<state_root>/run` **when
+///   `AGENTWORKS_STATE_ROOT` is set**, else `/run/agentworks`. A private state root (tests,
+///   `quickstart`, a second instance) therefore gets private sockets instead of silently
+///   talking to the system daemons.
+/// - `documents_root`: `AGENTWORKS_DOCUMENTS_ROOT`, else the file, else `<state_root>/documents`
+///   when `AGENTWORKS_STATE_ROOT` is set, else `/var/lib/agentworks-documents`.
+///
+/// An environment variable that is set but empty counts as unset.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The shared state root of DESIGN.md ("Shared state root").
+    pub state_root: PathBuf,
+    /// The default documents root: one folder per project.
+    pub documents_root: PathBuf,
+    /// Where the daemons' sockets live.
+    pub runtime_dir: PathBuf,
+    /// The `[workspaced]` section.
+    pub workspaced: WorkspacedConfig,
+    /// The `[agentd]` section.
+    pub agentd: AgentdConfig,
+    /// The `[gatewayd]` section.
+    pub gatewayd: GatewaydConfig,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            state_root: PathBuf::from(DEFAULT_STATE_ROOT),
+            documents_root: PathBuf::from(DEFAULT_DOCUMENTS_ROOT),
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            workspaced: WorkspacedConfig::default(),
+            agentd: AgentdConfig::default(),
+            gatewayd: GatewaydConfig::default(),
+        }
+    }
+}
+
+/// The `[workspaced]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkspacedConfig {
+    /// The socket path; `None` means `<runtime_dir>/workspaced.sock`
+    /// (see [`Config::workspaced_socket`]).
+    pub socket: Option<PathBuf>,
+    /// Users (besides root and workspaced's own uid) whose processes may call the socket.
+    pub allowed_users: Vec<String>,
+    /// Content bigger than this many bytes is refused.
+    pub max_file_bytes: u64,
+    /// How long a write waits for the per-project lock, in milliseconds.
+    pub lock_timeout_ms: u64,
+    /// The most results a search returns.
+    pub search_max_results: usize,
+}
+
+impl Default for WorkspacedConfig {
+    fn default() -> WorkspacedConfig {
+        WorkspacedConfig {
+            socket: None,
+            allowed_users: vec!["agentworks".to_owned()],
+            max_file_bytes: 8 * 1024 * 1024,
+            lock_timeout_ms: 30_000,
+            search_max_results: 200,
+        }
+    }
+}
+
+/// The `[agentd]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentdConfig {
+    /// The public HTTP listener (MCP at `/mcp`, the REST API at `/v1/`).
+    pub listen: std::net::SocketAddr,
+    /// The URL clients use to reach `listen` (behind a proxy it differs); `None`: `http://<listen>`.
+    pub public_url: Option<String>,
+    /// The operator and gateway socket; `None` means `<runtime_dir>/agentd.sock`.
+    pub socket: Option<PathBuf>,
+    /// Browser origins allowed to call the public endpoints besides `public_url` itself.
+    pub allowed_origins: Vec<String>,
+    /// The group whose members may use the operator endpoints (root always may).
+    pub admin_group: String,
+    /// Users whose processes may use the gateway endpoints (token checks, revocations).
+    pub gateway_users: Vec<String>,
+    /// Connections the public listener holds at once; a quarter is kept for authenticated
+    /// requests.
+    pub max_connections: usize,
+    /// Connections the public listener holds at once from one client address.
+    pub max_connections_per_address: usize,
+    /// Bytes of request bodies the public listener holds at once (read or being handled); a
+    /// request waits for its share (then 503) and no single body may be larger.
+    pub max_body_bytes_in_flight: usize,
+    /// Handshake-era (2025) MCP sessions one token may hold; one more ends its least recently
+    /// used.
+    pub max_sessions_per_token: usize,
+    /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
+    pub model: Option<ModelConfig>,
+}
+
+/// The `[agentd.model]` sub-table: an OpenAI-compatible chat-completions endpoint.
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The API base, e.g. `https://api.example.com/v1` (`/chat/completions` is appended).
+    /// `http://` is accepted for loopback hosts only.
+    pub base_url: String,
+    /// The model name sent with every request.
+    pub model: String,
+    /// A file holding the API key; else `$CREDENTIALS_DIRECTORY/model-api-key` (a systemd
+    /// credential) if present; else no key is sent.
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+    /// Most model requests with tool calls in one turn.
+    #[serde(default = "default_max_tool_rounds")]
+    pub max_tool_rounds: u32,
+    /// How long one model request may take, in seconds.
+    #[serde(default = "default_request_timeout_secs")]
+    pub request_timeout_secs: u64,
+    /// Most bytes (as JSON) of earlier chat messages sent with a request: older turns are left
+    /// out whole; the current turn is always sent.
+    #[serde(default = "default_max_history_bytes")]
+    pub max_history_bytes: usize,
+}
+
+fn default_max_tool_rounds() -> u32 {
+    16
+}
+
+fn default_request_timeout_secs() -> u64 {
+    300
+}
+
+fn default_max_history_bytes() -> usize {
+    256 * 1024
+}
+
+impl std::fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only the key's path, never the key.
+        f.debug_struct("ModelConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key_file", &self.api_key_file)
+            .field("max_tool_rounds", &self.max_tool_rounds)
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .field("max_history_bytes", &self.max_history_bytes)
+            .finish()
+    }
+}
+
+impl Default for AgentdConfig {
+    fn default() -> AgentdConfig {
+        AgentdConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8470)),
+            public_url: None,
+            socket: None,
+            allowed_origins: Vec::new(),
+            admin_group: "agentworks-admin".to_owned(),
+            gateway_users: vec!["agentworks-gw".to_owned()],
+            max_connections: 1024,
+            max_connections_per_address: 64,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
+            max_sessions_per_token: 32,
+            model: None,
+        }
+    }
+}
+
+impl AgentdConfig {
+    /// `public_url`, else `http://<listen>`, without a trailing slash.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => format!("http://{}", self.listen),
+        }
+    }
+}
+
+/// The `[gatewayd]` section.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaydConfig {
+    /// The public WebSocket listener laptops dial (`/v1/executor`).
+    pub listen: std::net::SocketAddr,
+    /// The URL laptops use (`wss://…` behind a TLS proxy); `None`: `ws://<listen>`.
+    pub public_url: Option<String>,
+    /// The dispatch socket agentd calls; `None` means `<runtime_dir>/gatewayd.sock`.
+    pub socket: Option<PathBuf>,
+    /// Peers (besides root and gatewayd's own user) that may dispatch: agentd's user.
+    pub allowed_users: Vec<String>,
+    /// How often the gateway pings each executor, in seconds.
+    pub heartbeat_secs: u64,
+    /// How often connected tokens are re-checked with agentd, in milliseconds.
+    pub token_recheck_ms: u64,
+    /// Most executor connections held at once.
+    pub max_connections: usize,
+    /// Most executor connections held at once from one client address.
+    pub max_connections_per_address: usize,
+}
+
+impl Default for GatewaydConfig {
+    fn default() -> GatewaydConfig {
+        GatewaydConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8471)),
+            public_url: None,
+            socket: None,
+            allowed_users: vec!["agentworks".to_owned()],
+            heartbeat_secs: 15,
+            token_recheck_ms: 250,
+            max_connections: 10_000,
+            max_connections_per_address: 64,
+        }
+    }
+}
+
+impl GatewaydConfig {
+    /// `public_url`, else `ws://<listen>`, without a trailing slash.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => format!("ws://{}", self.listen),
+        }
+    }
+}
+
+/// Where the config file path came from; named in errors so the person knows what to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The `--config` flag.
+    Flag,
+    /// The `AGENTWORKS_CONFIG` environment variable.
+    Env,
+    /// [`DEFAULT_CONFIG_PATH`].
+    Default,
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::Flag => f.write_str("--config"),
+            ConfigSource::Env => f.write_str(ENV_CONFIG),
+            ConfigSource::Default => f.write_str("the default path"),
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file named by `--config` or `AGENTWORKS_CONFIG` does not exist.
+    #[error("config file {path} (from {source_kind}) does not exist; fix the path or unset it")]
+    Missing {
+        path: PathBuf,
+        source_kind: ConfigSource,
+    },
+    /// The file exists but could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown or mistyped keys.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    /// A path setting is relative; every root must be absolute so no daemon depends on its cwd.
+    #[error("{key} must be an absolute path, got {path:?} (from {origin})")]
+    RelativePath {
+        key: &'static str,
+        path: PathBuf,
+        origin: String,
+    },
+    /// A limit is zero, which would refuse everything.
+    #[error("{key} must be greater than 0")]
+    ZeroLimit { key: &'static str },
+    /// A name in `workspaced.allowed_users` is empty.
+    #[error("workspaced.allowed_users contains an empty user name")]
+    EmptyUserName,
+}
+
+impl Config {
+    /// Loads the configuration from the real environment.
+    ///
+    /// Source order: explicit path (the `--config` flag) > env `AGENTWORKS_CONFIG` >
+    /// [`DEFAULT_CONFIG_PATH`]. An explicit or env path that does not exist is an error; a
+    /// missing default file means all defaults. Then the env overrides
+    /// (`AGENTWORKS_STATE_ROOT`, `AGENTWORKS_DOCUMENTS_ROOT`, `AGENTWORKS_RUNTIME_DIR`, see
+    /// [`Config`] for how they shape the other defaults), then validation (roots absolute,
+    /// limits > 0).
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_with_env(explicit, &|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// Same as [`Config::load`], with the environment passed in: `env` returns the value of a
+    /// variable.
+    pub fn load_with_env(
+        explicit: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let (path, source_kind) = match (explicit, env(ENV_CONFIG)) {
+            (Some(path), _) => (path.to_path_buf(), ConfigSource::Flag),
+            (None, Some(path)) => (PathBuf::from(path), ConfigSource::Env),
+            (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), ConfigSource::Default),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if source_kind != ConfigSource::Default {
+                    return Err(ConfigError::Missing { path, source_kind });
+                }
+                None
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        let mut config = match &text {
+            Some(text) => Config::parse(text).map_err(|source| ConfigError::Parse {
+                path: path.clone(),
+                source,
+            })?,
+            None => ParsedConfig {
+                config: Config::default(),
+                file_sets_documents_root: false,
+                file_sets_runtime_dir: false,
+            },
+        };
+        config.apply_env(&env);
+        let origin = match text {
+            Some(_) => path.display().to_string(),
+            None => "defaults".to_owned(),
+        };
+        config.config.validate(&origin)?;
+        Ok(config.config)
+    }
+
+    /// Parses the text of a config file (without env overrides or validation).
+    fn parse(text: &str) -> Result<ParsedConfig, toml::de::Error> {
+        let table: toml::Table = toml::from_str(text)?;
+        let file_sets_documents_root = table.contains_key("documents_root");
+        let file_sets_runtime_dir = table.contains_key("runtime_dir");
+        let config: Config = toml::from_str(text)?;
+        Ok(ParsedConfig {
+            config,
+            file_sets_documents_root,
+            file_sets_runtime_dir,
+        })
+    }
+
+    /// Checks that every root is absolute and every limit positive.
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let model = self.agentd.model.as_ref();
+        let paths: [(&'static str, Option<&Path>); 5] = [
+            ("state_root", Some(&self.state_root)),
+            ("documents_root", Some(&self.documents_root)),
+            ("runtime_dir", Some(&self.runtime_dir)),
+            ("workspaced.socket", self.workspaced.socket.as_deref()),
+            (
+                "agentd.model.api_key_file",
+                model.and_then(|m| m.api_key_file.as_deref()),
+            ),
+        ];
+        for (key, path) in paths {
+            if let Some(path) = path
+                && !path.is_absolute()
+            {
+                return Err(ConfigError::RelativePath {
+                    key,
+                    path: path.to_path_buf(),
+                    origin: origin.to_owned(),
+                });
+            }
+        }
+        let ws = &self.workspaced;
+        if ws.max_file_bytes == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.max_file_bytes",
+            });
+        }
+        if ws.lock_timeout_ms == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.lock_timeout_ms",
+            });
+        }
+        if ws.search_max_results == 0 {
+            return Err(ConfigError::ZeroLimit {
+                key: "workspaced.search_max_results",
+            });
+        }
+        if ws.allowed_users.iter().any(|u| u.trim().is_empty()) {
+            return Err(ConfigError::EmptyUserName);
+        }
+        let listener_limits = [
+            ("agentd.max_connections", self.agentd.max_connections),
+            (
+                "agentd.max_connections_per_address",
+                self.agentd.max_connections_per_address,
+            ),
+            (
+                "agentd.max_body_bytes_in_flight",
+                self.agentd.max_body_bytes_in_flight,
+            ),
+            (
+                "agentd.max_sessions_per_token",
+                self.agentd.max_sessions_per_token,
+            ),
+            ("gatewayd.max_connections", self.gatewayd.max_connections),
+            (
+                "gatewayd.max_connections_per_address",
+                self.gatewayd.max_connections_per_address,
+            ),
+        ];
+        for (key, value) in listener_limits {
+            if value == 0 {
+                return Err(ConfigError::ZeroLimit { key });
+            }
+        }
+        if let Some(model) = model {
+            if model.max_tool_rounds == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.max_tool_rounds",
+                });
+            }
+            if model.request_timeout_secs == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.request_timeout_secs",
+                });
+            }
+            if model.max_history_bytes == 0 {
+                return Err(ConfigError::ZeroLimit {
+                    key: "agentd.model.max_history_bytes",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The path of workspaced's socket: `workspaced.socket`, else `<runtime_dir>/workspaced.sock`.
+    pub fn workspaced_socket(&self) -> PathBuf {
+        match &self.workspaced.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("workspaced.sock"),
+        }
+    }
+
+    /// The path of agentd's socket: `agentd.socket`, else `<runtime_dir>/agentd.sock`.
+    pub fn agentd_socket(&self) -> PathBuf {
+        match &self.agentd.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("agentd.sock"),
+        }
+    }
+
+    /// The path of gatewayd's socket: `gatewayd.socket`, else `<runtime_dir>/gatewayd.sock`.
+    pub fn gatewayd_socket(&self) -> PathBuf {
+        match &self.gatewayd.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("gatewayd.sock"),
+        }
+    }
+
+    /// The state-root layout under `state_root`.
+    pub fn layout(&self) -> StateLayout {
+        StateLayout {
+            root: self.state_root.clone(),
+        }
+    }
+}
+
+/// A parsed file plus which optional roots it set, which decides how the env defaults apply.
+struct ParsedConfig {
+    config: Config,
+    file_sets_documents_root: bool,
+    file_sets_runtime_dir: bool,
+}
+
+impl ParsedConfig {
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        let state_root_from_env = env(ENV_STATE_ROOT).map(PathBuf::from);
+        if let Some(root) = &state_root_from_env {
+            self.config.state_root = root.clone();
+        }
+        match env(ENV_RUNTIME_DIR) {
+            Some(dir) => self.config.runtime_dir = PathBuf::from(dir),
+            None => {
+                if let (Some(root), false) = (&state_root_from_env, self.file_sets_runtime_dir) {
+                    self.config.runtime_dir = root.join("run");
+                }
+            }
+        }
+        match env(ENV_DOCUMENTS_ROOT) {
+            Some(dir) => self.config.documents_root = PathBuf::from(dir),
+            None => {
+                if let (Some(root), false) = (&state_root_from_env, self.file_sets_documents_root) {
+                    self.config.documents_root = root.join("documents");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("agentworks.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_shipped_config_documents_real_keys_with_their_defaults() {
+        // Uncomment every `# key = value` and `# [table]` line of the shipped file, in file
+        // order: it must parse (every documented key exists, with the right type) and give
+        // the defaults.
+        let shipped = include_str!("../../../packaging/agentworks.toml");
+        let is_key = |line: &str| {
+            line.split_once(" = ").is_some_and(|(key, _)| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+        };
+        let in_order: String = shipped
+            .lines()
+            .filter_map(|line| {
+                if line.starts_with('[') {
+                    return Some(line);
+                }
+                let rest = line.strip_prefix("# ")?;
+                let is_table = rest.starts_with('[') && rest.ends_with(']');
+                (is_table || is_key(rest)).then_some(rest)
+            })
+            .fold(String::new(), |mut out, line| {
+                out.push_str(line);
+                out.push('\n');
+                out
+            });
+        assert!(in_order.contains("max_body_bytes_in_flight = "));
+        let parsed = Config::parse(&in_order)
+            .unwrap_or_else(|e| panic!("{e}\n{in_order}"))
+            .config;
+        let defaults = Config::default();
+        let a = (&parsed.agentd, &defaults.agentd);
+        assert_eq!(a.0.max_connections, a.1.max_connections);
+        assert_eq!(
+            a.0.max_connections_per_address,
+            a.1.max_connections_per_address
+        );
+        assert_eq!(a.0.max_body_bytes_in_flight, a.1.max_body_bytes_in_flight);
+        assert_eq!(a.0.max_sessions_per_token, a.1.max_sessions_per_token);
+        let g = (&parsed.gatewayd, &defaults.gatewayd);
+        assert_eq!(g.0.max_connections, g.1.max_connections);
+        assert_eq!(
+            g.0.max_connections_per_address,
+            g.1.max_connections_per_address
+        );
+        assert_eq!(
+            parsed.workspaced.max_file_bytes,
+            defaults.workspaced.max_file_bytes
+        );
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(c.state_root, Path::new("/var/lib/agentworks"));
+        assert_eq!(c.documents_root, Path::new("/var/lib/agentworks-documents"));
+        assert_eq!(c.runtime_dir, Path::new("/run/agentworks"));
+        assert_eq!(
+            c.workspaced_socket(),
+            Path::new("/run/agentworks/workspaced.sock")
+        );
+        assert_eq!(c.workspaced.allowed_users, vec!["agentworks".to_owned()]);
+        assert_eq!(c.workspaced.max_file_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.workspaced.lock_timeout_ms, 30_000);
+        assert_eq!(c.workspaced.search_max_results, 200);
+        assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8470");
+        assert_eq!(c.gatewayd.listen.to_string(), "127.0.0.1:8471");
+        assert_eq!(c.layout().root, Path::new("/var/lib/agentworks"));
+    }
+
+    #[test]
+    fn full_file_is_parsed_and_raw_sections_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            r#"
+state_root = "/srv/aw"
+documents_root = "/srv/docs"
+runtime_dir = "/run/aw"
+[workspaced]
+socket = "/run/aw/ws.sock"
+allowed_users = ["alice", "bob"]
+max_file_bytes = 1024
+lock_timeout_ms = 5
+search_max_results = 7
+[agentd]
+listen = "127.0.0.1:8080"
+[gatewayd]
+listen = "0.0.0.0:9000"
+public_url = "wss://gw.example.com/"
+"#,
+        );
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(c.state_root, Path::new("/srv/aw"));
+        assert_eq!(c.documents_root, Path::new("/srv/docs"));
+        assert_eq!(c.runtime_dir, Path::new("/run/aw"));
+        assert_eq!(c.workspaced_socket(), Path::new("/run/aw/ws.sock"));
+        assert_eq!(c.workspaced.allowed_users, vec!["alice", "bob"]);
+        assert_eq!(c.workspaced.max_file_bytes, 1024);
+        assert_eq!(c.workspaced.lock_timeout_ms, 5);
+        assert_eq!(c.workspaced.search_max_results, 7);
+        assert_eq!(c.agentd.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.agentd.public_url(), "http://127.0.0.1:8080");
+        assert_eq!(c.gatewayd.public_url(), "wss://gw.example.com");
+    }
+
+    #[test]
+    fn precedence_flag_then_env_then_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("flag.toml");
+        let envp = dir.path().join("env.toml");
+        std::fs::write(&flag, "state_root = \"/from/flag\"").unwrap();
+        std::fs::write(&envp, "state_root = \"/from/env\"").unwrap();
+        let env = env_of(&[(ENV_CONFIG, envp.to_str().unwrap())]);
+        let c = Config::load_with_env(Some(&flag), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/from/flag"));
+        let c = Config::load_with_env(None, &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/from/env"));
+    }
+
+    #[test]
+    fn missing_explicit_or_env_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        let err = Config::load_with_env(Some(&missing), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Missing {
+                    source_kind: ConfigSource::Flag,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let env = env_of(&[(ENV_CONFIG, missing.to_str().unwrap())]);
+        let err = Config::load_with_env(None, &env).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Missing {
+                    source_kind: ConfigSource::Env,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_overrides_beat_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "state_root = \"/f/state\"\ndocuments_root = \"/f/docs\"\nruntime_dir = \"/f/run\"\n",
+        );
+        let env = env_of(&[
+            (ENV_STATE_ROOT, "/e/state"),
+            (ENV_DOCUMENTS_ROOT, "/e/docs"),
+            (ENV_RUNTIME_DIR, "/e/run"),
+        ]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/e/state"));
+        assert_eq!(c.documents_root, Path::new("/e/docs"));
+        assert_eq!(c.runtime_dir, Path::new("/e/run"));
+    }
+
+    #[test]
+    fn private_state_root_gets_private_runtime_and_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_STATE_ROOT, "/tmp/aw")]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.runtime_dir, Path::new("/tmp/aw/run"));
+        assert_eq!(c.documents_root, Path::new("/tmp/aw/documents"));
+        assert_eq!(
+            c.workspaced_socket(),
+            Path::new("/tmp/aw/run/workspaced.sock")
+        );
+
+        // The file's own settings still win over the derived defaults.
+        let path = write(
+            dir.path(),
+            "runtime_dir = \"/f/run\"\ndocuments_root = \"/f/docs\"\n",
+        );
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.runtime_dir, Path::new("/f/run"));
+        assert_eq!(c.documents_root, Path::new("/f/docs"));
+    }
+
+    #[test]
+    fn empty_env_value_counts_as_unset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_STATE_ROOT, ""), (ENV_CONFIG, "")]);
+        let c = Config::load_with_env(Some(&path), &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/var/lib/agentworks"));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in [
+            "stat_root = \"/x\"",
+            "[workspaced]\nmax_file_byte = 3",
+            "[unknownd]\nx = 1",
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "state_root = \"relative/state\"");
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "state_root",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let path = write(dir.path(), "[workspaced]\nsocket = \"ws.sock\"");
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "workspaced.socket",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let path = write(dir.path(), "");
+        let env = env_of(&[(ENV_RUNTIME_DIR, "run")]);
+        let err = Config::load_with_env(Some(&path), &env).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::RelativePath {
+                    key: "runtime_dir",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, key) in [
+            (
+                "[workspaced]\nmax_file_bytes = 0",
+                "workspaced.max_file_bytes",
+            ),
+            (
+                "[workspaced]\nlock_timeout_ms = 0",
+                "workspaced.lock_timeout_ms",
+            ),
+            (
+                "[workspaced]\nsearch_max_results = 0",
+                "workspaced.search_max_results",
+            ),
+            ("[agentd]\nmax_connections = 0", "agentd.max_connections"),
+            (
+                "[agentd]\nmax_connections_per_address = 0",
+                "agentd.max_connections_per_address",
+            ),
+            (
+                "[agentd]\nmax_body_bytes_in_flight = 0",
+                "agentd.max_body_bytes_in_flight",
+            ),
+            (
+                "[agentd]\nmax_sessions_per_token = 0",
+                "agentd.max_sessions_per_token",
+            ),
+            (
+                "[gatewayd]\nmax_connections_per_address = 0",
+                "gatewayd.max_connections_per_address",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::ZeroLimit { key: k } if k == key),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn model_section_is_parsed_with_defaults_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert!(c.agentd.model.is_none());
+
+        let path = write(
+            dir.path(),
+            "[agentd.model]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n",
+        );
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        let m = c.agentd.model.unwrap();
+        assert_eq!(m.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(m.model, "m");
+        assert_eq!(m.api_key_file, None);
+        assert_eq!(m.max_tool_rounds, 16);
+        assert_eq!(m.request_timeout_secs, 300);
+
+        let path = write(
+            dir.path(),
+            "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\napi_key_file = \"/etc/k\"\nmax_tool_rounds = 3\nrequest_timeout_secs = 7\n",
+        );
+        let m = Config::load_with_env(Some(&path), &env_of(&[]))
+            .unwrap()
+            .agentd
+            .model
+            .unwrap();
+        assert_eq!(m.api_key_file.as_deref(), Some(Path::new("/etc/k")));
+        assert_eq!((m.max_tool_rounds, m.request_timeout_secs), (3, 7));
+        assert_eq!(m.max_history_bytes, 256 * 1024);
+        assert!(!format!("{m:?}").contains("secret"));
+
+        for (text, expect) in [
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key = \"k\"",
+                "parse",
+            ),
+            ("[agentd.model]\nmodel = \"m\"", "parse"),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nmax_tool_rounds = 0",
+                "agentd.model.max_tool_rounds",
+            ),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nrequest_timeout_secs = 0",
+                "agentd.model.request_timeout_secs",
+            ),
+            (
+                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key_file = \"k\"",
+                "agentd.model.api_key_file",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            let ok = match (&err, expect) {
+                (ConfigError::Parse { .. }, "parse") => true,
+                (ConfigError::ZeroLimit { key }, k) => *key == k,
+                (ConfigError::RelativePath { key, .. }, k) => *key == k,
+                _ => false,
+            };
+            assert!(ok, "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn missing_default_file_means_defaults() {
+        // Only meaningful where no system config is installed (the test machines).
+        if Path::new(DEFAULT_CONFIG_PATH).exists() {
+            return;
+        }
+        let env = env_of(&[(ENV_STATE_ROOT, "/tmp/aw-default-test")]);
+        let c = Config::load_with_env(None, &env).unwrap();
+        assert_eq!(c.state_root, Path::new("/tmp/aw-default-test"));
+        assert_eq!(c.runtime_dir, Path::new("/tmp/aw-default-test/run"));
+        assert_eq!(c.workspaced.max_file_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn unreadable_default_is_not_treated_as_missing() {
+        // A directory where the file should be: reading fails with something else than NotFound.
+        let dir = tempfile::tempdir().unwrap();
+        let err = Config::load_with_env(Some(dir.path()), &env_of(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    }
+}

@@ -1,0 +1,126 @@
+//! The one JSON error envelope every agentworks socket and endpoint speaks:
+//! `{"error": {"code": "revision_conflict", "message": "...", ...details}}`.
+//!
+//! Owns building JSON responses (the envelope types are in `agentworks_contract::envelope`). Must never decide which code an error
+//! gets: each domain maps its own error enum to a code, once, and calls [`error_response`].
+
+use bytes::Bytes;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+
+pub use agentworks_contract::envelope::{ErrorBody, ErrorEnvelope};
+
+/// Every response body: a complete buffer ([`full`]) or a stream of chunks ([`streaming`],
+/// for server-sent events).
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// A complete body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes.into()).boxed_unsync()
+}
+
+/// A body that sends each chunk as soon as it is received and ends when every sender is
+/// dropped (server-sent events).
+pub fn streaming(receiver: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    let chunks = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let chunk = receiver.recv().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
+            receiver,
+        ))
+    });
+    http_body_util::StreamBody::new(chunks).boxed_unsync()
+}
+
+/// Sent if a value cannot be serialized (a bug: a map with non-string keys, say), so the caller
+/// still gets an envelope.
+const SERIALIZE_FAILED: &str =
+    r#"{"error":{"code":"internal","message":"the response could not be serialized to JSON"}}"#;
+
+fn with_json(status: StatusCode, bytes: Bytes) -> Response<Body> {
+    let mut response = Response::new(full(bytes));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A response with `value` as its JSON body and `Content-Type: application/json`.
+///
+/// If `value` cannot be serialized, the response is a 500 envelope with code `internal`.
+pub fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => with_json(status, Bytes::from(bytes)),
+        Err(error) => {
+            tracing::error!(%error, "cannot serialize response");
+            with_json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Bytes::from_static(SERIALIZE_FAILED.as_bytes()),
+            )
+        }
+    }
+}
+
+/// An error envelope response.
+pub fn error_response(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    details: serde_json::Map<String, serde_json::Value>,
+) -> Response<Body> {
+    let envelope = ErrorEnvelope {
+        error: ErrorBody {
+            code: code.to_owned(),
+            message: message.into(),
+            details,
+        },
+    };
+    json_response(status, &envelope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn error_response_has_the_envelope_shape() {
+        let mut details = serde_json::Map::new();
+        details.insert("current_revision".into(), serde_json::json!("r2"));
+        let response = error_response(
+            StatusCode::CONFLICT,
+            "revision_conflict",
+            "the file changed",
+            details,
+        );
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers().get(CONTENT_TYPE).unwrap(),
+            "application/json"
+        );
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"error": {"code": "revision_conflict",
+                "message": "the file changed", "current_revision": "r2"}})
+        );
+        let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed.error.code, "revision_conflict");
+        assert_eq!(parsed.error.details["current_revision"], "r2");
+    }
+
+    #[tokio::test]
+    async fn unserializable_value_becomes_internal_error() {
+        let mut bad = std::collections::HashMap::new();
+        bad.insert((1, 2), 3);
+        let response = json_response(StatusCode::OK, &bad);
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed.error.code, "internal");
+    }
+}

@@ -1,0 +1,726 @@
+//! `gatewayd.sock`: the dispatch API agentd calls (HTTP/1.1 + JSON, peer-checked).
+//!
+//! | endpoint | body | answer |
+//! | --- | --- | --- |
+//! | `GET /v1/health` | — | `{status, daemon, version, connected}` |
+//! | `POST /v1/devices` | [`DevicesRequest`] | `[DeviceInfo]`: that person's devices, online or seen in the last 30 days |
+//! | `POST /v1/dispatch` | [`DispatchRequest`] | [`DispatchState`], after the result (or the failure) |
+//! | `POST /v1/cancel` | [`RequestRef`] | [`CancelResponse`] |
+//! | `POST /v1/outcome` | [`RequestRef`] | [`DispatchState`], as recorded (survives restarts) |
+//! | `POST /v1/recover` | [`DispatchRequest`] | [`Recovery`]: the state of a dispatch whose answer agentd lost |
+//!
+//! Errors are the usual envelope: `invalid_request` (400), `not_found` (404: no such device or
+//! request *for this person*), `device_offline` (409), `folder_not_granted` (403),
+//! `token_revoked` or agentd's other token codes (401), `request_id_reused` (409: the id was
+//! used for another person, device, folder or operation), `agentd_unavailable` (503),
+//! `peer_forbidden` (403: the caller's uid is not root, gatewayd's own, or in
+//! `[gatewayd] allowed_users`).
+//!
+//! Order of a dispatch: validate → answer a known request id from its record if it is the same
+//! request (same person, device, folder and operation; else `request_id_reused`), never sending
+//! it again → the device must be this person's (else 404) and online (else 409) and share the
+//! folder (else 403) → re-check the connection's token with agentd (invalid: close the
+//! connection with 4001 and answer 401) → record the request as pending → send it once → wait
+//! for its result, its connection's end, or its deadline (command timeout + 30 s; 60 s for a
+//! patch), whichever comes first → answer what was recorded.
+//!
+//! A recovery (agentd's exchange failed after it sent the dispatch, so it cannot know whether
+//! gatewayd sent it): no record → claim the id as never sent ([`Recovery::NeverSent`]); a
+//! record of another request → `request_id_reused`; done → that; pending → unsettled; unknown
+//! → ask the device's connection (the credential that owns the device) for its receipt, for at
+//! most [`RECEIPT_QUERY_TIMEOUT`]: a recorded outcome is stored and answered, "running" or no
+//! answer is unsettled, "never seen" is unknown for good.
+//!
+//! Must never reveal that another person's device or request exists, never send a request id
+//! twice, never replay one request's outcome for another, and never fall back to another device.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::Pending;
+use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
+use super::{AUDIT_TARGET, Gateway};
+use agentworks_contract::executor::valid_alias;
+use agentworks_contract::executor::{
+    GatewayFrame, MAX_FRAME_BYTES, MAX_TIMEOUT_SECS, Operation, ReceiptState,
+};
+use agentworks_contract::gatewayd::{
+    CancelResponse, DeviceInfo, DevicesRequest, DispatchRequest, DispatchState, Recovery,
+    RequestRef,
+};
+use agentworks_daemon::audit;
+use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::server::{
+    Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc,
+};
+use agentworks_support::clock::now_ms;
+
+/// How long a recovery waits for the device to answer a receipt query.
+pub const RECEIPT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest request id accepted.
+const MAX_REQUEST_ID_BYTES: usize = 128;
+/// The longest user or device id accepted.
+const MAX_ID_BYTES: usize = 128;
+
+/// Serves `gatewayd.sock` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    gateway: Gateway,
+    policy: PeerPolicy,
+    shutdown: CancellationToken,
+) {
+    let limits = ServerLimits {
+        max_connections: 256,
+        max_body_bytes: MAX_FRAME_BYTES,
+    };
+    let handler = move |peer: Peer, parts: Parts, body: Bytes| {
+        let gateway = gateway.clone();
+        let policy = policy.clone();
+        async move {
+            if !policy.allows(&peer) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    path = parts.uri.path(),
+                    "refused a peer on gatewayd.sock"
+                );
+                return forbidden_peer(&peer);
+            }
+            route(&gateway, &parts, &body).await
+        }
+    };
+    serve_ipc(listener, handler, shutdown, limits).await;
+}
+
+fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response<Body> {
+    error_response(status, code, message, serde_json::Map::new())
+}
+
+fn internal(error: impl std::fmt::Display) -> Response<Body> {
+    tracing::error!(%error, "gatewayd.sock request failed");
+    refuse(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        format!("gatewayd failed: {error}"),
+    )
+}
+
+#[allow(clippy::result_large_err)]
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
+    serde_json::from_slice(body).map_err(|e| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("the request body is not valid: {e}"),
+        )
+    })
+}
+
+/// Runs a store call on a blocking thread.
+async fn blocking<T, F>(f: F) -> Result<T, Response<Body>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(internal(error)),
+        Err(error) => Err(internal(error)),
+    }
+}
+
+fn ok<T: Serialize>(value: &T) -> Response<Body> {
+    json_response(StatusCode::OK, value)
+}
+
+async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Response<Body> {
+    let path = parts.uri.path();
+    if parts.method == Method::GET && path == "/v1/health" {
+        return ok(&serde_json::json!({
+            "status": "ok",
+            "daemon": "agentworks-gatewayd",
+            "version": env!("CARGO_PKG_VERSION"),
+            "connected": gateway.registry.live_count(),
+        }));
+    }
+    let known = matches!(
+        path,
+        "/v1/devices" | "/v1/dispatch" | "/v1/cancel" | "/v1/outcome" | "/v1/recover"
+    );
+    if !known {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!(
+                "{} {path} is not an endpoint of gatewayd's socket",
+                parts.method
+            ),
+        );
+    }
+    if parts.method != Method::POST {
+        return refuse(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "use POST",
+        );
+    }
+    let answer = match path {
+        "/v1/devices" => devices(gateway, body).await,
+        "/v1/dispatch" => dispatch(gateway, body).await,
+        "/v1/cancel" => cancel(gateway, body).await,
+        "/v1/recover" => recover(gateway, body).await,
+        _ => outcome(gateway, body).await,
+    };
+    match answer {
+        Ok(response) | Err(response) => response,
+    }
+}
+
+fn valid_id(id: &str, max: usize) -> bool {
+    !id.is_empty()
+        && id.len() <= max
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+}
+
+#[allow(clippy::result_large_err)]
+fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Response<Body>> {
+    if !valid_id(user_id, MAX_ID_BYTES) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "user_id must be 1 to 128 of A-Z a-z 0-9 . _ - :",
+        ));
+    }
+    if let Some(id) = request_id
+        && !valid_id(id, MAX_REQUEST_ID_BYTES)
+    {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "request_id must be 1 to 128 of A-Z a-z 0-9 . _ - :",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /v1/devices`: this person's devices, online first.
+async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let request: DevicesRequest = decode(body)?;
+    check_ids(&request.user_id, None)?;
+    let since = now_ms() - gateway.settings.recent_devices.as_millis() as i64;
+    let store = gateway.store.clone();
+    let user_id = request.user_id.clone();
+    let stored = blocking(move || store.devices_of(&user_id, since)).await?;
+    let live = gateway.registry.live_of_user(&request.user_id);
+    let mut listed: Vec<DeviceInfo> = live
+        .iter()
+        .map(|(device_id, l)| DeviceInfo {
+            device_id: device_id.clone(),
+            name: l.device_name.clone(),
+            user_id: l.user_id.clone(),
+            online: true,
+            folders: l.folders.clone(),
+            connected_at_ms: Some(l.connected_at_ms),
+            last_seen_ms: now_ms(),
+        })
+        .collect();
+    for device in stored {
+        if live.iter().any(|(id, _)| *id == device.device_id) {
+            continue;
+        }
+        listed.push(DeviceInfo {
+            device_id: device.device_id,
+            name: device.name,
+            user_id: device.user_id,
+            online: false,
+            folders: device.folders,
+            connected_at_ms: None,
+            last_seen_ms: device.last_seen_ms,
+        });
+    }
+    // Defence in depth: whatever the lookups did, only this person's devices leave.
+    listed.retain(|d| d.user_id == request.user_id);
+    listed.sort_by(|a, b| b.online.cmp(&a.online).then_with(|| a.name.cmp(&b.name)));
+    Ok(ok(&listed))
+}
+
+/// The deadline of an operation, and its kind's name for the record and the audit.
+fn deadline_and_kind(operation: &Operation) -> (Duration, &'static str) {
+    let kind = match operation {
+        Operation::ExecuteShellCommand { .. } => "execute_shell_command",
+        Operation::DiffPatchWorkspaceFile { .. } => "diff_patch_workspace_file",
+    };
+    (operation.deadline(), kind)
+}
+
+#[allow(clippy::result_large_err)]
+fn check_operation(operation: &Operation) -> Result<(), Response<Body>> {
+    let bad = |message: &str| {
+        Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            message.to_owned(),
+        ))
+    };
+    match operation {
+        Operation::ExecuteShellCommand { command, timeout } => {
+            if command.trim().is_empty() {
+                return bad("the command is empty");
+            }
+            if timeout.is_some_and(|t| t == 0 || t > MAX_TIMEOUT_SECS) {
+                return bad("timeout must be 1 to 300 seconds");
+            }
+        }
+        Operation::DiffPatchWorkspaceFile { filepath, diff } => {
+            if filepath.is_empty() || diff.is_empty() {
+                return bad("filepath and diff must not be empty");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `record` is the request `request` asks for: same person, device, folder and
+/// operation. A record from before payload fingerprints matches nothing (fail closed).
+fn same_request(record: &RequestRecord, request: &DispatchRequest) -> bool {
+    record.user_id == request.user_id
+        && record.device_id == request.device_id
+        && record.payload_sha256.as_deref()
+            == Some(payload_sha256(&request.folder, &request.operation).as_str())
+}
+
+fn reused() -> Response<Body> {
+    refuse(
+        StatusCode::CONFLICT,
+        "request_id_reused",
+        "this request id was already used for another request; make a new one",
+    )
+}
+
+/// The answer for a request id seen before: its record, if it is this very request;
+/// otherwise `request_id_reused` (which says nothing about the other use).
+fn replay(record: RequestRecord, request: &DispatchRequest) -> Response<Body> {
+    if !same_request(&record, request) {
+        return reused();
+    }
+    ok(&record.state)
+}
+
+/// `POST /v1/dispatch`.
+async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let request: DispatchRequest = decode(body)?;
+    check_ids(&request.user_id, Some(&request.request_id))?;
+    check_operation(&request.operation)?;
+    let (deadline, kind) = deadline_and_kind(&request.operation);
+
+    // A request id seen before is answered from its record, never sent again.
+    let store = gateway.store.clone();
+    let id = request.request_id.clone();
+    if let Some(record) = blocking(move || store.request(&id)).await? {
+        return Ok(replay(record, &request));
+    }
+
+    // The device: this person's (else not found), online, sharing the folder.
+    let not_found = || {
+        refuse(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no device {} for this user", request.device_id),
+        )
+    };
+    if !valid_id(&request.device_id, MAX_ID_BYTES) {
+        return Err(not_found());
+    }
+    let store = gateway.store.clone();
+    let device_id = request.device_id.clone();
+    let device = blocking(move || store.device(&device_id)).await?;
+    let Some(device) = device.filter(|d| d.user_id == request.user_id) else {
+        return Err(not_found());
+    };
+    let Some(live) = gateway
+        .registry
+        .live(&request.device_id)
+        .filter(|l| l.user_id == request.user_id)
+    else {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "device_offline",
+            format!(
+                "the device \"{}\" is not connected; on that computer, run `agentworks executor connect` and try again",
+                device.name
+            ),
+        ));
+    };
+    if !valid_alias(&request.folder) || !live.folders.iter().any(|f| f.alias == request.folder) {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "folder_not_granted",
+            format!(
+                "the device \"{}\" does not share a folder named \"{}\"",
+                live.device_name, request.folder
+            ),
+        ));
+    }
+
+    // The token, again, now.
+    match gateway.tokens.invalid(vec![live.token_id.clone()]).await {
+        Ok(invalid) if invalid.contains(&live.token_id) => {
+            super::revoke(gateway, &request.device_id, live.conn_id);
+            return Err(refuse(
+                StatusCode::UNAUTHORIZED,
+                "token_revoked",
+                "the device's token is no longer valid; its connection was closed",
+            ));
+        }
+        Ok(_) => {}
+        Err(error) => {
+            return Err(refuse(error.status(), error.code(), error.to_string()));
+        }
+    }
+
+    // The frame must fit the executor's limit, or it would be refused on the wire.
+    let frame = GatewayFrame::Request {
+        request_id: request.request_id.clone(),
+        folder: request.folder.clone(),
+        operation: request.operation.clone(),
+    };
+    let frame_bytes = serde_json::to_vec(&frame)
+        .map(|v| v.len())
+        .map_err(internal)?;
+    if frame_bytes > MAX_FRAME_BYTES {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request is {frame_bytes} bytes on the wire; at most {MAX_FRAME_BYTES}"),
+        ));
+    }
+
+    // Record, then send once.
+    let begun = record_request(gateway, &request, kind, true).await?;
+    if let Begin::Existing(record) = begun {
+        return Ok(replay(record, &request));
+    }
+    let (reply, answer) = oneshot::channel();
+    let pending = Pending {
+        conn_id: live.conn_id,
+        device_id: request.device_id.clone(),
+        user_id: request.user_id.clone(),
+        kind,
+        reply,
+    };
+    tracing::info!(
+        target: AUDIT_TARGET,
+        message_id = audit::REQUEST_SENT,
+        agentworks_event = "request_sent",
+        agentworks_user_id = %request.user_id,
+        agentworks_device_id = %request.device_id,
+        agentworks_request_id = %request.request_id,
+        agentworks_kind = kind,
+        agentworks_folder = %request.folder,
+        "dispatching a request"
+    );
+    if let Err(pending) = gateway
+        .registry
+        .send_pending(&request.request_id, frame, pending)
+    {
+        // The connection went away between the checks and the send: nothing was sent.
+        let state = DispatchState::Unknown {
+            reason: "the device disconnected before the request could be sent; it was not sent"
+                .into(),
+        };
+        gateway
+            .resolve(request.request_id.clone(), pending, state.clone())
+            .await;
+        return Ok(ok(&state));
+    }
+
+    // The deadline runs in its own task, so it fires even if agentd stops waiting.
+    let watchdog = gateway.clone();
+    let request_id = request.request_id.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(deadline).await;
+        if let Some(pending) = watchdog.registry.take_pending(&request_id, None) {
+            // Ask the executor to stop it; the request itself is never sent again.
+            watchdog.registry.send_frame(
+                &pending.device_id,
+                pending.conn_id,
+                GatewayFrame::Cancel {
+                    request_id: request_id.clone(),
+                },
+            );
+            let state = DispatchState::Unknown {
+                reason: format!(
+                    "no result within {} s; the request was cancelled on the device and is not re-sent",
+                    deadline.as_secs()
+                ),
+            };
+            watchdog.resolve(request_id, pending, state).await;
+        }
+    });
+
+    match answer.await {
+        Ok(state) => Ok(ok(&state)),
+        // Every path that removes a pending entry answers it; this is a last resort.
+        Err(_) => {
+            let store = gateway.store.clone();
+            let id = request.request_id.clone();
+            let record = blocking(move || store.request(&id)).await?;
+            Ok(ok(&record.map(|r| r.state).unwrap_or(
+                DispatchState::Unknown {
+                    reason: "the request's outcome was lost".into(),
+                },
+            )))
+        }
+    }
+}
+
+/// Records `request` as pending (`send`) or claims its id as never sent; see
+/// [`super::store::Store::begin_request`] and [`super::store::Store::claim_unsent`].
+async fn record_request(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    kind: &'static str,
+    send: bool,
+) -> Result<Begin, Response<Body>> {
+    let store = gateway.store.clone();
+    let (rid, uid, did, folder) = (
+        request.request_id.clone(),
+        request.user_id.clone(),
+        request.device_id.clone(),
+        request.folder.clone(),
+    );
+    let payload = payload_sha256(&request.folder, &request.operation);
+    blocking(move || {
+        let new = NewRequest {
+            request_id: &rid,
+            user_id: &uid,
+            device_id: &did,
+            folder: &folder,
+            kind,
+            payload_sha256: &payload,
+        };
+        if send {
+            store.begin_request(&new, now_ms())
+        } else {
+            store.claim_unsent(&new, now_ms())
+        }
+    })
+    .await
+}
+
+/// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
+/// device's receipt when the record says unknown. Never sends the request.
+async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let request: DispatchRequest = decode(body)?;
+    check_ids(&request.user_id, Some(&request.request_id))?;
+    check_operation(&request.operation)?;
+    // A claim is recorded from these: they must be what a dispatch would accept.
+    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "device_id and folder must be an id and a folder alias",
+        ));
+    }
+    let (_, kind) = deadline_and_kind(&request.operation);
+    // Unknown to gatewayd: it was never sent, and claiming the id makes sure it never is (a
+    // dispatch of it still under way finds the claim and answers from it).
+    let record = match record_request(gateway, &request, kind, false).await? {
+        Begin::New => return Ok(ok(&Recovery::NeverSent)),
+        Begin::Existing(record) => record,
+    };
+    if !same_request(&record, &request) {
+        return Err(reused());
+    }
+    let unsettled = |reason: &str| -> Response<Body> {
+        ok(&Recovery::Unsettled {
+            reason: reason.to_owned(),
+        })
+    };
+    match &record.state {
+        DispatchState::Done { .. } => {
+            return Ok(ok(&Recovery::Settled {
+                state: record.state,
+                from_receipt: false,
+            }));
+        }
+        DispatchState::Pending => {
+            return Ok(unsettled("the request is still running on the device"));
+        }
+        DispatchState::Unknown { .. } if !record.sent => return Ok(ok(&Recovery::NeverSent)),
+        DispatchState::Unknown { .. } => {}
+    }
+
+    // Unknown: only the device's own receipt can tell, asked on the connection of the
+    // credential that owns the device.
+    let store = gateway.store.clone();
+    let device_id = record.device_id.clone();
+    let device = blocking(move || store.device(&device_id)).await?;
+    let live = gateway.registry.live(&record.device_id).filter(|live| {
+        live.user_id == record.user_id
+            && device.as_ref().is_some_and(|d| {
+                d.user_id == record.user_id && d.token_id.as_deref() == Some(live.token_id.as_str())
+            })
+    });
+    let Some(live) = live else {
+        return Ok(unsettled(
+            "the device is not connected; its receipt can be asked for once it is",
+        ));
+    };
+    let Some(answer) =
+        gateway
+            .registry
+            .query_receipt(&record.device_id, live.conn_id, &request.request_id)
+    else {
+        return Ok(unsettled("the device's receipt is being asked for already"));
+    };
+    let receipt = match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
+        Ok(Ok(receipt)) => receipt,
+        _ => {
+            gateway
+                .registry
+                .forget_receipt_query(&request.request_id, live.conn_id);
+            return Ok(unsettled("the device did not answer the receipt query"));
+        }
+    };
+    match receipt {
+        ReceiptState::Running => Ok(unsettled("the device says the request is still running")),
+        ReceiptState::Unknown => Ok(ok(&Recovery::Settled {
+            state: DispatchState::Unknown {
+                reason: "the device has no receipt of this request (it never arrived there, or its receipts were lost); whether it ran is unknown and it is not re-sent".into(),
+            },
+            from_receipt: true,
+        })),
+        ReceiptState::Done { outcome } => {
+            let store = gateway.store.clone();
+            let (id, recorded) = (request.request_id.clone(), outcome.clone());
+            let changed =
+                blocking(move || store.recover_request(&id, &recorded, now_ms())).await?;
+            let state = DispatchState::Done { outcome };
+            if changed {
+                super::audit_request(
+                    &record.user_id,
+                    &record.device_id,
+                    kind,
+                    &request.request_id,
+                    &state,
+                );
+            }
+            Ok(ok(&Recovery::Settled {
+                state,
+                from_receipt: true,
+            }))
+        }
+    }
+}
+
+/// This person's record of `request_id`, or a 404 that says nothing more.
+async fn owned_record(
+    gateway: &Gateway,
+    reference: &RequestRef,
+) -> Result<RequestRecord, Response<Body>> {
+    check_ids(&reference.user_id, Some(&reference.request_id))?;
+    let store = gateway.store.clone();
+    let id = reference.request_id.clone();
+    let record = blocking(move || store.request(&id)).await?;
+    record
+        .filter(|r| r.user_id == reference.user_id)
+        .ok_or_else(|| {
+            refuse(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no request {} for this user", reference.request_id),
+            )
+        })
+}
+
+/// `POST /v1/cancel`: asks the device to stop a pending request.
+async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let reference: RequestRef = decode(body)?;
+    let record = owned_record(gateway, &reference).await?;
+    let mut sent = false;
+    if record.state == DispatchState::Pending
+        && let Some((device_id, conn_id)) =
+            gateway.registry.pending_connection(&reference.request_id)
+    {
+        sent = gateway.registry.send_frame(
+            &device_id,
+            conn_id,
+            GatewayFrame::Cancel {
+                request_id: reference.request_id.clone(),
+            },
+        );
+        tracing::info!(
+            target: AUDIT_TARGET,
+            message_id = audit::REQUEST_CANCEL,
+            agentworks_event = "request_cancel",
+            agentworks_user_id = %reference.user_id,
+            agentworks_device_id = %device_id,
+            agentworks_request_id = %reference.request_id,
+            agentworks_sent = sent,
+            "cancel requested"
+        );
+    }
+    Ok(ok(&CancelResponse {
+        cancel_sent: sent,
+        state: record.state,
+    }))
+}
+
+/// `POST /v1/outcome`: the recorded state.
+async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    let reference: RequestRef = decode(body)?;
+    let record = owned_record(gateway, &reference).await?;
+    Ok(ok(&record.state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentworks_contract::executor::PATCH_DEADLINE;
+
+    #[test]
+    fn deadlines_follow_the_operation() {
+        let shell = Operation::ExecuteShellCommand {
+            command: "true".into(),
+            timeout: Some(5),
+        };
+        assert_eq!(deadline_and_kind(&shell).0, Duration::from_secs(35));
+        let default = Operation::ExecuteShellCommand {
+            command: "true".into(),
+            timeout: None,
+        };
+        assert_eq!(deadline_and_kind(&default).0, Duration::from_secs(90));
+        let patch = Operation::DiffPatchWorkspaceFile {
+            filepath: "a".into(),
+            diff: "d".into(),
+        };
+        assert_eq!(
+            deadline_and_kind(&patch),
+            (PATCH_DEADLINE, "diff_patch_workspace_file")
+        );
+        assert!(
+            check_operation(&Operation::ExecuteShellCommand {
+                command: "true".into(),
+                timeout: Some(301),
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn ids_are_bounded_and_plain() {
+        assert!(valid_id("req_01:abc-1.2", 128));
+        assert!(!valid_id("", 128));
+        assert!(!valid_id("a/b", 128));
+        assert!(!valid_id(&"a".repeat(129), 128));
+    }
+}

@@ -1,0 +1,293 @@
+//! `agentworks-gatewayd`: connected laptops. The device registry, the executor WebSocket, and
+//! dispatch of shell and patch requests for agentd.
+//!
+//! - The frames on the executor WebSocket and the dispatch API's bodies are in
+//!   `agentworks_contract` (`executor`, `gatewayd`).
+//! - [`executor`]: the public listener: `GET /v1/executor` checks, the upgrade, and one
+//!   session task per connected laptop (hello, heartbeats, hostile-frame checks, results).
+//! - [`dispatch`]: `gatewayd.sock`, served to agentd: health, devices, dispatch, cancel,
+//!   outcome, recover (a dispatch whose answer agentd lost, settled from the device's receipt).
+//! - [`registry`]: which connection speaks for which device, the pending requests and the
+//!   receipt queries.
+//! - [`store`]: SQLite: device ids (each owned by the credential that created it) and every
+//!   dispatched request with a fingerprint of its payload and its outcome.
+//! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
+//!
+//! gatewayd holds no document and no identity data: it asks agentd about every token, on
+//! connect, on every dispatch and every `token_recheck_ms` for every connected device.
+//!
+//! Must never re-send a request (a request id is recorded before it is sent and answered from
+//! the record ever after, and only for the same payload; a timeout, a disconnect or a restart
+//! make it `unknown`, not retried, and only the device's own receipt can settle it later),
+//! never trust a frame (every frame from a laptop is parsed strictly, bounded, and matched to
+//! the connection it came on), never list or dispatch to another person's device (every
+//! lookup checks the owner and answers "not found" otherwise), and never let one credential
+//! speak for a device another credential created.
+//!
+//! One registry per process: see [`registry`] for what several gateway hosts would need.
+
+pub mod cli;
+pub mod dispatch;
+pub mod executor;
+pub mod registry;
+pub mod store;
+pub mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use agentworks_contract::executor::{CLOSE_REVOKED, Outcome};
+use agentworks_contract::gatewayd::DispatchState;
+use agentworks_daemon::audit;
+use agentworks_daemon::config::Config;
+use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
+use agentworks_support::clock::now_ms;
+use registry::{Pending, Registry};
+use store::{Store, StoreError};
+use tokens::TokenAuthority;
+
+/// The audit target: one event per connect, disconnect, revocation close and request, each a
+/// journal entry with its `MESSAGE_ID` from [`agentworks_daemon::audit`].
+pub const AUDIT_TARGET: &str = agentworks_daemon::audit::TARGET;
+
+/// Why gatewayd could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The private state directory could not be made.
+    #[error("cannot prepare gatewayd's state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: LayoutError },
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Timings and limits, from `[gatewayd]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// WebSocket ping period; a connection silent for three of these is dropped.
+    pub heartbeat: Duration,
+    /// How often connected tokens are re-checked with agentd.
+    pub token_recheck: Duration,
+    /// Most executor connections at once.
+    pub max_connections: usize,
+    /// Most executor connections at once from one client address.
+    pub max_connections_per_address: usize,
+    /// How long a new connection has to send its hello.
+    pub hello_timeout: Duration,
+    /// Devices not seen for this long are no longer listed.
+    pub recent_devices: Duration,
+}
+
+impl Settings {
+    pub fn from_config(config: &Config) -> Settings {
+        let g = &config.gatewayd;
+        Settings {
+            heartbeat: Duration::from_secs(g.heartbeat_secs.max(1)),
+            token_recheck: Duration::from_millis(g.token_recheck_ms.max(10)),
+            max_connections: g.max_connections.max(1),
+            max_connections_per_address: g.max_connections_per_address.max(1),
+            hello_timeout: Duration::from_secs(10),
+            recent_devices: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// The shared state of one gatewayd process. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    store: Store,
+    registry: Arc<Registry>,
+    tokens: TokenAuthority,
+    settings: Arc<Settings>,
+}
+
+/// Opens gatewayd's store: `<state>/gateway` (0700) and `gatewayd.db` in it. Requests left
+/// pending by a previous process become `unknown` here.
+pub fn open_store(config: &Config) -> Result<Store, GatewayError> {
+    let dir = config.layout().gateway_dir();
+    ensure_private_dir(&dir, 0o700).map_err(|source| GatewayError::StateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let (store, reconciled) = Store::open(&dir.join("gatewayd.db"), now_ms())?;
+    if reconciled > 0 {
+        tracing::warn!(
+            reconciled,
+            "requests pending when gatewayd stopped are now unknown"
+        );
+    }
+    Ok(store)
+}
+
+impl Gateway {
+    pub fn new(store: Store, tokens: TokenAuthority, settings: Settings) -> Gateway {
+        Gateway {
+            store,
+            registry: Arc::new(Registry::default()),
+            tokens,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// Records the final state of a request whose pending entry the caller removed, emits the
+    /// audit event, and answers the dispatcher waiting on it (if it still waits).
+    async fn resolve(&self, request_id: String, pending: Pending, state: DispatchState) {
+        let store = self.store.clone();
+        let (id, recorded) = (request_id.clone(), state.clone());
+        let result =
+            tokio::task::spawn_blocking(move || store.finish_request(&id, &recorded, now_ms()))
+                .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, request_id, "cannot record a request's outcome")
+            }
+            Err(error) => tracing::error!(%error, request_id, "recording task failed"),
+        }
+        audit_request(
+            &pending.user_id,
+            &pending.device_id,
+            pending.kind,
+            &request_id,
+            &state,
+        );
+        let _ = pending.reply.send(state);
+    }
+}
+
+/// The one audit event per dispatched request: who, where, what kind, how it ended (again when
+/// an unknown outcome is recovered from the device's receipt). Never the command, its output,
+/// a diff or a token.
+fn audit_request(
+    user_id: &str,
+    device_id: &str,
+    kind: &str,
+    request_id: &str,
+    state: &DispatchState,
+) {
+    let (state_name, status, exit_code) = match state {
+        DispatchState::Done { outcome } => {
+            let (status, exit) = match outcome {
+                Outcome::Completed { exit_code, .. } => ("completed", *exit_code),
+                Outcome::Patched { .. } => ("patched", None),
+                Outcome::Refused { .. } => ("refused", None),
+                Outcome::Interrupted { .. } => ("interrupted", None),
+            };
+            ("done", status, exit)
+        }
+        DispatchState::Pending => ("pending", "pending", None),
+        DispatchState::Unknown { .. } => ("unknown", "unknown", None),
+    };
+    tracing::info!(
+        target: AUDIT_TARGET,
+        message_id = audit::REQUEST,
+        agentworks_event = "request",
+        agentworks_user_id = user_id,
+        agentworks_device_id = device_id,
+        agentworks_request_id = request_id,
+        agentworks_kind = kind,
+        agentworks_state = state_name,
+        agentworks_status = status,
+        agentworks_exit_code = exit_code,
+        "dispatched request finished"
+    );
+}
+
+/// Polls agentd every `token_recheck` with every connected token id and closes the
+/// connections whose token is no longer valid (close code 4001); their pending requests
+/// become unknown. agentd unreachable: the connections stay (every dispatch re-checks and
+/// fails closed) and a warning is logged.
+async fn watch_tokens(gateway: Gateway, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(gateway.settings.token_recheck);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let connected = gateway.registry.tokens();
+        if connected.is_empty() {
+            continue;
+        }
+        let mut ids: Vec<String> = connected.iter().map(|(_, _, t)| t.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        match gateway.tokens.invalid(ids).await {
+            Ok(invalid) => {
+                warned = false;
+                for (device_id, conn_id, token_id) in &connected {
+                    if invalid.contains(token_id) {
+                        revoke(&gateway, device_id, *conn_id);
+                    }
+                }
+            }
+            Err(error) => {
+                if !warned {
+                    tracing::warn!(%error, "cannot re-check executor tokens; will retry");
+                    warned = true;
+                }
+            }
+        }
+    }
+}
+
+/// Closes a connection whose token agentd no longer accepts.
+fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
+    let Some(live) = gateway.registry.live(device_id) else {
+        return;
+    };
+    if live.conn_id != conn_id {
+        return;
+    }
+    tracing::info!(
+        target: AUDIT_TARGET,
+        message_id = audit::EXECUTOR_REVOKED,
+        agentworks_event = "executor_revoked",
+        agentworks_user_id = %live.user_id,
+        agentworks_device_id = device_id,
+        "closing an executor connection: its token is no longer valid"
+    );
+    gateway.registry.close(
+        device_id,
+        conn_id,
+        CLOSE_REVOKED,
+        "the token was revoked",
+        "the device's token was revoked while the request was pending; its outcome is unknown",
+    );
+}
+
+/// Serves the executor listener and the dispatch socket until `shutdown`; then closes every
+/// executor connection with 1001 (going away), fails its pending requests as unknown, lets
+/// in-flight socket requests answer, and returns.
+pub async fn run(
+    config: &Config,
+    store: Store,
+    executors: tokio::net::TcpListener,
+    socket: tokio::net::UnixListener,
+    shutdown: CancellationToken,
+) {
+    let gateway = Gateway::new(
+        store,
+        TokenAuthority::new(config.agentd_socket()),
+        Settings::from_config(config),
+    );
+    let policy =
+        agentworks_daemon::ipc::server::PeerPolicy::for_users(&config.gatewayd.allowed_users);
+    tracing::info!(
+        allowed_uids = ?policy.uids().collect::<Vec<_>>(),
+        "gatewayd.sock peer policy"
+    );
+    let watcher = tokio::spawn(watch_tokens(gateway.clone(), shutdown.clone()));
+    let ws = tokio::spawn(executor::serve(
+        executors,
+        gateway.clone(),
+        shutdown.clone(),
+    ));
+    dispatch::serve(socket, gateway, policy, shutdown).await;
+    let _ = ws.await;
+    let _ = watcher.await;
+}

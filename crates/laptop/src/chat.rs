@@ -1,0 +1,620 @@
+//! `agentworks chat`: a line-oriented terminal client for agentd's chats.
+//!
+//! Creates or resumes a chat in a project, optionally binds it to this person's shared laptop
+//! folder (showing the consequences first and asking for an explicit "yes"), then reads one
+//! message per line and shows the turn's streamed events readably: model text as it arrives,
+//! each tool call and its result folded to one line, with a spinner while a tool runs.
+//!
+//! It talks to agentd's REST API with a personal token that has a `workflows:*` scope (the
+//! laptop's `devices:connect` credential cannot use chats). It never runs anything itself.
+
+use crate::connect::BaseUrl;
+use crate::login::{self, LoginError};
+use agentworks_contract::public_api::CONFIRMATION;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    #[error(transparent)]
+    Http(#[from] LoginError),
+    #[error("{code}: {message}")]
+    Refused { code: String, message: String },
+    #[error("the answer of {what} is not what agentd sends: {detail}")]
+    Protocol { what: String, detail: String },
+    #[error("{0}")]
+    Usage(String),
+    #[error("reading the terminal: {0}")]
+    Input(#[from] std::io::Error),
+}
+
+/// What the person asked for on the command line.
+pub struct ChatOptions {
+    pub server: BaseUrl,
+    pub token: String,
+    pub project: String,
+    pub chat: Option<String>,
+    pub local: Option<String>,
+    pub device: Option<String>,
+    pub assume_yes: bool,
+}
+
+struct Api<'a> {
+    server: &'a BaseUrl,
+    token: &'a str,
+}
+
+impl Api<'_> {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, ChatError> {
+        let response = login::send(
+            self.server,
+            method,
+            path,
+            body.as_ref().map(|_| "application/json"),
+            body.map(|b| b.to_string()).unwrap_or_default(),
+            Some(self.token),
+            &[],
+        )
+        .await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ChatError::Protocol {
+                what: path.into(),
+                detail: e.to_string(),
+            })?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if (200..300).contains(&status) {
+            Ok(value)
+        } else {
+            Err(refusal(status, &value))
+        }
+    }
+}
+
+fn refusal(status: u16, value: &Value) -> ChatError {
+    ChatError::Refused {
+        code: value["error"]["code"]
+            .as_str()
+            .unwrap_or("http_error")
+            .to_owned(),
+        message: value["error"]["message"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("agentd answered HTTP {status}")),
+    }
+}
+
+/// One line for a tool call's arguments: the command or the file, shortened.
+fn summarize_call(name: &str, arguments: &Value) -> String {
+    let args: Value = match arguments {
+        Value::String(s) => serde_json::from_str(s).unwrap_or(Value::Null),
+        other => other.clone(),
+    };
+    let detail = match name {
+        "execute_shell_command" => args["command"].as_str().unwrap_or("").to_owned(),
+        "diff_patch_workspace_file" => args["filepath"].as_str().unwrap_or("").to_owned(),
+        _ => args["path"]
+            .as_str()
+            .or(args["query"].as_str())
+            .unwrap_or("")
+            .to_owned(),
+    };
+    let one_line = detail.replace('\n', " ⏎ ");
+    let short: String = one_line.chars().take(70).collect();
+    if short.len() < one_line.len() {
+        format!("{short}…")
+    } else {
+        short
+    }
+}
+
+/// One line for a tool result.
+fn summarize_result(event: &Value) -> String {
+    if event["ok"] != Value::Bool(true) {
+        return format!(
+            "{}: {}",
+            event["error"]["code"].as_str().unwrap_or("error"),
+            event["error"]["message"].as_str().unwrap_or("")
+        );
+    }
+    let result = &event["result"];
+    match event["name"].as_str().unwrap_or("") {
+        "execute_shell_command" => {
+            let lines = result["stdout"].as_str().unwrap_or("").lines().count();
+            let mut s = format!(
+                "exit {}, {} line{} of output",
+                result["exit_code"]
+                    .as_i64()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                lines,
+                if lines == 1 { "" } else { "s" }
+            );
+            for (flag, note) in [("timed_out", ", timed out"), ("cancelled", ", cancelled")] {
+                if result[flag] == true {
+                    s.push_str(note);
+                }
+            }
+            if result["stdout_truncated"] == true || result["stderr_truncated"] == true {
+                s.push_str(", truncated");
+            }
+            s
+        }
+        "diff_patch_workspace_file" => match result["files"].as_array() {
+            Some(files) => files
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} → {}",
+                        f["path"].as_str().unwrap_or("?"),
+                        f["revision"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "patched".into(),
+        },
+        "read_file" => format!(
+            "{} bytes, {}",
+            result["size"],
+            result["revision"].as_str().unwrap_or("")
+        ),
+        "write_file" => format!(
+            "{} ({})",
+            result["state"].as_str().unwrap_or(""),
+            result["revision"].as_str().unwrap_or("")
+        ),
+        "list_files" => format!(
+            "{} entries",
+            result["entries"].as_array().map_or(0, Vec::len)
+        ),
+        "search_files" => format!(
+            "{} matches",
+            result["matches"].as_array().map_or(0, Vec::len)
+        ),
+        _ => "done".into(),
+    }
+}
+
+/// Prints events readably; rewrites the running tool's line in place on a terminal.
+struct Screen {
+    tty: bool,
+    running: Option<String>,
+    spin: usize,
+}
+
+impl Screen {
+    fn event(&mut self, kind: &str, data: &Value) {
+        let mut out = std::io::stdout().lock();
+        match kind {
+            "text" => {
+                self.finish_line(&mut out);
+                let _ = writeln!(out, "agent> {}", data["text"].as_str().unwrap_or(""));
+            }
+            "tool_call" => {
+                self.finish_line(&mut out);
+                let line = format!(
+                    "{} {}",
+                    data["name"].as_str().unwrap_or("tool"),
+                    summarize_call(data["name"].as_str().unwrap_or(""), &data["arguments"])
+                );
+                if self.tty {
+                    let _ = write!(out, "  ⠋ {line}");
+                } else {
+                    let _ = writeln!(out, "  … {line}");
+                }
+                self.running = Some(line);
+            }
+            "tool_result" => {
+                let mark = if data["ok"] == true { "✓" } else { "✗" };
+                let line = self
+                    .running
+                    .take()
+                    .unwrap_or_else(|| data["name"].as_str().unwrap_or("tool").to_owned());
+                if self.tty {
+                    let _ = write!(out, "\r\x1b[2K");
+                }
+                let _ = writeln!(out, "  {mark} {line} — {}", summarize_result(data));
+            }
+            "error" => {
+                self.finish_line(&mut out);
+                let _ = writeln!(
+                    out,
+                    "error: {}: {}",
+                    data["code"].as_str().unwrap_or("error"),
+                    data["message"].as_str().unwrap_or("")
+                );
+            }
+            "end" => {
+                self.finish_line(&mut out);
+                if data["reason"] != "completed" {
+                    let _ = writeln!(
+                        out,
+                        "(turn ended: {})",
+                        data["reason"].as_str().unwrap_or("?")
+                    );
+                }
+            }
+            _ => {}
+        }
+        let _ = out.flush();
+    }
+
+    /// Advance the spinner of the running tool (terminals only).
+    fn tick(&mut self) {
+        const FRAMES: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
+        if let (true, Some(line)) = (self.tty, &self.running) {
+            self.spin = (self.spin + 1) % FRAMES.len();
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "\r  {} {line}", FRAMES[self.spin]);
+            let _ = out.flush();
+        }
+    }
+
+    fn finish_line(&mut self, out: &mut impl Write) {
+        if self.tty && self.running.is_some() {
+            let _ = writeln!(out);
+        }
+    }
+}
+
+/// Run one turn and show its events as they stream.
+async fn turn(
+    api: &Api<'_>,
+    chat: &str,
+    message: &str,
+    screen: &mut Screen,
+) -> Result<(), ChatError> {
+    let path = format!("/v1/chats/{chat}/turns");
+    let response = login::send(
+        api.server,
+        "POST",
+        &path,
+        Some("application/json"),
+        json!({ "message": message }).to_string(),
+        Some(api.token),
+        &[("accept", "text/event-stream")],
+    )
+    .await?;
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    if status != 200 {
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| ChatError::Protocol {
+                what: path.clone(),
+                detail: e.to_string(),
+            })?
+            .to_bytes();
+        return Err(refusal(
+            status,
+            &serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ));
+    }
+    let mut pending = String::new();
+    let mut ticker = tokio::time::interval(Duration::from_millis(120));
+    let mut cancel_asked = false;
+    loop {
+        tokio::select! {
+            // Ctrl-C asks the server to cancel the turn (its command on the laptop is killed);
+            // the stream then ends with "cancelled". A second Ctrl-C stops waiting for that.
+            _ = tokio::signal::ctrl_c() => {
+                if cancel_asked {
+                    eprintln!("\nstopped waiting; the turn ends on the server");
+                    return Ok(());
+                }
+                cancel_asked = true;
+                eprintln!("\ncancelling the turn… (Ctrl-C again to stop waiting)");
+                if let Err(error) = api.call("POST", &format!("/v1/chats/{chat}/cancel"), None).await {
+                    eprintln!("cannot cancel: {error}");
+                }
+            }
+            frame = body.frame() => {
+                let Some(frame) = frame else { break };
+                let frame = frame.map_err(|e| ChatError::Protocol { what: path.clone(), detail: e.to_string() })?;
+                let Ok(chunk) = frame.into_data() else { continue };
+                pending.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = pending.find("\n\n") {
+                    let block: String = pending.drain(..end + 2).collect();
+                    let mut kind = "";
+                    let mut data = Value::Null;
+                    for line in block.lines() {
+                        if let Some(k) = line.strip_prefix("event: ") {
+                            kind = k;
+                        } else if let Some(d) = line.strip_prefix("data: ") {
+                            data = serde_json::from_str(d).unwrap_or(Value::Null);
+                        }
+                    }
+                    screen.event(kind, &data);
+                }
+            }
+            _ = ticker.tick() => screen.tick(),
+        }
+    }
+    Ok(())
+}
+
+/// Find the device sharing `alias` (and named `device`, when given), preferring online ones.
+fn pick_device(
+    devices: &Value,
+    alias: &str,
+    device: Option<&str>,
+) -> Result<(Value, Value), ChatError> {
+    let all = devices["devices"].as_array().cloned().unwrap_or_default();
+    let mut candidates: Vec<(Value, Value)> = all
+        .iter()
+        .filter(|d| device.is_none_or(|n| d["name"] == n || d["device_id"] == n))
+        .filter_map(|d| {
+            d["folders"]
+                .as_array()?
+                .iter()
+                .find(|f| f["alias"] == alias)
+                .map(|f| (d.clone(), f.clone()))
+        })
+        .collect();
+    candidates.sort_by_key(|(d, _)| d["online"] != true);
+    match candidates.len() {
+        0 => {
+            let shared: Vec<String> = all
+                .iter()
+                .flat_map(|d| {
+                    let name = d["name"].as_str().unwrap_or("?").to_owned();
+                    d["folders"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(move |f| format!("{}:{}", name, f["alias"].as_str().unwrap_or("?")))
+                })
+                .collect();
+            Err(ChatError::Usage(format!(
+                "no device of yours shares a folder named {alias:?}{}; shared now: {}. Run `agentworks executor connect --write-folder …` first",
+                device.map(|d| format!(" on {d:?}")).unwrap_or_default(),
+                if shared.is_empty() {
+                    "nothing".into()
+                } else {
+                    shared.join(", ")
+                }
+            )))
+        }
+        1 => Ok(candidates.remove(0)),
+        // Two devices of one name are two credentials (a device id belongs to the credential
+        // that created it): never pick one of them for the person by online state.
+        _ if candidates[1..]
+            .iter()
+            .any(|(d, _)| d["name"] == candidates[0].0["name"]) =>
+        {
+            let ids: Vec<String> = candidates
+                .iter()
+                .map(|(d, _)| {
+                    format!(
+                        "{} ({}, {})",
+                        d["device_id"].as_str().unwrap_or("?"),
+                        d["name"].as_str().unwrap_or("?"),
+                        if d["online"] == true {
+                            "online"
+                        } else {
+                            "offline"
+                        }
+                    )
+                })
+                .collect();
+            Err(ChatError::Usage(format!(
+                "several devices with the same name share {alias:?} (they connected with different credentials); choose one with --device DEVICE_ID: {}",
+                ids.join(", ")
+            )))
+        }
+        _ if candidates[0].0["online"] == true && candidates[1].0["online"] != true => {
+            Ok(candidates.remove(0))
+        }
+        _ => Err(ChatError::Usage(format!(
+            "several devices share {alias:?}; choose one with --device NAME"
+        ))),
+    }
+}
+
+fn confirm(question: &str, assume_yes: bool) -> Result<bool, ChatError> {
+    if assume_yes {
+        return Ok(true);
+    }
+    eprint!("{question} [type yes]: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(answer.trim() == "yes")
+}
+
+/// The whole session: chat, optional binding, then one turn per line until EOF or `/quit`.
+pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
+    let api = Api {
+        server: &options.server,
+        token: &options.token,
+    };
+    let chat = match &options.chat {
+        Some(id) => api.call("GET", &format!("/v1/chats/{id}"), None).await?,
+        None => {
+            api.call(
+                "POST",
+                "/v1/chats",
+                Some(json!({ "project": options.project })),
+            )
+            .await?
+        }
+    };
+    let chat_id = chat["chat_id"]
+        .as_str()
+        .or(chat["chat"]["chat_id"].as_str())
+        .ok_or_else(|| ChatError::Protocol {
+            what: "the chat".into(),
+            detail: chat.to_string(),
+        })?
+        .to_owned();
+    println!("chat {chat_id} in {}", options.project);
+    if let Some(alias) = &options.local {
+        let devices = api.call("GET", "/v1/devices", None).await?;
+        let (device, folder) = pick_device(&devices, alias, options.device.as_deref())?;
+        let access = folder["access"].as_str().unwrap_or("read_only");
+        eprintln!(
+            "Binding this chat to {}:{alias} ({}, {}).",
+            device["name"].as_str().unwrap_or("?"),
+            if access == "read_write" {
+                "files and commands may change the folder"
+            } else {
+                "read-only: commands run in a read-only sandbox"
+            },
+            if device["online"] == true {
+                "online"
+            } else {
+                "offline: tool calls will fail until it reconnects"
+            }
+        );
+        eprintln!(
+            "Consequences: file contents and command output go to the server and the model; commands can reach the network."
+        );
+        eprintln!(
+            "Server files, MCP connections and secrets are not available in this chat while it is bound."
+        );
+        if !confirm("Use this folder?", options.assume_yes)? {
+            return Err(ChatError::Usage(
+                "not bound: the consequences were not confirmed".into(),
+            ));
+        }
+        api.call(
+            "PUT",
+            &format!("/v1/chats/{chat_id}/binding"),
+            Some(json!({ "device_id": device["device_id"], "folder": alias, "confirm": CONFIRMATION })),
+        )
+        .await?;
+        println!(
+            "bound to {}:{alias}",
+            device["name"].as_str().unwrap_or("?")
+        );
+    }
+    let mut screen = Screen {
+        tty: std::io::stdout().is_terminal(),
+        running: None,
+        spin: 0,
+    };
+    // Lines are read on their own thread so Ctrl-C at the prompt still ends the chat once a
+    // turn has taken over SIGINT (tokio keeps its handler for the rest of the process).
+    let (lines_sender, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if lines_sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        if std::io::stdin().is_terminal() {
+            eprint!("you> ");
+            let _ = std::io::stderr().flush();
+        }
+        let line = tokio::select! {
+            line = lines.recv() => match line {
+                Some(line) => line?,
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!();
+                break;
+            }
+        };
+        let message = line.trim();
+        match message {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/unbind" => {
+                eprintln!(
+                    "Switching back to server files: the agent reads and writes the project on the server again."
+                );
+                match api
+                    .call("DELETE", &format!("/v1/chats/{chat_id}/binding"), None)
+                    .await
+                {
+                    Ok(_) => println!("unbound: server files"),
+                    Err(e) => println!("error: {e}"),
+                }
+            }
+            _ => {
+                if let Err(e) = turn(&api, &chat_id, message, &mut screen).await {
+                    println!("error: {e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_calls_and_results_fold_to_one_line() {
+        let call = summarize_call(
+            "execute_shell_command",
+            &json!("{\"command\":\"cargo test\\n--all\"}"),
+        );
+        assert_eq!(call, "cargo test ⏎ --all");
+        let ok = json!({"name": "execute_shell_command", "ok": true,
+            "result": {"exit_code": 0, "stdout": "a\nb\n", "stdout_truncated": true}});
+        assert_eq!(
+            summarize_result(&ok),
+            "exit 0, 2 lines of output, truncated"
+        );
+        let err = json!({"name": "execute_shell_command", "ok": false, "error": {"code": "device_offline", "message": "offline"}});
+        assert_eq!(summarize_result(&err), "device_offline: offline");
+        let long = summarize_call("read_file", &json!({"path": "x".repeat(100)}));
+        assert!(long.ends_with('…') && long.chars().count() == 71);
+    }
+
+    #[test]
+    fn picks_the_online_device_sharing_the_alias() {
+        let devices = json!({"devices": [
+            {"device_id": "d1", "name": "old", "online": false, "folders": [{"alias": "site", "access": "read_write"}]},
+            {"device_id": "d2", "name": "laptop", "online": true, "folders": [{"alias": "site", "access": "read_write"}]},
+        ]});
+        assert_eq!(
+            pick_device(&devices, "site", None).unwrap().0["device_id"],
+            "d2"
+        );
+        assert_eq!(
+            pick_device(&devices, "site", Some("old")).unwrap().0["device_id"],
+            "d1"
+        );
+        assert!(pick_device(&devices, "other", None).is_err());
+    }
+
+    #[test]
+    fn never_picks_between_two_devices_of_one_name() {
+        // Another credential connected with the name "laptop": online, while the person's own
+        // laptop is offline. Nothing is picked by online state; an id picks.
+        let devices = json!({"devices": [
+            {"device_id": "d-other", "name": "laptop", "online": true, "folders": [{"alias": "site", "access": "read_write"}]},
+            {"device_id": "d-mine", "name": "laptop", "online": false, "folders": [{"alias": "site", "access": "read_write"}]},
+        ]});
+        let refused = pick_device(&devices, "site", None).unwrap_err().to_string();
+        assert!(
+            refused.contains("d-other") && refused.contains("d-mine"),
+            "{refused}"
+        );
+        assert!(pick_device(&devices, "site", Some("laptop")).is_err());
+        assert_eq!(
+            pick_device(&devices, "site", Some("d-mine")).unwrap().0["device_id"],
+            "d-mine"
+        );
+    }
+}

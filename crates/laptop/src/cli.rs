@@ -1,0 +1,146 @@
+//! The command line of `agentworks`, the laptop CLI. Its hidden modes (`__sandbox-exec`,
+//! `__apply-patch`) are dispatched by hand before clap and are not part of it.
+
+use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "agentworks",
+    version,
+    about = "Share folders of this machine with an agentworks server's agent",
+    long_about = "Share folders of this machine with an agentworks server's agent.\n\n\
+        1. agentworks login --server https://agents.example.com\n\
+        2. agentworks executor connect --write-folder ~/src/project\n\n\
+        The credential is kept in $XDG_CONFIG_HOME/agentworks/credentials.json (default \
+        ~/.config), private state (receipts) in $XDG_STATE_HOME/agentworks (default \
+        ~/.local/state)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Sign in with the device grant (or a token on stdin) and store a devices:connect credential.
+    Login {
+        /// agentd's public URL, e.g. https://agents.example.com (http:// only to loopback).
+        #[arg(long)]
+        server: String,
+        /// The gateway's WebSocket URL (wss://…; ws:// only to loopback). Default: the server's
+        /// host on port 8471, ws for an http server and wss for an https one.
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Read a devices:connect token from stdin instead of the device grant; it is checked
+        /// against the server before it is stored.
+        #[arg(long)]
+        with_token: bool,
+        /// The name shown for this device when the login is approved (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Delete the stored credential (and try to revoke it on the server).
+    Logout,
+    /// The laptop executor.
+    Executor {
+        #[command(subcommand)]
+        command: ExecutorCommand,
+    },
+    /// Chat with the server-side agent in a project, one message per line (/unbind, /quit).
+    ///
+    /// Needs a personal token with a workflows scope in $AGENTWORKS_TOKEN or --token-file (the
+    /// laptop's devices:connect credential cannot chat). With --local ALIAS the chat is bound
+    /// to this person's shared laptop folder of that name, after showing the consequences.
+    /// Ctrl-C during a turn cancels it on the server (a command running on the laptop is
+    /// killed); Ctrl-C at the prompt ends the chat.
+    Chat {
+        /// The project (name or id).
+        #[arg(long)]
+        project: String,
+        /// Resume this chat instead of creating one.
+        #[arg(long)]
+        chat: Option<String>,
+        /// Bind the chat to the shared folder with this alias (see `agentworks executor connect`).
+        #[arg(long, value_name = "FOLDER_ALIAS")]
+        local: Option<String>,
+        /// The device sharing the folder, when several do: its name, or its id when devices of
+        /// one name (different credentials) share it.
+        #[arg(long)]
+        device: Option<String>,
+        /// Confirm the binding's consequences without asking.
+        #[arg(long)]
+        yes: bool,
+        /// agentd's URL (default: the one stored at login).
+        #[arg(long)]
+        server: Option<String>,
+        /// A file holding the personal token (default: $AGENTWORKS_TOKEN).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ExecutorCommand {
+    /// Share folders with the server until Ctrl-C.
+    ///
+    /// Commands run in a Landlock sandbox with open network access; file contents and command
+    /// output go to the server and its model. The home directory, its parents, / and folders
+    /// holding the CLI's credentials or state are refused.
+    Connect {
+        /// This device's name as the server shows it (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+        /// Share a folder read-only: the agent can read files and run commands in a read-only
+        /// sandbox; no patches. Repeatable.
+        #[arg(long = "folder", value_name = "PATH")]
+        folders: Vec<PathBuf>,
+        /// Share a folder read-write: patches, and commands that change files (builds, tests).
+        /// Repeatable.
+        #[arg(long = "write-folder", value_name = "PATH")]
+        write_folders: Vec<PathBuf>,
+        /// A path inside a shared folder that commands and patches can neither read nor write.
+        /// Repeatable.
+        #[arg(long, value_name = "PATH")]
+        block: Vec<PathBuf>,
+        /// A path inside a write folder that stays read-only. Repeatable.
+        #[arg(long = "read-only", value_name = "PATH")]
+        read_only: Vec<PathBuf>,
+        /// Also share ~/Downloads read-write with commands ($AGENTWORKS_DOWNLOADS).
+        #[arg(long)]
+        downloads: bool,
+        /// Let commands use Unix sockets: they can then reach local services over Unix
+        /// sockets, such as ssh-agent, D-Bus and docker.sock (and, where the agentworks daemons
+        /// run as you, their operator sockets). Without it, creating a Unix socket is refused
+        /// (or, on Landlock ABI 9+, connecting to one outside the shared folders).
+        #[arg(long)]
+        allow_unix_sockets: bool,
+        /// How many processes a command may start. RLIMIT_NPROC counts all of your user's
+        /// processes (threads, in fact), so each command's limit is your user's count when it
+        /// starts plus N: a command can start about N more, fewer if your other programs start
+        /// more meanwhile. It does not bind root. In a delegated cgroup the command also gets
+        /// pids.max = N, its own exact limit.
+        #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_MAX_PROCESSES,
+              value_parser = crate::limits::parse_count)]
+        max_processes: u64,
+        /// The memory a command may use (memory.max of its cgroup), e.g. 4G or 512M; default:
+        /// half of this machine's memory. Needs a delegated cgroup with the memory controller,
+        /// e.g. `systemd-run --user --scope -p Delegate=yes agentworks executor connect …`;
+        /// without one, commands run with no memory limit and connect says so.
+        #[arg(long, value_name = "SIZE", value_parser = crate::limits::parse_size)]
+        max_memory: Option<u64>,
+        /// agentd's URL (default: the one stored at login); the gateway defaults to its host on
+        /// port 8471.
+        #[arg(long)]
+        server: Option<String>,
+        /// The gateway's WebSocket URL (default: the one stored at login, else derived from the
+        /// server URL). wss://, or ws:// to loopback only.
+        #[arg(long)]
+        gateway: Option<String>,
+    },
+}
+
+/// The clap definition of `agentworks` (for man pages and completions).
+pub fn command() -> clap::Command {
+    Cli::command()
+}

@@ -1,0 +1,668 @@
+//! `agentworks executor connect`: the WebSocket client loop.
+//!
+//! Owns: dialling `<gateway>/v1/executor` (`wss://`, or `ws://` to loopback only) with
+//! `Authorization: Bearer <token>`; the Hello with folder aliases; answering pings and noticing
+//! a silent server; reconnecting with exponential backoff (1 s → 30 s, with jitter); the one-line
+//! status on stderr; running each request under the grants and the receipts; answering the
+//! server's receipt queries from the receipts alone; ending on SIGINT/SIGTERM (running
+//! commands cancelled, close 1000) or on a 4001/4003 close (the credential is no longer
+//! accepted).
+//!
+//! Must never: send an absolute path in the Hello; run a request whose receipt could not be
+//! recorded first; run a request id twice; keep a command running after its connection is gone;
+//! run anything because of a receipt query.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use agentworks_contract::executor::{
+    CLOSE_REVOKED, CLOSE_UNAUTHORIZED, ExecutorFrame, FolderAccess, GatewayFrame, MAX_FRAME_BYTES,
+    MAX_TIMEOUT_SECS, Operation, Outcome,
+};
+
+use super::config::{Dirs, ensure_private_dir};
+use super::grants::Grants;
+use super::receipts::{Begin, Receipts};
+use super::shell::{self, ShellError, ShellRequest};
+
+/// The gateway's default port, used when no gateway URL was given: agentd's host, this port,
+/// `ws` for an `http` agentd and `wss` for an `https` one.
+pub const DEFAULT_GATEWAY_PORT: u16 = 8471;
+/// First and largest reconnect delay.
+const BACKOFF_START: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long to wait for the handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// Heartbeat interval assumed until the server's Welcome names one.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// Why the executor could not (or may not) connect.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("bad server URL {url:?}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error(
+        "refusing {url}: unencrypted ws:// is only allowed to a loopback host (127.0.0.1, ::1, localhost); use wss://"
+    )]
+    InsecureUrl { url: String },
+    #[error("cannot set up TLS: {0}")]
+    Tls(String),
+}
+
+/// A parsed `scheme://host[:port]` base URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub scheme: String,
+    pub host: String,
+    pub port: Option<u16>,
+    pub path: String,
+}
+
+/// Parse a base URL; `allowed` lists the schemes accepted.
+pub fn parse_url(raw: &str, allowed: &[&str]) -> Result<BaseUrl, ConnectError> {
+    let bad = |reason: &str| ConnectError::BadUrl {
+        url: raw.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: hyper::Uri = raw.parse().map_err(|_| bad("not a URL"))?;
+    let scheme = uri
+        .scheme_str()
+        .ok_or_else(|| bad("no scheme"))?
+        .to_ascii_lowercase();
+    if !allowed.contains(&scheme.as_str()) {
+        return Err(bad(&format!("use one of: {}", allowed.join(", "))));
+    }
+    let host = uri.host().ok_or_else(|| bad("no host"))?.to_owned();
+    if uri.query().is_some() {
+        return Err(bad("a query is not allowed"));
+    }
+    Ok(BaseUrl {
+        scheme,
+        host,
+        port: uri.port_u16(),
+        path: uri.path().trim_end_matches('/').to_owned(),
+    })
+}
+
+pub use agentworks_support::url::is_loopback_host as is_loopback;
+
+impl BaseUrl {
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match self.port {
+            Some(port) => format!("{host}:{port}"),
+            None => host,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority(), self.path)
+    }
+}
+
+/// The executor endpoint: `--gateway`/stored gateway URL, or agentd's host on
+/// [`DEFAULT_GATEWAY_PORT`]. `ws://` is accepted only to loopback.
+pub fn executor_url(gateway: Option<&str>, server: &str) -> Result<String, ConnectError> {
+    let base = match gateway {
+        Some(raw) => parse_url(raw, &["ws", "wss"])?,
+        None => {
+            let server = parse_url(server, &["http", "https"])?;
+            BaseUrl {
+                scheme: if server.scheme == "https" {
+                    "wss"
+                } else {
+                    "ws"
+                }
+                .to_owned(),
+                host: server.host,
+                port: Some(DEFAULT_GATEWAY_PORT),
+                path: String::new(),
+            }
+        }
+    };
+    if base.scheme == "ws" && !is_loopback(&base.host) {
+        return Err(ConnectError::InsecureUrl { url: base.render() });
+    }
+    Ok(format!("{}/v1/executor", base.render()))
+}
+
+/// The TLS client configuration, or why it cannot be built.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, ConnectError> {
+    agentworks_support::tls::client_config().map_err(|e| ConnectError::Tls(e.to_string()))
+}
+
+/// The status line: `\r`-rewritten on a terminal, plain lines otherwise.
+#[derive(Debug, Clone)]
+pub struct Status {
+    tty: bool,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status {
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+impl Status {
+    pub fn show(&self, text: &str) {
+        if self.tty {
+            eprint!("\r\x1b[2K{text}");
+        } else {
+            eprintln!("{text}");
+        }
+    }
+
+    /// End the status line (on a terminal) before printing something else.
+    pub fn finish(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
+
+/// Everything a connection needs.
+pub struct Executor {
+    pub url: String,
+    pub token: String,
+    pub device_name: String,
+    pub grants: Arc<Grants>,
+    pub dirs: Dirs,
+    pub receipts: Arc<Receipts>,
+    /// The `agentworks` executable (the sandbox launcher).
+    pub launcher: PathBuf,
+    /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
+    pub limits: Arc<super::limits::Limits>,
+    pub status: Status,
+}
+
+/// How `run` ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// SIGINT/SIGTERM: sharing ended.
+    Shutdown,
+    /// The server closed with 4001/4003 (or refused the handshake with 401/403).
+    Unauthorized(String),
+}
+
+enum SessionEnd {
+    Shutdown,
+    Unauthorized(String),
+    Lost { reason: String, welcomed: bool },
+}
+
+/// Connect, serve, reconnect until shut down or refused.
+pub async fn run(
+    executor: Arc<Executor>,
+    shutdown: CancellationToken,
+) -> Result<End, ConnectError> {
+    let tls = if executor.url.starts_with("wss://") {
+        Some(tls_config()?)
+    } else {
+        None
+    };
+    let mut backoff = BACKOFF_START;
+    loop {
+        executor
+            .status
+            .show(&format!("connecting to {} …", executor.url));
+        match session(&executor, tls.clone(), &shutdown).await {
+            SessionEnd::Shutdown => return Ok(End::Shutdown),
+            SessionEnd::Unauthorized(message) => return Ok(End::Unauthorized(message)),
+            SessionEnd::Lost { reason, welcomed } => {
+                if welcomed {
+                    backoff = BACKOFF_START;
+                }
+                let millis = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX);
+                let jitter = Duration::from_millis(rand::random::<u64>() % (millis / 4 + 1));
+                let delay = backoff + jitter;
+                executor.status.show(&format!(
+                    "disconnected ({reason}); reconnecting in {:.1} s",
+                    delay.as_secs_f64()
+                ));
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.cancelled() => return Ok(End::Shutdown),
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+fn lost(reason: impl Into<String>, welcomed: bool) -> SessionEnd {
+    SessionEnd::Lost {
+        reason: reason.into(),
+        welcomed,
+    }
+}
+
+async fn session(
+    executor: &Arc<Executor>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    shutdown: &CancellationToken,
+) -> SessionEnd {
+    let mut request = match executor.url.as_str().into_client_request() {
+        Ok(request) => request,
+        Err(e) => return lost(e.to_string(), false),
+    };
+    match format!("Bearer {}", executor.token).parse() {
+        Ok(value) => {
+            request.headers_mut().insert("authorization", value);
+        }
+        Err(_) => return SessionEnd::Unauthorized("the stored token is malformed".into()),
+    }
+    let connector = tls.map(tokio_tungstenite::Connector::Rustls);
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(MAX_FRAME_BYTES);
+    config.max_frame_size = Some(MAX_FRAME_BYTES);
+    let dial =
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
+    let ws = tokio::select! {
+        () = shutdown.cancelled() => return SessionEnd::Shutdown,
+        dialled = tokio::time::timeout(CONNECT_TIMEOUT, dial) => match dialled {
+            Err(_) => return lost("the handshake timed out", false),
+            Ok(Err(tungstenite::Error::Http(response)))
+                if matches!(response.status().as_u16(), 401 | 403) =>
+            {
+                return SessionEnd::Unauthorized(format!(
+                    "the server refused the credential (HTTP {})",
+                    response.status()
+                ));
+            }
+            Ok(Err(e)) => return lost(e.to_string(), false),
+            Ok(Ok((ws, _))) => ws,
+        },
+    };
+    let (mut sink, mut stream) = ws.split();
+    let hello = ExecutorFrame::Hello {
+        device_name: executor.device_name.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        folders: executor.grants.folder_infos(),
+    };
+    if let Err(e) = send(&mut sink, &hello).await {
+        return lost(e, false);
+    }
+    executor
+        .status
+        .show("connected; waiting for the server's welcome");
+
+    let (out_tx, mut out_rx) = mpsc::channel::<ExecutorFrame>(64);
+    let connection = shutdown.child_token();
+    let running: Arc<Mutex<HashMap<String, CancellationToken>>> = Arc::default();
+    let tasks = TaskTracker::new();
+    let mut heartbeat = DEFAULT_HEARTBEAT;
+    let mut welcomed = false;
+    let mut last_seen = tokio::time::Instant::now();
+
+    let end = loop {
+        let silent_until = last_seen + heartbeat * 3;
+        tokio::select! {
+            () = shutdown.cancelled() => break SessionEnd::Shutdown,
+            () = tokio::time::sleep_until(silent_until) => {
+                break lost("no heartbeat from the server", welcomed);
+            }
+            Some(frame) = out_rx.recv() => {
+                if let Err(e) = send(&mut sink, &frame).await {
+                    break lost(e, welcomed);
+                }
+            }
+            message = stream.next() => {
+                last_seen = tokio::time::Instant::now();
+                match message {
+                    None => break lost("the connection closed", welcomed),
+                    Some(Err(e)) => break lost(e.to_string(), welcomed),
+                    Some(Ok(Message::Ping(data))) => {
+                        if let Err(e) = sink.send(Message::Pong(data)).await {
+                            break lost(e.to_string(), welcomed);
+                        }
+                    }
+                    Some(Ok(Message::Close(frame))) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        let reason = frame.map(|f| f.reason.to_string()).unwrap_or_default();
+                        if code == Some(CLOSE_REVOKED) || code == Some(CLOSE_UNAUTHORIZED) {
+                            break SessionEnd::Unauthorized(format!(
+                                "the server closed the connection ({}{}{reason})",
+                                if code == Some(CLOSE_REVOKED) { "credential revoked" } else { "credential not accepted" },
+                                if reason.is_empty() { "" } else { ": " },
+                            ));
+                        }
+                        break lost(format!("closed by the server ({reason})"), welcomed);
+                    }
+                    Some(Ok(Message::Text(text))) => {
+                        match serde_json::from_str::<GatewayFrame>(text.as_str()) {
+                            Ok(GatewayFrame::Welcome { device_id, heartbeat_secs, notice }) => {
+                                welcomed = true;
+                                heartbeat = Duration::from_secs(heartbeat_secs.clamp(1, 600));
+                                if let Some(notice) = notice {
+                                    executor.status.show(&format!("notice from the server: {notice}"));
+                                    executor.status.finish();
+                                }
+                                let aliases: Vec<String> =
+                                    executor.grants.folders.iter().map(|f| f.alias.clone()).collect();
+                                executor.status.show(&format!(
+                                    "connected as device {device_id}, sharing {}; Ctrl-C ends sharing",
+                                    aliases.join(", ")
+                                ));
+                            }
+                            Ok(GatewayFrame::Request { request_id, folder, operation }) => {
+                                let cancel = connection.child_token();
+                                if let Ok(mut map) = running.lock() {
+                                    map.insert(request_id.clone(), cancel.clone());
+                                }
+                                let executor = Arc::clone(executor);
+                                let out = out_tx.clone();
+                                let running = Arc::clone(&running);
+                                tasks.spawn(async move {
+                                    handle(&executor, &request_id, &folder, operation, cancel, out).await;
+                                    if let Ok(mut map) = running.lock() {
+                                        map.remove(&request_id);
+                                    }
+                                });
+                            }
+                            Ok(GatewayFrame::Cancel { request_id }) => {
+                                if let Some(token) = running.lock().ok().and_then(|m| m.get(&request_id).cloned()) {
+                                    token.cancel();
+                                }
+                            }
+                            Ok(GatewayFrame::ReceiptQuery { request_id }) => {
+                                // Only the receipts answer; nothing runs because of this frame.
+                                let receipts = Arc::clone(&executor.receipts);
+                                let out = out_tx.clone();
+                                let status = executor.status.clone();
+                                tasks.spawn(async move {
+                                    let id = request_id.clone();
+                                    match tokio::task::spawn_blocking(move || receipts.lookup(&id)).await {
+                                        Ok(Ok(receipt)) => {
+                                            let _ = out.send(ExecutorFrame::Receipt { request_id, receipt }).await;
+                                        }
+                                        // Unreadable receipts are not "unknown": no answer, and the
+                                        // server asks again.
+                                        Ok(Err(e)) => status.show(&format!("cannot read a receipt: {e}")),
+                                        Err(e) => status.show(&format!("cannot read a receipt: {e}")),
+                                    }
+                                });
+                            }
+                            Err(e) => {
+                                executor.status.show(&format!("ignored a frame the server sent: {e}"));
+                            }
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                }
+            }
+        }
+    };
+
+    // Disconnect, shutdown and revocation stop every running command; their outcomes are
+    // recorded in the receipts before we go on.
+    connection.cancel();
+    tasks.close();
+    let _ = tokio::time::timeout(shell::KILL_GRACE * 3, tasks.wait()).await;
+    if matches!(end, SessionEnd::Shutdown) {
+        let close = CloseFrame {
+            code: CloseCode::Normal,
+            reason: "sharing ended".into(),
+        };
+        let _ = sink.send(Message::Close(Some(close))).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(Ok(message)) = stream.next().await {
+                if matches!(message, Message::Close(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    end
+}
+
+async fn send<S>(sink: &mut S, frame: &ExecutorFrame) -> Result<(), String>
+where
+    S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
+{
+    let text = serde_json::to_string(frame).map_err(|e| e.to_string())?;
+    sink.send(Message::text(text))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn refused(code: &str, message: impl Into<String>) -> Outcome {
+    Outcome::Refused {
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// One request: receipts first, then (at most once) the operation, then the receipt.
+async fn handle(
+    executor: &Arc<Executor>,
+    request_id: &str,
+    folder: &str,
+    operation: Operation,
+    cancel: CancellationToken,
+    out: mpsc::Sender<ExecutorFrame>,
+) {
+    let _ = out
+        .send(ExecutorFrame::Accepted {
+            request_id: request_id.to_owned(),
+        })
+        .await;
+    let begin = {
+        let receipts = Arc::clone(&executor.receipts);
+        let (id, f, op) = (request_id.to_owned(), folder.to_owned(), operation.clone());
+        tokio::task::spawn_blocking(move || receipts.begin(&id, &f, &op)).await
+    };
+    let outcome = match begin {
+        Ok(Ok(Begin::Run)) => {
+            let outcome = execute(executor, request_id, folder, operation, cancel).await;
+            let receipts = Arc::clone(&executor.receipts);
+            let (id, o) = (request_id.to_owned(), outcome.clone());
+            match tokio::task::spawn_blocking(move || receipts.finish(&id, &o)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => executor
+                    .status
+                    .show(&format!("cannot record a receipt: {e}")),
+                Err(e) => executor
+                    .status
+                    .show(&format!("cannot record a receipt: {e}")),
+            }
+            outcome
+        }
+        Ok(Ok(Begin::Recorded(outcome))) => outcome,
+        Ok(Ok(Begin::InProgress)) => return,
+        Ok(Err(e)) => refused(
+            "receipts_unavailable",
+            format!("the request was not run: its receipt could not be recorded ({e})"),
+        ),
+        Err(e) => refused(
+            "receipts_unavailable",
+            format!("the request was not run: {e}"),
+        ),
+    };
+    let _ = out
+        .send(ExecutorFrame::Result {
+            request_id: request_id.to_owned(),
+            outcome,
+        })
+        .await;
+}
+
+async fn execute(
+    executor: &Arc<Executor>,
+    request_id: &str,
+    alias: &str,
+    operation: Operation,
+    cancel: CancellationToken,
+) -> Outcome {
+    let grants = &executor.grants;
+    let Some(folder) = grants.folder(alias) else {
+        return refused(
+            "folder_not_shared",
+            format!("{alias:?} is not a folder this executor shares"),
+        );
+    };
+    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
+    // to see what this process sees (it runs with a scrubbed environment).
+    if let Err(e) = super::sandbox::landlock_status() {
+        return refused(
+            "sandbox_unavailable",
+            format!("the request was not run: {e}"),
+        );
+    }
+    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
+    // replaced root is refused rather than granted through whatever its path names now.
+    if let Err(e) = grants.check_pinned(folder) {
+        return refused("folder_replaced", e.to_string());
+    }
+    let scratch_root = executor.dirs.scratch_root();
+    if let Err(e) =
+        ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
+    {
+        return refused("scratch_unavailable", e.to_string());
+    }
+    let scratch = super::patch::scratch_dir(&scratch_root, request_id);
+    if let Err(e) = ensure_private_dir(&scratch) {
+        return refused("scratch_unavailable", e.to_string());
+    }
+    let mut policy = match grants.policy(folder, &scratch) {
+        Ok(policy) => policy,
+        Err(e) => return cleanup(&scratch, refused("folder_replaced", e.to_string())),
+    };
+    let command_cgroup = match executor.limits.for_command(&mut policy) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            return cleanup(
+                &scratch,
+                refused(
+                    "cgroup_unavailable",
+                    format!("the request was not run: {e}"),
+                ),
+            );
+        }
+    };
+    let outcome = match operation {
+        Operation::ExecuteShellCommand { command, timeout } => {
+            let timeout = match timeout {
+                Some(0) => {
+                    return cleanup(
+                        &scratch,
+                        refused("invalid_timeout", "timeout must be at least 1 second"),
+                    );
+                }
+                Some(t) if t > MAX_TIMEOUT_SECS => {
+                    return cleanup(
+                        &scratch,
+                        refused(
+                            "invalid_timeout",
+                            format!("timeout {t} s is above the maximum of {MAX_TIMEOUT_SECS} s"),
+                        ),
+                    );
+                }
+                other => other.map(Duration::from_secs),
+            };
+            let mut env_extra = Vec::new();
+            if let Some(downloads) = &grants.downloads {
+                env_extra.push((
+                    "AGENTWORKS_DOWNLOADS".to_owned(),
+                    downloads.to_string_lossy().into_owned(),
+                ));
+            }
+            let request = ShellRequest {
+                command,
+                timeout,
+                policy,
+                env_extra,
+            };
+            match shell::run(&executor.launcher, request, cancel).await {
+                Ok(done) => Outcome::Completed {
+                    stdout: done.stdout,
+                    stderr: done.stderr,
+                    exit_code: done.exit_code,
+                    stdout_truncated: done.stdout_truncated,
+                    stderr_truncated: done.stderr_truncated,
+                    timed_out: done.timed_out,
+                    cancelled: done.cancelled,
+                },
+                Err(ShellError::SandboxRefused(reason)) => refused(
+                    "sandbox_unavailable",
+                    format!("the command was not run: {reason}"),
+                ),
+                Err(e @ (ShellError::TimeoutTooLong { .. } | ShellError::ZeroTimeout)) => {
+                    refused("invalid_timeout", e.to_string())
+                }
+                Err(e) => refused("command_failed", e.to_string()),
+            }
+        }
+        Operation::DiffPatchWorkspaceFile { filepath, diff } => {
+            if folder.access != FolderAccess::ReadWrite {
+                refused(
+                    "read_only_folder",
+                    format!("{alias} is shared read-only (--folder); patches need --write-folder"),
+                )
+            } else {
+                let job = super::patch::PatchJob::new(grants, folder, filepath, diff);
+                super::patch::run(&executor.launcher, &policy, &folder.path, &job).await
+            }
+        }
+    };
+    if let Some(cgroup) = command_cgroup
+        && let Ok(Err(e)) = tokio::task::spawn_blocking(move || cgroup.kill_and_remove()).await
+    {
+        executor.status.show(&format!("{e}"));
+    }
+    cleanup(&scratch, outcome)
+}
+
+fn cleanup(scratch: &std::path::Path, outcome: Outcome) -> Outcome {
+    let _ = std::fs::remove_dir_all(scratch);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            executor_url(None, "http://127.0.0.1:8470").expect("url"),
+            "ws://127.0.0.1:8471/v1/executor"
+        );
+        assert_eq!(
+            executor_url(None, "https://agents.example.com").expect("url"),
+            "wss://agents.example.com:8471/v1/executor"
+        );
+        assert_eq!(
+            executor_url(Some("wss://gw.example.com/base/"), "http://x").expect("url"),
+            "wss://gw.example.com/base/v1/executor"
+        );
+        assert!(matches!(
+            executor_url(Some("ws://gw.example.com"), "http://x"),
+            Err(ConnectError::InsecureUrl { .. })
+        ));
+        assert!(matches!(
+            executor_url(None, "http://example.com"),
+            Err(ConnectError::InsecureUrl { .. })
+        ));
+        assert!(executor_url(Some("ws://[::1]:9"), "http://x").is_ok());
+        assert!(executor_url(Some("ftp://x"), "http://x").is_err());
+    }
+}

@@ -1,0 +1,836 @@
+//! Folder grants: what `agentworks executor connect` shares, validated before it connects.
+//!
+//! Owns: turning `--folder`, `--write-folder`, `--block`, `--read-only` and `--downloads` into
+//! canonical, checked [`Grants`]; the permissions text printed before connecting; the
+//! [`SandboxPolicy`] a request on one folder runs under; the patch [`Guard`] of a folder; and the
+//! aliases the server sees (base names, de-duplicated; never absolute paths).
+//!
+//! Every shared folder, the Downloads companion and every toolchain folder is opened once, at
+//! connect, as an `O_PATH` descriptor kept for the executor's life ([`PinnedDir`]); commands are
+//! granted those descriptors, never a path resolved again later. A command that turns a path
+//! into a symlink (`~/go/bin` → `$HOME`) therefore gains nothing, and a request whose shared
+//! folder (or Downloads) no longer is the pinned directory is refused ([`Grants::check_pinned`]).
+//! A toolchain folder inside a writable grant is not pinned as a toolchain: it is the agent's to
+//! change, and its files are reachable through that grant anyway.
+//!
+//! Must never: share the home directory, one of its parents, `/`, or a folder that contains (or
+//! lies inside) the CLI's credentials or private state; skip a grant that cannot be opened;
+//! let a request on one folder reach another shared folder (only its own `--downloads`
+//! companion); widen a read-only folder nested in a writable one. Paths are compared canonical
+//! and component by component (`Path::starts_with`), never as strings.
+
+use std::collections::HashSet;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
+
+use agentworks_contract::executor::{FolderAccess, FolderInfo, MAX_FOLDERS, check_alias};
+use agentworks_core::guard::{Guard, RelPath};
+
+use super::config::Dirs;
+use super::sandbox::{
+    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
+};
+
+/// Why the grants were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    #[error("nothing to share: give at least one --folder or --write-folder")]
+    Nothing,
+    #[error("cannot share {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot share {path}: it is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("refusing to share {path}: it is {what}; share individual project folders instead")]
+    TooWide { path: PathBuf, what: &'static str },
+    #[error(
+        "refusing to share {path}: it contains the CLI's private {what} ({private}); share a folder that does not"
+    )]
+    ContainsPrivate {
+        path: PathBuf,
+        what: &'static str,
+        private: PathBuf,
+    },
+    #[error("refusing to share {path}: it lies inside the CLI's private {what} ({private})")]
+    InsidePrivate {
+        path: PathBuf,
+        what: &'static str,
+        private: PathBuf,
+    },
+    #[error(
+        "cannot share {path} as {alias:?}: {reason}; rename the folder (the server knows each folder by its name)"
+    )]
+    Alias {
+        path: PathBuf,
+        alias: String,
+        reason: String,
+    },
+    #[error("at most {max} folders can be shared at once; {given} were given")]
+    TooMany { given: usize, max: usize },
+    #[error("{path} is shared twice; give each folder once")]
+    Duplicate { path: PathBuf },
+    #[error("{flag} {path} does not lie inside any shared folder")]
+    Outside { flag: &'static str, path: PathBuf },
+    #[error("cannot resolve {path}: {source}")]
+    Resolve {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the toolchain folder {path}: {source}")]
+    Toolchain {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the shared folder {path} was moved or replaced ({reason}); reconnect to share it again"
+    )]
+    Replaced { path: PathBuf, reason: String },
+}
+
+/// A directory opened at connect (`O_PATH`, no symlink followed) and kept open, with the device
+/// and inode it had then.
+#[derive(Debug, Clone)]
+pub struct PinnedDir {
+    /// Canonical at connect.
+    path: PathBuf,
+    fd: Arc<OwnedFd>,
+    dev: u64,
+    ino: u64,
+}
+
+impl PartialEq for PinnedDir {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.path, self.dev, self.ino) == (&other.path, other.dev, other.ino)
+    }
+}
+
+impl Eq for PinnedDir {}
+
+/// Opens `path` (canonical) as a directory without following a symlink at its end; its device
+/// and inode.
+fn open_dir_at_path(path: &Path) -> std::io::Result<(OwnedFd, u64, u64)> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::fstat(&fd)?;
+    // st_dev and st_ino are unsigned on Linux; the casts only widen.
+    #[allow(clippy::unnecessary_cast)]
+    Ok((fd, stat.st_dev as u64, stat.st_ino as u64))
+}
+
+impl PinnedDir {
+    fn open(path: &Path) -> std::io::Result<PinnedDir> {
+        let (fd, dev, ino) = open_dir_at_path(path)?;
+        Ok(PinnedDir {
+            path: path.to_owned(),
+            fd: Arc::new(fd),
+            dev,
+            ino,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the path still names the pinned directory (no symlink at its end, same device
+    /// and inode).
+    pub fn check(&self) -> Result<(), GrantError> {
+        let replaced = |reason: String| GrantError::Replaced {
+            path: self.path.clone(),
+            reason,
+        };
+        match open_dir_at_path(&self.path) {
+            Ok((_, dev, ino)) if (dev, ino) == (self.dev, self.ino) => Ok(()),
+            Ok(_) => Err(replaced("another directory is there now".to_owned())),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                Err(replaced("it is a symlink now".to_owned()))
+            }
+            Err(e) => Err(replaced(e.to_string())),
+        }
+    }
+
+    /// The sandbox grant of this directory through its descriptor.
+    fn grant(&self, access: PinnedAccess) -> PinnedGrant {
+        PinnedGrant {
+            fd: self.fd.as_raw_fd(),
+            dev: self.dev,
+            ino: self.ino,
+            path: self.path.clone(),
+            access,
+        }
+    }
+}
+
+/// The descriptors pinned at connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pins {
+    /// One per shared folder, in the order of [`Grants::folders`].
+    folders: Vec<PinnedDir>,
+    downloads: Option<PinnedDir>,
+    /// The toolchain folders of [`HOME_TOOLCHAINS`] that exist and lie in no writable grant.
+    toolchains: Vec<PinnedDir>,
+    /// Their credential files ([`HOME_TOOLCHAIN_SECRETS`]), denied.
+    toolchain_secrets: Vec<PathBuf>,
+}
+
+/// The raw command-line grants.
+#[derive(Debug, Clone, Default)]
+pub struct GrantArgs {
+    pub folders: Vec<PathBuf>,
+    pub write_folders: Vec<PathBuf>,
+    pub block: Vec<PathBuf>,
+    pub read_only: Vec<PathBuf>,
+    pub downloads: bool,
+}
+
+/// One shared folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Folder {
+    pub alias: String,
+    /// Canonical.
+    pub path: PathBuf,
+    pub access: FolderAccess,
+}
+
+/// Validated grants, every path canonical.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    pub folders: Vec<Folder>,
+    /// `--block` paths (canonical; the missing tail of a path that does not exist yet is kept).
+    pub blocked: Vec<PathBuf>,
+    /// `--read-only` paths.
+    pub read_only: Vec<PathBuf>,
+    /// `~/Downloads`, when `--downloads` was given.
+    pub downloads: Option<PathBuf>,
+    /// The CLI's private dirs (canonical where they exist), denied to every command.
+    pub private: Vec<PathBuf>,
+    /// Canonical home.
+    pub home: PathBuf,
+    pins: Pins,
+}
+
+/// Canonicalise the longest existing prefix of `path` and append the rest (for paths that may
+/// not exist yet: the CLI's dirs before the first login, a `--block` for a future file).
+pub fn resolve_lenient(path: &Path) -> Result<PathBuf, GrantError> {
+    let absolute = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::env::current_dir()
+            .map_err(|source| GrantError::Resolve {
+                path: path.to_owned(),
+                source,
+            })?
+            .join(path)
+    };
+    let mut existing = absolute.clone();
+    let mut tail = Vec::new();
+    loop {
+        match std::fs::canonicalize(&existing) {
+            Ok(mut resolved) => {
+                for name in tail.iter().rev() {
+                    resolved.push(name);
+                }
+                return Ok(resolved);
+            }
+            Err(source) => {
+                let Some(name) = existing.file_name().map(ToOwned::to_owned) else {
+                    return Err(GrantError::Resolve {
+                        path: path.to_owned(),
+                        source,
+                    });
+                };
+                if name == ".." {
+                    return Err(GrantError::Resolve {
+                        path: path.to_owned(),
+                        source,
+                    });
+                }
+                tail.push(name);
+                existing.pop();
+            }
+        }
+    }
+}
+
+fn open_dir(path: &Path) -> Result<PathBuf, GrantError> {
+    let canonical = std::fs::canonicalize(path).map_err(|source| GrantError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    // Opening proves it can be read, not only stat-ed.
+    std::fs::read_dir(&canonical).map_err(|source| match source.raw_os_error() {
+        Some(libc::ENOTDIR) => GrantError::NotADirectory {
+            path: path.to_owned(),
+        },
+        _ => GrantError::Open {
+            path: path.to_owned(),
+            source,
+        },
+    })?;
+    if !canonical.is_dir() {
+        return Err(GrantError::NotADirectory {
+            path: path.to_owned(),
+        });
+    }
+    Ok(canonical)
+}
+
+/// The alias the server knows `path` by: its base name (`-2`, `-3`, … for a repeated one),
+/// refused here, before dialing, if the contract's alias rule would refuse it at hello.
+fn alias_for(path: &Path, taken: &mut HashSet<String>) -> Result<String, GrantError> {
+    let base = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "folder".to_owned());
+    let mut alias = base.clone();
+    let mut n = 2;
+    while taken.contains(&alias) {
+        alias = format!("{base}-{n}");
+        n += 1;
+    }
+    if let Err(reason) = check_alias(&alias) {
+        return Err(GrantError::Alias {
+            path: path.to_owned(),
+            alias,
+            reason,
+        });
+    }
+    taken.insert(alias.clone());
+    Ok(alias)
+}
+
+/// Pins `canonical` (the resolution of `given`).
+fn pin(given: &Path, canonical: &Path) -> Result<PinnedDir, GrantError> {
+    PinnedDir::open(canonical).map_err(|source| GrantError::Open {
+        path: given.to_owned(),
+        source,
+    })
+}
+
+/// Pins the toolchain folders under `home` that exist and lie in none of the `writable` roots;
+/// returns them with their credential files (resolved now, to be denied).
+fn pin_toolchains(
+    home: &Path,
+    writable: &[&Path],
+) -> Result<(Vec<PinnedDir>, Vec<PathBuf>), GrantError> {
+    let mut pinned: Vec<PinnedDir> = Vec::new();
+    for dir in HOME_TOOLCHAINS {
+        let path = home.join(dir);
+        let canonical = match std::fs::canonicalize(&path) {
+            Ok(canonical) => canonical,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(GrantError::Toolchain { path, source }),
+        };
+        if writable.iter().any(|w| canonical.starts_with(w))
+            || pinned.iter().any(|p| p.path == canonical)
+        {
+            continue;
+        }
+        match PinnedDir::open(&canonical) {
+            Ok(dir) => pinned.push(dir),
+            // A file where a toolchain folder would be is no toolchain.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
+            Err(source) => return Err(GrantError::Toolchain { path, source }),
+        }
+    }
+    let secrets = HOME_TOOLCHAIN_SECRETS
+        .iter()
+        .map(|secret| resolve_lenient(&home.join(secret)))
+        .collect::<Result<_, _>>()?;
+    Ok((pinned, secrets))
+}
+
+impl Grants {
+    /// Validate the command-line grants against the person's home and the CLI's dirs.
+    pub fn validate(args: &GrantArgs, dirs: &Dirs) -> Result<Grants, GrantError> {
+        if args.folders.is_empty() && args.write_folders.is_empty() {
+            return Err(GrantError::Nothing);
+        }
+        let home = resolve_lenient(&dirs.home)?;
+        let private = [
+            ("credentials", resolve_lenient(&dirs.config)?),
+            ("state", resolve_lenient(&dirs.state)?),
+        ];
+        let check = |given: &Path, canonical: &Path| -> Result<(), GrantError> {
+            if canonical == Path::new("/") {
+                return Err(GrantError::TooWide {
+                    path: given.to_owned(),
+                    what: "the root of the filesystem",
+                });
+            }
+            if canonical == home {
+                return Err(GrantError::TooWide {
+                    path: given.to_owned(),
+                    what: "your home directory",
+                });
+            }
+            if home.starts_with(canonical) {
+                return Err(GrantError::TooWide {
+                    path: given.to_owned(),
+                    what: "a parent of your home directory",
+                });
+            }
+            for (what, dir) in &private {
+                if dir.starts_with(canonical) {
+                    return Err(GrantError::ContainsPrivate {
+                        path: given.to_owned(),
+                        what,
+                        private: dir.clone(),
+                    });
+                }
+                if canonical.starts_with(dir) {
+                    return Err(GrantError::InsidePrivate {
+                        path: given.to_owned(),
+                        what,
+                        private: dir.clone(),
+                    });
+                }
+            }
+            Ok(())
+        };
+
+        let given = args.folders.len() + args.write_folders.len();
+        if given > MAX_FOLDERS {
+            return Err(GrantError::TooMany {
+                given,
+                max: MAX_FOLDERS,
+            });
+        }
+        let mut taken = HashSet::new();
+        let mut folders: Vec<Folder> = Vec::new();
+        let given = args
+            .folders
+            .iter()
+            .map(|p| (p, FolderAccess::ReadOnly))
+            .chain(
+                args.write_folders
+                    .iter()
+                    .map(|p| (p, FolderAccess::ReadWrite)),
+            );
+        let mut folder_pins = Vec::new();
+        for (path, access) in given {
+            let canonical = open_dir(path)?;
+            check(path, &canonical)?;
+            if folders.iter().any(|f| f.path == canonical) {
+                return Err(GrantError::Duplicate {
+                    path: path.to_owned(),
+                });
+            }
+            folder_pins.push(pin(path, &canonical)?);
+            folders.push(Folder {
+                alias: alias_for(&canonical, &mut taken)?,
+                path: canonical,
+                access,
+            });
+        }
+        let downloads = if args.downloads {
+            let given = dirs.home.join("Downloads");
+            let canonical = open_dir(&given)?;
+            check(&given, &canonical)?;
+            Some(pin(&given, &canonical)?)
+        } else {
+            None
+        };
+        let inside = |flag: &'static str, raw: &[PathBuf]| -> Result<Vec<PathBuf>, GrantError> {
+            raw.iter()
+                .map(|p| {
+                    let resolved = resolve_lenient(p)?;
+                    let shared = folders
+                        .iter()
+                        .map(|f| f.path.as_path())
+                        .chain(downloads.as_ref().map(PinnedDir::path));
+                    if shared.clone().any(|root| resolved.starts_with(root)) {
+                        Ok(resolved)
+                    } else {
+                        Err(GrantError::Outside {
+                            flag,
+                            path: p.to_owned(),
+                        })
+                    }
+                })
+                .collect()
+        };
+        let blocked = inside("--block", &args.block)?;
+        let read_only = inside("--read-only", &args.read_only)?;
+        let writable: Vec<&Path> = folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadWrite)
+            .map(|f| f.path.as_path())
+            .chain(downloads.as_ref().map(PinnedDir::path))
+            .collect();
+        let (toolchains, toolchain_secrets) = pin_toolchains(&home, &writable)?;
+        Ok(Grants {
+            folders,
+            blocked,
+            read_only,
+            downloads: downloads.as_ref().map(|d| d.path.clone()),
+            private: private.into_iter().map(|(_, p)| p).collect(),
+            home,
+            pins: Pins {
+                folders: folder_pins,
+                downloads,
+                toolchains,
+                toolchain_secrets,
+            },
+        })
+    }
+
+    /// Refuses a request on `folder` when it, or the Downloads companion, is no longer the
+    /// directory pinned at connect.
+    pub fn check_pinned(&self, folder: &Folder) -> Result<(), GrantError> {
+        self.folder_pin(folder)?.check()?;
+        match &self.pins.downloads {
+            Some(downloads) => downloads.check(),
+            None => Ok(()),
+        }
+    }
+
+    fn folder_pin(&self, folder: &Folder) -> Result<&PinnedDir, GrantError> {
+        self.folders
+            .iter()
+            .position(|f| f == folder)
+            .and_then(|i| self.pins.folders.get(i))
+            .ok_or_else(|| GrantError::Replaced {
+                path: folder.path.clone(),
+                reason: "it is not one of the folders pinned at connect".to_owned(),
+            })
+    }
+
+    /// The writable roots a request on `folder` gets: the folder if it is a write folder, and
+    /// Downloads.
+    fn writable_roots<'a>(&'a self, folder: &'a Folder) -> Vec<&'a Path> {
+        let own = (folder.access == FolderAccess::ReadWrite).then_some(folder.path.as_path());
+        own.into_iter().chain(self.downloads.as_deref()).collect()
+    }
+
+    pub fn folder(&self, alias: &str) -> Option<&Folder> {
+        self.folders.iter().find(|f| f.alias == alias)
+    }
+
+    /// What the server is told: aliases and access, never paths.
+    pub fn folder_infos(&self) -> Vec<FolderInfo> {
+        self.folders
+            .iter()
+            .map(|f| FolderInfo {
+                alias: f.alias.clone(),
+                access: f.access,
+                downloads: self.downloads.is_some(),
+            })
+            .collect()
+    }
+
+    /// The text printed before connecting: each folder's file and command permissions.
+    pub fn permissions_text(&self) -> String {
+        let mut out = String::from("Sharing these folders with the server:\n");
+        for f in &self.folders {
+            out.push_str(&format!("  {}  ({})\n", f.alias, f.path.display()));
+            match f.access {
+                FolderAccess::ReadOnly => out.push_str(
+                    "    files: read-only (no patches)\n    commands: run in a read-only sandbox (they can read this folder, not change it)\n",
+                ),
+                FolderAccess::ReadWrite => out.push_str(
+                    "    files: read and write (patches allowed)\n    commands: may change files here, including builds and tests\n",
+                ),
+            }
+            for b in self.blocked.iter().filter(|b| b.starts_with(&f.path)) {
+                out.push_str(&format!("    blocked: {}\n", b.display()));
+            }
+            for r in self.read_only.iter().filter(|r| r.starts_with(&f.path)) {
+                out.push_str(&format!("    read-only: {}\n", r.display()));
+            }
+        }
+        if let Some(d) = &self.downloads {
+            out.push_str(&format!(
+                "  Downloads ({}): read and write for commands of every shared folder ($AGENTWORKS_DOWNLOADS)\n",
+                d.display()
+            ));
+            for b in self.blocked.iter().filter(|b| b.starts_with(d)) {
+                out.push_str(&format!("    blocked: {}\n", b.display()));
+            }
+            for r in self.read_only.iter().filter(|r| r.starts_with(d)) {
+                out.push_str(&format!("    read-only: {}\n", r.display()));
+            }
+            for f in self
+                .folders
+                .iter()
+                .filter(|f| f.access == FolderAccess::ReadOnly && f.path.starts_with(d))
+            {
+                out.push_str(&format!(
+                    "    read-only: {} (shared read-only as {})\n",
+                    f.path.display(),
+                    f.alias
+                ));
+            }
+        }
+        let toolchains: Vec<String> = self
+            .pins
+            .toolchains
+            .iter()
+            .map(|t| t.path.display().to_string())
+            .collect();
+        if !toolchains.is_empty() {
+            out.push_str(&format!(
+                "Toolchain folders commands may read and run: {}\n",
+                toolchains.join(", ")
+            ));
+        }
+        out.push_str(
+            "Commands have open network access (internet, localhost, local network).\n\
+             File contents and command output are sent to the server and its model.\n\
+             The CLI's credentials and receipts are never reachable by commands.\n\
+             These folders are held open from now on: if one is moved or replaced, requests on \
+             it are refused until you reconnect.\n",
+        );
+        out
+    }
+
+    /// The sandbox a request on `folder` runs under, with `scratch` as its private scratch dir:
+    /// the folder, Downloads and the toolchains through their pinned descriptors; every
+    /// `--block` path, the CLI's private dirs and the toolchains' credentials denied; inside
+    /// each writable root, its `--read-only` paths and every read-only folder shared inside it
+    /// (whichever folder the request is on) read-only.
+    pub fn policy(&self, folder: &Folder, scratch: &Path) -> Result<SandboxPolicy, GrantError> {
+        let access = match folder.access {
+            FolderAccess::ReadOnly => PinnedAccess::ReadOnly,
+            FolderAccess::ReadWrite => PinnedAccess::ReadWrite,
+        };
+        let mut pinned = vec![self.folder_pin(folder)?.grant(access)];
+        if let Some(downloads) = &self.pins.downloads {
+            pinned.push(downloads.grant(PinnedAccess::ReadWrite));
+        }
+        pinned.extend(
+            self.pins
+                .toolchains
+                .iter()
+                .map(|t| t.grant(PinnedAccess::ReadOnly)),
+        );
+        let writable = self.writable_roots(folder);
+        let within = |path: &Path| writable.iter().any(|w| path != *w && path.starts_with(w));
+        let mut read_only_within: Vec<PathBuf> = self
+            .read_only
+            .iter()
+            .filter(|r| within(r))
+            .cloned()
+            .collect();
+        read_only_within.extend(
+            self.folders
+                .iter()
+                .filter(|o| o.access == FolderAccess::ReadOnly && within(&o.path))
+                .map(|o| o.path.clone()),
+        );
+        let mut denied = self.private.clone();
+        denied.extend(self.pins.toolchain_secrets.iter().cloned());
+        Ok(SandboxPolicy {
+            pinned,
+            read_write: Vec::new(),
+            read_only: Vec::new(),
+            blocked: self.blocked.clone(),
+            read_only_within,
+            denied,
+            home: None,
+            scratch: scratch.to_owned(),
+            cwd: folder.path.clone(),
+            limits: Default::default(),
+        })
+    }
+
+    /// The guard patches on `folder` are checked against: the whole folder writable except its
+    /// `--block` and `--read-only` paths and read-only folders nested in it. Paths a [`RelPath`]
+    /// cannot name (dot components) are unreachable by patches anyway and are left out.
+    pub fn guard(&self, folder: &Folder) -> Guard {
+        let rel = |paths: &mut dyn Iterator<Item = &PathBuf>| -> Vec<String> {
+            paths
+                .filter_map(|p| p.strip_prefix(&folder.path).ok())
+                .map(|p| p.to_string_lossy().into_owned())
+                .filter(|p| !p.is_empty() && RelPath::parse(p).is_ok())
+                .collect()
+        };
+        let blocked = rel(&mut self.blocked.iter());
+        let mut read_only = rel(&mut self.read_only.iter());
+        let nested: Vec<PathBuf> = self
+            .folders
+            .iter()
+            .filter(|o| o.access == FolderAccess::ReadOnly && o.path != folder.path)
+            .map(|o| o.path.clone())
+            .collect();
+        read_only.extend(rel(&mut nested.iter()));
+        Guard {
+            write_paths: vec![String::new()],
+            blocked_paths: blocked,
+            blocked_write_paths: Vec::new(),
+            read_only_paths: read_only,
+        }
+    }
+
+    /// The guard patches inside the Downloads companion are checked against (`None` without
+    /// `--downloads`): built as [`Grants::guard`] builds a folder's, so the `--block` and
+    /// `--read-only` paths inside Downloads, and every read-only folder shared inside it, stay
+    /// out of reach of a patch that names an absolute Downloads path.
+    pub fn downloads_guard(&self) -> Option<Guard> {
+        let downloads = self.downloads.as_ref()?;
+        Some(self.guard(&Folder {
+            alias: String::new(),
+            path: downloads.clone(),
+            access: FolderAccess::ReadWrite,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Dirs) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        let home = root.join("home/me");
+        for d in [
+            "home/me/proj/sub",
+            "home/me/docs",
+            "home/me/.config",
+            "other/proj",
+        ] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let dirs = Dirs {
+            config: home.join(".config/agentworks"),
+            state: home.join(".local/state/agentworks"),
+            home,
+        };
+        (dir, dirs)
+    }
+
+    fn args(folders: &[&Path], write: &[&Path]) -> GrantArgs {
+        GrantArgs {
+            folders: folders.iter().map(|p| p.to_path_buf()).collect(),
+            write_folders: write.iter().map(|p| p.to_path_buf()).collect(),
+            ..GrantArgs::default()
+        }
+    }
+
+    #[test]
+    fn refuses_home_parents_root_private_and_missing() {
+        let (_dir, dirs) = setup();
+        let home = dirs.home.clone();
+        for bad in [
+            home.clone(),
+            home.parent().expect("parent").to_owned(),
+            PathBuf::from("/"),
+            home.join(".config"),
+            home.join("missing"),
+            home.join("proj/../../me"),
+        ] {
+            assert!(
+                Grants::validate(&args(&[&bad], &[]), &dirs).is_err(),
+                "{} was accepted",
+                bad.display()
+            );
+        }
+        let ok = Grants::validate(&args(&[&home.join("docs")], &[&home.join("proj")]), &dirs)
+            .expect("valid");
+        assert_eq!(ok.folders[0].alias, "docs");
+        let mut a = args(&[], &[&home.join("proj")]);
+        a.block = vec![home.join("docs/x")];
+        assert!(matches!(
+            Grants::validate(&a, &dirs),
+            Err(GrantError::Outside { .. })
+        ));
+    }
+
+    #[test]
+    fn folders_are_named_by_the_contracts_alias_rule_before_dialing() {
+        let (dir, dirs) = setup();
+        let home = dir
+            .path()
+            .canonicalize()
+            .expect("canonical")
+            .join("home/me");
+        for name in ["My Notes", "colon:name", " lead"] {
+            std::fs::create_dir_all(home.join(name)).expect("mkdir");
+        }
+        let ok = Grants::validate(&args(&[], &[&home.join("My Notes")]), &dirs).expect("valid");
+        assert_eq!(ok.folders[0].alias, "My Notes");
+        for (name, reason) in [("colon:name", "':'"), (" lead", "space")] {
+            let error = Grants::validate(&args(&[&home.join(name)], &[]), &dirs)
+                .expect_err(name)
+                .to_string();
+            assert!(
+                error.contains(reason) && error.contains("rename the folder"),
+                "{name}: {error}"
+            );
+        }
+        let many: Vec<PathBuf> = (0..=MAX_FOLDERS)
+            .map(|n| {
+                let path = home.join(format!("f{n}"));
+                std::fs::create_dir_all(&path).expect("mkdir");
+                path
+            })
+            .collect();
+        let many: Vec<&Path> = many.iter().map(PathBuf::as_path).collect();
+        assert!(matches!(
+            Grants::validate(&args(&many, &[]), &dirs),
+            Err(GrantError::TooMany { .. })
+        ));
+    }
+
+    #[test]
+    fn aliases_are_deduplicated_and_policy_is_per_folder() {
+        let (dir, dirs) = setup();
+        let root = dir.path().canonicalize().expect("canonical");
+        let a = root.join("home/me/proj");
+        let b = root.join("other/proj");
+        let mut g = args(&[&b], &[&a]);
+        g.block = vec![a.join("secret")];
+        g.read_only = vec![a.join("sub")];
+        let grants = Grants::validate(&g, &dirs).expect("valid");
+        let aliases: Vec<_> = grants.folders.iter().map(|f| f.alias.as_str()).collect();
+        assert_eq!(aliases, ["proj", "proj-2"]);
+        let write = grants.folder("proj-2").expect("folder");
+        let policy = grants.policy(write, &root.join("scratch")).expect("policy");
+        let pinned: Vec<_> = policy
+            .pinned
+            .iter()
+            .map(|p| (p.path.clone(), p.access))
+            .collect();
+        assert_eq!(
+            pinned,
+            vec![(a.clone(), PinnedAccess::ReadWrite)],
+            "other folders are not reachable"
+        );
+        assert!(policy.read_write.is_empty() && policy.read_only.is_empty());
+        assert_eq!(
+            policy.home, None,
+            "toolchains are pinned, not resolved by path"
+        );
+        assert_eq!(policy.read_only_within, vec![a.join("sub")]);
+        assert_eq!(policy.blocked, vec![a.join("secret")]);
+        for private in [&dirs.config, &dirs.state] {
+            assert!(policy.denied.contains(private), "{}", private.display());
+        }
+        assert!(
+            policy
+                .denied
+                .contains(&dirs.home.join(".cargo/credentials.toml"))
+        );
+        let guard = grants.guard(write);
+        assert_eq!(guard.blocked_paths, ["secret"]);
+        assert_eq!(guard.read_only_paths, ["sub"]);
+        assert!(
+            !serde_json::to_string(&grants.folder_infos())
+                .expect("json")
+                .contains('/')
+        );
+    }
+}

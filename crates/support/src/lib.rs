@@ -1,0 +1,12 @@
+//! Small mechanisms more than one side needs, none of them daemon plumbing: the clock
+//! ([`clock`]), opening a durable SQLite store ([`sqlite`]), the TLS client configuration
+//! ([`tls`]), the URL rules ([`url`]) and the HTTP client over Unix sockets the CLIs, daemons,
+//! tests and benchmarks use ([`unix_http`]).
+//!
+//! Must never know a domain: no document, token or device type lives here.
+
+pub mod clock;
+pub mod sqlite;
+pub mod tls;
+pub mod unix_http;
+pub mod url;

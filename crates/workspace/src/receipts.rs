@@ -1,0 +1,324 @@
+//! Durable receipts: one SQLite database per project root, WAL with `synchronous=FULL`.
+//!
+//! A receipt is written *prepared* before a change touches the documents tree and marked
+//! *applied* (or *not_applied*) after; a prepared receipt left by a crash is reconciled from
+//! the file on disk, never guessed (`workspace::ops`). Request ids are scoped to the caller:
+//! the unique key is `(user_id, request_id)`, so one person's id never finds another's receipt.
+//!
+//! `synchronous=FULL` because NORMAL in WAL mode can lose the last committed transactions on
+//! power loss, and a receipt that vanishes after we answered "applied" is a lie. Receipts are
+//! never pruned here.
+
+use agentworks_core::revision::Revision;
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::{Path, PathBuf};
+
+/// Before-content kept per receipt; longer content is truncated and flagged.
+pub const BEFORE_CONTENT_CAP: usize = 128 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    #[error("the receipt store {path} is unavailable: {source}; refusing the change (fail closed)")]
+    Unavailable {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("receipt store {path}: {source}")]
+    Query {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+}
+
+pub use agentworks_contract::workspaced::{Operation, Receipt, ReceiptState};
+
+/// The receipt database of one project root.
+pub struct ReceiptStore {
+    path: PathBuf,
+    conn: Connection,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    receipt_id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    project TEXT NOT NULL,
+    path TEXT NOT NULL,
+    to_path TEXT,
+    user_id TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    connection_id TEXT,
+    source TEXT NOT NULL,
+    previous_revision TEXT NOT NULL,
+    resulting_revision TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    payload_hash TEXT NOT NULL,
+    before_content BLOB,
+    before_truncated INTEGER NOT NULL,
+    UNIQUE (user_id, request_id)
+);
+CREATE INDEX IF NOT EXISTS receipts_by_path ON receipts (path, created_at_ms);
+CREATE INDEX IF NOT EXISTS receipts_by_state ON receipts (state);
+";
+
+const COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
+    connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
+    updated_at_ms, payload_hash, before_content, before_truncated";
+
+use agentworks_support::clock::now_ms;
+
+fn row_to_receipt(row: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
+    let revision = |i: usize| -> rusqlite::Result<Revision> {
+        let raw: String = row.get(i)?;
+        Revision::parse(&raw).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+        })
+    };
+    Ok(Receipt {
+        receipt_id: row.get(0)?,
+        request_id: row.get(1)?,
+        operation: Operation::parse(&row.get::<_, String>(2)?),
+        project: row.get(3)?,
+        path: row.get(4)?,
+        to_path: row.get(5)?,
+        user_id: row.get(6)?,
+        user_name: row.get(7)?,
+        connection_id: row.get(8)?,
+        source: row.get(9)?,
+        previous_revision: revision(10)?,
+        resulting_revision: revision(11)?,
+        state: ReceiptState::parse(&row.get::<_, String>(12)?),
+        created_at_ms: row.get(13)?,
+        updated_at_ms: row.get(14)?,
+        payload_hash: row.get(15)?,
+        before_content: row.get(16)?,
+        before_truncated: row.get::<_, i64>(17)? != 0,
+    })
+}
+
+impl ReceiptStore {
+    /// Open (creating) the store at `dir/receipts.db` with WAL and `synchronous=FULL`.
+    pub fn open(dir: &Path) -> Result<ReceiptStore, ReceiptError> {
+        let path = dir.join("receipts.db");
+        let unavailable = |source| ReceiptError::Unavailable {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(unavailable)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(unavailable)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(unavailable)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(unavailable(rusqlite::Error::InvalidParameterName(format!(
+                "journal_mode is {mode}, not wal"
+            ))));
+        }
+        conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+            .map_err(unavailable)?;
+        conn.execute_batch(SCHEMA).map_err(unavailable)?;
+        Ok(ReceiptStore { path, conn })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn query_err(&self, source: rusqlite::Error) -> ReceiptError {
+        ReceiptError::Query {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Record a prepared receipt. Any failure is `Unavailable`: the caller must refuse.
+    pub fn insert_prepared(&self, receipt: &Receipt) -> Result<(), ReceiptError> {
+        self.conn
+            .execute(
+                &format!("INSERT INTO receipts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"),
+                params![
+                    receipt.receipt_id,
+                    receipt.request_id,
+                    receipt.operation.as_str(),
+                    receipt.project,
+                    receipt.path,
+                    receipt.to_path,
+                    receipt.user_id,
+                    receipt.user_name,
+                    receipt.connection_id,
+                    receipt.source,
+                    receipt.previous_revision.to_string(),
+                    receipt.resulting_revision.to_string(),
+                    ReceiptState::Prepared.as_str(),
+                    receipt.created_at_ms,
+                    receipt.updated_at_ms,
+                    receipt.payload_hash,
+                    receipt.before_content,
+                    receipt.before_truncated as i64,
+                ],
+            )
+            .map(|_| ())
+            .map_err(|source| ReceiptError::Unavailable {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Move a receipt to `state`, returning the updated time.
+    pub fn set_state(&self, receipt_id: &str, state: ReceiptState) -> Result<i64, ReceiptError> {
+        let now = now_ms();
+        let changed = self
+            .conn
+            .execute(
+                "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3",
+                params![state.as_str(), now, receipt_id],
+            )
+            .map_err(|e| self.query_err(e))?;
+        if changed != 1 {
+            return Err(self.query_err(rusqlite::Error::QueryReturnedNoRows));
+        }
+        Ok(now)
+    }
+
+    /// The caller's receipt for `request_id`, if any.
+    pub fn find(&self, user_id: &str, request_id: &str) -> Result<Option<Receipt>, ReceiptError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2"),
+                params![user_id, request_id],
+                row_to_receipt,
+            )
+            .optional()
+            .map_err(|e| self.query_err(e))
+    }
+
+    pub fn by_receipt_id(&self, receipt_id: &str) -> Result<Option<Receipt>, ReceiptError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM receipts WHERE receipt_id = ?1"),
+                params![receipt_id],
+                row_to_receipt,
+            )
+            .optional()
+            .map_err(|e| self.query_err(e))
+    }
+
+    /// Every receipt still prepared (left by an interrupted change).
+    pub fn prepared(&self) -> Result<Vec<Receipt>, ReceiptError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM receipts WHERE state = 'prepared' ORDER BY created_at_ms"
+            ))
+            .map_err(|e| self.query_err(e))?;
+        let rows = stmt
+            .query_map([], row_to_receipt)
+            .map_err(|e| self.query_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.query_err(e))
+    }
+
+    /// The most recent receipts, newest first, optionally for one path (as source or target).
+    pub fn recent(&self, path: Option<&str>, limit: usize) -> Result<Vec<Receipt>, ReceiptError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM receipts WHERE (?1 IS NULL OR path = ?1 OR to_path = ?1) \
+                 ORDER BY created_at_ms DESC, rowid DESC LIMIT ?2"
+            ))
+            .map_err(|e| self.query_err(e))?;
+        let rows = stmt
+            .query_map(params![path, limit as i64], row_to_receipt)
+            .map_err(|e| self.query_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.query_err(e))
+    }
+}
+
+/// A fresh receipt id: `rcpt_` and 128 random bits in hex.
+pub fn new_receipt_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    format!("rcpt_{}", hex::encode(bytes))
+}
+
+/// Cap before-content at [`BEFORE_CONTENT_CAP`].
+pub fn capped_before(content: &[u8]) -> (Vec<u8>, bool) {
+    if content.len() > BEFORE_CONTENT_CAP {
+        (content[..BEFORE_CONTENT_CAP].to_vec(), true)
+    } else {
+        (content.to_vec(), false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(id: &str, user: &str, request: &str) -> Receipt {
+        let now = now_ms();
+        Receipt {
+            receipt_id: id.into(),
+            request_id: request.into(),
+            operation: Operation::Write,
+            project: "p".into(),
+            path: "a.txt".into(),
+            to_path: None,
+            user_id: user.into(),
+            user_name: "Alice".into(),
+            connection_id: Some("c1".into()),
+            source: "test".into(),
+            previous_revision: Revision::Missing,
+            resulting_revision: Revision::of(b"x"),
+            state: ReceiptState::Prepared,
+            created_at_ms: now,
+            updated_at_ms: now,
+            payload_hash: "h".into(),
+            before_content: None,
+            before_truncated: false,
+        }
+    }
+
+    #[test]
+    fn prepared_then_applied_survives_reopen_and_is_caller_scoped() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = ReceiptStore::open(dir.path()).unwrap();
+            store.insert_prepared(&sample("r1", "u1", "req")).unwrap();
+            // Another user may use the same request id.
+            store.insert_prepared(&sample("r2", "u2", "req")).unwrap();
+            // The same user may not.
+            assert!(store.insert_prepared(&sample("r3", "u1", "req")).is_err());
+            store.set_state("r1", ReceiptState::Applied).unwrap();
+        }
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        let r1 = store.find("u1", "req").unwrap().unwrap();
+        assert_eq!(r1.receipt_id, "r1");
+        assert_eq!(r1.state, ReceiptState::Applied);
+        assert_eq!(store.find("u2", "req").unwrap().unwrap().receipt_id, "r2");
+        assert!(store.find("u3", "req").unwrap().is_none());
+        assert_eq!(store.prepared().unwrap().len(), 1);
+        let mode: String = store
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let sync: i64 = store
+            .conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 2, "synchronous must be FULL");
+    }
+
+    #[test]
+    fn before_content_is_capped() {
+        let big = vec![b'a'; BEFORE_CONTENT_CAP + 10];
+        let (kept, truncated) = capped_before(&big);
+        assert_eq!(kept.len(), BEFORE_CONTENT_CAP);
+        assert!(truncated);
+        assert!(!capped_before(b"small").1);
+    }
+}

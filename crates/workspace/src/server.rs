@@ -1,0 +1,123 @@
+//! workspaced's socket API: routes `/v1/...` to [`Workspace`] operations on blocking threads,
+//! after checking the peer.
+//!
+//! Only root, workspaced's own user and the configured callers (agentd's user) are served;
+//! anyone else who can open the socket gets `peer_forbidden`. Every answer is JSON; every
+//! failure is the one error envelope.
+
+use crate::error::WorkspaceError;
+use crate::ops::Workspace;
+use agentworks_contract::workspaced::Health;
+use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::server::{Peer, PeerPolicy, ServerLimits, forbidden_peer, serve};
+use bytes::Bytes;
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body: the biggest allowed file, JSON-escaped, plus room for the context.
+pub fn max_body_bytes(max_file_bytes: u64) -> usize {
+    (max_file_bytes as usize)
+        .saturating_mul(6)
+        .saturating_add(64 * 1024)
+}
+
+/// Serve `workspace` on `listener` until `shutdown` is cancelled and in-flight requests finish.
+pub async fn run(
+    listener: tokio::net::UnixListener,
+    workspace: Arc<Workspace>,
+    policy: PeerPolicy,
+    limits: ServerLimits,
+    shutdown: CancellationToken,
+) {
+    let policy = Arc::new(policy);
+    let handler = move |peer: Peer, parts: Parts, body: Bytes| {
+        let workspace = workspace.clone();
+        let policy = policy.clone();
+        async move {
+            if !policy.allows(&peer) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    "refused a peer on workspaced.sock"
+                );
+                return forbidden_peer(&peer);
+            }
+            route(workspace, parts, body).await
+        }
+    };
+    serve(listener, handler, shutdown, limits).await;
+}
+
+async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response<Body> {
+    let path = parts.uri.path().to_owned();
+    match (&parts.method, path.as_str()) {
+        (&Method::GET, "/v1/health") => json_response(
+            StatusCode::OK,
+            &Health {
+                status: "ok".into(),
+                daemon: "agentworks-workspaced".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+        ),
+        (&Method::POST, "/v1/read") => call(workspace, body, |w, r| w.read(&r)).await,
+        (&Method::POST, "/v1/list") => call(workspace, body, |w, r| w.list(&r)).await,
+        (&Method::POST, "/v1/search") => call(workspace, body, |w, r| w.search(&r)).await,
+        (&Method::POST, "/v1/write") => call(workspace, body, |w, r| w.write(&r)).await,
+        (&Method::POST, "/v1/patch") => call(workspace, body, |w, r| w.patch(&r)).await,
+        (&Method::POST, "/v1/move") => call(workspace, body, |w, r| w.move_file(&r)).await,
+        (&Method::POST, "/v1/delete") => call(workspace, body, |w, r| w.delete(&r)).await,
+        (&Method::POST, "/v1/receipt") => call(workspace, body, |w, r| w.receipt(&r)).await,
+        (&Method::POST, "/v1/history") => call(workspace, body, |w, r| w.history(&r)).await,
+        (&Method::POST, "/v1/restore") => call(workspace, body, |w, r| w.restore(&r)).await,
+        (&Method::POST, "/v1/projects/ensure") => {
+            call(workspace, body, |w, r| w.ensure_project(&r)).await
+        }
+        (_, p) if p.starts_with("/v1/") => error_response(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!("{} {} is not an endpoint of workspaced", parts.method, p),
+            Default::default(),
+        ),
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            "workspaced serves /v1/... only",
+            Default::default(),
+        ),
+    }
+}
+
+/// Decode the body, run the operation on a blocking thread, encode the answer.
+async fn call<Req, Resp, F>(workspace: Arc<Workspace>, body: Bytes, op: F) -> Response<Body>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    F: FnOnce(&Workspace, Req) -> Result<Resp, WorkspaceError> + Send + 'static,
+{
+    let request: Req = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return WorkspaceError::InvalidRequest(format!("the request body is not valid: {e}"))
+                .to_response();
+        }
+    };
+    match tokio::task::spawn_blocking(move || op(&workspace, request)).await {
+        Ok(Ok(answer)) => json_response(StatusCode::OK, &answer),
+        Ok(Err(error)) => {
+            if error.status().is_server_error() {
+                tracing::warn!(code = error.code(), %error, "workspaced request failed");
+            }
+            error.to_response()
+        }
+        Err(join) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the operation did not finish: {join}"),
+            Default::default(),
+        ),
+    }
+}
