@@ -21,28 +21,23 @@
 //! is killed and its result recorded), tool calls not yet started are answered "not run", and
 //! the stream ends with `end {reason: "cancelled"}`.
 //!
-//! The turn's events are the SSE lines `event: <kind>` / `data: <json>`. The public listener's
-//! responses are complete buffers (`ipc::server`), so the stream is sent when the turn ends;
-//! the turn itself runs in its own task and ends (and is stored) even if the client goes away.
+//! The turn's events are the SSE lines `event: <kind>` / `data: <json>`, each sent as the turn
+//! produces it (a streaming body); the turn itself runs in its own task and ends (and is
+//! stored) even if the client goes away.
 
-use crate::chats::{Chat, ChatStore, ChatStoreError, StoredMessage};
-use crate::files::FileTools;
+use crate::chat_service::{ApiError, ChatService, Running, blocking, from_tool};
+use crate::chats::Chat;
+use crate::identity::ProjectKind;
 use crate::identity::store::TokenRefusal;
-use crate::identity::{IdentityStore, ProjectKind};
-use crate::mcp::{Caller, ToolError};
-use crate::model::ModelClient;
+use crate::mcp::Caller;
 use crate::turn::{self, TurnSpec};
-use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
-use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
-use agentworks_support::unix_http::{ClientError, UnixClient};
+use agentworks_daemon::ipc::envelope::{Body, json_response};
 use bytes::Bytes;
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
-use serde_json::{Map, Value, json};
-use std::collections::HashMap;
-use std::sync::Arc;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 /// Largest body of `POST /v1/chats/{id}/turns` (one message; the model sees at most
@@ -53,157 +48,7 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
 
 pub use agentworks_contract::public_api::CONFIRMATION;
 
-/// An API refusal: status, code, message, details.
-#[derive(Debug, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: String,
-    pub message: String,
-    pub details: Map<String, Value>,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code: code.to_owned(),
-            message: message.into(),
-            details: Map::new(),
-        }
-    }
-
-    fn response(self) -> Response<Body> {
-        error_response(self.status, &self.code, self.message, self.details)
-    }
-}
-
-impl From<ChatStoreError> for ApiError {
-    fn from(error: ChatStoreError) -> ApiError {
-        tracing::error!(%error, "chat store failed");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("{error}; try again shortly"),
-        )
-    }
-}
-
-/// A file-tool refusal (from a live access check) as an API error.
-fn from_tool(error: ToolError) -> ApiError {
-    let status = match error.code.as_str() {
-        "not_found" => StatusCode::NOT_FOUND,
-        "unauthorized" => StatusCode::UNAUTHORIZED,
-        "forbidden" => StatusCode::FORBIDDEN,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    ApiError {
-        status,
-        code: error.code,
-        message: error.message,
-        details: error.details,
-    }
-}
-
-/// Which turn is running in a chat, and how to cancel it.
-#[derive(Debug, Clone)]
-struct Running {
-    turn: i64,
-    cancel: CancellationToken,
-}
-
-/// Everything the chat endpoints and the turns need. Cheap to clone.
-#[derive(Clone)]
-pub struct ChatService {
-    pub identity: IdentityStore,
-    pub files: FileTools,
-    pub chats: ChatStore,
-    pub gatewayd: UnixClient,
-    pub model: Option<ModelClient>,
-    running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ChatStoreError> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => Ok(result?),
-        Err(error) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("the chat store task failed: {error}"),
-        )),
-    }
-}
-
-fn to_tool(error: ApiError) -> ToolError {
-    ToolError::new(error.code, error.message)
-}
-
 impl ChatService {
-    pub fn new(
-        identity: IdentityStore,
-        files: FileTools,
-        chats: ChatStore,
-        gatewayd: UnixClient,
-        model: Option<ModelClient>,
-    ) -> ChatService {
-        ChatService {
-            identity,
-            files,
-            chats,
-            gatewayd,
-            model,
-            running: Default::default(),
-        }
-    }
-
-    pub(crate) async fn append(
-        &self,
-        chat_id: &str,
-        turn: i64,
-        message: Value,
-    ) -> Result<(), ToolError> {
-        let store = self.chats.clone();
-        let chat_id = chat_id.to_owned();
-        blocking(move || store.append(&chat_id, turn, &message))
-            .await
-            .map_err(to_tool)
-    }
-
-    pub(crate) async fn messages(&self, chat_id: &str) -> Result<Vec<StoredMessage>, ToolError> {
-        let store = self.chats.clone();
-        let chat_id = chat_id.to_owned();
-        blocking(move || store.messages(&chat_id))
-            .await
-            .map_err(to_tool)
-    }
-
-    /// Refuses a tool call whose turn is no longer the chat's running turn, or whose chat's
-    /// binding changed since the turn started.
-    pub(crate) async fn check_current(
-        &self,
-        chat_id: &str,
-        turn: i64,
-        binding_generation: i64,
-    ) -> Result<(), ToolError> {
-        let stale =
-            |why: &str| ToolError::new("stale_turn", format!("{why}; the call was not run"));
-        let running = self.running.lock().await.get(chat_id).map(|r| r.turn);
-        if running.is_none_or(|r| r != turn) {
-            return Err(stale("this turn is no longer running"));
-        }
-        let store = self.chats.clone();
-        let id = chat_id.to_owned();
-        let chat = blocking(move || store.get(&id)).await.map_err(to_tool)?;
-        if chat.is_none_or(|c| c.binding_generation != binding_generation) {
-            return Err(stale(
-                "the chat's folder binding changed since this turn started",
-            ));
-        }
-        Ok(())
-    }
-
     async fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
         let unauthorized =
             |code: &str, message: &str| ApiError::new(StatusCode::UNAUTHORIZED, code, message);
@@ -521,30 +366,6 @@ impl ChatService {
             StatusCode::ACCEPTED,
             &json!({"chat_id": chat_id, "turn": running.turn}),
         ))
-    }
-
-    /// The caller's devices, from gatewayd (only that person's).
-    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
-        let request = DevicesRequest {
-            user_id: caller.user_id.clone(),
-        };
-        match self.gatewayd.post("/v1/devices", &request).await {
-            Ok(devices) => Ok(devices),
-            Err(ClientError::Remote { status, body }) => Err(ApiError {
-                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-                code: body.code,
-                message: body.message,
-                details: body.details,
-            }),
-            Err(error) => Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "gateway_unavailable",
-                format!(
-                    "the device gateway (agentworks-gatewayd) is not reachable at {}: {error}; laptop folders are unavailable until it runs",
-                    self.gatewayd.socket().display()
-                ),
-            )),
-        }
     }
 
     async fn bind(

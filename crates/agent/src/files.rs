@@ -1,6 +1,6 @@
 //! The catalog's file operations, executed for one authenticated caller through workspaced.
 //!
-//! Shared by the public MCP endpoint and (later) the agent loop's server-mode tools. Every call
+//! Shared by the public MCP endpoint and the agent loop's server-mode tools. Every call
 //! re-reads the live rows (token, user, role, policy), resolves the caller's access with
 //! `identity::authority`, and passes the resolved guard to workspaced, which re-applies it.
 //! A project the caller cannot see is reported exactly like one that does not exist.

@@ -7,14 +7,16 @@
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
-//! - [`chat_api`], [`chats`], [`turn`], [`model`]: the agent: chats, the model loop, chats
-//!   bound to a laptop folder (REST + SSE on the public listener).
+//! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
+//!   endpoints (REST + SSE on the public listener), the service handle they share with the
+//!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
 //!
 //! agentd never opens a document: every file operation goes to workspaced over its socket,
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
 pub mod chat_api;
+pub mod chat_service;
 pub mod chats;
 pub mod cli;
 pub mod device;
@@ -63,7 +65,7 @@ pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
     files: &files::FileTools,
-) -> Result<chat_api::ChatService, AgentdError> {
+) -> Result<chat_service::ChatService, AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
         path: dir.clone(),
@@ -76,7 +78,7 @@ pub fn open_chats(
         .model
         .clone()
         .map(|m| model::ModelClient::new(m, credentials));
-    Ok(chat_api::ChatService::new(
+    Ok(chat_service::ChatService::new(
         identity.clone(),
         files.clone(),
         store,
@@ -228,7 +230,7 @@ pub async fn run(
 /// gets [`MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
     mcp: Arc<McpService<mcp_backend::AgentBackend>>,
-    chats: Option<chat_api::ChatService>,
+    chats: Option<chat_service::ChatService>,
 }
 
 impl Screen for PublicScreen {

@@ -31,7 +31,7 @@
 //! until the operation's deadline, and answers the real result, "never sent" (gatewayd had no
 //! record), or `outcome_unknown`, never a guess.
 
-use crate::chat_api::ChatService;
+use crate::chat_service::ChatService;
 use crate::chats::{Binding, Chat};
 use crate::files::Source;
 use crate::identity::Access;

@@ -6,7 +6,8 @@
 //! environment overrides and validating the result into one [`Config`].
 //!
 //! Must never create directories, open sockets or touch the state root: it only describes where
-//! things are. Sections of daemons not built yet (`[agentd]`, `[gatewayd]`) are kept raw.
+//! things are. Every section (`[workspaced]`, `[agentd]`, `[gatewayd]`) is typed and checked
+//! here, so a daemon never starts on a value another one would refuse.
 
 use std::path::{Path, PathBuf};
 
@@ -45,7 +46,7 @@ const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// The shared state root of DESIGN.md ("Shared state root").
+    /// The shared state root, one per host, where each daemon keeps its own subtree.
     pub state_root: PathBuf,
     /// The default documents root: one folder per project.
     pub documents_root: PathBuf,
@@ -629,7 +630,7 @@ mod tests {
     }
 
     #[test]
-    fn full_file_is_parsed_and_raw_sections_kept() {
+    fn full_file_is_parsed_into_every_section() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(
             dir.path(),

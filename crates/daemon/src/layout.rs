@@ -1,7 +1,7 @@
-//! The state-root layout of DESIGN.md ("Shared state root"): which daemon's data lives where.
+//! The shared state root's layout: which daemon's data lives where.
 //!
 //! Owns the path arithmetic (`agent/`, `files/receipts/<root_key>/`, `files/locks/<root_key>.lock`,
-//! `files/history/`, `gateway/`), the project root key, and making a private directory safely.
+//! `gateway/`), the project root key, and making a private directory safely.
 //!
 //! Must never open or create another daemon's directory on its behalf: each daemon calls
 //! [`ensure_private_dir`] only for its own subtree, and the per-daemon users keep them apart.
@@ -48,11 +48,6 @@ impl StateLayout {
         self.files_dir()
             .join("locks")
             .join(format!("{}.lock", root_key(project_root)))
-    }
-
-    /// The history of replaced contents: `<root>/files/history`.
-    pub fn history_dir(&self) -> PathBuf {
-        self.files_dir().join("history")
     }
 }
 
@@ -193,10 +188,6 @@ mod tests {
         assert_eq!(l.agent_dir(), Path::new("/var/lib/agentworks/agent"));
         assert_eq!(l.files_dir(), Path::new("/var/lib/agentworks/files"));
         assert_eq!(l.gateway_dir(), Path::new("/var/lib/agentworks/gateway"));
-        assert_eq!(
-            l.history_dir(),
-            Path::new("/var/lib/agentworks/files/history")
-        );
         assert_eq!(
             l.receipts_dir(Path::new("/srv/project")),
             PathBuf::from(format!("/var/lib/agentworks/files/receipts/{key}"))

@@ -2,7 +2,7 @@
 //! history and restore, each for one project and one caller.
 //!
 //! Every operation runs on a blocking thread, under the project's cross-process lock, on fds
-//! opened by `confine`. A change follows DESIGN.md's order exactly: idempotency check, revision
+//! opened by `confine`. A change follows one order exactly (the README's "The guarantees"): idempotency check, revision
 //! check, *prepared* receipt, stage + fsync + metadata carry-over, identity re-check, rename,
 //! directory fsync, *applied* receipt, audit event. If the receipt store cannot record the
 //! prepared receipt nothing is touched (fail closed); if it cannot confirm the outcome the
@@ -1433,12 +1433,4 @@ fn audit(receipt: &Receipt) {
         agentworks_source = %receipt.source,
         "change applied"
     );
-}
-
-/// A guard that allows writing the whole project (tests and operator tools).
-pub fn whole_project_guard() -> Guard {
-    Guard {
-        write_paths: vec![".".into()],
-        ..Guard::default()
-    }
 }

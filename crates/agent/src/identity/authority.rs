@@ -1,4 +1,4 @@
-//! The write authority of DESIGN.md, as one pure function of live identity rows:
+//! The write authority, as one pure function of live identity rows:
 //!
 //! `token scope ∩ the user's live role on the project ∩ the token's file_guard ∩ project policy`
 //!

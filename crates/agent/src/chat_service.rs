@@ -1,0 +1,195 @@
+//! The chats' service handle: the stores and clients a chat endpoint and a running turn share,
+//! and the few operations both use (append and read messages, check that a turn is still the
+//! running one, list the caller's devices). It knows nothing of HTTP routing: `chat_api`
+//! serves the endpoints on it and `turn` runs the model loop with it, so neither imports the
+//! other.
+
+use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
+use crate::files::FileTools;
+use crate::identity::IdentityStore;
+use crate::mcp::{Caller, ToolError};
+use crate::model::ModelClient;
+use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
+use agentworks_daemon::ipc::envelope::{Body, error_response};
+use agentworks_support::unix_http::{ClientError, UnixClient};
+use hyper::{Response, StatusCode};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// An API refusal: status, code, message, details.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    pub details: Map<String, Value>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+
+    pub(crate) fn response(self) -> Response<Body> {
+        error_response(self.status, &self.code, self.message, self.details)
+    }
+}
+
+impl From<ChatStoreError> for ApiError {
+    fn from(error: ChatStoreError) -> ApiError {
+        tracing::error!(%error, "chat store failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("{error}; try again shortly"),
+        )
+    }
+}
+
+/// A file-tool refusal (from a live access check) as an API error.
+pub(crate) fn from_tool(error: ToolError) -> ApiError {
+    let status = match error.code.as_str() {
+        "not_found" => StatusCode::NOT_FOUND,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" => StatusCode::FORBIDDEN,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    ApiError {
+        status,
+        code: error.code,
+        message: error.message,
+        details: error.details,
+    }
+}
+
+/// Which turn is running in a chat, and how to cancel it.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    pub(crate) turn: i64,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Everything the chat endpoints and the turns need. Cheap to clone.
+#[derive(Clone)]
+pub struct ChatService {
+    pub identity: IdentityStore,
+    pub files: FileTools,
+    pub chats: ChatStore,
+    pub gatewayd: UnixClient,
+    pub model: Option<ModelClient>,
+    pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ChatStoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => Ok(result?),
+        Err(error) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the chat store task failed: {error}"),
+        )),
+    }
+}
+
+pub(crate) fn to_tool(error: ApiError) -> ToolError {
+    ToolError::new(error.code, error.message)
+}
+
+impl ChatService {
+    pub fn new(
+        identity: IdentityStore,
+        files: FileTools,
+        chats: ChatStore,
+        gatewayd: UnixClient,
+        model: Option<ModelClient>,
+    ) -> ChatService {
+        ChatService {
+            identity,
+            files,
+            chats,
+            gatewayd,
+            model,
+            running: Default::default(),
+        }
+    }
+
+    pub(crate) async fn append(
+        &self,
+        chat_id: &str,
+        turn: i64,
+        message: Value,
+    ) -> Result<(), ToolError> {
+        let store = self.chats.clone();
+        let chat_id = chat_id.to_owned();
+        blocking(move || store.append(&chat_id, turn, &message))
+            .await
+            .map_err(to_tool)
+    }
+
+    pub(crate) async fn messages(&self, chat_id: &str) -> Result<Vec<StoredMessage>, ToolError> {
+        let store = self.chats.clone();
+        let chat_id = chat_id.to_owned();
+        blocking(move || store.messages(&chat_id))
+            .await
+            .map_err(to_tool)
+    }
+
+    /// Refuses a tool call whose turn is no longer the chat's running turn, or whose chat's
+    /// binding changed since the turn started.
+    pub(crate) async fn check_current(
+        &self,
+        chat_id: &str,
+        turn: i64,
+        binding_generation: i64,
+    ) -> Result<(), ToolError> {
+        let stale =
+            |why: &str| ToolError::new("stale_turn", format!("{why}; the call was not run"));
+        let running = self.running.lock().await.get(chat_id).map(|r| r.turn);
+        if running.is_none_or(|r| r != turn) {
+            return Err(stale("this turn is no longer running"));
+        }
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || store.get(&id)).await.map_err(to_tool)?;
+        if chat.is_none_or(|c| c.binding_generation != binding_generation) {
+            return Err(stale(
+                "the chat's folder binding changed since this turn started",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The caller's devices, from gatewayd (only that person's).
+    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
+        let request = DevicesRequest {
+            user_id: caller.user_id.clone(),
+        };
+        match self.gatewayd.post("/v1/devices", &request).await {
+            Ok(devices) => Ok(devices),
+            Err(ClientError::Remote { status, body }) => Err(ApiError {
+                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                code: body.code,
+                message: body.message,
+                details: body.details,
+            }),
+            Err(error) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                format!(
+                    "the device gateway (agentworks-gatewayd) is not reachable at {}: {error}; laptop folders are unavailable until it runs",
+                    self.gatewayd.socket().display()
+                ),
+            )),
+        }
+    }
+}
