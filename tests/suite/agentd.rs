@@ -2,6 +2,7 @@
 //! checks, and agentworksctl. Each cell of the matrix is its own test.
 
 use super::harness::*;
+use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde_json::json;
 
 fn write(
@@ -285,6 +286,45 @@ fn revoked_expired_and_devices_tokens_are_refused() {
         mcp_call(stack.port, &bogus, "list_workflows", json!({})).0,
         401
     );
+}
+
+/// A disabled user's tokens get one refusal code everywhere: the MCP endpoint, the chat API and
+/// gatewayd's token check (which once said `token_disabled` where the others said
+/// `user_disabled`).
+#[test]
+fn a_disabled_users_tokens_are_refused_with_one_code_at_every_endpoint() {
+    let stack = Stack::start();
+    stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let workflows = stack.token("alice", &["workflows:write"], json!({}));
+    let devices = stack.token("alice", &["devices:connect"], json!({}));
+    let token_check = |token: &str| {
+        block_on(
+            UnixClient::new(stack.agentd_socket())
+                .post::<_, serde_json::Value>("/v1/gateway/token-check", &json!({"token": token})),
+        )
+    };
+    assert!(token_check(&devices).is_ok());
+    stack.admin("users/disable", json!({"name": "alice"}));
+
+    let (status, body) = mcp_call(stack.port, &workflows, "list_workflows", json!({}));
+    assert_eq!(status, 401, "{body}");
+    assert!(body.to_string().contains("user_disabled"), "{body}");
+    let (status, _, body) = http(
+        stack.port,
+        "GET",
+        "/v1/chats",
+        &[("authorization", &format!("Bearer {workflows}"))],
+        "",
+    );
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("\"user_disabled\""), "{body}");
+    match token_check(&devices) {
+        Err(ClientError::Remote { status, body }) => {
+            assert_eq!(status, 401);
+            assert_eq!(body.code, "user_disabled", "{}", body.message);
+        }
+        other => panic!("token-check of a disabled user's token: {other:?}"),
+    }
 }
 
 #[test]

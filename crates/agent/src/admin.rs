@@ -7,7 +7,7 @@
 
 use crate::identity::authority::FileGuard;
 use crate::identity::store::TokenRequest;
-use crate::identity::{IdentityError, IdentityStore, Role, Scope};
+use crate::identity::{IdentityError, IdentityStore, Role, Scope, TokenCheckError};
 use agentworks_contract::workspaced::{Context, EnsureProjectRequest, Principal};
 use agentworks_core::guard::Guard;
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
@@ -212,43 +212,34 @@ impl Admin {
         Ok(match endpoint {
             "token-check" => {
                 let r: TokenCheckRequest = decode(body)?;
-                let checked = tokio::task::spawn_blocking(move || id.authenticate(&r.token))
-                    .await
-                    .map_err(|e| {
-                        error_response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "internal",
-                            e.to_string(),
-                            Default::default(),
-                        )
-                    })?;
-                match checked {
-                    Ok(Ok((token, user))) if token.scopes == [Scope::DevicesConnect] => {
-                        json_response(
-                            StatusCode::OK,
-                            &TokenCheckResponse {
-                                token_id: token.id,
-                                user_id: user.id,
-                                user_name: user.name,
-                            },
-                        )
-                    }
-                    Ok(Ok(_)) => error_response(
+                match id.check_bearer(&r.token).await {
+                    Ok((token, user)) if token.scopes == [Scope::DevicesConnect] => json_response(
+                        StatusCode::OK,
+                        &TokenCheckResponse {
+                            token_id: token.id,
+                            user_id: user.id,
+                            user_name: user.name,
+                        },
+                    ),
+                    Ok(_) => error_response(
                         StatusCode::FORBIDDEN,
                         "insufficient_scope",
                         "executors connect with a devices:connect token (agentworks login)",
                         Default::default(),
                     ),
-                    Ok(Err(refusal)) => {
-                        let what = format!("{refusal:?}").to_lowercase();
-                        error_response(
-                            StatusCode::UNAUTHORIZED,
-                            &format!("token_{what}"),
-                            format!("the token is {what}"),
-                            Default::default(),
-                        )
-                    }
-                    Err(e) => identity_error(e),
+                    Err(TokenCheckError::Refused(refusal)) => error_response(
+                        StatusCode::UNAUTHORIZED,
+                        refusal.code(),
+                        refusal.message(),
+                        Default::default(),
+                    ),
+                    Err(TokenCheckError::Store(e)) => identity_error(e),
+                    Err(e @ TokenCheckError::Task(_)) => error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        e.to_string(),
+                        Default::default(),
+                    ),
                 }
             }
             "token-status" => {

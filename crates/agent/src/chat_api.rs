@@ -27,9 +27,9 @@
 
 use crate::chat_service::{ApiError, ChatService, Running, blocking, from_tool};
 use crate::chats::Chat;
-use crate::identity::ProjectKind;
-use crate::identity::store::TokenRefusal;
+use crate::identity::{ProjectKind, TokenCheckError};
 use crate::mcp::Caller;
+use crate::mcp_backend::caller_of;
 use crate::turn::{self, TurnSpec};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, json_response};
@@ -53,7 +53,7 @@ impl ChatService {
         let unauthorized =
             |code: &str, message: &str| ApiError::new(StatusCode::UNAUTHORIZED, code, message);
         let presented = match bearer(&parts.headers) {
-            Bearer::Token(token) => token.to_owned(),
+            Bearer::Token(token) => token,
             Bearer::Absent => {
                 return Err(unauthorized(
                     "missing_token",
@@ -67,23 +67,13 @@ impl ChatService {
                 ));
             }
         };
-        let identity = self.identity.clone();
-        let checked = tokio::task::spawn_blocking(move || identity.authenticate(&presented))
-            .await
-            .map_err(|_| unauthorized("invalid_token", "the bearer token could not be checked"))?;
-        let (token, user) = match checked {
-            Ok(Ok(found)) => found,
-            Ok(Err(refusal)) => {
-                let (code, message) = match refusal {
-                    TokenRefusal::Invalid => ("invalid_token", "the bearer token is not valid"),
-                    TokenRefusal::Expired => ("token_expired", "the bearer token has expired"),
-                    TokenRefusal::Revoked => ("token_revoked", "the bearer token has been revoked"),
-                    TokenRefusal::Disabled => ("user_disabled", "the token's user is disabled"),
-                };
-                return Err(unauthorized(code, message));
+        let (token, user) = match self.identity.check_bearer(&presented).await {
+            Ok(found) => found,
+            Err(TokenCheckError::Refused(refusal)) => {
+                return Err(unauthorized(refusal.code(), refusal.message()));
             }
             Err(error) => {
-                tracing::warn!(%error, "token check failed: identity store unavailable");
+                tracing::warn!(%error, "token check failed");
                 return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
@@ -91,20 +81,18 @@ impl ChatService {
                 ));
             }
         };
-        let scopes: Vec<String> = token.scopes.iter().map(|s| s.as_str().to_owned()).collect();
-        if !scopes.iter().any(|s| s.starts_with("workflows:")) {
+        if !token
+            .scopes
+            .iter()
+            .any(|s| s.as_str().starts_with("workflows:"))
+        {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "insufficient_scope",
                 "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
             ));
         }
-        Ok(Caller {
-            token_id: token.id,
-            user_id: user.id,
-            user_name: user.name,
-            scopes,
-        })
+        Ok(caller_of(token, user))
     }
 
     /// The chat, if the caller created it; anyone else gets the same 404 as for no chat.

@@ -16,7 +16,7 @@
 //! person, and useless without the device code that polls for it.
 
 use crate::identity::store::TokenRequest;
-use crate::identity::{IdentityError, IdentityStore, Scope};
+use crate::identity::{IdentityError, IdentityStore, Scope, TokenCheckError};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -423,15 +423,24 @@ pub async fn handle_public(
                     "send the token to revoke as Authorization: Bearer …",
                 ));
             };
-            let bearer = presented.to_owned();
-            let identity = identity.clone();
-            let revoked =
-                tokio::task::spawn_blocking(move || match identity.authenticate(&bearer) {
-                    Ok(Ok((token, _))) => identity.revoke_token(&token.id).map(|t| Some(t.id)),
-                    Ok(Err(_)) => Ok(None),
-                    Err(e) => Err(e),
-                })
-                .await;
+            let revoked = match identity.check_bearer(presented).await {
+                Ok((token, _)) => {
+                    let identity = identity.clone();
+                    tokio::task::spawn_blocking(move || {
+                        identity.revoke_token(&token.id).map(|t| Some(t.id))
+                    })
+                    .await
+                }
+                Err(TokenCheckError::Refused(_)) => Ok(Ok(None)),
+                Err(TokenCheckError::Store(e)) => Ok(Err(e)),
+                Err(TokenCheckError::Task(e)) => {
+                    return Some(oauth_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        &e,
+                    ));
+                }
+            };
             match revoked {
                 Ok(Ok(Some(id))) => {
                     json_response(StatusCode::OK, &serde_json::json!({"revoked": id}))
@@ -460,7 +469,6 @@ pub async fn handle_public(
                     "approve with one of your tokens: Authorization: Bearer …",
                 ));
             };
-            let bearer = presented.to_owned();
             let Some(request) = decode::<ApproveBody>(content_type, body) else {
                 return Some(oauth_error(
                     StatusCode::BAD_REQUEST,
@@ -468,11 +476,9 @@ pub async fn handle_public(
                     "the body does not parse",
                 ));
             };
-            let identity = identity.clone();
-            let checked = tokio::task::spawn_blocking(move || identity.authenticate(&bearer)).await;
-            let (token, user) = match checked {
-                Ok(Ok(Ok(found))) => found,
-                _ => {
+            let (token, user) = match identity.check_bearer(presented).await {
+                Ok(found) => found,
+                Err(_) => {
                     return Some(oauth_error(
                         StatusCode::UNAUTHORIZED,
                         "invalid_token",

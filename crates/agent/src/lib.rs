@@ -48,10 +48,10 @@ const MAX_MCP_BODY_BYTES: usize = 48 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentdError {
-    #[error("cannot prepare agentd's state directory {path}: {message}")]
+    #[error("cannot prepare agentd's state directory {path}: {source}")]
     StateDir {
         path: std::path::PathBuf,
-        message: String,
+        source: agentworks_daemon::layout::LayoutError,
     },
     #[error("{0}")]
     Identity(#[from] crate::identity::IdentityError),
@@ -67,9 +67,9 @@ pub fn open_chats(
     files: &files::FileTools,
 ) -> Result<chat_service::ChatService, AgentdError> {
     let dir = config.layout().agent_dir();
-    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+    ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
         path: dir.clone(),
-        message: e.to_string(),
+        source,
     })?;
     let store = chats::ChatStore::open(&dir.join("chats.db"))?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
@@ -91,9 +91,9 @@ pub fn open_chats(
 /// Open the identity store at `<state>/agent/agentd.db`.
 pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
     let dir = config.layout().agent_dir();
-    ensure_private_dir(&dir, 0o700).map_err(|e| AgentdError::StateDir {
+    ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
         path: dir.clone(),
-        message: e.to_string(),
+        source,
     })?;
     Ok(IdentityStore::open(&dir.join("agentd.db"))?)
 }

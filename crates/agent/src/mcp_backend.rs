@@ -5,10 +5,19 @@
 //! resolves the caller's live access again.
 
 use crate::files::{FileTools, Source};
-use crate::identity::IdentityStore;
-use crate::identity::store::TokenRefusal;
+use crate::identity::{IdentityStore, TokenCheckError, TokenInfo, User};
 use crate::mcp::{AuthError, Backend, Caller, Operation, ToolError};
 use serde_json::{Map, Value};
+
+/// The caller a checked token names (its id, its user, its scopes).
+pub fn caller_of(token: TokenInfo, user: User) -> Caller {
+    Caller {
+        token_id: token.id,
+        user_id: user.id,
+        user_name: user.name,
+        scopes: token.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+    }
+}
 
 pub struct AgentBackend {
     identity: IdentityStore,
@@ -26,25 +35,12 @@ impl Backend for AgentBackend {
         let Some(presented) = bearer else {
             return Err(AuthError::Missing);
         };
-        let identity = self.identity.clone();
-        let presented = presented.to_owned();
-        let checked = tokio::task::spawn_blocking(move || identity.authenticate(&presented))
-            .await
-            .map_err(|_| AuthError::Invalid)?;
-        match checked {
-            Ok(Ok((token, user))) => Ok(Caller {
-                token_id: token.id,
-                user_id: user.id,
-                user_name: user.name,
-                scopes: token.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
-            }),
-            Ok(Err(TokenRefusal::Invalid)) => Err(AuthError::Invalid),
-            Ok(Err(TokenRefusal::Expired)) => Err(AuthError::Expired),
-            Ok(Err(TokenRefusal::Revoked)) => Err(AuthError::Revoked),
-            Ok(Err(TokenRefusal::Disabled)) => Err(AuthError::Disabled),
+        match self.identity.check_bearer(presented).await {
+            Ok((token, user)) => Ok(caller_of(token, user)),
+            Err(TokenCheckError::Refused(refusal)) => Err(refusal.into()),
             // The store is unavailable: refuse rather than guess.
             Err(error) => {
-                tracing::warn!(%error, "token check failed: identity store unavailable");
+                tracing::warn!(%error, "token check failed");
                 Err(AuthError::Invalid)
             }
         }

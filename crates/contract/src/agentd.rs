@@ -206,6 +206,40 @@ pub struct ApproveLoginRequest {
     pub user: String,
 }
 
+/// Why a presented bearer token was refused. Its [`TokenRefusal::code`] is the error code
+/// every agentd endpoint answers (MCP, chats, the device login, `token-check`), and gatewayd
+/// passes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// Unknown, malformed or not matching its secret (or its user is gone).
+    Invalid,
+    Expired,
+    Revoked,
+    /// The token's user is disabled.
+    Disabled,
+}
+
+impl TokenRefusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            TokenRefusal::Invalid => "invalid_token",
+            TokenRefusal::Expired => "token_expired",
+            TokenRefusal::Revoked => "token_revoked",
+            TokenRefusal::Disabled => "user_disabled",
+        }
+    }
+
+    /// What a person is told.
+    pub fn message(self) -> &'static str {
+        match self {
+            TokenRefusal::Invalid => "the bearer token is not valid",
+            TokenRefusal::Expired => "the bearer token has expired",
+            TokenRefusal::Revoked => "the bearer token has been revoked",
+            TokenRefusal::Disabled => "the token's user is disabled",
+        }
+    }
+}
+
 /// gatewayd asks: is this presented token a live `devices:connect` token, and whose?
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

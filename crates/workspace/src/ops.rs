@@ -24,7 +24,7 @@ use crate::receipts::{
     Operation, Receipt, ReceiptState, ReceiptStore, capped_before, new_receipt_id,
 };
 use agentworks_contract::workspaced::*;
-use agentworks_core::guard::{Guard, RelPath, ResolvedGuard};
+use agentworks_core::guard::{RelPath, ResolvedGuard};
 use agentworks_core::revision::Revision;
 use agentworks_daemon::audit;
 use agentworks_daemon::layout::{StateLayout, ensure_private_dir, root_key};

@@ -11,4 +11,7 @@ pub mod store;
 pub mod token;
 
 pub use authority::{Access, Role, Scope};
-pub use store::{IdentityError, IdentityStore, Member, Project, ProjectKind, TokenInfo, User};
+pub use store::{
+    IdentityError, IdentityStore, Member, Project, ProjectKind, TokenCheckError, TokenInfo,
+    TokenRefusal, User,
+};

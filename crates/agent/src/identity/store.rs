@@ -85,13 +85,20 @@ pub struct TokenInfo {
     pub created_at_ms: i64,
 }
 
-/// Why a presented token was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenRefusal {
-    Invalid,
-    Expired,
-    Revoked,
-    Disabled,
+pub use agentworks_contract::agentd::TokenRefusal;
+
+/// Why a presented bearer token names no caller.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenCheckError {
+    /// The token was checked and refused.
+    #[error("{}", .0.message())]
+    Refused(TokenRefusal),
+    /// The store could not be read: every endpoint refuses rather than guesses.
+    #[error(transparent)]
+    Store(#[from] IdentityError),
+    /// The blocking task that reads the store failed.
+    #[error("the token check failed: {0}")]
+    Task(String),
 }
 
 /// New token parameters.
@@ -630,6 +637,22 @@ impl IdentityStore {
             return Ok(Err(TokenRefusal::Disabled));
         }
         Ok(Ok((info, user)))
+    }
+
+    /// [`IdentityStore::authenticate`] on a blocking thread, as one result: the way every
+    /// endpoint (MCP, chats, the device login, gatewayd's token check) resolves a bearer token.
+    pub async fn check_bearer(
+        &self,
+        presented: &str,
+    ) -> Result<(TokenInfo, User), TokenCheckError> {
+        let store = self.clone();
+        let presented = presented.to_owned();
+        match tokio::task::spawn_blocking(move || store.authenticate(&presented)).await {
+            Ok(Ok(Ok(found))) => Ok(found),
+            Ok(Ok(Err(refusal))) => Err(TokenCheckError::Refused(refusal)),
+            Ok(Err(error)) => Err(TokenCheckError::Store(error)),
+            Err(error) => Err(TokenCheckError::Task(error.to_string())),
+        }
     }
 }
 

@@ -7,29 +7,43 @@
 //! malformed header as permission: every doubt fails closed.
 
 use super::AuthError;
+use agentworks_contract::agentd::TokenRefusal;
 
 impl AuthError {
+    /// The refusal of a presented token, in the contract's one table of codes and messages.
+    fn refusal(self) -> Option<TokenRefusal> {
+        match self {
+            AuthError::Missing => None,
+            AuthError::Invalid => Some(TokenRefusal::Invalid),
+            AuthError::Expired => Some(TokenRefusal::Expired),
+            AuthError::Revoked => Some(TokenRefusal::Revoked),
+            AuthError::Disabled => Some(TokenRefusal::Disabled),
+        }
+    }
+
     /// The envelope code of this failure.
     pub fn code(self) -> &'static str {
-        match self {
-            AuthError::Missing => "missing_token",
-            AuthError::Invalid => "invalid_token",
-            AuthError::Expired => "token_expired",
-            AuthError::Revoked => "token_revoked",
-            AuthError::Disabled => "user_disabled",
+        self.refusal().map_or("missing_token", TokenRefusal::code)
+    }
+}
+
+impl From<TokenRefusal> for AuthError {
+    fn from(refusal: TokenRefusal) -> AuthError {
+        match refusal {
+            TokenRefusal::Invalid => AuthError::Invalid,
+            TokenRefusal::Expired => AuthError::Expired,
+            TokenRefusal::Revoked => AuthError::Revoked,
+            TokenRefusal::Disabled => AuthError::Disabled,
         }
     }
 }
 
 impl std::fmt::Display for AuthError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            AuthError::Missing => "this endpoint needs an `Authorization: Bearer <token>` header",
-            AuthError::Invalid => "the bearer token is not valid",
-            AuthError::Expired => "the bearer token has expired",
-            AuthError::Revoked => "the bearer token has been revoked",
-            AuthError::Disabled => "the token's user is disabled",
-        })
+        f.write_str(self.refusal().map_or(
+            "this endpoint needs an `Authorization: Bearer <token>` header",
+            TokenRefusal::message,
+        ))
     }
 }
 
