@@ -622,8 +622,11 @@ fn a_peer_not_allowed_on_gatewayd_sock_is_refused() {
         assert!(answer.contains("peer_forbidden"), "{path}: {answer}");
     }
     // The owner's own uid (root here) is served.
-    let health: Value = super::harness::block_on(gw.client().inner.get("/v1/health")).unwrap();
-    assert_eq!(health["daemon"], "agentworks-gatewayd");
+    let health: agentworks_contract::gatewayd::GatewayHealth =
+        super::harness::block_on(gw.client().inner.get("/v1/health")).unwrap();
+    assert_eq!(health.health.status, "ok");
+    assert_eq!(health.health.daemon, "agentworks-gatewayd");
+    assert_eq!(health.connected, 0);
 }
 
 #[test]

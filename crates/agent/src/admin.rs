@@ -8,7 +8,10 @@
 use crate::identity::authority::FileGuard;
 use crate::identity::store::TokenRequest;
 use crate::identity::{IdentityError, IdentityStore, Role, Scope, TokenCheckError};
-use agentworks_contract::workspaced::{Context, EnsureProjectRequest, Principal};
+use agentworks_contract::envelope::Health;
+use agentworks_contract::workspaced::{
+    Context, EnsureProjectRequest, EnsureProjectResponse, Principal, Receipt, ReceiptRequest,
+};
 use agentworks_core::guard::Guard;
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
 use agentworks_daemon::ipc::server::Peer;
@@ -17,7 +20,7 @@ use bytes::Bytes;
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeSet;
 
 pub use agentworks_contract::agentd::{
@@ -152,7 +155,7 @@ impl Admin {
         if parts.method == Method::GET && path == "/v1/health" {
             return json_response(
                 StatusCode::OK,
-                &json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
+                &Health::ok("agentworks-agentd", env!("CARGO_PKG_VERSION")),
             );
         }
         if let Some(rest) = path.strip_prefix("/v1/gateway/") {
@@ -300,7 +303,7 @@ impl Admin {
                 crate::identity::store::validate_name("folder", &folder).map_err(identity_error)?;
                 // The folder first (idempotent), through the only writer of the documents tree.
                 self.workspaced
-                    .post::<_, Value>(
+                    .post::<_, EnsureProjectResponse>(
                         "/v1/projects/ensure",
                         &EnsureProjectRequest {
                             project: folder.clone(),
@@ -416,9 +419,12 @@ impl Admin {
                 };
                 match self
                     .workspaced
-                    .post::<_, Value>(
+                    .post::<_, Receipt>(
                         "/v1/receipt",
-                        &json!({"context": context, "request_id": request_id}),
+                        &ReceiptRequest {
+                            context,
+                            request_id,
+                        },
                     )
                     .await
                 {

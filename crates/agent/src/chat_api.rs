@@ -67,7 +67,7 @@ impl ChatService {
                 ));
             }
         };
-        let (token, user) = match self.identity.check_bearer(&presented).await {
+        let (token, user) = match self.identity.check_bearer(presented).await {
             Ok(found) => found,
             Err(TokenCheckError::Refused(refusal)) => {
                 return Err(unauthorized(refusal.code(), refusal.message()));

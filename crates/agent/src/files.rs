@@ -10,8 +10,13 @@
 use crate::identity::authority::{self, Access, AccessInputs};
 use crate::identity::{IdentityStore, Project};
 use crate::mcp::{Caller, ToolError};
-use agentworks_contract::workspaced::{Context, Principal};
+use agentworks_contract::workspaced::{
+    ChangeResponse, Context, ListRequest, ListResponse, Principal, ReadRequest, ReadResponse,
+    Receipt, ReceiptRequest, SearchRequest, SearchResponse, WriteRequest,
+};
 use agentworks_support::unix_http::{ClientError, UnixClient};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 /// Where a file operation came from, recorded on receipts.
@@ -158,9 +163,13 @@ impl FileTools {
         }
     }
 
-    async fn workspaced(&self, endpoint: &str, body: Value) -> Result<Value, ToolError> {
+    async fn workspaced<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        body: &Req,
+    ) -> Result<Resp, ToolError> {
         self.workspaced
-            .post(endpoint, &body)
+            .post(endpoint, body)
             .await
             .map_err(from_workspaced)
     }
@@ -189,21 +198,23 @@ impl FileTools {
         Ok(json!({ "workflows": workflows }))
     }
 
-    /// A read in the caller's project: resolve live access to `workflow_id`, send `fields` with
-    /// the context to workspaced's `endpoint`, and tag the answer with the workflow id.
-    async fn read_in_project(
+    /// A read in the caller's project: resolve live access to `workflow_id`, send the request
+    /// `make` builds from the context to workspaced's `endpoint`, and tag the answer with the
+    /// workflow id.
+    async fn read_in_project<Req: Serialize, Resp: Serialize + DeserializeOwned>(
         &self,
         caller: &Caller,
         args: &Map<String, Value>,
         source: Source,
         endpoint: &str,
-        fields: Value,
+        make: impl FnOnce(Context) -> Req,
     ) -> Result<Value, ToolError> {
         let workflow = string_arg(args, "workflow_id")?;
         let (project, access) = self.access(caller, workflow).await?;
-        let mut body = fields;
-        body["context"] = json!(self.context(caller, &project, &access, source));
-        let mut answer = self.workspaced(endpoint, body).await?;
+        let request = make(self.context(caller, &project, &access, source));
+        let answer: Resp = self.workspaced(endpoint, &request).await?;
+        let mut answer = serde_json::to_value(answer)
+            .map_err(|e| unavailable(format!("workspaced's answer does not encode ({e})")))?;
         answer["workflow_id"] = json!(project.id);
         Ok(answer)
     }
@@ -214,10 +225,15 @@ impl FileTools {
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let path = optional_string_arg(args, "path")?.unwrap_or("");
-        let fields = json!({"path": path, "recursive": true});
-        self.read_in_project(caller, args, source, "/v1/list", fields)
-            .await
+        let path = optional_string_arg(args, "path")?.unwrap_or("").to_owned();
+        self.read_in_project::<_, ListResponse>(caller, args, source, "/v1/list", |context| {
+            ListRequest {
+                context,
+                path,
+                recursive: true,
+            }
+        })
+        .await
     }
 
     pub async fn read_file(
@@ -226,9 +242,11 @@ impl FileTools {
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let fields = json!({"path": string_arg(args, "path")?});
-        self.read_in_project(caller, args, source, "/v1/read", fields)
-            .await
+        let path = string_arg(args, "path")?.to_owned();
+        self.read_in_project::<_, ReadResponse>(caller, args, source, "/v1/read", |context| {
+            ReadRequest { context, path }
+        })
+        .await
     }
 
     pub async fn search_files(
@@ -237,11 +255,17 @@ impl FileTools {
         args: &Map<String, Value>,
         source: Source,
     ) -> Result<Value, ToolError> {
-        let query = string_arg(args, "query")?;
-        let path = optional_string_arg(args, "path")?.unwrap_or("");
-        let fields = json!({"query": query, "path": path});
-        self.read_in_project(caller, args, source, "/v1/search", fields)
-            .await
+        let query = string_arg(args, "query")?.to_owned();
+        let path = optional_string_arg(args, "path")?.unwrap_or("").to_owned();
+        self.read_in_project::<_, SearchResponse>(caller, args, source, "/v1/search", |context| {
+            SearchRequest {
+                context,
+                query,
+                path,
+                max_results: None,
+            }
+        })
+        .await
     }
 
     pub async fn write_file(
@@ -269,23 +293,23 @@ impl FileTools {
                 .insert("reason".into(), json!("no_write_authority"));
             return Err(error);
         }
-        let context = self.context(caller, &project, &access, source);
-        let written = self
-            .workspaced(
-                "/v1/write",
-                json!({"context": context, "path": path, "content": content,
-                       "expected_revision": expected, "request_id": request_id}),
-            )
-            .await?;
+        let request = WriteRequest {
+            context: self.context(caller, &project, &access, source),
+            path: path.to_owned(),
+            content: content.to_owned(),
+            expected_revision: expected.to_owned(),
+            request_id: request_id.to_owned(),
+        };
+        let written: ChangeResponse = self.workspaced("/v1/write", &request).await?;
         Ok(json!({
             "workflow_id": project.id,
             "path": path,
-            "state": written["state"],
-            "replayed": written["replayed"],
-            "revision": written["revision"],
-            "previous_revision": written["previous_revision"],
-            "receipt_id": written["receipt"]["receipt_id"],
-            "receipt": written["receipt"],
+            "state": written.state,
+            "replayed": written.replayed,
+            "revision": written.revision,
+            "previous_revision": written.previous_revision,
+            "receipt_id": written.receipt.receipt_id,
+            "receipt": written.receipt,
         }))
     }
 
@@ -300,13 +324,11 @@ impl FileTools {
         let (project, access) = self.access(caller, workflow).await?;
         // The lookup is keyed by the caller's own user id: another user's request id never
         // finds (or replays) their receipt.
-        let context = self.context(caller, &project, &access, source);
-        let receipt = self
-            .workspaced(
-                "/v1/receipt",
-                json!({"context": context, "request_id": request_id}),
-            )
-            .await?;
+        let request = ReceiptRequest {
+            context: self.context(caller, &project, &access, source),
+            request_id: request_id.to_owned(),
+        };
+        let receipt: Receipt = self.workspaced("/v1/receipt", &request).await?;
         Ok(json!({ "workflow_id": project.id, "receipt": receipt }))
     }
 }

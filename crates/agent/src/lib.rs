@@ -29,6 +29,7 @@ pub mod turn;
 
 use crate::identity::IdentityStore;
 use crate::mcp::{McpConfig, McpService};
+use agentworks_contract::envelope::Health;
 use agentworks_daemon::config::Config;
 use agentworks_daemon::ipc::connections::{
     ConnectionLimits, FILES_BESIDES_CONNECTIONS, fit_to_open_files,
@@ -154,7 +155,7 @@ pub async fn run(
             if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
                 return json_response(
                     StatusCode::OK,
-                    &serde_json::json!({"status": "ok", "daemon": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}),
+                    &Health::ok("agentworks-agentd", env!("CARGO_PKG_VERSION")),
                 );
             }
             // ----- the agent (chats): begin -----

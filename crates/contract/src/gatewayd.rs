@@ -89,3 +89,12 @@ pub struct CancelResponse {
     #[serde(flatten)]
     pub state: DispatchState,
 }
+
+/// gatewayd's `GET /v1/health`: the common answer and how many laptops are connected now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GatewayHealth {
+    #[serde(flatten)]
+    pub health: crate::envelope::Health,
+    /// Live executor sessions.
+    pub connected: usize,
+}

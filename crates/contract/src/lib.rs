@@ -8,7 +8,8 @@
 //! - [`public_api`]: agentd's public device login and chat API.
 //! - [`gatewayd`]: `gatewayd.sock`: dispatch to connected laptops (agentd calls it).
 //! - [`executor`]: the executor WebSocket between gatewayd and `agentworks executor connect`.
-//! - [`envelope`]: the one JSON error envelope every socket and endpoint speaks.
+//! - [`envelope`]: the one JSON error envelope every socket and endpoint speaks, and the one
+//!   health answer.
 //!
 //! A daemon crate depends on this crate, never on another daemon's crate.
 

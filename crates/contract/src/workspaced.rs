@@ -192,12 +192,7 @@ pub struct HistoryResponse {
     pub entries: Vec<HistoryEntry>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Health {
-    pub status: String,
-    pub daemon: String,
-    pub version: String,
-}
+pub use crate::envelope::Health;
 
 /// Create a project's folder under the documents root if it does not exist (operators add
 /// projects through agentd, which never touches the documents tree itself).

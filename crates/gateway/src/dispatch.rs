@@ -46,13 +46,14 @@ use tokio_util::sync::CancellationToken;
 use super::registry::Pending;
 use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
 use super::{AUDIT_TARGET, Gateway};
+use agentworks_contract::envelope::Health;
 use agentworks_contract::executor::valid_alias;
 use agentworks_contract::executor::{
     GatewayFrame, MAX_FRAME_BYTES, MAX_TIMEOUT_SECS, Operation, ReceiptState,
 };
 use agentworks_contract::gatewayd::{
-    CancelResponse, DeviceInfo, DevicesRequest, DispatchRequest, DispatchState, Recovery,
-    RequestRef,
+    CancelResponse, DeviceInfo, DevicesRequest, DispatchRequest, DispatchState, GatewayHealth,
+    Recovery, RequestRef,
 };
 use agentworks_daemon::audit;
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
@@ -142,12 +143,10 @@ fn ok<T: Serialize>(value: &T) -> Response<Body> {
 async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Response<Body> {
     let path = parts.uri.path();
     if parts.method == Method::GET && path == "/v1/health" {
-        return ok(&serde_json::json!({
-            "status": "ok",
-            "daemon": "agentworks-gatewayd",
-            "version": env!("CARGO_PKG_VERSION"),
-            "connected": gateway.registry.live_count(),
-        }));
+        return ok(&GatewayHealth {
+            health: Health::ok("agentworks-gatewayd", env!("CARGO_PKG_VERSION")),
+            connected: gateway.registry.live_count(),
+        });
     }
     let known = matches!(
         path,
