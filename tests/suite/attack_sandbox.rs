@@ -448,6 +448,67 @@ fn hopper_name() -> String {
     format!("hop{}-{n}", std::process::id() % 100_000)
 }
 
+/// Kills whatever is left of a chain named `comm` when a test ends, passed or failed: a chain
+/// that got out (against a launcher without the fix, or a failing test) would otherwise fork
+/// forever and starve every later test and build on the machine. A hop cannot be caught by
+/// its pid (it is gone a moment later), but the whole chain shares the process group its first
+/// hop made with `setsid`, and one `kill(-pgid)` reaches every member at once.
+struct ChainReaper {
+    comm: String,
+}
+
+impl Drop for ChainReaper {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let groups: std::collections::BTreeSet<i32> = process_groups_named(&self.comm);
+            if groups.is_empty() {
+                return;
+            }
+            for group in groups {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(group),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "the chain {} is still alive after 50 rounds of kill(-pgid)",
+            self.comm
+        );
+    }
+}
+
+/// The process groups of every live process named `comm` (zombies have no one left to kill).
+fn process_groups_named(comm: &str) -> std::collections::BTreeSet<i32> {
+    let mut groups = std::collections::BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return groups;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if head.split_once(" (").map(|(_, c)| c) != Some(comm) {
+            continue;
+        }
+        // After the comm: state, ppid, pgrp.
+        let fields: Vec<&str> = rest.split_whitespace().take(3).collect();
+        if let [state, _, pgrp] = fields[..]
+            && state != "Z"
+            && let Ok(pgrp) = pgrp.parse::<i32>()
+            && pgrp > 1
+        {
+            groups.insert(pgrp);
+        }
+    }
+    groups
+}
+
 /// The command that starts the chain.
 fn hopping_chain(name: &str) -> String {
     format!("./{name} & sleep 300")
@@ -922,6 +983,7 @@ fn hopping_chain_is_gone_a_second_after_its_timeout(delegated: bool) {
     let repo = setup.laptop.folder("repo");
     let name = hopper_name();
     build_hopper(&repo, &name);
+    let _reaper = ChainReaper { comm: name.clone() };
     chown_tree(&repo, setup.uid, setup.gid);
     let started = Instant::now();
     let outcome = setup.run(&hopping_chain(&name), Some(2));
