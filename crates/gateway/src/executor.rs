@@ -57,7 +57,7 @@ use agentworks_daemon::ipc::connections::{
     fit_to_open_files,
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response};
-use agentworks_daemon::ipc::server::refuse_connection;
+use agentworks_daemon::ipc::server::{Acceptor, admit_or_refuse};
 use agentworks_support::clock::now_ms;
 
 /// The one path executors dial.
@@ -74,8 +74,6 @@ const CLOSE_DRAIN: Duration = Duration::from_secs(1);
 const MAX_TOKEN_BYTES: usize = 1024;
 /// A WebSocket close reason must fit in 123 bytes.
 const MAX_CLOSE_REASON_BYTES: usize = 120;
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
@@ -109,35 +107,12 @@ pub async fn serve(
         FILES_BESIDES_CONNECTIONS,
     ));
     let tracker = TaskTracker::new();
-    let mut backoff = ACCEPT_BACKOFF_MIN;
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, remote) = match accepted {
-            Ok(accepted) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                accepted
-            }
-            Err(error) => {
-                tracing::warn!(%error, ?backoff, "executor accept failed; backing off");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let slot = match table.admit(remote.ip()) {
-            Ok(slot) => slot,
-            Err(refusal) => {
-                tracing::debug!(%remote, %refusal, "refusing an executor connection");
-                refuse_connection(&stream, refusal);
-                continue;
-            }
+    let mut acceptor = Acceptor::new(listener);
+    // Unlike the public HTTP listener this one does not wait for room before accepting: a
+    // full table answers a newcomer 503 at once, so an executor retries with its backoff.
+    while let Some((stream, remote)) = acceptor.next(&shutdown).await {
+        let Some(slot) = admit_or_refuse(&table, &stream, remote) else {
+            continue;
         };
         tracker.spawn(handle_connection(
             stream,
@@ -148,7 +123,7 @@ pub async fn serve(
             tracker.clone(),
         ));
     }
-    drop(listener);
+    drop(acceptor);
     // Sessions close with 1001 (going away); connections still sending their head close now.
     table.evict_waiting();
     tracker.close();

@@ -92,7 +92,7 @@ pub async fn serve<L, H, F>(
 {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let tracker = TaskTracker::new();
-    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut acceptor = Acceptor::new(listener);
     loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -101,25 +101,8 @@ pub async fn serve<L, H, F>(
                 Err(_) => break, // never closed; treat as shutdown
             },
         };
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(Accepted::Connection(stream, peer)) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                (stream, peer)
-            }
-            Ok(Accepted::Dropped) => continue,
-            Err(error) => {
-                tracing::warn!(%error, ?backoff, "accept failed; backing off");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
+        let Some((stream, peer)) = acceptor.next(&shutdown).await else {
+            break;
         };
         let handler = handler.clone();
         let shutdown = shutdown.clone();
@@ -128,7 +111,7 @@ pub async fn serve<L, H, F>(
             drop(permit);
         });
     }
-    drop(listener);
+    drop(acceptor);
     tracker.close();
     tracker.wait().await;
 }
@@ -179,6 +162,66 @@ impl Accept for tokio::net::TcpListener {
         let (stream, address) = tokio::net::TcpListener::accept(self).await?;
         let _ = stream.set_nodelay(true);
         Ok(Accepted::Connection(stream, address))
+    }
+}
+
+/// Every accept loop's one way to take the next connection (the Unix sockets', the public
+/// listener's and gatewayd's executor listener): a failed accept (for example, out of file
+/// descriptors) backs off, 10 ms doubling to 1 s, instead of spinning; a success resets it.
+pub struct Acceptor<L> {
+    listener: L,
+    backoff: Duration,
+}
+
+impl<L: Accept> Acceptor<L> {
+    pub fn new(listener: L) -> Acceptor<L> {
+        Acceptor {
+            listener,
+            backoff: ACCEPT_BACKOFF_MIN,
+        }
+    }
+
+    /// The next connection and its peer, or `None` once `shutdown` is cancelled.
+    pub async fn next(&mut self, shutdown: &CancellationToken) -> Option<(L::Stream, L::Peer)> {
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                accepted = self.listener.accept() => accepted,
+            };
+            match accepted {
+                Ok(Accepted::Connection(stream, peer)) => {
+                    self.backoff = ACCEPT_BACKOFF_MIN;
+                    return Some((stream, peer));
+                }
+                Ok(Accepted::Dropped) => continue,
+                Err(error) => {
+                    let backoff = self.backoff;
+                    tracing::warn!(%error, ?backoff, "accept failed; backing off");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    self.backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Admits a new TCP connection to `table`; one it cannot take (its address over its limit
+/// with nothing to evict) gets its 503 at once and `None`, and closes when dropped.
+pub fn admit_or_refuse(
+    table: &ConnectionTable,
+    stream: &tokio::net::TcpStream,
+    address: SocketAddr,
+) -> Option<ConnectionSlot> {
+    match table.admit(address.ip()) {
+        Ok(slot) => Some(slot),
+        Err(refusal) => {
+            tracing::debug!(%address, %refusal, "connection refused");
+            refuse_connection(stream, refusal);
+            None
+        }
     }
 }
 
@@ -378,39 +421,17 @@ pub async fn serve_public<S, H, F>(
     let table = ConnectionTable::new(limits.connections);
     let budget = Arc::new(Semaphore::new(limits.body_budget_bytes));
     let tracker = TaskTracker::new();
-    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut acceptor = Acceptor::new(listener);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = table.room() => {}
         }
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+        let Some((stream, address)) = acceptor.next(&shutdown).await else {
+            break;
         };
-        let (stream, address) = match accepted {
-            Ok(accepted) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                accepted
-            }
-            Err(error) => {
-                tracing::warn!(%error, ?backoff, "accept failed; backing off");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let slot = match table.admit(address.ip()) {
-            Ok(slot) => slot,
-            Err(refusal) => {
-                tracing::debug!(%address, %refusal, "connection refused");
-                refuse_connection(&stream, refusal);
-                continue;
-            }
+        let Some(slot) = admit_or_refuse(&table, &stream, address) else {
+            continue;
         };
         let connection = PublicConnection {
             peer: address,
@@ -422,7 +443,7 @@ pub async fn serve_public<S, H, F>(
         };
         tracker.spawn(connection.serve(stream, shutdown.clone()));
     }
-    drop(listener);
+    drop(acceptor);
     // In-flight requests finish; connections that only wait (or trickle headers) close now.
     table.evict_waiting();
     tracker.close();
