@@ -13,7 +13,9 @@ use agentworks_contract::workspaced::{
     Context, EnsureProjectRequest, EnsureProjectResponse, Principal, Receipt, ReceiptRequest,
 };
 use agentworks_core::guard::Guard;
-use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::envelope::{
+    Body, decode_json, error_response, json_response, run_blocking,
+};
 use agentworks_daemon::ipc::server::Peer;
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use bytes::Bytes;
@@ -117,18 +119,10 @@ fn workspaced_error(e: ClientError) -> Response<Body> {
     }
 }
 
-// The error side is the ready answer; boxing it would only add an allocation per refusal.
+/// An operator request body (an empty one is `{}`: list calls take no arguments).
 #[allow(clippy::result_large_err)]
 fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
-    let raw: &[u8] = if body.is_empty() { b"{}" } else { body };
-    serde_json::from_slice(raw).map_err(|e| {
-        error_response(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("the request body is not valid: {e}"),
-            Default::default(),
-        )
-    })
+    decode_json(if body.is_empty() { b"{}" } else { body })
 }
 
 /// Run a store call on a blocking thread and answer its result as JSON.
@@ -137,15 +131,9 @@ where
     T: Serialize + Send + 'static,
     F: FnOnce() -> Result<T, IdentityError> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(value)) => json_response(StatusCode::OK, &value),
-        Ok(Err(e)) => identity_error(e),
-        Err(e) => error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            e.to_string(),
-            Default::default(),
-        ),
+    match run_blocking(f, identity_error).await {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(refused) => refused,
     }
 }
 

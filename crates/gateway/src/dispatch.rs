@@ -56,7 +56,9 @@ use agentworks_contract::gatewayd::{
     Recovery, RequestRef,
 };
 use agentworks_daemon::audit;
-use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
+use agentworks_daemon::ipc::envelope::{
+    Body, decode_json, error_response, json_response, run_blocking,
+};
 use agentworks_daemon::ipc::server::{
     Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc,
 };
@@ -112,28 +114,13 @@ fn internal(error: impl std::fmt::Display) -> Response<Body> {
     )
 }
 
-#[allow(clippy::result_large_err)]
-fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
-    serde_json::from_slice(body).map_err(|e| {
-        refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("the request body is not valid: {e}"),
-        )
-    })
-}
-
 /// Runs a store call on a blocking thread.
 async fn blocking<T, F>(f: F) -> Result<T, Response<Body>>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(internal(error)),
-        Err(error) => Err(internal(error)),
-    }
+    run_blocking(f, internal).await
 }
 
 fn ok<T: Serialize>(value: &T) -> Response<Body> {
@@ -212,7 +199,7 @@ fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Response<Bod
 
 /// `POST /v1/devices`: this person's devices, online first.
 async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
-    let request: DevicesRequest = decode(body)?;
+    let request: DevicesRequest = decode_json(body)?;
     check_ids(&request.user_id, None)?;
     let since = now_ms() - gateway.settings.recent_devices.as_millis() as i64;
     let store = gateway.store.clone();
@@ -315,7 +302,7 @@ fn replay(record: RequestRecord, request: &DispatchRequest) -> Response<Body> {
 
 /// `POST /v1/dispatch`.
 async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
-    let request: DispatchRequest = decode(body)?;
+    let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
     let (deadline, kind) = deadline_and_kind(&request.operation);
@@ -518,7 +505,7 @@ async fn record_request(
 /// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
 /// device's receipt when the record says unknown. Never sends the request.
 async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
-    let request: DispatchRequest = decode(body)?;
+    let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
     // A claim is recorded from these: they must be what a dispatch would accept.
@@ -643,7 +630,7 @@ async fn owned_record(
 
 /// `POST /v1/cancel`: asks the device to stop a pending request.
 async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
-    let reference: RequestRef = decode(body)?;
+    let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     let mut sent = false;
     if record.state == DispatchState::Pending
@@ -676,7 +663,7 @@ async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Respo
 
 /// `POST /v1/outcome`: the recorded state.
 async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
-    let reference: RequestRef = decode(body)?;
+    let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     Ok(ok(&record.state))
 }

@@ -81,6 +81,45 @@ pub fn error_response(
     json_response(status, &envelope)
 }
 
+/// A JSON request body as `T`, or the 400 `invalid_request` envelope that says why not: the
+/// one decode every socket handler uses.
+// The error side is the ready answer; boxing it would only add an allocation per refusal.
+#[allow(clippy::result_large_err)]
+pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response<Body>> {
+    serde_json::from_slice(body).map_err(|e| {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("the request body is not valid: {e}"),
+            serde_json::Map::new(),
+        )
+    })
+}
+
+/// Runs a blocking store call off the async threads: its value, its error as the answer
+/// `refusal` makes of it, or a 500 `internal` envelope if the task itself failed.
+#[allow(clippy::result_large_err)]
+pub async fn run_blocking<T, E, F>(
+    f: F,
+    refusal: impl FnOnce(E) -> Response<Body>,
+) -> Result<T, Response<Body>>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(refusal(error)),
+        Err(error) => Err(error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            error.to_string(),
+            serde_json::Map::new(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +150,45 @@ mod tests {
         let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(parsed.error.code, "revision_conflict");
         assert_eq!(parsed.error.details["current_revision"], "r2");
+    }
+
+    async fn code_of(response: Response<Body>) -> (StatusCode, String) {
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
+        (status, parsed.error.code)
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_decode_is_a_400_and_a_failed_task_a_500() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Named {
+            name: String,
+        }
+        let refused = decode_json::<Named>(br#"{"nom": 1}"#).unwrap_err();
+        assert_eq!(
+            code_of(refused).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into())
+        );
+        assert_eq!(decode_json::<Named>(br#"{"name": "a"}"#).unwrap().name, "a");
+
+        let refusal =
+            |e: &'static str| error_response(StatusCode::CONFLICT, e, "no", serde_json::Map::new());
+        assert_eq!(run_blocking(|| Ok::<_, &str>(7), refusal).await.unwrap(), 7);
+        let refused = run_blocking(|| Err::<u8, _>("taken"), refusal)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            code_of(refused).await,
+            (StatusCode::CONFLICT, "taken".into())
+        );
+        let panicked = run_blocking(|| -> Result<u8, &str> { panic!("store bug") }, refusal)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            code_of(panicked).await,
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal".into())
+        );
     }
 
     #[tokio::test]
