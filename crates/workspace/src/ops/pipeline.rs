@@ -1,0 +1,315 @@
+//! The change pipeline: the one order every change follows, under the project's lock.
+//!
+//! [`Workspace::change`] counts the request as in flight and takes the lock; then, in this
+//! order, each step a function of its own: (1) the idempotency check (replay the recorded
+//! outcome of the same request id), (2) the revision check and plan, (3) the durable *prepared*
+//! receipt, (4) stage + fsync + metadata carry-over, identity re-check and rename or unlink
+//! ([`Workspace::apply`]), (5) the folder fsync, (6) the *applied* receipt, (7) the audit event.
+//!
+//! The order is the guarantee and must never change: nothing touches a file before its
+//! prepared receipt is durable (fail closed), and a change that reached the file but could not
+//! be confirmed is answered `uncertain`, never retried here.
+
+use super::change::Planned;
+use super::{Project, Workspace, lock_poisoned, validate_request_id};
+use crate::error::WorkspaceError;
+use crate::lock::{LockError, ProjectLock};
+use crate::receipts::{
+    Operation, Receipt, ReceiptError, ReceiptState, ReceiptStore, capped_before, new_receipt_id,
+};
+use agentworks_contract::workspaced::*;
+use agentworks_daemon::audit;
+use agentworks_fs::failpoint::{self, Hit};
+use std::sync::Mutex;
+
+/// Who is making which change: project, caller and request id. Counts the calls of one request
+/// in flight at once, so a second one waiting for the lock is told `request_in_progress`.
+type FlightKey = (String, String, String);
+
+/// One change on its way through the pipeline: what was asked, by whom, in which project.
+struct ChangeInFlight<'a> {
+    ctx: &'a Context,
+    operation: Operation,
+    request_id: &'a str,
+    payload_hash: String,
+    project: &'a Project,
+    flight_key: &'a FlightKey,
+}
+
+impl Workspace {
+    /// The shared skeleton of every change; `plan` runs under the lock, after the idempotency
+    /// check, and must not modify anything.
+    pub(super) fn change(
+        &self,
+        ctx: &Context,
+        operation: Operation,
+        request_id: &str,
+        payload_hash: String,
+        plan: impl FnOnce(&Project) -> Result<Planned, WorkspaceError>,
+    ) -> Result<ChangeResponse, WorkspaceError> {
+        validate_request_id(request_id)?;
+        let project = self.project(&ctx.project)?;
+        let flight_key = (
+            project.name.clone(),
+            ctx.principal.user_id.clone(),
+            request_id.to_owned(),
+        );
+        *lock_poisoned(&self.in_flight)
+            .entry(flight_key.clone())
+            .or_insert(0) += 1;
+        let change = ChangeInFlight {
+            ctx,
+            operation,
+            request_id,
+            payload_hash,
+            project: &project,
+            flight_key: &flight_key,
+        };
+        let result = self.change_in_flight(change, plan);
+        let mut in_flight = lock_poisoned(&self.in_flight);
+        if let Some(count) = in_flight.get_mut(&flight_key) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&flight_key);
+            }
+        }
+        result
+    }
+
+    /// The steps, in their order; each returns early with the answer it decides.
+    fn change_in_flight(
+        &self,
+        change: ChangeInFlight<'_>,
+        plan: impl FnOnce(&Project) -> Result<Planned, WorkspaceError>,
+    ) -> Result<ChangeResponse, WorkspaceError> {
+        let _lock = self.lock_for_change(&change)?;
+        let store = self.store(change.project)?;
+        // 1. Same id: replay the recorded outcome, or refuse a different payload.
+        if let Some(replayed) = self.replay_recorded(&change, &store)? {
+            return Ok(replayed);
+        }
+        // 2. Revision check and planning (nothing changes yet).
+        let planned = plan(change.project)?;
+        // 3. Durable prepared receipt; if it cannot be written, refuse before touching the file.
+        let request_id = change.request_id;
+        let receipt = prepare_receipt(change, &planned, &store)?;
+        // 4. Apply.
+        self.apply_or_mark_not_applied(&planned, &receipt, &store)?;
+        // The target changed. If its folder cannot be synced the change may not survive a
+        // crash: leave the receipt prepared (reconciled from the disk later) and say so.
+        let receipt = self.durable_or_uncertain(&planned, request_id, receipt)?;
+        failpoint::hit("before_mark_applied");
+        // 5. Applied, audited, answered.
+        let receipt = mark_applied(&store, request_id, receipt)?;
+        audit(&receipt);
+        Ok(ChangeResponse {
+            state: ReceiptState::Applied,
+            replayed: false,
+            previous_revision: receipt.previous_revision.clone(),
+            revision: receipt.resulting_revision.clone(),
+            receipt,
+        })
+    }
+
+    /// The project's lock; a timeout while another call of the same request holds or awaits
+    /// it is `request_in_progress`, not a lock error.
+    fn lock_for_change(&self, change: &ChangeInFlight<'_>) -> Result<ProjectLock, WorkspaceError> {
+        match self.lock(change.project) {
+            Ok(lock) => Ok(lock),
+            Err(LockError::Timeout { .. })
+                if lock_poisoned(&self.in_flight)
+                    .get(change.flight_key)
+                    .copied()
+                    .unwrap_or(0)
+                    > 1 =>
+            {
+                Err(WorkspaceError::RequestInProgress {
+                    request_id: change.request_id.into(),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Step 1: the answer already recorded for this caller's request id, if any (a prepared
+    /// one reconciled from the disk first); a different payload under the same id is refused.
+    fn replay_recorded(
+        &self,
+        change: &ChangeInFlight<'_>,
+        store: &Mutex<ReceiptStore>,
+    ) -> Result<Option<ChangeResponse>, WorkspaceError> {
+        let recorded =
+            lock_poisoned(store).find(&change.ctx.principal.user_id, change.request_id)?;
+        let Some(mut receipt) = recorded else {
+            return Ok(None);
+        };
+        if receipt.payload_hash != change.payload_hash {
+            return Err(WorkspaceError::RequestIdReused {
+                request_id: change.request_id.into(),
+                receipt_id: receipt.receipt_id,
+            });
+        }
+        if receipt.state == ReceiptState::Prepared {
+            self.reconcile(change.project, store, &mut receipt)?;
+        }
+        Ok(Some(ChangeResponse {
+            state: receipt.state,
+            replayed: true,
+            previous_revision: receipt.previous_revision.clone(),
+            revision: receipt.resulting_revision.clone(),
+            receipt,
+        }))
+    }
+
+    /// Step 4: apply the plan; on an error, record `not_applied` and pass the error on.
+    fn apply_or_mark_not_applied(
+        &self,
+        planned: &Planned,
+        receipt: &Receipt,
+        store: &Mutex<ReceiptStore>,
+    ) -> Result<(), WorkspaceError> {
+        if let Err(error) = self.apply(planned) {
+            // Every error of `apply` comes before the rename or unlink: nothing reached the
+            // target. Record that (best effort: a prepared receipt left behind is reconciled
+            // from the disk later, which gives the same answer).
+            if lock_poisoned(store)
+                .set_state(&receipt.receipt_id, ReceiptState::NotApplied)
+                .is_err()
+            {
+                tracing::warn!(receipt = %receipt.receipt_id, "could not mark receipt not_applied; it will be reconciled");
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Step 5: fsync the folders; if that fails the answer is `uncertain` with the receipt.
+    fn durable_or_uncertain(
+        &self,
+        planned: &Planned,
+        request_id: &str,
+        receipt: Receipt,
+    ) -> Result<Receipt, WorkspaceError> {
+        if let Err(error) = self.sync_after(planned) {
+            return Err(WorkspaceError::Uncertain {
+                request_id: request_id.into(),
+                reason: format!(
+                    "the change reached the file but could not be made durable ({error})"
+                ),
+                receipt: Box::new(receipt),
+            });
+        }
+        Ok(receipt)
+    }
+}
+
+/// Step 3: build the receipt and store it as *prepared*; an error here means nothing changed.
+fn prepare_receipt(
+    change: ChangeInFlight<'_>,
+    planned: &Planned,
+    store: &Mutex<ReceiptStore>,
+) -> Result<Receipt, WorkspaceError> {
+    let ChangeInFlight {
+        ctx,
+        operation,
+        request_id,
+        payload_hash,
+        project,
+        ..
+    } = change;
+    let now = agentworks_support::clock::now_ms();
+    let (before, before_truncated) = match &planned.before {
+        Some(content) => {
+            let (kept, truncated) = capped_before(content);
+            (Some(kept), truncated)
+        }
+        None => (None, false),
+    };
+    let receipt = Receipt {
+        receipt_id: new_receipt_id(),
+        request_id: request_id.into(),
+        operation,
+        project: project.name.clone(),
+        path: planned.path.to_string(),
+        to_path: planned.to_path.as_ref().map(ToString::to_string),
+        user_id: ctx.principal.user_id.clone(),
+        user_name: ctx.principal.user_name.clone(),
+        connection_id: ctx.principal.connection_id.clone(),
+        source: ctx.principal.source.clone(),
+        previous_revision: planned.previous.clone(),
+        resulting_revision: planned.resulting.clone(),
+        state: ReceiptState::Prepared,
+        created_at_ms: now,
+        updated_at_ms: now,
+        payload_hash,
+        before_content: before,
+        before_truncated,
+    };
+    if failpoint::hit("receipt_unavailable") == Hit::Fail {
+        return Err(WorkspaceError::AuditUnavailable(
+            ReceiptError::Unavailable {
+                path: lock_poisoned(store).path().to_owned(),
+                source: rusqlite::Error::InvalidQuery,
+            },
+        ));
+    }
+    lock_poisoned(store).insert_prepared(&receipt)?;
+    failpoint::hit("after_prepare");
+    Ok(receipt)
+}
+
+/// Step 6: record the receipt as *applied*; if that fails the change was made but cannot be
+/// confirmed, and the answer is `uncertain`.
+fn mark_applied(
+    store: &Mutex<ReceiptStore>,
+    request_id: &str,
+    mut receipt: Receipt,
+) -> Result<Receipt, WorkspaceError> {
+    let marked = match failpoint::hit("mark_applied") {
+        Hit::Fail => Err(ReceiptError::Unavailable {
+            path: lock_poisoned(store).path().to_owned(),
+            source: rusqlite::Error::InvalidQuery,
+        }),
+        Hit::Continue => lock_poisoned(store).set_state(&receipt.receipt_id, ReceiptState::Applied),
+    };
+    match marked {
+        Ok(updated) => {
+            receipt.state = ReceiptState::Applied;
+            receipt.updated_at_ms = updated;
+            Ok(receipt)
+        }
+        Err(e) => Err(WorkspaceError::Uncertain {
+            request_id: request_id.into(),
+            reason: format!("the change was made but its receipt could not be confirmed ({e})"),
+            receipt: Box::new(receipt),
+        }),
+    }
+}
+
+/// One structured audit event per applied change, a journal entry with the operation's
+/// `MESSAGE_ID` (see [`agentworks_daemon::audit`]) and `AGENTWORKS_*` fields. File contents never enter it.
+pub(super) fn audit(receipt: &Receipt) {
+    let message_id = match receipt.operation {
+        Operation::Write => audit::WRITE,
+        Operation::Patch => audit::PATCH,
+        Operation::Move => audit::MOVE,
+        Operation::Delete => audit::DELETE,
+        Operation::Restore => audit::RESTORE,
+    };
+    tracing::info!(
+        target: audit::TARGET,
+        message_id,
+        agentworks_event = receipt.operation.as_str(),
+        agentworks_user_id = %receipt.user_id,
+        agentworks_user_name = %receipt.user_name,
+        agentworks_project = %receipt.project,
+        agentworks_path = %receipt.path,
+        agentworks_to_path = receipt.to_path.as_deref(),
+        agentworks_request_id = %receipt.request_id,
+        agentworks_receipt_id = %receipt.receipt_id,
+        agentworks_previous_revision = %receipt.previous_revision,
+        agentworks_resulting_revision = %receipt.resulting_revision,
+        agentworks_source = %receipt.source,
+        "change applied"
+    );
+}

@@ -1,0 +1,261 @@
+//! The reads: read, list, search and history. They take the project's lock (so they never see
+//! a change half-made by another workspaced) and change nothing.
+//!
+//! They must never follow a symlink, show a dot-entry, or let anything the guard hides reach
+//! the caller, not even whether a hidden file matches a search.
+
+use super::{MAX_HISTORY, MAX_LIST_ENTRIES, MAX_SEARCH_BYTES, MAX_WALK_DEPTH, Project, Workspace};
+use super::{lock_poisoned, read_bounded};
+use crate::error::WorkspaceError;
+use agentworks_contract::workspaced::*;
+use agentworks_core::guard::{RelPath, ResolvedGuard};
+use agentworks_fs::confine::{self, ConfineError};
+use rustix::fs::{AtFlags, Stat};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+/// Called by `walk` for every visible entry with its path, kind, stat and parent folder;
+/// returns whether to go on.
+type WalkVisitor<'a> =
+    dyn FnMut(&RelPath, EntryKind, &Stat, BorrowedFd<'_>) -> Result<bool, WorkspaceError> + 'a;
+
+impl Workspace {
+    pub fn read(&self, req: &ReadRequest) -> Result<ReadResponse, WorkspaceError> {
+        let guard = req.context.guard.resolve()?;
+        let path = RelPath::parse(&req.path)?;
+        guard.check_read(&path)?;
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let current = match self.current(&project, &path, false) {
+            Err(WorkspaceError::Confine(ConfineError::NotADirectory { path }))
+            | Err(WorkspaceError::Confine(ConfineError::NotFound { path })) => {
+                return Err(ConfineError::NotFound { path }.into());
+            }
+            other => other?,
+        };
+        let Some(content) = current.content else {
+            return Err(ConfineError::NotFound {
+                path: path.to_string(),
+            }
+            .into());
+        };
+        let size = content.len() as u64;
+        let content = String::from_utf8(content).map_err(|_| WorkspaceError::NotText {
+            path: path.to_string(),
+        })?;
+        Ok(ReadResponse {
+            path: path.to_string(),
+            content,
+            revision: current.revision,
+            size,
+        })
+    }
+
+    /// Walk `start` (depth-first, sorted), calling `visit` for every entry the guard lets the
+    /// caller see. Dot-entries are never visited; symlinks are reported as `Other`, never followed.
+    fn walk(
+        &self,
+        project: &Project,
+        guard: &ResolvedGuard,
+        start: Option<&RelPath>,
+        recursive: bool,
+        visit: &mut WalkVisitor<'_>,
+    ) -> Result<(), WorkspaceError> {
+        let first = confine::open_dir(project.root.as_fd(), start)?;
+        let mut stack: Vec<(OwnedFd, Option<RelPath>, usize)> = vec![(first, start.cloned(), 0)];
+        while let Some((dir, prefix, depth)) = stack.pop() {
+            let mut names: Vec<String> = Vec::new();
+            let listing = rustix::fs::Dir::read_from(&dir).map_err(|e| {
+                WorkspaceError::io(
+                    "list",
+                    prefix.as_ref().map(|p| p.as_str()).unwrap_or("."),
+                    e,
+                )
+            })?;
+            for entry in listing {
+                let entry = entry.map_err(|e| {
+                    WorkspaceError::io(
+                        "list",
+                        prefix.as_ref().map(|p| p.as_str()).unwrap_or("."),
+                        e,
+                    )
+                })?;
+                if let Ok(name) = entry.file_name().to_str()
+                    && !name.starts_with('.')
+                {
+                    names.push(name.to_owned());
+                }
+            }
+            names.sort();
+            let mut subdirs = Vec::new();
+            for name in names {
+                let rel = match &prefix {
+                    Some(p) => p.join(&name),
+                    None => RelPath::parse(&name),
+                };
+                let Ok(rel) = rel else { continue };
+                if guard.check_read(&rel).is_err() {
+                    continue;
+                }
+                let Ok(stat) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                else {
+                    continue;
+                };
+                let kind = match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
+                    rustix::fs::FileType::RegularFile => EntryKind::File,
+                    rustix::fs::FileType::Directory => EntryKind::Dir,
+                    _ => EntryKind::Other,
+                };
+                if !visit(&rel, kind, &stat, dir.as_fd())? {
+                    return Ok(());
+                }
+                if recursive && kind == EntryKind::Dir && depth + 1 < MAX_WALK_DEPTH {
+                    match confine::open_dir(dir.as_fd(), Some(&RelPath::parse(&name)?)) {
+                        Ok(fd) => subdirs.push((fd, Some(rel), depth + 1)),
+                        // Replaced by a symlink since we listed it: skip, never follow.
+                        Err(ConfineError::Symlink { .. }) | Err(ConfineError::NotFound { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            // Reverse so the stack pops them in sorted order.
+            stack.extend(subdirs.into_iter().rev());
+        }
+        Ok(())
+    }
+
+    pub fn list(&self, req: &ListRequest) -> Result<ListResponse, WorkspaceError> {
+        let guard = req.context.guard.resolve()?;
+        let start = RelPath::parse_folder(&req.path)?;
+        match &start {
+            Some(p) => guard.check_read(p)?,
+            None if guard.root_blocked() => {
+                return Err(
+                    agentworks_core::guard::GuardError::Blocked { path: ".".into() }.into(),
+                );
+            }
+            None => {}
+        }
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let mut entries = Vec::new();
+        let mut truncated = false;
+        self.walk(
+            &project,
+            &guard,
+            start.as_ref(),
+            req.recursive,
+            &mut |rel, kind, stat, _| {
+                if entries.len() >= MAX_LIST_ENTRIES {
+                    truncated = true;
+                    return Ok(false);
+                }
+                entries.push(ListEntry {
+                    path: rel.to_string(),
+                    kind,
+                    size: (kind == EntryKind::File).then_some(stat.st_size as u64),
+                });
+                Ok(true)
+            },
+        )?;
+        Ok(ListResponse { entries, truncated })
+    }
+
+    pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse, WorkspaceError> {
+        if req.query.is_empty() || req.query.len() > 1024 {
+            return Err(WorkspaceError::InvalidRequest(
+                "query must be 1..=1024 bytes".into(),
+            ));
+        }
+        let guard = req.context.guard.resolve()?;
+        let start = RelPath::parse_folder(&req.path)?;
+        if let Some(p) = &start {
+            guard.check_read(p)?;
+        } else if guard.root_blocked() {
+            return Err(agentworks_core::guard::GuardError::Blocked { path: ".".into() }.into());
+        }
+        let max_results = req
+            .max_results
+            .unwrap_or(self.limits.search_max_results)
+            .clamp(1, self.limits.search_max_results);
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let mut matches = Vec::new();
+        let mut truncated = false;
+        let mut scanned = 0u64;
+        let limit = self.limits.max_file_bytes;
+        self.walk(
+            &project,
+            &guard,
+            start.as_ref(),
+            true,
+            &mut |rel, kind, stat, dir| {
+                if kind != EntryKind::File || stat.st_size as u64 > limit {
+                    return Ok(true);
+                }
+                if scanned + stat.st_size as u64 > MAX_SEARCH_BYTES {
+                    truncated = true;
+                    return Ok(false);
+                }
+                // A file that cannot be opened as ours is skipped, not reported: a FIFO, a
+                // symlink swapped in, and a file with a second hard link (its other name may be
+                // a file outside the project; `open_file` refuses it). Skipping, not refusing the
+                // whole search, so one planted link cannot deny search of the project, and
+                // nothing of its content, not even whether it matches, reaches the caller.
+                let Ok(Some((fd, _))) = confine::open_file(dir, rel.file_name(), rel) else {
+                    return Ok(true);
+                };
+                let Ok(content) = read_bounded(&fd, limit, rel) else {
+                    return Ok(true);
+                };
+                scanned += content.len() as u64;
+                let Ok(text) = std::str::from_utf8(&content) else {
+                    return Ok(true);
+                };
+                for (index, line) in text.lines().enumerate() {
+                    if line.contains(&req.query) {
+                        if matches.len() >= max_results {
+                            truncated = true;
+                            return Ok(false);
+                        }
+                        matches.push(SearchMatch {
+                            path: rel.to_string(),
+                            line: index as u64 + 1,
+                            text: line.chars().take(500).collect(),
+                        });
+                    }
+                }
+                Ok(true)
+            },
+        )?;
+        Ok(SearchResponse { matches, truncated })
+    }
+
+    pub fn history(&self, req: &HistoryRequest) -> Result<HistoryResponse, WorkspaceError> {
+        let guard = req.context.guard.resolve()?;
+        let path = req.path.as_deref().map(RelPath::parse).transpose()?;
+        if let Some(p) = &path {
+            guard.check_read(p)?;
+        }
+        let limit = req.limit.unwrap_or(20).clamp(1, MAX_HISTORY);
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let store = self.store(&project)?;
+        let receipts = lock_poisoned(&store).recent(path.as_ref().map(RelPath::as_str), limit)?;
+        let readable = |p: &str| RelPath::parse(p).is_ok_and(|p| guard.check_read(&p).is_ok());
+        let entries = receipts
+            .into_iter()
+            .filter(|r| readable(&r.path) && r.to_path.as_deref().is_none_or(readable))
+            .map(|mut receipt| {
+                let before = receipt
+                    .before_content
+                    .take()
+                    .map(|b| String::from_utf8_lossy(&b).into_owned());
+                HistoryEntry {
+                    receipt,
+                    before_content: before,
+                }
+            })
+            .collect();
+        Ok(HistoryResponse { entries })
+    }
+}

@@ -1,0 +1,149 @@
+//! Deciding interrupted changes: a receipt left *prepared* is compared with what the disk holds
+//! now and marked applied, not applied or uncertain, at start for every project ([`Workspace::recover`],
+//! with the temp sweep) and on request by request id ([`Workspace::receipt`]).
+//!
+//! It must never change a document: it reads the tree and writes only receipts.
+
+use super::pipeline::audit;
+use super::sweep::sweep_temp_files;
+use super::{Project, Workspace, lock_poisoned, revision_on_disk, validate_request_id};
+use crate::error::WorkspaceError;
+use crate::receipts::{Receipt, ReceiptState, ReceiptStore};
+use agentworks_contract::workspaced::*;
+use agentworks_core::guard::RelPath;
+use agentworks_core::revision::Revision;
+use agentworks_daemon::audit;
+use agentworks_fs::confine::ConfineError;
+use std::os::fd::AsFd;
+use std::sync::Mutex;
+
+/// What start-up recovery found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub temp_files_removed: usize,
+    pub applied: usize,
+    pub not_applied: usize,
+    pub uncertain: usize,
+}
+
+impl Workspace {
+    /// Decide a prepared receipt from what is on disk and record the decision.
+    pub(super) fn reconcile(
+        &self,
+        project: &Project,
+        store: &Mutex<ReceiptStore>,
+        receipt: &mut Receipt,
+    ) -> Result<(), WorkspaceError> {
+        // What a path holds now; `None` for a file that has gained a second link since: it is
+        // not read (its other name may be a file outside the project), so the receipt stays
+        // uncertain rather than being decided from it.
+        let on_disk = |path: &str| -> Result<Option<Revision>, WorkspaceError> {
+            match revision_on_disk(project.root.as_fd(), &RelPath::parse(path)?) {
+                Ok(revision) => Ok(Some(revision)),
+                Err(WorkspaceError::Confine(ConfineError::HardLink { .. })) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let at_path = on_disk(&receipt.path)?;
+        let state = match (&receipt.to_path, at_path) {
+            (_, None) => ReceiptState::Uncertain,
+            (Some(to), Some(at_path)) => match on_disk(to)? {
+                Some(at_to)
+                    if at_path == Revision::Missing && at_to == receipt.resulting_revision =>
+                {
+                    ReceiptState::Applied
+                }
+                Some(at_to)
+                    if at_path == receipt.previous_revision && at_to == Revision::Missing =>
+                {
+                    ReceiptState::NotApplied
+                }
+                _ => ReceiptState::Uncertain,
+            },
+            (None, Some(at_path)) if at_path == receipt.resulting_revision => ReceiptState::Applied,
+            (None, Some(at_path)) if at_path == receipt.previous_revision => {
+                ReceiptState::NotApplied
+            }
+            (None, Some(_)) => ReceiptState::Uncertain,
+        };
+        receipt.updated_at_ms = lock_poisoned(store).set_state(&receipt.receipt_id, state)?;
+        receipt.state = state;
+        tracing::info!(
+            target: audit::TARGET,
+            message_id = audit::RECEIPT_RECONCILED,
+            agentworks_event = "receipt_reconciled",
+            agentworks_user_id = %receipt.user_id,
+            agentworks_user_name = %receipt.user_name,
+            agentworks_project = %receipt.project,
+            agentworks_path = %receipt.path,
+            agentworks_request_id = %receipt.request_id,
+            agentworks_receipt_id = %receipt.receipt_id,
+            agentworks_state = ?state,
+            "reconciled an interrupted change"
+        );
+        if state == ReceiptState::Applied {
+            audit(receipt);
+        }
+        Ok(())
+    }
+
+    /// The caller's receipt for a request id, reconciled if it was left prepared.
+    pub fn receipt(&self, req: &ReceiptRequest) -> Result<Receipt, WorkspaceError> {
+        validate_request_id(&req.request_id)?;
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let store = self.store(&project)?;
+        let found = lock_poisoned(&store).find(&req.context.principal.user_id, &req.request_id)?;
+        let Some(mut receipt) = found else {
+            return Err(WorkspaceError::ReceiptNotFound {
+                request_id: req.request_id.clone(),
+            });
+        };
+        if receipt.state == ReceiptState::Prepared {
+            self.reconcile(&project, &store, &mut receipt)?;
+        }
+        Ok(receipt)
+    }
+
+    /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.
+    pub fn recover(&self) -> Result<RecoveryReport, WorkspaceError> {
+        let mut report = RecoveryReport::default();
+        let projects = rustix::fs::Dir::read_from(&self.documents_fd).map_err(|e| {
+            WorkspaceError::io("list documents root", self.documents_root.display(), e)
+        })?;
+        let mut names = Vec::new();
+        for entry in projects.flatten() {
+            if let Ok(name) = entry.file_name().to_str()
+                && !name.starts_with('.')
+            {
+                names.push(name.to_owned());
+            }
+        }
+        for name in names {
+            let Ok(project) = self.project(&name) else {
+                continue;
+            };
+            let _lock = self.lock(&project)?;
+            report.temp_files_removed += sweep_temp_files(project.root.as_fd(), 0);
+            if !self
+                .layout
+                .receipts_dir(&project.root_path)
+                .join("receipts.db")
+                .exists()
+            {
+                continue;
+            }
+            let store = self.store(&project)?;
+            let prepared = lock_poisoned(&store).prepared()?;
+            for mut receipt in prepared {
+                self.reconcile(&project, &store, &mut receipt)?;
+                match receipt.state {
+                    ReceiptState::Applied => report.applied += 1,
+                    ReceiptState::NotApplied => report.not_applied += 1,
+                    _ => report.uncertain += 1,
+                }
+            }
+        }
+        Ok(report)
+    }
+}
