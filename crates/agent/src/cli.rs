@@ -9,6 +9,8 @@ use std::path::PathBuf;
 /// /etc/agentworks/agentworks.toml (section [agentd]); AGENTWORKS_STATE_ROOT and
 /// AGENTWORKS_RUNTIME_DIR override the file. Under systemd both listeners come from socket
 /// activation (FileDescriptorName=agentd-http and agentd.sock); otherwise agentd binds them.
+// The doc comment is the --help text (clap): its "[section]" names are not links.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Parser)]
 #[command(name = "agentworks-agentd", version)]
 pub struct Args {

@@ -9,7 +9,7 @@
 //! The tool list is fixed when the turn starts, from the chat's binding:
 //!
 //! - server mode (no binding): exactly `read_file`, `list_files`, `search_files`, `write_file`,
-//!   through [`FileTools`] with the person's live authority (source `agent`); the project is
+//!   through [`FileTools`](crate::files::FileTools) with the person's live authority (source `agent`); the project is
 //!   always the chat's, and write request ids are made here, never by the model;
 //! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
 //!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or

@@ -191,7 +191,7 @@ fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Respons
 }
 
 /// The bearer token of a request, if it has exactly one well-formed one of printable ASCII
-/// within [`MAX_TOKEN_BYTES`].
+/// within `MAX_TOKEN_BYTES` (1 KiB).
 pub fn bearer(headers: &HeaderMap) -> Option<String> {
     match agentworks_daemon::ipc::bearer::bearer(headers) {
         Bearer::Token(token)

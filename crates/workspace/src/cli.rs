@@ -10,6 +10,8 @@ use std::path::PathBuf;
 /// AGENTWORKS_DOCUMENTS_ROOT and AGENTWORKS_RUNTIME_DIR override the file. Under systemd the
 /// socket comes from socket activation (FileDescriptorName=workspaced.sock); otherwise the
 /// daemon binds it itself.
+// The doc comment is the --help text (clap): its "[section]" names are not links.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Parser)]
 #[command(name = "agentworks-workspaced", version)]
 pub struct Args {

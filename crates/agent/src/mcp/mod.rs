@@ -20,7 +20,7 @@
 //!
 //! Files:
 //!
-//! - [`catalog`] (private): the operations, their schemas, scopes and annotations, the effective
+//! - `catalog` (private): the operations, their schemas, scopes and annotations, the effective
 //!   catalog for a caller, and argument validation. Pure.
 //! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder, error codes and
 //!   response bodies (JSON or one SSE event). Pure.
