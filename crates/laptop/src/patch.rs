@@ -55,6 +55,7 @@ use agentworks_contract::executor::{Outcome, PatchedFile};
 use agentworks_core::guard::{Guard, RelPath};
 use agentworks_core::revision::Revision;
 use agentworks_fs::confine::{self, ConfineError};
+use agentworks_fs::staged::StagedFile;
 
 use super::grants::{Folder, Grants};
 use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND as SANDBOX_SUBCOMMAND, SandboxPolicy};
@@ -477,25 +478,20 @@ fn validate(
 fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), String> {
     let (dir, name) =
         confine::open_parent(root.as_fd(), &planned.path, true).map_err(|e| e.to_string())?;
-    let tmp = format!(
-        ".agentworks-patch-{}",
-        hex::encode(rand::random::<[u8; 8]>())
-    );
     // An existing file keeps its mode. A new one is created 0666 and left as the kernel makes
     // it: less the umask (inherited from the executor through the launcher) or as the folder's
     // default ACL says, exactly as a shell's `>` would create it. Never chmod-ed afterwards.
     let kept_mode = planned.existing.as_ref().map(|stat| stat.st_mode & 0o7777);
-    let fd = rustix::fs::openat(
-        &dir,
-        tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(kept_mode.unwrap_or(0o666)),
-    );
-    let fd = match fd {
-        Ok(fd) => fd,
-        // The sandbox grants a folder that lies on the path to a --block/--read-only exclusion
-        // only its existing entries, so no temp file can be made there: an existing file is
-        // then rewritten in place (validated already; not atomic against a crash).
+    let mut staged = match StagedFile::create(
+        dir.as_fd(),
+        ".agentworks-patch-",
+        kept_mode.unwrap_or(0o666),
+    ) {
+        Ok(staged) => staged,
+        // The sandbox grants a folder that lies on the path to a --block/--read-only
+        // exclusion only its existing entries, so no temp file can be made there: an
+        // existing file is then rewritten in place (validated already; not atomic against
+        // a crash).
         Err(rustix::io::Errno::ACCESS) if planned.existing.is_some() => {
             return write_in_place(&dir, name, planned);
         }
@@ -506,21 +502,20 @@ fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), Strin
             ));
         }
     };
-    let mut file = std::fs::File::from(fd);
-    let written = file
+    // An error at any step drops `staged`, which unlinks the temp file.
+    let written = staged
         .write_all(planned.content.as_bytes())
         .and_then(|()| match kept_mode {
-            Some(mode) => rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)).map_err(Into::into),
+            Some(mode) => {
+                rustix::fs::fchmod(staged.fd(), Mode::from_raw_mode(mode)).map_err(Into::into)
+            }
             None => Ok(()),
         })
-        .and_then(|()| file.sync_all())
-        .and_then(|()| rustix::fs::renameat(&dir, tmp.as_str(), &dir, name).map_err(Into::into))
-        .and_then(|()| rustix::fs::fsync(&dir).map_err(Into::into));
-    if let Err(e) = written {
-        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
-        return Err(format!("cannot write {}: {e}", planned.path));
-    }
-    Ok(())
+        .and_then(|()| staged.sync().map_err(Into::into));
+    written
+        .and_then(|()| staged.rename_to(name, false).map_err(Into::into))
+        .and_then(|()| rustix::fs::fsync(&dir).map_err(Into::into))
+        .map_err(|e: std::io::Error| format!("cannot write {}: {e}", planned.path))
 }
 
 fn write_all(root: &std::os::fd::OwnedFd, plan: Vec<Planned>) -> Outcome {

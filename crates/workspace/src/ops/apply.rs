@@ -13,9 +13,9 @@ use agentworks_core::guard::RelPath;
 use agentworks_core::revision::Revision;
 use agentworks_fs::confine::ConfineError;
 use agentworks_fs::failpoint;
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Stat};
+use agentworks_fs::staged::StagedFile;
+use rustix::fs::{AtFlags, RenameFlags, Stat};
 use rustix::io::Errno;
-use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 fn same_identity(a: &Stat, b: &Stat) -> bool {
@@ -126,15 +126,8 @@ impl Workspace {
         previous: &Revision,
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
-        let temp_name = format!("{TEMP_PREFIX}{}", hex::encode(rand::random::<[u8; 8]>()));
         // 0o666: the kernel applies the umask, or the folder's default ACL, as for any new file.
-        let temp = rustix::fs::openat(
-            parent,
-            temp_name.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o666),
-        )
-        .map_err(|e| match e {
+        let mut staged = StagedFile::create(parent, TEMP_PREFIX, 0o666).map_err(|e| match e {
             // The folder was removed after we opened it.
             Errno::NOENT => ConfineError::NotFound {
                 path: path.to_string(),
@@ -142,60 +135,40 @@ impl Workspace {
             .into(),
             other => WorkspaceError::io("stage", path, other),
         })?;
-        let staged = (|| -> Result<(), WorkspaceError> {
-            let mut file = std::fs::File::from(
-                temp.try_clone()
-                    .map_err(|e| WorkspaceError::io("stage", path, e))?,
-            );
-            file.write_all(content)
-                .map_err(|e| WorkspaceError::io("stage", path, e))?;
-            failpoint::hit("after_stage");
-            if let Some((original, _)) = existing {
-                // Owner/group, then ACL, then mode, all on fds; refuse rather than degrade.
-                let ownership = acl::read_ownership(original.as_fd())?;
-                acl::carry_over(temp.as_fd(), &ownership)?;
-            }
-            fsync_fd(temp.as_fd(), "fsync staged file", path)?;
-            failpoint_io("before_rename", path)?;
-            match existing {
-                Some((_, checked)) => {
-                    self.recheck(parent, name, checked, previous, path)?;
-                    rustix::fs::renameat_with(
-                        parent,
-                        temp_name.as_str(),
-                        parent,
-                        name,
-                        RenameFlags::empty(),
-                    )
-                    .map_err(|e| WorkspaceError::io("replace", path, e))
-                }
-                None => match rustix::fs::renameat_with(
-                    parent,
-                    temp_name.as_str(),
-                    parent,
-                    name,
-                    RenameFlags::NOREPLACE,
-                ) {
-                    Ok(()) => Ok(()),
-                    Err(Errno::EXIST) => Err(WorkspaceError::RevisionConflict {
-                        path: path.to_string(),
-                        expected: Revision::Missing,
-                        current: revision_on_disk(parent, &RelPath::parse(name)?)?,
-                    }),
-                    // The folder was removed after we opened it.
-                    Err(Errno::NOENT) => Err(ConfineError::NotFound {
-                        path: path.to_string(),
-                    }
-                    .into()),
-                    Err(e) => Err(WorkspaceError::io("create", path, e)),
-                },
-            }
-        })();
-        if let Err(error) = staged {
-            let _ = rustix::fs::unlinkat(parent, temp_name.as_str(), AtFlags::empty());
-            return Err(error);
+        // Every error below drops `staged`, which unlinks the temp file.
+        staged
+            .write_all(content)
+            .map_err(|e| WorkspaceError::io("stage", path, e))?;
+        failpoint::hit("after_stage");
+        if let Some((original, _)) = existing {
+            // Owner/group, then ACL, then mode, all on fds; refuse rather than degrade.
+            let ownership = acl::read_ownership(original.as_fd())?;
+            acl::carry_over(staged.fd(), &ownership)?;
         }
-        Ok(())
+        fsync_fd(staged.fd(), "fsync staged file", path)?;
+        failpoint_io("before_rename", path)?;
+        match existing {
+            Some((_, checked)) => {
+                self.recheck(parent, name, checked, previous, path)?;
+                staged
+                    .rename_to(name, false)
+                    .map_err(|e| WorkspaceError::io("replace", path, e))
+            }
+            None => match staged.rename_to(name, true) {
+                Ok(()) => Ok(()),
+                Err(Errno::EXIST) => Err(WorkspaceError::RevisionConflict {
+                    path: path.to_string(),
+                    expected: Revision::Missing,
+                    current: revision_on_disk(parent, &RelPath::parse(name)?)?,
+                }),
+                // The folder was removed after we opened it.
+                Err(Errno::NOENT) => Err(ConfineError::NotFound {
+                    path: path.to_string(),
+                }
+                .into()),
+                Err(e) => Err(WorkspaceError::io("create", path, e)),
+            },
+        }
     }
 
     /// After the rename or unlink reached the target: make the folder entries durable.
