@@ -20,8 +20,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::chat::{ChatError, ChatOptions};
 use crate::cli::{Cli, Command, ExecutorCommand};
 use crate::config::{ConfigError, Credentials, Dirs, ensure_private_dir};
@@ -349,7 +347,9 @@ async fn executor_connect(
         status: Status::default(),
     });
     let status = executor.status.clone();
-    let end = connect::run(executor, cancel_on_signals()).await?;
+    // Ctrl-C or SIGTERM ends the sharing.
+    let shutdown = agentworks_support::signals::cancel_on_signals(|_| {});
+    let end = connect::run(executor, shutdown).await?;
     status.finish();
     match end {
         End::Shutdown => {
@@ -358,28 +358,6 @@ async fn executor_connect(
         }
         End::Unauthorized(message) => Ok(relogin(&message)),
     }
-}
-
-/// A token cancelled on the first SIGINT or SIGTERM (Ctrl-C ends the sharing). If either
-/// handler cannot be installed, the token is never cancelled.
-fn cancel_on_signals() -> CancellationToken {
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        signals.cancel();
-    });
-    shutdown
 }
 
 /// Variables `executor connect` keeps: the commands' own (see [`shell::kept_env`]), the XDG
