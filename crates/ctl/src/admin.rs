@@ -20,6 +20,9 @@ pub enum CtlError {
     },
     #[error("{0}")]
     Usage(String),
+    /// A typed request that would not serialize (not expected: they are plain data).
+    #[error("cannot encode the request: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
 /// POST `body` to `/v1/admin/<endpoint>` on agentd's socket.

@@ -1,11 +1,14 @@
 //! `agentworksctl`, the operator CLI: what it does beyond parsing flags.
 //!
-//! Today: `quickstart` (start the daemons that exist on a private state root) and `status`
-//! (each daemon's health). It talks to the daemons only through their sockets, found through
-//! the same config and `AGENTWORKS_STATE_ROOT` as the daemons use; it never opens a daemon's
-//! state directory.
+//! - [`cli`]: its command line; [`app`]: each parsed command run and its answer printed.
+//! - [`admin`]: agentd's operator endpoints; [`quickstart`]: start the daemons that exist on a
+//!   private state root; [`status`]: each daemon's health.
+//!
+//! It talks to the daemons only through their sockets, found through the same config and
+//! `AGENTWORKS_STATE_ROOT` as the daemons use; it never opens a daemon's state directory.
 
 pub mod admin;
+pub mod app;
 pub mod cli;
 pub mod quickstart;
 

@@ -1,50 +1,25 @@
 //! Shutdown signals: the first SIGTERM or SIGINT sends STOPPING=1 to systemd and cancels one
 //! token the whole daemon watches.
 //!
-//! Owns installing the signal handlers. Must never exit the process itself: the daemon decides
+//! Owns what a daemon does on the signal; the handlers themselves are
+//! [`agentworks_support::signals`]. Must never exit the process itself: the daemon decides
 //! how to wind down (stop accepting, finish in-flight requests). STOPPING=1 is sent here, before
 //! the token is cancelled, because a task woken by the token may never run once the daemon's
 //! main future returns and the runtime shuts down.
 
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 /// A token cancelled on the first SIGTERM or SIGINT (after STOPPING=1 is sent, when under
 /// systemd). Must be called inside a runtime.
 ///
 /// The handlers are installed before this returns, so a signal arriving right after is not
-/// lost. If a handler cannot be installed (which tokio only reports for invalid signals or an
-/// exhausted fd table), the error is logged and that signal keeps its default action, which
-/// still terminates the process.
+/// lost (see [`agentworks_support::signals::cancel_on_signals`], which also says what happens
+/// when one cannot be installed).
 pub fn on_signals() -> CancellationToken {
-    let token = CancellationToken::new();
-    let term = signal(SignalKind::terminate())
-        .inspect_err(|error| tracing::error!(%error, "cannot install SIGTERM handler"))
-        .ok();
-    let int = signal(SignalKind::interrupt())
-        .inspect_err(|error| tracing::error!(%error, "cannot install SIGINT handler"))
-        .ok();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        let name = tokio::select! {
-            _ = recv(term) => "SIGTERM",
-            _ = recv(int) => "SIGINT",
-            _ = cancel.cancelled() => return,
-        };
+    agentworks_support::signals::cancel_on_signals(|name| {
         tracing::info!(signal = name, "shutting down");
         crate::systemd::notify_stopping();
-        cancel.cancel();
-    });
-    token
-}
-
-async fn recv(signal: Option<tokio::signal::unix::Signal>) {
-    match signal {
-        Some(mut signal) => {
-            signal.recv().await;
-        }
-        None => std::future::pending::<()>().await,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `agentworks`, the laptop CLI: the person's side of the server → laptop direction.
 //!
+//! - [`app`]: what each subcommand does once parsed, and the hidden modes.
 //! - [`cli`]: its command line; [`config`]: its private directories and stored credential.
 //! - [`login`]: `agentworks login`/`logout` (the RFC 8628 device grant against agentd).
 //! - [`grants`]: what `executor connect` shares, validated and pinned before it dials.
@@ -15,6 +16,7 @@
 //! Never: runs a command outside a fully enforced Landlock ruleset, or links daemon plumbing
 //! (this is not a daemon: no systemd, journald or capability handling of the daemons).
 
+pub mod app;
 pub mod cgroup;
 pub mod chat;
 pub mod cli;

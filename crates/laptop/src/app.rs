@@ -1,0 +1,433 @@
+//! What `agentworks` does once its command line is known: one function per subcommand
+//! (`login`, `logout`, `chat`, `executor connect`), the executor's self-protection before any
+//! thread starts, and the two hidden modes the executor re-executes itself in.
+//!
+//! Owns: the order of the executor's security steps (hidden modes first while the process is
+//! single-threaded, then non-dumpable and a clean environment, only then the runtime's threads)
+//! and the exit codes. Never: parses flags (the bin does, with [`crate::cli`]) or runs a command
+//! itself (that is [`crate::shell`] through the launcher).
+//!
+//! Exit codes:
+//! - 0: success (for `executor connect`: sharing ended with Ctrl-C/SIGTERM)
+//! - 1: an error (bad grants, refused URL, network or file errors), with a message
+//! - 2: bad command-line usage (clap, in the bin)
+//! - 3: no credential, or the server no longer accepts it (revoked, 4001; unauthorized,
+//!   4003): run `agentworks login` again
+//! - 126: the sandbox launcher refused to run a command (hidden mode)
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::chat::{ChatError, ChatOptions};
+use crate::cli::{Cli, Command, ExecutorCommand};
+use crate::config::{ConfigError, Credentials, Dirs, ensure_private_dir};
+use crate::connect::{self, ConnectError, End, Executor, Status};
+use crate::grants::{GrantArgs, GrantError, Grants};
+use crate::limits::Limits;
+use crate::login::{self, LoginError};
+use crate::receipts::{ReceiptError, Receipts};
+use crate::{patch, sandbox, shell};
+
+/// Exit code: the credential is missing or no longer accepted.
+pub const EXIT_RELOGIN: u8 = 3;
+
+/// Exit code: the sandbox launcher refused to run a command.
+const EXIT_LAUNCHER_REFUSED: u8 = 126;
+
+/// Why a subcommand failed (exit code 1). Printed with its whole source chain.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Login(#[from] LoginError),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Grants(#[from] GrantError),
+    #[error(transparent)]
+    Receipts(#[from] ReceiptError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    #[error("cannot read the token from stdin")]
+    ReadStdinToken(#[source] std::io::Error),
+    #[error("no token on stdin")]
+    NoStdinToken,
+    #[error("cannot read the token file {}", path.display())]
+    ReadTokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("set AGENTWORKS_TOKEN (or --token-file) to a personal token with a workflows scope")]
+    NoChatToken,
+    #[error("no server: pass --server URL (or log in first)")]
+    NoServer,
+    #[error("cannot find the agentworks executable")]
+    NoExecutable(#[source] std::io::Error),
+}
+
+/// The hidden modes, recognised by the first argument: the sandbox launcher
+/// (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`) and the patch applier
+/// (`agentworks __apply-patch <folder>`, job on stdin). `None` when this is neither.
+///
+/// Must be called first in `main`, before the command line is parsed and while the process is
+/// single-threaded: the launcher confines the process it is in. It only returns on error,
+/// before any command ran.
+pub fn hidden_mode() -> Option<ExitCode> {
+    if std::env::args().nth(1).as_deref() == Some(sandbox::SUBCOMMAND) {
+        let args: Vec<String> = std::env::args().collect();
+        let error = sandbox::launcher_main(&args[2..]);
+        eprintln!("{}{error}", sandbox::REFUSAL_PREFIX);
+        return Some(ExitCode::from(EXIT_LAUNCHER_REFUSED));
+    }
+    // Run by the launcher above, already inside the sandbox.
+    if std::env::args().nth(1).as_deref() == Some(patch::SUBCOMMAND) {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        let code = patch::apply_main(&args);
+        return Some(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    None
+}
+
+/// Run one parsed command line. `executor connect` protects itself before the runtime (and
+/// its threads) start; errors are printed here.
+pub fn run(cli: Cli) -> ExitCode {
+    if let Command::Executor {
+        command: ExecutorCommand::Connect { .. },
+    } = &cli.command
+    {
+        protect_executor();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("agentworks: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("agentworks: {}", with_sources(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `error: source: source of source…`, the whole chain on one line.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
+    let dirs = Dirs::from_env()?;
+    match cli.command {
+        Command::Login {
+            server,
+            gateway,
+            with_token,
+            name,
+        } => login(&dirs, &server, gateway, with_token, name).await,
+        Command::Chat {
+            project,
+            chat,
+            local,
+            device,
+            yes,
+            server,
+            token_file,
+        } => {
+            let token = chat_token(token_file)?;
+            let server = match server {
+                Some(server) => server,
+                None => Credentials::load(&dirs)?
+                    .map(|c| c.server)
+                    .ok_or(AppError::NoServer)?,
+            };
+            crate::chat::run(ChatOptions {
+                server: login::server_url(&server)?,
+                token,
+                project,
+                chat,
+                local,
+                device,
+                assume_yes: yes,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logout => logout(&dirs).await,
+        Command::Executor {
+            command:
+                ExecutorCommand::Connect {
+                    name,
+                    folders,
+                    write_folders,
+                    block,
+                    read_only,
+                    downloads,
+                    allow_unix_sockets,
+                    max_processes,
+                    max_memory,
+                    server,
+                    gateway,
+                },
+        } => {
+            let args = GrantArgs {
+                folders,
+                write_folders,
+                block,
+                read_only,
+                downloads,
+            };
+            let grants = Grants::validate(&args, &dirs)?;
+            print!("{}", grants.permissions_text());
+            // Moves the executor into a leaf of its delegated cgroup, when it has one.
+            let limits = Limits::setup(max_processes, max_memory, allow_unix_sockets);
+            let target = ConnectTarget {
+                name,
+                server,
+                gateway,
+            };
+            executor_connect(dirs, grants, limits, target).await
+        }
+    }
+}
+
+/// `agentworks login`: a pasted token (`--with-token`, checked against the server) or the
+/// device grant; the credential is stored only once the server accepted it.
+async fn login(
+    dirs: &Dirs,
+    server: &str,
+    gateway: Option<String>,
+    with_token: bool,
+    name: Option<String>,
+) -> Result<ExitCode, AppError> {
+    let base = login::server_url(server)?;
+    if let Some(gateway) = &gateway {
+        connect::executor_url(Some(gateway), server)?;
+    }
+    let token = if with_token {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(AppError::ReadStdinToken)?;
+        let token = line.trim().to_owned();
+        if token.is_empty() {
+            return Err(AppError::NoStdinToken);
+        }
+        login::check_token(&base, &token).await?;
+        token
+    } else {
+        let code = login::start(&base, &name.unwrap_or_else(hostname)).await?;
+        println!(
+            "To connect this device, have the code {} approved for your account: an operator runs `agentworksctl login approve {} --user YOU`, or you POST it to {} with a devices:approve token of yours",
+            code.user_code, code.user_code, code.verification_uri
+        );
+        println!("Code: {}", code.user_code);
+        println!("Waiting for approval…");
+        login::poll(&base, &code).await?
+    };
+    let stored = Credentials {
+        server: base.render(),
+        gateway,
+        token,
+    }
+    .store(dirs)?;
+    println!(
+        "Logged in; the credential is stored in {}",
+        stored.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The personal token `agentworks chat` presents: from `--token-file`, else `AGENTWORKS_TOKEN`.
+fn chat_token(token_file: Option<PathBuf>) -> Result<String, AppError> {
+    match token_file {
+        Some(path) => match std::fs::read_to_string(&path) {
+            Ok(token) => Ok(token.trim().to_owned()),
+            Err(source) => Err(AppError::ReadTokenFile { path, source }),
+        },
+        None => std::env::var("AGENTWORKS_TOKEN").map_err(|_| AppError::NoChatToken),
+    }
+}
+
+/// `agentworks logout`: the local credential is deleted whether or not the server could
+/// revoke the token; the person is told which.
+async fn logout(dirs: &Dirs) -> Result<ExitCode, AppError> {
+    let Some(creds) = Credentials::load(dirs)? else {
+        println!("Not logged in.");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let revoked = match login::server_url(&creds.server) {
+        Ok(base) => login::revoke(&base, &creds.token)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    Credentials::delete(dirs)?;
+    println!("Logged out: the local credential was deleted.");
+    if revoked.is_ok() {
+        println!("The token was revoked on the server.");
+    }
+    if let Err(reason) = revoked {
+        println!(
+            "The token could not be revoked on the server ({reason}); ask an operator to revoke it (agentworksctl) if it may have leaked."
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where `executor connect` dials and as what device, from its flags (the stored credential
+/// fills in the rest).
+struct ConnectTarget {
+    name: Option<String>,
+    server: Option<String>,
+    gateway: Option<String>,
+}
+
+/// `agentworks executor connect`, once the grants are validated and the limits set up: dial
+/// gatewayd with the stored credential and serve until Ctrl-C/SIGTERM or a refusal.
+async fn executor_connect(
+    dirs: Dirs,
+    grants: Grants,
+    limits: Limits,
+    target: ConnectTarget,
+) -> Result<ExitCode, AppError> {
+    let abi = sandbox::landlock_status();
+    print!("{}", limits.text(abi.as_ref().ok().copied()));
+    if let Err(e) = abi {
+        eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
+    }
+    let creds = Credentials::load(&dirs)?;
+    let server = target
+        .server
+        .or_else(|| creds.as_ref().map(|c| c.server.clone()));
+    let gateway = target
+        .gateway
+        .or_else(|| creds.as_ref().and_then(|c| c.gateway.clone()));
+    let Some(server) = server.or_else(|| gateway.clone()) else {
+        return Ok(relogin("not logged in"));
+    };
+    let url = connect::executor_url(gateway.as_deref(), &server)?;
+    let Some(creds) = creds else {
+        return Ok(relogin("not logged in"));
+    };
+    ensure_private_dir(&dirs.state)?;
+    let (receipts, interrupted) = Receipts::open(&dirs.receipts_file())?;
+    if interrupted > 0 {
+        eprintln!(
+            "{interrupted} request(s) were interrupted when the executor last stopped; they will not run again"
+        );
+    }
+    let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
+    let executor = Arc::new(Executor {
+        url,
+        token: creds.token,
+        device_name: target.name.unwrap_or_else(hostname),
+        grants: Arc::new(grants),
+        dirs,
+        receipts: Arc::new(receipts),
+        launcher,
+        limits: Arc::new(limits),
+        status: Status::default(),
+    });
+    let status = executor.status.clone();
+    // Ctrl-C or SIGTERM ends the sharing.
+    let shutdown = agentworks_support::signals::cancel_on_signals(|_| {});
+    let end = connect::run(executor, shutdown).await?;
+    status.finish();
+    match end {
+        End::Shutdown => {
+            eprintln!("Sharing ended.");
+            Ok(ExitCode::SUCCESS)
+        }
+        End::Unauthorized(message) => Ok(relogin(&message)),
+    }
+}
+
+/// Variables `executor connect` keeps: the commands' own (see [`shell::kept_env`]), the XDG
+/// dirs it needs to find its credential and state, and (debug builds) the Landlock test knob.
+fn executor_keeps(key: &std::ffi::OsStr) -> bool {
+    shell::kept_env(key)
+        || key == "XDG_CONFIG_HOME"
+        || key == "XDG_STATE_HOME"
+        || (cfg!(debug_assertions) && key == sandbox::TEST_ABI_ENV)
+}
+
+/// Keeps the executor's secrets out of reach of the commands it runs, which run as the same
+/// person and can read `/proc/<pid>/…` of processes outside their sandbox on kernels where
+/// Landlock does not restrict that: the process becomes non-dumpable (its memory, descriptors
+/// and environment are no longer open to same-user processes), and when its environment holds
+/// anything beyond what it needs (login and provider tokens, agent sockets) it re-executes
+/// itself without them, since the initial environment stays readable in
+/// `/proc/<pid>/environ` whatever the process later removes. Exits 1 if that fails.
+///
+/// Runs before the runtime starts: the re-exec must happen while the process is
+/// single-threaded.
+fn protect_executor() {
+    use std::os::unix::process::CommandExt;
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("agentworks: cannot make the executor non-dumpable: {e}");
+        std::process::exit(1);
+    }
+    if std::env::vars_os().all(|(key, _)| executor_keeps(&key)) {
+        return;
+    }
+    let error = std::process::Command::new("/proc/self/exe")
+        .arg0(
+            std::env::args_os()
+                .next()
+                .unwrap_or_else(|| "agentworks".into()),
+        )
+        .args(std::env::args_os().skip(1))
+        .env_clear()
+        .envs(std::env::vars_os().filter(|(key, _)| executor_keeps(key)))
+        .exec();
+    eprintln!("agentworks: cannot restart without the environment's secrets: {error}");
+    std::process::exit(1);
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "laptop".to_owned())
+}
+
+fn relogin(message: &str) -> ExitCode {
+    eprintln!("agentworks: {message}\nRun `agentworks login --server URL` again.");
+    ExitCode::from(EXIT_RELOGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_printed_with_their_sources() {
+        let error = AppError::ReadTokenFile {
+            path: PathBuf::from("/nowhere/token"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
+        };
+        assert_eq!(
+            with_sources(&error),
+            "cannot read the token file /nowhere/token: not found"
+        );
+    }
+}
