@@ -2,7 +2,7 @@
 //!
 //! - [`identity`]: users, projects, roles, tokens and the write authority.
 //! - [`mcp`]: the MCP streamable HTTP endpoint (both protocol eras) over a `Backend`.
-//! - [`cli`]: its command line.
+//! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //! - [`files`]: the catalog's file operations for one caller, through workspaced.
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
@@ -25,6 +25,7 @@ pub mod identity;
 pub mod mcp;
 pub mod mcp_backend;
 pub mod model;
+pub mod start;
 pub mod turn;
 
 use crate::identity::IdentityStore;

@@ -12,6 +12,7 @@
 //! - [`store`]: SQLite: device ids (each owned by the credential that created it) and every
 //!   dispatched request with a fingerprint of its payload and its outcome.
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
+//! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
 //! connect, on every dispatch and every `token_recheck_ms` for every connected device.
@@ -30,6 +31,7 @@ pub mod cli;
 pub mod dispatch;
 pub mod executor;
 pub mod registry;
+pub mod start;
 pub mod store;
 pub mod tokens;
 

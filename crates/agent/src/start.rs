@@ -1,0 +1,59 @@
+//! agentd's start and life as a daemon, in this order: the signal token, `agentd.sock`, the
+//! public listener, the identity store, READY, serving until shutdown. agentd keeps no
+//! capability at all (`agentworks_daemon::entry` drops them before any thread exists).
+//!
+//! It must never announce READY before both listeners are taken and the identity store opens.
+
+use crate::AgentdError;
+use agentworks_daemon::config::Config;
+use agentworks_daemon::listener::{self, ListenerError, ListenerOrigin};
+use agentworks_daemon::{shutdown, systemd};
+
+/// Why agentd could not start. The message is the step that failed; its cause is the source
+/// (printed after it, as a chain, by the binary).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener (the socket or the public address) could not be taken from systemd or bound.
+    #[error("cannot listen on {what}")]
+    Listen {
+        what: String,
+        #[source]
+        source: ListenerError,
+    },
+    #[error("cannot open the identity store")]
+    Identity(#[source] AgentdError),
+}
+
+/// Runs agentd until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    let shutdown = shutdown::on_signals();
+    let socket_path = config.agentd_socket();
+    let (socket, socket_origin) =
+        listener::unix_listener("agentd.sock", &socket_path).map_err(|source| {
+            StartError::Listen {
+                what: socket_path.display().to_string(),
+                source,
+            }
+        })?;
+    let (public, public_origin) = listener::tcp_listener("agentd-http", config.agentd.listen)
+        .map_err(|source| StartError::Listen {
+            what: config.agentd.listen.to_string(),
+            source,
+        })?;
+    let identity = crate::open_identity(&config).map_err(StartError::Identity)?;
+    let address = public.local_addr().ok();
+    tracing::info!(
+        socket = %socket_path.display(),
+        socket_activated = socket_origin == ListenerOrigin::Activated,
+        public = ?address,
+        public_activated = public_origin == ListenerOrigin::Activated,
+        public_url = %config.agentd.public_url(),
+        workspaced = %config.workspaced_socket().display(),
+        "agentd ready"
+    );
+    systemd::notify_ready("serving /mcp and agentd.sock");
+    systemd::spawn_watchdog(shutdown.clone());
+    crate::run(&config, identity, public, socket, shutdown).await;
+    tracing::info!("agentd stopped");
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! gatewayd's start and life as a daemon, in this order: the signal token, the executor
+//! listener, `gatewayd.sock`, the gateway store, READY, serving until shutdown. gatewayd keeps
+//! no capability at all (`agentworks_daemon::entry` drops them before any thread exists).
+//!
+//! It must never announce READY before both listeners are taken and the store opens.
+
+use crate::GatewayError;
+use agentworks_daemon::config::Config;
+use agentworks_daemon::listener::{self, ListenerError, ListenerOrigin};
+use agentworks_daemon::{shutdown, systemd};
+
+/// Why gatewayd could not start. The message is the step that failed; its cause is the source
+/// (printed after it, as a chain, by the binary).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener (the executor address or the socket) could not be taken from systemd or bound.
+    #[error("cannot listen on {what}")]
+    Listen {
+        what: String,
+        #[source]
+        source: ListenerError,
+    },
+    #[error("cannot open the gateway store")]
+    Store(#[source] GatewayError),
+}
+
+/// Runs gatewayd until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    let shutdown = shutdown::on_signals();
+    let socket_path = config.gatewayd_socket();
+    let (public, public_origin) = listener::tcp_listener("gatewayd-ws", config.gatewayd.listen)
+        .map_err(|source| StartError::Listen {
+            what: config.gatewayd.listen.to_string(),
+            source,
+        })?;
+    let (socket, socket_origin) =
+        listener::unix_listener("gatewayd.sock", &socket_path).map_err(|source| {
+            StartError::Listen {
+                what: socket_path.display().to_string(),
+                source,
+            }
+        })?;
+    let store = crate::open_store(&config).map_err(StartError::Store)?;
+    tracing::info!(
+        socket = %socket_path.display(),
+        socket_activated = socket_origin == ListenerOrigin::Activated,
+        public = ?public.local_addr().ok(),
+        public_activated = public_origin == ListenerOrigin::Activated,
+        public_url = %config.gatewayd.public_url(),
+        agentd = %config.agentd_socket().display(),
+        "gatewayd ready"
+    );
+    systemd::notify_ready("serving /v1/executor and gatewayd.sock");
+    systemd::spawn_watchdog(shutdown.clone());
+    crate::run(&config, store, public, socket, shutdown).await;
+    tracing::info!("gatewayd stopped");
+    Ok(())
+}
