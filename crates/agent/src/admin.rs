@@ -285,26 +285,7 @@ impl Admin {
                 let r: UserRequest = decode(body)?;
                 blocking(move || id.set_user_disabled(&r.name, false)).await
             }
-            "projects/add" => {
-                let r: ProjectRequest = decode(body)?;
-                let folder = r.folder.clone().unwrap_or_else(|| r.name.clone());
-                crate::identity::store::validate_name("folder", &folder).map_err(identity_error)?;
-                // The folder first (idempotent), through the only writer of the documents tree.
-                self.workspaced
-                    .post::<_, EnsureProjectResponse>(
-                        "/v1/projects/ensure",
-                        &EnsureProjectRequest {
-                            project: folder.clone(),
-                        },
-                    )
-                    .await
-                    .map_err(workspaced_error)?;
-                let policy = r.policy.clone().unwrap_or(Guard {
-                    write_paths: vec![".".into()],
-                    ..Guard::default()
-                });
-                blocking(move || id.add_project(&r.name, r.kind, &folder, &policy, &r.owner)).await
-            }
+            "projects/add" => self.add_project(body).await?,
             "projects/list" => blocking(move || id.list_projects()).await,
             "members/add" => {
                 let r: MemberRequest = decode(body)?;
@@ -324,24 +305,7 @@ impl Admin {
                 let project = r.project.unwrap_or_default();
                 blocking(move || id.list_members(&project)).await
             }
-            "tokens/create" => {
-                let r: CreateTokenRequest = decode(body)?;
-                blocking(move || {
-                    let (info, token) = id.create_token(&TokenRequest {
-                        user: r.user,
-                        label: r.label.unwrap_or_default(),
-                        scopes: r.scopes,
-                        project: r.project,
-                        expires_at_ms: r.expires_at_ms,
-                        file_guard: FileGuard {
-                            write_folders: r.write_folders,
-                            read_only_folders: r.read_only_folders,
-                        },
-                    })?;
-                    Ok(json!({"token": token, "info": info}))
-                })
-                .await
-            }
+            "tokens/create" => self.create_token(body).await?,
             "tokens/list" => {
                 let r: ListRequest = decode(body)?;
                 blocking(move || id.list_tokens(r.user.as_deref())).await
@@ -350,76 +314,8 @@ impl Admin {
                 let r: RevokeRequest = decode(body)?;
                 blocking(move || id.revoke_token(&r.id)).await
             }
-            "login/approve" => {
-                let r: ApproveLoginRequest = decode(body)?;
-                let grants = self.grants.clone();
-                blocking(move || {
-                    id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
-                        kind: "user",
-                        name: r.user.clone(),
-                    })?;
-                    if grants.decide(&r.user_code, &r.user, true) {
-                        Ok(json!({"approved": true, "user": r.user}))
-                    } else {
-                        Err(IdentityError::NotFound {
-                            kind: "pending login",
-                            name: r.user_code,
-                        })
-                    }
-                })
-                .await
-            }
-            "receipts/show" => {
-                let r: ReceiptShowRequest = decode(body)?;
-                let lookup = tokio::task::spawn_blocking(move || {
-                    let project = id
-                        .find_project(&r.project)?
-                        .ok_or(IdentityError::NotFound {
-                            kind: "project",
-                            name: r.project.clone(),
-                        })?;
-                    let user = id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
-                        kind: "user",
-                        name: r.user.clone(),
-                    })?;
-                    Ok::<_, IdentityError>((project, user, r.request_id))
-                })
-                .await
-                .map_err(|e| {
-                    error_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        e.to_string(),
-                        Default::default(),
-                    )
-                })?
-                .map_err(identity_error)?;
-                let (project, user, request_id) = lookup;
-                let context = Context {
-                    project: project.folder,
-                    principal: Principal {
-                        user_id: user.id,
-                        user_name: user.name,
-                        connection_id: None,
-                        source: "ctl".into(),
-                    },
-                    guard: Guard::default(),
-                };
-                match self
-                    .workspaced
-                    .post::<_, Receipt>(
-                        "/v1/receipt",
-                        &ReceiptRequest {
-                            context,
-                            request_id,
-                        },
-                    )
-                    .await
-                {
-                    Ok(receipt) => json_response(StatusCode::OK, &receipt),
-                    Err(e) => workspaced_error(e),
-                }
-            }
+            "login/approve" => self.approve_login(body).await?,
+            "receipts/show" => self.show_receipt(body).await?,
             other => error_response(
                 StatusCode::NOT_FOUND,
                 "unknown_endpoint",
@@ -427,5 +323,122 @@ impl Admin {
                 Default::default(),
             ),
         })
+    }
+
+    /// `projects/add`: the folder first (through workspaced, idempotent), then the project row.
+    #[allow(clippy::result_large_err)]
+    async fn add_project(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        let r: ProjectRequest = decode(body)?;
+        let folder = r.folder.clone().unwrap_or_else(|| r.name.clone());
+        crate::identity::store::validate_name("folder", &folder).map_err(identity_error)?;
+        // The folder first (idempotent), through the only writer of the documents tree.
+        self.workspaced
+            .post::<_, EnsureProjectResponse>(
+                "/v1/projects/ensure",
+                &EnsureProjectRequest {
+                    project: folder.clone(),
+                },
+            )
+            .await
+            .map_err(workspaced_error)?;
+        let policy = r.policy.clone().unwrap_or(Guard {
+            write_paths: vec![".".into()],
+            ..Guard::default()
+        });
+        Ok(blocking(move || id.add_project(&r.name, r.kind, &folder, &policy, &r.owner)).await)
+    }
+
+    /// `tokens/create`: a new token; its secret is in this answer only.
+    #[allow(clippy::result_large_err)]
+    async fn create_token(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        let r: CreateTokenRequest = decode(body)?;
+        Ok(blocking(move || {
+            let (info, token) = id.create_token(&TokenRequest {
+                user: r.user,
+                label: r.label.unwrap_or_default(),
+                scopes: r.scopes,
+                project: r.project,
+                expires_at_ms: r.expires_at_ms,
+                file_guard: FileGuard {
+                    write_folders: r.write_folders,
+                    read_only_folders: r.read_only_folders,
+                },
+            })?;
+            Ok(json!({"token": token, "info": info}))
+        })
+        .await)
+    }
+
+    /// `login/approve`: an operator approves a pending device login for a user.
+    #[allow(clippy::result_large_err)]
+    async fn approve_login(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        let r: ApproveLoginRequest = decode(body)?;
+        let grants = self.grants.clone();
+        Ok(blocking(move || {
+            id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
+                kind: "user",
+                name: r.user.clone(),
+            })?;
+            if grants.decide(&r.user_code, &r.user, true) {
+                Ok(json!({"approved": true, "user": r.user}))
+            } else {
+                Err(IdentityError::NotFound {
+                    kind: "pending login",
+                    name: r.user_code,
+                })
+            }
+        })
+        .await)
+    }
+
+    /// `receipts/show`: a person's receipt for a request id, from workspaced.
+    #[allow(clippy::result_large_err)]
+    async fn show_receipt(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+        let id = self.identity.clone();
+        let r: ReceiptShowRequest = decode(body)?;
+        let (project, user, request_id) = run_blocking(
+            move || {
+                let project = id
+                    .find_project(&r.project)?
+                    .ok_or(IdentityError::NotFound {
+                        kind: "project",
+                        name: r.project.clone(),
+                    })?;
+                let user = id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
+                    kind: "user",
+                    name: r.user.clone(),
+                })?;
+                Ok::<_, IdentityError>((project, user, r.request_id))
+            },
+            identity_error,
+        )
+        .await?;
+        let context = Context {
+            project: project.folder,
+            principal: Principal {
+                user_id: user.id,
+                user_name: user.name,
+                connection_id: None,
+                source: "ctl".into(),
+            },
+            guard: Guard::default(),
+        };
+        let request = ReceiptRequest {
+            context,
+            request_id,
+        };
+        Ok(
+            match self
+                .workspaced
+                .post::<_, Receipt>("/v1/receipt", &request)
+                .await
+            {
+                Ok(receipt) => json_response(StatusCode::OK, &receipt),
+                Err(e) => workspaced_error(e),
+            },
+        )
     }
 }

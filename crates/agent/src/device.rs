@@ -297,12 +297,26 @@ fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<B
 }
 
 /// RFC 8628 requests are form-encoded; JSON is accepted too.
-fn decode<T: serde::de::DeserializeOwned>(content_type: Option<&str>, body: &[u8]) -> Option<T> {
-    if content_type.is_some_and(|c| c.starts_with("application/json")) {
+/// A form (RFC 8628 clients send `application/x-www-form-urlencoded`) or JSON body as `T`, or
+/// the OAuth `invalid_request` answer.
+// The error side is the ready answer; boxing it would only add an allocation per refusal.
+#[allow(clippy::result_large_err)]
+fn decode<T: serde::de::DeserializeOwned>(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<T, Response<Body>> {
+    let decoded = if content_type.is_some_and(|c| c.starts_with("application/json")) {
         serde_json::from_slice(body).ok()
     } else {
         serde_urlencoded::from_bytes(body).ok()
-    }
+    };
+    decoded.ok_or_else(|| {
+        oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the body does not parse",
+        )
+    })
 }
 
 /// Route `/v1/device/*`; `None` for other paths. `approve` takes a `devices:approve` bearer.
@@ -329,196 +343,210 @@ pub async fn handle_public(
         .get(hyper::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     Some(match path {
-        "/v1/device/code" => {
-            let Some(request) = decode::<CodeRequest>(content_type, body) else {
-                return Some(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "the body does not parse",
-                ));
-            };
-            if request
-                .scope
-                .as_deref()
-                .is_some_and(|s| s != Scope::DevicesConnect.as_str())
-            {
-                return Some(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_scope",
-                    "only devices:connect can be granted this way",
-                ));
-            }
-            let label = request
-                .device_name
-                .or(request.client_id)
-                .unwrap_or_default();
-            json_response(StatusCode::OK, &grants.start(public_url, &label))
-        }
-        "/v1/device/token" => {
-            let Some(request) = decode::<TokenRequestBody>(content_type, body) else {
-                return Some(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "the body does not parse",
-                ));
-            };
-            if request.grant_type != "urn:ietf:params:oauth:grant-type:device_code" {
-                return Some(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "unsupported_grant_type",
-                    "use the device_code grant",
-                ));
-            }
-            let grants = grants.clone();
-            let identity = identity.clone();
-            let polled =
-                tokio::task::spawn_blocking(move || grants.poll(&request.device_code, &identity))
-                    .await;
-            match polled {
-                Ok(Ok(TokenPoll::Granted { access_token, .. })) => json_response(
-                    StatusCode::OK,
-                    &serde_json::json!({"access_token": access_token, "token_type": "Bearer", "scope": "devices:connect"}),
-                ),
-                Ok(Ok(TokenPoll::Pending)) => oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "authorization_pending",
-                    "waiting for approval",
-                ),
-                Ok(Ok(TokenPoll::SlowDown)) => {
-                    oauth_error(StatusCode::BAD_REQUEST, "slow_down", "poll less often")
-                }
-                Ok(Ok(TokenPoll::Denied)) => oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "access_denied",
-                    "the request was denied",
-                ),
-                Ok(Ok(TokenPoll::Expired)) => oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "expired_token",
-                    "the code expired; log in again",
-                ),
-                Ok(Ok(TokenPoll::Invalid)) => oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_grant",
-                    "unknown or already used device code",
-                ),
-                Ok(Err(e)) => oauth_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "temporarily_unavailable",
-                    &e.to_string(),
-                ),
-                Err(e) => oauth_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    &e.to_string(),
-                ),
-            }
-        }
+        "/v1/device/code" => device_code(grants, public_url, content_type, body),
+        "/v1/device/token" => device_token(grants, identity, content_type, body).await,
         // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
-        "/v1/device/revoke" => {
-            let Bearer::Token(presented) = bearer(&parts.headers) else {
-                return Some(oauth_error(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_token",
-                    "send the token to revoke as Authorization: Bearer …",
-                ));
-            };
-            let revoked = match identity.check_bearer(presented).await {
-                Ok((token, _)) => {
-                    let identity = identity.clone();
-                    tokio::task::spawn_blocking(move || {
-                        identity.revoke_token(&token.id).map(|t| Some(t.id))
-                    })
-                    .await
-                }
-                Err(TokenCheckError::Refused(_)) => Ok(Ok(None)),
-                Err(TokenCheckError::Store(e)) => Ok(Err(e)),
-                Err(TokenCheckError::Task(e)) => {
-                    return Some(oauth_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        &e,
-                    ));
-                }
-            };
-            match revoked {
-                Ok(Ok(Some(id))) => {
-                    json_response(StatusCode::OK, &serde_json::json!({"revoked": id}))
-                }
-                // An invalid token is as good as revoked (RFC 7009 §2.2 answers 200 too).
-                Ok(Ok(None)) => {
-                    json_response(StatusCode::OK, &serde_json::json!({"revoked": null}))
-                }
-                Ok(Err(e)) => oauth_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "temporarily_unavailable",
-                    &e.to_string(),
-                ),
-                Err(e) => oauth_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    &e.to_string(),
-                ),
-            }
-        }
-        "/v1/device/approve" => {
-            let Bearer::Token(presented) = bearer(&parts.headers) else {
-                return Some(oauth_error(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_token",
-                    "approve with one of your tokens: Authorization: Bearer …",
-                ));
-            };
-            let Some(request) = decode::<ApproveBody>(content_type, body) else {
-                return Some(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "the body does not parse",
-                ));
-            };
-            let (token, user) = match identity.check_bearer(presented).await {
-                Ok(found) => found,
-                Err(_) => {
-                    return Some(oauth_error(
-                        StatusCode::UNAUTHORIZED,
-                        "invalid_token",
-                        "the token is not valid",
-                    ));
-                }
-            };
-            // An account-level act: only a token made for it (RFC 6750 §3.1).
-            if !token.scopes.contains(&Scope::DevicesApprove) {
-                let mut refused = oauth_error(
-                    StatusCode::FORBIDDEN,
-                    "insufficient_scope",
-                    "approving a device login needs a token with the devices:approve scope (or an operator: agentworksctl login approve CODE --user NAME)",
-                );
-                refused.headers_mut().insert(
-                    hyper::header::WWW_AUTHENTICATE,
-                    hyper::header::HeaderValue::from_static(
-                        "Bearer error=\"insufficient_scope\", scope=\"devices:approve\"",
-                    ),
-                );
-                tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
-                return Some(refused);
-            }
-            if grants.decide(&request.user_code, &user.name, request.approve) {
-                json_response(
-                    StatusCode::OK,
-                    &serde_json::json!({"user": user.name, "approved": request.approve}),
-                )
-            } else {
-                oauth_error(
-                    StatusCode::NOT_FOUND,
-                    "invalid_grant",
-                    "no pending login has that code (it may have expired)",
-                )
-            }
-        }
+        "/v1/device/revoke" => device_revoke(identity, parts).await,
+        "/v1/device/approve" => device_approve(grants, identity, parts, content_type, body).await,
         _ => oauth_error(
             StatusCode::NOT_FOUND,
             "invalid_request",
             "unknown device endpoint",
         ),
     })
+}
+
+/// `POST /v1/device/code`: a new pending login (RFC 8628 §3.1), only for `devices:connect`.
+fn device_code(
+    grants: &DeviceGrants,
+    public_url: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Response<Body> {
+    let request = match decode::<CodeRequest>(content_type, body) {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    if request
+        .scope
+        .as_deref()
+        .is_some_and(|s| s != Scope::DevicesConnect.as_str())
+    {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            "only devices:connect can be granted this way",
+        );
+    }
+    let label = request
+        .device_name
+        .or(request.client_id)
+        .unwrap_or_default();
+    json_response(StatusCode::OK, &grants.start(public_url, &label))
+}
+
+/// `POST /v1/device/token`: the laptop polls until the login is approved (RFC 8628 §3.4).
+async fn device_token(
+    grants: &DeviceGrants,
+    identity: &IdentityStore,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Response<Body> {
+    let request = match decode::<TokenRequestBody>(content_type, body) {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    if request.grant_type != "urn:ietf:params:oauth:grant-type:device_code" {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            "use the device_code grant",
+        );
+    }
+    let grants = grants.clone();
+    let identity = identity.clone();
+    let polled =
+        tokio::task::spawn_blocking(move || grants.poll(&request.device_code, &identity)).await;
+    match polled {
+        Ok(Ok(TokenPoll::Granted { access_token, .. })) => json_response(
+            StatusCode::OK,
+            &serde_json::json!({"access_token": access_token, "token_type": "Bearer", "scope": "devices:connect"}),
+        ),
+        Ok(Ok(TokenPoll::Pending)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "authorization_pending",
+            "waiting for approval",
+        ),
+        Ok(Ok(TokenPoll::SlowDown)) => {
+            oauth_error(StatusCode::BAD_REQUEST, "slow_down", "poll less often")
+        }
+        Ok(Ok(TokenPoll::Denied)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "access_denied",
+            "the request was denied",
+        ),
+        Ok(Ok(TokenPoll::Expired)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "expired_token",
+            "the code expired; log in again",
+        ),
+        Ok(Ok(TokenPoll::Invalid)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_grant",
+            "unknown or already used device code",
+        ),
+        Ok(Err(e)) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            &e.to_string(),
+        ),
+        Err(e) => oauth_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            &e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/device/revoke`: `agentworks logout`; a token revokes itself, and only itself.
+async fn device_revoke(
+    identity: &IdentityStore,
+    parts: &hyper::http::request::Parts,
+) -> Response<Body> {
+    let Bearer::Token(presented) = bearer(&parts.headers) else {
+        return oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "send the token to revoke as Authorization: Bearer …",
+        );
+    };
+    let revoked = match identity.check_bearer(presented).await {
+        Ok((token, _)) => {
+            let identity = identity.clone();
+            tokio::task::spawn_blocking(move || {
+                identity.revoke_token(&token.id).map(|t| Some(t.id))
+            })
+            .await
+        }
+        Err(TokenCheckError::Refused(_)) => Ok(Ok(None)),
+        Err(TokenCheckError::Store(e)) => Ok(Err(e)),
+        Err(TokenCheckError::Task(e)) => {
+            return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e);
+        }
+    };
+    match revoked {
+        Ok(Ok(Some(id))) => json_response(StatusCode::OK, &serde_json::json!({"revoked": id})),
+        // An invalid token is as good as revoked (RFC 7009 §2.2 answers 200 too).
+        Ok(Ok(None)) => json_response(StatusCode::OK, &serde_json::json!({"revoked": null})),
+        Ok(Err(e)) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            &e.to_string(),
+        ),
+        Err(e) => oauth_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            &e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/device/approve`: the person approves (or denies) a pending login with a
+/// `devices:approve` token of their own.
+async fn device_approve(
+    grants: &DeviceGrants,
+    identity: &IdentityStore,
+    parts: &hyper::http::request::Parts,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Response<Body> {
+    let Bearer::Token(presented) = bearer(&parts.headers) else {
+        return oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "approve with one of your tokens: Authorization: Bearer …",
+        );
+    };
+    let request = match decode::<ApproveBody>(content_type, body) {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    let (token, user) = match identity.check_bearer(presented).await {
+        Ok(found) => found,
+        Err(_) => {
+            return oauth_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_token",
+                "the token is not valid",
+            );
+        }
+    };
+    // An account-level act: only a token made for it (RFC 6750 §3.1).
+    if !token.scopes.contains(&Scope::DevicesApprove) {
+        let mut refused = oauth_error(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            "approving a device login needs a token with the devices:approve scope (or an operator: agentworksctl login approve CODE --user NAME)",
+        );
+        refused.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static(
+                "Bearer error=\"insufficient_scope\", scope=\"devices:approve\"",
+            ),
+        );
+        tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
+        return refused;
+    }
+    if grants.decide(&request.user_code, &user.name, request.approve) {
+        json_response(
+            StatusCode::OK,
+            &serde_json::json!({"user": user.name, "approved": request.approve}),
+        )
+    } else {
+        oauth_error(
+            StatusCode::NOT_FOUND,
+            "invalid_grant",
+            "no pending login has that code (it may have expired)",
+        )
+    }
 }

@@ -43,7 +43,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::registry::Pending;
+use super::registry::{Live, Pending};
 use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
 use super::{AUDIT_TARGET, Gateway};
 use agentworks_contract::envelope::Health;
@@ -300,7 +300,7 @@ fn replay(record: RequestRecord, request: &DispatchRequest) -> Response<Body> {
     ok(&record.state)
 }
 
-/// `POST /v1/dispatch`.
+/// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer.
 async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
     let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
@@ -313,7 +313,35 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     if let Some(record) = blocking(move || store.request(&id)).await? {
         return Ok(replay(record, &request));
     }
+    let live = target_connection(gateway, &request).await?;
+    let frame = request_frame(&request)?;
+    let answer = match send_once(gateway, &request, &live, frame, kind).await? {
+        Sent::Waiting(answer) => answer,
+        Sent::Answered(response) => return Ok(response),
+    };
+    spawn_deadline(gateway, &request.request_id, deadline);
+    match answer.await {
+        Ok(state) => Ok(ok(&state)),
+        // Every path that removes a pending entry answers it; this is a last resort.
+        Err(_) => {
+            let store = gateway.store.clone();
+            let id = request.request_id.clone();
+            let record = blocking(move || store.request(&id)).await?;
+            Ok(ok(&record.map(|r| r.state).unwrap_or(
+                DispatchState::Unknown {
+                    reason: "the request's outcome was lost".into(),
+                },
+            )))
+        }
+    }
+}
 
+/// The connection that speaks for the request's device: this person's device (else not
+/// found), online, sharing the folder, and its token still valid now.
+async fn target_connection(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+) -> Result<Live, Response<Body>> {
     // The device: this person's (else not found), online, sharing the folder.
     let not_found = || {
         refuse(
@@ -371,8 +399,13 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
             return Err(refuse(error.status(), error.code(), error.to_string()));
         }
     }
+    Ok(live)
+}
 
-    // The frame must fit the executor's limit, or it would be refused on the wire.
+/// The request as the frame the executor gets; it must fit the executor's limit, or it would
+/// be refused on the wire.
+#[allow(clippy::result_large_err)]
+fn request_frame(request: &DispatchRequest) -> Result<GatewayFrame, Response<Body>> {
     let frame = GatewayFrame::Request {
         request_id: request.request_id.clone(),
         folder: request.folder.clone(),
@@ -388,11 +421,27 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
             format!("the request is {frame_bytes} bytes on the wire; at most {MAX_FRAME_BYTES}"),
         ));
     }
+    Ok(frame)
+}
 
-    // Record, then send once.
-    let begun = record_request(gateway, &request, kind, true).await?;
+/// What sending a dispatch came to: waiting for the device's answer, or answered already
+/// (an earlier record of the same request, or a device that went away before the send).
+enum Sent {
+    Waiting(oneshot::Receiver<DispatchState>),
+    Answered(Response<Body>),
+}
+
+/// Records the request, then sends it once on `live`.
+async fn send_once(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    live: &Live,
+    frame: GatewayFrame,
+    kind: &'static str,
+) -> Result<Sent, Response<Body>> {
+    let begun = record_request(gateway, request, kind, true).await?;
     if let Begin::Existing(record) = begun {
-        return Ok(replay(record, &request));
+        return Ok(Sent::Answered(replay(record, request)));
     }
     let (reply, answer) = oneshot::channel();
     let pending = Pending {
@@ -425,12 +474,15 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
         gateway
             .resolve(request.request_id.clone(), pending, state.clone())
             .await;
-        return Ok(ok(&state));
+        return Ok(Sent::Answered(ok(&state)));
     }
+    Ok(Sent::Waiting(answer))
+}
 
-    // The deadline runs in its own task, so it fires even if agentd stops waiting.
+/// The deadline runs in its own task, so it fires even if agentd stops waiting.
+fn spawn_deadline(gateway: &Gateway, request_id: &str, deadline: Duration) {
     let watchdog = gateway.clone();
-    let request_id = request.request_id.clone();
+    let request_id = request_id.to_owned();
     tokio::spawn(async move {
         tokio::time::sleep(deadline).await;
         if let Some(pending) = watchdog.registry.take_pending(&request_id, None) {
@@ -451,21 +503,6 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
             watchdog.resolve(request_id, pending, state).await;
         }
     });
-
-    match answer.await {
-        Ok(state) => Ok(ok(&state)),
-        // Every path that removes a pending entry answers it; this is a last resort.
-        Err(_) => {
-            let store = gateway.store.clone();
-            let id = request.request_id.clone();
-            let record = blocking(move || store.request(&id)).await?;
-            Ok(ok(&record.map(|r| r.state).unwrap_or(
-                DispatchState::Unknown {
-                    reason: "the request's outcome was lost".into(),
-                },
-            )))
-        }
-    }
 }
 
 /// Records `request` as pending (`send`) or claims its id as never sent; see
