@@ -6,6 +6,7 @@
 //! Must never: reorder those steps, run the shell with a ruleset, scope or seccomp filter that
 //! is not enforced, or with a controlling terminal; return once the shell was forked (it exits
 //! through the reaper).
+
 use std::convert::Infallible;
 use std::ffi::OsString;
 use std::io;

@@ -59,6 +59,7 @@ use std::io;
 use std::path::PathBuf;
 
 use super::limits::CommandLimits;
+use super::resolve::ResolveError;
 use super::seccomp::SeccompError;
 
 mod launcher;
@@ -212,6 +213,13 @@ pub enum SandboxError {
         #[source]
         source: io::Error,
     },
+}
+
+/// An exclusion that cannot be resolved is a grant that cannot be opened.
+impl From<ResolveError> for SandboxError {
+    fn from(ResolveError { path, source }: ResolveError) -> SandboxError {
+        SandboxError::GrantPath { path, source }
+    }
 }
 
 impl SandboxError {

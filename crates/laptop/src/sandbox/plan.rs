@@ -5,7 +5,8 @@
 //! the executor pinned), and the exclusion walk described in the module doc of `sandbox`.
 //! Must never: apply anything (the launcher does), follow a symlink when granting, grant a
 //! terminal device or `/`, or skip a granted folder it cannot open.
-use std::ffi::{OsStr, OsString};
+
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
@@ -13,6 +14,8 @@ use std::path::{Component, Path, PathBuf};
 
 use landlock::{ABI, Access, AccessFs, BitFlags};
 use rustix::fs::{FileType, Mode, OFlags};
+
+use crate::resolve::resolve_lenient;
 
 use super::{
     HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy,
@@ -76,16 +79,7 @@ pub(super) struct Plan {
 
 /// Resolves the policy into Landlock rules (the exclusion walk happens here).
 pub(super) fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxError> {
-    let abi = ABI::from(abi_version);
-    let handled = AccessFs::from_all(abi);
-    let mut plan = Plan {
-        abi,
-        handled,
-        read: AccessFs::from_read(abi),
-        file: AccessFs::from_file(abi),
-        exclusions: Vec::new(),
-        rules: Vec::new(),
-    };
+    let mut plan = Plan::new(ABI::from(abi_version));
 
     // The roots: pinned directories (their descriptors checked) and path grants (resolved now).
     let mut roots: Vec<Root> = Vec::new();
@@ -237,6 +231,18 @@ fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
 }
 
 impl Plan {
+    /// A plan handling every right `abi` knows, with no exclusion and no rule yet.
+    fn new(abi: ABI) -> Plan {
+        Plan {
+            abi,
+            handled: AccessFs::from_all(abi),
+            read: AccessFs::from_read(abi),
+            file: AccessFs::from_file(abi),
+            exclusions: Vec::new(),
+            rules: Vec::new(),
+        }
+    }
+
     /// A system or toolchain path: skipped when missing, an error when it exists but cannot be
     /// opened.
     fn grant_optional(
@@ -415,42 +421,6 @@ fn resolve_existing(path: &Path, what: &str) -> Result<PathBuf, SandboxError> {
     })
 }
 
-/// Resolves the longest existing prefix of `path` and appends the missing rest, so exclusions
-/// that do not exist yet (a blocked path that must not be created) still match grants.
-fn resolve_lenient(path: &Path) -> Result<PathBuf, SandboxError> {
-    check_absolute(path)?;
-    let mut existing = path.to_path_buf();
-    let mut missing: Vec<OsString> = Vec::new();
-    loop {
-        match std::fs::canonicalize(&existing) {
-            Ok(mut resolved) => {
-                for name in missing.iter().rev() {
-                    resolved.push(name);
-                }
-                return Ok(resolved);
-            }
-            Err(e)
-                if e.kind() == io::ErrorKind::NotFound
-                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                match existing.file_name() {
-                    Some(name) => missing.push(name.to_owned()),
-                    None => return Ok(path.to_path_buf()),
-                }
-                if !existing.pop() {
-                    return Ok(path.to_path_buf());
-                }
-            }
-            Err(source) => {
-                return Err(SandboxError::GrantPath {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,9 +543,21 @@ mod tests {
     fn lenient_resolution_keeps_missing_tail() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().canonicalize().expect("canonical");
-        let resolved = resolve_lenient(&root.join("x/y")).expect("resolve");
-        assert_eq!(resolved, root.join("x/y"));
-        assert!(resolve_lenient(Path::new("relative")).is_err());
-        assert!(resolve_lenient(&root.join("../etc")).is_err());
+        // Through `Plan::exclude`, which refuses relative paths and `..` before resolving.
+        let mut plan = Plan::new(ABI::from(MIN_ABI));
+        plan.exclude(&root.join("x/y"), Exclusion::NoAccess)
+            .expect("resolve");
+        assert_eq!(
+            plan.exclusions,
+            vec![(root.join("x/y"), Exclusion::NoAccess)]
+        );
+        assert!(
+            plan.exclude(Path::new("relative"), Exclusion::NoAccess)
+                .is_err()
+        );
+        assert!(
+            plan.exclude(&root.join("../etc"), Exclusion::NoAccess)
+                .is_err()
+        );
     }
 }

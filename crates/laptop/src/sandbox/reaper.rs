@@ -4,6 +4,7 @@
 //! Owns: the wait loop, `cgroup.kill`, the SIGKILL rounds over /proc and the reaping until
 //! `ECHILD`. Must never: return while a process of the command may still be alive, or signal a
 //! process that is not a descendant of the launcher.
+
 use std::time::Duration;
 
 use nix::errno::Errno;

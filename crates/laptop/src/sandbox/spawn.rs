@@ -4,6 +4,7 @@
 //! Owns: the executor's side of starting a launcher. Must never: do anything in the forked
 //! child that is not async-signal-safe (no allocation, no lock), or clear close-on-exec on a
 //! descriptor the policy does not pin.
+
 use std::io;
 
 use nix::sys::signal::Signal;
