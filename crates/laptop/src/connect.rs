@@ -32,9 +32,11 @@ use agentworks_contract::executor::{
     MAX_TIMEOUT_SECS, Operation, Outcome,
 };
 
+use super::cgroup::CommandCgroup;
 use super::config::{Dirs, ensure_private_dir};
-use super::grants::Grants;
+use super::grants::{Folder, Grants};
 use super::receipts::{Begin, Receipts};
+use super::sandbox::SandboxPolicy;
 use super::shell::{self, ShellError, ShellRequest};
 
 /// The gateway's default port, used when no gateway URL was given: agentd's host, this port,
@@ -623,6 +625,17 @@ async fn handle(
         .await;
 }
 
+/// What a request runs with once every check passed: its folder, a fresh private scratch dir,
+/// the policy, and the command's cgroup (when the person's cgroup tree is delegated).
+struct Prepared<'a> {
+    folder: &'a Folder,
+    scratch: PathBuf,
+    policy: SandboxPolicy,
+    cgroup: Option<CommandCgroup>,
+}
+
+/// One request's operation in its folder: refused unless every check passes, then the command
+/// or the patch, then its cgroup and scratch dir removed.
 async fn execute(
     executor: &Arc<Executor>,
     request_id: &str,
@@ -630,104 +643,22 @@ async fn execute(
     operation: Operation,
     cancel: CancellationToken,
 ) -> Outcome {
-    let grants = &executor.grants;
-    let Some(folder) = grants.folder(alias) else {
-        return refused(
-            "folder_not_shared",
-            format!("{alias:?} is not a folder this executor shares"),
-        );
-    };
-    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
-    // to see what this process sees (it runs with a scrubbed environment).
-    if let Err(e) = super::sandbox::landlock_status() {
-        return refused(
-            "sandbox_unavailable",
-            format!("the request was not run: {e}"),
-        );
-    }
-    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
-    // replaced root is refused rather than granted through whatever its path names now.
-    if let Err(e) = grants.check_pinned(folder) {
-        return refused("folder_replaced", e.to_string());
-    }
-    let scratch_root = executor.dirs.scratch_root();
-    if let Err(e) =
-        ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
-    {
-        return refused("scratch_unavailable", e.to_string());
-    }
-    let scratch = super::patch::scratch_dir(&scratch_root, request_id);
-    if let Err(e) = ensure_private_dir(&scratch) {
-        return refused("scratch_unavailable", e.to_string());
-    }
-    let mut policy = match grants.policy(folder, &scratch) {
-        Ok(policy) => policy,
-        Err(e) => return cleanup(&scratch, refused("folder_replaced", e.to_string())),
-    };
-    let command_cgroup = match executor.limits.for_command(&mut policy) {
-        Ok(cgroup) => cgroup,
-        Err(e) => {
-            return cleanup(
-                &scratch,
-                refused(
-                    "cgroup_unavailable",
-                    format!("the request was not run: {e}"),
-                ),
-            );
-        }
+    let Prepared {
+        folder,
+        scratch,
+        policy,
+        cgroup: command_cgroup,
+    } = match prepare(executor, request_id, alias) {
+        Ok(prepared) => prepared,
+        Err(refusal) => return refusal,
     };
     let outcome = match operation {
         Operation::ExecuteShellCommand { command, timeout } => {
-            let timeout = match timeout {
-                Some(0) => {
-                    return cleanup(
-                        &scratch,
-                        refused("invalid_timeout", "timeout must be at least 1 second"),
-                    );
-                }
-                Some(t) if t > MAX_TIMEOUT_SECS => {
-                    return cleanup(
-                        &scratch,
-                        refused(
-                            "invalid_timeout",
-                            format!("timeout {t} s is above the maximum of {MAX_TIMEOUT_SECS} s"),
-                        ),
-                    );
-                }
-                other => other.map(Duration::from_secs),
+            let timeout = match shell_timeout(timeout) {
+                Ok(timeout) => timeout,
+                Err(refusal) => return cleanup(&scratch, refusal),
             };
-            let mut env_extra = Vec::new();
-            if let Some(downloads) = &grants.downloads {
-                env_extra.push((
-                    "AGENTWORKS_DOWNLOADS".to_owned(),
-                    downloads.to_string_lossy().into_owned(),
-                ));
-            }
-            let request = ShellRequest {
-                command,
-                timeout,
-                policy,
-                env_extra,
-            };
-            match shell::run(&executor.launcher, request, cancel).await {
-                Ok(done) => Outcome::Completed {
-                    stdout: done.stdout,
-                    stderr: done.stderr,
-                    exit_code: done.exit_code,
-                    stdout_truncated: done.stdout_truncated,
-                    stderr_truncated: done.stderr_truncated,
-                    timed_out: done.timed_out,
-                    cancelled: done.cancelled,
-                },
-                Err(ShellError::SandboxRefused(reason)) => refused(
-                    "sandbox_unavailable",
-                    format!("the command was not run: {reason}"),
-                ),
-                Err(e @ (ShellError::TimeoutTooLong { .. } | ShellError::ZeroTimeout)) => {
-                    refused("invalid_timeout", e.to_string())
-                }
-                Err(e) => refused("command_failed", e.to_string()),
-            }
+            run_shell(executor, command, timeout, policy, cancel).await
         }
         Operation::DiffPatchWorkspaceFile { filepath, diff } => {
             if folder.access != FolderAccess::ReadWrite {
@@ -736,7 +667,7 @@ async fn execute(
                     format!("{alias} is shared read-only (--folder); patches need --write-folder"),
                 )
             } else {
-                let job = super::patch::PatchJob::new(grants, folder, filepath, diff);
+                let job = super::patch::PatchJob::new(&executor.grants, folder, filepath, diff);
                 super::patch::run(&executor.launcher, &policy, &folder.path, &job).await
             }
         }
@@ -747,6 +678,125 @@ async fn execute(
         executor.status.show(&format!("{e}"));
     }
     cleanup(&scratch, outcome)
+}
+
+/// The checks that refuse a request before anything runs, in order, then its scratch dir,
+/// policy and cgroup. A refusal once the scratch dir exists removes it.
+fn prepare<'a>(
+    executor: &'a Executor,
+    request_id: &str,
+    alias: &str,
+) -> Result<Prepared<'a>, Outcome> {
+    let grants = &executor.grants;
+    let Some(folder) = grants.folder(alias) else {
+        return Err(refused(
+            "folder_not_shared",
+            format!("{alias:?} is not a folder this executor shares"),
+        ));
+    };
+    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
+    // to see what this process sees (it runs with a scrubbed environment).
+    if let Err(e) = super::sandbox::landlock_status() {
+        return Err(refused(
+            "sandbox_unavailable",
+            format!("the request was not run: {e}"),
+        ));
+    }
+    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
+    // replaced root is refused rather than granted through whatever its path names now.
+    if let Err(e) = grants.check_pinned(folder) {
+        return Err(refused("folder_replaced", e.to_string()));
+    }
+    let scratch_root = executor.dirs.scratch_root();
+    if let Err(e) =
+        ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
+    {
+        return Err(refused("scratch_unavailable", e.to_string()));
+    }
+    let scratch = super::patch::scratch_dir(&scratch_root, request_id);
+    if let Err(e) = ensure_private_dir(&scratch) {
+        return Err(refused("scratch_unavailable", e.to_string()));
+    }
+    let mut policy = match grants.policy(folder, &scratch) {
+        Ok(policy) => policy,
+        Err(e) => return Err(cleanup(&scratch, refused("folder_replaced", e.to_string()))),
+    };
+    let cgroup = match executor.limits.for_command(&mut policy) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            return Err(cleanup(
+                &scratch,
+                refused(
+                    "cgroup_unavailable",
+                    format!("the request was not run: {e}"),
+                ),
+            ));
+        }
+    };
+    Ok(Prepared {
+        folder,
+        scratch,
+        policy,
+        cgroup,
+    })
+}
+
+/// A shell command's timeout: at least 1 s, at most [`MAX_TIMEOUT_SECS`]; none given is the
+/// runner's default.
+fn shell_timeout(timeout: Option<u64>) -> Result<Option<Duration>, Outcome> {
+    match timeout {
+        Some(0) => Err(refused(
+            "invalid_timeout",
+            "timeout must be at least 1 second",
+        )),
+        Some(t) if t > MAX_TIMEOUT_SECS => Err(refused(
+            "invalid_timeout",
+            format!("timeout {t} s is above the maximum of {MAX_TIMEOUT_SECS} s"),
+        )),
+        other => Ok(other.map(Duration::from_secs)),
+    }
+}
+
+/// Runs one shell command through the launcher and turns its end into the request's outcome.
+async fn run_shell(
+    executor: &Executor,
+    command: String,
+    timeout: Option<Duration>,
+    policy: SandboxPolicy,
+    cancel: CancellationToken,
+) -> Outcome {
+    let mut env_extra = Vec::new();
+    if let Some(downloads) = &executor.grants.downloads {
+        env_extra.push((
+            "AGENTWORKS_DOWNLOADS".to_owned(),
+            downloads.to_string_lossy().into_owned(),
+        ));
+    }
+    let request = ShellRequest {
+        command,
+        timeout,
+        policy,
+        env_extra,
+    };
+    match shell::run(&executor.launcher, request, cancel).await {
+        Ok(done) => Outcome::Completed {
+            stdout: done.stdout,
+            stderr: done.stderr,
+            exit_code: done.exit_code,
+            stdout_truncated: done.stdout_truncated,
+            stderr_truncated: done.stderr_truncated,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
+        },
+        Err(ShellError::SandboxRefused(reason)) => refused(
+            "sandbox_unavailable",
+            format!("the command was not run: {reason}"),
+        ),
+        Err(e @ (ShellError::TimeoutTooLong { .. } | ShellError::ZeroTimeout)) => {
+            refused("invalid_timeout", e.to_string())
+        }
+        Err(e) => refused("command_failed", e.to_string()),
+    }
 }
 
 fn cleanup(scratch: &std::path::Path, outcome: Outcome) -> Outcome {
