@@ -231,3 +231,26 @@ fn parse_stat(line: &[u8]) -> Option<(bool, i32)> {
     let ppid = parse_i32(fields.next()?)?;
     Some((state != b"Z" && state != b"X", ppid))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command name may hold spaces and parentheses; the state and parent come after the
+    /// last `)`.
+    #[test]
+    fn stat_lines_give_liveness_and_parent() {
+        assert_eq!(
+            parse_stat(b"4242 (sh) S 4200 4242 4242 0 -1"),
+            Some((true, 4200))
+        );
+        assert_eq!(
+            parse_stat(b"4243 (a (b) c) R 4242 1 1 0"),
+            Some((true, 4242))
+        );
+        assert_eq!(parse_stat(b"4244 (x) Z 4242 1"), Some((false, 4242)));
+        assert_eq!(parse_stat(b"4245 (x) X 4242 1"), Some((false, 4242)));
+        assert_eq!(parse_stat(b"4246 (truncated"), None);
+        assert_eq!(parse_i32(b"12x"), None);
+    }
+}
