@@ -32,9 +32,11 @@ use agentworks_contract::executor::{
     MAX_TIMEOUT_SECS, Operation, Outcome,
 };
 
+use super::cgroup::CommandCgroup;
 use super::config::{Dirs, ensure_private_dir};
-use super::grants::Grants;
+use super::grants::{Folder, Grants};
 use super::receipts::{Begin, Receipts};
+use super::sandbox::SandboxPolicy;
 use super::shell::{self, ShellError, ShellRequest};
 
 /// The gateway's default port, used when no gateway URL was given: agentd's host, this port,
@@ -254,42 +256,22 @@ fn lost(reason: impl Into<String>, welcomed: bool) -> SessionEnd {
     }
 }
 
+/// The WebSocket to the gateway, and its two halves once split.
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type SocketSink = futures_util::stream::SplitSink<Socket, Message>;
+type SocketStream = futures_util::stream::SplitStream<Socket>;
+
+/// One connection, start to end: dial, Hello, the frame loop, then every running command
+/// stopped and (on shutdown) a normal close.
 async fn session(
     executor: &Arc<Executor>,
     tls: Option<Arc<rustls::ClientConfig>>,
     shutdown: &CancellationToken,
 ) -> SessionEnd {
-    let mut request = match executor.url.as_str().into_client_request() {
-        Ok(request) => request,
-        Err(e) => return lost(e.to_string(), false),
-    };
-    match format!("Bearer {}", executor.token).parse() {
-        Ok(value) => {
-            request.headers_mut().insert("authorization", value);
-        }
-        Err(_) => return SessionEnd::Unauthorized("the stored token is malformed".into()),
-    }
-    let connector = tls.map(tokio_tungstenite::Connector::Rustls);
-    let mut config = WebSocketConfig::default();
-    config.max_message_size = Some(MAX_FRAME_BYTES);
-    config.max_frame_size = Some(MAX_FRAME_BYTES);
-    let dial =
-        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
-    let ws = tokio::select! {
-        () = shutdown.cancelled() => return SessionEnd::Shutdown,
-        dialled = tokio::time::timeout(CONNECT_TIMEOUT, dial) => match dialled {
-            Err(_) => return lost("the handshake timed out", false),
-            Ok(Err(tungstenite::Error::Http(response)))
-                if matches!(response.status().as_u16(), 401 | 403) =>
-            {
-                return SessionEnd::Unauthorized(format!(
-                    "the server refused the credential (HTTP {})",
-                    response.status()
-                ));
-            }
-            Ok(Err(e)) => return lost(e.to_string(), false),
-            Ok(Ok((ws, _))) => ws,
-        },
+    let ws = match dial(executor, tls, shutdown).await {
+        Ok(ws) => ws,
+        Err(end) => return end,
     };
     let (mut sink, mut stream) = ws.split();
     let hello = ExecutorFrame::Hello {
@@ -305,133 +287,271 @@ async fn session(
         .show("connected; waiting for the server's welcome");
 
     let (out_tx, mut out_rx) = mpsc::channel::<ExecutorFrame>(64);
-    let connection = shutdown.child_token();
-    let running: Arc<Mutex<HashMap<String, CancellationToken>>> = Arc::default();
-    let tasks = TaskTracker::new();
-    let mut heartbeat = DEFAULT_HEARTBEAT;
-    let mut welcomed = false;
-    let mut last_seen = tokio::time::Instant::now();
+    let mut connection = Connection {
+        executor,
+        out_tx,
+        cancel: shutdown.child_token(),
+        running: Arc::default(),
+        tasks: TaskTracker::new(),
+        heartbeat: DEFAULT_HEARTBEAT,
+        welcomed: false,
+    };
+    let end = connection
+        .serve(&mut sink, &mut stream, &mut out_rx, shutdown)
+        .await;
+    connection.end(&end, &mut sink, &mut stream).await;
+    end
+}
 
-    let end = loop {
-        let silent_until = last_seen + heartbeat * 3;
-        tokio::select! {
-            () = shutdown.cancelled() => break SessionEnd::Shutdown,
-            () = tokio::time::sleep_until(silent_until) => {
-                break lost("no heartbeat from the server", welcomed);
+/// Dials the gateway with the bearer token; the handshake's refusal (401/403) is final.
+async fn dial(
+    executor: &Executor,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    shutdown: &CancellationToken,
+) -> Result<Socket, SessionEnd> {
+    let mut request = match executor.url.as_str().into_client_request() {
+        Ok(request) => request,
+        Err(e) => return Err(lost(e.to_string(), false)),
+    };
+    match format!("Bearer {}", executor.token).parse() {
+        Ok(value) => {
+            request.headers_mut().insert("authorization", value);
+        }
+        Err(_) => {
+            return Err(SessionEnd::Unauthorized(
+                "the stored token is malformed".into(),
+            ));
+        }
+    }
+    let connector = tls.map(tokio_tungstenite::Connector::Rustls);
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(MAX_FRAME_BYTES);
+    config.max_frame_size = Some(MAX_FRAME_BYTES);
+    let dial =
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
+    tokio::select! {
+        () = shutdown.cancelled() => Err(SessionEnd::Shutdown),
+        dialled = tokio::time::timeout(CONNECT_TIMEOUT, dial) => match dialled {
+            Err(_) => Err(lost("the handshake timed out", false)),
+            Ok(Err(tungstenite::Error::Http(response)))
+                if matches!(response.status().as_u16(), 401 | 403) =>
+            {
+                Err(SessionEnd::Unauthorized(format!(
+                    "the server refused the credential (HTTP {})",
+                    response.status()
+                )))
             }
-            Some(frame) = out_rx.recv() => {
-                if let Err(e) = send(&mut sink, &frame).await {
-                    break lost(e, welcomed);
+            Ok(Err(e)) => Err(lost(e.to_string(), false)),
+            Ok(Ok((ws, _))) => Ok(ws),
+        },
+    }
+}
+
+/// What one connection keeps while it serves: where replies go, the requests it runs (each
+/// cancellable by id, all cancelled with the connection), and what the server's Welcome said.
+struct Connection<'a> {
+    executor: &'a Arc<Executor>,
+    /// Frames the request tasks send back; the frame loop writes them to the socket.
+    out_tx: mpsc::Sender<ExecutorFrame>,
+    /// Cancelled when the connection ends: every running command is a child of it.
+    cancel: CancellationToken,
+    running: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    tasks: TaskTracker,
+    heartbeat: Duration,
+    welcomed: bool,
+}
+
+impl Connection<'_> {
+    /// The frame loop: until shutdown, a silent server (three heartbeats), a lost socket or a
+    /// close, writes the tasks' frames out and handles each message the server sends.
+    async fn serve(
+        &mut self,
+        sink: &mut SocketSink,
+        stream: &mut SocketStream,
+        out_rx: &mut mpsc::Receiver<ExecutorFrame>,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let mut last_seen = tokio::time::Instant::now();
+        loop {
+            let silent_until = last_seen + self.heartbeat * 3;
+            tokio::select! {
+                () = shutdown.cancelled() => return SessionEnd::Shutdown,
+                () = tokio::time::sleep_until(silent_until) => {
+                    return lost("no heartbeat from the server", self.welcomed);
                 }
-            }
-            message = stream.next() => {
-                last_seen = tokio::time::Instant::now();
-                match message {
-                    None => break lost("the connection closed", welcomed),
-                    Some(Err(e)) => break lost(e.to_string(), welcomed),
-                    Some(Ok(Message::Ping(data))) => {
-                        if let Err(e) = sink.send(Message::Pong(data)).await {
-                            break lost(e.to_string(), welcomed);
-                        }
+                Some(frame) = out_rx.recv() => {
+                    if let Err(e) = send(sink, &frame).await {
+                        return lost(e, self.welcomed);
                     }
-                    Some(Ok(Message::Close(frame))) => {
-                        let code = frame.as_ref().map(|f| u16::from(f.code));
-                        let reason = frame.map(|f| f.reason.to_string()).unwrap_or_default();
-                        if code == Some(CLOSE_REVOKED) || code == Some(CLOSE_UNAUTHORIZED) {
-                            break SessionEnd::Unauthorized(format!(
-                                "the server closed the connection ({}{}{reason})",
-                                if code == Some(CLOSE_REVOKED) { "credential revoked" } else { "credential not accepted" },
-                                if reason.is_empty() { "" } else { ": " },
-                            ));
-                        }
-                        break lost(format!("closed by the server ({reason})"), welcomed);
+                }
+                message = stream.next() => {
+                    last_seen = tokio::time::Instant::now();
+                    if let Some(end) = self.on_message(message, sink).await {
+                        return end;
                     }
-                    Some(Ok(Message::Text(text))) => {
-                        match serde_json::from_str::<GatewayFrame>(text.as_str()) {
-                            Ok(GatewayFrame::Welcome { device_id, heartbeat_secs, notice }) => {
-                                welcomed = true;
-                                heartbeat = Duration::from_secs(heartbeat_secs.clamp(1, 600));
-                                if let Some(notice) = notice {
-                                    executor.status.show(&format!("notice from the server: {notice}"));
-                                    executor.status.finish();
-                                }
-                                let aliases: Vec<String> =
-                                    executor.grants.folders.iter().map(|f| f.alias.clone()).collect();
-                                executor.status.show(&format!(
-                                    "connected as device {device_id}, sharing {}; Ctrl-C ends sharing",
-                                    aliases.join(", ")
-                                ));
-                            }
-                            Ok(GatewayFrame::Request { request_id, folder, operation }) => {
-                                let cancel = connection.child_token();
-                                if let Ok(mut map) = running.lock() {
-                                    map.insert(request_id.clone(), cancel.clone());
-                                }
-                                let executor = Arc::clone(executor);
-                                let out = out_tx.clone();
-                                let running = Arc::clone(&running);
-                                tasks.spawn(async move {
-                                    handle(&executor, &request_id, &folder, operation, cancel, out).await;
-                                    if let Ok(mut map) = running.lock() {
-                                        map.remove(&request_id);
-                                    }
-                                });
-                            }
-                            Ok(GatewayFrame::Cancel { request_id }) => {
-                                if let Some(token) = running.lock().ok().and_then(|m| m.get(&request_id).cloned()) {
-                                    token.cancel();
-                                }
-                            }
-                            Ok(GatewayFrame::ReceiptQuery { request_id }) => {
-                                // Only the receipts answer; nothing runs because of this frame.
-                                let receipts = Arc::clone(&executor.receipts);
-                                let out = out_tx.clone();
-                                let status = executor.status.clone();
-                                tasks.spawn(async move {
-                                    let id = request_id.clone();
-                                    match tokio::task::spawn_blocking(move || receipts.lookup(&id)).await {
-                                        Ok(Ok(receipt)) => {
-                                            let _ = out.send(ExecutorFrame::Receipt { request_id, receipt }).await;
-                                        }
-                                        // Unreadable receipts are not "unknown": no answer, and the
-                                        // server asks again.
-                                        Ok(Err(e)) => status.show(&format!("cannot read a receipt: {e}")),
-                                        Err(e) => status.show(&format!("cannot read a receipt: {e}")),
-                                    }
-                                });
-                            }
-                            Err(e) => {
-                                executor.status.show(&format!("ignored a frame the server sent: {e}"));
-                            }
-                        }
-                    }
-                    Some(Ok(_)) => {}
                 }
             }
         }
-    };
+    }
 
-    // Disconnect, shutdown and revocation stop every running command; their outcomes are
-    // recorded in the receipts before we go on.
-    connection.cancel();
-    tasks.close();
-    let _ = tokio::time::timeout(shell::KILL_GRACE * 3, tasks.wait()).await;
-    if matches!(end, SessionEnd::Shutdown) {
-        let close = CloseFrame {
-            code: CloseCode::Normal,
-            reason: "sharing ended".into(),
-        };
-        let _ = sink.send(Message::Close(Some(close))).await;
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            while let Some(Ok(message)) = stream.next().await {
-                if matches!(message, Message::Close(_)) {
-                    break;
+    /// One WebSocket message from the server; `Some` ends the session.
+    async fn on_message(
+        &mut self,
+        message: Option<Result<Message, tungstenite::Error>>,
+        sink: &mut SocketSink,
+    ) -> Option<SessionEnd> {
+        let welcomed = self.welcomed;
+        match message {
+            None => Some(lost("the connection closed", welcomed)),
+            Some(Err(e)) => Some(lost(e.to_string(), welcomed)),
+            Some(Ok(Message::Ping(data))) => match sink.send(Message::Pong(data)).await {
+                Ok(()) => None,
+                Err(e) => Some(lost(e.to_string(), welcomed)),
+            },
+            Some(Ok(Message::Close(frame))) => Some(closed_by_server(frame, welcomed)),
+            Some(Ok(Message::Text(text))) => {
+                self.on_frame(text.as_str());
+                None
+            }
+            Some(Ok(_)) => None,
+        }
+    }
+
+    /// One text frame from the server.
+    fn on_frame(&mut self, text: &str) {
+        match serde_json::from_str::<GatewayFrame>(text) {
+            Ok(GatewayFrame::Welcome {
+                device_id,
+                heartbeat_secs,
+                notice,
+            }) => self.on_welcome(&device_id, heartbeat_secs, notice),
+            Ok(GatewayFrame::Request {
+                request_id,
+                folder,
+                operation,
+            }) => self.start_request(request_id, folder, operation),
+            Ok(GatewayFrame::Cancel { request_id }) => {
+                if let Some(token) = self
+                    .running
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&request_id).cloned())
+                {
+                    token.cancel();
                 }
             }
-        })
-        .await;
+            Ok(GatewayFrame::ReceiptQuery { request_id }) => self.answer_receipt_query(request_id),
+            Err(e) => {
+                self.executor
+                    .status
+                    .show(&format!("ignored a frame the server sent: {e}"));
+            }
+        }
     }
-    end
+
+    fn on_welcome(&mut self, device_id: &str, heartbeat_secs: u64, notice: Option<String>) {
+        let executor = self.executor;
+        self.welcomed = true;
+        self.heartbeat = Duration::from_secs(heartbeat_secs.clamp(1, 600));
+        if let Some(notice) = notice {
+            executor
+                .status
+                .show(&format!("notice from the server: {notice}"));
+            executor.status.finish();
+        }
+        let aliases: Vec<String> = executor
+            .grants
+            .folders
+            .iter()
+            .map(|f| f.alias.clone())
+            .collect();
+        executor.status.show(&format!(
+            "connected as device {device_id}, sharing {}; Ctrl-C ends sharing",
+            aliases.join(", ")
+        ));
+    }
+
+    /// Runs one request in its own task, cancellable by its id until it ends.
+    fn start_request(&mut self, request_id: String, folder: String, operation: Operation) {
+        let cancel = self.cancel.child_token();
+        if let Ok(mut map) = self.running.lock() {
+            map.insert(request_id.clone(), cancel.clone());
+        }
+        let executor = Arc::clone(self.executor);
+        let out = self.out_tx.clone();
+        let running = Arc::clone(&self.running);
+        self.tasks.spawn(async move {
+            handle(&executor, &request_id, &folder, operation, cancel, out).await;
+            if let Ok(mut map) = running.lock() {
+                map.remove(&request_id);
+            }
+        });
+    }
+
+    /// Answers a receipt query. Only the receipts answer; nothing runs because of this frame.
+    fn answer_receipt_query(&mut self, request_id: String) {
+        let receipts = Arc::clone(&self.executor.receipts);
+        let out = self.out_tx.clone();
+        let status = self.executor.status.clone();
+        self.tasks.spawn(async move {
+            let id = request_id.clone();
+            match tokio::task::spawn_blocking(move || receipts.lookup(&id)).await {
+                Ok(Ok(receipt)) => {
+                    let _ = out
+                        .send(ExecutorFrame::Receipt {
+                            request_id,
+                            receipt,
+                        })
+                        .await;
+                }
+                // Unreadable receipts are not "unknown": no answer, and the server asks again.
+                Ok(Err(e)) => status.show(&format!("cannot read a receipt: {e}")),
+                Err(e) => status.show(&format!("cannot read a receipt: {e}")),
+            }
+        });
+    }
+
+    /// Disconnect, shutdown and revocation stop every running command; their outcomes are
+    /// recorded in the receipts before we go on. On shutdown the socket is closed normally.
+    async fn end(&self, end: &SessionEnd, sink: &mut SocketSink, stream: &mut SocketStream) {
+        self.cancel.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(shell::KILL_GRACE * 3, self.tasks.wait()).await;
+        if matches!(end, SessionEnd::Shutdown) {
+            let close = CloseFrame {
+                code: CloseCode::Normal,
+                reason: "sharing ended".into(),
+            };
+            let _ = sink.send(Message::Close(Some(close))).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while let Some(Ok(message)) = stream.next().await {
+                    if matches!(message, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+    }
+}
+
+/// The server closed the socket: 4001/4003 end sharing (the credential is no longer accepted),
+/// any other close is a lost connection.
+fn closed_by_server(frame: Option<CloseFrame>, welcomed: bool) -> SessionEnd {
+    let code = frame.as_ref().map(|f| u16::from(f.code));
+    let reason = frame.map(|f| f.reason.to_string()).unwrap_or_default();
+    if code == Some(CLOSE_REVOKED) || code == Some(CLOSE_UNAUTHORIZED) {
+        return SessionEnd::Unauthorized(format!(
+            "the server closed the connection ({}{}{reason})",
+            if code == Some(CLOSE_REVOKED) {
+                "credential revoked"
+            } else {
+                "credential not accepted"
+            },
+            if reason.is_empty() { "" } else { ": " },
+        ));
+    }
+    lost(format!("closed by the server ({reason})"), welcomed)
 }
 
 async fn send<S>(sink: &mut S, frame: &ExecutorFrame) -> Result<(), String>
@@ -505,6 +625,17 @@ async fn handle(
         .await;
 }
 
+/// What a request runs with once every check passed: its folder, a fresh private scratch dir,
+/// the policy, and the command's cgroup (when the person's cgroup tree is delegated).
+struct Prepared<'a> {
+    folder: &'a Folder,
+    scratch: PathBuf,
+    policy: SandboxPolicy,
+    cgroup: Option<CommandCgroup>,
+}
+
+/// One request's operation in its folder: refused unless every check passes, then the command
+/// or the patch, then its cgroup and scratch dir removed.
 async fn execute(
     executor: &Arc<Executor>,
     request_id: &str,
@@ -512,104 +643,22 @@ async fn execute(
     operation: Operation,
     cancel: CancellationToken,
 ) -> Outcome {
-    let grants = &executor.grants;
-    let Some(folder) = grants.folder(alias) else {
-        return refused(
-            "folder_not_shared",
-            format!("{alias:?} is not a folder this executor shares"),
-        );
-    };
-    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
-    // to see what this process sees (it runs with a scrubbed environment).
-    if let Err(e) = super::sandbox::landlock_status() {
-        return refused(
-            "sandbox_unavailable",
-            format!("the request was not run: {e}"),
-        );
-    }
-    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
-    // replaced root is refused rather than granted through whatever its path names now.
-    if let Err(e) = grants.check_pinned(folder) {
-        return refused("folder_replaced", e.to_string());
-    }
-    let scratch_root = executor.dirs.scratch_root();
-    if let Err(e) =
-        ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
-    {
-        return refused("scratch_unavailable", e.to_string());
-    }
-    let scratch = super::patch::scratch_dir(&scratch_root, request_id);
-    if let Err(e) = ensure_private_dir(&scratch) {
-        return refused("scratch_unavailable", e.to_string());
-    }
-    let mut policy = match grants.policy(folder, &scratch) {
-        Ok(policy) => policy,
-        Err(e) => return cleanup(&scratch, refused("folder_replaced", e.to_string())),
-    };
-    let command_cgroup = match executor.limits.for_command(&mut policy) {
-        Ok(cgroup) => cgroup,
-        Err(e) => {
-            return cleanup(
-                &scratch,
-                refused(
-                    "cgroup_unavailable",
-                    format!("the request was not run: {e}"),
-                ),
-            );
-        }
+    let Prepared {
+        folder,
+        scratch,
+        policy,
+        cgroup: command_cgroup,
+    } = match prepare(executor, request_id, alias) {
+        Ok(prepared) => prepared,
+        Err(refusal) => return refusal,
     };
     let outcome = match operation {
         Operation::ExecuteShellCommand { command, timeout } => {
-            let timeout = match timeout {
-                Some(0) => {
-                    return cleanup(
-                        &scratch,
-                        refused("invalid_timeout", "timeout must be at least 1 second"),
-                    );
-                }
-                Some(t) if t > MAX_TIMEOUT_SECS => {
-                    return cleanup(
-                        &scratch,
-                        refused(
-                            "invalid_timeout",
-                            format!("timeout {t} s is above the maximum of {MAX_TIMEOUT_SECS} s"),
-                        ),
-                    );
-                }
-                other => other.map(Duration::from_secs),
+            let timeout = match shell_timeout(timeout) {
+                Ok(timeout) => timeout,
+                Err(refusal) => return cleanup(&scratch, refusal),
             };
-            let mut env_extra = Vec::new();
-            if let Some(downloads) = &grants.downloads {
-                env_extra.push((
-                    "AGENTWORKS_DOWNLOADS".to_owned(),
-                    downloads.to_string_lossy().into_owned(),
-                ));
-            }
-            let request = ShellRequest {
-                command,
-                timeout,
-                policy,
-                env_extra,
-            };
-            match shell::run(&executor.launcher, request, cancel).await {
-                Ok(done) => Outcome::Completed {
-                    stdout: done.stdout,
-                    stderr: done.stderr,
-                    exit_code: done.exit_code,
-                    stdout_truncated: done.stdout_truncated,
-                    stderr_truncated: done.stderr_truncated,
-                    timed_out: done.timed_out,
-                    cancelled: done.cancelled,
-                },
-                Err(ShellError::SandboxRefused(reason)) => refused(
-                    "sandbox_unavailable",
-                    format!("the command was not run: {reason}"),
-                ),
-                Err(e @ (ShellError::TimeoutTooLong { .. } | ShellError::ZeroTimeout)) => {
-                    refused("invalid_timeout", e.to_string())
-                }
-                Err(e) => refused("command_failed", e.to_string()),
-            }
+            run_shell(executor, command, timeout, policy, cancel).await
         }
         Operation::DiffPatchWorkspaceFile { filepath, diff } => {
             if folder.access != FolderAccess::ReadWrite {
@@ -618,7 +667,7 @@ async fn execute(
                     format!("{alias} is shared read-only (--folder); patches need --write-folder"),
                 )
             } else {
-                let job = super::patch::PatchJob::new(grants, folder, filepath, diff);
+                let job = super::patch::PatchJob::new(&executor.grants, folder, filepath, diff);
                 super::patch::run(&executor.launcher, &policy, &folder.path, &job).await
             }
         }
@@ -629,6 +678,125 @@ async fn execute(
         executor.status.show(&format!("{e}"));
     }
     cleanup(&scratch, outcome)
+}
+
+/// The checks that refuse a request before anything runs, in order, then its scratch dir,
+/// policy and cgroup. A refusal once the scratch dir exists removes it.
+fn prepare<'a>(
+    executor: &'a Executor,
+    request_id: &str,
+    alias: &str,
+) -> Result<Prepared<'a>, Outcome> {
+    let grants = &executor.grants;
+    let Some(folder) = grants.folder(alias) else {
+        return Err(refused(
+            "folder_not_shared",
+            format!("{alias:?} is not a folder this executor shares"),
+        ));
+    };
+    // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
+    // to see what this process sees (it runs with a scrubbed environment).
+    if let Err(e) = super::sandbox::landlock_status() {
+        return Err(refused(
+            "sandbox_unavailable",
+            format!("the request was not run: {e}"),
+        ));
+    }
+    // The folder (and Downloads) must still be the directories pinned at connect: a moved or
+    // replaced root is refused rather than granted through whatever its path names now.
+    if let Err(e) = grants.check_pinned(folder) {
+        return Err(refused("folder_replaced", e.to_string()));
+    }
+    let scratch_root = executor.dirs.scratch_root();
+    if let Err(e) =
+        ensure_private_dir(&executor.dirs.state).and_then(|()| ensure_private_dir(&scratch_root))
+    {
+        return Err(refused("scratch_unavailable", e.to_string()));
+    }
+    let scratch = super::patch::scratch_dir(&scratch_root, request_id);
+    if let Err(e) = ensure_private_dir(&scratch) {
+        return Err(refused("scratch_unavailable", e.to_string()));
+    }
+    let mut policy = match grants.policy(folder, &scratch) {
+        Ok(policy) => policy,
+        Err(e) => return Err(cleanup(&scratch, refused("folder_replaced", e.to_string()))),
+    };
+    let cgroup = match executor.limits.for_command(&mut policy) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            return Err(cleanup(
+                &scratch,
+                refused(
+                    "cgroup_unavailable",
+                    format!("the request was not run: {e}"),
+                ),
+            ));
+        }
+    };
+    Ok(Prepared {
+        folder,
+        scratch,
+        policy,
+        cgroup,
+    })
+}
+
+/// A shell command's timeout: at least 1 s, at most [`MAX_TIMEOUT_SECS`]; none given is the
+/// runner's default.
+fn shell_timeout(timeout: Option<u64>) -> Result<Option<Duration>, Outcome> {
+    match timeout {
+        Some(0) => Err(refused(
+            "invalid_timeout",
+            "timeout must be at least 1 second",
+        )),
+        Some(t) if t > MAX_TIMEOUT_SECS => Err(refused(
+            "invalid_timeout",
+            format!("timeout {t} s is above the maximum of {MAX_TIMEOUT_SECS} s"),
+        )),
+        other => Ok(other.map(Duration::from_secs)),
+    }
+}
+
+/// Runs one shell command through the launcher and turns its end into the request's outcome.
+async fn run_shell(
+    executor: &Executor,
+    command: String,
+    timeout: Option<Duration>,
+    policy: SandboxPolicy,
+    cancel: CancellationToken,
+) -> Outcome {
+    let mut env_extra = Vec::new();
+    if let Some(downloads) = &executor.grants.downloads {
+        env_extra.push((
+            "AGENTWORKS_DOWNLOADS".to_owned(),
+            downloads.to_string_lossy().into_owned(),
+        ));
+    }
+    let request = ShellRequest {
+        command,
+        timeout,
+        policy,
+        env_extra,
+    };
+    match shell::run(&executor.launcher, request, cancel).await {
+        Ok(done) => Outcome::Completed {
+            stdout: done.stdout,
+            stderr: done.stderr,
+            exit_code: done.exit_code,
+            stdout_truncated: done.stdout_truncated,
+            stderr_truncated: done.stderr_truncated,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
+        },
+        Err(ShellError::SandboxRefused(reason)) => refused(
+            "sandbox_unavailable",
+            format!("the command was not run: {reason}"),
+        ),
+        Err(e @ (ShellError::TimeoutTooLong { .. } | ShellError::ZeroTimeout)) => {
+            refused("invalid_timeout", e.to_string())
+        }
+        Err(e) => refused("command_failed", e.to_string()),
+    }
 }
 
 fn cleanup(scratch: &std::path::Path, outcome: Outcome) -> Outcome {

@@ -30,6 +30,7 @@ use agentworks_contract::executor::{FolderAccess, FolderInfo, MAX_FOLDERS, check
 use agentworks_core::guard::{Guard, RelPath};
 
 use super::config::Dirs;
+use super::resolve::{ResolveError, resolve_lenient};
 use super::sandbox::{
     HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
 };
@@ -93,6 +94,12 @@ pub enum GrantError {
         "the shared folder {path} was moved or replaced ({reason}); reconnect to share it again"
     )]
     Replaced { path: PathBuf, reason: String },
+}
+
+impl From<ResolveError> for GrantError {
+    fn from(ResolveError { path, source }: ResolveError) -> GrantError {
+        GrantError::Resolve { path, source }
+    }
 }
 
 /// A directory opened at connect (`O_PATH`, no symlink followed) and kept open, with the device
@@ -218,49 +225,6 @@ pub struct Grants {
     /// Canonical home.
     pub home: PathBuf,
     pins: Pins,
-}
-
-/// Canonicalise the longest existing prefix of `path` and append the rest (for paths that may
-/// not exist yet: the CLI's dirs before the first login, a `--block` for a future file).
-pub fn resolve_lenient(path: &Path) -> Result<PathBuf, GrantError> {
-    let absolute = if path.is_absolute() {
-        path.to_owned()
-    } else {
-        std::env::current_dir()
-            .map_err(|source| GrantError::Resolve {
-                path: path.to_owned(),
-                source,
-            })?
-            .join(path)
-    };
-    let mut existing = absolute.clone();
-    let mut tail = Vec::new();
-    loop {
-        match std::fs::canonicalize(&existing) {
-            Ok(mut resolved) => {
-                for name in tail.iter().rev() {
-                    resolved.push(name);
-                }
-                return Ok(resolved);
-            }
-            Err(source) => {
-                let Some(name) = existing.file_name().map(ToOwned::to_owned) else {
-                    return Err(GrantError::Resolve {
-                        path: path.to_owned(),
-                        source,
-                    });
-                };
-                if name == ".." {
-                    return Err(GrantError::Resolve {
-                        path: path.to_owned(),
-                        source,
-                    });
-                }
-                tail.push(name);
-                existing.pop();
-            }
-        }
-    }
 }
 
 fn open_dir(path: &Path) -> Result<PathBuf, GrantError> {

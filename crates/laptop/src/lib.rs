@@ -9,6 +9,8 @@
 //! - [`shell`]: one command through the launcher, with its limits ([`limits`], [`cgroup`]).
 //! - [`sandbox`]: the policy a command runs under and the launcher that enforces it (Landlock,
 //!   [`seccomp`], [`privileges`] for a root launcher).
+//! - [`resolve`]: a path that may not exist yet, canonicalised as far as it exists (grants
+//!   and the sandbox's exclusions).
 //! - [`patch`]: `diff_patch_workspace_file` applied inside a granted folder.
 //! - [`chat`]: `agentworks chat`, the terminal client for agentd's chats.
 //!
@@ -28,6 +30,7 @@ pub mod login;
 pub mod patch;
 pub mod privileges;
 pub mod receipts;
+pub mod resolve;
 pub mod sandbox;
 pub mod seccomp;
 pub mod shell;

@@ -1,0 +1,288 @@
+//! The executor's sandbox: the policy a command runs under and the launcher that enforces it.
+//!
+//! Owns: [`SandboxPolicy`] (which folders a command may read, write or never touch), the
+//! Landlock support check ([`landlock_status`]) and the launcher ([`launcher_main`]): the
+//! `agentworks` binary re-executed as `agentworks __sandbox-exec <policy-json> -- <sh> -c <cmd>`.
+//! The launcher, in this order (each step in `launcher.rs` says why it comes there): marks
+//! inherited descriptors close-on-exec; becomes the leader of a new session with no controlling
+//! terminal; becomes a child subreaper; opens the command's cgroup (when the executor made one);
+//! sets `no_new_privs` and `RLIMIT_NPROC`; builds and applies a Landlock ruleset to itself that
+//! grants no terminal device; installs the seccomp filter refusing Unix sockets and io_uring
+//! (below ABI 9, unless allowed; `seccomp.rs`); forks the shell (which moves into the command's
+//! cgroup and enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
+//! signal the launcher or connect to an abstract socket outside the sandbox); and when the shell
+//! ends — or the launcher is told to stop — ends everything the command left (`cgroup.kill`
+//! first, then SIGKILL to every descendant it finds) and exits with the shell's status only once
+//! `waitpid(-1)` answers `ECHILD`.
+//!
+//! Layout: this file holds the policy, its error and the Landlock support check;
+//! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
+//! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
+//! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
+//! `launcher.rs` the launcher's steps in their order, applying the planned ruleset; `reaper.rs`
+//! the waiting for the shell and the ending and reaping of every process the command left.
+//!
+//! Must never: run a command without a ruleset the kernel reports as fully enforced (Landlock
+//! missing, an ABI below [`MIN_ABI`], a rule that cannot be added or a partially enforced
+//! ruleset all refuse), nor with a controlling terminal, nor without a scope or seccomp filter
+//! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant the
+//! whole home directory (only a fixed list of toolchain folders, read/execute) or a terminal
+//! device; exit while a process of the command is alive; leave files or mount points in the
+//! person's folders; restrict the network.
+//!
+//! # How exclusions work
+//!
+//! Landlock rules only ever allow, and a rule on a directory covers everything beneath it, so a
+//! blocked path cannot be carved out of a granted folder. Instead, for a grant `W` containing an
+//! excluded path `W/a/b`, the launcher grants every entry of `W` except `a` individually, then
+//! every entry of `a` except `b`, and so on; `W` and `a` themselves only get directory listing
+//! (or read access when the exclusion is a read-only one). `--block` paths, the CLI's
+//! credentials and state (`denied`) and the toolchains' credential files are excluded that way;
+//! `--read-only` paths (and read-only folders nested in a writable one) get read access only.
+//!
+//! Residual limits: new entries cannot be created directly in a folder that lies on the path to
+//! an exclusion (`W` and `a` above), since only their existing entries are granted; entries
+//! created after the ruleset is built are covered only when their parent folder is; the names
+//! (never the contents) inside a blocked directory can be listed, because listing rights on `W`
+//! reach down the whole tree; `/proc` is readable (the command sees every process's command
+//! line, and Landlock's ptrace restriction cannot be relied on to keep other same-user
+//! processes' `/proc/<pid>/environ`, `maps` or `fd` out of reach: on Linux 6.18 it did not, so
+//! the executor makes itself non-dumpable and drops secrets from its own environment at start;
+//! other same-user processes on the machine stay visible this way); `/tmp` is not granted
+//! (`TMPDIR` points at the private scratch dir); on kernels below ABI 6 the command can signal
+//! processes outside the sandbox (and, with `--allow-unix-sockets`, reach abstract sockets);
+//! without a delegated cgroup, ending a command is a race the launcher wins by killing faster
+//! than the command forks (a cgroup's `cgroup.kill` has no such race); ptys cannot be made
+//! (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do not work.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::limits::CommandLimits;
+use super::resolve::ResolveError;
+use super::seccomp::SeccompError;
+
+mod launcher;
+mod plan;
+mod reaper;
+mod spawn;
+
+pub use launcher::launcher_main;
+pub use spawn::{die_with_parent, inherit_pinned, new_session};
+/// The hidden subcommand that puts the `agentworks` binary in launcher mode.
+pub const SUBCOMMAND: &str = "__sandbox-exec";
+/// Printed by the binary before a launcher error; the shell runner recognises a refusal by it.
+pub const REFUSAL_PREFIX: &str = "agentworks sandbox refused: ";
+/// The lowest Landlock ABI we run commands under: ABI 3 adds `truncate` control, without which
+/// a read-only file could still be emptied.
+pub const MIN_ABI: i32 = 3;
+/// Debug builds only: simulate a kernel reporting this Landlock ABI (`0` = unavailable).
+pub const TEST_ABI_ENV: &str = "AGENTWORKS_TEST_LANDLOCK_ABI";
+
+/// Toolchain folders under the person's home granted read and execute. Never the whole home.
+pub const HOME_TOOLCHAINS: &[&str] = &[
+    ".rustup",
+    ".cargo",
+    ".nvm",
+    ".pyenv",
+    ".volta",
+    ".bun",
+    ".deno",
+    ".local/bin",
+    ".local/lib",
+    "go/bin",
+    "go/pkg/mod",
+];
+
+/// Credential files inside the toolchain folders: never readable.
+pub const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
+
+/// What a pinned directory grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinnedAccess {
+    /// Read, write, create, remove (a `--write-folder`, the Downloads companion).
+    ReadWrite,
+    /// Read and execute (a `--folder`, a toolchain folder).
+    ReadOnly,
+}
+
+/// A directory the executor opened once at connect and keeps open (an `O_PATH` descriptor),
+/// granted to a command through that descriptor: whatever its path names later (a symlink, a
+/// folder moved in its place) does not change what the rule covers. The launcher inherits the
+/// descriptor ([`inherit_pinned`]) and checks that it still is the directory recorded here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedGrant {
+    /// The descriptor's number in the executor, and so in the launcher.
+    pub fd: i32,
+    /// Device and inode of the directory when it was opened.
+    pub dev: u64,
+    pub ino: u64,
+    /// Its canonical path at connect: exclusions are matched against it, and messages name it.
+    pub path: PathBuf,
+    pub access: PinnedAccess,
+}
+
+/// What a command may touch. Paths must be absolute; the path-based ones (`read_write`,
+/// `read_only`, `home`) are resolved (symlinks followed) by the launcher before the ruleset is
+/// built, so the executor grants its shared folders, Downloads and toolchains through `pinned`
+/// descriptors instead and uses paths only for its own private scratch dir and executable.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxPolicy {
+    /// Directories granted through descriptors pinned at connect.
+    #[serde(default)]
+    pub pinned: Vec<PinnedGrant>,
+    /// Writable folders granted by path.
+    pub read_write: Vec<PathBuf>,
+    /// Read-only paths granted by path (the launcher executable, for patches).
+    pub read_only: Vec<PathBuf>,
+    /// `--block` paths: neither readable nor writable nor creatable (existing or not).
+    pub blocked: Vec<PathBuf>,
+    /// `--read-only` paths inside a writable folder: not writable.
+    pub read_only_within: Vec<PathBuf>,
+    /// The CLI's credentials and state dirs: never readable.
+    pub denied: Vec<PathBuf>,
+    /// The person's home, for toolchain read/exec grants by path (never credentials); the
+    /// executor pins its toolchains instead and leaves this empty.
+    pub home: Option<PathBuf>,
+    /// Private scratch dir (TMPDIR, caches point here): always read/write, whatever `denied`
+    /// says of the state dir it lies in.
+    pub scratch: PathBuf,
+    /// Where the command starts.
+    pub cwd: PathBuf,
+    /// Processes, Unix sockets and the command's cgroup (see [`CommandLimits`]).
+    #[serde(default)]
+    pub limits: CommandLimits,
+}
+
+/// Why the launcher refused (or failed) to run a command.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("Landlock is unavailable, so commands are refused: {reason}")]
+    LandlockUnavailable { reason: String },
+    #[error(
+        "the kernel's Landlock ABI {found} is below the required ABI {required} (Linux 6.2+), so commands are refused"
+    )]
+    AbiTooOld { found: i32, required: i32 },
+    #[error(
+        "bad launcher arguments: {0} (usage: {SUBCOMMAND} <policy-json> -- <program> [args...])"
+    )]
+    Usage(String),
+    #[error("bad sandbox policy: {0}")]
+    Policy(String),
+    #[error("cannot open granted path {path}: {source}")]
+    GrantPath {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the pinned descriptor {fd} for {path} is not that directory any more ({reason}); reconnect to share it again"
+    )]
+    Pinned {
+        fd: i32,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("cannot build the Landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("the Landlock ruleset is not fully enforced ({0}), so the command is refused")]
+    NotEnforced(String),
+    #[error("cannot {what}: {source}")]
+    Setup {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the launcher still has a controlling terminal ({0}), so the command is refused: it could type into the person's shell"
+    )]
+    Terminal(String),
+    #[error("{0}, so the command is refused")]
+    Seccomp(#[from] SeccompError),
+    #[error("cannot use the command's cgroup {path}, so the command is refused: {source}")]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// An exclusion that cannot be resolved is a grant that cannot be opened.
+impl From<ResolveError> for SandboxError {
+    fn from(ResolveError { path, source }: ResolveError) -> SandboxError {
+        SandboxError::GrantPath { path, source }
+    }
+}
+
+impl SandboxError {
+    fn setup(what: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
+        move |source| SandboxError::Setup { what, source }
+    }
+}
+
+/// Checks Landlock support and returns the ABI version, or an error saying why commands are
+/// refused. Debug builds honour [`TEST_ABI_ENV`] to simulate an older or missing Landlock.
+pub fn landlock_status() -> Result<i32, SandboxError> {
+    let kernel = kernel_abi()?;
+    let abi = match simulated_abi() {
+        Some(simulated) if simulated <= 0 => {
+            return Err(SandboxError::LandlockUnavailable {
+                reason: format!("{TEST_ABI_ENV}={simulated} simulates a kernel without Landlock"),
+            });
+        }
+        Some(simulated) => simulated.min(kernel),
+        None => kernel,
+    };
+    if abi < MIN_ABI {
+        return Err(SandboxError::AbiTooOld {
+            found: abi,
+            required: MIN_ABI,
+        });
+    }
+    Ok(abi)
+}
+
+fn simulated_abi() -> Option<i32> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    std::env::var(TEST_ABI_ENV).ok()?.trim().parse().ok()
+}
+
+fn kernel_abi() -> Result<i32, SandboxError> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only queries the ABI version: the kernel
+    // reads no memory (the attribute pointer is NULL, size 0) and creates no descriptor.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if version < 0 {
+        let error = io::Error::last_os_error();
+        let reason = match error.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => {
+                "the kernel has Landlock but it is disabled at boot (add `landlock` to the `lsm=` kernel parameter)".to_owned()
+            }
+            Some(libc::ENOSYS) => {
+                "the kernel was built without Landlock (CONFIG_SECURITY_LANDLOCK)".to_owned()
+            }
+            _ => format!("querying the Landlock ABI failed: {error}"),
+        };
+        return Err(SandboxError::LandlockUnavailable { reason });
+    }
+    i32::try_from(version).map_err(|_| SandboxError::LandlockUnavailable {
+        reason: format!("the kernel reported an impossible Landlock ABI {version}"),
+    })
+}
