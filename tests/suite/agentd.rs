@@ -247,16 +247,19 @@ fn revoked_expired_and_devices_tokens_are_refused() {
     let (status, _) = mcp_call(stack.port, &token, "list_workflows", json!({}));
     assert_eq!(status, 401);
 
+    // Valid for 3 s (room for a loaded machine between making it and using it), then expired.
+    let expires_at_ms = agentworks_agent::identity::store::now_ms() + 3_000;
     let soon = stack.token(
         "alice",
         &["workflows:write"],
-        json!({"expires_at_ms": agentworks_agent::identity::store::now_ms() + 300}),
+        json!({ "expires_at_ms": expires_at_ms }),
     );
     assert_eq!(
         mcp_call(stack.port, &soon, "list_workflows", json!({})).0,
         200
     );
-    std::thread::sleep(std::time::Duration::from_millis(400));
+    let left = expires_at_ms - agentworks_agent::identity::store::now_ms();
+    std::thread::sleep(std::time::Duration::from_millis(left.max(0) as u64 + 100));
     assert_eq!(
         mcp_call(stack.port, &soon, "list_workflows", json!({})).0,
         401
