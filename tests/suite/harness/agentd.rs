@@ -1,9 +1,10 @@
 //! The [`Stack`]: workspaced and the real `agentworks-agentd` on one new [`StateRoot`], as the
 //! current user, agentd's public port reserved with [`free_port`]. [`Stack::start`] returns
-//! once agentd answers operator calls on its socket; both daemons' stderr is inherited, so
-//! what they said is in the test's output. Dropping it SIGTERMs and reaps agentd (then
-//! workspaced is killed by its own drop). Also operator calls (`admin`), `agentworksctl`
-//! runs, and test users with projects and tokens.
+//! once agentd answers operator calls on its socket (an agentd that exits during its start is
+//! noticed only at the 20 s deadline); both daemons' stderr is inherited, so what they said is
+//! in the test's output. Dropping it SIGTERMs and reaps agentd (then workspaced is killed by
+//! its own drop). Also operator calls (`admin`), `agentworksctl` runs, and test users with
+//! projects and tokens.
 
 use super::daemons::{as_daemon_on, send_signal};
 use super::{StateRoot, Workspaced, block_on, free_port};
