@@ -9,12 +9,17 @@
 //! Run: `cargo bench --bench durable_write` (optionally `-- 1000` for the number of writes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// The test harness's daemon helpers; this benchmark uses part of them.
+#[allow(dead_code)]
+#[path = "../tests/common/daemons.rs"]
+mod daemons;
+
 use agentworks_support::unix_http::UnixClient;
+use daemons::Process;
 use serde_json::json;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const FILES: usize = 16;
@@ -53,13 +58,11 @@ fn ours(state: &Path, writes: usize) -> Duration {
     let project = state.join("documents/bench");
     std::fs::create_dir_all(&project).unwrap();
     std::fs::write(state.join("agentworks.toml"), "").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks-workspaced"))
-        .env("AGENTWORKS_STATE_ROOT", state)
-        .env("AGENTWORKS_CONFIG", state.join("agentworks.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut workspaced = Process::daemon(
+        "agentworks-workspaced",
+        env!("CARGO_BIN_EXE_agentworks-workspaced"),
+        state,
+    );
     let socket = state.join("run/workspaced.sock");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -67,11 +70,11 @@ fn ours(state: &Path, writes: usize) -> Duration {
         .unwrap();
     let elapsed = runtime.block_on(async {
         let client = UnixClient::new(&socket);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while client.get::<serde_json::Value>("/v1/health").await.is_err() {
-            assert!(Instant::now() < deadline, "workspaced did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        workspaced
+            .wait_ready(Duration::from_secs(20), || async {
+                client.get::<serde_json::Value>("/v1/health").await.is_ok()
+            })
+            .await;
         let context = json!({"project": "bench", "principal": {"user_id": "u", "user_name": "bench", "source": "bench"}, "guard": {"write_paths": ["."]}});
         let mut revisions = vec!["missing".to_string(); FILES];
         let started = Instant::now();
@@ -89,11 +92,7 @@ fn ours(state: &Path, writes: usize) -> Duration {
         }
         started.elapsed()
     });
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = child.wait();
+    drop(workspaced);
     elapsed
 }
 

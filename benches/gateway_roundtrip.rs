@@ -18,13 +18,21 @@
 //! dispatches and direct runs; default 200, after 20 warm-up each).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// The test harness's daemon helpers; this benchmark uses part of them.
+#[allow(dead_code)]
+#[path = "../tests/common/daemons.rs"]
+mod daemons;
+#[path = "../tests/common/ports.rs"]
+mod ports;
+
 use agentworks_contract::executor::{ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame};
 use agentworks_support::unix_http::UnixClient;
+use daemons::Process;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -39,76 +47,6 @@ const IDLE_CONNECTIONS_LIMIT: usize = IDLE_CONNECTIONS + 64;
 const DIAL_CONCURRENCY: usize = 32;
 /// File descriptors wanted for this process and (inherited) the daemons.
 const NOFILE: u64 = 8192;
-
-/// A child process stopped with SIGTERM and reaped when dropped (also on panic).
-struct Process {
-    name: &'static str,
-    child: Child,
-}
-
-impl Process {
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.exited().is_none() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn_daemon(name: &'static str, binary: &str, state: &Path) -> Process {
-    let child = Command::new(binary)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("AGENTWORKS_STATE_ROOT", state)
-        .env("AGENTWORKS_CONFIG", state.join("agentworks.toml"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-    Process { name, child }
-}
-
-/// Poll until `ready` succeeds; panic if the process exits or 30 s pass.
-async fn wait_ready<F, Fut>(process: &mut Process, ready: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready().await {
-        if let Some(status) = process.exited() {
-            panic!("{} exited during start: {status}", process.name);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} did not become ready",
-            process.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Raise this process's soft RLIMIT_NOFILE to at least [`NOFILE`] (within the hard limit);
 /// the daemons started afterwards inherit it. The limit in force.
@@ -168,7 +106,7 @@ impl Stack {
             .tempdir_in(base)
             .unwrap();
         let state = state_dir.path();
-        let (agentd_port, gateway_port) = (free_port(), free_port());
+        let (agentd_port, gateway_port) = (ports::free_port(), ports::free_port());
         std::fs::write(
             state.join("agentworks.toml"),
             format!(
@@ -183,39 +121,42 @@ impl Stack {
         let agentd_socket = UnixClient::new(state.join("run/agentd.sock"));
         let gatewayd_socket = UnixClient::new(state.join("run/gatewayd.sock"));
 
-        let mut workspaced = spawn_daemon(
+        let mut workspaced = Process::daemon(
             "agentworks-workspaced",
             env!("CARGO_BIN_EXE_agentworks-workspaced"),
             state,
         );
-        wait_ready(&mut workspaced, || async {
-            workspaced_socket.get::<Value>("/v1/health").await.is_ok()
-        })
-        .await;
-        let mut agentd = spawn_daemon(
+        workspaced
+            .wait_ready(Duration::from_secs(30), || async {
+                workspaced_socket.get::<Value>("/v1/health").await.is_ok()
+            })
+            .await;
+        let mut agentd = Process::daemon(
             "agentworks-agentd",
             env!("CARGO_BIN_EXE_agentworks-agentd"),
             state,
         );
-        wait_ready(&mut agentd, || async {
-            agentd_socket
-                .post::<_, Value>("/v1/admin/users/list", &json!({}))
-                .await
-                .is_ok()
-        })
-        .await;
-        let mut gatewayd = spawn_daemon(
+        agentd
+            .wait_ready(Duration::from_secs(30), || async {
+                agentd_socket
+                    .post::<_, Value>("/v1/admin/users/list", &json!({}))
+                    .await
+                    .is_ok()
+            })
+            .await;
+        let mut gatewayd = Process::daemon(
             "agentworks-gatewayd",
             env!("CARGO_BIN_EXE_agentworks-gatewayd"),
             state,
         );
-        wait_ready(&mut gatewayd, || async {
-            gatewayd_socket.get::<Value>("/v1/health").await.is_ok()
-                && tokio::net::TcpStream::connect(("127.0.0.1", gateway_port))
-                    .await
-                    .is_ok()
-        })
-        .await;
+        gatewayd
+            .wait_ready(Duration::from_secs(30), || async {
+                gatewayd_socket.get::<Value>("/v1/health").await.is_ok()
+                    && tokio::net::TcpStream::connect(("127.0.0.1", gateway_port))
+                        .await
+                        .is_ok()
+            })
+            .await;
         Stack {
             gatewayd,
             _agentd: agentd,

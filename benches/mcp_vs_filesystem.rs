@@ -19,14 +19,22 @@
 //! `target/bench-mcp-node`; without it (no npm, no network) the benchmark fails, never guesses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// The test harness's daemon helpers; this benchmark uses part of them.
+#[allow(dead_code)]
+#[path = "../tests/common/daemons.rs"]
+mod daemons;
+#[path = "../tests/common/ports.rs"]
+mod ports;
+
 use agentworks_support::unix_http::UnixClient;
 use bytes::Bytes;
+use daemons::Process;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const FILES: usize = 16;
@@ -120,30 +128,6 @@ fn measure(mut servers: [&mut dyn Server; 2], ops: usize) -> [Figures; 2] {
         }
     }
     figures
-}
-
-/// A child process stopped with SIGTERM and reaped when dropped (also on panic).
-struct Process {
-    name: &'static str,
-    child: Child,
-}
-
-impl Process {
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.exited().is_none() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = self.child.wait();
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,55 +232,13 @@ impl Server for Ours {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn_daemon(name: &'static str, binary: &str, state: &Path) -> Process {
-    let child = Command::new(binary)
-        .env("AGENTWORKS_STATE_ROOT", state)
-        .env("AGENTWORKS_CONFIG", state.join("agentworks.toml"))
-        .env("RUST_LOG", "warn")
-        .env_remove("AGENTWORKS_DOCUMENTS_ROOT")
-        .env_remove("AGENTWORKS_RUNTIME_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-    Process { name, child }
-}
-
-/// Poll until `ready` succeeds; panic if the daemon exits or 30 s pass.
-async fn wait_ready<F, Fut>(daemon: &mut Process, ready: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready().await {
-        if let Some(status) = daemon.exited() {
-            panic!("{} exited during start: {status}", daemon.name);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} did not become ready",
-            daemon.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn start_ours(base: &Path) -> Ours {
     let state_dir = tempfile::Builder::new()
         .prefix("state-")
         .tempdir_in(base)
         .unwrap();
     let state = state_dir.path();
-    let port = free_port();
+    let port = ports::free_port();
     std::fs::write(
         state.join("agentworks.toml"),
         format!("[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"),
@@ -309,20 +251,20 @@ fn start_ours(base: &Path) -> Ours {
 
     let workspaced_socket = UnixClient::new(state.join("run/workspaced.sock"));
     let agentd_socket = UnixClient::new(state.join("run/agentd.sock"));
-    let mut workspaced = spawn_daemon(
+    let mut workspaced = Process::daemon(
         "agentworks-workspaced",
         env!("CARGO_BIN_EXE_agentworks-workspaced"),
         state,
     );
-    runtime.block_on(wait_ready(&mut workspaced, || async {
+    runtime.block_on(workspaced.wait_ready(Duration::from_secs(30), || async {
         workspaced_socket.get::<Value>("/v1/health").await.is_ok()
     }));
-    let mut agentd = spawn_daemon(
+    let mut agentd = Process::daemon(
         "agentworks-agentd",
         env!("CARGO_BIN_EXE_agentworks-agentd"),
         state,
     );
-    runtime.block_on(wait_ready(&mut agentd, || async {
+    runtime.block_on(agentd.wait_ready(Duration::from_secs(30), || async {
         agentd_socket
             .post::<_, Value>("/v1/admin/users/list", &json!({}))
             .await

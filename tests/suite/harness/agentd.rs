@@ -1,0 +1,148 @@
+//! The [`Stack`]: workspaced and the real `agentworks-agentd` on one new [`StateRoot`], as the
+//! current user, agentd's public port reserved with [`free_port`]. [`Stack::start`] returns
+//! once agentd answers operator calls on its socket (an agentd that exits during its start is
+//! noticed only at the 20 s deadline); both daemons' stderr is inherited, so what they said is
+//! in the test's output. Dropping it SIGTERMs and reaps agentd (then workspaced is killed by
+//! its own drop). Also operator calls (`admin`), `agentworksctl` runs, and test users with
+//! projects and tokens.
+
+use super::daemons::{as_daemon_on, send_signal};
+use super::{StateRoot, Workspaced, block_on, free_port};
+use agentworks_support::unix_http::{ClientError, UnixClient};
+use nix::sys::signal::Signal;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// workspaced + agentd on one temp state root, as the current user, agentd on a free port.
+pub struct Stack {
+    pub state: StateRoot,
+    pub workspaced: Workspaced,
+    pub agentd: Child,
+    pub port: u16,
+}
+
+impl Stack {
+    pub fn start() -> Stack {
+        let port = free_port();
+        Stack::start_on(
+            port,
+            &format!(
+                "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"
+            ),
+        )
+    }
+
+    /// workspaced + agentd on a new state root with `config`, agentd listening on `port`;
+    /// returns once agentd answers on its socket.
+    pub(super) fn start_on(port: u16, config: &str) -> Stack {
+        let state = StateRoot::new();
+        state.set_config(config);
+        let workspaced = Workspaced::start(&state);
+        let agentd = as_daemon_on(
+            &mut Command::new(env!("CARGO_BIN_EXE_agentworks-agentd")),
+            state.root(),
+        )
+        .spawn()
+        .unwrap();
+        let stack = Stack {
+            state,
+            workspaced,
+            agentd,
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stack
+            .admin_raw("users/list", serde_json::json!({}))
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "agentd did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stack
+    }
+
+    pub fn mcp_url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    pub fn agentd_socket(&self) -> PathBuf {
+        self.state.root().join("run/agentd.sock")
+    }
+
+    pub fn admin_raw(
+        &self,
+        endpoint: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, ClientError> {
+        block_on(
+            UnixClient::new(self.agentd_socket()).post(&format!("/v1/admin/{endpoint}"), &body),
+        )
+    }
+
+    /// An operator call that must succeed.
+    pub fn admin(&self, endpoint: &str, body: serde_json::Value) -> serde_json::Value {
+        self.admin_raw(endpoint, body.clone())
+            .unwrap_or_else(|e| panic!("admin {endpoint} {body}: {e}"))
+    }
+
+    /// Run `agentworksctl` against this stack.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+            .args(args)
+            .env("AGENTWORKS_STATE_ROOT", self.state.root())
+            .env(
+                "AGENTWORKS_CONFIG",
+                self.state.root().join("agentworks.toml"),
+            )
+            .output()
+            .unwrap()
+    }
+
+    /// A user with a project they own (folder = project name) and a token with `scopes`.
+    pub fn user_with_project(
+        &self,
+        user: &str,
+        project: &str,
+        scopes: &[&str],
+    ) -> (String, String) {
+        let _ = self.admin_raw("users/add", serde_json::json!({"name": user}));
+        let created = self.admin_raw(
+            "projects/add",
+            serde_json::json!({"name": project, "kind": "workflow", "owner": user}),
+        );
+        if let Err(e) = &created {
+            assert_eq!(e.remote_code(), Some("already_exists"), "{e}");
+        }
+        let projects = self.admin("projects/list", serde_json::json!({}));
+        let id = projects
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == project)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (id, self.token(user, scopes, serde_json::json!({})))
+    }
+
+    /// A new token for `user` with `scopes` and extra fields (project, write_folders, …).
+    pub fn token(&self, user: &str, scopes: &[&str], extra: serde_json::Value) -> String {
+        let mut body = serde_json::json!({"user": user, "scopes": scopes});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        self.admin("tokens/create", body)["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = send_signal(&self.agentd, Signal::SIGTERM);
+        let _ = self.agentd.wait();
+    }
+}

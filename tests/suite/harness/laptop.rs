@@ -1,0 +1,133 @@
+//! A fake laptop for the `agentworks` CLI (the executor's side): a temp HOME with optional
+//! XDG dirs, the commands run with a cleared environment, and `agentworks login` against a
+//! [`Stack`]. It starts no daemon itself; the tests start `agentworks executor connect` with
+//! [`Laptop::command`].
+
+use super::Stack;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// A fake laptop for the `agentworks` CLI: a temp dir holding a private HOME (`<root>/home`)
+/// and, unless made with [`Laptop::with_default_dirs`], XDG config and state dirs beside it.
+/// Every accessor agrees with the environment [`Laptop::command`] sets.
+pub struct Laptop {
+    dir: tempfile::TempDir,
+    /// `XDG_CONFIG_HOME` and `XDG_STATE_HOME` are set (to `<root>/xdg-config`,
+    /// `<root>/xdg-state`); otherwise unset, so `agentworks` uses `~/.config` and `~/.local/state`.
+    xdg: bool,
+}
+
+impl Laptop {
+    /// A laptop in a temp dir named `<prefix>…`, with `files` (path under HOME, content)
+    /// written, and its XDG config and state dirs created outside HOME.
+    pub fn new(prefix: &str, files: &[(&str, &str)]) -> Laptop {
+        let laptop = Laptop::make(prefix, files, true);
+        std::fs::create_dir_all(laptop.config_home()).unwrap();
+        std::fs::create_dir_all(laptop.state_home()).unwrap();
+        laptop
+    }
+
+    /// As [`Laptop::new`], but no `XDG_*` variables: the default `~/.config` and
+    /// `~/.local/state` are used (and left for `agentworks` to create).
+    pub fn with_default_dirs(prefix: &str, files: &[(&str, &str)]) -> Laptop {
+        Laptop::make(prefix, files, false)
+    }
+
+    fn make(prefix: &str, files: &[(&str, &str)], xdg: bool) -> Laptop {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        let laptop = Laptop { dir, xdg };
+        std::fs::create_dir_all(laptop.home()).unwrap();
+        for (path, content) in files {
+            let path = laptop.home().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        laptop
+    }
+
+    /// The temp dir, canonical.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap()
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.root().join("home")
+    }
+
+    /// The config dir: `<root>/xdg-config`, or `~/.config` with default dirs.
+    pub fn config_home(&self) -> PathBuf {
+        if self.xdg {
+            self.root().join("xdg-config")
+        } else {
+            self.home().join(".config")
+        }
+    }
+
+    /// The state dir (receipts, scratch dirs below `agentworks/`): `<root>/xdg-state`, or
+    /// `~/.local/state` with default dirs.
+    pub fn state_home(&self) -> PathBuf {
+        if self.xdg {
+            self.root().join("xdg-state")
+        } else {
+            self.home().join(".local/state")
+        }
+    }
+
+    /// Where `agentworks login` stores the credential.
+    pub fn credentials(&self) -> PathBuf {
+        self.config_home().join("agentworks/credentials.json")
+    }
+
+    /// A project folder: `~/src/<name>`.
+    pub fn folder(&self, name: &str) -> PathBuf {
+        self.home().join("src").join(name)
+    }
+
+    /// `agentworks <args>` with a cleared environment: PATH, HOME and (unless default dirs)
+    /// the XDG dirs; stdin null.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks"));
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("HOME", self.home())
+            .stdin(Stdio::null());
+        if self.xdg {
+            command
+                .env("XDG_CONFIG_HOME", self.config_home())
+                .env("XDG_STATE_HOME", self.state_home());
+        }
+        command
+    }
+
+    /// `agentworks login --server … --gateway … --with-token`, the token on stdin; asserts it
+    /// succeeds and stores the credential.
+    pub fn login(&self, stack: &Stack, gateway_port: u16, token: &str) {
+        use std::io::Write;
+        let server = format!("http://127.0.0.1:{}", stack.port);
+        let gateway = format!("ws://127.0.0.1:{gateway_port}");
+        let mut child = self
+            .command(&[
+                "login",
+                "--server",
+                &server,
+                "--gateway",
+                &gateway,
+                "--with-token",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "login: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(self.credentials().exists());
+    }
+}

@@ -1,0 +1,99 @@
+//! Plain HTTP/1.1 requests to a daemon's loopback port, and stateless MCP `tools/call`s to
+//! agentd's `/mcp` built on them: one fresh connection per call, so a test sees exactly the
+//! status, headers and body that one request got.
+
+use super::block_on;
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`: (status, headers, body text).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, hyper::HeaderMap, String) {
+    use http_body_util::BodyExt;
+    block_on(async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", format!("127.0.0.1:{port}"));
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    })
+}
+
+/// A stateless (2026-07-28) `tools/call` of `tool` with `arguments`: (HTTP status, the
+/// JSON-RPC response or error body).
+pub fn mcp_call(
+    port: u16,
+    token: &str,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {
+            "name": tool, "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}
+            }
+        }
+    });
+    let auth = format!("Bearer {token}");
+    let (status, _, text) = http(
+        port,
+        "POST",
+        "/mcp",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", tool),
+        ],
+        &body.to_string(),
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// The structured result of a successful tool call, or the tool error's `{code, …}`.
+pub fn tool_result(
+    port: u16,
+    token: &str,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> Result<serde_json::Value, serde_json::Value> {
+    let (status, body) = mcp_call(port, token, tool, arguments);
+    assert_eq!(status, 200, "{tool}: HTTP {status}: {body}");
+    let result = &body["result"];
+    if result["isError"] == true {
+        Err(result["structuredContent"]["error"].clone())
+    } else {
+        Ok(result["structuredContent"].clone())
+    }
+}

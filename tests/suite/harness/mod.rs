@@ -1,0 +1,60 @@
+//! Test harness: the real binaries started on temp state roots, and what the tests use to talk
+//! to them and look at them; one file each.
+//!
+//! - [`state`]: the temp state root (documents, config) every daemon of a test shares;
+//! - [`workspaced`]: `agentworks-workspaced` (as another user, with capabilities, a failpoint
+//!   or another socket) and the blocking socket [`Client`];
+//! - [`agentd`]: the [`Stack`], workspaced + `agentworks-agentd`, and operator calls;
+//! - [`gatewayd`]: `agentworks-gatewayd` beside a [`Stack`];
+//! - [`laptop`]: a fake laptop for the `agentworks` CLI;
+//! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
+//! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
+//! - [`users`]: real system users and groups;
+//! - [`daemons`] (`tests/common/daemons.rs`, shared with the benchmarks): a daemon's cleared
+//!   environment, the readiness wait that fails as soon as the daemon exits, signals;
+//! - [`ports`] (`tests/common/ports.rs`, shared with the benchmarks): the loopback ports every
+//!   daemon listens on, each reserved once;
+//! - [`probes`]: processes left running, conditions polled.
+//!
+//! What holds for all of them: a daemon is started only on a temp state root; a start returns
+//! once the daemon answers and fails the test (with the daemon's stderr, which is inherited or
+//! kept) when it does not; every TCP port a daemon of a test listens on is reserved with
+//! [`reserve_ports`] (a listener a test binds itself holds its port-0 port from the bind on);
+//! a dropped handle stops and reaps its process. The tests `use super::harness::*`; everything
+//! is re-exported here under its old name.
+
+mod agentd;
+// Shared with the benchmarks, which use other parts of it (the `Process` guard).
+#[allow(dead_code)]
+#[path = "../../common/daemons.rs"]
+mod daemons;
+mod gatewayd;
+mod laptop;
+mod mcp;
+#[path = "../../common/ports.rs"]
+mod ports;
+mod probes;
+mod quickstart;
+mod state;
+mod users;
+mod workspaced;
+
+pub use agentd::*;
+pub use gatewayd::*;
+pub use laptop::*;
+pub use mcp::*;
+pub use ports::*;
+pub use probes::*;
+pub use quickstart::*;
+pub use state::*;
+pub use users::*;
+pub use workspaced::*;
+
+/// Run a future on a throwaway current-thread runtime.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}

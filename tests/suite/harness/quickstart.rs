@@ -1,0 +1,58 @@
+//! `agentworksctl quickstart --json` as the tests run it: both of its ports given (each
+//! reserved with [`super::reserve_ports`]), and its stderr kept in a file that is shown
+//! whenever the start fails (no JSON line).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The arguments of `agentworksctl quickstart --json` on `state` with both of its ports given
+/// (`--port`, `--gateway-port`).
+pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = [
+        "quickstart",
+        "--json",
+        "--port",
+        &ports[0].to_string(),
+        "--gateway-port",
+        &ports[1].to_string(),
+        "--state-root",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(state.into());
+    args
+}
+
+/// A running `agentworksctl quickstart --json`: the child and its first stdout line (the JSON
+/// `Started`). Its stderr goes to a file that is shown whenever its start fails.
+pub struct QuickstartRun {
+    pub child: Child,
+    pub started: serde_json::Value,
+}
+
+impl QuickstartRun {
+    /// Spawns `command` (quickstart with [`quickstart_args`]) and reads its JSON line; panics
+    /// with quickstart's stderr if there is none.
+    pub fn spawn(mut command: Command) -> QuickstartRun {
+        use std::io::BufRead;
+        let stderr = tempfile::NamedTempFile::new().unwrap();
+        command
+            .stdout(Stdio::piped())
+            .stderr(stderr.reopen().unwrap());
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        match read.ok().and_then(|_| serde_json::from_str(&line).ok()) {
+            Some(started) => QuickstartRun { child, started },
+            None => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "quickstart printed no JSON line ({status:?}); stdout: {line:?}; stderr:\n{}",
+                    std::fs::read_to_string(stderr.path()).unwrap_or_default()
+                );
+            }
+        }
+    }
+}
