@@ -693,8 +693,10 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
     ]);
     let (port, token, id) = (bench.stack.port, alice.clone(), chat.clone());
     let running = std::thread::spawn(move || turn(port, &token, &id, "run it"));
+    // tee writes to its stdout before its file, so "started" is in the command's output once
+    // the file holds it (the file alone appears at tee's open, before it writes anything).
     wait_until("the command runs on the laptop", WAIT, || {
-        repo.join("started.txt").exists()
+        std::fs::read_to_string(repo.join("started.txt")).is_ok_and(|s| s == "started\n")
     });
     let killed = Instant::now();
     bench.gw.child.kill().unwrap();
@@ -782,8 +784,10 @@ fn a_result_lost_when_gatewayd_dies_is_recovered_from_the_laptop_receipt() {
     ]);
     let (port, token, id) = (bench.stack.port, alice.clone(), chat.clone());
     let running = std::thread::spawn(move || turn(port, &token, &id, "run it"));
+    // tee writes to its stdout before its file, so "started" is in the command's output once
+    // the file holds it (the file alone appears at tee's open, before it writes anything).
     wait_until("the command runs on the laptop", WAIT, || {
-        repo.join("started.txt").exists()
+        std::fs::read_to_string(repo.join("started.txt")).is_ok_and(|s| s == "started\n")
     });
     let killed = Instant::now();
     bench.gw.child.kill().unwrap();

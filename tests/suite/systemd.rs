@@ -130,11 +130,12 @@ fn takes_its_socket_from_systemd_socket_activation() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // systemd-socket-activate binds first and starts the daemon on the first connection; the
-    // request waits in the backlog instead of failing.
+    // systemd-socket-activate binds, then listens, and starts the daemon on the first
+    // connection, which waits in the backlog meanwhile. The file exists from the bind on, so
+    // wait until a connection is taken (refused in between), not only for the file.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "the activator did not bind");
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "the activator did not listen");
         std::thread::sleep(Duration::from_millis(20));
     }
     let client = Client {
