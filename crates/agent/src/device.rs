@@ -289,6 +289,24 @@ fn yes() -> bool {
 }
 
 /// RFC 6749 §5.2 error answers (what OAuth clients expect here, not our envelope).
+/// The store could not answer: 503 `temporarily_unavailable`.
+fn store_unavailable(error: impl std::fmt::Display) -> Response<Body> {
+    oauth_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "temporarily_unavailable",
+        &error.to_string(),
+    )
+}
+
+/// The blocking task that reads the store failed: 500 `server_error`.
+fn server_error(error: impl std::fmt::Display) -> Response<Body> {
+    oauth_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        &error.to_string(),
+    )
+}
+
 fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
         status,
@@ -435,16 +453,8 @@ async fn device_token(
             "invalid_grant",
             "unknown or already used device code",
         ),
-        Ok(Err(e)) => oauth_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "temporarily_unavailable",
-            &e.to_string(),
-        ),
-        Err(e) => oauth_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            &e.to_string(),
-        ),
+        Ok(Err(e)) => store_unavailable(e),
+        Err(e) => server_error(e),
     }
 }
 
@@ -460,34 +470,22 @@ async fn device_revoke(
             "send the token to revoke as Authorization: Bearer …",
         );
     };
-    let revoked = match identity.check_bearer(presented).await {
-        Ok((token, _)) => {
-            let identity = identity.clone();
-            tokio::task::spawn_blocking(move || {
-                identity.revoke_token(&token.id).map(|t| Some(t.id))
-            })
-            .await
-        }
-        Err(TokenCheckError::Refused(_)) => Ok(Ok(None)),
-        Err(TokenCheckError::Store(e)) => Ok(Err(e)),
-        Err(TokenCheckError::Task(e)) => {
-            return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e);
-        }
-    };
-    match revoked {
-        Ok(Ok(Some(id))) => json_response(StatusCode::OK, &serde_json::json!({"revoked": id})),
+    let token = match identity.check_bearer(presented).await {
+        Ok((token, _)) => token,
         // An invalid token is as good as revoked (RFC 7009 §2.2 answers 200 too).
-        Ok(Ok(None)) => json_response(StatusCode::OK, &serde_json::json!({"revoked": null})),
-        Ok(Err(e)) => oauth_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "temporarily_unavailable",
-            &e.to_string(),
-        ),
-        Err(e) => oauth_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            &e.to_string(),
-        ),
+        Err(TokenCheckError::Refused(_)) => {
+            return json_response(StatusCode::OK, &serde_json::json!({"revoked": null}));
+        }
+        Err(TokenCheckError::Store(e)) => return store_unavailable(e),
+        Err(TokenCheckError::Task(e)) => return server_error(e),
+    };
+    let identity = identity.clone();
+    match tokio::task::spawn_blocking(move || identity.revoke_token(&token.id)).await {
+        Ok(Ok(revoked)) => {
+            json_response(StatusCode::OK, &serde_json::json!({"revoked": revoked.id}))
+        }
+        Ok(Err(e)) => store_unavailable(e),
+        Err(e) => server_error(e),
     }
 }
 
