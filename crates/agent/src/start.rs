@@ -6,7 +6,7 @@
 
 use crate::AgentdError;
 use agentworks_daemon::config::Config;
-use agentworks_daemon::listener::{self, ListenerError, ListenerOrigin};
+use agentworks_daemon::listener::{self, ListenFailed, ListenerOrigin};
 use agentworks_daemon::{shutdown, systemd};
 
 /// Why agentd could not start. The message is the step that failed; its cause is the source
@@ -14,12 +14,8 @@ use agentworks_daemon::{shutdown, systemd};
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A listener (the socket or the public address) could not be taken from systemd or bound.
-    #[error("cannot listen on {what}")]
-    Listen {
-        what: String,
-        #[source]
-        source: ListenerError,
-    },
+    #[error(transparent)]
+    Listen(#[from] ListenFailed),
     #[error("cannot open the identity store")]
     Identity(#[source] AgentdError),
 }
@@ -28,18 +24,10 @@ pub enum StartError {
 pub async fn run(config: Config) -> Result<(), StartError> {
     let shutdown = shutdown::on_signals();
     let socket_path = config.agentd_socket();
-    let (socket, socket_origin) =
-        listener::unix_listener("agentd.sock", &socket_path).map_err(|source| {
-            StartError::Listen {
-                what: socket_path.display().to_string(),
-                source,
-            }
-        })?;
+    let (socket, socket_origin) = listener::unix_listener("agentd.sock", &socket_path)
+        .map_err(|e| e.at(socket_path.display()))?;
     let (public, public_origin) = listener::tcp_listener("agentd-http", config.agentd.listen)
-        .map_err(|source| StartError::Listen {
-            what: config.agentd.listen.to_string(),
-            source,
-        })?;
+        .map_err(|e| e.at(config.agentd.listen))?;
     let identity = crate::open_identity(&config).map_err(StartError::Identity)?;
     let address = public.local_addr().ok();
     tracing::info!(

@@ -32,6 +32,27 @@ pub enum ListenerOrigin {
     Bound,
 }
 
+/// A listener a daemon could not take at its start, named by its path or address: the one
+/// start error of every daemon's `start::run` for its listeners.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {what}")]
+pub struct ListenFailed {
+    /// The socket path or the address.
+    pub what: String,
+    #[source]
+    pub source: ListenerError,
+}
+
+impl ListenerError {
+    /// This error as the start failure of the listener at `what`.
+    pub fn at(self, what: impl std::fmt::Display) -> ListenFailed {
+        ListenFailed {
+            what: what.to_string(),
+            source: self,
+        }
+    }
+}
+
 /// Why a listener could not be obtained.
 #[derive(Debug, thiserror::Error)]
 pub enum ListenerError {

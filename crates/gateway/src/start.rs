@@ -6,7 +6,7 @@
 
 use crate::GatewayError;
 use agentworks_daemon::config::Config;
-use agentworks_daemon::listener::{self, ListenerError, ListenerOrigin};
+use agentworks_daemon::listener::{self, ListenFailed, ListenerOrigin};
 use agentworks_daemon::{shutdown, systemd};
 
 /// Why gatewayd could not start. The message is the step that failed; its cause is the source
@@ -14,12 +14,8 @@ use agentworks_daemon::{shutdown, systemd};
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A listener (the executor address or the socket) could not be taken from systemd or bound.
-    #[error("cannot listen on {what}")]
-    Listen {
-        what: String,
-        #[source]
-        source: ListenerError,
-    },
+    #[error(transparent)]
+    Listen(#[from] ListenFailed),
     #[error("cannot open the gateway store")]
     Store(#[source] GatewayError),
 }
@@ -29,17 +25,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let shutdown = shutdown::on_signals();
     let socket_path = config.gatewayd_socket();
     let (public, public_origin) = listener::tcp_listener("gatewayd-ws", config.gatewayd.listen)
-        .map_err(|source| StartError::Listen {
-            what: config.gatewayd.listen.to_string(),
-            source,
-        })?;
-    let (socket, socket_origin) =
-        listener::unix_listener("gatewayd.sock", &socket_path).map_err(|source| {
-            StartError::Listen {
-                what: socket_path.display().to_string(),
-                source,
-            }
-        })?;
+        .map_err(|e| e.at(config.gatewayd.listen))?;
+    let (socket, socket_origin) = listener::unix_listener("gatewayd.sock", &socket_path)
+        .map_err(|e| e.at(socket_path.display()))?;
     let store = crate::open_store(&config).map_err(StartError::Store)?;
     tracing::info!(
         socket = %socket_path.display(),

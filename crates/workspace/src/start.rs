@@ -16,10 +16,9 @@ use crate::ops::{Limits, Workspace};
 use crate::server;
 use agentworks_daemon::config::Config;
 use agentworks_daemon::ipc::server::{PeerPolicy, ServerLimits};
-use agentworks_daemon::listener::{self, ListenerError};
+use agentworks_daemon::listener::{self, ListenFailed};
 use agentworks_daemon::{shutdown, systemd};
 use caps::Capability;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,12 +31,8 @@ pub const KEPT_CAPABILITIES: &[Capability] = &[Capability::CAP_CHOWN, Capability
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The socket could not be taken from systemd or bound.
-    #[error("cannot listen on {}", path.display())]
-    Listen {
-        path: PathBuf,
-        #[source]
-        source: ListenerError,
-    },
+    #[error(transparent)]
+    Listen(#[from] ListenFailed),
     /// The documents root or the state directories could not be opened or prepared.
     #[error("cannot open the documents tree")]
     OpenDocuments(#[source] WorkspaceError),
@@ -55,13 +50,8 @@ pub async fn run(config: Config, kept: Vec<Capability>) -> Result<(), StartError
     let shutdown = shutdown::on_signals();
     let socket_path = config.workspaced_socket();
     // The socket first, so callers queue in its backlog while we recover instead of failing.
-    let (listener, origin) =
-        listener::unix_listener("workspaced.sock", &socket_path).map_err(|source| {
-            StartError::Listen {
-                path: socket_path.clone(),
-                source,
-            }
-        })?;
+    let (listener, origin) = listener::unix_listener("workspaced.sock", &socket_path)
+        .map_err(|e| e.at(socket_path.display()))?;
     let limits = Limits {
         max_file_bytes: config.workspaced.max_file_bytes,
         lock_timeout: Duration::from_millis(config.workspaced.lock_timeout_ms),
