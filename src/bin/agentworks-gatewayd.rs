@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         "agentworks-gatewayd",
         &[],
         args.config.as_deref(),
-        // As an anyhow error, the failure prints with its causes on one line.
-        |config, _| async move { start::run(config).await.map_err(anyhow::Error::from) },
+        // The failure prints with its causes on one line.
+        |config, _| start::run(config),
     )
 }

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         "agentworks-workspaced",
         KEPT_CAPABILITIES,
         args.config.as_deref(),
-        // As an anyhow error, the failure prints with its causes on one line.
-        |config, kept| async move { start::run(config, kept).await.map_err(anyhow::Error::from) },
+        // The failure prints with its causes on one line.
+        start::run,
     )
 }

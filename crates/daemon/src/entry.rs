@@ -19,7 +19,7 @@ pub fn main<F, Fut, E>(
 where
     F: FnOnce(Config, Vec<::caps::Capability>) -> Fut,
     Fut: std::future::Future<Output = Result<(), E>>,
-    E: std::fmt::Debug + std::fmt::Display,
+    E: std::error::Error,
 {
     logging::init(name);
     let kept = match caps::retain_only(keep) {
@@ -49,10 +49,60 @@ where
     match runtime.block_on(run(config, kept)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` prints an anyhow chain on one line; other errors print as usual.
-            tracing::error!("{e:#}");
-            eprintln!("{name}: {e:#}");
+            let line = one_line(&e);
+            tracing::error!("{line}");
+            eprintln!("{name}: {line}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `error` and its causes on one line, `outer: inner: …`. Many of our errors already end their
+/// own message with their cause (they are also shown alone, where no chain is printed), so a
+/// cause whose text the line already holds is not repeated.
+pub fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = inner.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on {0}")]
+    struct Outer(&'static str, #[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot bind {path}: {source}")]
+    struct Middle {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let error = Outer(
+            "a.sock",
+            Middle {
+                path: "a.sock",
+                source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+            },
+        );
+        let line = one_line(&error);
+        assert_eq!(line.matches("in use").count(), 1, "{line}");
+        assert!(
+            line.starts_with("cannot listen on a.sock: cannot bind a.sock: "),
+            "{line}"
+        );
     }
 }
