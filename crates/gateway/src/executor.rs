@@ -57,7 +57,7 @@ use agentworks_daemon::ipc::connections::{
     fit_to_open_files,
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response};
-use agentworks_daemon::ipc::server::{Acceptor, admit_or_refuse};
+use agentworks_daemon::ipc::server::{Acceptor, Served, admit_or_refuse, serve_until_evicted};
 use agentworks_support::clock::now_ms;
 
 /// The one path executors dial.
@@ -158,25 +158,15 @@ async fn handle_connection(
         .max_buf_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
-    let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        // Still sending its request headers when room was needed: dropping closes it.
-        _ = evicted.cancelled() => {
-            tracing::debug!(%remote, "waiting executor connection evicted to make room");
-            return;
+    match serve_until_evicted(connection, &evicted, &shutdown).await {
+        // Still sending its request headers when room was needed (or at shutdown).
+        Served::Evicted => {
+            tracing::debug!(%remote, "waiting executor connection evicted to make room")
         }
-        _ = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            tokio::select! {
-                result = connection.as_mut() => result,
-                // serve evicts every waiting connection at shutdown.
-                _ = evicted.cancelled() => return,
-            }
+        Served::Ended(Err(error)) => {
+            tracing::debug!(%error, %remote, "executor HTTP connection ended with an error")
         }
-    };
-    if let Err(error) = result {
-        tracing::debug!(%error, %remote, "executor HTTP connection ended with an error");
+        Served::Ended(Ok(())) => {}
     }
 }
 

@@ -473,6 +473,69 @@ struct PublicConnection<S, H> {
     limits: PublicLimits,
 }
 
+/// A hyper server connection that can be asked to finish its request and close: a plain
+/// HTTP/1 connection or one that may upgrade (the executor WebSocket).
+pub trait Drainable: std::future::Future<Output = Result<(), hyper::Error>> {
+    fn drain(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Drainable for hyper::server::conn::http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn drain(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, B> Drainable for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn drain(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// How [`serve_until_evicted`] ended.
+pub enum Served {
+    /// The connection ran to its end (after a graceful drain, at shutdown).
+    Ended(Result<(), hyper::Error>),
+    /// Its slot was evicted while it only waited (to make room, or at shutdown); the
+    /// connection was dropped, which closes the socket.
+    Evicted,
+}
+
+/// Serves `connection` until it ends; at `shutdown` it is drained (the request in progress
+/// finishes), and an eviction of its slot while it only waits drops it at once.
+pub async fn serve_until_evicted<C: Drainable>(
+    connection: C,
+    evicted: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Served {
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => Served::Ended(result),
+        _ = evicted.cancelled() => Served::Evicted,
+        _ = shutdown.cancelled() => {
+            connection.as_mut().drain();
+            tokio::select! {
+                result = connection.as_mut() => Served::Ended(result),
+                // The server evicts every waiting connection at shutdown.
+                _ = evicted.cancelled() => Served::Evicted,
+            }
+        }
+    }
+}
+
 impl<S, H> Clone for PublicConnection<S, H>
 where
     H: Clone,
@@ -507,25 +570,12 @@ where
             .header_read_timeout(header_read_timeout)
             .max_buf_size(PUBLIC_READ_BUFFER_BYTES)
             .serve_connection(TokioIo::new(stream), service);
-        let mut connection = std::pin::pin!(connection);
-        let result = tokio::select! {
-            result = connection.as_mut() => result,
-            // Evicted while it only waited: dropping the connection closes the socket.
-            _ = evicted.cancelled() => {
-                tracing::debug!(%peer, "waiting connection evicted to make room");
-                return;
+        match serve_until_evicted(connection, &evicted, &shutdown).await {
+            Served::Evicted => tracing::debug!(%peer, "waiting connection evicted to make room"),
+            Served::Ended(Err(error)) => {
+                tracing::debug!(%error, %peer, "connection ended with an error")
             }
-            _ = shutdown.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                tokio::select! {
-                    result = connection.as_mut() => result,
-                    // serve_public evicts every waiting connection at shutdown.
-                    _ = evicted.cancelled() => return,
-                }
-            }
-        };
-        if let Err(error) = result {
-            tracing::debug!(%error, %peer, "connection ended with an error");
+            Served::Ended(Ok(())) => {}
         }
     }
 
