@@ -127,6 +127,11 @@ pub async fn run(
         McpConfig {
             public_url: config.agentd.public_url(),
             allowed_origins: config.agentd.allowed_origins.clone(),
+            loopback_port: public
+                .local_addr()
+                .ok()
+                .filter(|address| address.ip().is_loopback())
+                .map(|address| address.port()),
             server_name: "agentworks".into(),
             server_version: env!("CARGO_PKG_VERSION").into(),
             max_sessions_per_token: config.agentd.max_sessions_per_token,

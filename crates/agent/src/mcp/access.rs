@@ -64,17 +64,31 @@ fn origin_of(url: &str) -> Option<String> {
     Some(format!("{scheme}://{authority}"))
 }
 
-/// Whether a request with this `Origin` may proceed: no header (not a browser) or an origin
-/// equal to `public_url`'s own or to one of `allowed`. `null` and unparsable origins fail.
+/// Whether a request with this `Origin` may proceed: no header (not a browser), an origin
+/// equal to `public_url`'s own or to one of `allowed`, or (on a loopback listener, whose port
+/// is `loopback_port`) one of the three names of that listener: `http://localhost:PORT`,
+/// `http://127.0.0.1:PORT`, `http://[::1]:PORT`. `null` and unparsable origins fail, and so
+/// does any other host or port (a rebound DNS name keeps its own host in `Origin`).
 /// This is the specification's DNS-rebinding defence, so it runs before anything else.
-pub(super) fn origin_allowed(origin: Option<&str>, public_url: &str, allowed: &[String]) -> bool {
+pub(super) fn origin_allowed(
+    origin: Option<&str>,
+    public_url: &str,
+    allowed: &[String],
+    loopback_port: Option<u16>,
+) -> bool {
     let Some(origin) = origin else {
         return true;
     };
     let Some(origin) = origin_of(origin.trim()) else {
         return false;
     };
-    origin_of(public_url).as_deref() == Some(origin.as_str())
+    let loopback = loopback_port.is_some_and(|port| {
+        ["localhost", "127.0.0.1", "[::1]"]
+            .iter()
+            .any(|host| origin == format!("http://{host}:{port}"))
+    });
+    loopback
+        || origin_of(public_url).as_deref() == Some(origin.as_str())
         || allowed
             .iter()
             .any(|a| origin_of(a.trim()).as_deref() == Some(origin.as_str()))
@@ -111,37 +125,81 @@ mod tests {
     fn origins() {
         let public = "http://127.0.0.1:8470";
         let allowed = vec!["https://app.example.com".to_owned()];
-        assert!(origin_allowed(None, public, &allowed));
+        assert!(origin_allowed(None, public, &allowed, None));
         assert!(origin_allowed(
             Some("http://127.0.0.1:8470"),
             public,
-            &allowed
+            &allowed,
+            None
         ));
         assert!(origin_allowed(
             Some("HTTPS://App.Example.com:443"),
             public,
-            &allowed
+            &allowed,
+            None
         ));
         assert!(!origin_allowed(
             Some("http://127.0.0.1:8471"),
             public,
-            &allowed
+            &allowed,
+            None
         ));
         assert!(!origin_allowed(
             Some("https://evil.example"),
             public,
-            &allowed
+            &allowed,
+            None
         ));
-        assert!(!origin_allowed(Some("null"), public, &allowed));
+        assert!(!origin_allowed(Some("null"), public, &allowed, None));
         assert!(!origin_allowed(
             Some("https://app.example.com.evil.example"),
             public,
-            &allowed
+            &allowed,
+            None
         ));
         assert!(origin_allowed(
             Some("http://example.org"),
             "http://example.org:80/base",
-            &[]
+            &[],
+            None
+        ));
+    }
+
+    #[test]
+    fn a_loopback_listener_accepts_its_three_names_and_nothing_else() {
+        let public = "http://127.0.0.1:8470";
+        for own in [
+            "http://localhost:8470",
+            "http://LOCALHOST:8470",
+            "http://127.0.0.1:8470",
+            "http://[::1]:8470",
+        ] {
+            assert!(origin_allowed(Some(own), public, &[], Some(8470)), "{own}");
+        }
+        for other in [
+            // Another port: another service on this machine.
+            "http://localhost:8471",
+            "http://[::1]:8471",
+            // Not the scheme the listener speaks.
+            "https://localhost:8470",
+            // A rebound DNS name keeps its own host in the Origin.
+            "http://evil.example:8470",
+            "http://localhost.evil.example:8470",
+            "http://127.0.0.2:8470",
+            "http://localhost",
+            "null",
+        ] {
+            assert!(
+                !origin_allowed(Some(other), public, &[], Some(8470)),
+                "{other}"
+            );
+        }
+        // Not a loopback listener: only the public URL's own origin.
+        assert!(!origin_allowed(
+            Some("http://localhost:8470"),
+            public,
+            &[],
+            None
         ));
     }
 

@@ -149,6 +149,10 @@ pub struct McpConfig {
     pub public_url: String,
     /// Browser origins (e.g. `https://app.example.com`) allowed besides `public_url`'s own.
     pub allowed_origins: Vec<String>,
+    /// The port of the listener when it is bound to a loopback address: a page on this
+    /// machine names it `http://localhost:PORT`, `http://127.0.0.1:PORT` or
+    /// `http://[::1]:PORT`, and all three are its own origin. `None` for any other listener.
+    pub loopback_port: Option<u16>,
     /// `serverInfo.name` and the metadata's `resource_name`.
     pub server_name: String,
     /// `serverInfo.version`.

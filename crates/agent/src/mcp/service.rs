@@ -245,6 +245,7 @@ impl<B: Backend> McpService<B> {
                 Some(origin.unwrap_or("")),
                 &self.config.public_url,
                 &self.config.allowed_origins,
+                self.config.loopback_port,
             )
         {
             return Err(Rejection::OriginForbidden(

@@ -219,6 +219,7 @@ async fn start() -> Server {
         McpConfig {
             public_url: format!("http://{addr}"),
             allowed_origins: vec![ALLOWED_ORIGIN.into()],
+            loopback_port: Some(addr.port()),
             server_name: "agentworks-test".into(),
             server_version: "0.0.0".into(),
             max_sessions_per_token: 32,
@@ -657,9 +658,12 @@ async fn foreign_origin_is_403_before_auth() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
-    // Allowed and same origins pass.
+    // Allowed and same origins pass, and so do the listener's loopback names.
+    let port = server.addr.port();
     let same = format!("http://{}", server.addr);
-    for origin in [ALLOWED_ORIGIN, same.as_str()] {
+    let localhost = format!("http://localhost:{port}");
+    let v6 = format!("http://[::1]:{port}");
+    for origin in [ALLOWED_ORIGIN, &same, &localhost, &v6] {
         let reply = modern(
             &server,
             "write",
@@ -670,6 +674,17 @@ async fn foreign_origin_is_403_before_auth() {
         .await;
         assert_eq!(reply.status, StatusCode::OK, "{origin}");
     }
+    // Another port on this machine is another origin.
+    let other = format!("http://localhost:{}", port.wrapping_add(1));
+    let reply = modern(
+        &server,
+        "write",
+        "tools/list",
+        json!({}),
+        &[("origin", other.as_str())],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{other}");
 }
 
 // ---------------------------------------------------------------------------------------------
