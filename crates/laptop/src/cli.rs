@@ -25,8 +25,12 @@ pub struct Cli {
 pub enum Command {
     /// Sign in with the device grant (or a token on stdin) and store a devices:connect credential.
     Login {
-        /// agentd's public URL, e.g. https://agents.example.com (http:// only to loopback).
-        #[arg(long)]
+        // The help is an attribute rather than a doc comment: rustdoc would read the example
+        // URL as a bare link, and `<…>` or backticks would show in `--help`.
+        #[arg(
+            long,
+            help = "agentd's public URL, e.g. https://agents.example.com (http:// only to loopback)"
+        )]
         server: String,
         /// The gateway's WebSocket URL (wss://…; ws:// only to loopback). Default: the server's
         /// host on port 8471, ws for an http server and wss for an https one.

@@ -6,12 +6,14 @@
 //! private: directories 0700, files 0600, written atomically.
 //!
 //! Must never: write the credential with wider permissions, even briefly (the temp file is
-//! created 0600); follow a relative XDG variable (the XDG spec says to ignore them).
+//! created 0600); follow a relative XDG variable (the XDG spec says to ignore them); follow a
+//! symlink planted as one of its directories.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use agentworks_fs::private_dir::{self, MissingParents, PrivateDirError};
 use serde::{Deserialize, Serialize};
 
 /// Why the CLI's private files could not be used.
@@ -26,6 +28,9 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// A private directory could not be made (or a symlink or file is in its place).
+    #[error(transparent)]
+    PrivateDir(#[from] PrivateDirError),
     #[error("the credential file {path} is damaged ({source}); run `agentworks login` again")]
     Damaged {
         path: PathBuf,
@@ -82,15 +87,14 @@ impl Dirs {
     }
 }
 
-/// Create `dir` (and missing parents) and make `dir` itself 0700.
+/// Create `dir` (and missing parents, 0700 as the XDG spec asks) and make `dir` itself 0700
+/// through a descriptor; a symlink (or a file) in its place is refused, not followed.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io_error("create the directory", dir))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(io_error("make private", dir))
+    Ok(private_dir::ensure_private_dir(
+        dir,
+        0o700,
+        MissingParents::SameMode,
+    )?)
 }
 
 /// What `agentworks login` stores.
@@ -159,6 +163,7 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn credentials_are_private() {
@@ -181,5 +186,35 @@ mod tests {
         assert_eq!(Credentials::load(&dirs).expect("load"), Some(creds));
         assert!(Credentials::delete(&dirs).expect("delete"));
         assert!(!Credentials::delete(&dirs).expect("delete"));
+    }
+
+    /// A symlink planted as the config directory is refused, not followed: the credential
+    /// would otherwise land wherever it points.
+    #[test]
+    fn a_symlinked_config_dir_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("mkdir");
+        std::fs::create_dir(dir.path().join("c")).expect("mkdir");
+        let dirs = Dirs {
+            home: dir.path().to_owned(),
+            config: dir.path().join("c/agentworks"),
+            state: dir.path().join("s/agentworks"),
+        };
+        std::os::unix::fs::symlink(&elsewhere, &dirs.config).expect("symlink");
+        let creds = Credentials {
+            server: "http://127.0.0.1:1".into(),
+            gateway: None,
+            token: "t".into(),
+        };
+        let err = creds.store(&dirs).expect_err("a symlinked config dir");
+        assert!(
+            matches!(
+                err,
+                ConfigError::PrivateDir(PrivateDirError::Symlink { .. })
+            ),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).expect("ls").count(), 0);
     }
 }

@@ -295,34 +295,72 @@ fn outside(raw: &str, roots: &[PatchRoot<'_>]) -> Outcome {
     )
 }
 
+/// Why one planned file could not be written; its message is the start of the
+/// `write_failed`/`partially_applied` refusal the executor sends.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// Its folder could not be opened (or made) beneath the root.
+    #[error(transparent)]
+    Parent(#[from] ConfineError),
+    /// No temp file could be made beside it.
+    #[error("cannot create a temp file beside {path}: {source}")]
+    TempFile {
+        path: RelPath,
+        source: std::io::Error,
+    },
+    /// Opening, writing, syncing or renaming it failed.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: RelPath,
+        source: std::io::Error,
+    },
+    /// The file rewritten in place is no longer the one validated (or has a second link).
+    #[error(
+        "{path} was replaced or linked elsewhere after it was validated; nothing was written to it"
+    )]
+    Replaced { path: RelPath },
+}
+
+impl WriteError {
+    fn write(path: &RelPath, source: impl Into<std::io::Error>) -> WriteError {
+        WriteError::Write {
+            path: path.clone(),
+            source: source.into(),
+        }
+    }
+}
+
 /// Rewrite an existing file where it is, for a folder in which no temp file can be made. The
 /// name is opened again, so the file must still be the one validated, with a single link,
 /// before it is truncated: a file swapped in meanwhile (a hard link to a file elsewhere, a
 /// FIFO) is refused untouched.
-fn write_in_place(dir: &std::os::fd::OwnedFd, name: &str, planned: &Planned) -> Result<(), String> {
+fn write_in_place(
+    dir: &std::os::fd::OwnedFd,
+    name: &str,
+    planned: &Planned,
+) -> Result<(), WriteError> {
     let fd = rustix::fs::openat(
         dir,
         name,
         OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("cannot write {}: {e}", planned.path))?;
-    let now = rustix::fs::fstat(&fd).map_err(|e| format!("cannot write {}: {e}", planned.path))?;
+    .map_err(|e| WriteError::write(&planned.path, e))?;
+    let now = rustix::fs::fstat(&fd).map_err(|e| WriteError::write(&planned.path, e))?;
     let same = planned
         .existing
         .as_ref()
         .is_some_and(|was| was.st_dev == now.st_dev && was.st_ino == now.st_ino);
     if !same || now.st_nlink != 1 {
-        return Err(format!(
-            "{} was replaced or linked elsewhere after it was validated; nothing was written to it",
-            planned.path
-        ));
+        return Err(WriteError::Replaced {
+            path: planned.path.clone(),
+        });
     }
     let mut file = std::fs::File::from(fd);
     file.set_len(0)
         .and_then(|()| file.write_all(planned.content.as_bytes()))
         .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", planned.path))
+        .map_err(|e| WriteError::write(&planned.path, e))
 }
 
 /// Validate every file, then apply every file. The process is expected to be sandboxed already.
@@ -475,9 +513,8 @@ fn validate(
     Ok((root, plan))
 }
 
-fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), String> {
-    let (dir, name) =
-        confine::open_parent(root.as_fd(), &planned.path, true).map_err(|e| e.to_string())?;
+fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), WriteError> {
+    let (dir, name) = confine::open_parent(root.as_fd(), &planned.path, true)?;
     // An existing file keeps its mode. A new one is created 0666 and left as the kernel makes
     // it: less the umask (inherited from the executor through the launcher) or as the folder's
     // default ACL says, exactly as a shell's `>` would create it. Never chmod-ed afterwards.
@@ -496,10 +533,10 @@ fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), Strin
             return write_in_place(&dir, name, planned);
         }
         Err(e) => {
-            return Err(format!(
-                "cannot create a temp file beside {}: {e}",
-                planned.path
-            ));
+            return Err(WriteError::TempFile {
+                path: planned.path.clone(),
+                source: e.into(),
+            });
         }
     };
     // An error at any step drops `staged`, which unlinks the temp file.
@@ -515,13 +552,13 @@ fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), Strin
     written
         .and_then(|()| staged.rename_to(name, false).map_err(Into::into))
         .and_then(|()| rustix::fs::fsync(&dir).map_err(Into::into))
-        .map_err(|e: std::io::Error| format!("cannot write {}: {e}", planned.path))
+        .map_err(|e: std::io::Error| WriteError::write(&planned.path, e))
 }
 
 fn write_all(root: &std::os::fd::OwnedFd, plan: Vec<Planned>) -> Outcome {
     let mut files = Vec::new();
     for planned in &plan {
-        if let Err(message) = write_one(root, planned) {
+        if let Err(error) = write_one(root, planned) {
             let changed: Vec<&str> = files
                 .iter()
                 .map(|f: &PatchedFile| f.path.as_str())
@@ -532,7 +569,7 @@ fn write_all(root: &std::os::fd::OwnedFd, plan: Vec<Planned>) -> Outcome {
                 } else {
                     "partially_applied"
                 },
-                format!("{message}; files already changed: [{}]", changed.join(", ")),
+                format!("{error}; files already changed: [{}]", changed.join(", ")),
             );
         }
         files.push(PatchedFile {
@@ -952,5 +989,30 @@ mod tests {
         job.downloads = None;
         assert_eq!(refusal(&apply_in(&c.proj, &job)).0, "outside_folder");
         assert_eq!(c.read(&notes), "notes\n");
+    }
+
+    /// The refusal text the executor sends starts with these, as it did when they were
+    /// formatted by hand (a rustix errno reads as the io::Error it becomes).
+    #[test]
+    fn write_errors_read_as_the_executor_reports_them() {
+        let path = RelPath::parse("docs/a.txt").expect("path");
+        let errno = rustix::io::Errno::NOSPC;
+        assert_eq!(
+            WriteError::write(&path, errno).to_string(),
+            format!("cannot write docs/a.txt: {errno}")
+        );
+        assert_eq!(
+            WriteError::TempFile {
+                path: path.clone(),
+                source: errno.into(),
+            }
+            .to_string(),
+            format!("cannot create a temp file beside docs/a.txt: {errno}")
+        );
+        assert_eq!(
+            WriteError::Replaced { path }.to_string(),
+            "docs/a.txt was replaced or linked elsewhere after it was validated; nothing was \
+             written to it"
+        );
     }
 }

@@ -49,13 +49,27 @@ pub struct Receipts {
 }
 
 use agentworks_support::clock::now_ms;
+use agentworks_support::sqlite::open_durable;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    request_id TEXT PRIMARY KEY,
+    folder TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('running', 'done', 'interrupted')),
+    outcome TEXT,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER
+);
+";
 
 /// The message of an interrupted request.
 pub const INTERRUPTED_MESSAGE: &str = "the executor stopped while this request was running; its outcome is unknown and it is never run again under this request id: inspect the files before deciding what to do next";
 
 impl Receipts {
-    /// Open (creating 0600) and reconcile: every `running` row becomes `interrupted`. Returns
-    /// the receipts and how many requests were interrupted.
+    /// Open (creating 0600; WAL, `synchronous=FULL`, see [`open_durable`]) and reconcile:
+    /// every `running` row becomes `interrupted`. Returns the receipts and how many requests
+    /// were interrupted.
     pub fn open(path: &Path) -> Result<(Receipts, usize), ReceiptError> {
         let open_error = |source| ReceiptError::Open {
             path: path.to_owned(),
@@ -72,21 +86,7 @@ impl Receipts {
             .map_err(open_error)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(open_error)?;
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS receipts (
-                request_id TEXT PRIMARY KEY,
-                folder TEXT NOT NULL,
-                operation TEXT NOT NULL,
-                state TEXT NOT NULL CHECK (state IN ('running', 'done', 'interrupted')),
-                outcome TEXT,
-                started_ms INTEGER NOT NULL,
-                finished_ms INTEGER
-            );",
-        )?;
+        let conn = open_durable(path, SCHEMA)?;
         let interrupted = conn.execute(
             "UPDATE receipts SET state = 'interrupted', finished_ms = ?1 WHERE state = 'running'",
             params![now_ms()],

@@ -69,6 +69,7 @@ const COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path
     updated_at_ms, payload_hash, before_content, before_truncated";
 
 use agentworks_support::clock::now_ms;
+use agentworks_support::sqlite::open_durable;
 
 fn row_to_receipt(row: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
     let revision = |i: usize| -> rusqlite::Result<Revision> {
@@ -100,27 +101,15 @@ fn row_to_receipt(row: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
 }
 
 impl ReceiptStore {
-    /// Open (creating) the store at `dir/receipts.db` with WAL and `synchronous=FULL`.
+    /// Open (creating) the store at `dir/receipts.db` with WAL and `synchronous=FULL`
+    /// ([`open_durable`]: a store that cannot be WAL is refused).
     pub fn open(dir: &Path) -> Result<ReceiptStore, ReceiptError> {
         let path = dir.join("receipts.db");
         let unavailable = |source| ReceiptError::Unavailable {
             path: path.clone(),
             source,
         };
-        let conn = Connection::open(&path).map_err(unavailable)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(unavailable)?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(unavailable)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(unavailable(rusqlite::Error::InvalidParameterName(format!(
-                "journal_mode is {mode}, not wal"
-            ))));
-        }
-        conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
-            .map_err(unavailable)?;
-        conn.execute_batch(SCHEMA).map_err(unavailable)?;
+        let conn = open_durable(&path, SCHEMA).map_err(unavailable)?;
         Ok(ReceiptStore { path, conn })
     }
 
