@@ -532,16 +532,7 @@ async fn record_request(
 /// device's receipt when the record says unknown. Never sends the request.
 async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
-    check_ids(&request.user_id, Some(&request.request_id))?;
-    check_operation(&request.operation)?;
-    // A claim is recorded from these: they must be what a dispatch would accept.
-    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "device_id and folder must be an id and a folder alias",
-        ));
-    }
+    check_recovery(&request)?;
     let (_, kind) = deadline_and_kind(&request.operation);
     // Unknown to gatewayd: it was never sent, and claiming the id makes sure it never is (a
     // dispatch of it still under way finds the claim and answers from it).
@@ -552,27 +543,63 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
     if !same_request(&record, &request) {
         return Err(reused());
     }
-    let unsettled = |reason: &str| -> Response<Body> {
-        ok(&Recovery::Unsettled {
-            reason: reason.to_owned(),
-        })
-    };
-    match &record.state {
-        DispatchState::Done { .. } => {
-            return Ok(ok(&Recovery::Settled {
-                state: record.state,
-                from_receipt: false,
-            }));
-        }
-        DispatchState::Pending => {
-            return Ok(unsettled("the request is still running on the device"));
-        }
-        DispatchState::Unknown { .. } if !record.sent => return Ok(ok(&Recovery::NeverSent)),
-        DispatchState::Unknown { .. } => {}
+    if let Some(recovery) = recovery_from_record(&record) {
+        return Ok(ok(&recovery));
     }
+    // Unknown: only the device's own receipt can tell.
+    let receipt = match ask_for_receipt(gateway, &record, &request.request_id).await? {
+        Ok(receipt) => receipt,
+        Err(unsettled) => return Ok(ok(&unsettled)),
+    };
+    let recovery =
+        settle_from_receipt(gateway, &record, kind, &request.request_id, receipt).await?;
+    Ok(ok(&recovery))
+}
 
-    // Unknown: only the device's own receipt can tell, asked on the connection of the
-    // credential that owns the device.
+/// A recovery's checks: a dispatch's, and more, because a claim is recorded from its device
+/// and folder, which must be what a dispatch would accept.
+fn check_recovery(request: &DispatchRequest) -> Result<(), Refusal> {
+    check_ids(&request.user_id, Some(&request.request_id))?;
+    check_operation(&request.operation)?;
+    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "device_id and folder must be an id and a folder alias",
+        ));
+    }
+    Ok(())
+}
+
+/// A recovery that is not settled yet, and why.
+fn unsettled(reason: &str) -> Recovery {
+    Recovery::Unsettled {
+        reason: reason.to_owned(),
+    }
+}
+
+/// What the record alone says about the request, or `None` if it says unknown after a send
+/// (then only the device's receipt can tell).
+fn recovery_from_record(record: &RequestRecord) -> Option<Recovery> {
+    match &record.state {
+        DispatchState::Done { .. } => Some(Recovery::Settled {
+            state: record.state.clone(),
+            from_receipt: false,
+        }),
+        DispatchState::Pending => Some(unsettled("the request is still running on the device")),
+        DispatchState::Unknown { .. } if !record.sent => Some(Recovery::NeverSent),
+        DispatchState::Unknown { .. } => None,
+    }
+}
+
+/// Asks the device for its receipt of `request_id`, on the connection of the credential that
+/// owns the device, for at most [`RECEIPT_QUERY_TIMEOUT`]: its answer, or (`Err`) the
+/// unsettled recovery if it cannot be asked or does not answer.
+async fn ask_for_receipt(
+    gateway: &Gateway,
+    record: &RequestRecord,
+    request_id: &str,
+) -> Result<Result<ReceiptState, Recovery>, Refusal> {
     let store = gateway.store.clone();
     let device_id = record.device_id.clone();
     let device = blocking(move || store.device(&device_id)).await?;
@@ -583,53 +610,61 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
             })
     });
     let Some(live) = live else {
-        return Ok(unsettled(
+        return Ok(Err(unsettled(
             "the device is not connected; its receipt can be asked for once it is",
-        ));
+        )));
     };
-    let Some(answer) =
-        gateway
-            .registry
-            .query_receipt(&record.device_id, live.conn_id, &request.request_id)
+    let Some(answer) = gateway
+        .registry
+        .query_receipt(&record.device_id, live.conn_id, request_id)
     else {
-        return Ok(unsettled("the device's receipt is being asked for already"));
+        return Ok(Err(unsettled(
+            "the device's receipt is being asked for already",
+        )));
     };
-    let receipt = match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
-        Ok(Ok(receipt)) => receipt,
+    match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
+        Ok(Ok(receipt)) => Ok(Ok(receipt)),
         _ => {
             gateway
                 .registry
-                .forget_receipt_query(&request.request_id, live.conn_id);
-            return Ok(unsettled("the device did not answer the receipt query"));
+                .forget_receipt_query(request_id, live.conn_id);
+            Ok(Err(unsettled(
+                "the device did not answer the receipt query",
+            )))
         }
-    };
+    }
+}
+
+/// The recovery the device's receipt settles: still running, never seen there (unknown for
+/// good), or its outcome, which is stored (and audited if that changed the record).
+async fn settle_from_receipt(
+    gateway: &Gateway,
+    record: &RequestRecord,
+    kind: &'static str,
+    request_id: &str,
+    receipt: ReceiptState,
+) -> Result<Recovery, Refusal> {
     match receipt {
         ReceiptState::Running => Ok(unsettled("the device says the request is still running")),
-        ReceiptState::Unknown => Ok(ok(&Recovery::Settled {
+        ReceiptState::Unknown => Ok(Recovery::Settled {
             state: DispatchState::Unknown {
                 reason: "the device has no receipt of this request (it never arrived there, or its receipts were lost); whether it ran is unknown and it is not re-sent".into(),
             },
             from_receipt: true,
-        })),
+        }),
         ReceiptState::Done { outcome } => {
             let store = gateway.store.clone();
-            let (id, recorded) = (request.request_id.clone(), outcome.clone());
+            let (id, recorded) = (request_id.to_owned(), outcome.clone());
             let changed =
                 blocking(move || store.recover_request(&id, &recorded, now_ms())).await?;
             let state = DispatchState::Done { outcome };
             if changed {
-                super::audit_request(
-                    &record.user_id,
-                    &record.device_id,
-                    kind,
-                    &request.request_id,
-                    &state,
-                );
+                super::audit_request(&record.user_id, &record.device_id, kind, request_id, &state);
             }
-            Ok(ok(&Recovery::Settled {
+            Ok(Recovery::Settled {
                 state,
                 from_receipt: true,
-            }))
+            })
         }
     }
 }
