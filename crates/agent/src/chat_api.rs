@@ -125,7 +125,7 @@ impl ChatService {
     pub async fn handle(&self, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
         let route = match route(parts)? {
             Ok(route) => route,
-            Err(response) => return Some(response),
+            Err(refusal) => return Some(refusal.into_response()),
         };
         let result = async {
             let caller = self.authenticate(parts).await?;
@@ -454,7 +454,7 @@ impl ChatService {
 
 /// The chat endpoint a request names: `None` for another path, `Err` (405) for a chat path
 /// with a method it does not serve.
-fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
+fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
     let path = parts.uri.path();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     Some(Ok(match (segments.as_slice(), &parts.method) {
@@ -473,8 +473,7 @@ fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 format!("{} is not served on {path}", parts.method),
-            )
-            .into_response()));
+            )));
         }
         _ => return None,
     }))

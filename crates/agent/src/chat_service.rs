@@ -69,11 +69,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<T, Refusal> {
     match tokio::task::spawn_blocking(f).await {
         Ok(result) => Ok(result?),
-        Err(error) => Err(Refusal::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("the chat store task failed: {error}"),
-        )),
+        Err(error) => Err(Refusal::internal(format!(
+            "the chat store task failed: {error}"
+        ))),
     }
 }
 
