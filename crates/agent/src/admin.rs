@@ -13,9 +13,7 @@ use agentworks_contract::workspaced::{
     Context, EnsureProjectRequest, EnsureProjectResponse, Principal, Receipt, ReceiptRequest,
 };
 use agentworks_core::guard::Guard;
-use agentworks_daemon::ipc::envelope::{
-    Body, decode_json, error_response, json_response, run_blocking,
-};
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use agentworks_daemon::ipc::server::Peer;
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use bytes::Bytes;
@@ -92,146 +90,142 @@ pub struct Admin {
     pub policy: std::sync::Arc<SocketPolicy>,
 }
 
-fn identity_error(e: IdentityError) -> Response<Body> {
-    let status = match e.code() {
-        "not_found" => StatusCode::NOT_FOUND,
-        "already_exists" => StatusCode::CONFLICT,
-        "invalid_request" => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    error_response(status, e.code(), e.to_string(), Default::default())
+/// The socket API's refusal for an identity store error: its code, with the status that code
+/// means.
+impl From<IdentityError> for Refusal {
+    fn from(e: IdentityError) -> Refusal {
+        let status = match e.code() {
+            "not_found" => StatusCode::NOT_FOUND,
+            "already_exists" => StatusCode::CONFLICT,
+            "invalid_request" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Refusal::new(status, e.code(), e.to_string())
+    }
 }
 
-fn workspaced_error(e: ClientError) -> Response<Body> {
+/// workspaced's own refusal as it came, or `workspaced_unavailable` if it could not be asked.
+fn workspaced_error(e: ClientError) -> Refusal {
     match e {
-        ClientError::Remote { status, body } => error_response(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-            &body.code,
-            body.message,
-            body.details,
-        ),
-        other => error_response(
+        ClientError::Remote { status, body } => Refusal::relayed(status, body),
+        other => Refusal::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "workspaced_unavailable",
             format!("workspaced is not reachable: {other}"),
-            Default::default(),
         ),
+    }
+}
+
+/// `token-check`'s refusal for a token agentd could not vouch for: 401 with the token's
+/// refusal code, or the store's or the task's failure.
+fn token_check_error(e: TokenCheckError) -> Refusal {
+    match e {
+        TokenCheckError::Refused(refusal) => {
+            Refusal::new(StatusCode::UNAUTHORIZED, refusal.code(), refusal.message())
+        }
+        TokenCheckError::Store(e) => e.into(),
+        e @ TokenCheckError::Task(_) => Refusal::internal(e.to_string()),
     }
 }
 
 /// An operator request body (an empty one is `{}`: list calls take no arguments).
-#[allow(clippy::result_large_err)]
-fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response<Body>> {
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Refusal> {
     decode_json(if body.is_empty() { b"{}" } else { body })
 }
 
 /// Run a store call on a blocking thread and answer its result as JSON.
-async fn blocking<T, F>(f: F) -> Response<Body>
+async fn blocking<T, F>(f: F) -> Result<Response<Body>, Refusal>
 where
     T: Serialize + Send + 'static,
     F: FnOnce() -> Result<T, IdentityError> + Send + 'static,
 {
-    match run_blocking(f, identity_error).await {
-        Ok(value) => json_response(StatusCode::OK, &value),
-        Err(refused) => refused,
-    }
+    let value = run_blocking(f, Refusal::from).await?;
+    Ok(json_response(StatusCode::OK, &value))
 }
 
 impl Admin {
     pub async fn handle(&self, peer: Peer, parts: Parts, body: Bytes) -> Response<Body> {
+        self.route(&peer, &parts, &body)
+            .await
+            .unwrap_or_else(Refusal::into_response)
+    }
+
+    /// The endpoint's answer, after the peer check its path prefix needs.
+    async fn route(
+        &self,
+        peer: &Peer,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
         let path = parts.uri.path();
         if parts.method == Method::GET && path == "/v1/health" {
-            return json_response(
+            return Ok(json_response(
                 StatusCode::OK,
                 &Health::ok("agentworks-agentd", env!("CARGO_PKG_VERSION")),
-            );
+            ));
         }
         if let Some(rest) = path.strip_prefix("/v1/gateway/") {
-            if !self.policy.is_gateway(&peer) {
+            if !self.policy.is_gateway(peer) {
                 tracing::warn!(
                     uid = peer.uid,
                     pid = peer.pid,
                     path,
                     "refused a non-gateway peer"
                 );
-                return agentworks_daemon::ipc::server::forbidden_peer(&peer);
+                return Ok(agentworks_daemon::ipc::server::forbidden_peer(peer));
             }
-            return match self.gateway(rest, &body).await {
-                Ok(response) | Err(response) => response,
-            };
+            return self.gateway(rest, body).await;
         }
         if let Some(rest) = path.strip_prefix("/v1/admin/") {
-            if !self.policy.is_operator(&peer) {
+            if !self.policy.is_operator(peer) {
                 tracing::warn!(
                     uid = peer.uid,
                     pid = peer.pid,
                     path,
                     "refused a non-operator peer"
                 );
-                return agentworks_daemon::ipc::server::forbidden_peer(&peer);
+                return Ok(agentworks_daemon::ipc::server::forbidden_peer(peer));
             }
             if parts.method != Method::POST {
-                return error_response(
+                return Err(Refusal::new(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "method_not_allowed",
                     "use POST",
-                    Default::default(),
-                );
+                ));
             }
-            return match self.operator(rest, &body).await {
-                Ok(response) | Err(response) => response,
-            };
+            return self.operator(rest, body).await;
         }
-        error_response(
+        Err(Refusal::new(
             StatusCode::NOT_FOUND,
             "unknown_endpoint",
             format!(
                 "{} {path} is not an endpoint of agentd's socket",
                 parts.method
             ),
-            Default::default(),
-        )
+        ))
     }
 
-    #[allow(clippy::result_large_err)]
-    async fn gateway(
-        &self,
-        endpoint: &str,
-        body: &Bytes,
-    ) -> Result<Response<Body>, Response<Body>> {
+    async fn gateway(&self, endpoint: &str, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
-        Ok(match endpoint {
+        match endpoint {
             "token-check" => {
                 let r: TokenCheckRequest = decode(body)?;
-                match id.check_bearer(&r.token).await {
-                    Ok((token, user)) if token.scopes == [Scope::DevicesConnect] => json_response(
-                        StatusCode::OK,
-                        &TokenCheckResponse {
-                            token_id: token.id,
-                            user_id: user.id,
-                            user_name: user.name,
-                        },
-                    ),
-                    Ok(_) => error_response(
+                let (token, user) = id.check_bearer(&r.token).await.map_err(token_check_error)?;
+                if token.scopes != [Scope::DevicesConnect] {
+                    return Err(Refusal::new(
                         StatusCode::FORBIDDEN,
                         "insufficient_scope",
                         "executors connect with a devices:connect token (agentworks login)",
-                        Default::default(),
-                    ),
-                    Err(TokenCheckError::Refused(refusal)) => error_response(
-                        StatusCode::UNAUTHORIZED,
-                        refusal.code(),
-                        refusal.message(),
-                        Default::default(),
-                    ),
-                    Err(TokenCheckError::Store(e)) => identity_error(e),
-                    Err(e @ TokenCheckError::Task(_)) => error_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        e.to_string(),
-                        Default::default(),
-                    ),
+                    ));
                 }
+                Ok(json_response(
+                    StatusCode::OK,
+                    &TokenCheckResponse {
+                        token_id: token.id,
+                        user_id: user.id,
+                        user_name: user.name,
+                    },
+                ))
             }
             "token-status" => {
                 let r: TokenStatusRequest = decode(body)?;
@@ -255,23 +249,17 @@ impl Admin {
                 })
                 .await
             }
-            other => error_response(
+            other => Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 "unknown_endpoint",
                 format!("/v1/gateway/{other} is not a gateway endpoint"),
-                Default::default(),
-            ),
-        })
+            )),
+        }
     }
 
-    #[allow(clippy::result_large_err)]
-    async fn operator(
-        &self,
-        endpoint: &str,
-        body: &Bytes,
-    ) -> Result<Response<Body>, Response<Body>> {
+    async fn operator(&self, endpoint: &str, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
-        Ok(match endpoint {
+        match endpoint {
             "users/add" => {
                 let r: UserRequest = decode(body)?;
                 blocking(move || id.add_user(&r.name)).await
@@ -285,7 +273,7 @@ impl Admin {
                 let r: UserRequest = decode(body)?;
                 blocking(move || id.set_user_disabled(&r.name, false)).await
             }
-            "projects/add" => self.add_project(body).await?,
+            "projects/add" => self.add_project(body).await,
             "projects/list" => blocking(move || id.list_projects()).await,
             "members/add" => {
                 let r: MemberRequest = decode(body)?;
@@ -305,7 +293,7 @@ impl Admin {
                 let project = r.project.unwrap_or_default();
                 blocking(move || id.list_members(&project)).await
             }
-            "tokens/create" => self.create_token(body).await?,
+            "tokens/create" => self.create_token(body).await,
             "tokens/list" => {
                 let r: ListRequest = decode(body)?;
                 blocking(move || id.list_tokens(r.user.as_deref())).await
@@ -314,24 +302,22 @@ impl Admin {
                 let r: RevokeRequest = decode(body)?;
                 blocking(move || id.revoke_token(&r.id)).await
             }
-            "login/approve" => self.approve_login(body).await?,
-            "receipts/show" => self.show_receipt(body).await?,
-            other => error_response(
+            "login/approve" => self.approve_login(body).await,
+            "receipts/show" => self.show_receipt(body).await,
+            other => Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 "unknown_endpoint",
                 format!("/v1/admin/{other} is not an operator endpoint"),
-                Default::default(),
-            ),
-        })
+            )),
+        }
     }
 
     /// `projects/add`: the folder first (through workspaced, idempotent), then the project row.
-    #[allow(clippy::result_large_err)]
-    async fn add_project(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    async fn add_project(&self, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
         let r: ProjectRequest = decode(body)?;
         let folder = r.folder.clone().unwrap_or_else(|| r.name.clone());
-        crate::identity::store::validate_name("folder", &folder).map_err(identity_error)?;
+        crate::identity::store::validate_name("folder", &folder)?;
         // The folder first (idempotent), through the only writer of the documents tree.
         self.workspaced
             .post::<_, EnsureProjectResponse>(
@@ -346,15 +332,14 @@ impl Admin {
             write_paths: vec![".".into()],
             ..Guard::default()
         });
-        Ok(blocking(move || id.add_project(&r.name, r.kind, &folder, &policy, &r.owner)).await)
+        blocking(move || id.add_project(&r.name, r.kind, &folder, &policy, &r.owner)).await
     }
 
     /// `tokens/create`: a new token; its secret is in this answer only.
-    #[allow(clippy::result_large_err)]
-    async fn create_token(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    async fn create_token(&self, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
         let r: CreateTokenRequest = decode(body)?;
-        Ok(blocking(move || {
+        blocking(move || {
             let (info, token) = id.create_token(&TokenRequest {
                 user: r.user,
                 label: r.label.unwrap_or_default(),
@@ -368,16 +353,15 @@ impl Admin {
             })?;
             Ok(json!({"token": token, "info": info}))
         })
-        .await)
+        .await
     }
 
     /// `login/approve`: an operator approves a pending device login for a user.
-    #[allow(clippy::result_large_err)]
-    async fn approve_login(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    async fn approve_login(&self, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
         let r: ApproveLoginRequest = decode(body)?;
         let grants = self.grants.clone();
-        Ok(blocking(move || {
+        blocking(move || {
             id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
                 kind: "user",
                 name: r.user.clone(),
@@ -391,12 +375,11 @@ impl Admin {
                 })
             }
         })
-        .await)
+        .await
     }
 
     /// `receipts/show`: a person's receipt for a request id, from workspaced.
-    #[allow(clippy::result_large_err)]
-    async fn show_receipt(&self, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+    async fn show_receipt(&self, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
         let r: ReceiptShowRequest = decode(body)?;
         let (project, user, request_id) = run_blocking(
@@ -413,7 +396,7 @@ impl Admin {
                 })?;
                 Ok::<_, IdentityError>((project, user, r.request_id))
             },
-            identity_error,
+            Refusal::from,
         )
         .await?;
         let context = Context {
@@ -430,15 +413,11 @@ impl Admin {
             context,
             request_id,
         };
-        Ok(
-            match self
-                .workspaced
-                .post::<_, Receipt>("/v1/receipt", &request)
-                .await
-            {
-                Ok(receipt) => json_response(StatusCode::OK, &receipt),
-                Err(e) => workspaced_error(e),
-            },
-        )
+        let receipt: Receipt = self
+            .workspaced
+            .post("/v1/receipt", &request)
+            .await
+            .map_err(workspaced_error)?;
+        Ok(json_response(StatusCode::OK, &receipt))
     }
 }

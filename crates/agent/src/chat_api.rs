@@ -25,14 +25,14 @@
 //! produces it (a streaming body); the turn itself runs in its own task and ends (and is
 //! stored) even if the client goes away.
 
-use crate::chat_service::{ApiError, ChatService, Running, blocking, from_tool};
+use crate::chat_service::{ChatService, Running, blocking, from_tool};
 use crate::chats::Chat;
 use crate::identity::{ProjectKind, TokenCheckError};
 use crate::mcp::Caller;
 use crate::mcp_backend::caller_of;
 use crate::turn::{self, TurnSpec};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
-use agentworks_daemon::ipc::envelope::{Body, json_response};
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
 use bytes::Bytes;
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::http::request::Parts;
@@ -49,9 +49,9 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
 pub use agentworks_contract::public_api::CONFIRMATION;
 
 impl ChatService {
-    async fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
+    async fn authenticate(&self, parts: &Parts) -> Result<Caller, Refusal> {
         let unauthorized =
-            |code: &str, message: &str| ApiError::new(StatusCode::UNAUTHORIZED, code, message);
+            |code: &str, message: &str| Refusal::new(StatusCode::UNAUTHORIZED, code, message);
         let presented = match bearer(&parts.headers) {
             Bearer::Token(token) => token,
             Bearer::Absent => {
@@ -74,7 +74,7 @@ impl ChatService {
             }
             Err(error) => {
                 tracing::warn!(%error, "token check failed");
-                return Err(ApiError::new(
+                return Err(Refusal::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
                     "the identity store is unavailable; try again shortly",
@@ -86,7 +86,7 @@ impl ChatService {
             .iter()
             .any(|s| s.as_str().starts_with("workflows:"))
         {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
                 "insufficient_scope",
                 "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
@@ -96,7 +96,7 @@ impl ChatService {
     }
 
     /// The chat, if the caller created it; anyone else gets the same 404 as for no chat.
-    async fn own_chat(&self, caller: &Caller, chat_id: &str) -> Result<Chat, ApiError> {
+    async fn own_chat(&self, caller: &Caller, chat_id: &str) -> Result<Chat, Refusal> {
         let store = self.chats.clone();
         let id = chat_id.to_owned();
         let chat = blocking(move || store.get(&id)).await?;
@@ -117,7 +117,7 @@ impl ChatService {
                 Route::Turn(_) => MAX_TURN_BODY_BYTES,
                 _ => MAX_REQUEST_BODY_BYTES,
             }),
-            Err(error) => Err(error.response()),
+            Err(error) => Err(error.into_response()),
         })
     }
 
@@ -125,7 +125,7 @@ impl ChatService {
     pub async fn handle(&self, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
         let route = match route(parts)? {
             Ok(route) => route,
-            Err(response) => return Some(response),
+            Err(refusal) => return Some(refusal.into_response()),
         };
         let result = async {
             let caller = self.authenticate(parts).await?;
@@ -144,23 +144,23 @@ impl ChatService {
             }
         }
         .await;
-        Some(result.unwrap_or_else(ApiError::response))
+        Some(result.unwrap_or_else(Refusal::into_response))
     }
 
-    async fn create(&self, caller: &Caller, body: &Bytes) -> Result<Response<Body>, ApiError> {
+    async fn create(&self, caller: &Caller, body: &Bytes) -> Result<Response<Body>, Refusal> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct CreateChat {
             project: String,
         }
-        let request: CreateChat = decode(body)?;
+        let request: CreateChat = decode_json(body)?;
         let (project, _) = self
             .files
             .access(caller, &request.project)
             .await
             .map_err(from_tool)?;
         if project.kind != ProjectKind::Code {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 "not_a_code_project",
                 format!(
@@ -176,7 +176,7 @@ impl ChatService {
         Ok(json_response(StatusCode::CREATED, &chat))
     }
 
-    async fn list(&self, caller: &Caller, query: Option<&str>) -> Result<Response<Body>, ApiError> {
+    async fn list(&self, caller: &Caller, query: Option<&str>) -> Result<Response<Body>, Refusal> {
         let pairs: Vec<(String, String)> =
             serde_urlencoded::from_str(query.unwrap_or("")).unwrap_or_default();
         let project = match pairs.iter().find(|(k, _)| k == "project") {
@@ -189,7 +189,7 @@ impl ChatService {
         Ok(json_response(StatusCode::OK, &json!({"chats": chats})))
     }
 
-    async fn get(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+    async fn get(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, Refusal> {
         let chat = self.own_chat(caller, chat_id).await?;
         let store = self.chats.clone();
         let id = chat.chat_id.clone();
@@ -206,7 +206,7 @@ impl ChatService {
             })
             .collect();
         let mut value = serde_json::to_value(&chat).map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })?;
         value["messages"] = Value::Array(messages);
         Ok(json_response(StatusCode::OK, &value))
@@ -217,7 +217,7 @@ impl ChatService {
         caller: &Caller,
         chat_id: &str,
         body: &Bytes,
-    ) -> Result<Response<Body>, ApiError> {
+    ) -> Result<Response<Body>, Refusal> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct TurnRequest {
@@ -234,7 +234,7 @@ impl ChatService {
                 .access(caller, &chat.project_id)
                 .await
                 .map_err(|_| no_chat(chat_id))?;
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
                 "chat_not_yours",
                 format!(
@@ -243,16 +243,16 @@ impl ChatService {
                 ),
             ));
         }
-        let request: TurnRequest = decode(body)?;
+        let request: TurnRequest = decode_json(body)?;
         if request.message.trim().is_empty() {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "message must not be empty",
             ));
         }
         if self.model.is_none() {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "model_not_configured",
                 "no model is configured: an operator sets [agentd.model] base_url and model in the config file",
@@ -338,11 +338,11 @@ impl ChatService {
 
     /// `POST /v1/chats/{id}/cancel`: the owner stops the running turn. The answer comes at once;
     /// the turn's own stream says when it has stopped.
-    async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+    async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, Refusal> {
         self.own_chat(caller, chat_id).await?;
         let running = self.running.lock().await.get(chat_id).cloned();
         let Some(running) = running else {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::CONFLICT,
                 "no_turn_running",
                 format!("no turn is running in chat {chat_id}"),
@@ -361,7 +361,7 @@ impl ChatService {
         caller: &Caller,
         chat_id: &str,
         body: &Bytes,
-    ) -> Result<Response<Body>, ApiError> {
+    ) -> Result<Response<Body>, Refusal> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct BindRequest {
@@ -371,19 +371,16 @@ impl ChatService {
             confirm: Option<String>,
         }
         let chat = self.own_chat(caller, chat_id).await?;
-        let request: BindRequest = decode(body)?;
+        let request: BindRequest = decode_json(body)?;
         if request.confirm.as_deref() != Some(CONFIRMATION) {
-            let mut error = ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 "consequences_not_confirmed",
                 format!(
                     "binding a chat to a laptop folder needs the confirmation \"{CONFIRMATION}\" as `confirm`, exactly"
                 ),
-            );
-            error
-                .details
-                .insert("confirmation".into(), json!(CONFIRMATION));
-            return Err(error);
+            )
+            .with_detail("confirmation", CONFIRMATION));
         }
         let (project, access) = self
             .files
@@ -391,7 +388,7 @@ impl ChatService {
             .await
             .map_err(from_tool)?;
         if project.kind != ProjectKind::Code {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 "not_a_code_project",
                 "only chats of code projects can be bound to a laptop folder",
@@ -404,7 +401,7 @@ impl ChatService {
         }
         let devices = self.devices(caller).await?;
         let Some(device) = devices.iter().find(|d| d.device_id == request.device_id) else {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 "device_not_found",
                 format!(
@@ -414,7 +411,7 @@ impl ChatService {
             ));
         };
         if !device.folders.iter().any(|f| f.alias == request.folder) {
-            return Err(ApiError::new(
+            return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 "folder_not_shared",
                 format!(
@@ -427,7 +424,7 @@ impl ChatService {
             .await
     }
 
-    async fn unbind(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, ApiError> {
+    async fn unbind(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, Refusal> {
         self.own_chat(caller, chat_id).await?;
         self.set_binding(chat_id, None).await
     }
@@ -437,7 +434,7 @@ impl ChatService {
         &self,
         chat_id: &str,
         binding: Option<(String, String)>,
-    ) -> Result<Response<Body>, ApiError> {
+    ) -> Result<Response<Body>, Refusal> {
         let running = self.running.lock().await;
         if running.contains_key(chat_id) {
             return Err(turn_running(chat_id));
@@ -457,7 +454,7 @@ impl ChatService {
 
 /// The chat endpoint a request names: `None` for another path, `Err` (405) for a chat path
 /// with a method it does not serve.
-fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
+fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
     let path = parts.uri.path();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     Some(Ok(match (segments.as_slice(), &parts.method) {
@@ -472,12 +469,11 @@ fn route(parts: &Parts) -> Option<Result<Route, Response<Body>>> {
         }
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
         (["v1", "chats", ..], _) | (["v1", "devices"], _) => {
-            return Some(Err(ApiError::new(
+            return Some(Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 format!("{} is not served on {path}", parts.method),
-            )
-            .response()));
+            )));
         }
         _ => return None,
     }))
@@ -494,28 +490,18 @@ enum Route {
     Devices,
 }
 
-fn no_chat(chat_id: &str) -> ApiError {
-    ApiError::new(
+fn no_chat(chat_id: &str) -> Refusal {
+    Refusal::new(
         StatusCode::NOT_FOUND,
         "not_found",
         format!("no chat {chat_id:?} of yours"),
     )
 }
 
-fn turn_running(chat_id: &str) -> ApiError {
-    ApiError::new(
+fn turn_running(chat_id: &str) -> Refusal {
+    Refusal::new(
         StatusCode::CONFLICT,
         "turn_running",
         format!("a turn is running in chat {chat_id}; wait for it to end and try again"),
     )
-}
-
-fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("the request body is not valid: {e}"),
-        )
-    })
 }

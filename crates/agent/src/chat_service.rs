@@ -10,43 +10,19 @@ use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
 use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
-use agentworks_daemon::ipc::envelope::{Body, error_response};
+use agentworks_daemon::ipc::envelope::Refusal;
 use agentworks_support::unix_http::{ClientError, UnixClient};
-use hyper::{Response, StatusCode};
-use serde_json::{Map, Value};
+use hyper::StatusCode;
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// An API refusal: status, code, message, details.
-#[derive(Debug, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: String,
-    pub message: String,
-    pub details: Map<String, Value>,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code: code.to_owned(),
-            message: message.into(),
-            details: Map::new(),
-        }
-    }
-
-    pub(crate) fn response(self) -> Response<Body> {
-        error_response(self.status, &self.code, self.message, self.details)
-    }
-}
-
-impl From<ChatStoreError> for ApiError {
-    fn from(error: ChatStoreError) -> ApiError {
+/// The chat API's refusal for a chat store failure: 503, try again (and the failure logged).
+impl From<ChatStoreError> for Refusal {
+    fn from(error: ChatStoreError) -> Refusal {
         tracing::error!(%error, "chat store failed");
-        ApiError::new(
+        Refusal::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             format!("{error}; try again shortly"),
@@ -54,15 +30,15 @@ impl From<ChatStoreError> for ApiError {
     }
 }
 
-/// A file-tool refusal (from a live access check) as an API error.
-pub(crate) fn from_tool(error: ToolError) -> ApiError {
+/// A file-tool refusal (from a live access check) as the chat API's refusal.
+pub(crate) fn from_tool(error: ToolError) -> Refusal {
     let status = match error.code.as_str() {
         "not_found" => StatusCode::NOT_FOUND,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" => StatusCode::FORBIDDEN,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    ApiError {
+    Refusal {
         status,
         code: error.code,
         message: error.message,
@@ -90,18 +66,16 @@ pub struct ChatService {
 
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ChatStoreError> + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<T, Refusal> {
     match tokio::task::spawn_blocking(f).await {
         Ok(result) => Ok(result?),
-        Err(error) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("the chat store task failed: {error}"),
-        )),
+        Err(error) => Err(Refusal::internal(format!(
+            "the chat store task failed: {error}"
+        ))),
     }
 }
 
-pub(crate) fn to_tool(error: ApiError) -> ToolError {
+pub(crate) fn to_tool(error: Refusal) -> ToolError {
     ToolError::new(error.code, error.message)
 }
 
@@ -170,19 +144,14 @@ impl ChatService {
     }
 
     /// The caller's devices, from gatewayd (only that person's).
-    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, ApiError> {
+    pub(crate) async fn devices(&self, caller: &Caller) -> Result<Vec<DeviceInfo>, Refusal> {
         let request = DevicesRequest {
             user_id: caller.user_id.clone(),
         };
         match self.gatewayd.post("/v1/devices", &request).await {
             Ok(devices) => Ok(devices),
-            Err(ClientError::Remote { status, body }) => Err(ApiError {
-                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-                code: body.code,
-                message: body.message,
-                details: body.details,
-            }),
-            Err(error) => Err(ApiError::new(
+            Err(ClientError::Remote { status, body }) => Err(Refusal::relayed(status, body)),
+            Err(error) => Err(Refusal::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "gateway_unavailable",
                 format!(

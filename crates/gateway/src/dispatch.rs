@@ -56,9 +56,7 @@ use agentworks_contract::gatewayd::{
     Recovery, RequestRef,
 };
 use agentworks_daemon::audit;
-use agentworks_daemon::ipc::envelope::{
-    Body, decode_json, error_response, json_response, run_blocking,
-};
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use agentworks_daemon::ipc::server::{
     Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc,
 };
@@ -95,76 +93,75 @@ pub async fn serve(
                 );
                 return forbidden_peer(&peer);
             }
-            route(&gateway, &parts, &body).await
+            route(&gateway, &parts, &body)
+                .await
+                .unwrap_or_else(Refusal::into_response)
         }
     };
     serve_ipc(listener, handler, shutdown, limits).await;
 }
 
-fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response<Body> {
-    error_response(status, code, message, serde_json::Map::new())
+/// gatewayd's own failure (logged): a 500 `internal` that says what failed.
+fn internal(error: impl std::fmt::Display) -> Refusal {
+    tracing::error!(%error, "gatewayd.sock request failed");
+    Refusal::internal(format!("gatewayd failed: {error}"))
 }
 
-fn internal(error: impl std::fmt::Display) -> Response<Body> {
-    tracing::error!(%error, "gatewayd.sock request failed");
-    refuse(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        format!("gatewayd failed: {error}"),
-    )
+/// A store failure is gatewayd's own: `internal`.
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Refusal {
+        internal(error)
+    }
 }
 
 /// Runs a store call on a blocking thread.
-async fn blocking<T, F>(f: F) -> Result<T, Response<Body>>
+async fn blocking<T, F>(f: F) -> Result<T, Refusal>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
 {
-    run_blocking(f, internal).await
+    run_blocking(f, Refusal::from).await
 }
 
 fn ok<T: Serialize>(value: &T) -> Response<Body> {
     json_response(StatusCode::OK, value)
 }
 
-async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Response<Body> {
+async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let path = parts.uri.path();
     if parts.method == Method::GET && path == "/v1/health" {
-        return ok(&GatewayHealth {
+        return Ok(ok(&GatewayHealth {
             health: Health::ok("agentworks-gatewayd", env!("CARGO_PKG_VERSION")),
             connected: gateway.registry.live_count(),
-        });
+        }));
     }
     let known = matches!(
         path,
         "/v1/devices" | "/v1/dispatch" | "/v1/cancel" | "/v1/outcome" | "/v1/recover"
     );
     if !known {
-        return refuse(
+        return Err(Refusal::new(
             StatusCode::NOT_FOUND,
             "unknown_endpoint",
             format!(
                 "{} {path} is not an endpoint of gatewayd's socket",
                 parts.method
             ),
-        );
+        ));
     }
     if parts.method != Method::POST {
-        return refuse(
+        return Err(Refusal::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "use POST",
-        );
+        ));
     }
-    let answer = match path {
+    match path {
         "/v1/devices" => devices(gateway, body).await,
         "/v1/dispatch" => dispatch(gateway, body).await,
         "/v1/cancel" => cancel(gateway, body).await,
         "/v1/recover" => recover(gateway, body).await,
         _ => outcome(gateway, body).await,
-    };
-    match answer {
-        Ok(response) | Err(response) => response,
     }
 }
 
@@ -176,10 +173,9 @@ fn valid_id(id: &str, max: usize) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
 }
 
-#[allow(clippy::result_large_err)]
-fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Response<Body>> {
+fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Refusal> {
     if !valid_id(user_id, MAX_ID_BYTES) {
-        return Err(refuse(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "user_id must be 1 to 128 of A-Z a-z 0-9 . _ - :",
@@ -188,7 +184,7 @@ fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Response<Bod
     if let Some(id) = request_id
         && !valid_id(id, MAX_REQUEST_ID_BYTES)
     {
-        return Err(refuse(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "request_id must be 1 to 128 of A-Z a-z 0-9 . _ - :",
@@ -198,7 +194,7 @@ fn check_ids(user_id: &str, request_id: Option<&str>) -> Result<(), Response<Bod
 }
 
 /// `POST /v1/devices`: this person's devices, online first.
-async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DevicesRequest = decode_json(body)?;
     check_ids(&request.user_id, None)?;
     let since = now_ms() - gateway.settings.recent_devices.as_millis() as i64;
@@ -247,10 +243,9 @@ fn deadline_and_kind(operation: &Operation) -> (Duration, &'static str) {
     (operation.deadline(), kind)
 }
 
-#[allow(clippy::result_large_err)]
-fn check_operation(operation: &Operation) -> Result<(), Response<Body>> {
+fn check_operation(operation: &Operation) -> Result<(), Refusal> {
     let bad = |message: &str| {
-        Err(refuse(
+        Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             message.to_owned(),
@@ -283,8 +278,8 @@ fn same_request(record: &RequestRecord, request: &DispatchRequest) -> bool {
             == Some(payload_sha256(&request.folder, &request.operation).as_str())
 }
 
-fn reused() -> Response<Body> {
-    refuse(
+fn reused() -> Refusal {
+    Refusal::new(
         StatusCode::CONFLICT,
         "request_id_reused",
         "this request id was already used for another request; make a new one",
@@ -293,15 +288,15 @@ fn reused() -> Response<Body> {
 
 /// The answer for a request id seen before: its record, if it is this very request;
 /// otherwise `request_id_reused` (which says nothing about the other use).
-fn replay(record: RequestRecord, request: &DispatchRequest) -> Response<Body> {
+fn replay(record: RequestRecord, request: &DispatchRequest) -> Result<Response<Body>, Refusal> {
     if !same_request(&record, request) {
-        return reused();
+        return Err(reused());
     }
-    ok(&record.state)
+    Ok(ok(&record.state))
 }
 
 /// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer.
-async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
@@ -311,7 +306,7 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
     let store = gateway.store.clone();
     let id = request.request_id.clone();
     if let Some(record) = blocking(move || store.request(&id)).await? {
-        return Ok(replay(record, &request));
+        return replay(record, &request);
     }
     let live = target_connection(gateway, &request).await?;
     let frame = request_frame(&request)?;
@@ -338,13 +333,10 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Res
 
 /// The connection that speaks for the request's device: this person's device (else not
 /// found), online, sharing the folder, and its token still valid now.
-async fn target_connection(
-    gateway: &Gateway,
-    request: &DispatchRequest,
-) -> Result<Live, Response<Body>> {
+async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Result<Live, Refusal> {
     // The device: this person's (else not found), online, sharing the folder.
     let not_found = || {
-        refuse(
+        Refusal::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("no device {} for this user", request.device_id),
@@ -364,7 +356,7 @@ async fn target_connection(
         .live(&request.device_id)
         .filter(|l| l.user_id == request.user_id)
     else {
-        return Err(refuse(
+        return Err(Refusal::new(
             StatusCode::CONFLICT,
             "device_offline",
             format!(
@@ -374,7 +366,7 @@ async fn target_connection(
         ));
     };
     if !valid_alias(&request.folder) || !live.folders.iter().any(|f| f.alias == request.folder) {
-        return Err(refuse(
+        return Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "folder_not_granted",
             format!(
@@ -388,24 +380,21 @@ async fn target_connection(
     match gateway.tokens.invalid(vec![live.token_id.clone()]).await {
         Ok(invalid) if invalid.contains(&live.token_id) => {
             super::revoke(gateway, &request.device_id, live.conn_id);
-            return Err(refuse(
+            return Err(Refusal::new(
                 StatusCode::UNAUTHORIZED,
                 "token_revoked",
                 "the device's token is no longer valid; its connection was closed",
             ));
         }
         Ok(_) => {}
-        Err(error) => {
-            return Err(refuse(error.status(), error.code(), error.to_string()));
-        }
+        Err(error) => return Err(error.into()),
     }
     Ok(live)
 }
 
 /// The request as the frame the executor gets; it must fit the executor's limit, or it would
 /// be refused on the wire.
-#[allow(clippy::result_large_err)]
-fn request_frame(request: &DispatchRequest) -> Result<GatewayFrame, Response<Body>> {
+fn request_frame(request: &DispatchRequest) -> Result<GatewayFrame, Refusal> {
     let frame = GatewayFrame::Request {
         request_id: request.request_id.clone(),
         folder: request.folder.clone(),
@@ -415,7 +404,7 @@ fn request_frame(request: &DispatchRequest) -> Result<GatewayFrame, Response<Bod
         .map(|v| v.len())
         .map_err(internal)?;
     if frame_bytes > MAX_FRAME_BYTES {
-        return Err(refuse(
+        return Err(Refusal::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!("the request is {frame_bytes} bytes on the wire; at most {MAX_FRAME_BYTES}"),
@@ -438,10 +427,10 @@ async fn send_once(
     live: &Live,
     frame: GatewayFrame,
     kind: &'static str,
-) -> Result<Sent, Response<Body>> {
+) -> Result<Sent, Refusal> {
     let begun = record_request(gateway, request, kind, true).await?;
     if let Begin::Existing(record) = begun {
-        return Ok(Sent::Answered(replay(record, request)));
+        return replay(record, request).map(Sent::Answered);
     }
     let (reply, answer) = oneshot::channel();
     let pending = Pending {
@@ -512,7 +501,7 @@ async fn record_request(
     request: &DispatchRequest,
     kind: &'static str,
     send: bool,
-) -> Result<Begin, Response<Body>> {
+) -> Result<Begin, Refusal> {
     let store = gateway.store.clone();
     let (rid, uid, did, folder) = (
         request.request_id.clone(),
@@ -541,18 +530,9 @@ async fn record_request(
 
 /// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
 /// device's receipt when the record says unknown. Never sends the request.
-async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
-    check_ids(&request.user_id, Some(&request.request_id))?;
-    check_operation(&request.operation)?;
-    // A claim is recorded from these: they must be what a dispatch would accept.
-    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "device_id and folder must be an id and a folder alias",
-        ));
-    }
+    check_recovery(&request)?;
     let (_, kind) = deadline_and_kind(&request.operation);
     // Unknown to gatewayd: it was never sent, and claiming the id makes sure it never is (a
     // dispatch of it still under way finds the claim and answers from it).
@@ -563,27 +543,63 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Resp
     if !same_request(&record, &request) {
         return Err(reused());
     }
-    let unsettled = |reason: &str| -> Response<Body> {
-        ok(&Recovery::Unsettled {
-            reason: reason.to_owned(),
-        })
-    };
-    match &record.state {
-        DispatchState::Done { .. } => {
-            return Ok(ok(&Recovery::Settled {
-                state: record.state,
-                from_receipt: false,
-            }));
-        }
-        DispatchState::Pending => {
-            return Ok(unsettled("the request is still running on the device"));
-        }
-        DispatchState::Unknown { .. } if !record.sent => return Ok(ok(&Recovery::NeverSent)),
-        DispatchState::Unknown { .. } => {}
+    if let Some(recovery) = recovery_from_record(&record) {
+        return Ok(ok(&recovery));
     }
+    // Unknown: only the device's own receipt can tell.
+    let receipt = match ask_for_receipt(gateway, &record, &request.request_id).await? {
+        Ok(receipt) => receipt,
+        Err(unsettled) => return Ok(ok(&unsettled)),
+    };
+    let recovery =
+        settle_from_receipt(gateway, &record, kind, &request.request_id, receipt).await?;
+    Ok(ok(&recovery))
+}
 
-    // Unknown: only the device's own receipt can tell, asked on the connection of the
-    // credential that owns the device.
+/// A recovery's checks: a dispatch's, and more, because a claim is recorded from its device
+/// and folder, which must be what a dispatch would accept.
+fn check_recovery(request: &DispatchRequest) -> Result<(), Refusal> {
+    check_ids(&request.user_id, Some(&request.request_id))?;
+    check_operation(&request.operation)?;
+    if !valid_id(&request.device_id, MAX_ID_BYTES) || !valid_alias(&request.folder) {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "device_id and folder must be an id and a folder alias",
+        ));
+    }
+    Ok(())
+}
+
+/// A recovery that is not settled yet, and why.
+fn unsettled(reason: &str) -> Recovery {
+    Recovery::Unsettled {
+        reason: reason.to_owned(),
+    }
+}
+
+/// What the record alone says about the request, or `None` if it says unknown after a send
+/// (then only the device's receipt can tell).
+fn recovery_from_record(record: &RequestRecord) -> Option<Recovery> {
+    match &record.state {
+        DispatchState::Done { .. } => Some(Recovery::Settled {
+            state: record.state.clone(),
+            from_receipt: false,
+        }),
+        DispatchState::Pending => Some(unsettled("the request is still running on the device")),
+        DispatchState::Unknown { .. } if !record.sent => Some(Recovery::NeverSent),
+        DispatchState::Unknown { .. } => None,
+    }
+}
+
+/// Asks the device for its receipt of `request_id`, on the connection of the credential that
+/// owns the device, for at most [`RECEIPT_QUERY_TIMEOUT`]: its answer, or (`Err`) the
+/// unsettled recovery if it cannot be asked or does not answer.
+async fn ask_for_receipt(
+    gateway: &Gateway,
+    record: &RequestRecord,
+    request_id: &str,
+) -> Result<Result<ReceiptState, Recovery>, Refusal> {
     let store = gateway.store.clone();
     let device_id = record.device_id.clone();
     let device = blocking(move || store.device(&device_id)).await?;
@@ -594,62 +610,67 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Resp
             })
     });
     let Some(live) = live else {
-        return Ok(unsettled(
+        return Ok(Err(unsettled(
             "the device is not connected; its receipt can be asked for once it is",
-        ));
+        )));
     };
-    let Some(answer) =
-        gateway
-            .registry
-            .query_receipt(&record.device_id, live.conn_id, &request.request_id)
+    let Some(answer) = gateway
+        .registry
+        .query_receipt(&record.device_id, live.conn_id, request_id)
     else {
-        return Ok(unsettled("the device's receipt is being asked for already"));
+        return Ok(Err(unsettled(
+            "the device's receipt is being asked for already",
+        )));
     };
-    let receipt = match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
-        Ok(Ok(receipt)) => receipt,
+    match tokio::time::timeout(RECEIPT_QUERY_TIMEOUT, answer).await {
+        Ok(Ok(receipt)) => Ok(Ok(receipt)),
         _ => {
             gateway
                 .registry
-                .forget_receipt_query(&request.request_id, live.conn_id);
-            return Ok(unsettled("the device did not answer the receipt query"));
+                .forget_receipt_query(request_id, live.conn_id);
+            Ok(Err(unsettled(
+                "the device did not answer the receipt query",
+            )))
         }
-    };
+    }
+}
+
+/// The recovery the device's receipt settles: still running, never seen there (unknown for
+/// good), or its outcome, which is stored (and audited if that changed the record).
+async fn settle_from_receipt(
+    gateway: &Gateway,
+    record: &RequestRecord,
+    kind: &'static str,
+    request_id: &str,
+    receipt: ReceiptState,
+) -> Result<Recovery, Refusal> {
     match receipt {
         ReceiptState::Running => Ok(unsettled("the device says the request is still running")),
-        ReceiptState::Unknown => Ok(ok(&Recovery::Settled {
+        ReceiptState::Unknown => Ok(Recovery::Settled {
             state: DispatchState::Unknown {
                 reason: "the device has no receipt of this request (it never arrived there, or its receipts were lost); whether it ran is unknown and it is not re-sent".into(),
             },
             from_receipt: true,
-        })),
+        }),
         ReceiptState::Done { outcome } => {
             let store = gateway.store.clone();
-            let (id, recorded) = (request.request_id.clone(), outcome.clone());
+            let (id, recorded) = (request_id.to_owned(), outcome.clone());
             let changed =
                 blocking(move || store.recover_request(&id, &recorded, now_ms())).await?;
             let state = DispatchState::Done { outcome };
             if changed {
-                super::audit_request(
-                    &record.user_id,
-                    &record.device_id,
-                    kind,
-                    &request.request_id,
-                    &state,
-                );
+                super::audit_request(&record.user_id, &record.device_id, kind, request_id, &state);
             }
-            Ok(ok(&Recovery::Settled {
+            Ok(Recovery::Settled {
                 state,
                 from_receipt: true,
-            }))
+            })
         }
     }
 }
 
 /// This person's record of `request_id`, or a 404 that says nothing more.
-async fn owned_record(
-    gateway: &Gateway,
-    reference: &RequestRef,
-) -> Result<RequestRecord, Response<Body>> {
+async fn owned_record(gateway: &Gateway, reference: &RequestRef) -> Result<RequestRecord, Refusal> {
     check_ids(&reference.user_id, Some(&reference.request_id))?;
     let store = gateway.store.clone();
     let id = reference.request_id.clone();
@@ -657,7 +678,7 @@ async fn owned_record(
     record
         .filter(|r| r.user_id == reference.user_id)
         .ok_or_else(|| {
-            refuse(
+            Refusal::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 format!("no request {} for this user", reference.request_id),
@@ -666,7 +687,7 @@ async fn owned_record(
 }
 
 /// `POST /v1/cancel`: asks the device to stop a pending request.
-async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     let mut sent = false;
@@ -699,7 +720,7 @@ async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Respo
 }
 
 /// `POST /v1/outcome`: the recorded state.
-async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Response<Body>> {
+async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     Ok(ok(&record.state))

@@ -14,6 +14,7 @@ use std::time::Duration;
 use agentworks_contract::agentd::{
     TokenCheckRequest, TokenCheckResponse, TokenStatusRequest, TokenStatusResponse,
 };
+use agentworks_daemon::ipc::envelope::Refusal;
 use agentworks_support::unix_http::{ClientError, UnixClient};
 
 /// How long one question to agentd may take before gatewayd refuses.
@@ -52,6 +53,14 @@ impl TokenError {
             TokenError::Refused { code, .. } => code,
             TokenError::Unavailable { .. } => "agentd_unavailable",
         }
+    }
+}
+
+/// The refusal a socket request gets for a token agentd refused or could not check: that
+/// status and code, and the whole error as the message.
+impl From<TokenError> for Refusal {
+    fn from(error: TokenError) -> Refusal {
+        Refusal::new(error.status(), error.code(), error.to_string())
     }
 }
 

@@ -1,8 +1,8 @@
 //! The one JSON error envelope every agentworks socket and endpoint speaks:
 //! `{"error": {"code": "revision_conflict", "message": "...", ...details}}`.
 //!
-//! Owns building JSON responses (the envelope types are in `agentworks_contract::envelope`). Must never decide which code an error
-//! gets: each domain maps its own error enum to a code, once, and calls [`error_response`].
+//! Owns building JSON responses and the [`Refusal`] handlers answer with (the envelope types are in `agentworks_contract::envelope`). Must never decide which code an error
+//! gets: each domain maps its own error enum to a [`Refusal`] (or calls [`error_response`]), once.
 
 use bytes::Bytes;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -81,28 +81,81 @@ pub fn error_response(
     json_response(status, &envelope)
 }
 
-/// A JSON request body as `T`, or the 400 `invalid_request` envelope that says why not: the
+/// A refusal: the status, code, message and details of the error envelope a handler answers
+/// instead of its value. Handlers return `Result<_, Refusal>` and the router turns the refusal
+/// into its response once ([`Refusal::into_response`]); each domain maps its error enum to a
+/// refusal in one place (a `From` impl or one function).
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    /// Extra fields of the envelope's `error` object (`current_revision`, `reason`, ...).
+    pub details: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Refusal {
+    /// A refusal without details.
+    pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            code: code.into(),
+            message: message.into(),
+            details: serde_json::Map::new(),
+        }
+    }
+
+    /// The 500 `internal` refusal for a failure that is gatewayd's or agentd's own (a failed
+    /// blocking task, a value that does not serialize).
+    pub fn internal(message: impl Into<String>) -> Refusal {
+        Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// A refusal from another daemon's socket, passed on as it came: its status (502 if that
+    /// is not a status) and its envelope.
+    pub fn relayed(status: u16, body: ErrorBody) -> Refusal {
+        Refusal {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            code: body.code,
+            message: body.message,
+            details: body.details,
+        }
+    }
+
+    /// This refusal with one more detail field.
+    pub fn with_detail(mut self, key: &str, value: impl Into<serde_json::Value>) -> Refusal {
+        self.details.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The error envelope response.
+    pub fn into_response(self) -> Response<Body> {
+        error_response(self.status, &self.code, self.message, self.details)
+    }
+}
+
+impl From<Refusal> for Response<Body> {
+    fn from(refusal: Refusal) -> Response<Body> {
+        refusal.into_response()
+    }
+}
+
+/// A JSON request body as `T`, or the 400 `invalid_request` refusal that says why not: the
 /// one decode every socket handler uses.
-// The error side is the ready answer; boxing it would only add an allocation per refusal.
-#[allow(clippy::result_large_err)]
-pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response<Body>> {
+pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     serde_json::from_slice(body).map_err(|e| {
-        error_response(
+        Refusal::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             format!("the request body is not valid: {e}"),
-            serde_json::Map::new(),
         )
     })
 }
 
-/// Runs a blocking store call off the async threads: its value, its error as the answer
-/// `refusal` makes of it, or a 500 `internal` envelope if the task itself failed.
-#[allow(clippy::result_large_err)]
-pub async fn run_blocking<T, E, F>(
-    f: F,
-    refusal: impl FnOnce(E) -> Response<Body>,
-) -> Result<T, Response<Body>>
+/// Runs a blocking store call off the async threads: its value, its error as the refusal
+/// `refusal` makes of it, or a 500 `internal` refusal if the task itself failed.
+pub async fn run_blocking<T, E, F>(f: F, refusal: impl FnOnce(E) -> Refusal) -> Result<T, Refusal>
 where
     T: Send + 'static,
     E: Send + 'static,
@@ -111,12 +164,7 @@ where
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(refusal(error)),
-        Err(error) => Err(error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            error.to_string(),
-            serde_json::Map::new(),
-        )),
+        Err(error) => Err(Refusal::internal(error.to_string())),
     }
 }
 
@@ -152,7 +200,49 @@ mod tests {
         assert_eq!(parsed.error.details["current_revision"], "r2");
     }
 
-    async fn code_of(response: Response<Body>) -> (StatusCode, String) {
+    #[tokio::test]
+    async fn a_refusal_is_the_same_envelope() {
+        let refusal = Refusal::new(
+            StatusCode::CONFLICT,
+            "revision_conflict",
+            "the file changed",
+        )
+        .with_detail("current_revision", "r2");
+        assert_eq!(refusal.to_string(), "revision_conflict: the file changed");
+        let response: Response<Body> = refusal.into();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"error": {"code": "revision_conflict",
+                "message": "the file changed", "current_revision": "r2"}})
+        );
+        let relayed = Refusal::relayed(
+            42,
+            ErrorBody {
+                code: "x".into(),
+                message: "y".into(),
+                details: serde_json::Map::new(),
+            },
+        );
+        assert_eq!(relayed.status, StatusCode::BAD_GATEWAY);
+        let relayed = Refusal::relayed(
+            404,
+            ErrorBody {
+                code: "not_found".into(),
+                message: "no".into(),
+                details: serde_json::Map::new(),
+            },
+        );
+        assert_eq!(
+            (relayed.status, relayed.code.as_str()),
+            (StatusCode::NOT_FOUND, "not_found")
+        );
+    }
+
+    async fn code_of(refusal: Refusal) -> (StatusCode, String) {
+        let response = refusal.into_response();
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let parsed: ErrorEnvelope = serde_json::from_slice(&bytes).unwrap();
@@ -172,8 +262,7 @@ mod tests {
         );
         assert_eq!(decode_json::<Named>(br#"{"name": "a"}"#).unwrap().name, "a");
 
-        let refusal =
-            |e: &'static str| error_response(StatusCode::CONFLICT, e, "no", serde_json::Map::new());
+        let refusal = |e: &'static str| Refusal::new(StatusCode::CONFLICT, e, "no");
         assert_eq!(run_blocking(|| Ok::<_, &str>(7), refusal).await.unwrap(), 7);
         let refused = run_blocking(|| Err::<u8, _>("taken"), refusal)
             .await
