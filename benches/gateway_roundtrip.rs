@@ -22,6 +22,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/daemons.rs"]
 mod daemons;
+#[path = "../tests/common/laptop_cli.rs"]
+mod laptop_cli;
 #[path = "../tests/common/ports.rs"]
 mod ports;
 
@@ -30,7 +32,6 @@ use agentworks_support::unix_http::UnixClient;
 use daemons::Process;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -396,27 +397,7 @@ impl Laptop {
 fn start_executor(laptop: &Laptop, stack: &Stack, token: &str) -> Process {
     let server = format!("http://127.0.0.1:{}", stack.agentd_port);
     let gateway = format!("ws://127.0.0.1:{}", stack.gateway_port);
-    let mut login = laptop
-        .command(&[
-            "login",
-            "--server",
-            &server,
-            "--gateway",
-            &gateway,
-            "--with-token",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(login.stdin.take().unwrap(), "{token}").unwrap();
-    let out = login.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "agentworks login failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    laptop_cli::login_with_token(laptop.command(&[]), &server, &gateway, token);
     let log = std::fs::File::create(laptop.root().join("executor.stderr")).unwrap();
     let project = laptop.project();
     let child = laptop

@@ -3,7 +3,7 @@
 //! [`Stack`]. It starts no daemon itself; the tests start `agentworks executor connect` with
 //! [`Laptop::command`].
 
-use super::Stack;
+use super::{Stack, laptop_cli};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -104,30 +104,9 @@ impl Laptop {
     /// `agentworks login --server … --gateway … --with-token`, the token on stdin; asserts it
     /// succeeds and stores the credential.
     pub fn login(&self, stack: &Stack, gateway_port: u16, token: &str) {
-        use std::io::Write;
         let server = format!("http://127.0.0.1:{}", stack.port);
         let gateway = format!("ws://127.0.0.1:{gateway_port}");
-        let mut child = self
-            .command(&[
-                "login",
-                "--server",
-                &server,
-                "--gateway",
-                &gateway,
-                "--with-token",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "login: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        laptop_cli::login_with_token(self.command(&[]), &server, &gateway, token);
         assert!(self.credentials().exists());
     }
 }

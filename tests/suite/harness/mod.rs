@@ -14,6 +14,8 @@
 //!   environment, the readiness wait that fails as soon as the daemon exits, signals;
 //! - [`ports`] (`tests/common/ports.rs`, shared with the benchmarks): the loopback ports every
 //!   daemon listens on, each reserved once;
+//! - [`laptop_cli`] (`tests/common/laptop_cli.rs`, shared with the benchmarks): laptop CLI
+//!   steps such as the token login;
 //! - [`probes`]: processes left running, conditions polled.
 //!
 //! What holds for all of them: a daemon is started only on a temp state root; a start returns
@@ -30,6 +32,8 @@ mod agentd;
 mod daemons;
 mod gatewayd;
 mod laptop;
+#[path = "../../common/laptop_cli.rs"]
+mod laptop_cli;
 mod mcp;
 #[path = "../../common/ports.rs"]
 mod ports;
