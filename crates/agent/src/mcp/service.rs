@@ -3,8 +3,9 @@
 //! HTTP method, media types, JSON-RPC framing, era, era rules), then answers the MCP method,
 //! asking the [`Backend`] for the caller's live operations and for the operation itself.
 //!
-//! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), and the shape of
-//! results per era. Must never call the backend before the caller is authenticated, never let a
+//! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), written as the
+//! request needs ([`Spelling`]: a JSON-RPC error for a JSON-RPC request, else the envelope),
+//! and the shape of results per era. Must never call the backend before the caller is authenticated, never let a
 //! tool failure become a JSON-RPC error or an HTTP 5xx, and never hold the session lock across an
 //! `.await`.
 

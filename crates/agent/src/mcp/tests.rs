@@ -576,6 +576,57 @@ async fn bad_tokens_are_401_invalid_token() {
 }
 
 #[tokio::test]
+async fn other_refusals_of_a_json_rpc_request_answer_its_id() {
+    let server = start().await;
+    let list = json!({"jsonrpc": "2.0", "id": "req-9", "method": "tools/list"});
+    // 406: a client that accepts neither JSON nor SSE.
+    let reply = send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &[
+            ("content-type", "application/json"),
+            ("accept", "text/plain"),
+            ("authorization", "Bearer read"),
+        ],
+        &list.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_ACCEPTABLE);
+    let json = reply.json();
+    assert_eq!(json["id"], "req-9");
+    assert_eq!(json["error"]["code"], -32600);
+    assert_eq!(json["error"]["data"]["code"], "not_acceptable");
+    // 400: a session header sent twice.
+    let reply = legacy(
+        &server,
+        "read",
+        list.clone(),
+        &[("mcp-session-id", "a"), ("mcp-session-id", "b")],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let json = reply.json();
+    assert_eq!(json["id"], "req-9");
+    assert_eq!(json["error"]["code"], -32600);
+    assert_eq!(json["error"]["data"]["code"], "bad_session_header");
+    // 415 is never JSON-RPC: the body is not JSON by its own account.
+    let reply = send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &[
+            ("content-type", "text/plain"),
+            ("authorization", "Bearer read"),
+        ],
+        &list.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(reply.json()["error"]["code"], "unsupported_media_type");
+}
+
+#[tokio::test]
 async fn metadata_documents() {
     let server = start().await;
     let reply = send(
