@@ -291,6 +291,78 @@ fn revoked_expired_and_devices_tokens_are_refused() {
     );
 }
 
+/// Refusals of a JSON-RPC request through the real listener, including the ones it makes before
+/// reading the body (the screen, the body limit): a JSON-RPC error with id `null`, our stable
+/// code and message in `data`, the HTTP status and challenge unchanged; a GET keeps the
+/// envelope, and a body that is not JSON says where it broke.
+#[test]
+fn refusals_of_json_rpc_requests_are_json_rpc_errors_clients_can_read() {
+    let stack = Stack::start();
+    let (_, token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let json_post = [("content-type", "application/json")];
+    let (status, headers, body) = http(
+        stack.port,
+        "POST",
+        "/mcp",
+        &json_post,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 401, "{body}");
+    assert!(headers.contains_key("www-authenticate"));
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["jsonrpc"], "2.0");
+    // Refused from the head, before the body (and its id) was read.
+    assert_eq!(body["id"], serde_json::Value::Null);
+    assert_eq!(body["error"]["code"], -32010);
+    assert_eq!(body["error"]["data"]["code"], "missing_token");
+    assert_eq!(body["error"]["message"], body["error"]["data"]["message"]);
+
+    let (status, _, body) = http(stack.port, "GET", "/mcp", &[], "");
+    assert_eq!(status, 401, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "missing_token", "{body}");
+
+    // Over the body limit, declared: 413 before a byte of it is read.
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", stack.port)).unwrap();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        64 * 1024 * 1024
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let body: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or_default()).unwrap();
+    assert_eq!(body["id"], serde_json::Value::Null);
+    assert_eq!(body["error"]["code"], -32600);
+    assert_eq!(body["error"]["data"]["code"], "too_large");
+    assert!(body["error"]["data"]["max_body_bytes"].is_u64(), "{body}");
+
+    let auth = format!("Bearer {token}");
+    let (status, _, body) = http(
+        stack.port,
+        "POST",
+        "/mcp",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+        "{\"jsonrpc\": \"2.0\", \"id\": 1,\n \"method\": }",
+    );
+    assert_eq!(status, 400, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], -32700);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at line 2 column"), "{message}");
+}
+
 /// A disabled user's tokens get one refusal code everywhere: the MCP endpoint, the chat API and
 /// gatewayd's token check (which once said `token_disabled` where the others said
 /// `user_disabled`).

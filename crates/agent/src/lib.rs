@@ -37,7 +37,8 @@ use agentworks_daemon::ipc::connections::{
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
 use agentworks_daemon::ipc::server::{
-    MAX_ANONYMOUS_BODY_BYTES, PublicLimits, Screen, ServerLimits, Verdict, serve, serve_public,
+    BodyRefusal, MAX_ANONYMOUS_BODY_BYTES, PublicLimits, Screen, ServerLimits, Verdict, serve,
+    serve_public,
 };
 use agentworks_daemon::layout::ensure_private_dir;
 use agentworks_support::unix_http::UnixClient;
@@ -243,7 +244,7 @@ struct PublicScreen {
 impl Screen for PublicScreen {
     async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
         if head.uri.path() == "/mcp" {
-            return match self.mcp.screen(&head.headers).await {
+            return match self.mcp.screen(&head.method, &head.headers).await {
                 Ok(()) if head.method == Method::POST => Verdict::Authenticated {
                     max_body_bytes: MAX_MCP_BODY_BYTES,
                 },
@@ -262,6 +263,19 @@ impl Screen for PublicScreen {
             };
         }
         Verdict::Anonymous
+    }
+
+    /// `/mcp` spells a refused body its own way (a JSON-RPC error for a JSON-RPC request);
+    /// every other path gets the envelope.
+    fn body_refusal(
+        &self,
+        head: &hyper::http::request::Parts,
+        refusal: BodyRefusal,
+    ) -> hyper::Response<Body> {
+        if head.uri.path() == "/mcp" {
+            return self.mcp.body_refusal(&head.method, &head.headers, refusal);
+        }
+        refusal.envelope()
     }
 }
 

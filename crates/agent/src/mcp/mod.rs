@@ -18,6 +18,36 @@
 //!   optional `Mcp-Session-Id`, bound to the token that created it; DELETE ends it; GET answers
 //!   405 because we never push.
 //!
+//! **Refusals.** A request refused at the HTTP layer keeps its status and headers
+//! (`WWW-Authenticate`, `Allow`) in every case; what the body says depends on whether the request
+//! was JSON-RPC, decided from its head alone so that a refusal before the body is read (the
+//! public listener's screening, its body limits) is spelled the same way: a `POST /mcp` with an
+//! `application/json` content type is a JSON-RPC request. It gets a JSON-RPC error answering its
+//! id when the body has been read and carries a valid one, else `null` (JSON-RPC 2.0 §5):
+//! `{"jsonrpc":"2.0","id":…,"error":{"code":C,"message":M,"data":{"code":S,"message":M,…details}}}`,
+//! with `M` our message and `S` our stable code (the same pair the envelope carries), so SDKs
+//! that surface a non-2xx JSON-RPC error body (the Python SDK raises `MCPError(M)`) show it.
+//! The JSON-RPC codes `C` (ours are in the implementation-defined band -32000..-32019, above
+//! the Python SDK's -32000/-32001 and clear of the retired -32002):
+//!
+//! | HTTP | `data.code` | `C` |
+//! |------|-------------|-----|
+//! | 401 | `missing_token`, `invalid_token`, `token_expired`, `token_revoked`, `user_disabled` | -32010 |
+//! | 403 | `origin_forbidden`, `insufficient_scope` | -32011 |
+//! | 404 | `session_not_found` | -32012 |
+//! | 503 | `too_many_sessions`, `busy` (the listener's body budget) | -32013 |
+//! | 400 | `bad_session_header`, `bad_request` (an unreadable body) | -32600 |
+//! | 406 | `not_acceptable` | -32600 |
+//! | 408 | `body_timeout` | -32600 |
+//! | 413 | `too_large` | -32600 |
+//!
+//! (405 and 415 cannot happen to a JSON-RPC request: it is a POST with a JSON body.) Anything
+//! else (GET, DELETE, another content type) keeps the agentworks error envelope
+//! `{"error":{"code","message",…}}`, as do paths other than `/mcp`. A body that is not JSON is a
+//! JSON-RPC parse error (-32700, HTTP 400) whose message says what was wrong: `invalid UTF-8 at
+//! byte N` (`data.byte`) or serde_json's reason with line and column (`data.line`,
+//! `data.column`).
+//!
 //! Files:
 //!
 //! - `catalog` (private): the operations, their schemas, scopes and annotations, the effective

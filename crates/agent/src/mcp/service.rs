@@ -3,8 +3,9 @@
 //! HTTP method, media types, JSON-RPC framing, era, era rules), then answers the MCP method,
 //! asking the [`Backend`] for the caller's live operations and for the operation itself.
 //!
-//! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), and the shape of
-//! results per era. Must never call the backend before the caller is authenticated, never let a
+//! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), written as the
+//! request needs ([`Spelling`]: a JSON-RPC error for a JSON-RPC request, else the envelope),
+//! and the shape of results per era. Must never call the backend before the caller is authenticated, never let a
 //! tool failure become a JSON-RPC error or an HTTP 5xx, and never hold the session lock across an
 //! `.await`.
 
@@ -24,6 +25,7 @@ use super::wire::{self, Era, Framing, Message, RoutingHeaders, RpcError, code};
 use super::{AuthError, Backend, Body, Caller, McpConfig, Operation, ToolError};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{error_response, json_response};
+use agentworks_daemon::ipc::server::BodyRefusal;
 
 /// Legacy sessions kept at once; beyond this, idle ones are dropped, then opening fails (503).
 /// With [`McpConfig::max_sessions_per_token`] it takes that many distinct tokens to get here.
@@ -43,7 +45,67 @@ pub struct McpService<B: Backend> {
     metadata_url: String,
 }
 
-/// A request refused at the HTTP layer, answered with the agentworks error envelope.
+/// How a refusal is written for the request it answers (see the module docs of
+/// [`super`], "Refusals").
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Spelling {
+    /// Not a JSON-RPC request (GET, DELETE, a body that is not `application/json`): the
+    /// agentworks error envelope `{"error": {code, message, ...details}}`.
+    Envelope,
+    /// A JSON-RPC request (a POST with a JSON content type): a JSON-RPC error answering this
+    /// id, `null` when it is not known (the body was not read, or has none that is valid).
+    JsonRpc(Value),
+}
+
+impl Spelling {
+    /// From the request's head alone (before its body is read): the id is not known.
+    pub(super) fn for_head(method: &Method, headers: &HeaderMap) -> Spelling {
+        let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        if method == Method::POST && wire::is_json_content_type(content_type) {
+            Spelling::JsonRpc(Value::Null)
+        } else {
+            Spelling::Envelope
+        }
+    }
+
+    /// For a whole request: as [`Spelling::for_head`], answering the body's id when it has one.
+    fn for_request(request: &Request<bytes::Bytes>) -> Spelling {
+        match Spelling::for_head(request.method(), request.headers()) {
+            Spelling::JsonRpc(_) => Spelling::JsonRpc(wire::request_id(request.body())),
+            Spelling::Envelope => Spelling::Envelope,
+        }
+    }
+
+    /// The answer: `status`, with our stable `code`, `message` and `details` in the envelope, or
+    /// as a JSON-RPC error whose `data` is `{code, message, ...details}` (`code` and `message`
+    /// written last, so a detail cannot forge them).
+    fn answer(
+        &self,
+        status: StatusCode,
+        rpc_code: i64,
+        code: &str,
+        message: String,
+        details: Map<String, Value>,
+    ) -> Response<Body> {
+        match self {
+            Spelling::Envelope => error_response(status, code, message, details),
+            Spelling::JsonRpc(id) => {
+                let mut data = details;
+                data.insert("code".to_owned(), Value::String(code.to_owned()));
+                data.insert("message".to_owned(), Value::String(message.clone()));
+                let error = RpcError {
+                    code: rpc_code,
+                    message,
+                    data: Some(Value::Object(data)),
+                };
+                wire::message_response(status, Framing::Json, &wire::error_message(id, &error))
+            }
+        }
+    }
+}
+
+/// A request refused at the HTTP layer, answered with the agentworks error envelope or, for a
+/// JSON-RPC request, a JSON-RPC error carrying the same code and message ([`Spelling`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub(super) enum Rejection {
     #[error("origin {0:?} may not call this endpoint")]
@@ -65,16 +127,22 @@ pub(super) enum Rejection {
 }
 
 impl Rejection {
-    /// The one mapping from rejection to HTTP answer.
-    fn into_response(self, metadata_url: &str) -> Response<Body> {
+    /// The one mapping from rejection to HTTP answer: status, stable code, JSON-RPC code (used
+    /// when `spelling` is [`Spelling::JsonRpc`]) and headers.
+    fn into_response(self, metadata_url: &str, spelling: &Spelling) -> Response<Body> {
         let message = self.to_string();
         let mut details = Map::new();
-        let (status, code, challenge, allow) = match self {
-            Rejection::OriginForbidden(_) => {
-                (StatusCode::FORBIDDEN, "origin_forbidden", None, None)
-            }
+        let (status, rpc_code, code, challenge, allow) = match self {
+            Rejection::OriginForbidden(_) => (
+                StatusCode::FORBIDDEN,
+                code::FORBIDDEN,
+                "origin_forbidden",
+                None,
+                None,
+            ),
             Rejection::Unauthorized(error) => (
                 StatusCode::UNAUTHORIZED,
+                code::UNAUTHORIZED,
                 error.code(),
                 Some(access::unauthorized_challenge(error, metadata_url)),
                 None,
@@ -83,6 +151,7 @@ impl Rejection {
                 details.insert("scope".to_owned(), Value::String(scope.to_owned()));
                 (
                     StatusCode::FORBIDDEN,
+                    code::FORBIDDEN,
                     "insufficient_scope",
                     Some(access::insufficient_scope_challenge(scope, metadata_url)),
                     None,
@@ -90,31 +159,48 @@ impl Rejection {
             }
             Rejection::MethodNotAllowed { allow } => (
                 StatusCode::METHOD_NOT_ALLOWED,
+                code::INVALID_REQUEST,
                 "method_not_allowed",
                 None,
                 Some(allow),
             ),
-            Rejection::NotAcceptable => (StatusCode::NOT_ACCEPTABLE, "not_acceptable", None, None),
+            Rejection::NotAcceptable => (
+                StatusCode::NOT_ACCEPTABLE,
+                code::INVALID_REQUEST,
+                "not_acceptable",
+                None,
+                None,
+            ),
             Rejection::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                code::INVALID_REQUEST,
                 "unsupported_media_type",
                 None,
                 None,
             ),
-            Rejection::BadSessionHeader(_) => {
-                (StatusCode::BAD_REQUEST, "bad_session_header", None, None)
-            }
-            Rejection::Session(SessionError::NotFound) => {
-                (StatusCode::NOT_FOUND, "session_not_found", None, None)
-            }
+            Rejection::BadSessionHeader(_) => (
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                "bad_session_header",
+                None,
+                None,
+            ),
+            Rejection::Session(SessionError::NotFound) => (
+                StatusCode::NOT_FOUND,
+                code::SESSION_NOT_FOUND,
+                "session_not_found",
+                None,
+                None,
+            ),
             Rejection::Session(SessionError::Full) => (
                 StatusCode::SERVICE_UNAVAILABLE,
+                code::UNAVAILABLE,
                 "too_many_sessions",
                 None,
                 None,
             ),
         };
-        let mut response = error_response(status, code, message, details);
+        let mut response = spelling.answer(status, rpc_code, code, message, details);
         let headers = response.headers_mut();
         if let Some(challenge) = challenge.and_then(|c| HeaderValue::from_str(&c).ok()) {
             headers.insert(WWW_AUTHENTICATE, challenge);
@@ -188,11 +274,11 @@ impl<B: Backend> McpService<B> {
     /// (RFC 9728 metadata). Returns `None` for any other path so the caller routes it elsewhere.
     pub async fn handle(&self, request: Request<bytes::Bytes>) -> Option<Response<Body>> {
         match request.uri().path() {
-            "/mcp" => Some(match self.handle_mcp(request).await {
+            "/mcp" => Some(match self.handle_mcp(&request).await {
                 Ok(response) => response,
                 Err(rejection) => {
                     tracing::debug!(%rejection, "mcp request refused");
-                    rejection.into_response(&self.metadata_url)
+                    rejection.into_response(&self.metadata_url, &Spelling::for_request(&request))
                 }
             }),
             "/.well-known/oauth-protected-resource" => Some(self.metadata(&request, false)),
@@ -206,7 +292,8 @@ impl<B: Backend> McpService<B> {
     /// equal the identifier the well-known URL was formed from). Public: no auth.
     fn metadata(&self, request: &Request<bytes::Bytes>, for_mcp: bool) -> Response<Body> {
         if request.method() != Method::GET {
-            return Rejection::MethodNotAllowed { allow: "GET" }.into_response(&self.metadata_url);
+            return Rejection::MethodNotAllowed { allow: "GET" }
+                .into_response(&self.metadata_url, &Spelling::Envelope);
         }
         let resource = if for_mcp {
             format!("{}/mcp", self.config.public_url)
@@ -228,11 +315,34 @@ impl<B: Backend> McpService<B> {
     /// [`McpService::handle`]): the answer it would get if they fail. The public listener
     /// calls this before it reads the body, so a request that would be refused anyway never
     /// makes us hold its body; `handle` runs the same checks again on the whole request.
-    pub async fn screen(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
-        self.admit(headers)
-            .await
-            .map(drop)
-            .map_err(|rejection| rejection.into_response(&self.metadata_url))
+    /// A JSON-RPC request's refusal answers id `null`: its body, and so its id, is unread.
+    pub async fn screen(&self, method: &Method, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        self.admit(headers).await.map(drop).map_err(|rejection| {
+            rejection.into_response(&self.metadata_url, &Spelling::for_head(method, headers))
+        })
+    }
+
+    /// The answer to a `/mcp` request whose body the public listener refused to read (413,
+    /// 400, 408, 503): the envelope, or for a JSON-RPC request a JSON-RPC error with id `null`
+    /// carrying the same code and message (`-32013` for 503, `-32600` otherwise).
+    pub fn body_refusal(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        refusal: BodyRefusal,
+    ) -> Response<Body> {
+        let rpc_code = if refusal.status == StatusCode::SERVICE_UNAVAILABLE {
+            code::UNAVAILABLE
+        } else {
+            code::INVALID_REQUEST
+        };
+        Spelling::for_head(method, headers).answer(
+            refusal.status,
+            rpc_code,
+            refusal.code,
+            refusal.message,
+            refusal.details,
+        )
     }
 
     /// Steps 1–3: Origin, authentication, the endpoint's scope.
@@ -270,7 +380,7 @@ impl<B: Backend> McpService<B> {
 
     async fn handle_mcp(
         &self,
-        request: Request<bytes::Bytes>,
+        request: &Request<bytes::Bytes>,
     ) -> Result<Response<Body>, Rejection> {
         // 1.–3. Origin, authentication, scope.
         let caller = self.admit(request.headers()).await?;
@@ -285,11 +395,11 @@ impl<B: Backend> McpService<B> {
             "POST, DELETE"
         };
         match *request.method() {
-            Method::POST => self.post(&caller, &request).await,
+            Method::POST => self.post(&caller, request).await,
             Method::DELETE
                 if !modern_header && request.headers().contains_key(wire::HEADER_SESSION_ID) =>
             {
-                self.delete(&caller, &request)
+                self.delete(&caller, request)
             }
             _ => Err(Rejection::MethodNotAllowed { allow }),
         }
@@ -728,9 +838,59 @@ mod unit {
     }
 
     #[test]
+    fn json_rpc_requests_get_json_rpc_refusals_with_the_same_status_and_headers() {
+        let url = "http://h/.well-known/oauth-protected-resource/mcp";
+        let spelling = Spelling::JsonRpc(json!(7));
+        let r = Rejection::Unauthorized(AuthError::Missing).into_response(url, &spelling);
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert!(
+            r.headers()[WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .contains("resource_metadata")
+        );
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
+        let r = Rejection::InsufficientScope {
+            scope: "workflows:write",
+        }
+        .into_response(url, &spelling);
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert!(
+            r.headers()[WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .contains("insufficient_scope")
+        );
+        let r = Rejection::MethodNotAllowed { allow: "POST" }.into_response(url, &spelling);
+        assert_eq!(r.headers()[ALLOW], "POST");
+        // The spelling follows the request's head: a JSON POST is JSON-RPC, nothing else is.
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            Spelling::for_head(&Method::POST, &headers),
+            Spelling::Envelope
+        );
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        assert_eq!(
+            Spelling::for_head(&Method::POST, &headers),
+            Spelling::JsonRpc(Value::Null)
+        );
+        assert_eq!(
+            Spelling::for_head(&Method::GET, &headers),
+            Spelling::Envelope
+        );
+        assert_eq!(
+            Spelling::for_head(&Method::DELETE, &headers),
+            Spelling::Envelope
+        );
+    }
+
+    #[test]
     fn rejections_map_to_statuses_and_challenges() {
         let url = "http://h/.well-known/oauth-protected-resource/mcp";
-        let r = Rejection::Unauthorized(AuthError::Expired).into_response(url);
+        let r = Rejection::Unauthorized(AuthError::Expired).into_response(url, &Spelling::Envelope);
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
         assert!(
             r.headers()[WWW_AUTHENTICATE]
@@ -741,7 +901,7 @@ mod unit {
         let r = Rejection::InsufficientScope {
             scope: "workflows:write",
         }
-        .into_response(url);
+        .into_response(url, &Spelling::Envelope);
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
         assert!(
             r.headers()[WWW_AUTHENTICATE]
@@ -749,11 +909,12 @@ mod unit {
                 .unwrap()
                 .contains("scope=\"workflows:write\"")
         );
-        let r = Rejection::MethodNotAllowed { allow: "POST" }.into_response(url);
+        let r =
+            Rejection::MethodNotAllowed { allow: "POST" }.into_response(url, &Spelling::Envelope);
         assert_eq!(r.headers()[ALLOW], "POST");
         assert_eq!(
             Rejection::Session(SessionError::NotFound)
-                .into_response(url)
+                .into_response(url, &Spelling::Envelope)
                 .status(),
             StatusCode::NOT_FOUND
         );

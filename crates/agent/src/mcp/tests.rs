@@ -475,6 +475,31 @@ async fn python_sdk_legacy_mode_2025_06_18() {
     assert_eq!(summary["session_issued"], true);
 }
 
+/// The SDK used to show only "Server returned an error response" for a 401: with the refusal
+/// as a JSON-RPC error body, what it raises carries our message and stable code, in both modes.
+#[tokio::test]
+async fn python_sdk_shows_our_message_for_a_missing_or_wrong_token() {
+    let server = start().await;
+    let results = run_python(&server, "refusals.py", &[]).await;
+    for (case, code, message) in [
+        (
+            "missing",
+            "missing_token",
+            "this endpoint needs an `Authorization: Bearer <token>` header",
+        ),
+        ("wrong", "invalid_token", "the bearer token is not valid"),
+    ] {
+        for mode in ["auto", "legacy"] {
+            let raised = &results[format!("{case}/{mode}")];
+            assert_eq!(raised["type"], "MCPError", "{case}/{mode}: {raised}");
+            assert_eq!(raised["code"], -32010, "{case}/{mode}: {raised}");
+            assert_eq!(raised["message"], message, "{case}/{mode}: {raised}");
+            assert_eq!(raised["str"], message, "{case}/{mode}: {raised}");
+            assert_eq!(raised["data"]["code"], code, "{case}/{mode}: {raised}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Raw HTTP: auth.
 
@@ -498,7 +523,26 @@ async fn missing_token_is_401_with_resource_metadata() {
             server.addr
         )
     );
-    assert_eq!(reply.json()["error"]["code"], "missing_token");
+    // A JSON-RPC request gets a JSON-RPC error answering its id, our code and message in `data`.
+    let json = reply.json();
+    assert_eq!(json["jsonrpc"], "2.0");
+    assert_eq!(json["id"], 1);
+    assert_eq!(json["error"]["code"], -32010);
+    assert_eq!(json["error"]["data"]["code"], "missing_token");
+    assert_eq!(
+        json["error"]["message"],
+        "this endpoint needs an `Authorization: Bearer <token>` header"
+    );
+    assert_eq!(json["error"]["data"]["message"], json["error"]["message"]);
+    // Anything else (a GET, a body that is not JSON) keeps the envelope.
+    for (method, headers) in [
+        (Method::GET, &[][..]),
+        (Method::POST, &[("content-type", "text/plain")][..]),
+    ] {
+        let reply = send(server.addr, method.clone(), "/mcp", headers, "").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{method}");
+        assert_eq!(reply.json()["error"]["code"], "missing_token", "{method}");
+    }
 }
 
 #[tokio::test]
@@ -517,7 +561,8 @@ async fn bad_tokens_are_401_invalid_token() {
             "{challenge}"
         );
         assert!(challenge.contains("resource_metadata=\""), "{challenge}");
-        assert_eq!(reply.json()["error"]["code"], code);
+        assert_eq!(reply.json()["error"]["code"], -32010, "{token}");
+        assert_eq!(reply.json()["error"]["data"]["code"], code);
     }
     // initialize is authenticated too.
     let reply = legacy(
@@ -528,6 +573,57 @@ async fn bad_tokens_are_401_invalid_token() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn other_refusals_of_a_json_rpc_request_answer_its_id() {
+    let server = start().await;
+    let list = json!({"jsonrpc": "2.0", "id": "req-9", "method": "tools/list"});
+    // 406: a client that accepts neither JSON nor SSE.
+    let reply = send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &[
+            ("content-type", "application/json"),
+            ("accept", "text/plain"),
+            ("authorization", "Bearer read"),
+        ],
+        &list.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_ACCEPTABLE);
+    let json = reply.json();
+    assert_eq!(json["id"], "req-9");
+    assert_eq!(json["error"]["code"], -32600);
+    assert_eq!(json["error"]["data"]["code"], "not_acceptable");
+    // 400: a session header sent twice.
+    let reply = legacy(
+        &server,
+        "read",
+        list.clone(),
+        &[("mcp-session-id", "a"), ("mcp-session-id", "b")],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let json = reply.json();
+    assert_eq!(json["id"], "req-9");
+    assert_eq!(json["error"]["code"], -32600);
+    assert_eq!(json["error"]["data"]["code"], "bad_session_header");
+    // 415 is never JSON-RPC: the body is not JSON by its own account.
+    let reply = send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &[
+            ("content-type", "text/plain"),
+            ("authorization", "Bearer read"),
+        ],
+        &list.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(reply.json()["error"]["code"], "unsupported_media_type");
 }
 
 #[tokio::test]
@@ -590,7 +686,8 @@ async fn devices_token_is_403_insufficient_scope() {
         "{challenge}"
     );
     assert!(challenge.contains("resource_metadata=\""), "{challenge}");
-    assert_eq!(reply.json()["error"]["code"], "insufficient_scope");
+    assert_eq!(reply.json()["error"]["code"], -32011);
+    assert_eq!(reply.json()["error"]["data"]["code"], "insufficient_scope");
 }
 
 #[tokio::test]
@@ -618,7 +715,7 @@ async fn write_with_a_read_token_is_403_naming_workflows_write() {
             challenge.contains("scope=\"workflows:write\""),
             "{challenge}"
         );
-        assert_eq!(reply.json()["error"]["scope"], "workflows:write");
+        assert_eq!(reply.json()["error"]["data"]["scope"], "workflows:write");
     }
     // Nothing was written.
     let read = modern(
@@ -647,7 +744,8 @@ async fn foreign_origin_is_403_before_auth() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
-    assert_eq!(reply.json()["error"]["code"], "origin_forbidden");
+    assert_eq!(reply.json()["error"]["code"], -32011);
+    assert_eq!(reply.json()["error"]["data"]["code"], "origin_forbidden");
     // Even without a token: the origin check comes first.
     let reply = send(
         server.addr,
@@ -929,6 +1027,12 @@ async fn malformed_json_is_a_400_parse_error() {
         let json = reply.json();
         assert_eq!(json["error"]["code"], -32700);
         assert_eq!(json["id"], Value::Null);
+        // It says what was wrong, not just "Parse error".
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("Parse error: ") && message.contains("line 1 column"),
+            "{message}"
+        );
     }
 }
 
@@ -1147,7 +1251,9 @@ async fn unknown_or_foreign_session_is_404() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
-    assert_eq!(reply.json()["error"]["code"], "session_not_found");
+    assert_eq!(reply.json()["error"]["code"], -32012);
+    assert_eq!(reply.json()["error"]["data"]["code"], "session_not_found");
+    assert_eq!(reply.json()["id"], 1);
     // Another token's session answers exactly like an unknown one.
     let (_, session) = initialize(&server, "write", "2025-11-25").await;
     let reply = legacy(

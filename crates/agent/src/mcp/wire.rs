@@ -45,6 +45,18 @@ pub(super) mod code {
     pub const HEADER_MISMATCH: i64 = -32020;
     /// The request's protocol version is not served (2026-07-28).
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+    // Ours, for HTTP-level refusals of a JSON-RPC request (the answer keeps its HTTP status;
+    // `data.code` is the stable code). From the implementation-defined band -32000..-32019,
+    // above the Python SDK's own -32000 (connection closed) and -32001 (request timeout),
+    // and clear of the retired -32002.
+    /// 401: no token, or one that is not accepted (`missing_token`, `invalid_token`, ...).
+    pub const UNAUTHORIZED: i64 = -32010;
+    /// 403: a forbidden `Origin` or a scope the token lacks.
+    pub const FORBIDDEN: i64 = -32011;
+    /// 404: the `Mcp-Session-Id` names no live session of this token.
+    pub const SESSION_NOT_FOUND: i64 = -32012;
+    /// 503: no room right now (`too_many_sessions`, `busy`); retry later.
+    pub const UNAVAILABLE: i64 = -32013;
 }
 
 /// Every version we serve, oldest first (the `supported` list in errors and discovery).
@@ -119,8 +131,7 @@ pub(super) enum Message {
 /// Parses a POST body into one message. Errors carry the request id when it could be read.
 /// Batches are refused: none of the revisions we serve allows them.
 pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|_| (Value::Null, RpcError::new(code::PARSE_ERROR, "Parse error")))?;
+    let value = parse_json(body).map_err(|error| (Value::Null, error))?;
     let invalid = |id: Value, message: &str| (id, RpcError::new(code::INVALID_REQUEST, message));
     let object = match value {
         Value::Object(object) => object,
@@ -165,6 +176,35 @@ pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
         Some(id) => Message::Request { id, method, params },
         None => Message::Notification { method, params },
     })
+}
+
+/// A body as JSON, or the parse error saying what was wrong: the first byte that is not UTF-8
+/// (`data.byte`), or serde_json's reason and position (`data.line`, `data.column`).
+fn parse_json(body: &[u8]) -> Result<Value, RpcError> {
+    let text = std::str::from_utf8(body).map_err(|error| RpcError {
+        code: code::PARSE_ERROR,
+        message: format!("Parse error: invalid UTF-8 at byte {}", error.valid_up_to()),
+        data: Some(json!({"byte": error.valid_up_to()})),
+    })?;
+    serde_json::from_str(text).map_err(|error| RpcError {
+        code: code::PARSE_ERROR,
+        message: format!("Parse error: {error}"),
+        data: Some(json!({"line": error.line(), "column": error.column()})),
+    })
+}
+
+/// The id of a JSON-RPC request body, best effort: a valid id (string or integer) when the body
+/// is a JSON object carrying one, else `null` (JSON-RPC 2.0 §5). For refusals that happen before
+/// or regardless of parsing.
+pub(super) fn request_id(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|value| match value.get("id") {
+            Some(id @ Value::String(_)) => Some(id.clone()),
+            Some(id @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(id.clone()),
+            _ => None,
+        })
+        .unwrap_or(Value::Null)
 }
 
 /// Which revision family a POST speaks.
@@ -537,6 +577,39 @@ mod tests {
         assert!(matches!(n, Message::Notification { .. }));
         let r = parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
         assert_eq!(r, Message::Reply);
+    }
+
+    #[test]
+    fn parse_errors_say_what_was_wrong_and_where() {
+        let (_, e) = parse_message(b"{\"jsonrpc\": \"2.0\",\n  \"id\": 1,,}").unwrap_err();
+        assert_eq!(e.code, code::PARSE_ERROR);
+        assert!(e.message.starts_with("Parse error: "), "{}", e.message);
+        assert!(e.message.contains("line 2 column"), "{}", e.message);
+        assert_eq!(e.data.as_ref().unwrap()["line"], 2);
+        let (_, e) = parse_message(b"{\"method\": \"p\xffing\"}").unwrap_err();
+        assert_eq!(e.code, code::PARSE_ERROR);
+        assert_eq!(e.message, "Parse error: invalid UTF-8 at byte 13");
+        assert_eq!(e.data, Some(json!({"byte": 13})));
+        let (_, e) = parse_message(b"").unwrap_err();
+        assert!(e.message.contains("EOF"), "{}", e.message);
+    }
+
+    #[test]
+    fn request_ids_are_read_best_effort() {
+        assert_eq!(
+            request_id(br#"{"jsonrpc":"2.0","id":7,"method":"m"}"#),
+            json!(7)
+        );
+        assert_eq!(request_id(br#"{"id":"a"}"#), json!("a"));
+        for body in [
+            &b"{oops"[..],
+            b"[]",
+            br#"{"id":1.5}"#,
+            br#"{"id":null}"#,
+            b"",
+        ] {
+            assert_eq!(request_id(body), Value::Null, "{body:?}");
+        }
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   credential, and so how large a body it may send, before a byte of the body is read;
 //!   bodies are read under one byte budget shared by every connection (a flood waits for it,
 //!   or gets 503; it never grows the heap), with header and body read timeouts and a minimum
-//!   body rate.
+//!   body rate. A body refused while being read (413, 400, 408, 503) is a [`BodyRefusal`]
+//!   that the screen writes out ([`Screen::body_refusal`]: the error envelope unless the
+//!   endpoint speaks a protocol of its own, as `/mcp` does JSON-RPC).
 //!
 //! Also the [`PeerPolicy`] a daemon checks Unix-socket credentials against.
 //!
@@ -287,12 +289,7 @@ where
             {
                 return too_large(max_body_bytes);
             }
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("cannot read the request body: {error}"),
-                serde_json::Map::new(),
-            );
+            return BodyRefusal::unreadable(&error).envelope();
         }
     };
     handler(peer, parts, bytes).await
@@ -301,18 +298,58 @@ where
 /// The 413 envelope. The connection is closed after it, since the unread rest of the body
 /// would otherwise be parsed as the next request.
 fn too_large(max_body_bytes: usize) -> Response<Body> {
-    let mut details = serde_json::Map::new();
-    details.insert("max_body_bytes".into(), serde_json::json!(max_body_bytes));
-    let mut response = error_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "too_large",
-        format!("the request body is larger than {max_body_bytes} bytes"),
-        details,
-    );
-    response
-        .headers_mut()
-        .insert(CONNECTION, HeaderValue::from_static("close"));
-    response
+    closing(BodyRefusal::too_large(max_body_bytes).envelope())
+}
+
+/// Why a request's body was not read to the end (after its head passed the screen): the
+/// status, the stable code and message, and the details of its error envelope. A public
+/// listener lets its [`Screen`] spell the answer ([`Screen::body_refusal`]), since an endpoint
+/// may have a protocol of its own (agentd's `/mcp` answers a JSON-RPC request with a JSON-RPC
+/// error); the server then adds the headers the refusal needs (`Connection: close`, and
+/// `Retry-After` when [`BodyRefusal::retry_after_secs`] says so).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BodyRefusal {
+    /// 413, 400, 408 or 503.
+    pub status: StatusCode,
+    /// Stable, snake_case: `too_large`, `bad_request`, `body_timeout`, `busy`.
+    pub code: &'static str,
+    /// What happened, for a person.
+    pub message: String,
+    /// The envelope's extra fields (e.g. `max_body_bytes`).
+    pub details: serde_json::Map<String, serde_json::Value>,
+    /// The `Retry-After` the answer carries, in seconds, if any.
+    pub retry_after_secs: Option<u32>,
+}
+
+impl BodyRefusal {
+    /// 413: the body is larger than `max_body_bytes`.
+    pub fn too_large(max_body_bytes: usize) -> BodyRefusal {
+        let mut details = serde_json::Map::new();
+        details.insert("max_body_bytes".into(), serde_json::json!(max_body_bytes));
+        BodyRefusal {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "too_large",
+            message: format!("the request body is larger than {max_body_bytes} bytes"),
+            details,
+            retry_after_secs: None,
+        }
+    }
+
+    /// 400: the body could not be read (a broken chunked encoding, say).
+    fn unreadable(error: &dyn std::fmt::Display) -> BodyRefusal {
+        BodyRefusal {
+            status: StatusCode::BAD_REQUEST,
+            code: "bad_request",
+            message: format!("cannot read the request body: {error}"),
+            details: serde_json::Map::new(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// The agentworks error envelope for this refusal (without the headers the server adds).
+    pub fn envelope(self) -> Response<Body> {
+        error_response(self.status, self.code, self.message, self.details)
+    }
 }
 
 // ----- the public listener -----
@@ -340,6 +377,18 @@ pub trait Screen: Send + Sync + 'static {
         &self,
         head: &hyper::http::request::Parts,
     ) -> impl std::future::Future<Output = Verdict> + Send;
+
+    /// The answer to a request whose head passed but whose body was refused (413, 400, 408,
+    /// 503): by default the error envelope. The server adds `Connection: close` and any
+    /// `Retry-After` to whatever this returns.
+    fn body_refusal(
+        &self,
+        head: &hyper::http::request::Parts,
+        refusal: BodyRefusal,
+    ) -> Response<Body> {
+        let _ = head;
+        refusal.envelope()
+    }
 }
 
 /// Largest body of a request without a verified credential (device login, OAuth).
@@ -600,7 +649,16 @@ where
         let read = read_public_body(body, &parts, max_body_bytes, &self.budget, &self.limits).await;
         let (bytes, budget_share) = match read {
             Ok(read) => read,
-            Err(response) => return self.answer(closing(response)),
+            Err(refusal) => {
+                let retry_after = refusal.retry_after_secs;
+                let mut response = self.screen.body_refusal(&parts, refusal);
+                if let Some(secs) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(secs));
+                }
+                return self.answer(closing(response));
+            }
         };
         if !authenticated {
             self.slot.set_phase(Phase::Busy);
@@ -679,7 +737,7 @@ async fn read_public_body(
     max_body_bytes: usize,
     budget: &Arc<Semaphore>,
     limits: &PublicLimits,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Response<Body>> {
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyRefusal> {
     if body.is_end_stream() {
         return Ok((Bytes::new(), None));
     }
@@ -689,7 +747,7 @@ async fn read_public_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > max_body_bytes as u64) {
-        return Err(too_large(max_body_bytes));
+        return Err(BodyRefusal::too_large(max_body_bytes));
     }
     let budget_deadline = tokio::time::Instant::now() + limits.body_budget_wait;
     let mut share: Option<OwnedSemaphorePermit> = None;
@@ -710,14 +768,7 @@ async fn read_public_body(
         let frame = match tokio::time::timeout_at(read_started + allowed, body.frame()).await {
             Err(_) => return Err(body_too_slow(limits)),
             Ok(None) => break,
-            Ok(Some(Err(error))) => {
-                return Err(error_response(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    format!("cannot read the request body: {error}"),
-                    serde_json::Map::new(),
-                ));
-            }
+            Ok(Some(Err(error))) => return Err(BodyRefusal::unreadable(&error)),
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else {
@@ -725,7 +776,7 @@ async fn read_public_body(
         };
         let total = collected.len() + data.len();
         if total > max_body_bytes {
-            return Err(too_large(max_body_bytes));
+            return Err(BodyRefusal::too_large(max_body_bytes));
         }
         if total > reserved {
             // A chunked body: reserve in steps of at least 256 KiB, never past the limit.
@@ -749,43 +800,41 @@ async fn reserve_budget(
     budget: &Arc<Semaphore>,
     bytes: usize,
     deadline: tokio::time::Instant,
-) -> Result<OwnedSemaphorePermit, Response<Body>> {
+) -> Result<OwnedSemaphorePermit, BodyRefusal> {
     let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
     match tokio::time::timeout_at(deadline, budget.clone().acquire_many_owned(permits)).await {
         Ok(Ok(permit)) => Ok(permit),
         // Timed out, or (never) closed.
-        _ => {
-            let mut response = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "busy",
-                "the server is reading as many request bodies as it holds at once; retry shortly",
-                serde_json::Map::new(),
-            );
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            Err(response)
-        }
+        _ => Err(BodyRefusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "busy",
+            message:
+                "the server is reading as many request bodies as it holds at once; retry shortly"
+                    .to_owned(),
+            details: serde_json::Map::new(),
+            retry_after_secs: Some(1),
+        }),
     }
 }
 
-/// The 408 envelope for a body that did not keep up the minimum rate.
-fn body_too_slow(limits: &PublicLimits) -> Response<Body> {
+/// The 408 refusal for a body that did not keep up the minimum rate.
+fn body_too_slow(limits: &PublicLimits) -> BodyRefusal {
     let mut details = serde_json::Map::new();
     details.insert(
         "min_bytes_per_sec".into(),
         serde_json::json!(limits.body_min_bytes_per_sec),
     );
-    error_response(
-        StatusCode::REQUEST_TIMEOUT,
-        "body_timeout",
-        format!(
+    BodyRefusal {
+        status: StatusCode::REQUEST_TIMEOUT,
+        code: "body_timeout",
+        message: format!(
             "the request body arrived too slowly: after {} s it must keep up {} bytes per second",
             limits.body_read_grace.as_secs(),
             limits.body_min_bytes_per_sec
         ),
         details,
-    )
+        retry_after_secs: None,
+    }
 }
 
 /// Which uids may call a socket: root, our own uid, and named users.
@@ -1163,7 +1212,7 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         /// `/auth` needs `x-token: good` (else a 401 from the head); everything else is
-        /// anonymous.
+        /// anonymous. `/spelled` answers a refused body in its own words.
         struct TestScreen;
 
         impl Screen for TestScreen {
@@ -1183,6 +1232,20 @@ mod tests {
                         serde_json::Map::new(),
                     ))
                 }
+            }
+
+            fn body_refusal(
+                &self,
+                head: &hyper::http::request::Parts,
+                refusal: BodyRefusal,
+            ) -> Response<Body> {
+                if head.uri.path() != "/spelled" {
+                    return refusal.envelope();
+                }
+                json_response(
+                    refusal.status,
+                    &serde_json::json!({"spelled": refusal.code, "details": refusal.details}),
+                )
             }
         }
 
@@ -1264,6 +1327,30 @@ mod tests {
                 .unwrap();
             assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
             assert!(answer.contains("connection: close"), "{answer}");
+            assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+            s.stop().await;
+        }
+
+        #[tokio::test]
+        async fn the_screen_spells_a_refused_body_and_the_server_still_closes() {
+            let s = start(limits()).await;
+            let big = vec![b'a'; 100 * 1024];
+            for (path, expected) in [
+                (
+                    "/spelled",
+                    "{\"details\":{\"max_body_bytes\":65536},\"spelled\":\"too_large\"}",
+                ),
+                ("/open", "\"code\":\"too_large\""),
+            ] {
+                let head = format!(
+                    "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                    big.len()
+                );
+                let answer = exchange(s.port, &head, &big).await;
+                assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+                assert!(answer.contains("connection: close"), "{answer}");
+                assert!(answer.contains(expected), "{answer}");
+            }
             assert_eq!(s.calls.load(Ordering::SeqCst), 0);
             s.stop().await;
         }
