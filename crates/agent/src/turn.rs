@@ -256,6 +256,7 @@ pub async fn run(
     emit("end", json!({"reason": reason}));
 }
 
+/// The model loop of one turn, from storing the person's message to the reason it ended.
 async fn drive(
     service: &ChatService,
     spec: &TurnSpec,
@@ -280,22 +281,7 @@ async fn drive(
     let tools = mode.tools();
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
-        let history: Vec<Value> = service
-            .messages(&chat_id)
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
-        let recent = recent_history(&history, model.max_history_bytes());
-        let mut system = system_prompt(spec, mode);
-        let omitted = history.len() - recent.len();
-        if omitted > 0 {
-            system.push_str(&format!(
-                " The {omitted} earliest messages of this chat are not shown (history limit)."
-            ));
-        }
-        let mut conversation = vec![json!({"role": "system", "content": system})];
-        conversation.extend_from_slice(recent);
+        let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
         // A cancelled turn abandons the model request; nothing of it is stored.
         let reply = tokio::select! {
             reply = model.complete(&conversation, &tools) => reply,
@@ -313,45 +299,7 @@ async fn drive(
         }
         for call in &reply.tool_calls {
             call_index += 1;
-            let arguments: Value = serde_json::from_str(&call.arguments)
-                .unwrap_or(Value::String(call.arguments.clone()));
-            emit(
-                "tool_call",
-                json!({"id": call.id, "name": call.name, "arguments": arguments}),
-            );
-            let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
-            // Every call the model asked for gets a result in the history, even when cancelled.
-            let result = if cancel.is_cancelled() {
-                Err(ToolError::new(
-                    "cancelled",
-                    "not run: the turn was cancelled",
-                ))
-            } else {
-                execute(service, spec, mode, call, &request_id, cancel).await
-            };
-            let (event, content) = match &result {
-                Ok(value) => (
-                    json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
-                    json!({"ok": true, "result": value}),
-                ),
-                Err(error) => {
-                    let mut body = error.details.clone();
-                    body.insert("code".into(), json!(error.code));
-                    body.insert("message".into(), json!(error.message));
-                    (
-                        json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
-                        json!({"ok": false, "error": body}),
-                    )
-                }
-            };
-            service
-                .append(
-                    &chat_id,
-                    spec.turn,
-                    json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
-                )
-                .await?;
-            emit("tool_result", event);
+            answer_call(service, spec, mode, call, call_index, cancel, emit).await?;
         }
         if cancel.is_cancelled() {
             return Ok("cancelled");
@@ -364,6 +312,92 @@ async fn drive(
             model.max_tool_rounds()
         ),
     ))
+}
+
+/// What the model gets this round: the system prompt, then the most recent whole turns of
+/// the stored chat that fit in `max_history_bytes` (the prompt says how many it does not see).
+async fn conversation(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    max_history_bytes: usize,
+) -> Result<Vec<Value>, ToolError> {
+    let history: Vec<Value> = service
+        .messages(&spec.chat.chat_id)
+        .await?
+        .into_iter()
+        .map(|m| m.message)
+        .collect();
+    let recent = recent_history(&history, max_history_bytes);
+    let mut system = system_prompt(spec, mode);
+    let omitted = history.len() - recent.len();
+    if omitted > 0 {
+        system.push_str(&format!(
+            " The {omitted} earliest messages of this chat are not shown (history limit)."
+        ));
+    }
+    let mut conversation = vec![json!({"role": "system", "content": system})];
+    conversation.extend_from_slice(recent);
+    Ok(conversation)
+}
+
+/// Runs the turn's `call_index`-th tool call (or answers "not run" once the turn is
+/// cancelled), stores its result and emits `tool_call` and `tool_result`. Every call the
+/// model asked for gets a result in the history, even when cancelled.
+async fn answer_call(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    call: &ToolCall,
+    call_index: u32,
+    cancel: &CancellationToken,
+    emit: &impl Fn(&'static str, Value),
+) -> Result<(), ToolError> {
+    let chat_id = &spec.chat.chat_id;
+    let arguments: Value =
+        serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments.clone()));
+    emit(
+        "tool_call",
+        json!({"id": call.id, "name": call.name, "arguments": arguments}),
+    );
+    let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
+    let result = if cancel.is_cancelled() {
+        Err(ToolError::new(
+            "cancelled",
+            "not run: the turn was cancelled",
+        ))
+    } else {
+        execute(service, spec, mode, call, &request_id, cancel).await
+    };
+    let (event, content) = tool_result(call, &result);
+    service
+        .append(
+            chat_id,
+            spec.turn,
+            json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
+        )
+        .await?;
+    emit("tool_result", event);
+    Ok(())
+}
+
+/// A call's result as the `tool_result` event and as the content of the stored tool message.
+fn tool_result(call: &ToolCall, result: &Result<Value, ToolError>) -> (Value, Value) {
+    match result {
+        Ok(value) => (
+            json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
+            json!({"ok": true, "result": value}),
+        ),
+        Err(error) => {
+            let mut body = error.details.clone();
+            body.insert("code".into(), json!(error.code));
+            body.insert("message".into(), json!(error.message));
+            (
+                json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
+                json!({"ok": false, "error": body}),
+            )
+        }
+    }
 }
 
 /// The arguments as an object with only `allowed` keys.
