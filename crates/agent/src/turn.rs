@@ -447,6 +447,7 @@ fn unknown_tool(name: &str, mode: Mode) -> ToolError {
     )
 }
 
+/// Runs one tool call of the turn, after re-checking the turn is still current.
 async fn execute(
     service: &ChatService,
     spec: &TurnSpec,
@@ -459,86 +460,116 @@ async fn execute(
     service
         .check_current(&spec.chat.chat_id, spec.turn, spec.chat.binding_generation)
         .await?;
-    let caller = &spec.caller;
     match &spec.chat.binding {
-        None => {
-            let files = &service.files;
-            let project = json!(spec.chat.project_id);
-            let source = Source::Agent;
-            match call.name.as_str() {
-                "read_file" => {
-                    let mut args = arguments(call, &["path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.read_file(caller, &args, source).await
-                }
-                "list_files" => {
-                    let mut args = arguments(call, &["path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.list_files(caller, &args, source).await
-                }
-                "search_files" => {
-                    let mut args = arguments(call, &["query", "path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.search_files(caller, &args, source).await
-                }
-                "write_file" => {
-                    let mut args = arguments(call, &["path", "content", "expected_revision"])?;
-                    args.insert("workflow_id".into(), project);
-                    args.insert("request_id".into(), json!(request_id));
-                    files.write_file(caller, &args, source).await
-                }
-                other => Err(unknown_tool(other, mode)),
+        None => execute_on_server(service, spec, mode, call, request_id).await,
+        Some(binding) => {
+            let operation = local_operation(call, mode)?;
+            execute_on_device(service, spec, binding, operation, request_id, cancel).await
+        }
+    }
+}
+
+/// A server-mode call: one of the four file tools, always on the chat's project, a write
+/// with the request id made here (never the model's).
+async fn execute_on_server(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    call: &ToolCall,
+    request_id: &str,
+) -> Result<Value, ToolError> {
+    let caller = &spec.caller;
+    let files = &service.files;
+    let project = json!(spec.chat.project_id);
+    let source = Source::Agent;
+    match call.name.as_str() {
+        "read_file" => {
+            let mut args = arguments(call, &["path"])?;
+            args.insert("workflow_id".into(), project);
+            files.read_file(caller, &args, source).await
+        }
+        "list_files" => {
+            let mut args = arguments(call, &["path"])?;
+            args.insert("workflow_id".into(), project);
+            files.list_files(caller, &args, source).await
+        }
+        "search_files" => {
+            let mut args = arguments(call, &["query", "path"])?;
+            args.insert("workflow_id".into(), project);
+            files.search_files(caller, &args, source).await
+        }
+        "write_file" => {
+            let mut args = arguments(call, &["path", "content", "expected_revision"])?;
+            args.insert("workflow_id".into(), project);
+            args.insert("request_id".into(), json!(request_id));
+            files.write_file(caller, &args, source).await
+        }
+        other => Err(unknown_tool(other, mode)),
+    }
+}
+
+/// The operation a bound turn's call asks the device for: the shell, or a patch when the
+/// folder is writable; any other name is an unknown tool.
+fn local_operation(call: &ToolCall, mode: Mode) -> Result<Operation, ToolError> {
+    Ok(match call.name.as_str() {
+        "execute_shell_command" => {
+            let args = arguments(call, &["command", "timeout"])?;
+            let timeout = match args.get("timeout") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    ToolError::new(
+                        "invalid_arguments",
+                        "timeout must be a whole number of seconds (1 to 300)",
+                    )
+                })?),
+            };
+            Operation::ExecuteShellCommand {
+                command: string(&args, "command")?,
+                timeout,
             }
         }
-        Some(binding) => {
-            let operation = match call.name.as_str() {
-                "execute_shell_command" => {
-                    let args = arguments(call, &["command", "timeout"])?;
-                    let timeout = match args.get("timeout") {
-                        None | Some(Value::Null) => None,
-                        Some(v) => Some(v.as_u64().ok_or_else(|| {
-                            ToolError::new(
-                                "invalid_arguments",
-                                "timeout must be a whole number of seconds (1 to 300)",
-                            )
-                        })?),
-                    };
-                    Operation::ExecuteShellCommand {
-                        command: string(&args, "command")?,
-                        timeout,
-                    }
-                }
-                "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
-                    let args = arguments(call, &["filepath", "diff"])?;
-                    Operation::DiffPatchWorkspaceFile {
-                        filepath: string(&args, "filepath")?,
-                        diff: string(&args, "diff")?,
-                    }
-                }
-                other => return Err(unknown_tool(other, mode)),
-            };
-            // The person's live authority on the project, now (revoked token, removed member,
-            // a role lowered to runner or viewer).
-            let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
-            require_authoring_role(&access)?;
-            // A cancel while the device runs the call asks it to stop (the executor kills the
-            // process group) and waits for the result, which says `cancelled`.
-            let call = dispatch(service, caller, binding, request_id, operation, cancel);
-            tokio::pin!(call);
-            tokio::select! {
-                result = &mut call => return result,
-                _ = cancel.cancelled() => {}
+        "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
+            let args = arguments(call, &["filepath", "diff"])?;
+            Operation::DiffPatchWorkspaceFile {
+                filepath: string(&args, "filepath")?,
+                diff: string(&args, "diff")?,
             }
-            loop {
-                tokio::select! {
-                    result = &mut call => return result,
-                    asked = ask_device_to_cancel(service, caller, request_id) => {
-                        if asked {
-                            return call.await;
-                        }
-                        tokio::time::sleep(CANCEL_RETRY).await;
-                    }
+        }
+        other => return Err(unknown_tool(other, mode)),
+    })
+}
+
+/// Sends `operation` to the bound device once the person's live authority allows it, and
+/// answers its result; a cancel meanwhile is passed on to the device.
+async fn execute_on_device(
+    service: &ChatService,
+    spec: &TurnSpec,
+    binding: &Binding,
+    operation: Operation,
+    request_id: &str,
+    cancel: &CancellationToken,
+) -> Result<Value, ToolError> {
+    let caller = &spec.caller;
+    // The person's live authority on the project, now (revoked token, removed member,
+    // a role lowered to runner or viewer).
+    let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
+    require_authoring_role(&access)?;
+    // A cancel while the device runs the call asks it to stop (the executor kills the
+    // process group) and waits for the result, which says `cancelled`.
+    let call = dispatch(service, caller, binding, request_id, operation, cancel);
+    tokio::pin!(call);
+    tokio::select! {
+        result = &mut call => return result,
+        _ = cancel.cancelled() => {}
+    }
+    loop {
+        tokio::select! {
+            result = &mut call => return result,
+            asked = ask_device_to_cancel(service, caller, request_id) => {
+                if asked {
+                    return call.await;
                 }
+                tokio::time::sleep(CANCEL_RETRY).await;
             }
         }
     }
