@@ -246,19 +246,44 @@ async fn upgrade(
 ) -> Response<Body> {
     // It sent its head: no longer evictable (it answers or upgrades now).
     slot.set_phase(Phase::Busy);
+    let (key, owner) = match admit(&request, remote, &gateway).await {
+        Ok(admitted) => admitted,
+        Err(response) => return response,
+    };
+    // Authenticated: from here on it uses the share kept for authenticated sessions.
+    slot.set_phase(Phase::Authenticated);
+    let response = match switching_protocols(&key) {
+        Ok(response) => response,
+        Err(response) => return response,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    tracker.spawn(run_upgraded(
+        on_upgrade, gateway, owner, remote, shutdown, slot,
+    ));
+    response
+}
+
+/// The request's `Sec-WebSocket-Key` and the token's owner, if it is a WebSocket upgrade of
+/// [`EXECUTOR_PATH`] with a `devices:connect` token agentd accepts; else the refusal.
+#[allow(clippy::result_large_err)]
+async fn admit(
+    request: &Request<Incoming>,
+    remote: SocketAddr,
+    gateway: &Gateway,
+) -> Result<(String, TokenCheckResponse), Response<Body>> {
     if request.uri().path() != EXECUTOR_PATH {
-        return refuse(
+        return Err(refuse(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("executors connect to {EXECUTOR_PATH}"),
-        );
+        ));
     }
     if request.method() != Method::GET {
-        return refuse(
+        return Err(refuse(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "use GET",
-        );
+        ));
     }
     let Some(token) = bearer(request.headers()) else {
         let mut response = refuse(
@@ -269,56 +294,62 @@ async fn upgrade(
         response
             .headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
+        return Err(response);
     };
-    let key = match websocket_key(request.headers()) {
-        Ok(key) => key,
-        Err(response) => return response,
-    };
+    let key = websocket_key(request.headers())?;
     let owner = match gateway.tokens.check(&token).await {
         Ok(owner) => owner,
         Err(error) => {
             tracing::info!(%remote, code = error.code(), "executor token refused at connect");
-            return refuse(error.status(), error.code(), error.to_string());
+            return Err(refuse(error.status(), error.code(), error.to_string()));
         }
     };
     drop(token);
-    // Authenticated: from here on it uses the share kept for authenticated sessions.
-    slot.set_phase(Phase::Authenticated);
+    Ok((key, owner))
+}
+
+/// The 101 answer to an upgrade with `key`, or the 500 when it cannot be built.
+#[allow(clippy::result_large_err)]
+fn switching_protocols(key: &str) -> Result<Response<Body>, Response<Body>> {
     let accept = derive_accept_key(key.as_bytes());
-    let response = Response::builder()
+    Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(UPGRADE, "websocket")
         .header(CONNECTION, "Upgrade")
         .header(SEC_WEBSOCKET_ACCEPT, accept)
-        .body(Body::default());
-    let response = match response {
-        Ok(response) => response,
-        Err(error) => {
-            return refuse(
+        .body(Body::default())
+        .map_err(|error| {
+            refuse(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 format!("cannot build the upgrade response: {error}"),
-            );
+            )
+        })
+}
+
+/// Once hyper hands over the upgraded connection, runs the session on it; the connection's
+/// slot is held until the session ends.
+async fn run_upgraded(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    gateway: Gateway,
+    owner: TokenCheckResponse,
+    remote: SocketAddr,
+    shutdown: CancellationToken,
+    slot: Arc<ConnectionSlot>,
+) {
+    match on_upgrade.await {
+        Ok(upgraded) => {
+            let ws = WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                Role::Server,
+                Some(ws_config()),
+            )
+            .await;
+            session(gateway, ws, owner, remote, shutdown).await;
         }
-    };
-    let on_upgrade = hyper::upgrade::on(&mut request);
-    tracker.spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(ws_config()),
-                )
-                .await;
-                session(gateway, ws, owner, remote, shutdown).await;
-            }
-            Err(error) => tracing::debug!(%error, %remote, "executor upgrade failed"),
-        }
-        drop(slot);
-    });
-    response
+        Err(error) => tracing::debug!(%error, %remote, "executor upgrade failed"),
+    }
+    drop(slot);
 }
 
 /// How a session ended.
