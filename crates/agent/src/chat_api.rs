@@ -223,26 +223,7 @@ impl ChatService {
         struct TurnRequest {
             message: String,
         }
-        let store = self.chats.clone();
-        let id = chat_id.to_owned();
-        let chat = blocking(move || store.get(&id))
-            .await?
-            .ok_or_else(|| no_chat(chat_id))?;
-        if chat.owner != caller.user_id {
-            // Someone who cannot see the project does not learn the chat exists.
-            self.files
-                .access(caller, &chat.project_id)
-                .await
-                .map_err(|_| no_chat(chat_id))?;
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "chat_not_yours",
-                format!(
-                    "chat {chat_id} belongs to {}; only the person who created a chat can run turns in it",
-                    chat.owner_name
-                ),
-            ));
-        }
+        let chat = self.chat_to_run(caller, chat_id).await?;
         let request: TurnRequest = decode_json(body)?;
         if request.message.trim().is_empty() {
             return Err(Refusal::new(
@@ -263,31 +244,8 @@ impl ChatService {
             .access(caller, &chat.project_id)
             .await
             .map_err(from_tool)?;
-
-        // One turn at a time; its binding is read under the same lock binding changes take.
         let cancel = CancellationToken::new();
-        let (chat, turn) = {
-            let mut running = self.running.lock().await;
-            if running.contains_key(chat_id) {
-                return Err(turn_running(chat_id));
-            }
-            let store = self.chats.clone();
-            let id = chat_id.to_owned();
-            let (chat, turn) = blocking(move || {
-                let turn = store.next_turn(&id)?;
-                Ok((store.get(&id)?, turn))
-            })
-            .await?;
-            let chat = chat.ok_or_else(|| no_chat(chat_id))?;
-            running.insert(
-                chat_id.to_owned(),
-                Running {
-                    turn,
-                    cancel: cancel.clone(),
-                },
-            );
-            (chat, turn)
-        };
+        let (chat, turn) = self.claim_turn(chat_id, &cancel).await?;
         tracing::info!(chat = %chat_id, turn, user = %caller.user_id, bound = chat.binding.is_some(), "turn started");
         let spec = TurnSpec {
             caller: caller.clone(),
@@ -296,7 +254,75 @@ impl ChatService {
             turn,
             message: request.message,
         };
-        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let events = self.spawn_turn(chat_id, spec, cancel);
+        Ok(event_stream(events))
+    }
+
+    /// The chat, if `caller` may run a turn in it: only its creator may. Anyone else who can
+    /// see the project gets 403 `chat_not_yours`; who cannot does not learn the chat exists.
+    async fn chat_to_run(&self, caller: &Caller, chat_id: &str) -> Result<Chat, Refusal> {
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let chat = blocking(move || store.get(&id))
+            .await?
+            .ok_or_else(|| no_chat(chat_id))?;
+        if chat.owner != caller.user_id {
+            // Someone who cannot see the project does not learn the chat exists.
+            self.files
+                .access(caller, &chat.project_id)
+                .await
+                .map_err(|_| no_chat(chat_id))?;
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "chat_not_yours",
+                format!(
+                    "chat {chat_id} belongs to {}; only the person who created a chat can run turns in it",
+                    chat.owner_name
+                ),
+            ));
+        }
+        Ok(chat)
+    }
+
+    /// Marks a turn running in the chat (409 if one already is) and answers the chat as it is
+    /// now with the turn's number. One turn at a time; its binding is read under the same lock
+    /// binding changes take.
+    async fn claim_turn(
+        &self,
+        chat_id: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(Chat, i64), Refusal> {
+        let mut running = self.running.lock().await;
+        if running.contains_key(chat_id) {
+            return Err(turn_running(chat_id));
+        }
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let (chat, turn) = blocking(move || {
+            let turn = store.next_turn(&id)?;
+            Ok((store.get(&id)?, turn))
+        })
+        .await?;
+        let chat = chat.ok_or_else(|| no_chat(chat_id))?;
+        running.insert(
+            chat_id.to_owned(),
+            Running {
+                turn,
+                cancel: cancel.clone(),
+            },
+        );
+        Ok((chat, turn))
+    }
+
+    /// Runs the turn in its own task and answers its events. A watcher frees the chat when the
+    /// task ends (turning a panic into `error` + `end`), and only then ends the events.
+    fn spawn_turn(
+        &self,
+        chat_id: &str,
+        spec: TurnSpec,
+        cancel: CancellationToken,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<turn::Event> {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let service = self.clone();
         let finished = sender.clone();
         let chat_key = chat_id.to_owned();
@@ -315,25 +341,7 @@ impl ChatService {
             // Dropping the last sender ends the response: only after the chat is free again.
             drop(finished);
         });
-        // Each event goes to the caller as soon as the turn emits it.
-        let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some((kind, data)) = receiver.recv().await {
-                let event = Bytes::from(format!("event: {kind}\ndata: {data}\n\n"));
-                if chunks.send(event).is_err() {
-                    // The caller went away; the turn goes on and is stored.
-                    continue;
-                }
-            }
-        });
-        let mut response = Response::new(agentworks_daemon::ipc::envelope::streaming(body));
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        response
-            .headers_mut()
-            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        Ok(response)
+        receiver
     }
 
     /// `POST /v1/chats/{id}/cancel`: the owner stops the running turn. The answer comes at once;
@@ -504,4 +512,27 @@ fn turn_running(chat_id: &str) -> Refusal {
         "turn_running",
         format!("a turn is running in chat {chat_id}; wait for it to end and try again"),
     )
+}
+
+/// The `text/event-stream` response carrying a turn's events, each sent to the caller as soon
+/// as the turn emits it.
+fn event_stream(mut events: tokio::sync::mpsc::UnboundedReceiver<turn::Event>) -> Response<Body> {
+    let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((kind, data)) = events.recv().await {
+            let event = Bytes::from(format!("event: {kind}\ndata: {data}\n\n"));
+            if chunks.send(event).is_err() {
+                // The caller went away; the turn goes on and is stored.
+                continue;
+            }
+        }
+    });
+    let mut response = Response::new(agentworks_daemon::ipc::envelope::streaming(body));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }

@@ -122,75 +122,23 @@ pub async fn run(
     };
     // ----- the agent (chats): end -----
     let grants = device::DeviceGrants::default();
-    let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
-    let mcp = Arc::new(McpService::new(
-        backend,
-        McpConfig {
-            public_url: config.agentd.public_url(),
-            allowed_origins: config.agentd.allowed_origins.clone(),
-            loopback_port: public
-                .local_addr()
-                .ok()
-                .filter(|address| address.ip().is_loopback())
-                .map(|address| address.port()),
-            server_name: "agentworks".into(),
-            server_version: env!("CARGO_PKG_VERSION").into(),
-            max_sessions_per_token: config.agentd.max_sessions_per_token,
-        },
-    ));
+    let mcp = mcp_service(config, &identity, files, &public);
     let screen = Arc::new(PublicScreen {
         mcp: mcp.clone(),
         chats: chat_service.clone(),
     });
-    let public_url = config.agentd.public_url();
-    let public_identity = identity.clone();
-    let public_grants = grants.clone();
+    let routes = PublicRoutes {
+        mcp,
+        grants: grants.clone(),
+        identity: identity.clone(),
+        public_url: config.agentd.public_url(),
+        chats: chat_service,
+    };
     let public_handler = move |_peer: std::net::SocketAddr,
                                parts: hyper::http::request::Parts,
                                body: bytes::Bytes| {
-        let mcp = mcp.clone();
-        let grants = public_grants.clone();
-        let identity = public_identity.clone();
-        let public_url = public_url.clone();
-        let chat_service = chat_service.clone();
-        async move {
-            if let Some(response) =
-                device::handle_public(&grants, &identity, &public_url, &parts, &body).await
-            {
-                return response;
-            }
-            if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
-                return json_response(
-                    StatusCode::OK,
-                    &Health::ok("agentworks-agentd", env!("CARGO_PKG_VERSION")),
-                );
-            }
-            // ----- the agent (chats): begin -----
-            let chat_path = parts.uri.path();
-            if chat_path == "/v1/chats"
-                || chat_path.starts_with("/v1/chats/")
-                || chat_path == "/v1/devices"
-            {
-                return match &chat_service {
-                    Some(service) => match service.handle(&parts, &body).await {
-                        Some(response) => response,
-                        None => not_found(chat_path),
-                    },
-                    None => error_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "unavailable",
-                        "the chat store could not be opened; see agentd's log",
-                        Default::default(),
-                    ),
-                };
-            }
-            // ----- the agent (chats): end -----
-            let path = parts.uri.path().to_owned();
-            match mcp.handle(Request::from_parts(parts, body)).await {
-                Some(response) => response,
-                None => not_found(&path),
-            }
-        }
+        let routes = routes.clone();
+        async move { routes.handle(parts, body).await }
     };
     let admin = admin::Admin {
         identity,
@@ -209,15 +157,7 @@ pub async fn run(
         max_connections: 256,
         max_body_bytes: 1024 * 1024,
     };
-    let connections = fit_to_open_files(
-        ConnectionLimits::with_reserved_quarter(
-            config.agentd.max_connections,
-            config.agentd.max_connections_per_address,
-        ),
-        FILES_BESIDES_CONNECTIONS + socket_limits.max_connections as u64,
-    );
-    let public_limits = PublicLimits::new(connections, config.agentd.max_body_bytes_in_flight);
-    tracing::info!(?public_limits, "public listener limits");
+    let public_limits = public_limits(config, &socket_limits);
     tokio::join!(
         serve_public(
             public,
@@ -228,6 +168,108 @@ pub async fn run(
         ),
         serve(socket, socket_handler, shutdown, socket_limits),
     );
+}
+
+/// The MCP endpoint over agentd's backend, configured for the public listener it serves on.
+fn mcp_service(
+    config: &Config,
+    identity: &IdentityStore,
+    files: files::FileTools,
+    public: &tokio::net::TcpListener,
+) -> Arc<McpService<mcp_backend::AgentBackend>> {
+    let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
+    Arc::new(McpService::new(
+        backend,
+        McpConfig {
+            public_url: config.agentd.public_url(),
+            allowed_origins: config.agentd.allowed_origins.clone(),
+            loopback_port: public
+                .local_addr()
+                .ok()
+                .filter(|address| address.ip().is_loopback())
+                .map(|address| address.port()),
+            server_name: "agentworks".into(),
+            server_version: env!("CARGO_PKG_VERSION").into(),
+            max_sessions_per_token: config.agentd.max_sessions_per_token,
+        },
+    ))
+}
+
+/// The public listener's limits: the connections the open-file limit leaves once the
+/// socket's connections are set aside, and the bytes of bodies in flight.
+fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits {
+    let connections = fit_to_open_files(
+        ConnectionLimits::with_reserved_quarter(
+            config.agentd.max_connections,
+            config.agentd.max_connections_per_address,
+        ),
+        FILES_BESIDES_CONNECTIONS + socket_limits.max_connections as u64,
+    );
+    let public_limits = PublicLimits::new(connections, config.agentd.max_body_bytes_in_flight);
+    tracing::info!(?public_limits, "public listener limits");
+    public_limits
+}
+
+/// What the public listener serves, in the order it is tried: device login, health, the
+/// chat endpoints, then MCP (which answers its own paths; everything else is a 404).
+#[derive(Clone)]
+struct PublicRoutes {
+    mcp: Arc<McpService<mcp_backend::AgentBackend>>,
+    grants: device::DeviceGrants,
+    identity: IdentityStore,
+    public_url: String,
+    chats: Option<chat_service::ChatService>,
+}
+
+impl PublicRoutes {
+    async fn handle(
+        &self,
+        parts: hyper::http::request::Parts,
+        body: bytes::Bytes,
+    ) -> hyper::Response<Body> {
+        if let Some(response) = device::handle_public(
+            &self.grants,
+            &self.identity,
+            &self.public_url,
+            &parts,
+            &body,
+        )
+        .await
+        {
+            return response;
+        }
+        if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
+            return json_response(
+                StatusCode::OK,
+                &Health::ok("agentworks-agentd", env!("CARGO_PKG_VERSION")),
+            );
+        }
+        // ----- the agent (chats): begin -----
+        let chat_path = parts.uri.path();
+        if chat_path == "/v1/chats"
+            || chat_path.starts_with("/v1/chats/")
+            || chat_path == "/v1/devices"
+        {
+            return match &self.chats {
+                Some(service) => match service.handle(&parts, &body).await {
+                    Some(response) => response,
+                    None => not_found(chat_path),
+                },
+                None => error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the chat store could not be opened; see agentd's log",
+                    Default::default(),
+                ),
+            };
+        }
+        // ----- the agent (chats): end -----
+        let path = parts.uri.path().to_owned();
+        match self.mcp.handle(Request::from_parts(parts, body)).await {
+            Some(response) => response,
+            None => not_found(&path),
+        }
+    }
 }
 
 /// What agentd's public listener decides from a request's head, before it reads the body:

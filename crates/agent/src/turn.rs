@@ -256,6 +256,7 @@ pub async fn run(
     emit("end", json!({"reason": reason}));
 }
 
+/// The model loop of one turn, from storing the person's message to the reason it ended.
 async fn drive(
     service: &ChatService,
     spec: &TurnSpec,
@@ -280,22 +281,7 @@ async fn drive(
     let tools = mode.tools();
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
-        let history: Vec<Value> = service
-            .messages(&chat_id)
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
-        let recent = recent_history(&history, model.max_history_bytes());
-        let mut system = system_prompt(spec, mode);
-        let omitted = history.len() - recent.len();
-        if omitted > 0 {
-            system.push_str(&format!(
-                " The {omitted} earliest messages of this chat are not shown (history limit)."
-            ));
-        }
-        let mut conversation = vec![json!({"role": "system", "content": system})];
-        conversation.extend_from_slice(recent);
+        let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
         // A cancelled turn abandons the model request; nothing of it is stored.
         let reply = tokio::select! {
             reply = model.complete(&conversation, &tools) => reply,
@@ -313,45 +299,7 @@ async fn drive(
         }
         for call in &reply.tool_calls {
             call_index += 1;
-            let arguments: Value = serde_json::from_str(&call.arguments)
-                .unwrap_or(Value::String(call.arguments.clone()));
-            emit(
-                "tool_call",
-                json!({"id": call.id, "name": call.name, "arguments": arguments}),
-            );
-            let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
-            // Every call the model asked for gets a result in the history, even when cancelled.
-            let result = if cancel.is_cancelled() {
-                Err(ToolError::new(
-                    "cancelled",
-                    "not run: the turn was cancelled",
-                ))
-            } else {
-                execute(service, spec, mode, call, &request_id, cancel).await
-            };
-            let (event, content) = match &result {
-                Ok(value) => (
-                    json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
-                    json!({"ok": true, "result": value}),
-                ),
-                Err(error) => {
-                    let mut body = error.details.clone();
-                    body.insert("code".into(), json!(error.code));
-                    body.insert("message".into(), json!(error.message));
-                    (
-                        json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
-                        json!({"ok": false, "error": body}),
-                    )
-                }
-            };
-            service
-                .append(
-                    &chat_id,
-                    spec.turn,
-                    json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
-                )
-                .await?;
-            emit("tool_result", event);
+            answer_call(service, spec, mode, call, call_index, cancel, emit).await?;
         }
         if cancel.is_cancelled() {
             return Ok("cancelled");
@@ -364,6 +312,92 @@ async fn drive(
             model.max_tool_rounds()
         ),
     ))
+}
+
+/// What the model gets this round: the system prompt, then the most recent whole turns of
+/// the stored chat that fit in `max_history_bytes` (the prompt says how many it does not see).
+async fn conversation(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    max_history_bytes: usize,
+) -> Result<Vec<Value>, ToolError> {
+    let history: Vec<Value> = service
+        .messages(&spec.chat.chat_id)
+        .await?
+        .into_iter()
+        .map(|m| m.message)
+        .collect();
+    let recent = recent_history(&history, max_history_bytes);
+    let mut system = system_prompt(spec, mode);
+    let omitted = history.len() - recent.len();
+    if omitted > 0 {
+        system.push_str(&format!(
+            " The {omitted} earliest messages of this chat are not shown (history limit)."
+        ));
+    }
+    let mut conversation = vec![json!({"role": "system", "content": system})];
+    conversation.extend_from_slice(recent);
+    Ok(conversation)
+}
+
+/// Runs the turn's `call_index`-th tool call (or answers "not run" once the turn is
+/// cancelled), stores its result and emits `tool_call` and `tool_result`. Every call the
+/// model asked for gets a result in the history, even when cancelled.
+async fn answer_call(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    call: &ToolCall,
+    call_index: u32,
+    cancel: &CancellationToken,
+    emit: &impl Fn(&'static str, Value),
+) -> Result<(), ToolError> {
+    let chat_id = &spec.chat.chat_id;
+    let arguments: Value =
+        serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments.clone()));
+    emit(
+        "tool_call",
+        json!({"id": call.id, "name": call.name, "arguments": arguments}),
+    );
+    let request_id = format!("chat-{chat_id}-turn-{}-call-{call_index}", spec.turn);
+    let result = if cancel.is_cancelled() {
+        Err(ToolError::new(
+            "cancelled",
+            "not run: the turn was cancelled",
+        ))
+    } else {
+        execute(service, spec, mode, call, &request_id, cancel).await
+    };
+    let (event, content) = tool_result(call, &result);
+    service
+        .append(
+            chat_id,
+            spec.turn,
+            json!({"role": "tool", "tool_call_id": call.id, "content": content.to_string()}),
+        )
+        .await?;
+    emit("tool_result", event);
+    Ok(())
+}
+
+/// A call's result as the `tool_result` event and as the content of the stored tool message.
+fn tool_result(call: &ToolCall, result: &Result<Value, ToolError>) -> (Value, Value) {
+    match result {
+        Ok(value) => (
+            json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
+            json!({"ok": true, "result": value}),
+        ),
+        Err(error) => {
+            let mut body = error.details.clone();
+            body.insert("code".into(), json!(error.code));
+            body.insert("message".into(), json!(error.message));
+            (
+                json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
+                json!({"ok": false, "error": body}),
+            )
+        }
+    }
 }
 
 /// The arguments as an object with only `allowed` keys.
@@ -413,6 +447,7 @@ fn unknown_tool(name: &str, mode: Mode) -> ToolError {
     )
 }
 
+/// Runs one tool call of the turn, after re-checking the turn is still current.
 async fn execute(
     service: &ChatService,
     spec: &TurnSpec,
@@ -425,86 +460,116 @@ async fn execute(
     service
         .check_current(&spec.chat.chat_id, spec.turn, spec.chat.binding_generation)
         .await?;
-    let caller = &spec.caller;
     match &spec.chat.binding {
-        None => {
-            let files = &service.files;
-            let project = json!(spec.chat.project_id);
-            let source = Source::Agent;
-            match call.name.as_str() {
-                "read_file" => {
-                    let mut args = arguments(call, &["path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.read_file(caller, &args, source).await
-                }
-                "list_files" => {
-                    let mut args = arguments(call, &["path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.list_files(caller, &args, source).await
-                }
-                "search_files" => {
-                    let mut args = arguments(call, &["query", "path"])?;
-                    args.insert("workflow_id".into(), project);
-                    files.search_files(caller, &args, source).await
-                }
-                "write_file" => {
-                    let mut args = arguments(call, &["path", "content", "expected_revision"])?;
-                    args.insert("workflow_id".into(), project);
-                    args.insert("request_id".into(), json!(request_id));
-                    files.write_file(caller, &args, source).await
-                }
-                other => Err(unknown_tool(other, mode)),
+        None => execute_on_server(service, spec, mode, call, request_id).await,
+        Some(binding) => {
+            let operation = local_operation(call, mode)?;
+            execute_on_device(service, spec, binding, operation, request_id, cancel).await
+        }
+    }
+}
+
+/// A server-mode call: one of the four file tools, always on the chat's project, a write
+/// with the request id made here (never the model's).
+async fn execute_on_server(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mode: Mode,
+    call: &ToolCall,
+    request_id: &str,
+) -> Result<Value, ToolError> {
+    let caller = &spec.caller;
+    let files = &service.files;
+    let project = json!(spec.chat.project_id);
+    let source = Source::Agent;
+    match call.name.as_str() {
+        "read_file" => {
+            let mut args = arguments(call, &["path"])?;
+            args.insert("workflow_id".into(), project);
+            files.read_file(caller, &args, source).await
+        }
+        "list_files" => {
+            let mut args = arguments(call, &["path"])?;
+            args.insert("workflow_id".into(), project);
+            files.list_files(caller, &args, source).await
+        }
+        "search_files" => {
+            let mut args = arguments(call, &["query", "path"])?;
+            args.insert("workflow_id".into(), project);
+            files.search_files(caller, &args, source).await
+        }
+        "write_file" => {
+            let mut args = arguments(call, &["path", "content", "expected_revision"])?;
+            args.insert("workflow_id".into(), project);
+            args.insert("request_id".into(), json!(request_id));
+            files.write_file(caller, &args, source).await
+        }
+        other => Err(unknown_tool(other, mode)),
+    }
+}
+
+/// The operation a bound turn's call asks the device for: the shell, or a patch when the
+/// folder is writable; any other name is an unknown tool.
+fn local_operation(call: &ToolCall, mode: Mode) -> Result<Operation, ToolError> {
+    Ok(match call.name.as_str() {
+        "execute_shell_command" => {
+            let args = arguments(call, &["command", "timeout"])?;
+            let timeout = match args.get("timeout") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    ToolError::new(
+                        "invalid_arguments",
+                        "timeout must be a whole number of seconds (1 to 300)",
+                    )
+                })?),
+            };
+            Operation::ExecuteShellCommand {
+                command: string(&args, "command")?,
+                timeout,
             }
         }
-        Some(binding) => {
-            let operation = match call.name.as_str() {
-                "execute_shell_command" => {
-                    let args = arguments(call, &["command", "timeout"])?;
-                    let timeout = match args.get("timeout") {
-                        None | Some(Value::Null) => None,
-                        Some(v) => Some(v.as_u64().ok_or_else(|| {
-                            ToolError::new(
-                                "invalid_arguments",
-                                "timeout must be a whole number of seconds (1 to 300)",
-                            )
-                        })?),
-                    };
-                    Operation::ExecuteShellCommand {
-                        command: string(&args, "command")?,
-                        timeout,
-                    }
-                }
-                "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
-                    let args = arguments(call, &["filepath", "diff"])?;
-                    Operation::DiffPatchWorkspaceFile {
-                        filepath: string(&args, "filepath")?,
-                        diff: string(&args, "diff")?,
-                    }
-                }
-                other => return Err(unknown_tool(other, mode)),
-            };
-            // The person's live authority on the project, now (revoked token, removed member,
-            // a role lowered to runner or viewer).
-            let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
-            require_authoring_role(&access)?;
-            // A cancel while the device runs the call asks it to stop (the executor kills the
-            // process group) and waits for the result, which says `cancelled`.
-            let call = dispatch(service, caller, binding, request_id, operation, cancel);
-            tokio::pin!(call);
-            tokio::select! {
-                result = &mut call => return result,
-                _ = cancel.cancelled() => {}
+        "diff_patch_workspace_file" if mode == (Mode::Local { writable: true }) => {
+            let args = arguments(call, &["filepath", "diff"])?;
+            Operation::DiffPatchWorkspaceFile {
+                filepath: string(&args, "filepath")?,
+                diff: string(&args, "diff")?,
             }
-            loop {
-                tokio::select! {
-                    result = &mut call => return result,
-                    asked = ask_device_to_cancel(service, caller, request_id) => {
-                        if asked {
-                            return call.await;
-                        }
-                        tokio::time::sleep(CANCEL_RETRY).await;
-                    }
+        }
+        other => return Err(unknown_tool(other, mode)),
+    })
+}
+
+/// Sends `operation` to the bound device once the person's live authority allows it, and
+/// answers its result; a cancel meanwhile is passed on to the device.
+async fn execute_on_device(
+    service: &ChatService,
+    spec: &TurnSpec,
+    binding: &Binding,
+    operation: Operation,
+    request_id: &str,
+    cancel: &CancellationToken,
+) -> Result<Value, ToolError> {
+    let caller = &spec.caller;
+    // The person's live authority on the project, now (revoked token, removed member,
+    // a role lowered to runner or viewer).
+    let (_, access) = service.files.access(caller, &spec.chat.project_id).await?;
+    require_authoring_role(&access)?;
+    // A cancel while the device runs the call asks it to stop (the executor kills the
+    // process group) and waits for the result, which says `cancelled`.
+    let call = dispatch(service, caller, binding, request_id, operation, cancel);
+    tokio::pin!(call);
+    tokio::select! {
+        result = &mut call => return result,
+        _ = cancel.cancelled() => {}
+    }
+    loop {
+        tokio::select! {
+            result = &mut call => return result,
+            asked = ask_device_to_cancel(service, caller, request_id) => {
+                if asked {
+                    return call.await;
                 }
+                tokio::time::sleep(CANCEL_RETRY).await;
             }
         }
     }

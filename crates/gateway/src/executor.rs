@@ -246,19 +246,44 @@ async fn upgrade(
 ) -> Response<Body> {
     // It sent its head: no longer evictable (it answers or upgrades now).
     slot.set_phase(Phase::Busy);
+    let (key, owner) = match admit(&request, remote, &gateway).await {
+        Ok(admitted) => admitted,
+        Err(response) => return response,
+    };
+    // Authenticated: from here on it uses the share kept for authenticated sessions.
+    slot.set_phase(Phase::Authenticated);
+    let response = match switching_protocols(&key) {
+        Ok(response) => response,
+        Err(response) => return response,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    tracker.spawn(run_upgraded(
+        on_upgrade, gateway, owner, remote, shutdown, slot,
+    ));
+    response
+}
+
+/// The request's `Sec-WebSocket-Key` and the token's owner, if it is a WebSocket upgrade of
+/// [`EXECUTOR_PATH`] with a `devices:connect` token agentd accepts; else the refusal.
+#[allow(clippy::result_large_err)]
+async fn admit(
+    request: &Request<Incoming>,
+    remote: SocketAddr,
+    gateway: &Gateway,
+) -> Result<(String, TokenCheckResponse), Response<Body>> {
     if request.uri().path() != EXECUTOR_PATH {
-        return refuse(
+        return Err(refuse(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("executors connect to {EXECUTOR_PATH}"),
-        );
+        ));
     }
     if request.method() != Method::GET {
-        return refuse(
+        return Err(refuse(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "use GET",
-        );
+        ));
     }
     let Some(token) = bearer(request.headers()) else {
         let mut response = refuse(
@@ -269,56 +294,62 @@ async fn upgrade(
         response
             .headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
+        return Err(response);
     };
-    let key = match websocket_key(request.headers()) {
-        Ok(key) => key,
-        Err(response) => return response,
-    };
+    let key = websocket_key(request.headers())?;
     let owner = match gateway.tokens.check(&token).await {
         Ok(owner) => owner,
         Err(error) => {
             tracing::info!(%remote, code = error.code(), "executor token refused at connect");
-            return refuse(error.status(), error.code(), error.to_string());
+            return Err(refuse(error.status(), error.code(), error.to_string()));
         }
     };
     drop(token);
-    // Authenticated: from here on it uses the share kept for authenticated sessions.
-    slot.set_phase(Phase::Authenticated);
+    Ok((key, owner))
+}
+
+/// The 101 answer to an upgrade with `key`, or the 500 when it cannot be built.
+#[allow(clippy::result_large_err)]
+fn switching_protocols(key: &str) -> Result<Response<Body>, Response<Body>> {
     let accept = derive_accept_key(key.as_bytes());
-    let response = Response::builder()
+    Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(UPGRADE, "websocket")
         .header(CONNECTION, "Upgrade")
         .header(SEC_WEBSOCKET_ACCEPT, accept)
-        .body(Body::default());
-    let response = match response {
-        Ok(response) => response,
-        Err(error) => {
-            return refuse(
+        .body(Body::default())
+        .map_err(|error| {
+            refuse(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 format!("cannot build the upgrade response: {error}"),
-            );
+            )
+        })
+}
+
+/// Once hyper hands over the upgraded connection, runs the session on it; the connection's
+/// slot is held until the session ends.
+async fn run_upgraded(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    gateway: Gateway,
+    owner: TokenCheckResponse,
+    remote: SocketAddr,
+    shutdown: CancellationToken,
+    slot: Arc<ConnectionSlot>,
+) {
+    match on_upgrade.await {
+        Ok(upgraded) => {
+            let ws = WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                Role::Server,
+                Some(ws_config()),
+            )
+            .await;
+            session(gateway, ws, owner, remote, shutdown).await;
         }
-    };
-    let on_upgrade = hyper::upgrade::on(&mut request);
-    tracker.spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(ws_config()),
-                )
-                .await;
-                session(gateway, ws, owner, remote, shutdown).await;
-            }
-            Err(error) => tracing::debug!(%error, %remote, "executor upgrade failed"),
-        }
-        drop(slot);
-    });
-    response
+        Err(error) => tracing::debug!(%error, %remote, "executor upgrade failed"),
+    }
+    drop(slot);
 }
 
 /// How a session ended.
@@ -446,72 +477,127 @@ async fn session(
     remote: SocketAddr,
     shutdown: CancellationToken,
 ) {
+    let Some((device_name, version, folders)) =
+        accept_hello(&gateway, &mut ws, &owner, remote, &shutdown).await
+    else {
+        return;
+    };
+    let Some((device_id, name_clash)) =
+        register_device(&gateway, &mut ws, &owner, &device_name, &folders, &version).await
+    else {
+        return;
+    };
+    let (conn_id, mut inbox) = go_live(
+        &gateway,
+        &owner,
+        &device_id,
+        &device_name,
+        folders,
+        remote,
+        &version,
+    );
+    let welcome = welcome(&gateway, &owner, &device_id, &device_name, name_clash);
+    let ending = match send_frame(&mut ws, &welcome).await {
+        Ok(()) => serve_session(&gateway, &mut ws, &mut inbox, conn_id, &shutdown).await,
+        Err(why) => Ending::lost(why),
+    };
+    end_session(
+        &gateway, &mut ws, inbox, &owner, &device_id, conn_id, ending,
+    )
+    .await;
+}
+
+/// The checked hello (device name, version, folders), or `None` once the connection was
+/// refused: no hello in time, a bad one, or gatewayd shutting down (closed and drained).
+async fn accept_hello(
+    gateway: &Gateway,
+    ws: &mut Ws,
+    owner: &TokenCheckResponse,
+    remote: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Option<(String, String, Vec<FolderInfo>)> {
     let hello = tokio::select! {
         _ = shutdown.cancelled() => Err(Ending::close(CLOSE_GOING_AWAY, "gatewayd is shutting down", DISCONNECTED)),
-        hello = tokio::time::timeout(gateway.settings.hello_timeout, read_hello(&mut ws)) => match hello {
+        hello = tokio::time::timeout(gateway.settings.hello_timeout, read_hello(ws)) => match hello {
             Ok(hello) => hello,
             Err(_) => Err(Ending::policy("no hello within 10 s")),
         },
     };
-    let (device_name, version, folders) = match hello.and_then(|h| {
+    match hello.and_then(|h| {
         check_hello(&h.0, &h.1, &h.2)
             .map(|()| h)
             .map_err(Ending::policy)
     }) {
-        Ok(hello) => hello,
+        Ok(hello) => Some(hello),
         Err(ending) => {
             tracing::info!(%remote, user_id = %owner.user_id, why = %ending.why, "executor refused before registering");
             if let Some((code, reason)) = &ending.close {
-                send_close(&mut ws, *code, reason).await;
-                drain(&mut ws).await;
+                send_close(ws, *code, reason).await;
+                drain(ws).await;
             }
-            return;
+            None
         }
-    };
-    // The device id belongs to this credential: another token with the same name is another
-    // device (a clash notice says so), never this one's id.
+    }
+}
+
+/// The device's id and whether its name clashes with another credential's device, or `None`
+/// once the store failed (the executor got a 1011 close).
+///
+/// The device id belongs to this credential: another token with the same name is another
+/// device (a clash notice says so), never this one's id.
+async fn register_device(
+    gateway: &Gateway,
+    ws: &mut Ws,
+    owner: &TokenCheckResponse,
+    device_name: &str,
+    folders: &[FolderInfo],
+    version: &str,
+) -> Option<(String, bool)> {
     let store = gateway.store.clone();
     let (user_id, token_id, name, shared, ver) = (
         owner.user_id.clone(),
         owner.token_id.clone(),
-        device_name.clone(),
-        folders.clone(),
-        version.clone(),
+        device_name.to_owned(),
+        folders.to_vec(),
+        version.to_owned(),
     );
     let registered = tokio::task::spawn_blocking(move || {
         store.register_device(&user_id, &token_id, &name, &shared, &ver, now_ms())
     })
     .await;
-    let (device_id, name_clash) = match registered {
-        Ok(Ok(registered)) => (registered.device_id, registered.name_clash),
-        other => {
-            let detail = match other {
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-                Ok(Ok(_)) => String::new(),
-            };
-            tracing::error!(error = %detail, "cannot register a device");
-            send_close(
-                &mut ws,
-                1011,
-                "gatewayd cannot register the device right now",
-            )
-            .await;
-            return;
-        }
+    let detail = match registered {
+        Ok(Ok(registered)) => return Some((registered.device_id, registered.name_clash)),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
     };
+    tracing::error!(error = %detail, "cannot register a device");
+    send_close(ws, 1011, "gatewayd cannot register the device right now").await;
+    None
+}
+
+/// Makes this connection the device's live one (an older connection of the same device is
+/// told to close), audits the connect, and answers the connection's id and control inbox.
+fn go_live(
+    gateway: &Gateway,
+    owner: &TokenCheckResponse,
+    device_id: &str,
+    device_name: &str,
+    folders: Vec<FolderInfo>,
+    remote: SocketAddr,
+    version: &str,
+) -> (u64, mpsc::UnboundedReceiver<Control>) {
     let conn_id = gateway.registry.next_conn_id();
-    let (control, mut inbox) = mpsc::unbounded_channel();
+    let (control, inbox) = mpsc::unbounded_channel();
     let live = Live {
         conn_id,
         user_id: owner.user_id.clone(),
-        device_name: device_name.clone(),
+        device_name: device_name.to_owned(),
         token_id: owner.token_id.clone(),
         folders,
         connected_at_ms: now_ms(),
         control,
     };
-    if let Some(old) = gateway.registry.register(&device_id, live) {
+    if let Some(old) = gateway.registry.register(device_id, live) {
         let _ = old.control.send(Control::Close {
             code: CLOSE_REPLACED,
             reason: "replaced by a newer connection of the same device".into(),
@@ -529,28 +615,45 @@ async fn session(
         agentworks_version = %version,
         "executor connected"
     );
+    (conn_id, inbox)
+}
+
+/// The welcome frame: the device's id, the heartbeat, and a notice when its name clashes.
+fn welcome(
+    gateway: &Gateway,
+    owner: &TokenCheckResponse,
+    device_id: &str,
+    device_name: &str,
+    name_clash: bool,
+) -> GatewayFrame {
     let notice = name_clash.then(|| {
         tracing::warn!(user_id = %owner.user_id, %device_id, "a device connected with the name of another credential's device; it got its own device id");
         format!(
             "another device of yours is already named \"{device_name}\" (it connected with another credential); this connection is a separate device, {device_id}, and never receives that device's requests: give it another --name to tell them apart"
         )
     });
-    let welcome = GatewayFrame::Welcome {
-        device_id: device_id.clone(),
+    GatewayFrame::Welcome {
+        device_id: device_id.to_owned(),
         heartbeat_secs: gateway.settings.heartbeat.as_secs(),
         notice,
-    };
-    let ending = match send_frame(&mut ws, &welcome).await {
-        Ok(()) => serve_session(&gateway, &mut ws, &mut inbox, conn_id, &shutdown).await,
-        Err(why) => Ending::lost(why),
-    };
+    }
+}
 
-    // Cleanup, in order: nobody can dispatch to this connection any more; the executor learns
-    // why (close frame); every request pending on it fails now; then the closing handshake.
-    gateway.registry.unregister(&device_id, conn_id);
+/// Cleanup, in order: nobody can dispatch to this connection any more; the executor learns
+/// why (close frame); every request pending on it fails now; then the closing handshake.
+async fn end_session(
+    gateway: &Gateway,
+    ws: &mut Ws,
+    inbox: mpsc::UnboundedReceiver<Control>,
+    owner: &TokenCheckResponse,
+    device_id: &str,
+    conn_id: u64,
+    ending: Ending,
+) {
+    gateway.registry.unregister(device_id, conn_id);
     drop(inbox);
     if let Some((code, reason)) = &ending.close {
-        send_close(&mut ws, *code, reason).await;
+        send_close(ws, *code, reason).await;
     }
     let failed = gateway.registry.take_all_pending(conn_id);
     let failed_count = failed.len();
@@ -561,7 +664,7 @@ async fn session(
         gateway.resolve(request_id, pending, state).await;
     }
     let store = gateway.store.clone();
-    let id = device_id.clone();
+    let id = device_id.to_owned();
     let _ = tokio::task::spawn_blocking(move || store.touch_device(&id, now_ms())).await;
     tracing::info!(
         target: AUDIT_TARGET,
@@ -575,7 +678,7 @@ async fn session(
         "executor disconnected"
     );
     if ending.close.is_some() {
-        drain(&mut ws).await;
+        drain(ws).await;
     }
 }
 
