@@ -329,12 +329,39 @@ impl Plan {
         path: &Path,
         access: BitFlags<AccessFs>,
     ) -> Result<(), SandboxError> {
+        let Some(access) = self.access_after_exclusions(path, access) else {
+            return Ok(());
+        };
+        let Some(fd) = open_source(&source, path)? else {
+            return Ok(());
+        };
+        let kind = rustix::fs::fstat(&fd)
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+            .map_err(|e| grant_error(path, e))?;
+        match kind {
+            // Never follow a symlink when granting: its target is governed by its own rules.
+            FileType::Symlink => Ok(()),
+            FileType::Directory => self.grant_directory(fd, path, access),
+            _ => {
+                self.push(path, fd, access & self.file);
+                Ok(())
+            }
+        }
+    }
+
+    /// `access` on `path` as the exclusions leave it: `None` under a no-access exclusion, only
+    /// the read rights under a read-only one.
+    fn access_after_exclusions(
+        &self,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Option<BitFlags<AccessFs>> {
         if self
             .exclusions
             .iter()
             .any(|(e, kind)| *kind == Exclusion::NoAccess && path.starts_with(e))
         {
-            return Ok(());
+            return None;
         }
         let mut access = access;
         if self
@@ -344,34 +371,18 @@ impl Plan {
         {
             access &= self.read;
         }
+        Some(access)
+    }
 
-        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let opened = match source {
-            Source::Entry(parent, name) => rustix::fs::openat(parent, name, flags, Mode::empty()),
-            Source::Path => rustix::fs::open(path, flags, Mode::empty()),
-            Source::Pinned(fd) => rustix::io::fcntl_dupfd_cloexec(fd, 3),
-        };
-        let fd = match opened {
-            Ok(fd) => fd,
-            // An entry that vanished during the walk grants nothing.
-            Err(rustix::io::Errno::NOENT) if matches!(source, Source::Entry(..)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(grant_error(path, e)),
-        };
-        let kind = rustix::fs::fstat(&fd)
-            .map(|st| FileType::from_raw_mode(st.st_mode))
-            .map_err(|e| grant_error(path, e))?;
-        match kind {
-            // Never follow a symlink when granting: its target is governed by its own rules.
-            FileType::Symlink => return Ok(()),
-            FileType::Directory => {}
-            _ => {
-                self.push(path, fd, access & self.file);
-                return Ok(());
-            }
-        }
-
+    /// A directory: whole when no exclusion lies beneath it, else entry by entry (recursively)
+    /// with the folder itself getting listing (or reading, when nothing beneath it is
+    /// unreadable).
+    fn grant_directory(
+        &mut self,
+        fd: OwnedFd,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Result<(), SandboxError> {
         let inner: Vec<Exclusion> = self
             .exclusions
             .iter()
@@ -389,22 +400,7 @@ impl Plan {
         } else {
             access & self.read
         };
-        let dir = rustix::fs::openat(
-            &fd,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| grant_error(path, e))?;
-        let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&dir).map_err(|e| grant_error(path, e))? {
-            let entry = entry.map_err(|e| grant_error(path, e))?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push(OsStr::from_bytes(name).to_owned());
-            }
-        }
-        drop(dir);
+        let names = entry_names(&fd, path)?;
         for name in &names {
             self.grant_resolved(Source::Entry(&fd, name), &path.join(name), access)?;
         }
@@ -434,6 +430,43 @@ impl Plan {
             });
         }
     }
+}
+
+/// The `O_PATH` descriptor of what `source` names, never following a symlink; `None` for a
+/// walked entry that vanished meanwhile (it grants nothing).
+fn open_source(source: &Source<'_>, path: &Path) -> Result<Option<OwnedFd>, SandboxError> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = match source {
+        Source::Entry(parent, name) => rustix::fs::openat(parent, *name, flags, Mode::empty()),
+        Source::Path => rustix::fs::open(path, flags, Mode::empty()),
+        Source::Pinned(fd) => rustix::io::fcntl_dupfd_cloexec(fd, 3),
+    };
+    match opened {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOENT) if matches!(source, Source::Entry(..)) => Ok(None),
+        Err(e) => Err(grant_error(path, e)),
+    }
+}
+
+/// The names in the directory `fd` (`path`), without `.` and `..`, read through a descriptor
+/// opened beneath `fd` and closed before the caller grants them.
+fn entry_names(fd: &OwnedFd, path: &Path) -> Result<Vec<std::ffi::OsString>, SandboxError> {
+    let dir = rustix::fs::openat(
+        fd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| grant_error(path, e))?;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir).map_err(|e| grant_error(path, e))? {
+        let entry = entry.map_err(|e| grant_error(path, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsStr::from_bytes(name).to_owned());
+        }
+    }
+    Ok(names)
 }
 
 fn grant_error(path: &Path, error: rustix::io::Errno) -> SandboxError {
