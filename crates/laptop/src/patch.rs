@@ -648,10 +648,39 @@ pub async fn run(
         Ok(json) => json,
         Err(e) => return refused("internal", e.to_string()),
     };
+    let mut command = applier_command(launcher, &policy, &policy_json, folder);
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            return refused(
+                "sandbox_unavailable",
+                format!("cannot start the launcher: {e}"),
+            );
+        }
+    };
+    let Ok((status, out, err)) =
+        tokio::time::timeout(PATCH_TIMEOUT, exchange_with_applier(child, &job_json)).await
+    else {
+        return refused(
+            "timeout",
+            "the patch did not finish in time; inspect the files before retrying",
+        );
+    };
+    read_outcome(status, &out, &err)
+}
+
+/// `agentworks __sandbox-exec <policy> -- agentworks __apply-patch <folder>`, with a cleared
+/// environment, in its own session, dying with the executor, holding the policy's pinned fds.
+fn applier_command(
+    launcher: &Path,
+    policy: &SandboxPolicy,
+    policy_json: &str,
+    folder: &Path,
+) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(launcher);
     command
         .arg(SANDBOX_SUBCOMMAND)
-        .arg(&policy_json)
+        .arg(policy_json)
         .arg("--")
         .arg(launcher)
         .arg(SUBCOMMAND)
@@ -665,49 +694,50 @@ pub async fn run(
         .stderr(Stdio::piped());
     super::sandbox::new_session(&mut command);
     super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, &policy);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            return refused(
-                "sandbox_unavailable",
-                format!("cannot start the launcher: {e}"),
-            );
-        }
-    };
+    super::sandbox::inherit_pinned(&mut command, policy);
+    command
+}
+
+/// Write the job to the applier's stdin and close it, read its stdout (up to 8 MiB) and stderr
+/// (up to 64 KiB), and reap it. The caller bounds the whole exchange in time.
+async fn exchange_with_applier(
+    mut child: tokio::process::Child,
+    job_json: &[u8],
+) -> (std::io::Result<std::process::ExitStatus>, Vec<u8>, Vec<u8>) {
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
-    let io = async {
-        if let Some(mut pipe) = stdin.take() {
-            let _ = pipe.write_all(&job_json).await;
-            drop(pipe);
-        }
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        if let Some(pipe) = stdout.as_mut() {
-            let _ = pipe.take(8 * 1024 * 1024).read_to_end(&mut out).await;
-        }
-        if let Some(pipe) = stderr.as_mut() {
-            let _ = pipe.take(64 * 1024).read_to_end(&mut err).await;
-        }
-        let status = child.wait().await;
-        (status, out, err)
-    };
-    let Ok((status, out, err)) = tokio::time::timeout(PATCH_TIMEOUT, io).await else {
-        return refused(
-            "timeout",
-            "the patch did not finish in time; inspect the files before retrying",
-        );
-    };
-    let err = String::from_utf8_lossy(&err);
+    if let Some(mut pipe) = stdin.take() {
+        let _ = pipe.write_all(job_json).await;
+        drop(pipe);
+    }
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    if let Some(pipe) = stdout.as_mut() {
+        let _ = pipe.take(8 * 1024 * 1024).read_to_end(&mut out).await;
+    }
+    if let Some(pipe) = stderr.as_mut() {
+        let _ = pipe.take(64 * 1024).read_to_end(&mut err).await;
+    }
+    let status = child.wait().await;
+    (status, out, err)
+}
+
+/// The applier's outcome: a launcher refusal on stderr first (the sandbox could not be set up,
+/// so nothing ran), else the JSON on stdout, else a failure with the exit status and stderr.
+fn read_outcome(
+    status: std::io::Result<std::process::ExitStatus>,
+    out: &[u8],
+    err: &[u8],
+) -> Outcome {
+    let err = String::from_utf8_lossy(err);
     if let Some(reason) = err.strip_prefix(REFUSAL_PREFIX) {
         return refused(
             "sandbox_unavailable",
             format!("the patch was not applied: {}", reason.trim_end()),
         );
     }
-    match serde_json::from_slice::<Outcome>(&out) {
+    match serde_json::from_slice::<Outcome>(out) {
         Ok(outcome) => outcome,
         Err(_) => refused(
             "patch_failed",
