@@ -442,6 +442,23 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         server: &options.server,
         token: &options.token,
     };
+    let chat_id = open_chat(&api, &options).await?;
+    println!("chat {chat_id} in {}", options.project);
+    if let Some(alias) = &options.local {
+        bind_local(
+            &api,
+            &chat_id,
+            alias,
+            options.device.as_deref(),
+            options.assume_yes,
+        )
+        .await?;
+    }
+    converse(&api, &chat_id).await
+}
+
+/// Resume the chat given, or create one in the project; returns its id.
+async fn open_chat(api: &Api<'_>, options: &ChatOptions) -> Result<String, ChatError> {
     let chat = match &options.chat {
         Some(id) => api.call("GET", &format!("/v1/chats/{id}"), None).await?,
         None => {
@@ -453,70 +470,75 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
             .await?
         }
     };
-    let chat_id = chat["chat_id"]
+    Ok(chat["chat_id"]
         .as_str()
         .or(chat["chat"]["chat_id"].as_str())
         .ok_or_else(|| ChatError::Protocol {
             what: "the chat".into(),
             detail: chat.to_string(),
         })?
-        .to_owned();
-    println!("chat {chat_id} in {}", options.project);
-    if let Some(alias) = &options.local {
-        let devices = api.call("GET", "/v1/devices", None).await?;
-        let (device, folder) = pick_device(&devices, alias, options.device.as_deref())?;
-        let access = folder["access"].as_str().unwrap_or("read_only");
-        eprintln!(
-            "Binding this chat to {}:{alias} ({}, {}).",
-            device["name"].as_str().unwrap_or("?"),
-            if access == "read_write" {
-                "files and commands may change the folder"
-            } else {
-                "read-only: commands run in a read-only sandbox"
-            },
-            if device["online"] == true {
-                "online"
-            } else {
-                "offline: tool calls will fail until it reconnects"
-            }
-        );
-        eprintln!(
-            "Consequences: file contents and command output go to the server and the model; commands can reach the network."
-        );
-        eprintln!(
-            "Server files, MCP connections and secrets are not available in this chat while it is bound."
-        );
-        if !confirm("Use this folder?", options.assume_yes)? {
-            return Err(ChatError::Usage(
-                "not bound: the consequences were not confirmed".into(),
-            ));
+        .to_owned())
+}
+
+/// Bind the chat to the device folder shared as `alias`, after showing the consequences and
+/// getting an explicit "yes" (or `assume_yes`); without it nothing is bound.
+async fn bind_local(
+    api: &Api<'_>,
+    chat_id: &str,
+    alias: &str,
+    device: Option<&str>,
+    assume_yes: bool,
+) -> Result<(), ChatError> {
+    let devices = api.call("GET", "/v1/devices", None).await?;
+    let (device, folder) = pick_device(&devices, alias, device)?;
+    let access = folder["access"].as_str().unwrap_or("read_only");
+    eprintln!(
+        "Binding this chat to {}:{alias} ({}, {}).",
+        device["name"].as_str().unwrap_or("?"),
+        if access == "read_write" {
+            "files and commands may change the folder"
+        } else {
+            "read-only: commands run in a read-only sandbox"
+        },
+        if device["online"] == true {
+            "online"
+        } else {
+            "offline: tool calls will fail until it reconnects"
         }
-        api.call(
-            "PUT",
-            &format!("/v1/chats/{chat_id}/binding"),
-            Some(json!({ "device_id": device["device_id"], "folder": alias, "confirm": CONFIRMATION })),
-        )
-        .await?;
-        println!(
-            "bound to {}:{alias}",
-            device["name"].as_str().unwrap_or("?")
-        );
+    );
+    eprintln!(
+        "Consequences: file contents and command output go to the server and the model; commands can reach the network."
+    );
+    eprintln!(
+        "Server files, MCP connections and secrets are not available in this chat while it is bound."
+    );
+    if !confirm("Use this folder?", assume_yes)? {
+        return Err(ChatError::Usage(
+            "not bound: the consequences were not confirmed".into(),
+        ));
     }
+    api.call(
+        "PUT",
+        &format!("/v1/chats/{chat_id}/binding"),
+        Some(json!({ "device_id": device["device_id"], "folder": alias, "confirm": CONFIRMATION })),
+    )
+    .await?;
+    println!(
+        "bound to {}:{alias}",
+        device["name"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// One turn per line (`/unbind` switches back to server files) until EOF, `/quit`, `/exit` or
+/// Ctrl-C at the prompt. A failed turn is shown and the chat goes on.
+async fn converse(api: &Api<'_>, chat_id: &str) -> Result<(), ChatError> {
     let mut screen = Screen {
         tty: std::io::stdout().is_terminal(),
         running: None,
         spin: 0,
     };
-    // Lines are read on their own thread so Ctrl-C at the prompt still ends the chat once a
-    // turn has taken over SIGINT (tokio keeps its handler for the rest of the process).
-    let (lines_sender, mut lines) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            if lines_sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut lines = stdin_lines();
     loop {
         if std::io::stdin().is_terminal() {
             eprint!("you> ");
@@ -536,26 +558,43 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         match message {
             "" => continue,
             "/quit" | "/exit" => break,
-            "/unbind" => {
-                eprintln!(
-                    "Switching back to server files: the agent reads and writes the project on the server again."
-                );
-                match api
-                    .call("DELETE", &format!("/v1/chats/{chat_id}/binding"), None)
-                    .await
-                {
-                    Ok(_) => println!("unbound: server files"),
-                    Err(e) => println!("error: {e}"),
-                }
-            }
+            "/unbind" => unbind(api, chat_id).await,
             _ => {
-                if let Err(e) = turn(&api, &chat_id, message, &mut screen).await {
+                if let Err(e) = turn(api, chat_id, message, &mut screen).await {
                     println!("error: {e}");
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Stdin's lines, read on their own thread so Ctrl-C at the prompt still ends the chat once a
+/// turn has taken over SIGINT (tokio keeps its handler for the rest of the process).
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<std::io::Result<String>> {
+    let (lines_sender, lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if lines_sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// `/unbind`: the chat works on server files again; a failure is shown, not fatal.
+async fn unbind(api: &Api<'_>, chat_id: &str) {
+    eprintln!(
+        "Switching back to server files: the agent reads and writes the project on the server again."
+    );
+    match api
+        .call("DELETE", &format!("/v1/chats/{chat_id}/binding"), None)
+        .await
+    {
+        Ok(_) => println!("unbound: server files"),
+        Err(e) => println!("error: {e}"),
+    }
 }
 
 #[cfg(test)]

@@ -316,124 +316,169 @@ fn pin_toolchains(
     Ok((pinned, secrets))
 }
 
+/// What no grant may be, contain or lie inside: the root of the filesystem, the person's home
+/// and its parents, and the CLI's private dirs (credentials, state).
+struct OffLimits {
+    /// Canonical home.
+    home: PathBuf,
+    private: [(&'static str, PathBuf); 2],
+}
+
+impl OffLimits {
+    fn resolve(dirs: &Dirs) -> Result<OffLimits, GrantError> {
+        let home = resolve_lenient(&dirs.home)?;
+        let private = [
+            ("credentials", resolve_lenient(&dirs.config)?),
+            ("state", resolve_lenient(&dirs.state)?),
+        ];
+        Ok(OffLimits { home, private })
+    }
+
+    /// Refuses `canonical` (the resolution of `given`) when it is too wide to share, or
+    /// contains or lies inside a private dir.
+    fn check(&self, given: &Path, canonical: &Path) -> Result<(), GrantError> {
+        if canonical == Path::new("/") {
+            return Err(GrantError::TooWide {
+                path: given.to_owned(),
+                what: "the root of the filesystem",
+            });
+        }
+        if canonical == self.home {
+            return Err(GrantError::TooWide {
+                path: given.to_owned(),
+                what: "your home directory",
+            });
+        }
+        if self.home.starts_with(canonical) {
+            return Err(GrantError::TooWide {
+                path: given.to_owned(),
+                what: "a parent of your home directory",
+            });
+        }
+        for (what, dir) in &self.private {
+            if dir.starts_with(canonical) {
+                return Err(GrantError::ContainsPrivate {
+                    path: given.to_owned(),
+                    what,
+                    private: dir.clone(),
+                });
+            }
+            if canonical.starts_with(dir) {
+                return Err(GrantError::InsidePrivate {
+                    path: given.to_owned(),
+                    what,
+                    private: dir.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `--folder`s then the `--write-folder`s, each opened, checked against `off_limits`,
+/// refused when given twice, pinned and named; returns them with their pins, in that order.
+fn grant_folders(
+    args: &GrantArgs,
+    off_limits: &OffLimits,
+) -> Result<(Vec<Folder>, Vec<PinnedDir>), GrantError> {
+    let given = args.folders.len() + args.write_folders.len();
+    if given > MAX_FOLDERS {
+        return Err(GrantError::TooMany {
+            given,
+            max: MAX_FOLDERS,
+        });
+    }
+    let mut taken = HashSet::new();
+    let mut folders: Vec<Folder> = Vec::new();
+    let given = args
+        .folders
+        .iter()
+        .map(|p| (p, FolderAccess::ReadOnly))
+        .chain(
+            args.write_folders
+                .iter()
+                .map(|p| (p, FolderAccess::ReadWrite)),
+        );
+    let mut folder_pins = Vec::new();
+    for (path, access) in given {
+        let canonical = open_dir(path)?;
+        off_limits.check(path, &canonical)?;
+        if folders.iter().any(|f| f.path == canonical) {
+            return Err(GrantError::Duplicate {
+                path: path.to_owned(),
+            });
+        }
+        folder_pins.push(pin(path, &canonical)?);
+        folders.push(Folder {
+            alias: alias_for(&canonical, &mut taken)?,
+            path: canonical,
+            access,
+        });
+    }
+    Ok((folders, folder_pins))
+}
+
+/// `~/Downloads`, opened, checked against `off_limits` and pinned, when `--downloads` was given.
+fn grant_downloads(
+    args: &GrantArgs,
+    dirs: &Dirs,
+    off_limits: &OffLimits,
+) -> Result<Option<PinnedDir>, GrantError> {
+    if !args.downloads {
+        return Ok(None);
+    }
+    let given = dirs.home.join("Downloads");
+    let canonical = open_dir(&given)?;
+    off_limits.check(&given, &canonical)?;
+    Ok(Some(pin(&given, &canonical)?))
+}
+
+/// The `flag` paths (`--block`, `--read-only`), resolved; each must lie inside a shared folder
+/// or Downloads.
+fn inside_shared(
+    flag: &'static str,
+    raw: &[PathBuf],
+    folders: &[Folder],
+    downloads: Option<&PinnedDir>,
+) -> Result<Vec<PathBuf>, GrantError> {
+    raw.iter()
+        .map(|p| {
+            let resolved = resolve_lenient(p)?;
+            let shared = folders
+                .iter()
+                .map(|f| f.path.as_path())
+                .chain(downloads.map(PinnedDir::path));
+            if shared.clone().any(|root| resolved.starts_with(root)) {
+                Ok(resolved)
+            } else {
+                Err(GrantError::Outside {
+                    flag,
+                    path: p.to_owned(),
+                })
+            }
+        })
+        .collect()
+}
+
 impl Grants {
     /// Validate the command-line grants against the person's home and the CLI's dirs.
     pub fn validate(args: &GrantArgs, dirs: &Dirs) -> Result<Grants, GrantError> {
         if args.folders.is_empty() && args.write_folders.is_empty() {
             return Err(GrantError::Nothing);
         }
-        let home = resolve_lenient(&dirs.home)?;
-        let private = [
-            ("credentials", resolve_lenient(&dirs.config)?),
-            ("state", resolve_lenient(&dirs.state)?),
-        ];
-        let check = |given: &Path, canonical: &Path| -> Result<(), GrantError> {
-            if canonical == Path::new("/") {
-                return Err(GrantError::TooWide {
-                    path: given.to_owned(),
-                    what: "the root of the filesystem",
-                });
-            }
-            if canonical == home {
-                return Err(GrantError::TooWide {
-                    path: given.to_owned(),
-                    what: "your home directory",
-                });
-            }
-            if home.starts_with(canonical) {
-                return Err(GrantError::TooWide {
-                    path: given.to_owned(),
-                    what: "a parent of your home directory",
-                });
-            }
-            for (what, dir) in &private {
-                if dir.starts_with(canonical) {
-                    return Err(GrantError::ContainsPrivate {
-                        path: given.to_owned(),
-                        what,
-                        private: dir.clone(),
-                    });
-                }
-                if canonical.starts_with(dir) {
-                    return Err(GrantError::InsidePrivate {
-                        path: given.to_owned(),
-                        what,
-                        private: dir.clone(),
-                    });
-                }
-            }
-            Ok(())
-        };
-
-        let given = args.folders.len() + args.write_folders.len();
-        if given > MAX_FOLDERS {
-            return Err(GrantError::TooMany {
-                given,
-                max: MAX_FOLDERS,
-            });
-        }
-        let mut taken = HashSet::new();
-        let mut folders: Vec<Folder> = Vec::new();
-        let given = args
-            .folders
-            .iter()
-            .map(|p| (p, FolderAccess::ReadOnly))
-            .chain(
-                args.write_folders
-                    .iter()
-                    .map(|p| (p, FolderAccess::ReadWrite)),
-            );
-        let mut folder_pins = Vec::new();
-        for (path, access) in given {
-            let canonical = open_dir(path)?;
-            check(path, &canonical)?;
-            if folders.iter().any(|f| f.path == canonical) {
-                return Err(GrantError::Duplicate {
-                    path: path.to_owned(),
-                });
-            }
-            folder_pins.push(pin(path, &canonical)?);
-            folders.push(Folder {
-                alias: alias_for(&canonical, &mut taken)?,
-                path: canonical,
-                access,
-            });
-        }
-        let downloads = if args.downloads {
-            let given = dirs.home.join("Downloads");
-            let canonical = open_dir(&given)?;
-            check(&given, &canonical)?;
-            Some(pin(&given, &canonical)?)
-        } else {
-            None
-        };
-        let inside = |flag: &'static str, raw: &[PathBuf]| -> Result<Vec<PathBuf>, GrantError> {
-            raw.iter()
-                .map(|p| {
-                    let resolved = resolve_lenient(p)?;
-                    let shared = folders
-                        .iter()
-                        .map(|f| f.path.as_path())
-                        .chain(downloads.as_ref().map(PinnedDir::path));
-                    if shared.clone().any(|root| resolved.starts_with(root)) {
-                        Ok(resolved)
-                    } else {
-                        Err(GrantError::Outside {
-                            flag,
-                            path: p.to_owned(),
-                        })
-                    }
-                })
-                .collect()
-        };
-        let blocked = inside("--block", &args.block)?;
-        let read_only = inside("--read-only", &args.read_only)?;
+        let off_limits = OffLimits::resolve(dirs)?;
+        let (folders, folder_pins) = grant_folders(args, &off_limits)?;
+        let downloads = grant_downloads(args, dirs, &off_limits)?;
+        let blocked = inside_shared("--block", &args.block, &folders, downloads.as_ref())?;
+        let read_only =
+            inside_shared("--read-only", &args.read_only, &folders, downloads.as_ref())?;
         let writable: Vec<&Path> = folders
             .iter()
             .filter(|f| f.access == FolderAccess::ReadWrite)
             .map(|f| f.path.as_path())
             .chain(downloads.as_ref().map(PinnedDir::path))
             .collect();
+        let OffLimits { home, private } = off_limits;
         let (toolchains, toolchain_secrets) = pin_toolchains(&home, &writable)?;
         Ok(Grants {
             folders,

@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use agentworks_contract::executor::{Outcome, PatchedFile};
-use agentworks_core::guard::{Guard, RelPath};
+use agentworks_core::guard::{Guard, RelPath, ResolvedGuard};
 use agentworks_core::revision::Revision;
 use agentworks_fs::confine::{self, ConfineError};
 use agentworks_fs::staged::StagedFile;
@@ -379,6 +379,8 @@ struct Named {
     text: String,
 }
 
+/// Every check of the module doc, in its order, before any file is changed: the folder (from
+/// `filepath`), every file's name, then every file's guard, content and hunks.
 fn validate(
     folder: &Path,
     job: &PatchJob,
@@ -391,59 +393,92 @@ fn validate(
         .resolve()
         .map_err(|e| refused("invalid_guard", e.to_string()))?;
     // 2. Every file's name, before any file is opened.
-    let parts = agentworks_core::patch::split_files(&job.diff)
+    let named = name_files(&target, &job.diff)?;
+    // 3. Every file's guard, content and hunks.
+    let root = open_root(&target)?;
+    let mut plan: Vec<Planned> = Vec::new();
+    for file in named {
+        plan.push(plan_file(&root, &guard, &target, file)?);
+    }
+    Ok((root, plan))
+}
+
+/// Step 2: split the diff into its files and name each inside the chosen folder. Deletions,
+/// renames and a file named twice are refused, and the diff must name `filepath`.
+fn name_files(target: &Target<'_>, diff: &str) -> Result<Vec<Named>, Outcome> {
+    let parts = agentworks_core::patch::split_files(diff)
         .map_err(|e| refused("invalid_diff", e.to_string()))?;
     let mut named: Vec<Named> = Vec::new();
     for part in parts {
-        let (old, new) = match (&part.old_path, &part.new_path) {
-            // A diff without file headers is the diff of filepath.
-            (None, None) => (Some(target.filepath.clone()), target.filepath.clone()),
-            (_, None) => {
-                return Err(refused(
-                    "unsupported",
-                    "deleting files by patch is not supported; use a command",
-                ));
-            }
-            (old, Some(new)) => (
-                old.as_deref().map(|o| target.locate(o)).transpose()?,
-                target.locate(new)?,
-            ),
-        };
-        if let Some(old) = &old
-            && *old != new
-        {
-            return Err(refused(
-                "unsupported",
-                format!("renaming {old} to {new} by patch is not supported; use a command"),
-            ));
-        }
-        if named.iter().any(|n| n.new == new) {
+        let file = name_file(target, part)?;
+        if named.iter().any(|n| n.new == file.new) {
             return Err(refused(
                 "invalid_diff",
-                format!("{new} appears twice in the diff"),
+                format!("{} appears twice in the diff", file.new),
             ));
         }
-        named.push(Named {
-            old,
-            new,
-            text: part.text,
-        });
+        named.push(file);
     }
-    if !named.iter().any(|n| n.new == target.filepath) {
-        let names: Vec<String> = named.iter().map(|n| target.shown(&n.new)).collect();
+    require_filepath_named(target, &named)?;
+    Ok(named)
+}
+
+/// One file's part of the diff, named inside the chosen folder; a deletion or a rename is
+/// refused.
+fn name_file(
+    target: &Target<'_>,
+    part: agentworks_core::patch::FileDiff,
+) -> Result<Named, Outcome> {
+    let (old, new) = match (&part.old_path, &part.new_path) {
+        // A diff without file headers is the diff of filepath.
+        (None, None) => (Some(target.filepath.clone()), target.filepath.clone()),
+        (_, None) => {
+            return Err(refused(
+                "unsupported",
+                "deleting files by patch is not supported; use a command",
+            ));
+        }
+        (old, Some(new)) => (
+            old.as_deref().map(|o| target.locate(o)).transpose()?,
+            target.locate(new)?,
+        ),
+    };
+    if let Some(old) = &old
+        && *old != new
+    {
         return Err(refused(
-            "patch_rejected",
-            format!(
-                "the diff changes {} but filepath is {}; send a diff that names {} (or one \
-                 without file headers)",
-                names.join(", "),
-                target.filepath_raw,
-                target.filepath_raw
-            ),
+            "unsupported",
+            format!("renaming {old} to {new} by patch is not supported; use a command"),
         ));
     }
-    // 3. Every file's guard, content and hunks.
-    let root = rustix::fs::open(
+    Ok(Named {
+        old,
+        new,
+        text: part.text,
+    })
+}
+
+/// The file a person sees named in the call must be a file the patch changes.
+fn require_filepath_named(target: &Target<'_>, named: &[Named]) -> Result<(), Outcome> {
+    if named.iter().any(|n| n.new == target.filepath) {
+        return Ok(());
+    }
+    let names: Vec<String> = named.iter().map(|n| target.shown(&n.new)).collect();
+    Err(refused(
+        "patch_rejected",
+        format!(
+            "the diff changes {} but filepath is {}; send a diff that names {} (or one \
+             without file headers)",
+            names.join(", "),
+            target.filepath_raw,
+            target.filepath_raw
+        ),
+    ))
+}
+
+/// The chosen folder, opened as the anchor every file is opened beneath.
+fn open_root(target: &Target<'_>) -> Result<std::os::fd::OwnedFd, Outcome> {
+    rustix::fs::open(
         target.root.path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
@@ -453,64 +488,79 @@ fn validate(
             "folder_unavailable",
             format!("cannot open {}: {e}", target.root.name()),
         )
-    })?;
-    let mut plan: Vec<Planned> = Vec::new();
-    for Named {
+    })
+}
+
+/// Step 3 for one file: its guard, then its current content, then its hunks.
+fn plan_file(
+    root: &std::os::fd::OwnedFd,
+    guard: &ResolvedGuard,
+    target: &Target<'_>,
+    Named {
         old,
         new: path,
         text,
-    } in named
-    {
-        guard
-            .check_write(&path)
-            .map_err(|e| refused(e.reason(), e.to_string()))?;
-        let (base, existing) = match confine::open_parent(root.as_fd(), &path, false) {
-            Ok((dir, name)) => match confine::open_file(dir.as_fd(), name, &path) {
-                Ok(Some((fd, stat))) => {
-                    if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > MAX_FILE_BYTES {
-                        return Err(refused(
-                            "too_large",
-                            format!("{path} is too large to patch"),
-                        ));
-                    }
-                    let mut bytes = Vec::new();
-                    std::fs::File::from(fd)
-                        .read_to_end(&mut bytes)
-                        .map_err(|e| refused("io_error", format!("cannot read {path}: {e}")))?;
-                    let text = String::from_utf8(bytes)
-                        .map_err(|_| refused("not_text", format!("{path} is not UTF-8 text")))?;
-                    (Some(text), Some(stat))
+    }: Named,
+) -> Result<Planned, Outcome> {
+    guard
+        .check_write(&path)
+        .map_err(|e| refused(e.reason(), e.to_string()))?;
+    let (base, existing) = read_current(root, &path, old.is_none())?;
+    let base = match (base, &old) {
+        (Some(text), Some(_)) => text,
+        (None, None) => String::new(),
+        (Some(_), None) => {
+            return Err(refused(
+                "already_exists",
+                format!("{path} already exists; diff against its current content"),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(refused("not_found", format!("{path} does not exist")));
+        }
+    };
+    let content = agentworks_core::patch::apply_strict(&base, &text)
+        .map_err(|e| refused("patch_mismatch", format!("{path}: {e}")))?;
+    Ok(Planned {
+        shown: target.shown(&path),
+        path,
+        content,
+        existing,
+    })
+}
+
+/// The file's text and identity, opened beneath `root` without following a symlink (a
+/// regular file with one link, at most [`MAX_FILE_BYTES`], UTF-8), or `(None, None)` when it
+/// is missing. For a creation (`is_creation`) its parent folders may be missing too.
+fn read_current(
+    root: &std::os::fd::OwnedFd,
+    path: &RelPath,
+    is_creation: bool,
+) -> Result<(Option<String>, Option<Stat>), Outcome> {
+    match confine::open_parent(root.as_fd(), path, false) {
+        Ok((dir, name)) => match confine::open_file(dir.as_fd(), name, path) {
+            Ok(Some((fd, stat))) => {
+                if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > MAX_FILE_BYTES {
+                    return Err(refused(
+                        "too_large",
+                        format!("{path} is too large to patch"),
+                    ));
                 }
-                Ok(None) => (None, None),
-                Err(e) => return Err(confine_refusal(e)),
-            },
-            // A new file may create its missing parent folders.
-            Err(ConfineError::NotFound { .. }) if old.is_none() => (None, None),
-            Err(e) => return Err(confine_refusal(e)),
-        };
-        let base = match (base, &old) {
-            (Some(text), Some(_)) => text,
-            (None, None) => String::new(),
-            (Some(_), None) => {
-                return Err(refused(
-                    "already_exists",
-                    format!("{path} already exists; diff against its current content"),
-                ));
+                let mut bytes = Vec::new();
+                std::fs::File::from(fd)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| refused("io_error", format!("cannot read {path}: {e}")))?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| refused("not_text", format!("{path} is not UTF-8 text")))?;
+                Ok((Some(text), Some(stat)))
             }
-            (None, Some(_)) => {
-                return Err(refused("not_found", format!("{path} does not exist")));
-            }
-        };
-        let content = agentworks_core::patch::apply_strict(&base, &text)
-            .map_err(|e| refused("patch_mismatch", format!("{path}: {e}")))?;
-        plan.push(Planned {
-            shown: target.shown(&path),
-            path,
-            content,
-            existing,
-        });
+            Ok(None) => Ok((None, None)),
+            Err(e) => Err(confine_refusal(e)),
+        },
+        // A new file may create its missing parent folders.
+        Err(ConfineError::NotFound { .. }) if is_creation => Ok((None, None)),
+        Err(e) => Err(confine_refusal(e)),
     }
-    Ok((root, plan))
 }
 
 fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), WriteError> {
@@ -598,10 +648,39 @@ pub async fn run(
         Ok(json) => json,
         Err(e) => return refused("internal", e.to_string()),
     };
+    let mut command = applier_command(launcher, &policy, &policy_json, folder);
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            return refused(
+                "sandbox_unavailable",
+                format!("cannot start the launcher: {e}"),
+            );
+        }
+    };
+    let Ok((status, out, err)) =
+        tokio::time::timeout(PATCH_TIMEOUT, exchange_with_applier(child, &job_json)).await
+    else {
+        return refused(
+            "timeout",
+            "the patch did not finish in time; inspect the files before retrying",
+        );
+    };
+    read_outcome(status, &out, &err)
+}
+
+/// `agentworks __sandbox-exec <policy> -- agentworks __apply-patch <folder>`, with a cleared
+/// environment, in its own session, dying with the executor, holding the policy's pinned fds.
+fn applier_command(
+    launcher: &Path,
+    policy: &SandboxPolicy,
+    policy_json: &str,
+    folder: &Path,
+) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(launcher);
     command
         .arg(SANDBOX_SUBCOMMAND)
-        .arg(&policy_json)
+        .arg(policy_json)
         .arg("--")
         .arg(launcher)
         .arg(SUBCOMMAND)
@@ -615,49 +694,50 @@ pub async fn run(
         .stderr(Stdio::piped());
     super::sandbox::new_session(&mut command);
     super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, &policy);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            return refused(
-                "sandbox_unavailable",
-                format!("cannot start the launcher: {e}"),
-            );
-        }
-    };
+    super::sandbox::inherit_pinned(&mut command, policy);
+    command
+}
+
+/// Write the job to the applier's stdin and close it, read its stdout (up to 8 MiB) and stderr
+/// (up to 64 KiB), and reap it. The caller bounds the whole exchange in time.
+async fn exchange_with_applier(
+    mut child: tokio::process::Child,
+    job_json: &[u8],
+) -> (std::io::Result<std::process::ExitStatus>, Vec<u8>, Vec<u8>) {
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
-    let io = async {
-        if let Some(mut pipe) = stdin.take() {
-            let _ = pipe.write_all(&job_json).await;
-            drop(pipe);
-        }
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        if let Some(pipe) = stdout.as_mut() {
-            let _ = pipe.take(8 * 1024 * 1024).read_to_end(&mut out).await;
-        }
-        if let Some(pipe) = stderr.as_mut() {
-            let _ = pipe.take(64 * 1024).read_to_end(&mut err).await;
-        }
-        let status = child.wait().await;
-        (status, out, err)
-    };
-    let Ok((status, out, err)) = tokio::time::timeout(PATCH_TIMEOUT, io).await else {
-        return refused(
-            "timeout",
-            "the patch did not finish in time; inspect the files before retrying",
-        );
-    };
-    let err = String::from_utf8_lossy(&err);
+    if let Some(mut pipe) = stdin.take() {
+        let _ = pipe.write_all(job_json).await;
+        drop(pipe);
+    }
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    if let Some(pipe) = stdout.as_mut() {
+        let _ = pipe.take(8 * 1024 * 1024).read_to_end(&mut out).await;
+    }
+    if let Some(pipe) = stderr.as_mut() {
+        let _ = pipe.take(64 * 1024).read_to_end(&mut err).await;
+    }
+    let status = child.wait().await;
+    (status, out, err)
+}
+
+/// The applier's outcome: a launcher refusal on stderr first (the sandbox could not be set up,
+/// so nothing ran), else the JSON on stdout, else a failure with the exit status and stderr.
+fn read_outcome(
+    status: std::io::Result<std::process::ExitStatus>,
+    out: &[u8],
+    err: &[u8],
+) -> Outcome {
+    let err = String::from_utf8_lossy(err);
     if let Some(reason) = err.strip_prefix(REFUSAL_PREFIX) {
         return refused(
             "sandbox_unavailable",
             format!("the patch was not applied: {}", reason.trim_end()),
         );
     }
-    match serde_json::from_slice::<Outcome>(&out) {
+    match serde_json::from_slice::<Outcome>(out) {
         Ok(outcome) => outcome,
         Err(_) => refused(
             "patch_failed",

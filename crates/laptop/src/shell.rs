@@ -123,54 +123,16 @@ pub async fn run_with_env(
     cancel: CancellationToken,
     parent_env: Vec<(OsString, OsString)>,
 ) -> Result<ShellOutcome, ShellError> {
-    let timeout = match request.timeout {
-        None => DEFAULT_TIMEOUT,
-        Some(t) if t.is_zero() => return Err(ShellError::ZeroTimeout),
-        Some(t) if t > MAX_TIMEOUT => {
-            return Err(ShellError::TimeoutTooLong {
-                requested: t,
-                max: MAX_TIMEOUT,
-            });
-        }
-        Some(t) => t,
-    };
+    let timeout = checked_timeout(request.timeout)?;
     let policy_json = serde_json::to_string(&request.policy)?;
-    let scratch = &request.policy.scratch;
-    let scratch_env = [
-        ("TMPDIR", scratch.clone()),
-        ("XDG_CACHE_HOME", scratch.join("cache")),
-        ("npm_config_cache", scratch.join("npm")),
-        ("PIP_CACHE_DIR", scratch.join("pip")),
-    ];
-    for (_, dir) in &scratch_env {
-        std::fs::create_dir_all(dir).map_err(|source| ShellError::Scratch {
-            path: dir.clone(),
-            source,
-        })?;
-    }
-
-    let mut command = tokio::process::Command::new(launcher_exe);
-    command
-        .arg(SUBCOMMAND)
-        .arg(&policy_json)
-        .arg("--")
-        .arg(SHELL)
-        .arg("-c")
-        .arg(&request.command)
-        .env_clear()
-        .envs(scrub_env(parent_env))
-        .envs(request.env_extra.iter().map(|(k, v)| (k, v)))
-        .envs(scratch_env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&request.policy.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-
-    // A new session (and process group) for the launcher: no controlling terminal, and the
-    // group id is the launcher's pid, which the SIGKILL fallback below reaches.
-    super::sandbox::new_session(&mut command);
-    super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, &request.policy);
+    let scratch_env = prepare_scratch(&request.policy.scratch)?;
+    let mut command = launcher_command(
+        launcher_exe,
+        &request,
+        &policy_json,
+        parent_env,
+        &scratch_env,
+    );
     let started = Instant::now();
     let mut child = command.spawn().map_err(|source| ShellError::Spawn {
         exe: launcher_exe.to_owned(),
@@ -203,14 +165,7 @@ pub async fn run_with_env(
         }
     };
     guard.launcher = None;
-    // The launcher has been reaped; anything still in its cgroup or its group (it should have
-    // killed them all) goes now. A group with members keeps its id from being reused.
-    if let Some(path) = &cgroup {
-        kill_cgroup_at(path);
-    }
-    if let Some(pid) = launcher {
-        let _ = killpg(pid, Signal::SIGKILL);
-    }
+    kill_leftovers(launcher, cgroup.as_deref());
 
     let drain_until = tokio::time::Instant::now() + DRAIN_GRACE;
     let (stdout, stdout_truncated) = stdout.finish(drain_until).await;
@@ -233,6 +188,84 @@ pub async fn run_with_env(
         cancelled,
         duration_ms,
     })
+}
+
+/// The request's timeout: [`DEFAULT_TIMEOUT`] when it names none; zero or above
+/// [`MAX_TIMEOUT`] is refused.
+fn checked_timeout(requested: Option<Duration>) -> Result<Duration, ShellError> {
+    match requested {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(t) if t.is_zero() => Err(ShellError::ZeroTimeout),
+        Some(t) if t > MAX_TIMEOUT => Err(ShellError::TimeoutTooLong {
+            requested: t,
+            max: MAX_TIMEOUT,
+        }),
+        Some(t) => Ok(t),
+    }
+}
+
+/// The variables that point temp files and caches into the private `scratch` dir, with their
+/// dirs made.
+fn prepare_scratch(scratch: &Path) -> Result<[(&'static str, PathBuf); 4], ShellError> {
+    let scratch_env = [
+        ("TMPDIR", scratch.to_owned()),
+        ("XDG_CACHE_HOME", scratch.join("cache")),
+        ("npm_config_cache", scratch.join("npm")),
+        ("PIP_CACHE_DIR", scratch.join("pip")),
+    ];
+    for (_, dir) in &scratch_env {
+        std::fs::create_dir_all(dir).map_err(|source| ShellError::Scratch {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    Ok(scratch_env)
+}
+
+/// `<launcher> __sandbox-exec <policy> -- /bin/sh -c <command>` with stdin on /dev/null, the
+/// output piped, and only the scrubbed parent environment, the request's extra variables and
+/// the scratch variables.
+fn launcher_command(
+    launcher_exe: &Path,
+    request: &ShellRequest,
+    policy_json: &str,
+    parent_env: Vec<(OsString, OsString)>,
+    scratch_env: &[(&'static str, PathBuf)],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(launcher_exe);
+    command
+        .arg(SUBCOMMAND)
+        .arg(policy_json)
+        .arg("--")
+        .arg(SHELL)
+        .arg("-c")
+        .arg(&request.command)
+        .env_clear()
+        .envs(scrub_env(parent_env))
+        .envs(request.env_extra.iter().map(|(k, v)| (k, v)))
+        .envs(scratch_env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&request.policy.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    // A new session (and process group) for the launcher: no controlling terminal, and the
+    // group id is the launcher's pid, which the SIGKILL fallback reaches.
+    super::sandbox::new_session(&mut command);
+    super::sandbox::die_with_parent(&mut command);
+    super::sandbox::inherit_pinned(&mut command, &request.policy);
+    command
+}
+
+/// After the launcher has been reaped: anything still in its cgroup or its group (it should
+/// have killed them all) goes now. A group with members keeps its id from being reused.
+fn kill_leftovers(launcher: Option<Pid>, cgroup: Option<&Path>) {
+    if let Some(path) = cgroup {
+        kill_cgroup_at(path);
+    }
+    if let Some(pid) = launcher {
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
 }
 
 /// Whether a command keeps this variable of the executor's environment: PATH, HOME, LANG,

@@ -78,10 +78,37 @@ pub(super) struct Plan {
 }
 
 /// Resolves the policy into Landlock rules (the exclusion walk happens here).
+///
+/// The order matters: every exclusion is known before the first grant, since a grant is cut
+/// down by the exclusions present when it is made.
 pub(super) fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxError> {
     let mut plan = Plan::new(ABI::from(abi_version));
 
-    // The roots: pinned directories (their descriptors checked) and path grants (resolved now).
+    let roots = collect_roots(policy)?;
+    let scratch = resolve_existing(&policy.scratch, "scratch dir")?;
+    refuse_whole_filesystem(&roots, &scratch)?;
+
+    plan.exclude_policy_paths(policy, &roots)?;
+    let home = match &policy.home {
+        Some(home) => Some(resolve_existing(home, "home")?),
+        None => None,
+    };
+    if let Some(home) = &home {
+        for secret in HOME_TOOLCHAIN_SECRETS {
+            plan.exclude(&home.join(secret), Exclusion::NoAccess)?;
+        }
+    }
+
+    plan.grant_system(home.as_deref())?;
+    plan.grant_roots(roots)?;
+    // The private scratch dir lies in the CLI's (denied) state dir: it is granted as itself,
+    // past the exclusions.
+    plan.grant_scratch(&scratch)?;
+    Ok(plan)
+}
+
+/// The roots: pinned directories (their descriptors checked) and path grants (resolved now).
+fn collect_roots(policy: &SandboxPolicy) -> Result<Vec<Root>, SandboxError> {
     let mut roots: Vec<Root> = Vec::new();
     for pinned in &policy.pinned {
         check_absolute(&pinned.path)?;
@@ -103,77 +130,19 @@ pub(super) fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Pla
             });
         }
     }
-    let scratch = resolve_existing(&policy.scratch, "scratch dir")?;
-    for path in roots.iter().map(|r| &r.path).chain([&scratch]) {
+    Ok(roots)
+}
+
+/// No root, nor the scratch dir, may be `/`.
+fn refuse_whole_filesystem(roots: &[Root], scratch: &Path) -> Result<(), SandboxError> {
+    for path in roots.iter().map(|r| r.path.as_path()).chain([scratch]) {
         if path == Path::new("/") {
             return Err(SandboxError::Policy(
                 "refusing to grant the whole filesystem".to_owned(),
             ));
         }
     }
-
-    // Exclusions are matched by path. Both the path as given (the executor's are canonical from
-    // connect) and its resolution now are excluded: a component turned into a symlink since can
-    // only add an exclusion, never drop one.
-    for path in policy.blocked.iter().chain(&policy.denied) {
-        plan.exclude(path, Exclusion::NoAccess)?;
-    }
-    for path in &policy.read_only_within {
-        plan.exclude(path, Exclusion::ReadOnly)?;
-    }
-    // A read-only root nested in a writable one (a project inside a shared Downloads) stays
-    // read-only.
-    let nested_read_only: Vec<PathBuf> = roots
-        .iter()
-        .filter(|r| !r.writable)
-        .filter(|r| {
-            roots
-                .iter()
-                .any(|w| w.writable && r.path != w.path && r.path.starts_with(&w.path))
-        })
-        .map(|r| r.path.clone())
-        .collect();
-    for path in nested_read_only {
-        plan.exclusions.push((path, Exclusion::ReadOnly));
-    }
-    let home = match &policy.home {
-        Some(home) => Some(resolve_existing(home, "home")?),
-        None => None,
-    };
-    if let Some(home) = &home {
-        for secret in HOME_TOOLCHAIN_SECRETS {
-            plan.exclude(&home.join(secret), Exclusion::NoAccess)?;
-        }
-    }
-
-    let all = plan.handled;
-    let read = plan.read;
-    for path in SYSTEM_READ {
-        plan.grant_optional(Path::new(path), read)?;
-    }
-    let device =
-        (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev)
-            & plan.handled;
-    for path in DEVICES {
-        plan.grant_optional(Path::new(path), device | (plan.handled & AccessFs::ReadDir))?;
-    }
-    if let Some(home) = &home {
-        for dir in HOME_TOOLCHAINS {
-            plan.grant_optional(&home.join(dir), read)?;
-        }
-    }
-    for root in roots {
-        let access = if root.writable { all } else { read };
-        let source = match &root.fd {
-            Some(fd) => Source::Pinned(fd),
-            None => Source::Path,
-        };
-        plan.grant_resolved(source, &root.path, access)?;
-    }
-    // The private scratch dir lies in the CLI's (denied) state dir: it is granted as itself,
-    // past the exclusions.
-    plan.grant_scratch(&scratch)?;
-    Ok(plan)
+    Ok(())
 }
 
 /// One granted root, before the exclusion walk.
@@ -243,6 +212,77 @@ impl Plan {
         }
     }
 
+    /// The policy's exclusions, and a read-only root nested in a writable one.
+    ///
+    /// Exclusions are matched by path. Both the path as given (the executor's are canonical
+    /// from connect) and its resolution now are excluded: a component turned into a symlink
+    /// since can only add an exclusion, never drop one.
+    fn exclude_policy_paths(
+        &mut self,
+        policy: &SandboxPolicy,
+        roots: &[Root],
+    ) -> Result<(), SandboxError> {
+        for path in policy.blocked.iter().chain(&policy.denied) {
+            self.exclude(path, Exclusion::NoAccess)?;
+        }
+        for path in &policy.read_only_within {
+            self.exclude(path, Exclusion::ReadOnly)?;
+        }
+        // A read-only root nested in a writable one (a project inside a shared Downloads) stays
+        // read-only.
+        let nested_read_only: Vec<PathBuf> = roots
+            .iter()
+            .filter(|r| !r.writable)
+            .filter(|r| {
+                roots
+                    .iter()
+                    .any(|w| w.writable && r.path != w.path && r.path.starts_with(&w.path))
+            })
+            .map(|r| r.path.clone())
+            .collect();
+        for path in nested_read_only {
+            self.exclusions.push((path, Exclusion::ReadOnly));
+        }
+        Ok(())
+    }
+
+    /// The system paths (read), the devices (read/write, never a terminal) and, with a home,
+    /// its toolchain folders (read); missing ones are skipped.
+    fn grant_system(&mut self, home: Option<&Path>) -> Result<(), SandboxError> {
+        let read = self.read;
+        for path in SYSTEM_READ {
+            self.grant_optional(Path::new(path), read)?;
+        }
+        let device =
+            (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev)
+                & self.handled;
+        for path in DEVICES {
+            self.grant_optional(Path::new(path), device | (self.handled & AccessFs::ReadDir))?;
+        }
+        if let Some(home) = home {
+            for dir in HOME_TOOLCHAINS {
+                self.grant_optional(&home.join(dir), read)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every root: all handled rights when writable, read otherwise; a pinned root through its
+    /// descriptor, never its path.
+    fn grant_roots(&mut self, roots: Vec<Root>) -> Result<(), SandboxError> {
+        let all = self.handled;
+        let read = self.read;
+        for root in roots {
+            let access = if root.writable { all } else { read };
+            let source = match &root.fd {
+                Some(fd) => Source::Pinned(fd),
+                None => Source::Path,
+            };
+            self.grant_resolved(source, &root.path, access)?;
+        }
+        Ok(())
+    }
+
     /// A system or toolchain path: skipped when missing, an error when it exists but cannot be
     /// opened.
     fn grant_optional(
@@ -289,12 +329,39 @@ impl Plan {
         path: &Path,
         access: BitFlags<AccessFs>,
     ) -> Result<(), SandboxError> {
+        let Some(access) = self.access_after_exclusions(path, access) else {
+            return Ok(());
+        };
+        let Some(fd) = open_source(&source, path)? else {
+            return Ok(());
+        };
+        let kind = rustix::fs::fstat(&fd)
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+            .map_err(|e| grant_error(path, e))?;
+        match kind {
+            // Never follow a symlink when granting: its target is governed by its own rules.
+            FileType::Symlink => Ok(()),
+            FileType::Directory => self.grant_directory(fd, path, access),
+            _ => {
+                self.push(path, fd, access & self.file);
+                Ok(())
+            }
+        }
+    }
+
+    /// `access` on `path` as the exclusions leave it: `None` under a no-access exclusion, only
+    /// the read rights under a read-only one.
+    fn access_after_exclusions(
+        &self,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Option<BitFlags<AccessFs>> {
         if self
             .exclusions
             .iter()
             .any(|(e, kind)| *kind == Exclusion::NoAccess && path.starts_with(e))
         {
-            return Ok(());
+            return None;
         }
         let mut access = access;
         if self
@@ -304,34 +371,18 @@ impl Plan {
         {
             access &= self.read;
         }
+        Some(access)
+    }
 
-        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let opened = match source {
-            Source::Entry(parent, name) => rustix::fs::openat(parent, name, flags, Mode::empty()),
-            Source::Path => rustix::fs::open(path, flags, Mode::empty()),
-            Source::Pinned(fd) => rustix::io::fcntl_dupfd_cloexec(fd, 3),
-        };
-        let fd = match opened {
-            Ok(fd) => fd,
-            // An entry that vanished during the walk grants nothing.
-            Err(rustix::io::Errno::NOENT) if matches!(source, Source::Entry(..)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(grant_error(path, e)),
-        };
-        let kind = rustix::fs::fstat(&fd)
-            .map(|st| FileType::from_raw_mode(st.st_mode))
-            .map_err(|e| grant_error(path, e))?;
-        match kind {
-            // Never follow a symlink when granting: its target is governed by its own rules.
-            FileType::Symlink => return Ok(()),
-            FileType::Directory => {}
-            _ => {
-                self.push(path, fd, access & self.file);
-                return Ok(());
-            }
-        }
-
+    /// A directory: whole when no exclusion lies beneath it, else entry by entry (recursively)
+    /// with the folder itself getting listing (or reading, when nothing beneath it is
+    /// unreadable).
+    fn grant_directory(
+        &mut self,
+        fd: OwnedFd,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+    ) -> Result<(), SandboxError> {
         let inner: Vec<Exclusion> = self
             .exclusions
             .iter()
@@ -349,22 +400,7 @@ impl Plan {
         } else {
             access & self.read
         };
-        let dir = rustix::fs::openat(
-            &fd,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| grant_error(path, e))?;
-        let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&dir).map_err(|e| grant_error(path, e))? {
-            let entry = entry.map_err(|e| grant_error(path, e))?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push(OsStr::from_bytes(name).to_owned());
-            }
-        }
-        drop(dir);
+        let names = entry_names(&fd, path)?;
         for name in &names {
             self.grant_resolved(Source::Entry(&fd, name), &path.join(name), access)?;
         }
@@ -394,6 +430,43 @@ impl Plan {
             });
         }
     }
+}
+
+/// The `O_PATH` descriptor of what `source` names, never following a symlink; `None` for a
+/// walked entry that vanished meanwhile (it grants nothing).
+fn open_source(source: &Source<'_>, path: &Path) -> Result<Option<OwnedFd>, SandboxError> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = match source {
+        Source::Entry(parent, name) => rustix::fs::openat(parent, *name, flags, Mode::empty()),
+        Source::Path => rustix::fs::open(path, flags, Mode::empty()),
+        Source::Pinned(fd) => rustix::io::fcntl_dupfd_cloexec(fd, 3),
+    };
+    match opened {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOENT) if matches!(source, Source::Entry(..)) => Ok(None),
+        Err(e) => Err(grant_error(path, e)),
+    }
+}
+
+/// The names in the directory `fd` (`path`), without `.` and `..`, read through a descriptor
+/// opened beneath `fd` and closed before the caller grants them.
+fn entry_names(fd: &OwnedFd, path: &Path) -> Result<Vec<std::ffi::OsString>, SandboxError> {
+    let dir = rustix::fs::openat(
+        fd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| grant_error(path, e))?;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir).map_err(|e| grant_error(path, e))? {
+        let entry = entry.map_err(|e| grant_error(path, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsStr::from_bytes(name).to_owned());
+        }
+    }
+    Ok(names)
 }
 
 fn grant_error(path: &Path, error: rustix::io::Errno) -> SandboxError {
