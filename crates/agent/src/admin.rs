@@ -14,7 +14,7 @@ use agentworks_contract::workspaced::{
 };
 use agentworks_core::guard::Guard;
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
-use agentworks_daemon::ipc::server::Peer;
+use agentworks_daemon::ipc::server::{Peer, refuse_peer};
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use bytes::Bytes;
 use hyper::http::request::Parts;
@@ -166,25 +166,15 @@ impl Admin {
         }
         if let Some(rest) = path.strip_prefix("/v1/gateway/") {
             if !self.policy.is_gateway(peer) {
-                tracing::warn!(
-                    uid = peer.uid,
-                    pid = peer.pid,
-                    path,
-                    "refused a non-gateway peer"
-                );
-                return Ok(agentworks_daemon::ipc::server::forbidden_peer(peer));
+                let why = "not a gateway peer";
+                return Ok(refuse_peer(peer, "agentd.sock", path, why));
             }
             return self.gateway(rest, body).await;
         }
         if let Some(rest) = path.strip_prefix("/v1/admin/") {
             if !self.policy.is_operator(peer) {
-                tracing::warn!(
-                    uid = peer.uid,
-                    pid = peer.pid,
-                    path,
-                    "refused a non-operator peer"
-                );
-                return Ok(agentworks_daemon::ipc::server::forbidden_peer(peer));
+                let why = "not a operator peer";
+                return Ok(refuse_peer(peer, "agentd.sock", path, why));
             }
             if parts.method != Method::POST {
                 return Err(Refusal::new(

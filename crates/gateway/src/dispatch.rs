@@ -58,7 +58,7 @@ use agentworks_contract::gatewayd::{
 use agentworks_daemon::audit;
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use agentworks_daemon::ipc::server::{
-    Peer, PeerPolicy, ServerLimits, forbidden_peer, serve as serve_ipc,
+    Peer, PeerPolicy, ServerLimits, refuse_peer, serve as serve_ipc,
 };
 use agentworks_support::clock::now_ms;
 
@@ -85,13 +85,8 @@ pub async fn serve(
         let policy = policy.clone();
         async move {
             if !policy.allows(&peer) {
-                tracing::warn!(
-                    uid = peer.uid,
-                    pid = peer.pid,
-                    path = parts.uri.path(),
-                    "refused a peer on gatewayd.sock"
-                );
-                return forbidden_peer(&peer);
+                let why = "not an allowed user";
+                return refuse_peer(&peer, "gatewayd.sock", parts.uri.path(), why);
             }
             route(&gateway, &parts, &body)
                 .await

@@ -9,7 +9,7 @@ use crate::error::WorkspaceError;
 use crate::ops::Workspace;
 use agentworks_contract::workspaced::Health;
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
-use agentworks_daemon::ipc::server::{Peer, PeerPolicy, ServerLimits, forbidden_peer, serve};
+use agentworks_daemon::ipc::server::{Peer, PeerPolicy, ServerLimits, refuse_peer, serve};
 use bytes::Bytes;
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
@@ -39,12 +39,8 @@ pub async fn run(
         let policy = policy.clone();
         async move {
             if !policy.allows(&peer) {
-                tracing::warn!(
-                    uid = peer.uid,
-                    pid = peer.pid,
-                    "refused a peer on workspaced.sock"
-                );
-                return forbidden_peer(&peer);
+                let why = "not an allowed user";
+                return refuse_peer(&peer, "workspaced.sock", parts.uri.path(), why);
             }
             route(workspace, parts, body).await
         }

@@ -882,6 +882,19 @@ impl PeerPolicy {
     }
 }
 
+/// Logs the refusal of `peer`, which asked for `path` on `socket` without being allowed to
+/// (`why`: which policy it failed), and answers it with [`forbidden_peer`].
+pub fn refuse_peer(peer: &Peer, socket: &str, path: &str, why: &str) -> Response<envelope::Body> {
+    tracing::warn!(
+        uid = peer.uid,
+        pid = peer.pid,
+        socket,
+        path,
+        "refused a peer: {why}"
+    );
+    forbidden_peer(peer)
+}
+
 /// A 403 envelope with code `peer_forbidden` naming the uid.
 pub fn forbidden_peer(peer: &Peer) -> Response<envelope::Body> {
     let mut details = serde_json::Map::new();
