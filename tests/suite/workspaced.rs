@@ -589,3 +589,171 @@ fn a_failed_folder_sync_after_the_rename_is_uncertain_not_not_applied() {
         );
     }
 }
+
+#[test]
+fn edit_applies_exact_edits_replays_previews_and_refuses_clearly() {
+    let state = StateRoot::new();
+    let dir = state.project(
+        "demo",
+        &[("code/a.py", "x = 1\ny = 1\nz = 2\n"), ("secret/k", "k")],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let base = revision("x = 1\ny = 1\nz = 2\n");
+    let after = "x = 10\ny = 1\nz = 3\n";
+    let edits = json!([
+        {"old_text": "x = 1\n", "new_text": "x = 10\n"},
+        {"old_text": "z = 2", "new_text": "z = 3"},
+    ]);
+    let body = |edits: &serde_json::Value, expected: &str, id: &str, dry_run: bool| {
+        json!({"context": alice, "path": "code/a.py", "edits": edits,
+            "expected_revision": expected, "request_id": id, "dry_run": dry_run})
+    };
+
+    // A dry run answers the diff and the revision it would produce, and writes nothing.
+    let preview = client
+        .json("/v1/edit", body(&edits, &base, "e1", true))
+        .unwrap();
+    assert_eq!(preview["dry_run"], true);
+    assert_eq!(preview["revision"], revision(after));
+    assert_eq!(preview["previous_revision"], base);
+    assert!(
+        preview["diff"]
+            .as_str()
+            .unwrap()
+            .contains("-x = 1\n+x = 10\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        "x = 1\ny = 1\nz = 2\n"
+    );
+    let history = client
+        .json(
+            "/v1/history",
+            json!({"context": alice, "path": "code/a.py"}),
+        )
+        .unwrap();
+    assert!(history["entries"].as_array().unwrap().is_empty());
+
+    // Applied: the change answer plus the diff, with an `edit` receipt.
+    let applied = client
+        .json("/v1/edit", body(&edits, &base, "e1", false))
+        .unwrap();
+    assert_eq!(applied["state"], "applied");
+    assert_eq!(applied["replayed"], false);
+    assert_eq!(applied["revision"], revision(after));
+    assert_eq!(applied["receipt"]["operation"], "edit");
+    assert_eq!(applied["diff"], preview["diff"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        after
+    );
+
+    // Replayed after success: the recorded outcome and the same diff, although the edits no
+    // longer match the new content.
+    let again = client
+        .json("/v1/edit", body(&edits, &base, "e1", false))
+        .unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(
+        again["receipt"]["receipt_id"],
+        applied["receipt"]["receipt_id"]
+    );
+    assert_eq!(again["diff"], applied["diff"]);
+    // Same id, other edits: refused.
+    let other = json!([{"old_text": "y = 1", "new_text": "y = 2"}]);
+    let (code, _) = client
+        .json("/v1/edit", body(&other, &base, "e1", false))
+        .unwrap_err();
+    assert_eq!(code, "request_id_reused");
+
+    // A stale revision is a conflict, in a dry run too.
+    for dry_run in [true, false] {
+        let (code, details) = client
+            .json("/v1/edit", body(&other, &base, "e2", dry_run))
+            .unwrap_err();
+        assert_eq!(code, "revision_conflict");
+        assert_eq!(details["current_revision"], revision(after));
+    }
+
+    // Missing and ambiguous matches name the edit (0-based) and the count; nothing changes.
+    let current = revision(after);
+    let missing =
+        json!([{"old_text": "y = 1", "new_text": "y = 2"}, {"old_text": "nope", "new_text": ""}]);
+    let (code, details) = client
+        .json("/v1/edit", body(&missing, &current, "e3", false))
+        .unwrap_err();
+    assert_eq!(code, "edit_no_match");
+    assert_eq!(
+        (details["edit_index"].as_u64(), details["matches"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let ambiguous = json!([{"old_text": " = 1", "new_text": " = 5"}]);
+    let (code, details) = client
+        .json("/v1/edit", body(&ambiguous, &current, "e4", false))
+        .unwrap_err();
+    assert_eq!(code, "edit_not_unique");
+    assert_eq!(
+        (details["edit_index"].as_u64(), details["matches"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        after
+    );
+    let all = json!([{"old_text": " = 1", "new_text": " = 5", "replace_all": true}]);
+    let replaced = client
+        .json("/v1/edit", body(&all, &current, "e5", false))
+        .unwrap();
+    assert_eq!(replaced["revision"], revision("x = 50\ny = 5\nz = 3\n"));
+
+    // Empty old_text and no edits are invalid; the guard and confinement apply as for a write.
+    for bad in [json!([]), json!([{"old_text": "", "new_text": "a"}])] {
+        let (code, _) = client
+            .json("/v1/edit", body(&bad, &current, "e6", false))
+            .unwrap_err();
+        assert_eq!(code, "invalid_request");
+    }
+    let guard = Guard {
+        write_paths: vec!["code".into()],
+        blocked_paths: vec!["secret".into()],
+        ..Guard::default()
+    };
+    let guarded = ctx_with_guard("demo", "alice", guard);
+    let (code, details) = client
+        .json("/v1/edit", json!({"context": guarded, "path": "secret/k", "edits": [{"old_text": "k", "new_text": "j"}], "expected_revision": revision("k"), "request_id": "e7"}))
+        .unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("forbidden", Some("blocked"))
+    );
+    let (code, _) = client
+        .json("/v1/edit", json!({"context": alice, "path": "../demo/code/a.py", "edits": [{"old_text": "x", "new_text": "y"}], "expected_revision": revision("x = 50\ny = 5\nz = 3\n"), "request_id": "e8", "dry_run": true}))
+        .unwrap_err();
+    assert_eq!(code, "path_refused");
+    assert_eq!(std::fs::read_to_string(dir.join("secret/k")).unwrap(), "k");
+}
+
+#[test]
+fn an_edit_replay_of_a_file_over_the_before_content_cap_has_no_diff() {
+    let state = StateRoot::new();
+    let big = format!("head\n{}", "x\n".repeat(80 * 1024));
+    let dir = state.project("demo", &[("big.txt", big.as_str())]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let body = json!({"context": alice, "path": "big.txt", "edits": [{"old_text": "head\n", "new_text": "HEAD\n"}],
+        "expected_revision": revision(&big), "request_id": "big1"});
+    let applied = client.json("/v1/edit", body.clone()).unwrap();
+    assert!(applied["diff"].as_str().unwrap().contains("+HEAD\n"));
+    assert!(
+        std::fs::read_to_string(dir.join("big.txt"))
+            .unwrap()
+            .starts_with("HEAD\n")
+    );
+    let again = client.json("/v1/edit", body).unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["receipt"]["before_truncated"], true);
+    assert!(again["diff"].is_null());
+}

@@ -141,6 +141,67 @@ pub struct DeleteRequest {
     pub request_id: String,
 }
 
+/// One exact replacement of an [`EditRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextEdit {
+    /// The text to find, byte for byte (no whitespace or line-ending normalising). Never empty.
+    pub old_text: String,
+    pub new_text: String,
+    /// Replace every occurrence (at least one) instead of exactly one.
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+/// `/v1/edit`: exact-text replacements applied in order, each to the result of the previous.
+///
+/// Each `old_text` must occur exactly once (counting overlapping occurrences) unless
+/// `replace_all`, then at least once; otherwise the edit is refused with `edit_no_match` or
+/// `edit_not_unique`, details `edit_index` (0-based, the edit's place in `edits`) and `matches`.
+/// The idempotency payload is path + edits + expected revision, not `dry_run`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EditRequest {
+    pub context: Context,
+    pub path: String,
+    pub edits: Vec<TextEdit>,
+    pub expected_revision: String,
+    /// Required; a dry run neither looks it up nor records it.
+    pub request_id: String,
+    /// Check and compute only: no write, no receipt; the answer is an [`EditPreview`].
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The answer to an applied (or replayed) edit: the usual change answer plus the diff.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EditResponse {
+    #[serde(flatten)]
+    pub change: ChangeResponse,
+    /// Unified diff (`--- a/<path>` / `+++ b/<path>`) of the file before → after. `null` only on
+    /// a replay whose receipt kept no complete before-content (files over 128 KiB).
+    pub diff: Option<String>,
+}
+
+/// The answer to a dry-run edit: what the edit would do, nothing written or recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EditPreview {
+    /// Always true: tells a preview from an [`EditResponse`].
+    pub dry_run: bool,
+    pub diff: String,
+    pub previous_revision: Revision,
+    /// The revision the edit would produce.
+    pub revision: Revision,
+}
+
+/// What `/v1/edit` answers: an [`EditResponse`], or an [`EditPreview`] for `dry_run: true`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum EditAnswer {
+    Applied(Box<EditResponse>),
+    Preview(EditPreview),
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
@@ -152,7 +213,8 @@ pub struct RestoreRequest {
     pub request_id: String,
 }
 
-/// The answer to every change (write, patch, move, delete, restore).
+/// The answer to every change (write, patch, move, delete, restore; edit holds it in
+/// [`EditResponse`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChangeResponse {
     pub state: ReceiptState,
@@ -254,6 +316,7 @@ pub enum Operation {
     Move,
     Delete,
     Restore,
+    Edit,
 }
 
 impl Operation {
@@ -264,6 +327,7 @@ impl Operation {
             Operation::Move => "move",
             Operation::Delete => "delete",
             Operation::Restore => "restore",
+            Operation::Edit => "edit",
         }
     }
 
@@ -273,6 +337,7 @@ impl Operation {
             "move" => Operation::Move,
             "delete" => Operation::Delete,
             "restore" => Operation::Restore,
+            "edit" => Operation::Edit,
             _ => Operation::Write,
         }
     }
@@ -305,4 +370,60 @@ pub struct Receipt {
     #[serde(skip)]
     pub before_content: Option<Vec<u8>>,
     pub before_truncated: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_round_trips_through_its_name() {
+        for op in [
+            Operation::Write,
+            Operation::Patch,
+            Operation::Move,
+            Operation::Delete,
+            Operation::Restore,
+            Operation::Edit,
+        ] {
+            assert_eq!(Operation::parse(op.as_str()), op);
+            let json = serde_json::to_value(op).unwrap();
+            assert_eq!(json, op.as_str());
+        }
+    }
+
+    fn context() -> serde_json::Value {
+        serde_json::json!({"project": "p", "principal": {"user_id": "u", "user_name": "u", "source": "test"}, "guard": {}})
+    }
+
+    #[test]
+    fn an_edit_request_defaults_replace_all_and_dry_run() {
+        let req: EditRequest = serde_json::from_value(serde_json::json!({
+            "context": context(), "path": "a.txt", "expected_revision": "missing",
+            "request_id": "r", "edits": [{"old_text": "a", "new_text": "b"}],
+        }))
+        .unwrap();
+        assert!(!req.dry_run && !req.edits[0].replace_all);
+        // Unknown fields in an edit are refused, not ignored.
+        assert!(
+            serde_json::from_value::<EditRequest>(serde_json::json!({
+                "context": context(), "path": "a.txt", "expected_revision": "missing",
+                "request_id": "r", "edits": [{"old_text": "a", "new_text": "b", "fuzzy": true}],
+            }))
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn an_edit_answer_is_told_apart_by_its_shape() {
+        let preview = EditAnswer::Preview(EditPreview {
+            dry_run: true,
+            diff: "d".into(),
+            previous_revision: Revision::Missing,
+            revision: Revision::Missing,
+        });
+        let json = serde_json::to_value(&preview).unwrap();
+        assert_eq!(json["dry_run"], true);
+        assert_eq!(serde_json::from_value::<EditAnswer>(json).unwrap(), preview);
+    }
 }
