@@ -757,3 +757,79 @@ fn an_edit_replay_of_a_file_over_the_before_content_cap_has_no_diff() {
     assert_eq!(again["receipt"]["before_truncated"], true);
     assert!(again["diff"].is_null());
 }
+
+#[test]
+fn stat_answers_kind_size_revision_and_time_under_the_read_guard() {
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("code/a.py", "print(1)\n"), ("secret/k", "k")]);
+    std::fs::write(dir.join("code/big.bin"), vec![0xffu8; 3000]).unwrap();
+    symlink("/etc/passwd", dir.join("code/link")).unwrap();
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let stat = |c: &agentworks_contract::workspaced::Context, path: &str| {
+        client.json("/v1/stat", json!({"context": c, "path": path}))
+    };
+
+    let file = stat(&alice, "code/a.py").unwrap();
+    assert_eq!(file["kind"], "file");
+    assert_eq!(file["size"], 9);
+    assert_eq!(file["revision"], revision("print(1)\n"));
+    let mtime = std::fs::metadata(dir.join("code/a.py"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert_eq!(file["modified_ms"].as_i64(), Some(mtime));
+    // Binary content is fine: the revision is of the bytes.
+    let binary = stat(&alice, "code/big.bin").unwrap();
+    assert_eq!(binary["size"], 3000);
+    assert!(binary["revision"].as_str().unwrap().starts_with("sha256:"));
+    let folder = stat(&alice, "code").unwrap();
+    assert_eq!(folder["kind"], "dir");
+    assert!(folder.get("revision").is_none() && folder.get("size").is_none());
+
+    // Refused exactly as a read refuses: missing, symlink, traversal, a hidden path.
+    assert_eq!(stat(&alice, "code/none").unwrap_err().0, "not_found");
+    assert_eq!(stat(&alice, "nowhere/none").unwrap_err().0, "not_found");
+    assert_eq!(client.read(&alice, "code/none").unwrap_err().0, "not_found");
+    let (code, details) = stat(&alice, "code/link").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("path_refused", Some("symlink"))
+    );
+    assert_eq!(
+        stat(&alice, "../demo/code/a.py").unwrap_err().0,
+        "path_refused"
+    );
+    assert_eq!(
+        stat(&alice, ".agentworks-tmp-x").unwrap_err().0,
+        "path_refused"
+    );
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let (code, details) = stat(&guarded, "secret/k").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("forbidden", Some("blocked"))
+    );
+    assert_eq!(
+        client.read(&guarded, "secret/k").unwrap_err().0,
+        "forbidden"
+    );
+    // A file with a second hard link is refused, never hashed.
+    std::fs::hard_link(dir.join("code/a.py"), dir.join("code/again.py")).unwrap();
+    let (code, details) = stat(&alice, "code/a.py").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("path_refused", Some("hard_link"))
+    );
+}

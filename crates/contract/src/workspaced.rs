@@ -102,6 +102,29 @@ pub struct SearchResponse {
     pub truncated: bool,
 }
 
+/// `/v1/stat`: what one path is, under the same guard and confinement as a read (a hidden or
+/// refused path is refused as a read refuses it; a missing one is `not_found`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatRequest {
+    pub context: Context,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatResponse {
+    pub path: String,
+    pub kind: EntryKind,
+    /// Bytes, for a file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The whole file's revision (the `expected_revision` of a change), for a file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Revision>,
+    /// Last modification, milliseconds since the Unix epoch.
+    pub modified_ms: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteRequest {

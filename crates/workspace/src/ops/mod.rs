@@ -342,3 +342,6 @@ impl Workspace {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,11 +1,11 @@
-//! The reads: read, list, search and history. They take the project's lock (so they never see
+//! The reads: read, stat, list, search and history. They take the project's lock (so they never see
 //! a change half-made by another workspaced) and change nothing.
 //!
 //! They must never follow a symlink, show a dot-entry, or let anything the guard hides reach
 //! the caller, not even whether a hidden file matches a search.
 
 use super::{MAX_HISTORY, MAX_LIST_ENTRIES, MAX_SEARCH_BYTES, MAX_WALK_DEPTH, Project, Workspace};
-use super::{lock_poisoned, read_bounded};
+use super::{hash_file, lock_poisoned, read_bounded};
 use crate::error::WorkspaceError;
 use agentworks_contract::workspaced::*;
 use agentworks_core::guard::{RelPath, ResolvedGuard};
@@ -47,6 +47,62 @@ impl Workspace {
             content,
             revision: current.revision,
             size,
+        })
+    }
+
+    /// What `path` is: kind, size and revision (files), modification time. The same guard and
+    /// confinement as [`Workspace::read`]: a symlink or a file with a second hard link is
+    /// refused, never followed or hashed; a missing path is `not_found`.
+    pub fn stat(&self, req: &StatRequest) -> Result<StatResponse, WorkspaceError> {
+        let guard = req.context.guard.resolve()?;
+        let path = RelPath::parse(&req.path)?;
+        guard.check_read(&path)?;
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let not_found = || -> WorkspaceError {
+            ConfineError::NotFound {
+                path: path.to_string(),
+            }
+            .into()
+        };
+        let parent = match confine::open_parent(project.root.as_fd(), &path, false) {
+            Ok((parent, _)) => parent,
+            Err(ConfineError::NotFound { .. }) | Err(ConfineError::NotADirectory { .. }) => {
+                return Err(not_found());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let name = path.file_name();
+        let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            Err(rustix::io::Errno::NOENT) => return Err(not_found()),
+            Err(e) => return Err(WorkspaceError::io("stat", &path, e)),
+        };
+        let (kind, size, revision) = match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
+            rustix::fs::FileType::RegularFile => {
+                // Opened as a read opens it: refuses a second hard link, a swap for a symlink.
+                let Some((fd, stat)) = confine::open_file(parent.as_fd(), name, &path)? else {
+                    return Err(not_found());
+                };
+                let size = stat.st_size as u64;
+                (EntryKind::File, Some(size), Some(hash_file(fd, &path)?))
+            }
+            rustix::fs::FileType::Directory => (EntryKind::Dir, None, None),
+            rustix::fs::FileType::Symlink => {
+                return Err(ConfineError::Symlink {
+                    path: path.to_string(),
+                }
+                .into());
+            }
+            _ => (EntryKind::Other, None, None),
+        };
+        Ok(StatResponse {
+            path: path.to_string(),
+            kind,
+            size,
+            revision,
+            // Nanoseconds below one second: the millisecond part always fits.
+            modified_ms: stat.st_mtime * 1000 + (stat.st_mtime_nsec / 1_000_000) as i64,
         })
     }
 

@@ -1,0 +1,152 @@
+//! Operations of a real [`Workspace`] on a temporary documents tree, without the socket.
+
+use super::*;
+use agentworks_core::guard::Guard;
+
+pub(super) struct Fixture {
+    _dir: tempfile::TempDir,
+    pub(super) project: PathBuf,
+    pub(super) workspace: Workspace,
+}
+
+pub(super) fn fixture(files: &[(&str, &str)]) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let documents = dir.path().join("documents");
+    let project = documents.join("demo");
+    std::fs::create_dir_all(&project).unwrap();
+    for (path, content) in files {
+        let full = project.join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, content).unwrap();
+    }
+    let layout = StateLayout {
+        root: dir.path().join("state"),
+    };
+    std::fs::create_dir_all(&layout.root).unwrap();
+    let limits = Limits {
+        max_file_bytes: 1024 * 1024,
+        lock_timeout: Duration::from_secs(5),
+        search_max_results: 100,
+    };
+    let workspace = Workspace::open(&documents, layout, limits).unwrap();
+    Fixture {
+        _dir: dir,
+        project,
+        workspace,
+    }
+}
+
+pub(super) fn context(guard: Guard) -> Context {
+    Context {
+        project: "demo".into(),
+        principal: Principal {
+            user_id: "u1".into(),
+            user_name: "alice".into(),
+            connection_id: None,
+            source: "test".into(),
+        },
+        guard,
+    }
+}
+
+pub(super) fn writable() -> Guard {
+    Guard {
+        write_paths: vec![".".into()],
+        ..Guard::default()
+    }
+}
+
+#[test]
+fn stat_reports_a_file_a_folder_and_refuses_what_read_refuses() {
+    let f = fixture(&[("code/a.txt", "hello\n"), ("secret/k", "k")]);
+    let stat = |guard: Guard, path: &str| {
+        f.workspace.stat(&StatRequest {
+            context: context(guard),
+            path: path.into(),
+        })
+    };
+    let file = stat(writable(), "code/a.txt").unwrap();
+    assert_eq!(file.kind, EntryKind::File);
+    assert_eq!(file.size, Some(6));
+    assert_eq!(file.revision, Some(Revision::of(b"hello\n")));
+    assert!(file.modified_ms > 0);
+    let folder = stat(writable(), "code").unwrap();
+    assert_eq!(
+        (folder.kind, folder.size, folder.revision),
+        (EntryKind::Dir, None, None)
+    );
+    assert_eq!(
+        stat(writable(), "code/none").unwrap_err().code(),
+        "not_found"
+    );
+    assert_eq!(
+        stat(writable(), "none/none").unwrap_err().code(),
+        "not_found"
+    );
+    let blocked = Guard {
+        blocked_paths: vec!["secret".into()],
+        ..Guard::default()
+    };
+    assert_eq!(stat(blocked, "secret/k").unwrap_err().code(), "forbidden");
+    std::os::unix::fs::symlink("/etc/hostname", f.project.join("code/link")).unwrap();
+    assert_eq!(
+        stat(writable(), "code/link").unwrap_err().code(),
+        "path_refused"
+    );
+}
+
+#[test]
+fn an_edit_dry_run_writes_and_records_nothing_and_the_real_one_replays() {
+    let f = fixture(&[("a.txt", "one\ntwo\n")]);
+    let request = |dry_run| EditRequest {
+        context: context(writable()),
+        path: "a.txt".into(),
+        edits: vec![TextEdit {
+            old_text: "two".into(),
+            new_text: "2".into(),
+            replace_all: false,
+        }],
+        expected_revision: Revision::of(b"one\ntwo\n").to_string(),
+        request_id: "r1".into(),
+        dry_run,
+    };
+    let EditAnswer::Preview(preview) = f.workspace.edit(&request(true)).unwrap() else {
+        panic!("a dry run answers a preview");
+    };
+    assert_eq!(preview.revision, Revision::of(b"one\n2\n"));
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    let history = f
+        .workspace
+        .history(&HistoryRequest {
+            context: context(writable()),
+            path: None,
+            limit: None,
+        })
+        .unwrap();
+    assert!(history.entries.is_empty());
+
+    let EditAnswer::Applied(applied) = f.workspace.edit(&request(false)).unwrap() else {
+        panic!("an edit answers a change");
+    };
+    assert_eq!(applied.change.revision, preview.revision);
+    assert_eq!(applied.diff.as_deref(), Some(preview.diff.as_str()));
+    assert_eq!(applied.change.receipt.operation, Operation::Edit);
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("a.txt")).unwrap(),
+        "one\n2\n"
+    );
+    let EditAnswer::Applied(replayed) = f.workspace.edit(&request(false)).unwrap() else {
+        panic!("a replay answers a change");
+    };
+    assert!(replayed.change.replayed);
+    assert_eq!(replayed.diff, applied.diff);
+    // The same request as a dry run does not consult the receipts: it checks the file, which
+    // is no longer at the expected revision.
+    assert_eq!(
+        f.workspace.edit(&request(true)).unwrap_err().code(),
+        "revision_conflict"
+    );
+}
