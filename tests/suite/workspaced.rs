@@ -833,3 +833,105 @@ fn stat_answers_kind_size_revision_and_time_under_the_read_guard() {
         ("path_refused", Some("hard_link"))
     );
 }
+
+#[test]
+fn list_takes_depth_exclude_and_max_entries_and_old_requests_are_unchanged() {
+    let state = StateRoot::new();
+    state.project(
+        "demo",
+        &[
+            ("a.txt", "aa"),
+            ("src/main.rs", "m"),
+            ("src/gen/out.rs", "o"),
+            ("web/node_modules/x/y.js", "y"),
+            ("web/app.log", "l"),
+            ("secret/k", "k"),
+        ],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let paths = |answer: &serde_json::Value| -> Vec<String> {
+        answer["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // Old requests: the same answer as before, every entry with its kind and a file's size.
+    let flat = client.json("/v1/list", json!({"context": alice})).unwrap();
+    assert_eq!(paths(&flat), ["a.txt", "secret", "src", "web"]);
+    assert_eq!(
+        flat["entries"][0],
+        json!({"path": "a.txt", "kind": "file", "size": 2})
+    );
+    assert_eq!(flat["entries"][1], json!({"path": "secret", "kind": "dir"}));
+    assert_eq!(flat["truncated"], false);
+    let all = client
+        .json("/v1/list", json!({"context": alice, "recursive": true}))
+        .unwrap();
+    assert_eq!(paths(&all).len(), 12);
+
+    let two = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "depth": 2, "exclude": ["secret"]}),
+        )
+        .unwrap();
+    assert_eq!(
+        paths(&two),
+        [
+            "a.txt",
+            "src",
+            "web",
+            "src/gen",
+            "src/main.rs",
+            "web/app.log",
+            "web/node_modules"
+        ]
+    );
+    let excluded = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "recursive": true,
+            "exclude": ["node_modules", "*.log", "src/gen", "secret"]}),
+        )
+        .unwrap();
+    assert_eq!(paths(&excluded), ["a.txt", "src", "web", "src/main.rs"]);
+    let bounded = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "recursive": true, "max_entries": 3}),
+        )
+        .unwrap();
+    assert_eq!(
+        (paths(&bounded).len(), &bounded["truncated"]),
+        (3, &json!(true))
+    );
+
+    // The guard still hides what it hides; exclude only ever hides more.
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let hidden = client
+        .json("/v1/list", json!({"context": guarded, "depth": 3}))
+        .unwrap();
+    assert!(paths(&hidden).iter().all(|p| !p.starts_with("secret")));
+    for bad in [
+        json!({"depth": 0}),
+        json!({"exclude": ["../x"]}),
+        json!({"exclude": "x"}),
+    ] {
+        let mut body = bad.clone();
+        body["context"] = serde_json::to_value(&alice).unwrap();
+        let (code, _) = client.json("/v1/list", body).unwrap_err();
+        assert_eq!(code, "invalid_request", "{bad}");
+    }
+}

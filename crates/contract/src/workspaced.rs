@@ -56,6 +56,46 @@ pub struct ListRequest {
     pub recursive: bool,
 }
 
+/// `/v1/list` with its optional bounds: the body workspaced decodes for every list call. A
+/// [`ListRequest`] body is a valid `ListTreeRequest` and is answered exactly as before; the
+/// two-field struct stays for the callers that build it.
+///
+/// `depth` counts levels below `path` (1 = its direct children) and wins over `recursive`;
+/// without it `recursive: true` is unlimited (to the walk's 64 levels) and `false` is 1.
+/// `exclude` leaves out (and does not descend into) matching entries: a pattern without `/`
+/// matches any path component (`node_modules`, `*.log`), one with `/` the path relative to
+/// `path` (`src/gen`, `docs/**/*.tmp`, `/build`); `*` and `?` stay within a component, `**`
+/// is any number of components; at most 64 patterns of 256 bytes. `max_entries` bounds the
+/// answer (clamped to 1..=10 000, the default); `truncated` says more entries exist.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListTreeRequest {
+    pub context: Context,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+}
+
+impl From<ListRequest> for ListTreeRequest {
+    fn from(req: ListRequest) -> ListTreeRequest {
+        ListTreeRequest {
+            context: req.context,
+            path: req.path,
+            recursive: req.recursive,
+            depth: None,
+            exclude: Vec::new(),
+            max_entries: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {

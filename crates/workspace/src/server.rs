@@ -65,7 +65,7 @@ async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response
         ),
         (&Method::POST, "/v1/read") => call(workspace, body, |w, r| w.read(&r)).await,
         (&Method::POST, "/v1/stat") => call(workspace, body, |w, r| w.stat(&r)).await,
-        (&Method::POST, "/v1/list") => call(workspace, body, |w, r| w.list(&r)).await,
+        (&Method::POST, "/v1/list") => call(workspace, body, |w, r| w.list_tree(&r)).await,
         (&Method::POST, "/v1/search") => call(workspace, body, |w, r| w.search(&r)).await,
         (&Method::POST, "/v1/write") => call(workspace, body, |w, r| w.write(&r)).await,
         (&Method::POST, "/v1/patch") => call(workspace, body, |w, r| w.patch(&r)).await,

@@ -19,7 +19,7 @@
 //!
 //! Layout: this file holds the [`Workspace`] itself, opening it and its projects, and the
 //! helpers every operation shares; `read.rs` is read, list, search and history; `change.rs`
-//! turns each change request into a plan; `edit.rs` is the exact-text edit and its dry run;
+//! turns each change request into a plan; `edit.rs` is the exact-text edit and its dry run; `exclude.rs` the list's exclude patterns;
 //! `pipeline.rs` runs a plan through the ordered steps above; `apply.rs` is the part of those
 //! steps that touches the tree (stage, re-check, rename or unlink, folder fsync);
 //! `recovery.rs` decides interrupted changes from the disk, at start and on request;
@@ -28,6 +28,7 @@
 mod apply;
 mod change;
 mod edit;
+mod exclude;
 mod pipeline;
 mod read;
 mod recovery;

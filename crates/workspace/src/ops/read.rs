@@ -4,6 +4,7 @@
 //! They must never follow a symlink, show a dot-entry, or let anything the guard hides reach
 //! the caller, not even whether a hidden file matches a search.
 
+use super::exclude::Excludes;
 use super::{MAX_HISTORY, MAX_LIST_ENTRIES, MAX_SEARCH_BYTES, MAX_WALK_DEPTH, Project, Workspace};
 use super::{hash_file, lock_poisoned, read_bounded};
 use crate::error::WorkspaceError;
@@ -106,16 +107,22 @@ impl Workspace {
         })
     }
 
-    /// Walk `start` (depth-first, sorted), calling `visit` for every entry the guard lets the
-    /// caller see. Dot-entries are never visited; symlinks are reported as `Other`, never followed.
+    /// Walk `start` (depth-first, sorted) down to `levels` levels below it (1: its direct
+    /// entries; never deeper than `MAX_WALK_DEPTH`), calling `visit` for every entry the guard
+    /// lets the caller see and `exclude` does not leave out (an excluded folder is not entered).
+    /// Dot-entries are never visited; symlinks are reported as `Other`, never followed.
     fn walk(
         &self,
         project: &Project,
         guard: &ResolvedGuard,
         start: Option<&RelPath>,
-        recursive: bool,
+        levels: usize,
+        exclude: &Excludes,
         visit: &mut WalkVisitor<'_>,
     ) -> Result<(), WorkspaceError> {
+        let levels = levels.min(MAX_WALK_DEPTH);
+        // Where entry paths start below `start`, for the patterns that match from there.
+        let start_len = start.map(|p| p.as_str().len() + 1).unwrap_or(0);
         let first = confine::open_dir(project.root.as_fd(), start)?;
         let mut stack: Vec<(OwnedFd, Option<RelPath>, usize)> = vec![(first, start.cloned(), 0)];
         while let Some((dir, prefix, depth)) = stack.pop() {
@@ -152,6 +159,9 @@ impl Workspace {
                 if guard.check_read(&rel).is_err() {
                     continue;
                 }
+                if exclude.excludes(rel.as_str().get(start_len..).unwrap_or_default()) {
+                    continue;
+                }
                 let Ok(stat) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                 else {
                     continue;
@@ -164,7 +174,7 @@ impl Workspace {
                 if !visit(&rel, kind, &stat, dir.as_fd())? {
                     return Ok(());
                 }
-                if recursive && kind == EntryKind::Dir && depth + 1 < MAX_WALK_DEPTH {
+                if kind == EntryKind::Dir && depth + 1 < levels {
                     match confine::open_dir(dir.as_fd(), Some(&RelPath::parse(&name)?)) {
                         Ok(fd) => subdirs.push((fd, Some(rel), depth + 1)),
                         // Replaced by a symlink since we listed it: skip, never follow.
@@ -179,7 +189,30 @@ impl Workspace {
         Ok(())
     }
 
+    /// The two-field list (as agentd builds it): exactly [`Workspace::list_tree`] without
+    /// bounds.
     pub fn list(&self, req: &ListRequest) -> Result<ListResponse, WorkspaceError> {
+        self.list_tree(&ListTreeRequest::from(req.clone()))
+    }
+
+    /// `/v1/list`: the entries below `path`, to `depth` levels, without the `exclude`d ones,
+    /// at most `max_entries` (see [`ListTreeRequest`]).
+    pub fn list_tree(&self, req: &ListTreeRequest) -> Result<ListResponse, WorkspaceError> {
+        let levels = match (req.depth, req.recursive) {
+            (Some(0), _) => {
+                return Err(WorkspaceError::InvalidRequest(
+                    "depth counts levels below path and is at least 1".into(),
+                ));
+            }
+            (Some(depth), _) => depth,
+            (None, true) => MAX_WALK_DEPTH,
+            (None, false) => 1,
+        };
+        let exclude = Excludes::parse(&req.exclude)?;
+        let max_entries = req
+            .max_entries
+            .unwrap_or(MAX_LIST_ENTRIES)
+            .clamp(1, MAX_LIST_ENTRIES);
         let guard = req.context.guard.resolve()?;
         let start = RelPath::parse_folder(&req.path)?;
         match &start {
@@ -199,9 +232,10 @@ impl Workspace {
             &project,
             &guard,
             start.as_ref(),
-            req.recursive,
+            levels,
+            &exclude,
             &mut |rel, kind, stat, _| {
-                if entries.len() >= MAX_LIST_ENTRIES {
+                if entries.len() >= max_entries {
                     truncated = true;
                     return Ok(false);
                 }
@@ -243,7 +277,8 @@ impl Workspace {
             &project,
             &guard,
             start.as_ref(),
-            true,
+            MAX_WALK_DEPTH,
+            &Excludes::default(),
             &mut |rel, kind, stat, dir| {
                 if kind != EntryKind::File || stat.st_size as u64 > limit {
                     return Ok(true);

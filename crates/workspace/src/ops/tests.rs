@@ -150,3 +150,94 @@ fn an_edit_dry_run_writes_and_records_nothing_and_the_real_one_replays() {
         "revision_conflict"
     );
 }
+
+fn list_paths(f: &Fixture, req: ListTreeRequest) -> (Vec<String>, bool) {
+    let answer = f.workspace.list_tree(&req).unwrap();
+    (
+        answer.entries.into_iter().map(|e| e.path).collect(),
+        answer.truncated,
+    )
+}
+
+fn tree_request(path: &str, recursive: bool) -> ListTreeRequest {
+    ListTreeRequest::from(ListRequest {
+        context: context(writable()),
+        path: path.into(),
+        recursive,
+    })
+}
+
+#[test]
+fn list_depth_exclude_and_max_entries_bound_the_walk() {
+    let f = fixture(&[
+        ("a.txt", "a"),
+        ("src/main.rs", "m"),
+        ("src/gen/out.rs", "o"),
+        ("web/node_modules/x/y.js", "y"),
+        ("web/app.log", "l"),
+        ("web/app.js", "j"),
+    ]);
+    // (The walk lists a folder's entries, then each subfolder's, as it always has.)
+    // Old requests: recursive false is one level, true unlimited, the same as list().
+    let (flat, _) = list_paths(&f, tree_request("", false));
+    assert_eq!(flat, ["a.txt", "src", "web"]);
+    let (all, truncated) = list_paths(&f, tree_request("", true));
+    assert_eq!(all.len(), 11);
+    assert!(!truncated);
+    let old = f
+        .workspace
+        .list(&ListRequest {
+            context: context(writable()),
+            path: String::new(),
+            recursive: true,
+        })
+        .unwrap();
+    assert_eq!(old.entries.len(), 11);
+
+    let mut two = tree_request("", false);
+    two.depth = Some(2);
+    let (two, _) = list_paths(&f, two);
+    assert_eq!(
+        two,
+        [
+            "a.txt",
+            "src",
+            "web",
+            "src/gen",
+            "src/main.rs",
+            "web/app.js",
+            "web/app.log",
+            "web/node_modules"
+        ]
+    );
+    let mut zero = tree_request("", true);
+    zero.depth = Some(0);
+    assert_eq!(
+        f.workspace.list_tree(&zero).unwrap_err().code(),
+        "invalid_request"
+    );
+
+    let mut excluded = tree_request("", true);
+    excluded.exclude = vec!["node_modules".into(), "*.log".into(), "src/gen".into()];
+    let (kept, _) = list_paths(&f, excluded);
+    assert_eq!(kept, ["a.txt", "src", "web", "src/main.rs", "web/app.js"]);
+    // Patterns with a slash match from the list's path, not the project root.
+    let mut below = tree_request("src", true);
+    below.exclude = vec!["gen/out.rs".into()];
+    let (below, _) = list_paths(&f, below);
+    assert_eq!(below, ["src/gen", "src/main.rs"]);
+    let mut bad = tree_request("", true);
+    bad.exclude = vec!["../x".into()];
+    assert_eq!(
+        f.workspace.list_tree(&bad).unwrap_err().code(),
+        "invalid_request"
+    );
+
+    let mut bounded = tree_request("", true);
+    bounded.max_entries = Some(2);
+    let (first, truncated) = list_paths(&f, bounded);
+    assert_eq!((first.len(), truncated), (2, true));
+    let mut exact = tree_request("", false);
+    exact.max_entries = Some(3);
+    assert_eq!(list_paths(&f, exact), (flat, false));
+}
