@@ -935,3 +935,69 @@ fn list_takes_depth_exclude_and_max_entries_and_old_requests_are_unchanged() {
         assert_eq!(code, "invalid_request", "{bad}");
     }
 }
+
+#[test]
+fn read_takes_a_line_range_and_always_counts_the_lines() {
+    let state = StateRoot::new();
+    let text = "l1\nl2\nl3\nl4\nl5\n";
+    state.project("demo", &[("a.txt", text), ("secret/k", "k")]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    // An old request: the whole file, now with its line count, and no range echoed.
+    let whole = client.read(&alice, "a.txt").unwrap();
+    assert_eq!(whole["content"], text);
+    assert_eq!(whole["total_lines"], 5);
+    assert!(whole.get("offset").is_none() && whole.get("limit").is_none());
+
+    let ranged = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "offset": 1, "limit": 2}),
+        )
+        .unwrap();
+    assert_eq!(ranged["content"], "l2\nl3\n");
+    assert_eq!(
+        (&ranged["offset"], &ranged["limit"]),
+        (&json!(1), &json!(2))
+    );
+    assert_eq!(ranged["total_lines"], 5);
+    assert_eq!(ranged["revision"], revision(text));
+    assert_eq!(ranged["size"], text.len());
+    // A search hit on line 4 (numbered from 1) is offset 3.
+    let hit = client
+        .json("/v1/search", json!({"context": alice, "query": "l4"}))
+        .unwrap();
+    let line = hit["matches"][0]["line"].as_u64().unwrap();
+    let at = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "offset": line - 1, "limit": 1}),
+        )
+        .unwrap();
+    assert_eq!(at["content"], "l4\n");
+
+    let (code, _) = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "limit": 0}),
+        )
+        .unwrap_err();
+    assert_eq!(code, "invalid_request");
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let (code, _) = client
+        .json(
+            "/v1/read",
+            json!({"context": guarded, "path": "secret/k", "offset": 0, "limit": 1}),
+        )
+        .unwrap_err();
+    assert_eq!(code, "forbidden");
+}

@@ -4,6 +4,14 @@
 //! Every request carries a [`Context`]: which project, who is asking, and the guard agentd
 //! resolved for them. workspaced trusts the context only because its socket peer passed the
 //! `SO_PEERCRED` check, and re-applies the guard itself.
+//!
+//! Reads: `/v1/read` ([`ReadRangeRequest`], a line range optional), `/v1/stat`
+//! ([`StatRequest`]), `/v1/list` ([`ListTreeRequest`]: depth, exclude, max_entries),
+//! `/v1/search`, `/v1/history`, `/v1/receipt`. Changes (each with `expected_revision` and
+//! `request_id`, answered with a [`ChangeResponse`]): `/v1/write`, `/v1/patch`, `/v1/edit`
+//! ([`EditRequest`], answered with an [`EditAnswer`]), `/v1/move`, `/v1/delete`,
+//! `/v1/restore`. Positions are 0-based where a caller gives them (edit indexes, read
+//! offsets); search numbers lines from 1, as editors show them.
 
 use agentworks_core::guard::Guard;
 use agentworks_core::revision::Revision;
@@ -38,12 +46,55 @@ pub struct ReadRequest {
     pub path: String,
 }
 
+/// `/v1/read` with an optional line range: the body workspaced decodes for every read. A
+/// [`ReadRequest`] body is a valid `ReadRangeRequest` and is answered as before (plus
+/// `total_lines`); the two-field struct stays for the callers that build it.
+///
+/// A line ends after its `\n` (a last line without one counts too; an empty file has none).
+/// `offset` is 0-based, the number of lines skipped (as edit indexes are 0-based; a search
+/// hit on line `n`, which search numbers from 1, is `offset: n - 1`); `limit` (at least 1) is
+/// the most lines answered, to the end of the file without it. Either one makes the read
+/// ranged; an offset past the end answers no content, not an error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadRangeRequest {
+    pub context: Context,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+impl From<ReadRequest> for ReadRangeRequest {
+    fn from(req: ReadRequest) -> ReadRangeRequest {
+        ReadRangeRequest {
+            context: req.context,
+            path: req.path,
+            offset: None,
+            limit: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReadResponse {
     pub path: String,
+    /// The whole file, or only the requested lines (with their line endings) of a ranged read.
     pub content: String,
+    /// The whole file's revision, ranged or not.
     pub revision: Revision,
+    /// The whole file's size in bytes.
     pub size: u64,
+    /// Lines in the whole file (see [`ReadRangeRequest`]).
+    #[serde(default)]
+    pub total_lines: u64,
+    /// A ranged read's offset, echoed (0 when only `limit` was given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// A ranged read's limit, echoed (absent: to the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

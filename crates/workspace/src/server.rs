@@ -63,7 +63,7 @@ async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response
                 version: env!("CARGO_PKG_VERSION").into(),
             },
         ),
-        (&Method::POST, "/v1/read") => call(workspace, body, |w, r| w.read(&r)).await,
+        (&Method::POST, "/v1/read") => call(workspace, body, |w, r| w.read_range(&r)).await,
         (&Method::POST, "/v1/stat") => call(workspace, body, |w, r| w.stat(&r)).await,
         (&Method::POST, "/v1/list") => call(workspace, body, |w, r| w.list_tree(&r)).await,
         (&Method::POST, "/v1/search") => call(workspace, body, |w, r| w.search(&r)).await,

@@ -20,7 +20,19 @@ type WalkVisitor<'a> =
     dyn FnMut(&RelPath, EntryKind, &Stat, BorrowedFd<'_>) -> Result<bool, WorkspaceError> + 'a;
 
 impl Workspace {
+    /// The two-field read (as agentd builds it): the whole file.
     pub fn read(&self, req: &ReadRequest) -> Result<ReadResponse, WorkspaceError> {
+        self.read_range(&ReadRangeRequest::from(req.clone()))
+    }
+
+    /// `/v1/read`: the whole file, or the lines `offset..offset + limit` of it (see
+    /// [`ReadRangeRequest`]); the revision, size and line count are always the whole file's.
+    pub fn read_range(&self, req: &ReadRangeRequest) -> Result<ReadResponse, WorkspaceError> {
+        if req.limit == Some(0) {
+            return Err(WorkspaceError::InvalidRequest(
+                "limit is the most lines to read and is at least 1".into(),
+            ));
+        }
         let guard = req.context.guard.resolve()?;
         let path = RelPath::parse(&req.path)?;
         guard.check_read(&path)?;
@@ -43,11 +55,29 @@ impl Workspace {
         let content = String::from_utf8(content).map_err(|_| WorkspaceError::NotText {
             path: path.to_string(),
         })?;
+        let total_lines = content.split_inclusive('\n').count() as u64;
+        let ranged = req.offset.is_some() || req.limit.is_some();
+        let content = if ranged {
+            let skip = usize::try_from(req.offset.unwrap_or(0)).unwrap_or(usize::MAX);
+            let take = req
+                .limit
+                .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+            content
+                .split_inclusive('\n')
+                .skip(skip)
+                .take(take)
+                .collect()
+        } else {
+            content
+        };
         Ok(ReadResponse {
             path: path.to_string(),
             content,
             revision: current.revision,
             size,
+            total_lines,
+            offset: ranged.then(|| req.offset.unwrap_or(0)),
+            limit: req.limit,
         })
     }
 

@@ -241,3 +241,54 @@ fn list_depth_exclude_and_max_entries_bound_the_walk() {
     exact.max_entries = Some(3);
     assert_eq!(list_paths(&f, exact), (flat, false));
 }
+
+fn read(f: &Fixture, path: &str, offset: Option<u64>, limit: Option<u64>) -> ReadResponse {
+    f.workspace
+        .read_range(&ReadRangeRequest {
+            context: context(writable()),
+            path: path.into(),
+            offset,
+            limit,
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_ranged_read_answers_those_lines_and_the_whole_files_revision() {
+    let text = "one\ntwo\r\nthree\nfour";
+    let f = fixture(&[("a.txt", text), ("empty.txt", "")]);
+    let whole = read(&f, "a.txt", None, None);
+    assert_eq!(whole.content, text);
+    assert_eq!(
+        (whole.total_lines, whole.offset, whole.limit),
+        (4, None, None)
+    );
+    let old = f
+        .workspace
+        .read(&ReadRequest {
+            context: context(writable()),
+            path: "a.txt".into(),
+        })
+        .unwrap();
+    assert_eq!(old, whole);
+
+    let middle = read(&f, "a.txt", Some(1), Some(2));
+    assert_eq!(middle.content, "two\r\nthree\n");
+    assert_eq!((middle.offset, middle.limit), (Some(1), Some(2)));
+    assert_eq!(middle.revision, whole.revision);
+    assert_eq!((middle.size, middle.total_lines), (whole.size, 4));
+    let tail = read(&f, "a.txt", Some(3), None);
+    assert_eq!((tail.content.as_str(), tail.limit), ("four", None));
+    let head = read(&f, "a.txt", None, Some(1));
+    assert_eq!((head.content.as_str(), head.offset), ("one\n", Some(0)));
+    let past = read(&f, "a.txt", Some(10), Some(5));
+    assert_eq!((past.content.as_str(), past.total_lines), ("", 4));
+    assert_eq!(read(&f, "empty.txt", None, None).total_lines, 0);
+    let zero = f.workspace.read_range(&ReadRangeRequest {
+        context: context(writable()),
+        path: "a.txt".into(),
+        offset: None,
+        limit: Some(0),
+    });
+    assert_eq!(zero.unwrap_err().code(), "invalid_request");
+}
