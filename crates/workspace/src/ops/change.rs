@@ -193,7 +193,7 @@ impl Workspace {
                 })?;
             if source.state != ReceiptState::Applied || source.operation == Operation::Move {
                 return Err(WorkspaceError::CannotRestore(format!(
-                    "receipt {} is a {} in state {:?}; only applied writes, patches, deletes and restores can be restored",
+                    "receipt {} is a {} in state {:?}; only applied writes, patches, edits, deletes and restores can be restored",
                     source.receipt_id,
                     source.operation.as_str(),
                     source.state

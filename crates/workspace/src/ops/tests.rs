@@ -143,12 +143,27 @@ fn an_edit_dry_run_writes_and_records_nothing_and_the_real_one_replays() {
     };
     assert!(replayed.change.replayed);
     assert_eq!(replayed.diff, applied.diff);
-    // The same request as a dry run does not consult the receipts: it checks the file, which
-    // is no longer at the expected revision.
+    // An edit's receipt is restorable like a write's: its before-content is complete.
+    let restored = f
+        .workspace
+        .restore(&RestoreRequest {
+            context: context(writable()),
+            receipt_id: applied.change.receipt.receipt_id.clone(),
+            expected_revision: applied.change.revision.to_string(),
+            request_id: "r2".into(),
+        })
+        .unwrap();
+    assert_eq!(restored.revision, Revision::of(b"one\ntwo\n"));
     assert_eq!(
-        f.workspace.edit(&request(true)).unwrap_err().code(),
-        "revision_conflict"
+        std::fs::read_to_string(f.project.join("a.txt")).unwrap(),
+        "one\ntwo\n"
     );
+    // The same request as a dry run does not consult the receipts: it checks the file, now
+    // back at the expected revision, and would apply again.
+    assert!(matches!(
+        f.workspace.edit(&request(true)).unwrap(),
+        EditAnswer::Preview(_)
+    ));
 }
 
 fn list_paths(f: &Fixture, req: ListTreeRequest) -> (Vec<String>, bool) {
