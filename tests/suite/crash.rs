@@ -823,3 +823,66 @@ fn conflicting_writes_same_expected_revision_exactly_one_wins() {
     }
     assert_no_temp_files(&state, "conflicting writers");
 }
+
+// ----- an edit goes through the same pipeline -----
+
+#[test]
+fn an_edit_killed_before_or_after_the_rename_reconciles_and_replays_with_its_diff() {
+    // (failpoint, the rename happened)
+    for (step, renamed) in [("after_prepare", false), ("before_mark_applied", true)] {
+        let state = StateRoot::new();
+        let dir = state.project(PROJECT, &[(FILE, OLD)]);
+        let alice = ctx(PROJECT, "alice");
+        let request_id = format!("e-{step}");
+        let body = json!({"context": alice, "path": FILE, "request_id": request_id,
+            "edits": [{"old_text": "old", "new_text": "edited"}], "expected_revision": revision(OLD)});
+        let edited = OLD.replace("old", "edited");
+        let mut daemon = Workspaced::start_with(
+            &state,
+            Options {
+                failpoint: Some(step.into()),
+                ..Options::default()
+            },
+        );
+        let reply = send(&daemon.client(), "/v1/edit", body.clone());
+        assert!(matches!(reply, Reply::Transport(_)), "{step}: {reply:?}");
+        assert_eq!(daemon.child.wait().unwrap().signal(), Some(9), "{step}");
+        drop(daemon);
+
+        let daemon = Workspaced::start(&state);
+        let client = daemon.client();
+        let expected_state = if renamed { "applied" } else { "not_applied" };
+        assert_eq!(
+            history_states(&client, &alice),
+            vec![expected_state],
+            "{step}"
+        );
+        let expected_content = if renamed { edited.as_str() } else { OLD };
+        assert_eq!(file_content(&dir), expected_content, "{step}");
+        assert_no_temp_files(&state, step);
+        let receipt = client.receipt(&alice, &request_id).unwrap();
+        assert_eq!(
+            (&receipt["state"], &receipt["operation"]),
+            (&json!(expected_state), &json!("edit")),
+            "{step}"
+        );
+        assert_eq!(receipt["resulting_revision"], revision(&edited), "{step}");
+
+        // The same request again: the recorded outcome with the recorded change's diff, the
+        // file untouched (not edited now, even where the first one never reached it).
+        let again = client.json("/v1/edit", body).unwrap();
+        assert_eq!(
+            (&again["replayed"], &again["state"]),
+            (&json!(true), &json!(expected_state)),
+            "{step}: {again}"
+        );
+        assert!(
+            again["diff"]
+                .as_str()
+                .unwrap()
+                .contains("+the edited content\n"),
+            "{step}: {again}"
+        );
+        assert_eq!(file_content(&dir), expected_content, "{step}: after retry");
+    }
+}

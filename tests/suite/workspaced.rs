@@ -589,3 +589,415 @@ fn a_failed_folder_sync_after_the_rename_is_uncertain_not_not_applied() {
         );
     }
 }
+
+#[test]
+fn edit_applies_exact_edits_replays_previews_and_refuses_clearly() {
+    let state = StateRoot::new();
+    let dir = state.project(
+        "demo",
+        &[("code/a.py", "x = 1\ny = 1\nz = 2\n"), ("secret/k", "k")],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let base = revision("x = 1\ny = 1\nz = 2\n");
+    let after = "x = 10\ny = 1\nz = 3\n";
+    let edits = json!([
+        {"old_text": "x = 1\n", "new_text": "x = 10\n"},
+        {"old_text": "z = 2", "new_text": "z = 3"},
+    ]);
+    let body = |edits: &serde_json::Value, expected: &str, id: &str, dry_run: bool| {
+        json!({"context": alice, "path": "code/a.py", "edits": edits,
+            "expected_revision": expected, "request_id": id, "dry_run": dry_run})
+    };
+
+    // A dry run answers the diff and the revision it would produce, and writes nothing.
+    let preview = client
+        .json("/v1/edit", body(&edits, &base, "e1", true))
+        .unwrap();
+    assert_eq!(preview["dry_run"], true);
+    assert_eq!(preview["revision"], revision(after));
+    assert_eq!(preview["previous_revision"], base);
+    assert!(
+        preview["diff"]
+            .as_str()
+            .unwrap()
+            .contains("-x = 1\n+x = 10\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        "x = 1\ny = 1\nz = 2\n"
+    );
+    let history = client
+        .json(
+            "/v1/history",
+            json!({"context": alice, "path": "code/a.py"}),
+        )
+        .unwrap();
+    assert!(history["entries"].as_array().unwrap().is_empty());
+
+    // Applied: the change answer plus the diff, with an `edit` receipt.
+    let applied = client
+        .json("/v1/edit", body(&edits, &base, "e1", false))
+        .unwrap();
+    assert_eq!(applied["state"], "applied");
+    assert_eq!(applied["replayed"], false);
+    assert_eq!(applied["revision"], revision(after));
+    assert_eq!(applied["receipt"]["operation"], "edit");
+    assert_eq!(applied["diff"], preview["diff"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        after
+    );
+
+    // Replayed after success: the recorded outcome and the same diff, although the edits no
+    // longer match the new content.
+    let again = client
+        .json("/v1/edit", body(&edits, &base, "e1", false))
+        .unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(
+        again["receipt"]["receipt_id"],
+        applied["receipt"]["receipt_id"]
+    );
+    assert_eq!(again["diff"], applied["diff"]);
+    // Same id, other edits: refused.
+    let other = json!([{"old_text": "y = 1", "new_text": "y = 2"}]);
+    let (code, _) = client
+        .json("/v1/edit", body(&other, &base, "e1", false))
+        .unwrap_err();
+    assert_eq!(code, "request_id_reused");
+
+    // A stale revision is a conflict, in a dry run too.
+    for dry_run in [true, false] {
+        let (code, details) = client
+            .json("/v1/edit", body(&other, &base, "e2", dry_run))
+            .unwrap_err();
+        assert_eq!(code, "revision_conflict");
+        assert_eq!(details["current_revision"], revision(after));
+    }
+
+    // Missing and ambiguous matches name the edit (0-based) and the count; nothing changes.
+    let current = revision(after);
+    let missing =
+        json!([{"old_text": "y = 1", "new_text": "y = 2"}, {"old_text": "nope", "new_text": ""}]);
+    let (code, details) = client
+        .json("/v1/edit", body(&missing, &current, "e3", false))
+        .unwrap_err();
+    assert_eq!(code, "edit_no_match");
+    assert_eq!(
+        (details["edit_index"].as_u64(), details["matches"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let ambiguous = json!([{"old_text": " = 1", "new_text": " = 5"}]);
+    let (code, details) = client
+        .json("/v1/edit", body(&ambiguous, &current, "e4", false))
+        .unwrap_err();
+    assert_eq!(code, "edit_not_unique");
+    assert_eq!(
+        (details["edit_index"].as_u64(), details["matches"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("code/a.py")).unwrap(),
+        after
+    );
+    let all = json!([{"old_text": " = 1", "new_text": " = 5", "replace_all": true}]);
+    let replaced = client
+        .json("/v1/edit", body(&all, &current, "e5", false))
+        .unwrap();
+    assert_eq!(replaced["revision"], revision("x = 50\ny = 5\nz = 3\n"));
+
+    // Empty old_text and no edits are invalid; the guard and confinement apply as for a write.
+    for bad in [json!([]), json!([{"old_text": "", "new_text": "a"}])] {
+        let (code, _) = client
+            .json("/v1/edit", body(&bad, &current, "e6", false))
+            .unwrap_err();
+        assert_eq!(code, "invalid_request");
+    }
+    let guard = Guard {
+        write_paths: vec!["code".into()],
+        blocked_paths: vec!["secret".into()],
+        ..Guard::default()
+    };
+    let guarded = ctx_with_guard("demo", "alice", guard);
+    let (code, details) = client
+        .json("/v1/edit", json!({"context": guarded, "path": "secret/k", "edits": [{"old_text": "k", "new_text": "j"}], "expected_revision": revision("k"), "request_id": "e7"}))
+        .unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("forbidden", Some("blocked"))
+    );
+    let (code, _) = client
+        .json("/v1/edit", json!({"context": alice, "path": "../demo/code/a.py", "edits": [{"old_text": "x", "new_text": "y"}], "expected_revision": revision("x = 50\ny = 5\nz = 3\n"), "request_id": "e8", "dry_run": true}))
+        .unwrap_err();
+    assert_eq!(code, "path_refused");
+    assert_eq!(std::fs::read_to_string(dir.join("secret/k")).unwrap(), "k");
+}
+
+#[test]
+fn an_edit_replay_of_a_file_over_the_before_content_cap_has_no_diff() {
+    let state = StateRoot::new();
+    let big = format!("head\n{}", "x\n".repeat(80 * 1024));
+    let dir = state.project("demo", &[("big.txt", big.as_str())]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let body = json!({"context": alice, "path": "big.txt", "edits": [{"old_text": "head\n", "new_text": "HEAD\n"}],
+        "expected_revision": revision(&big), "request_id": "big1"});
+    let applied = client.json("/v1/edit", body.clone()).unwrap();
+    assert!(applied["diff"].as_str().unwrap().contains("+HEAD\n"));
+    assert!(
+        std::fs::read_to_string(dir.join("big.txt"))
+            .unwrap()
+            .starts_with("HEAD\n")
+    );
+    let again = client.json("/v1/edit", body).unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["receipt"]["before_truncated"], true);
+    assert!(again["diff"].is_null());
+}
+
+#[test]
+fn stat_answers_kind_size_revision_and_time_under_the_read_guard() {
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("code/a.py", "print(1)\n"), ("secret/k", "k")]);
+    std::fs::write(dir.join("code/big.bin"), vec![0xffu8; 3000]).unwrap();
+    symlink("/etc/passwd", dir.join("code/link")).unwrap();
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let stat = |c: &agentworks_contract::workspaced::Context, path: &str| {
+        client.json("/v1/stat", json!({"context": c, "path": path}))
+    };
+
+    let file = stat(&alice, "code/a.py").unwrap();
+    assert_eq!(file["kind"], "file");
+    assert_eq!(file["size"], 9);
+    assert_eq!(file["revision"], revision("print(1)\n"));
+    let mtime = std::fs::metadata(dir.join("code/a.py"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert_eq!(file["modified_ms"].as_i64(), Some(mtime));
+    // Binary content is fine: the revision is of the bytes.
+    let binary = stat(&alice, "code/big.bin").unwrap();
+    assert_eq!(binary["size"], 3000);
+    assert!(binary["revision"].as_str().unwrap().starts_with("sha256:"));
+    let folder = stat(&alice, "code").unwrap();
+    assert_eq!(folder["kind"], "dir");
+    assert!(folder.get("revision").is_none() && folder.get("size").is_none());
+
+    // Refused exactly as a read refuses: missing, symlink, traversal, a hidden path.
+    assert_eq!(stat(&alice, "code/none").unwrap_err().0, "not_found");
+    assert_eq!(stat(&alice, "nowhere/none").unwrap_err().0, "not_found");
+    assert_eq!(client.read(&alice, "code/none").unwrap_err().0, "not_found");
+    let (code, details) = stat(&alice, "code/link").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("path_refused", Some("symlink"))
+    );
+    assert_eq!(
+        stat(&alice, "../demo/code/a.py").unwrap_err().0,
+        "path_refused"
+    );
+    assert_eq!(
+        stat(&alice, ".agentworks-tmp-x").unwrap_err().0,
+        "path_refused"
+    );
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let (code, details) = stat(&guarded, "secret/k").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("forbidden", Some("blocked"))
+    );
+    assert_eq!(
+        client.read(&guarded, "secret/k").unwrap_err().0,
+        "forbidden"
+    );
+    // A file with a second hard link is refused, never hashed.
+    std::fs::hard_link(dir.join("code/a.py"), dir.join("code/again.py")).unwrap();
+    let (code, details) = stat(&alice, "code/a.py").unwrap_err();
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("path_refused", Some("hard_link"))
+    );
+}
+
+#[test]
+fn list_takes_depth_exclude_and_max_entries_and_old_requests_are_unchanged() {
+    let state = StateRoot::new();
+    state.project(
+        "demo",
+        &[
+            ("a.txt", "aa"),
+            ("src/main.rs", "m"),
+            ("src/gen/out.rs", "o"),
+            ("web/node_modules/x/y.js", "y"),
+            ("web/app.log", "l"),
+            ("secret/k", "k"),
+        ],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let paths = |answer: &serde_json::Value| -> Vec<String> {
+        answer["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // Old requests: the same answer as before, every entry with its kind and a file's size.
+    let flat = client.json("/v1/list", json!({"context": alice})).unwrap();
+    assert_eq!(paths(&flat), ["a.txt", "secret", "src", "web"]);
+    assert_eq!(
+        flat["entries"][0],
+        json!({"path": "a.txt", "kind": "file", "size": 2})
+    );
+    assert_eq!(flat["entries"][1], json!({"path": "secret", "kind": "dir"}));
+    assert_eq!(flat["truncated"], false);
+    let all = client
+        .json("/v1/list", json!({"context": alice, "recursive": true}))
+        .unwrap();
+    assert_eq!(paths(&all).len(), 12);
+
+    let two = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "depth": 2, "exclude": ["secret"]}),
+        )
+        .unwrap();
+    assert_eq!(
+        paths(&two),
+        [
+            "a.txt",
+            "src",
+            "web",
+            "src/gen",
+            "src/main.rs",
+            "web/app.log",
+            "web/node_modules"
+        ]
+    );
+    let excluded = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "recursive": true,
+            "exclude": ["node_modules", "*.log", "src/gen", "secret"]}),
+        )
+        .unwrap();
+    assert_eq!(paths(&excluded), ["a.txt", "src", "web", "src/main.rs"]);
+    let bounded = client
+        .json(
+            "/v1/list",
+            json!({"context": alice, "recursive": true, "max_entries": 3}),
+        )
+        .unwrap();
+    assert_eq!(
+        (paths(&bounded).len(), &bounded["truncated"]),
+        (3, &json!(true))
+    );
+
+    // The guard still hides what it hides; exclude only ever hides more.
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let hidden = client
+        .json("/v1/list", json!({"context": guarded, "depth": 3}))
+        .unwrap();
+    assert!(paths(&hidden).iter().all(|p| !p.starts_with("secret")));
+    for bad in [
+        json!({"depth": 0}),
+        json!({"exclude": ["../x"]}),
+        json!({"exclude": "x"}),
+    ] {
+        let mut body = bad.clone();
+        body["context"] = serde_json::to_value(&alice).unwrap();
+        let (code, _) = client.json("/v1/list", body).unwrap_err();
+        assert_eq!(code, "invalid_request", "{bad}");
+    }
+}
+
+#[test]
+fn read_takes_a_line_range_and_always_counts_the_lines() {
+    let state = StateRoot::new();
+    let text = "l1\nl2\nl3\nl4\nl5\n";
+    state.project("demo", &[("a.txt", text), ("secret/k", "k")]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    // An old request: the whole file, now with its line count, and no range echoed.
+    let whole = client.read(&alice, "a.txt").unwrap();
+    assert_eq!(whole["content"], text);
+    assert_eq!(whole["total_lines"], 5);
+    assert!(whole.get("offset").is_none() && whole.get("limit").is_none());
+
+    let ranged = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "offset": 1, "limit": 2}),
+        )
+        .unwrap();
+    assert_eq!(ranged["content"], "l2\nl3\n");
+    assert_eq!(
+        (&ranged["offset"], &ranged["limit"]),
+        (&json!(1), &json!(2))
+    );
+    assert_eq!(ranged["total_lines"], 5);
+    assert_eq!(ranged["revision"], revision(text));
+    assert_eq!(ranged["size"], text.len());
+    // A search hit on line 4 (numbered from 1) is offset 3.
+    let hit = client
+        .json("/v1/search", json!({"context": alice, "query": "l4"}))
+        .unwrap();
+    let line = hit["matches"][0]["line"].as_u64().unwrap();
+    let at = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "offset": line - 1, "limit": 1}),
+        )
+        .unwrap();
+    assert_eq!(at["content"], "l4\n");
+
+    let (code, _) = client
+        .json(
+            "/v1/read",
+            json!({"context": alice, "path": "a.txt", "limit": 0}),
+        )
+        .unwrap_err();
+    assert_eq!(code, "invalid_request");
+    let guarded = ctx_with_guard(
+        "demo",
+        "alice",
+        Guard {
+            blocked_paths: vec!["secret".into()],
+            ..Guard::default()
+        },
+    );
+    let (code, _) = client
+        .json(
+            "/v1/read",
+            json!({"context": guarded, "path": "secret/k", "offset": 0, "limit": 1}),
+        )
+        .unwrap_err();
+    assert_eq!(code, "forbidden");
+}

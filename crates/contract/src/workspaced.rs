@@ -4,6 +4,14 @@
 //! Every request carries a [`Context`]: which project, who is asking, and the guard agentd
 //! resolved for them. workspaced trusts the context only because its socket peer passed the
 //! `SO_PEERCRED` check, and re-applies the guard itself.
+//!
+//! Reads: `/v1/read` ([`ReadRangeRequest`], a line range optional), `/v1/stat`
+//! ([`StatRequest`]), `/v1/list` ([`ListTreeRequest`]: depth, exclude, max_entries),
+//! `/v1/search`, `/v1/history`, `/v1/receipt`. Changes (each with `expected_revision` and
+//! `request_id`, answered with a [`ChangeResponse`]): `/v1/write`, `/v1/patch`, `/v1/edit`
+//! ([`EditRequest`], answered with an [`EditAnswer`]), `/v1/move`, `/v1/delete`,
+//! `/v1/restore`. Positions are 0-based where a caller gives them (edit indexes, read
+//! offsets); search numbers lines from 1, as editors show them.
 
 use agentworks_core::guard::Guard;
 use agentworks_core::revision::Revision;
@@ -38,12 +46,55 @@ pub struct ReadRequest {
     pub path: String,
 }
 
+/// `/v1/read` with an optional line range: the body workspaced decodes for every read. A
+/// [`ReadRequest`] body is a valid `ReadRangeRequest` and is answered as before (plus
+/// `total_lines`); the two-field struct stays for the callers that build it.
+///
+/// A line ends after its `\n` (a last line without one counts too; an empty file has none).
+/// `offset` is 0-based, the number of lines skipped (as edit indexes are 0-based; a search
+/// hit on line `n`, which search numbers from 1, is `offset: n - 1`); `limit` (at least 1) is
+/// the most lines answered, to the end of the file without it. Either one makes the read
+/// ranged; an offset past the end answers no content, not an error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadRangeRequest {
+    pub context: Context,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+impl From<ReadRequest> for ReadRangeRequest {
+    fn from(req: ReadRequest) -> ReadRangeRequest {
+        ReadRangeRequest {
+            context: req.context,
+            path: req.path,
+            offset: None,
+            limit: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReadResponse {
     pub path: String,
+    /// The whole file, or only the requested lines (with their line endings) of a ranged read.
     pub content: String,
+    /// The whole file's revision, ranged or not.
     pub revision: Revision,
+    /// The whole file's size in bytes.
     pub size: u64,
+    /// Lines in the whole file (see [`ReadRangeRequest`]).
+    #[serde(default)]
+    pub total_lines: u64,
+    /// A ranged read's offset, echoed (0 when only `limit` was given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// A ranged read's limit, echoed (absent: to the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +105,46 @@ pub struct ListRequest {
     pub path: String,
     #[serde(default)]
     pub recursive: bool,
+}
+
+/// `/v1/list` with its optional bounds: the body workspaced decodes for every list call. A
+/// [`ListRequest`] body is a valid `ListTreeRequest` and is answered exactly as before; the
+/// two-field struct stays for the callers that build it.
+///
+/// `depth` counts levels below `path` (1 = its direct children) and wins over `recursive`;
+/// without it `recursive: true` is unlimited (to the walk's 64 levels) and `false` is 1.
+/// `exclude` leaves out (and does not descend into) matching entries: a pattern without `/`
+/// matches any path component (`node_modules`, `*.log`), one with `/` the path relative to
+/// `path` (`src/gen`, `docs/**/*.tmp`, `/build`); `*` and `?` stay within a component, `**`
+/// is any number of components; at most 64 patterns of 256 bytes. `max_entries` bounds the
+/// answer (clamped to 1..=10 000, the default); `truncated` says more entries exist.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListTreeRequest {
+    pub context: Context,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+}
+
+impl From<ListRequest> for ListTreeRequest {
+    fn from(req: ListRequest) -> ListTreeRequest {
+        ListTreeRequest {
+            context: req.context,
+            path: req.path,
+            recursive: req.recursive,
+            depth: None,
+            exclude: Vec::new(),
+            max_entries: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -102,6 +193,29 @@ pub struct SearchResponse {
     pub truncated: bool,
 }
 
+/// `/v1/stat`: what one path is, under the same guard and confinement as a read (a hidden or
+/// refused path is refused as a read refuses it; a missing one is `not_found`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatRequest {
+    pub context: Context,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatResponse {
+    pub path: String,
+    pub kind: EntryKind,
+    /// Bytes, for a file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The whole file's revision (the `expected_revision` of a change), for a file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Revision>,
+    /// Last modification, milliseconds since the Unix epoch.
+    pub modified_ms: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteRequest {
@@ -141,6 +255,67 @@ pub struct DeleteRequest {
     pub request_id: String,
 }
 
+/// One exact replacement of an [`EditRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextEdit {
+    /// The text to find, byte for byte (no whitespace or line-ending normalising). Never empty.
+    pub old_text: String,
+    pub new_text: String,
+    /// Replace every occurrence (at least one) instead of exactly one.
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+/// `/v1/edit`: exact-text replacements applied in order, each to the result of the previous.
+///
+/// Each `old_text` must occur exactly once (counting overlapping occurrences) unless
+/// `replace_all`, then at least once; otherwise the edit is refused with `edit_no_match` or
+/// `edit_not_unique`, details `edit_index` (0-based, the edit's place in `edits`) and `matches`.
+/// The idempotency payload is path + edits + expected revision, not `dry_run`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EditRequest {
+    pub context: Context,
+    pub path: String,
+    pub edits: Vec<TextEdit>,
+    pub expected_revision: String,
+    /// Required; a dry run neither looks it up nor records it.
+    pub request_id: String,
+    /// Check and compute only: no write, no receipt; the answer is an [`EditPreview`].
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The answer to an applied (or replayed) edit: the usual change answer plus the diff.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EditResponse {
+    #[serde(flatten)]
+    pub change: ChangeResponse,
+    /// Unified diff (`--- a/<path>` / `+++ b/<path>`) of the file before → after. `null` only on
+    /// a replay whose receipt kept no complete before-content (files over 128 KiB).
+    pub diff: Option<String>,
+}
+
+/// The answer to a dry-run edit: what the edit would do, nothing written or recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EditPreview {
+    /// Always true: tells a preview from an [`EditResponse`].
+    pub dry_run: bool,
+    pub diff: String,
+    pub previous_revision: Revision,
+    /// The revision the edit would produce.
+    pub revision: Revision,
+}
+
+/// What `/v1/edit` answers: an [`EditResponse`], or an [`EditPreview`] for `dry_run: true`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum EditAnswer {
+    Applied(Box<EditResponse>),
+    Preview(EditPreview),
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
@@ -152,7 +327,8 @@ pub struct RestoreRequest {
     pub request_id: String,
 }
 
-/// The answer to every change (write, patch, move, delete, restore).
+/// The answer to every change (write, patch, move, delete, restore; edit holds it in
+/// [`EditResponse`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChangeResponse {
     pub state: ReceiptState,
@@ -254,6 +430,7 @@ pub enum Operation {
     Move,
     Delete,
     Restore,
+    Edit,
 }
 
 impl Operation {
@@ -264,6 +441,7 @@ impl Operation {
             Operation::Move => "move",
             Operation::Delete => "delete",
             Operation::Restore => "restore",
+            Operation::Edit => "edit",
         }
     }
 
@@ -273,6 +451,7 @@ impl Operation {
             "move" => Operation::Move,
             "delete" => Operation::Delete,
             "restore" => Operation::Restore,
+            "edit" => Operation::Edit,
             _ => Operation::Write,
         }
     }
@@ -305,4 +484,60 @@ pub struct Receipt {
     #[serde(skip)]
     pub before_content: Option<Vec<u8>>,
     pub before_truncated: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_round_trips_through_its_name() {
+        for op in [
+            Operation::Write,
+            Operation::Patch,
+            Operation::Move,
+            Operation::Delete,
+            Operation::Restore,
+            Operation::Edit,
+        ] {
+            assert_eq!(Operation::parse(op.as_str()), op);
+            let json = serde_json::to_value(op).unwrap();
+            assert_eq!(json, op.as_str());
+        }
+    }
+
+    fn context() -> serde_json::Value {
+        serde_json::json!({"project": "p", "principal": {"user_id": "u", "user_name": "u", "source": "test"}, "guard": {}})
+    }
+
+    #[test]
+    fn an_edit_request_defaults_replace_all_and_dry_run() {
+        let req: EditRequest = serde_json::from_value(serde_json::json!({
+            "context": context(), "path": "a.txt", "expected_revision": "missing",
+            "request_id": "r", "edits": [{"old_text": "a", "new_text": "b"}],
+        }))
+        .unwrap();
+        assert!(!req.dry_run && !req.edits[0].replace_all);
+        // Unknown fields in an edit are refused, not ignored.
+        assert!(
+            serde_json::from_value::<EditRequest>(serde_json::json!({
+                "context": context(), "path": "a.txt", "expected_revision": "missing",
+                "request_id": "r", "edits": [{"old_text": "a", "new_text": "b", "fuzzy": true}],
+            }))
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn an_edit_answer_is_told_apart_by_its_shape() {
+        let preview = EditAnswer::Preview(EditPreview {
+            dry_run: true,
+            diff: "d".into(),
+            previous_revision: Revision::Missing,
+            revision: Revision::Missing,
+        });
+        let json = serde_json::to_value(&preview).unwrap();
+        assert_eq!(json["dry_run"], true);
+        assert_eq!(serde_json::from_value::<EditAnswer>(json).unwrap(), preview);
+    }
 }

@@ -44,6 +44,16 @@ pub enum WorkspaceError {
     RequestInProgress { request_id: String },
     #[error("{0}")]
     Busy(#[from] LockError),
+    #[error("edit {edit_index} (0-based) matches nothing: its old_text does not occur in {path}")]
+    EditNoMatch { path: String, edit_index: usize },
+    #[error(
+        "edit {edit_index} (0-based) is ambiguous: its old_text occurs {matches} times in {path}; add context to make it unique, or set replace_all"
+    )]
+    EditNotUnique {
+        path: String,
+        edit_index: usize,
+        matches: usize,
+    },
     #[error("the patch does not apply: {0}")]
     PatchRejected(#[from] agentworks_core::patch::PatchError),
     #[error("{0}")]
@@ -105,6 +115,8 @@ impl WorkspaceError {
             WorkspaceError::RequestInProgress { .. } => "request_in_progress",
             WorkspaceError::Busy(LockError::Timeout { .. }) => "busy",
             WorkspaceError::Busy(_) => "lock_unavailable",
+            WorkspaceError::EditNoMatch { .. } => "edit_no_match",
+            WorkspaceError::EditNotUnique { .. } => "edit_not_unique",
             WorkspaceError::PatchRejected(_) => "patch_rejected",
             WorkspaceError::AuditUnavailable(_) => "audit_unavailable",
             WorkspaceError::MetadataNotKept(_) => "ownership_not_kept",
@@ -126,7 +138,9 @@ impl WorkspaceError {
             | "request_id_reused"
             | "request_in_progress"
             | "cannot_restore" => StatusCode::CONFLICT,
-            "patch_rejected" | "ownership_not_kept" => StatusCode::UNPROCESSABLE_ENTITY,
+            "patch_rejected" | "edit_no_match" | "edit_not_unique" | "ownership_not_kept" => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             "busy" | "audit_unavailable" | "lock_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -151,6 +165,14 @@ impl WorkspaceError {
             } => {
                 json!({"current_revision": current, "expected_revision": expected})
             }
+            WorkspaceError::EditNoMatch { edit_index, .. } => {
+                json!({"edit_index": edit_index, "matches": 0})
+            }
+            WorkspaceError::EditNotUnique {
+                edit_index,
+                matches,
+                ..
+            } => json!({"edit_index": edit_index, "matches": matches}),
             WorkspaceError::RequestIdReused { receipt_id, .. } => json!({"receipt_id": receipt_id}),
             WorkspaceError::RequestInProgress { .. } | WorkspaceError::Busy(_) => {
                 json!({"retryable": true})

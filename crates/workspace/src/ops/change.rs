@@ -48,11 +48,11 @@ pub(super) struct Planned {
     pub(super) action: Action,
 }
 
-fn parse_expected(raw: &str) -> Result<Revision, WorkspaceError> {
+pub(super) fn parse_expected(raw: &str) -> Result<Revision, WorkspaceError> {
     Revision::parse(raw).map_err(|e| WorkspaceError::InvalidRequest(e.to_string()))
 }
 
-fn payload_hash(parts: &[&str]) -> String {
+pub(super) fn payload_hash(parts: &[&str]) -> String {
     let mut hasher = Sha256::new();
     for part in parts {
         hasher.update((part.len() as u64).to_le_bytes());
@@ -193,7 +193,7 @@ impl Workspace {
                 })?;
             if source.state != ReceiptState::Applied || source.operation == Operation::Move {
                 return Err(WorkspaceError::CannotRestore(format!(
-                    "receipt {} is a {} in state {:?}; only applied writes, patches, deletes and restores can be restored",
+                    "receipt {} is a {} in state {:?}; only applied writes, patches, edits, deletes and restores can be restored",
                     source.receipt_id,
                     source.operation.as_str(),
                     source.state
@@ -227,7 +227,7 @@ impl Workspace {
         })
     }
 
-    fn check_size(&self, path: &RelPath, len: usize) -> Result<(), WorkspaceError> {
+    pub(super) fn check_size(&self, path: &RelPath, len: usize) -> Result<(), WorkspaceError> {
         if len as u64 > self.limits.max_file_bytes {
             return Err(WorkspaceError::TooLarge {
                 path: path.to_string(),
@@ -238,7 +238,7 @@ impl Workspace {
         Ok(())
     }
 
-    fn check_expected(
+    pub(super) fn check_expected(
         &self,
         path: &RelPath,
         expected: &Revision,
@@ -254,7 +254,12 @@ impl Workspace {
         Ok(())
     }
 
-    fn plan_replace(&self, path: RelPath, current: Current, content: Vec<u8>) -> Planned {
+    pub(super) fn plan_replace(
+        &self,
+        path: RelPath,
+        current: Current,
+        content: Vec<u8>,
+    ) -> Planned {
         Planned {
             path,
             to_path: None,

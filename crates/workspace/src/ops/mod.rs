@@ -1,4 +1,4 @@
-//! The operations of workspaced: read, list, search, write, patch, move, delete, receipt,
+//! The operations of workspaced: read, list, search, write, patch, edit, move, delete, receipt,
 //! history and restore, each for one project and one caller.
 //!
 //! Every operation runs on a blocking thread, under the project's cross-process lock, on fds
@@ -19,13 +19,16 @@
 //!
 //! Layout: this file holds the [`Workspace`] itself, opening it and its projects, and the
 //! helpers every operation shares; `read.rs` is read, list, search and history; `change.rs`
-//! turns each change request into a plan; `pipeline.rs` runs a plan through the ordered steps
-//! above; `apply.rs` is the part of those steps that touches the tree (stage, re-check, rename
-//! or unlink, folder fsync); `recovery.rs` decides interrupted changes from the disk, at start
-//! and on request; `sweep.rs` removes our leftover staged files at start.
+//! turns each change request into a plan; `edit.rs` is the exact-text edit and its dry run; `exclude.rs` the list's exclude patterns;
+//! `pipeline.rs` runs a plan through the ordered steps above; `apply.rs` is the part of those
+//! steps that touches the tree (stage, re-check, rename or unlink, folder fsync);
+//! `recovery.rs` decides interrupted changes from the disk, at start and on request;
+//! `sweep.rs` removes our leftover staged files at start.
 
 mod apply;
 mod change;
+mod edit;
+mod exclude;
 mod pipeline;
 mod read;
 mod recovery;
@@ -149,6 +152,11 @@ fn revision_on_disk(root: BorrowedFd<'_>, path: &RelPath) -> Result<Revision, Wo
     let Some((fd, _)) = confine::open_file(parent.as_fd(), path.file_name(), path)? else {
         return Ok(Revision::Missing);
     };
+    hash_file(fd, path)
+}
+
+/// The revision of an open file's whole content, hashed in blocks without a size limit.
+fn hash_file(fd: OwnedFd, path: &RelPath) -> Result<Revision, WorkspaceError> {
     let mut file = std::fs::File::from(fd);
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 64 * 1024];
@@ -335,3 +343,6 @@ impl Workspace {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -295,6 +295,9 @@ pub(super) fn audit(receipt: &Receipt) {
         Operation::Move => audit::MOVE,
         Operation::Delete => audit::DELETE,
         Operation::Restore => audit::RESTORE,
+        // An edit is a content replacement like a patch; it shares the patch's MESSAGE_ID
+        // (the daemon crate's catalogue has no edit id yet) and says `edit` in its event field.
+        Operation::Edit => audit::PATCH,
     };
     tracing::info!(
         target: audit::TARGET,

@@ -1,11 +1,12 @@
-//! The reads: read, list, search and history. They take the project's lock (so they never see
+//! The reads: read, stat, list, search and history. They take the project's lock (so they never see
 //! a change half-made by another workspaced) and change nothing.
 //!
 //! They must never follow a symlink, show a dot-entry, or let anything the guard hides reach
 //! the caller, not even whether a hidden file matches a search.
 
+use super::exclude::Excludes;
 use super::{MAX_HISTORY, MAX_LIST_ENTRIES, MAX_SEARCH_BYTES, MAX_WALK_DEPTH, Project, Workspace};
-use super::{lock_poisoned, read_bounded};
+use super::{hash_file, lock_poisoned, read_bounded};
 use crate::error::WorkspaceError;
 use agentworks_contract::workspaced::*;
 use agentworks_core::guard::{RelPath, ResolvedGuard};
@@ -19,7 +20,19 @@ type WalkVisitor<'a> =
     dyn FnMut(&RelPath, EntryKind, &Stat, BorrowedFd<'_>) -> Result<bool, WorkspaceError> + 'a;
 
 impl Workspace {
+    /// The two-field read (as agentd builds it): the whole file.
     pub fn read(&self, req: &ReadRequest) -> Result<ReadResponse, WorkspaceError> {
+        self.read_range(&ReadRangeRequest::from(req.clone()))
+    }
+
+    /// `/v1/read`: the whole file, or the lines `offset..offset + limit` of it (see
+    /// [`ReadRangeRequest`]); the revision, size and line count are always the whole file's.
+    pub fn read_range(&self, req: &ReadRangeRequest) -> Result<ReadResponse, WorkspaceError> {
+        if req.limit == Some(0) {
+            return Err(WorkspaceError::InvalidRequest(
+                "limit is the most lines to read and is at least 1".into(),
+            ));
+        }
         let guard = req.context.guard.resolve()?;
         let path = RelPath::parse(&req.path)?;
         guard.check_read(&path)?;
@@ -42,24 +55,104 @@ impl Workspace {
         let content = String::from_utf8(content).map_err(|_| WorkspaceError::NotText {
             path: path.to_string(),
         })?;
+        let total_lines = content.split_inclusive('\n').count() as u64;
+        let ranged = req.offset.is_some() || req.limit.is_some();
+        let content = if ranged {
+            let skip = usize::try_from(req.offset.unwrap_or(0)).unwrap_or(usize::MAX);
+            let take = req
+                .limit
+                .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+            content
+                .split_inclusive('\n')
+                .skip(skip)
+                .take(take)
+                .collect()
+        } else {
+            content
+        };
         Ok(ReadResponse {
             path: path.to_string(),
             content,
             revision: current.revision,
             size,
+            total_lines,
+            offset: ranged.then(|| req.offset.unwrap_or(0)),
+            limit: req.limit,
         })
     }
 
-    /// Walk `start` (depth-first, sorted), calling `visit` for every entry the guard lets the
-    /// caller see. Dot-entries are never visited; symlinks are reported as `Other`, never followed.
+    /// What `path` is: kind, size and revision (files), modification time. The same guard and
+    /// confinement as [`Workspace::read`]: a symlink or a file with a second hard link is
+    /// refused, never followed or hashed; a missing path is `not_found`.
+    pub fn stat(&self, req: &StatRequest) -> Result<StatResponse, WorkspaceError> {
+        let guard = req.context.guard.resolve()?;
+        let path = RelPath::parse(&req.path)?;
+        guard.check_read(&path)?;
+        let project = self.project(&req.context.project)?;
+        let _lock = self.lock(&project)?;
+        let not_found = || -> WorkspaceError {
+            ConfineError::NotFound {
+                path: path.to_string(),
+            }
+            .into()
+        };
+        let parent = match confine::open_parent(project.root.as_fd(), &path, false) {
+            Ok((parent, _)) => parent,
+            Err(ConfineError::NotFound { .. }) | Err(ConfineError::NotADirectory { .. }) => {
+                return Err(not_found());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let name = path.file_name();
+        let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            Err(rustix::io::Errno::NOENT) => return Err(not_found()),
+            Err(e) => return Err(WorkspaceError::io("stat", &path, e)),
+        };
+        let (kind, size, revision) = match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
+            rustix::fs::FileType::RegularFile => {
+                // Opened as a read opens it: refuses a second hard link, a swap for a symlink.
+                let Some((fd, stat)) = confine::open_file(parent.as_fd(), name, &path)? else {
+                    return Err(not_found());
+                };
+                let size = stat.st_size as u64;
+                (EntryKind::File, Some(size), Some(hash_file(fd, &path)?))
+            }
+            rustix::fs::FileType::Directory => (EntryKind::Dir, None, None),
+            rustix::fs::FileType::Symlink => {
+                return Err(ConfineError::Symlink {
+                    path: path.to_string(),
+                }
+                .into());
+            }
+            _ => (EntryKind::Other, None, None),
+        };
+        Ok(StatResponse {
+            path: path.to_string(),
+            kind,
+            size,
+            revision,
+            // Nanoseconds below one second: the millisecond part always fits.
+            modified_ms: stat.st_mtime * 1000 + (stat.st_mtime_nsec / 1_000_000) as i64,
+        })
+    }
+
+    /// Walk `start` (depth-first, sorted) down to `levels` levels below it (1: its direct
+    /// entries; never deeper than `MAX_WALK_DEPTH`), calling `visit` for every entry the guard
+    /// lets the caller see and `exclude` does not leave out (an excluded folder is not entered).
+    /// Dot-entries are never visited; symlinks are reported as `Other`, never followed.
     fn walk(
         &self,
         project: &Project,
         guard: &ResolvedGuard,
         start: Option<&RelPath>,
-        recursive: bool,
+        levels: usize,
+        exclude: &Excludes,
         visit: &mut WalkVisitor<'_>,
     ) -> Result<(), WorkspaceError> {
+        let levels = levels.min(MAX_WALK_DEPTH);
+        // Where entry paths start below `start`, for the patterns that match from there.
+        let start_len = start.map(|p| p.as_str().len() + 1).unwrap_or(0);
         let first = confine::open_dir(project.root.as_fd(), start)?;
         let mut stack: Vec<(OwnedFd, Option<RelPath>, usize)> = vec![(first, start.cloned(), 0)];
         while let Some((dir, prefix, depth)) = stack.pop() {
@@ -96,6 +189,9 @@ impl Workspace {
                 if guard.check_read(&rel).is_err() {
                     continue;
                 }
+                if exclude.excludes(rel.as_str().get(start_len..).unwrap_or_default()) {
+                    continue;
+                }
                 let Ok(stat) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                 else {
                     continue;
@@ -108,7 +204,7 @@ impl Workspace {
                 if !visit(&rel, kind, &stat, dir.as_fd())? {
                     return Ok(());
                 }
-                if recursive && kind == EntryKind::Dir && depth + 1 < MAX_WALK_DEPTH {
+                if kind == EntryKind::Dir && depth + 1 < levels {
                     match confine::open_dir(dir.as_fd(), Some(&RelPath::parse(&name)?)) {
                         Ok(fd) => subdirs.push((fd, Some(rel), depth + 1)),
                         // Replaced by a symlink since we listed it: skip, never follow.
@@ -123,7 +219,30 @@ impl Workspace {
         Ok(())
     }
 
+    /// The two-field list (as agentd builds it): exactly [`Workspace::list_tree`] without
+    /// bounds.
     pub fn list(&self, req: &ListRequest) -> Result<ListResponse, WorkspaceError> {
+        self.list_tree(&ListTreeRequest::from(req.clone()))
+    }
+
+    /// `/v1/list`: the entries below `path`, to `depth` levels, without the `exclude`d ones,
+    /// at most `max_entries` (see [`ListTreeRequest`]).
+    pub fn list_tree(&self, req: &ListTreeRequest) -> Result<ListResponse, WorkspaceError> {
+        let levels = match (req.depth, req.recursive) {
+            (Some(0), _) => {
+                return Err(WorkspaceError::InvalidRequest(
+                    "depth counts levels below path and is at least 1".into(),
+                ));
+            }
+            (Some(depth), _) => depth,
+            (None, true) => MAX_WALK_DEPTH,
+            (None, false) => 1,
+        };
+        let exclude = Excludes::parse(&req.exclude)?;
+        let max_entries = req
+            .max_entries
+            .unwrap_or(MAX_LIST_ENTRIES)
+            .clamp(1, MAX_LIST_ENTRIES);
         let guard = req.context.guard.resolve()?;
         let start = RelPath::parse_folder(&req.path)?;
         match &start {
@@ -143,9 +262,10 @@ impl Workspace {
             &project,
             &guard,
             start.as_ref(),
-            req.recursive,
+            levels,
+            &exclude,
             &mut |rel, kind, stat, _| {
-                if entries.len() >= MAX_LIST_ENTRIES {
+                if entries.len() >= max_entries {
                     truncated = true;
                     return Ok(false);
                 }
@@ -187,7 +307,8 @@ impl Workspace {
             &project,
             &guard,
             start.as_ref(),
-            true,
+            MAX_WALK_DEPTH,
+            &Excludes::default(),
             &mut |rel, kind, stat, dir| {
                 if kind != EntryKind::File || stat.st_size as u64 > limit {
                     return Ok(true);
