@@ -231,6 +231,9 @@ impl FileTools {
                 context,
                 path,
                 recursive: true,
+                depth: None,
+                exclude: Vec::new(),
+                max_entries: None,
             }
         })
         .await
@@ -244,7 +247,12 @@ impl FileTools {
     ) -> Result<Value, ToolError> {
         let path = string_arg(args, "path")?.to_owned();
         self.read_in_project::<_, ReadResponse>(caller, args, source, "/v1/read", |context| {
-            ReadRequest { context, path }
+            ReadRequest {
+                context,
+                path,
+                offset: None,
+                limit: None,
+            }
         })
         .await
     }

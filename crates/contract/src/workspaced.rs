@@ -5,8 +5,8 @@
 //! resolved for them. workspaced trusts the context only because its socket peer passed the
 //! `SO_PEERCRED` check, and re-applies the guard itself.
 //!
-//! Reads: `/v1/read` ([`ReadRangeRequest`], a line range optional), `/v1/stat`
-//! ([`StatRequest`]), `/v1/list` ([`ListTreeRequest`]: depth, exclude, max_entries),
+//! Reads: `/v1/read` ([`ReadRequest`], a line range optional), `/v1/stat`
+//! ([`StatRequest`]), `/v1/list` ([`ListRequest`]: depth, exclude, max_entries),
 //! `/v1/search`, `/v1/history`, `/v1/receipt`. Changes (each with `expected_revision` and
 //! `request_id`, answered with a [`ChangeResponse`]): `/v1/write`, `/v1/patch`, `/v1/edit`
 //! ([`EditRequest`], answered with an [`EditAnswer`]), `/v1/move`, `/v1/delete`,
@@ -39,16 +39,8 @@ pub struct Context {
     pub guard: Guard,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReadRequest {
-    pub context: Context,
-    pub path: String,
-}
-
-/// `/v1/read` with an optional line range: the body workspaced decodes for every read. A
-/// [`ReadRequest`] body is a valid `ReadRangeRequest` and is answered as before (plus
-/// `total_lines`); the two-field struct stays for the callers that build it.
+/// `/v1/read`: a file, or a range of its lines. A body with only `context` and `path` reads
+/// the whole file.
 ///
 /// A line ends after its `\n` (a last line without one counts too; an empty file has none).
 /// `offset` is 0-based, the number of lines skipped (as edit indexes are 0-based; a search
@@ -57,24 +49,13 @@ pub struct ReadRequest {
 /// ranged; an offset past the end answers no content, not an error.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReadRangeRequest {
+pub struct ReadRequest {
     pub context: Context,
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
-}
-
-impl From<ReadRequest> for ReadRangeRequest {
-    fn from(req: ReadRequest) -> ReadRangeRequest {
-        ReadRangeRequest {
-            context: req.context,
-            path: req.path,
-            offset: None,
-            limit: None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -86,7 +67,7 @@ pub struct ReadResponse {
     pub revision: Revision,
     /// The whole file's size in bytes.
     pub size: u64,
-    /// Lines in the whole file (see [`ReadRangeRequest`]).
+    /// Lines in the whole file (see [`ReadRequest`]).
     #[serde(default)]
     pub total_lines: u64,
     /// A ranged read's offset, echoed (0 when only `limit` was given).
@@ -97,19 +78,8 @@ pub struct ReadResponse {
     pub limit: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListRequest {
-    pub context: Context,
-    #[serde(default)]
-    pub path: String,
-    #[serde(default)]
-    pub recursive: bool,
-}
-
-/// `/v1/list` with its optional bounds: the body workspaced decodes for every list call. A
-/// [`ListRequest`] body is a valid `ListTreeRequest` and is answered exactly as before; the
-/// two-field struct stays for the callers that build it.
+/// `/v1/list`: the entries below `path`, with optional bounds. A body with only `context`,
+/// `path` and `recursive` lists as it always did.
 ///
 /// `depth` counts levels below `path` (1 = its direct children) and wins over `recursive`;
 /// without it `recursive: true` is unlimited (to the walk's 64 levels) and `false` is 1.
@@ -120,7 +90,7 @@ pub struct ListRequest {
 /// answer (clamped to 1..=10 000, the default); `truncated` says more entries exist.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ListTreeRequest {
+pub struct ListRequest {
     pub context: Context,
     #[serde(default)]
     pub path: String,
@@ -132,19 +102,6 @@ pub struct ListTreeRequest {
     pub exclude: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_entries: Option<usize>,
-}
-
-impl From<ListRequest> for ListTreeRequest {
-    fn from(req: ListRequest) -> ListTreeRequest {
-        ListTreeRequest {
-            context: req.context,
-            path: req.path,
-            recursive: req.recursive,
-            depth: None,
-            exclude: Vec::new(),
-            max_entries: None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

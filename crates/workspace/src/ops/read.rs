@@ -20,14 +20,9 @@ type WalkVisitor<'a> =
     dyn FnMut(&RelPath, EntryKind, &Stat, BorrowedFd<'_>) -> Result<bool, WorkspaceError> + 'a;
 
 impl Workspace {
-    /// The two-field read (as agentd builds it): the whole file.
-    pub fn read(&self, req: &ReadRequest) -> Result<ReadResponse, WorkspaceError> {
-        self.read_range(&ReadRangeRequest::from(req.clone()))
-    }
-
     /// `/v1/read`: the whole file, or the lines `offset..offset + limit` of it (see
-    /// [`ReadRangeRequest`]); the revision, size and line count are always the whole file's.
-    pub fn read_range(&self, req: &ReadRangeRequest) -> Result<ReadResponse, WorkspaceError> {
+    /// [`ReadRequest`]); the revision, size and line count are always the whole file's.
+    pub fn read(&self, req: &ReadRequest) -> Result<ReadResponse, WorkspaceError> {
         if req.limit == Some(0) {
             return Err(WorkspaceError::InvalidRequest(
                 "limit is the most lines to read and is at least 1".into(),
@@ -219,15 +214,9 @@ impl Workspace {
         Ok(())
     }
 
-    /// The two-field list (as agentd builds it): exactly [`Workspace::list_tree`] without
-    /// bounds.
-    pub fn list(&self, req: &ListRequest) -> Result<ListResponse, WorkspaceError> {
-        self.list_tree(&ListTreeRequest::from(req.clone()))
-    }
-
     /// `/v1/list`: the entries below `path`, to `depth` levels, without the `exclude`d ones,
-    /// at most `max_entries` (see [`ListTreeRequest`]).
-    pub fn list_tree(&self, req: &ListTreeRequest) -> Result<ListResponse, WorkspaceError> {
+    /// at most `max_entries` (see [`ListRequest`]).
+    pub fn list(&self, req: &ListRequest) -> Result<ListResponse, WorkspaceError> {
         let levels = match (req.depth, req.recursive) {
             (Some(0), _) => {
                 return Err(WorkspaceError::InvalidRequest(

@@ -166,20 +166,23 @@ fn an_edit_dry_run_writes_and_records_nothing_and_the_real_one_replays() {
     ));
 }
 
-fn list_paths(f: &Fixture, req: ListTreeRequest) -> (Vec<String>, bool) {
-    let answer = f.workspace.list_tree(&req).unwrap();
+fn list_paths(f: &Fixture, req: ListRequest) -> (Vec<String>, bool) {
+    let answer = f.workspace.list(&req).unwrap();
     (
         answer.entries.into_iter().map(|e| e.path).collect(),
         answer.truncated,
     )
 }
 
-fn tree_request(path: &str, recursive: bool) -> ListTreeRequest {
-    ListTreeRequest::from(ListRequest {
+fn tree_request(path: &str, recursive: bool) -> ListRequest {
+    ListRequest {
         context: context(writable()),
         path: path.into(),
         recursive,
-    })
+        depth: None,
+        exclude: Vec::new(),
+        max_entries: None,
+    }
 }
 
 #[test]
@@ -199,15 +202,14 @@ fn list_depth_exclude_and_max_entries_bound_the_walk() {
     let (all, truncated) = list_paths(&f, tree_request("", true));
     assert_eq!(all.len(), 11);
     assert!(!truncated);
-    let old = f
-        .workspace
-        .list(&ListRequest {
-            context: context(writable()),
-            path: String::new(),
-            recursive: true,
-        })
-        .unwrap();
-    assert_eq!(old.entries.len(), 11);
+    // A body of only context, path and recursive (as before the bounds) still decodes.
+    let old: ListRequest = serde_json::from_value(serde_json::json!({
+        "context": context(writable()),
+        "path": "",
+        "recursive": true,
+    }))
+    .unwrap();
+    assert_eq!(f.workspace.list(&old).unwrap().entries.len(), 11);
 
     let mut two = tree_request("", false);
     two.depth = Some(2);
@@ -228,7 +230,7 @@ fn list_depth_exclude_and_max_entries_bound_the_walk() {
     let mut zero = tree_request("", true);
     zero.depth = Some(0);
     assert_eq!(
-        f.workspace.list_tree(&zero).unwrap_err().code(),
+        f.workspace.list(&zero).unwrap_err().code(),
         "invalid_request"
     );
 
@@ -244,7 +246,7 @@ fn list_depth_exclude_and_max_entries_bound_the_walk() {
     let mut bad = tree_request("", true);
     bad.exclude = vec!["../x".into()];
     assert_eq!(
-        f.workspace.list_tree(&bad).unwrap_err().code(),
+        f.workspace.list(&bad).unwrap_err().code(),
         "invalid_request"
     );
 
@@ -259,7 +261,7 @@ fn list_depth_exclude_and_max_entries_bound_the_walk() {
 
 fn read(f: &Fixture, path: &str, offset: Option<u64>, limit: Option<u64>) -> ReadResponse {
     f.workspace
-        .read_range(&ReadRangeRequest {
+        .read(&ReadRequest {
             context: context(writable()),
             path: path.into(),
             offset,
@@ -278,14 +280,13 @@ fn a_ranged_read_answers_those_lines_and_the_whole_files_revision() {
         (whole.total_lines, whole.offset, whole.limit),
         (4, None, None)
     );
-    let old = f
-        .workspace
-        .read(&ReadRequest {
-            context: context(writable()),
-            path: "a.txt".into(),
-        })
-        .unwrap();
-    assert_eq!(old, whole);
+    // A body of only context and path (as before the range) still decodes: the whole file.
+    let old: ReadRequest = serde_json::from_value(serde_json::json!({
+        "context": context(writable()),
+        "path": "a.txt",
+    }))
+    .unwrap();
+    assert_eq!(f.workspace.read(&old).unwrap(), whole);
 
     let middle = read(&f, "a.txt", Some(1), Some(2));
     assert_eq!(middle.content, "two\r\nthree\n");
@@ -299,7 +300,7 @@ fn a_ranged_read_answers_those_lines_and_the_whole_files_revision() {
     let past = read(&f, "a.txt", Some(10), Some(5));
     assert_eq!((past.content.as_str(), past.total_lines), ("", 4));
     assert_eq!(read(&f, "empty.txt", None, None).total_lines, 0);
-    let zero = f.workspace.read_range(&ReadRangeRequest {
+    let zero = f.workspace.read(&ReadRequest {
         context: context(writable()),
         path: "a.txt".into(),
         offset: None,
