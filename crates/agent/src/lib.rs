@@ -15,6 +15,7 @@
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
+pub mod catalog;
 pub mod chat_api;
 pub mod chat_service;
 pub mod chats;
@@ -28,6 +29,7 @@ pub mod model;
 pub mod start;
 pub mod turn;
 
+use crate::catalog::Catalog;
 use crate::identity::IdentityStore;
 use crate::mcp::{McpConfig, McpService};
 use agentworks_contract::envelope::Health;
@@ -170,18 +172,23 @@ pub async fn run(
     );
 }
 
+/// agentd's MCP endpoint: the transport over the workflow-file catalog.
+pub type AgentMcp = McpService<Catalog<mcp_backend::AgentBackend>>;
+
 /// The MCP endpoint over agentd's backend, configured for the public listener it serves on.
 fn mcp_service(
     config: &Config,
     identity: &IdentityStore,
     files: files::FileTools,
     public: &tokio::net::TcpListener,
-) -> Arc<McpService<mcp_backend::AgentBackend>> {
-    let backend = Arc::new(mcp_backend::AgentBackend::new(identity.clone(), files));
+) -> Arc<AgentMcp> {
+    let runner = mcp_backend::AgentBackend::new(identity.clone(), files);
     Arc::new(McpService::new(
-        backend,
+        Arc::new(Catalog::new(runner)),
         McpConfig {
             public_url: config.agentd.public_url(),
+            instructions: catalog::INSTRUCTIONS.to_owned(),
+            scopes_supported: catalog::WORKFLOW_SCOPES.map(str::to_owned).to_vec(),
             allowed_origins: config.agentd.allowed_origins.clone(),
             loopback_port: public
                 .local_addr()
@@ -214,7 +221,7 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
 /// chat endpoints, then MCP (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 struct PublicRoutes {
-    mcp: Arc<McpService<mcp_backend::AgentBackend>>,
+    mcp: Arc<AgentMcp>,
     grants: device::DeviceGrants,
     identity: IdentityStore,
     public_url: String,
@@ -279,7 +286,7 @@ impl PublicRoutes {
 /// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
 /// gets [`MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
-    mcp: Arc<McpService<mcp_backend::AgentBackend>>,
+    mcp: Arc<AgentMcp>,
     chats: Option<chat_service::ChatService>,
 }
 

@@ -4,9 +4,10 @@
 //! It never trusts the MCP layer's word on authority beyond the token's scopes: every call
 //! resolves the caller's live access again.
 
+use crate::catalog::{Operation, OperationRunner};
 use crate::files::{FileTools, Source};
 use crate::identity::{IdentityStore, TokenCheckError, TokenInfo, User};
-use crate::mcp::{AuthError, Backend, Caller, Operation, ToolError};
+use crate::mcp::{AuthError, Caller, ToolError};
 use serde_json::{Map, Value};
 
 /// The caller a checked token names (its id, its user, its scopes).
@@ -30,7 +31,7 @@ impl AgentBackend {
     }
 }
 
-impl Backend for AgentBackend {
+impl OperationRunner for AgentBackend {
     async fn authenticate(&self, bearer: Option<&str>) -> Result<Caller, AuthError> {
         let Some(presented) = bearer else {
             return Err(AuthError::Missing);

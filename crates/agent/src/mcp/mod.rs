@@ -1,11 +1,12 @@
 //! The public MCP endpoint: the Model Context Protocol over streamable HTTP at `/mcp`, for both
 //! protocol eras, with agentworks bearer auth and the one error envelope.
 //!
-//! Owns the wire protocol (JSON-RPC framing, era detection, header validation, legacy sessions),
-//! the tool catalog the protocol exposes, and the HTTP answers for authentication and scope
-//! failures. Must never decide *what* a caller may touch beyond token scopes: roles, folder caps
-//! and policy belong to the [`Backend`] (agentd), which this module only asks. Must never read or
-//! write files itself, and never answer a tool failure with an HTTP 5xx or a JSON-RPC crash.
+//! Owns the wire protocol (JSON-RPC framing, era detection, header validation, legacy sessions)
+//! and the HTTP answers for authentication and scope failures. Must never decide *what* is
+//! offered or to whom: the tools, the token scopes they need, roles, folder caps and policy all
+//! belong to the [`Backend`] (agentd's is `crate::catalog`), which this module only asks. Must
+//! never read or write files itself, and never answer a tool failure with an HTTP 5xx or a
+//! JSON-RPC crash.
 //!
 //! The eras, both on the one endpoint (as the backward-compatibility sections of the
 //! specification ask):
@@ -50,8 +51,6 @@
 //!
 //! Files:
 //!
-//! - `catalog` (private): the operations, their schemas, scopes and annotations, the effective
-//!   catalog for a caller, and argument validation. Pure.
 //! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder, error codes and
 //!   response bodies (JSON or one SSE event). Pure.
 //! - `access`: Origin validation, bearer extraction, scope checks and the `WWW-Authenticate`
@@ -69,7 +68,6 @@
 //! 2.3.0) checks the result end to end in `tests.rs`.
 
 mod access;
-mod catalog;
 mod service;
 mod session;
 mod wire;
@@ -78,6 +76,7 @@ mod wire;
 mod tests;
 
 pub use service::McpService;
+pub use wire::Era;
 
 /// Who is calling: the token that authenticated the request and its user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,43 +131,76 @@ impl ToolError {
     }
 }
 
-/// One catalog operation. Each is also listed as an MCP tool of the same name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// `list_workflows`: the workflows this token may see.
-    ListWorkflows,
-    /// `list_files`: `workflow_id`, `path?`.
-    ListFiles,
-    /// `read_file`: `workflow_id`, `path`; returns `content` and `revision`.
-    ReadFile,
-    /// `search_files`: `workflow_id`, `query`, `path?`.
-    SearchFiles,
-    /// `write_file`: `workflow_id`, `path`, `content`, `expected_revision`, `request_id`.
-    WriteFile,
-    /// `get_write_receipt`: `workflow_id`, `request_id`.
-    GetWriteReceipt,
+/// What the transport knows about one request when it asks the backend.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestContext<'a> {
+    /// Who is calling (as [`Backend::authenticate`] resolved them).
+    pub caller: &'a Caller,
+    /// The era the request speaks.
+    pub era: Era,
 }
 
-/// The agentd side of the endpoint: who the caller is, what they may do right now, and doing it.
+/// Why a request was not admitted: a 401 (the token) or a 403 (a scope the endpoint needs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// No usable token: HTTP 401 with a challenge.
+    Unauthorized(AuthError),
+    /// The token is good but lacks a scope the endpoint needs at all: HTTP 403 naming it.
+    InsufficientScope(String),
+}
+
+impl From<AuthError> for Admission {
+    fn from(error: AuthError) -> Admission {
+        Admission::Unauthorized(error)
+    }
+}
+
+/// A `tools/call` result as the backend made it; the transport adds what the era requires
+/// (`resultType`, and before 2026-07-28 an object around non-object structured content).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    /// The content items (`{"type":"text",…}`, `image`, `audio`, `resource`, …), verbatim.
+    pub content: Vec<serde_json::Value>,
+    /// `structuredContent`, if the tool has one.
+    pub structured_content: Option<serde_json::Value>,
+    /// The tool ran and failed (`isError: true`): a result the model reads, not a protocol error.
+    pub is_error: bool,
+}
+
+/// Why a `tools/call` produced no tool result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// No tool of that name: JSON-RPC -32602 (invalid params), as the specification asks.
+    UnknownTool(String),
+    /// The token lacks a scope this tool needs: HTTP 403 with a challenge naming it, so the
+    /// client can ask for a better token.
+    InsufficientScope(String),
+}
+
+/// The server side of the endpoint: who the caller is, which tools they have, and running one.
+/// The transport ([`McpService`]) owns everything of the protocol (eras, headers, sessions,
+/// framing, errors); a backend owns what is offered and to whom. agentd's backend is the
+/// workflow-file catalog (`crate::catalog`); the conformance fixture serves the suite's tools.
 pub trait Backend: Send + Sync + 'static {
-    /// Resolves the bearer token (`None` when the request carried none).
+    /// Resolves the bearer token (`None` when the request carried none) and decides whether
+    /// the caller may use the endpoint at all.
     fn authenticate(
         &self,
         bearer: Option<&str>,
-    ) -> impl std::future::Future<Output = Result<Caller, AuthError>> + Send;
-    /// The catalog operations this caller may use right now (agentd checks live roles etc.; the
-    /// MCP layer separately enforces scopes).
-    fn allowed_operations(
+    ) -> impl std::future::Future<Output = Result<Caller, Admission>> + Send;
+    /// The tools this caller may use now, each a complete MCP `Tool` object (`name`,
+    /// `description`, `inputSchema`, …), sent verbatim.
+    fn list_tools(
         &self,
-        caller: &Caller,
-    ) -> impl std::future::Future<Output = Vec<Operation>> + Send;
-    /// Runs one operation with arguments already checked against its schema.
-    fn call(
+        request: RequestContext<'_>,
+    ) -> impl std::future::Future<Output = Vec<serde_json::Value>> + Send;
+    /// Runs the tool `name`. A failure of the tool itself is a [`ToolResult`] with `is_error`.
+    fn call_tool(
         &self,
-        caller: &Caller,
-        operation: Operation,
+        request: RequestContext<'_>,
+        name: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
-    ) -> impl std::future::Future<Output = Result<serde_json::Value, ToolError>> + Send;
+    ) -> impl std::future::Future<Output = Result<ToolResult, CallError>> + Send;
 }
 
 /// How the endpoint presents itself.
@@ -177,6 +209,10 @@ pub struct McpConfig {
     /// The public base URL, e.g. `http://127.0.0.1:8470`, without a trailing slash. The resource
     /// is `<public_url>/mcp`; requests from this origin are always allowed.
     pub public_url: String,
+    /// What a model reading the server's `instructions` should know first.
+    pub instructions: String,
+    /// The token scopes the protected-resource metadata lists (RFC 9728 `scopes_supported`).
+    pub scopes_supported: Vec<String>,
     /// Browser origins (e.g. `https://app.example.com`) allowed besides `public_url`'s own.
     pub allowed_origins: Vec<String>,
     /// The port of the listener when it is bound to a loopback address: a page on this

@@ -19,10 +19,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::access;
-use super::catalog::{self, CALL_TOOL, GET_API_SPEC, WORKFLOW_SCOPES};
 use super::session::{SessionError, SessionTable};
 use super::wire::{self, Era, Framing, Message, RoutingHeaders, RpcError, code};
-use super::{AuthError, Backend, Body, Caller, McpConfig, Operation, ToolError};
+use super::{
+    Admission, AuthError, Backend, Body, CallError, Caller, McpConfig, RequestContext, ToolResult,
+};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{error_response, json_response};
 use agentworks_daemon::ipc::server::BodyRefusal;
@@ -113,7 +114,7 @@ pub(super) enum Rejection {
     #[error("{0}")]
     Unauthorized(AuthError),
     #[error("this token lacks the scope {scope}")]
-    InsufficientScope { scope: &'static str },
+    InsufficientScope { scope: String },
     #[error("method not allowed here; allowed: {allow}")]
     MethodNotAllowed { allow: &'static str },
     #[error("the client must accept application/json or text/event-stream")]
@@ -148,12 +149,12 @@ impl Rejection {
                 None,
             ),
             Rejection::InsufficientScope { scope } => {
-                details.insert("scope".to_owned(), Value::String(scope.to_owned()));
+                details.insert("scope".to_owned(), Value::String(scope.clone()));
                 (
                     StatusCode::FORBIDDEN,
                     code::FORBIDDEN,
                     "insufficient_scope",
-                    Some(access::insufficient_scope_challenge(scope, metadata_url)),
+                    Some(access::insufficient_scope_challenge(&scope, metadata_url)),
                     None,
                 )
             }
@@ -232,15 +233,6 @@ impl From<Rejection> for Failure {
     }
 }
 
-/// The era-specific facts a method handler needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dialect {
-    /// 2026-07-28: `resultType` on results, cache hints on lists, any JSON as structured content.
-    Modern,
-    /// Handshake era: plain results; structured content must be an object.
-    Legacy,
-}
-
 fn header_str(
     request: &Request<bytes::Bytes>,
     name: impl hyper::header::AsHeaderName,
@@ -305,7 +297,7 @@ impl<B: Backend> McpService<B> {
             &json!({
                 "resource": resource,
                 "bearer_methods_supported": ["header"],
-                "scopes_supported": WORKFLOW_SCOPES,
+                "scopes_supported": self.config.scopes_supported,
                 "resource_name": self.config.server_name,
             }),
         )
@@ -362,20 +354,17 @@ impl<B: Backend> McpService<B> {
                 origin.unwrap_or("<not ASCII>").to_owned(),
             ));
         }
-        // 2. Authenticate every request, including initialize, discover, GET and DELETE.
-        let caller = match bearer(headers) {
+        // 2.–3. Authenticate every request, including initialize, discover, GET and DELETE;
+        //    the backend also decides whether the caller may use the endpoint at all (a 403).
+        let admitted = match bearer(headers) {
             Bearer::Absent => self.backend.authenticate(None).await,
             Bearer::Token(token) => self.backend.authenticate(Some(token)).await,
-            Bearer::Malformed => Err(AuthError::Invalid),
-        }
-        .map_err(Rejection::Unauthorized)?;
-        // 3. The endpoint needs a workflows scope at all (a `devices:connect` token has none).
-        if !catalog::has_any_scope(&caller, &WORKFLOW_SCOPES) {
-            return Err(Rejection::InsufficientScope {
-                scope: WORKFLOW_SCOPES[0],
-            });
-        }
-        Ok(caller)
+            Bearer::Malformed => Err(Admission::Unauthorized(AuthError::Invalid)),
+        };
+        admitted.map_err(|refused| match refused {
+            Admission::Unauthorized(error) => Rejection::Unauthorized(error),
+            Admission::InsufficientScope(scope) => Rejection::InsufficientScope { scope },
+        })
     }
 
     async fn handle_mcp(
@@ -509,10 +498,7 @@ impl<B: Backend> McpService<B> {
         if let Err(error) = wire::check_modern_request(&method, &params, headers) {
             return Ok(reject(&id, error));
         }
-        match self
-            .dispatch(caller, Dialect::Modern, &method, &params)
-            .await
-        {
+        match self.dispatch(caller, Era::Modern, &method, &params).await {
             Ok(result) => Ok(wire::message_response(
                 StatusCode::OK,
                 framing,
@@ -566,7 +552,7 @@ impl<B: Backend> McpService<B> {
                 "protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": false}},
                 "serverInfo": {"name": self.config.server_name, "version": self.config.server_version},
-                "instructions": INSTRUCTIONS,
+                "instructions": self.config.instructions,
             });
             let mut response =
                 wire::message_response(StatusCode::OK, framing, &wire::result_message(&id, result));
@@ -577,10 +563,7 @@ impl<B: Backend> McpService<B> {
             }
             return Ok(response);
         }
-        match self
-            .dispatch(caller, Dialect::Legacy, &method, &params)
-            .await
-        {
+        match self.dispatch(caller, Era::Legacy, &method, &params).await {
             Ok(result) => Ok(wire::message_response(
                 StatusCode::OK,
                 framing,
@@ -600,15 +583,16 @@ impl<B: Backend> McpService<B> {
     async fn dispatch(
         &self,
         caller: &Caller,
-        dialect: Dialect,
+        era: Era,
         method: &str,
         params: &Map<String, Value>,
     ) -> Result<Value, Failure> {
-        let mut result = match (method, dialect) {
-            ("server/discover", Dialect::Modern) => json!({
+        let request = RequestContext { caller, era };
+        let mut result = match (method, era) {
+            ("server/discover", Era::Modern) => json!({
                 "supportedVersions": wire::supported_versions(),
                 "capabilities": {"tools": {}},
-                "instructions": INSTRUCTIONS,
+                "instructions": self.config.instructions,
                 "ttlMs": 0,
                 "cacheScope": "private",
                 "_meta": {wire::SERVER_INFO_META_KEY: {
@@ -616,11 +600,11 @@ impl<B: Backend> McpService<B> {
                     "version": self.config.server_version,
                 }},
             }),
-            ("ping", Dialect::Legacy) => return Ok(json!({})),
+            ("ping", Era::Legacy) => return Ok(json!({})),
             ("tools/list", _) => {
-                let operations = self.effective_operations(caller).await;
-                let mut result = json!({"tools": catalog::tool_list(&operations)});
-                if dialect == Dialect::Modern {
+                let tools = self.backend.list_tools(request).await;
+                let mut result = json!({ "tools": tools });
+                if era == Era::Modern {
                     // The list depends on the token, so it may only be cached per token.
                     result["ttlMs"] = json!(0);
                     result["cacheScope"] = json!("private");
@@ -646,8 +630,18 @@ impl<B: Backend> McpService<B> {
                         .into());
                     }
                 };
-                let outcome = self.call_tool(caller, name, arguments).await?;
-                tool_result(outcome, dialect)
+                match self.backend.call_tool(request, name, arguments).await {
+                    Ok(result) => tool_result(result, era),
+                    Err(CallError::UnknownTool(name)) => {
+                        let mut error =
+                            RpcError::new(code::INVALID_PARAMS, format!("Unknown tool: {name}"));
+                        error.data = Some(json!({ "name": name }));
+                        return Err(error.into());
+                    }
+                    Err(CallError::InsufficientScope(scope)) => {
+                        return Err(Rejection::InsufficientScope { scope }.into());
+                    }
+                }
             }
             _ => {
                 return Err(RpcError::new(
@@ -657,110 +651,14 @@ impl<B: Backend> McpService<B> {
                 .into());
             }
         };
-        if dialect == Dialect::Modern
+        if era == Era::Modern
             && let Some(object) = result.as_object_mut()
         {
             object.insert("resultType".to_owned(), json!("complete"));
         }
         Ok(result)
     }
-
-    /// The operations this caller may use right now.
-    async fn effective_operations(&self, caller: &Caller) -> Vec<Operation> {
-        let allowed = self.backend.allowed_operations(caller).await;
-        catalog::effective_operations(caller, &allowed)
-    }
-
-    /// Runs a tool: a meta tool or an operation. Tool failures are `Ok(Err(_))`; only a missing
-    /// scope is an HTTP refusal.
-    async fn call_tool(
-        &self,
-        caller: &Caller,
-        name: &str,
-        arguments: Map<String, Value>,
-    ) -> Result<Result<Value, ToolError>, Rejection> {
-        if let Some(schema) = catalog::meta_schema(name) {
-            if let Err(error) = catalog::validate_arguments(&schema, &arguments) {
-                return Ok(Err(error));
-            }
-            if name == GET_API_SPEC {
-                return Ok(Ok(catalog::api_spec(
-                    &self.effective_operations(caller).await,
-                )));
-            }
-            debug_assert_eq!(name, CALL_TOOL);
-            let target = arguments
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let inner = match arguments.get("arguments") {
-                Some(Value::Object(inner)) => inner.clone(),
-                _ => Map::new(),
-            };
-            return self.call_operation(caller, target, inner).await;
-        }
-        self.call_operation(caller, name, arguments).await
-    }
-
-    /// Runs one catalog operation after the scope, live-permission and argument checks.
-    async fn call_operation(
-        &self,
-        caller: &Caller,
-        name: &str,
-        arguments: Map<String, Value>,
-    ) -> Result<Result<Value, ToolError>, Rejection> {
-        let Some(operation) = Operation::from_name(name) else {
-            let mut error = ToolError::new(
-                "unknown_tool",
-                format!("there is no operation named {name:?}; get_api_spec lists them"),
-            );
-            error.details.insert("name".to_owned(), json!(name));
-            return Ok(Err(error));
-        };
-        // Scope first: no token scope can be widened by the backend, and the client needs the
-        // 403 challenge to ask for a better token.
-        if !catalog::has_any_scope(caller, operation.scopes()) {
-            let scope = operation
-                .scopes()
-                .first()
-                .copied()
-                .unwrap_or(WORKFLOW_SCOPES[0]);
-            return Err(Rejection::InsufficientScope { scope });
-        }
-        if !self
-            .backend
-            .allowed_operations(caller)
-            .await
-            .contains(&operation)
-        {
-            // Live permissions (role, policy) refuse it: the stable code is `forbidden`.
-            let mut error = ToolError::new(
-                "forbidden",
-                format!(
-                    "{} is not allowed for {} right now (no project grants it)",
-                    operation.name(),
-                    caller.user_name
-                ),
-            );
-            error
-                .details
-                .insert("name".to_owned(), json!(operation.name()));
-            error
-                .details
-                .insert("reason".to_owned(), json!("operation_not_allowed"));
-            return Ok(Err(error));
-        }
-        if let Err(error) = catalog::validate_arguments(&operation.input_schema(), &arguments) {
-            return Ok(Err(error));
-        }
-        Ok(self.backend.call(caller, operation, arguments).await)
-    }
 }
-
-/// What a model reading `instructions` should know first.
-const INSTRUCTIONS: &str = "agentworks workflow files. Call get_api_spec for the operations this token may use. \
-Read a file before writing it: write_file needs the revision read_file returned (or \"missing\" to create) \
-and a fresh request_id; retry a write with the same request_id.";
 
 /// 202 Accepted, no body: a notification or reply was taken.
 fn accepted() -> Response<Body> {
@@ -769,30 +667,21 @@ fn accepted() -> Response<Body> {
     response
 }
 
-/// A `tools/call` result: `structuredContent` plus a pretty-JSON text rendering; failures carry
-/// `isError: true` and `{"error": {code, message, ...details}}`.
-fn tool_result(outcome: Result<Value, ToolError>, dialect: Dialect) -> Value {
-    let (structured, is_error) = match outcome {
-        Ok(value) => (value, false),
-        Err(error) => {
-            let mut body = error.details;
-            body.insert("code".to_owned(), Value::String(error.code));
-            body.insert("message".to_owned(), Value::String(error.message));
-            (json!({ "error": body }), true)
-        }
-    };
-    let text = serde_json::to_string_pretty(&structured).unwrap_or_default();
-    // Before 2026-07-28, structured content must be an object.
-    let structured = if dialect == Dialect::Legacy && !structured.is_object() {
-        json!({ "result": structured })
-    } else {
-        structured
-    };
-    json!({
-        "content": [{"type": "text", "text": text}],
-        "structuredContent": structured,
-        "isError": is_error,
-    })
+/// A `tools/call` result as the era spells it.
+fn tool_result(result: ToolResult, era: Era) -> Value {
+    let mut body = json!({
+        "content": result.content,
+        "isError": result.is_error,
+    });
+    if let Some(structured) = result.structured_content {
+        // Before 2026-07-28, structured content must be an object.
+        body["structuredContent"] = if era == Era::Legacy && !structured.is_object() {
+            json!({ "result": structured })
+        } else {
+            structured
+        };
+    }
+    body
 }
 
 #[cfg(test)]
@@ -800,41 +689,18 @@ mod unit {
     use super::*;
 
     #[test]
-    fn tool_errors_put_code_and_message_last_so_details_cannot_forge_them() {
-        let mut error = ToolError::new("revision_conflict", "changed");
-        error
-            .details
-            .insert("current_revision".into(), json!("sha256:ab"));
-        error.details.insert("code".into(), json!("forged"));
-        let result = tool_result(Err(error), Dialect::Modern);
-        assert_eq!(result["isError"], true);
-        assert_eq!(
-            result["structuredContent"]["error"]["code"],
-            "revision_conflict"
-        );
-        assert_eq!(
-            result["structuredContent"]["error"]["current_revision"],
-            "sha256:ab"
-        );
-        let text: Value =
-            serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
-        assert_eq!(text, result["structuredContent"]);
-    }
-
-    #[test]
     fn legacy_structured_content_is_always_an_object() {
-        assert_eq!(
-            tool_result(Ok(json!([1])), Dialect::Legacy)["structuredContent"],
-            json!({"result": [1]})
-        );
-        assert_eq!(
-            tool_result(Ok(json!([1])), Dialect::Modern)["structuredContent"],
-            json!([1])
-        );
-        assert_eq!(
-            tool_result(Ok(json!({"a": 1})), Dialect::Legacy)["structuredContent"],
-            json!({"a": 1})
-        );
+        let structured = |value: Value, era: Era| {
+            let result = ToolResult {
+                content: vec![],
+                structured_content: Some(value),
+                is_error: false,
+            };
+            tool_result(result, era)["structuredContent"].clone()
+        };
+        assert_eq!(structured(json!([1]), Era::Legacy), json!({"result": [1]}));
+        assert_eq!(structured(json!([1]), Era::Modern), json!([1]));
+        assert_eq!(structured(json!({"a": 1}), Era::Legacy), json!({"a": 1}));
     }
 
     #[test]
@@ -851,7 +717,7 @@ mod unit {
         );
         assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
         let r = Rejection::InsufficientScope {
-            scope: "workflows:write",
+            scope: "workflows:write".to_owned(),
         }
         .into_response(url, &spelling);
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
@@ -899,7 +765,7 @@ mod unit {
                 .contains("invalid_token")
         );
         let r = Rejection::InsufficientScope {
-            scope: "workflows:write",
+            scope: "workflows:write".to_owned(),
         }
         .into_response(url, &Spelling::Envelope);
         assert_eq!(r.status(), StatusCode::FORBIDDEN);

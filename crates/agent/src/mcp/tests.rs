@@ -1,5 +1,5 @@
 //! End-to-end tests of the MCP endpoint: a real hyper server on 127.0.0.1:0 in this process,
-//! serving [`McpService`] over a [`FakeBackend`] (the only stand-in: tokens and files in memory,
+//! serving [`McpService`] over agentd's [`Catalog`] of a [`FakeBackend`] (the only stand-in: tokens and files in memory,
 //! revisions as sha256, `write_file` honouring `expected_revision` and `request_id`).
 //!
 //! Two kinds of client drive it: the official Python SDK (`mcp` 2.3.0, an independent
@@ -23,7 +23,8 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{AuthError, Backend, Body, Caller, McpConfig, McpService, Operation, ToolError};
+use super::{AuthError, Body, Caller, McpConfig, McpService, ToolError};
+use crate::catalog::{self, Catalog, Operation, OperationRunner};
 
 // ---------------------------------------------------------------------------------------------
 // The fake backend.
@@ -111,7 +112,7 @@ impl FakeBackend {
     }
 }
 
-impl Backend for FakeBackend {
+impl OperationRunner for FakeBackend {
     async fn authenticate(&self, bearer: Option<&str>) -> Result<Caller, AuthError> {
         let scopes: &[&str] = match bearer {
             None => return Err(AuthError::Missing),
@@ -215,8 +216,10 @@ async fn start() -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = Arc::new(McpService::new(
-        Arc::new(FakeBackend::new()),
+        Arc::new(Catalog::new(FakeBackend::new())),
         McpConfig {
+            instructions: catalog::INSTRUCTIONS.to_owned(),
+            scopes_supported: catalog::WORKFLOW_SCOPES.map(str::to_owned).to_vec(),
             public_url: format!("http://{addr}"),
             allowed_origins: vec![ALLOWED_ORIGIN.into()],
             loopback_port: Some(addr.port()),

@@ -207,9 +207,9 @@ pub(super) fn request_id(body: &[u8]) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Which revision family a POST speaks.
+/// Which revision family a request speaks; a backend may shape its answers by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Era {
+pub enum Era {
     /// 2026-07-28: per-request envelope, no sessions.
     Modern,
     /// 2025-06-18 / 2025-11-25: `initialize` handshake, optional sessions.

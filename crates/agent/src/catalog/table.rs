@@ -1,4 +1,4 @@
-//! The tool catalog: each [`Operation`]'s name, scopes, input schema, description and
+//! The catalog's table: each [`Operation`]'s name, scopes, input schema, description and
 //! annotations; the two meta tools (`get_api_spec`, `call_tool`); the effective catalog for a
 //! caller (the backend's allowed operations ∩ the token's scopes); and argument validation
 //! against the small JSON Schema subset our schemas use.
@@ -8,11 +8,27 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Caller, Operation, ToolError};
+use crate::mcp::{Caller, ToolError};
+
+/// One catalog operation. Each is also listed as an MCP tool of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `list_workflows`: the workflows this token may see.
+    ListWorkflows,
+    /// `list_files`: `workflow_id`, `path?`.
+    ListFiles,
+    /// `read_file`: `workflow_id`, `path`; returns `content` and `revision`.
+    ReadFile,
+    /// `search_files`: `workflow_id`, `query`, `path?`.
+    SearchFiles,
+    /// `write_file`: `workflow_id`, `path`, `content`, `expected_revision`, `request_id`.
+    WriteFile,
+    /// `get_write_receipt`: `workflow_id`, `request_id`.
+    GetWriteReceipt,
+}
 
 /// Scopes that let a token use the endpoint at all (reads need any one of them).
-pub(super) const WORKFLOW_SCOPES: [&str; 3] =
-    ["workflows:read", "workflows:run", "workflows:write"];
+pub const WORKFLOW_SCOPES: [&str; 3] = ["workflows:read", "workflows:run", "workflows:write"];
 
 const WRITE_SCOPES: [&str; 1] = ["workflows:write"];
 
