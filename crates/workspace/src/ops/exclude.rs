@@ -7,47 +7,46 @@
 //! `build`). A trailing `/` is ignored (`build/` is `build`).
 //! `*` is any run of characters within a component, `?` one character, and `**` as a whole
 //! component any number of components (none included). There are no character classes,
-//! braces or negations: a pattern means only what it literally says.
+//! braces or negations: `[`, `]`, `{`, `}` and `\` mean themselves.
 //!
-//! Why a small matcher of our own and not `globset`: `globset` is the maintained, widely used
-//! crate, but it is not in this workspace's dependency tree (adding it means a new crate and
-//! its `regex` automaton build for three wildcards), and these three wildcards are all a
-//! listing needs; the matcher below is a few dozen lines, with no allocation per entry beyond
-//! splitting, and its whole behaviour is tested here.
+//! The patterns come from callers and the paths from the tree, so matching must stay linear
+//! whatever either holds: a hand-written backtracking matcher is exponential in the number of
+//! `**` against a deep path. `globset` (ripgrep's) compiles all patterns into one automaton
+//! matched in time linear in the path; we only translate our spelling into its syntax.
 //!
 //! Excluding only ever hides entries; it never widens what the guard lets the caller see.
 
 use crate::error::WorkspaceError;
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 /// Most patterns one list call takes.
 pub const MAX_EXCLUDE_PATTERNS: usize = 64;
 /// Longest accepted pattern.
 const MAX_PATTERN_BYTES: usize = 256;
 
-/// One parsed pattern.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Pattern {
-    /// Matches any single component.
-    Component(String),
-    /// Matches the whole relative path, component by component.
-    Path(Vec<String>),
-}
-
-/// A list call's exclude patterns, parsed once.
+/// A list call's exclude patterns, compiled once.
 #[derive(Debug, Clone, Default)]
 pub struct Excludes {
-    patterns: Vec<Pattern>,
+    set: Option<GlobSet>,
 }
 
 impl Excludes {
-    /// Parse the request's patterns; an empty, over-long or `.`/`..`-bearing one is refused.
+    /// Parses and compiles `raw`; a malformed pattern is `invalid_request` naming it.
     pub fn parse(raw: &[String]) -> Result<Excludes, WorkspaceError> {
         if raw.len() > MAX_EXCLUDE_PATTERNS {
             return Err(WorkspaceError::InvalidRequest(format!(
                 "at most {MAX_EXCLUDE_PATTERNS} exclude patterns"
             )));
         }
-        let mut patterns = Vec::with_capacity(raw.len());
+        if raw.is_empty() {
+            return Ok(Excludes::default());
+        }
+        let invalid = |pattern: &str| {
+            WorkspaceError::InvalidRequest(format!(
+                "exclude pattern {pattern:?} must be 1..={MAX_PATTERN_BYTES} bytes of non-empty components, without . or .."
+            ))
+        };
+        let mut set = GlobSetBuilder::new();
         for pattern in raw {
             let trimmed = pattern.trim_start_matches('/').trim_end_matches('/');
             let parts: Vec<&str> = trimmed.split('/').collect();
@@ -57,73 +56,48 @@ impl Excludes {
                     .iter()
                     .any(|p| p.is_empty() || *p == "." || *p == "..")
             {
-                return Err(WorkspaceError::InvalidRequest(format!(
-                    "exclude pattern {pattern:?} must be 1..={MAX_PATTERN_BYTES} bytes of non-empty components, without . or .."
-                )));
+                return Err(invalid(pattern));
             }
+            let literal = escape_all_but_wildcards(trimmed);
             // A leading `/` anchors the pattern at the list root; a trailing one is ignored.
-            let anchored = pattern.starts_with('/');
-            patterns.push(if parts.len() == 1 && !anchored {
-                Pattern::Component(trimmed.to_owned())
+            let globs = if parts.len() == 1 && !pattern.starts_with('/') {
+                // Any component: the entry itself, or an entry below one (`a/x/b` for `x`).
+                vec![format!("**/{literal}"), format!("**/{literal}/**")]
             } else {
-                Pattern::Path(parts.into_iter().map(str::to_owned).collect())
-            });
-        }
-        Ok(Excludes { patterns })
-    }
-
-    /// Whether `relative` (the entry's path below the list root, `/`-separated) is excluded.
-    pub fn excludes(&self, relative: &str) -> bool {
-        if self.patterns.is_empty() {
-            return false;
-        }
-        let components: Vec<&str> = relative.split('/').collect();
-        self.patterns.iter().any(|pattern| match pattern {
-            Pattern::Component(glob) => components.iter().any(|c| component_matches(glob, c)),
-            Pattern::Path(globs) => path_matches(globs, &components),
-        })
-    }
-}
-
-/// `globs` against `components`, `**` standing for any number of components.
-fn path_matches(globs: &[String], components: &[&str]) -> bool {
-    match globs.split_first() {
-        None => components.is_empty(),
-        Some((first, rest)) if first == "**" => {
-            (0..=components.len()).any(|skip| path_matches(rest, &components[skip..]))
-        }
-        Some((first, rest)) => match components.split_first() {
-            Some((component, remaining)) => {
-                component_matches(first, component) && path_matches(rest, remaining)
+                vec![literal]
+            };
+            for glob in globs {
+                let glob = GlobBuilder::new(&glob)
+                    .literal_separator(true)
+                    .backslash_escape(true)
+                    .build()
+                    .map_err(|_| invalid(pattern))?;
+                set.add(glob);
             }
-            None => false,
-        },
+        }
+        let set = set.build().map_err(|error| {
+            WorkspaceError::InvalidRequest(format!("exclude patterns do not compile: {error}"))
+        })?;
+        Ok(Excludes { set: Some(set) })
+    }
+
+    /// Whether the entry at `relative` (to the list's `path`, `/`-separated) is left out.
+    pub fn excludes(&self, relative: &str) -> bool {
+        self.set.as_ref().is_some_and(|set| set.is_match(relative))
     }
 }
 
-/// One component against a glob of `*` and `?` (a `**` inside a component is a `*`).
-fn component_matches(glob: &str, component: &str) -> bool {
-    let glob: Vec<char> = glob.chars().collect();
-    let text: Vec<char> = component.chars().collect();
-    // The classic greedy match with one backtrack point: linear in practice, never exponential.
-    let (mut g, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if g < glob.len() && (glob[g] == '?' || glob[g] == text[t]) {
-            g += 1;
-            t += 1;
-        } else if g < glob.len() && glob[g] == '*' {
-            star = Some((g, t));
-            g += 1;
-        } else if let Some((star_g, star_t)) = star {
-            g = star_g + 1;
-            t = star_t + 1;
-            star = Some((star_g, star_t + 1));
-        } else {
-            return false;
+/// `pattern` in globset's syntax with only `*`, `?` and `**` special: every other character
+/// globset would read (`[`, `]`, `{`, `}`, `\`, `!`, `,`) is escaped.
+fn escape_all_but_wildcards(pattern: &str) -> String {
+    let mut escaped = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if matches!(c, '[' | ']' | '{' | '}' | '\\' | '!' | ',') {
+            escaped.push('\\');
         }
+        escaped.push(c);
     }
-    glob[g..].iter().all(|c| *c == '*')
+    escaped
 }
 
 #[cfg(test)]
@@ -164,16 +138,36 @@ mod tests {
 
     #[test]
     fn wildcards_stay_within_a_component() {
-        assert!(component_matches("a*c", "abbbc"));
-        assert!(component_matches("a?c", "abc"));
-        assert!(!component_matches("a?c", "ac"));
-        assert!(component_matches("*", ""));
-        assert!(component_matches("*.é", "x.é"));
-        assert!(!component_matches("*.rs", "a.rsx"));
-        assert!(component_matches("**", "anything"));
+        assert!(excludes(&["a*c"]).excludes("abbbc"));
+        assert!(excludes(&["a?c"]).excludes("abc"));
+        assert!(!excludes(&["a?c"]).excludes("ac"));
+        assert!(!excludes(&["a?c"]).excludes("a/c"));
+        assert!(excludes(&["*.é"]).excludes("x.é"));
+        assert!(!excludes(&["*.rs"]).excludes("a.rsx"));
+        assert!(excludes(&["**"]).excludes("anything"));
         let e = excludes(&["a/*"]);
         assert!(e.excludes("a/b"));
         assert!(!e.excludes("a/b/c"));
+    }
+
+    #[test]
+    fn brackets_braces_and_backslashes_mean_themselves() {
+        assert!(excludes(&["[ab]"]).excludes("[ab]"));
+        assert!(!excludes(&["[ab]"]).excludes("a"));
+        assert!(excludes(&["{a,b}"]).excludes("{a,b}"));
+        assert!(!excludes(&["{a,b}"]).excludes("a"));
+        assert!(excludes(&["a\\b"]).excludes("a\\b"));
+        assert!(excludes(&["!x"]).excludes("!x"));
+    }
+
+    #[test]
+    fn many_double_stars_against_a_deep_path_answer_at_once() {
+        // A backtracking matcher tries every way to split 64 components among 80 `**`s.
+        let pattern = format!("{}x", "**/".repeat(80));
+        let e = excludes(&[pattern.as_str()]);
+        let deep = vec!["a"; 64].join("/");
+        assert!(!e.excludes(&deep));
+        assert!(e.excludes(&format!("{deep}/x")));
     }
 
     #[test]
