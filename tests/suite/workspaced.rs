@@ -1001,3 +1001,45 @@ fn read_takes_a_line_range_and_always_counts_the_lines() {
         .unwrap_err();
     assert_eq!(code, "forbidden");
 }
+
+/// Attacks on `/v1/edit` that cost workspaced its memory or its CPU: a short `old_text`
+/// replaced everywhere by a long `new_text` (64 KiB × 1 MiB = 64 GiB asked for: the old code
+/// built it, and the allocation failure aborts the daemon), and an edit of a large file whose
+/// every line changes (a minimal diff of it takes hours). Both are answered, and workspaced
+/// keeps serving.
+#[test]
+fn edits_that_would_exhaust_memory_or_cpu_are_answered_and_workspaced_stays_up() {
+    let state = StateRoot::new();
+    let small = "a".repeat(64 * 1024);
+    let lines: String = (0..200_000).map(|i| format!("{i}\n")).collect();
+    let dir = state.project(
+        "demo",
+        &[("grow.txt", small.as_str()), ("lines.txt", lines.as_str())],
+    );
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+
+    let grow = json!({"context": alice, "path": "grow.txt", "request_id": "g1",
+        "expected_revision": revision(&small),
+        "edits": [{"old_text": "a", "new_text": "b".repeat(1024 * 1024), "replace_all": true}]});
+    let (code, details) = client.json("/v1/edit", grow).unwrap_err();
+    assert_eq!(code, "too_large", "{details}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("grow.txt")).unwrap(),
+        small
+    );
+
+    let every_line = json!({"context": alice, "path": "lines.txt", "request_id": "l1",
+        "expected_revision": revision(&lines), "dry_run": true,
+        "edits": [{"old_text": "\n", "new_text": "x\n", "replace_all": true}]});
+    let preview = client.json("/v1/edit", every_line).unwrap();
+    let diff = preview["diff"].as_str().unwrap();
+    assert_eq!(diff.lines().filter(|l| l.starts_with('+')).count(), 200_001);
+
+    // Still serving.
+    assert_eq!(
+        client.read(&alice, "grow.txt").unwrap()["content"],
+        small.as_str()
+    );
+}

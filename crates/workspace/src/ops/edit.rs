@@ -56,11 +56,14 @@ fn validate_edits(edits: &[TextEdit]) -> Result<(), WorkspaceError> {
     Ok(())
 }
 
-/// Apply `edits` in order to `base`, each to the result of the previous.
+/// Apply `edits` in order to `base`, each to the result of the previous. A result that would
+/// exceed `max_bytes` is refused before it is built: one short `old_text` replaced everywhere
+/// by a long `new_text` could otherwise ask for terabytes (and abort the daemon).
 pub(super) fn apply_edits(
     path: &RelPath,
     base: &str,
     edits: &[TextEdit],
+    max_bytes: u64,
 ) -> Result<String, WorkspaceError> {
     let mut text = base.to_owned();
     for (edit_index, edit) in edits.iter().enumerate() {
@@ -71,27 +74,48 @@ pub(super) fn apply_edits(
                 edit_index,
             });
         }
-        text = if edit.replace_all {
-            text.replace(&edit.old_text, &edit.new_text)
-        } else if matches == 1 {
-            text.replacen(&edit.old_text, &edit.new_text, 1)
-        } else {
+        if !edit.replace_all && matches > 1 {
             return Err(WorkspaceError::EditNotUnique {
                 path: path.to_string(),
                 edit_index,
                 matches,
             });
+        }
+        // `replace` replaces the non-overlapping occurrences: the result's exact size.
+        let replaced = if edit.replace_all {
+            text.matches(edit.old_text.as_str()).count() as u64
+        } else {
+            1
+        };
+        let size = (text.len() as u64 - replaced * edit.old_text.len() as u64)
+            .saturating_add(replaced.saturating_mul(edit.new_text.len() as u64));
+        if size > max_bytes {
+            return Err(WorkspaceError::TooLarge {
+                path: path.to_string(),
+                size,
+                limit: max_bytes,
+            });
+        }
+        text = if edit.replace_all {
+            text.replace(&edit.old_text, &edit.new_text)
+        } else {
+            text.replacen(&edit.old_text, &edit.new_text, 1)
         };
     }
     Ok(text)
 }
 
+/// How long a diff may take before it settles for a correct but less minimal one: Myers' diff
+/// is O((N+M)·D), hours for a large file whose every line changed.
+const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The unified diff of `path` from `before` to `after`, headed `a/<path>` → `b/<path>`.
 pub(super) fn unified_diff(path: &RelPath, before: &str, after: &str) -> String {
-    diffy::DiffOptions::new()
-        .set_original_filename(format!("a/{path}"))
-        .set_modified_filename(format!("b/{path}"))
-        .create_patch(before, after)
+    similar::TextDiff::configure()
+        .timeout(DIFF_TIMEOUT)
+        .diff_lines(before, after)
+        .unified_diff()
+        .header(&format!("a/{path}"), &format!("b/{path}"))
         .to_string()
 }
 
@@ -140,7 +164,7 @@ impl Workspace {
         )?;
         let diff = match fresh_diff {
             Some(diff) => Some(diff),
-            None => replayed_diff(&path, req, &change.receipt),
+            None => replayed_diff(&path, req, &change.receipt, self.limits.max_file_bytes),
         };
         Ok(EditAnswer::Applied(Box::new(EditResponse { change, diff })))
     }
@@ -163,7 +187,7 @@ impl Workspace {
             .into());
         };
         let base = as_text(path, bytes)?;
-        let edited = apply_edits(path, base, &req.edits)?;
+        let edited = apply_edits(path, base, &req.edits, self.limits.max_file_bytes)?;
         self.check_size(path, edited.len())?;
         let diff = unified_diff(path, base, &edited);
         Ok((current, edited, diff))
@@ -191,7 +215,12 @@ impl Workspace {
 
 /// The diff of a recorded edit, recomputed from the receipt's before-content; `None` when
 /// that content is truncated or does not reproduce both recorded revisions.
-fn replayed_diff(path: &RelPath, req: &EditRequest, receipt: &Receipt) -> Option<String> {
+fn replayed_diff(
+    path: &RelPath,
+    req: &EditRequest,
+    receipt: &Receipt,
+    max_bytes: u64,
+) -> Option<String> {
     if receipt.before_truncated {
         return None;
     }
@@ -200,7 +229,7 @@ fn replayed_diff(path: &RelPath, req: &EditRequest, receipt: &Receipt) -> Option
         return None;
     }
     let before = std::str::from_utf8(before).ok()?;
-    let after = apply_edits(path, before, &req.edits).ok()?;
+    let after = apply_edits(path, before, &req.edits, max_bytes).ok()?;
     if Revision::of(after.as_bytes()) != receipt.resulting_revision {
         return None;
     }
@@ -223,12 +252,49 @@ mod tests {
         RelPath::parse("a.txt").unwrap()
     }
 
+    const LIMIT: u64 = 8 * 1024 * 1024;
+
+    #[test]
+    fn a_result_over_the_limit_is_refused_before_it_is_built() {
+        // At the real 8 MiB limit, "a" × 8 Mi replaced everywhere by 1 MiB would ask for
+        // 8 TiB; the same arithmetic at a 4 KiB limit, 4 Ki × 1 KiB = 4 MiB.
+        let base = "a".repeat(4096);
+        let long = "b".repeat(1024);
+        let err = apply_edits(&path(), &base, &[edit("a", &long, true)], 4096).unwrap_err();
+        assert_eq!(err.code(), "too_large");
+        assert!(
+            err.to_string().contains(&(4096 * 1024).to_string()),
+            "{err}"
+        );
+        // A result of exactly the limit is fine.
+        let same = apply_edits(&path(), &base, &[edit("a", "c", true)], 4096).unwrap();
+        assert_eq!(same.len(), 4096);
+        let one = apply_edits(&path(), "abc", &[edit("b", "xyz", false)], 5).unwrap();
+        assert_eq!(one, "axyzc");
+        assert!(apply_edits(&path(), "abc", &[edit("b", "xyzw", false)], 5).is_err());
+    }
+
+    #[test]
+    fn a_diff_of_a_large_file_whose_every_line_changed_settles_in_time() {
+        // Every one of 200,000 lines differs: minimal Myers is O((N+M)·D), ~10^11 steps.
+        let before: String = (0..200_000).map(|i| format!("{i}\n")).collect();
+        let after: String = (0..200_000).map(|i| format!("x{i}\n")).collect();
+        let diff = unified_diff(&path(), &before, &after);
+        assert!(
+            diff.starts_with("--- a/a.txt\n+++ b/a.txt\n"),
+            "{}",
+            &diff[..40]
+        );
+        assert_eq!(diff.lines().filter(|l| l.starts_with('+')).count(), 200_001);
+    }
+
     #[test]
     fn edits_apply_in_order_to_the_previous_result() {
         let out = apply_edits(
             &path(),
             "one two three\n",
             &[edit("one", "1", false), edit("1 two", "12", false)],
+            LIMIT,
         )
         .unwrap();
         assert_eq!(out, "12 three\n");
@@ -240,6 +306,7 @@ mod tests {
             &path(),
             "abc",
             &[edit("a", "x", false), edit("zzz", "y", false)],
+            LIMIT,
         )
         .unwrap_err();
         assert!(matches!(
@@ -252,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_repeated_match_is_refused_with_its_count_unless_replace_all() {
-        let err = apply_edits(&path(), "x x x", &[edit("x", "y", false)]).unwrap_err();
+        let err = apply_edits(&path(), "x x x", &[edit("x", "y", false)], LIMIT).unwrap_err();
         assert!(matches!(
             err,
             WorkspaceError::EditNotUnique {
@@ -263,12 +330,12 @@ mod tests {
         ));
         assert_eq!(err.code(), "edit_not_unique");
         assert_eq!(
-            apply_edits(&path(), "x x x", &[edit("x", "y", true)]).unwrap(),
+            apply_edits(&path(), "x x x", &[edit("x", "y", true)], LIMIT).unwrap(),
             "y y y"
         );
         // Overlapping occurrences make a match ambiguous too.
         assert!(matches!(
-            apply_edits(&path(), "aaa", &[edit("aa", "b", false)]),
+            apply_edits(&path(), "aaa", &[edit("aa", "b", false)], LIMIT),
             Err(WorkspaceError::EditNotUnique { matches: 2, .. })
         ));
     }
@@ -276,11 +343,11 @@ mod tests {
     #[test]
     fn matching_is_exact_bytes_without_normalising() {
         assert!(matches!(
-            apply_edits(&path(), "a  b\r\n", &[edit("a b\n", "c", false)]),
+            apply_edits(&path(), "a  b\r\n", &[edit("a b\n", "c", false)], LIMIT),
             Err(WorkspaceError::EditNoMatch { .. })
         ));
         assert_eq!(
-            apply_edits(&path(), "é\r\n", &[edit("é\r\n", "e\n", false)]).unwrap(),
+            apply_edits(&path(), "é\r\n", &[edit("é\r\n", "e\n", false)], LIMIT).unwrap(),
             "e\n"
         );
     }
