@@ -39,8 +39,7 @@ use agentworks_daemon::ipc::connections::{
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
 use agentworks_daemon::ipc::server::{
-    BodyRefusal, MAX_ANONYMOUS_BODY_BYTES, PublicLimits, Screen, ServerLimits, Verdict, serve,
-    serve_public,
+    BodyRefusal, PublicLimits, Screen, ServerLimits, Verdict, serve, serve_public,
 };
 use agentworks_daemon::layout::ensure_private_dir;
 use agentworks_support::unix_http::UnixClient;
@@ -284,7 +283,7 @@ impl PublicRoutes {
 /// checked here by the same code their handlers run, so a request they would refuse is
 /// refused without its body ever being read; with one, the endpoint's own body limit
 /// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
-/// gets [`MAX_ANONYMOUS_BODY_BYTES`].
+/// gets [`agentworks_daemon::ipc::server::MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
     mcp: Arc<AgentMcp>,
     chats: Option<chat_service::ChatService>,
@@ -293,15 +292,7 @@ struct PublicScreen {
 impl Screen for PublicScreen {
     async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
         if head.uri.path() == "/mcp" {
-            return match self.mcp.screen(&head.method, &head.headers).await {
-                Ok(()) if head.method == Method::POST => Verdict::Authenticated {
-                    max_body_bytes: MAX_MCP_BODY_BYTES,
-                },
-                Ok(()) => Verdict::Authenticated {
-                    max_body_bytes: MAX_ANONYMOUS_BODY_BYTES,
-                },
-                Err(refusal) => Verdict::Refused(refusal),
-            };
+            return self.mcp.verdict(head, MAX_MCP_BODY_BYTES).await;
         }
         if let Some(chats) = &self.chats
             && let Some(screened) = chats.screen(head).await

@@ -26,7 +26,7 @@ use super::{
 };
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{error_response, json_response};
-use agentworks_daemon::ipc::server::BodyRefusal;
+use agentworks_daemon::ipc::server::{BodyRefusal, MAX_ANONYMOUS_BODY_BYTES, Verdict};
 
 /// Legacy sessions kept at once; beyond this, idle ones are dropped, then opening fails (503).
 /// With [`McpConfig::max_sessions_per_token`] it takes that many distinct tokens to get here.
@@ -312,6 +312,23 @@ impl<B: Backend> McpService<B> {
         self.admit(headers).await.map(drop).map_err(|rejection| {
             rejection.into_response(&self.metadata_url, &Spelling::for_head(method, headers))
         })
+    }
+
+    /// The public listener's verdict on a `/mcp` request head: refused with the answer
+    /// [`McpService::screen`] gives, else authenticated with a body of up to `max_body_bytes`
+    /// for a POST (a GET or DELETE carries none worth more than the anonymous limit).
+    pub async fn verdict(
+        &self,
+        head: &hyper::http::request::Parts,
+        max_body_bytes: usize,
+    ) -> Verdict {
+        match self.screen(&head.method, &head.headers).await {
+            Ok(()) if head.method == Method::POST => Verdict::Authenticated { max_body_bytes },
+            Ok(()) => Verdict::Authenticated {
+                max_body_bytes: MAX_ANONYMOUS_BODY_BYTES,
+            },
+            Err(refusal) => Verdict::Refused(refusal),
+        }
     }
 
     /// The answer to a `/mcp` request whose body the public listener refused to read (413,
