@@ -14,6 +14,7 @@ pub mod harness;
 mod laptop;
 mod ownership;
 mod quickstart;
+mod rmcp_client;
 mod sandbox;
 mod systemd;
 mod workspaced;
