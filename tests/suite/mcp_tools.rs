@@ -133,3 +133,36 @@ fn the_file_tools_through_the_python_sdk_against_the_real_stack() {
     assert_eq!(history("gone.md"), [mcp("delete")]);
     assert_eq!(history("workflow.json"), []);
 }
+
+/// `read_files` keeps its answer within 8 MiB of content: a file that does not fit in what is
+/// left is that path's `too_large` error, and the paths after it still answer.
+#[test]
+fn read_files_answers_each_path_within_one_content_budget() {
+    let stack = Stack::start();
+    let (wf, token) = stack.user_with_project("alice", "demo", &["workflows:read"]);
+    let demo = stack.state.documents().join("demo");
+    let five_mib = "a".repeat(5 * 1024 * 1024);
+    std::fs::write(demo.join("big1.txt"), &five_mib).unwrap();
+    std::fs::write(demo.join("big2.txt"), &five_mib).unwrap();
+    std::fs::write(demo.join("small.txt"), "small\n").unwrap();
+    let answer = tool_result(
+        stack.port,
+        &token,
+        "read_files",
+        json!({"workflow_id": wf, "paths": ["big1.txt", "big2.txt", "small.txt"]}),
+    )
+    .unwrap();
+    let files = answer["files"].as_array().unwrap();
+    assert_eq!(
+        files[0]["content"].as_str().map(str::len),
+        Some(five_mib.len())
+    );
+    assert_eq!(files[1]["error"]["code"], "too_large", "{}", files[1]);
+    assert_eq!(files[1]["error"]["size"], five_mib.len());
+    assert!(files[1].get("content").is_none());
+    assert_eq!(files[2]["content"], "small\n");
+    assert_eq!(
+        (answer["read"].as_u64(), answer["failed"].as_u64()),
+        (Some(2), Some(1))
+    );
+}
