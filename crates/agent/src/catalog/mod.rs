@@ -5,7 +5,8 @@
 //! and one tool per effective operation, the token scopes each needs (a missing one is the
 //! transport's HTTP 403 with a challenge), argument validation, and the shape of a result
 //! (`structuredContent` plus its pretty-JSON text; a failure is `isError` with
-//! `{"error": {code, message, …details}}`).
+//! `{"error": {code, message, …details}}`; a tool name outside the catalog is
+//! [`CallError::UnknownTool`], JSON-RPC -32602).
 //!
 //! Must never widen access: an operation is offered and run only when both the runner allows it
 //! and the token carries one of its scopes, and the runner still resolves the caller's live
