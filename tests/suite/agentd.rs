@@ -688,15 +688,6 @@ fn agentworksctl_administers_with_clear_errors_and_json() {
 /// stateless era and both handshake eras.
 #[test]
 fn python_sdk_end_to_end_against_the_real_stack() {
-    let python = std::env::var_os("AGENTWORKS_MCP_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "/tmp/mcpvenv/bin/python".into());
-    assert!(
-        python.exists(),
-        "this test needs the official MCP Python SDK at {} (run .ci/run, or: python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp==2.3.0)",
-        python.display()
-    );
-    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client");
     for (script, args, era) in [
         ("modern.py", vec![], "2026-07-28"),
         ("legacy.py", vec!["2025-11-25"], "2025-11-25"),
@@ -707,25 +698,16 @@ fn python_sdk_end_to_end_against_the_real_stack() {
         let (wf, write_token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
         let read_token = stack.token("alice", &["workflows:read"], json!({}));
         std::fs::write(stack.state.documents().join("demo/notes.md"), "hello\n").unwrap();
-        let output = std::process::Command::new(&python)
-            .arg(scripts.join(script))
-            .arg(stack.mcp_url())
-            .args(&args)
-            .current_dir(&scripts)
-            .env("AW_WRITE_TOKEN", &write_token)
-            .env("AW_READ_TOKEN", &read_token)
-            .env("AW_WORKFLOW", &wf)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{script} {args:?}: {}\n{stdout}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
+        let summary = run_mcp_client(
+            script,
+            &stack.mcp_url(),
+            &args,
+            &[
+                ("AW_WRITE_TOKEN", &write_token),
+                ("AW_READ_TOKEN", &read_token),
+                ("AW_WORKFLOW", &wf),
+            ],
         );
-        let summary: serde_json::Value =
-            serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         assert_eq!(summary["era"], era);
         // The writes really went through workspaced, with receipts.
         assert_eq!(

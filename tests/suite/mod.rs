@@ -12,6 +12,7 @@ mod executor;
 mod gatewayd;
 pub mod harness;
 mod laptop;
+mod mcp_tools;
 mod ownership;
 mod quickstart;
 mod rmcp_client;

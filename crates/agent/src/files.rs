@@ -5,14 +5,24 @@
 //! `identity::authority`, and passes the resolved guard to workspaced, which re-applies it.
 //! A project the caller cannot see is reported exactly like one that does not exist.
 //!
+//! Every change (write, edit, move, delete) takes one path, [`FileTools::change_in_project`]:
+//! live access, write authority, then workspaced, which re-applies the guard (protected files,
+//! blocked and read-only paths, confinement), takes the project lock, checks the expected
+//! revision and keeps the receipt that makes a request id idempotent.
+//!
 //! This module never opens a document itself: workspaced does.
 
+use crate::catalog::{
+    EDIT_FILE_MAX_EDITS, LIST_FILES_MAX_DEPTH, LIST_FILES_MAX_ENTRIES, LIST_FILES_MAX_EXCLUDES,
+    READ_FILES_MAX_PATHS,
+};
 use crate::identity::authority::{self, Access, AccessInputs};
 use crate::identity::{IdentityStore, Project};
 use crate::mcp::{Caller, ToolError};
 use agentworks_contract::workspaced::{
-    ChangeResponse, Context, ListRequest, ListResponse, Principal, ReadRequest, ReadResponse,
-    Receipt, ReceiptRequest, SearchRequest, SearchResponse, WriteRequest,
+    ChangeResponse, Context, DeleteRequest, EditAnswer, EditRequest, ListRequest, ListResponse,
+    MoveRequest, Principal, ReadRequest, ReadResponse, Receipt, ReceiptRequest, SearchRequest,
+    SearchResponse, StatRequest, StatResponse, TextEdit, WriteRequest,
 };
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde::Serialize;
@@ -87,6 +97,92 @@ fn optional_string_arg<'a>(
         )),
     }
 }
+
+fn invalid_argument(name: &str, message: String) -> ToolError {
+    let mut error = ToolError::new("invalid_arguments", message);
+    error.details.insert("field".into(), json!(name));
+    error
+}
+
+/// An optional non-negative integer argument, at most `max`.
+fn optional_count_arg(
+    args: &Map<String, Value>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ToolError> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => match value.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(invalid_argument(
+                name,
+                format!("the argument {name:?} must be an integer from {min} to {max}"),
+            )),
+        },
+    }
+}
+
+fn optional_bool_arg(args: &Map<String, Value>, name: &str) -> Result<bool, ToolError> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid_argument(
+            name,
+            format!("the argument {name:?} must be a boolean"),
+        )),
+    }
+}
+
+/// A list of strings of at most `max` entries (absent: empty).
+fn string_list_arg(
+    args: &Map<String, Value>,
+    name: &str,
+    max: usize,
+) -> Result<Vec<String>, ToolError> {
+    let wrong = || {
+        invalid_argument(
+            name,
+            format!("the argument {name:?} must be a list of at most {max} strings"),
+        )
+    };
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= max => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_owned).ok_or_else(wrong))
+            .collect(),
+        Some(_) => Err(wrong()),
+    }
+}
+
+/// A tool error as a value inside a successful answer (`read_files`' per-path errors), in the
+/// shape of a tool result's error: details, then `code` and `message` written last so a detail
+/// cannot forge them.
+fn error_value(error: ToolError) -> Value {
+    let mut body = error.details;
+    body.insert("code".into(), Value::String(error.code));
+    body.insert("message".into(), Value::String(error.message));
+    Value::Object(body)
+}
+
+/// The answer every change shares: which file, the outcome, the revisions and the receipt.
+fn change_answer(project: &Project, path: &str, change: ChangeResponse) -> Map<String, Value> {
+    let mut answer = Map::new();
+    answer.insert("workflow_id".into(), json!(project.id));
+    answer.insert("path".into(), json!(path));
+    answer.insert("state".into(), json!(change.state));
+    answer.insert("replayed".into(), json!(change.replayed));
+    answer.insert("revision".into(), json!(change.revision));
+    answer.insert("previous_revision".into(), json!(change.previous_revision));
+    answer.insert("receipt_id".into(), json!(change.receipt.receipt_id));
+    answer.insert("receipt".into(), json!(change.receipt));
+    answer
+}
+
+/// The most bytes of file content one `read_files` answer carries in all; a file past it is
+/// answered with a `too_large` error of its own (read it alone, or by line range).
+pub const READ_FILES_MAX_CONTENT_BYTES: u64 = 8 * 1024 * 1024;
 
 impl FileTools {
     pub fn new(identity: IdentityStore, workspaced: UnixClient) -> FileTools {
@@ -226,14 +322,19 @@ impl FileTools {
         source: Source,
     ) -> Result<Value, ToolError> {
         let path = optional_string_arg(args, "path")?.unwrap_or("").to_owned();
+        let depth = optional_count_arg(args, "depth", 1, LIST_FILES_MAX_DEPTH)?;
+        let exclude = string_list_arg(args, "exclude", LIST_FILES_MAX_EXCLUDES)?;
+        let max_entries = optional_count_arg(args, "max_entries", 1, LIST_FILES_MAX_ENTRIES)?;
         self.read_in_project::<_, ListResponse>(caller, args, source, "/v1/list", |context| {
             ListRequest {
                 context,
                 path,
+                // Every level unless `depth` says otherwise (it wins over `recursive`).
                 recursive: true,
-                depth: None,
-                exclude: Vec::new(),
-                max_entries: None,
+                // Both bounds are at most 64 and 10 000 (checked above): they fit a usize.
+                depth: depth.map(|d| d as usize),
+                exclude,
+                max_entries: max_entries.map(|m| m as usize),
             }
         })
         .await
@@ -246,13 +347,101 @@ impl FileTools {
         source: Source,
     ) -> Result<Value, ToolError> {
         let path = string_arg(args, "path")?.to_owned();
+        let offset = optional_count_arg(args, "offset", 0, u64::MAX)?;
+        let limit = optional_count_arg(args, "limit", 1, u64::MAX)?;
         self.read_in_project::<_, ReadResponse>(caller, args, source, "/v1/read", |context| {
             ReadRequest {
                 context,
                 path,
+                offset,
+                limit,
+            }
+        })
+        .await
+    }
+
+    /// Several whole files of one workflow: live access resolved once, then each path read on
+    /// its own, so a refused, missing or oversized one is that path's error and the others
+    /// still answer. Read one after another: at most [`READ_FILES_MAX_PATHS`] local reads, and
+    /// the answer's content stays within [`READ_FILES_MAX_CONTENT_BYTES`].
+    pub async fn read_files(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let workflow = string_arg(args, "workflow_id")?;
+        let paths = string_list_arg(args, "paths", READ_FILES_MAX_PATHS)?;
+        if paths.is_empty() {
+            return Err(invalid_argument(
+                "paths",
+                "read_files needs at least one path".into(),
+            ));
+        }
+        let (project, access) = self.access(caller, workflow).await?;
+        let context = self.context(caller, &project, &access, source);
+        let mut budget = READ_FILES_MAX_CONTENT_BYTES;
+        let mut files = Vec::with_capacity(paths.len());
+        let mut failed = 0;
+        for path in paths {
+            let request = ReadRequest {
+                context: context.clone(),
+                path: path.clone(),
                 offset: None,
                 limit: None,
-            }
+            };
+            let read: Result<ReadResponse, ToolError> = self.workspaced("/v1/read", &request).await;
+            let entry = match read {
+                Ok(read) if read.size <= budget => {
+                    budget -= read.size;
+                    json!({
+                        "path": path,
+                        "content": read.content,
+                        "revision": read.revision,
+                        "size": read.size,
+                        "total_lines": read.total_lines,
+                    })
+                }
+                Ok(read) => {
+                    failed += 1;
+                    let mut error = ToolError::new(
+                        "too_large",
+                        format!(
+                            "{path} ({} bytes) does not fit in what is left of this answer ({budget} of {READ_FILES_MAX_CONTENT_BYTES} bytes); read it alone with read_file (offset/limit for a range of lines)",
+                            read.size
+                        ),
+                    );
+                    error.details.insert("size".into(), json!(read.size));
+                    error
+                        .details
+                        .insert("limit".into(), json!(READ_FILES_MAX_CONTENT_BYTES));
+                    json!({"path": path, "error": error_value(error)})
+                }
+                Err(error) => {
+                    failed += 1;
+                    json!({"path": path, "error": error_value(error)})
+                }
+            };
+            files.push(entry);
+        }
+        Ok(json!({
+            "workflow_id": project.id,
+            "files": files,
+            "read": files.len() - failed,
+            "failed": failed,
+        }))
+    }
+
+    /// What one path is (kind, size, revision, modification time), without its content.
+    pub async fn get_file_info(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let path = string_arg(args, "path")?.to_owned();
+        self.read_in_project::<_, StatResponse>(caller, args, source, "/v1/stat", |context| {
+            StatRequest { context, path }
         })
         .await
     }
@@ -276,17 +465,20 @@ impl FileTools {
         .await
     }
 
-    pub async fn write_file(
+    /// The one path every change takes: live access to `workflow_id` (token scope ∩ the
+    /// user's live role ∩ the token's folder caps ∩ project policy), refused without write
+    /// authority, then the request `make` builds from the context, sent to workspaced's
+    /// `endpoint`, which re-applies the guard (protected files, blocked and read-only paths,
+    /// confinement) under the project lock and answers replays and reused request ids.
+    async fn change_in_project<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         caller: &Caller,
         args: &Map<String, Value>,
         source: Source,
-    ) -> Result<Value, ToolError> {
+        endpoint: &str,
+        make: impl FnOnce(Context) -> Req,
+    ) -> Result<(Project, Resp), ToolError> {
         let workflow = string_arg(args, "workflow_id")?;
-        let path = string_arg(args, "path")?;
-        let content = string_arg(args, "content")?;
-        let expected = string_arg(args, "expected_revision")?;
-        let request_id = string_arg(args, "request_id")?;
         let (project, access) = self.access(caller, workflow).await?;
         if !access.can_write {
             let mut error = ToolError::new(
@@ -301,24 +493,141 @@ impl FileTools {
                 .insert("reason".into(), json!("no_write_authority"));
             return Err(error);
         }
-        let request = WriteRequest {
-            context: self.context(caller, &project, &access, source),
-            path: path.to_owned(),
-            content: content.to_owned(),
-            expected_revision: expected.to_owned(),
-            request_id: request_id.to_owned(),
+        let request = make(self.context(caller, &project, &access, source));
+        let answer = self.workspaced(endpoint, &request).await?;
+        Ok((project, answer))
+    }
+
+    pub async fn write_file(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let path = string_arg(args, "path")?.to_owned();
+        let content = string_arg(args, "content")?.to_owned();
+        let expected_revision = string_arg(args, "expected_revision")?.to_owned();
+        let request_id = string_arg(args, "request_id")?.to_owned();
+        let (project, written) = self
+            .change_in_project::<_, ChangeResponse>(caller, args, source, "/v1/write", |context| {
+                WriteRequest {
+                    context,
+                    path: path.clone(),
+                    content,
+                    expected_revision,
+                    request_id,
+                }
+            })
+            .await?;
+        Ok(Value::Object(change_answer(&project, &path, written)))
+    }
+
+    /// Exact-text edits: the change's answer plus the unified diff, or for `dry_run` the diff
+    /// and the revision the edit would produce (nothing written or recorded).
+    pub async fn edit_file(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let path = string_arg(args, "path")?.to_owned();
+        let expected_revision = string_arg(args, "expected_revision")?.to_owned();
+        let request_id = string_arg(args, "request_id")?.to_owned();
+        let dry_run = optional_bool_arg(args, "dry_run")?;
+        let edits: Vec<TextEdit> = match args.get("edits") {
+            Some(edits @ Value::Array(items)) if items.len() <= EDIT_FILE_MAX_EDITS => {
+                serde_json::from_value(edits.clone()).map_err(|e| {
+                    invalid_argument(
+                        "edits",
+                        format!("each edit is {{old_text, new_text, replace_all?}} ({e})"),
+                    )
+                })?
+            }
+            _ => {
+                return Err(invalid_argument(
+                    "edits",
+                    format!(
+                        "the argument \"edits\" must be a list of at most {EDIT_FILE_MAX_EDITS} edits"
+                    ),
+                ));
+            }
         };
-        let written: ChangeResponse = self.workspaced("/v1/write", &request).await?;
-        Ok(json!({
-            "workflow_id": project.id,
-            "path": path,
-            "state": written.state,
-            "replayed": written.replayed,
-            "revision": written.revision,
-            "previous_revision": written.previous_revision,
-            "receipt_id": written.receipt.receipt_id,
-            "receipt": written.receipt,
-        }))
+        let (project, answer) = self
+            .change_in_project::<_, EditAnswer>(caller, args, source, "/v1/edit", |context| {
+                EditRequest {
+                    context,
+                    path: path.clone(),
+                    edits,
+                    expected_revision,
+                    request_id,
+                    dry_run,
+                }
+            })
+            .await?;
+        Ok(match answer {
+            EditAnswer::Applied(edited) => {
+                let mut answer = change_answer(&project, &path, edited.change);
+                answer.insert("dry_run".into(), json!(false));
+                answer.insert("diff".into(), json!(edited.diff));
+                Value::Object(answer)
+            }
+            EditAnswer::Preview(preview) => json!({
+                "workflow_id": project.id,
+                "path": path,
+                "dry_run": true,
+                "diff": preview.diff,
+                "previous_revision": preview.previous_revision,
+                "revision": preview.revision,
+            }),
+        })
+    }
+
+    pub async fn move_file(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let path = string_arg(args, "path")?.to_owned();
+        let to_path = string_arg(args, "to_path")?.to_owned();
+        let expected_revision = string_arg(args, "expected_revision")?.to_owned();
+        let request_id = string_arg(args, "request_id")?.to_owned();
+        let (project, moved) = self
+            .change_in_project::<_, ChangeResponse>(caller, args, source, "/v1/move", |context| {
+                MoveRequest {
+                    context,
+                    path: path.clone(),
+                    to_path: to_path.clone(),
+                    expected_revision,
+                    request_id,
+                }
+            })
+            .await?;
+        let mut answer = change_answer(&project, &path, moved);
+        answer.insert("to_path".into(), json!(to_path));
+        Ok(Value::Object(answer))
+    }
+
+    pub async fn delete_file(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let path = string_arg(args, "path")?.to_owned();
+        let expected_revision = string_arg(args, "expected_revision")?.to_owned();
+        let request_id = string_arg(args, "request_id")?.to_owned();
+        let (project, deleted) = self
+            .change_in_project::<_, ChangeResponse>(caller, args, source, "/v1/delete", |context| {
+                DeleteRequest {
+                    context,
+                    path: path.clone(),
+                    expected_revision,
+                    request_id,
+                }
+            })
+            .await?;
+        Ok(Value::Object(change_answer(&project, &path, deleted)))
     }
 
     pub async fn get_write_receipt(

@@ -61,18 +61,15 @@ impl OperationRunner for AgentBackend {
         let Ok(Ok((member, author))) = capabilities else {
             return Vec::new();
         };
-        let mut allowed = vec![Operation::ListWorkflows];
-        if member {
-            allowed.extend([
-                Operation::ListFiles,
-                Operation::ReadFile,
-                Operation::SearchFiles,
-            ]);
-        }
-        if author {
-            allowed.extend([Operation::WriteFile, Operation::GetWriteReceipt]);
-        }
-        allowed
+        Operation::ALL
+            .into_iter()
+            .filter(|op| match op {
+                Operation::ListWorkflows => true,
+                // Every change, and the receipt lookup that resolves one, needs an author.
+                op if op.is_change() || *op == Operation::GetWriteReceipt => author,
+                _ => member,
+            })
+            .collect()
     }
 
     async fn call(
@@ -86,8 +83,13 @@ impl OperationRunner for AgentBackend {
             Operation::ListWorkflows => self.files.list_workflows(caller).await,
             Operation::ListFiles => self.files.list_files(caller, &arguments, source).await,
             Operation::ReadFile => self.files.read_file(caller, &arguments, source).await,
+            Operation::ReadFiles => self.files.read_files(caller, &arguments, source).await,
+            Operation::GetFileInfo => self.files.get_file_info(caller, &arguments, source).await,
             Operation::SearchFiles => self.files.search_files(caller, &arguments, source).await,
             Operation::WriteFile => self.files.write_file(caller, &arguments, source).await,
+            Operation::EditFile => self.files.edit_file(caller, &arguments, source).await,
+            Operation::MoveFile => self.files.move_file(caller, &arguments, source).await,
+            Operation::DeleteFile => self.files.delete_file(caller, &arguments, source).await,
             Operation::GetWriteReceipt => {
                 self.files
                     .get_write_receipt(caller, &arguments, source)

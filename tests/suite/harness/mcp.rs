@@ -97,3 +97,47 @@ pub fn tool_result(
         Ok(result["structuredContent"].clone())
     }
 }
+
+/// The Python with the official MCP SDK (`AGENTWORKS_MCP_PYTHON`, else `/tmp/mcpvenv`); the
+/// test fails, saying how to get one, when it is missing.
+pub fn mcp_python() -> std::path::PathBuf {
+    let python = std::env::var_os("AGENTWORKS_MCP_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/tmp/mcpvenv/bin/python".into());
+    assert!(
+        python.exists(),
+        "this test needs the official MCP Python SDK at {} (run .ci/run, or: python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp==2.3.0)",
+        python.display()
+    );
+    python
+}
+
+/// Runs `tests/mcp_client/<script> <url> <args…>` with the SDK's Python and `env`; fails the
+/// test (with the script's output) unless it succeeds, and returns its summary: the JSON
+/// object on its last stdout line.
+pub fn run_mcp_client(
+    script: &str,
+    url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client");
+    let output = std::process::Command::new(mcp_python())
+        .arg(scripts.join(script))
+        .arg(url)
+        .args(args)
+        .current_dir(&scripts)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script} {args:?}: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
+        panic!("{script}: the last line is not a JSON summary ({e}):\n{stdout}")
+    })
+}

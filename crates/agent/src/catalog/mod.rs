@@ -5,7 +5,8 @@
 //! and one tool per effective operation, the token scopes each needs (a missing one is the
 //! transport's HTTP 403 with a challenge), argument validation, and the shape of a result
 //! (`structuredContent` plus its pretty-JSON text; a failure is `isError` with
-//! `{"error": {code, message, …details}}`).
+//! `{"error": {code, message, …details}}`; a tool name outside the catalog is
+//! [`CallError::UnknownTool`], JSON-RPC -32602).
 //!
 //! Must never widen access: an operation is offered and run only when both the runner allows it
 //! and the token carries one of its scopes, and the runner still resolves the caller's live
@@ -15,7 +16,10 @@
 
 mod table;
 
-pub use table::{Operation, WORKFLOW_SCOPES};
+pub use table::{
+    EDIT_FILE_MAX_EDITS, LIST_FILES_MAX_DEPTH, LIST_FILES_MAX_ENTRIES, LIST_FILES_MAX_EXCLUDES,
+    Operation, READ_FILES_MAX_PATHS, WORKFLOW_SCOPES,
+};
 
 use crate::mcp::{self, Admission, AuthError, CallError, Caller, RequestContext, ToolError};
 use serde_json::{Map, Value, json};
@@ -23,8 +27,9 @@ use table::{CALL_TOOL, GET_API_SPEC};
 
 /// What a model reading the server's `instructions` should know first.
 pub const INSTRUCTIONS: &str = "agentworks workflow files. Call get_api_spec for the operations this token may use. \
-Read a file before writing it: write_file needs the revision read_file returned (or \"missing\" to create) \
-and a fresh request_id; retry a write with the same request_id.";
+Read a file (or get_file_info) before changing it: write_file, edit_file, move_file and delete_file need its current revision \
+(write_file takes \"missing\" to create) and a fresh request_id; retry a change with the same request_id. \
+Prefer edit_file (exact-text replacements, dry_run to preview the diff) over rewriting a whole file.";
 
 /// What runs the catalog's operations: agentd's identity store and file tools, or a test's
 /// fake. It never sees the meta tools or a call the token's scopes do not cover.
@@ -69,17 +74,9 @@ impl<R: OperationRunner> Catalog<R> {
     async fn call_operation(
         &self,
         caller: &Caller,
-        name: &str,
+        operation: Operation,
         arguments: Map<String, Value>,
     ) -> Result<Result<Value, ToolError>, CallError> {
-        let Some(operation) = Operation::from_name(name) else {
-            let mut error = ToolError::new(
-                "unknown_tool",
-                format!("there is no operation named {name:?}; get_api_spec lists them"),
-            );
-            error.details.insert("name".to_owned(), json!(name));
-            return Ok(Err(error));
-        };
         // Scope first: no token scope can be widened by the runner, and the client needs the
         // 403 challenge to ask for a better token.
         if !table::has_any_scope(caller, operation.scopes()) {
@@ -134,16 +131,29 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
         table::tool_list(&self.effective_operations(request.caller).await)
     }
 
-    /// A meta tool or an operation. Tool failures are results with `isError`; a tool outside
-    /// the catalog too (an agent that mistypes a name reads why); only a missing scope is an
-    /// HTTP refusal.
+    /// A meta tool or an operation. Tool failures are results with `isError`, and so is a name
+    /// `call_tool` does not know (an agent that mistypes one reads why); a tool outside the
+    /// catalog is [`CallError::UnknownTool`] (JSON-RPC -32602, as the specification asks) and a
+    /// missing scope an HTTP refusal.
     async fn call_tool(
         &self,
         request: RequestContext<'_>,
         name: &str,
         arguments: Map<String, Value>,
     ) -> Result<mcp::ToolResult, CallError> {
-        let caller = request.caller;
+        self.call(request.caller, name, arguments).await
+    }
+}
+
+impl<R: OperationRunner> Catalog<R> {
+    /// `tools/call` of `name` for `caller`: a meta tool or an operation (see
+    /// [`mcp::Backend::call_tool`] above for which failure takes which shape).
+    async fn call(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<mcp::ToolResult, CallError> {
         let outcome = if let Some(schema) = table::meta_schema(name) {
             if let Err(error) = table::validate_arguments(&schema, &arguments) {
                 Err(error)
@@ -159,13 +169,28 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
                     Some(Value::Object(inner)) => inner.clone(),
                     _ => Map::new(),
                 };
-                self.call_operation(caller, target, inner).await?
+                match Operation::from_name(target) {
+                    Some(operation) => self.call_operation(caller, operation, inner).await?,
+                    None => Err(unknown_operation(target)),
+                }
             }
         } else {
-            self.call_operation(caller, name, arguments).await?
+            let operation = Operation::from_name(name)
+                .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
+            self.call_operation(caller, operation, arguments).await?
         };
         Ok(tool_result(outcome))
     }
+}
+
+/// `call_tool` naming no operation: a tool error the model reads, naming what it asked for.
+fn unknown_operation(name: &str) -> ToolError {
+    let mut error = ToolError::new(
+        "unknown_tool",
+        format!("there is no operation named {name:?}; get_api_spec lists them"),
+    );
+    error.details.insert("name".to_owned(), json!(name));
+    error
 }
 
 /// A `tools/call` result: `structuredContent` plus a pretty-JSON text rendering; failures carry
@@ -192,6 +217,150 @@ fn tool_result(outcome: Result<Value, ToolError>) -> mcp::ToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs nothing: answers which operation it was asked for, with the arguments it got.
+    struct EchoRunner;
+
+    impl OperationRunner for EchoRunner {
+        async fn authenticate(&self, _bearer: Option<&str>) -> Result<Caller, AuthError> {
+            Err(AuthError::Missing)
+        }
+        async fn allowed_operations(&self, _caller: &Caller) -> Vec<Operation> {
+            Operation::ALL.to_vec()
+        }
+        async fn call(
+            &self,
+            _caller: &Caller,
+            operation: Operation,
+            arguments: Map<String, Value>,
+        ) -> Result<Value, ToolError> {
+            Ok(json!({"ran": operation.name(), "arguments": arguments}))
+        }
+    }
+
+    fn caller(scopes: &[&str]) -> Caller {
+        Caller {
+            token_id: "t".into(),
+            user_id: "u".into(),
+            user_name: "user".into(),
+            scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    /// The least value `schema` accepts: its required properties, an array's fewest items.
+    fn minimal(schema: &Value) -> Value {
+        match schema["type"].as_str() {
+            Some("string") => json!("x"),
+            Some("integer") => schema.get("minimum").cloned().unwrap_or(json!(1)),
+            Some("boolean") => json!(false),
+            Some("array") => {
+                let count = schema["minItems"].as_u64().unwrap_or(0) as usize;
+                Value::Array(vec![minimal(&schema["items"]); count])
+            }
+            Some("object") => {
+                let mut object = Map::new();
+                for name in schema["required"].as_array().into_iter().flatten() {
+                    let name = name.as_str().unwrap();
+                    object.insert(name.into(), minimal(&schema["properties"][name]));
+                }
+                Value::Object(object)
+            }
+            other => panic!("no minimal value for {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_tool_is_a_protocol_error_but_an_unknown_call_tool_name_a_tool_error() {
+        let catalog = Catalog::new(EchoRunner);
+        let writer = caller(&["workflows:write"]);
+        assert_eq!(
+            catalog.call(&writer, "format_disk", Map::new()).await,
+            Err(CallError::UnknownTool("format_disk".into()))
+        );
+        let args = json!({"name": "format_disk"}).as_object().cloned().unwrap();
+        let result = catalog.call(&writer, CALL_TOOL, args).await.unwrap();
+        assert!(result.is_error);
+        let error = &result.structured_content.unwrap()["error"];
+        assert_eq!(error["code"], "unknown_tool");
+        assert_eq!(error["name"], "format_disk");
+    }
+
+    #[tokio::test]
+    async fn every_operation_is_reachable_directly_and_through_call_tool() {
+        let catalog = Catalog::new(EchoRunner);
+        let writer = caller(&["workflows:write"]);
+        for op in Operation::ALL {
+            let arguments = minimal(&op.input_schema()).as_object().cloned().unwrap();
+            let direct = catalog
+                .call(&writer, op.name(), arguments.clone())
+                .await
+                .unwrap();
+            assert!(!direct.is_error, "{}: {direct:?}", op.name());
+            let via = json!({"name": op.name(), "arguments": arguments});
+            let via = catalog
+                .call(&writer, CALL_TOOL, via.as_object().cloned().unwrap())
+                .await
+                .unwrap();
+            assert!(!via.is_error, "{}: {via:?}", op.name());
+            assert_eq!(direct.structured_content, via.structured_content);
+            assert_eq!(via.structured_content.unwrap()["ran"], op.name());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_through_call_tool_needs_the_write_scope_like_its_own_tool() {
+        let catalog = Catalog::new(EchoRunner);
+        let reader = caller(&["workflows:read"]);
+        for op in Operation::ALL.into_iter().filter(|op| op.is_change()) {
+            let arguments = minimal(&op.input_schema()).as_object().cloned().unwrap();
+            let refused = Err(CallError::InsufficientScope("workflows:write".into()));
+            assert_eq!(
+                catalog.call(&reader, op.name(), arguments.clone()).await,
+                refused
+            );
+            let via = json!({"name": op.name(), "arguments": arguments});
+            assert_eq!(
+                catalog
+                    .call(&reader, CALL_TOOL, via.as_object().cloned().unwrap())
+                    .await,
+                refused
+            );
+        }
+        // The reader's spec lists no change at all.
+        let spec = catalog
+            .call(&reader, GET_API_SPEC, Map::new())
+            .await
+            .unwrap();
+        let spec = spec.structured_content.unwrap();
+        let names: Vec<&str> = spec["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|op| op["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"read_files") && names.contains(&"get_file_info"));
+        assert!(
+            !names
+                .iter()
+                .any(|n| Operation::from_name(n).unwrap().is_change())
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_arguments_never_reach_the_runner() {
+        let catalog = Catalog::new(EchoRunner);
+        let writer = caller(&["workflows:write"]);
+        let args = json!({"workflow_id": "w", "path": "a", "expected_revision": "r", "request_id": "q",
+                          "edits": [{"old_text": "a", "new_text": "b", "fuzzy": true}]});
+        let result = catalog
+            .call(&writer, "edit_file", args.as_object().cloned().unwrap())
+            .await
+            .unwrap();
+        assert!(result.is_error);
+        let error = &result.structured_content.unwrap()["error"];
+        assert_eq!(error["code"], "invalid_arguments");
+        assert_eq!(error["field"], "edits[0].fuzzy");
+    }
 
     #[test]
     fn tool_errors_put_code_and_message_last_so_details_cannot_forge_them() {

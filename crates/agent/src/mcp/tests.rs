@@ -186,6 +186,12 @@ impl OperationRunner for FakeBackend {
                     None => Err(tool_error("not_found", "no such receipt", json!({}))),
                 }
             }
+            // The transport tests need no more (agentd's file tools are tested end to end).
+            other => Err(tool_error(
+                "not_implemented",
+                "the fake backend does not serve this operation",
+                json!({"name": other.name()}),
+            )),
         }
     }
 }
@@ -826,6 +832,8 @@ async fn modern_discover_and_results_carry_result_type() {
             "list_workflows",
             "list_files",
             "read_file",
+            "read_files",
+            "get_file_info",
             "search_files"
         ]
     );
@@ -1085,7 +1093,6 @@ async fn tool_failures_are_results_with_is_error() {
             "invalid_arguments",
             "write",
         ),
-        (call("format_disk", json!({})), "unknown_tool", "write"),
         (
             call("call_tool", json!({"name": "nope"})),
             "unknown_tool",
@@ -1174,6 +1181,17 @@ async fn tool_failures_are_results_with_is_error() {
     .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(reply.json()["error"]["code"], -32602);
+    // A tool outside the catalog is a protocol error (-32602) naming it, not a tool result.
+    let reply = modern(
+        &server,
+        "write",
+        "tools/call",
+        call("format_disk", json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32602, "{}", reply.json());
+    assert_eq!(reply.json()["error"]["data"]["name"], "format_disk");
 }
 
 // ---------------------------------------------------------------------------------------------
