@@ -151,3 +151,269 @@ fn rmcp_lists_reads_writes_and_sees_every_refusal() {
         "v1\n"
     );
 }
+
+/// Every file tool of part 3 through rmcp: success, a stale revision, a replay, a request id
+/// reused with another payload, a protected file, traversal, and a read token; then the disk.
+#[test]
+fn rmcp_drives_every_file_tool_through_success_and_refusal() {
+    let stack = Stack::start();
+    let (wf, token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let reader = stack.token("alice", &["workflows:read"], json!({}));
+    let demo = stack.state.documents().join("demo");
+    for (path, content) in [
+        ("notes.md", "one\ntwo\nthree\n"),
+        ("workflow.json", "{}"),
+        ("old.md", "move me\n"),
+        ("gone.md", "delete me\n"),
+        ("src/a.rs", "fn a() {}\n"),
+    ] {
+        std::fs::create_dir_all(demo.join(path).parent().unwrap()).unwrap();
+        std::fs::write(demo.join(path), content).unwrap();
+    }
+    let stale = format!("sha256:{}", "0".repeat(64));
+    block_on(async {
+        let client = connect(&stack, &token).await;
+        let args = |extra: Value| {
+            let mut all = json!({"workflow_id": wf});
+            all.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            all
+        };
+        let code = |refused: Result<Value, Value>| {
+            refused.expect_err("refused")["code"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        };
+
+        // Reads: a range with the total line count, several paths, info, a bounded listing.
+        let ranged = call(
+            &client,
+            "read_file",
+            args(json!({"path": "notes.md", "offset": 1, "limit": 1})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (ranged["content"].as_str(), ranged["total_lines"].as_u64()),
+            (Some("two\n"), Some(3))
+        );
+        let many = call(
+            &client,
+            "read_files",
+            args(json!({"paths": ["notes.md", "../x", "absent.md"]})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (many["read"].as_u64(), many["failed"].as_u64()),
+            (Some(1), Some(2)),
+            "{many}"
+        );
+        assert_eq!(many["files"][1]["error"]["code"], "path_refused", "{many}");
+        let info = call(&client, "get_file_info", args(json!({"path": "notes.md"})))
+            .await
+            .unwrap();
+        assert_eq!(info["revision"], revision("one\ntwo\nthree\n"));
+        assert_eq!(info["size"], 14);
+        let listed = call(
+            &client,
+            "list_files",
+            args(json!({"depth": 1, "exclude": ["*.md"]})),
+        )
+        .await
+        .unwrap();
+        let paths: Vec<&str> = listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["path"].as_str())
+            .collect();
+        assert!(
+            paths.contains(&"src") && !paths.contains(&"src/a.rs") && !paths.contains(&"notes.md"),
+            "{paths:?}"
+        );
+
+        // edit_file: dry run, apply, replay, reuse, stale, protected, traversal.
+        let notes = revision("one\ntwo\nthree\n");
+        let edit = |id: &str, old: &str, expected: &str| {
+            args(
+                json!({"path": "notes.md", "edits": [{"old_text": old, "new_text": "TWO\n"}],
+                        "expected_revision": expected, "request_id": id}),
+            )
+        };
+        let mut dry = edit("e1", "two\n", &notes);
+        dry["dry_run"] = json!(true);
+        let preview = call(&client, "edit_file", dry).await.unwrap();
+        assert_eq!(preview["revision"], revision("one\nTWO\nthree\n"));
+        let applied = call(&client, "edit_file", edit("e1", "two\n", &notes))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                applied["state"].as_str(),
+                applied["diff"] == preview["diff"]
+            ),
+            (Some("applied"), true)
+        );
+        let replay = call(&client, "edit_file", edit("e1", "two\n", &notes))
+            .await
+            .unwrap();
+        assert_eq!(replay["replayed"], true);
+        assert_eq!(
+            code(call(&client, "edit_file", edit("e1", "one\n", &notes)).await),
+            "request_id_reused"
+        );
+        assert_eq!(
+            code(call(&client, "edit_file", edit("e2", "one\n", &stale)).await),
+            "revision_conflict"
+        );
+        let protected = call(
+            &client,
+            "edit_file",
+            args(
+                json!({"path": "workflow.json", "edits": [{"old_text": "{}", "new_text": "[]"}],
+                        "expected_revision": revision("{}"), "request_id": "e3"}),
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(protected["reason"], "protected", "{protected}");
+        let escape = call(
+            &client,
+            "edit_file",
+            args(
+                json!({"path": "../demo/notes.md", "edits": [{"old_text": "one", "new_text": "1"}],
+                        "expected_revision": revision("one\nTWO\nthree\n"), "request_id": "e4"}),
+            ),
+        )
+        .await;
+        assert_eq!(code(escape), "path_refused");
+
+        // move_file and delete_file: apply, replay, reuse, stale, protected, traversal.
+        let old = revision("move me\n");
+        let mv = |id: &str, to: &str, expected: &str| {
+            args(
+                json!({"path": "old.md", "to_path": to, "expected_revision": expected, "request_id": id}),
+            )
+        };
+        assert_eq!(
+            code(call(&client, "move_file", mv("m0", "moved.md", &stale)).await),
+            "revision_conflict"
+        );
+        let moved = call(&client, "move_file", mv("m1", "moved.md", &old))
+            .await
+            .unwrap();
+        assert_eq!(moved["state"], "applied");
+        assert_eq!(
+            call(&client, "move_file", mv("m1", "moved.md", &old))
+                .await
+                .unwrap()["replayed"],
+            true
+        );
+        assert_eq!(
+            code(call(&client, "move_file", mv("m1", "other.md", &old)).await),
+            "request_id_reused"
+        );
+        let onto_protected = call(
+            &client,
+            "move_file",
+            args(json!({"path": "moved.md", "to_path": "product.json", "expected_revision": old, "request_id": "m2"})),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(onto_protected["reason"], "protected", "{onto_protected}");
+        let out = call(
+            &client,
+            "move_file",
+            args(json!({"path": "moved.md", "to_path": "/tmp/escaped.md", "expected_revision": old, "request_id": "m3"})),
+        )
+        .await;
+        assert_eq!(code(out), "path_refused");
+        let gone = revision("delete me\n");
+        let del = |id: &str, path: &str, expected: &str| {
+            args(json!({"path": path, "expected_revision": expected, "request_id": id}))
+        };
+        assert_eq!(
+            code(call(&client, "delete_file", del("d0", "gone.md", &stale)).await),
+            "revision_conflict"
+        );
+        assert_eq!(
+            call(&client, "delete_file", del("d1", "gone.md", &gone))
+                .await
+                .unwrap()["revision"],
+            "missing"
+        );
+        assert_eq!(
+            call(&client, "delete_file", del("d1", "gone.md", &gone))
+                .await
+                .unwrap()["replayed"],
+            true
+        );
+        assert_eq!(
+            code(call(&client, "delete_file", del("d1", "notes.md", &gone)).await),
+            "request_id_reused"
+        );
+        let protected = call(
+            &client,
+            "delete_file",
+            del("d2", "workflow.json", &revision("{}")),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(protected["reason"], "protected", "{protected}");
+        assert_eq!(
+            code(
+                call(
+                    &client,
+                    "delete_file",
+                    del("d3", "../../etc/hostname", &gone)
+                )
+                .await
+            ),
+            "path_refused"
+        );
+        client.cancel().await.unwrap();
+
+        // A read token sees no change tool, and calling one is refused.
+        let client = connect(&stack, &reader).await;
+        let names: Vec<String> = client
+            .list_all_tools()
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        for change in ["edit_file", "move_file", "delete_file"] {
+            assert!(
+                !names.iter().any(|n| n == change),
+                "{change} listed for a read token: {names:?}"
+            );
+        }
+        assert!(
+            names.iter().any(|n| n == "read_files") && names.iter().any(|n| n == "get_file_info")
+        );
+        let refused = client
+            .call_tool(
+                CallToolRequestParams::new("delete_file").with_arguments(
+                    del("d4", "notes.md", &revision("one\nTWO\nthree\n"))
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            )
+            .await;
+        assert!(refused.is_err() || refused.unwrap().is_error == Some(true));
+        client.cancel().await.unwrap();
+    });
+    let read = |path: &str| std::fs::read_to_string(demo.join(path)).ok();
+    assert_eq!(read("notes.md").as_deref(), Some("one\nTWO\nthree\n"));
+    assert_eq!(read("moved.md").as_deref(), Some("move me\n"));
+    assert_eq!(
+        (read("old.md"), read("gone.md"), read("product.json")),
+        (None, None, None)
+    );
+    assert_eq!(read("workflow.json").as_deref(), Some("{}"));
+    assert!(!std::path::Path::new("/tmp/escaped.md").exists());
+}
