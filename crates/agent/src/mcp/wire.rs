@@ -16,6 +16,9 @@ use super::Body;
 pub(super) const PROTOCOL_VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 /// `params._meta` key carrying the client's capabilities (2026-07-28).
 pub(super) const CLIENT_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `params._meta` key carrying the least severe log level the client wants (2026-07-28; no
+/// log messages without it).
+pub(super) const LOG_LEVEL_META_KEY: &str = "io.modelcontextprotocol/logLevel";
 /// `result._meta` key carrying our name and version on `server/discover`.
 pub(super) const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
 
@@ -43,8 +46,11 @@ pub(super) mod code {
     pub const INVALID_PARAMS: i64 = -32602;
     /// Headers missing, duplicated or disagreeing with the body (2026-07-28).
     pub const HEADER_MISMATCH: i64 = -32020;
+    /// Answering needs a client capability the request did not declare (2026-07-28).
+    pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
     /// The request's protocol version is not served (2026-07-28).
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+    pub const INTERNAL_ERROR: i64 = -32603;
     // Ours, for HTTP-level refusals of a JSON-RPC request (the answer keeps its HTTP status;
     // `data.code` is the stable code). From the implementation-defined band -32000..-32019,
     // above the Python SDK's own -32000 (connection closed) and -32001 (request timeout),
@@ -103,6 +109,7 @@ impl RpcError {
             | code::INVALID_REQUEST
             | code::INVALID_PARAMS
             | code::HEADER_MISMATCH
+            | code::MISSING_CLIENT_CAPABILITY
             | code::UNSUPPORTED_PROTOCOL_VERSION => StatusCode::BAD_REQUEST,
             code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
             _ => StatusCode::OK,
