@@ -56,6 +56,8 @@
 //! - `stream`: the [`Notifier`] (progress and log messages) and the bounded server-sent-event
 //!   body a request streams them on before its result.
 //! - `request_state`: the sealed `requestState` of input-required results (HMAC-SHA256).
+//! - `client_requests`: the 2025 era's server-to-client requests waiting for their replies
+//!   (the same input-required results, asked on the POST's stream).
 //! - `access`: Origin validation, bearer extraction, scope checks and the `WWW-Authenticate`
 //!   challenges. Pure.
 //! - `session`: the legacy session table (bounded, idle-expiring, owner-bound).
@@ -71,6 +73,7 @@
 //! 2.3.0) checks the result end to end in `tests.rs`.
 
 mod access;
+mod client_requests;
 mod request_state;
 mod service;
 mod session;
@@ -204,8 +207,12 @@ pub enum CallError {
     /// Answering needs client capabilities the client did not declare (e.g. `{"sampling":{}}`):
     /// -32021 with `data.requiredCapabilities` (HTTP 400 on 2026-07-28).
     MissingCapability(serde_json::Map<String, serde_json::Value>),
-    /// The backend needs input from the client first (2026-07-28 SEP-2322): the transport
-    /// answers `resultType: "input_required"` and the client retries with the answers.
+    /// The backend needs input from the client first. 2026-07-28 (SEP-2322): the transport
+    /// answers `resultType: "input_required"` and the client retries with the answers. 2025:
+    /// the transport sends each request to the client on the POST's stream (a session and a
+    /// client accepting `text/event-stream` needed), waits for its reply, and calls the
+    /// backend again with the replies as [`RequestContext::input_responses`] and the state
+    /// (kept in process, not sealed) as [`RequestContext::request_state`].
     InputRequired(InputRequired),
     /// The backend does not serve this method (what the default methods answer): -32601.
     NotServed,

@@ -22,6 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::access;
+use super::client_requests::ClientRequests;
 use super::request_state::{self, Binding, Sealer};
 use super::session::{SessionError, SessionTable};
 use super::stream::{self, LogLevel, Notifier};
@@ -53,6 +54,8 @@ pub struct McpService<B: Backend> {
     metadata_url: String,
     /// Seals the `requestState` of input-required results.
     sealer: Arc<Sealer>,
+    /// 2025-era requests to clients waiting for their replies.
+    client_requests: Arc<ClientRequests>,
 }
 
 /// How a refusal is written for the request it answers (see the module docs of
@@ -268,6 +271,7 @@ impl<B: Backend> McpService<B> {
             config,
             sessions,
             sealer: Arc::new(Sealer::new()),
+            client_requests: Arc::new(ClientRequests::default()),
         }
     }
 
@@ -517,7 +521,7 @@ impl<B: Backend> McpService<B> {
                 }
                 return Ok(accepted());
             }
-            Message::Reply => {
+            Message::Reply { .. } => {
                 let error = RpcError::new(
                     code::INVALID_REQUEST,
                     "Body must be a single JSON-RPC request or notification object",
@@ -567,6 +571,7 @@ impl<B: Backend> McpService<B> {
             Err(error) => return Ok(reject(&id, error)),
         };
         let call = Call {
+            session: None,
             caller: caller.clone(),
             era: Era::Modern,
             method,
@@ -607,7 +612,16 @@ impl<B: Backend> McpService<B> {
         };
         let (id, method, params) = match message {
             Message::Request { id, method, params } => (id, method, params),
-            Message::Notification { .. } | Message::Reply => return Ok(accepted()),
+            Message::Notification { .. } => return Ok(accepted()),
+            Message::Reply { id, outcome } => {
+                // A reply to one of our requests on this session; any other is dropped.
+                if let Some(session) = session_id
+                    && !self.client_requests.answer(session, &id, outcome)
+                {
+                    tracing::debug!(%id, "mcp reply matches no waiting request; dropped");
+                }
+                return Ok(accepted());
+            }
         };
         let features = self.backend.features();
         if method == "initialize" {
@@ -689,6 +703,7 @@ impl<B: Backend> McpService<B> {
             None => (Map::new(), None),
         };
         let call = Call {
+            session: session_id.map(str::to_owned),
             caller: caller.clone(),
             era: Era::Legacy,
             method,
@@ -712,9 +727,12 @@ impl<B: Backend> McpService<B> {
         reply: Reply,
     ) -> Result<Response<Body>, Rejection> {
         let era = call.era;
+        // A 2025 call on a session may also ask the client for input on its stream.
         let may_stream = reply.streams
             && CALL_LIKE_METHODS.contains(&call.method.as_str())
-            && (call.progress_token.is_some() || call.log_level.is_some());
+            && (call.progress_token.is_some()
+                || call.log_level.is_some()
+                || (era == Era::Legacy && call.session.is_some()));
         if !may_stream {
             let answer = self.dispatch(&call, &Notifier::silent()).await;
             return respond(era, &id, reply.framing, answer);
@@ -722,12 +740,13 @@ impl<B: Backend> McpService<B> {
         let (sender, mut queue) = mpsc::channel(stream::QUEUE_EVENTS);
         let backend = self.backend.clone();
         let sealer = self.sealer.clone();
+        let client_requests = self.client_requests.clone();
         // The task owns everything it uses, so it runs to its end even if the client goes away
         // (a write is never cut in half); its notifications are then dropped.
         tokio::spawn(async move {
             let notifier =
                 Notifier::new(sender.clone(), call.progress_token.clone(), call.log_level);
-            let answer = invoke(&*backend, &sealer, &call, &notifier).await;
+            let answer = invoke(&*backend, &sealer, &client_requests, &call, &notifier).await;
             drop(notifier);
             let _ = sender.send(stream::Item::Done(answer)).await;
         });
@@ -781,7 +800,14 @@ impl<B: Backend> McpService<B> {
                 if !served {
                     return Err(not_found().into());
                 }
-                return invoke(&*self.backend, &self.sealer, call, notifier).await;
+                return invoke(
+                    &*self.backend,
+                    &self.sealer,
+                    &self.client_requests,
+                    call,
+                    notifier,
+                )
+                .await;
             }
             ("server/discover", Era::Modern) => json!({
                 "supportedVersions": wire::supported_versions(),
@@ -872,6 +898,11 @@ impl<B: Backend> McpService<B> {
 const CALL_LIKE_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
 /// The most answers one retried request may carry.
 const MAX_INPUT_RESPONSES: usize = 64;
+/// Rounds of 2025-era input requests one call may ask before it is cut off.
+const MAX_INPUT_ROUNDS: usize = 8;
+/// How long a 2025-era input request waits for the client's reply (a person may answer an
+/// elicitation).
+const CLIENT_REPLY_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// The most completion values sent (the specification's limit).
 const MAX_COMPLETION_VALUES: usize = 100;
 
@@ -886,6 +917,8 @@ struct Reply {
 
 /// One admitted request, owned (a streaming request's task outlives the handler's borrow).
 pub(super) struct Call {
+    /// The legacy session the request came on (server-to-client requests need one).
+    session: Option<String>,
     caller: Caller,
     era: Era,
     method: String,
@@ -899,10 +932,12 @@ pub(super) struct Call {
 pub(super) type Answer = Result<Value, Failure>;
 
 /// A tool call, prompt or read: checks the retry parameters (2026-07-28), asks the backend,
-/// and spells its answer, a complete result or an input-required one.
+/// and spells its answer, a complete result or an input-required one (2026-07-28), or asks
+/// the client on the stream and the backend again (2025).
 async fn invoke<B: Backend>(
     backend: &B,
     sealer: &Sealer,
+    client_requests: &ClientRequests,
     call: &Call,
     notifier: &Notifier,
 ) -> Answer {
@@ -959,20 +994,88 @@ async fn invoke<B: Backend>(
     } else {
         (None, None)
     };
-    let request = RequestContext {
-        caller: &call.caller,
-        era,
-        client_capabilities: &call.client_capabilities,
-        notifier,
-        input_responses,
-        request_state: request_state.as_ref(),
-    };
-    let outcome = match method {
+    let mut outcome = call_backend(
+        backend,
+        call,
+        name,
+        RequestContext {
+            caller: &call.caller,
+            era,
+            client_capabilities: &call.client_capabilities,
+            notifier,
+            input_responses,
+            request_state: request_state.as_ref(),
+        },
+    )
+    .await;
+    // The handshake era plays input requests as server-to-client requests on this stream,
+    // then asks the backend again with the replies, for a bounded number of rounds.
+    let mut rounds = 0;
+    while era == Era::Legacy
+        && let Err(CallError::InputRequired(input)) = &outcome
+    {
+        rounds += 1;
+        if rounds > MAX_INPUT_ROUNDS {
+            return Err(RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("the server asked for input more than {MAX_INPUT_ROUNDS} times"),
+            )
+            .into());
+        }
+        let (Some(session), true) = (call.session.as_deref(), notifier.can_ask()) else {
+            break;
+        };
+        let input = input.clone();
+        let missing = missing_capabilities(&input, &call.client_capabilities)?;
+        if !missing.is_empty() {
+            return Err(call_error(CallError::MissingCapability(missing), era));
+        }
+        let replies = ask_client(client_requests, session, &input, notifier).await?;
+        outcome = call_backend(
+            backend,
+            call,
+            name,
+            RequestContext {
+                caller: &call.caller,
+                era,
+                client_capabilities: &call.client_capabilities,
+                notifier,
+                input_responses: Some(&replies),
+                request_state: input.state.as_ref(),
+            },
+        )
+        .await;
+    }
+    match outcome {
+        Ok(mut result) => {
+            mark_complete(&mut result, era);
+            Ok(result)
+        }
+        Err(CallError::InputRequired(input)) if era == Era::Modern => {
+            input_required(input, &call.client_capabilities, sealer, &binding)
+        }
+        Err(error) => Err(call_error(error, era)),
+    }
+}
+
+/// Asks the backend once, and spells a complete result.
+async fn call_backend<B: Backend>(
+    backend: &B,
+    call: &Call,
+    name: &str,
+    request: RequestContext<'_>,
+) -> Result<Value, CallError> {
+    let era = call.era;
+    match call.method.as_str() {
         "tools/call" => {
             let arguments = match call.params.get("arguments") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(arguments)) => arguments.clone(),
-                Some(_) => return Err(invalid_params("tools/call `arguments` must be an object")),
+                Some(_) => {
+                    return Err(CallError::InvalidParams(
+                        "tools/call `arguments` must be an object".into(),
+                    ));
+                }
             };
             backend
                 .call_tool(request, name, arguments)
@@ -981,7 +1084,7 @@ async fn invoke<B: Backend>(
         }
         "prompts/get" => {
             let arguments = string_map(call.params.get("arguments")).ok_or_else(|| {
-                invalid_params("prompts/get `arguments` must map names to strings")
+                CallError::InvalidParams("prompts/get `arguments` must map names to strings".into())
             })?;
             backend
                 .get_prompt(request, name, &arguments)
@@ -1000,37 +1103,62 @@ async fn invoke<B: Backend>(
             }
             Err(error) => Err(error),
         },
-    };
-    match outcome {
-        Ok(mut result) => {
-            mark_complete(&mut result, era);
-            Ok(result)
-        }
-        Err(CallError::InputRequired(input)) if era == Era::Modern => {
-            input_required(input, &call.client_capabilities, sealer, &binding)
-        }
-        Err(error) => Err(call_error(error, era)),
     }
 }
 
-/// The client capability each input request needs.
-fn capability_for(method: &str) -> Option<&'static str> {
-    match method {
-        "elicitation/create" => Some("elicitation"),
-        "sampling/createMessage" => Some("sampling"),
-        "roots/list" => Some("roots"),
-        _ => None,
+/// Sends each of `input`'s requests to the client on this request's stream, one at a time,
+/// and collects the replies by key (2025 era).
+async fn ask_client(
+    client_requests: &ClientRequests,
+    session: &str,
+    input: &InputRequired,
+    notifier: &Notifier,
+) -> Result<Map<String, Value>, Failure> {
+    let mut replies = Map::new();
+    for (key, request) in &input.requests {
+        let id = format!("agentworks-{}", hex::encode(rand::random::<[u8; 12]>()));
+        let mut waiting = client_requests
+            .wait(session, &id)
+            .map_err(|error| Failure::Rpc(RpcError::new(code::UNAVAILABLE, error.to_string())))?;
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": request["method"],
+            "params": request.get("params").cloned().unwrap_or_else(|| json!({}))});
+        if !notifier.ask(&message).await {
+            return Err(RpcError::new(code::INTERNAL_ERROR, "the client went away").into());
+        }
+        let reply = tokio::time::timeout(CLIENT_REPLY_TIMEOUT, waiting.reply()).await;
+        match reply {
+            Ok(Some(Ok(result))) => {
+                replies.insert(key.clone(), result);
+            }
+            Ok(Some(Err(error))) => {
+                let mut failure = RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!("the client refused the input request {key:?}"),
+                );
+                failure.data = Some(json!({ "clientError": error }));
+                return Err(failure.into());
+            }
+            Ok(None) | Err(_) => {
+                return Err(RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!(
+                        "the client did not answer the input request {key:?} within {} s",
+                        CLIENT_REPLY_TIMEOUT.as_secs()
+                    ),
+                )
+                .into());
+            }
+        }
     }
+    Ok(replies)
 }
 
-/// An input-required result: every request names a method the client declared (else -32021:
-/// a backend must not ask for what the client cannot answer), the state sealed.
-fn input_required(
-    input: InputRequired,
+/// The capabilities `input`'s requests need that the client did not declare (an input
+/// request with a method no client answers is the backend's bug: an internal error).
+fn missing_capabilities(
+    input: &InputRequired,
     client_capabilities: &Map<String, Value>,
-    sealer: &Sealer,
-    binding: &Binding<'_>,
-) -> Answer {
+) -> Result<Map<String, Value>, Failure> {
     if input.requests.is_empty() {
         return Err(RpcError::new(
             code::INTERNAL_ERROR,
@@ -1056,6 +1184,28 @@ fn input_required(
             missing.insert(capability.to_owned(), json!({}));
         }
     }
+    Ok(missing)
+}
+
+/// The client capability each input request needs.
+fn capability_for(method: &str) -> Option<&'static str> {
+    match method {
+        "elicitation/create" => Some("elicitation"),
+        "sampling/createMessage" => Some("sampling"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+/// An input-required result: every request names a method the client declared (else -32021:
+/// a backend must not ask for what the client cannot answer), the state sealed.
+fn input_required(
+    input: InputRequired,
+    client_capabilities: &Map<String, Value>,
+    sealer: &Sealer,
+    binding: &Binding<'_>,
+) -> Answer {
+    let missing = missing_capabilities(&input, client_capabilities)?;
     if !missing.is_empty() {
         return Err(call_error(
             CallError::MissingCapability(missing),
@@ -1257,10 +1407,10 @@ fn call_error(error: CallError, era: Era) -> Failure {
             Failure::Http(Rejection::InsufficientScope { scope })
         }
         CallError::InputRequired(_) => {
-            // Only the stateless era can ask; a 2025 connection would need a server-to-client
-            // request on the response stream, which this transport does not send.
+            // A 2025 connection is asked on the response stream, which needs a session and a
+            // client accepting text/event-stream.
             let message = if era == Era::Legacy {
-                "this request needs input from the client, which this server can only ask for on the 2026-07-28 protocol"
+                "this request needs input from the client, which can only be asked on a session whose client accepts text/event-stream"
             } else {
                 "this request cannot ask for input"
             };

@@ -7,7 +7,8 @@
 //! body that drains that queue. Must never block a backend (a full queue drops the
 //! notification: they are advisory), never let a queue grow without bound, never send a
 //! notification the client did not ask for, and never send a server-to-client *request*
-//! (the 2026-07-28 wire forbids them on a response stream).
+//! (the 2026-07-28 wire forbids them on a response stream; the 2025 era's input requests go
+//! through [`Notifier::ask`], only there).
 
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
@@ -162,6 +163,20 @@ impl Notifier {
             params["logger"] = json!(logger);
         }
         self.send("notifications/message", params);
+    }
+
+    /// Whether this request's answer can carry requests to the client (it may stream).
+    pub(super) fn can_ask(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Sends a server-to-client request (2025 era) on the stream, waiting for room: unlike a
+    /// notification it must not be dropped. `false` if the client is gone.
+    pub(super) async fn ask(&self, request: &Value) -> bool {
+        let Some(sink) = &self.sink else { return false };
+        sink.send(Item::Notification(sse_event(request)))
+            .await
+            .is_ok()
     }
 
     fn send(&self, method: &str, params: Value) {

@@ -2069,7 +2069,8 @@ async fn input_required_round_trips_with_a_sealed_state_bound_to_its_request() {
     // Without the elicitation capability the transport will not ask.
     let reply = modern(&server, "t", "tools/call", json!({"name": "ask"}), &[]).await;
     assert_eq!(reply.json()["error"]["code"], -32021);
-    // The handshake era cannot ask (no server-to-client requests here): an error, not a result.
+    // The handshake era has no retry parameters: they are ignored, and a client that did not
+    // declare elicitation at initialize is not asked (see the next test for one that did).
     let (_, session) = initialize(&server, "t", "2025-11-25").await;
     let reply = legacy(
         &server,
@@ -2079,5 +2080,149 @@ async fn input_required_round_trips_with_a_sealed_state_bound_to_its_request() {
         &[("mcp-session-id", &session)],
     )
     .await;
+    assert_eq!(reply.json()["error"]["code"], -32021);
+}
+
+/// A POST whose response body is read event by event (a streamed answer).
+struct EventStream {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl EventStream {
+    async fn open(addr: SocketAddr, headers: &[(&str, &str)], body: Value) -> EventStream {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri("/mcp")
+            .header("host", addr.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        EventStream {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next message event, waiting at most 5 s.
+    async fn next(&mut self) -> Value {
+        loop {
+            if let Some((event, rest)) = self.buffer.split_once("\n\n") {
+                let data = event.strip_prefix("event: message\ndata: ").unwrap();
+                let message = serde_json::from_str(data).unwrap();
+                self.buffer = rest.to_owned();
+                return message;
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
+                .await
+                .expect("an event within 5 s")
+                .expect("the stream goes on")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn legacy_input_requests_are_asked_on_the_stream_and_answered_on_the_session() {
+    let server = start_with(FeatureBackend).await;
+    let init = |capabilities: Value| {
+        let server = &server;
+        async move {
+            let reply = legacy(
+                server,
+                "t",
+                json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": capabilities,
+                    "clientInfo": {"name": "raw", "version": "0"}}}),
+                &[],
+            )
+            .await;
+            reply.header("mcp-session-id").to_owned()
+        }
+    };
+    let session = init(json!({"elicitation": {}})).await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", "Bearer t"),
+        ("mcp-protocol-version", "2025-11-25"),
+        ("mcp-session-id", session.as_str()),
+    ];
+    let call =
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "ask"}});
+    let mut stream = EventStream::open(server.addr, &headers, call.clone()).await;
+    assert_eq!(stream.status, StatusCode::OK);
+    assert_eq!(stream.headers["content-type"], "text/event-stream");
+    let request = stream.next().await;
+    assert_eq!(request["method"], "elicitation/create");
+    assert_eq!(request["params"]["message"], "name?");
+    let request_id = request["id"].as_str().unwrap().to_owned();
+    let reply = |id: &str, token: &str, session: &str| {
+        let server = &server;
+        let body = json!({"jsonrpc": "2.0", "id": id,
+            "result": {"action": "accept", "content": {"name": "Bob"}}});
+        let (token, session) = (token.to_owned(), session.to_owned());
+        async move {
+            legacy(
+                server,
+                &token,
+                body,
+                &[
+                    ("mcp-session-id", &session),
+                    ("mcp-protocol-version", "2025-11-25"),
+                ],
+            )
+            .await
+        }
+    };
+    // Another token cannot use the session; another session or id answers nothing.
+    assert_eq!(
+        reply(&request_id, "u", &session).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let other_session = init(json!({"elicitation": {}})).await;
+    assert_eq!(
+        reply(&request_id, "t", &other_session).await.status,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        reply("agentworks-nope", "t", &session).await.status,
+        StatusCode::ACCEPTED
+    );
+    // The right one is taken, and the backend runs again with it and its state.
+    assert_eq!(
+        reply(&request_id, "t", &session).await.status,
+        StatusCode::ACCEPTED
+    );
+    let answer = stream.next().await;
+    assert_eq!(answer["id"], 5);
+    assert_eq!(answer["result"]["content"][0]["text"], "Bob after \"ask\"");
+    assert!(answer["result"].get("resultType").is_none());
+    // A client that did not declare elicitation is not asked; one without a session cannot be.
+    let unable = init(json!({})).await;
+    let reply = legacy(&server, "t", call.clone(), &[("mcp-session-id", &unable)]).await;
+    assert_eq!(reply.json()["error"]["code"], -32021);
+    assert_eq!(
+        reply.json()["error"]["data"]["requiredCapabilities"],
+        json!({"elicitation": {}})
+    );
+    let reply = legacy(&server, "t", call, &[]).await;
     assert_eq!(reply.json()["error"]["code"], -32603);
 }

@@ -131,8 +131,12 @@ pub(super) enum Message {
         method: String,
         params: Map<String, Value>,
     },
-    /// A client's reply to a server request (we never send any).
-    Reply,
+    /// A client's reply to one of our requests (2025 era: sampling, elicitation, roots):
+    /// its id, and its `result` or, if it failed, its `error`.
+    Reply {
+        id: Value,
+        outcome: Result<Value, Value>,
+    },
 }
 
 /// Parses a POST body into one message. Errors carry the request id when it could be read.
@@ -166,8 +170,19 @@ pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
         return Err(invalid(echo, "jsonrpc must be \"2.0\""));
     }
     let Some(method) = object.get("method") else {
-        if id.is_some() && (object.contains_key("result") || object.contains_key("error")) {
-            return Ok(Message::Reply);
+        if let Some(id) = id.clone() {
+            if let Some(result) = object.get("result") {
+                return Ok(Message::Reply {
+                    id,
+                    outcome: Ok(result.clone()),
+                });
+            }
+            if let Some(error) = object.get("error") {
+                return Ok(Message::Reply {
+                    id,
+                    outcome: Err(error.clone()),
+                });
+            }
         }
         return Err(invalid(echo, "method is required"));
     };
@@ -235,7 +250,7 @@ pub(super) fn classify_era(version_header: Option<&str>, message: &Message) -> E
             .get("_meta")
             .and_then(Value::as_object)
             .is_some_and(|meta| meta.contains_key(PROTOCOL_VERSION_META_KEY)),
-        Message::Reply => false,
+        Message::Reply { .. } => false,
     };
     match version_header {
         _ if has_envelope => Era::Modern,
@@ -583,7 +598,21 @@ mod tests {
             parse_message(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
         assert!(matches!(n, Message::Notification { .. }));
         let r = parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
-        assert_eq!(r, Message::Reply);
+        assert_eq!(
+            r,
+            Message::Reply {
+                id: json!("a"),
+                outcome: Ok(json!({}))
+            }
+        );
+        let r = parse_message(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1}}"#).unwrap();
+        assert_eq!(
+            r,
+            Message::Reply {
+                id: json!(3),
+                outcome: Err(json!({"code": 1}))
+            }
+        );
     }
 
     #[test]
@@ -667,7 +696,16 @@ mod tests {
         assert_eq!(classify_era(Some("2024-11-05"), &plain), Era::Legacy);
         assert_eq!(classify_era(Some("2026-07-28"), &plain), Era::Modern);
         assert_eq!(classify_era(Some("2099-01-01"), &plain), Era::Modern);
-        assert_eq!(classify_era(None, &Message::Reply), Era::Legacy);
+        assert_eq!(
+            classify_era(
+                None,
+                &Message::Reply {
+                    id: json!(1),
+                    outcome: Ok(json!({}))
+                }
+            ),
+            Era::Legacy
+        );
     }
 
     #[test]
