@@ -1,8 +1,11 @@
 //! The MCP conformance fixture: agentd's production MCP transport (`agentworks_agent::mcp`:
 //! the same router, header ladder, both eras, legacy sessions, error mapping) and its public
 //! listener (`serve_public`: the same limits and refusals), over a backend that serves the
-//! fixture tools the official conformance suite (`@modelcontextprotocol/conformance`) calls by
-//! name, with the exact content its scenarios expect.
+//! fixture tools, resources, prompts and completions the official conformance suite
+//! (`@modelcontextprotocol/conformance`) calls by name, with the exact content its scenarios
+//! expect: progress and log notifications, a tool needing an undeclared capability, and the
+//! input-required tools (asked as `input_required` on 2026-07-28, as server-to-client requests
+//! in 2025, both by the transport from the same backend answer).
 //!
 //! A test artefact only: it is an example, so no package installs it. It listens on loopback
 //! only and accepts any request without a token (the suite cannot send one); agentd's own

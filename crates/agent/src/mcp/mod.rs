@@ -14,10 +14,18 @@
 //! - **2026-07-28** (current, stateless): no `initialize`, no sessions; every request carries its
 //!   protocol version and client capabilities in `params._meta`, mirrored by the
 //!   `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers; `server/discover` advertises
-//!   us; results carry `resultType`; GET and DELETE answer 405.
+//!   us; results carry `resultType`; a backend needing client input answers
+//!   `resultType: "input_required"` and the client retries; GET and DELETE answer 405.
 //! - **2025-06-18 / 2025-11-25** (handshake era): `initialize` negotiates the version and mints an
-//!   optional `Mcp-Session-Id`, bound to the token that created it; DELETE ends it; GET answers
-//!   405 because we never push.
+//!   optional `Mcp-Session-Id`, bound to the token that created it (it also keeps the client's
+//!   capabilities and its `logging/setLevel`); DELETE ends it; GET answers 405 because we
+//!   never push outside a request: a backend's input requests go to the client on the POST's
+//!   own stream, and the client's replies come back as POSTs on the session.
+//!
+//! In both eras a request with a `progressToken` or a log level is answered as a stream of
+//! server-sent events once the backend sends its first notification (plain JSON until then).
+//! What a backend serves besides tools ([`Features`]) is what is declared and routed; agentd's
+//! serves tools only.
 //!
 //! **Refusals.** A request refused at the HTTP layer keeps its status and headers
 //! (`WWW-Authenticate`, `Allow`) in every case; what the body says depends on whether the request

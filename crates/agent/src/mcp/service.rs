@@ -5,9 +5,12 @@
 //!
 //! Owns the mapping of every rejection to its HTTP answer, once ([`Rejection`]), written as the
 //! request needs ([`Spelling`]: a JSON-RPC error for a JSON-RPC request, else the envelope),
-//! and the shape of results per era. Must never call the backend before the caller is authenticated, never let a
-//! tool failure become a JSON-RPC error or an HTTP 5xx, and never hold the session lock across an
-//! `.await`.
+//! and the shape of results per era: the method table per era and [`Features`], capabilities,
+//! cache hints, `resultType`, input-required results (sealed state on 2026-07-28, server-to-
+//! client requests on the POST's stream in 2025), and answers that stream notifications.
+//! Must never call the backend before the caller is authenticated, never let a tool failure
+//! become a JSON-RPC error or an HTTP 5xx, never route a method the backend did not declare,
+//! and never hold the session lock across an `.await`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! End-to-end tests of the MCP endpoint: a real hyper server on 127.0.0.1:0 in this process,
 //! serving [`McpService`] over agentd's [`Catalog`] of a [`FakeBackend`] (the only stand-in: tokens and files in memory,
-//! revisions as sha256, `write_file` honouring `expected_revision` and `request_id`).
+//! revisions as sha256, `write_file` honouring `expected_revision` and `request_id`), and, for
+//! what agentd's backend does not serve (resources, prompts, completion, notifications,
+//! input requests), over a [`FeatureBackend`] that serves everything.
 //!
 //! Two kinds of client drive it: the official Python SDK (`mcp` 2.3.0, an independent
 //! implementation) through the scripts in `tests/mcp_client/`, and raw HTTP requests from a
