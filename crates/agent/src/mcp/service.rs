@@ -1033,7 +1033,14 @@ async fn invoke<B: Backend>(
         if !missing.is_empty() {
             return Err(call_error(CallError::MissingCapability(missing), era));
         }
-        let replies = ask_client(client_requests, session, &input, notifier).await?;
+        let replies = ask_client(
+            client_requests,
+            &call.caller.token_id,
+            session,
+            &input,
+            notifier,
+        )
+        .await?;
         outcome = call_backend(
             backend,
             call,
@@ -1113,6 +1120,7 @@ async fn call_backend<B: Backend>(
 /// and collects the replies by key (2025 era).
 async fn ask_client(
     client_requests: &ClientRequests,
+    token_id: &str,
     session: &str,
     input: &InputRequired,
     notifier: &Notifier,
@@ -1121,7 +1129,7 @@ async fn ask_client(
     for (key, request) in &input.requests {
         let id = format!("agentworks-{}", hex::encode(rand::random::<[u8; 12]>()));
         let mut waiting = client_requests
-            .wait(session, &id)
+            .wait(token_id, session, &id)
             .map_err(|error| Failure::Rpc(RpcError::new(code::UNAVAILABLE, error.to_string())))?;
         let message = json!({"jsonrpc": "2.0", "id": id, "method": request["method"],
             "params": request.get("params").cloned().unwrap_or_else(|| json!({}))});
