@@ -14,10 +14,18 @@
 //! - **2026-07-28** (current, stateless): no `initialize`, no sessions; every request carries its
 //!   protocol version and client capabilities in `params._meta`, mirrored by the
 //!   `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers; `server/discover` advertises
-//!   us; results carry `resultType`; GET and DELETE answer 405.
+//!   us; results carry `resultType`; a backend needing client input answers
+//!   `resultType: "input_required"` and the client retries; GET and DELETE answer 405.
 //! - **2025-06-18 / 2025-11-25** (handshake era): `initialize` negotiates the version and mints an
-//!   optional `Mcp-Session-Id`, bound to the token that created it; DELETE ends it; GET answers
-//!   405 because we never push.
+//!   optional `Mcp-Session-Id`, bound to the token that created it (it also keeps the client's
+//!   capabilities and its `logging/setLevel`); DELETE ends it; GET answers 405 because we
+//!   never push outside a request: a backend's input requests go to the client on the POST's
+//!   own stream, and the client's replies come back as POSTs on the session.
+//!
+//! In both eras a request with a `progressToken` or a log level is answered as a stream of
+//! server-sent events once the backend sends its first notification (plain JSON until then).
+//! What a backend serves besides tools ([`Features`]) is what is declared and routed; agentd's
+//! serves tools only.
 //!
 //! **Refusals.** A request refused at the HTTP layer keeps its status and headers
 //! (`WWW-Authenticate`, `Allow`) in every case; what the body says depends on whether the request
@@ -53,6 +61,11 @@
 //!
 //! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder, error codes and
 //!   response bodies (JSON or one SSE event). Pure.
+//! - `stream`: the [`Notifier`] (progress and log messages) and the bounded server-sent-event
+//!   body a request streams them on before its result.
+//! - `request_state`: the sealed `requestState` of input-required results (HMAC-SHA256).
+//! - `client_requests`: the 2025 era's server-to-client requests waiting for their replies
+//!   (the same input-required results, asked on the POST's stream).
 //! - `access`: Origin validation, bearer extraction, scope checks and the `WWW-Authenticate`
 //!   challenges. Pure.
 //! - `session`: the legacy session table (bounded, idle-expiring, owner-bound).
@@ -68,14 +81,18 @@
 //! 2.3.0) checks the result end to end in `tests.rs`.
 
 mod access;
+mod client_requests;
+mod request_state;
 mod service;
 mod session;
+mod stream;
 mod wire;
 
 #[cfg(test)]
 mod tests;
 
 pub use service::McpService;
+pub use stream::{LogLevel, Notifier};
 pub use wire::Era;
 
 /// Who is calling: the token that authenticated the request and its user.
@@ -138,6 +155,19 @@ pub struct RequestContext<'a> {
     pub caller: &'a Caller,
     /// The era the request speaks.
     pub era: Era,
+    /// The capabilities the client declared: 2026-07-28 per request (`_meta`), before that at
+    /// `initialize` (kept on the session; empty without one). A backend needing one the client
+    /// lacks answers [`CallError::MissingCapability`], never assumes it.
+    pub client_capabilities: &'a serde_json::Map<String, serde_json::Value>,
+    /// Progress and log notifications for this request; a no-op unless the client asked for
+    /// them (a `progressToken`, a log level) and accepts a streamed answer.
+    pub notifier: &'a Notifier,
+    /// On a retried request (2026-07-28 input-required): the client's answers, keyed as the
+    /// backend's [`InputRequired::requests`] were. Checked to be an object of objects.
+    pub input_responses: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// On a retried request: the [`InputRequired::state`] the backend returned, after the
+    /// transport verified its seal (a tampered or expired one never reaches the backend).
+    pub request_state: Option<&'a serde_json::Value>,
 }
 
 /// Why a request was not admitted: a 401 (the token) or a 403 (a scope the endpoint needs).
@@ -167,7 +197,8 @@ pub struct ToolResult {
     pub is_error: bool,
 }
 
-/// Why a `tools/call` produced no tool result.
+/// Why a request (`tools/call`, `prompts/get`, `resources/read`, a list, a completion)
+/// produced no result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallError {
     /// No tool of that name: JSON-RPC -32602 (invalid params), as the specification asks.
@@ -175,6 +206,128 @@ pub enum CallError {
     /// The token lacks a scope this tool needs: HTTP 403 with a challenge naming it, so the
     /// client can ask for a better token.
     InsufficientScope(String),
+    /// No prompt of that name: -32602 with `data.name`.
+    UnknownPrompt(String),
+    /// No resource at that URI: -32602 with `data.uri` (SEP-2164).
+    UnknownResource(String),
+    /// The parameters are wrong in a way the transport could not see (a bad cursor, say): -32602.
+    InvalidParams(String),
+    /// Answering needs client capabilities the client did not declare (e.g. `{"sampling":{}}`):
+    /// -32021 with `data.requiredCapabilities` (HTTP 400 on 2026-07-28).
+    MissingCapability(serde_json::Map<String, serde_json::Value>),
+    /// The backend needs input from the client first. 2026-07-28 (SEP-2322): the transport
+    /// answers `resultType: "input_required"` and the client retries with the answers. 2025:
+    /// the transport sends each request to the client on the POST's stream (a session and a
+    /// client accepting `text/event-stream` needed), waits for its reply, and calls the
+    /// backend again with the replies as [`RequestContext::input_responses`] and the state
+    /// (kept in process, not sealed) as [`RequestContext::request_state`].
+    InputRequired(InputRequired),
+    /// The backend does not serve this method (what the default methods answer): -32601.
+    NotServed,
+}
+
+/// A request for client input instead of a result: `inputRequests` and an optional state the
+/// backend gets back, sealed by the transport, on the retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRequired {
+    /// Key → `{"method": "elicitation/create" | "sampling/createMessage" | "roots/list",
+    /// "params": {…}}`. The transport refuses (-32021) a request for a capability the client
+    /// did not declare.
+    pub requests: serde_json::Map<String, serde_json::Value>,
+    /// What the backend wants back on the retry ([`RequestContext::request_state`]); the client
+    /// sees it sealed (HMAC-SHA256, bound to the token, method and name, expiring).
+    pub state: Option<serde_json::Value>,
+}
+
+/// What a backend serves besides tools. Capabilities are declared from this, in both eras, and
+/// a method outside it answers -32601 without asking the backend. Agentd's backend serves
+/// only tools: the default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `resources/list`, `resources/templates/list`, `resources/read`.
+    pub resources: bool,
+    /// `resources/subscribe` and `resources/unsubscribe` (2025 era only; the transport has no
+    /// push channel, so only a backend whose resources never change may declare this).
+    pub resource_subscriptions: bool,
+    /// `prompts/list`, `prompts/get`.
+    pub prompts: bool,
+    /// `completion/complete`.
+    pub completions: bool,
+    /// The backend sends log messages through [`Notifier::log`] (`logging` capability;
+    /// `logging/setLevel` in the 2025 era).
+    pub logging: bool,
+}
+
+/// How long a list or read result may be cached, and by whom (2026-07-28 SEP-2549; the
+/// transport writes `ttlMs` and `cacheScope` on that wire only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheHint {
+    /// Milliseconds the result stays fresh.
+    pub ttl_ms: u64,
+    /// `true`: the same for every caller (`public`); `false`: per token (`private`).
+    pub public: bool,
+}
+
+impl Default for CacheHint {
+    /// Not cacheable beyond this caller: what anything depending on the token must say.
+    fn default() -> CacheHint {
+        CacheHint {
+            ttl_ms: 0,
+            public: false,
+        }
+    }
+}
+
+/// One page of a list (`resources`, `resourceTemplates`, `prompts`): MCP objects sent
+/// verbatim, and the opaque cursor of the next page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    /// The items of this page.
+    pub items: Vec<serde_json::Value>,
+    /// `nextCursor`, when there is another page.
+    pub next_cursor: Option<String>,
+    /// Cacheability of this page.
+    pub cache: CacheHint,
+}
+
+/// A `resources/read` result: the contents (`{uri, mimeType, text | blob}` each, verbatim).
+/// Empty contents are answered as an unknown resource (SEP-2164 forbids an empty result).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResourceContents {
+    /// The contents items.
+    pub contents: Vec<serde_json::Value>,
+    /// Cacheability of this read.
+    pub cache: CacheHint,
+}
+
+/// A `prompts/get` result.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptResult {
+    /// `description`, if any.
+    pub description: Option<String>,
+    /// The messages (`{role, content}` each), verbatim.
+    pub messages: Vec<serde_json::Value>,
+}
+
+/// What `completion/complete` completes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletionRef {
+    /// An argument of the prompt of this name (`ref/prompt`).
+    Prompt(String),
+    /// A variable of the resource template with this URI template (`ref/resource`).
+    Resource(String),
+}
+
+/// A `completion/complete` answer; the transport keeps at most 100 values (and then says
+/// `hasMore`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// The suggested values.
+    pub values: Vec<String>,
+    /// How many there are in all, if known.
+    pub total: Option<u64>,
+    /// More exist than were sent.
+    pub has_more: bool,
 }
 
 /// The server side of the endpoint: who the caller is, which tools they have, and running one.
@@ -201,6 +354,75 @@ pub trait Backend: Send + Sync + 'static {
         name: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
     ) -> impl std::future::Future<Output = Result<ToolResult, CallError>> + Send;
+
+    // Everything below is optional: the defaults serve nothing, and the transport neither
+    // declares nor routes what [`Backend::features`] does not name.
+
+    /// What this backend serves besides tools.
+    fn features(&self) -> Features {
+        Features::default()
+    }
+    /// A page of the resources (`cursor`: the previous page's `next_cursor`).
+    fn list_resources(
+        &self,
+        _request: RequestContext<'_>,
+        _cursor: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Page, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// A page of the resource templates.
+    fn list_resource_templates(
+        &self,
+        _request: RequestContext<'_>,
+        _cursor: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Page, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// Reads the resource at `uri` ([`CallError::UnknownResource`] when there is none).
+    fn read_resource(
+        &self,
+        _request: RequestContext<'_>,
+        _uri: &str,
+    ) -> impl std::future::Future<Output = Result<ResourceContents, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// Subscribes to (`subscribe`) or unsubscribes from updates of `uri` (2025 era).
+    fn subscribe_resource(
+        &self,
+        _request: RequestContext<'_>,
+        _uri: &str,
+        _subscribe: bool,
+    ) -> impl std::future::Future<Output = Result<(), CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// A page of the prompts.
+    fn list_prompts(
+        &self,
+        _request: RequestContext<'_>,
+        _cursor: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Page, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// The prompt `name` with its (string) arguments.
+    fn get_prompt(
+        &self,
+        _request: RequestContext<'_>,
+        _name: &str,
+        _arguments: &std::collections::BTreeMap<String, String>,
+    ) -> impl std::future::Future<Output = Result<PromptResult, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
+    /// Completions for the argument `argument` (name, partial value) of `reference`, given the
+    /// arguments already filled in (`context`).
+    fn complete(
+        &self,
+        _request: RequestContext<'_>,
+        _reference: &CompletionRef,
+        _argument: (&str, &str),
+        _context: &std::collections::BTreeMap<String, String>,
+    ) -> impl std::future::Future<Output = Result<Completion, CallError>> + Send {
+        std::future::ready(Err(CallError::NotServed))
+    }
 }
 
 /// How the endpoint presents itself.
@@ -227,5 +449,6 @@ pub struct McpConfig {
     pub max_sessions_per_token: usize,
 }
 
-/// Every response body is one complete buffer (an SSE answer is a single event).
+/// A response body: one complete buffer, or (a request streaming progress or log
+/// notifications before its result) a stream of server-sent events.
 pub type Body = agentworks_daemon::ipc::envelope::Body;

@@ -1,6 +1,8 @@
 //! End-to-end tests of the MCP endpoint: a real hyper server on 127.0.0.1:0 in this process,
 //! serving [`McpService`] over agentd's [`Catalog`] of a [`FakeBackend`] (the only stand-in: tokens and files in memory,
-//! revisions as sha256, `write_file` honouring `expected_revision` and `request_id`).
+//! revisions as sha256, `write_file` honouring `expected_revision` and `request_id`), and, for
+//! what agentd's backend does not serve (resources, prompts, completion, notifications,
+//! input requests), over a [`FeatureBackend`] that serves everything.
 //!
 //! Two kinds of client drive it: the official Python SDK (`mcp` 2.3.0, an independent
 //! implementation) through the scripts in `tests/mcp_client/`, and raw HTTP requests from a
@@ -23,7 +25,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{AuthError, Body, Caller, McpConfig, McpService, ToolError};
+use super::{AuthError, Backend, Body, Caller, McpConfig, McpService, ToolError};
 use crate::catalog::{self, Catalog, Operation, OperationRunner};
 
 // ---------------------------------------------------------------------------------------------
@@ -219,10 +221,15 @@ impl Drop for Server {
 }
 
 async fn start() -> Server {
+    start_with(Catalog::new(FakeBackend::new())).await
+}
+
+/// A server over any backend, configured as agentd's.
+async fn start_with<B: Backend>(backend: B) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = Arc::new(McpService::new(
-        Arc::new(Catalog::new(FakeBackend::new())),
+        Arc::new(backend),
         McpConfig {
             instructions: catalog::INSTRUCTIONS.to_owned(),
             scopes_supported: catalog::WORKFLOW_SCOPES.map(str::to_owned).to_vec(),
@@ -1371,4 +1378,871 @@ async fn legacy_tool_results_wrap_non_object_structured_content() {
     )
     .await;
     assert_eq!(reply.json()["result"]["structuredContent"][0]["id"], "wf1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resources, prompts, completion, notifications and input-required, over a backend that
+// serves them (agentd's serves none of them: checked first).
+
+#[tokio::test]
+async fn a_backend_declaring_nothing_new_keeps_its_capabilities_and_serves_nothing_more() {
+    let server = start().await;
+    let discover = modern(&server, "read", "server/discover", json!({}), &[]).await;
+    assert_eq!(
+        discover.json()["result"]["capabilities"],
+        json!({"tools": {}})
+    );
+    let (init, session) = initialize(&server, "read", "2025-11-25").await;
+    assert_eq!(
+        init.json()["result"]["capabilities"],
+        json!({"tools": {"listChanged": false}})
+    );
+    for (method, params) in [
+        ("resources/list", json!({})),
+        ("resources/templates/list", json!({})),
+        ("resources/read", json!({"uri": "agentworks://x"})),
+        ("prompts/list", json!({})),
+        ("prompts/get", json!({"name": "p"})),
+        (
+            "completion/complete",
+            json!({"ref": {"type": "ref/prompt", "name": "p"}, "argument": {"name": "a", "value": ""}}),
+        ),
+    ] {
+        let extra: Vec<(&str, &str)> = match params.get("uri").and_then(Value::as_str) {
+            Some(uri) => vec![("mcp-name", uri)],
+            None => vec![],
+        };
+        let reply = modern(&server, "read", method, params.clone(), &extra).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{method}");
+        assert_eq!(reply.json()["error"]["code"], -32601, "{method}");
+        let reply = legacy(
+            &server,
+            "read",
+            json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params}),
+            &[("mcp-session-id", &session)],
+        )
+        .await;
+        assert_eq!(reply.json()["error"]["code"], -32601, "{method}");
+    }
+    for method in ["logging/setLevel", "resources/subscribe"] {
+        let reply = legacy(
+            &server,
+            "read",
+            json!({"jsonrpc": "2.0", "id": 4, "method": method, "params": {"level": "info", "uri": "x"}}),
+            &[("mcp-session-id", &session)],
+        )
+        .await;
+        assert_eq!(reply.json()["error"]["code"], -32601, "{method}");
+    }
+    // A log level or a progress token changes nothing for a backend that sends neither: the
+    // answer stays plain JSON.
+    let reply = modern_meta(
+        &server,
+        "read",
+        "tools/call",
+        json!({"name": "list_workflows", "arguments": {}}),
+        json!({"io.modelcontextprotocol/logLevel": "debug", "progressToken": "p1"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-type"), "application/json");
+    assert_eq!(reply.json()["result"]["resultType"], "complete");
+}
+
+/// A backend serving every optional feature, for the transport's side of each.
+struct FeatureBackend;
+
+const FEATURE_RESOURCES: usize = 5;
+
+impl Backend for FeatureBackend {
+    async fn authenticate(&self, bearer: Option<&str>) -> Result<Caller, super::Admission> {
+        let token = bearer.ok_or(AuthError::Missing)?;
+        Ok(Caller {
+            token_id: token.to_owned(),
+            user_id: token.to_owned(),
+            user_name: token.to_owned(),
+            scopes: Vec::new(),
+        })
+    }
+
+    async fn list_tools(&self, _request: super::RequestContext<'_>) -> Vec<Value> {
+        vec![json!({"name": "ask", "description": "asks", "inputSchema": {"type": "object"}})]
+    }
+
+    async fn call_tool(
+        &self,
+        request: super::RequestContext<'_>,
+        name: &str,
+        _arguments: Map<String, Value>,
+    ) -> Result<super::ToolResult, super::CallError> {
+        use super::{CallError, InputRequired, LogLevel};
+        let done = |text: String| super::ToolResult {
+            content: vec![json!({"type": "text", "text": text})],
+            structured_content: None,
+            is_error: false,
+        };
+        let elicit = || {
+            json!({"method": "elicitation/create", "params": {"message": "name?",
+            "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}}})
+        };
+        match name {
+            "progress" => {
+                let notifier = request.notifier;
+                notifier.progress(1.0, Some(3.0), Some("one"));
+                // Not above the last: dropped.
+                notifier.progress(1.0, Some(3.0), Some("again"));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                notifier.progress(2.0, Some(3.0), None);
+                Ok(done(format!(
+                    "wants_progress={}",
+                    notifier.wants_progress()
+                )))
+            }
+            "log" => {
+                request
+                    .notifier
+                    .log(LogLevel::Debug, None, json!("debug line"));
+                request
+                    .notifier
+                    .log(LogLevel::Error, Some("test"), json!("error line"));
+                Ok(done("logged".into()))
+            }
+            "forbidden_after_progress" => {
+                request.notifier.progress(1.0, None, None);
+                Err(CallError::InsufficientScope("workflows:write".into()))
+            }
+            "needs_sampling" => {
+                if request.client_capabilities.contains_key("sampling") {
+                    return Ok(done("sampled".into()));
+                }
+                let mut required = Map::new();
+                required.insert("sampling".into(), json!({}));
+                Err(CallError::MissingCapability(required))
+            }
+            "ask" | "ask_other" => match (
+                request.input_responses.and_then(|r| r.get("name")),
+                request.request_state,
+            ) {
+                (Some(answer), Some(state)) => Ok(done(format!(
+                    "{} after {}",
+                    answer["content"]["name"].as_str().unwrap_or("?"),
+                    state["asked"]
+                ))),
+                _ => Err(CallError::InputRequired(InputRequired {
+                    requests: [("name".to_owned(), elicit())].into_iter().collect(),
+                    state: Some(json!({"asked": name})),
+                })),
+            },
+            "ask_roots" => Err(CallError::InputRequired(InputRequired {
+                requests: [("roots".to_owned(), json!({"method": "roots/list"}))]
+                    .into_iter()
+                    .collect(),
+                state: None,
+            })),
+            other => Err(CallError::UnknownTool(other.to_owned())),
+        }
+    }
+
+    fn features(&self) -> super::Features {
+        super::Features {
+            resources: true,
+            resource_subscriptions: false,
+            prompts: true,
+            completions: true,
+            logging: true,
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        _request: super::RequestContext<'_>,
+        cursor: Option<&str>,
+    ) -> Result<super::Page, super::CallError> {
+        let start: usize = match cursor {
+            None => 0,
+            Some(cursor) => cursor
+                .parse()
+                .map_err(|_| super::CallError::InvalidParams("bad cursor".into()))?,
+        };
+        let end = (start + 2).min(FEATURE_RESOURCES);
+        Ok(super::Page {
+            items: (start..end)
+                .map(|i| json!({"uri": format!("r://{i}"), "name": format!("r{i}")}))
+                .collect(),
+            next_cursor: (end < FEATURE_RESOURCES).then(|| end.to_string()),
+            cache: super::CacheHint {
+                ttl_ms: 1000,
+                public: true,
+            },
+        })
+    }
+
+    async fn read_resource(
+        &self,
+        _request: super::RequestContext<'_>,
+        uri: &str,
+    ) -> Result<super::ResourceContents, super::CallError> {
+        match uri {
+            "r://empty" => Ok(super::ResourceContents::default()),
+            "r://0" => Ok(super::ResourceContents {
+                contents: vec![json!({"uri": uri, "mimeType": "text/plain", "text": "zero"})],
+                cache: super::CacheHint::default(),
+            }),
+            _ => Err(super::CallError::UnknownResource(uri.to_owned())),
+        }
+    }
+
+    async fn get_prompt(
+        &self,
+        _request: super::RequestContext<'_>,
+        name: &str,
+        arguments: &std::collections::BTreeMap<String, String>,
+    ) -> Result<super::PromptResult, super::CallError> {
+        if name != "echo" {
+            return Err(super::CallError::UnknownPrompt(name.to_owned()));
+        }
+        Ok(super::PromptResult {
+            description: Some("echoes".into()),
+            messages: vec![json!({"role": "user", "content": {"type": "text",
+                "text": format!("{arguments:?}")}})],
+        })
+    }
+
+    async fn complete(
+        &self,
+        _request: super::RequestContext<'_>,
+        _reference: &super::CompletionRef,
+        argument: (&str, &str),
+        _context: &std::collections::BTreeMap<String, String>,
+    ) -> Result<super::Completion, super::CallError> {
+        Ok(super::Completion {
+            values: (0..150).map(|i| format!("{}{i}", argument.1)).collect(),
+            total: Some(150),
+            has_more: false,
+        })
+    }
+}
+
+/// A 2026-07-28 POST whose `_meta` gets `meta` merged in (capabilities, log level, progress
+/// token); headers consistent with the body.
+async fn modern_meta(
+    server: &Server,
+    token: &str,
+    method: &str,
+    params: Value,
+    meta: Value,
+) -> Reply {
+    let mut body: Value = serde_json::from_str(&modern_body(1, method, params.clone())).unwrap();
+    for (key, value) in meta.as_object().unwrap() {
+        body["params"]["_meta"][key] = value.clone();
+    }
+    let auth = format!("Bearer {token}");
+    let name = params
+        .get("name")
+        .or_else(|| params.get("uri"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.push(("authorization", &auth));
+    headers.push(("mcp-protocol-version", "2026-07-28"));
+    headers.push(("mcp-method", method));
+    if let Some(name) = &name {
+        headers.push(("mcp-name", name));
+    }
+    send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &headers,
+        &body.to_string(),
+    )
+    .await
+}
+
+/// The JSON-RPC messages of a `text/event-stream` body, in order.
+fn sse_messages(reply: &Reply) -> Vec<Value> {
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    String::from_utf8(reply.body.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| {
+            let data = event
+                .strip_prefix("event: message\ndata: ")
+                .unwrap_or_else(|| panic!("not one message event: {event:?}"));
+            serde_json::from_str(data).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn resources_page_with_cursors_and_carry_cache_hints_on_2026_only() {
+    let server = start_with(FeatureBackend).await;
+    let discover = modern(&server, "t", "server/discover", json!({}), &[]).await;
+    assert_eq!(
+        discover.json()["result"]["capabilities"],
+        json!({"tools": {}, "resources": {}, "prompts": {}, "completions": {}, "logging": {}})
+    );
+    let (init, session) = initialize(&server, "t", "2025-11-25").await;
+    assert_eq!(
+        init.json()["result"]["capabilities"]["resources"],
+        json!({"subscribe": false, "listChanged": false})
+    );
+    let mut uris = Vec::new();
+    let mut cursor = Value::Null;
+    for _ in 0..10 {
+        let reply = modern(
+            &server,
+            "t",
+            "resources/list",
+            json!({"cursor": cursor}),
+            &[],
+        )
+        .await;
+        let result = &reply.json()["result"];
+        assert_eq!(result["ttlMs"], 1000);
+        assert_eq!(result["cacheScope"], "public");
+        assert_eq!(result["resultType"], "complete");
+        for item in result["resources"].as_array().unwrap() {
+            uris.push(item["uri"].as_str().unwrap().to_owned());
+        }
+        cursor = result.get("nextCursor").cloned().unwrap_or(Value::Null);
+        if cursor.is_null() {
+            break;
+        }
+    }
+    assert_eq!(uris, ["r://0", "r://1", "r://2", "r://3", "r://4"]);
+    // A cursor that is not a string, or one the backend does not know: invalid params.
+    for cursor in [json!(7), json!("nope")] {
+        let reply = modern(
+            &server,
+            "t",
+            "resources/list",
+            json!({"cursor": cursor}),
+            &[],
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+        assert_eq!(reply.json()["error"]["code"], -32602);
+    }
+    // The handshake era has no cache hints; templates default to nothing served.
+    let reply = legacy(
+        &server,
+        "t",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "resources/list"}),
+        &[("mcp-session-id", &session)],
+    )
+    .await;
+    let result = &reply.json()["result"];
+    assert_eq!(result["nextCursor"], "2");
+    assert!(result.get("ttlMs").is_none() && result.get("resultType").is_none());
+    let reply = modern(&server, "t", "resources/templates/list", json!({}), &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32601);
+    // Subscriptions are not declared, so not served.
+    let reply = legacy(
+        &server,
+        "t",
+        json!({"jsonrpc": "2.0", "id": 3, "method": "resources/subscribe", "params": {"uri": "r://0"}}),
+        &[("mcp-session-id", &session)],
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32601);
+}
+
+#[tokio::test]
+async fn unknown_or_empty_resources_are_invalid_params_naming_the_uri() {
+    let server = start_with(FeatureBackend).await;
+    let read = |uri: &'static str| {
+        let server = &server;
+        async move {
+            modern(
+                server,
+                "t",
+                "resources/read",
+                json!({"uri": uri}),
+                &[("mcp-name", uri)],
+            )
+            .await
+        }
+    };
+    let ok = read("r://0").await;
+    let result = &ok.json()["result"];
+    assert_eq!(result["contents"][0]["text"], "zero");
+    assert_eq!(result["cacheScope"], "private");
+    assert_eq!(result["ttlMs"], 0);
+    for uri in ["r://nonexistent", "r://empty"] {
+        let reply = read(uri).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{uri}");
+        let error = &reply.json()["error"];
+        assert_eq!(error["code"], -32602, "{uri}");
+        assert_eq!(error["data"]["uri"], uri);
+    }
+    let reply = modern(&server, "t", "resources/read", json!({"uri": 5}), &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32602);
+}
+
+#[tokio::test]
+async fn prompts_take_string_arguments_and_completions_are_capped_at_100() {
+    let server = start_with(FeatureBackend).await;
+    let reply = modern(
+        &server,
+        "t",
+        "prompts/get",
+        json!({"name": "echo", "arguments": {"a": "x"}}),
+        &[],
+    )
+    .await;
+    let result = &reply.json()["result"];
+    assert_eq!(result["description"], "echoes");
+    assert_eq!(result["messages"][0]["content"]["text"], "{\"a\": \"x\"}");
+    for (params, code) in [
+        (json!({"name": "echo", "arguments": {"a": 1}}), -32602),
+        (json!({"name": "echo", "arguments": "a"}), -32602),
+        (json!({"name": "nope"}), -32602),
+    ] {
+        let reply = modern(&server, "t", "prompts/get", params.clone(), &[]).await;
+        assert_eq!(reply.json()["error"]["code"], code, "{params}");
+    }
+    // prompts/list is declared but this backend kept the default: -32601, not a crash.
+    let reply = modern(&server, "t", "prompts/list", json!({}), &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32601);
+    let reply = modern(
+        &server,
+        "t",
+        "completion/complete",
+        json!({"ref": {"type": "ref/prompt", "name": "echo"}, "argument": {"name": "a", "value": "v"}}),
+        &[],
+    )
+    .await;
+    let completion = &reply.json()["result"]["completion"];
+    assert_eq!(completion["values"].as_array().unwrap().len(), 100);
+    assert_eq!(completion["values"][0], "v0");
+    assert_eq!(completion["hasMore"], true);
+    assert_eq!(completion["total"], 150);
+    for params in [
+        json!({"ref": {"type": "ref/other", "name": "echo"}, "argument": {"name": "a", "value": "v"}}),
+        json!({"ref": {"type": "ref/prompt", "name": "echo"}, "argument": {"name": "a"}}),
+        json!({"ref": {"type": "ref/prompt", "name": "echo"}, "argument": {"name": "a", "value": "v"},
+            "context": {"arguments": {"b": []}}}),
+        json!({"ref": null, "argument": null}),
+    ] {
+        let reply = modern(&server, "t", "completion/complete", params.clone(), &[]).await;
+        assert_eq!(reply.json()["error"]["code"], -32602, "{params}");
+    }
+}
+
+#[tokio::test]
+async fn progress_streams_as_server_sent_events_before_the_result() {
+    let server = start_with(FeatureBackend).await;
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "progress"}),
+        json!({"progressToken": "tok-1"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let messages = sse_messages(&reply);
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    for (message, progress) in messages.iter().zip([1.0, 2.0]) {
+        assert_eq!(message["method"], "notifications/progress");
+        assert_eq!(message["params"]["progressToken"], "tok-1");
+        assert_eq!(message["params"]["progress"], progress);
+        assert_eq!(message["params"]["total"], 3.0);
+    }
+    assert_eq!(messages[0]["params"]["message"], "one");
+    assert_eq!(messages[2]["id"], 1);
+    assert_eq!(
+        messages[2]["result"]["content"][0]["text"],
+        "wants_progress=true"
+    );
+    assert_eq!(messages[2]["result"]["resultType"], "complete");
+    // No token, or a client that takes only JSON: no notifications, a JSON answer.
+    let reply = modern(&server, "t", "tools/call", json!({"name": "progress"}), &[]).await;
+    assert_eq!(reply.header("content-type"), "application/json");
+    assert_eq!(
+        reply.json()["result"]["content"][0]["text"],
+        "wants_progress=false"
+    );
+    let mut body: Value =
+        serde_json::from_str(&modern_body(9, "tools/call", json!({"name": "progress"}))).unwrap();
+    body["params"]["_meta"]["progressToken"] = json!(5);
+    let json_only = send(
+        server.addr,
+        Method::POST,
+        "/mcp",
+        &[
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("authorization", "Bearer t"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "progress"),
+        ],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(json_only.header("content-type"), "application/json");
+    assert_eq!(json_only.json()["id"], 9);
+    // A token that is neither a string nor an integer is invalid params.
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "progress"}),
+        json!({"progressToken": {"x": 1}}),
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32602);
+    // Once streaming, a refusal that would have been HTTP 403 is a JSON-RPC error event.
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "forbidden_after_progress"}),
+        json!({"progressToken": 1}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let messages = sse_messages(&reply);
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[1]["error"]["code"], -32011);
+    assert_eq!(messages[1]["error"]["data"]["scope"], "workflows:write");
+}
+
+#[tokio::test]
+async fn log_messages_only_at_the_level_the_client_asked_for() {
+    let server = start_with(FeatureBackend).await;
+    // 2026-07-28: none without `_meta` logLevel.
+    let reply = modern(&server, "t", "tools/call", json!({"name": "log"}), &[]).await;
+    assert_eq!(reply.header("content-type"), "application/json");
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "log"}),
+        json!({"io.modelcontextprotocol/logLevel": "warning"}),
+    )
+    .await;
+    let messages = sse_messages(&reply);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(
+        messages[0],
+        json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "error", "logger": "test", "data": "error line"}})
+    );
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "log"}),
+        json!({"io.modelcontextprotocol/logLevel": "loud"}),
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32602);
+    // 2025: logging/setLevel on the session, then the POST streams.
+    let (_, session) = initialize(&server, "t", "2025-11-25").await;
+    let call =
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "log"}});
+    let before = legacy(&server, "t", call.clone(), &[("mcp-session-id", &session)]).await;
+    assert_eq!(before.header("content-type"), "application/json");
+    let set = |level: &str| json!({"jsonrpc": "2.0", "id": 6, "method": "logging/setLevel", "params": {"level": level}});
+    let reply = legacy(&server, "t", set("debug"), &[("mcp-session-id", &session)]).await;
+    assert_eq!(reply.json()["result"], json!({}));
+    let reply = legacy(&server, "t", call.clone(), &[("mcp-session-id", &session)]).await;
+    let messages = sse_messages(&reply);
+    assert_eq!(messages.len(), 3);
+    assert_eq!(messages[0]["params"]["level"], "debug");
+    assert_eq!(messages[2]["result"]["content"][0]["text"], "logged");
+    // Another token's session is not found; no session or a bad level is refused.
+    let reply = legacy(&server, "u", set("debug"), &[("mcp-session-id", &session)]).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    let reply = legacy(&server, "t", set("debug"), &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32600);
+    let reply = legacy(&server, "t", set("LOUD"), &[("mcp-session-id", &session)]).await;
+    assert_eq!(reply.json()["error"]["code"], -32602);
+}
+
+#[tokio::test]
+async fn an_undeclared_client_capability_is_32021_and_http_400() {
+    let server = start_with(FeatureBackend).await;
+    let reply = modern(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "needs_sampling"}),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let error = &reply.json()["error"];
+    assert_eq!(error["code"], -32021);
+    assert_eq!(
+        error["data"]["requiredCapabilities"],
+        json!({"sampling": {}})
+    );
+    assert_eq!(reply.json()["id"], 1);
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "needs_sampling"}),
+        json!({"io.modelcontextprotocol/clientCapabilities": {"sampling": {}}}),
+    )
+    .await;
+    assert_eq!(reply.json()["result"]["content"][0]["text"], "sampled");
+    // The transport refuses an input request for a capability the client lacks, whatever the
+    // backend asked.
+    let reply = modern(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "ask_roots"}),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.json()["error"]["data"]["requiredCapabilities"],
+        json!({"roots": {}})
+    );
+    // Capabilities that are not an object are invalid params.
+    let reply = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "needs_sampling"}),
+        json!({"io.modelcontextprotocol/clientCapabilities": ["sampling"]}),
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32602);
+}
+
+#[tokio::test]
+async fn input_required_round_trips_with_a_sealed_state_bound_to_its_request() {
+    let server = start_with(FeatureBackend).await;
+    let caps = json!({"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}});
+    let round1 = modern_meta(
+        &server,
+        "t",
+        "tools/call",
+        json!({"name": "ask"}),
+        caps.clone(),
+    )
+    .await;
+    assert_eq!(round1.status, StatusCode::OK);
+    let result = round1.json()["result"].clone();
+    assert_eq!(result["resultType"], "input_required");
+    assert_eq!(
+        result["inputRequests"]["name"]["method"],
+        "elicitation/create"
+    );
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    assert!(!state.contains("asked"), "the state is opaque: {state}");
+    let retry = |name: &'static str, responses: Value, state: Value, token: &'static str| {
+        let server = &server;
+        let caps = caps.clone();
+        async move {
+            modern_meta(
+                server,
+                token,
+                "tools/call",
+                json!({"name": name, "inputResponses": responses, "requestState": state}),
+                caps,
+            )
+            .await
+        }
+    };
+    let answer = json!({"name": {"action": "accept", "content": {"name": "Alice"}}});
+    let done = retry("ask", answer.clone(), json!(state), "t").await;
+    let result = &done.json()["result"];
+    assert_eq!(result["resultType"], "complete");
+    assert_eq!(result["content"][0]["text"], "Alice after \"ask\"");
+    // Tampered, for another tool, for another token, or not a string: invalid params, and the
+    // backend never sees it.
+    let tampered = format!("{state}-TAMPERED");
+    for (name, state, token) in [
+        ("ask", json!(tampered), "t"),
+        ("ask_other", json!(state), "t"),
+        ("ask", json!(state), "u"),
+        ("ask", json!(5), "t"),
+    ] {
+        let reply = retry(name, answer.clone(), state.clone(), token).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{name} {state} {token}"
+        );
+        assert_eq!(reply.json()["error"]["code"], -32602);
+    }
+    // inputResponses must be an object of objects.
+    for responses in [
+        json!(null),
+        json!(12345),
+        json!({"name": 12345}),
+        json!(["x"]),
+    ] {
+        let reply = retry("ask", responses.clone(), json!(state), "t").await;
+        assert_eq!(reply.json()["error"]["code"], -32602, "{responses}");
+    }
+    // Without the elicitation capability the transport will not ask.
+    let reply = modern(&server, "t", "tools/call", json!({"name": "ask"}), &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32021);
+    // The handshake era has no retry parameters: they are ignored, and a client that did not
+    // declare elicitation at initialize is not asked (see the next test for one that did).
+    let (_, session) = initialize(&server, "t", "2025-11-25").await;
+    let reply = legacy(
+        &server,
+        "t",
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "ask",
+            "inputResponses": answer, "requestState": state}}),
+        &[("mcp-session-id", &session)],
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], -32021);
+}
+
+/// A POST whose response body is read event by event (a streamed answer).
+struct EventStream {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl EventStream {
+    async fn open(addr: SocketAddr, headers: &[(&str, &str)], body: Value) -> EventStream {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri("/mcp")
+            .header("host", addr.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        EventStream {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next message event, waiting at most 5 s.
+    async fn next(&mut self) -> Value {
+        loop {
+            if let Some((event, rest)) = self.buffer.split_once("\n\n") {
+                let data = event.strip_prefix("event: message\ndata: ").unwrap();
+                let message = serde_json::from_str(data).unwrap();
+                self.buffer = rest.to_owned();
+                return message;
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
+                .await
+                .expect("an event within 5 s")
+                .expect("the stream goes on")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn legacy_input_requests_are_asked_on_the_stream_and_answered_on_the_session() {
+    let server = start_with(FeatureBackend).await;
+    let init = |capabilities: Value| {
+        let server = &server;
+        async move {
+            let reply = legacy(
+                server,
+                "t",
+                json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": capabilities,
+                    "clientInfo": {"name": "raw", "version": "0"}}}),
+                &[],
+            )
+            .await;
+            reply.header("mcp-session-id").to_owned()
+        }
+    };
+    let session = init(json!({"elicitation": {}})).await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", "Bearer t"),
+        ("mcp-protocol-version", "2025-11-25"),
+        ("mcp-session-id", session.as_str()),
+    ];
+    let call =
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "ask"}});
+    let mut stream = EventStream::open(server.addr, &headers, call.clone()).await;
+    assert_eq!(stream.status, StatusCode::OK);
+    assert_eq!(stream.headers["content-type"], "text/event-stream");
+    let request = stream.next().await;
+    assert_eq!(request["method"], "elicitation/create");
+    assert_eq!(request["params"]["message"], "name?");
+    let request_id = request["id"].as_str().unwrap().to_owned();
+    let reply = |id: &str, token: &str, session: &str| {
+        let server = &server;
+        let body = json!({"jsonrpc": "2.0", "id": id,
+            "result": {"action": "accept", "content": {"name": "Bob"}}});
+        let (token, session) = (token.to_owned(), session.to_owned());
+        async move {
+            legacy(
+                server,
+                &token,
+                body,
+                &[
+                    ("mcp-session-id", &session),
+                    ("mcp-protocol-version", "2025-11-25"),
+                ],
+            )
+            .await
+        }
+    };
+    // Another token cannot use the session; another session or id answers nothing.
+    assert_eq!(
+        reply(&request_id, "u", &session).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let other_session = init(json!({"elicitation": {}})).await;
+    assert_eq!(
+        reply(&request_id, "t", &other_session).await.status,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        reply("agentworks-nope", "t", &session).await.status,
+        StatusCode::ACCEPTED
+    );
+    // The right one is taken, and the backend runs again with it and its state.
+    assert_eq!(
+        reply(&request_id, "t", &session).await.status,
+        StatusCode::ACCEPTED
+    );
+    let answer = stream.next().await;
+    assert_eq!(answer["id"], 5);
+    assert_eq!(answer["result"]["content"][0]["text"], "Bob after \"ask\"");
+    assert!(answer["result"].get("resultType").is_none());
+    // A client that did not declare elicitation is not asked; one without a session cannot be.
+    let unable = init(json!({})).await;
+    let reply = legacy(&server, "t", call.clone(), &[("mcp-session-id", &unable)]).await;
+    assert_eq!(reply.json()["error"]["code"], -32021);
+    assert_eq!(
+        reply.json()["error"]["data"]["requiredCapabilities"],
+        json!({"elicitation": {}})
+    );
+    let reply = legacy(&server, "t", call, &[]).await;
+    assert_eq!(reply.json()["error"]["code"], -32603);
 }

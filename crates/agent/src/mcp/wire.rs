@@ -16,6 +16,9 @@ use super::Body;
 pub(super) const PROTOCOL_VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 /// `params._meta` key carrying the client's capabilities (2026-07-28).
 pub(super) const CLIENT_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `params._meta` key carrying the least severe log level the client wants (2026-07-28; no
+/// log messages without it).
+pub(super) const LOG_LEVEL_META_KEY: &str = "io.modelcontextprotocol/logLevel";
 /// `result._meta` key carrying our name and version on `server/discover`.
 pub(super) const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
 
@@ -43,8 +46,11 @@ pub(super) mod code {
     pub const INVALID_PARAMS: i64 = -32602;
     /// Headers missing, duplicated or disagreeing with the body (2026-07-28).
     pub const HEADER_MISMATCH: i64 = -32020;
+    /// Answering needs a client capability the request did not declare (2026-07-28).
+    pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
     /// The request's protocol version is not served (2026-07-28).
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+    pub const INTERNAL_ERROR: i64 = -32603;
     // Ours, for HTTP-level refusals of a JSON-RPC request (the answer keeps its HTTP status;
     // `data.code` is the stable code). From the implementation-defined band -32000..-32019,
     // above the Python SDK's own -32000 (connection closed) and -32001 (request timeout),
@@ -103,6 +109,7 @@ impl RpcError {
             | code::INVALID_REQUEST
             | code::INVALID_PARAMS
             | code::HEADER_MISMATCH
+            | code::MISSING_CLIENT_CAPABILITY
             | code::UNSUPPORTED_PROTOCOL_VERSION => StatusCode::BAD_REQUEST,
             code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
             _ => StatusCode::OK,
@@ -124,8 +131,12 @@ pub(super) enum Message {
         method: String,
         params: Map<String, Value>,
     },
-    /// A client's reply to a server request (we never send any).
-    Reply,
+    /// A client's reply to one of our requests (2025 era: sampling, elicitation, roots):
+    /// its id, and its `result` or, if it failed, its `error`.
+    Reply {
+        id: Value,
+        outcome: Result<Value, Value>,
+    },
 }
 
 /// Parses a POST body into one message. Errors carry the request id when it could be read.
@@ -159,8 +170,19 @@ pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
         return Err(invalid(echo, "jsonrpc must be \"2.0\""));
     }
     let Some(method) = object.get("method") else {
-        if id.is_some() && (object.contains_key("result") || object.contains_key("error")) {
-            return Ok(Message::Reply);
+        if let Some(id) = id.clone() {
+            if let Some(result) = object.get("result") {
+                return Ok(Message::Reply {
+                    id,
+                    outcome: Ok(result.clone()),
+                });
+            }
+            if let Some(error) = object.get("error") {
+                return Ok(Message::Reply {
+                    id,
+                    outcome: Err(error.clone()),
+                });
+            }
         }
         return Err(invalid(echo, "method is required"));
     };
@@ -228,7 +250,7 @@ pub(super) fn classify_era(version_header: Option<&str>, message: &Message) -> E
             .get("_meta")
             .and_then(Value::as_object)
             .is_some_and(|meta| meta.contains_key(PROTOCOL_VERSION_META_KEY)),
-        Message::Reply => false,
+        Message::Reply { .. } => false,
     };
     match version_header {
         _ if has_envelope => Era::Modern,
@@ -576,7 +598,21 @@ mod tests {
             parse_message(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
         assert!(matches!(n, Message::Notification { .. }));
         let r = parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
-        assert_eq!(r, Message::Reply);
+        assert_eq!(
+            r,
+            Message::Reply {
+                id: json!("a"),
+                outcome: Ok(json!({}))
+            }
+        );
+        let r = parse_message(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1}}"#).unwrap();
+        assert_eq!(
+            r,
+            Message::Reply {
+                id: json!(3),
+                outcome: Err(json!({"code": 1}))
+            }
+        );
     }
 
     #[test]
@@ -660,7 +696,16 @@ mod tests {
         assert_eq!(classify_era(Some("2024-11-05"), &plain), Era::Legacy);
         assert_eq!(classify_era(Some("2026-07-28"), &plain), Era::Modern);
         assert_eq!(classify_era(Some("2099-01-01"), &plain), Era::Modern);
-        assert_eq!(classify_era(None, &Message::Reply), Era::Legacy);
+        assert_eq!(
+            classify_era(
+                None,
+                &Message::Reply {
+                    id: json!(1),
+                    outcome: Ok(json!({}))
+                }
+            ),
+            Era::Legacy
+        );
     }
 
     #[test]
