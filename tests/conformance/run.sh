@@ -87,10 +87,11 @@ done
 MCP_BEARER_TOKEN="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$out/quickstart.json")"
 export MCP_BEARER_TOKEN
 agentd_url="http://localhost:$http_port/mcp"
-# The scored scenarios of each revision that apply to agentd's own endpoint (the rest exercise
-# fixture tools, prompts and features only the fixture serves), and the header checks.
-agentd_scenarios_2026_07_28="server-stateless tools-list http-header-validation dns-rebinding-protection caching"
-agentd_scenarios_2025_11_25="server-initialize ping tools-list dns-rebinding-protection server-sse-multiple-streams logging-set-level"
+# The scored scenarios of each revision that apply to agentd's own endpoint, and the header
+# checks. The others need what only the fixture serves: its named tools, resources (e.g.
+# `test://static-text`) and prompts, logging, completion, sampling and elicitation.
+agentd_scenarios_2026_07_28="server-stateless tools-list http-header-validation dns-rebinding-protection caching resources-list sep-2164-resource-not-found"
+agentd_scenarios_2025_11_25="server-initialize ping tools-list dns-rebinding-protection server-sse-multiple-streams resources-list"
 for requirements in 2026-07-28 2025-11-25; do
   scenarios_var="agentd_scenarios_${requirements//-/_}"
   for scenario in ${!scenarios_var}; do

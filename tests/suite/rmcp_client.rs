@@ -417,3 +417,113 @@ fn rmcp_drives_every_file_tool_through_success_and_refusal() {
     assert_eq!(read("workflow.json").as_deref(), Some("{}"));
     assert!(!std::path::Path::new("/tmp/escaped.md").exists());
 }
+
+/// Project files as resources through rmcp: paged listing of exactly the files the token may
+/// read, reads with the MIME type and the revision in `_meta`, the template, and the guard:
+/// traversal (also percent-encoded), a symlink out and another user's workflow are refused.
+#[test]
+fn rmcp_lists_and_reads_project_files_as_resources_under_the_read_guard() {
+    use rmcp::model::{PaginatedRequestParams, ReadResourceRequestParams};
+    let stack = Stack::start();
+    let (wf, _) = stack.user_with_project("alice", "demo", &["workflows:read"]);
+    let (other_wf, _) = stack.user_with_project("alice", "second", &["workflows:read"]);
+    let (bobs_wf, _) = stack.user_with_project("bob", "bobs", &["workflows:read"]);
+    let token = stack.token("alice", &["workflows:read"], json!({"project": "demo"}));
+    let documents = stack.state.documents();
+    for i in 0..120 {
+        let file = documents.join(format!("demo/src/f{i:03}.rs"));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, format!("// {i}\n")).unwrap();
+    }
+    std::fs::write(documents.join("demo/notes with space.md"), "# notes\n").unwrap();
+    std::fs::write(documents.join("second/hidden.md"), "SECRET-SECOND\n").unwrap();
+    std::fs::write(documents.join("bobs/secret.md"), "SECRET-BOB\n").unwrap();
+    std::fs::write(stack.state.root().join("outside.txt"), "SECRET-OUTSIDE\n").unwrap();
+    std::os::unix::fs::symlink(
+        stack.state.root().join("outside.txt"),
+        documents.join("demo/link.md"),
+    )
+    .unwrap();
+    let uri =
+        |workflow: &str, path: &str| format!("agentworks://workflows/{workflow}/files/{path}");
+    block_on(async {
+        let client = connect(&stack, &token).await;
+        let first = client.list_resources(None).await.unwrap();
+        assert_eq!(first.resources.len(), 100);
+        let cursor = first.next_cursor.clone().expect("a second page");
+        let second = client
+            .list_resources(Some(
+                PaginatedRequestParams::default().with_cursor(Some(cursor)),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(second.next_cursor, None);
+        let all: Vec<Value> = first
+            .resources
+            .iter()
+            .chain(&second.resources)
+            .map(|r| serde_json::to_value(r).unwrap())
+            .collect();
+        let uris: Vec<&str> = all.iter().filter_map(|r| r["uri"].as_str()).collect();
+        // 120 sources and the notes: no symlink, nothing of the second workflow or of bob's.
+        assert_eq!(uris.len(), 121, "{uris:?}");
+        assert!(
+            uris.contains(&uri(&wf, "notes%20with%20space.md").as_str()),
+            "{uris:?}"
+        );
+        assert!(
+            uris.iter()
+                .all(|u| u.starts_with(&uri(&wf, "")) && !u.ends_with("link.md")),
+            "{uris:?}"
+        );
+        let notes = all
+            .iter()
+            .find(|r| r["name"] == "notes with space.md")
+            .unwrap();
+        assert_eq!(notes["mimeType"], "text/markdown");
+
+        let read = client
+            .read_resource(ReadResourceRequestParams::new(uri(
+                &wf,
+                "notes%20with%20space.md",
+            )))
+            .await
+            .unwrap();
+        let contents = serde_json::to_value(&read.contents).unwrap();
+        assert_eq!(contents[0]["text"], "# notes\n");
+        assert_eq!(contents[0]["mimeType"], "text/markdown");
+        assert_eq!(
+            contents[0]["_meta"]["agentworks/revision"],
+            revision("# notes\n")
+        );
+
+        let templates = client.list_resource_templates(None).await.unwrap();
+        let templates = serde_json::to_value(&templates.resource_templates).unwrap();
+        assert_eq!(
+            templates[0]["uriTemplate"],
+            "agentworks://workflows/{workflow_id}/files/{+path}"
+        );
+
+        // Refused: traversal (plain and encoded), a symlink out, a workflow outside the token,
+        // another user's workflow, a foreign scheme. Each is a JSON-RPC error, never content.
+        for (target, expect) in [
+            (uri(&wf, "../second/hidden.md"), "path_refused"),
+            (uri(&wf, "%2e%2e/%2e%2e/outside.txt"), "path_refused"),
+            (uri(&wf, "link.md"), "path_refused"),
+            (uri(&other_wf, "hidden.md"), "ErrorCode(-32602)"),
+            (uri(&bobs_wf, "secret.md"), "ErrorCode(-32602)"),
+            ("file:///etc/passwd".to_owned(), "ErrorCode(-32602)"),
+        ] {
+            let refused = client
+                .read_resource(ReadResourceRequestParams::new(target.clone()))
+                .await;
+            let message = format!("{:?}", refused.expect_err(&target));
+            assert!(
+                message.contains("ErrorCode(-32602)") && message.contains(expect),
+                "{target}: {message}"
+            );
+            assert!(!message.contains("SECRET"), "{target}: {message}");
+        }
+        client.cancel().await.unwrap();
+    });
+}

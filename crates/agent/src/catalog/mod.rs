@@ -14,6 +14,7 @@
 //!
 //! `table` (the operations, schemas, scopes and annotations) is pure.
 
+mod resources;
 mod table;
 
 pub use table::{
@@ -142,6 +143,42 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
         arguments: Map<String, Value>,
     ) -> Result<mcp::ToolResult, CallError> {
         self.call(request.caller, name, arguments).await
+    }
+
+    /// Project files are resources (see [`resources`]); nothing else beyond tools is served.
+    fn features(&self) -> mcp::Features {
+        mcp::Features {
+            resources: true,
+            ..mcp::Features::default()
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        request: RequestContext<'_>,
+        cursor: Option<&str>,
+    ) -> Result<mcp::Page, CallError> {
+        self.resource_page(request.caller, cursor).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: RequestContext<'_>,
+        _cursor: Option<&str>,
+    ) -> Result<mcp::Page, CallError> {
+        Ok(mcp::Page {
+            items: vec![resources::template()],
+            next_cursor: None,
+            cache: mcp::CacheHint::default(),
+        })
+    }
+
+    async fn read_resource(
+        &self,
+        request: RequestContext<'_>,
+        uri: &str,
+    ) -> Result<mcp::ResourceContents, CallError> {
+        self.read_file_resource(request.caller, uri).await
     }
 }
 

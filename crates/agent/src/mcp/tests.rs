@@ -1382,25 +1382,22 @@ async fn legacy_tool_results_wrap_non_object_structured_content() {
 
 // ---------------------------------------------------------------------------------------------
 // Resources, prompts, completion, notifications and input-required, over a backend that
-// serves them (agentd's serves none of them: checked first).
+// serves them (agentd's serves resources only, its project files: checked first).
 
 #[tokio::test]
-async fn a_backend_declaring_nothing_new_keeps_its_capabilities_and_serves_nothing_more() {
+async fn agentds_catalog_declares_resources_only_and_serves_nothing_more() {
     let server = start().await;
     let discover = modern(&server, "read", "server/discover", json!({}), &[]).await;
     assert_eq!(
         discover.json()["result"]["capabilities"],
-        json!({"tools": {}})
+        json!({"tools": {}, "resources": {}})
     );
     let (init, session) = initialize(&server, "read", "2025-11-25").await;
     assert_eq!(
         init.json()["result"]["capabilities"],
-        json!({"tools": {"listChanged": false}})
+        json!({"tools": {"listChanged": false}, "resources": {"subscribe": false, "listChanged": false}})
     );
     for (method, params) in [
-        ("resources/list", json!({})),
-        ("resources/templates/list", json!({})),
-        ("resources/read", json!({"uri": "agentworks://x"})),
         ("prompts/list", json!({})),
         ("prompts/get", json!({"name": "p"})),
         (
