@@ -13,6 +13,7 @@ mod gatewayd;
 pub mod harness;
 mod laptop;
 mod ownership;
+mod patch_set;
 mod quickstart;
 mod sandbox;
 mod systemd;
