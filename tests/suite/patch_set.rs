@@ -530,3 +530,123 @@ fn a_patch_set_killed_after_preparing_is_not_applied_anywhere() {
     assert_eq!(read(&dir, "two.txt").as_deref(), Some(TWO));
     assert_eq!(read(&dir, "three.txt"), None);
 }
+
+#[test]
+fn a_set_at_the_file_bound_applies_and_one_file_more_is_refused() {
+    const MAX_FILES: usize = 64;
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[]);
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let create = |i: usize| format!("--- /dev/null\n+++ b/many/f{i}.txt\n@@ -0,0 +1 @@\n+{i}\n");
+    let over: String = (0..=MAX_FILES).map(create).collect();
+    let (code, details) = patch_set(&client, &alice, &over, json!({}), "over").unwrap_err();
+    assert_eq!(code, "patch_rejected", "{details}");
+    assert!(!dir.join("many").exists());
+
+    let at: String = (0..MAX_FILES).map(create).collect();
+    let started = std::time::Instant::now();
+    let done = patch_set(&client, &alice, &at, json!({}), "at").unwrap();
+    eprintln!(
+        "a patch set of {MAX_FILES} new files applied in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(states(&done["files"]), ["applied"; MAX_FILES]);
+    assert_eq!(all_files(&dir.join("many")).len(), MAX_FILES);
+    assert_eq!(read(&dir, "many/f63.txt").as_deref(), Some("63\n"));
+    let receipt = client.receipt(&alice, "at").unwrap();
+    assert_eq!(receipt["files"].as_array().unwrap().len(), MAX_FILES);
+}
+
+/// The receipts table as the first workspaced created it (unique on user and request id).
+const FIRST_LAYOUT: &str = "
+CREATE TABLE receipts (
+    receipt_id TEXT PRIMARY KEY, request_id TEXT NOT NULL, operation TEXT NOT NULL,
+    project TEXT NOT NULL, path TEXT NOT NULL, to_path TEXT, user_id TEXT NOT NULL,
+    user_name TEXT NOT NULL, connection_id TEXT, source TEXT NOT NULL,
+    previous_revision TEXT NOT NULL, resulting_revision TEXT NOT NULL, state TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL, payload_hash TEXT NOT NULL,
+    before_content BLOB, before_truncated INTEGER NOT NULL,
+    UNIQUE (user_id, request_id)
+);
+CREATE INDEX receipts_by_path ON receipts (path, created_at_ms);
+CREATE INDEX receipts_by_state ON receipts (state);
+";
+
+#[test]
+fn a_receipt_store_in_the_first_layout_is_migrated_at_start_and_keeps_every_receipt() {
+    use std::os::unix::fs::PermissionsExt;
+    let state = StateRoot::new();
+    let dir = state.project("demo", &[("a.txt", "after\n")]);
+    let root = state.documents().canonicalize().unwrap().join("demo");
+    let receipts = state
+        .root()
+        .join("files/receipts")
+        .join(agentworks_daemon::layout::root_key(&root));
+    std::fs::create_dir_all(&receipts).unwrap();
+    for d in [
+        state.root().join("files"),
+        state.root().join("files/receipts"),
+        receipts.clone(),
+    ] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    {
+        let conn = rusqlite::Connection::open(receipts.join("receipts.db")).unwrap();
+        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+            .unwrap();
+        conn.execute_batch(FIRST_LAYOUT).unwrap();
+        let insert = |id: &str, request: &str, state: &str, before: &str| {
+            conn.execute(
+                "INSERT INTO receipts VALUES (?1, ?2, 'write', 'demo', 'a.txt', NULL, 'id-alice', \
+                 'alice', 'conn-test', 'test', ?3, ?4, ?5, 1000, 1000, 'h', ?6, 0)",
+                rusqlite::params![
+                    id,
+                    request,
+                    revision(before),
+                    revision("after\n"),
+                    state,
+                    before.as_bytes()
+                ],
+            )
+            .unwrap();
+        };
+        insert("rcpt_old", "old-req", "applied", "before\n");
+        // Left prepared by a crash of the old daemon; the disk holds its result.
+        insert("rcpt_open", "open-req", "prepared", "between\n");
+    }
+    let daemon = Workspaced::start(&state);
+    let client = daemon.client();
+    let alice = ctx("demo", "alice");
+    let old = client.receipt(&alice, "old-req").unwrap();
+    assert_eq!(
+        (&old["receipt_id"], &old["state"], &old["operation"]),
+        (&json!("rcpt_old"), &json!("applied"), &json!("write"))
+    );
+    assert!(old.get("files").is_none(), "{old}");
+    let open = client.receipt(&alice, "open-req").unwrap();
+    assert_eq!(open["state"], "applied", "reconciled from the disk: {open}");
+    let history = client
+        .json("/v1/history", json!({"context": alice, "path": "a.txt"}))
+        .unwrap();
+    let entries = history["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[1]["before_content"], "before\n");
+    // The old ids stay taken; a patch set now lives beside them.
+    let (code, _) = client
+        .write(&alice, "a.txt", "x", &revision("after\n"), "old-req")
+        .unwrap_err();
+    assert_eq!(code, "request_id_reused");
+    let diff = "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-after\n+later\n--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+b\n";
+    let done = patch_set(
+        &client,
+        &alice,
+        diff,
+        json!({"a.txt": revision("after\n")}),
+        "set",
+    )
+    .unwrap();
+    assert_eq!(states(&done["files"]), ["applied", "applied"]);
+    assert_eq!(read(&dir, "a.txt").as_deref(), Some("later\n"));
+}

@@ -12,7 +12,8 @@
 //!    payload is the same, else `request_id_reused`.
 //! 3. Validate every file before any changes: opened through `confine` (no symlink, no escape,
 //!    no second hard link), revision checked, UTF-8, every hunk matching exactly, each result
-//!    within `max_file_bytes` and all of them within [`SET_BYTES_FACTOR`] times it. Any failure
+//!    within `max_file_bytes`, and the contents held for the whole set (each file as read plus
+//!    as it will be) within [`SET_CONTENT_FACTOR`] times it. Any failure
 //!    is the first file's error (wrapped in [`WorkspaceError::InFile`], naming it) and nothing
 //!    has changed: no receipt, no folder, no file.
 //! 4. Every receipt *prepared*, in one transaction.
@@ -52,9 +53,13 @@ use std::sync::Mutex;
 pub const MAX_PATCH_SET_FILES: usize = 64;
 /// Most hunks in one patch set, all files together.
 pub const MAX_PATCH_SET_HUNKS: usize = 10_000;
-/// The diff, and the new contents of all its files together, are at most this many times
-/// `max_file_bytes` (each file is at most `max_file_bytes` on its own).
+/// The diff is at most this many times `max_file_bytes`.
 pub const SET_BYTES_FACTOR: u64 = 4;
+/// What a set holds in memory while it is checked and applied, every file's current and new
+/// content together, is at most this many times `max_file_bytes` (each file is at most
+/// `max_file_bytes` on its own): a short diff naming many large files would otherwise make one
+/// request hold up to [`MAX_PATCH_SET_FILES`] × 2 × `max_file_bytes`.
+pub const SET_CONTENT_FACTOR: u64 = 8;
 
 /// One file of the request, named and checked against the guard.
 struct SetFile {
@@ -276,23 +281,31 @@ impl Workspace {
         project: &Project,
         files: &[SetFile],
     ) -> Result<Vec<PlannedFile>, WorkspaceError> {
-        let total_limit = self.limits.max_file_bytes.saturating_mul(SET_BYTES_FACTOR);
+        let total_limit = self
+            .limits
+            .max_file_bytes
+            .saturating_mul(SET_CONTENT_FACTOR);
         let mut total: u64 = 0;
         let mut planned = Vec::with_capacity(files.len());
         for (index, file) in files.iter().enumerate() {
             let one = self
                 .plan_file(project, file)
                 .map_err(in_file(index, &file.path))?;
-            total = total.saturating_add(match &one.step {
+            let before = one.before.as_ref().map_or(0, Vec::len) as u64;
+            let after = match &one.step {
                 Step::Ready(p) => match &p.action {
                     super::change::Action::Replace { content, .. } => content.len() as u64,
                     _ => 0,
                 },
                 Step::CreateInNewFolder(content) => content.len() as u64,
-            });
+            };
+            total = total.saturating_add(before).saturating_add(after);
             if total > total_limit {
                 return Err(WorkspaceError::TooLarge {
-                    path: format!("the patch set's new contents (up to file {})", index + 1),
+                    path: format!(
+                        "the patch set's contents before and after (files 1 to {})",
+                        index + 1
+                    ),
                     size: total,
                     limit: total_limit,
                 });
@@ -353,7 +366,7 @@ impl Workspace {
             FileChange::Delete => Revision::Missing,
             _ => Revision::of(result.as_bytes()),
         };
-        let step = match (current, file.change) {
+        let mut step = match (current, file.change) {
             (None, _) => Step::CreateInNewFolder(result.into_bytes()),
             (Some(current), FileChange::Delete) => {
                 Step::Ready(Box::new(self.plan_delete(path.clone(), current)?))
@@ -364,8 +377,9 @@ impl Workspace {
                 result.into_bytes(),
             ))),
         };
-        let before = match &step {
-            Step::Ready(p) => p.before.clone(),
+        // The receipt's before-content, moved out of the plan (`apply` never reads it).
+        let before = match &mut step {
+            Step::Ready(p) => p.before.take(),
             Step::CreateInNewFolder(_) => None,
         };
         Ok(PlannedFile {
@@ -688,5 +702,39 @@ mod tests {
         assert_eq!(error.code(), "too_large", "{error}");
         assert!(error.to_string().contains("big.txt"), "{error}");
         assert!(!f.project.join("big.txt").exists());
+    }
+
+    #[test]
+    fn what_a_set_holds_in_memory_is_bounded_across_its_files() {
+        // Five files of 900 KiB under a 1 MiB max_file_bytes: each is allowed, but read and
+        // rewritten together they pass 8 MiB, and the set is refused before any change.
+        let body = format!("first\n{}\n", "y".repeat(900 * 1024));
+        let names: Vec<String> = (0..5).map(|i| format!("f{i}.txt")).collect();
+        let files: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), body.as_str())).collect();
+        let f = fixture(&files);
+        let diff: String = names
+            .iter()
+            .map(|n| format!("--- a/{n}\n+++ b/{n}\n@@ -1 +1 @@\n-first\n+FIRST\n"))
+            .collect();
+        let expected: Vec<(&str, Revision)> = names
+            .iter()
+            .map(|n| (n.as_str(), Revision::of(body.as_bytes())))
+            .collect();
+        let error = f
+            .workspace
+            .patch_set(&request(&diff, &expected, "heavy"))
+            .unwrap_err();
+        assert_eq!(error.code(), "too_large", "{error}");
+        assert!(error.to_string().contains("files 1 to 5"), "{error}");
+        for name in &names {
+            assert_eq!(std::fs::read_to_string(f.project.join(name)).unwrap(), body);
+        }
+        // Four of them fit.
+        let four: String = diff.split_inclusive("+FIRST\n").take(4).collect();
+        let done = f
+            .workspace
+            .patch_set(&request(&four, &expected[..4], "lighter"))
+            .unwrap();
+        assert_eq!(done.files.len(), 4);
     }
 }
