@@ -650,3 +650,45 @@ fn a_receipt_store_in_the_first_layout_is_migrated_at_start_and_keeps_every_rece
     assert_eq!(states(&done["files"]), ["applied", "applied"]);
     assert_eq!(read(&dir, "a.txt").as_deref(), Some("later\n"));
 }
+
+#[test]
+fn a_file_failing_part_way_stops_the_set_and_says_which_files_changed() {
+    let state = StateRoot::new();
+    let dir = state.project("p", &[("one.txt", ONE), ("two.txt", TWO)]);
+    let alice = ctx("p", "alice");
+    let expected = json!({"one.txt": revision(ONE)});
+    let daemon = Workspaced::start_with(
+        &state,
+        Options {
+            failpoint: Some("patch_set_before_2:fail".into()),
+            ..Options::default()
+        },
+    );
+    let client = daemon.client();
+    let (code, details) =
+        patch_set(&client, &alice, CRASH_DIFF, expected.clone(), "part").unwrap_err();
+    assert_eq!(code, "partially_applied", "{details}");
+    assert_eq!(
+        (&details["path"], &details["file_index"]),
+        (&json!("two.txt"), &json!(1)),
+        "{details}"
+    );
+    assert_eq!(
+        states(&details["files"]),
+        ["applied", "not_applied", "not_applied"],
+        "{details}"
+    );
+    assert_eq!(read(&dir, "one.txt").as_deref(), Some("ONE\n"));
+    assert_eq!(read(&dir, "two.txt").as_deref(), Some(TWO));
+    assert_eq!(read(&dir, "three.txt"), None);
+    let receipt = client.receipt(&alice, "part").unwrap();
+    assert_eq!(receipt["state"], "uncertain", "{receipt}");
+    assert_eq!(
+        states(&receipt["files"]),
+        ["applied", "not_applied", "not_applied"]
+    );
+    // The same request again answers the recorded states; it does not finish the set.
+    let again = patch_set(&client, &alice, CRASH_DIFF, expected, "part").unwrap();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(read(&dir, "two.txt").as_deref(), Some(TWO));
+}

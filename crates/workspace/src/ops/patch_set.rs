@@ -403,7 +403,18 @@ impl Workspace {
     ) -> Result<PatchSetResponse, WorkspaceError> {
         for (index, file) in planned.into_iter().enumerate() {
             let path = file.path.clone();
-            let applied = match file.step {
+            // `patch_set_before_<n>:fail`: file n fails before anything of it is written.
+            let applied = if failpoint::hit(&format!("patch_set_before_{}", index + 1)) == Hit::Fail
+            {
+                Err(WorkspaceError::io(
+                    "patch_set_before",
+                    &path,
+                    std::io::Error::other("failpoint"),
+                ))
+            } else {
+                Ok(())
+            };
+            let applied = applied.and_then(|()| match file.step {
                 Step::Ready(planned) => self.apply(&planned).map(|()| *planned),
                 Step::CreateInNewFolder(content) => self
                     .current(project, &path, true)
@@ -412,7 +423,7 @@ impl Workspace {
                         Ok(self.plan_replace(path.clone(), current, content))
                     })
                     .and_then(|planned| self.apply(&planned).map(|()| planned)),
-            };
+            });
             let planned = match applied {
                 Ok(planned) => planned,
                 Err(error) => {
