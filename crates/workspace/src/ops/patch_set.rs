@@ -30,6 +30,17 @@
 //! per-file states (`replayed: true`); the caller re-reads and sends the files still to change
 //! under a new request id, exactly as a single-file change is never retried by workspaced.
 //!
+//! What "from the disk" can know: after a SIGKILL the disk holds exactly what was renamed or
+//! unlinked, so a file whose new revision is there is applied; after a power loss a rename
+//! whose folder fsync had not completed may be undone, and the file then reports not applied,
+//! which is again what the disk holds. A file holding neither revision (changed by someone
+//! else since) is `uncertain`.
+//!
+//! Failpoints (debug builds, `AGENTWORKS_FAILPOINT`), `n` counting files from 1:
+//! `patch_set_before_<n>` before file n is staged, `patch_set_renamed_<n>` after its rename and
+//! folder fsync but before its receipt is marked applied, `patch_set_applied_<n>` after that;
+//! the single-file steps' failpoints fire inside each file's apply too.
+//!
 //! Must never: change a file before every file of the set is validated and every receipt is
 //! durable; follow a symlink or leave the project; apply a file after an earlier one failed.
 
