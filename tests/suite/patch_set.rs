@@ -273,6 +273,9 @@ fn protected_traversal_symlinks_and_the_revision_rule_are_refused_before_any_cha
         ],
     );
     symlink(outside.path(), dir.join("linkdir")).unwrap();
+    // A file with a second name: that name could be any file, so it is never read or changed.
+    std::fs::write(dir.join("linked.txt"), "m\n").unwrap();
+    std::fs::hard_link(dir.join("linked.txt"), dir.join("hl.txt")).unwrap();
     let daemon = Workspaced::start(&state);
     let client = daemon.client();
     let alice = ctx("demo", "alice");
@@ -311,6 +314,13 @@ fn protected_traversal_symlinks_and_the_revision_rule_are_refused_before_any_cha
             json!({}),
             "path_refused",
             None,
+        ),
+        (
+            "hard link",
+            modify("hl.txt", "m"),
+            json!({"hl.txt": m_rev}),
+            "path_refused",
+            Some("hl.txt"),
         ),
         (
             "modify without a revision",
