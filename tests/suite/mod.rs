@@ -14,6 +14,7 @@ pub mod harness;
 mod laptop;
 mod mcp_tools;
 mod ownership;
+mod patch_set;
 mod quickstart;
 mod rmcp_client;
 mod sandbox;

@@ -10,7 +10,9 @@
 //! `/v1/search`, `/v1/history`, `/v1/receipt`. Changes (each with `expected_revision` and
 //! `request_id`, answered with a [`ChangeResponse`]): `/v1/write`, `/v1/patch`, `/v1/edit`
 //! ([`EditRequest`], answered with an [`EditAnswer`]), `/v1/move`, `/v1/delete`,
-//! `/v1/restore`. Positions are 0-based where a caller gives them (edit indexes, read
+//! `/v1/restore`; `/v1/patch_set` ([`PatchSetRequest`], a multi-file diff, answered with a
+//! [`PatchSetResponse`]) has one receipt per file under its one request id, and `/v1/receipt`
+//! answers a [`ReceiptAnswer`] listing them. Positions are 0-based where a caller gives them (edit indexes, read
 //! offsets); search numbers lines from 1, as editors show them.
 
 use agentworks_core::guard::Guard;
@@ -296,6 +298,110 @@ pub struct ChangeResponse {
     pub receipt: Receipt,
 }
 
+/// `/v1/patch_set`: a multi-file unified diff (create, modify, delete) under one request id.
+///
+/// Every file needs a `--- `/`+++ ` header pair (`a/`/`b/` prefixes are removed); `--- /dev/null`
+/// creates a file (it must not exist), `+++ /dev/null` deletes one (its hunks must remove every
+/// line), the same path on both sides modifies it. Renames, quoted paths and a path named twice
+/// are refused. The whole set is checked (guard, confinement, hunks, revisions, sizes) before
+/// any file changes; any failure changes nothing and names the file.
+///
+/// `expected_revisions` maps paths (as the diff names them) to revisions. The rule: a modified
+/// file needs its entry (its hunks check only the lines they touch, so without the revision a
+/// change elsewhere in the file since it was read would be silently kept under a stale diff);
+/// a deleted file may omit it (its hunks must remove every line, so the diff itself states the
+/// whole content being deleted); a created file may omit it or give `missing`. An entry naming
+/// a path the diff does not change is refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSetRequest {
+    pub context: Context,
+    pub diff: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_revisions: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// What a patch set does to one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileAction {
+    Created,
+    Modified,
+    Deleted,
+}
+
+impl FileAction {
+    /// Read from a receipt's revisions (a patch set never leaves a file unchanged).
+    pub fn of(previous: &Revision, resulting: &Revision) -> FileAction {
+        match (previous, resulting) {
+            (Revision::Missing, _) => FileAction::Created,
+            (_, Revision::Missing) => FileAction::Deleted,
+            _ => FileAction::Modified,
+        }
+    }
+}
+
+/// One file of a [`PatchSetResponse`], in the diff's order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PatchSetFile {
+    pub path: String,
+    pub action: FileAction,
+    /// This file's receipt state.
+    pub state: ReceiptState,
+    pub previous_revision: Revision,
+    /// The revision the file has after the change; `null` for a deleted file.
+    pub revision: Option<Revision>,
+    /// Lines the diff adds to and removes from this file.
+    pub added_lines: usize,
+    pub removed_lines: usize,
+    pub receipt: Receipt,
+}
+
+/// The answer to a patch set (applied, or replayed from its receipts).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PatchSetResponse {
+    /// The set's state: `applied` or `not_applied` only when every file is, else `uncertain`.
+    pub state: ReceiptState,
+    /// True when this answer is the recorded outcome of an earlier request with the same id.
+    pub replayed: bool,
+    pub request_id: String,
+    pub files: Vec<PatchSetFile>,
+}
+
+/// The state of a set of files: `applied` / `not_applied` only when all agree, `prepared` while
+/// any is undecided, else `uncertain`.
+pub fn set_state(states: impl IntoIterator<Item = ReceiptState>) -> ReceiptState {
+    let mut all = states.into_iter().peekable();
+    let Some(first) = all.peek().copied() else {
+        return ReceiptState::Uncertain;
+    };
+    let mut result = first;
+    for state in all {
+        if state == ReceiptState::Prepared {
+            return ReceiptState::Prepared;
+        }
+        if state != result {
+            result = ReceiptState::Uncertain;
+        }
+    }
+    result
+}
+
+/// `/v1/receipt`'s answer: the receipt as it always was, plus, for a patch set, every file's.
+///
+/// For a patch set the top-level receipt is the first file's, except that its `state` is the
+/// set's ([`set_state`]), so a caller that reads only the top level never sees `applied` for a
+/// set of which a file is not applied; `files` holds each file's own receipt, in the diff's
+/// order (each with its `part`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReceiptAnswer {
+    #[serde(flatten)]
+    pub receipt: Receipt,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<Receipt>>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiptRequest {
@@ -388,6 +494,8 @@ pub enum Operation {
     Delete,
     Restore,
     Edit,
+    /// One file of a `/v1/patch_set` (the receipt's `part` says which).
+    PatchSet,
 }
 
 impl Operation {
@@ -399,6 +507,7 @@ impl Operation {
             Operation::Delete => "delete",
             Operation::Restore => "restore",
             Operation::Edit => "edit",
+            Operation::PatchSet => "patch_set",
         }
     }
 
@@ -409,6 +518,7 @@ impl Operation {
             "delete" => Operation::Delete,
             "restore" => Operation::Restore,
             "edit" => Operation::Edit,
+            "patch_set" => Operation::PatchSet,
             _ => Operation::Write,
         }
     }
@@ -441,6 +551,16 @@ pub struct Receipt {
     #[serde(skip)]
     pub before_content: Option<Vec<u8>>,
     pub before_truncated: bool,
+    /// Which file of a patch set this receipt is; absent for every other change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<ReceiptPart>,
+}
+
+/// A receipt's place in a patch set: file `index` (0-based, the diff's order) of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiptPart {
+    pub index: u32,
+    pub count: u32,
 }
 
 #[cfg(test)]
@@ -456,6 +576,7 @@ mod tests {
             Operation::Delete,
             Operation::Restore,
             Operation::Edit,
+            Operation::PatchSet,
         ] {
             assert_eq!(Operation::parse(op.as_str()), op);
             let json = serde_json::to_value(op).unwrap();
@@ -496,5 +617,16 @@ mod tests {
         let json = serde_json::to_value(&preview).unwrap();
         assert_eq!(json["dry_run"], true);
         assert_eq!(serde_json::from_value::<EditAnswer>(json).unwrap(), preview);
+    }
+
+    #[test]
+    fn a_set_is_applied_or_not_applied_only_when_every_file_is() {
+        use ReceiptState::*;
+        assert_eq!(set_state([Applied, Applied]), Applied);
+        assert_eq!(set_state([NotApplied, NotApplied]), NotApplied);
+        assert_eq!(set_state([Applied, NotApplied]), Uncertain);
+        assert_eq!(set_state([Applied, Prepared, NotApplied]), Prepared);
+        assert_eq!(set_state([Uncertain, Applied]), Uncertain);
+        assert_eq!(set_state([]), Uncertain);
     }
 }

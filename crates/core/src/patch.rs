@@ -23,6 +23,44 @@ pub enum PatchError {
         "hunk {hunk} starts before the end of hunk {previous}; hunks must be ordered and must not overlap"
     )]
     Overlap { hunk: usize, previous: usize },
+    #[error("the diff is {size} bytes; a patch set takes at most {limit}")]
+    DiffTooLarge { size: usize, limit: usize },
+    #[error("the diff changes {count} files; a patch set changes at most {limit}")]
+    TooManyFiles { count: usize, limit: usize },
+    #[error("the diff has {count} hunks; a patch set takes at most {limit}")]
+    TooManyHunks { count: usize, limit: usize },
+    #[error(
+        "file {file} of the diff has no --- / +++ header naming it; every file of a patch set needs one"
+    )]
+    MissingHeader { file: usize },
+    #[error(
+        "file {file} of the diff renames {from} to {to}; a patch set cannot rename (move the file first)"
+    )]
+    Rename {
+        file: usize,
+        from: String,
+        to: String,
+    },
+    #[error("file {file} of the diff names /dev/null on both sides")]
+    NoPath { file: usize },
+    #[error(
+        "file {file} of the diff names {path:?}, a quoted or escaped path; only plain paths are accepted"
+    )]
+    QuotedPath { file: usize, path: String },
+    #[error(
+        "the file is deleted (+++ /dev/null) but its hunks leave {bytes} bytes of it; a deletion's hunks remove every line"
+    )]
+    DeleteLeavesContent { bytes: usize },
+    #[error("the hunks change nothing in the file")]
+    NoChange,
+    #[error(
+        "{path} appears twice in the diff (files {first} and {second}); send one part per file"
+    )]
+    DuplicatePath {
+        path: String,
+        first: usize,
+        second: usize,
+    },
 }
 
 /// Apply a single-file unified diff to `base`, matching every hunk exactly where it says.
@@ -197,6 +235,129 @@ pub fn split_files(diff: &str) -> Result<Vec<FileDiff>, PatchError> {
     Ok(files)
 }
 
+// ----- Patch sets: multi-file diffs for workspaced's `/v1/patch_set` -----
+//
+// The input is hostile: its size, its number of files and of hunks are bounded before any
+// per-file work, every file must name itself with a `--- `/`+++ ` pair, and renames, quoted
+// paths and a path named twice are refused. Paths are returned as written (after the `a/`/`b/`
+// prefix); confining them is the caller's job.
+
+/// Bounds on a patch set's diff, checked before any file is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchSetLimits {
+    pub max_diff_bytes: usize,
+    pub max_files: usize,
+    pub max_hunks: usize,
+}
+
+/// What a patch set does to one file, read from its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileChange {
+    /// `--- /dev/null`: the file must not exist.
+    Create,
+    /// Same path on both sides.
+    Modify,
+    /// `+++ /dev/null`: its hunks must remove every line.
+    Delete,
+}
+
+/// One file of a patch set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePatch {
+    /// The path as the headers name it (prefix `a/`/`b/` removed), not yet confined.
+    pub path: String,
+    pub change: FileChange,
+    /// This file's headers and hunks, for [`apply_strict`].
+    pub text: String,
+    /// Lines the hunks add and remove.
+    pub added: usize,
+    pub removed: usize,
+}
+
+/// `+` and `-` lines of one file's hunks, and its hunk count (headers are not hunk lines:
+/// [`split_files`] put exactly two header lines first).
+fn hunk_stats(text: &str) -> (usize, usize, usize) {
+    let (mut added, mut removed, mut hunks) = (0, 0, 0);
+    for line in text.lines().skip(2) {
+        if line.starts_with("@@ ") {
+            hunks += 1;
+        } else if line.starts_with('+') {
+            added += 1;
+        } else if line.starts_with('-') {
+            removed += 1;
+        }
+    }
+    (added, removed, hunks)
+}
+
+/// Split and check a multi-file diff: bounded, every part headed, no renames, no path twice.
+/// Files are numbered from 1 in errors, in the diff's order.
+pub fn parse_patch_set(diff: &str, limits: PatchSetLimits) -> Result<Vec<FilePatch>, PatchError> {
+    if diff.len() > limits.max_diff_bytes {
+        return Err(PatchError::DiffTooLarge {
+            size: diff.len(),
+            limit: limits.max_diff_bytes,
+        });
+    }
+    let parts = split_files(diff)?;
+    if parts.len() > limits.max_files {
+        return Err(PatchError::TooManyFiles {
+            count: parts.len(),
+            limit: limits.max_files,
+        });
+    }
+    let mut files: Vec<FilePatch> = Vec::with_capacity(parts.len());
+    let mut total_hunks = 0usize;
+    for (index, part) in parts.into_iter().enumerate() {
+        let file = index + 1;
+        let (path, change) = match (part.old_path, part.new_path) {
+            (None, None) if part.text.starts_with("--- ") => {
+                return Err(PatchError::NoPath { file });
+            }
+            (None, None) => return Err(PatchError::MissingHeader { file }),
+            (None, Some(new)) => (new, FileChange::Create),
+            (Some(old), None) => (old, FileChange::Delete),
+            (Some(old), Some(new)) if old == new => (new, FileChange::Modify),
+            (Some(old), Some(new)) => {
+                return Err(PatchError::Rename {
+                    file,
+                    from: old,
+                    to: new,
+                });
+            }
+        };
+        if path.starts_with('"') || path.contains('\\') || path.chars().any(char::is_control) {
+            return Err(PatchError::QuotedPath { file, path });
+        }
+        if let Some(first) = files.iter().position(|f| f.path == path) {
+            return Err(PatchError::DuplicatePath {
+                path,
+                first: first + 1,
+                second: file,
+            });
+        }
+        let (added, removed, hunks) = hunk_stats(&part.text);
+        if hunks == 0 {
+            return Err(PatchError::Empty);
+        }
+        total_hunks += hunks;
+        if total_hunks > limits.max_hunks {
+            return Err(PatchError::TooManyHunks {
+                count: total_hunks,
+                limit: limits.max_hunks,
+            });
+        }
+        files.push(FilePatch {
+            path,
+            change,
+            text: part.text,
+            added,
+            removed,
+        });
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +440,82 @@ mod tests {
         assert_eq!(bare[0].new_path, None);
         assert!(split_files("").is_err());
         assert!(split_files("@@ -x +1 @@\n").is_err());
+    }
+
+    const LIMITS: PatchSetLimits = PatchSetLimits {
+        max_diff_bytes: 4096,
+        max_files: 3,
+        max_hunks: 4,
+    };
+
+    #[test]
+    fn a_patch_set_names_each_file_and_what_happens_to_it() {
+        let diff = "diff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1,2 @@\n+a\n+b\n--- a/src/m.rs\n+++ b/src/m.rs\n@@ -1,2 +1,2 @@\n-x\n+y\n z\n--- a/old.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-gone\n";
+        let files = parse_patch_set(diff, LIMITS).expect("parses");
+        let summary: Vec<_> = files
+            .iter()
+            .map(|f| (f.path.as_str(), f.change, f.added, f.removed))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("new.txt", FileChange::Create, 2, 0),
+                ("src/m.rs", FileChange::Modify, 1, 1),
+                ("old.txt", FileChange::Delete, 0, 1),
+            ]
+        );
+        assert_eq!(apply_strict("", &files[0].text).unwrap(), "a\nb\n");
+        assert_eq!(apply_strict("x\nz\n", &files[1].text).unwrap(), "y\nz\n");
+        assert_eq!(apply_strict("gone\n", &files[2].text).unwrap(), "");
+    }
+
+    #[test]
+    fn a_patch_set_refuses_what_it_cannot_do_safely() {
+        let one = |path: &str| format!("--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-x\n+y\n");
+        let too_big = "x".repeat(LIMITS.max_diff_bytes + 1);
+        assert!(matches!(
+            parse_patch_set(&too_big, LIMITS),
+            Err(PatchError::DiffTooLarge { .. })
+        ));
+        let four: String = ["a", "b", "c", "d"].iter().map(|p| one(p)).collect();
+        assert_eq!(
+            parse_patch_set(&four, LIMITS).unwrap_err(),
+            PatchError::TooManyFiles { count: 4, limit: 3 }
+        );
+        let many_hunks = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-1\n+x\n@@ -2 +2 @@\n-2\n+x\n@@ -3 +3 @@\n-3\n+x\n@@ -4 +4 @@\n-4\n+x\n@@ -5 +5 @@\n-5\n+x\n";
+        assert_eq!(
+            parse_patch_set(many_hunks, LIMITS).unwrap_err(),
+            PatchError::TooManyHunks { count: 5, limit: 4 }
+        );
+        assert_eq!(
+            parse_patch_set("@@ -1 +1 @@\n-x\n+y\n", LIMITS).unwrap_err(),
+            PatchError::MissingHeader { file: 1 }
+        );
+        assert!(matches!(
+            parse_patch_set("--- a/f\n+++ b/g\n@@ -1 +1 @@\n-x\n+y\n", LIMITS),
+            Err(PatchError::Rename { file: 1, .. })
+        ));
+        assert_eq!(
+            parse_patch_set("--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+y\n", LIMITS)
+                .unwrap_err(),
+            PatchError::NoPath { file: 1 }
+        );
+        assert!(matches!(
+            parse_patch_set(&one("\"q\\tx\""), LIMITS),
+            Err(PatchError::QuotedPath { file: 1, .. })
+        ));
+        let twice = format!("{}{}", one("f"), one("f"));
+        assert_eq!(
+            parse_patch_set(&twice, LIMITS).unwrap_err(),
+            PatchError::DuplicatePath {
+                path: "f".into(),
+                first: 1,
+                second: 2
+            }
+        );
+        assert_eq!(
+            parse_patch_set("--- a/f\n+++ b/f\n", LIMITS).unwrap_err(),
+            PatchError::Empty
+        );
     }
 }

@@ -68,6 +68,27 @@ pub enum WorkspaceError {
         reason: String,
         receipt: Box<Receipt>,
     },
+    /// One file of a patch set was refused; the code and details are the inner error's, with
+    /// the file's path and its place in the diff (`file_index`, 0-based) added.
+    #[error("file {} of the patch set ({path}): {source}", index + 1)]
+    InFile {
+        index: usize,
+        path: String,
+        source: Box<WorkspaceError>,
+    },
+    /// A patch set stopped part way: some files were changed, the rest were not; `files` holds
+    /// each file's receipt state.
+    #[error(
+        "patch set {request_id:?} stopped at file {} ({path}): {reason}; the files before it were changed and it and the files after it were not (see files)",
+        index + 1
+    )]
+    PartiallyApplied {
+        request_id: String,
+        index: usize,
+        path: String,
+        reason: String,
+        files: Vec<agentworks_contract::workspaced::PatchSetFile>,
+    },
     #[error("no receipt for request id {request_id:?}")]
     ReceiptNotFound { request_id: String },
     #[error("{0}")]
@@ -121,6 +142,8 @@ impl WorkspaceError {
             WorkspaceError::AuditUnavailable(_) => "audit_unavailable",
             WorkspaceError::MetadataNotKept(_) => "ownership_not_kept",
             WorkspaceError::Uncertain { .. } => "uncertain",
+            WorkspaceError::InFile { source, .. } => source.code(),
+            WorkspaceError::PartiallyApplied { .. } => "partially_applied",
             WorkspaceError::ReceiptNotFound { .. } => "not_found",
             WorkspaceError::CannotRestore(_) => "cannot_restore",
             WorkspaceError::Io { .. } => "io_error",
@@ -137,7 +160,8 @@ impl WorkspaceError {
             "revision_conflict"
             | "request_id_reused"
             | "request_in_progress"
-            | "cannot_restore" => StatusCode::CONFLICT,
+            | "cannot_restore"
+            | "partially_applied" => StatusCode::CONFLICT,
             "patch_rejected" | "edit_no_match" | "edit_not_unique" | "ownership_not_kept" => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -148,6 +172,23 @@ impl WorkspaceError {
 
     fn details(&self) -> Map<String, Value> {
         let value = match self {
+            WorkspaceError::InFile {
+                index,
+                path,
+                source,
+            } => {
+                let mut inner = source.details();
+                inner.insert("path".into(), json!(path));
+                inner.insert("file_index".into(), json!(index));
+                return inner;
+            }
+            WorkspaceError::PartiallyApplied {
+                index, path, files, ..
+            } => json!({
+                "path": path,
+                "file_index": index,
+                "files": files,
+            }),
             WorkspaceError::Path(e) => json!({"reason": e.reason()}),
             WorkspaceError::Guard(e) => json!({"reason": e.reason()}),
             WorkspaceError::Confine(ConfineError::Symlink { path }) => {

@@ -2,7 +2,7 @@
 //!
 //! It owns every managed read and write of project files: the per-project lock ([`lock`]),
 //! durable receipts ([`receipts`]), ownership and ACL carry-over ([`acl`]), the operations
-//! themselves ([`ops`]), the socket API ([`server`], errors in [`error`]), its command line
+//! themselves ([`ops`], a multi-file patch set among them), the socket API ([`server`], errors in [`error`]), its command line
 //! ([`cli`]) and its start as a daemon, with the capabilities it keeps ([`start`]). Paths are
 //! confined by `agentworks_fs::confine`, revisions are `agentworks_core::revision`'s, and the
 //! socket's bodies are `agentworks_contract::workspaced`.

@@ -3,7 +3,15 @@
 //! A receipt is written *prepared* before a change touches the documents tree and marked
 //! *applied* (or *not_applied*) after; a prepared receipt left by a crash is reconciled from
 //! the file on disk, never guessed (`workspace::ops`). Request ids are scoped to the caller:
-//! the unique key is `(user_id, request_id)`, so one person's id never finds another's receipt.
+//! the unique key is `(user_id, request_id, part_index)`, so one person's id never finds
+//! another's receipt, and a patch set holds one receipt per file (`part_index` 0..`part_count`)
+//! under its one request id; every other change is part 0 of 1.
+//!
+//! Schema versions (`PRAGMA user_version`): 0 is the first layout, unique on
+//! `(user_id, request_id)`, which SQLite cannot relax in place; [`ReceiptStore::open`] rebuilds
+//! such a table into version 2 in one transaction, copying every row (rowid included, so the
+//! history's order is kept) and checking the count before it commits; a store newer than this
+//! binary knows is refused, never rewritten.
 //!
 //! `synchronous=FULL` because NORMAL in WAL mode can lose the last committed transactions on
 //! power loss, and a receipt that vanishes after we answered "applied" is a lie. Receipts are
@@ -30,7 +38,7 @@ pub enum ReceiptError {
     },
 }
 
-pub use agentworks_contract::workspaced::{Operation, Receipt, ReceiptState};
+pub use agentworks_contract::workspaced::{Operation, Receipt, ReceiptPart, ReceiptState};
 
 /// The receipt database of one project root.
 pub struct ReceiptStore {
@@ -38,8 +46,12 @@ pub struct ReceiptStore {
     conn: Connection,
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS receipts (
+/// The layout this binary writes (`PRAGMA user_version`).
+const SCHEMA_VERSION: i64 = 2;
+
+/// The version-2 table, created as `{table}`.
+const TABLE: &str = "
+CREATE TABLE IF NOT EXISTS {table} (
     receipt_id TEXT PRIMARY KEY,
     request_id TEXT NOT NULL,
     operation TEXT NOT NULL,
@@ -58,15 +70,80 @@ CREATE TABLE IF NOT EXISTS receipts (
     payload_hash TEXT NOT NULL,
     before_content BLOB,
     before_truncated INTEGER NOT NULL,
-    UNIQUE (user_id, request_id)
+    part_index INTEGER NOT NULL DEFAULT 0,
+    part_count INTEGER NOT NULL DEFAULT 1,
+    UNIQUE (user_id, request_id, part_index)
 );
+";
+
+const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS receipts_by_path ON receipts (path, created_at_ms);
 CREATE INDEX IF NOT EXISTS receipts_by_state ON receipts (state);
 ";
 
-const COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
+/// The columns version 0 had, all kept by the migration.
+const V0_COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
     connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
     updated_at_ms, payload_hash, before_content, before_truncated";
+
+const COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
+    connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
+    updated_at_ms, payload_hash, before_content, before_truncated, part_index, part_count";
+
+/// Bring the store to [`SCHEMA_VERSION`]: create it, migrate version 0, or refuse a newer one.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "the receipt store has schema version {version}; this workspaced knows {SCHEMA_VERSION} at most"
+        )));
+    }
+    if version == SCHEMA_VERSION {
+        return conn.execute_batch(&format!(
+            "{}{INDEXES}",
+            TABLE.replace("{table}", "receipts")
+        ));
+    }
+    // IMMEDIATE: no other writer between reading the old table and replacing it.
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrated = (|| -> rusqlite::Result<()> {
+        let exists: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts')",
+            [],
+            |r| r.get(0),
+        )?;
+        if exists {
+            let before: i64 = conn.query_row("SELECT COUNT(*) FROM receipts", [], |r| r.get(0))?;
+            conn.execute_batch(&format!(
+                "DROP TABLE IF EXISTS receipts_v2;
+                 {table}
+                 INSERT INTO receipts_v2 (rowid, {V0_COLUMNS}, part_index, part_count)
+                     SELECT rowid, {V0_COLUMNS}, 0, 1 FROM receipts ORDER BY rowid;",
+                table = TABLE.replace("{table}", "receipts_v2"),
+            ))?;
+            let after: i64 =
+                conn.query_row("SELECT COUNT(*) FROM receipts_v2", [], |r| r.get(0))?;
+            if after != before {
+                return Err(rusqlite::Error::InvalidParameterName(format!(
+                    "migrating the receipt store copied {after} of {before} receipts"
+                )));
+            }
+            conn.execute_batch("DROP TABLE receipts; ALTER TABLE receipts_v2 RENAME TO receipts;")?;
+        } else {
+            conn.execute_batch(&TABLE.replace("{table}", "receipts"))?;
+        }
+        conn.execute_batch(&format!(
+            "{INDEXES} PRAGMA user_version = {SCHEMA_VERSION};"
+        ))
+    })();
+    match migrated {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
 
 use agentworks_support::clock::now_ms;
 use agentworks_support::sqlite::open_durable;
@@ -97,6 +174,13 @@ fn row_to_receipt(row: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
         payload_hash: row.get(15)?,
         before_content: row.get(16)?,
         before_truncated: row.get::<_, i64>(17)? != 0,
+        part: match Operation::parse(&row.get::<_, String>(2)?) {
+            Operation::PatchSet => Some(ReceiptPart {
+                index: row.get(18)?,
+                count: row.get(19)?,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -109,7 +193,8 @@ impl ReceiptStore {
             path: path.clone(),
             source,
         };
-        let conn = open_durable(&path, SCHEMA).map_err(unavailable)?;
+        let conn = open_durable(&path, "").map_err(unavailable)?;
+        migrate(&conn).map_err(unavailable)?;
         Ok(ReceiptStore { path, conn })
     }
 
@@ -126,35 +211,23 @@ impl ReceiptStore {
 
     /// Record a prepared receipt. Any failure is `Unavailable`: the caller must refuse.
     pub fn insert_prepared(&self, receipt: &Receipt) -> Result<(), ReceiptError> {
-        self.conn
-            .execute(
-                &format!("INSERT INTO receipts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"),
-                params![
-                    receipt.receipt_id,
-                    receipt.request_id,
-                    receipt.operation.as_str(),
-                    receipt.project,
-                    receipt.path,
-                    receipt.to_path,
-                    receipt.user_id,
-                    receipt.user_name,
-                    receipt.connection_id,
-                    receipt.source,
-                    receipt.previous_revision.to_string(),
-                    receipt.resulting_revision.to_string(),
-                    ReceiptState::Prepared.as_str(),
-                    receipt.created_at_ms,
-                    receipt.updated_at_ms,
-                    receipt.payload_hash,
-                    receipt.before_content,
-                    receipt.before_truncated as i64,
-                ],
-            )
-            .map(|_| ())
-            .map_err(|source| ReceiptError::Unavailable {
-                path: self.path.clone(),
-                source,
-            })
+        insert_row(&self.conn, receipt).map_err(|source| ReceiptError::Unavailable {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Record every receipt of a patch set as prepared, in one transaction: all or none.
+    pub fn insert_prepared_all(&self, receipts: &[Receipt]) -> Result<(), ReceiptError> {
+        let unavailable = |source| ReceiptError::Unavailable {
+            path: self.path.clone(),
+            source,
+        };
+        let tx = self.conn.unchecked_transaction().map_err(unavailable)?;
+        for receipt in receipts {
+            insert_row(&tx, receipt).map_err(unavailable)?;
+        }
+        tx.commit().map_err(unavailable)
     }
 
     /// Move a receipt to `state`, returning the updated time.
@@ -173,15 +246,31 @@ impl ReceiptStore {
         Ok(now)
     }
 
-    /// The caller's receipt for `request_id`, if any.
+    /// The caller's receipt for `request_id`, if any (for a patch set, its first file's).
     pub fn find(&self, user_id: &str, request_id: &str) -> Result<Option<Receipt>, ReceiptError> {
         self.conn
             .query_row(
-                &format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2"),
+                &format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"),
                 params![user_id, request_id],
                 row_to_receipt,
             )
             .optional()
+            .map_err(|e| self.query_err(e))
+    }
+
+    /// Every receipt the caller holds under `request_id`, in part order (one for a single-file
+    /// change, one per file for a patch set).
+    pub fn find_all(&self, user_id: &str, request_id: &str) -> Result<Vec<Receipt>, ReceiptError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index"
+            ))
+            .map_err(|e| self.query_err(e))?;
+        let rows = stmt
+            .query_map(params![user_id, request_id], row_to_receipt)
+            .map_err(|e| self.query_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.query_err(e))
     }
 
@@ -228,6 +317,37 @@ impl ReceiptStore {
     }
 }
 
+/// One receipt row, as prepared.
+fn insert_row(conn: &Connection, receipt: &Receipt) -> rusqlite::Result<()> {
+    let (part_index, part_count) = receipt.part.map_or((0, 1), |p| (p.index, p.count));
+    conn.execute(
+        &format!("INSERT INTO receipts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
+        params![
+            receipt.receipt_id,
+            receipt.request_id,
+            receipt.operation.as_str(),
+            receipt.project,
+            receipt.path,
+            receipt.to_path,
+            receipt.user_id,
+            receipt.user_name,
+            receipt.connection_id,
+            receipt.source,
+            receipt.previous_revision.to_string(),
+            receipt.resulting_revision.to_string(),
+            ReceiptState::Prepared.as_str(),
+            receipt.created_at_ms,
+            receipt.updated_at_ms,
+            receipt.payload_hash,
+            receipt.before_content,
+            receipt.before_truncated as i64,
+            part_index,
+            part_count,
+        ],
+    )
+    .map(|_| ())
+}
+
 /// A fresh receipt id: `rcpt_` and 128 random bits in hex.
 pub fn new_receipt_id() -> String {
     let bytes: [u8; 16] = rand::random();
@@ -268,6 +388,7 @@ mod tests {
             payload_hash: "h".into(),
             before_content: None,
             before_truncated: false,
+            part: None,
         }
     }
 
@@ -309,5 +430,155 @@ mod tests {
         assert_eq!(kept.len(), BEFORE_CONTENT_CAP);
         assert!(truncated);
         assert!(!capped_before(b"small").1);
+    }
+
+    /// The first layout, exactly as the first workspaced created it.
+    const V0_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    receipt_id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    project TEXT NOT NULL,
+    path TEXT NOT NULL,
+    to_path TEXT,
+    user_id TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    connection_id TEXT,
+    source TEXT NOT NULL,
+    previous_revision TEXT NOT NULL,
+    resulting_revision TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    payload_hash TEXT NOT NULL,
+    before_content BLOB,
+    before_truncated INTEGER NOT NULL,
+    UNIQUE (user_id, request_id)
+);
+CREATE INDEX IF NOT EXISTS receipts_by_path ON receipts (path, created_at_ms);
+CREATE INDEX IF NOT EXISTS receipts_by_state ON receipts (state);
+";
+
+    fn part(mut receipt: Receipt, index: u32, count: u32) -> Receipt {
+        receipt.operation = Operation::PatchSet;
+        receipt.part = Some(ReceiptPart { index, count });
+        receipt
+    }
+
+    #[test]
+    fn a_first_layout_store_is_migrated_without_losing_a_receipt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("receipts.db");
+        {
+            let conn = open_durable(&path, V0_SCHEMA).unwrap();
+            for (i, state) in ["applied", "prepared", "not_applied"].iter().enumerate() {
+                conn.execute(
+                    &format!(
+                        "INSERT INTO receipts ({V0_COLUMNS}) VALUES (?1, ?2, 'write', 'p', ?3, NULL, \
+                         'u1', 'Alice', 'c1', 'test', 'missing', ?4, ?5, ?6, ?6, 'h', ?7, 0)"
+                    ),
+                    params![
+                        format!("r{i}"),
+                        format!("req-{i}"),
+                        format!("f{i}.txt"),
+                        Revision::of(format!("{i}").as_bytes()).to_string(),
+                        state,
+                        // The same time for all: the order is kept by rowid alone.
+                        1000i64,
+                        format!("before {i}").into_bytes(),
+                    ],
+                )
+                .unwrap();
+            }
+            let version: i64 = conn
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(version, 0);
+        }
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        let version: i64 = store
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let recent = store.recent(None, 10).unwrap();
+        let ids: Vec<_> = recent.iter().map(|r| r.receipt_id.as_str()).collect();
+        assert_eq!(ids, ["r2", "r1", "r0"], "every receipt, history order kept");
+        let r1 = store.find("u1", "req-1").unwrap().unwrap();
+        assert_eq!(
+            (
+                r1.state,
+                r1.path.as_str(),
+                r1.part,
+                r1.before_content.as_deref()
+            ),
+            (
+                ReceiptState::Prepared,
+                "f1.txt",
+                None,
+                Some(&b"before 1"[..])
+            )
+        );
+        assert_eq!(r1.resulting_revision, Revision::of(b"1"));
+        assert_eq!(store.prepared().unwrap().len(), 1);
+        // The migrated store takes a patch set under one id, and still refuses a second
+        // receipt for a single change's id.
+        store
+            .insert_prepared_all(&[
+                part(sample("s0", "u1", "set"), 0, 2),
+                part(sample("s1", "u1", "set"), 1, 2),
+            ])
+            .unwrap();
+        assert!(store.insert_prepared(&sample("r9", "u1", "req-0")).is_err());
+        drop(store);
+        // Opening again changes nothing.
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        assert_eq!(store.recent(None, 10).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_patch_set_is_prepared_all_or_nothing_and_found_in_part_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        store
+            .insert_prepared_all(&[
+                part(sample("p1", "u1", "set"), 1, 2),
+                part(sample("p0", "u1", "set"), 0, 2),
+            ])
+            .unwrap();
+        let all = store.find_all("u1", "set").unwrap();
+        let parts: Vec<_> = all
+            .iter()
+            .map(|r| (r.receipt_id.as_str(), r.part))
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                ("p0", Some(ReceiptPart { index: 0, count: 2 })),
+                ("p1", Some(ReceiptPart { index: 1, count: 2 }))
+            ]
+        );
+        assert_eq!(store.find("u1", "set").unwrap().unwrap().receipt_id, "p0");
+        // A set whose second row collides (same part twice) leaves no row at all.
+        let collide = store.insert_prepared_all(&[
+            part(sample("q0", "u1", "other"), 0, 2),
+            part(sample("q1", "u1", "other"), 0, 2),
+        ]);
+        assert!(collide.is_err());
+        assert!(store.find_all("u1", "other").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_store_from_a_newer_workspaced_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn =
+                open_durable(&dir.path().join("receipts.db"), "PRAGMA user_version = 7;").unwrap();
+            drop(conn);
+        }
+        assert!(matches!(
+            ReceiptStore::open(dir.path()),
+            Err(ReceiptError::Unavailable { .. })
+        ));
     }
 }

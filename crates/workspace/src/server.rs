@@ -65,6 +65,7 @@ async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response
         (&Method::POST, "/v1/search") => call(workspace, body, |w, r| w.search(&r)).await,
         (&Method::POST, "/v1/write") => call(workspace, body, |w, r| w.write(&r)).await,
         (&Method::POST, "/v1/patch") => call(workspace, body, |w, r| w.patch(&r)).await,
+        (&Method::POST, "/v1/patch_set") => call(workspace, body, |w, r| w.patch_set(&r)).await,
         (&Method::POST, "/v1/edit") => call(workspace, body, |w, r| w.edit(&r)).await,
         (&Method::POST, "/v1/move") => call(workspace, body, |w, r| w.move_file(&r)).await,
         (&Method::POST, "/v1/delete") => call(workspace, body, |w, r| w.delete(&r)).await,

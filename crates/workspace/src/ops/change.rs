@@ -275,7 +275,11 @@ impl Workspace {
         }
     }
 
-    fn plan_delete(&self, path: RelPath, current: Current) -> Result<Planned, WorkspaceError> {
+    pub(super) fn plan_delete(
+        &self,
+        path: RelPath,
+        current: Current,
+    ) -> Result<Planned, WorkspaceError> {
         let Some((_, stat)) = current.file else {
             return Err(ConfineError::NotFound {
                 path: path.to_string(),

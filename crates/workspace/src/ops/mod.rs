@@ -1,4 +1,4 @@
-//! The operations of workspaced: read, list, search, write, patch, edit, move, delete, receipt,
+//! The operations of workspaced: read, list, search, write, patch, patch set, edit, move, delete, receipt,
 //! history and restore, each for one project and one caller.
 //!
 //! Every operation runs on a blocking thread, under the project's cross-process lock, on fds
@@ -20,6 +20,7 @@
 //! Layout: this file holds the [`Workspace`] itself, opening it and its projects, and the
 //! helpers every operation shares; `read.rs` is read, list, search and history; `change.rs`
 //! turns each change request into a plan; `edit.rs` is the exact-text edit and its dry run; `exclude.rs` the list's exclude patterns;
+//! `patch_set.rs` the multi-file diff with one receipt per file;
 //! `pipeline.rs` runs a plan through the ordered steps above; `apply.rs` is the part of those
 //! steps that touches the tree (stage, re-check, rename or unlink, folder fsync);
 //! `recovery.rs` decides interrupted changes from the disk, at start and on request;
@@ -29,6 +30,7 @@ mod apply;
 mod change;
 mod edit;
 mod exclude;
+mod patch_set;
 mod pipeline;
 mod read;
 mod recovery;

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 /// Who is making which change: project, caller and request id. Counts the calls of one request
 /// in flight at once, so a second one waiting for the lock is told `request_in_progress`.
-type FlightKey = (String, String, String);
+pub(super) type FlightKey = (String, String, String);
 
 /// One change on its way through the pipeline: what was asked, by whom, in which project.
 struct ChangeInFlight<'a> {
@@ -54,23 +54,34 @@ impl Workspace {
             ctx.principal.user_id.clone(),
             request_id.to_owned(),
         );
+        self.counted_in_flight(&flight_key, || {
+            let change = ChangeInFlight {
+                ctx,
+                operation,
+                request_id,
+                payload_hash,
+                project: &project,
+                flight_key: &flight_key,
+            };
+            self.change_in_flight(change, plan)
+        })
+    }
+
+    /// Run `work` counted as a call of `flight_key` in flight (see [`FlightKey`]).
+    pub(super) fn counted_in_flight<T>(
+        &self,
+        flight_key: &FlightKey,
+        work: impl FnOnce() -> Result<T, WorkspaceError>,
+    ) -> Result<T, WorkspaceError> {
         *lock_poisoned(&self.in_flight)
             .entry(flight_key.clone())
             .or_insert(0) += 1;
-        let change = ChangeInFlight {
-            ctx,
-            operation,
-            request_id,
-            payload_hash,
-            project: &project,
-            flight_key: &flight_key,
-        };
-        let result = self.change_in_flight(change, plan);
+        let result = work();
         let mut in_flight = lock_poisoned(&self.in_flight);
-        if let Some(count) = in_flight.get_mut(&flight_key) {
+        if let Some(count) = in_flight.get_mut(flight_key) {
             *count -= 1;
             if *count == 0 {
-                in_flight.remove(&flight_key);
+                in_flight.remove(flight_key);
             }
         }
         result
@@ -114,17 +125,27 @@ impl Workspace {
     /// The project's lock; a timeout while another call of the same request holds or awaits
     /// it is `request_in_progress`, not a lock error.
     fn lock_for_change(&self, change: &ChangeInFlight<'_>) -> Result<ProjectLock, WorkspaceError> {
-        match self.lock(change.project) {
+        self.lock_for_request(change.project, change.flight_key, change.request_id)
+    }
+
+    /// The project's lock for a counted request (see [`Workspace::lock_for_change`]).
+    pub(super) fn lock_for_request(
+        &self,
+        project: &Project,
+        flight_key: &FlightKey,
+        request_id: &str,
+    ) -> Result<ProjectLock, WorkspaceError> {
+        match self.lock(project) {
             Ok(lock) => Ok(lock),
             Err(LockError::Timeout { .. })
                 if lock_poisoned(&self.in_flight)
-                    .get(change.flight_key)
+                    .get(flight_key)
                     .copied()
                     .unwrap_or(0)
                     > 1 =>
             {
                 Err(WorkspaceError::RequestInProgress {
-                    request_id: change.request_id.into(),
+                    request_id: request_id.into(),
                 })
             }
             Err(e) => Err(e.into()),
@@ -244,6 +265,7 @@ fn prepare_receipt(
         payload_hash,
         before_content: before,
         before_truncated,
+        part: None,
     };
     if failpoint::hit("receipt_unavailable") == Hit::Fail {
         return Err(WorkspaceError::AuditUnavailable(
@@ -260,7 +282,7 @@ fn prepare_receipt(
 
 /// Step 6: record the receipt as *applied*; if that fails the change was made but cannot be
 /// confirmed, and the answer is `uncertain`.
-fn mark_applied(
+pub(super) fn mark_applied(
     store: &Mutex<ReceiptStore>,
     request_id: &str,
     mut receipt: Receipt,
@@ -298,6 +320,8 @@ pub(super) fn audit(receipt: &Receipt) {
         // An edit is a content replacement like a patch; it shares the patch's MESSAGE_ID
         // (the daemon crate's catalogue has no edit id yet) and says `edit` in its event field.
         Operation::Edit => audit::PATCH,
+        // One event per file of a patch set, with the patch's id and `patch_set` in its field.
+        Operation::PatchSet => audit::PATCH,
     };
     tracing::info!(
         target: audit::TARGET,

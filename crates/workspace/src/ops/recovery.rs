@@ -8,7 +8,7 @@ use super::pipeline::audit;
 use super::sweep::sweep_temp_files;
 use super::{Project, Workspace, lock_poisoned, revision_on_disk, validate_request_id};
 use crate::error::WorkspaceError;
-use crate::receipts::{Receipt, ReceiptState, ReceiptStore};
+use crate::receipts::{Operation, Receipt, ReceiptState, ReceiptStore};
 use agentworks_contract::workspaced::*;
 use agentworks_core::guard::RelPath;
 use agentworks_core::revision::Revision;
@@ -87,22 +87,37 @@ impl Workspace {
         Ok(())
     }
 
-    /// The caller's receipt for a request id, reconciled if it was left prepared.
-    pub fn receipt(&self, req: &ReceiptRequest) -> Result<Receipt, WorkspaceError> {
+    /// The caller's receipt for a request id, reconciled if it was left prepared; for a patch
+    /// set, every file's receipt, each reconciled on its own (see [`ReceiptAnswer`]).
+    pub fn receipt(&self, req: &ReceiptRequest) -> Result<ReceiptAnswer, WorkspaceError> {
         validate_request_id(&req.request_id)?;
         let project = self.project(&req.context.project)?;
         let _lock = self.lock(&project)?;
         let store = self.store(&project)?;
-        let found = lock_poisoned(&store).find(&req.context.principal.user_id, &req.request_id)?;
-        let Some(mut receipt) = found else {
+        let mut found =
+            lock_poisoned(&store).find_all(&req.context.principal.user_id, &req.request_id)?;
+        for receipt in &mut found {
+            if receipt.state == ReceiptState::Prepared {
+                self.reconcile(&project, &store, receipt)?;
+            }
+        }
+        let Some(first) = found.first() else {
             return Err(WorkspaceError::ReceiptNotFound {
                 request_id: req.request_id.clone(),
             });
         };
-        if receipt.state == ReceiptState::Prepared {
-            self.reconcile(&project, &store, &mut receipt)?;
+        if first.operation != Operation::PatchSet {
+            return Ok(ReceiptAnswer {
+                receipt: first.clone(),
+                files: None,
+            });
         }
-        Ok(receipt)
+        let mut receipt = first.clone();
+        receipt.state = set_state(found.iter().map(|r| r.state));
+        Ok(ReceiptAnswer {
+            receipt,
+            files: Some(found),
+        })
     }
 
     /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.
