@@ -25,8 +25,8 @@ READ_TOKEN = os.environ["AW_READ_TOKEN"]
 RUNNER_TOKEN = os.environ["AW_RUNNER_TOKEN"]
 WORKFLOW = os.environ["AW_WORKFLOW"]
 
-NEW_TOOLS = ["edit_file", "move_file", "delete_file", "read_files", "get_file_info"]
-CHANGES = ["write_file", "edit_file", "move_file", "delete_file"]
+NEW_TOOLS = ["edit_file", "move_file", "delete_file", "apply_patch", "read_files", "get_file_info"]
+CHANGES = ["write_file", "edit_file", "move_file", "delete_file", "apply_patch"]
 
 
 def rid() -> str:
@@ -202,6 +202,48 @@ async def moves_and_deletes(client: Any) -> None:
     say(step="moves and deletes")
 
 
+async def patches(client: Any) -> None:
+    p1 = await revision_of(client, "p1.md")
+    diff = ("--- a/p1.md\n+++ b/p1.md\n@@ -1,2 +1,2 @@\n alpha\n-beta\n+BETA\n"
+            "--- /dev/null\n+++ b/patched/new.md\n@@ -0,0 +1 @@\n+new\n"
+            "--- a/p2.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-drop\n")
+    args = {"diff": diff, "request_id": rid(), "expected_revisions": {"p1.md": p1}}
+    applied = await ok(client, "apply_patch", args)
+    check(applied["state"] == "applied" and not applied["replayed"], "a patch set applies", applied)
+    check([(f["path"], f["action"], f["state"]) for f in applied["files"]] ==
+          [("p1.md", "modified", "applied"), ("patched/new.md", "created", "applied"), ("p2.md", "deleted", "applied")],
+          "one receipt per file", applied["files"])
+    check(len({f["receipt"]["receipt_id"] for f in applied["files"]}) == 3, "three receipts", applied["files"])
+    replay = await ok(client, "apply_patch", args)
+    check(replay["replayed"] is True and replay["files"] == applied["files"], "a replay answers the recording", replay)
+    await fails(client, "apply_patch", {**args, "diff": diff.replace("+BETA", "+OTHER")}, "request_id_reused")
+    stale = await fails(client, "apply_patch", {**args, "request_id": rid()}, "revision_conflict")
+    check(stale["path"] == "p1.md" and stale["file_index"] == 0, "a conflict names the file", stale)
+    receipt = await ok(client, "get_write_receipt", {"request_id": args["request_id"]})
+    check(receipt["receipt"]["state"] == "applied" and [r["path"] for r in receipt["files"]] ==
+          ["p1.md", "patched/new.md", "p2.md"], "the receipt lists every file", receipt)
+
+    # All or nothing: a hunk that does not apply in the second file leaves the first uncreated.
+    bad = ("--- /dev/null\n+++ b/never.md\n@@ -0,0 +1 @@\n+never\n"
+           "--- a/notes.md\n+++ b/notes.md\n@@ -1 +1 @@\n-not there\n+x\n")
+    notes = await revision_of(client, "notes.md")
+    result = await client.call_tool("apply_patch", {"workflow_id": WORKFLOW, "diff": bad, "request_id": rid(),
+                                                    "expected_revisions": {"notes.md": notes}})
+    error = structured(result).get("error", {})
+    check(result.is_error and error.get("path") == "notes.md" and error.get("file_index") == 1,
+          "the failing file is named", error)
+    await fails(client, "get_file_info", {"path": "never.md"}, "not_found")
+    protected = await revision_of(client, "workflow.json")
+    error = await fails(client, "apply_patch", {
+        "diff": "--- a/workflow.json\n+++ b/workflow.json\n@@ -1 +1 @@\n-{}\n\\ No newline at end of file\n+[]\n",
+        "expected_revisions": {"workflow.json": protected}, "request_id": rid()}, "forbidden")
+    check(error["reason"] == "protected" and error["path"] == "workflow.json", "a protected file in a patch", error)
+    for target in ["../escape.md", "link/escape.md", "/tmp/escape.md"]:
+        await fails(client, "apply_patch", {"diff": f"--- /dev/null\n+++ {target}\n@@ -0,0 +1 @@\n+x\n",
+                                            "request_id": rid()}, "path_refused")
+    say(step="patches")
+
+
 async def refusals(client: Any, notes: str) -> None:
     protected = await revision_of(client, "workflow.json")
     for tool, args in [
@@ -255,6 +297,7 @@ async def forbidden(url: str, notes: str) -> None:
         "edit_file": {"path": "notes.md", "edits": [{"old_text": "one", "new_text": "1"}], "expected_revision": notes},
         "move_file": {"path": "notes.md", "to_path": "n.md", "expected_revision": notes},
         "delete_file": {"path": "notes.md", "expected_revision": notes},
+        "apply_patch": {"diff": "--- /dev/null\n+++ b/x.md\n@@ -0,0 +1 @@\n+x\n"},
     }
     # A read token: the changes are not listed, and calling one is an HTTP 403.
     wire = Wire()
@@ -288,6 +331,7 @@ async def main(url: str) -> dict[str, Any]:
         await reads(client)
         applied = await edits(client)
         await moves_and_deletes(client)
+        await patches(client)
         await refusals(client, applied["revision"])
         await unknown_tool(client)
     await forbidden(url, applied["revision"])

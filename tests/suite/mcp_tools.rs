@@ -25,6 +25,8 @@ fn lay_out(stack: &Stack) -> std::path::PathBuf {
         ("src/gen/b.rs", "fn b() {}\n"),
         ("node_modules/m.js", "m\n"),
         ("build.log", "log\n"),
+        ("p1.md", "alpha\nbeta\n"),
+        ("p2.md", "drop\n"),
     ] {
         let file = demo.join(path);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -77,6 +79,15 @@ fn the_file_tools_through_the_python_sdk_against_the_real_stack() {
     assert_eq!(read("old.md"), None);
     assert_eq!(read("moved/new.md").as_deref(), Some("move me\n"));
     assert_eq!(read("elsewhere.md"), None);
+    // The one applied patch set: modified, created, deleted; the refused ones wrote nothing.
+    assert_eq!(read("p1.md").as_deref(), Some("alpha\nBETA\n"));
+    assert_eq!(read("patched/new.md").as_deref(), Some("new\n"));
+    assert_eq!(
+        (read("p2.md"), read("never.md"), read("x.md")),
+        (None, None, None)
+    );
+    assert!(!stack.state.documents().join("escape.md").exists());
+    assert!(!std::path::Path::new("/tmp/escape.md").exists());
     assert_eq!(read("back.md"), None);
     assert_eq!(read("gone.md"), None);
     assert_eq!(read("workflow.json").as_deref(), Some("{}"));
@@ -131,6 +142,9 @@ fn the_file_tools_through_the_python_sdk_against_the_real_stack() {
     assert_eq!(history("dup.md"), [mcp("edit")]);
     assert_eq!(history("old.md"), [mcp("move")]);
     assert_eq!(history("gone.md"), [mcp("delete")]);
+    for path in ["p1.md", "patched/new.md", "p2.md"] {
+        assert_eq!(history(path), [mcp("patch_set")], "{path}");
+    }
     assert_eq!(history("workflow.json"), []);
 }
 

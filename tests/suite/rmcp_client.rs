@@ -527,3 +527,142 @@ fn rmcp_lists_and_reads_project_files_as_resources_under_the_read_guard() {
         client.cancel().await.unwrap();
     });
 }
+
+/// `apply_patch` through rmcp: a multi-file set applies with one receipt per file, replays,
+/// refuses reuse, a stale revision, a protected file and traversal; then workspaced is killed
+/// (SIGKILL at a failpoint) between the first and the second file of a set, and after its
+/// restart the receipt lookup through MCP reports each file as the disk has it.
+#[test]
+fn rmcp_applies_patch_sets_and_reads_each_files_state_after_a_crash_in_the_middle() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut stack = Stack::start();
+    let (wf, token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let demo = stack.state.documents().join("demo");
+    for (path, content) in [
+        ("one.md", "one\n"),
+        ("two.md", "two\n"),
+        ("workflow.json", "{}\n"),
+    ] {
+        std::fs::write(demo.join(path), content).unwrap();
+    }
+    let read = |path: &str| std::fs::read_to_string(demo.join(path)).ok();
+    let set = "--- a/one.md\n+++ b/one.md\n@@ -1 +1 @@\n-one\n+ONE\n\
+               --- a/two.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-two\n\
+               --- /dev/null\n+++ b/three.md\n@@ -0,0 +1 @@\n+three\n";
+    let revisions = json!({"one.md": revision("one\n"), "two.md": revision("two\n")});
+    let patch = |diff: &str, expected: &Value, id: &str| json!({"workflow_id": wf, "diff": diff, "expected_revisions": expected, "request_id": id});
+
+    // The crash first: the set is killed after one.md's rename, before two.md. The running
+    // workspaced stops first (a new one would find the socket answered by the old).
+    stack.workspaced.stop();
+    stack.workspaced = Workspaced::start_with(
+        &stack.state,
+        Options {
+            failpoint: Some("patch_set_renamed_1".into()),
+            ..Options::default()
+        },
+    );
+    block_on(async {
+        let client = connect(&stack, &token).await;
+        let killed = call(&client, "apply_patch", patch(set, &revisions, "crash")).await;
+        assert!(killed.is_err(), "{killed:?}");
+        client.cancel().await.unwrap();
+    });
+    assert_eq!(stack.workspaced.child.wait().unwrap().signal(), Some(9));
+    assert_eq!(
+        (
+            read("one.md").as_deref(),
+            read("two.md").as_deref(),
+            read("three.md")
+        ),
+        (Some("ONE\n"), Some("two\n"), None)
+    );
+    stack.workspaced = Workspaced::start(&stack.state);
+    block_on(async {
+        let client = connect(&stack, &token).await;
+        let receipt = call(
+            &client,
+            "get_write_receipt",
+            json!({"workflow_id": wf, "request_id": "crash"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(receipt["receipt"]["state"], "uncertain", "{receipt}");
+        let files: Vec<(&str, &str)> = receipt["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["path"].as_str().unwrap(), r["state"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                ("one.md", "applied"),
+                ("two.md", "not_applied"),
+                ("three.md", "not_applied")
+            ]
+        );
+
+        // The rest as a new set: applies, replays, and its id cannot carry another diff.
+        let rest = "--- a/two.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-two\n\
+                    --- /dev/null\n+++ b/three.md\n@@ -0,0 +1 @@\n+three\n";
+        let applied = call(&client, "apply_patch", patch(rest, &json!({}), "rest"))
+            .await
+            .unwrap();
+        assert_eq!(applied["state"], "applied", "{applied}");
+        assert_eq!(applied["files"].as_array().map(Vec::len), Some(2));
+        let replay = call(&client, "apply_patch", patch(rest, &json!({}), "rest"))
+            .await
+            .unwrap();
+        assert_eq!(replay["replayed"], true);
+        let code = |r: Result<Value, Value>| {
+            r.expect_err("refused")["code"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert_eq!(
+            code(call(&client, "apply_patch", patch(set, &revisions, "rest")).await),
+            "request_id_reused"
+        );
+        // one.md is ONE now: the original revision is stale, and the conflict names the file.
+        let stale = call(&client, "apply_patch", patch(set, &revisions, "stale"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (stale["code"].as_str(), stale["path"].as_str()),
+            (Some("revision_conflict"), Some("one.md")),
+            "{stale}"
+        );
+        let protected = call(
+            &client,
+            "apply_patch",
+            patch(
+                "--- a/workflow.json\n+++ b/workflow.json\n@@ -1 +1 @@\n-{}\n+[]\n",
+                &json!({"workflow.json": revision("{}\n")}),
+                "protected",
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(protected["reason"], "protected", "{protected}");
+        for target in ["../escape.md", "/tmp/escape.md"] {
+            let diff = format!("--- /dev/null\n+++ {target}\n@@ -0,0 +1 @@\n+x\n");
+            assert_eq!(
+                code(call(&client, "apply_patch", patch(&diff, &json!({}), target)).await),
+                "path_refused"
+            );
+        }
+        client.cancel().await.unwrap();
+    });
+    assert_eq!(
+        (
+            read("one.md").as_deref(),
+            read("two.md"),
+            read("three.md").as_deref()
+        ),
+        (Some("ONE\n"), None, Some("three\n"))
+    );
+    assert_eq!(read("workflow.json").as_deref(), Some("{}\n"));
+    assert!(!stack.state.documents().join("escape.md").exists());
+}

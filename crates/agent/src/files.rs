@@ -21,8 +21,9 @@ use crate::identity::{IdentityStore, Project};
 use crate::mcp::{Caller, ToolError};
 use agentworks_contract::workspaced::{
     ChangeResponse, Context, DeleteRequest, EditAnswer, EditRequest, ListRequest, ListResponse,
-    MoveRequest, Principal, ReadRequest, ReadResponse, Receipt, ReceiptRequest, SearchRequest,
-    SearchResponse, StatRequest, StatResponse, TextEdit, WriteRequest,
+    MoveRequest, PatchSetRequest, PatchSetResponse, Principal, ReadRequest, ReadResponse,
+    ReceiptAnswer, ReceiptRequest, SearchRequest, SearchResponse, StatRequest, StatResponse,
+    TextEdit, WriteRequest,
 };
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde::Serialize;
@@ -630,6 +631,65 @@ impl FileTools {
         Ok(Value::Object(change_answer(&project, &path, deleted)))
     }
 
+    /// A multi-file unified diff as one request: workspaced checks every file before any
+    /// changes and keeps one receipt per file under the request id. Its answer (each file's
+    /// action, state, revisions and receipt) is passed through with the workflow id added; a
+    /// refusal keeps workspaced's code and the file it names (`path`, `file_index`), and a
+    /// set stopped part way is `partially_applied` with each file's state.
+    pub async fn apply_patch(
+        &self,
+        caller: &Caller,
+        args: &Map<String, Value>,
+        source: Source,
+    ) -> Result<Value, ToolError> {
+        let diff = string_arg(args, "diff")?.to_owned();
+        let request_id = string_arg(args, "request_id")?.to_owned();
+        let expected_revisions = match args.get("expected_revisions") {
+            None => None,
+            Some(Value::Object(map)) => Some(
+                map.iter()
+                    .map(|(path, revision)| {
+                        revision
+                            .as_str()
+                            .map(|r| (path.clone(), r.to_owned()))
+                            .ok_or_else(|| {
+                                ToolError::new(
+                                    "invalid_arguments",
+                                    format!("expected_revisions.{path} must be a string"),
+                                )
+                            })
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            Some(_) => {
+                return Err(ToolError::new(
+                    "invalid_arguments",
+                    "expected_revisions must be an object of path → revision",
+                ));
+            }
+        };
+        let (project, applied) = self
+            .change_in_project::<_, PatchSetResponse>(
+                caller,
+                args,
+                source,
+                "/v1/patch_set",
+                |context| PatchSetRequest {
+                    context,
+                    diff,
+                    request_id,
+                    expected_revisions,
+                },
+            )
+            .await?;
+        let mut answer = match serde_json::to_value(applied) {
+            Ok(Value::Object(answer)) => answer,
+            _ => return Err(unavailable("workspaced's patch answer could not be read")),
+        };
+        answer.insert("workflow_id".into(), json!(project.id));
+        Ok(Value::Object(answer))
+    }
+
     pub async fn get_write_receipt(
         &self,
         caller: &Caller,
@@ -645,7 +705,12 @@ impl FileTools {
             context: self.context(caller, &project, &access, source),
             request_id: request_id.to_owned(),
         };
-        let receipt: Receipt = self.workspaced("/v1/receipt", &request).await?;
-        Ok(json!({ "workflow_id": project.id, "receipt": receipt }))
+        let answer: ReceiptAnswer = self.workspaced("/v1/receipt", &request).await?;
+        let mut result = json!({ "workflow_id": project.id, "receipt": answer.receipt });
+        // A patch set: each file's own receipt (the top one carries the set's state).
+        if let Some(files) = answer.files {
+            result["files"] = json!(files);
+        }
+        Ok(result)
     }
 }

@@ -90,6 +90,7 @@ impl OperationRunner for AgentBackend {
             Operation::EditFile => self.files.edit_file(caller, &arguments, source).await,
             Operation::MoveFile => self.files.move_file(caller, &arguments, source).await,
             Operation::DeleteFile => self.files.delete_file(caller, &arguments, source).await,
+            Operation::ApplyPatch => self.files.apply_patch(caller, &arguments, source).await,
             Operation::GetWriteReceipt => {
                 self.files
                     .get_write_receipt(caller, &arguments, source)

@@ -37,6 +37,9 @@ pub enum Operation {
     MoveFile,
     /// `delete_file`: `workflow_id`, `path`, `expected_revision`, `request_id`.
     DeleteFile,
+    /// `apply_patch`: `workflow_id`, `diff` (multi-file unified), `request_id`,
+    /// `expected_revisions?`; one receipt per file under the request id.
+    ApplyPatch,
     /// `get_write_receipt`: `workflow_id`, `request_id`.
     GetWriteReceipt,
 }
@@ -54,6 +57,8 @@ pub const EDIT_FILE_MAX_EDITS: usize = 100;
 pub const LIST_FILES_MAX_EXCLUDES: usize = 64;
 /// The deepest `depth` of a `list_files` call (workspaced's walk stops at 64 levels).
 pub const LIST_FILES_MAX_DEPTH: u64 = 64;
+/// The most files one `apply_patch` diff changes (workspaced's own bound).
+pub const PATCH_MAX_FILES: usize = 64;
 /// The largest `max_entries` of a `list_files` call (workspaced's default and bound).
 pub const LIST_FILES_MAX_ENTRIES: u64 = 10_000;
 
@@ -74,7 +79,7 @@ enum Effect {
 
 impl Operation {
     /// Every operation, in catalog order.
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 12] = [
         Operation::ListWorkflows,
         Operation::ListFiles,
         Operation::ReadFile,
@@ -85,6 +90,7 @@ impl Operation {
         Operation::EditFile,
         Operation::MoveFile,
         Operation::DeleteFile,
+        Operation::ApplyPatch,
         Operation::GetWriteReceipt,
     ];
 
@@ -101,6 +107,7 @@ impl Operation {
             Operation::EditFile => "edit_file",
             Operation::MoveFile => "move_file",
             Operation::DeleteFile => "delete_file",
+            Operation::ApplyPatch => "apply_patch",
             Operation::GetWriteReceipt => "get_write_receipt",
         }
     }
@@ -119,6 +126,7 @@ impl Operation {
                 | Operation::EditFile
                 | Operation::MoveFile
                 | Operation::DeleteFile
+                | Operation::ApplyPatch
         )
     }
 
@@ -265,10 +273,23 @@ impl Operation {
                 }),
                 &["workflow_id", "path", "expected_revision", "request_id"],
             ),
+            Operation::ApplyPatch => (
+                json!({
+                    "workflow_id": workflow_id,
+                    "diff": {"type": "string", "minLength": 1, "description": "A unified diff of one or more files, each headed by ---/+++ lines with paths relative to the workflow root (a/ and b/ prefixes allowed): --- /dev/null creates a file, +++ /dev/null deletes one (its hunks remove every line). Renames are refused. At most 64 files."},
+                    "request_id": request_id,
+                    "expected_revisions": {
+                        "type": "object", "maxProperties": PATCH_MAX_FILES,
+                        "additionalProperties": {"type": "string"},
+                        "description": "File path → the revision read_file returned. Required for every modified file; a deleted file may omit it (its hunks state the whole file); a created file must not exist (\"missing\" or omitted).",
+                    },
+                }),
+                &["workflow_id", "diff", "request_id"],
+            ),
             Operation::GetWriteReceipt => (
                 json!({
                     "workflow_id": workflow_id,
-                    "request_id": {"type": "string", "description": "The request_id of the change (write, edit, move, delete) to look up."},
+                    "request_id": {"type": "string", "description": "The request_id of the change (write, edit, move, delete, patch) to look up."},
                 }),
                 &["workflow_id", "request_id"],
             ),
@@ -312,8 +333,11 @@ impl Operation {
             Operation::DeleteFile => {
                 "Delete a file in a workflow. Guarded by expected_revision; the receipt keeps its content for a restore. Retrying with the same request_id returns the same outcome."
             }
+            Operation::ApplyPatch => {
+                "Apply a multi-file unified diff (create, modify, delete) in a workflow as one request. Every file is checked first (paths, revisions, every hunk, sizes); any failure changes nothing and names the file (path, file_index). Each file gets its own receipt under the request_id; if the set stops part way, partially_applied lists each file's state. Retrying with the same request_id returns the recorded outcome."
+            }
             Operation::GetWriteReceipt => {
-                "Look up the receipt of an earlier change (write, edit, move, delete) by its request_id, to resolve an uncertain outcome."
+                "Look up the receipt of an earlier change (write, edit, move, delete, patch) by its request_id, to resolve an uncertain outcome; a patch lists each file's receipt."
             }
         }
     }
@@ -330,6 +354,7 @@ impl Operation {
             Operation::EditFile => "Edit file",
             Operation::MoveFile => "Move file",
             Operation::DeleteFile => "Delete file",
+            Operation::ApplyPatch => "Apply patch",
             Operation::GetWriteReceipt => "Get write receipt",
         }
     }
@@ -442,13 +467,14 @@ pub(super) fn meta_schema(name: &str) -> Option<Value> {
 /// annotations). A schema of ours using any other keyword would advertise a rule nobody
 /// enforces; a unit test walks every schema for that.
 #[cfg(test)]
-const CHECKED_KEYWORDS: [&str; 12] = [
+const CHECKED_KEYWORDS: [&str; 13] = [
     "type",
     "description",
     "title",
     "properties",
     "required",
     "additionalProperties",
+    "maxProperties",
     "items",
     "minItems",
     "maxItems",
@@ -459,6 +485,7 @@ const CHECKED_KEYWORDS: [&str; 12] = [
 
 /// Checks `arguments` against the subset of JSON Schema our schemas use: objects with
 /// `properties`, `required` and `additionalProperties: false` (unknown properties refused),
+/// maps (`additionalProperties` a schema every value must match, `maxProperties`),
 /// and property types `string` (`minLength`), `integer` (`minimum`, `maximum`; a fraction is
 /// not an integer), `boolean`, `object` and `array` (`items`, `minItems`, `maxItems`), nested
 /// to any depth. A failure is a [`ToolError`] with code `invalid_arguments` whose `field`
@@ -504,9 +531,23 @@ fn check_object(schema: &Value, object: &Map<String, Value>, at: &str) -> Result
         }
     }
     let closed = schema.get("additionalProperties") == Some(&Value::Bool(false));
+    // A map (`additionalProperties` is a schema): every value of it is checked against it.
+    let values = schema.get("additionalProperties").filter(|s| s.is_object());
+    if let Some(most) = bound(schema, "maxProperties")
+        && object.len() as i128 > most
+    {
+        let field = if at.is_empty() { "arguments" } else { at };
+        return Err(invalid(
+            field,
+            format!(
+                "`{field}` has {} entries; at most {most} are taken",
+                object.len()
+            ),
+        ));
+    }
     for (name, value) in object {
         let field = field_path(at, name);
-        match properties.get(name) {
+        match properties.get(name).or(values) {
             Some(property) => check_value(property, value, &field)?,
             None if closed => {
                 let known: Vec<&str> = properties.keys().map(String::as_str).collect();
@@ -785,6 +826,9 @@ mod tests {
         if let Some(items) = object.get("items") {
             assert_checked(items, &format!("{at}[]"));
         }
+        if let Some(values) = object.get("additionalProperties").filter(|v| v.is_object()) {
+            assert_checked(values, &format!("{at}{{}}"));
+        }
     }
 
     #[test]
@@ -798,6 +842,32 @@ mod tests {
     }
 
     #[test]
+    fn apply_patch_revisions_are_a_bounded_map_of_strings() {
+        let schema = Operation::ApplyPatch.input_schema();
+        let args = |revisions: Value| {
+            json!({"workflow_id": "w", "diff": "--- a/x\n", "request_id": "r", "expected_revisions": revisions})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        assert!(
+            validate_arguments(
+                &schema,
+                &args(json!({"a.md": "sha256:00", "b/c.rs": "missing"}))
+            )
+            .is_ok()
+        );
+        let wrong = validate_arguments(&schema, &args(json!({"a.md": 7}))).unwrap_err();
+        assert_eq!(wrong.details["field"], "expected_revisions.a.md");
+        let many: Map<String, Value> = (0..=PATCH_MAX_FILES)
+            .map(|i| (format!("f{i}"), json!("missing")))
+            .collect();
+        let too_many = validate_arguments(&schema, &args(Value::Object(many))).unwrap_err();
+        assert_eq!(too_many.details["field"], "expected_revisions");
+        assert!(validate_arguments(&schema, &args(json!(["a.md"]))).is_err());
+    }
+
+    #[test]
     fn every_change_takes_a_revision_and_a_request_id_and_needs_the_write_scope() {
         let changes: Vec<&str> = Operation::ALL
             .into_iter()
@@ -806,13 +876,26 @@ mod tests {
             .collect();
         assert_eq!(
             changes,
-            ["write_file", "edit_file", "move_file", "delete_file"]
+            [
+                "write_file",
+                "edit_file",
+                "move_file",
+                "delete_file",
+                "apply_patch"
+            ]
         );
         for op in Operation::ALL.into_iter().filter(|op| op.is_change()) {
             let required = op.input_schema()["required"].clone();
-            for field in ["workflow_id", "path", "expected_revision", "request_id"] {
+            // A patch names its files in the diff and their revisions in `expected_revisions`
+            // (workspaced requires one for every modified file).
+            let fields: &[&str] = if op == Operation::ApplyPatch {
+                &["workflow_id", "diff", "request_id"]
+            } else {
+                &["workflow_id", "path", "expected_revision", "request_id"]
+            };
+            for field in fields {
                 assert!(
-                    required.as_array().unwrap().contains(&json!(field)),
+                    required.as_array().unwrap().contains(&json!(*field)),
                     "{op:?} {field}"
                 );
             }
