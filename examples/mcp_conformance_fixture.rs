@@ -289,6 +289,16 @@ impl Backend for FixtureBackend {
                 "Asks only for what the client declared.",
                 no_arguments(),
             ),
+            // SEP-2243 custom headers (`http-custom-header-server-validation`): the transport
+            // refuses a 2026-07-28 call whose Mcp-Param-Region header does not mirror `region`.
+            // Last, since `http-header-validation` calls the first tool with no arguments.
+            tool(
+                "test_custom_header_param",
+                "Echoes its region, which clients mirror as the Mcp-Param-Region header.",
+                json!({"type": "object", "properties": {"region": {"type": "string",
+                    "description": "Mirrored as Mcp-Param-Region.", "x-mcp-header": "Region"}},
+                    "required": ["region"]}),
+            ),
         ]
     }
 
@@ -615,6 +625,9 @@ impl Backend for FixtureBackend {
             }
             "test_simple_text" => {
                 content(vec![text("This is a simple text response for testing.")])
+            }
+            "test_custom_header_param" => {
+                content(vec![text(&format!("region: {}", argument("region")))])
             }
             "test_image_content" => content(vec![
                 json!({"type": "image", "data": PNG, "mimeType": "image/png"}),

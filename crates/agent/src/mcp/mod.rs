@@ -13,7 +13,10 @@
 //!
 //! - **2026-07-28** (current, stateless): no `initialize`, no sessions; every request carries its
 //!   protocol version and client capabilities in `params._meta`, mirrored by the
-//!   `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers; `server/discover` advertises
+//!   `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and a `tools/call` of a tool
+//!   whose `inputSchema` annotates arguments with `x-mcp-header` by one `Mcp-Param-{Name}`
+//!   header each (SEP-2243; checked against this caller's `tools/list`, so a backend declaring
+//!   none, as agentd's, is unaffected); `server/discover` advertises
 //!   us; results carry `resultType`; a backend needing client input answers
 //!   `resultType: "input_required"` and the client retries; GET and DELETE answer 405.
 //! - **2025-06-18 / 2025-11-25** (handshake era): `initialize` negotiates the version and mints an
@@ -59,8 +62,9 @@
 //!
 //! Files:
 //!
-//! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder, error codes and
-//!   response bodies (JSON or one SSE event). Pure.
+//! - `wire`: JSON-RPC parsing, era classification, the 2026-07-28 header ladder (the routing
+//!   headers and the `Mcp-Param-*` custom headers), error codes and response bodies (JSON or
+//!   one SSE event). Pure.
 //! - `stream`: the [`Notifier`] (progress and log messages) and the bounded server-sent-event
 //!   body a request streams them on before its result.
 //! - `request_state`: the sealed `requestState` of input-required results (HMAC-SHA256).

@@ -583,7 +583,51 @@ impl<B: Backend> McpService<B> {
             progress_token,
             log_level,
         };
+        if call.method == "tools/call"
+            && let Err(error) = self.check_param_headers(&call, headers).await
+        {
+            return Ok(reject(&id, error));
+        }
         self.answer(call, id, reply).await
+    }
+
+    /// SEP-2243 custom headers: the called tool's `x-mcp-header` arguments, as this caller's
+    /// `tools/list` declares them, against the request's `Mcp-Param-*` headers
+    /// ([`wire::check_param_headers`]). A call without a string name or with non-object
+    /// arguments passes here and is refused by `invoke` as invalid params; a tool the caller
+    /// does not have passes here and is refused as unknown.
+    async fn check_param_headers(
+        &self,
+        call: &Call,
+        headers: &RoutingHeaders,
+    ) -> Result<(), RpcError> {
+        let Some(name) = call.params.get("name").and_then(Value::as_str) else {
+            return Ok(());
+        };
+        let no_arguments = Map::new();
+        let arguments = match call.params.get("arguments") {
+            None | Some(Value::Null) => &no_arguments,
+            Some(Value::Object(arguments)) => arguments,
+            Some(_) => return Ok(()),
+        };
+        let notifier = Notifier::silent();
+        let request = RequestContext {
+            caller: &call.caller,
+            era: call.era,
+            client_capabilities: &call.client_capabilities,
+            notifier: &notifier,
+            input_responses: None,
+            request_state: None,
+        };
+        let tools = self.backend.list_tools(request).await;
+        let Some(tool) = tools
+            .iter()
+            .find(|tool| tool.get("name").and_then(Value::as_str) == Some(name))
+        else {
+            return Ok(());
+        };
+        let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
+        wire::check_param_headers(name, schema, arguments, headers)
     }
 
     async fn post_legacy(

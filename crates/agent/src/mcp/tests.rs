@@ -2243,3 +2243,318 @@ async fn legacy_input_requests_are_asked_on_the_stream_and_answered_on_the_sessi
     let reply = legacy(&server, "t", call, &[]).await;
     assert_eq!(reply.json()["error"]["code"], -32603);
 }
+
+// ---------------------------------------------------------------------------------------------
+// SEP-2243 custom headers: `x-mcp-header` arguments mirrored as `Mcp-Param-{Name}`.
+
+/// A backend whose `echo` tool declares `x-mcp-header` arguments (a string at the top, an
+/// integer and a boolean nested in `options`), and whose `broken` tool declares an invalid one.
+struct ParamHeaderBackend;
+
+impl Backend for ParamHeaderBackend {
+    async fn authenticate(&self, bearer: Option<&str>) -> Result<Caller, super::Admission> {
+        let token = bearer.ok_or(AuthError::Missing)?;
+        Ok(Caller {
+            token_id: token.to_owned(),
+            user_id: token.to_owned(),
+            user_name: token.to_owned(),
+            scopes: Vec::new(),
+        })
+    }
+
+    async fn list_tools(&self, _request: super::RequestContext<'_>) -> Vec<Value> {
+        vec![
+            json!({"name": "echo", "description": "echoes", "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "region": {"type": "string", "x-mcp-header": "Region"},
+                    "options": {"type": "object", "properties": {
+                        "priority": {"type": "integer", "x-mcp-header": "Priority"},
+                        "verbose": {"type": "boolean", "x-mcp-header": "Verbose"},
+                    }},
+                    "query": {"type": "string"},
+                },
+            }}),
+            json!({"name": "broken", "description": "badly declared", "inputSchema": {
+                "type": "object",
+                "properties": {"a": {"type": "string", "x-mcp-header": "Bad Name"}},
+            }}),
+        ]
+    }
+
+    async fn call_tool(
+        &self,
+        _request: super::RequestContext<'_>,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<super::ToolResult, super::CallError> {
+        Ok(super::ToolResult {
+            content: vec![
+                json!({"type": "text", "text": format!("{name} {}", Value::Object(arguments))}),
+            ],
+            structured_content: None,
+            is_error: false,
+        })
+    }
+}
+
+/// A 2026-07-28 `tools/call` of `tool` with consistent standard headers and exactly the
+/// `Mcp-Param-*` lines given (repeats kept).
+async fn call_with_params(
+    server: &Server,
+    tool: &str,
+    arguments: Value,
+    params: &[(&str, &str)],
+) -> Reply {
+    let body = modern_body(
+        7,
+        "tools/call",
+        json!({"name": tool, "arguments": arguments}),
+    );
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.extend([
+        ("authorization", "Bearer t"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", tool),
+    ]);
+    headers.extend_from_slice(params);
+    send(server.addr, Method::POST, "/mcp", &headers, &body).await
+}
+
+#[tokio::test]
+async fn param_headers_that_mirror_the_arguments_are_accepted() {
+    let server = start_with(ParamHeaderBackend).await;
+    let long = "a".repeat(8 * 1024);
+    let cases: Vec<(Value, Vec<(&str, &str)>)> = vec![
+        // Base64 form, decoded (the suite's `sep-2243-server-decode-base64`).
+        (
+            json!({"region": "Hello"}),
+            vec![("mcp-param-region", "=?base64?SGVsbG8=?=")],
+        ),
+        // Not exactly the form: literals (`sep-2243-server-validate-param-match`).
+        (
+            json!({"region": "SGVsbG8="}),
+            vec![("mcp-param-region", "SGVsbG8=")],
+        ),
+        (
+            json!({"region": "=?base64?SGVsbG8="}),
+            vec![("mcp-param-region", "=?base64?SGVsbG8=")],
+        ),
+        (
+            json!({"region": "=?base64?=", "query": "q"}),
+            vec![("mcp-param-region", "=?base64?=")],
+        ),
+        // Non-ASCII and significant whitespace, as the specification has clients encode them.
+        (
+            json!({"region": " héllo, 世界 "}),
+            vec![("mcp-param-region", "=?base64?IGjDqWxsbywg5LiW55WMIA==?=")],
+        ),
+        // The empty string, both ways.
+        (
+            json!({"region": ""}),
+            vec![("mcp-param-region", "=?base64??=")],
+        ),
+        // Header-name case does not matter; undeclared Mcp-Param headers are ignored.
+        (
+            json!({"region": "us-west1"}),
+            vec![
+                ("MCP-PARAM-REGION", "us-west1"),
+                ("mcp-param-other", "=?base64?!!!?="),
+            ],
+        ),
+        // Nested integer (numerically: 42.0 is 42) and boolean.
+        (
+            json!({"region": "r", "options": {"priority": 42, "verbose": true}}),
+            vec![
+                ("mcp-param-region", "r"),
+                ("mcp-param-priority", "42"),
+                ("mcp-param-verbose", "true"),
+            ],
+        ),
+        (
+            json!({"options": {"priority": -7, "verbose": false}}),
+            vec![
+                ("mcp-param-priority", "-7.00"),
+                ("mcp-param-verbose", "false"),
+            ],
+        ),
+        // No value (absent or null): no header expected.
+        (json!({}), vec![]),
+        (
+            json!({"region": null, "options": {"priority": null}}),
+            vec![],
+        ),
+        // As long as a value may be.
+        (
+            json!({"region": long}),
+            vec![("mcp-param-region", long.as_str())],
+        ),
+    ];
+    for (arguments, params) in cases {
+        let reply = call_with_params(&server, "echo", arguments.clone(), &params).await;
+        assert_eq!(reply.status, StatusCode::OK, "{arguments} {params:?}");
+        let body = reply.json();
+        assert_eq!(body["result"]["resultType"], "complete", "{body}");
+        assert_eq!(
+            body["result"]["content"][0]["text"],
+            format!("echo {arguments}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn param_headers_that_are_missing_malformed_or_different_are_400_header_mismatch() {
+    let server = start_with(ParamHeaderBackend).await;
+    let long = "a".repeat(8 * 1024 + 1);
+    let hello = json!({"region": "Hello"});
+    let cases: Vec<(Value, Vec<(&str, &str)>)> = vec![
+        // Bad padding, characters outside the alphabet (`sep-2243-server-reject-invalid-param-chars`).
+        (
+            hello.clone(),
+            vec![("mcp-param-region", "=?base64?SGVsbG8?=")],
+        ),
+        (
+            hello.clone(),
+            vec![("mcp-param-region", "=?base64?SGVs!!!bG8=?=")],
+        ),
+        // Not canonical (nonzero trailing bits), URL-safe alphabet, not UTF-8 once decoded.
+        (
+            hello.clone(),
+            vec![("mcp-param-region", "=?base64?SGVsbG9=?=")],
+        ),
+        (
+            json!({"region": "\u{fb}\u{ff}"}),
+            vec![("mcp-param-region", "=?base64?w7vDvw?=")],
+        ),
+        (
+            json!({"region": "??>"}),
+            vec![("mcp-param-region", "=?base64?Pz8-?=")],
+        ),
+        (hello.clone(), vec![("mcp-param-region", "=?base64?//8=?=")]),
+        // Omitted while the body has the value (`sep-2243-server-reject-param-mismatch`).
+        (hello.clone(), vec![]),
+        (
+            json!({"region": "r", "options": {"verbose": true}}),
+            vec![("mcp-param-region", "r")],
+        ),
+        // A different value; the base64 of a different value; the prefix is case-sensitive.
+        (hello.clone(), vec![("mcp-param-region", "World")]),
+        (
+            hello.clone(),
+            vec![("mcp-param-region", "=?base64?V29ybGQ=?=")],
+        ),
+        (
+            json!({"region": "=?BASE64?SGVsbG8=?="}),
+            vec![("mcp-param-region", "=?base64?SGVsbG8=?=")],
+        ),
+        // Sent twice (first-copy and last-copy readers would disagree).
+        (
+            hello.clone(),
+            vec![("mcp-param-region", "Hello"), ("mcp-param-region", "Hello")],
+        ),
+        // A header without a value in the body (absent or null).
+        (json!({}), vec![("mcp-param-region", "Hello")]),
+        (json!({"region": null}), vec![("mcp-param-region", "null")]),
+        // Raw non-ASCII is not a header value the specification allows: base64 it.
+        (
+            json!({"region": "héllo"}),
+            vec![("mcp-param-region", "héllo")],
+        ),
+        // Too long to compare.
+        (
+            json!({"region": long}),
+            vec![("mcp-param-region", long.as_str())],
+        ),
+        // Integers and booleans by value.
+        (
+            json!({"options": {"priority": 42}}),
+            vec![("mcp-param-priority", "43")],
+        ),
+        (
+            json!({"options": {"priority": 42}}),
+            vec![("mcp-param-priority", "42.5")],
+        ),
+        (
+            json!({"options": {"priority": 42}}),
+            vec![("mcp-param-priority", "0x2a")],
+        ),
+        (
+            json!({"options": {"verbose": true}}),
+            vec![("mcp-param-verbose", "True")],
+        ),
+        // An argument that cannot be mirrored (an object where a string is declared).
+        (
+            json!({"region": {"a": 1}}),
+            vec![("mcp-param-region", "{\"a\":1}")],
+        ),
+    ];
+    for (arguments, params) in cases {
+        let reply = call_with_params(&server, "echo", arguments.clone(), &params).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{arguments} {params:?}"
+        );
+        let body = reply.json();
+        assert_eq!(
+            body["error"]["code"], -32020,
+            "{arguments} {params:?} {body}"
+        );
+        assert_eq!(body["id"], 7);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("Header mismatch: Mcp-Param-"),
+            "{message}"
+        );
+    }
+    // More Mcp-Param lines than are read: refused for a tool that declares any.
+    let many: Vec<String> = (0..65).map(|i| format!("mcp-param-x{i}")).collect();
+    let mut params: Vec<(&str, &str)> = many.iter().map(|name| (name.as_str(), "v")).collect();
+    params.push(("mcp-param-region", "Hello"));
+    let reply = call_with_params(&server, "echo", hello.clone(), &params).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.json()["error"]["code"], -32020);
+    // A tool whose own declaration is invalid is the backend's fault, never run.
+    let reply = call_with_params(&server, "broken", json!({"a": "x"}), &[]).await;
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid x-mcp-header"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn agentds_tools_declare_no_param_headers_and_ignore_stray_ones() {
+    let server = start().await;
+    let list = modern(&server, "read", "tools/list", json!({}), &[]).await;
+    assert_eq!(list.status, StatusCode::OK);
+    let tools = list.json()["result"]["tools"].clone();
+    assert!(!tools.as_array().unwrap().is_empty());
+    assert!(
+        !tools.to_string().contains("x-mcp-header"),
+        "agentd's tools declare no custom headers: {tools}"
+    );
+    let call =
+        json!({"name": "read_file", "arguments": {"workflow_id": "wf1", "path": "notes.md"}});
+    let plain = modern(&server, "read", "tools/call", call.clone(), &[]).await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert!(plain.json()["result"].is_object(), "{}", plain.json());
+    let stray = modern(
+        &server,
+        "read",
+        "tools/call",
+        call,
+        &[
+            ("mcp-param-path", "=?base64?!!!?="),
+            ("mcp-param-workflow_id", "other"),
+        ],
+    )
+    .await;
+    assert_eq!(stray.status, plain.status);
+    assert_eq!(stray.json(), plain.json());
+}

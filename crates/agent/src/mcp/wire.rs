@@ -1,6 +1,8 @@
 //! The MCP wire format on one HTTP POST: JSON-RPC message parsing, which protocol era a request
-//! belongs to, the 2026-07-28 header/body validation ladder, the error codes with their HTTP
-//! statuses, and the response bodies (`application/json`, or one `text/event-stream` event).
+//! belongs to, the 2026-07-28 header/body validation ladder (routing headers, and the
+//! `Mcp-Param-*` headers mirroring a tool's `x-mcp-header` arguments), the error codes with
+//! their HTTP statuses, and the response bodies (`application/json`, or one
+//! `text/event-stream` event).
 //!
 //! Pure: no I/O, no auth, no backend. Must never panic on any input: every malformed body or
 //! header becomes a typed [`RpcError`].
@@ -37,6 +39,17 @@ pub(super) const HEADER_PROTOCOL_VERSION: &str = "mcp-protocol-version";
 pub(super) const HEADER_METHOD: &str = "mcp-method";
 pub(super) const HEADER_NAME: &str = "mcp-name";
 pub(super) const HEADER_SESSION_ID: &str = "mcp-session-id";
+/// The prefix of the headers mirroring a tool's `x-mcp-header` arguments (`Mcp-Param-{Name}`).
+const HEADER_PARAM_PREFIX: &str = "mcp-param-";
+/// The most `Mcp-Param-*` lines one request's headers are read for (hyper bounds the whole
+/// head; this bounds what we copy of it).
+const MAX_PARAM_HEADERS: usize = 64;
+/// The longest `Mcp-Param-*` value compared (a longer one is refused, never decoded).
+const MAX_PARAM_HEADER_BYTES: usize = 8 * 1024;
+/// The most `x-mcp-header` annotations one input schema may declare, and how deep in nested
+/// `properties` they may sit. The schema is the backend's own, so these only stop a runaway.
+const MAX_PARAM_ANNOTATIONS: usize = 64;
+const MAX_PARAM_ANNOTATION_DEPTH: usize = 8;
 
 /// JSON-RPC and MCP error codes.
 pub(super) mod code {
@@ -273,6 +286,12 @@ pub(super) struct RoutingHeaders {
     pub name: Option<String>,
     /// A routing header sent more than once (first-copy and last-copy readers would disagree).
     pub duplicated: Option<&'static str>,
+    /// Every `Mcp-Param-{Name}` line, in order: the name after the prefix (lowercase, as hyper
+    /// keeps header names) and the raw value. At most [`MAX_PARAM_HEADERS`] lines.
+    pub params: Vec<(String, Vec<u8>)>,
+    /// More than [`MAX_PARAM_HEADERS`] `Mcp-Param-*` lines were sent (only refused when the
+    /// called tool declares any, since undeclared ones are ignored).
+    pub params_overflow: bool,
 }
 
 impl RoutingHeaders {
@@ -292,6 +311,19 @@ impl RoutingHeaders {
             if values.next().is_some() && routing.duplicated.is_none() {
                 routing.duplicated = Some(name);
             }
+        }
+        for (name, value) in headers {
+            let Some(param) = name.as_str().strip_prefix(HEADER_PARAM_PREFIX) else {
+                continue;
+            };
+            if routing.params.len() == MAX_PARAM_HEADERS {
+                routing.params_overflow = true;
+                break;
+            }
+            // One byte past the longest value compared is enough to refuse it as too long.
+            let value = value.as_bytes();
+            let kept = value.get(..=MAX_PARAM_HEADER_BYTES).unwrap_or(value);
+            routing.params.push((param.to_owned(), kept.to_vec()));
         }
         routing
     }
@@ -375,6 +407,225 @@ pub(super) fn check_modern_request(
         ));
     }
     Ok(version.to_owned())
+}
+
+/// One `x-mcp-header` annotation of a tool's input schema: the header's `{Name}` and the chain
+/// of `properties` keys leading to the annotated argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ParamAnnotation<'a> {
+    header: &'a str,
+    path: Vec<&'a str>,
+}
+
+/// The `x-mcp-header` annotations of `schema`: reachable through `properties` keys only (the
+/// specification's static reachability; `items`, composition keywords and `$ref` are not
+/// followed), each a non-empty RFC 9110 token, unique ignoring case. `Err` says what is wrong.
+fn param_annotations(schema: &Value) -> Result<Vec<ParamAnnotation<'_>>, String> {
+    fn walk<'a>(
+        schema: &'a Value,
+        path: &mut Vec<&'a str>,
+        out: &mut Vec<ParamAnnotation<'a>>,
+    ) -> Result<(), String> {
+        let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+            return Ok(());
+        };
+        if path.len() == MAX_PARAM_ANNOTATION_DEPTH {
+            return Err(format!(
+                "properties nested deeper than {MAX_PARAM_ANNOTATION_DEPTH} levels"
+            ));
+        }
+        for (key, property) in properties {
+            if !property.is_object() {
+                continue;
+            }
+            path.push(key);
+            if let Some(header) = property.get("x-mcp-header") {
+                let shown = path.join(".");
+                let Some(header) = header.as_str() else {
+                    return Err(format!("the annotation of {shown:?} is not a string"));
+                };
+                if header.is_empty() || !header.bytes().all(is_tchar) {
+                    return Err(format!(
+                        "the annotation of {shown:?} is not an HTTP header-name token"
+                    ));
+                }
+                if out
+                    .iter()
+                    .any(|seen| seen.header.eq_ignore_ascii_case(header))
+                {
+                    return Err(format!("{header:?} is declared twice (ignoring case)"));
+                }
+                if out.len() == MAX_PARAM_ANNOTATIONS {
+                    return Err(format!("more than {MAX_PARAM_ANNOTATIONS} annotations"));
+                }
+                out.push(ParamAnnotation {
+                    header,
+                    path: path.clone(),
+                });
+            }
+            walk(property, path, out)?;
+            path.pop();
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(schema, &mut Vec::new(), &mut out)?;
+    Ok(out)
+}
+
+/// RFC 9110 §5.6.2 `tchar`.
+fn is_tchar(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
+}
+
+/// SEP-2243 custom headers (2026-07-28 `tools/call`): for a tool whose `input_schema` declares
+/// `x-mcp-header` arguments, every argument with a value (not `null`) must come with exactly
+/// one `Mcp-Param-{Name}` header equal to it, and no such header may come without one.
+/// Undeclared `Mcp-Param-*` headers are ignored (the specification has intermediaries forward
+/// them); a schema declaring none is not looked at further, so its calls are unaffected.
+///
+/// A value in exactly the form `=?base64?…?=` is decoded strictly (standard alphabet, padded,
+/// canonical, UTF-8); any other value is a literal. Strings compare exactly, booleans as
+/// `true`/`false`, numbers numerically (`42.0` equals `42`, the specification's SHOULD).
+/// A value outside visible ASCII, space and tab is refused before it is compared.
+/// Every refusal is `HEADER_MISMATCH` (HTTP 400), except an invalid declaration: that is the
+/// backend's fault, an internal error.
+pub(super) fn check_param_headers(
+    tool: &str,
+    input_schema: &Value,
+    arguments: &Map<String, Value>,
+    headers: &RoutingHeaders,
+) -> Result<(), RpcError> {
+    let annotations = param_annotations(input_schema).map_err(|why| {
+        RpcError::new(
+            code::INTERNAL_ERROR,
+            format!("tool {tool:?} declares an invalid x-mcp-header: {why}"),
+        )
+    })?;
+    if annotations.is_empty() {
+        return Ok(());
+    }
+    let mismatch =
+        |what: String| RpcError::new(code::HEADER_MISMATCH, format!("Header mismatch: {what}"));
+    if headers.params_overflow {
+        return Err(mismatch(format!(
+            "more than {MAX_PARAM_HEADERS} Mcp-Param headers"
+        )));
+    }
+    for annotation in &annotations {
+        let header = format!("Mcp-Param-{}", annotation.header);
+        let argument = annotation.path.join(".");
+        let mut sent = headers
+            .params
+            .iter()
+            .filter(|(name, _)| name.eq_ignore_ascii_case(annotation.header))
+            .map(|(_, value)| value.as_slice());
+        let value = sent.next();
+        if sent.next().is_some() {
+            return Err(mismatch(format!("{header} header appears more than once")));
+        }
+        let body = argument_at(arguments, &annotation.path);
+        let (body, value) = match (body, value) {
+            (None, None) => continue,
+            (None, Some(_)) => {
+                return Err(mismatch(format!(
+                    "{header} header is sent but argument {argument:?} has no value"
+                )));
+            }
+            (Some(_), None) => {
+                return Err(mismatch(format!(
+                    "{header} header is missing; argument {argument:?} has a value"
+                )));
+            }
+            (Some(body), Some(value)) => (body, value),
+        };
+        let decoded =
+            decode_param_value(value).map_err(|why| mismatch(format!("{header} {why}")))?;
+        if !param_value_matches(body, &decoded) {
+            return Err(mismatch(format!(
+                "{header} header does not match argument {argument:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The argument at a chain of property keys; `null` counts as no value.
+fn argument_at<'a>(arguments: &'a Map<String, Value>, path: &[&str]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    let mut value = arguments.get(*first)?;
+    for key in rest {
+        value = value.as_object()?.get(*key)?;
+    }
+    (!value.is_null()).then_some(value)
+}
+
+/// An `Mcp-Param-*` value as text: optional whitespace around it dropped (RFC 9110 §5.5), only
+/// visible ASCII, space and tab allowed, then decoded if in the base64 form. `Err` says why not.
+fn decode_param_value(raw: &[u8]) -> Result<String, &'static str> {
+    if raw.len() > MAX_PARAM_HEADER_BYTES {
+        return Err("header is too long");
+    }
+    let is_ows = |byte: &u8| *byte == b' ' || *byte == b'\t';
+    let start = raw.iter().position(|b| !is_ows(b)).unwrap_or(raw.len());
+    let end = raw
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |last| last + 1);
+    let trimmed = raw.get(start..end).unwrap_or_default();
+    if !trimmed
+        .iter()
+        .all(|&byte| byte == b'\t' || (0x20..=0x7e).contains(&byte))
+    {
+        return Err("header contains characters outside visible ASCII (use =?base64?…?=)");
+    }
+    let text = std::str::from_utf8(trimmed).map_err(|_| "header is not ASCII")?;
+    decode_header_value(text)
+        .ok_or("header is not valid base64 (standard alphabet, padded) of UTF-8")
+}
+
+/// Whether a decoded header value mirrors a (non-null) argument.
+fn param_value_matches(body: &Value, header: &str) -> bool {
+    match body {
+        Value::String(text) => text == header,
+        Value::Bool(flag) => header == if *flag { "true" } else { "false" },
+        Value::Number(number) => {
+            if let Some(body) = number
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| number.as_u64().map(i128::from))
+            {
+                integer_value(header) == Some(body)
+            } else {
+                let finite = |n: f64| n.is_finite().then_some(n);
+                match (
+                    number.as_f64().and_then(finite),
+                    header.parse::<f64>().ok().and_then(finite),
+                ) {
+                    (Some(body), Some(header)) => body == header,
+                    _ => false,
+                }
+            }
+        }
+        // Objects and arrays cannot be mirrored (the annotation is for primitives only).
+        _ => false,
+    }
+}
+
+/// A decimal integer, optionally written with a zero fraction (`42`, `-7`, `42.0`).
+fn integer_value(text: &str) -> Option<i128> {
+    let whole = match text.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() && fraction.bytes().all(|b| b == b'0') => {
+            whole
+        }
+        Some(_) => return None,
+        None => text,
+    };
+    let digits = whole.strip_prefix('-').unwrap_or(whole);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    whole.parse().ok()
 }
 
 /// Decodes a routing header value: verbatim, unless wrapped as `=?base64?…?=`, in which case the
@@ -579,7 +830,7 @@ mod tests {
             protocol_version: version.map(str::to_owned),
             method: method.map(str::to_owned),
             name: name.map(str::to_owned),
-            duplicated: None,
+            ..RoutingHeaders::default()
         }
     }
 
@@ -774,6 +1025,88 @@ mod tests {
         let e = check_modern_request(&m4, &p4, &headers(Some("2026"), Some("tools/list"), None))
             .unwrap_err();
         assert_eq!(e.code, code::HEADER_MISMATCH);
+    }
+
+    #[test]
+    fn param_header_values_are_checked_byte_by_byte_without_panicking() {
+        assert_eq!(decode_param_value(b" \tHello\t ").as_deref(), Ok("Hello"));
+        assert_eq!(decode_param_value(b"").as_deref(), Ok(""));
+        assert_eq!(decode_param_value(b"  ").as_deref(), Ok(""));
+        assert_eq!(decode_param_value(b"a\tb").as_deref(), Ok("a\tb"));
+        for odd in [
+            &b"\xff"[..],
+            b"a\x00b",
+            b"a\rb",
+            b"a\nb",
+            b"\x7f",
+            b"h\xc3\xa9llo",
+            b"=?base64?\xff?=",
+        ] {
+            assert!(decode_param_value(odd).is_err(), "{odd:?}");
+        }
+        assert!(decode_param_value("a".repeat(MAX_PARAM_HEADER_BYTES + 1).as_bytes()).is_err());
+        assert_eq!(integer_value("42"), Some(42));
+        assert_eq!(integer_value("-7.000"), Some(-7));
+        for bad in [
+            "",
+            "-",
+            "4 2",
+            "42.",
+            "42.5",
+            "+4",
+            "1e3",
+            "0x2a",
+            ".0",
+            "9".repeat(60).as_str(),
+        ] {
+            assert_eq!(integer_value(bad), None, "{bad:?}");
+        }
+        assert!(param_value_matches(&json!(u64::MAX), &u64::MAX.to_string()));
+        assert!(param_value_matches(&json!(1.5), "1.5"));
+        assert!(!param_value_matches(&json!(1.5), "NaN"));
+        assert!(!param_value_matches(&json!([1]), "[1]"));
+    }
+
+    #[test]
+    fn param_annotations_follow_properties_only_and_must_be_unique_tokens() {
+        let schema = json!({"type": "object", "properties": {
+            "a": {"type": "string", "x-mcp-header": "A"},
+            "o": {"type": "object", "properties": {"b": {"type": "integer", "x-mcp-header": "B"}}},
+            "l": {"type": "array", "items": {"type": "string", "x-mcp-header": "Ignored"}},
+        }, "$defs": {"d": {"properties": {"c": {"x-mcp-header": "Ignored"}}}}});
+        let found = param_annotations(&schema).unwrap();
+        assert_eq!(
+            found,
+            vec![
+                ParamAnnotation {
+                    header: "A",
+                    path: vec!["a"]
+                },
+                ParamAnnotation {
+                    header: "B",
+                    path: vec!["o", "b"]
+                },
+            ]
+        );
+        assert_eq!(
+            param_annotations(&json!({"type": "object"})).unwrap(),
+            vec![]
+        );
+        assert_eq!(param_annotations(&json!("not a schema")).unwrap(), vec![]);
+        for bad in [
+            json!({"properties": {"a": {"x-mcp-header": ""}}}),
+            json!({"properties": {"a": {"x-mcp-header": "My Region"}}}),
+            json!({"properties": {"a": {"x-mcp-header": "R\u{e9}gion"}}}),
+            json!({"properties": {"a": {"x-mcp-header": 7}}}),
+            json!({"properties": {"a": {"x-mcp-header": "X"}, "b": {"x-mcp-header": "x"}}}),
+        ] {
+            assert!(param_annotations(&bad).is_err(), "{bad}");
+        }
+        let mut deep = json!({"type": "string", "x-mcp-header": "Deep"});
+        for _ in 0..=MAX_PARAM_ANNOTATION_DEPTH {
+            deep = json!({"properties": {"p": deep}});
+        }
+        assert!(param_annotations(&deep).is_err());
     }
 
     #[test]
