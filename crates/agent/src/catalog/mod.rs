@@ -145,6 +145,13 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
         self.call(request.caller, name, arguments).await
     }
 
+    /// A tool's schema is the same for every caller (what differs is whether they have the
+    /// tool, which the call itself checks): no identity lookup for the header check of each
+    /// call. None of them annotates `x-mcp-header`.
+    async fn tool_input_schema(&self, _request: RequestContext<'_>, name: &str) -> Option<Value> {
+        table::meta_schema(name).or_else(|| Operation::from_name(name).map(Operation::input_schema))
+    }
+
     /// Project files are resources (see [`resources`]); nothing else beyond tools is served.
     fn features(&self) -> mcp::Features {
         mcp::Features {
@@ -282,6 +289,37 @@ mod tests {
             user_name: "user".into(),
             scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
         }
+    }
+
+    #[tokio::test]
+    async fn the_header_check_reads_the_schema_tools_list_publishes_without_a_lookup() {
+        use crate::mcp::{Backend, Era, Notifier};
+        let catalog = Catalog::new(EchoRunner);
+        let caller = caller(&["workflows:write"]);
+        let (capabilities, notifier) = (Map::new(), Notifier::silent());
+        let request = RequestContext {
+            caller: &caller,
+            era: Era::Modern,
+            client_capabilities: &capabilities,
+            notifier: &notifier,
+            input_responses: None,
+            request_state: None,
+        };
+        let tools = catalog.list_tools(request).await;
+        assert_eq!(tools.len(), Operation::ALL.len() + 2);
+        for tool in &tools {
+            let name = tool["name"].as_str().unwrap();
+            let schema = catalog.tool_input_schema(request, name).await;
+            assert_eq!(schema.as_ref(), Some(&tool["inputSchema"]), "{name}");
+            assert!(
+                !schema.unwrap().to_string().contains("x-mcp-header"),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            catalog.tool_input_schema(request, "format_disk").await,
+            None
+        );
     }
 
     /// The least value `schema` accepts: its required properties, an array's fewest items.

@@ -362,6 +362,24 @@ pub trait Backend: Send + Sync + 'static {
     // Everything below is optional: the defaults serve nothing, and the transport neither
     // declares nor routes what [`Backend::features`] does not name.
 
+    /// The `inputSchema` of the tool `name` as this caller's `tools/list` has it, or `None`
+    /// when the caller has no such tool: read for each 2026-07-28 `tools/call` to check its
+    /// `x-mcp-header` arguments against the `Mcp-Param-*` headers. The default lists the
+    /// tools; a backend whose schemas do not depend on the caller answers it without that.
+    fn tool_input_schema(
+        &self,
+        request: RequestContext<'_>,
+        name: &str,
+    ) -> impl std::future::Future<Output = Option<serde_json::Value>> + Send {
+        async move {
+            self.list_tools(request)
+                .await
+                .into_iter()
+                .find(|tool| tool.get("name").and_then(serde_json::Value::as_str) == Some(name))
+                .and_then(|mut tool| tool.get_mut("inputSchema").map(serde_json::Value::take))
+        }
+    }
+
     /// What this backend serves besides tools.
     fn features(&self) -> Features {
         Features::default()

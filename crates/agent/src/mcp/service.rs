@@ -619,15 +619,10 @@ impl<B: Backend> McpService<B> {
             input_responses: None,
             request_state: None,
         };
-        let tools = self.backend.list_tools(request).await;
-        let Some(tool) = tools
-            .iter()
-            .find(|tool| tool.get("name").and_then(Value::as_str) == Some(name))
-        else {
+        let Some(schema) = self.backend.tool_input_schema(request, name).await else {
             return Ok(());
         };
-        let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
-        wire::check_param_headers(name, schema, arguments, headers)
+        wire::check_param_headers(name, &schema, arguments, headers)
     }
 
     async fn post_legacy(
