@@ -134,6 +134,8 @@ impl<R: OperationRunner> Catalog<R> {
         };
         workflows.sort();
         let mut items = Vec::new();
+        // The file last put on the page: the next page starts after it.
+        let mut last: Option<Cursor> = None;
         for (workflow_id, name) in workflows {
             let after = match &start {
                 Some(start) if workflow_id < start.workflow_id => continue,
@@ -160,13 +162,9 @@ impl<R: OperationRunner> Catalog<R> {
             files.sort();
             for (path, size) in files {
                 if items.len() == PAGE_SIZE {
-                    let next = Cursor {
-                        workflow_id: workflow_id.clone(),
-                        after: items_last_path(&items),
-                    };
                     return Ok(Page {
                         items,
-                        next_cursor: Some(next.encode()),
+                        next_cursor: last.as_ref().map(Cursor::encode),
                         cache: CacheHint::default(),
                     });
                 }
@@ -180,6 +178,10 @@ impl<R: OperationRunner> Catalog<R> {
                     resource["size"] = json!(size);
                 }
                 items.push(resource);
+                last = Some(Cursor {
+                    workflow_id: workflow_id.clone(),
+                    after: path.to_owned(),
+                });
             }
         }
         Ok(Page {
@@ -238,14 +240,6 @@ fn refused(error: ToolError) -> CallError {
     CallError::InvalidParams(format!("{}: {}", error.code, error.message))
 }
 
-fn items_last_path(items: &[Value]) -> String {
-    items
-        .last()
-        .and_then(|item| item["name"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
 fn object(value: Value) -> Map<String, Value> {
     match value {
         Value::Object(map) => map,
@@ -256,6 +250,7 @@ fn object(value: Value) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::AuthError;
 
     #[test]
     fn a_uri_names_exactly_one_path_and_round_trips() {
@@ -306,6 +301,68 @@ mod tests {
         for junk in ["", "zz", "7b7d", &"00".repeat(MAX_CURSOR_BYTES)] {
             assert_eq!(Cursor::decode(junk), None, "{junk:?}");
         }
+    }
+
+    /// Two workflows: `prj_a` with exactly one page of files, `prj_b` with one file whose
+    /// path sorts before prj_a's last. Every file is listed on its own URI.
+    struct TwoWorkflows;
+
+    impl OperationRunner for TwoWorkflows {
+        async fn authenticate(&self, _bearer: Option<&str>) -> Result<Caller, AuthError> {
+            Err(AuthError::Missing)
+        }
+        async fn allowed_operations(&self, _caller: &Caller) -> Vec<Operation> {
+            Operation::ALL.to_vec()
+        }
+        async fn call(
+            &self,
+            _caller: &Caller,
+            operation: Operation,
+            arguments: Map<String, Value>,
+        ) -> Result<Value, ToolError> {
+            match (
+                operation,
+                arguments.get("workflow_id").and_then(Value::as_str),
+            ) {
+                (Operation::ListWorkflows, _) => Ok(json!({"workflows": [
+                    {"workflow_id": "prj_b", "name": "b"}, {"workflow_id": "prj_a", "name": "a"}]})),
+                (Operation::ListFiles, Some("prj_a")) => Ok(json!({"entries": (0..PAGE_SIZE)
+                    .map(|i| json!({"path": format!("f{i:03}.md"), "kind": "file"}))
+                    .collect::<Vec<_>>()})),
+                (Operation::ListFiles, Some("prj_b")) => {
+                    Ok(json!({"entries": [{"path": "a.md", "kind": "file"}]}))
+                }
+                _ => Err(ToolError::new("not_found", "no such thing")),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_page_ending_at_a_workflows_last_file_continues_with_the_next_workflow() {
+        let catalog = Catalog::new(TwoWorkflows);
+        let caller = Caller {
+            token_id: "t".into(),
+            user_id: "u".into(),
+            user_name: "user".into(),
+            scopes: vec!["workflows:read".into()],
+        };
+        let first = catalog.resource_page(&caller, None).await.unwrap();
+        assert_eq!(first.items.len(), PAGE_SIZE);
+        assert!(
+            first
+                .items
+                .iter()
+                .all(|r| r["uri"].as_str().unwrap().contains("/prj_a/"))
+        );
+        let cursor = first.next_cursor.expect("a second page");
+        let second = catalog.resource_page(&caller, Some(&cursor)).await.unwrap();
+        let uris: Vec<&str> = second
+            .items
+            .iter()
+            .filter_map(|r| r["uri"].as_str())
+            .collect();
+        assert_eq!(uris, [uri("prj_b", "a.md")]);
+        assert_eq!(second.next_cursor, None);
     }
 
     #[test]
