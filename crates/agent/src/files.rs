@@ -644,30 +644,18 @@ impl FileTools {
     ) -> Result<Value, ToolError> {
         let diff = string_arg(args, "diff")?.to_owned();
         let request_id = string_arg(args, "request_id")?.to_owned();
-        let expected_revisions = match args.get("expected_revisions") {
-            None => None,
-            Some(Value::Object(map)) => Some(
-                map.iter()
-                    .map(|(path, revision)| {
-                        revision
-                            .as_str()
-                            .map(|r| (path.clone(), r.to_owned()))
-                            .ok_or_else(|| {
-                                ToolError::new(
-                                    "invalid_arguments",
-                                    format!("expected_revisions.{path} must be a string"),
-                                )
-                            })
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
-            Some(_) => {
-                return Err(ToolError::new(
+        // The catalog checked it is an object of strings (at most PATCH_MAX_FILES).
+        let expected_revisions = args
+            .get("expected_revisions")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| {
+                ToolError::new(
                     "invalid_arguments",
-                    "expected_revisions must be an object of path → revision",
-                ));
-            }
-        };
+                    format!("expected_revisions must be an object of path → revision ({e})"),
+                )
+            })?;
         let (project, applied) = self
             .change_in_project::<_, PatchSetResponse>(
                 caller,
