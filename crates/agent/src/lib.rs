@@ -5,6 +5,7 @@
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //! - [`files`]: the catalog's file operations for one caller, through workspaced.
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
+//! - [`console`]: the web console and its signed-in sessions.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
@@ -20,6 +21,7 @@ pub mod chat_api;
 pub mod chat_service;
 pub mod chats;
 pub mod cli;
+pub mod console;
 pub mod device;
 pub mod files;
 pub mod identity;

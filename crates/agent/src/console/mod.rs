@@ -1,0 +1,7 @@
+//! The web console: plain HTML, CSS and JavaScript embedded in agentd and served on its public
+//! listener, and the signed-in sessions it runs on.
+//!
+//! - [`session`]: a person's signed-in session (cookie, CSRF token, `Origin` check), which the
+//!   chat API and the console's own endpoints accept beside bearer tokens.
+
+pub mod session;
