@@ -6,6 +6,7 @@
 //! - [`files`]: the catalog's file operations for one caller, through workspaced.
 //! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
 //! - [`console`]: the web console and its signed-in sessions.
+//! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
@@ -16,6 +17,7 @@
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
+pub mod attachments;
 pub mod catalog;
 pub mod chat_api;
 pub mod chat_service;
