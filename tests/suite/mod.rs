@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod attachments;
 mod attack_authority;
 mod attack_listeners;
 mod attack_patch;

@@ -6,7 +6,8 @@
 //! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns}` |
 //! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
 //! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (owner only, else 404) |
-//! | `POST /v1/chats/{id}/turns {message}` | `text/event-stream`: `text`, `tool_call`, `tool_result`, `error`, `end` |
+//! | `POST /v1/chats/{id}/attachments?name=N` (the file's bytes as the body) | 201 attachment: `{attachment_id, name, kind, media_type, size, …}`, pending until a message names it (owner only) |
+//! | `POST /v1/chats/{id}/turns {message, attachments?}` | `text/event-stream`: `text`, `tool_call`, `tool_result`, `error`, `end` |
 //! | `POST /v1/chats/{id}/cancel` | 202 `{chat_id, turn}`: the running turn stops (409 `no_turn_running`) |
 //! | `PUT /v1/chats/{id}/binding {device_id, folder, confirm}` | chat (409 `turn_running` while a turn runs) |
 //! | `DELETE /v1/chats/{id}/binding` | chat, back in server mode (409 while a turn runs) |
@@ -25,7 +26,8 @@
 //! produces it (a streaming body); the turn itself runs in its own task and ends (and is
 //! stored) even if the client goes away.
 
-use crate::chat_service::{ChatService, Running, blocking, from_tool};
+use crate::attachments::{self, AttachmentInfo};
+use crate::chat_service::{ChatService, Running, blocking, blocking_attachments, from_tool};
 use crate::chats::Chat;
 use crate::identity::{ProjectKind, TokenCheckError};
 use crate::mcp::Caller;
@@ -115,6 +117,8 @@ impl ChatService {
         Some(match self.authenticate(parts).await {
             Ok(_) => Ok(match route {
                 Route::Turn(_) => MAX_TURN_BODY_BYTES,
+                // One more than the limit, so a larger file gets the attachment's own refusal.
+                Route::Attach(_) => attachments::MAX_FILE_BYTES + 1,
                 _ => MAX_REQUEST_BODY_BYTES,
             }),
             Err(error) => Err(error.into_response()),
@@ -134,6 +138,7 @@ impl ChatService {
                 Route::List => self.list(&caller, parts.uri.query()).await,
                 Route::Get(id) => self.get(&caller, &id).await,
                 Route::Turn(id) => self.turn(&caller, &id, body).await,
+                Route::Attach(id) => self.attach(&caller, &id, parts.uri.query(), body).await,
                 Route::Cancel(id) => self.cancel(&caller, &id).await,
                 Route::Bind(id) => self.bind(&caller, &id, body).await,
                 Route::Unbind(id) => self.unbind(&caller, &id).await,
@@ -222,6 +227,9 @@ impl ChatService {
         #[serde(deny_unknown_fields)]
         struct TurnRequest {
             message: String,
+            /// Uploads of this chat (`POST …/attachments`) this message carries.
+            #[serde(default)]
+            attachments: Vec<String>,
         }
         let chat = self.chat_to_run(caller, chat_id).await?;
         let request: TurnRequest = decode_json(body)?;
@@ -231,6 +239,12 @@ impl ChatService {
                 "invalid_request",
                 "message must not be empty",
             ));
+        }
+        if request.attachments.len() > attachments::MAX_FILES_PER_MESSAGE {
+            return Err(attachments::AttachmentError::TooMany {
+                count: request.attachments.len(),
+            }
+            .into());
         }
         if self.model.is_none() {
             return Err(Refusal::new(
@@ -246,6 +260,17 @@ impl ChatService {
             .map_err(from_tool)?;
         let cancel = CancellationToken::new();
         let (chat, turn) = self.claim_turn(chat_id, &cancel).await?;
+        let attachments = match self
+            .claim_attachments(caller, chat_id, request.attachments, turn)
+            .await
+        {
+            Ok(attachments) => attachments,
+            Err(refusal) => {
+                // The turn never started: the chat is free again (its number is not reused).
+                self.running.lock().await.remove(chat_id);
+                return Err(refusal);
+            }
+        };
         tracing::info!(chat = %chat_id, turn, user = %caller.user_id, bound = chat.binding.is_some(), "turn started");
         let spec = TurnSpec {
             caller: caller.clone(),
@@ -253,9 +278,60 @@ impl ChatService {
             project_name: project.name,
             turn,
             message: request.message,
+            attachments,
         };
         let events = self.spawn_turn(chat_id, spec, cancel);
         Ok(event_stream(events))
+    }
+
+    /// `POST /v1/chats/{id}/attachments?name=N`: stores the body as an upload of the chat's
+    /// owner, pending until a message names it. The type comes from the bytes, never from the
+    /// request; the name is only a display name.
+    async fn attach(
+        &self,
+        caller: &Caller,
+        chat_id: &str,
+        query: Option<&str>,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
+        let chat = self.chat_to_run(caller, chat_id).await?;
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+            .map_err(|_| {
+                Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the query string is not form-encoded; send ?name=<file name>",
+                )
+            })?;
+        let name = pairs
+            .into_iter()
+            .find(|(k, _)| k == "name")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let store = self.attachments.clone();
+        let owner = caller.user_id.clone();
+        let bytes = body.clone();
+        let info =
+            blocking_attachments(move || store.add(&chat.chat_id, &owner, &name, &bytes)).await?;
+        tracing::info!(chat = %chat_id, attachment = %info.attachment_id, size = info.size, kind = ?info.kind, "attachment stored");
+        Ok(json_response(StatusCode::CREATED, &info))
+    }
+
+    /// Gives the message's uploads to its turn: all of them, of this chat and its owner, or the
+    /// turn does not start.
+    async fn claim_attachments(
+        &self,
+        caller: &Caller,
+        chat_id: &str,
+        ids: Vec<String>,
+        turn: i64,
+    ) -> Result<Vec<AttachmentInfo>, Refusal> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let store = self.attachments.clone();
+        let (chat_id, owner) = (chat_id.to_owned(), caller.user_id.clone());
+        blocking_attachments(move || store.claim_for_turn(&chat_id, &owner, &ids, turn)).await
     }
 
     /// The chat, if `caller` may run a turn in it: only its creator may. Anyone else who can
@@ -471,6 +547,9 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "chats", id], m) if *m == Method::GET => Route::Get(id.to_string()),
         (["v1", "chats", id, "turns"], m) if *m == Method::POST => Route::Turn(id.to_string()),
         (["v1", "chats", id, "cancel"], m) if *m == Method::POST => Route::Cancel(id.to_string()),
+        (["v1", "chats", id, "attachments"], m) if *m == Method::POST => {
+            Route::Attach(id.to_string())
+        }
         (["v1", "chats", id, "binding"], m) if *m == Method::PUT => Route::Bind(id.to_string()),
         (["v1", "chats", id, "binding"], m) if *m == Method::DELETE => {
             Route::Unbind(id.to_string())
@@ -492,6 +571,7 @@ enum Route {
     List,
     Get(String),
     Turn(String),
+    Attach(String),
     Cancel(String),
     Bind(String),
     Unbind(String),

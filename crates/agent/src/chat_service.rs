@@ -4,6 +4,7 @@
 //! serves the endpoints on it and `turn` runs the model loop with it, so neither imports the
 //! other.
 
+use crate::attachments::{AttachmentError, AttachmentStore};
 use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
 use crate::files::FileTools;
 use crate::identity::IdentityStore;
@@ -59,9 +60,41 @@ pub struct ChatService {
     pub identity: IdentityStore,
     pub files: FileTools,
     pub chats: ChatStore,
+    pub attachments: AttachmentStore,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
+}
+
+/// The chat API's refusal for an attachment the store refused, with the status that fits.
+impl From<AttachmentError> for Refusal {
+    fn from(error: AttachmentError) -> Refusal {
+        let status = match &error {
+            AttachmentError::Open { .. } | AttachmentError::Sql(_) => {
+                tracing::error!(%error, "attachment store failed");
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            AttachmentError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            AttachmentError::Unsupported { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            AttachmentError::TooMany { .. } | AttachmentError::Empty { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            AttachmentError::NotFound { .. } => StatusCode::NOT_FOUND,
+        };
+        Refusal::new(status, error.code(), error.to_string())
+    }
+}
+
+/// An attachment store call on a blocking thread.
+pub(crate) async fn blocking_attachments<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, AttachmentError> + Send + 'static,
+) -> Result<T, Refusal> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => Ok(result?),
+        Err(error) => Err(Refusal::internal(format!(
+            "the attachment store task failed: {error}"
+        ))),
+    }
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(
@@ -84,6 +117,7 @@ impl ChatService {
         identity: IdentityStore,
         files: FileTools,
         chats: ChatStore,
+        attachments: AttachmentStore,
         gatewayd: UnixClient,
         model: Option<ModelClient>,
     ) -> ChatService {
@@ -91,6 +125,7 @@ impl ChatService {
             identity,
             files,
             chats,
+            attachments,
             gatewayd,
             model,
             running: Default::default(),

@@ -65,10 +65,13 @@ pub enum AgentdError {
     Identity(#[from] crate::identity::IdentityError),
     #[error("{0}")]
     Chats(#[from] chats::ChatStoreError),
+    #[error("{0}")]
+    Attachments(#[from] attachments::AttachmentError),
 }
 
 // ----- the agent (chats): begin -----
-/// Open the chat store at `<state>/agent/chats.db` and the model client, if configured.
+/// Open the chat store at `<state>/agent/chats.db`, the attachments beside it and the model
+/// client, if configured.
 pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
@@ -80,6 +83,7 @@ pub fn open_chats(
         source,
     })?;
     let store = chats::ChatStore::open(&dir.join("chats.db"))?;
+    let attachments = attachments::AttachmentStore::open(&dir.join("attachments.db"))?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
     let model = config
         .agentd
@@ -90,6 +94,7 @@ pub fn open_chats(
         identity.clone(),
         files.clone(),
         store,
+        attachments,
         UnixClient::new(config.gatewayd_socket()),
         model,
     ))

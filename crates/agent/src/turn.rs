@@ -20,6 +20,14 @@
 //!   tools, no MCP connections, no secrets. An offline device fails the call
 //!   (`device_offline`); nothing ever falls back to the server.
 //!
+//! A message's attachments (uploaded in the console, kept in agentd's private state) reach the
+//! model from the server, never the laptop: text files as bounded previews in the person's
+//! message, images through `read_image {name}`, which reads only this turn's attachments and is
+//! offered, in both modes, only to a turn whose message carries an image. It reads server
+//! uploads, not the laptop, so it is the one tool a bound turn has beside the two local ones.
+//! The image itself is stored in the history as a reference and reaches the model as a data
+//! URL only within its own turn; later turns see a line saying it was shown.
+//!
 //! Every tool call re-checks the retained state first: this turn is still the chat's running
 //! turn and the chat's binding is still the one the turn started with; a stale call is a tool
 //! error and does nothing. A local call also re-checks, from live rows, that the person still
@@ -31,7 +39,8 @@
 //! until the operation's deadline, and answers the real result, "never sent" (gatewayd had no
 //! record), or `outcome_unknown`, never a guess.
 
-use crate::chat_service::ChatService;
+use crate::attachments::{AttachmentInfo, Kind, text_preview};
+use crate::chat_service::{ChatService, blocking_attachments, to_tool};
 use crate::chats::{Binding, Chat};
 use crate::files::Source;
 use crate::identity::Access;
@@ -41,6 +50,7 @@ use agentworks_contract::executor::{FolderAccess, Operation, Outcome};
 use agentworks_contract::gatewayd::{
     CancelResponse, DispatchRequest, DispatchState, Recovery, RequestRef,
 };
+use agentworks_daemon::ipc::envelope::Refusal;
 use agentworks_support::unix_http::ClientError;
 use serde_json::{Map, Value, json};
 use std::time::Duration;
@@ -57,6 +67,21 @@ pub struct TurnSpec {
     pub project_name: String,
     pub turn: i64,
     pub message: String,
+    /// The attachments the message carries, claimed for this turn.
+    pub attachments: Vec<AttachmentInfo>,
+}
+
+/// The scheme of an image reference in the stored history: `attachment:<id>`.
+const IMAGE_REFERENCE: &str = "attachment:";
+
+/// `read_image`, offered to a turn whose message carries an image.
+fn read_image_tool() -> Value {
+    tool(
+        "read_image",
+        "See an image the person attached to this message (by its name as listed in the \
+         message). Only this message's attachments can be read.",
+        schema(json!({"name": {"type": "string"}}), &["name"]),
+    )
 }
 
 fn schema(properties: Value, required: &[&str]) -> Value {
@@ -270,7 +295,7 @@ async fn drive(
         ));
     };
     let chat_id = spec.chat.chat_id.clone();
-    let user = json!({"role": "user", "content": spec.message});
+    let user = json!({"role": "user", "content": user_content(service, spec).await?});
     service.append(&chat_id, spec.turn, user).await?;
     let mode = match &spec.chat.binding {
         None => Mode::Server,
@@ -278,7 +303,10 @@ async fn drive(
             writable: bound_folder_writable(service, &spec.caller, binding).await,
         },
     };
-    let tools = mode.tools();
+    let mut tools = mode.tools();
+    if spec.attachments.iter().any(|a| a.kind == Kind::Image) {
+        tools.push(read_image_tool());
+    }
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
         let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
@@ -297,9 +325,19 @@ async fn drive(
         if reply.tool_calls.is_empty() {
             return Ok("completed");
         }
+        // Images read this round follow all of the round's tool results (a model API wants
+        // every result right after the call that asked for it).
+        let mut images = Vec::new();
         for call in &reply.tool_calls {
             call_index += 1;
-            answer_call(service, spec, mode, call, call_index, cancel, emit).await?;
+            if let Some(image) =
+                answer_call(service, spec, mode, call, call_index, cancel, emit).await?
+            {
+                images.push(image);
+            }
+        }
+        for image in images {
+            service.append(&chat_id, spec.turn, image).await?;
         }
         if cancel.is_cancelled() {
             return Ok("cancelled");
@@ -322,12 +360,14 @@ async fn conversation(
     mode: Mode,
     max_history_bytes: usize,
 ) -> Result<Vec<Value>, ToolError> {
-    let history: Vec<Value> = service
-        .messages(&spec.chat.chat_id)
-        .await?
-        .into_iter()
-        .map(|m| m.message)
-        .collect();
+    let mut history = Vec::new();
+    for stored in service.messages(&spec.chat.chat_id).await? {
+        history.push(if stored.turn == spec.turn {
+            with_images(service, spec, stored.message).await?
+        } else {
+            without_images(stored.message)
+        });
+    }
     let recent = recent_history(&history, max_history_bytes);
     let mut system = system_prompt(spec, mode);
     let omitted = history.len() - recent.len();
@@ -352,7 +392,7 @@ async fn answer_call(
     call_index: u32,
     cancel: &CancellationToken,
     emit: &impl Fn(&'static str, Value),
-) -> Result<(), ToolError> {
+) -> Result<Option<Value>, ToolError> {
     let chat_id = &spec.chat.chat_id;
     let arguments: Value =
         serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments.clone()));
@@ -378,7 +418,122 @@ async fn answer_call(
         )
         .await?;
     emit("tool_result", event);
-    Ok(())
+    Ok(match &result {
+        Ok(value) if call.name == "read_image" => value["attachment_id"].as_str().map(|id| {
+            json!({"role": "user", "content": [
+                {"type": "text", "text": format!("The image {} (read_image):", value["name"])},
+                {"type": "image_url", "image_url": {"url": format!("{IMAGE_REFERENCE}{id}")}},
+            ]})
+        }),
+        _ => None,
+    })
+}
+
+/// The person's message as the model sees it: the text, then each text attachment's bounded
+/// preview, and a line per image naming it for `read_image`.
+async fn user_content(service: &ChatService, spec: &TurnSpec) -> Result<String, ToolError> {
+    let mut content = spec.message.clone();
+    for attachment in &spec.attachments {
+        content.push_str("\n\n");
+        match attachment.kind {
+            Kind::Text => {
+                let (info, bytes) = read_attachment(service, spec, &attachment.attachment_id)
+                    .await
+                    .map_err(to_tool)?;
+                content.push_str(&text_preview(&info, &bytes));
+            }
+            Kind::Image => content.push_str(&format!(
+                "[attached image {:?}, {}, {} bytes: call read_image with this name to see it]",
+                attachment.name, attachment.media_type, attachment.size
+            )),
+        }
+    }
+    Ok(content)
+}
+
+async fn read_attachment(
+    service: &ChatService,
+    spec: &TurnSpec,
+    id_or_name: &str,
+) -> Result<(AttachmentInfo, Vec<u8>), Refusal> {
+    let store = service.attachments.clone();
+    let (chat_id, turn, key) = (spec.chat.chat_id.clone(), spec.turn, id_or_name.to_owned());
+    blocking_attachments(move || store.read_for_turn(&chat_id, turn, &key)).await
+}
+
+/// `read_image {name}`: one of this turn's image attachments, by name or id. Its bytes are not
+/// in the result: the loop adds them as the next message.
+async fn read_image(
+    service: &ChatService,
+    spec: &TurnSpec,
+    call: &ToolCall,
+) -> Result<Value, ToolError> {
+    let args = arguments(call, &["name"])?;
+    let name = string(&args, "name")?;
+    let listed: Vec<&str> = spec
+        .attachments
+        .iter()
+        .filter(|a| a.kind == Kind::Image)
+        .map(|a| a.name.as_str())
+        .collect();
+    let not_here = || {
+        ToolError::new(
+            "attachment_not_found",
+            format!(
+                "this message has no attached image {name:?}; its images are {}",
+                listed.join(", ")
+            ),
+        )
+    };
+    let (info, _) = read_attachment(service, spec, &name)
+        .await
+        .map_err(|_| not_here())?;
+    if info.kind != Kind::Image {
+        return Err(not_here());
+    }
+    Ok(
+        json!({"attachment_id": info.attachment_id, "name": info.name,
+              "media_type": info.media_type, "size": info.size,
+              "shown": "the image follows as the next message"}),
+    )
+}
+
+/// A stored message with its image references of this turn replaced by the images as data URLs.
+async fn with_images(
+    service: &ChatService,
+    spec: &TurnSpec,
+    mut message: Value,
+) -> Result<Value, ToolError> {
+    use base64::Engine as _;
+    let Some(parts) = message["content"].as_array_mut() else {
+        return Ok(message);
+    };
+    for part in parts {
+        let Some(id) = part["image_url"]["url"]
+            .as_str()
+            .and_then(|url| url.strip_prefix(IMAGE_REFERENCE))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let (info, bytes) = read_attachment(service, spec, &id).await.map_err(to_tool)?;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+        part["image_url"]["url"] = json!(format!("data:{};base64,{encoded}", info.media_type));
+    }
+    Ok(message)
+}
+
+/// A stored message of an earlier turn with its images replaced by a line saying they were
+/// shown (the model sees an image only in the turn it was attached to).
+fn without_images(mut message: Value) -> Value {
+    if let Some(parts) = message["content"].as_array_mut() {
+        for part in parts {
+            if part["type"] == "image_url" {
+                *part = json!({"type": "text", "text": "[an attached image was shown here in an earlier turn]"});
+            }
+        }
+    }
+    message
 }
 
 /// A call's result as the `tool_result` event and as the content of the stored tool message.
@@ -460,6 +615,9 @@ async fn execute(
     service
         .check_current(&spec.chat.chat_id, spec.turn, spec.chat.binding_generation)
         .await?;
+    if call.name == "read_image" && spec.attachments.iter().any(|a| a.kind == Kind::Image) {
+        return read_image(service, spec, call).await;
+    }
     match &spec.chat.binding {
         None => execute_on_server(service, spec, mode, call, request_id).await,
         Some(binding) => {

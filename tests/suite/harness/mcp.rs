@@ -12,6 +12,17 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, hyper::HeaderMap, String) {
+    http_bytes(port, method, path, headers, body.as_bytes())
+}
+
+/// [`http`] with a body of any bytes (an upload that is not UTF-8).
+pub fn http_bytes(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, hyper::HeaderMap, String) {
     use http_body_util::BodyExt;
     block_on(async {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -30,8 +41,8 @@ pub fn http(
             request = request.header(*k, *v);
         }
         let request = request
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                body.to_owned(),
+            .body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
+                body,
             )))
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
