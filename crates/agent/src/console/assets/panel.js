@@ -188,27 +188,24 @@ function localConnection(state, onChange) {
       return [h('p', {}, 'No devices yet. Follow the steps below: your computer appears here while agentworks executor connect runs.')];
     }
     const bound = state.chat.binding;
-    return [h('ul', { class: 'device-list' }, list.map((d) => {
-      const title = uid('device');
-      return h('li', { 'aria-labelledby': title },
-        h('p', { id: title, class: 'device-name' }, d.name, ' ',
-          h('span', { class: d.online ? 'online' : 'offline' }, d.online ? 'online' : 'offline')),
-        d.folders.length === 0
-          ? h('p', { class: 'muted' }, 'Shares no folders.')
-          : h('ul', { class: 'folders', role: 'radiogroup', 'aria-label': `Folders of ${d.name}` }, d.folders.map((f) => {
-            const id = uid('folder');
-            const value = JSON.stringify([d.device_id, f.alias]);
-            const inUse = bound && bound.device_id === d.device_id && bound.folder === f.alias;
-            const access = f.access === 'read_write' ? 'writable' : 'read-only';
-            return h('li', {},
-              h('input', {
-                type: 'radio', name: 'folder-choice', id, value,
-                checked: selected ? selected.device_id === d.device_id && selected.folder === f.alias : Boolean(inUse),
-                onchange: () => { selected = { device_id: d.device_id, folder: f.alias }; renderReview(); },
-              }),
-              h('label', { for: id }, f.alias, ` (${access}${f.downloads ? ', with Downloads' : ''})`, inUse ? ' · in use by this chat' : ''));
-          })));
-    }))];
+    // One fieldset per device (its name and state as the legend); all folders are one radio
+    // group: one folder is picked at a time.
+    return list.map((d) => h('fieldset', { class: 'device' },
+      h('legend', {}, d.name, ' ', h('span', { class: d.online ? 'online' : 'offline' }, d.online ? 'online' : 'offline')),
+      d.folders.length === 0
+        ? h('p', { class: 'muted' }, 'Shares no folders.')
+        : d.folders.map((f) => {
+          const id = uid('folder');
+          const inUse = bound && bound.device_id === d.device_id && bound.folder === f.alias;
+          const access = f.access === 'read_write' ? 'writable' : 'read-only';
+          return h('p', { class: 'folder' },
+            h('input', {
+              type: 'radio', name: 'folder-choice', id, value: JSON.stringify([d.device_id, f.alias]),
+              checked: selected ? selected.device_id === d.device_id && selected.folder === f.alias : Boolean(inUse),
+              onchange: () => { selected = { device_id: d.device_id, folder: f.alias }; renderReview(); },
+            }),
+            h('label', { for: id }, f.alias, ` (${access}${f.downloads ? ', with Downloads' : ''})`, inUse ? ' · in use by this chat' : ''));
+        })));
   }
 
   function renderReview() {
