@@ -253,6 +253,9 @@ impl PublicRoutes {
         {
             return response;
         }
+        if let Some(response) = console::assets::handle(&parts) {
+            return response;
+        }
         if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
             return json_response(
                 StatusCode::OK,

@@ -1,7 +1,9 @@
 //! The web console: plain HTML, CSS and JavaScript embedded in agentd and served on its public
 //! listener, and the signed-in sessions it runs on.
 //!
+//! - [`assets`]: the pages and files of the app, embedded, with their security headers.
 //! - [`session`]: a person's signed-in session (cookie, CSRF token, `Origin` check), which the
 //!   chat API and the console's own endpoints accept beside bearer tokens.
 
+pub mod assets;
 pub mod session;

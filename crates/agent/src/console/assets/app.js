@@ -1,0 +1,220 @@
+// The console's entry: routes on location.pathname (home, a chat, the invite page, the one-time
+// sign-in link), signs in and out, and shows the person's projects and chats.
+
+import { api, session, remember, forget, errorMessage } from './api.js';
+import { h, fill, uid, showStatus, clearStatus } from './dom.js';
+import { parseRoute, safeNext, fragmentCode } from './paths.js';
+import { chatView } from './chat.js';
+
+const main = () => document.getElementById('main');
+
+// Where to go once signed in: `?next=` when it is a path here, else the chat this page shows,
+// else home.
+function nextPath() {
+  const next = safeNext(new URLSearchParams(location.search).get('next'));
+  if (next) return next;
+  return parseRoute(location.pathname).name === 'chat' ? location.pathname : '/console/';
+}
+
+function signedIn(answer) {
+  remember(answer.body);
+  location.assign(nextPath());
+}
+
+// The header's person and Sign out button.
+function showPerson(person) {
+  const who = document.getElementById('who');
+  const out = document.getElementById('sign-out');
+  if (person) {
+    who.textContent = `Signed in as ${person.user.name}`;
+    out.hidden = false;
+  } else {
+    who.textContent = '';
+    out.hidden = true;
+  }
+}
+
+async function signOut() {
+  const answer = await api('POST', '/v1/console/sign-out');
+  if (answer.status !== 204 && answer.status !== 200 && answer.status !== 401) {
+    showStatus(`Signing out failed: ${errorMessage(answer)}`, 'error');
+    return;
+  }
+  forget();
+  location.assign('/console/');
+}
+
+function field(label, props) {
+  const id = uid('field');
+  return h('p', { class: 'field' }, h('label', { for: id }, label), h('input', { id, ...props }));
+}
+
+// The sign-in form; `notice` is shown above it (why it is shown, e.g. a link that failed).
+function signInView(notice) {
+  document.title = 'Sign in · agentworks';
+  const error = h('p', { class: 'error', role: 'alert', hidden: true });
+  const submit = h('button', { type: 'submit' }, 'Sign in');
+  const form = h('form', { class: 'card', 'aria-labelledby': 'sign-in-title' },
+    h('h1', { id: 'sign-in-title' }, 'Sign in'),
+    notice ? h('p', {}, notice) : null,
+    field('Username', { name: 'username', type: 'text', autocomplete: 'username', required: true, autofocus: true }),
+    field('Password', { name: 'password', type: 'password', autocomplete: 'current-password', required: true }),
+    error,
+    submit);
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    submit.disabled = true;
+    error.hidden = true;
+    const answer = await api('POST', '/v1/console/sign-in', {
+      username: form.elements.username.value,
+      password: form.elements.password.value,
+    });
+    submit.disabled = false;
+    if (answer.status === 200) return signedIn(answer);
+    error.textContent = errorMessage(answer);
+    error.hidden = false;
+    showStatus(`Sign-in failed: ${errorMessage(answer)}`, 'error');
+    form.elements.password.select();
+  });
+  fill(main(), form);
+}
+
+// /console/invite#code=…: set a password from a one-time invite, which also signs in.
+function inviteView() {
+  document.title = 'Set your password · agentworks';
+  const code = fragmentCode(location.hash);
+  if (!code) {
+    fill(main(), h('section', { class: 'card' }, h('h1', {}, 'Set your password'),
+      h('p', { class: 'error', role: 'alert' }, 'This invite link has no code. Open the whole link you were given, or ask your operator for a new one (agentworksctl user invite NAME).')));
+    return;
+  }
+  const error = h('p', { class: 'error', role: 'alert', hidden: true });
+  const submit = h('button', { type: 'submit' }, 'Set password');
+  const form = h('form', { class: 'card', 'aria-labelledby': 'invite-title' },
+    h('h1', { id: 'invite-title' }, 'Set your password'),
+    h('p', {}, 'Choose the password you will sign in with.'),
+    field('New password', { name: 'password', type: 'password', autocomplete: 'new-password', required: true, autofocus: true }),
+    field('Repeat the password', { name: 'again', type: 'password', autocomplete: 'new-password', required: true }),
+    error,
+    submit);
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    const password = form.elements.password.value;
+    if (password !== form.elements.again.value) {
+      error.textContent = 'The two passwords differ.';
+      error.hidden = false;
+      return;
+    }
+    submit.disabled = true;
+    const answer = await api('POST', '/v1/console/invite', { code, password });
+    submit.disabled = false;
+    if (answer.status === 200) {
+      history.replaceState(null, '', location.pathname + location.search);
+      return signedIn(answer);
+    }
+    error.textContent = errorMessage(answer);
+    error.hidden = false;
+    showStatus(`Setting the password failed: ${errorMessage(answer)}`, 'error');
+  });
+  fill(main(), form);
+}
+
+// /console/sign-in#code=…: the one-time link signs in at once; the code leaves the address bar
+// (and the history) whatever the answer, since it can be used only once anyway.
+async function linkView() {
+  const code = fragmentCode(location.hash);
+  history.replaceState(null, '', location.pathname + location.search);
+  if (!code) return signInView();
+  fill(main(), h('p', { class: 'card' }, 'Signing in…'));
+  const answer = await api('POST', '/v1/console/sign-in', { link_code: code });
+  if (answer.status === 200) return signedIn(answer);
+  showStatus(`The sign-in link did not work: ${errorMessage(answer)}`, 'error');
+  signInView('The sign-in link did not work (it may have been used or have expired). Sign in with your password, or ask for a new link.');
+}
+
+// Home: the person's projects, each code project's chats and its New chat button.
+async function homeView() {
+  document.title = 'agentworks';
+  const list = h('div', { class: 'projects' }, h('p', {}, 'Loading your projects…'));
+  fill(main(), h('h1', {}, 'Your projects'), list);
+  const answer = await api('GET', '/v1/projects');
+  if (answer.status === 401) return signInView();
+  if (answer.status !== 200) {
+    fill(list, h('p', { class: 'error' }, `Your projects could not be loaded: ${errorMessage(answer)}`));
+    showStatus(errorMessage(answer), 'error');
+    return;
+  }
+  const projects = answer.body.projects || [];
+  if (projects.length === 0) {
+    fill(list, h('p', {}, 'You are not a member of any project yet. An operator adds you to one (agentworksctl).'));
+    return;
+  }
+  fill(list, projects.map(projectSection));
+}
+
+function projectSection(project) {
+  const title = uid('project');
+  const section = h('section', { class: 'project', 'aria-labelledby': title },
+    h('h2', { id: title }, project.name, ' ', h('span', { class: 'kind' }, `${project.kind} project · ${project.role}`)));
+  if (project.kind !== 'code') {
+    section.append(h('p', { class: 'muted' }, 'Chats are for code projects; this is a workflow project.'));
+    return section;
+  }
+  const chats = h('ul', { class: 'chats', 'aria-label': `Chats in ${project.name}` });
+  const button = h('button', { type: 'button', 'aria-describedby': title }, 'New chat');
+  button.addEventListener('click', async () => {
+    button.disabled = true;
+    const answer = await api('POST', '/v1/chats', { project: project.id });
+    button.disabled = false;
+    if (answer.status === 201 || answer.status === 200) {
+      location.assign(`/console/chats/${encodeURIComponent(answer.body.chat_id)}`);
+    } else {
+      showStatus(`A new chat could not be created: ${errorMessage(answer)}`, 'error');
+    }
+  });
+  section.append(button, chats);
+  loadChats(project, chats);
+  return section;
+}
+
+async function loadChats(project, list) {
+  const answer = await api('GET', `/v1/chats?project=${encodeURIComponent(project.id)}`);
+  if (answer.status !== 200) {
+    fill(list, h('li', { class: 'error' }, `Chats could not be loaded: ${errorMessage(answer)}`));
+    return;
+  }
+  const chats = answer.body.chats || [];
+  if (chats.length === 0) {
+    fill(list, h('li', { class: 'muted' }, 'No chats yet.'));
+    return;
+  }
+  fill(list, chats.map((chat) => h('li', {},
+    h('a', { href: `/console/chats/${encodeURIComponent(chat.chat_id)}` },
+      `Chat of ${new Date(chat.created_at_ms).toLocaleString()}`),
+    ` · ${chat.turns} ${chat.turns === 1 ? 'turn' : 'turns'}`,
+    chat.binding ? ` · laptop folder ${chat.binding.folder}` : ' · server files')));
+}
+
+async function start() {
+  document.getElementById('sign-out').addEventListener('click', signOut);
+  clearStatus();
+  const route = parseRoute(location.pathname);
+  if (route.name === 'invite') return inviteView();
+  if (route.name === 'sign-in' && fragmentCode(location.hash)) return linkView();
+  let person = null;
+  try {
+    person = await session();
+  } catch (error) {
+    showStatus(`Cannot reach the server: ${error.message}`, 'error');
+  }
+  showPerson(person);
+  if (!person) return signInView();
+  const next = safeNext(new URLSearchParams(location.search).get('next'));
+  if (next && (route.name === 'home' || route.name === 'sign-in')) return location.replace(next);
+  if (route.name === 'sign-in') return location.replace('/console/');
+  if (route.name === 'home') return homeView();
+  if (route.name === 'chat') return chatView(main(), route.chatId, { onSignedOut: () => signInView() });
+  fill(main(), h('h1', {}, 'Not found'), h('p', {}, 'The console has no such page. ', h('a', { href: '/console/' }, 'Your projects')));
+}
+
+start();

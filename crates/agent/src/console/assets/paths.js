@@ -1,0 +1,29 @@
+// The app's routes, the `?next=` rule and fragment codes: pure functions (no DOM).
+
+// What a path under /console/ shows: {name: 'home'|'chat'|'invite'|'sign-in'|'unknown', chatId?}.
+export function parseRoute(pathname) {
+  const rest = pathname.replace(/^\/console\/?/, '').replace(/\/+$/, '');
+  if (rest === '') return { name: 'home' };
+  if (rest === 'invite') return { name: 'invite' };
+  if (rest === 'sign-in') return { name: 'sign-in' };
+  const chat = /^chats\/([A-Za-z0-9_-]+)$/.exec(rest);
+  if (chat) return { name: 'chat', chatId: chat[1] };
+  return { name: 'unknown' };
+}
+
+// `next` if it is a path on this origin (starts with one `/`, not `//` nor `/\`, no control
+// characters), else null: a sign-in never sends the person to another site.
+export function safeNext(next) {
+  if (typeof next !== 'string' || !next.startsWith('/')) return null;
+  if (next.startsWith('//') || next.startsWith('/\\')) return null;
+  // Browsers drop tabs and newlines from URLs, so "/\t/evil" would become "//evil".
+  if (/[\u0000-\u001f\u007f]/.test(next)) return null;
+  return next;
+}
+
+// The `code` of a fragment `#code=…` (URL-encoded), or null.
+export function fragmentCode(hash) {
+  const params = new URLSearchParams(hash.replace(/^#/, ''));
+  const code = params.get('code');
+  return code ? code : null;
+}
