@@ -200,6 +200,35 @@ fn the_model_gets_text_previews_and_reads_this_turns_images_only() {
         "an earlier turn's image was sent again"
     );
     assert!(sent.contains("shown here in an earlier turn"), "{sent}");
+    // The earlier message keeps its text preview; its image is only named, not offered.
+    assert!(
+        sent.contains("ship the console") && sent.contains("was attached to this earlier message"),
+        "{sent}"
+    );
+    assert!(!sent.contains("call read_image"), "{sent}");
+
+    // The chat as the console reads it: the person's text, and the attachments listed apart.
+    let (status, stored) = super::agent::api(
+        &stack,
+        &alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{stored}");
+    let first = &stored["messages"][0];
+    assert_eq!(first["content"], "what is in these?", "{first}");
+    let names: Vec<&str> = first["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["shot.png", "notes.md"]);
+    assert!(
+        !stored.to_string().contains("base64"),
+        "the stored chat holds image bytes"
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@
 
 use agentworks_support::clock::now_ms;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -67,7 +67,7 @@ impl AttachmentError {
 }
 
 /// What an attachment is, from its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Image,
@@ -75,7 +75,7 @@ pub enum Kind {
 }
 
 /// An attachment as listed (never its bytes).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentInfo {
     pub attachment_id: String,
     pub chat_id: String,

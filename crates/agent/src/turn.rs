@@ -295,7 +295,7 @@ async fn drive(
         ));
     };
     let chat_id = spec.chat.chat_id.clone();
-    let user = json!({"role": "user", "content": user_content(service, spec).await?});
+    let user = user_message(spec);
     service.append(&chat_id, spec.turn, user).await?;
     let mode = match &spec.chat.binding {
         None => Mode::Server,
@@ -360,24 +360,27 @@ async fn conversation(
     mode: Mode,
     max_history_bytes: usize,
 ) -> Result<Vec<Value>, ToolError> {
-    let mut history = Vec::new();
-    for stored in service.messages(&spec.chat.chat_id).await? {
-        history.push(if stored.turn == spec.turn {
-            with_images(service, spec, stored.message).await?
-        } else {
-            without_images(stored.message)
-        });
-    }
+    let stored = service.messages(&spec.chat.chat_id).await?;
+    let (turns, history): (Vec<i64>, Vec<Value>) =
+        stored.into_iter().map(|m| (m.turn, m.message)).unzip();
+    // The budget counts messages as stored: attachments are expanded only in what is sent.
     let recent = recent_history(&history, max_history_bytes);
-    let mut system = system_prompt(spec, mode);
     let omitted = history.len() - recent.len();
+    let mut system = system_prompt(spec, mode);
     if omitted > 0 {
         system.push_str(&format!(
             " The {omitted} earliest messages of this chat are not shown (history limit)."
         ));
     }
     let mut conversation = vec![json!({"role": "system", "content": system})];
-    conversation.extend_from_slice(recent);
+    for (message, &turn) in recent.iter().zip(&turns[omitted..]) {
+        let message = expand_attachments(service, spec, turn, message.clone()).await?;
+        conversation.push(if turn == spec.turn {
+            with_images(service, spec, message).await?
+        } else {
+            without_images(message)
+        });
+    }
     Ok(conversation)
 }
 
@@ -429,35 +432,65 @@ async fn answer_call(
     })
 }
 
-/// The person's message as the model sees it: the text, then each text attachment's bounded
-/// preview, and a line per image naming it for `read_image`.
-async fn user_content(service: &ChatService, spec: &TurnSpec) -> Result<String, ToolError> {
-    let mut content = spec.message.clone();
-    for attachment in &spec.attachments {
+/// The person's message as stored: the text and, when it carries any, its attachments as
+/// listed (the console shows them; the model gets them through [`expand_attachments`]).
+fn user_message(spec: &TurnSpec) -> Value {
+    let mut message = json!({"role": "user", "content": spec.message});
+    if !spec.attachments.is_empty() {
+        message["attachments"] = json!(spec.attachments);
+    }
+    message
+}
+
+/// A stored person's message as the model sees it: the text, then each text attachment's
+/// bounded preview, and a line per image (naming it for `read_image` in its own turn). The
+/// `attachments` field is ours, never sent to the model.
+async fn expand_attachments(
+    service: &ChatService,
+    spec: &TurnSpec,
+    turn: i64,
+    mut message: Value,
+) -> Result<Value, ToolError> {
+    let Some(listed) = message
+        .as_object_mut()
+        .and_then(|m| m.remove("attachments"))
+    else {
+        return Ok(message);
+    };
+    let listed: Vec<AttachmentInfo> = serde_json::from_value(listed).unwrap_or_default();
+    let mut content = message["content"].as_str().unwrap_or_default().to_owned();
+    for attachment in &listed {
         content.push_str("\n\n");
         match attachment.kind {
             Kind::Text => {
-                let (info, bytes) = read_attachment(service, spec, &attachment.attachment_id)
-                    .await
-                    .map_err(to_tool)?;
+                let (info, bytes) =
+                    read_attachment(service, &spec.chat.chat_id, turn, &attachment.attachment_id)
+                        .await
+                        .map_err(to_tool)?;
                 content.push_str(&text_preview(&info, &bytes));
             }
-            Kind::Image => content.push_str(&format!(
+            Kind::Image if turn == spec.turn => content.push_str(&format!(
                 "[attached image {:?}, {}, {} bytes: call read_image with this name to see it]",
                 attachment.name, attachment.media_type, attachment.size
             )),
+            Kind::Image => content.push_str(&format!(
+                "[an image {:?} was attached to this earlier message]",
+                attachment.name
+            )),
         }
     }
-    Ok(content)
+    message["content"] = json!(content);
+    Ok(message)
 }
 
 async fn read_attachment(
     service: &ChatService,
-    spec: &TurnSpec,
+    chat_id: &str,
+    turn: i64,
     id_or_name: &str,
 ) -> Result<(AttachmentInfo, Vec<u8>), Refusal> {
     let store = service.attachments.clone();
-    let (chat_id, turn, key) = (spec.chat.chat_id.clone(), spec.turn, id_or_name.to_owned());
+    let (chat_id, key) = (chat_id.to_owned(), id_or_name.to_owned());
     blocking_attachments(move || store.read_for_turn(&chat_id, turn, &key)).await
 }
 
@@ -485,7 +518,7 @@ async fn read_image(
             ),
         )
     };
-    let (info, _) = read_attachment(service, spec, &name)
+    let (info, _) = read_attachment(service, &spec.chat.chat_id, spec.turn, &name)
         .await
         .map_err(|_| not_here())?;
     if info.kind != Kind::Image {
@@ -516,7 +549,9 @@ async fn with_images(
         else {
             continue;
         };
-        let (info, bytes) = read_attachment(service, spec, &id).await.map_err(to_tool)?;
+        let (info, bytes) = read_attachment(service, &spec.chat.chat_id, spec.turn, &id)
+            .await
+            .map_err(to_tool)?;
         let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
         part["image_url"]["url"] = json!(format!("data:{};base64,{encoded}", info.media_type));
     }

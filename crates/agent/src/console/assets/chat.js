@@ -2,11 +2,21 @@
 // text), the streamed turn, and the right-side panel. Everything the model or a tool produced
 // is put in the page as text.
 
-import { api, request, errorMessage } from './api.js';
+import { api, request, upload, errorMessage } from './api.js';
 import { h, fill, showStatus, clearStatus } from './dom.js';
 import { readEventStream } from './sse.js';
 import { foldMessages, toolOutcome, toolLine, toolDetails } from './messages.js';
 import { createPanel } from './panel.js';
+
+// The server's limits on attachments (it refuses beyond them too).
+const MAX_FILES = 10;
+const MAX_MB = 10;
+
+function sizeText(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${Math.round(bytes / 1024)} KB`;
+  return `${(bytes / (1024 * 1024)).toFixed(1)} MB`;
+}
 
 export async function chatView(container, chatId, { onSignedOut }) {
   document.title = 'Chat · agentworks';
@@ -28,11 +38,22 @@ export async function chatView(container, chatId, { onSignedOut }) {
   const input = h('textarea', { id: 'message', name: 'message', rows: 3, 'aria-describedby': 'connection' });
   const send = h('button', { type: 'submit' }, 'Send');
   const stop = h('button', { type: 'button', disabled: true, onclick: cancel }, 'Stop');
+  // Attachments: picked, pasted or dropped; kept here until the message is sent.
+  let pending = [];
+  const picker = h('input', {
+    type: 'file', multiple: true, id: 'attach-input', hidden: true, 'aria-hidden': 'true', tabindex: '-1',
+    onchange: () => { addFiles(picker.files); picker.value = ''; },
+  });
+  const attach = h('button', { type: 'button', onclick: () => picker.click() }, 'Attach files');
+  const attached = h('ul', { class: 'attachments', 'aria-label': 'Attached files' });
   const form = h('form', { class: 'composer', 'aria-label': 'New message' },
     connection,
     h('label', { for: 'message' }, 'Message'),
     input,
-    h('p', { class: 'actions' }, send, ' ', stop));
+    attached,
+    h('p', { class: 'hint', id: 'attach-note' },
+      `Attached files (at most ${MAX_FILES} per message, ${MAX_MB} MB each) go to the server and the model; they are never copied to your laptop.`),
+    h('p', { class: 'actions' }, send, ' ', stop, ' ', attach, picker));
   const panel = createPanel(state, (what) => {
     showConnection();
     if (!(what && what.devicesOnly)) panel.update();
@@ -61,8 +82,72 @@ export async function chatView(container, chatId, { onSignedOut }) {
     connection.textContent = `Connection: laptop folder ${binding.folder} on ${name}${d && d.online ? '' : ' (offline)'}`;
   }
 
+  function addFiles(files) {
+    for (const file of Array.from(files || [])) {
+      if (pending.length >= MAX_FILES) {
+        showStatus(`At most ${MAX_FILES} files can be attached to one message; ${file.name} was not added.`, 'error');
+        break;
+      }
+      if (file.size > MAX_MB * 1024 * 1024) {
+        showStatus(`${file.name} is larger than ${MAX_MB} MB, the limit per file; it was not added.`, 'error');
+        continue;
+      }
+      if (file.size === 0) {
+        showStatus(`${file.name} is empty; it was not added.`, 'error');
+        continue;
+      }
+      pending.push(file);
+    }
+    showAttached();
+  }
+
+  function showAttached() {
+    fill(attached, pending.map((file, index) => h('li', {},
+      `${file.name || 'pasted image'} (${sizeText(file.size)}) `,
+      h('button', {
+        type: 'button',
+        'aria-label': `Remove ${file.name || 'pasted image'}`,
+        disabled: state.running,
+        onclick: () => { pending.splice(index, 1); showAttached(); },
+      }, 'Remove'))));
+  }
+
+  // A pasted screenshot or file, and files dropped on the composer, are attached.
+  input.addEventListener('paste', (event) => {
+    const files = event.clipboardData ? event.clipboardData.files : null;
+    if (files && files.length > 0) {
+      event.preventDefault();
+      addFiles(files);
+    }
+  });
+  form.addEventListener('dragover', (event) => event.preventDefault());
+  form.addEventListener('drop', (event) => {
+    event.preventDefault();
+    if (event.dataTransfer) addFiles(event.dataTransfer.files);
+  });
+
+  // Uploads the pending files; their ids, or null (the status line says why) if one failed.
+  async function uploadPending() {
+    const ids = [];
+    for (const file of pending) {
+      const name = file.name || 'pasted-image';
+      const answer = await upload(`${path}/attachments?name=${encodeURIComponent(name)}`, file);
+      if (answer.status === 401) {
+        onSignedOut();
+        return null;
+      }
+      if (answer.status !== 201) {
+        showStatus(`Attaching ${name} failed: ${errorMessage(answer)}`, 'error');
+        return null;
+      }
+      ids.push(answer.body.attachment_id);
+    }
+    return ids;
+  }
+
   function setRunning(running) {
     state.running = running;
+    attach.disabled = running;
     send.disabled = running;
     stop.disabled = !running;
     messages.setAttribute('aria-busy', String(running));
@@ -85,7 +170,8 @@ export async function chatView(container, chatId, { onSignedOut }) {
     clearStatus();
     setRunning(true);
     try {
-      await runTurn(text);
+      const ids = await uploadPending();
+      if (ids !== null) await runTurn(text, ids);
     } finally {
       setRunning(false);
     }
@@ -105,10 +191,10 @@ export async function chatView(container, chatId, { onSignedOut }) {
     }
   });
 
-  async function runTurn(text) {
+  async function runTurn(text, attachments) {
     let response;
     try {
-      response = await request('POST', `${path}/turns`, { message: text }, 'text/event-stream');
+      response = await request('POST', `${path}/turns`, { message: text, attachments }, 'text/event-stream');
     } catch (error) {
       showStatus(`Cannot reach the server: ${error.message}`, 'error');
       return;
@@ -126,7 +212,10 @@ export async function chatView(container, chatId, { onSignedOut }) {
       return;
     }
     input.value = '';
-    messages.append(itemElement({ kind: 'user', text }).element);
+    const names = pending.map((file) => file.name || 'pasted-image');
+    pending = [];
+    showAttached();
+    messages.append(itemElement({ kind: 'user', text, attachments: names }).element);
     let reply = null; // the answer's text being streamed, until a tool call starts
     const calls = new Map();
     let ended = false;
@@ -196,7 +285,10 @@ function itemElement(item) {
   }
   const who = item.kind === 'user' ? 'You' : 'Agent';
   const text = h('p', { class: 'text' }, item.text);
-  const element = h('li', { class: `msg ${item.kind}` }, h('span', { class: 'who' }, who), text);
+  const files = (item.attachments || []).length > 0
+    ? h('p', { class: 'files' }, `Attached: ${item.attachments.join(', ')}`)
+    : null;
+  const element = h('li', { class: `msg ${item.kind}` }, h('span', { class: 'who' }, who), text, files);
   return {
     element,
     add(more) {

@@ -48,6 +48,12 @@ function pretty(value) {
   return JSON.stringify(parsed, null, 2);
 }
 
+// The display names of a stored message's attachments (the server sanitised them).
+function attachmentNames(attachments) {
+  if (!Array.isArray(attachments)) return [];
+  return attachments.filter((a) => a && typeof a.name === 'string').map((a) => a.name);
+}
+
 // The stored messages as items to show, in order:
 // {kind: 'user'|'assistant', turn, text} and {kind: 'tool', turn, id, name, arguments, state,
 // summary, output}: each tool call one item, its stored result folded into it.
@@ -57,7 +63,7 @@ export function foldMessages(messages) {
   for (const message of messages || []) {
     const turn = message.turn;
     if (message.role === 'user') {
-      items.push({ kind: 'user', turn, text: textOf(message.content) });
+      items.push({ kind: 'user', turn, text: textOf(message.content), attachments: attachmentNames(message.attachments) });
     } else if (message.role === 'assistant') {
       const text = textOf(message.content);
       if (text !== '') items.push({ kind: 'assistant', turn, text });
