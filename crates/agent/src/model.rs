@@ -5,6 +5,9 @@
 //! The API key comes from `[agentd.model] api_key_file`, else from the systemd credential
 //! `$CREDENTIALS_DIRECTORY/model-api-key`, else none is sent. It is read for every request (so
 //! a rotated key is picked up) and never logged, never put in an error.
+//!
+//! Each answer's `usage` (prompt, completion and total tokens) is read into [`Usage`]; an
+//! endpoint that sends none counts zeros, and odd values never fail a turn.
 
 use agentworks_daemon::config::ModelConfig;
 use bytes::Bytes;
