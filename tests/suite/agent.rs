@@ -29,12 +29,21 @@ pub(super) struct Model {
     port: u16,
     script: Arc<Mutex<VecDeque<Step>>>,
     requests: Arc<Mutex<Vec<Value>>>,
+    /// The `Authorization` header of every request, in order.
+    authorizations: Arc<Mutex<Vec<Option<String>>>>,
     _runtime: tokio::runtime::Runtime,
 }
 
 pub(super) fn text(t: &str) -> Value {
     json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]})
+}
+
+/// `step` with the `usage` a model reports for it.
+pub(super) fn with_usage(mut step: Value, prompt: u64, completion: u64) -> Value {
+    step["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion});
+    step
 }
 
 pub(super) fn calls(list: &[(&str, &str, Value)]) -> Value {
@@ -63,20 +72,27 @@ impl Model {
         let port = listener.local_addr().unwrap().port();
         let script: Arc<Mutex<VecDeque<Step>>> = Default::default();
         let requests: Arc<Mutex<Vec<Value>>> = Default::default();
-        let (s, r) = (script.clone(), requests.clone());
+        let authorizations: Arc<Mutex<Vec<Option<String>>>> = Default::default();
+        let (s, r, a) = (script.clone(), requests.clone(), authorizations.clone());
         runtime.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (s, r) = (s.clone(), r.clone());
+                let (s, r, a) = (s.clone(), r.clone(), a.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
-                            let (s, r) = (s.clone(), r.clone());
+                            let (s, r, a) = (s.clone(), r.clone(), a.clone());
                             async move {
                                 use http_body_util::BodyExt;
                                 assert_eq!(req.uri().path(), "/v1/chat/completions");
+                                a.lock().unwrap().push(
+                                    req.headers()
+                                        .get("authorization")
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(str::to_owned),
+                                );
                                 let body = req.into_body().collect().await.unwrap().to_bytes();
                                 let value: Value = serde_json::from_slice(&body).unwrap();
                                 r.lock().unwrap().push(value);
@@ -105,14 +121,24 @@ impl Model {
             port,
             script,
             requests,
+            authorizations,
             _runtime: runtime,
         }
     }
 
+    /// The base URL agentd is configured with (`[agentd.model] base_url`).
+    pub(super) fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    pub(super) fn authorizations(&self) -> Vec<Option<String>> {
+        self.authorizations.lock().unwrap().clone()
+    }
+
     pub(super) fn config(&self) -> String {
         format!(
-            "[agentd.model]\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"scripted\"\nmax_tool_rounds = 4\nrequest_timeout_secs = 30\n",
-            self.port
+            "[agentd.model]\nbase_url = \"{}\"\nmodel = \"scripted\"\nmax_tool_rounds = 4\nrequest_timeout_secs = 30\n",
+            self.base_url()
         )
     }
 
@@ -1300,4 +1326,236 @@ fn long_chats_send_only_their_recent_turns_to_the_model() {
         Value::Null,
     );
     assert!(stored.to_string().contains("first-turn"));
+}
+
+/// `GET /v1/projects`: the caller's projects with their kind and role; `GET /v1/models`: the
+/// configured model without its key. Both need the same bearer token as the chat endpoints.
+#[test]
+fn projects_and_the_model_are_listed_to_a_signed_in_person() {
+    let setup = Setup::start(false);
+    let stack = &setup.stack;
+    let (status, body) = api(stack, &setup.alice, "GET", "/v1/projects", Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let projects = body["projects"].as_array().unwrap();
+    assert_eq!(projects.len(), 1, "{body}");
+    assert_eq!(
+        (
+            &projects[0]["name"],
+            &projects[0]["kind"],
+            &projects[0]["role"]
+        ),
+        (&json!("app"), &json!("code"), &json!("owner")),
+        "{body}"
+    );
+    assert!(projects[0]["id"].as_str().is_some_and(|id| !id.is_empty()));
+    // Someone else sees only theirs.
+    let bob = user(stack, "bob");
+    let (status, body) = api(stack, &bob, "GET", "/v1/projects", Value::Null);
+    assert_eq!(
+        (status, body["projects"].clone()),
+        (200, json!([])),
+        "{body}"
+    );
+
+    let (status, body) = api(stack, &bob, "GET", "/v1/models", Value::Null);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"configured": true, "model": "scripted", "base_url": setup.model.base_url()})
+    );
+
+    // The chat endpoints' authentication and methods.
+    for path in ["/v1/projects", "/v1/models"] {
+        let (status, _, text) = http(stack.port, "GET", path, &[], "");
+        assert_eq!(status, 401, "{path}: {text}");
+        assert!(text.contains("missing_token"), "{path}: {text}");
+        let (status, body) = api(stack, &bob, "POST", path, json!({}));
+        assert_eq!(status, 405, "{path}: {body}");
+        let device_token = stack.token("bob", &["devices:connect"], json!({}));
+        let (status, body) = api(stack, &device_token, "GET", path, Value::Null);
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (403, Some("insufficient_scope")),
+            "{path}: {body}"
+        );
+    }
+}
+
+/// Token usage: every model call's `usage` is added to its turn, the sum is sent with `end`,
+/// stored with the turn and listed by `GET /v1/chats/{id}` per turn and in total; a model that
+/// sends no usage counts zeros.
+#[test]
+fn a_turns_token_usage_is_summed_sent_with_end_and_stored() {
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![
+        with_usage(
+            calls(&[("c1", "read_file", json!({"path": "server.txt"}))]),
+            100,
+            7,
+        ),
+        with_usage(text("It says server file."), 130, 9),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "read it").unwrap();
+    let end = of_kind(&events, "end")[0];
+    assert_eq!(end["reason"], "completed", "{events:?}");
+    let first = json!({"prompt_tokens": 230, "completion_tokens": 16, "total_tokens": 246});
+    assert_eq!(end["usage"], first, "{events:?}");
+    let c1 = result_of(&events, "c1");
+    assert_eq!(
+        (&c1["state"], &c1["ok"]),
+        (&json!("done"), &json!(true)),
+        "{c1}"
+    );
+
+    setup.model.play(vec![text("no usage in this answer")]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "and now?").unwrap();
+    let zero = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+    assert_eq!(of_kind(&events, "end")[0]["usage"], zero, "{events:?}");
+
+    let (status, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(
+        stored["usage"],
+        json!({
+            "turns": [
+                {"turn": 1, "prompt_tokens": 230, "completion_tokens": 16, "total_tokens": 246},
+                {"turn": 2, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            ],
+            "total": first,
+        })
+    );
+    // Usage is not part of the conversation the model is sent.
+    let last = setup.model.requests().last().unwrap().to_string();
+    assert!(!last.contains("prompt_tokens"), "{last}");
+}
+
+/// A command that exits non-zero or times out ran (`ok`, its output goes to the model) but is
+/// `failed`, summarised by its exit code and first stderr line or its timeout; the stored chat
+/// gives its tool messages the same state and summary, and `agentworks chat --chat` shows the
+/// earlier turn with them when resuming.
+#[test]
+fn failed_commands_are_failed_with_their_exit_code_and_stderr_and_a_reopened_chat_shows_them() {
+    let setup = Setup::start(true);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    assert_eq!(setup.bind(&chat).0, 200);
+    let sleeper = "sleep 63.5";
+    setup.model.play(vec![
+        calls(&[
+            ("c1", "execute_shell_command", json!({"command": "echo fine"})),
+            (
+                "c2",
+                "execute_shell_command",
+                json!({"command": "echo partial; printf '\\n  make: *** No rule to make target test\\nmore\\n' >&2; exit 2"}),
+            ),
+            (
+                "c3",
+                "execute_shell_command",
+                json!({"command": sleeper, "timeout": 1}),
+            ),
+        ]),
+        text("Two of them failed."),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "run them").unwrap();
+    let state = |id: &str| {
+        let result = result_of(&events, id);
+        (
+            result["ok"].clone(),
+            result["state"].as_str().unwrap_or_default().to_owned(),
+            result["summary"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    assert_eq!(state("c1"), (json!(true), "done".into(), "exit 0".into()));
+    assert_eq!(
+        state("c2"),
+        (
+            json!(true),
+            "failed".into(),
+            "exit 2: make: *** No rule to make target test".into()
+        )
+    );
+    assert_eq!(
+        state("c3"),
+        (json!(true), "failed".into(), "timed out after 1 s".into())
+    );
+    // The model still got the failed command's output.
+    let results = tool_results(&setup.model.requests()[1]);
+    assert_eq!(results[1].1["result"]["stdout"], "partial\n", "{results:?}");
+
+    // Reopened: the stored tool messages carry the same state and summary.
+    let (status, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{stored}");
+    let tools: Vec<&Value> = stored["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tools.len(), 3, "{stored}");
+    for message in tools {
+        let id = message["tool_call_id"].as_str().unwrap();
+        let (_, state_now, summary_now) = state(id);
+        assert_eq!(message["state"], state_now.as_str(), "{message}");
+        assert_eq!(message["summary"], summary_now.as_str(), "{message}");
+    }
+    assert!(
+        stored["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["role"] == "tool" || m.get("state").is_none()),
+        "only tool messages have a state: {stored}"
+    );
+
+    // The terminal client shows the earlier turn when it resumes the chat.
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworks"))
+        .args(["chat", "--project", "app", "--chat", &chat, "--server"])
+        .arg(format!("http://127.0.0.1:{}", setup.stack.port))
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_STATE_HOME", home.path().join("state"))
+        .env("AGENTWORKS_TOKEN", &setup.alice)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let earlier: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "— earlier in this chat —")
+        .take_while(|l| *l != "— now —")
+        .collect();
+    assert_eq!(earlier.len(), 6, "{stdout}");
+    assert_eq!(earlier[1], "you> run them");
+    assert_eq!(
+        earlier[2],
+        "  ✓ execute_shell_command echo fine — exit 0, 1 line of output"
+    );
+    assert!(
+        earlier[3].starts_with("  ✗ execute_shell_command echo partial")
+            && earlier[3].ends_with(" — exit 2: make: *** No rule to make target test"),
+        "{stdout}"
+    );
+    assert_eq!(
+        earlier[4],
+        format!("  ✗ execute_shell_command {sleeper} — timed out after 1 s")
+    );
+    assert_eq!(earlier[5], "agent> Two of them failed.");
 }

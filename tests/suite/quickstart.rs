@@ -1,16 +1,83 @@
 //! `agentworksctl quickstart` from a clean directory: starts every daemon, prints what scripts
-//! need (a working MCP URL and token), and stops every daemon on Ctrl-C (SIGINT).
+//! need (a working MCP URL and token, the console URL, a code project), and stops every daemon
+//! on Ctrl-C (SIGINT); `--config` and `--model-url`/`--model` give its agent a model (the
+//! scripted one of [`super::agent`]).
 
+use super::agent::{Model, text};
 use super::harness::*;
+use serde_json::{Value, json};
 use std::process::Command;
 
-fn start_quickstart(state: &std::path::Path, ports: [u16; 2]) -> QuickstartRun {
+fn quickstart_command(state: &std::path::Path, ports: [u16; 2], extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentworksctl"));
     command
         .args(quickstart_args(state, ports))
+        .args(extra)
         .env_remove("AGENTWORKS_STATE_ROOT")
         .env_remove("AGENTWORKS_CONFIG");
-    QuickstartRun::spawn(command)
+    command
+}
+
+fn start_quickstart(state: &std::path::Path, ports: [u16; 2]) -> QuickstartRun {
+    QuickstartRun::spawn(quickstart_command(state, ports, &[]))
+}
+
+/// One chat-API request to a quickstart's agentd with its token.
+fn call(started: &Value, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let port = port_of(started);
+    let auth = format!("Bearer {}", started["token"].as_str().unwrap());
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (status, _, text) = http(
+        port,
+        method,
+        path,
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        &body,
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn port_of(started: &Value) -> u16 {
+    started["api_url"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A chat in the quickstart's code project and one turn in it: its events, or the refusal.
+fn chat_turn(started: &Value, message: &str) -> Result<Vec<(String, Value)>, (u16, Value)> {
+    let (status, chat) = call(
+        started,
+        "POST",
+        "/v1/chats",
+        json!({"project": started["code_project_id"]}),
+    );
+    assert_eq!(status, 201, "{chat}");
+    super::agent::turn(
+        port_of(started),
+        started["token"].as_str().unwrap(),
+        chat["chat_id"].as_str().unwrap(),
+        message,
+    )
+}
+
+fn stop(mut run: QuickstartRun) {
+    signal(&run.child, nix::sys::signal::Signal::SIGTERM);
+    assert!(run.child.wait().unwrap().success());
 }
 
 fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
@@ -31,12 +98,72 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         "gateway_url",
         "token",
         "workflow_id",
+        "code_project_id",
+        "console_url",
         "state_root",
         "documents_root",
     ] {
         assert!(started.get(key).is_some(), "{key} missing from {started}");
     }
     assert_eq!(started["mcp_url"], format!("http://127.0.0.1:{port}/mcp"));
+    assert_eq!(
+        started["console_url"],
+        format!("http://127.0.0.1:{port}/console/")
+    );
+    assert_eq!(started["model"], Value::Null);
+
+    // The demo user owns the demo workflow and a code project, which has chats; without a
+    // model, a turn answers model_not_configured.
+    let (status, body) = call(&started, "GET", "/v1/projects", Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let mut projects: Vec<(String, String, String, String)> = body["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let field = |k: &str| p[k].as_str().unwrap().to_owned();
+            (field("name"), field("kind"), field("role"), field("id"))
+        })
+        .collect();
+    projects.sort();
+    assert_eq!(
+        projects,
+        [
+            (
+                "demo".into(),
+                "workflow".into(),
+                "owner".into(),
+                started["workflow_id"].as_str().unwrap().to_owned()
+            ),
+            (
+                "demo-code".into(),
+                "code".into(),
+                "owner".into(),
+                started["code_project_id"].as_str().unwrap().to_owned()
+            ),
+        ]
+    );
+    let (status, body) = call(&started, "GET", "/v1/models", Value::Null);
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"configured": false, "model": null, "base_url": null})
+        )
+    );
+    let (status, refused) = chat_turn(&started, "hello?").unwrap_err();
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(
+        refused["error"]["code"], "model_not_configured",
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[agentd.model]"),
+        "{refused}"
+    );
     assert_eq!(
         started["gateway_url"],
         format!("ws://127.0.0.1:{gateway_port}")
@@ -107,6 +234,7 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     let run = start_quickstart(&state, [ports[0], ports[1]]);
     let (again, second) = (run.child, run.started);
     assert_eq!(second["workflow_id"], started["workflow_id"]);
+    assert_eq!(second["code_project_id"], started["code_project_id"]);
     assert_ne!(second["token"], started["token"]);
     assert_eq!(
         std::fs::read_to_string(state.join("documents/demo/code/task.py")).unwrap(),
@@ -115,4 +243,153 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     let mut again = again;
     signal(&again, nix::sys::signal::Signal::SIGTERM);
     assert!(again.wait().unwrap().success());
+}
+
+/// `--config FILE`: its `[agentd.model]` reaches agentd (a chat turn in the code project is
+/// answered by the scripted model) and its other sections are kept, while quickstart's own
+/// settings win: the file's listen address, runtime directory and state root are not used.
+#[test]
+fn quickstart_merges_the_config_file_and_its_model_answers_a_turn() {
+    let model = Model::start();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let config = dir.path().join("mine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_root = \"/var/lib/agentworks\"\nruntime_dir = \"/run/agentworks-not-this\"\n\
+             [agentd]\nlisten = \"127.0.0.1:1\"\nmax_sessions_per_token = 3\n\n\
+             [gatewayd]\nheartbeat_secs = 7\n\n{}",
+            model.config()
+        ),
+    )
+    .unwrap();
+    let ports = reserve_ports(2);
+    let run = QuickstartRun::spawn(quickstart_command(
+        &state,
+        [ports[0], ports[1]],
+        &["--config", config.to_str().unwrap()],
+    ));
+    assert_eq!(run.started["model"], "scripted", "{}", run.started);
+    assert_eq!(
+        run.started["api_url"],
+        format!("http://127.0.0.1:{}", ports[0])
+    );
+    let (status, body) = call(&run.started, "GET", "/v1/models", Value::Null);
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"configured": true, "model": "scripted", "base_url": model.base_url()})
+        )
+    );
+    model.play(vec![text("hello from the configured model")]);
+    let events = chat_turn(&run.started, "hello?").unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|(k, v)| k == "text" && v["text"] == "hello from the configured model"),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.last().unwrap().1["reason"],
+        "completed",
+        "{events:?}"
+    );
+    assert_eq!(model.requests()[0]["model"], "scripted");
+    // The written configuration: the file's other settings kept, quickstart's own won.
+    let written = std::fs::read_to_string(state.join("agentworks.toml")).unwrap();
+    assert!(written.contains("max_sessions_per_token = 3"), "{written}");
+    assert!(written.contains("heartbeat_secs = 7"), "{written}");
+    assert!(!written.contains("/var/lib/agentworks\""), "{written}");
+    assert!(!written.contains("agentworks-not-this"), "{written}");
+    assert!(!written.contains("127.0.0.1:1\""), "{written}");
+    assert!(state.join("run/agentd.sock").exists());
+    stop(run);
+}
+
+/// `--model-url URL --model NAME --model-key-file F`: the model answers a turn, gets the key
+/// from the file, and the key is never printed. An unreadable or empty key file, or a
+/// `--model-url` without `--model`, is refused before any daemon starts.
+#[test]
+fn quickstart_takes_a_model_from_its_flags_and_refuses_a_bad_key_file() {
+    let model = Model::start();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let key = dir.path().join("model.key");
+    std::fs::write(&key, "sk-quickstart-7f3a\n").unwrap();
+    let empty = dir.path().join("empty.key");
+    std::fs::write(&empty, "\n").unwrap();
+    let url = model.base_url();
+
+    let refusals: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--model-url",
+                &url,
+                "--model",
+                "m",
+                "--model-key-file",
+                "/nonexistent/key",
+            ],
+            "/nonexistent/key",
+        ),
+        (
+            &[
+                "--model-url",
+                &url,
+                "--model",
+                "m",
+                "--model-key-file",
+                empty.to_str().unwrap(),
+            ],
+            "is empty",
+        ),
+        (&["--model-url", &url], "--model"),
+    ];
+    for (flags, says) in refusals {
+        let ports = reserve_ports(2);
+        let out = quickstart_command(&state, [ports[0], ports[1]], flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_err(),
+            "{flags:?}: agentd was started"
+        );
+    }
+
+    let ports = reserve_ports(2);
+    let run = QuickstartRun::spawn(quickstart_command(
+        &state,
+        [ports[0], ports[1]],
+        &[
+            "--model-url",
+            &url,
+            "--model",
+            "flagged",
+            "--model-key-file",
+            key.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(run.started["model"], "flagged", "{}", run.started);
+    assert!(!run.started.to_string().contains("sk-quickstart"));
+    model.play(vec![text("hello from the flagged model")]);
+    let events = chat_turn(&run.started, "hello?").unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|(k, v)| k == "text" && v["text"] == "hello from the flagged model"),
+        "{events:?}"
+    );
+    assert_eq!(model.requests()[0]["model"], "flagged");
+    assert_eq!(
+        model.authorizations(),
+        [Some("Bearer sk-quickstart-7f3a".to_owned())]
+    );
+    let written = std::fs::read_to_string(state.join("agentworks.toml")).unwrap();
+    assert!(!written.contains("sk-quickstart"), "{written}");
+    stop(run);
 }

@@ -5,13 +5,15 @@
 //! | --- | --- |
 //! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns}` |
 //! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
-//! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (owner only, else 404) |
+//! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (tool messages with `state` and `summary`) + `usage: {turns: [{turn, prompt_tokens, completion_tokens, total_tokens}], total}` (owner only, else 404) |
 //! | `POST /v1/chats/{id}/attachments?name=N` (the file's bytes as the body) | 201 attachment: `{attachment_id, name, kind, media_type, size, …}`, pending until a message names it (owner only) |
-//! | `POST /v1/chats/{id}/turns {message, attachments?}` | `text/event-stream`: `text`, `tool_call`, `tool_result`, `error`, `end` |
+//! | `POST /v1/chats/{id}/turns {message, attachments?}` | `text/event-stream`: `text`, `tool_call`, `tool_result` (with `state` `done`/`failed` and a one-line `summary`), `error`, `end` (`reason`, `usage`) |
 //! | `POST /v1/chats/{id}/cancel` | 202 `{chat_id, turn}`: the running turn stops (409 `no_turn_running`) |
 //! | `PUT /v1/chats/{id}/binding {device_id, folder, confirm}` | chat (409 `turn_running` while a turn runs) |
 //! | `DELETE /v1/chats/{id}/binding` | chat, back in server mode (409 while a turn runs) |
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
+//! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
+//! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
 //!
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
@@ -146,6 +148,8 @@ impl ChatService {
                     .devices(&caller)
                     .await
                     .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
+                Route::Projects => self.projects(&caller).await,
+                Route::Models => Ok(json_response(StatusCode::OK, &self.models())),
             }
         }
         .await;
@@ -198,23 +202,73 @@ impl ChatService {
         let chat = self.own_chat(caller, chat_id).await?;
         let store = self.chats.clone();
         let id = chat.chat_id.clone();
-        let messages = blocking(move || store.messages(&id)).await?;
+        let (messages, usage) =
+            blocking(move || Ok((store.messages(&id)?, store.usage(&id)?))).await?;
         let messages: Vec<Value> = messages
             .into_iter()
             .map(|m| {
                 let mut out =
                     json!({"seq": m.seq, "turn": m.turn, "created_at_ms": m.created_at_ms});
+                if m.message["role"] == "tool" {
+                    // The same rule as the turn's tool_result event, from the stored content.
+                    let content = m.message["content"]
+                        .as_str()
+                        .and_then(|c| serde_json::from_str::<Value>(c).ok())
+                        .unwrap_or(Value::Null);
+                    let (state, summary) = turn::call_state(&content);
+                    out["state"] = json!(state);
+                    out["summary"] = json!(summary);
+                }
                 if let (Some(out), Value::Object(fields)) = (out.as_object_mut(), m.message) {
                     out.extend(fields);
                 }
                 out
             })
             .collect();
+        let mut total = crate::model::Usage::default();
+        for turn in &usage {
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            total.add(crate::model::Usage {
+                prompt_tokens: count(turn.prompt_tokens),
+                completion_tokens: count(turn.completion_tokens),
+                total_tokens: count(turn.total_tokens),
+            });
+        }
         let mut value = serde_json::to_value(&chat).map_err(|e| {
             Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })?;
         value["messages"] = Value::Array(messages);
+        value["usage"] = json!({"turns": usage, "total": total});
         Ok(json_response(StatusCode::OK, &value))
+    }
+
+    /// `GET /v1/projects`: the projects the caller may see (the token's restriction, scopes
+    /// and the live role all apply, as for MCP's `list_workflows`), with the caller's role.
+    async fn projects(&self, caller: &Caller) -> Result<Response<Body>, Refusal> {
+        let listed = self.files.list_workflows(caller).await.map_err(from_tool)?;
+        let projects: Vec<Value> = listed["workflows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|w| json!({"id": w["workflow_id"], "name": w["name"], "kind": w["kind"], "role": w["role"]}))
+            .collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"projects": projects}),
+        ))
+    }
+
+    /// `GET /v1/models`: whether turns have a model, its name and base URL as it may be shown
+    /// (no key, no user-info, no query string).
+    fn models(&self) -> Value {
+        match &self.model {
+            Some(model) => json!({
+                "configured": true,
+                "model": model.model_name(),
+                "base_url": model.shown_base_url(),
+            }),
+            None => json!({"configured": false, "model": null, "base_url": null}),
+        }
     }
 
     async fn turn(
@@ -555,7 +609,12 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
             Route::Unbind(id.to_string())
         }
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
-        (["v1", "chats", ..], _) | (["v1", "devices"], _) => {
+        (["v1", "projects"], m) if *m == Method::GET => Route::Projects,
+        (["v1", "models"], m) if *m == Method::GET => Route::Models,
+        (["v1", "chats", ..], _)
+        | (["v1", "devices"], _)
+        | (["v1", "projects"], _)
+        | (["v1", "models"], _) => {
             return Some(Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -576,6 +635,8 @@ enum Route {
     Bind(String),
     Unbind(String),
     Devices,
+    Projects,
+    Models,
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

@@ -7,7 +7,11 @@
 //! folder alias of the owner's) is stored with the chat; `binding_generation` grows on every
 //! bind and unbind, so a turn can tell that the binding it started with is still the current one.
 //! Turn numbers grow per chat and never repeat: they are part of the request ids the server
-//! makes for tool calls.
+//! makes for tool calls. Each turn's token usage (the sum over its model calls, as the model
+//! reported it) is kept in `turn_usage`, added to after every model answer.
+//!
+//! Layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it. Opening a version-0
+//! store creates the table (its turns have no usage rows: they count as zero).
 //!
 //! Must never hand out another person's chat: every lookup that serves a request is checked
 //! against the owner by the caller ([`crate::chat_api`]).
@@ -56,6 +60,15 @@ pub struct Chat {
     pub turns: i64,
 }
 
+/// The tokens one turn used (the sum over its model calls).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TurnUsage {
+    pub turn: i64,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub total_tokens: i64,
+}
+
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StoredMessage {
@@ -88,6 +101,15 @@ CREATE TABLE IF NOT EXISTS messages (
     body TEXT NOT NULL,
     PRIMARY KEY (chat_id, seq)
 );
+CREATE TABLE IF NOT EXISTS turn_usage (
+    chat_id TEXT NOT NULL REFERENCES chats(id),
+    turn INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    total_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (chat_id, turn)
+);
+PRAGMA user_version = 1;
 ";
 
 const CHAT_COLUMNS: &str = "id, project_id, owner_id, owner_name, created_at_ms, device_id, folder, \
@@ -233,6 +255,51 @@ impl ChatStore {
         )?)
     }
 
+    /// Adds one model call's tokens to the turn's usage (the row is made by the first call).
+    /// Counts are bounded where they are parsed ([`crate::model::MAX_REPORTED_TOKENS`]), so
+    /// the sums stay far from overflowing.
+    pub fn add_usage(
+        &self,
+        chat_id: &str,
+        turn: i64,
+        usage: &crate::model::Usage,
+    ) -> Result<(), ChatStoreError> {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.db().execute(
+            "INSERT INTO turn_usage (chat_id, turn, prompt_tokens, completion_tokens, total_tokens) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (chat_id, turn) DO UPDATE SET \
+             prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
+             completion_tokens = completion_tokens + excluded.completion_tokens, \
+             total_tokens = total_tokens + excluded.total_tokens",
+            params![
+                chat_id,
+                turn,
+                count(usage.prompt_tokens),
+                count(usage.completion_tokens),
+                count(usage.total_tokens)
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every turn's usage in the chat that has one, in turn order.
+    pub fn usage(&self, chat_id: &str) -> Result<Vec<TurnUsage>, ChatStoreError> {
+        let db = self.db();
+        let mut stmt = db.prepare_cached(
+            "SELECT turn, prompt_tokens, completion_tokens, total_tokens FROM turn_usage \
+             WHERE chat_id = ?1 ORDER BY turn",
+        )?;
+        let rows = stmt.query_map(params![chat_id], |r| {
+            Ok(TurnUsage {
+                turn: r.get(0)?,
+                prompt_tokens: r.get(1)?,
+                completion_tokens: r.get(2)?,
+                total_tokens: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Binds (`Some`) or unbinds (`None`) the chat; the generation grows either way.
     pub fn set_binding(
         &self,
@@ -302,5 +369,90 @@ mod tests {
         assert_eq!(unbound.binding, None);
         assert_eq!(unbound.binding_generation, 2);
         assert!(store.get("nope").unwrap().is_none());
+    }
+
+    #[test]
+    fn usage_adds_up_per_turn_and_persists() {
+        use crate::model::Usage;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.db");
+        let store = ChatStore::open(&path).unwrap();
+        let chat = store.create("p1", "u1", "alice").unwrap();
+        let other = store.create("p1", "u1", "alice").unwrap();
+        let used = |p, c| Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            total_tokens: p + c,
+        };
+        store.add_usage(&chat.chat_id, 1, &used(10, 2)).unwrap();
+        store.add_usage(&chat.chat_id, 1, &used(15, 3)).unwrap();
+        store
+            .add_usage(&chat.chat_id, 2, &Usage::default())
+            .unwrap();
+        store.add_usage(&other.chat_id, 1, &used(99, 1)).unwrap();
+        drop(store);
+        let store = ChatStore::open(&path).unwrap();
+        assert_eq!(
+            store.usage(&chat.chat_id).unwrap(),
+            vec![
+                TurnUsage {
+                    turn: 1,
+                    prompt_tokens: 25,
+                    completion_tokens: 5,
+                    total_tokens: 30
+                },
+                TurnUsage {
+                    turn: 2,
+                    ..TurnUsage::default()
+                }
+            ]
+        );
+        assert!(store.usage("nope").unwrap().is_empty());
+    }
+
+    /// A chats.db written before usage was stored (layout 0) opens, keeps its chats and
+    /// messages, and records usage from then on.
+    #[test]
+    fn a_store_from_before_usage_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, owner_id TEXT NOT NULL,
+                owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL, device_id TEXT, folder TEXT,
+                bound_at_ms INTEGER, binding_generation INTEGER NOT NULL DEFAULT 0,
+                turns INTEGER NOT NULL DEFAULT 0);
+             CREATE INDEX chats_owner ON chats(owner_id, project_id);
+             CREATE TABLE messages (chat_id TEXT NOT NULL REFERENCES chats(id), seq INTEGER NOT NULL,
+                turn INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, body TEXT NOT NULL,
+                PRIMARY KEY (chat_id, seq));
+             INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, turns)
+                VALUES ('c1', 'p1', 'u1', 'alice', 1, 1);
+             INSERT INTO messages VALUES ('c1', 1, 1, 1, '{\"role\":\"user\",\"content\":\"hi\"}');",
+        )
+        .unwrap();
+        drop(old);
+        let store = ChatStore::open(&path).unwrap();
+        assert_eq!(store.get("c1").unwrap().unwrap().turns, 1);
+        assert_eq!(store.messages("c1").unwrap()[0].message["content"], "hi");
+        assert!(store.usage("c1").unwrap().is_empty());
+        let turn = store.next_turn("c1").unwrap();
+        store
+            .add_usage(
+                "c1",
+                turn,
+                &crate::model::Usage {
+                    prompt_tokens: 7,
+                    completion_tokens: 1,
+                    total_tokens: 8,
+                },
+            )
+            .unwrap();
+        assert_eq!(store.usage("c1").unwrap()[0].total_tokens, 8);
+        let version: i64 = store
+            .db()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 1);
     }
 }

@@ -267,6 +267,8 @@ impl PublicRoutes {
         if chat_path == "/v1/chats"
             || chat_path.starts_with("/v1/chats/")
             || chat_path == "/v1/devices"
+            || chat_path == "/v1/projects"
+            || chat_path == "/v1/models"
         {
             return match &self.chats {
                 Some(service) => match service.handle(&parts, &body).await {

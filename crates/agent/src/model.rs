@@ -5,6 +5,9 @@
 //! The API key comes from `[agentd.model] api_key_file`, else from the systemd credential
 //! `$CREDENTIALS_DIRECTORY/model-api-key`, else none is sent. It is read for every request (so
 //! a rotated key is picked up) and never logged, never put in an error.
+//!
+//! Each answer's `usage` (prompt, completion and total tokens) is read into [`Usage`]; an
+//! endpoint that sends none counts zeros, and odd values never fail a turn.
 
 use agentworks_daemon::config::ModelConfig;
 use bytes::Bytes;
@@ -62,6 +65,44 @@ pub struct Reply {
     pub tool_calls: Vec<ToolCall>,
     /// The assistant message to store and send back next time (OpenAI format).
     pub message: Value,
+    /// The tokens this request used, as the model reported them (zeros if it did not).
+    pub usage: Usage,
+}
+
+/// The most tokens one reported count is taken as: no real request comes near it, and it
+/// keeps a hostile or broken endpoint's numbers from overflowing the stored sums.
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 40;
+
+/// Tokens used, from the chat completion's `usage` object (OpenAI's field names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    /// The `usage` object of a chat completion: each count a non-negative integer, else 0,
+    /// at most [`MAX_REPORTED_TOKENS`]; a missing `total_tokens` is the sum of the other two.
+    pub fn from_reply(usage: &Value) -> Usage {
+        let count = |name: &str| usage[name].as_u64().map(|n| n.min(MAX_REPORTED_TOKENS));
+        let prompt_tokens = count("prompt_tokens").unwrap_or(0);
+        let completion_tokens = count("completion_tokens").unwrap_or(0);
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: count("total_tokens").unwrap_or(prompt_tokens + completion_tokens),
+        }
+    }
+
+    /// Adds `other`'s counts (saturating).
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+    }
 }
 
 struct Endpoint {
@@ -133,6 +174,34 @@ impl ModelClient {
 
     pub fn max_history_bytes(&self) -> usize {
         self.config.max_history_bytes
+    }
+
+    /// The model name sent with every request.
+    pub fn model_name(&self) -> &str {
+        &self.config.model
+    }
+
+    /// The configured base URL as it may be shown to people: scheme, host, port and path
+    /// only (a user-info part or a query string could carry a credential, so neither is
+    /// shown); `None` if it does not parse (a turn then fails with `model_misconfigured`).
+    pub fn shown_base_url(&self) -> Option<String> {
+        let endpoint = parse_endpoint(&self.config.base_url).ok()?;
+        let host = if endpoint.host.contains(':') {
+            format!("[{}]", endpoint.host)
+        } else {
+            endpoint.host
+        };
+        let (scheme, default_port) = if endpoint.https {
+            ("https", 443)
+        } else {
+            ("http", 80)
+        };
+        let port = if endpoint.port == default_port {
+            String::new()
+        } else {
+            format!(":{}", endpoint.port)
+        };
+        Some(format!("{scheme}://{host}{port}{}", endpoint.path))
     }
 
     fn api_key(&self) -> Result<Option<String>, ModelError> {
@@ -306,6 +375,7 @@ fn parse_reply(bytes: &[u8]) -> Result<Reply, ModelError> {
         content,
         tool_calls,
         message: stored,
+        usage: Usage::from_reply(&value["usage"]),
     })
 }
 
@@ -338,6 +408,67 @@ mod tests {
         assert_eq!(r.tool_calls[0].name, "read_file");
         assert_eq!(r.message["tool_calls"][0]["id"], "c1");
         assert!(parse_reply(b"{}").is_err());
+    }
+
+    #[test]
+    fn usage_is_read_from_the_reply_and_zero_without_one() {
+        let with = br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}],
+            "usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
+        let usage = parse_reply(with).unwrap().usage;
+        assert_eq!(
+            (
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.total_tokens
+            ),
+            (12, 5, 17)
+        );
+        let without = br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#;
+        assert_eq!(parse_reply(without).unwrap().usage, Usage::default());
+        // Not numbers, negative, or absurd: never a failure, never an overflow.
+        let odd = br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}],
+            "usage":{"prompt_tokens":"many","completion_tokens":-3,"total_tokens":1e300}}"#;
+        assert_eq!(parse_reply(odd).unwrap().usage, Usage::default());
+        let huge = Usage::from_reply(&json!({"prompt_tokens": u64::MAX, "completion_tokens": 1}));
+        assert_eq!(huge.prompt_tokens, MAX_REPORTED_TOKENS);
+        assert_eq!(huge.total_tokens, MAX_REPORTED_TOKENS + 1);
+        let mut sum = Usage::default();
+        sum.add(Usage::from_reply(
+            &json!({"prompt_tokens": 3, "completion_tokens": 4}),
+        ));
+        sum.add(Usage::from_reply(
+            &json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
+        ));
+        assert_eq!(
+            sum,
+            Usage {
+                prompt_tokens: 4,
+                completion_tokens: 5,
+                total_tokens: 9
+            }
+        );
+    }
+
+    #[test]
+    fn the_shown_base_url_has_no_credentials() {
+        let config = |base_url: &str| ModelConfig {
+            base_url: base_url.into(),
+            model: "m".into(),
+            api_key_file: None,
+            max_tool_rounds: 1,
+            request_timeout_secs: 1,
+            max_history_bytes: 1024,
+        };
+        let shown = |base_url: &str| ModelClient::new(config(base_url), None).shown_base_url();
+        assert_eq!(
+            shown("https://user:secret@api.example.com/v1?key=secret").as_deref(),
+            Some("https://api.example.com/v1")
+        );
+        assert_eq!(
+            shown("http://[::1]:9/v1/").as_deref(),
+            Some("http://[::1]:9/v1")
+        );
+        assert_eq!(shown("http://api.example.com/v1"), None);
     }
 
     #[test]

@@ -33,6 +33,11 @@
 //! error and does nothing. A local call also re-checks, from live rows, that the person still
 //! has an authoring role (owner, co-owner, editor) on the chat's project.
 //!
+//! Every tool result is judged once by [`call_state`]: `done` or `failed` and a one-line
+//! summary, on the `tool_result` event and (computed again from the stored content) on the
+//! tool messages of `GET /v1/chats/{id}`. A turn's token usage is summed over its model calls,
+//! stored after each one and sent with `end`.
+//!
 //! When the exchange with gatewayd fails after the dispatch was sent (connection reset, a bad
 //! answer), nobody here knows whether it ran: the call is never reported "not run". agentd asks
 //! gatewayd to recover it (`POST /v1/recover`: gatewayd's record, or the device's own receipt)
@@ -40,13 +45,13 @@
 //! record), or `outcome_unknown`, never a guess.
 
 use crate::attachments::{AttachmentInfo, Kind, text_preview};
-use crate::chat_service::{ChatService, blocking_attachments, to_tool};
+use crate::chat_service::{ChatService, blocking, blocking_attachments, to_tool};
 use crate::chats::{Binding, Chat};
 use crate::files::Source;
 use crate::identity::Access;
 use crate::mcp::{Caller, ToolError};
-use crate::model::ToolCall;
-use agentworks_contract::executor::{FolderAccess, Operation, Outcome};
+use crate::model::{ToolCall, Usage};
+use agentworks_contract::executor::{DEFAULT_TIMEOUT_SECS, FolderAccess, Operation, Outcome};
 use agentworks_contract::gatewayd::{
     CancelResponse, DispatchRequest, DispatchState, Recovery, RequestRef,
 };
@@ -255,6 +260,105 @@ fn recent_history(messages: &[Value], budget: usize) -> &[Value] {
     &messages[start.unwrap_or(0)..]
 }
 
+/// What a tool call came to, as a person sees it: ✓ or ✗.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    Done,
+    Failed,
+}
+
+impl CallState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallState::Done => "done",
+            CallState::Failed => "failed",
+        }
+    }
+}
+
+/// The longest summary of a call, in characters.
+pub const MAX_SUMMARY_CHARS: usize = 200;
+
+/// The one rule for a tool call's state and its one-line summary, from its result as stored
+/// (`{"ok": true, "result": …}` or `{"ok": false, "error": {"code", "message"}}`; the
+/// `tool_result` event carries the same fields):
+///
+/// - an error (refused, not run, offline, outcome unknown…) is failed, with its message;
+/// - a command's result (one with `exit_code`) is failed when it was cancelled, timed out, or
+///   exited with anything but 0 (no exit code: killed by a signal), summarised as `cancelled`,
+///   `timed out after N s`, or `exit N` and the first non-empty line of stderr;
+/// - anything else is done.
+///
+/// A command that exits non-zero is an `ok` result (it ran, and the model needs its output),
+/// which is why `ok` alone does not say ✓.
+pub fn call_state(content: &Value) -> (CallState, String) {
+    if content["ok"] != Value::Bool(true) {
+        let error = &content["error"];
+        let message = error["message"].as_str().unwrap_or_default();
+        let text = if message.trim().is_empty() {
+            error["code"].as_str().unwrap_or("failed")
+        } else {
+            message
+        };
+        return (CallState::Failed, one_line(text));
+    }
+    let result = &content["result"];
+    if let Some(result) = result.as_object()
+        && result.contains_key("exit_code")
+    {
+        if result.get("cancelled") == Some(&Value::Bool(true)) {
+            return (CallState::Failed, "cancelled".into());
+        }
+        if result.get("timed_out") == Some(&Value::Bool(true)) {
+            let summary = match result.get("timeout_secs").and_then(Value::as_u64) {
+                Some(secs) => format!("timed out after {secs} s"),
+                None => "timed out".into(),
+            };
+            return (CallState::Failed, summary);
+        }
+        let stderr = result
+            .get("stderr")
+            .and_then(Value::as_str)
+            .and_then(|e| e.lines().map(str::trim).find(|l| !l.is_empty()));
+        let code = result.get("exit_code").and_then(Value::as_i64);
+        let head = match code {
+            Some(code) => format!("exit {code}"),
+            None => "killed by a signal".into(),
+        };
+        return match (code, stderr) {
+            (Some(0), _) => (CallState::Done, head),
+            (_, Some(line)) => (CallState::Failed, one_line(&format!("{head}: {line}"))),
+            (_, None) => (CallState::Failed, head),
+        };
+    }
+    let summary = if let Some(files) = result["files"].as_array() {
+        let paths: Vec<&str> = files.iter().filter_map(|f| f["path"].as_str()).collect();
+        format!("patched {}", paths.join(", "))
+    } else if let (Some(state), Some(path)) = (result["state"].as_str(), result["path"].as_str()) {
+        format!("{state}: {path}")
+    } else {
+        "done".into()
+    };
+    (CallState::Done, one_line(&summary))
+}
+
+/// The first non-empty line of `text`, trimmed, at most [`MAX_SUMMARY_CHARS`] characters (cut
+/// on a character boundary, with `…` when cut).
+fn one_line(text: &str) -> String {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default();
+    if line.chars().count() <= MAX_SUMMARY_CHARS {
+        return line.to_owned();
+    }
+    let mut cut: String = line.chars().take(MAX_SUMMARY_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// Runs one turn to its end, sending events to `events`. Never panics the caller: every
 /// failure becomes an `error` event followed by `end`.
 pub async fn run(
@@ -267,7 +371,8 @@ pub async fn run(
         // The client may have gone; the turn still runs to its end and is stored.
         let _ = events.send((kind, data));
     };
-    let reason = match drive(&service, &spec, &cancel, &emit).await {
+    let mut usage = Usage::default();
+    let reason = match drive(&service, &spec, &cancel, &emit, &mut usage).await {
         Ok(reason) => reason,
         Err(error) => {
             tracing::warn!(chat = %spec.chat.chat_id, turn = spec.turn, code = %error.code, "turn failed: {}", error.message);
@@ -278,15 +383,17 @@ pub async fn run(
             "error"
         }
     };
-    emit("end", json!({"reason": reason}));
+    emit("end", json!({"reason": reason, "usage": usage}));
 }
 
-/// The model loop of one turn, from storing the person's message to the reason it ended.
+/// The model loop of one turn, from storing the person's message to the reason it ended;
+/// `usage` sums the tokens of its model calls (each also stored as it comes).
 async fn drive(
     service: &ChatService,
     spec: &TurnSpec,
     cancel: &CancellationToken,
     emit: &impl Fn(&'static str, Value),
+    usage: &mut Usage,
 ) -> Result<&'static str, ToolError> {
     let Some(model) = service.model.clone() else {
         return Err(ToolError::new(
@@ -316,6 +423,8 @@ async fn drive(
             _ = cancel.cancelled() => return Ok("cancelled"),
         }
         .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        usage.add(reply.usage);
+        store_usage(service, &chat_id, spec.turn, reply.usage).await?;
         service
             .append(&chat_id, spec.turn, reply.message.clone())
             .await?;
@@ -350,6 +459,20 @@ async fn drive(
             model.max_tool_rounds()
         ),
     ))
+}
+
+/// Adds one model call's tokens to the turn's stored usage.
+async fn store_usage(
+    service: &ChatService,
+    chat_id: &str,
+    turn: i64,
+    usage: Usage,
+) -> Result<(), ToolError> {
+    let store = service.chats.clone();
+    let chat_id = chat_id.to_owned();
+    blocking(move || store.add_usage(&chat_id, turn, &usage))
+        .await
+        .map_err(to_tool)
 }
 
 /// What the model gets this round: the system prompt, then the most recent whole turns of
@@ -571,23 +694,24 @@ fn without_images(mut message: Value) -> Value {
     message
 }
 
-/// A call's result as the `tool_result` event and as the content of the stored tool message.
+/// A call's result as the `tool_result` event and as the content of the stored tool message;
+/// the event's `state` and `summary` are [`call_state`] of that content.
 fn tool_result(call: &ToolCall, result: &Result<Value, ToolError>) -> (Value, Value) {
-    match result {
-        Ok(value) => (
-            json!({"id": call.id, "name": call.name, "ok": true, "result": value}),
-            json!({"ok": true, "result": value}),
-        ),
+    let content = match result {
+        Ok(value) => json!({"ok": true, "result": value}),
         Err(error) => {
             let mut body = error.details.clone();
             body.insert("code".into(), json!(error.code));
             body.insert("message".into(), json!(error.message));
-            (
-                json!({"id": call.id, "name": call.name, "ok": false, "error": body}),
-                json!({"ok": false, "error": body}),
-            )
+            json!({"ok": false, "error": body})
         }
+    };
+    let (state, summary) = call_state(&content);
+    let mut event = json!({"id": call.id, "name": call.name, "state": state, "summary": summary});
+    if let (Some(event), Some(fields)) = (event.as_object_mut(), content.as_object()) {
+        event.extend(fields.clone());
     }
+    (event, content)
 }
 
 /// The arguments as an object with only `allowed` keys.
@@ -894,6 +1018,11 @@ async fn dispatch(
 ) -> Result<Value, ToolError> {
     // The same deadline gatewayd keeps for the result; a lost answer is recovered until then.
     let deadline = tokio::time::Instant::now() + operation.deadline();
+    // Said with a timed-out result, so its summary can name the limit it hit.
+    let timeout_secs = match &operation {
+        Operation::ExecuteShellCommand { timeout, .. } => timeout.unwrap_or(DEFAULT_TIMEOUT_SECS),
+        Operation::DiffPatchWorkspaceFile { .. } => 0,
+    };
     let request = DispatchRequest {
         user_id: caller.user_id.clone(),
         device_id: binding.device_id.clone(),
@@ -936,11 +1065,17 @@ async fn dispatch(
                 stderr_truncated,
                 timed_out,
                 cancelled,
-            } => Ok(json!({
-                "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
-                "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated,
-                "timed_out": timed_out, "cancelled": cancelled, "request_id": request_id,
-            })),
+            } => {
+                let mut result = json!({
+                    "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
+                    "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated,
+                    "timed_out": timed_out, "cancelled": cancelled, "request_id": request_id,
+                });
+                if timed_out {
+                    result["timeout_secs"] = json!(timeout_secs);
+                }
+                Ok(result)
+            }
             Outcome::Patched { files } => Ok(json!({"files": files, "request_id": request_id})),
             Outcome::Refused { code, message } => Err(with_id(ToolError::new(code, message))),
             Outcome::Interrupted { message } => Err(with_id(ToolError::new(
@@ -1019,6 +1154,126 @@ mod tests {
         running.extend([call.clone(), result.clone()]);
         assert_eq!(recent_history(&running, 1), &running[6..]);
         assert!(recent_history(&[], 10).is_empty());
+    }
+
+    fn command(exit_code: Value, stderr: &str) -> Value {
+        json!({"ok": true, "result": {"stdout": "out\n", "stderr": stderr, "exit_code": exit_code,
+            "timed_out": false, "cancelled": false}})
+    }
+
+    #[test]
+    fn a_command_that_exits_non_zero_times_out_or_is_cancelled_failed() {
+        let state = |content: &Value| {
+            let (state, summary) = call_state(content);
+            (state.as_str(), summary)
+        };
+        assert_eq!(
+            state(&command(json!(0), "warning\n")),
+            ("done", "exit 0".into())
+        );
+        assert_eq!(
+            state(&command(
+                json!(2),
+                "\n  \n  ls: cannot access 'x': No such file\nmore\n"
+            )),
+            (
+                "failed",
+                "exit 2: ls: cannot access 'x': No such file".into()
+            )
+        );
+        assert_eq!(state(&command(json!(1), "")), ("failed", "exit 1".into()));
+        assert_eq!(
+            state(&command(Value::Null, "")),
+            ("failed", "killed by a signal".into())
+        );
+        let mut timed_out = command(json!(137), "");
+        timed_out["result"]["timed_out"] = json!(true);
+        timed_out["result"]["timeout_secs"] = json!(30);
+        assert_eq!(state(&timed_out), ("failed", "timed out after 30 s".into()));
+        timed_out["result"]
+            .as_object_mut()
+            .unwrap()
+            .remove("timeout_secs");
+        assert_eq!(state(&timed_out), ("failed", "timed out".into()));
+        // A command cancelled with exit 0 (it trapped the signal) is still not done.
+        let mut cancelled = command(json!(0), "");
+        cancelled["result"]["cancelled"] = json!(true);
+        assert_eq!(state(&cancelled), ("failed", "cancelled".into()));
+    }
+
+    #[test]
+    fn a_tool_error_is_failed_with_its_message_and_other_results_are_done() {
+        let state = |content: &Value| {
+            let (state, summary) = call_state(content);
+            (state.as_str(), summary)
+        };
+        let error = json!({"ok": false, "error": {"code": "device_offline",
+            "message": "the device is offline\nsecond line"}});
+        assert_eq!(state(&error), ("failed", "the device is offline".into()));
+        let bare = json!({"ok": false, "error": {"code": "not_run", "message": ""}});
+        assert_eq!(state(&bare), ("failed", "not_run".into()));
+        assert_eq!(state(&json!({})).0, "failed");
+        let patched =
+            json!({"ok": true, "result": {"files": [{"path": "a.txt", "revision": "r"}]}});
+        assert_eq!(state(&patched), ("done", "patched a.txt".into()));
+        let written = json!({"ok": true, "result": {"state": "applied", "path": "x.md"}});
+        assert_eq!(state(&written), ("done", "applied: x.md".into()));
+        let read = json!({"ok": true, "result": {"content": "x", "revision": "r"}});
+        assert_eq!(state(&read), ("done", "done".into()));
+    }
+
+    #[test]
+    fn summaries_are_one_bounded_line_cut_on_a_character_boundary() {
+        let long = "é".repeat(500);
+        let (_, summary) = call_state(&command(json!(3), &long));
+        assert_eq!(summary.chars().count(), MAX_SUMMARY_CHARS);
+        assert!(
+            summary.starts_with("exit 3: éé") && summary.ends_with('…'),
+            "{summary}"
+        );
+        let (_, summary) = call_state(&json!({"ok": false, "error": {"message": "ß".repeat(300)}}));
+        assert_eq!(summary.chars().count(), MAX_SUMMARY_CHARS);
+        assert!(!summary.contains('\n'));
+    }
+
+    #[test]
+    fn the_tool_result_event_carries_the_state_of_the_stored_content() {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "execute_shell_command".into(),
+            arguments: "{}".into(),
+        };
+        let failed = command(json!(2), "boom\n")["result"].clone();
+        let (event, content) = tool_result(&call, &Ok(failed));
+        assert_eq!(content["ok"], true);
+        assert!(
+            content.get("state").is_none(),
+            "the model gets the result as it was"
+        );
+        assert_eq!(
+            (
+                &event["id"],
+                &event["ok"],
+                &event["state"],
+                &event["summary"]
+            ),
+            (
+                &json!("c1"),
+                &json!(true),
+                &json!("failed"),
+                &json!("exit 2: boom")
+            )
+        );
+        assert_eq!(event["result"], content["result"]);
+        let (event, content) = tool_result(
+            &call,
+            &Err(ToolError::new("device_offline", "the device is offline")),
+        );
+        assert_eq!(content["error"]["code"], "device_offline");
+        assert_eq!(
+            (&event["state"], &event["summary"]),
+            (&json!("failed"), &json!("the device is offline"))
+        );
     }
 
     #[test]

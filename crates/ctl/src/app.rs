@@ -23,7 +23,7 @@ use crate::cli::{
     Cli, Cmd, LoginCmd, MemberCmd, ProjectAdd, ProjectCmd, ReceiptCmd, TokenCmd, TokenCreate,
     UserCmd,
 };
-use crate::quickstart::{self, Ports};
+use crate::quickstart::{self, ModelFlags, Ports};
 
 /// Run one parsed command line on a fresh runtime.
 pub fn run(cli: Cli) -> ExitCode {
@@ -45,6 +45,9 @@ async fn dispatch(cli: Cli) -> ExitCode {
         state_root,
         port,
         gateway_port,
+        model_url,
+        model,
+        model_key_file,
     } = cli.command
     {
         let ports = match Ports::new(port, gateway_port) {
@@ -54,7 +57,18 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        return run_quickstart(state_root, ports, cli.json).await;
+        // clap makes --model-url and --model come together.
+        let model = model_url.zip(model).map(|(base_url, model)| ModelFlags {
+            base_url,
+            model,
+            key_file: model_key_file,
+        });
+        let options = quickstart::Options {
+            ports,
+            config: cli.config,
+            model,
+        };
+        return run_quickstart(state_root, options, cli.json).await;
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -309,9 +323,13 @@ fn joined(v: &Value, separator: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn run_quickstart(state_root: PathBuf, ports: Ports, json_output: bool) -> ExitCode {
+async fn run_quickstart(
+    state_root: PathBuf,
+    options: quickstart::Options,
+    json_output: bool,
+) -> ExitCode {
     let shutdown = shutdown::on_signals();
-    let result = quickstart::run(&state_root, ports, shutdown, |started| {
+    let result = quickstart::run(&state_root, &options, shutdown, |started| {
         if json_output {
             println!("{}", serde_json::to_string(started).unwrap_or_default());
         } else {
@@ -328,7 +346,7 @@ async fn run_quickstart(state_root: PathBuf, ports: Ports, json_output: bool) ->
         }
         Err(e) => {
             eprintln!("agentworksctl quickstart: {e}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
         }
     }
 }

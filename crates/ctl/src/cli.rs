@@ -28,8 +28,17 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Start every daemon in the foreground on a private state root (loopback only, all as
-    /// the current user), create a demo user, workflow and token, and print the MCP URL and a
-    /// client configuration; Ctrl-C stops them all. Running it again reuses the state root.
+    /// the current user), create a demo user, workflow, code project (demo-code) and token,
+    /// and print the console URL, the MCP URL and a client configuration; Ctrl-C stops them
+    /// all. Running it again reuses the state root.
+    ///
+    /// --config FILE is merged into the configuration quickstart writes: every section of the
+    /// file is kept (e.g. [agentd.model], limits), except what quickstart must own, which it
+    /// sets itself: state_root, documents_root and runtime_dir (from --state-root), every
+    /// socket, agentd's and gatewayd's listen (from --port and --gateway-port) and the
+    /// allowed users (every daemon runs as you). --model-url/--model/--model-key-file win over
+    /// the file's [agentd.model]. Without a model a chat turn answers model_not_configured.
+    #[command(verbatim_doc_comment)]
     Quickstart {
         /// The private state root.
         #[arg(long, value_name = "DIR", default_value = ".agentworks-quickstart")]
@@ -41,6 +50,17 @@ pub enum Cmd {
         /// defaults to the port after --port.
         #[arg(long, value_name = "PORT")]
         gateway_port: Option<u16>,
+        /// The chat model's OpenAI-compatible API base, e.g. https://api.example.com/v1
+        /// (http:// to a loopback host only); needs --model.
+        #[arg(long, value_name = "URL", requires = "model")]
+        model_url: Option<String>,
+        /// The model name sent with every request; needs --model-url.
+        #[arg(long, value_name = "NAME", requires = "model_url")]
+        model: Option<String>,
+        /// A file holding the model's API key (read when quickstart starts and by agentd for
+        /// every request, never printed).
+        #[arg(long, value_name = "FILE", requires = "model_url")]
+        model_key_file: Option<PathBuf>,
     },
     /// Show each daemon's health.
     Status,

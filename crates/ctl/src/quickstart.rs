@@ -1,16 +1,26 @@
 //! `agentworksctl quickstart`: the whole daemon set in the foreground on a private state root.
 //!
 //! Every daemon runs as the current user, loopback only, with its sockets under `<state>/run`;
-//! a demo user, a demo workflow (with a few files) and a `workflows:write` token are created
-//! through agentd's operator socket; Ctrl-C (or SIGTERM) stops every daemon with SIGTERM and
-//! waits for it. Running it again reuses the state root (and mints a new token). It never
-//! touches the system state root.
+//! a demo user, a demo workflow (with a few files), a `code` project `demo-code` (the demo
+//! user owns both; its chats are where the agent works, in the console at `/console/`) and a
+//! `workflows:write` token are created through agentd's operator socket; Ctrl-C (or SIGTERM)
+//! stops every daemon with SIGTERM and waits for it. Running it again reuses the state root
+//! (and mints a new token). It never touches the system state root.
+//!
+//! The configuration the daemons read, `<state>/agentworks.toml`, is written on every run:
+//! the `--config` file's sections (`[agentd.model]` and every other one), then quickstart's
+//! own settings over them where the stack depends on them ([`FORCED_SETTINGS`]), then the
+//! `--model-url`/`--model`/`--model-key-file` flags over `[agentd.model]`. The result is
+//! validated as the daemons will read it before any daemon starts. A model's key file must be
+//! readable (checked at start); its content is never printed. Without a model the stack runs
+//! and a turn answers `model_not_configured`.
 //!
 //! Everything it makes is private to the current user, whatever umask it was started with
 //! (root's is usually 022): it runs, and starts the daemons, under umask 077 (as the systemd
 //! units do with `UMask=0077`), and forces the state root and the documents root to 0700
 //! (a state root left by an older version is tightened too); the demo files are 0600.
 
+use agentworks_daemon::config::Config;
 use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
 use agentworks_support::unix_http::UnixClient;
 use serde_json::{Value, json};
@@ -54,7 +64,67 @@ pub enum QuickstartError {
     },
     #[error("setting up the demo failed: {0}")]
     Bootstrap(String),
+    #[error("--config {path}: {reason}")]
+    UserConfig { path: PathBuf, reason: String },
+    #[error("the merged configuration is refused: {0}")]
+    Config(#[from] agentworks_daemon::config::ConfigError),
+    #[error("the model's key file {path} ({origin}): {reason}")]
+    KeyFile {
+        path: PathBuf,
+        origin: &'static str,
+        reason: String,
+    },
 }
+
+impl QuickstartError {
+    /// A mistake in what the person asked for (flags, the --config file, a key file), as
+    /// opposed to a failure while running: exit code 2 instead of 1.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            QuickstartError::Ports(_)
+                | QuickstartError::UserConfig { .. }
+                | QuickstartError::Config(_)
+                | QuickstartError::KeyFile { .. }
+        )
+    }
+}
+
+/// `--model-url URL --model NAME [--model-key-file FILE]`: the chat model, over the
+/// `--config` file's `[agentd.model]` (its other keys, e.g. `max_tool_rounds`, are kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFlags {
+    pub base_url: String,
+    pub model: String,
+    pub key_file: Option<PathBuf>,
+}
+
+/// What `agentworksctl quickstart` was asked for besides the state root.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub ports: Ports,
+    /// `--config FILE`: merged under quickstart's own settings.
+    pub config: Option<PathBuf>,
+    pub model: Option<ModelFlags>,
+}
+
+/// The settings quickstart writes over the `--config` file, as `(section, key)` (`""`: the top
+/// level), and why each must be quickstart's: the daemons find each other through sockets
+/// under `<state>/run` and serve on the ports given (or removed: derived from the state root,
+/// which the daemons get as `AGENTWORKS_STATE_ROOT`); every daemon runs as the current user,
+/// so no other user is let in.
+pub const FORCED_SETTINGS: [(&str, &str); 10] = [
+    ("", "state_root"),
+    ("", "documents_root"),
+    ("", "runtime_dir"),
+    ("workspaced", "socket"),
+    ("workspaced", "allowed_users"),
+    ("agentd", "listen"),
+    ("agentd", "socket"),
+    ("gatewayd", "listen"),
+    ("gatewayd", "socket"),
+    ("gatewayd", "allowed_users"),
+];
 
 /// What quickstart started, printed for people and (with --json) as the first stdout line.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -65,6 +135,12 @@ pub struct Started {
     pub gateway_url: Option<String>,
     pub token: String,
     pub workflow_id: String,
+    /// The `code` project (`demo-code`): chats live there.
+    pub code_project_id: String,
+    /// The web console, `<api_url>/console/`.
+    pub console_url: String,
+    /// The model turns use, `None` when no model is configured.
+    pub model: Option<String>,
     pub state_root: PathBuf,
     pub documents_root: PathBuf,
     pub agentd_socket: PathBuf,
@@ -84,6 +160,13 @@ const DEMO_FILES: [(&str, &str); 3] = [
         "{\"name\": \"demo\", \"steps\": [\"task\"]}\n",
     ),
 ];
+
+/// The code project's name (and folder) and its one starting file.
+const CODE_PROJECT: &str = "demo-code";
+const CODE_FILES: [(&str, &str); 1] = [(
+    "README.md",
+    "# Demo code project\n\nChat with the agent about these files in the console, or connect a laptop folder.\n",
+)];
 
 /// A running daemon child, stopped with SIGTERM when dropped.
 struct Daemon {
@@ -130,38 +213,162 @@ impl Ports {
     }
 }
 
-fn prepare(state_root: &Path, ports: Ports) -> Result<(PathBuf, PathBuf), QuickstartError> {
+/// Creates the documents root and the demo projects' first files (kept if they exist), and
+/// writes the daemons' configuration; answers the documents root, the configuration's path
+/// and the configuration as the daemons will read it.
+fn prepare(
+    state_root: &Path,
+    options: &Options,
+) -> Result<(PathBuf, PathBuf, Config), QuickstartError> {
     let err = |path: &Path| {
         let path = path.to_owned();
         move |source| QuickstartError::Prepare { path, source }
     };
     let documents = state_root.join("documents");
     ensure_private_dir(&documents, 0o700)?;
-    let demo = documents.join("demo");
-    ensure_private_dir(&demo, 0o700)?;
-    for (name, content) in DEMO_FILES {
-        let path = demo.join(name);
-        if !path.exists() {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(err(parent))?;
+    for (folder, files) in [("demo", &DEMO_FILES[..]), (CODE_PROJECT, &CODE_FILES[..])] {
+        let project = documents.join(folder);
+        ensure_private_dir(&project, 0o700)?;
+        for (name, content) in files {
+            let path = project.join(name);
+            if !path.exists() {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(err(parent))?;
+                }
+                write_private(&path, content).map_err(err(&path))?;
             }
-            write_private(&path, content).map_err(err(&path))?;
         }
     }
-    // quickstart owns this file: rewritten each run so --port and --gateway-port take effect.
-    let config = state_root.join("agentworks.toml");
-    write_private(
-        &config,
-        &format!(
-            "# written by agentworksctl quickstart: every daemon as the current user, loopback only\n\
-             [workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{http}\"\n\n\
-             [gatewayd]\nlisten = \"127.0.0.1:{gateway}\"\nallowed_users = []\n",
-            http = ports.http,
-            gateway = ports.gateway
-        ),
+    let user = match &options.config {
+        Some(path) => Some(read_user_config(path)?),
+        None => None,
+    };
+    let model = match &options.model {
+        Some(flags) => Some(ModelFlags {
+            key_file: match &flags.key_file {
+                Some(file) => Some(check_key_file(file, "--model-key-file")?),
+                None => None,
+            },
+            ..flags.clone()
+        }),
+        None => None,
+    };
+    let text = config_text(options.ports, user, model.as_ref());
+    // quickstart owns this file: rewritten each run so the flags and --config take effect.
+    let config_path = state_root.join("agentworks.toml");
+    write_private(&config_path, &text).map_err(err(&config_path))?;
+    // Read back exactly as the daemons will (their environment), so a bad merged file is
+    // refused here, with its reason, instead of by a daemon at start.
+    let config = Config::load_with_env(Some(&config_path), &|name| {
+        (name == agentworks_daemon::config::ENV_STATE_ROOT)
+            .then(|| state_root.to_string_lossy().into_owned())
+    })?;
+    if options.model.is_none()
+        && let Some(file) = config
+            .agentd
+            .model
+            .as_ref()
+            .and_then(|m| m.api_key_file.as_ref())
+    {
+        check_key_file(file, "[agentd.model] api_key_file")?;
+    }
+    Ok((documents, config_path, config))
+}
+
+/// Runs `change` on the sub-table `name` of `parent` (made if missing; a value there that is
+/// not a table is replaced: quickstart's settings win, and it would be refused anyway).
+fn with_table(parent: &mut toml::Table, name: &str, change: impl FnOnce(&mut toml::Table)) {
+    let mut table = match parent.remove(name) {
+        Some(toml::Value::Table(table)) => table,
+        _ => toml::Table::new(),
+    };
+    change(&mut table);
+    parent.insert(name.into(), toml::Value::Table(table));
+}
+
+/// The `--config` file as a TOML table (it is validated once merged).
+fn read_user_config(path: &Path) -> Result<toml::Table, QuickstartError> {
+    let refused = |reason: String| QuickstartError::UserConfig {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
+    text.parse::<toml::Table>()
+        .map_err(|e| refused(format!("not valid TOML: {e}")))
+}
+
+/// Checks that the model's key file is a readable, non-empty file and answers its absolute
+/// path (the daemons do not run in this directory). Its content is never shown.
+fn check_key_file(path: &Path, origin: &'static str) -> Result<PathBuf, QuickstartError> {
+    let refused = |reason: String| QuickstartError::KeyFile {
+        path: path.to_owned(),
+        origin,
+        reason,
+    };
+    let absolute = path
+        .canonicalize()
+        .map_err(|e| refused(format!("cannot be opened: {e}")))?;
+    if !absolute.is_file() {
+        return Err(refused("is not a regular file".into()));
+    }
+    let key = std::fs::read(&absolute).map_err(|e| refused(format!("cannot be read: {e}")))?;
+    if key.iter().all(u8::is_ascii_whitespace) {
+        return Err(refused("is empty".into()));
+    }
+    Ok(absolute)
+}
+
+/// The daemons' configuration: `user` (the `--config` file) with quickstart's
+/// [`FORCED_SETTINGS`] over it, then `model` over its `[agentd.model]`.
+fn config_text(ports: Ports, user: Option<toml::Table>, model: Option<&ModelFlags>) -> String {
+    use toml::Value;
+    let mut config = user.unwrap_or_default();
+    for (section, key) in FORCED_SETTINGS {
+        let table = if section.is_empty() {
+            Some(&mut config)
+        } else {
+            config.get_mut(section).and_then(Value::as_table_mut)
+        };
+        if let Some(table) = table {
+            table.remove(key);
+        }
+    }
+    with_table(&mut config, "workspaced", |workspaced| {
+        workspaced.insert("allowed_users".into(), Value::Array(Vec::new()));
+    });
+    with_table(&mut config, "gatewayd", |gatewayd| {
+        gatewayd.insert(
+            "listen".into(),
+            Value::String(format!("127.0.0.1:{}", ports.gateway)),
+        );
+        gatewayd.insert("allowed_users".into(), Value::Array(Vec::new()));
+    });
+    with_table(&mut config, "agentd", |agentd| {
+        agentd.insert(
+            "listen".into(),
+            Value::String(format!("127.0.0.1:{}", ports.http)),
+        );
+        let Some(flags) = model else { return };
+        with_table(agentd, "model", |table| {
+            table.insert("base_url".into(), Value::String(flags.base_url.clone()));
+            table.insert("model".into(), Value::String(flags.model.clone()));
+            match &flags.key_file {
+                Some(file) => {
+                    table.insert(
+                        "api_key_file".into(),
+                        Value::String(file.to_string_lossy().into_owned()),
+                    );
+                }
+                None => {
+                    table.remove("api_key_file");
+                }
+            }
+        });
+    });
+    format!(
+        "# written by agentworksctl quickstart on every run: the --config file's settings, then\n\
+         # quickstart's own (roots, sockets, listeners, allowed users), then --model-url/--model\n{config}"
     )
-    .map_err(err(&config))?;
-    Ok((documents, config))
 }
 
 /// Writes `content` to `path`, creating it 0600 (an existing file keeps its mode).
@@ -230,8 +437,16 @@ async fn wait_healthy(daemon: &mut Daemon, socket: &Path) -> Result<(), Quicksta
     }
 }
 
-/// Create (or find) the demo user and workflow and mint a token, through agentd's socket.
-async fn bootstrap(agentd: &UnixClient) -> Result<(String, String), QuickstartError> {
+/// What [`bootstrap`] made (or found).
+struct Demo {
+    workflow_id: String,
+    code_project_id: String,
+    token: String,
+}
+
+/// Create (or find) the demo user, workflow and code project and mint a token, through
+/// agentd's socket.
+async fn bootstrap(agentd: &UnixClient) -> Result<Demo, QuickstartError> {
     let admin = |endpoint: &'static str, body: Value| async move {
         agentd
             .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
@@ -255,15 +470,29 @@ async fn bootstrap(agentd: &UnixClient) -> Result<(String, String), QuickstartEr
     {
         return Err(fail(e));
     }
+    if let Err(e) = admin(
+        "projects/add",
+        json!({"name": CODE_PROJECT, "kind": "code", "owner": "demo", "folder": CODE_PROJECT}),
+    )
+    .await
+        && !exists(&e)
+    {
+        return Err(fail(e));
+    }
     let projects = admin("projects/list", json!({})).await.map_err(fail)?;
-    let workflow_id = projects
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == "demo"))
-        .and_then(|p| p["id"].as_str())
-        .ok_or_else(|| {
-            QuickstartError::Bootstrap("the demo project is missing after creating it".into())
-        })?
-        .to_owned();
+    let id_of = |name: &str| {
+        projects
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+            .and_then(|p| p["id"].as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                QuickstartError::Bootstrap(format!(
+                    "the project {name:?} is missing after creating it"
+                ))
+            })
+    };
+    let (workflow_id, code_project_id) = (id_of("demo")?, id_of(CODE_PROJECT)?);
     let created = admin(
         "tokens/create",
         json!({"user": "demo", "scopes": ["workflows:write"], "label": "quickstart"}),
@@ -274,14 +503,18 @@ async fn bootstrap(agentd: &UnixClient) -> Result<(String, String), QuickstartEr
         .as_str()
         .ok_or_else(|| QuickstartError::Bootstrap("agentd returned no token".into()))?
         .to_owned();
-    Ok((workflow_id, token))
+    Ok(Demo {
+        workflow_id,
+        code_project_id,
+        token,
+    })
 }
 
 /// Start everything, call `ready` once all daemons answer and the demo exists, then wait for
 /// `shutdown` (or a daemon dying) and stop them all.
 pub async fn run(
     state_root: &Path,
-    ports: Ports,
+    options: &Options,
     shutdown: tokio_util::sync::CancellationToken,
     ready: impl FnOnce(&Started),
 ) -> Result<(), QuickstartError> {
@@ -302,7 +535,8 @@ pub async fn run(
         })?;
     // An existing root (an older quickstart's, made under a permissive umask) is tightened.
     ensure_private_dir(&state_root, 0o700)?;
-    let (documents, config) = prepare(&state_root, ports)?;
+    let ports = options.ports;
+    let (documents, config, settings) = prepare(&state_root, options)?;
     let workspaced_socket = state_root.join("run/workspaced.sock");
     let agentd_socket = state_root.join("run/agentd.sock");
     let mut workspaced = start("agentworks-workspaced", &state_root, &config)?;
@@ -312,8 +546,13 @@ pub async fn run(
     let gatewayd_socket = state_root.join("run/gatewayd.sock");
     let mut gatewayd = start("agentworks-gatewayd", &state_root, &config)?;
     wait_healthy(&mut gatewayd, &gatewayd_socket).await?;
-    let (workflow_id, token) = bootstrap(&UnixClient::new(&agentd_socket)).await?;
+    let Demo {
+        workflow_id,
+        code_project_id,
+        token,
+    } = bootstrap(&UnixClient::new(&agentd_socket)).await?;
     let api_url = format!("http://127.0.0.1:{}", ports.http);
+    let console_url = format!("{api_url}/console/");
     let mcp_url = format!("{api_url}/mcp");
     let mcp_client_config = json!({
         "mcpServers": {
@@ -330,6 +569,9 @@ pub async fn run(
         gateway_url: Some(format!("ws://127.0.0.1:{}", ports.gateway)),
         token,
         workflow_id,
+        code_project_id,
+        console_url,
+        model: settings.agentd.model.as_ref().map(|m| m.model.clone()),
         state_root: state_root.clone(),
         documents_root: documents,
         agentd_socket,
@@ -358,9 +600,20 @@ pub async fn run(
 /// The human-readable banner.
 pub fn print_human(started: &Started) {
     println!("agentworks quickstart is running (Ctrl-C stops it)");
+    println!("  console:         {}", started.console_url);
     println!("  MCP endpoint:    {}", started.mcp_url);
     println!("  token:           {}", started.token);
     println!("  demo workflow:   {}", started.workflow_id);
+    println!(
+        "  code project:    {} ({CODE_PROJECT}: chats and laptop folders)",
+        started.code_project_id
+    );
+    match &started.model {
+        Some(model) => println!("  model:           {model}"),
+        None => println!(
+            "  model:           none (turns answer model_not_configured; restart with --model-url URL --model NAME)"
+        ),
+    }
     println!("  state root:      {}", started.state_root.display());
     println!("  documents root:  {}", started.documents_root.display());
     println!();
@@ -383,6 +636,10 @@ pub fn print_human(started: &Started) {
             started.api_url
         );
         println!("  agentworks executor connect --gateway {gateway} --write-folder ~/src/project");
+        println!(
+            "  agentworks chat --server {} --project {CODE_PROJECT} --local project",
+            started.api_url
+        );
         println!();
     }
     println!(
@@ -413,5 +670,123 @@ mod tests {
         );
         assert!(Ports::new(65535, None).is_err());
         assert!(Ports::new(8470, Some(8470)).is_err());
+    }
+
+    fn merged(user: &str, model: Option<&ModelFlags>) -> toml::Table {
+        let ports = Ports::new(9100, None).unwrap();
+        let user = (!user.is_empty()).then(|| user.parse::<toml::Table>().unwrap());
+        config_text(ports, user, model).parse().unwrap()
+    }
+
+    #[test]
+    fn the_config_file_is_merged_under_quickstarts_own_settings() {
+        let config = merged(
+            "state_root = \"/var/lib/agentworks\"\nruntime_dir = \"/run/agentworks\"\n\
+             [agentd]\nlisten = \"0.0.0.0:80\"\nsocket = \"/run/x.sock\"\nmax_connections = 7\n\
+             [agentd.model]\nbase_url = \"https://api.example.com/v1\"\nmodel = \"m1\"\nmax_tool_rounds = 3\n\
+             [gatewayd]\nallowed_users = [\"agentworks\"]\nheartbeat_secs = 5\n\
+             [workspaced]\nmax_file_bytes = 1024\n",
+            None,
+        );
+        // Kept: everything that is not quickstart's.
+        assert_eq!(config["agentd"]["max_connections"].as_integer(), Some(7));
+        assert_eq!(config["agentd"]["model"]["model"].as_str(), Some("m1"));
+        assert_eq!(
+            config["agentd"]["model"]["max_tool_rounds"].as_integer(),
+            Some(3)
+        );
+        assert_eq!(config["gatewayd"]["heartbeat_secs"].as_integer(), Some(5));
+        assert_eq!(
+            config["workspaced"]["max_file_bytes"].as_integer(),
+            Some(1024)
+        );
+        // quickstart's win.
+        assert_eq!(config["agentd"]["listen"].as_str(), Some("127.0.0.1:9100"));
+        assert_eq!(
+            config["gatewayd"]["listen"].as_str(),
+            Some("127.0.0.1:9101")
+        );
+        assert!(
+            config["gatewayd"]["allowed_users"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+        for (section, key) in [
+            ("", "state_root"),
+            ("", "runtime_dir"),
+            ("agentd", "socket"),
+        ] {
+            let table = if section.is_empty() {
+                &config
+            } else {
+                config[section].as_table().unwrap()
+            };
+            assert!(!table.contains_key(key), "{section}.{key}");
+        }
+    }
+
+    #[test]
+    fn the_model_flags_win_over_the_files_model() {
+        let flags = ModelFlags {
+            base_url: "http://127.0.0.1:9/v1".into(),
+            model: "flagged".into(),
+            key_file: None,
+        };
+        let config = merged(
+            "[agentd.model]\nbase_url = \"https://a/v1\"\nmodel = \"m1\"\napi_key_file = \"/k\"\nmax_tool_rounds = 3\n",
+            Some(&flags),
+        );
+        let model = &config["agentd"]["model"];
+        assert_eq!(model["base_url"].as_str(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(model["model"].as_str(), Some("flagged"));
+        assert!(
+            model.get("api_key_file").is_none(),
+            "the file's key is not the flags' model's"
+        );
+        assert_eq!(model["max_tool_rounds"].as_integer(), Some(3));
+        let config = merged(
+            "",
+            Some(&ModelFlags {
+                key_file: Some("/k2".into()),
+                ..flags
+            }),
+        );
+        assert_eq!(
+            config["agentd"]["model"]["api_key_file"].as_str(),
+            Some("/k2")
+        );
+        assert!(merged("", None)["agentd"].get("model").is_none());
+    }
+
+    #[test]
+    fn a_key_file_must_be_a_readable_non_empty_file() {
+        // A private directory of this test (no tempfile dependency in this crate for one test).
+        let dir = std::env::temp_dir().join(format!("aw-qs-key-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let key = dir.join("key");
+        std::fs::write(&key, "sk-secret-123\n").unwrap();
+        assert_eq!(
+            check_key_file(&key, "--model-key-file").unwrap(),
+            key.canonicalize().unwrap()
+        );
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n \n").unwrap();
+        for (bad, why) in [
+            (dir.join("absent"), "cannot be opened"),
+            (empty, "is empty"),
+            (dir.clone(), "not a regular file"),
+        ] {
+            let error = check_key_file(&bad, "--model-key-file").unwrap_err();
+            assert!(error.is_usage());
+            let text = error.to_string();
+            assert!(
+                text.contains(why) && text.contains("--model-key-file"),
+                "{text}"
+            );
+            assert!(!text.contains("sk-secret"), "{text}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,6 +4,11 @@
 //! folder (showing the consequences first and asking for an explicit "yes"), then reads one
 //! message per line and shows the turn's streamed events readably: model text as it arrives,
 //! each tool call and its result folded to one line, with a spinner while a tool runs.
+//! A resumed chat first shows its earlier turns, folded the same way.
+//!
+//! A result's ✓/✗ is the server's `state` (`done` or `failed`: a command that exits non-zero,
+//! times out or is cancelled is failed, with the exit code and the first line of stderr in its
+//! `summary`); from an older server without `state`, its `ok`.
 //!
 //! It talks to agentd's REST API with a personal token that has a `workflows:*` scope (the
 //! laptop's `devices:connect` credential cannot use chats). It never runs anything itself.
@@ -119,8 +124,28 @@ fn summarize_call(name: &str, arguments: &Value) -> String {
     }
 }
 
-/// One line for a tool result.
+/// Whether a tool result failed: the server's `state`, else (an older server) not `ok`.
+fn failed(event: &Value) -> bool {
+    match event["state"].as_str() {
+        Some(state) => state != "done",
+        None => event["ok"] != Value::Bool(true),
+    }
+}
+
+/// The ✓/✗ line of a finished tool call: `call` is its name and arguments, folded.
+fn result_line(call: &str, event: &Value) -> String {
+    let mark = if failed(event) { "✗" } else { "✓" };
+    format!("  {mark} {call} — {}", summarize_result(event))
+}
+
+/// One line for a tool result: a failure as the server summarised it (the exit code and the
+/// first line of stderr, a timeout, a cancel or the error's message), else what it did.
 fn summarize_result(event: &Value) -> String {
+    if failed(event)
+        && let Some(summary) = event["summary"].as_str()
+    {
+        return summary.to_owned();
+    }
     if event["ok"] != Value::Bool(true) {
         return format!(
             "{}: {}",
@@ -217,7 +242,6 @@ impl Screen {
                 self.running = Some(line);
             }
             "tool_result" => {
-                let mark = if data["ok"] == true { "✓" } else { "✗" };
                 let line = self
                     .running
                     .take()
@@ -225,7 +249,7 @@ impl Screen {
                 if self.tty {
                     let _ = write!(out, "\r\x1b[2K");
                 }
-                let _ = writeln!(out, "  {mark} {line} — {}", summarize_result(data));
+                let _ = writeln!(out, "{}", result_line(&line, data));
             }
             "error" => {
                 self.finish_line(&mut out);
@@ -442,8 +466,16 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         server: &options.server,
         token: &options.token,
     };
-    let chat_id = open_chat(&api, &options).await?;
+    let (chat_id, chat) = open_chat(&api, &options).await?;
     println!("chat {chat_id} in {}", options.project);
+    let earlier = history_lines(&chat);
+    if !earlier.is_empty() {
+        println!("— earlier in this chat —");
+        for line in earlier {
+            println!("{line}");
+        }
+        println!("— now —");
+    }
     if let Some(alias) = &options.local {
         bind_local(
             &api,
@@ -457,8 +489,60 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
     converse(&api, &chat_id).await
 }
 
-/// Resume the chat given, or create one in the project; returns its id.
-async fn open_chat(api: &Api<'_>, options: &ChatOptions) -> Result<String, ChatError> {
+/// The earlier turns of a chat as `GET /v1/chats/{id}` answers it, as the lines a turn shows:
+/// the person's messages, the model's text, and each tool call folded to its ✓/✗ line.
+fn history_lines(chat: &Value) -> Vec<String> {
+    let mut calls: std::collections::HashMap<&str, (&str, String)> = Default::default();
+    let mut lines = Vec::new();
+    for message in chat["messages"].as_array().into_iter().flatten() {
+        match message["role"].as_str() {
+            Some("user") => lines.push(format!(
+                "you> {}",
+                message["content"].as_str().unwrap_or("")
+            )),
+            Some("assistant") => {
+                if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+                    lines.push(format!("agent> {text}"));
+                }
+                for call in message["tool_calls"].as_array().into_iter().flatten() {
+                    let name = call["function"]["name"].as_str().unwrap_or("tool");
+                    let folded = format!(
+                        "{name} {}",
+                        summarize_call(name, &call["function"]["arguments"])
+                    );
+                    calls.insert(call["id"].as_str().unwrap_or(""), (name, folded));
+                }
+            }
+            Some("tool") => {
+                let id = message["tool_call_id"].as_str().unwrap_or("");
+                let (name, folded) = calls
+                    .get(id)
+                    .cloned()
+                    .unwrap_or(("tool", "tool".to_owned()));
+                // The stored content is the result as the model got it ({ok, result|error});
+                // with the name and the server's state it reads like the turn's event.
+                let mut event = message["content"]
+                    .as_str()
+                    .and_then(|c| serde_json::from_str::<Value>(c).ok())
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                event["name"] = json!(name);
+                for field in ["state", "summary"] {
+                    if !message[field].is_null() {
+                        event[field] = message[field].clone();
+                    }
+                }
+                lines.push(result_line(&folded, &event));
+            }
+            _ => {}
+        }
+    }
+    lines
+}
+
+/// Resume the chat given (with its messages), or create one in the project; returns its id
+/// and the chat as agentd answered it.
+async fn open_chat(api: &Api<'_>, options: &ChatOptions) -> Result<(String, Value), ChatError> {
     let chat = match &options.chat {
         Some(id) => api.call("GET", &format!("/v1/chats/{id}"), None).await?,
         None => {
@@ -470,14 +554,15 @@ async fn open_chat(api: &Api<'_>, options: &ChatOptions) -> Result<String, ChatE
             .await?
         }
     };
-    Ok(chat["chat_id"]
+    let id = chat["chat_id"]
         .as_str()
         .or(chat["chat"]["chat_id"].as_str())
         .ok_or_else(|| ChatError::Protocol {
             what: "the chat".into(),
             detail: chat.to_string(),
         })?
-        .to_owned())
+        .to_owned();
+    Ok((id, chat))
 }
 
 /// Bind the chat to the device folder shared as `alias`, after showing the consequences and
@@ -616,8 +701,73 @@ mod tests {
         );
         let err = json!({"name": "execute_shell_command", "ok": false, "error": {"code": "device_offline", "message": "offline"}});
         assert_eq!(summarize_result(&err), "device_offline: offline");
+        assert!(result_line("x", &err).starts_with("  ✗ x — "));
         let long = summarize_call("read_file", &json!({"path": "x".repeat(100)}));
         assert!(long.ends_with('…') && long.chars().count() == 71);
+    }
+
+    #[test]
+    fn the_servers_state_decides_the_mark_and_older_servers_fall_back_to_ok() {
+        // A command that ran and exited 2: `ok` (it ran) but failed, with the server's summary.
+        let exited = json!({"name": "execute_shell_command", "ok": true, "state": "failed",
+            "summary": "exit 2: ls: cannot access 'x'",
+            "result": {"exit_code": 2, "stdout": "", "stderr": "ls: cannot access 'x'\n"}});
+        assert_eq!(
+            result_line("execute_shell_command ls x", &exited),
+            "  ✗ execute_shell_command ls x — exit 2: ls: cannot access 'x'"
+        );
+        let timed_out = json!({"name": "execute_shell_command", "ok": true, "state": "failed",
+            "summary": "timed out after 30 s", "result": {"exit_code": null, "timed_out": true}});
+        assert_eq!(
+            result_line("execute_shell_command sleep 99", &timed_out),
+            "  ✗ execute_shell_command sleep 99 — timed out after 30 s"
+        );
+        let done = json!({"name": "execute_shell_command", "ok": true, "state": "done",
+            "summary": "exit 0", "result": {"exit_code": 0, "stdout": "a\n"}});
+        assert_eq!(
+            result_line("execute_shell_command echo a", &done),
+            "  ✓ execute_shell_command echo a — exit 0, 1 line of output"
+        );
+        // An older server: no state, so `ok` decides.
+        let old = json!({"name": "execute_shell_command", "ok": true,
+            "result": {"exit_code": 2, "stdout": ""}});
+        assert!(result_line("c", &old).starts_with("  ✓ c — exit 2"));
+        let old_error = json!({"name": "read_file", "ok": false,
+            "error": {"code": "not_found", "message": "no such file"}});
+        assert_eq!(
+            result_line("read_file a", &old_error),
+            "  ✗ read_file a — not_found: no such file"
+        );
+    }
+
+    #[test]
+    fn a_resumed_chat_shows_its_earlier_turns() {
+        let content = |v: Value| Value::String(v.to_string());
+        let chat = json!({"chat_id": "c1", "messages": [
+            {"seq": 1, "turn": 1, "role": "user", "content": "run the tests"},
+            {"seq": 2, "turn": 1, "role": "assistant", "content": null, "tool_calls": [
+                {"id": "k1", "type": "function", "function": {"name": "execute_shell_command",
+                 "arguments": "{\"command\":\"make test\"}"}},
+                {"id": "k2", "type": "function", "function": {"name": "execute_shell_command",
+                 "arguments": "{\"command\":\"echo ok\"}"}}]},
+            {"seq": 3, "turn": 1, "role": "tool", "tool_call_id": "k1", "state": "failed",
+             "summary": "exit 2: make: *** No rule to make target 'test'",
+             "content": content(json!({"ok": true, "result": {"exit_code": 2, "stdout": ""}}))},
+            {"seq": 4, "turn": 1, "role": "tool", "tool_call_id": "k2", "state": "done",
+             "summary": "exit 0",
+             "content": content(json!({"ok": true, "result": {"exit_code": 0, "stdout": "ok\n"}}))},
+            {"seq": 5, "turn": 1, "role": "assistant", "content": "there is no test target"},
+        ]});
+        assert_eq!(
+            history_lines(&chat),
+            [
+                "you> run the tests",
+                "  ✗ execute_shell_command make test — exit 2: make: *** No rule to make target 'test'",
+                "  ✓ execute_shell_command echo ok — exit 0, 1 line of output",
+                "agent> there is no test target",
+            ]
+        );
+        assert!(history_lines(&json!({"chat_id": "c2", "messages": []})).is_empty());
     }
 
     #[test]

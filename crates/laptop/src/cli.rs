@@ -62,7 +62,7 @@ pub enum Command {
         /// The project (name or id).
         #[arg(long)]
         project: String,
-        /// Resume this chat instead of creating one.
+        /// Resume this chat instead of creating one (its earlier turns are shown first).
         #[arg(long)]
         chat: Option<String>,
         /// Bind the chat to the shared folder with this alias (see `agentworks executor connect`).
