@@ -61,6 +61,8 @@ pub struct ChatService {
     pub chats: ChatStore,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
+    /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
+    pub sessions: crate::console::session::Sessions,
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
 }
 
@@ -93,6 +95,7 @@ impl ChatService {
             chats,
             gatewayd,
             model,
+            sessions: Default::default(),
             running: Default::default(),
         }
     }

@@ -114,9 +114,18 @@ pub async fn run(
 ) {
     let workspaced = UnixClient::new(config.workspaced_socket());
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    let sessions = console::session::Sessions::new(
+        identity.clone(),
+        config.agentd.public_url(),
+        config.agentd.allowed_origins.clone(),
+        console::session::loopback_port(&public),
+    );
     // ----- the agent (chats): begin -----
     let chat_service = match open_chats(config, &identity, &files) {
-        Ok(service) => Some(service),
+        Ok(service) => Some(chat_service::ChatService {
+            sessions: sessions.clone(),
+            ..service
+        }),
         Err(error) => {
             // MCP and the operator socket still serve; the chat endpoints answer 503.
             tracing::error!(%error, "cannot open the chat store; chats are unavailable");
@@ -129,6 +138,7 @@ pub async fn run(
     let screen = Arc::new(PublicScreen {
         mcp: mcp.clone(),
         chats: chat_service.clone(),
+        sessions: sessions.clone(),
     });
     let routes = PublicRoutes {
         mcp,
@@ -136,14 +146,20 @@ pub async fn run(
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
         chats: chat_service,
+        sessions,
     };
-    let public_handler = move |_peer: std::net::SocketAddr,
-                               parts: hyper::http::request::Parts,
+    let public_handler = move |peer: std::net::SocketAddr,
+                               mut parts: hyper::http::request::Parts,
                                body: bytes::Bytes| {
+        // The console's failed-sign-in limits count per client address.
+        parts
+            .extensions
+            .insert(console::accounts::ClientAddress(peer.ip()));
         let routes = routes.clone();
         async move { routes.handle(parts, body).await }
     };
     let admin = admin::Admin {
+        public_url: config.agentd.public_url(),
         identity,
         workspaced,
         grants,
@@ -227,6 +243,7 @@ struct PublicRoutes {
     identity: IdentityStore,
     public_url: String,
     chats: Option<chat_service::ChatService>,
+    sessions: console::session::Sessions,
 }
 
 impl PublicRoutes {
@@ -244,6 +261,9 @@ impl PublicRoutes {
         )
         .await
         {
+            return response;
+        }
+        if let Some(response) = console::accounts::handle(&self.sessions, &parts, &body).await {
             return response;
         }
         if parts.method == Method::GET && parts.uri.path() == "/v1/health" {
@@ -289,12 +309,16 @@ impl PublicRoutes {
 struct PublicScreen {
     mcp: Arc<AgentMcp>,
     chats: Option<chat_service::ChatService>,
+    sessions: console::session::Sessions,
 }
 
 impl Screen for PublicScreen {
     async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
         if head.uri.path() == "/mcp" {
             return self.mcp.verdict(head, MAX_MCP_BODY_BYTES).await;
+        }
+        if let Some(verdict) = console::accounts::screen(&self.sessions, head).await {
+            return verdict;
         }
         if let Some(chats) = &self.chats
             && let Some(screened) = chats.screen(head).await

@@ -3,5 +3,7 @@
 //!
 //! - [`session`]: a person's signed-in session (cookie, CSRF token, `Origin` check), which the
 //!   chat API and the console's own endpoints accept beside bearer tokens.
+//! - [`accounts`]: sign-in, the current session, sign-out and invites.
 
+pub mod accounts;
 pub mod session;
