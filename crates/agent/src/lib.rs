@@ -234,8 +234,8 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
     public_limits
 }
 
-/// What the public listener serves, in the order it is tried: device login, health, the
-/// chat endpoints, then MCP (which answers its own paths; everything else is a 404).
+/// What the public listener serves, in the order it is tried: device login, the console's
+/// sign-in endpoints, health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
@@ -301,10 +301,11 @@ impl PublicRoutes {
 }
 
 /// What agentd's public listener decides from a request's head, before it reads the body:
-/// `/mcp` and the chat endpoints need a valid bearer token (and `/mcp` an allowed `Origin`),
+/// `/mcp` and the chat endpoints need a valid bearer token or console session (and `/mcp` an
+/// allowed `Origin`; a session, its `Origin` and CSRF token), as does console sign-out,
 /// checked here by the same code their handlers run, so a request they would refuse is
 /// refused without its body ever being read; with one, the endpoint's own body limit
-/// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
+/// applies. Everything else (device login, sign-in, OAuth metadata, health, 404s) is anonymous and
 /// gets [`agentworks_daemon::ipc::server::MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
     mcp: Arc<AgentMcp>,

@@ -22,7 +22,7 @@ pub enum CtlError {
     #[error("{0}")]
     Usage(String),
     /// A typed request that would not serialize (not expected: they are plain data).
-    #[error("cannot encode the request: {0")]
+    #[error("cannot encode the request: {0}")]
     Encode(#[from] serde_json::Error),
     /// An answer that is not the shape agentd's endpoint promises.
     #[error("agentd's answer is not understood: {0}")]
@@ -128,6 +128,17 @@ pub fn parse_duration_ms(raw: &str) -> Result<i64, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_endpoints_take_only_user_names() {
+        assert_eq!(
+            user_endpoint("ann", "invites").unwrap(),
+            "users/ann/invites"
+        );
+        for bad in ["", "..", "a/b", "Ann", "a b", "a%2f"] {
+            assert!(user_endpoint(bad, "password").is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn durations() {

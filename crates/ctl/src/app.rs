@@ -429,6 +429,14 @@ mod tests {
         request(cli.command).unwrap()
     }
 
+    #[test]
+    fn console_user_commands_parse() {
+        let cli = Cli::try_parse_from(["agentworksctl", "user", "passwd", "ann"]).unwrap();
+        assert!(matches!(cli.command, Cmd::User(UserCmd::Passwd { name }) if name == "ann"));
+        let cli = Cli::try_parse_from(["agentworksctl", "user", "invite", "ann"]).unwrap();
+        assert!(matches!(cli.command, Cmd::User(UserCmd::Invite { name }) if name == "ann"));
+    }
+
     /// The typed requests give the JSON the literal bodies gave.
     #[test]
     fn typed_bodies_are_the_literal_ones() {
