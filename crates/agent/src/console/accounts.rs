@@ -302,7 +302,14 @@ async fn sign_in(
                 return Ok(too_many_attempts(seconds));
             }
             let identity = inner.identity.clone();
-            let user = blocking(move || identity.verify_password(&username, &password)).await?;
+            // The permit goes with the blocking call, so a client that hangs up does not
+            // free it while Argon2 still runs.
+            let permit = inner.hashing.clone().acquire_owned().await;
+            let user = blocking(move || {
+                let _permit = permit;
+                identity.verify_password(&username, &password)
+            })
+            .await?;
             let Some(user) = user else {
                 return Err(invalid_credentials());
             };
@@ -387,8 +394,12 @@ async fn invite(
         return Ok(too_many_attempts(seconds));
     }
     let identity = inner.identity.clone();
-    let accepted =
-        blocking(move || identity.accept_invite(&request.code, &request.password, now)).await;
+    let permit = inner.hashing.clone().acquire_owned().await;
+    let accepted = blocking(move || {
+        let _permit = permit;
+        identity.accept_invite(&request.code, &request.password, now)
+    })
+    .await;
     // A password the rules refuse is the person's typo, not a guess at a code.
     if matches!(&accepted, Err(r) if r.code == "invalid_request") {
         inner.failures.succeeded(&limits, now);

@@ -33,6 +33,9 @@ pub struct SignedIn {
     pub csrf_token: String,
 }
 
+/// Password checks (Argon2 runs) agentd does at once for sign-in and invites.
+const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 4;
+
 /// The signed-in sessions. Cheap to clone. [`Sessions::default`] knows no sessions (every
 /// check answers `None`); agentd builds its own with [`Sessions::new`].
 #[derive(Clone, Default)]
@@ -47,6 +50,9 @@ pub(crate) struct Inner {
     loopback_port: Option<u16>,
     pub(crate) policy: SessionPolicy,
     pub(crate) failures: FailureLimits,
+    /// Password checks running at once: each Argon2 run holds ~19 MiB and a core, so a flood
+    /// of sign-ins waits here instead of filling memory.
+    pub(crate) hashing: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -84,6 +90,7 @@ impl Sessions {
                 loopback_port,
                 policy: SessionPolicy::default(),
                 failures: FailureLimits::default(),
+                hashing: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS)),
             })),
         }
     }

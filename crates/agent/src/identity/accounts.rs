@@ -294,7 +294,9 @@ impl IdentityStore {
         policy: SessionPolicy,
         now: i64,
     ) -> Result<NewSession, IdentityError> {
+        self.sweep_sessions(policy, now)?;
         let expires_at_ms = now + policy.absolute_ms;
+        // The token's plaintext is dropped: the session's cookie is its only credential.
         let (token, _plaintext) = self.create_token(&TokenRequest {
             user: user.name.clone(),
             label: SESSION_TOKEN_LABEL.into(),
@@ -415,6 +417,23 @@ impl IdentityStore {
             }
             None => Ok(false),
         }
+    }
+
+    /// Sessions past either expiry that nobody presented again are deleted (their tokens
+    /// revoked), so the table holds live sessions only.
+    fn sweep_sessions(&self, policy: SessionPolicy, now: i64) -> Result<(), IdentityError> {
+        let rows: Vec<(String, String)> = {
+            let db = self.db();
+            let mut stmt = db.prepare(
+                "SELECT id, token_id FROM sessions WHERE expires_at_ms <= ?1 OR last_used_at_ms + ?2 <= ?1",
+            )?;
+            stmt.query_map(params![now, policy.idle_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?
+        };
+        for (id, token_id) in rows {
+            self.delete_session(&id, &token_id)?;
+        }
+        Ok(())
     }
 
     /// Every session of the user ends (their tokens revoked).
@@ -607,6 +626,17 @@ mod tests {
             s.check_session(&idle.secret, policy, now + 1_999)
                 .unwrap()
                 .is_none()
+        );
+
+        let forgotten = s.create_session(&alice, policy, now).unwrap();
+        s.create_session(&alice, policy, now + 1_000).unwrap();
+        assert!(
+            s.token_by_id(&forgotten.session.token.id)
+                .unwrap()
+                .unwrap()
+                .revoked_at_ms
+                .is_some(),
+            "an idle session nobody came back to is swept when the next one starts"
         );
 
         let out = s.create_session(&alice, policy, now).unwrap();
