@@ -420,6 +420,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_cookie_is_secure_on_an_https_console() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = crate::identity::IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        for (url, secure) in [
+            ("https://console.example", "; Secure"),
+            ("http://127.0.0.1:8470", ""),
+        ] {
+            let sessions = Sessions::new(identity.clone(), url.into(), Vec::new(), None);
+            let header = cookie(sessions.inner().unwrap(), "abc", 60).unwrap();
+            assert_eq!(
+                header.to_str().unwrap(),
+                format!("aw_session=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
+            );
+        }
+    }
+
+    #[test]
     fn failures_are_limited_per_key_within_the_window() {
         let limits = FailureLimits::default();
         let now = 1_000_000;

@@ -212,6 +212,107 @@ pub(crate) fn store_unavailable(error: crate::identity::IdentityError) -> Refusa
 mod tests {
     use super::*;
 
+    fn parts(method: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut request = hyper::Request::builder().method(method).uri("/v1/chats");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[tokio::test]
+    async fn a_change_needs_an_allowed_origin_and_the_csrf_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        let alice = identity.add_user("alice").unwrap();
+        let sessions = Sessions::new(
+            identity.clone(),
+            "https://console.example".into(),
+            vec!["https://other.example".into()],
+            Some(8470),
+        );
+        assert!(sessions.inner().unwrap().secure_cookie());
+        let new = identity
+            .create_session(
+                &alice,
+                SessionPolicy::default(),
+                crate::identity::store::now_ms(),
+            )
+            .unwrap();
+        let cookie = format!("{SESSION_COOKIE}={}", new.secret);
+        let csrf = new.session.csrf_token.as_str();
+        let code = |r: Option<Result<SignedIn, Refusal>>| match r {
+            None => "none".to_owned(),
+            Some(Ok(_)) => "ok".to_owned(),
+            Some(Err(refusal)) => refusal.code,
+        };
+        assert_eq!(code(sessions.check(&parts("GET", &[])).await), "none");
+        assert_eq!(
+            code(sessions.check(&parts("GET", &[("cookie", &cookie)])).await),
+            "ok"
+        );
+        assert_eq!(
+            code(
+                sessions
+                    .check(&parts(
+                        "GET",
+                        &[("cookie", &cookie), ("authorization", "Bearer x")]
+                    ))
+                    .await
+            ),
+            "none",
+            "an Authorization header is never read as a session"
+        );
+        for origin in [
+            "https://console.example",
+            "https://other.example",
+            "http://127.0.0.1:8470",
+            "http://localhost:8470",
+        ] {
+            let with = [
+                ("cookie", cookie.as_str()),
+                ("origin", origin),
+                (CSRF_HEADER, csrf),
+            ];
+            assert_eq!(
+                code(sessions.check(&parts("POST", &with)).await),
+                "ok",
+                "{origin}"
+            );
+            let without = [("cookie", cookie.as_str()), ("origin", origin)];
+            assert_eq!(
+                code(sessions.check(&parts("DELETE", &without)).await),
+                "csrf_refused",
+                "{origin}"
+            );
+        }
+        for origin in ["http://console.example", "http://127.0.0.1:8471", "null"] {
+            let with = [
+                ("cookie", cookie.as_str()),
+                ("origin", origin),
+                (CSRF_HEADER, csrf),
+            ];
+            assert_eq!(
+                code(sessions.check(&parts("PUT", &with)).await),
+                "csrf_refused",
+                "{origin}"
+            );
+        }
+        let stale = format!("{SESSION_COOKIE}={}", "0".repeat(64));
+        assert_eq!(
+            code(sessions.check(&parts("GET", &[("cookie", &stale)])).await),
+            "not_signed_in"
+        );
+        assert_eq!(
+            code(
+                Sessions::default()
+                    .check(&parts("GET", &[("cookie", &cookie)]))
+                    .await
+            ),
+            "none"
+        );
+    }
+
     #[test]
     fn the_session_cookie_is_found_among_others() {
         let mut headers = HeaderMap::new();
