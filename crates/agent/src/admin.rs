@@ -24,9 +24,9 @@ use serde_json::json;
 use std::collections::BTreeSet;
 
 pub use agentworks_contract::agentd::{
-    ApproveLoginRequest, CreateTokenRequest, ListRequest, MemberRequest, ProjectRequest,
-    ReceiptShowRequest, RevokeRequest, TokenCheckRequest, TokenCheckResponse, TokenStatusRequest,
-    TokenStatusResponse, UserRequest,
+    ApproveLoginRequest, ConsoleLink, CreateTokenRequest, ListRequest, MemberRequest,
+    PasswordRequest, ProjectRequest, ReceiptShowRequest, RevokeRequest, TokenCheckRequest,
+    TokenCheckResponse, TokenStatusRequest, TokenStatusResponse, UserRequest,
 };
 
 /// Who may use which endpoints, resolved once at start from the config.
@@ -84,6 +84,8 @@ impl SocketPolicy {
 /// The socket API's state.
 #[derive(Clone)]
 pub struct Admin {
+    /// The console's links (`<public_url>/console/…`) are made from it.
+    pub public_url: String,
     pub identity: IdentityStore,
     pub workspaced: UnixClient,
     pub grants: crate::device::DeviceGrants,
@@ -249,6 +251,13 @@ impl Admin {
 
     async fn operator(&self, endpoint: &str, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
+        // `users/{name}/password|invites|sign-in-links`: the console's accounts.
+        if let Some((name, action)) = endpoint
+            .strip_prefix("users/")
+            .and_then(|rest| rest.split_once('/'))
+        {
+            return self.account(name, action, body).await;
+        }
         match endpoint {
             "users/add" => {
                 let r: UserRequest = decode(body)?;
@@ -300,6 +309,46 @@ impl Admin {
                 format!("/v1/admin/{other} is not an operator endpoint"),
             )),
         }
+    }
+
+    /// A user's console account: set the password, or make a one-time invite or sign-in link.
+    async fn account(
+        &self,
+        name: &str,
+        action: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
+        use crate::identity::accounts::CodeKind;
+        let id = self.identity.clone();
+        let name = name.to_owned();
+        let (kind, page) = match action {
+            "password" => {
+                let r: PasswordRequest = decode(body)?;
+                return blocking(move || {
+                    id.set_password(&name, &r.password)
+                        .map(|user| json!({"user": user.name, "password_set": true}))
+                })
+                .await;
+            }
+            "invites" => (CodeKind::Invite, "invite"),
+            "sign-in-links" => (CodeKind::SignIn, "sign-in"),
+            other => {
+                return Err(Refusal::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_endpoint",
+                    format!("/v1/admin/users/{name}/{other} is not an operator endpoint"),
+                ));
+            }
+        };
+        let base = self.public_url.trim_end_matches('/').to_owned();
+        blocking(move || {
+            let code = id.create_code(&name, kind, agentworks_support::clock::now_ms())?;
+            Ok(ConsoleLink {
+                url: format!("{base}/console/{page}#code={}", code.code),
+                expires_at_ms: code.expires_at_ms,
+            })
+        })
+        .await
     }
 
     /// `projects/add`: the folder first (through workspaced, idempotent), then the project row.

@@ -56,6 +56,11 @@ impl ChatService {
     async fn authenticate(&self, parts: &Parts) -> Result<Caller, Refusal> {
         let unauthorized =
             |code: &str, message: &str| Refusal::new(StatusCode::UNAUTHORIZED, code, message);
+        // A console session counts only on a request without an Authorization header.
+        if let Some(checked) = self.sessions.check(parts).await {
+            let signed_in = checked?;
+            return Ok(caller_of(signed_in.token, signed_in.user));
+        }
         let presented = match bearer(&parts.headers) {
             Bearer::Token(token) => token,
             Bearer::Absent => {

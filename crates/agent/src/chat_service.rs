@@ -63,6 +63,8 @@ pub struct ChatService {
     pub attachments: AttachmentStore,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
+    /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
+    pub sessions: crate::console::session::Sessions,
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
 }
 
@@ -128,6 +130,7 @@ impl ChatService {
             attachments,
             gatewayd,
             model,
+            sessions: Default::default(),
             running: Default::default(),
         }
     }

@@ -121,9 +121,18 @@ pub async fn run(
 ) {
     let workspaced = UnixClient::new(config.workspaced_socket());
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    let sessions = console::session::Sessions::new(
+        identity.clone(),
+        config.agentd.public_url(),
+        config.agentd.allowed_origins.clone(),
+        console::session::loopback_port(&public),
+    );
     // ----- the agent (chats): begin -----
     let chat_service = match open_chats(config, &identity, &files) {
-        Ok(service) => Some(service),
+        Ok(service) => Some(chat_service::ChatService {
+            sessions: sessions.clone(),
+            ..service
+        }),
         Err(error) => {
             // MCP and the operator socket still serve; the chat endpoints answer 503.
             tracing::error!(%error, "cannot open the chat store; chats are unavailable");
@@ -136,6 +145,7 @@ pub async fn run(
     let screen = Arc::new(PublicScreen {
         mcp: mcp.clone(),
         chats: chat_service.clone(),
+        sessions: sessions.clone(),
     });
     let routes = PublicRoutes {
         mcp,
@@ -143,14 +153,20 @@ pub async fn run(
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
         chats: chat_service,
+        sessions,
     };
-    let public_handler = move |_peer: std::net::SocketAddr,
-                               parts: hyper::http::request::Parts,
+    let public_handler = move |peer: std::net::SocketAddr,
+                               mut parts: hyper::http::request::Parts,
                                body: bytes::Bytes| {
+        // The console's failed-sign-in limits count per client address.
+        parts
+            .extensions
+            .insert(console::accounts::ClientAddress(peer.ip()));
         let routes = routes.clone();
         async move { routes.handle(parts, body).await }
     };
     let admin = admin::Admin {
+        public_url: config.agentd.public_url(),
         identity,
         workspaced,
         grants,
@@ -225,8 +241,8 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
     public_limits
 }
 
-/// What the public listener serves, in the order it is tried: device login, health, the
-/// chat endpoints, then MCP (which answers its own paths; everything else is a 404).
+/// What the public listener serves, in the order it is tried: device login, the console's
+/// sign-in endpoints, health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
@@ -234,6 +250,7 @@ struct PublicRoutes {
     identity: IdentityStore,
     public_url: String,
     chats: Option<chat_service::ChatService>,
+    sessions: console::session::Sessions,
 }
 
 impl PublicRoutes {
@@ -251,6 +268,9 @@ impl PublicRoutes {
         )
         .await
         {
+            return response;
+        }
+        if let Some(response) = console::accounts::handle(&self.sessions, &parts, &body).await {
             return response;
         }
         if let Some(response) = console::assets::handle(&parts) {
@@ -293,20 +313,25 @@ impl PublicRoutes {
 }
 
 /// What agentd's public listener decides from a request's head, before it reads the body:
-/// `/mcp` and the chat endpoints need a valid bearer token (and `/mcp` an allowed `Origin`),
+/// `/mcp` and the chat endpoints need a valid bearer token or console session (and `/mcp` an
+/// allowed `Origin`; a session, its `Origin` and CSRF token), as does console sign-out,
 /// checked here by the same code their handlers run, so a request they would refuse is
 /// refused without its body ever being read; with one, the endpoint's own body limit
-/// applies. Everything else (device login, OAuth metadata, health, 404s) is anonymous and
+/// applies. Everything else (device login, sign-in, OAuth metadata, health, 404s) is anonymous and
 /// gets [`agentworks_daemon::ipc::server::MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
     mcp: Arc<AgentMcp>,
     chats: Option<chat_service::ChatService>,
+    sessions: console::session::Sessions,
 }
 
 impl Screen for PublicScreen {
     async fn screen(&self, head: &hyper::http::request::Parts) -> Verdict {
         if head.uri.path() == "/mcp" {
             return self.mcp.verdict(head, MAX_MCP_BODY_BYTES).await;
+        }
+        if let Some(verdict) = console::accounts::screen(&self.sessions, head).await {
+            return verdict;
         }
         if let Some(chats) = &self.chats
             && let Some(screened) = chats.screen(head).await

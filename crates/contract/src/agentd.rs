@@ -134,6 +134,22 @@ pub struct UserRequest {
     pub name: String,
 }
 
+/// `users/{name}/password`: set a user's console password (8-1024 characters). No `Debug`,
+/// so it is never logged.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordRequest {
+    pub password: String,
+}
+
+/// The answer of `users/{name}/invites` and `users/{name}/sign-in-links`: a one-time console
+/// link (`<public_url>/console/invite#code=…` or `…/console/sign-in#code=…`), shown once.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConsoleLink {
+    pub url: String,
+    pub expires_at_ms: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProjectRequest {

@@ -1,6 +1,7 @@
 //! agentworksctl's side of agentd's operator endpoints: one call per command, errors that say
 //! what to do, and the flag parsing helpers the commands share.
 
+use agentworks_contract::agentd::{ConsoleLink, PasswordRequest};
 use agentworks_daemon::config::Config;
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde::Serialize;
@@ -23,6 +24,9 @@ pub enum CtlError {
     /// A typed request that would not serialize (not expected: they are plain data).
     #[error("cannot encode the request: {0}")]
     Encode(#[from] serde_json::Error),
+    /// An answer that is not the shape agentd's endpoint promises.
+    #[error("agentd's answer is not understood: {0}")]
+    Answer(String),
 }
 
 /// POST `body` to `/v1/admin/<endpoint>` on agentd's socket.
@@ -48,6 +52,51 @@ pub async fn call<T: Serialize>(
             source,
         }),
     }
+}
+
+/// `users/<name>/<action>`, once the name is one agentd could have (so it is one path
+/// segment).
+fn user_endpoint(name: &str, action: &str) -> Result<String, CtlError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+        && !name.starts_with('.');
+    if ok {
+        Ok(format!("users/{name}/{action}"))
+    } else {
+        Err(CtlError::Usage(format!("{name:?} is not a user name")))
+    }
+}
+
+/// Set a user's console password (their console sessions end).
+pub async fn set_password(config: &Config, name: &str, password: &str) -> Result<Value, CtlError> {
+    let body = PasswordRequest {
+        password: password.to_owned(),
+    };
+    call(config, &user_endpoint(name, "password")?, &body).await
+}
+
+async fn link(config: &Config, name: &str, action: &str) -> Result<ConsoleLink, CtlError> {
+    let answer = call(
+        config,
+        &user_endpoint(name, action)?,
+        &serde_json::json!({}),
+    )
+    .await?;
+    serde_json::from_value(answer).map_err(|e| CtlError::Answer(e.to_string()))
+}
+
+/// A one-time console invite for the user (set a password, then signed in; 7 days).
+pub async fn invite(config: &Config, name: &str) -> Result<ConsoleLink, CtlError> {
+    link(config, name, "invites").await
+}
+
+/// A one-time console sign-in link for the user (15 minutes): what the quickstart prints so
+/// its person is signed in without a password.
+pub async fn sign_in_link(config: &Config, name: &str) -> Result<ConsoleLink, CtlError> {
+    link(config, name, "sign-in-links").await
 }
 
 /// `30d`, `12h`, `90m`, `45s` → milliseconds.
@@ -79,6 +128,17 @@ pub fn parse_duration_ms(raw: &str) -> Result<i64, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_endpoints_take_only_user_names() {
+        assert_eq!(
+            user_endpoint("ann", "invites").unwrap(),
+            "users/ann/invites"
+        );
+        for bad in ["", "..", "a/b", "Ann", "a b", "a%2f"] {
+            assert!(user_endpoint(bad, "password").is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn durations() {

@@ -80,6 +80,11 @@ async fn dispatch(cli: Cli) -> ExitCode {
     if let Cmd::Status = cli.command {
         return status(&config, cli.json).await;
     }
+    match &cli.command {
+        Cmd::User(UserCmd::Passwd { name }) => return user_passwd(&config, name, cli.json).await,
+        Cmd::User(UserCmd::Invite { name }) => return user_invite(&config, name, cli.json).await,
+        _ => {}
+    }
     let (endpoint, body) = match request(cli.command) {
         Ok(r) => r,
         Err(e) => {
@@ -179,10 +184,74 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
                 user,
             })?,
         ),
-        Cmd::Quickstart { .. } | Cmd::Status => {
+        Cmd::Quickstart { .. }
+        | Cmd::Status
+        | Cmd::User(UserCmd::Passwd { .. } | UserCmd::Invite { .. }) => {
             return Err(CtlError::Usage("handled elsewhere".into()));
         }
     })
+}
+
+/// `user passwd NAME`: the password is the first line of stdin (without its line end).
+async fn user_passwd(config: &Config, name: &str, json_output: bool) -> ExitCode {
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("agentworksctl: cannot read the password from stdin: {e}");
+        return ExitCode::from(2);
+    }
+    let password = line.strip_suffix('\n').unwrap_or(&line);
+    let password = password.strip_suffix('\r').unwrap_or(password);
+    if password.is_empty() {
+        eprintln!("agentworksctl: give the password on stdin (one line)");
+        return ExitCode::from(2);
+    }
+    let result = admin::set_password(config, name, password).await;
+    finish(result, json_output, |_| {
+        println!("password set for {name}; their console sessions were ended")
+    })
+}
+
+/// `user invite NAME`: the link, printed once, and when it expires.
+async fn user_invite(config: &Config, name: &str, json_output: bool) -> ExitCode {
+    let result = admin::invite(config, name)
+        .await
+        .and_then(|link| Ok(serde_json::to_value(link)?));
+    finish(result, json_output, |answer| {
+        println!("{}", text(&answer["url"]));
+        let left_ms =
+            answer["expires_at_ms"].as_i64().unwrap_or(0) - agentworks_support::clock::now_ms();
+        println!(
+            "(a one-time invite for {name}: it sets their password; expires in {} h, at {} ms since the epoch)",
+            left_ms.max(0) / 3_600_000,
+            answer["expires_at_ms"]
+        );
+    })
+}
+
+/// Print an answer (`--json`: as is) or the refusal; the exit code.
+fn finish(
+    result: Result<Value, CtlError>,
+    json_output: bool,
+    human: impl FnOnce(&Value),
+) -> ExitCode {
+    match result {
+        Ok(answer) => {
+            if json_output {
+                println!("{answer}");
+            } else {
+                human(&answer);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ CtlError::Usage(_)) => {
+            eprintln!("agentworksctl: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("agentworksctl: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// A typed request as the JSON body [`admin::call`] sends.
@@ -376,6 +445,14 @@ mod tests {
     fn body_of(args: &[&str]) -> (&'static str, Value) {
         let cli = Cli::try_parse_from(args).unwrap();
         request(cli.command).unwrap()
+    }
+
+    #[test]
+    fn console_user_commands_parse() {
+        let cli = Cli::try_parse_from(["agentworksctl", "user", "passwd", "ann"]).unwrap();
+        assert!(matches!(cli.command, Cmd::User(UserCmd::Passwd { name }) if name == "ann"));
+        let cli = Cli::try_parse_from(["agentworksctl", "user", "invite", "ann"]).unwrap();
+        assert!(matches!(cli.command, Cmd::User(UserCmd::Invite { name }) if name == "ann"));
     }
 
     /// The typed requests give the JSON the literal bodies gave.

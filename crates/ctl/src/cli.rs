@@ -64,7 +64,7 @@ pub enum Cmd {
     },
     /// Show each daemon's health.
     Status,
-    /// Users: add, list, disable, enable.
+    /// Users: add, list, disable, enable, console password and invites.
     #[command(subcommand)]
     User(UserCmd),
     /// Projects (a folder under the documents root each): add, list.
@@ -106,6 +106,12 @@ pub enum UserCmd {
     Disable { name: String },
     /// Enable a disabled user.
     Enable { name: String },
+    /// Set a user's web console password, read from stdin (one line; 8-1024 characters).
+    /// Their console sessions end.
+    Passwd { name: String },
+    /// Make a one-time web console invite for a user (valid 7 days): the link lets them set
+    /// their password and sign in. Printed once.
+    Invite { name: String },
 }
 
 #[derive(Debug, Subcommand)]

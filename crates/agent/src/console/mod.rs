@@ -4,6 +4,8 @@
 //! - [`assets`]: the pages and files of the app, embedded, with their security headers.
 //! - [`session`]: a person's signed-in session (cookie, CSRF token, `Origin` check), which the
 //!   chat API and the console's own endpoints accept beside bearer tokens.
+//! - [`accounts`]: sign-in, the current session, sign-out and invites.
 
+pub mod accounts;
 pub mod assets;
 pub mod session;

@@ -1,11 +1,23 @@
 //! Signed-in sessions of the web console.
 //!
-//! The interface the console's pages and the chat API use; sign-in itself is not built yet,
-//! so no request carries a session and [`Sessions::check`] answers `None` for every one.
+//! The interface the console's pages and the chat API use. A session is the `aw_session`
+//! cookie (a 256-bit secret; the store keeps its SHA-256, see
+//! [`crate::identity::accounts`]), read only from a request without an `Authorization`
+//! header: a bearer token is never mixed up with a session. A state-changing request (any
+//! method but GET and HEAD) made with a session must also come from the console's origin
+//! (`Origin` present and allowed by the same rule as `/mcp`'s) and carry the session's CSRF
+//! token in [`CSRF_HEADER`]; a browser adds the cookie to a cross-site request by itself, but
+//! only the console's own pages can read the CSRF token.
 
-use crate::identity::{TokenInfo, User};
+use crate::console::accounts::FailureLimits;
+use crate::identity::accounts::{self, SessionPolicy};
+use crate::identity::token::hashes_equal;
+use crate::identity::{IdentityStore, TokenInfo, User};
 use agentworks_daemon::ipc::envelope::Refusal;
+use hyper::header::{AUTHORIZATION, COOKIE, HeaderMap, ORIGIN};
 use hyper::http::request::Parts;
+use hyper::{Method, StatusCode};
+use std::sync::Arc;
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "aw_session";
@@ -21,15 +33,293 @@ pub struct SignedIn {
     pub csrf_token: String,
 }
 
-/// The signed-in sessions. Cheap to clone.
-#[derive(Debug, Clone, Default)]
-pub struct Sessions {}
+/// Password checks (Argon2 runs) agentd does at once for sign-in and invites.
+const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 4;
+
+/// The signed-in sessions. Cheap to clone. [`Sessions::default`] knows no sessions (every
+/// check answers `None`); agentd builds its own with [`Sessions::new`].
+#[derive(Clone, Default)]
+pub struct Sessions {
+    inner: Option<Arc<Inner>>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) identity: IdentityStore,
+    public_url: String,
+    allowed_origins: Vec<String>,
+    loopback_port: Option<u16>,
+    pub(crate) policy: SessionPolicy,
+    pub(crate) failures: FailureLimits,
+    /// Password checks running at once: each Argon2 run holds ~19 MiB and a core, so a flood
+    /// of sign-ins waits here instead of filling memory.
+    pub(crate) hashing: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("enabled", &self.inner.is_some())
+            .finish()
+    }
+}
+
+/// The port of a loopback listener (whose `localhost` and `127.0.0.1` origins are the
+/// console's too), as `/mcp` computes it.
+pub fn loopback_port(listener: &tokio::net::TcpListener) -> Option<u16> {
+    listener
+        .local_addr()
+        .ok()
+        .filter(|address| address.ip().is_loopback())
+        .map(|address| address.port())
+}
 
 impl Sessions {
+    /// Sessions over the identity store, for a console served at `public_url` (and the
+    /// `allowed_origins`, and the loopback listener's own names when `loopback_port` is set).
+    pub fn new(
+        identity: IdentityStore,
+        public_url: String,
+        allowed_origins: Vec<String>,
+        loopback_port: Option<u16>,
+    ) -> Sessions {
+        Sessions {
+            inner: Some(Arc::new(Inner {
+                identity,
+                public_url,
+                allowed_origins,
+                loopback_port,
+                policy: SessionPolicy::default(),
+                failures: FailureLimits::default(),
+                hashing: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS)),
+            })),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> Option<&Inner> {
+        self.inner.as_deref()
+    }
+
     /// `None`: the request carries no session cookie. `Some(Err)`: a session that is unknown,
     /// expired or signed out (401), or, on a state-changing method, a foreign `Origin` or a
     /// missing or wrong CSRF token (403). `Some(Ok)`: the signed-in person.
-    pub async fn check(&self, _parts: &Parts) -> Option<Result<SignedIn, Refusal>> {
-        None
+    pub async fn check(&self, parts: &Parts) -> Option<Result<SignedIn, Refusal>> {
+        let inner = self.inner.as_ref()?;
+        if parts.headers.contains_key(AUTHORIZATION) {
+            return None;
+        }
+        let secret = cookie_secret(&parts.headers)?.to_owned();
+        let session = match inner.check_secret(secret).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return Some(Err(not_signed_in())),
+            Err(refusal) => return Some(Err(refusal)),
+        };
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            if !inner.origin_allowed(&parts.headers, false) {
+                return Some(Err(csrf_refused(
+                    "a change made with a session must come from the console's own origin",
+                )));
+            }
+            let presented = parts
+                .headers
+                .get(CSRF_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !hashes_equal(presented, &session.csrf_token) {
+                return Some(Err(csrf_refused(
+                    "a change made with a session needs the session's X-CSRF-Token header",
+                )));
+            }
+        }
+        Some(Ok(SignedIn {
+            user: session.user,
+            token: session.token,
+            csrf_token: session.csrf_token,
+        }))
+    }
+}
+
+impl Inner {
+    /// The live session a cookie secret names, checked on a blocking thread.
+    pub(crate) async fn check_secret(
+        &self,
+        secret: String,
+    ) -> Result<Option<accounts::Session>, Refusal> {
+        let identity = self.identity.clone();
+        let policy = self.policy;
+        agentworks_daemon::ipc::envelope::run_blocking(
+            move || identity.check_session(&secret, policy, crate::identity::store::now_ms()),
+            store_unavailable,
+        )
+        .await
+    }
+
+    /// Whether the request's `Origin` is the console's; a request without one passes only
+    /// when `absent_ok`.
+    pub(crate) fn origin_allowed(&self, headers: &HeaderMap, absent_ok: bool) -> bool {
+        match headers.get(ORIGIN) {
+            None => absent_ok,
+            Some(value) => crate::mcp::access::origin_allowed(
+                Some(value.to_str().unwrap_or("")),
+                &self.public_url,
+                &self.allowed_origins,
+                self.loopback_port,
+            ),
+        }
+    }
+
+    /// Whether the cookie gets `Secure`: the console is served over https.
+    pub(crate) fn secure_cookie(&self) -> bool {
+        self.public_url
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+    }
+}
+
+/// The `aw_session` cookie's value, from any `Cookie` header.
+pub(crate) fn cookie_secret(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim())
+}
+
+pub(crate) fn not_signed_in() -> Refusal {
+    Refusal::new(
+        StatusCode::UNAUTHORIZED,
+        "not_signed_in",
+        "not signed in: the session is unknown, expired or signed out; sign in again",
+    )
+}
+
+fn csrf_refused(message: &str) -> Refusal {
+    Refusal::new(StatusCode::FORBIDDEN, "csrf_refused", message)
+}
+
+pub(crate) fn store_unavailable(error: crate::identity::IdentityError) -> Refusal {
+    tracing::warn!(%error, "session check failed");
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "the identity store is unavailable; try again shortly",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(method: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut request = hyper::Request::builder().method(method).uri("/v1/chats");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[tokio::test]
+    async fn a_change_needs_an_allowed_origin_and_the_csrf_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        let alice = identity.add_user("alice").unwrap();
+        let sessions = Sessions::new(
+            identity.clone(),
+            "https://console.example".into(),
+            vec!["https://other.example".into()],
+            Some(8470),
+        );
+        assert!(sessions.inner().unwrap().secure_cookie());
+        let new = identity
+            .create_session(
+                &alice,
+                SessionPolicy::default(),
+                crate::identity::store::now_ms(),
+            )
+            .unwrap();
+        let cookie = format!("{SESSION_COOKIE}={}", new.secret);
+        let csrf = new.session.csrf_token.as_str();
+        let code = |r: Option<Result<SignedIn, Refusal>>| match r {
+            None => "none".to_owned(),
+            Some(Ok(_)) => "ok".to_owned(),
+            Some(Err(refusal)) => refusal.code,
+        };
+        assert_eq!(code(sessions.check(&parts("GET", &[])).await), "none");
+        assert_eq!(
+            code(sessions.check(&parts("GET", &[("cookie", &cookie)])).await),
+            "ok"
+        );
+        assert_eq!(
+            code(
+                sessions
+                    .check(&parts(
+                        "GET",
+                        &[("cookie", &cookie), ("authorization", "Bearer x")]
+                    ))
+                    .await
+            ),
+            "none",
+            "an Authorization header is never read as a session"
+        );
+        for origin in [
+            "https://console.example",
+            "https://other.example",
+            "http://127.0.0.1:8470",
+            "http://localhost:8470",
+        ] {
+            let with = [
+                ("cookie", cookie.as_str()),
+                ("origin", origin),
+                (CSRF_HEADER, csrf),
+            ];
+            assert_eq!(
+                code(sessions.check(&parts("POST", &with)).await),
+                "ok",
+                "{origin}"
+            );
+            let without = [("cookie", cookie.as_str()), ("origin", origin)];
+            assert_eq!(
+                code(sessions.check(&parts("DELETE", &without)).await),
+                "csrf_refused",
+                "{origin}"
+            );
+        }
+        for origin in ["http://console.example", "http://127.0.0.1:8471", "null"] {
+            let with = [
+                ("cookie", cookie.as_str()),
+                ("origin", origin),
+                (CSRF_HEADER, csrf),
+            ];
+            assert_eq!(
+                code(sessions.check(&parts("PUT", &with)).await),
+                "csrf_refused",
+                "{origin}"
+            );
+        }
+        let stale = format!("{SESSION_COOKIE}={}", "0".repeat(64));
+        assert_eq!(
+            code(sessions.check(&parts("GET", &[("cookie", &stale)])).await),
+            "not_signed_in"
+        );
+        assert_eq!(
+            code(
+                Sessions::default()
+                    .check(&parts("GET", &[("cookie", &cookie)]))
+                    .await
+            ),
+            "none"
+        );
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.append(COOKIE, "a=1; aw_session=abc ; b=2".parse().unwrap());
+        assert_eq!(cookie_secret(&headers), Some("abc"));
+        let mut other = HeaderMap::new();
+        other.append(COOKIE, "x_aw_session=abc".parse().unwrap());
+        assert_eq!(cookie_secret(&other), None);
     }
 }

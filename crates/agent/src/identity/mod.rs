@@ -6,6 +6,7 @@
 //! This module never touches a document; it only resolves who may do what, and the guard that
 //! workspaced re-applies.
 
+pub mod accounts;
 pub mod authority;
 pub mod store;
 pub mod token;

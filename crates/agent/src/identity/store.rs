@@ -127,6 +127,16 @@ CREATE TABLE IF NOT EXISTS tokens (
     secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT REFERENCES projects(id),
     file_guard TEXT NOT NULL, expires_at_ms INTEGER, revoked_at_ms INTEGER, created_at_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS tokens_revoked ON tokens (revoked_at_ms);
+-- console accounts (identity::accounts): passwords, one-time codes, sessions
+CREATE TABLE IF NOT EXISTS passwords (
+    user_id TEXT PRIMARY KEY REFERENCES users(id), phc TEXT NOT NULL, updated_at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS one_time_codes (
+    code_hash TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), kind TEXT NOT NULL,
+    expires_at_ms INTEGER NOT NULL, used_at_ms INTEGER, created_at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL REFERENCES users(id),
+    token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL, last_used_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
 ";
 
 pub use agentworks_support::clock::now_ms;
@@ -223,7 +233,7 @@ impl IdentityStore {
         })
     }
 
-    fn db(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn db(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -70,7 +70,7 @@ fn origin_of(url: &str) -> Option<String> {
 /// `http://127.0.0.1:PORT`, `http://[::1]:PORT`. `null` and unparsable origins fail, and so
 /// does any other host or port (a rebound DNS name keeps its own host in `Origin`).
 /// This is the specification's DNS-rebinding defence, so it runs before anything else.
-pub(super) fn origin_allowed(
+pub(crate) fn origin_allowed(
     origin: Option<&str>,
     public_url: &str,
     allowed: &[String],

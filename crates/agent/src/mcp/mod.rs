@@ -84,7 +84,7 @@
 //! layer, which is a few hundred lines of pure, unit-tested code; the real Python SDK (`mcp`
 //! 2.3.0) checks the result end to end in `tests.rs`.
 
-mod access;
+pub(crate) mod access;
 mod client_requests;
 mod request_state;
 mod service;

@@ -1,0 +1,461 @@
+//! The console's sign-in endpoints on agentd's public listener:
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `POST /v1/console/sign-in {username, password}` or `{link_code}` | 200 `{user: {id, name}, csrf_token, expires_at_ms}` + the session cookie |
+//! | `GET /v1/console/session` | 200 the same (no cookie set), or 401 `not_signed_in` |
+//! | `POST /v1/console/sign-out` (session + CSRF) | 204, the cookie cleared, the session's token revoked |
+//! | `POST /v1/console/invite {code, password}` | sets the password from a one-time invite, then as sign-in |
+//!
+//! A wrong name or password is one answer, 401 `invalid_credentials`. Failed attempts are
+//! counted in memory per user name and per client address ([`FailureLimits`]); past the
+//! limit the answer is 429 `too_many_attempts` with `Retry-After`, before any password is
+//! checked. Sign-in and invite need an `Origin` that is the console's, or none (a login CSRF
+//! from another site would sign the victim's browser into the attacker's account).
+
+use crate::console::session::{
+    self, SESSION_COOKIE, Sessions, cookie_secret, not_signed_in, store_unavailable,
+};
+use crate::identity::IdentityError;
+use crate::identity::accounts::{NewSession, Session};
+use crate::identity::store::now_ms;
+use crate::identity::store::validate_name;
+use agentworks_daemon::ipc::envelope::{
+    Body, Refusal, decode_json, full, json_response, run_blocking,
+};
+use agentworks_daemon::ipc::server::Verdict;
+use bytes::Bytes;
+use hyper::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER, SET_COOKIE};
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde_json::json;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+/// The client's address, which agentd's public listener puts in each request's extensions
+/// (for the failed-attempt limits).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub IpAddr);
+
+/// Failed attempts count for this long: 15 minutes.
+pub const FAILURE_WINDOW_MS: i64 = 15 * 60_000;
+/// Failed sign-ins per user name within the window before further attempts are refused.
+pub const MAX_FAILURES_PER_USER: usize = 5;
+/// Failed attempts per client address within the window before further ones are refused.
+pub const MAX_FAILURES_PER_ADDRESS: usize = 20;
+/// Above this many tracked keys, keys with no failure in the window are dropped.
+const PRUNE_ABOVE_KEYS: usize = 10_000;
+
+const SIGN_IN: &str = "/v1/console/sign-in";
+const SESSION: &str = "/v1/console/session";
+const SIGN_OUT: &str = "/v1/console/sign-out";
+const INVITE: &str = "/v1/console/invite";
+
+/// The largest body these endpoints read (a name and a 1024-character password fit).
+const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// Recent failures by key (`user:<name>`, `address:<ip>`), in memory: a restart forgets them.
+#[derive(Default)]
+pub(crate) struct FailureLimits {
+    failures: Mutex<HashMap<String, VecDeque<i64>>>,
+}
+
+impl FailureLimits {
+    /// Count an attempt as failed before it is checked, so concurrent attempts cannot slip
+    /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
+    /// already at its limit nothing is counted and the answer is the seconds until every key
+    /// is under its limit again.
+    fn begin(&self, keys: &[(&str, usize)], now: i64) -> Result<(), i64> {
+        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() > PRUNE_ABOVE_KEYS {
+            map.retain(|_, times| times.back().is_some_and(|t| *t + FAILURE_WINDOW_MS > now));
+        }
+        let mut wait_ms: Option<i64> = None;
+        for (key, limit) in keys {
+            let Some(times) = map.get_mut(*key) else {
+                continue;
+            };
+            while times.front().is_some_and(|t| *t + FAILURE_WINDOW_MS <= now) {
+                times.pop_front();
+            }
+            if times.len() >= *limit {
+                // The next attempt is allowed once enough of the oldest failures expired.
+                let oldest = times[times.len() - limit];
+                let ms = oldest + FAILURE_WINDOW_MS - now;
+                wait_ms = Some(wait_ms.map_or(ms, |w| w.max(ms)));
+            }
+        }
+        if let Some(ms) = wait_ms {
+            return Err((ms + 999) / 1000);
+        }
+        for (key, _) in keys {
+            let times = map.entry((*key).to_owned()).or_default();
+            times.push_back(now);
+            // More than the largest limit is never needed to decide.
+            while times.len() > MAX_FAILURES_PER_ADDRESS {
+                times.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// The attempt [`FailureLimits::begin`] counted at `now` succeeded: uncount it.
+    fn succeeded(&self, keys: &[(&str, usize)], now: i64) {
+        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, _) in keys {
+            if let Some(times) = map.get_mut(*key) {
+                if let Some(i) = times.iter().rposition(|t| *t == now) {
+                    times.remove(i);
+                }
+                if times.is_empty() {
+                    map.remove(*key);
+                }
+            }
+        }
+    }
+}
+
+/// Whether this is one of the endpoints here (any method).
+fn is_console_account_path(path: &str) -> bool {
+    matches!(path, SIGN_IN | SESSION | SIGN_OUT | INVITE)
+}
+
+/// What the public listener decides from the head: sign-out needs a live session (and the
+/// CSRF check), refused without reading the body; the others are anonymous (`None`).
+pub async fn screen(sessions: &Sessions, head: &Parts) -> Option<Verdict> {
+    if head.method != Method::POST || head.uri.path() != SIGN_OUT {
+        return None;
+    }
+    Some(match sessions.check(head).await {
+        Some(Ok(_)) => Verdict::Authenticated {
+            max_body_bytes: MAX_BODY_BYTES,
+        },
+        Some(Err(refusal)) => Verdict::Refused(refusal.into_response()),
+        None => Verdict::Refused(not_signed_in().into_response()),
+    })
+}
+
+/// Serves a console account endpoint, or `None` if the path is not one.
+pub async fn handle(sessions: &Sessions, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
+    let path = parts.uri.path();
+    if !is_console_account_path(path) {
+        return None;
+    }
+    let result = match (&parts.method, path) {
+        (&Method::POST, SIGN_IN) => sign_in(sessions, parts, body).await,
+        (&Method::GET, SESSION) => current(sessions, parts).await,
+        (&Method::POST, SIGN_OUT) => sign_out(sessions, parts).await,
+        (&Method::POST, INVITE) => invite(sessions, parts, body).await,
+        _ => Err(Refusal::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} {path} is not served", parts.method),
+        )),
+    };
+    let mut response = result.unwrap_or_else(Refusal::into_response);
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Some(response)
+}
+
+fn inner(sessions: &Sessions) -> Result<&session::Inner, Refusal> {
+    sessions.inner().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "console sign-in is not available",
+        )
+    })
+}
+
+fn invalid_credentials() -> Refusal {
+    Refusal::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_credentials",
+        "the user name or password is wrong, or the link is unknown, expired or used",
+    )
+}
+
+/// 429 with `Retry-After` (seconds).
+fn too_many_attempts(seconds: i64) -> Response<Body> {
+    let mut response = Refusal::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        format!("too many failed attempts; try again in {seconds} s"),
+    )
+    .with_detail("retry_after_s", seconds)
+    .into_response();
+    if let Ok(value) = HeaderValue::from_str(&seconds.max(1).to_string()) {
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    response
+}
+
+/// Sign-in and invite come from the console's pages or from no page at all.
+fn check_origin(inner: &session::Inner, parts: &Parts) -> Result<(), Refusal> {
+    if inner.origin_allowed(&parts.headers, true) {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "csrf_refused",
+            "signing in is only possible from the console's own origin",
+        ))
+    }
+}
+
+fn address_key(parts: &Parts) -> String {
+    match parts.extensions.get::<ClientAddress>() {
+        Some(ClientAddress(ip)) => format!("address:{ip}"),
+        None => "address:unknown".into(),
+    }
+}
+
+/// A store call on a blocking thread; a store failure is a 503.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, IdentityError> + Send + 'static,
+) -> Result<T, Refusal> {
+    run_blocking(f, |e| match e {
+        IdentityError::Invalid(message) => {
+            Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        }
+        other => store_unavailable(other),
+    })
+    .await
+}
+
+/// The answer to a sign-in: the session's shape.
+fn session_body(session: &Session) -> serde_json::Value {
+    json!({
+        "user": {"id": session.user.id, "name": session.user.name},
+        "csrf_token": session.csrf_token,
+        "expires_at_ms": session.expires_at_ms,
+    })
+}
+
+fn cookie(inner: &session::Inner, value: &str, max_age_s: i64) -> Option<HeaderValue> {
+    let secure = if inner.secure_cookie() {
+        "; Secure"
+    } else {
+        ""
+    };
+    HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age={max_age_s}"
+    ))
+    .ok()
+}
+
+fn signed_in(inner: &session::Inner, new: &NewSession) -> Response<Body> {
+    let mut response = json_response(StatusCode::OK, &session_body(&new.session));
+    let max_age = ((new.session.expires_at_ms - now_ms()) / 1000).max(0);
+    if let Some(value) = cookie(inner, &new.secret, max_age) {
+        response.headers_mut().insert(SET_COOKIE, value);
+    }
+    response
+}
+
+async fn start_session(
+    inner: &session::Inner,
+    user: crate::identity::User,
+) -> Result<Response<Body>, Refusal> {
+    let identity = inner.identity.clone();
+    let policy = inner.policy;
+    let new = blocking(move || identity.create_session(&user, policy, now_ms())).await?;
+    Ok(signed_in(inner, &new))
+}
+
+async fn sign_in(
+    sessions: &Sessions,
+    parts: &Parts,
+    body: &Bytes,
+) -> Result<Response<Body>, Refusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct SignIn {
+        username: Option<String>,
+        password: Option<String>,
+        link_code: Option<String>,
+    }
+    let inner = inner(sessions)?;
+    check_origin(inner, parts)?;
+    let request: SignIn = decode_json(body)?;
+    let address = address_key(parts);
+    let now = now_ms();
+    match request {
+        SignIn {
+            username: Some(username),
+            password: Some(password),
+            link_code: None,
+        } => {
+            // A name no account can have is not tracked (it would only fill the map); the
+            // address still counts the attempt.
+            let user_key = validate_name("user", &username)
+                .is_ok()
+                .then(|| format!("user:{username}"));
+            let mut limits = vec![(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+            if let Some(key) = &user_key {
+                limits.push((key.as_str(), MAX_FAILURES_PER_USER));
+            }
+            if let Err(seconds) = inner.failures.begin(&limits, now) {
+                return Ok(too_many_attempts(seconds));
+            }
+            let identity = inner.identity.clone();
+            // The permit goes with the blocking call, so a client that hangs up does not
+            // free it while Argon2 still runs.
+            let permit = inner.hashing.clone().acquire_owned().await;
+            let user = blocking(move || {
+                let _permit = permit;
+                identity.verify_password(&username, &password)
+            })
+            .await?;
+            let Some(user) = user else {
+                return Err(invalid_credentials());
+            };
+            inner.failures.succeeded(&limits, now);
+            start_session(inner, user).await
+        }
+        SignIn {
+            username: None,
+            password: None,
+            link_code: Some(code),
+        } => {
+            let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+            if let Err(seconds) = inner.failures.begin(&limits, now) {
+                return Ok(too_many_attempts(seconds));
+            }
+            let identity = inner.identity.clone();
+            let user = blocking(move || {
+                identity.redeem_code(&code, crate::identity::accounts::CodeKind::SignIn, now)
+            })
+            .await?;
+            let Some(user) = user else {
+                return Err(invalid_credentials());
+            };
+            inner.failures.succeeded(&limits, now);
+            start_session(inner, user).await
+        }
+        _ => Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "send {username, password} or {link_code}",
+        )),
+    }
+}
+
+async fn current(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, Refusal> {
+    let inner = inner(sessions)?;
+    let Some(secret) = cookie_secret(&parts.headers) else {
+        return Err(not_signed_in());
+    };
+    match inner.check_secret(secret.to_owned()).await? {
+        Some(session) => Ok(json_response(StatusCode::OK, &session_body(&session))),
+        None => Err(not_signed_in()),
+    }
+}
+
+async fn sign_out(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, Refusal> {
+    let inner = inner(sessions)?;
+    match sessions.check(parts).await {
+        Some(Ok(_)) => {}
+        Some(Err(refusal)) => return Err(refusal),
+        None => return Err(not_signed_in()),
+    }
+    let secret = cookie_secret(&parts.headers).unwrap_or("").to_owned();
+    let identity = inner.identity.clone();
+    blocking(move || identity.end_session(&secret)).await?;
+    let mut response = Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    if let Some(value) = cookie(inner, "", 0) {
+        response.headers_mut().insert(SET_COOKIE, value);
+    }
+    Ok(response)
+}
+
+async fn invite(
+    sessions: &Sessions,
+    parts: &Parts,
+    body: &Bytes,
+) -> Result<Response<Body>, Refusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Invite {
+        code: String,
+        password: String,
+    }
+    let inner = inner(sessions)?;
+    check_origin(inner, parts)?;
+    let request: Invite = decode_json(body)?;
+    let address = address_key(parts);
+    let now = now_ms();
+    let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+    if let Err(seconds) = inner.failures.begin(&limits, now) {
+        return Ok(too_many_attempts(seconds));
+    }
+    let identity = inner.identity.clone();
+    let permit = inner.hashing.clone().acquire_owned().await;
+    let accepted = blocking(move || {
+        let _permit = permit;
+        identity.accept_invite(&request.code, &request.password, now)
+    })
+    .await;
+    // A password the rules refuse is the person's typo, not a guess at a code.
+    if matches!(&accepted, Err(r) if r.code == "invalid_request") {
+        inner.failures.succeeded(&limits, now);
+    }
+    let Some(user) = accepted? else {
+        return Err(Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_code",
+            "this invite is unknown, expired or already used; ask for a new one",
+        ));
+    };
+    inner.failures.succeeded(&limits, now);
+    start_session(inner, user).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cookie_is_secure_on_an_https_console() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = crate::identity::IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        for (url, secure) in [
+            ("https://console.example", "; Secure"),
+            ("http://127.0.0.1:8470", ""),
+        ] {
+            let sessions = Sessions::new(identity.clone(), url.into(), Vec::new(), None);
+            let header = cookie(sessions.inner().unwrap(), "abc", 60).unwrap();
+            assert_eq!(
+                header.to_str().unwrap(),
+                format!("aw_session=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
+            );
+        }
+    }
+
+    #[test]
+    fn failures_are_limited_per_key_within_the_window() {
+        let limits = FailureLimits::default();
+        let now = 1_000_000;
+        let keys = [("user:a", 2), ("address:x", 3)];
+        assert_eq!(limits.begin(&keys, now), Ok(()));
+        limits.succeeded(&keys, now);
+        assert_eq!(limits.begin(&keys, now), Ok(()));
+        assert_eq!(limits.begin(&keys, now + 1_000), Ok(()));
+        assert_eq!(
+            limits.begin(&keys, now + 2_000),
+            Err(FAILURE_WINDOW_MS / 1000 - 2),
+            "two failures of user:a in the window"
+        );
+        assert_eq!(limits.begin(&[("user:b", 2)], now), Ok(()));
+        assert_eq!(limits.begin(&[("address:x", 3)], now + 2_000), Ok(()));
+        assert_eq!(
+            limits.begin(&[("address:x", 3)], now + 2_000),
+            Err(FAILURE_WINDOW_MS / 1000 - 2)
+        );
+        assert_eq!(limits.begin(&keys, now + FAILURE_WINDOW_MS + 1_000), Ok(()));
+    }
+}
