@@ -112,6 +112,23 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     );
     assert_eq!(started["model"], Value::Null);
 
+    // The printed sign-in link signs the demo user in to the console, once.
+    let link = started["sign_in_link"].as_str().unwrap();
+    let code = link
+        .strip_prefix(&format!("http://127.0.0.1:{port}/console/sign-in#code="))
+        .unwrap_or_else(|| panic!("unexpected sign-in link {link}"));
+    let sign_in = json!({"link_code": code}).to_string();
+    let origin = format!("http://127.0.0.1:{port}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("origin", origin.as_str()),
+    ];
+    let (status, _, body) = http(port, "POST", "/v1/console/sign-in", &headers, &sign_in);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"name\":\"demo\""), "{body}");
+    let (status, _, body) = http(port, "POST", "/v1/console/sign-in", &headers, &sign_in);
+    assert_eq!(status, 401, "a sign-in link worked twice: {body}");
+
     // The demo user owns the demo workflow and a code project, which has chats; without a
     // model, a turn answers model_not_configured.
     let (status, body) = call(&started, "GET", "/v1/projects", Value::Null);

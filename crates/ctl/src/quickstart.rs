@@ -139,6 +139,8 @@ pub struct Started {
     pub code_project_id: String,
     /// The web console, `<api_url>/console/`.
     pub console_url: String,
+    /// A one-time link (15 minutes) that signs the demo user in to the console.
+    pub sign_in_link: String,
     /// The model turns use, `None` when no model is configured.
     pub model: Option<String>,
     pub state_root: PathBuf,
@@ -442,6 +444,7 @@ struct Demo {
     workflow_id: String,
     code_project_id: String,
     token: String,
+    sign_in_link: String,
 }
 
 /// Create (or find) the demo user, workflow and code project and mint a token, through
@@ -503,10 +506,19 @@ async fn bootstrap(agentd: &UnixClient) -> Result<Demo, QuickstartError> {
         .as_str()
         .ok_or_else(|| QuickstartError::Bootstrap("agentd returned no token".into()))?
         .to_owned();
+    // A one-time link that signs the demo user in to the console (15 minutes).
+    let link = admin("users/demo/sign-in-links", json!({}))
+        .await
+        .map_err(fail)?;
+    let sign_in_link = link["url"]
+        .as_str()
+        .ok_or_else(|| QuickstartError::Bootstrap("agentd returned no sign-in link".into()))?
+        .to_owned();
     Ok(Demo {
         workflow_id,
         code_project_id,
         token,
+        sign_in_link,
     })
 }
 
@@ -550,6 +562,7 @@ pub async fn run(
         workflow_id,
         code_project_id,
         token,
+        sign_in_link,
     } = bootstrap(&UnixClient::new(&agentd_socket)).await?;
     let api_url = format!("http://127.0.0.1:{}", ports.http);
     let console_url = format!("{api_url}/console/");
@@ -571,6 +584,7 @@ pub async fn run(
         workflow_id,
         code_project_id,
         console_url,
+        sign_in_link,
         model: settings.agentd.model.as_ref().map(|m| m.model.clone()),
         state_root: state_root.clone(),
         documents_root: documents,
@@ -601,6 +615,10 @@ pub async fn run(
 pub fn print_human(started: &Started) {
     println!("agentworks quickstart is running (Ctrl-C stops it)");
     println!("  console:         {}", started.console_url);
+    println!(
+        "  sign in:         {}   (one-time, for 15 minutes; a password: agentworksctl user passwd demo)",
+        started.sign_in_link
+    );
     println!("  MCP endpoint:    {}", started.mcp_url);
     println!("  token:           {}", started.token);
     println!("  demo workflow:   {}", started.workflow_id);
@@ -632,7 +650,7 @@ pub fn print_human(started: &Started) {
     if let Some(gateway) = &started.gateway_url {
         println!("Share a laptop folder with the server-side agent:");
         println!(
-            "  agentworks login --server {}          # then approve: agentworksctl login approve CODE --user demo",
+            "  agentworks login --server {}          # then open the approval page it prints, signed in to the console",
             started.api_url
         );
         println!("  agentworks executor connect --gateway {gateway} --write-folder ~/src/project");
