@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,8 @@ pub(super) struct Model {
     requests: Arc<Mutex<Vec<Value>>>,
     /// The `Authorization` header of every request, in order.
     authorizations: Arc<Mutex<Vec<Option<String>>>>,
+    /// Answer JSON whatever the request asks.
+    plain: Arc<AtomicBool>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -59,6 +62,59 @@ pub(super) fn calls(list: &[(&str, &str, Value)]) -> Value {
         "finish_reason": "tool_calls"}]})
 }
 
+/// A scripted completion as an endpoint streams it: the text in pieces of a few characters,
+/// each tool call's arguments in two pieces after its id and name, the usage in a last chunk,
+/// then `[DONE]`; CRLF line ends, as some servers send.
+fn server_sent_events(completion: &Value) -> String {
+    let message = &completion["choices"][0]["message"];
+    let mut chunks = Vec::new();
+    if let Some(text) = message["content"].as_str() {
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(4) {
+            let piece: String = piece.iter().collect();
+            chunks.push(json!({"choices": [{"index": 0, "delta": {"content": piece}}]}));
+        }
+    }
+    for (index, call) in message["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+        let (first, rest) = arguments.split_at(arguments.len() / 2);
+        chunks.push(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index,
+            "id": call["id"], "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": first}}]}}]}),
+        );
+        chunks.push(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index,
+            "function": {"arguments": rest}}]}}]}),
+        );
+    }
+    chunks.push(json!({"choices": [{"index": 0, "delta": {},
+        "finish_reason": completion["choices"][0]["finish_reason"]}]}));
+    if completion["usage"].is_object() {
+        chunks.push(json!({"choices": [], "usage": completion["usage"]}));
+    }
+    let mut body: String = chunks
+        .iter()
+        .map(|chunk| format!("data: {chunk}\r\n\r\n"))
+        .collect();
+    body.push_str("data: [DONE]\r\n\r\n");
+    body
+}
+
+/// The answer's whole text: every `text` event of a turn, joined (a streamed answer arrives in
+/// pieces).
+pub(super) fn answer_text(events: &[(String, Value)]) -> String {
+    of_kind(events, "text")
+        .iter()
+        .filter_map(|t| t["text"].as_str())
+        .collect()
+}
+
 impl Model {
     pub(super) fn start() -> Model {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -73,17 +129,23 @@ impl Model {
         let script: Arc<Mutex<VecDeque<Step>>> = Default::default();
         let requests: Arc<Mutex<Vec<Value>>> = Default::default();
         let authorizations: Arc<Mutex<Vec<Option<String>>>> = Default::default();
-        let (s, r, a) = (script.clone(), requests.clone(), authorizations.clone());
+        let plain: Arc<AtomicBool> = Default::default();
+        let (s, r, a, p) = (
+            script.clone(),
+            requests.clone(),
+            authorizations.clone(),
+            plain.clone(),
+        );
         runtime.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (s, r, a) = (s.clone(), r.clone(), a.clone());
+                let (s, r, a, p) = (s.clone(), r.clone(), a.clone(), p.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
-                            let (s, r, a) = (s.clone(), r.clone(), a.clone());
+                            let (s, r, a, p) = (s.clone(), r.clone(), a.clone(), p.clone());
                             async move {
                                 use http_body_util::BodyExt;
                                 assert_eq!(req.uri().path(), "/v1/chat/completions");
@@ -95,17 +157,23 @@ impl Model {
                                 );
                                 let body = req.into_body().collect().await.unwrap().to_bytes();
                                 let value: Value = serde_json::from_slice(&body).unwrap();
+                                // As real endpoints do: a streamed answer when asked for one,
+                                // unless this model plays an endpoint that ignores `stream`.
+                                let streamed = value["stream"] == true && !p.load(Ordering::SeqCst);
                                 r.lock().unwrap().push(value);
                                 let step = s.lock().unwrap().pop_front();
                                 let (delay, answer) =
                                     step.unwrap_or((Duration::ZERO, text("(script ended)")));
                                 tokio::time::sleep(delay).await;
+                                let (content_type, body) = if streamed {
+                                    ("text/event-stream", server_sent_events(&answer))
+                                } else {
+                                    ("application/json", answer.to_string())
+                                };
                                 Ok::<_, std::convert::Infallible>(
                                     hyper::Response::builder()
-                                        .header("content-type", "application/json")
-                                        .body(http_body_util::Full::new(bytes::Bytes::from(
-                                            answer.to_string(),
-                                        )))
+                                        .header("content-type", content_type)
+                                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
                                         .unwrap(),
                                 )
                             }
@@ -122,8 +190,15 @@ impl Model {
             script,
             requests,
             authorizations,
+            plain,
             _runtime: runtime,
         }
+    }
+
+    /// From now on, answer JSON even when a request asks for a stream (an endpoint that
+    /// ignores `stream`).
+    pub(super) fn ignore_stream(&self) {
+        self.plain.store(true, Ordering::SeqCst);
     }
 
     /// The base URL agentd is configured with (`[agentd.model] base_url`).
@@ -501,7 +576,9 @@ fn a_bound_turn_runs_a_command_and_a_patch_on_the_laptop_and_the_model_gets_the_
         text("Patched a.txt."),
     ]);
     let events = turn(setup.stack.port, &setup.alice, &chat, "fix a.txt").unwrap();
-    let names: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    let mut names: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    // The streamed answer's pieces count as one.
+    names.dedup_by(|a, b| *a == "text" && *b == "text");
     assert_eq!(
         names,
         [
@@ -772,7 +849,7 @@ fn binding_changes_wait_for_the_running_turn_and_unbinding_restores_server_tools
         (409, Some("turn_running"))
     );
     let events = running.join().unwrap().unwrap();
-    assert_eq!(of_kind(&events, "text")[0]["text"], "slow answer");
+    assert_eq!(answer_text(&events), "slow answer");
 
     // Once the turn ended: unbind, and the next turn has the server tools again.
     let (status, body) = api(&setup.stack, &setup.alice, "DELETE", &path, Value::Null);
@@ -957,7 +1034,7 @@ fn only_the_chats_creator_reads_it_and_runs_turns_in_it() {
 
     // The owner's turn runs; the chat is listed to her.
     let events = turn(setup.stack.port, alice, &chat, "hello").unwrap();
-    assert_eq!(of_kind(&events, "text")[0]["text"], "hi");
+    assert_eq!(answer_text(&events), "hi");
     let (_, list) = api(
         &setup.stack,
         alice,
@@ -1012,7 +1089,8 @@ fn turn_events_stream_while_the_turn_runs() {
         assert!(n > 0, "the stream ended without an end event: {received}");
         received.push_str(&String::from_utf8_lossy(&buffer[..n]));
     }
-    assert!(received.contains("done after a while"), "{received}");
+    // The answer's first streamed piece.
+    assert!(received.contains(r#"{"text":"done"}"#), "{received}");
 }
 
 /// `agentworks chat`: the terminal client binds after confirmation, folds tool calls to a line
@@ -1558,4 +1636,58 @@ fn failed_commands_are_failed_with_their_exit_code_and_stderr_and_a_reopened_cha
         format!("  ✗ execute_shell_command {sleeper} — timed out after 1 s")
     );
     assert_eq!(earlier[5], "agent> Two of them failed.");
+}
+
+/// The model's answer is streamed: agentd asks for a stream (with usage), the text reaches the
+/// turn's events in pieces as the endpoint sends them, and tool calls put back together from
+/// their pieces run. An endpoint that ignores `stream` and answers JSON still works.
+#[test]
+fn answers_stream_in_pieces_and_an_endpoint_answering_json_still_works() {
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![
+        calls(&[("r1", "read_file", json!({"path": "server.txt"}))]),
+        with_usage(text("The file says: server file."), 5, 7),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "read it").unwrap();
+    assert_eq!(
+        result_of(&events, "r1")["result"]["content"],
+        "server file\n"
+    );
+    let pieces = of_kind(&events, "text");
+    assert!(pieces.len() > 1, "the answer came whole: {events:?}");
+    assert_eq!(answer_text(&events), "The file says: server file.");
+    assert_eq!(
+        of_kind(&events, "end")[0]["usage"]["total_tokens"],
+        12,
+        "{events:?}"
+    );
+    let request = &setup.model.requests()[0];
+    assert_eq!(request["stream"], true);
+    assert_eq!(request["stream_options"]["include_usage"], true);
+    // The stored answer is the whole text, once.
+    let (_, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    let last = stored["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["content"], "The file says: server file.", "{last}");
+
+    setup.model.ignore_stream();
+    setup.model.play(vec![
+        calls(&[("r2", "read_file", json!({"path": "server.txt"}))]),
+        text("still fine"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "again").unwrap();
+    assert_eq!(result_of(&events, "r2")["state"], "done", "{events:?}");
+    assert_eq!(of_kind(&events, "text").len(), 1);
+    assert_eq!(answer_text(&events), "still fine");
 }

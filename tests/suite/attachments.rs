@@ -287,7 +287,7 @@ fn attachments_are_checked_on_their_bytes_limits_and_owner() {
     // The refused turn left bob's chat free: a plain turn runs.
     model.play(vec![text("hello bob")]);
     let events = turn_with(&stack, &bob, &bobs_chat, "hello", &[]).unwrap();
-    assert_eq!(of_kind(&events, "text")[0]["text"], "hello bob");
+    assert_eq!(super::agent::answer_text(&events), "hello bob");
     // An upload is used by one message only.
     model.play(vec![text("ok")]);
     turn_with(&stack, &alice, &chat, "one", &refs[..1]).unwrap();

@@ -302,10 +302,9 @@ fn quickstart_merges_the_config_file_and_its_model_answers_a_turn() {
     );
     model.play(vec![text("hello from the configured model")]);
     let events = chat_turn(&run.started, "hello?").unwrap();
-    assert!(
-        events
-            .iter()
-            .any(|(k, v)| k == "text" && v["text"] == "hello from the configured model"),
+    assert_eq!(
+        super::agent::answer_text(&events),
+        "hello from the configured model",
         "{events:?}"
     );
     assert_eq!(
@@ -395,10 +394,9 @@ fn quickstart_takes_a_model_from_its_flags_and_refuses_a_bad_key_file() {
     assert!(!run.started.to_string().contains("sk-quickstart"));
     model.play(vec![text("hello from the flagged model")]);
     let events = chat_turn(&run.started, "hello?").unwrap();
-    assert!(
-        events
-            .iter()
-            .any(|(k, v)| k == "text" && v["text"] == "hello from the flagged model"),
+    assert_eq!(
+        super::agent::answer_text(&events),
+        "hello from the flagged model",
         "{events:?}"
     );
     assert_eq!(model.requests()[0]["model"], "flagged");

@@ -1,6 +1,14 @@
 //! A client for an OpenAI-compatible chat-completions endpoint with tool calling
-//! (`POST <base_url>/chat/completions`, not streamed), over hyper: `https://` through rustls with
-//! the webpki roots, `http://` to loopback hosts only.
+//! (`POST <base_url>/chat/completions`), over hyper: `https://` through rustls with the webpki
+//! roots, `http://` to loopback hosts only.
+//!
+//! Answers are streamed (`stream: true`, `[agentd.model] stream = false` turns it off): the
+//! text reaches the turn's caller as it arrives, and the chunks' deltas (text, tool calls by
+//! index, the final `usage`) are put back together into the same answer a non-streamed request
+//! gets, then checked by the same parser. An endpoint that ignores `stream` and answers JSON is
+//! read as before. The server-sent events are read by [`SseReader`], a few lines written here:
+//! the format is small and fixed, and what matters (bounds, line endings split across reads,
+//! UTF-8 errors) is easier to check in our own code than through a general event-source crate.
 //!
 //! The API key comes from `[agentd.model] api_key_file`, else from the systemd credential
 //! `$CREDENTIALS_DIRECTORY/model-api-key`, else none is sent. It is read for every request (so
@@ -17,8 +25,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The largest model response read.
+/// The largest model response read (streamed or not).
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+/// Most tool calls one streamed answer may build (by their `index`).
+const MAX_STREAMED_TOOL_CALLS: usize = 128;
 /// The systemd credential name of the API key.
 const CREDENTIAL_NAME: &str = "model-api-key";
 
@@ -230,15 +240,26 @@ impl ModelClient {
         Ok(Some(key))
     }
 
-    /// One chat completion of `messages` with `tools` (OpenAI `tools` entries).
-    pub async fn complete(&self, messages: &[Value], tools: &[Value]) -> Result<Reply, ModelError> {
+    /// One chat completion of `messages` with `tools` (OpenAI `tools` entries). `on_text` gets
+    /// the answer's text as it arrives: piece by piece from a streaming endpoint, whole from
+    /// one that answers JSON.
+    pub async fn complete(
+        &self,
+        messages: &[Value],
+        tools: &[Value],
+        on_text: &impl Fn(&str),
+    ) -> Result<Reply, ModelError> {
         let endpoint = parse_endpoint(&self.config.base_url)?;
         let key = self.api_key()?;
+        let stream = self.config.stream;
         let mut body = json!({
             "model": self.config.model,
             "messages": messages,
-            "stream": false,
+            "stream": stream,
         });
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         if !tools.is_empty() {
             body["tools"] = json!(tools);
         }
@@ -248,7 +269,14 @@ impl ModelClient {
             .uri(format!("{}/chat/completions", endpoint.path))
             .header("host", &endpoint.authority)
             .header("content-type", "application/json")
-            .header("accept", "application/json")
+            .header(
+                "accept",
+                if stream {
+                    "text/event-stream, application/json"
+                } else {
+                    "application/json"
+                },
+            )
             .header(
                 "user-agent",
                 concat!("agentworks-agentd/", env!("CARGO_PKG_VERSION")),
@@ -260,29 +288,209 @@ impl ModelClient {
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| ModelError::Config(e.to_string()))?;
         let timeout = self.config.request_timeout_secs;
-        let (status, bytes) =
-            tokio::time::timeout(Duration::from_secs(timeout), send(&endpoint, request))
-                .await
-                .map_err(|_| ModelError::Timeout(timeout))??;
-        if !(200..300).contains(&status) {
-            let mut text = String::from_utf8_lossy(&bytes).into_owned();
-            if text.len() > 512 {
-                let mut cut = 512;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text.truncate(cut);
+        tokio::time::timeout(
+            Duration::from_secs(timeout),
+            answer(&endpoint, request, on_text),
+        )
+        .await
+        .map_err(|_| ModelError::Timeout(timeout))?
+    }
+}
+
+/// Sends the request and reads its answer: streamed events or one JSON completion.
+async fn answer(
+    endpoint: &Endpoint,
+    request: hyper::Request<Full<Bytes>>,
+    on_text: &impl Fn(&str),
+) -> Result<Reply, ModelError> {
+    let response = send(endpoint, request).await?;
+    let status = response.status().as_u16();
+    let streamed = response
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    if (200..300).contains(&status) && streamed {
+        return read_stream(response.into_body(), on_text).await;
+    }
+    let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| ModelError::Unreachable(format!("reading the answer: {e}")))?
+        .to_bytes();
+    if !(200..300).contains(&status) {
+        let mut text = String::from_utf8_lossy(&bytes).into_owned();
+        if text.len() > 512 {
+            let mut cut = 512;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
             }
-            return Err(ModelError::Status { status, body: text });
+            text.truncate(cut);
         }
-        parse_reply(&bytes)
+        return Err(ModelError::Status { status, body: text });
+    }
+    let reply = parse_reply(&bytes)?;
+    if let Some(text) = &reply.content {
+        on_text(text);
+    }
+    Ok(reply)
+}
+
+/// Reads a streamed answer to its end (`data: [DONE]`, or the end of the body), handing each
+/// piece of text to `on_text`, and puts the chunks back together into one answer.
+async fn read_stream(
+    mut body: hyper::body::Incoming,
+    on_text: &impl Fn(&str),
+) -> Result<Reply, ModelError> {
+    let mut reader = SseReader::default();
+    let mut answer = StreamedAnswer::default();
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ModelError::Unreachable(format!("reading the answer: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        if read > MAX_RESPONSE_BYTES {
+            return Err(ModelError::Decode(format!(
+                "the streamed answer is larger than {MAX_RESPONSE_BYTES} bytes"
+            )));
+        }
+        for event in reader.push(&data)? {
+            if event == "[DONE]" {
+                return answer.finish();
+            }
+            answer.add(&event, on_text)?;
+        }
+    }
+    answer.finish()
+}
+
+/// Server-sent events, as the `data` of each event: lines end with LF, CRLF or CR (even split
+/// across reads), `data:` lines are joined with LF, an empty line ends an event, comments and
+/// other fields are skipped. A line longer than the whole answer may be is refused by the
+/// caller's byte bound first.
+#[derive(Default)]
+struct SseReader {
+    line: Vec<u8>,
+    data: Option<String>,
+    /// The last byte read was a CR: an LF right after it ends nothing more.
+    after_cr: bool,
+}
+
+impl SseReader {
+    fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, ModelError> {
+        let mut events = Vec::new();
+        for &byte in bytes {
+            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
+            match byte {
+                b'\n' if after_cr => {}
+                b'\n' | b'\r' => {
+                    let line = std::mem::take(&mut self.line);
+                    let line = String::from_utf8(line).map_err(|_| {
+                        ModelError::Decode("the streamed answer is not UTF-8".into())
+                    })?;
+                    if line.is_empty() {
+                        events.extend(self.data.take());
+                    } else if let Some(value) = line.strip_prefix("data:") {
+                        let value = value.strip_prefix(' ').unwrap_or(value);
+                        match &mut self.data {
+                            Some(data) => {
+                                data.push('\n');
+                                data.push_str(value);
+                            }
+                            None => self.data = Some(value.to_owned()),
+                        }
+                    }
+                }
+                _ => self.line.push(byte),
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// A streamed answer being put back together from its chunks.
+#[derive(Default)]
+struct StreamedAnswer {
+    content: String,
+    /// (id, name, arguments) by the chunks' `index`.
+    tool_calls: Vec<(String, String, String)>,
+    usage: Value,
+}
+
+impl StreamedAnswer {
+    fn add(&mut self, event: &str, on_text: &impl Fn(&str)) -> Result<(), ModelError> {
+        let chunk: Value = serde_json::from_str(event)
+            .map_err(|e| ModelError::Decode(format!("a streamed chunk: {e}")))?;
+        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
+            let message = error["message"]
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return Err(ModelError::Decode(format!(
+                "the model reported an error: {message}"
+            )));
+        }
+        if chunk["usage"].is_object() {
+            self.usage = chunk["usage"].clone();
+        }
+        let delta = &chunk["choices"][0]["delta"];
+        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            self.content.push_str(text);
+            on_text(text);
+        }
+        for (position, call) in delta["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let index = call["index"].as_u64().map_or(position, |i| i as usize);
+            if index >= MAX_STREAMED_TOOL_CALLS {
+                return Err(ModelError::Decode(format!(
+                    "a streamed answer with more than {MAX_STREAMED_TOOL_CALLS} tool calls"
+                )));
+            }
+            if self.tool_calls.len() <= index {
+                self.tool_calls.resize(index + 1, Default::default());
+            }
+            let (id, name, arguments) = &mut self.tool_calls[index];
+            if let Some(new_id) = call["id"].as_str().filter(|i| !i.is_empty()) {
+                *id = new_id.to_owned();
+            }
+            if let Some(part) = call["function"]["name"].as_str() {
+                name.push_str(part);
+            }
+            if let Some(part) = call["function"]["arguments"].as_str() {
+                arguments.push_str(part);
+            }
+        }
+        Ok(())
+    }
+
+    /// The answer as one chat completion, checked by [`parse_reply`] like any other.
+    fn finish(self) -> Result<Reply, ModelError> {
+        let mut message = json!({"role": "assistant", "content": (!self.content.is_empty()).then_some(self.content)});
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = self
+                .tool_calls
+                .into_iter()
+                .map(|(id, name, arguments)| {
+                    json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                })
+                .collect();
+        }
+        let completion =
+            json!({"choices": [{"index": 0, "message": message}], "usage": self.usage});
+        parse_reply(completion.to_string().as_bytes())
     }
 }
 
 async fn send(
     endpoint: &Endpoint,
     request: hyper::Request<Full<Bytes>>,
-) -> Result<(u16, Bytes), ModelError> {
+) -> Result<hyper::Response<hyper::body::Incoming>, ModelError> {
     let unreachable = |e: String| ModelError::Unreachable(e);
     let tcp = tokio::net::TcpStream::connect((endpoint.host.as_str(), endpoint.port))
         .await
@@ -303,10 +511,12 @@ async fn send(
     }
 }
 
+/// One request on a new connection: the response head, its body still to be read (the
+/// connection's task drives it).
 async fn exchange<IO>(
     io: IO,
     request: hyper::Request<Full<Bytes>>,
-) -> Result<(u16, Bytes), ModelError>
+) -> Result<hyper::Response<hyper::body::Incoming>, ModelError>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -315,14 +525,7 @@ where
         .await
         .map_err(failed)?;
     tokio::spawn(conn);
-    let response = sender.send_request(request).await.map_err(failed)?;
-    let status = response.status().as_u16();
-    let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-        .collect()
-        .await
-        .map_err(|e| ModelError::Unreachable(format!("reading the answer: {e}")))?
-        .to_bytes();
-    Ok((status, body))
+    sender.send_request(request).await.map_err(failed)
 }
 
 fn parse_reply(bytes: &[u8]) -> Result<Reply, ModelError> {
@@ -450,6 +653,71 @@ mod tests {
     }
 
     #[test]
+    fn server_sent_events_are_read_across_any_split() {
+        let stream = b": comment\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata: one\ndata: two\n\ndata:[DONE]\r\r";
+        let whole = SseReader::default().push(stream).unwrap();
+        assert_eq!(whole, ["{\"a\":1}", "one\ntwo", "[DONE]"]);
+        for split in 0..stream.len() {
+            let mut reader = SseReader::default();
+            let mut events = reader.push(&stream[..split]).unwrap();
+            events.extend(reader.push(&stream[split..]).unwrap());
+            assert_eq!(events, whole, "split at {split}");
+        }
+        // A multi-byte character split across reads is whole once the line ends.
+        let text = "data: é\n\n".as_bytes();
+        let mut reader = SseReader::default();
+        assert!(reader.push(&text[..7]).unwrap().is_empty());
+        assert_eq!(reader.push(&text[7..]).unwrap(), ["é"]);
+        assert!(SseReader::default().push(b"data: \xff\n\n").is_err());
+    }
+
+    #[test]
+    fn streamed_chunks_are_put_back_together_and_checked() {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let on_text = |t: &str| seen.borrow_mut().push(t.to_owned());
+        let mut answer = StreamedAnswer::default();
+        for chunk in [
+            json!({"choices": [{"delta": {"role": "assistant", "content": "Hel"}}]}),
+            json!({"choices": [{"delta": {"content": "lo"}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"pa"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "list_files", "arguments": ""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "th\":\"a\"}"}}]}}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}),
+        ] {
+            answer.add(&chunk.to_string(), &on_text).unwrap();
+        }
+        let reply = answer.finish().unwrap();
+        assert_eq!(*seen.borrow(), ["Hel", "lo"]);
+        assert_eq!(reply.content.as_deref(), Some("Hello"));
+        assert_eq!(reply.tool_calls.len(), 2);
+        assert_eq!(
+            (
+                reply.tool_calls[0].name.as_str(),
+                reply.tool_calls[0].arguments.as_str()
+            ),
+            ("read_file", "{\"path\":\"a\"}")
+        );
+        assert_eq!(reply.tool_calls[1].arguments, "");
+        assert_eq!(reply.usage.total_tokens, 10);
+        // A tool call the stream never named is refused, like in a JSON answer.
+        let mut broken = StreamedAnswer::default();
+        broken
+            .add(&json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}).to_string(), &on_text)
+            .unwrap();
+        assert!(broken.finish().is_err());
+        // Hostile indexes and error chunks are refused.
+        let mut answer = StreamedAnswer::default();
+        let far = json!({"choices": [{"delta": {"tool_calls": [{"index": 100000, "id": "x", "function": {"name": "n"}}]}}]});
+        assert!(answer.add(&far.to_string(), &on_text).is_err());
+        let error = json!({"error": {"message": "overloaded"}});
+        let refused = StreamedAnswer::default()
+            .add(&error.to_string(), &on_text)
+            .unwrap_err();
+        assert!(refused.to_string().contains("overloaded"), "{refused}");
+        assert!(StreamedAnswer::default().add("not json", &on_text).is_err());
+    }
+
+    #[test]
     fn the_shown_base_url_has_no_credentials() {
         let config = |base_url: &str| ModelConfig {
             base_url: base_url.into(),
@@ -458,6 +726,7 @@ mod tests {
             max_tool_rounds: 1,
             request_timeout_secs: 1,
             max_history_bytes: 1024,
+            stream: true,
         };
         let shown = |base_url: &str| ModelClient::new(config(base_url), None).shown_base_url();
         assert_eq!(
@@ -481,6 +750,7 @@ mod tests {
             max_tool_rounds: 1,
             request_timeout_secs: 1,
             max_history_bytes: 1024,
+            stream: true,
         };
         assert_eq!(
             ModelClient::new(config(None), None).api_key().unwrap(),

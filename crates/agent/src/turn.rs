@@ -414,12 +414,14 @@ async fn drive(
     if spec.attachments.iter().any(|a| a.kind == Kind::Image) {
         tools.push(read_image_tool());
     }
+    // The answer's text goes out as it arrives (a `text` event per streamed piece).
+    let on_text = |text: &str| emit("text", json!({"text": text}));
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
         let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
         // A cancelled turn abandons the model request; nothing of it is stored.
         let reply = tokio::select! {
-            reply = model.complete(&conversation, &tools) => reply,
+            reply = model.complete(&conversation, &tools, &on_text) => reply,
             _ = cancel.cancelled() => return Ok("cancelled"),
         }
         .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
@@ -428,9 +430,6 @@ async fn drive(
         service
             .append(&chat_id, spec.turn, reply.message.clone())
             .await?;
-        if let Some(text) = &reply.content {
-            emit("text", json!({"text": text}));
-        }
         if reply.tool_calls.is_empty() {
             return Ok("completed");
         }

@@ -156,6 +156,14 @@ pub struct ModelConfig {
     /// out whole; the current turn is always sent.
     #[serde(default = "default_max_history_bytes")]
     pub max_history_bytes: usize,
+    /// Stream answers (`stream: true`), so the console shows the text as it arrives; `false`
+    /// for an endpoint that refuses streaming.
+    #[serde(default = "default_stream")]
+    pub stream: bool,
+}
+
+fn default_stream() -> bool {
+    true
 }
 
 fn default_max_tool_rounds() -> u32 {
@@ -180,6 +188,7 @@ impl std::fmt::Debug for ModelConfig {
             .field("max_tool_rounds", &self.max_tool_rounds)
             .field("request_timeout_secs", &self.request_timeout_secs)
             .field("max_history_bytes", &self.max_history_bytes)
+            .field("stream", &self.stream)
             .finish()
     }
 }

@@ -217,15 +217,26 @@ struct Screen {
     tty: bool,
     running: Option<String>,
     spin: usize,
+    /// An `agent>` line is open: streamed text continues it.
+    in_text: bool,
 }
 
 impl Screen {
     fn event(&mut self, kind: &str, data: &Value) {
         let mut out = std::io::stdout().lock();
+        if kind != "text" && std::mem::take(&mut self.in_text) {
+            let _ = writeln!(out);
+        }
         match kind {
+            // Streamed text arrives in pieces: one `agent>` line, continued until another
+            // event ends it.
             "text" => {
-                self.finish_line(&mut out);
-                let _ = writeln!(out, "agent> {}", data["text"].as_str().unwrap_or(""));
+                if !self.in_text {
+                    self.finish_line(&mut out);
+                    let _ = write!(out, "agent> ");
+                    self.in_text = true;
+                }
+                let _ = write!(out, "{}", data["text"].as_str().unwrap_or(""));
             }
             "tool_call" => {
                 self.finish_line(&mut out);
@@ -622,6 +633,7 @@ async fn converse(api: &Api<'_>, chat_id: &str) -> Result<(), ChatError> {
         tty: std::io::stdout().is_terminal(),
         running: None,
         spin: 0,
+        in_text: false,
     };
     let mut lines = stdin_lines();
     loop {
