@@ -29,8 +29,8 @@
 //! stored) even if the client goes away.
 
 use crate::attachments::{self, AttachmentInfo};
-use crate::chat_service::{ChatService, Running, blocking, blocking_attachments, from_tool};
-use crate::chats::Chat;
+use crate::chat_service::{ChatService, Running, blocking, from_tool};
+use crate::chats::{Chat, ChatStoreError};
 use crate::identity::{ProjectKind, TokenCheckError};
 use crate::mcp::Caller;
 use crate::mcp_backend::caller_of;
@@ -208,7 +208,8 @@ impl ChatService {
         let store = self.chats.clone();
         let id = chat.chat_id.clone();
         let (messages, usage) =
-            blocking(move || Ok((store.messages(&id)?, store.usage(&id)?))).await?;
+            blocking(move || Ok::<_, ChatStoreError>((store.messages(&id)?, store.usage(&id)?)))
+                .await?;
         let messages: Vec<Value> = messages
             .into_iter()
             .map(|m| {
@@ -370,8 +371,7 @@ impl ChatService {
         let store = self.attachments.clone();
         let owner = caller.user_id.clone();
         let bytes = body.clone();
-        let info =
-            blocking_attachments(move || store.add(&chat.chat_id, &owner, &name, &bytes)).await?;
+        let info = blocking(move || store.add(&chat.chat_id, &owner, &name, &bytes)).await?;
         tracing::info!(chat = %chat_id, attachment = %info.attachment_id, size = info.size, kind = ?info.kind, "attachment stored");
         Ok(json_response(StatusCode::CREATED, &info))
     }
@@ -390,7 +390,7 @@ impl ChatService {
         }
         let store = self.attachments.clone();
         let (chat_id, owner) = (chat_id.to_owned(), caller.user_id.clone());
-        blocking_attachments(move || store.claim_for_turn(&chat_id, &owner, &ids, turn)).await
+        blocking(move || store.claim_for_turn(&chat_id, &owner, &ids, turn)).await
     }
 
     /// The chat, if `caller` may run a turn in it: only its creator may. Anyone else who can
@@ -435,7 +435,7 @@ impl ChatService {
         let id = chat_id.to_owned();
         let (chat, turn) = blocking(move || {
             let turn = store.next_turn(&id)?;
-            Ok((store.get(&id)?, turn))
+            Ok::<_, ChatStoreError>((store.get(&id)?, turn))
         })
         .await?;
         let chat = chat.ok_or_else(|| no_chat(chat_id))?;

@@ -11,7 +11,7 @@ use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
 use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
-use agentworks_daemon::ipc::envelope::Refusal;
+use agentworks_daemon::ipc::envelope::{Refusal, run_blocking};
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use hyper::StatusCode;
 use serde_json::Value;
@@ -87,27 +87,16 @@ impl From<AttachmentError> for Refusal {
     }
 }
 
-/// An attachment store call on a blocking thread.
-pub(crate) async fn blocking_attachments<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, AttachmentError> + Send + 'static,
-) -> Result<T, Refusal> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => Ok(result?),
-        Err(error) => Err(Refusal::internal(format!(
-            "the attachment store task failed: {error}"
-        ))),
-    }
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ChatStoreError> + Send + 'static,
-) -> Result<T, Refusal> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => Ok(result?),
-        Err(error) => Err(Refusal::internal(format!(
-            "the chat store task failed: {error}"
-        ))),
-    }
+/// A chat or attachment store call on a blocking thread, its error answered as a refusal.
+pub(crate) async fn blocking<T, E>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Refusal>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    Refusal: From<E>,
+{
+    run_blocking(f, Refusal::from).await
 }
 
 pub(crate) fn to_tool(error: Refusal) -> ToolError {

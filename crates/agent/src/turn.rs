@@ -45,7 +45,7 @@
 //! record), or `outcome_unknown`, never a guess.
 
 use crate::attachments::{AttachmentInfo, Kind, text_preview};
-use crate::chat_service::{ChatService, blocking, blocking_attachments, to_tool};
+use crate::chat_service::{ChatService, blocking, to_tool};
 use crate::chats::{Binding, Chat};
 use crate::files::Source;
 use crate::identity::Access;
@@ -613,7 +613,7 @@ async fn read_attachment(
 ) -> Result<(AttachmentInfo, Vec<u8>), Refusal> {
     let store = service.attachments.clone();
     let (chat_id, key) = (chat_id.to_owned(), id_or_name.to_owned());
-    blocking_attachments(move || store.read_for_turn(&chat_id, turn, &key)).await
+    blocking(move || store.read_for_turn(&chat_id, turn, &key)).await
 }
 
 /// `read_image {name}`: one of this turn's image attachments, by name or id. Its bytes are not
