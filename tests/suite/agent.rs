@@ -106,6 +106,32 @@ fn server_sent_events(completion: &Value) -> String {
     body
 }
 
+/// The key of a scripted step that streams its text as one piece and then never finishes.
+const STALL: &str = "stall_after";
+
+/// A step that streams `piece` and then stalls (an endpoint that hangs mid-answer).
+fn stalled(piece: &str) -> Value {
+    json!({STALL: piece})
+}
+
+type ScriptedBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+/// A streamed answer's first piece of text, then nothing more, ever.
+fn stalled_stream(piece: &str) -> hyper::Response<ScriptedBody> {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+    let chunk = json!({"choices": [{"index": 0, "delta": {"content": piece}}]});
+    let first = bytes::Bytes::from(format!("data: {chunk}\r\n\r\n"));
+    let body = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+        hyper::body::Frame::data(first),
+    )])
+    .chain(futures_util::stream::pending());
+    hyper::Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(BodyExt::boxed(http_body_util::StreamBody::new(body)))
+        .unwrap()
+}
+
 /// The answer's whole text: every `text` event of a turn, joined (a streamed answer arrives in
 /// pieces).
 pub(super) fn answer_text(events: &[(String, Value)]) -> String {
@@ -165,6 +191,9 @@ impl Model {
                                 let (delay, answer) =
                                     step.unwrap_or((Duration::ZERO, text("(script ended)")));
                                 tokio::time::sleep(delay).await;
+                                if let (true, Some(piece)) = (streamed, answer[STALL].as_str()) {
+                                    return Ok(stalled_stream(piece));
+                                }
                                 let (content_type, body) = if streamed {
                                     ("text/event-stream", server_sent_events(&answer))
                                 } else {
@@ -173,7 +202,10 @@ impl Model {
                                 Ok::<_, std::convert::Infallible>(
                                     hyper::Response::builder()
                                         .header("content-type", content_type)
-                                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                        .body(
+                                            http_body_util::Full::new(bytes::Bytes::from(body))
+                                                .boxed(),
+                                        )
                                         .unwrap(),
                                 )
                             }
@@ -1283,6 +1315,71 @@ fn cancelling_a_turn_abandons_the_model_request() {
         Value::Null,
     );
     assert!(!stored.to_string().contains("too late"), "{stored}");
+}
+
+/// Cancelling a turn while the model's answer streams: the text already shown is stored as the
+/// model's message of the turn (a reopened chat shows it, the next turn's model sees it).
+#[test]
+fn cancelling_mid_stream_keeps_the_text_already_shown() {
+    use std::io::{Read, Write};
+    let setup = Setup::start(false);
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+    setup.model.play(vec![stalled("half an answ")]);
+    let body = json!({"message": "explain"}).to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", setup.stack.port)).unwrap();
+    write!(
+        stream,
+        "POST /v1/chats/{chat}/turns HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        setup.alice,
+        body.len()
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut received = String::new();
+    let mut buffer = [0u8; 4096];
+    while !received.contains("half an answ") {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended before the text: {received}");
+        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
+    }
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        &format!("/v1/chats/{chat}/cancel"),
+        Value::Null,
+    );
+    assert_eq!(status, 202, "{body}");
+    while !received.contains("event: end") {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended without an end event: {received}");
+        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
+    }
+    assert!(received.contains(r#""reason":"cancelled""#), "{received}");
+    let (_, stored) = api(
+        &setup.stack,
+        &setup.alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    let assistant: Vec<&Value> = stored["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    assert_eq!(assistant.len(), 1, "{stored}");
+    assert_eq!(assistant[0]["content"], "half an answ", "{stored}");
+
+    // The next turn's model request carries it.
+    setup.model.clear();
+    setup.model.play(vec![text("go on")]);
+    turn(setup.stack.port, &setup.alice, &chat, "and then?").unwrap();
+    let sent = setup.model.requests()[0]["messages"].to_string();
+    assert!(sent.contains("half an answ"), "{sent}");
 }
 
 /// `agentworks chat`: Ctrl-C during a turn cancels it on the server (the command on the laptop

@@ -414,17 +414,35 @@ async fn drive(
     if spec.attachments.iter().any(|a| a.kind == Kind::Image) {
         tools.push(read_image_tool());
     }
-    // The answer's text goes out as it arrives (a `text` event per streamed piece).
-    let on_text = |text: &str| emit("text", json!({"text": text}));
+    // The answer's text goes out as it arrives (a `text` event per streamed piece), and is
+    // kept so that what the person saw is stored even if the answer never completes.
+    let shown = std::sync::Mutex::new(String::new());
+    let on_text = |text: &str| {
+        shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_str(text);
+        emit("text", json!({"text": text}));
+    };
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
         let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
-        // A cancelled turn abandons the model request; nothing of it is stored.
+        shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // A cancelled turn abandons the model request; the text it had streamed is stored.
         let reply = tokio::select! {
             reply = model.complete(&conversation, &tools, &on_text) => reply,
-            _ = cancel.cancelled() => return Ok("cancelled"),
-        }
-        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+            _ = cancel.cancelled() => {
+                store_unfinished_answer(service, spec, &shown).await?;
+                return Ok("cancelled");
+            }
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                store_unfinished_answer(service, spec, &shown).await?;
+                return Err(ToolError::new(error.code(), error.to_string()));
+            }
+        };
         usage.add(reply.usage);
         store_usage(service, &chat_id, spec.turn, reply.usage).await?;
         service
@@ -458,6 +476,22 @@ async fn drive(
             model.max_tool_rounds()
         ),
     ))
+}
+
+/// Stores the text an unfinished answer (cancelled, or failed mid-stream) had already shown,
+/// as the model's message of the turn, so a reopened chat shows what the person saw and the
+/// model sees it next turn. Nothing is stored when nothing was shown.
+async fn store_unfinished_answer(
+    service: &ChatService,
+    spec: &TurnSpec,
+    shown: &std::sync::Mutex<String>,
+) -> Result<(), ToolError> {
+    let text = std::mem::take(&mut *shown.lock().unwrap_or_else(|e| e.into_inner()));
+    if text.is_empty() {
+        return Ok(());
+    }
+    let message = json!({"role": "assistant", "content": text});
+    service.append(&spec.chat.chat_id, spec.turn, message).await
 }
 
 /// Adds one model call's tokens to the turn's stored usage.
