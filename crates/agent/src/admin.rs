@@ -405,13 +405,18 @@ impl Admin {
                 kind: "user",
                 name: r.user.clone(),
             })?;
-            if grants.decide(&r.user_code, &r.user, true) {
-                Ok(json!({"approved": true, "user": r.user}))
-            } else {
-                Err(IdentityError::NotFound {
+            match grants.decide(&r.user_code, &r.user, true) {
+                Ok(_) => Ok(json!({"approved": true, "user": r.user})),
+                Err(crate::device::DecideError::NotFound) => Err(IdentityError::NotFound {
                     kind: "pending login",
                     name: r.user_code,
-                })
+                }),
+                Err(crate::device::DecideError::AlreadyDecided) => {
+                    Err(IdentityError::Invalid(format!(
+                        "the login {} was already approved or denied",
+                        r.user_code
+                    )))
+                }
             }
         })
         .await

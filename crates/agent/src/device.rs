@@ -31,6 +31,24 @@ const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 
 pub use agentworks_contract::public_api::DeviceCode;
 
+/// Why a decision on a user code was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error("no pending login has that code (it may have expired)")]
+    NotFound,
+    #[error("that login was already approved or denied")]
+    AlreadyDecided,
+}
+
+/// A live, undecided grant as the approval page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingLogin {
+    pub user_code: String,
+    /// The device's name as the CLI reported it (untrusted text).
+    pub label: String,
+    pub expires_in: Duration,
+}
+
 /// RFC 8628 §3.5 token answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenPoll {
@@ -56,6 +74,17 @@ struct Grant {
     denied: bool,
     /// Set once the token was handed out: a device code is redeemed once.
     redeemed: bool,
+}
+
+impl Grant {
+    /// Not expired and not yet redeemed.
+    fn live(&self) -> bool {
+        self.created.elapsed() < GRANT_LIFETIME && !self.redeemed
+    }
+
+    fn decided(&self) -> bool {
+        self.approved_for.is_some() || self.denied
+    }
 }
 
 /// The pending grants, shared by the HTTP handlers.
@@ -113,7 +142,7 @@ impl DeviceGrants {
                 redeemed: false,
             },
         );
-        let verification_uri = format!("{public_url}/v1/device/approve");
+        let verification_uri = format!("{public_url}{APPROVE_PATH}");
         DeviceCode {
             verification_uri_complete: Some(format!("{verification_uri}?user_code={user_code}")),
             verification_uri,
@@ -124,22 +153,48 @@ impl DeviceGrants {
         }
     }
 
-    /// Approve (or deny) the grant with this user code for `user`. False if no live grant has it.
-    pub fn decide(&self, user_code: &str, user: &str, approve: bool) -> bool {
+    /// The live grant with this user code that nobody decided yet, if any.
+    pub fn lookup(&self, user_code: &str) -> Option<PendingLogin> {
+        let code = normalise_user_code(user_code);
+        let grants = self.grants();
+        let grant = grants.values().find(|g| g.user_code == code && g.live())?;
+        if grant.decided() {
+            return None;
+        }
+        Some(PendingLogin {
+            user_code: grant.user_code.clone(),
+            label: grant.label.clone(),
+            expires_in: GRANT_LIFETIME.saturating_sub(grant.created.elapsed()),
+        })
+    }
+
+    /// Approve (or deny) the grant with this user code for `user`, once: the device's label on
+    /// success. A second decision fails, so a denial cannot be turned into an approval (nor the
+    /// approving user swapped) afterwards.
+    pub fn decide(&self, user_code: &str, user: &str, approve: bool) -> Result<String, DecideError> {
         let code = normalise_user_code(user_code);
         let mut grants = self.grants();
-        let Some(grant) = grants
+        let grant = grants
             .values_mut()
-            .find(|g| g.user_code == code && g.created.elapsed() < GRANT_LIFETIME && !g.redeemed)
-        else {
-            return false;
-        };
+            .find(|g| g.user_code == code && g.live())
+            .ok_or(DecideError::NotFound)?;
+        if grant.decided() {
+            return Err(DecideError::AlreadyDecided);
+        }
         if approve {
             grant.approved_for = Some(user.to_owned());
         } else {
             grant.denied = true;
         }
-        true
+        Ok(grant.label.clone())
+    }
+
+    /// Makes every grant `by` older (tests of expiry).
+    #[cfg(test)]
+    fn age(&self, by: Duration) {
+        for grant in self.grants().values_mut() {
+            grant.created = grant.created.checked_sub(by).expect("an earlier instant");
+        }
     }
 
     /// One poll by the CLI. Mints the token (once) when the grant was approved.
@@ -217,12 +272,18 @@ mod tests {
             grants.poll(&start.device_code, &identity).unwrap(),
             TokenPoll::SlowDown
         );
-        assert!(!grants.decide("WRONG-CODE", "alice", true));
-        assert!(grants.decide(
-            &start.user_code.to_lowercase().replace('-', ""),
-            "alice",
-            true
-        ));
+        assert_eq!(
+            grants.decide("WRONG-CODE", "alice", true),
+            Err(DecideError::NotFound)
+        );
+        assert_eq!(
+            grants.decide(
+                &start.user_code.to_lowercase().replace('-', ""),
+                "alice",
+                true
+            ),
+            Ok("laptop".to_owned())
+        );
         let TokenPoll::Granted { access_token, .. } =
             grants.poll(&start.device_code, &identity).unwrap()
         else {
@@ -244,10 +305,58 @@ mod tests {
         let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
         let grants = DeviceGrants::default();
         let start = grants.start("http://x", "");
-        assert!(grants.decide(&start.user_code, "alice", false));
+        assert_eq!(grants.decide(&start.user_code, "alice", false), Ok(String::new()));
+        assert_eq!(
+            grants.decide(&start.user_code, "alice", true),
+            Err(DecideError::AlreadyDecided),
+            "a denial is final"
+        );
         assert_eq!(
             grants.poll(&start.device_code, &identity).unwrap(),
             TokenPoll::Denied
+        );
+    }
+
+    #[test]
+    fn a_pending_code_is_looked_up_until_it_is_decided() {
+        let grants = DeviceGrants::default();
+        let start = grants.start("http://x", "<b>laptop</b>");
+        let found = grants.lookup(&start.user_code.to_lowercase()).expect("pending");
+        assert_eq!(found.user_code, start.user_code);
+        assert_eq!(found.label, "<b>laptop</b>", "the label is kept as given");
+        assert!(found.expires_in <= GRANT_LIFETIME);
+        assert!(found.expires_in > GRANT_LIFETIME - Duration::from_secs(60));
+        // Vowels are not in the alphabet: no grant can have this code.
+        assert_eq!(grants.lookup("AAAA-AAAA"), None);
+        assert_eq!(grants.decide(&start.user_code, "alice", true), Ok("<b>laptop</b>".into()));
+        assert_eq!(grants.lookup(&start.user_code), None, "decided");
+        assert_eq!(
+            grants.decide(&start.user_code, "mallory", true),
+            Err(DecideError::AlreadyDecided),
+            "the approving user cannot be swapped"
+        );
+        assert_eq!(
+            grants.decide(&start.user_code, "alice", false),
+            Err(DecideError::AlreadyDecided),
+            "nor the approval turned into a denial"
+        );
+    }
+
+    #[test]
+    fn an_expired_code_is_neither_found_nor_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
+        let grants = DeviceGrants::default();
+        let start = grants.start("http://x", "laptop");
+        grants.age(GRANT_LIFETIME);
+        assert_eq!(grants.lookup(&start.user_code), None);
+        assert_eq!(
+            grants.decide(&start.user_code, "alice", true),
+            Err(DecideError::NotFound)
+        );
+        assert_eq!(
+            grants.poll(&start.device_code, &identity).unwrap(),
+            TokenPoll::Expired
         );
     }
 }
@@ -307,7 +416,7 @@ fn server_error(error: impl std::fmt::Display) -> Response<Body> {
     )
 }
 
-fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
+pub(crate) fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
         status,
         &serde_json::json!({"error": error, "error_description": description}),
@@ -337,7 +446,11 @@ fn decode<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Route `/v1/device/*`; `None` for other paths. `approve` takes a `devices:approve` bearer.
+/// The verification URI: the approval page on GET, the bearer approval on POST.
+pub const APPROVE_PATH: &str = "/v1/device/approve";
+
+/// Route `/v1/device/*`; `None` for other paths. `GET /v1/device/approve` is the approval page
+/// (HTML, the console's security headers); `POST` there takes a `devices:approve` bearer.
 pub async fn handle_public(
     grants: &DeviceGrants,
     identity: &IdentityStore,
@@ -349,12 +462,31 @@ pub async fn handle_public(
     if !path.starts_with("/v1/device/") {
         return None;
     }
+    if path == APPROVE_PATH && matches!(parts.method, hyper::Method::GET | hyper::Method::HEAD) {
+        // The page itself (its script reads `user_code` and calls the console's API).
+        return Some(crate::console::assets::page(
+            crate::console::assets::DEVICE_APPROVE_HTML,
+        ));
+    }
     if parts.method != hyper::Method::POST {
-        return Some(oauth_error(
+        let mut refused = oauth_error(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request",
             "use POST",
-        ));
+        );
+        let allow = if path == APPROVE_PATH {
+            "GET, HEAD, POST"
+        } else {
+            "POST"
+        };
+        refused.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static(allow),
+        );
+        if path == APPROVE_PATH {
+            crate::console::assets::add_security_headers(&mut refused);
+        }
+        return Some(refused);
     }
     let content_type = parts
         .headers
@@ -365,7 +497,7 @@ pub async fn handle_public(
         "/v1/device/token" => device_token(grants, identity, content_type, body).await,
         // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
         "/v1/device/revoke" => device_revoke(identity, parts).await,
-        "/v1/device/approve" => device_approve(grants, identity, parts, content_type, body).await,
+        APPROVE_PATH => device_approve(grants, identity, parts, content_type, body).await,
         _ => oauth_error(
             StatusCode::NOT_FOUND,
             "invalid_request",
@@ -535,16 +667,20 @@ async fn device_approve(
         tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
         return refused;
     }
-    if grants.decide(&request.user_code, &user.name, request.approve) {
-        json_response(
+    match grants.decide(&request.user_code, &user.name, request.approve) {
+        Ok(_) => json_response(
             StatusCode::OK,
             &serde_json::json!({"user": user.name, "approved": request.approve}),
-        )
-    } else {
-        oauth_error(
+        ),
+        Err(DecideError::NotFound) => oauth_error(
             StatusCode::NOT_FOUND,
             "invalid_grant",
             "no pending login has that code (it may have expired)",
-        )
+        ),
+        Err(DecideError::AlreadyDecided) => oauth_error(
+            StatusCode::CONFLICT,
+            "already_decided",
+            "that login was already approved or denied",
+        ),
     }
 }
