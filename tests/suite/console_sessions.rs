@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 use super::agent::code_project;
 use super::harness::{Stack, http};
 
-const PASSWORD: &str = "correct horse battery";
+pub(crate) const PASSWORD: &str = "correct horse battery";
 
 /// `agentworksctl user passwd NAME` with the password on stdin.
-fn passwd(stack: &Stack, name: &str, password: &str) -> std::process::Output {
+pub(crate) fn passwd(stack: &Stack, name: &str, password: &str) -> std::process::Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
         .args(["user", "passwd", name])
         .env("AGENTWORKS_STATE_ROOT", stack.state.root())
@@ -32,7 +32,7 @@ fn passwd(stack: &Stack, name: &str, password: &str) -> std::process::Output {
 }
 
 /// A user with a console password and a code project they own.
-fn alice(stack: &Stack) {
+pub(crate) fn alice(stack: &Stack) {
     let added = stack.ctl(&["user", "add", "alice"]);
     assert!(added.status.success(), "{added:?}");
     let set = passwd(stack, "alice", PASSWORD);
@@ -40,12 +40,12 @@ fn alice(stack: &Stack) {
     code_project(stack, "app", "alice", &[("README.md", "hello\n")]);
 }
 
-fn origin(stack: &Stack) -> String {
+pub(crate) fn origin(stack: &Stack) -> String {
     format!("http://127.0.0.1:{}", stack.port)
 }
 
 /// A request with these headers and a JSON body: (status, headers, JSON or text).
-fn request(
+pub(crate) fn request(
     stack: &Stack,
     method: &str,
     path: &str,
@@ -65,13 +65,13 @@ fn request(
 }
 
 /// A successful sign-in: (the `aw_session=…` cookie pair, the answer).
-fn sign_in(stack: &Stack, body: Value) -> (String, Value) {
+pub(crate) fn sign_in(stack: &Stack, body: Value) -> (String, Value) {
     let (status, headers, answer) = request(stack, "POST", "/v1/console/sign-in", &[], body);
     assert_eq!(status, 200, "{answer}");
     (session_cookie(&headers), answer)
 }
 
-fn session_cookie(headers: &hyper::HeaderMap) -> String {
+pub(crate) fn session_cookie(headers: &hyper::HeaderMap) -> String {
     let set = headers["set-cookie"].to_str().unwrap();
     set.split(';').next().unwrap().to_owned()
 }

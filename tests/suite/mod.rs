@@ -9,6 +9,7 @@ mod attack_patch;
 mod attack_sandbox;
 mod console_sessions;
 mod crash;
+mod device_login;
 mod docs;
 mod executor;
 mod gatewayd;

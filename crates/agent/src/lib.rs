@@ -241,8 +241,8 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
     public_limits
 }
 
-/// What the public listener serves, in the order it is tried: device login, the console's
-/// sign-in endpoints, health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
+/// What the public listener serves, in the order it is tried: device login (and its approval
+/// page), the console's device-login API and sign-in endpoints, health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
@@ -267,6 +267,11 @@ impl PublicRoutes {
             &body,
         )
         .await
+        {
+            return response;
+        }
+        if let Some(response) =
+            console::device_login::handle(&self.sessions, &self.grants, &parts, &body).await
         {
             return response;
         }

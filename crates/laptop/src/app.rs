@@ -234,11 +234,7 @@ async fn login(
         token
     } else {
         let code = login::start(&base, &name.unwrap_or_else(hostname)).await?;
-        println!(
-            "To connect this device, have the code {} approved for your account: an operator runs `agentworksctl login approve {} --user YOU`, or you POST it to {} with a devices:approve token of yours",
-            code.user_code, code.user_code, code.verification_uri
-        );
-        println!("Code: {}", code.user_code);
+        println!("{}", login::instructions(&code));
         println!("Waiting for approval…");
         login::poll(&base, &code).await?
     };

@@ -193,6 +193,23 @@ fn form(pairs: &[(&str, &str)]) -> String {
 
 pub use agentworks_contract::public_api::DeviceCode;
 
+/// What `agentworks login` tells the person: the link to open (the approval page with the
+/// code filled in), and the operator's way. Ends with the `Code: …` line scripts read.
+pub fn instructions(code: &DeviceCode) -> String {
+    let link = code
+        .verification_uri_complete
+        .clone()
+        .unwrap_or_else(|| code.verification_uri.clone());
+    format!(
+        "To connect this device, open {link} in a browser, sign in to the console and press Approve \
+(or enter the code at {page}).\n\
+An operator can approve it instead: agentworksctl login approve {user_code} --user YOU\n\
+Code: {user_code}",
+        page = code.verification_uri,
+        user_code = code.user_code,
+    )
+}
+
 /// Ask for a device code.
 pub async fn start(server: &BaseUrl, device_name: &str) -> Result<DeviceCode, LoginError> {
     let reply = post(
@@ -305,5 +322,44 @@ pub async fn revoke(server: &BaseUrl, token: &str) -> Result<(), LoginError> {
             status: reply.status,
             body: reply.body.chars().take(200).collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_instructions_point_at_the_approval_page_with_the_code() {
+        let code = DeviceCode {
+            device_code: "d".into(),
+            user_code: "BCDF-GHJK".into(),
+            verification_uri: "https://aw.example/v1/device/approve".into(),
+            verification_uri_complete: Some(
+                "https://aw.example/v1/device/approve?user_code=BCDF-GHJK".into(),
+            ),
+            expires_in: 600,
+            interval: 2,
+        };
+        let text = instructions(&code);
+        assert!(
+            text.contains("open https://aw.example/v1/device/approve?user_code=BCDF-GHJK in a browser"),
+            "{text}"
+        );
+        assert!(text.contains("Approve"), "{text}");
+        assert!(
+            text.contains("agentworksctl login approve BCDF-GHJK --user YOU"),
+            "{text}"
+        );
+        assert_eq!(text.lines().last(), Some("Code: BCDF-GHJK"));
+        let without = DeviceCode {
+            verification_uri_complete: None,
+            ..code
+        };
+        assert!(
+            instructions(&without).contains("open https://aw.example/v1/device/approve in a browser"),
+            "{}",
+            instructions(&without)
+        );
     }
 }

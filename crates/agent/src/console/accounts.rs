@@ -66,7 +66,7 @@ impl FailureLimits {
     /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
     /// already at its limit nothing is counted and the answer is the seconds until every key
     /// is under its limit again.
-    fn begin(&self, keys: &[(&str, usize)], now: i64) -> Result<(), i64> {
+    pub(crate) fn begin(&self, keys: &[(&str, usize)], now: i64) -> Result<(), i64> {
         let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() > PRUNE_ABOVE_KEYS {
             map.retain(|_, times| times.back().is_some_and(|t| *t + FAILURE_WINDOW_MS > now));
@@ -101,7 +101,7 @@ impl FailureLimits {
     }
 
     /// The attempt [`FailureLimits::begin`] counted at `now` succeeded: uncount it.
-    fn succeeded(&self, keys: &[(&str, usize)], now: i64) {
+    pub(crate) fn succeeded(&self, keys: &[(&str, usize)], now: i64) {
         let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         for (key, _) in keys {
             if let Some(times) = map.get_mut(*key) {
@@ -206,7 +206,7 @@ fn check_origin(inner: &session::Inner, parts: &Parts) -> Result<(), Refusal> {
     }
 }
 
-fn address_key(parts: &Parts) -> String {
+pub(crate) fn address_key(parts: &Parts) -> String {
     match parts.extensions.get::<ClientAddress>() {
         Some(ClientAddress(ip)) => format!("address:{ip}"),
         None => "address:unknown".into(),

@@ -62,12 +62,17 @@ macro_rules! asset {
 /// The app's page, answered for every `/console/…` path that is not an asset.
 pub const INDEX_HTML: &str = include_str!("assets/index.html");
 
+/// The device-login approval page, answered at `GET /v1/device/approve` (see
+/// [`crate::device`]); its script is `device-approve.js`.
+pub const DEVICE_APPROVE_HTML: &str = include_str!("assets/device-approve.html");
+
 /// Every file served under `/console/assets/` (a unit test checks the folder has no other).
 pub const ASSETS: &[Asset] = &[
     asset!("style.css", CSS),
     asset!("api.js", JS),
     asset!("app.js", JS),
     asset!("chat.js", JS),
+    asset!("device-approve.js", JS),
     asset!("dom.js", JS),
     asset!("messages.js", JS),
     asset!("panel.js", JS),
@@ -276,7 +281,12 @@ mod tests {
 
     #[tokio::test]
     async fn assets_are_served_with_their_type() {
-        for (name, content_type) in [("app.js", JS), ("api.js", JS), ("style.css", CSS)] {
+        for (name, content_type) in [
+            ("app.js", JS),
+            ("api.js", JS),
+            ("device-approve.js", JS),
+            ("style.css", CSS),
+        ] {
             let path = format!("/console/assets/{name}");
             let response = answer(Method::GET, &path);
             assert_eq!(response.status(), StatusCode::OK, "{path}");
@@ -305,6 +315,9 @@ mod tests {
             "/console/assets/..%2fassets.rs",
             "/console/assets/%2E%2E%2Fmod.rs",
             "/console/assets/..%5cmod.rs",
+            "/console/assets/device-approve.html",
+            "/console/assets/../device-approve.js",
+            "/console/assets/device-approve.js/../../assets.rs",
             "/console/assets/sub/app.js",
             "/console/assets//app.js",
             "/console/../console/assets/app.js",
@@ -355,7 +368,7 @@ mod tests {
         }
     }
 
-    /// Every file of `console/assets/` is in [`ASSETS`] (or is `index.html`), so a module the
+    /// Every file of `console/assets/` is in [`ASSETS`] (or is one of the two pages), so a module the
     /// app imports cannot be left out of the binary, and every entry has a known type.
     #[test]
     fn the_table_is_the_assets_folder() {
@@ -368,7 +381,7 @@ mod tests {
                     .to_string_lossy()
                     .into_owned()
             })
-            .filter(|name| name != "index.html")
+            .filter(|name| name != "index.html" && name != "device-approve.html")
             .collect();
         on_disk.sort();
         let mut served: Vec<String> = ASSETS.iter().map(|a| a.name.to_owned()).collect();
@@ -395,21 +408,8 @@ mod tests {
     /// or style, only this origin's assets, no HTML sinks, and every import is an asset.
     #[test]
     fn the_app_keeps_to_its_policy() {
-        let html = INDEX_HTML;
-        assert!(!html.contains(" style="), "an inline style attribute");
-        assert!(!html.contains("<style"), "an inline style element");
-        for (at, _) in html.match_indices("<script") {
-            let tag = &html[at..at + html[at..].find('>').expect("a closed tag")];
-            assert!(
-                tag.contains("src=\"/console/assets/"),
-                "inline script: {tag}"
-            );
-        }
-        assert!(!html.contains("http://") && !html.contains("https://"));
-        for (at, _) in html.match_indices("/console/assets/") {
-            let rest = &html[at + "/console/assets/".len()..];
-            let name = &rest[..rest.find('"').expect("a quoted path")];
-            assert!(ASSETS.iter().any(|a| a.name == name), "{name}");
+        for html in [INDEX_HTML, DEVICE_APPROVE_HTML] {
+            page_keeps_to_the_policy(html);
         }
         for asset in ASSETS.iter().filter(|a| a.content_type == JS) {
             let source = std::str::from_utf8(asset.bytes).expect("UTF-8");
@@ -437,6 +437,25 @@ mod tests {
                     asset.name
                 );
             }
+        }
+    }
+
+    /// A page: no inline script or style, only this origin's assets, each one in [`ASSETS`].
+    fn page_keeps_to_the_policy(html: &str) {
+        assert!(!html.contains(" style="), "an inline style attribute");
+        assert!(!html.contains("<style"), "an inline style element");
+        for (at, _) in html.match_indices("<script") {
+            let tag = &html[at..at + html[at..].find('>').expect("a closed tag")];
+            assert!(
+                tag.contains("src=\"/console/assets/"),
+                "inline script: {tag}"
+            );
+        }
+        assert!(!html.contains("http://") && !html.contains("https://"));
+        for (at, _) in html.match_indices("/console/assets/") {
+            let rest = &html[at + "/console/assets/".len()..];
+            let name = &rest[..rest.find('"').expect("a quoted path")];
+            assert!(ASSETS.iter().any(|a| a.name == name), "{name}");
         }
     }
 }

@@ -5,7 +5,9 @@
 //! - [`session`]: a person's signed-in session (cookie, CSRF token, `Origin` check), which the
 //!   chat API and the console's own endpoints accept beside bearer tokens.
 //! - [`accounts`]: sign-in, the current session, sign-out and invites.
+//! - [`device_login`]: the API of the device-login approval page (`agentworks login`).
 
 pub mod accounts;
 pub mod assets;
+pub mod device_login;
 pub mod session;

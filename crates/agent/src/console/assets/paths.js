@@ -12,7 +12,8 @@ export function parseRoute(pathname) {
 }
 
 // `next` if it is a path on this origin (starts with one `/`, not `//` nor `/\`, no control
-// characters), else null: a sign-in never sends the person to another site.
+// characters), else null: a sign-in never sends the person to another site. The device-login
+// approval page with its query (`/v1/device/approve?user_code=…`) is such a path.
 export function safeNext(next) {
   if (typeof next !== 'string' || !next.startsWith('/')) return null;
   if (next.startsWith('//') || next.startsWith('/\\')) return null;

@@ -1,0 +1,97 @@
+// The device-login approval page (`/v1/device/approve?user_code=…`, the link `agentworks
+// login` prints): the signed-in person sees which computer asks, and approves or denies it
+// once. Not signed in: off to the console's sign-in, which comes back here (`?next=`).
+
+import { api, session } from './api.js';
+import { h, fill, showStatus } from './dom.js';
+
+const API = '/v1/console/device-login';
+const main = () => document.getElementById('main');
+
+// What went wrong, in words: this endpoint answers `{error, error_description}`.
+function problem(answer) {
+  const body = answer.body || {};
+  if (answer.status === 404) return 'No pending login has this code: it is unknown, expired or already decided. Run agentworks login again.';
+  if (answer.status === 409) return 'This login was already approved or denied.';
+  if (answer.status === 429) return `Too many wrong codes. ${body.error_description || 'Try again later.'}`;
+  if (typeof body.error_description === 'string') return body.error_description;
+  if (body.error && typeof body.error.message === 'string') return body.error.message;
+  return `The server answered ${answer.status}.`;
+}
+
+function codeForm() {
+  const input = h('input', { id: 'user-code', name: 'user_code', autocomplete: 'off', autocapitalize: 'characters', spellcheck: 'false', required: true });
+  fill(main(),
+    h('h1', {}, 'Approve a device login'),
+    h('p', {}, 'Type the code agentworks login shows on your computer.'),
+    h('form', { method: 'get', action: '/v1/device/approve' },
+      h('label', { for: 'user-code' }, 'Code'), ' ', input, ' ',
+      h('button', { type: 'submit' }, 'Continue')));
+  input.focus();
+}
+
+function decided(answer) {
+  const body = answer.body;
+  document.getElementById('decision')?.remove();
+  if (answer.status === 200) {
+    showStatus(body.approved
+      ? `Approved: ${body.device_name} can now connect as ${body.user}.`
+      : 'Denied: the login was refused.');
+  } else {
+    showStatus(problem(answer), 'error');
+  }
+}
+
+async function decide(userCode, approve, buttons) {
+  for (const button of buttons) button.disabled = true;
+  const answer = await api('POST', API, { user_code: userCode, approve });
+  if (answer.status === 429 || answer.status === 0 || answer.status >= 500) {
+    // Nothing was decided: the person may try again.
+    for (const button of buttons) button.disabled = false;
+    return showStatus(problem(answer), 'error');
+  }
+  decided(answer);
+}
+
+async function pending(userCode, user) {
+  const answer = await api('GET', `${API}?user_code=${encodeURIComponent(userCode)}`);
+  if (answer.status !== 200) {
+    fill(main(), h('h1', {}, 'Approve a device login'));
+    return showStatus(problem(answer), 'error');
+  }
+  const login = answer.body;
+  const approve = h('button', { type: 'button' }, 'Approve');
+  const deny = h('button', { type: 'button' }, 'Deny');
+  const buttons = [approve, deny];
+  approve.addEventListener('click', () => decide(login.user_code, true, buttons));
+  deny.addEventListener('click', () => decide(login.user_code, false, buttons));
+  const minutes = Math.max(1, Math.round(login.expires_in / 60));
+  fill(main(),
+    h('h1', {}, 'Approve a device login'),
+    h('dl', {},
+      h('dt', {}, 'Code'), h('dd', { id: 'device-code' }, login.user_code),
+      h('dt', {}, 'Device'), h('dd', { id: 'device-name' }, login.device_name || '(no name given)')),
+    h('p', {}, 'Approving grants ', h('code', {}, login.scopes.join(', ')),
+      `: it lets that computer connect as your executor (as ${user}) and nothing else.`),
+    h('p', {}, `Only approve a login you started yourself. The code expires in about ${minutes} min.`),
+    h('div', { id: 'decision' }, approve, ' ', deny));
+}
+
+async function start() {
+  let person = null;
+  try {
+    person = await session();
+  } catch (error) {
+    return showStatus(`Cannot reach the server: ${error.message}`, 'error');
+  }
+  if (!person) {
+    const next = location.pathname + location.search;
+    return location.replace(`/console/sign-in?next=${encodeURIComponent(next)}`);
+  }
+  document.getElementById('who').textContent = `Signed in as ${person.user.name}`;
+  const userCode = new URLSearchParams(location.search).get('user_code');
+  if (!userCode || userCode.trim() === '') return codeForm();
+  return pending(userCode.trim(), person.user.name);
+}
+
+start();

@@ -1,0 +1,199 @@
+//! The API of the device-login approval page (`GET /v1/device/approve`, see [`crate::device`]):
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `GET /v1/console/device-login?user_code=…` | 200 `{user_code, device_name, scopes: ["devices:connect"], expires_in}`, or 404 `not_found` |
+//! | `POST /v1/console/device-login {user_code, approve}` (+ `Origin`, `X-CSRF-Token`) | 200 `{approved, device_name, user}`; 409 `already_decided`; 404 `not_found` |
+//!
+//! Session only: a request with an `Authorization` header is refused (401), so a bearer token
+//! without `devices:approve` cannot approve a login here. Answers are `{error,
+//! error_description}` like the other device endpoints. A user code is short, so guesses are
+//! limited: a lookup or decision that finds no pending login counts as a failure per user
+//! and per client address in the sign-in limiter ([`super::accounts`]), and past
+//! [`MAX_FAILURES_PER_USER`] (or the address limit) in the window the answer is 429
+//! `too_many_attempts` with `Retry-After`. Successful ones (and already-decided codes, which
+//! are not guesses) do not count.
+
+use crate::console::accounts::{FAILURE_WINDOW_MS, MAX_FAILURES_PER_ADDRESS, address_key};
+use crate::console::session::Sessions;
+use crate::device::{DecideError, DeviceGrants, oauth_error};
+use crate::identity::Scope;
+use crate::identity::store::now_ms;
+use agentworks_daemon::ipc::envelope::{Body, json_response};
+use hyper::header::{ALLOW, AUTHORIZATION, CACHE_CONTROL, HeaderValue, RETRY_AFTER};
+use hyper::http::request::Parts;
+use hyper::{Method, Response, StatusCode};
+use serde_json::json;
+
+/// The endpoint's path.
+pub const PATH: &str = "/v1/console/device-login";
+/// Failed lookups or decisions per user within the window before further ones are refused.
+pub const MAX_FAILURES_PER_USER: usize = 10;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Decision {
+    user_code: String,
+    approve: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct Lookup {
+    #[serde(default)]
+    user_code: String,
+}
+
+/// Serves the endpoint, or `None` if the path is not it.
+pub async fn handle(
+    sessions: &Sessions,
+    grants: &DeviceGrants,
+    parts: &Parts,
+    body: &[u8],
+) -> Option<Response<Body>> {
+    if parts.uri.path() != PATH {
+        return None;
+    }
+    let mut response = answer(sessions, grants, parts, body).await;
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Some(response)
+}
+
+async fn answer(
+    sessions: &Sessions,
+    grants: &DeviceGrants,
+    parts: &Parts,
+    body: &[u8],
+) -> Response<Body> {
+    if !matches!(parts.method, Method::GET | Method::POST) {
+        let mut refused = oauth_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "use GET or POST",
+        );
+        refused
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, POST"));
+        return refused;
+    }
+    if parts.headers.contains_key(AUTHORIZATION) {
+        return oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "session_required",
+            "approving a device login here needs the console's signed-in session, not a bearer token",
+        );
+    }
+    let signed_in = match sessions.check(parts).await {
+        Some(Ok(signed_in)) => signed_in,
+        Some(Err(refusal)) => {
+            return oauth_error(refusal.status, &refusal.code, &refusal.message);
+        }
+        None => {
+            return oauth_error(
+                StatusCode::UNAUTHORIZED,
+                "not_signed_in",
+                "sign in to the console first",
+            );
+        }
+    };
+    let Some(inner) = sessions.inner() else {
+        return oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "console sessions are not available",
+        );
+    };
+    let user = signed_in.user.name;
+    let (user_code, approve) = if parts.method == Method::GET {
+        match serde_urlencoded::from_str::<Lookup>(parts.uri.query().unwrap_or("")) {
+            Ok(lookup) => (lookup.user_code, None),
+            Err(_) => return invalid_request("the query does not parse; send ?user_code=…"),
+        }
+    } else {
+        match serde_json::from_slice::<Decision>(body) {
+            Ok(decision) => (decision.user_code, Some(decision.approve)),
+            Err(_) => return invalid_request("send {\"user_code\": \"…\", \"approve\": true|false}"),
+        }
+    };
+    let user_key = format!("device-login-user:{user}");
+    let address_key = format!("device-login-{}", address_key(parts));
+    let limits = [
+        (user_key.as_str(), MAX_FAILURES_PER_USER),
+        (address_key.as_str(), MAX_FAILURES_PER_ADDRESS),
+    ];
+    let now = now_ms();
+    if let Err(seconds) = inner.failures.begin(&limits, now) {
+        return too_many_attempts(seconds);
+    }
+    let (response, guess_failed) = match approve {
+        None => match grants.lookup(&user_code) {
+            Some(pending) => (
+                json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "user_code": pending.user_code,
+                        "device_name": pending.label,
+                        "scopes": [Scope::DevicesConnect.as_str()],
+                        "expires_in": pending.expires_in.as_secs(),
+                    }),
+                ),
+                false,
+            ),
+            None => (not_found(), true),
+        },
+        Some(approve) => match grants.decide(&user_code, &user, approve) {
+            Ok(device_name) => {
+                tracing::info!(%user, approve, device = %device_name, "a device login was decided in the console");
+                (
+                    json_response(
+                        StatusCode::OK,
+                        &json!({"approved": approve, "device_name": device_name, "user": user}),
+                    ),
+                    false,
+                )
+            }
+            Err(DecideError::AlreadyDecided) => (
+                oauth_error(
+                    StatusCode::CONFLICT,
+                    "already_decided",
+                    &DecideError::AlreadyDecided.to_string(),
+                ),
+                false,
+            ),
+            Err(DecideError::NotFound) => (not_found(), true),
+        },
+    };
+    if !guess_failed {
+        inner.failures.succeeded(&limits, now);
+    }
+    response
+}
+
+fn not_found() -> Response<Body> {
+    oauth_error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no pending login has that code: it is unknown, expired or already decided",
+    )
+}
+
+fn invalid_request(description: &str) -> Response<Body> {
+    oauth_error(StatusCode::BAD_REQUEST, "invalid_request", description)
+}
+
+/// 429 with `Retry-After` (seconds).
+fn too_many_attempts(seconds: i64) -> Response<Body> {
+    let mut response = oauth_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        &format!(
+            "too many wrong codes (at most {MAX_FAILURES_PER_USER} in {} min); try again in {seconds} s",
+            FAILURE_WINDOW_MS / 60_000
+        ),
+    );
+    if let Ok(value) = HeaderValue::from_str(&seconds.max(1).to_string()) {
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    response
+}
