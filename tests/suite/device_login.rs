@@ -35,7 +35,10 @@ fn signed_in(stack: &Stack) -> (String, String) {
 
 /// A pending device login as the CLI starts it: (user code, device code).
 fn start_login(stack: &Stack, device_name: &str) -> (String, String) {
-    let body = format!("client_id=agentworks&device_name={}", form_value(device_name));
+    let body = format!(
+        "client_id=agentworks&device_name={}",
+        form_value(device_name)
+    );
     let (status, _, text) = http(
         stack.port,
         "POST",
@@ -266,8 +269,7 @@ fn only_the_consoles_own_pages_with_a_session_can_decide() {
         body.clone(),
     );
     assert_eq!(status, 403, "a foreign Origin: {refused}");
-    let (status, _, refused) =
-        request(&stack, "POST", API, &[("origin", &own)], body.clone());
+    let (status, _, refused) = request(&stack, "POST", API, &[("origin", &own)], body.clone());
     assert_eq!(status, 401, "no session: {refused}");
     let (status, _, refused) = request(
         &stack,
@@ -279,7 +281,11 @@ fn only_the_consoles_own_pages_with_a_session_can_decide() {
     assert_eq!(status, 401, "no session: {refused}");
 
     // A bearer token is not a session here, whatever its scope, even beside the cookie.
-    for scopes in [&["devices:connect"][..], &["devices:approve"], &["workflows:read"]] {
+    for scopes in [
+        &["devices:connect"][..],
+        &["devices:approve"],
+        &["workflows:read"],
+    ] {
         let token = stack.token("alice", scopes, json!({}));
         let authorization = format!("Bearer {token}");
         let (status, _, refused) = request(
@@ -356,7 +362,10 @@ fn guessing_codes_is_limited_to_ten_failures() {
     let retry: i64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=900).contains(&retry), "{retry}");
     let (status, _, refused) = decide(&stack, &cookie, &csrf, &user_code, true);
-    assert_eq!(status, 429, "even the right code, until the window passes: {refused}");
+    assert_eq!(
+        status, 429,
+        "even the right code, until the window passes: {refused}"
+    );
 }
 
 #[test]
@@ -380,7 +389,10 @@ fn the_bearer_approval_still_needs_devices_approve() {
     assert_eq!(approved, json!({"user": "alice", "approved": true}));
     let (status, token) = poll(&stack, &device_code);
     assert_eq!(status, 200, "{token}");
-    assert_eq!(login_tokens(&stack)[0]["scopes"], json!(["devices:connect"]));
+    assert_eq!(
+        login_tokens(&stack)[0]["scopes"],
+        json!(["devices:connect"])
+    );
     let (status, _, unknown) = bearer_approve(&stack, &approver, "AAAA-AAAA");
     assert_eq!(status, 404, "{unknown}");
     assert_eq!(unknown["error"], "invalid_grant");

@@ -411,12 +411,9 @@ impl Admin {
                     kind: "pending login",
                     name: r.user_code,
                 }),
-                Err(crate::device::DecideError::AlreadyDecided) => {
-                    Err(IdentityError::Invalid(format!(
-                        "the login {} was already approved or denied",
-                        r.user_code
-                    )))
-                }
+                Err(crate::device::DecideError::AlreadyDecided) => Err(IdentityError::Invalid(
+                    format!("the login {} was already approved or denied", r.user_code),
+                )),
             }
         })
         .await

@@ -171,7 +171,12 @@ impl DeviceGrants {
     /// Approve (or deny) the grant with this user code for `user`, once: the device's label on
     /// success. A second decision fails, so a denial cannot be turned into an approval (nor the
     /// approving user swapped) afterwards.
-    pub fn decide(&self, user_code: &str, user: &str, approve: bool) -> Result<String, DecideError> {
+    pub fn decide(
+        &self,
+        user_code: &str,
+        user: &str,
+        approve: bool,
+    ) -> Result<String, DecideError> {
         let code = normalise_user_code(user_code);
         let mut grants = self.grants();
         let grant = grants
@@ -305,7 +310,10 @@ mod tests {
         let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
         let grants = DeviceGrants::default();
         let start = grants.start("http://x", "");
-        assert_eq!(grants.decide(&start.user_code, "alice", false), Ok(String::new()));
+        assert_eq!(
+            grants.decide(&start.user_code, "alice", false),
+            Ok(String::new())
+        );
         assert_eq!(
             grants.decide(&start.user_code, "alice", true),
             Err(DecideError::AlreadyDecided),
@@ -321,14 +329,19 @@ mod tests {
     fn a_pending_code_is_looked_up_until_it_is_decided() {
         let grants = DeviceGrants::default();
         let start = grants.start("http://x", "<b>laptop</b>");
-        let found = grants.lookup(&start.user_code.to_lowercase()).expect("pending");
+        let found = grants
+            .lookup(&start.user_code.to_lowercase())
+            .expect("pending");
         assert_eq!(found.user_code, start.user_code);
         assert_eq!(found.label, "<b>laptop</b>", "the label is kept as given");
         assert!(found.expires_in <= GRANT_LIFETIME);
         assert!(found.expires_in > GRANT_LIFETIME - Duration::from_secs(60));
         // Vowels are not in the alphabet: no grant can have this code.
         assert_eq!(grants.lookup("AAAA-AAAA"), None);
-        assert_eq!(grants.decide(&start.user_code, "alice", true), Ok("<b>laptop</b>".into()));
+        assert_eq!(
+            grants.decide(&start.user_code, "alice", true),
+            Ok("<b>laptop</b>".into())
+        );
         assert_eq!(grants.lookup(&start.user_code), None, "decided");
         assert_eq!(
             grants.decide(&start.user_code, "mallory", true),

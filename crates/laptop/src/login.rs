@@ -343,7 +343,9 @@ mod tests {
         };
         let text = instructions(&code);
         assert!(
-            text.contains("open https://aw.example/v1/device/approve?user_code=BCDF-GHJK in a browser"),
+            text.contains(
+                "open https://aw.example/v1/device/approve?user_code=BCDF-GHJK in a browser"
+            ),
             "{text}"
         );
         assert!(text.contains("Approve"), "{text}");
@@ -357,7 +359,8 @@ mod tests {
             ..code
         };
         assert!(
-            instructions(&without).contains("open https://aw.example/v1/device/approve in a browser"),
+            instructions(&without)
+                .contains("open https://aw.example/v1/device/approve in a browser"),
             "{}",
             instructions(&without)
         );

@@ -113,7 +113,9 @@ async fn answer(
     } else {
         match serde_json::from_slice::<Decision>(body) {
             Ok(decision) => (decision.user_code, Some(decision.approve)),
-            Err(_) => return invalid_request("send {\"user_code\": \"…\", \"approve\": true|false}"),
+            Err(_) => {
+                return invalid_request("send {\"user_code\": \"…\", \"approve\": true|false}");
+            }
         }
     };
     let user_key = format!("device-login-user:{user}");
