@@ -35,16 +35,23 @@ function decided(answer) {
   document.getElementById('decision')?.remove();
   if (answer.status === 200) {
     showStatus(body.approved
-      ? `Approved: ${body.device_name} can now connect as ${body.user}.`
+      ? `Approved: ${body.device_name || 'the device'} can now connect as ${body.user}.`
       : 'Denied: the login was refused.');
   } else {
     showStatus(problem(answer), 'error');
   }
 }
 
+// The session ended meanwhile: sign in again and come back to this page.
+function signIn() {
+  const next = location.pathname + location.search;
+  location.replace(`/console/sign-in?next=${encodeURIComponent(next)}`);
+}
+
 async function decide(userCode, approve, buttons) {
   for (const button of buttons) button.disabled = true;
   const answer = await api('POST', API, { user_code: userCode, approve });
+  if (answer.status === 401) return signIn();
   if (answer.status === 429 || answer.status === 0 || answer.status >= 500) {
     // Nothing was decided: the person may try again.
     for (const button of buttons) button.disabled = false;
@@ -55,6 +62,7 @@ async function decide(userCode, approve, buttons) {
 
 async function pending(userCode, user) {
   const answer = await api('GET', `${API}?user_code=${encodeURIComponent(userCode)}`);
+  if (answer.status === 401) return signIn();
   if (answer.status !== 200) {
     fill(main(), h('h1', {}, 'Approve a device login'));
     return showStatus(problem(answer), 'error');
@@ -84,10 +92,7 @@ async function start() {
   } catch (error) {
     return showStatus(`Cannot reach the server: ${error.message}`, 'error');
   }
-  if (!person) {
-    const next = location.pathname + location.search;
-    return location.replace(`/console/sign-in?next=${encodeURIComponent(next)}`);
-  }
+  if (!person) return signIn();
   document.getElementById('who').textContent = `Signed in as ${person.user.name}`;
   const userCode = new URLSearchParams(location.search).get('user_code');
   if (!userCode || userCode.trim() === '') return codeForm();
