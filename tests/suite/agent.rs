@@ -255,7 +255,7 @@ impl Model {
         script.extend(steps.into_iter().map(|s| (Duration::ZERO, s)));
     }
 
-    fn play_slowly(&self, delay: Duration, step: Value) {
+    pub(super) fn play_slowly(&self, delay: Duration, step: Value) {
         self.script.lock().unwrap().push_back((delay, step));
     }
 
@@ -420,7 +420,7 @@ fn alice_laptop() -> Laptop {
 }
 
 /// What these tests do with the laptop of [`alice_laptop`].
-trait LaptopExt {
+pub(super) trait LaptopExt {
     /// The shared folder, `~/src/repo`.
     fn repo(&self) -> PathBuf;
     /// `agentworks executor connect` sharing [`LaptopExt::repo`] writable.
@@ -451,8 +451,8 @@ impl LaptopExt for Laptop {
 }
 
 /// A running `agentworks executor connect`, killed on drop.
-struct Executor {
-    child: Child,
+pub(super) struct Executor {
+    pub(super) child: Child,
 }
 
 impl Executor {
@@ -472,18 +472,18 @@ impl Drop for Executor {
 
 /// Everything real: alice with a code project `app`, her laptop sharing `repo` (writable).
 /// Fields drop in order: the executor first, then gatewayd, then the stack.
-struct Setup {
-    executor: Option<Executor>,
-    gw: Gatewayd,
-    stack: Stack,
-    model: Model,
-    laptop: Laptop,
-    alice: String,
-    device_id: String,
+pub(super) struct Setup {
+    pub(super) executor: Option<Executor>,
+    pub(super) gw: Gatewayd,
+    pub(super) stack: Stack,
+    pub(super) model: Model,
+    pub(super) laptop: Laptop,
+    pub(super) alice: String,
+    pub(super) device_id: String,
 }
 
 impl Setup {
-    fn start(with_executor: bool) -> Setup {
+    pub(super) fn start(with_executor: bool) -> Setup {
         let model = Model::start();
         let (stack, gw_port) = Stack::start_with_gateway_and(&model.config());
         let gw = Gatewayd::start(&stack, gw_port);
@@ -510,7 +510,7 @@ impl Setup {
     }
 
     /// alice's device as `GET /v1/devices` lists it, once its online state is `online`.
-    fn wait_device(&self, online: bool) -> Value {
+    pub(super) fn wait_device(&self, online: bool) -> Value {
         let deadline = Instant::now() + WAIT;
         loop {
             let (status, body) = api(&self.stack, &self.alice, "GET", "/v1/devices", Value::Null);

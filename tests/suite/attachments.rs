@@ -12,7 +12,7 @@ use super::agent::{
 use super::harness::{Stack, http, http_bytes};
 
 /// A 1x1 PNG.
-const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89\0\0\0\rIDATx\x9cc\xf8\xcf\xc0\xf0\x1f\0\x05\0\x01\xff\x89\x99=\x1d\0\0\0\0IEND\xaeB`\x82";
+pub(super) const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89\0\0\0\rIDATx\x9cc\xf8\xcf\xc0\xf0\x1f\0\x05\0\x01\xff\x89\x99=\x1d\0\0\0\0IEND\xaeB`\x82";
 
 fn upload(stack: &Stack, token: &str, chat: &str, name: &str, bytes: &[u8]) -> (u16, Value) {
     let auth = format!("Bearer {token}");
@@ -91,7 +91,7 @@ fn setup() -> (Model, Stack, String, String) {
 }
 
 /// The person's message of a recorded model request.
-fn user_message(request: &Value) -> String {
+pub(super) fn user_message(request: &Value) -> String {
     request["messages"]
         .as_array()
         .unwrap()

@@ -1,0 +1,224 @@
+// The web console in Debian's chromium, driven by tests/suite/console.rs against the real
+// daemons. Reads AGENTWORKS_CONSOLE_CONFIG (JSON: url, username, password, wrong_password,
+// scenarios) and writes one screenshot per scenario into AGENTWORKS_CONSOLE_SCREENSHOTS.
+// Prints one JSON line per scenario; exits non-zero on the first failure.
+//
+// What only the Rust side can do (script the model, check its request log, stop the executor)
+// is asked for on stdout as `NEED <what>`; the test answers on stdin `ok` or `fail <reason>`.
+import { readFileSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { chromium } from './node_modules/playwright-core/index.mjs';
+
+// playwright-core has no `expect`: a small polling one, for the assertions used here.
+function expect(locator) {
+  const poll = async (what, test, timeout = 5000) => {
+    const deadline = Date.now() + timeout;
+    let last;
+    for (;;) {
+      try { last = await test(); if (last === true) return; } catch (e) { last = e.message; }
+      if (Date.now() > deadline) throw new Error(`expected ${locator} ${what} (last: ${JSON.stringify(last)})`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+  const text = async () => (await locator.textContent({ timeout: 1000 })) || '';
+  return {
+    toBeVisible: (o = {}) => poll('to be visible', () => locator.isVisible(), o.timeout),
+    toBeEnabled: (o = {}) => poll('to be enabled', () => locator.isEnabled({ timeout: 1000 }), o.timeout),
+    toBeDisabled: (o = {}) => poll('to be disabled', () => locator.isDisabled({ timeout: 1000 }), o.timeout),
+    toContainText: (t, o = {}) => poll(`to contain ${t}`, async () => (await text()).includes(t) || await text(), o.timeout),
+    toHaveText: (t, o = {}) => poll(`to have text ${t}`, async () => (await text()).trim() === t || await text(), o.timeout),
+    toHaveCount: (n, o = {}) => poll(`to count ${n}`, async () => (await locator.count()) === n || await locator.count(), o.timeout),
+    not: { toBeEmpty: (o = {}) => poll('not to be empty', async () => (await text()).trim() !== '', o.timeout) },
+  };
+}
+
+const config = JSON.parse(readFileSync(process.env.AGENTWORKS_CONSOLE_CONFIG, 'utf8'));
+const shots = process.env.AGENTWORKS_CONSOLE_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'aw-console-shots-'));
+const base = config.url.replace(/\/$/, '');
+const T = 20000;
+
+const stdin = createInterface({ input: process.stdin });
+const answers = [];
+let waiting = null;
+stdin.on('line', (line) => { if (waiting) { const w = waiting; waiting = null; w(line); } else answers.push(line); });
+async function need(what) {
+  process.stdout.write(`NEED ${what}\n`);
+  const line = answers.length ? answers.shift() : await new Promise((resolve) => { waiting = resolve; });
+  if (line !== 'ok') throw new Error(`the test answered ${what}: ${line}`);
+}
+function check(condition, message) { if (!condition) throw new Error(message); }
+
+const browser = await chromium.launch({
+  executablePath: '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+const page = await context.newPage();
+let dialogs = 0;
+page.on('dialog', async (dialog) => { dialogs += 1; await dialog.dismiss(); });
+const composer = () => page.getByRole('form', { name: 'New message' });
+
+async function send(message) {
+  await page.getByLabel('Message').fill(message);
+  await page.getByRole('button', { name: 'Send' }).click();
+}
+const lastAnswer = () => page.locator('li.msg.assistant').last();
+
+const scenarios = {
+  async 'sign-in'() {
+    await page.goto(`${base}/console/`);
+    await page.getByLabel('Username').fill(config.username);
+    await page.getByLabel('Password').fill(config.wrong_password);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await expect(page.getByRole('alert')).toBeVisible({ timeout: T });
+    await expect(page.getByRole('alert')).not.toBeEmpty();
+    check(!(await page.getByText(`Signed in as ${config.username}`).isVisible()), 'a wrong password signed in');
+    await page.getByLabel('Password').fill(config.password);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await expect(page.getByText(`Signed in as ${config.username}`)).toBeVisible({ timeout: T });
+  },
+  async 'new-chat'() {
+    await page.getByRole('button', { name: 'New chat' }).first().click();
+    await expect(page.getByLabel('Message')).toBeVisible({ timeout: T });
+    check(/\/chat/.test(page.url()), `not on a chat page: ${page.url()}`);
+    for (const tab of ['Local CLI connection', 'Costs', 'Models']) {
+      await expect(page.getByRole('tab', { name: tab })).toBeVisible();
+    }
+  },
+  async 'streamed-tool'() {
+    await need('streamed-tool');
+    const before = await page.locator('li.tool').count();
+    await send('what does server.txt say?');
+    await expect(lastAnswer()).toContainText('The file says: server file', { timeout: T });
+    const tools = page.locator('li.tool');
+    await expect(tools).toHaveCount(before + 1);
+    const line = await tools.last().locator('summary').textContent();
+    check(line.includes('✓') && line.includes('server.txt'), `the tool call's line: ${line}`);
+    check(!(await tools.last().locator('details').evaluate((d) => d.open)), 'the tool call is not folded');
+  },
+  async attachments() {
+    await expect(composer()).toContainText('go to the server and the model');
+    await need('attachments');
+    const chooser = page.waitForEvent('filechooser');
+    await page.getByRole('button', { name: 'Attach files' }).click();
+    await (await chooser).setFiles([config.image, config.text_file]);
+    await expect(page.getByRole('list', { name: 'Attached files' }).getByRole('listitem')).toHaveCount(2);
+    await send('what is in these?');
+    await expect(lastAnswer()).toContainText('a one-pixel image', { timeout: T });
+    await need('check-attachments');
+  },
+  async 'script-as-text'() {
+    await need('script-as-text');
+    await send('say something dangerous');
+    const answer = lastAnswer();
+    await expect(answer).toContainText('<script>alert(1)</script>', { timeout: T });
+    check((await page.getByRole('list', { name: 'Conversation' }).locator('script').count()) === 0, 'a script element in the conversation');
+    await page.waitForTimeout(300);
+    check(dialogs === 0, 'a dialog fired');
+  },
+  async stop() {
+    await need('stop');
+    await send('take your time');
+    const stop = page.getByRole('button', { name: 'Stop' });
+    await expect(stop).toBeEnabled({ timeout: T });
+    await stop.click();
+    await expect(page.getByText('Stopped: the turn was cancelled.').last()).toBeVisible({ timeout: T });
+  },
+  async 'local-cli'() {
+    await page.getByRole('tab', { name: 'Local CLI connection' }).click();
+    const folder = page.getByLabel(/^repo \(writable\)/);
+    await expect(folder).toBeVisible({ timeout: T });
+    await folder.check();
+    await expect(page.getByRole('heading', { name: 'Review before using repo on laptop' })).toBeVisible();
+    await expect(page.getByText('Commands the agent runs can reach the network')).toBeVisible();
+    await page.getByRole('button', { name: 'Use this folder' }).click();
+    await expect(page.getByText('This chat uses the folder')).toBeVisible({ timeout: T });
+    await need('local-cli');
+    await send('make a file on my laptop');
+    // The model's answer is held back: the turn runs, and the connection cannot change.
+    await expect(page.getByRole('button', { name: 'Stop' })).toBeEnabled({ timeout: T });
+    await expect(page.getByRole('button', { name: 'Disconnect' })).toBeDisabled();
+    await expect(page.getByText('A turn is running: connection changes wait until it ends.')).toBeVisible();
+    await expect(lastAnswer()).toContainText('made it', { timeout: T });
+    const line = await page.locator('li.tool').last().locator('summary').textContent();
+    check(line.includes('✓'), `the laptop command's line: ${line}`);
+    await need('check-laptop-file');
+    await page.getByRole('button', { name: 'Disconnect' }).click();
+    await page.getByRole('button', { name: 'Switch to server files' }).click();
+    await expect(page.getByText('This chat uses server files.')).toBeVisible({ timeout: T });
+  },
+  async 'executor-offline'() {
+    const legend = page.locator('fieldset.device legend').filter({ hasText: 'laptop' });
+    await expect(legend).toContainText('online', { timeout: T });
+    await need('stop-executor');
+    await expect(legend).toContainText('offline', { timeout: T });
+  },
+  async 'device-approve'() {
+    const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
+    check(started.status() === 200, `POST /v1/device/code answered ${started.status()}`);
+    const code = await started.json();
+    // Not signed in: the page sends the person to sign in, and back.
+    const stranger = await browser.newContext();
+    const other = await stranger.newPage();
+    await other.goto(`${base}/v1/device/approve?user_code=${encodeURIComponent(code.user_code)}`);
+    await expect(other.getByLabel('Username')).toBeVisible({ timeout: T });
+    check(other.url().includes('next='), `no way back after sign-in: ${other.url()}`);
+    await stranger.close();
+    await page.goto(`${base}/v1/device/approve?user_code=${encodeURIComponent(code.user_code)}`);
+    await expect(page.getByText(code.user_code)).toBeVisible({ timeout: T });
+    await expect(page.getByText('browser-laptop').first()).toBeVisible();
+    await expect(page.getByText('devices:connect').first()).toBeVisible();
+    await expect(page.getByRole('button', { name: 'Deny' })).toBeVisible();
+    await page.getByRole('button', { name: 'Approve' }).click();
+    await expect(page.getByRole('status').filter({ hasText: 'Approved:' }))
+      .toHaveText(`Approved: browser-laptop can now connect as ${config.username}.`, { timeout: T });
+    const token = await page.request.post(`${base}/v1/device/token`, {
+      form: { grant_type: 'urn:ietf:params:oauth:grant-type:device_code', device_code: code.device_code },
+    });
+    const body = await token.json();
+    check(token.status() === 200 && typeof body.access_token === 'string', `POST /v1/device/token: ${token.status()} ${JSON.stringify(body)}`);
+    await page.goto(`${base}/console/`);
+  },
+  async 'cross-origin'() {
+    // Signed in (the context carries the cookie), but from another site: refused.
+    const answer = await page.request.post(`${base}/v1/chats`, {
+      headers: { Origin: 'http://evil.example' }, data: { project: 'app' },
+    });
+    check(answer.status() === 403, `a cross-origin POST answered ${answer.status()}`);
+  },
+  async 'sign-out-replay'() {
+    const cookies = await context.cookies(base);
+    const session = cookies.find((c) => c.name === 'aw_session');
+    check(session, `no session cookie: ${JSON.stringify(cookies.map((c) => c.name))}`);
+    const before = await page.request.get(`${base}/v1/projects`);
+    check(before.status() === 200, `the signed-in cookie answered ${before.status()}`);
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await expect(page.getByRole('button', { name: 'Sign in' })).toBeVisible({ timeout: T });
+    const replay = await browser.newContext({ extraHTTPHeaders: { Cookie: `aw_session=${session.value}` } });
+    const after = await replay.request.get(`${base}/v1/projects`);
+    await replay.close();
+    check(after.status() === 401, `the replayed cookie answered ${after.status()}`);
+  },
+};
+
+let failed = false;
+for (const name of config.scenarios) {
+  const started = Date.now();
+  let error = null;
+  try {
+    check(scenarios[name], `no scenario ${name}`);
+    await scenarios[name]();
+  } catch (e) {
+    error = String(e && e.message ? e.message : e).split('\n').slice(0, 6).join(' | ');
+  }
+  const screenshot = join(shots, `${name}.png`);
+  try { await page.screenshot({ path: screenshot, fullPage: true }); } catch (e) { error = error || `screenshot: ${e.message}`; }
+  process.stdout.write(`${JSON.stringify({ scenario: name, ok: error === null, error, screenshot, ms: Date.now() - started })}\n`);
+  if (error) { failed = true; break; }
+}
+await browser.close();
+stdin.close();
+process.exit(failed ? 1 : 0);

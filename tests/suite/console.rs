@@ -1,0 +1,235 @@
+//! The web console in a real browser: Debian's chromium, driven by Playwright
+//! (tests/console/run.mjs), against the real agentd, workspaced and gatewayd, a real
+//! `agentworks executor connect` on a real folder, and the scripted model. One browser and one
+//! stack for all scenarios; what only this side can do (script the model, read its request log,
+//! stop the executor) the script asks for on its stdout (`NEED …`) and we answer on its stdin.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use super::agent::{LaptopExt, Setup, calls, text};
+use super::attachments::{PNG, user_message};
+use super::console_sessions::{PASSWORD, origin, passwd};
+use super::harness::http;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const TEXT_FILE: &str = "# Plan\nship the console\n";
+const SCENARIOS: &[&str] = &[
+    "sign-in",
+    "new-chat",
+    "streamed-tool",
+    "attachments",
+    "script-as-text",
+    "stop",
+    "local-cli",
+    "executor-offline",
+    "device-approve",
+    "cross-origin",
+    "sign-out-replay",
+];
+
+fn console_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console")
+}
+
+/// Fails (never skips) when the browser or Playwright is missing, naming the fix.
+fn require_browser() {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: install it with `apt-get install -y chromium`"
+    );
+    assert!(
+        console_dir().join("node_modules/playwright-core").is_dir(),
+        "tests/console/node_modules/playwright-core is missing: run `npm ci --ignore-scripts` in tests/console"
+    );
+}
+
+/// A screenshot that is a PNG with more than one colour (a blank page has one).
+fn assert_not_blank(path: &Path) {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .unwrap_or_else(|e| panic!("{} is not a PNG: {e}", path.display()));
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut pixels).unwrap();
+    let step = info.color_type.samples() * usize::from(info.bit_depth as u8).div_ceil(8);
+    let pixels = &pixels[..info.buffer_size()];
+    let first = &pixels[..step];
+    assert!(
+        pixels.chunks(step).any(|p| p != first),
+        "{} is blank ({}x{}, one colour)",
+        path.display(),
+        info.width,
+        info.height
+    );
+}
+
+/// Answers one `NEED` of run.mjs: `Ok` or why not.
+fn serve(setup: &mut Setup, need: &str) -> Result<(), String> {
+    let model = &setup.model;
+    match need {
+        "streamed-tool" => model.play(vec![
+            calls(&[("r1", "read_file", json!({"path": "server.txt"}))]),
+            text("The file says: server file"),
+        ]),
+        "attachments" => {
+            model.clear();
+            model.play(vec![
+                calls(&[("i1", "read_image", json!({"name": "shot.png"}))]),
+                text("a one-pixel image"),
+            ]);
+        }
+        "check-attachments" => {
+            let requests = model.requests();
+            let first = requests.first().ok_or("the model got no request")?;
+            let message = user_message(first);
+            if !message.contains(TEXT_FILE.trim_end()) {
+                return Err(format!("no text preview in the model's message: {message}"));
+            }
+            if !message.contains("[attached image \"shot.png\"") {
+                return Err(format!("the image is not named to the model: {message}"));
+            }
+            use base64::Engine as _;
+            let expected = format!(
+                "data:image/png;base64,{}",
+                base64::engine::general_purpose::STANDARD.encode(PNG)
+            );
+            let second = requests
+                .get(1)
+                .ok_or("no request after read_image")?
+                .to_string();
+            if !second.contains(&expected) {
+                return Err("the model never received the image's bytes".into());
+            }
+        }
+        "script-as-text" => model.play(vec![text("<script>alert(1)</script> is only text")]),
+        "stop" => {
+            model.play(vec![]);
+            model.play_slowly(Duration::from_secs(30), text("never shown"));
+        }
+        "local-cli" => {
+            // The command is held back 3 s so the page can see the turn running.
+            model.play(vec![]);
+            model.play_slowly(
+                Duration::from_secs(3),
+                calls(&[(
+                    "c1",
+                    "execute_shell_command",
+                    json!({"command": "echo from-the-browser > made.txt"}),
+                )]),
+            );
+            model.play_slowly(Duration::ZERO, text("made it"));
+        }
+        "check-laptop-file" => {
+            let made = setup.laptop.repo().join("made.txt");
+            match std::fs::read_to_string(&made) {
+                Ok(s) if s == "from-the-browser\n" => {}
+                other => return Err(format!("{}: {other:?}", made.display())),
+            }
+        }
+        "stop-executor" => {
+            let executor = setup.executor.as_mut().ok_or("no executor")?;
+            kill(Pid::from_raw(executor.child.id() as i32), Signal::SIGTERM)
+                .map_err(|e| e.to_string())?;
+            executor.child.wait().map_err(|e| e.to_string())?;
+        }
+        other => return Err(format!("unknown need {other}")),
+    }
+    Ok(())
+}
+
+#[test]
+fn the_console_works_in_a_real_browser() {
+    require_browser();
+    let started = Instant::now();
+    let mut setup = Setup::start(true);
+    let set = passwd(&setup.stack, "alice", PASSWORD);
+    assert!(set.status.success(), "{set:?}");
+
+    let files = tempfile::tempdir().unwrap();
+    let image = files.path().join("shot.png");
+    std::fs::write(&image, PNG).unwrap();
+    let notes = files.path().join("notes.md");
+    std::fs::write(&notes, TEXT_FILE).unwrap();
+    let shots = std::env::var_os("AGENTWORKS_CONSOLE_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| files.path().join("screenshots"));
+    std::fs::create_dir_all(&shots).unwrap();
+
+    // The approval page may not be on this branch yet: run its scenario only when it is.
+    let (status, headers, _) = http(setup.stack.port, "GET", "/v1/device/approve", &[], "");
+    let has_approval_page = status == 200
+        && headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/html"));
+    let scenarios: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| *s != "device-approve" || has_approval_page)
+        .collect();
+    if !has_approval_page {
+        println!("NOT RUN device-approve: the approval page is not on this branch");
+    }
+    let config = files.path().join("config.json");
+    let body = json!({
+        "url": origin(&setup.stack),
+        "username": "alice",
+        "password": PASSWORD,
+        "wrong_password": "not the password",
+        "image": image,
+        "text_file": notes,
+        "scenarios": scenarios,
+    });
+    std::fs::write(&config, body.to_string()).unwrap();
+
+    let mut node = Command::new("node")
+        .arg("run.mjs")
+        .current_dir(console_dir())
+        .env("AGENTWORKS_CONSOLE_CONFIG", &config)
+        .env("AGENTWORKS_CONSOLE_SCREENSHOTS", &shots)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node runs (apt-get install -y nodejs)");
+    let mut stdin = node.stdin.take().unwrap();
+    let mut results = Vec::new();
+    for line in BufReader::new(node.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(need) = line.strip_prefix("NEED ") {
+            let answer = match serve(&mut setup, need) {
+                Ok(()) => "ok".to_owned(),
+                Err(why) => format!("fail {why}"),
+            };
+            writeln!(stdin, "{answer}").unwrap();
+        } else if let Ok(result) = serde_json::from_str::<Value>(&line) {
+            println!("{line}");
+            results.push(result);
+        } else {
+            println!("run.mjs: {line}");
+        }
+    }
+    let status = node.wait().unwrap();
+    for result in &results {
+        assert_eq!(result["ok"], true, "scenario failed: {result}");
+        assert_not_blank(Path::new(result["screenshot"].as_str().unwrap()));
+    }
+    let ran: Vec<&str> = results
+        .iter()
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    assert_eq!(ran, scenarios, "not every scenario ran");
+    assert!(status.success(), "run.mjs: {status}");
+    println!(
+        "console: {} scenarios in {:.1} s",
+        ran.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
