@@ -91,7 +91,7 @@ fn setup() -> (Model, Stack, String, String) {
 }
 
 /// The person's message of a recorded model request.
-pub(super) fn user_message(request: &Value) -> String {
+fn user_message(request: &Value) -> String {
     request["messages"]
         .as_array()
         .unwrap()

@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use super::agent::{LaptopExt, Setup, calls, text};
-use super::attachments::{PNG, user_message};
+use super::attachments::PNG;
 use super::console_sessions::{PASSWORD, origin, passwd};
 use super::harness::http;
 
@@ -88,7 +88,12 @@ fn serve(setup: &mut Setup, need: &str) -> Result<(), String> {
         "check-attachments" => {
             let requests = model.requests();
             let first = requests.first().ok_or("the model got no request")?;
-            let message = user_message(first);
+            // This turn's message: the last user message (earlier turns come first).
+            let message = first["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default();
             if !message.contains(TEXT_FILE.trim_end()) {
                 return Err(format!("no text preview in the model's message: {message}"));
             }
