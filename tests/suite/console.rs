@@ -238,3 +238,13 @@ fn the_console_works_in_a_real_browser() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The blank check itself: a one-pixel PNG has one colour.
+#[test]
+#[should_panic(expected = "is blank")]
+fn a_one_colour_screenshot_is_blank() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blank.png");
+    std::fs::write(&path, PNG).unwrap();
+    assert_not_blank(&path);
+}
