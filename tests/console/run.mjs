@@ -9,6 +9,7 @@ import { readFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { createServer } from 'node:http';
 import { chromium } from './node_modules/playwright-core/index.mjs';
 
 // playwright-core has no `expect`: a small polling one, for the assertions used here.
@@ -188,6 +189,34 @@ const scenarios = {
       headers: { Origin: 'http://evil.example' }, data: { project: 'app' },
     });
     check(answer.status() === 403, `a cross-origin POST answered ${answer.status()}`);
+    // The attack for real: a page of another origin on the same host (so the same site, and
+    // SameSite=Lax still sends the cookie) makes the browser POST a new chat and a cancel.
+    const chats = async () => (await (await page.request.get(`${base}/v1/chats?project=app`)).json()).chats.length;
+    const before = await chats();
+    // A classic cross-site request forgery: a form that posts itself (text/plain, shaped as
+    // JSON) and is navigated to, so the answer is on the page.
+    const attackPage = `<!doctype html><title>attack</title>
+      <form method="POST" action="${base}/v1/chats" enctype="text/plain">
+      <input type="hidden" name='{"project":"app","x":"' value='"}'></form>
+      <script>document.forms[0].submit();</script>`;
+    const attacker = createServer((_, res) => { res.setHeader('content-type', 'text/html'); res.end(attackPage); });
+    await new Promise((resolve) => attacker.listen(0, '127.0.0.1', resolve));
+    try {
+      const evil = await context.newPage();
+      const posted = evil.waitForResponse((r) => r.url() === `${base}/v1/chats` && r.request().method() === 'POST', { timeout: T });
+      await evil.goto(`http://127.0.0.1:${attacker.address().port}/`);
+      const response = await posted;
+      await evil.waitForLoadState();
+      // 403 csrf_refused (not 401 not_signed_in) shows the cookie went with it: only the
+      // Origin check stood between the attacker and a new chat.
+      const refused = await evil.textContent('body');
+      check(response.status() === 403 && refused.includes('csrf_refused'), `the attacker page's POST answered ${response.status()} ${refused}`);
+      await evil.close();
+    } finally {
+      attacker.close();
+    }
+    const after = await chats();
+    check(after === before, `the attack made a chat: ${before} before, ${after} after`);
   },
   async 'sign-out-replay'() {
     await page.goto(`${base}/console/`);
