@@ -152,10 +152,17 @@ const scenarios = {
     await expect(page.getByText('This chat uses server files.')).toBeVisible({ timeout: T });
   },
   async 'executor-offline'() {
+    // Bound again, then the executor stops: the device shows offline and the chat keeps its
+    // binding, saying so.
+    await page.getByLabel(/^repo \(writable\)/).check();
+    await page.getByRole('button', { name: 'Use this folder' }).click();
+    await expect(page.getByText('This chat uses the folder')).toBeVisible({ timeout: T });
     const legend = page.locator('fieldset.device legend').filter({ hasText: 'laptop' });
     await expect(legend).toContainText('online', { timeout: T });
     await need('stop-executor');
     await expect(legend).toContainText('offline', { timeout: T });
+    await expect(page.getByText('laptop is offline. The chat keeps this binding').first()).toBeVisible({ timeout: T });
+    await expect(page.getByRole('button', { name: 'Disconnect' })).toBeEnabled();
   },
   async 'device-approve'() {
     const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
