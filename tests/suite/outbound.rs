@@ -394,3 +394,137 @@ async fn fetch_with_the_proxy_environment_set() {
     assert_eq!(response.status, StatusCode::OK);
     assert!(response.body.starts_with(b"hello"));
 }
+
+/// A self-signed certificate for `ip` made with the `openssl` command: (PEM dir, DER bytes).
+fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("req.cnf");
+    std::fs::write(
+        &config,
+        format!(
+            "[req]\ndistinguished_name = dn\nx509_extensions = ext\nprompt = no\n\
+             [dn]\nCN = awtest-outbound\n\
+             [ext]\nsubjectAltName = IP:{ip}\nbasicConstraints = critical, CA:FALSE\n\
+             keyUsage = digitalSignature\nextendedKeyUsage = serverAuth\n"
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `openssl` (install openssl): {e}"));
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-config",
+        "req.cnf",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "cert.pem",
+        "-days",
+        "2",
+    ]);
+    run(&[
+        "x509", "-in", "cert.pem", "-outform", "der", "-out", "cert.der",
+    ]);
+    let der = std::fs::read(dir.path().join("cert.der")).unwrap();
+    (dir, der)
+}
+
+/// Python's HTTPS server inside the namespace, killed on drop.
+struct TlsServer(std::process::Child);
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const TLS_SERVER: &str = r#"
+import http.server, ssl, sys
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello over TLS, host " + self.headers["Host"]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer((sys.argv[1], 8443), Hello)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[2], sys.argv[3])
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print("ready", flush=True)
+server.serve_forever()
+"#;
+
+#[tokio::test]
+async fn https_is_verified_against_the_trusted_roots() {
+    use std::io::BufRead;
+    let netns = Netns::create();
+    let (dir, der) = self_signed(netns.inside);
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &netns.name, "python3", "-c", TLS_SERVER])
+        .arg(netns.inside.to_string())
+        .arg(dir.path().join("cert.pem"))
+        .arg(dir.path().join("key.pem"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 for the test's HTTPS server");
+    let stdout = child.stdout.take().unwrap();
+    let mut server = TlsServer(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    if line.trim() != "ready" {
+        let _ = server.0.kill();
+        let output = stderr_of(&mut server.0);
+        panic!("the HTTPS server did not start: {output}");
+    }
+    let url = format!("https://{}:8443/hello", netns.inside);
+
+    // The webpki roots alone do not trust a self-signed certificate.
+    let error = GuardedClient::new().unwrap().get(&url).await.unwrap_err();
+    assert!(matches!(error, OutboundError::Tls { .. }), "{error}");
+
+    let trusting = GuardedClient::builder()
+        .add_root_certificate_der(der)
+        .build()
+        .unwrap();
+    let response = trusting.get(&url).await.unwrap();
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(
+        response.body,
+        format!("hello over TLS, host {}:8443", netns.inside).as_bytes()
+    );
+    drop(server);
+}
+
+/// What a finished child wrote to stderr.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    use std::io::Read;
+    let _ = child.wait();
+    let mut text = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_string(&mut text);
+    }
+    text
+}

@@ -19,8 +19,10 @@
 //! - bounded: connect, TLS handshake and whole-request timeouts, and a maximum body size.
 //!
 //! It is hand-written on hyper because no maintained client crate checks the address actually
-//! dialled with these rules: reqwest and others resolve and connect inside the connector, so
-//! a check before the request is a check of a different resolution.
+//! dialled with these rules: a check made outside a client (resolve, check, then hand the URL
+//! over) checks a different resolution from the one the client dials, and general clients
+//! read the proxy environment and follow redirects by default. Here resolution, the check and
+//! the dial are one step, and there is nothing to configure wrongly.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -348,9 +350,9 @@ impl Builder {
         self
     }
 
-    /// Trust one more root certificate besides the webpki roots (tests' own CA).
-    pub fn add_root_certificate(mut self, der: CertificateDer<'static>) -> Self {
-        self.extra_roots.push(der);
+    /// Trust one more root certificate (DER) besides the webpki roots: a test's own.
+    pub fn add_root_certificate_der(mut self, der: Vec<u8>) -> Self {
+        self.extra_roots.push(CertificateDer::from(der));
         self
     }
 
@@ -1031,14 +1033,21 @@ mod tests {
     #[tokio::test]
     async fn http_uri_forms_are_read_by_the_url_parser() {
         // `http::Uri` keeps `0x7f.1` as a name; the client re-reads it as the URL parser does.
-        let request = Request::get("https://0x7f.1:8443/x")
-            .body(Bytes::new())
-            .unwrap();
-        let error = client().send(request).await.unwrap_err();
-        assert!(
-            matches!(error, OutboundError::RefusedAddress { address, .. } if address == v4("127.0.0.1")),
-            "{error}"
-        );
+        for (uri, address) in [
+            ("https://0x7f.1:8443/x", "127.0.0.1"),
+            ("https://2130706433/", "127.0.0.1"),
+            ("https://127.1/", "127.0.0.1"),
+            ("https://[::ffff:127.0.0.1]/", "::ffff:127.0.0.1"),
+            ("https://[::ffff:a9fe:a9fe]/", "::ffff:169.254.169.254"),
+        ] {
+            let request = Request::get(uri).body(Bytes::new()).unwrap();
+            let error = client().send(request).await.unwrap_err();
+            let expected: IpAddr = address.parse().unwrap();
+            assert!(
+                matches!(error, OutboundError::RefusedAddress { address, .. } if address == expected),
+                "{uri}: {error}"
+            );
+        }
     }
 
     #[tokio::test]
