@@ -62,7 +62,7 @@ pub struct Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.embedded_ipv4 {
-            Some(v4) => write!(f, "it embeds the IPv4 address {v4}, {}", self.reason),
+            Some(v4) => write!(f, "an IPv6 form of {v4}, which is {}", self.reason),
             None => f.write_str(self.reason),
         }
     }
