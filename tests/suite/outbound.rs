@@ -19,9 +19,16 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use super::harness::free_port;
+/// A loopback listener the test binds itself, so on port 0: the kernel's pick is ours at once,
+/// and it is in the ephemeral range, never one of the ports `harness::free_port` hands other
+/// tests' daemons (whose clients would otherwise knock on it). No daemon is told this port.
+fn loopback_listener() -> (TcpListener, u16) {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
 
-/// A listener on loopback that counts the connections it was offered, accepting none.
+/// Fails if a connection reached `listener`.
 fn assert_never_connected(listener: &TcpListener, what: &str) {
     listener.set_nonblocking(true).unwrap();
     match listener.accept() {
@@ -33,8 +40,7 @@ fn assert_never_connected(listener: &TcpListener, what: &str) {
 
 #[tokio::test]
 async fn a_server_on_loopback_is_never_reached() {
-    let port = free_port();
-    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let (listener, port) = loopback_listener();
     let http = GuardedClient::builder().allow_plain_http().build().unwrap();
     let https = GuardedClient::new().unwrap();
     for url in [
@@ -347,8 +353,7 @@ async fn the_proxy_environment_is_ignored() {
     let netns = Netns::create();
     let origin = format!("http://{}:8080", netns.inside);
     let accepted = serve(netns.listen(8080), origin.clone());
-    let proxy_port = free_port();
-    let proxy = TcpListener::bind(("127.0.0.1", proxy_port)).unwrap();
+    let (proxy, proxy_port) = loopback_listener();
     let proxy_url = format!("http://127.0.0.1:{proxy_port}");
 
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap());
