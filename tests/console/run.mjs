@@ -163,6 +163,13 @@ const scenarios = {
     await expect(legend).toContainText('offline', { timeout: T });
     await expect(page.getByText('laptop is offline. The chat keeps this binding').first()).toBeVisible({ timeout: T });
     await expect(page.getByRole('button', { name: 'Disconnect' })).toBeEnabled();
+    // Reopened, the chat shows its earlier turns, tool lines included, and still its binding.
+    await page.reload();
+    const conversation = page.getByRole('list', { name: 'Conversation' });
+    await expect(conversation).toContainText('what does server.txt say?', { timeout: T });
+    await expect(conversation).toContainText('The file says: server file');
+    await expect(conversation).toContainText('✓ execute_shell_command exit 0');
+    await expect(page.getByText('laptop is offline. The chat keeps this binding').first()).toBeVisible({ timeout: T });
   },
   async 'device-approve'() {
     const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
