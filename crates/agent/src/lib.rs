@@ -30,6 +30,7 @@ pub mod identity;
 pub mod mcp;
 pub mod mcp_backend;
 pub mod model;
+pub mod oauth;
 pub mod start;
 pub mod turn;
 
