@@ -97,7 +97,7 @@ pub fn authorization_server_metadata_url(public_url: &str) -> String {
 
 /// The 401 challenge for a request without a usable token: where the metadata is and, if
 /// given, the scope to ask for (RFC 9728 §5.1, RFC 6750 §3).
-pub fn unauthorized_challenge(resource_metadata: &str, scope: Option<&str>) -> String {
+pub fn unauthorized_challenge(scope: Option<&str>, resource_metadata: &str) -> String {
     let mut challenge = format!("Bearer resource_metadata={}", quoted(resource_metadata));
     if let Some(scope) = scope {
         challenge.push_str(&format!(", scope={}", quoted(scope)));
@@ -216,11 +216,11 @@ mod tests {
     fn challenges_quote_their_values() {
         let url = "https://h.example/.well-known/oauth-protected-resource/mcp";
         assert_eq!(
-            unauthorized_challenge(url, None),
+            unauthorized_challenge(None, url),
             format!("Bearer resource_metadata=\"{url}\"")
         );
         assert_eq!(
-            unauthorized_challenge(url, Some("workflows:read workflows:run")),
+            unauthorized_challenge(Some("workflows:read workflows:run"), url),
             format!("Bearer resource_metadata=\"{url}\", scope=\"workflows:read workflows:run\"")
         );
         assert_eq!(
