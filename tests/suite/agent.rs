@@ -1078,10 +1078,49 @@ fn only_the_chats_creator_reads_it_and_runs_turns_in_it() {
     assert_eq!(list["chats"][0]["turns"], 1);
 }
 
+/// A turn's event stream read as it arrives, over a plain socket (so a test can act between
+/// events): what came so far is in `received`.
+struct TurnStream {
+    stream: std::net::TcpStream,
+    received: String,
+}
+
+impl TurnStream {
+    fn open(port: u16, token: &str, chat: &str, message: &str) -> TurnStream {
+        use std::io::Write;
+        let body = json!({"message": message}).to_string();
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/chats/{chat}/turns HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        TurnStream {
+            stream,
+            received: String::new(),
+        }
+    }
+
+    /// Reads until `what` has arrived; fails if the stream ends first.
+    fn read_until(&mut self, what: &str) {
+        use std::io::Read;
+        let mut buffer = [0u8; 4096];
+        while !self.received.contains(what) {
+            let n = self.stream.read(&mut buffer).unwrap();
+            assert!(n > 0, "the stream ended before {what}: {}", self.received);
+            self.received
+                .push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+    }
+}
+
 /// The turn's events reach the caller while the turn is still running, not all at its end.
 #[test]
 fn turn_events_stream_while_the_turn_runs() {
-    use std::io::{Read, Write};
     let setup = Setup::start(false);
     let chat = create_chat(&setup.stack, &setup.alice, "app");
     setup.model.play(vec![calls(&[(
@@ -1092,37 +1131,24 @@ fn turn_events_stream_while_the_turn_runs() {
     setup
         .model
         .play_slowly(Duration::from_secs(4), text("done after a while"));
-    let body = json!({"message": "read it"}).to_string();
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", setup.stack.port)).unwrap();
-    write!(
-        stream,
-        "POST /v1/chats/{chat}/turns HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        setup.alice,
-        body.len()
-    )
-    .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut received = String::new();
-    let mut buffer = [0u8; 4096];
-    while !received.contains("event: tool_result") {
-        let n = stream.read(&mut buffer).unwrap();
-        assert!(n > 0, "the stream ended before the tool result: {received}");
-        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
-    }
-    assert!(!received.contains("event: end"), "{received}");
+    let mut stream = TurnStream::open(setup.stack.port, &setup.alice, &chat, "read it");
+    stream.read_until("event: tool_result");
+    assert!(
+        !stream.received.contains("event: end"),
+        "{}",
+        stream.received
+    );
     // The tool result arrived and the turn is provably still running: binding is refused.
     let (status, refused) = setup.bind(&chat);
     assert_eq!(status, 409, "{refused}");
     assert_eq!(refused["error"]["code"], "turn_running");
-    while !received.contains("event: end") {
-        let n = stream.read(&mut buffer).unwrap();
-        assert!(n > 0, "the stream ended without an end event: {received}");
-        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
-    }
+    stream.read_until("event: end");
     // The answer's first streamed piece.
-    assert!(received.contains(r#"{"text":"done"}"#), "{received}");
+    assert!(
+        stream.received.contains(r#"{"text":"done"}"#),
+        "{}",
+        stream.received
+    );
 }
 
 /// `agentworks chat`: the terminal client binds after confirmation, folds tool calls to a line
@@ -1321,29 +1347,11 @@ fn cancelling_a_turn_abandons_the_model_request() {
 /// model's message of the turn (a reopened chat shows it, the next turn's model sees it).
 #[test]
 fn cancelling_mid_stream_keeps_the_text_already_shown() {
-    use std::io::{Read, Write};
     let setup = Setup::start(false);
     let chat = create_chat(&setup.stack, &setup.alice, "app");
     setup.model.play(vec![stalled("half an answ")]);
-    let body = json!({"message": "explain"}).to_string();
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", setup.stack.port)).unwrap();
-    write!(
-        stream,
-        "POST /v1/chats/{chat}/turns HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        setup.alice,
-        body.len()
-    )
-    .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut received = String::new();
-    let mut buffer = [0u8; 4096];
-    while !received.contains("half an answ") {
-        let n = stream.read(&mut buffer).unwrap();
-        assert!(n > 0, "the stream ended before the text: {received}");
-        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
-    }
+    let mut stream = TurnStream::open(setup.stack.port, &setup.alice, &chat, "explain");
+    stream.read_until("half an answ");
     let (status, body) = api(
         &setup.stack,
         &setup.alice,
@@ -1352,12 +1360,12 @@ fn cancelling_mid_stream_keeps_the_text_already_shown() {
         Value::Null,
     );
     assert_eq!(status, 202, "{body}");
-    while !received.contains("event: end") {
-        let n = stream.read(&mut buffer).unwrap();
-        assert!(n > 0, "the stream ended without an end event: {received}");
-        received.push_str(&String::from_utf8_lossy(&buffer[..n]));
-    }
-    assert!(received.contains(r#""reason":"cancelled""#), "{received}");
+    stream.read_until("event: end");
+    assert!(
+        stream.received.contains(r#""reason":"cancelled""#),
+        "{}",
+        stream.received
+    );
     let (_, stored) = api(
         &setup.stack,
         &setup.alice,
