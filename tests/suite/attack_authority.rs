@@ -360,16 +360,7 @@ fn a_workflows_or_devices_connect_token_cannot_approve_a_device_login() {
             &json!({"user_code": code}).to_string(),
         )
     };
-    let login_tokens = || {
-        stack
-            .admin("tokens/list", json!({"user": "alice"}))
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|t| t["label"].as_str().unwrap().starts_with("agentworks login"))
-            .cloned()
-            .collect::<Vec<Value>>()
-    };
+    let login_tokens = || super::device_login::login_tokens(&stack);
 
     for scopes in [
         &["workflows:read"][..],

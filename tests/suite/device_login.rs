@@ -121,7 +121,7 @@ fn bearer_approve(stack: &Stack, token: &str, user_code: &str) -> (u16, hyper::H
 }
 
 /// The tokens `agentworks login` got for alice.
-fn login_tokens(stack: &Stack) -> Vec<Value> {
+pub(super) fn login_tokens(stack: &Stack) -> Vec<Value> {
     stack
         .admin("tokens/list", json!({"user": "alice"}))
         .as_array()
