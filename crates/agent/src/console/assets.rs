@@ -66,15 +66,22 @@ pub const INDEX_HTML: &str = include_str!("assets/index.html");
 /// [`crate::device`]); its script is `device-approve.js`.
 pub const DEVICE_APPROVE_HTML: &str = include_str!("assets/device-approve.html");
 
+/// The OAuth consent page, answered at `GET /oauth/consent?request=…`; its script is
+/// `oauth-consent.js`.
+pub const OAUTH_CONSENT_HTML: &str = include_str!("assets/oauth-consent.html");
+
 /// Every file served under `/console/assets/` (a unit test checks the folder has no other).
 pub const ASSETS: &[Asset] = &[
     asset!("style.css", CSS),
     asset!("api.js", JS),
     asset!("app.js", JS),
+    asset!("apps.js", JS),
     asset!("chat.js", JS),
     asset!("device-approve.js", JS),
     asset!("dom.js", JS),
     asset!("messages.js", JS),
+    asset!("oauth.js", JS),
+    asset!("oauth-consent.js", JS),
     asset!("panel.js", JS),
     asset!("paths.js", JS),
     asset!("quote.js", JS),
@@ -264,6 +271,7 @@ mod tests {
             "/console/chats/c0123abcd",
             "/console/invite",
             "/console/sign-in",
+            "/console/apps",
             "/console/?next=/console/chats/c1",
             "/console/chats/c1/",
         ] {
@@ -285,6 +293,8 @@ mod tests {
             ("app.js", JS),
             ("api.js", JS),
             ("device-approve.js", JS),
+            ("oauth-consent.js", JS),
+            ("apps.js", JS),
             ("style.css", CSS),
         ] {
             let path = format!("/console/assets/{name}");
@@ -316,6 +326,7 @@ mod tests {
             "/console/assets/%2E%2E%2Fmod.rs",
             "/console/assets/..%5cmod.rs",
             "/console/assets/device-approve.html",
+            "/console/assets/oauth-consent.html",
             "/console/assets/../device-approve.js",
             "/console/assets/device-approve.js/../../assets.rs",
             "/console/assets/sub/app.js",
@@ -368,7 +379,7 @@ mod tests {
         }
     }
 
-    /// Every file of `console/assets/` is in [`ASSETS`] (or is one of the two pages), so a module the
+    /// Every file of `console/assets/` is in [`ASSETS`] (or is one of the three pages), so a module the
     /// app imports cannot be left out of the binary, and every entry has a known type.
     #[test]
     fn the_table_is_the_assets_folder() {
@@ -381,7 +392,10 @@ mod tests {
                     .to_string_lossy()
                     .into_owned()
             })
-            .filter(|name| name != "index.html" && name != "device-approve.html")
+            .filter(|name| {
+                !["index.html", "device-approve.html", "oauth-consent.html"]
+                    .contains(&name.as_str())
+            })
             .collect();
         on_disk.sort();
         let mut served: Vec<String> = ASSETS.iter().map(|a| a.name.to_owned()).collect();
@@ -408,7 +422,7 @@ mod tests {
     /// or style, only this origin's assets, no HTML sinks, and every import is an asset.
     #[test]
     fn the_app_keeps_to_its_policy() {
-        for html in [INDEX_HTML, DEVICE_APPROVE_HTML] {
+        for html in [INDEX_HTML, DEVICE_APPROVE_HTML, OAUTH_CONSENT_HTML] {
             page_keeps_to_the_policy(html);
         }
         for asset in ASSETS.iter().filter(|a| a.content_type == JS) {

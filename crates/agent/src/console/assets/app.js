@@ -1,19 +1,20 @@
 // The console's entry: routes on location.pathname (home, a chat, the invite page, the one-time
-// sign-in link), signs in and out, and shows the person's projects and chats.
+// sign-in link, Connected apps), signs in and out, and shows the person's projects and chats.
 
 import { api, session, remember, forget, errorMessage } from './api.js';
 import { h, fill, uid, showStatus, clearStatus } from './dom.js';
 import { parseRoute, safeNext, fragmentCode } from './paths.js';
 import { chatView } from './chat.js';
+import { appsView } from './apps.js';
 
 const main = () => document.getElementById('main');
 
-// Where to go once signed in: `?next=` when it is a path here, else the chat this page shows,
-// else home.
+// Where to go once signed in: `?next=` when it is a path here, else the chat or Connected apps
+// this page shows, else home.
 function nextPath() {
   const next = safeNext(new URLSearchParams(location.search).get('next'));
   if (next) return next;
-  return parseRoute(location.pathname).name === 'chat' ? location.pathname : '/console/';
+  return ['chat', 'apps'].includes(parseRoute(location.pathname).name) ? location.pathname : '/console/';
 }
 
 function signedIn(answer) {
@@ -21,17 +22,12 @@ function signedIn(answer) {
   location.assign(nextPath());
 }
 
-// The header's person and Sign out button.
+// The header's person, Connected apps link and Sign out button.
 function showPerson(person) {
   const who = document.getElementById('who');
-  const out = document.getElementById('sign-out');
-  if (person) {
-    who.textContent = `Signed in as ${person.user.name}`;
-    out.hidden = false;
-  } else {
-    who.textContent = '';
-    out.hidden = true;
-  }
+  who.textContent = person ? `Signed in as ${person.user.name}` : '';
+  document.getElementById('apps-link').hidden = !person;
+  document.getElementById('sign-out').hidden = !person;
 }
 
 async function signOut() {
@@ -214,6 +210,7 @@ async function start() {
   if (route.name === 'sign-in') return location.replace('/console/');
   if (route.name === 'home') return homeView();
   if (route.name === 'chat') return chatView(main(), route.chatId, { onSignedOut: () => signInView() });
+  if (route.name === 'apps') return appsView(main(), { onSignedOut: () => signInView() });
   fill(main(), h('h1', {}, 'Not found'), h('p', {}, 'The console has no such page. ', h('a', { href: '/console/' }, 'Your projects')));
 }
 

@@ -1,11 +1,13 @@
 // The app's routes, the `?next=` rule and fragment codes: pure functions (no DOM).
 
-// What a path under /console/ shows: {name: 'home'|'chat'|'invite'|'sign-in'|'unknown', chatId?}.
+// What a path under /console/ shows:
+// {name: 'home'|'chat'|'invite'|'sign-in'|'apps'|'unknown', chatId?}.
 export function parseRoute(pathname) {
   const rest = pathname.replace(/^\/console\/?/, '').replace(/\/+$/, '');
   if (rest === '') return { name: 'home' };
   if (rest === 'invite') return { name: 'invite' };
   if (rest === 'sign-in') return { name: 'sign-in' };
+  if (rest === 'apps') return { name: 'apps' };
   const chat = /^chats\/([A-Za-z0-9_-]+)$/.exec(rest);
   if (chat) return { name: 'chat', chatId: chat[1] };
   return { name: 'unknown' };
@@ -13,7 +15,8 @@ export function parseRoute(pathname) {
 
 // `next` if it is a path on this origin (starts with one `/`, not `//` nor `/\`, no control
 // characters), else null: a sign-in never sends the person to another site. The device-login
-// approval page with its query (`/v1/device/approve?user_code=…`) is such a path.
+// approval page with its query (`/v1/device/approve?user_code=…`) and the OAuth consent page with
+// its (`/oauth/consent?request=…`) are such paths.
 export function safeNext(next) {
   if (typeof next !== 'string' || !next.startsWith('/')) return null;
   if (next.startsWith('//') || next.startsWith('/\\')) return null;
