@@ -225,9 +225,10 @@ impl FileTools {
                 return Ok(None);
             };
             let role = identity.role_of(&project.id, &user.id).map_err(store_err)?;
+            let restriction = token.project_restriction();
             let access = authority::resolve(&AccessInputs {
                 scopes: &token.scopes,
-                token_project: token.project_id.as_deref(),
+                token_projects: restriction.as_deref(),
                 file_guard: &token.file_guard,
                 user_disabled: user.disabled,
                 project_id: &project.id,

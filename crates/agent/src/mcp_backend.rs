@@ -23,11 +23,17 @@ pub fn caller_of(token: TokenInfo, user: User) -> Caller {
 pub struct AgentBackend {
     identity: IdentityStore,
     files: FileTools,
+    /// `/mcp`'s URL: the one audience an OAuth access token is accepted for here.
+    resource: String,
 }
 
 impl AgentBackend {
-    pub fn new(identity: IdentityStore, files: FileTools) -> AgentBackend {
-        AgentBackend { identity, files }
+    pub fn new(identity: IdentityStore, files: FileTools, resource: String) -> AgentBackend {
+        AgentBackend {
+            identity,
+            files,
+            resource,
+        }
     }
 }
 
@@ -36,8 +42,24 @@ impl OperationRunner for AgentBackend {
         let Some(presented) = bearer else {
             return Err(AuthError::Missing);
         };
-        match self.identity.check_bearer(presented).await {
-            Ok((token, user)) => Ok(caller_of(token, user)),
+        match self
+            .identity
+            .check_bearer_at(presented, Some(&self.resource))
+            .await
+        {
+            Ok((token, user)) => {
+                if let Some(grant) = token.grant_id.clone() {
+                    // The connected-apps page shows when an app last used its access.
+                    let identity = self.identity.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let now = agentworks_support::clock::now_ms();
+                        if let Err(error) = identity.touch_grant(&grant, now) {
+                            tracing::warn!(%error, "cannot note an OAuth grant's use");
+                        }
+                    });
+                }
+                Ok(caller_of(token, user))
+            }
             Err(TokenCheckError::Refused(refusal)) => Err(refusal.into()),
             // The store is unavailable: refuse rather than guess.
             Err(error) => {
@@ -54,8 +76,8 @@ impl OperationRunner for AgentBackend {
         let caller = caller.clone();
         let capabilities = tokio::task::spawn_blocking(move || {
             let token = identity.token_by_id(&caller.token_id)?;
-            let project = token.and_then(|t| t.project_id);
-            identity.capabilities(&caller.user_id, project.as_deref())
+            let projects = token.and_then(|t| t.project_restriction());
+            identity.capabilities(&caller.user_id, projects.as_deref())
         })
         .await;
         let Ok(Ok((member, author))) = capabilities else {

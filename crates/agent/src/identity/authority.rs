@@ -52,7 +52,8 @@ impl Access {
 /// The inputs, read from live rows by the caller.
 pub struct AccessInputs<'a> {
     pub scopes: &'a [Scope],
-    pub token_project: Option<&'a str>,
+    /// The projects the token is restricted to (`None`: every project the user is in).
+    pub token_projects: Option<&'a [String]>,
     pub file_guard: &'a FileGuard,
     pub user_disabled: bool,
     pub project_id: &'a str,
@@ -91,8 +92,11 @@ pub fn resolve(input: &AccessInputs<'_>) -> Access {
     if input.user_disabled {
         return Access::none("the user is disabled");
     }
-    if input.token_project.is_some_and(|p| p != input.project_id) {
-        return Access::none("the token is restricted to another project");
+    if input
+        .token_projects
+        .is_some_and(|projects| !projects.iter().any(|p| p == input.project_id))
+    {
+        return Access::none("the token is restricted to other projects");
     }
     let Some(role) = input.role else {
         return Access::none("the user is not a member of this project");
@@ -174,7 +178,7 @@ mod tests {
     ) -> AccessInputs<'a> {
         AccessInputs {
             scopes,
-            token_project: None,
+            token_projects: None,
             file_guard: fg,
             user_disabled: false,
             project_id: "p1",
@@ -220,7 +224,8 @@ mod tests {
         );
         assert!(!resolve(&inputs(&w, Some(Role::Owner), &fg, Some("{not json"))).can_read);
         let mut restricted = inputs(&w, Some(Role::Owner), &fg, Some(OPEN));
-        restricted.token_project = Some("p2");
+        let elsewhere = ["p2".to_string()];
+        restricted.token_projects = Some(&elsewhere);
         assert!(!resolve(&restricted).can_read);
         let mut disabled = inputs(&w, Some(Role::Owner), &fg, Some(OPEN));
         disabled.user_disabled = true;

@@ -8,6 +8,7 @@
 
 pub mod accounts;
 pub mod authority;
+pub mod oauth;
 pub mod store;
 pub mod token;
 

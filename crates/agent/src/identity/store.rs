@@ -83,6 +83,27 @@ pub struct TokenInfo {
     pub expires_at_ms: Option<i64>,
     pub revoked_at_ms: Option<i64>,
     pub created_at_ms: i64,
+    /// The OAuth grant an access token was issued under (`None` for a personal token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_id: Option<String>,
+    /// A grant's consented projects (ids): the token reaches no other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projects: Option<Vec<String>>,
+    /// The resource a grant's token was issued for (RFC 8707): it is accepted nowhere else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
+impl TokenInfo {
+    /// The projects this token may reach, `None` for all: a personal token's one project or
+    /// an OAuth grant's consented ones.
+    pub fn project_restriction(&self) -> Option<Vec<String>> {
+        match (&self.projects, &self.project_id) {
+            (Some(projects), _) => Some(projects.clone()),
+            (None, Some(project)) => Some(vec![project.clone()]),
+            (None, None) => None,
+        }
+    }
 }
 
 pub use agentworks_contract::agentd::TokenRefusal;
@@ -125,8 +146,27 @@ CREATE TABLE IF NOT EXISTS members (
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), label TEXT NOT NULL,
     secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT REFERENCES projects(id),
-    file_guard TEXT NOT NULL, expires_at_ms INTEGER, revoked_at_ms INTEGER, created_at_ms INTEGER NOT NULL);
+    file_guard TEXT NOT NULL, expires_at_ms INTEGER, revoked_at_ms INTEGER, created_at_ms INTEGER NOT NULL,
+    grant_id TEXT);
 CREATE INDEX IF NOT EXISTS tokens_revoked ON tokens (revoked_at_ms);
+-- the OAuth authorization server (identity::oauth): registered clients, grants, codes and
+-- refresh tokens; a grant's access tokens are rows in `tokens` with its grant_id
+CREATE TABLE IF NOT EXISTS oauth_clients (
+    id TEXT PRIMARY KEY, name TEXT, redirect_uris TEXT NOT NULL, auth_method TEXT NOT NULL,
+    secret_hash TEXT, created_at_ms INTEGER NOT NULL, expires_at_ms INTEGER);
+CREATE TABLE IF NOT EXISTS oauth_grants (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), client_id TEXT NOT NULL,
+    client_name TEXT NOT NULL, redirect_uri TEXT NOT NULL, scopes TEXT NOT NULL,
+    projects TEXT NOT NULL, file_guard TEXT NOT NULL, resource TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL, last_used_at_ms INTEGER, revoked_at_ms INTEGER);
+CREATE TABLE IF NOT EXISTS oauth_codes (
+    code_hash TEXT PRIMARY KEY, grant_id TEXT NOT NULL REFERENCES oauth_grants(id),
+    redirect_uri TEXT NOT NULL, code_challenge TEXT NOT NULL, expires_at_ms INTEGER NOT NULL,
+    used_at_ms INTEGER);
+CREATE TABLE IF NOT EXISTS oauth_refresh_tokens (
+    id TEXT PRIMARY KEY, grant_id TEXT NOT NULL REFERENCES oauth_grants(id),
+    secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL, used_at_ms INTEGER);
 -- console accounts (identity::accounts): passwords, one-time codes, sessions
 CREATE TABLE IF NOT EXISTS passwords (
     user_id TEXT PRIMARY KEY REFERENCES users(id), phc TEXT NOT NULL, updated_at_ms INTEGER NOT NULL);
@@ -141,7 +181,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 
 pub use agentworks_support::clock::now_ms;
 
-fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
 }
 
@@ -201,6 +241,26 @@ fn row_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<(TokenInfo, String)> {
         write_folders: Some(Vec::new()),
         read_only_folders: Vec::new(),
     });
+    let grant_id: Option<String> = r.get(11)?;
+    // A grant's token: its projects and audience come from the grant row; a grant that is
+    // missing, revoked or unreadable leaves the token revoked and reaching nothing.
+    let grant_projects: Option<String> = r.get(12)?;
+    let grant_revoked: Option<i64> = r.get(14)?;
+    let projects = grant_id.as_ref().map(|_| {
+        grant_projects
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Vec<String>>(p).ok())
+            .unwrap_or_default()
+    });
+    let mut revoked_at_ms: Option<i64> = r.get(9)?;
+    if grant_id.is_some() && (grant_projects.is_none() || grant_revoked.is_some()) {
+        revoked_at_ms = revoked_at_ms.or(grant_revoked).or(Some(0));
+    }
+    let audience = grant_id
+        .as_ref()
+        .map(|_| r.get::<_, Option<String>>(13))
+        .transpose()?
+        .map(|a| a.unwrap_or_default());
     Ok((
         TokenInfo {
             id: r.get(0)?,
@@ -211,15 +271,23 @@ fn row_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<(TokenInfo, String)> {
             project_id: r.get(6)?,
             file_guard,
             expires_at_ms: r.get(8)?,
-            revoked_at_ms: r.get(9)?,
+            revoked_at_ms,
             created_at_ms: r.get(10)?,
+            grant_id,
+            projects,
+            audience,
         },
         r.get(4)?,
     ))
 }
 
 const TOKEN_COLUMNS: &str = "t.id, t.user_id, u.name, t.label, t.secret_hash, t.scopes, t.project_id, \
-     t.file_guard, t.expires_at_ms, t.revoked_at_ms, t.created_at_ms";
+     t.file_guard, t.expires_at_ms, t.revoked_at_ms, t.created_at_ms, t.grant_id, g.projects, \
+     g.resource, g.revoked_at_ms";
+
+/// The tables [`TOKEN_COLUMNS`] reads from.
+const TOKEN_FROM: &str = "tokens t JOIN users u ON u.id = t.user_id \
+     LEFT JOIN oauth_grants g ON g.id = t.grant_id";
 
 impl IdentityStore {
     pub fn open(path: &Path) -> Result<IdentityStore, IdentityError> {
@@ -228,6 +296,7 @@ impl IdentityStore {
             source,
         };
         let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(err)?;
+        add_token_grant_column(&conn).map_err(err)?;
         Ok(IdentityStore {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -279,21 +348,31 @@ impl IdentityStore {
     }
 
     /// What the user may do anywhere, from one query: (member of any project, author in any
-    /// project), restricted to one project when the token is. Used for the effective catalog;
-    /// every call still resolves its own project's access in full.
+    /// project), restricted to the token's projects when it is. Used for the effective
+    /// catalog; every call still resolves its own project's access in full.
     pub fn capabilities(
         &self,
         user_id: &str,
-        project_id: Option<&str>,
+        projects: Option<&[String]>,
     ) -> Result<(bool, bool), IdentityError> {
         let db = self.db();
         let mut stmt = db.prepare_cached(
-            "SELECT COUNT(*), COALESCE(SUM(role IN ('owner', 'co-owner', 'editor')), 0) FROM members
-             WHERE user_id = ?1 AND (?2 IS NULL OR project_id = ?2)",
+            "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1",
         )?;
-        let (members, authors): (i64, i64) =
-            stmt.query_row(params![user_id, project_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok((members > 0, authors > 0))
+        let rows = stmt
+            .query_map(params![user_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let reached = rows
+            .iter()
+            .filter(|(project, _)| projects.is_none_or(|ps| ps.contains(project)));
+        let (mut member, mut author) = (false, false);
+        for (_, authors) in reached {
+            member = true;
+            author |= authors;
+        }
+        Ok((member, author))
     }
 
     fn require_user(&self, name: &str) -> Result<User, IdentityError> {
@@ -551,6 +630,9 @@ impl IdentityStore {
             expires_at_ms: request.expires_at_ms,
             revoked_at_ms: None,
             created_at_ms: now_ms(),
+            grant_id: None,
+            projects: None,
+            audience: None,
         };
         self.db().execute(
             "INSERT INTO tokens (id, user_id, label, secret_hash, scopes, project_id, file_guard, expires_at_ms, revoked_at_ms, created_at_ms)
@@ -577,7 +659,7 @@ impl IdentityStore {
         };
         let db = self.db();
         let mut stmt = db.prepare(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id
+            "SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM}
              WHERE (?1 IS NULL OR t.user_id = ?1) ORDER BY t.created_at_ms"
         ))?;
         let rows = stmt
@@ -613,7 +695,7 @@ impl IdentityStore {
     fn token_row(&self, id: &str) -> Result<Option<(TokenInfo, String)>, IdentityError> {
         let db = self.db();
         let mut stmt = db.prepare_cached(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.id = ?1"
+            "SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"
         ))?;
         Ok(stmt.query_row(params![id], row_token).optional()?)
     }
@@ -650,14 +732,35 @@ impl IdentityStore {
     }
 
     /// [`IdentityStore::authenticate`] on a blocking thread, as one result: the way every
-    /// endpoint (MCP, chats, the device login, gatewayd's token check) resolves a bearer token.
+    /// endpoint (chats, the device login, gatewayd's token check) resolves a bearer token.
+    /// A token bound to a resource (an OAuth grant's, RFC 8707) is refused here: it is
+    /// accepted only where [`IdentityStore::check_bearer_at`] names its resource.
     pub async fn check_bearer(
         &self,
         presented: &str,
     ) -> Result<(TokenInfo, User), TokenCheckError> {
+        self.check_bearer_at(presented, None).await
+    }
+
+    /// [`IdentityStore::check_bearer`] at `resource` (`/mcp`'s URL): personal tokens, and the
+    /// tokens issued for exactly this resource.
+    pub async fn check_bearer_at(
+        &self,
+        presented: &str,
+        resource: Option<&str>,
+    ) -> Result<(TokenInfo, User), TokenCheckError> {
         let store = self.clone();
         let presented = presented.to_owned();
+        let resource = resource.map(str::to_owned);
         match tokio::task::spawn_blocking(move || store.authenticate(&presented)).await {
+            Ok(Ok(Ok((token, _))))
+                if token
+                    .audience
+                    .as_deref()
+                    .is_some_and(|audience| Some(audience) != resource.as_deref()) =>
+            {
+                Err(TokenCheckError::Refused(TokenRefusal::Invalid))
+            }
             Ok(Ok(Ok(found))) => Ok(found),
             Ok(Ok(Err(refusal))) => Err(TokenCheckError::Refused(refusal)),
             Ok(Err(error)) => Err(TokenCheckError::Store(error)),
@@ -666,8 +769,20 @@ impl IdentityStore {
     }
 }
 
+/// Stores made before OAuth grants have no `tokens.grant_id`: add it (a NULL for every
+/// existing token, which are all personal).
+fn add_token_grant_column(conn: &Connection) -> rusqlite::Result<()> {
+    let has_column = conn
+        .prepare("SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'grant_id'")?
+        .exists([])?;
+    if !has_column {
+        conn.execute_batch("ALTER TABLE tokens ADD COLUMN grant_id TEXT;")?;
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS tokens_grant ON tokens (grant_id);")
+}
+
 /// Serialising a value we built ourselves cannot fail; keep the fallible call in one place.
-fn to_json<T: Serialize>(value: &T) -> String {
+pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
