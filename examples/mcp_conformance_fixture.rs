@@ -921,6 +921,7 @@ async fn main() -> std::process::ExitCode {
             public_url,
             instructions: "The MCP conformance suite's fixture server.".into(),
             scopes_supported: Vec::new(),
+            authorization_servers: Vec::new(),
             allowed_origins: Vec::new(),
             loopback_port: Some(address.port()),
             server_name: "agentworks-conformance-fixture".into(),

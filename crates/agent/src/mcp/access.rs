@@ -99,13 +99,31 @@ pub(super) fn resource_metadata_url(public_url: &str) -> String {
     format!("{public_url}/.well-known/oauth-protected-resource/mcp")
 }
 
+/// What every 401 challenge names: the metadata URL and the scopes to ask for.
+#[derive(Debug, Clone)]
+pub(super) struct Challenge {
+    pub metadata_url: String,
+    /// Space-separated; empty when the endpoint lists no scopes.
+    pub scope: String,
+}
+
 /// The 401 challenge: `error="invalid_token"` for every failure but a missing token (RFC 6750
-/// §3.1: a request without credentials gets no error code).
-pub(super) fn unauthorized_challenge(error: AuthError, metadata_url: &str) -> String {
+/// §3.1: a request without credentials gets no error code), with the scope a client should
+/// ask for (MCP authorization, scope selection).
+pub(super) fn unauthorized_challenge(error: AuthError, challenge: &Challenge) -> String {
+    let Challenge {
+        metadata_url,
+        scope,
+    } = challenge;
+    let scope = if scope.is_empty() {
+        String::new()
+    } else {
+        format!(", scope=\"{scope}\"")
+    };
     match error {
-        AuthError::Missing => format!("Bearer resource_metadata=\"{metadata_url}\""),
+        AuthError::Missing => format!("Bearer resource_metadata=\"{metadata_url}\"{scope}"),
         _ => format!(
-            "Bearer error=\"invalid_token\", error_description=\"{error}\", resource_metadata=\"{metadata_url}\""
+            "Bearer error=\"invalid_token\", error_description=\"{error}\", resource_metadata=\"{metadata_url}\"{scope}"
         ),
     }
 }
@@ -207,15 +225,31 @@ mod tests {
     fn challenges() {
         let url = resource_metadata_url("http://h:1");
         assert_eq!(url, "http://h:1/.well-known/oauth-protected-resource/mcp");
-        let missing = unauthorized_challenge(AuthError::Missing, &url);
+        let bare = Challenge {
+            metadata_url: url.clone(),
+            scope: String::new(),
+        };
+        let missing = unauthorized_challenge(AuthError::Missing, &bare);
         assert_eq!(missing, format!("Bearer resource_metadata=\"{url}\""));
+        let scoped = Challenge {
+            metadata_url: url.clone(),
+            scope: "workflows:read workflows:write".into(),
+        };
+        assert_eq!(
+            unauthorized_challenge(AuthError::Missing, &scoped),
+            format!("Bearer resource_metadata=\"{url}\", scope=\"workflows:read workflows:write\"")
+        );
         for e in [
             AuthError::Invalid,
             AuthError::Expired,
             AuthError::Revoked,
             AuthError::Disabled,
         ] {
-            let c = unauthorized_challenge(e, &url);
+            let c = unauthorized_challenge(e, &scoped);
+            assert!(
+                c.ends_with(", scope=\"workflows:read workflows:write\""),
+                "{c}"
+            );
             assert!(c.starts_with("Bearer error=\"invalid_token\""), "{c}");
             assert!(c.contains(&format!("resource_metadata=\"{url}\"")));
         }

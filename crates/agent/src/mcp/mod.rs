@@ -457,6 +457,9 @@ pub struct McpConfig {
     pub instructions: String,
     /// The token scopes the protected-resource metadata lists (RFC 9728 `scopes_supported`).
     pub scopes_supported: Vec<String>,
+    /// The authorization servers the metadata names (RFC 9728 `authorization_servers`);
+    /// empty when tokens are only ever issued by hand.
+    pub authorization_servers: Vec<String>,
     /// Browser origins (e.g. `https://app.example.com`) allowed besides `public_url`'s own.
     pub allowed_origins: Vec<String>,
     /// The port of the listener when it is bound to a loopback address: a page on this

@@ -54,7 +54,7 @@ pub struct McpService<B: Backend> {
     /// Legacy-era sessions minted at `initialize`.
     sessions: SessionTable,
     /// `<public_url>/.well-known/oauth-protected-resource/mcp`, named in every challenge.
-    metadata_url: String,
+    challenge: access::Challenge,
     /// Seals the `requestState` of input-required results.
     sealer: Arc<Sealer>,
     /// 2025-era requests to clients waiting for their replies.
@@ -145,7 +145,7 @@ pub(super) enum Rejection {
 impl Rejection {
     /// The one mapping from rejection to HTTP answer: status, stable code, JSON-RPC code (used
     /// when `spelling` is [`Spelling::JsonRpc`]) and headers.
-    fn into_response(self, metadata_url: &str, spelling: &Spelling) -> Response<Body> {
+    fn into_response(self, challenge: &access::Challenge, spelling: &Spelling) -> Response<Body> {
         let message = self.to_string();
         let mut details = Map::new();
         let (status, rpc_code, code, challenge, allow) = match self {
@@ -160,7 +160,7 @@ impl Rejection {
                 StatusCode::UNAUTHORIZED,
                 code::UNAUTHORIZED,
                 error.code(),
-                Some(access::unauthorized_challenge(error, metadata_url)),
+                Some(access::unauthorized_challenge(error, challenge)),
                 None,
             ),
             Rejection::InsufficientScope { scope } => {
@@ -169,7 +169,10 @@ impl Rejection {
                     StatusCode::FORBIDDEN,
                     code::FORBIDDEN,
                     "insufficient_scope",
-                    Some(access::insufficient_scope_challenge(&scope, metadata_url)),
+                    Some(access::insufficient_scope_challenge(
+                        &scope,
+                        &challenge.metadata_url,
+                    )),
                     None,
                 )
             }
@@ -269,7 +272,10 @@ impl<B: Backend> McpService<B> {
             SESSION_IDLE_TIMEOUT,
         );
         McpService {
-            metadata_url: access::resource_metadata_url(&config.public_url),
+            challenge: access::Challenge {
+                metadata_url: access::resource_metadata_url(&config.public_url),
+                scope: config.scopes_supported.join(" "),
+            },
             backend,
             config,
             sessions,
@@ -287,7 +293,7 @@ impl<B: Backend> McpService<B> {
                 Ok(response) => response,
                 Err(rejection) => {
                     tracing::debug!(%rejection, "mcp request refused");
-                    rejection.into_response(&self.metadata_url, &Spelling::for_request(&request))
+                    rejection.into_response(&self.challenge, &Spelling::for_request(&request))
                 }
             }),
             "/.well-known/oauth-protected-resource" => Some(self.metadata(&request, false)),
@@ -302,7 +308,7 @@ impl<B: Backend> McpService<B> {
     fn metadata(&self, request: &Request<bytes::Bytes>, for_mcp: bool) -> Response<Body> {
         if request.method() != Method::GET {
             return Rejection::MethodNotAllowed { allow: "GET" }
-                .into_response(&self.metadata_url, &Spelling::Envelope);
+                .into_response(&self.challenge, &Spelling::Envelope);
         }
         let resource = if for_mcp {
             format!("{}/mcp", self.config.public_url)
@@ -316,6 +322,7 @@ impl<B: Backend> McpService<B> {
                 "bearer_methods_supported": ["header"],
                 "scopes_supported": self.config.scopes_supported,
                 "resource_name": self.config.server_name,
+                "authorization_servers": self.config.authorization_servers,
             }),
         )
     }
@@ -327,7 +334,7 @@ impl<B: Backend> McpService<B> {
     /// A JSON-RPC request's refusal answers id `null`: its body, and so its id, is unread.
     pub async fn screen(&self, method: &Method, headers: &HeaderMap) -> Result<(), Response<Body>> {
         self.admit(headers).await.map(drop).map_err(|rejection| {
-            rejection.into_response(&self.metadata_url, &Spelling::for_head(method, headers))
+            rejection.into_response(&self.challenge, &Spelling::for_head(method, headers))
         })
     }
 
@@ -1570,7 +1577,10 @@ mod unit {
 
     #[test]
     fn json_rpc_requests_get_json_rpc_refusals_with_the_same_status_and_headers() {
-        let url = "http://h/.well-known/oauth-protected-resource/mcp";
+        let url = &access::Challenge {
+            metadata_url: "http://h/.well-known/oauth-protected-resource/mcp".into(),
+            scope: String::new(),
+        };
         let spelling = Spelling::JsonRpc(json!(7));
         let r = Rejection::Unauthorized(AuthError::Missing).into_response(url, &spelling);
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
@@ -1620,7 +1630,10 @@ mod unit {
 
     #[test]
     fn rejections_map_to_statuses_and_challenges() {
-        let url = "http://h/.well-known/oauth-protected-resource/mcp";
+        let url = &access::Challenge {
+            metadata_url: "http://h/.well-known/oauth-protected-resource/mcp".into(),
+            scope: String::new(),
+        };
         let r = Rejection::Unauthorized(AuthError::Expired).into_response(url, &Spelling::Envelope);
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
         assert!(

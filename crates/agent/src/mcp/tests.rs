@@ -233,6 +233,7 @@ async fn start_with<B: Backend>(backend: B) -> Server {
         McpConfig {
             instructions: catalog::INSTRUCTIONS.to_owned(),
             scopes_supported: catalog::WORKFLOW_SCOPES.map(str::to_owned).to_vec(),
+            authorization_servers: Vec::new(),
             public_url: format!("http://{addr}"),
             allowed_origins: vec![ALLOWED_ORIGIN.into()],
             loopback_port: Some(addr.port()),
