@@ -148,8 +148,22 @@ pub async fn run(
         chats: chat_service.clone(),
         sessions: sessions.clone(),
     });
+    let outbound = match agentworks_support::outbound::GuardedClient::new() {
+        Ok(client) => Some(client),
+        Err(error) => {
+            tracing::error!(%error, "cannot build the outbound HTTP client; OAuth clients named by a metadata document are refused");
+            None
+        }
+    };
+    let oauth = oauth::server::AuthorizationServer::new(
+        identity.clone(),
+        &config.agentd.public_url(),
+        console::session::loopback_port(&public),
+        outbound,
+    );
     let routes = PublicRoutes {
         mcp,
+        oauth,
         grants: grants.clone(),
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
@@ -207,13 +221,18 @@ fn mcp_service(
     files: files::FileTools,
     public: &tokio::net::TcpListener,
 ) -> Arc<AgentMcp> {
-    let runner = mcp_backend::AgentBackend::new(identity.clone(), files);
+    let runner = mcp_backend::AgentBackend::new(
+        identity.clone(),
+        files,
+        format!("{}/mcp", config.agentd.public_url()),
+    );
     Arc::new(McpService::new(
         Arc::new(Catalog::new(runner)),
         McpConfig {
             public_url: config.agentd.public_url(),
             instructions: catalog::INSTRUCTIONS.to_owned(),
             scopes_supported: catalog::WORKFLOW_SCOPES.map(str::to_owned).to_vec(),
+            authorization_servers: vec![config.agentd.public_url()],
             allowed_origins: config.agentd.allowed_origins.clone(),
             loopback_port: public
                 .local_addr()
@@ -247,6 +266,7 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
 #[derive(Clone)]
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
+    oauth: oauth::server::AuthorizationServer,
     grants: device::DeviceGrants,
     identity: IdentityStore,
     public_url: String,
@@ -273,6 +293,18 @@ impl PublicRoutes {
         }
         if let Some(response) =
             console::device_login::handle(&self.sessions, &self.grants, &parts, &body).await
+        {
+            return response;
+        }
+        let client_address = parts
+            .extensions
+            .get::<console::accounts::ClientAddress>()
+            .map(|address| address.0);
+        if let Some(response) = self.oauth.handle(&parts, &body, client_address).await {
+            return response;
+        }
+        if let Some(response) =
+            console::oauth_consent::handle(&self.sessions, &self.oauth, &parts, &body).await
         {
             return response;
         }

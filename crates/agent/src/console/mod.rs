@@ -6,8 +6,10 @@
 //!   chat API and the console's own endpoints accept beside bearer tokens.
 //! - [`accounts`]: sign-in, the current session, sign-out and invites.
 //! - [`device_login`]: the API of the device-login approval page (`agentworks login`).
+//! - [`oauth_consent`]: the API of the OAuth consent page and of Connected apps.
 
 pub mod accounts;
 pub mod assets;
 pub mod device_login;
+pub mod oauth_consent;
 pub mod session;

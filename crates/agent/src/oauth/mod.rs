@@ -1,5 +1,8 @@
-//! The pure building blocks of agentd's OAuth 2.1 authorization server (issue 13): no
-//! network, no HTTP, no store. The routes that use them live elsewhere.
+//! agentd's OAuth 2.1 authorization server for MCP clients (issue 13). [`server`] is the HTTP
+//! side (metadata, registration, authorization, token, revocation); what it stores is
+//! [`crate::identity::oauth`]; the consent and connected-apps API is
+//! [`crate::console::oauth_consent`]. The rest are pure building blocks (no network, no HTTP,
+//! no store):
 //!
 //! - [`pkce`]: RFC 7636 proof keys, S256 only.
 //! - [`redirect`]: redirect URI registration and matching (RFC 6749 §3.1.2, RFC 8252 §7.3, §8.3).
@@ -15,6 +18,7 @@ pub mod metadata;
 pub mod pkce;
 pub mod redirect;
 pub mod scopes;
+pub mod server;
 
 /// A refusal, by its OAuth `error` code (RFC 6749 §4.1.2.1, §5.2; RFC 7591 §3.2.2), with a
 /// human description. `Display` is `code: description`.
@@ -36,6 +40,14 @@ pub enum OAuthError {
     InvalidRedirectUri(String),
     #[error("invalid_client_metadata: {0}")]
     InvalidClientMetadata(String),
+    #[error("invalid_target: {0}")]
+    InvalidTarget(String),
+    #[error("access_denied: {0}")]
+    AccessDenied(String),
+    #[error("server_error: {0}")]
+    ServerError(String),
+    #[error("temporarily_unavailable: {0}")]
+    TemporarilyUnavailable(String),
 }
 
 impl OAuthError {
@@ -50,6 +62,10 @@ impl OAuthError {
             OAuthError::UnsupportedResponseType(_) => "unsupported_response_type",
             OAuthError::InvalidRedirectUri(_) => "invalid_redirect_uri",
             OAuthError::InvalidClientMetadata(_) => "invalid_client_metadata",
+            OAuthError::InvalidTarget(_) => "invalid_target",
+            OAuthError::AccessDenied(_) => "access_denied",
+            OAuthError::ServerError(_) => "server_error",
+            OAuthError::TemporarilyUnavailable(_) => "temporarily_unavailable",
         }
     }
 
@@ -63,7 +79,11 @@ impl OAuthError {
             | OAuthError::UnsupportedGrantType(d)
             | OAuthError::UnsupportedResponseType(d)
             | OAuthError::InvalidRedirectUri(d)
-            | OAuthError::InvalidClientMetadata(d) => d,
+            | OAuthError::InvalidClientMetadata(d)
+            | OAuthError::InvalidTarget(d)
+            | OAuthError::AccessDenied(d)
+            | OAuthError::ServerError(d)
+            | OAuthError::TemporarilyUnavailable(d) => d,
         }
     }
 }
