@@ -17,6 +17,7 @@ mod gatewayd;
 pub mod harness;
 mod laptop;
 mod mcp_tools;
+mod oauth;
 mod outbound;
 mod ownership;
 mod patch_set;

@@ -1,0 +1,755 @@
+//! agentd as an OAuth 2.1 authorization server for MCP clients (issue 13), over real HTTP
+//! against a real agentd: metadata and challenges, registration, the authorization request
+//! and the person's consent through the console's session API, the code and refresh grants,
+//! revocation, and each refusal performed for real (a wrong verifier, a replayed code or
+//! refresh token, a foreign redirect URI, a metadata document on a private address, a token
+//! presented to another resource, a read-only client asking for write). The consent page in a
+//! browser is `suite::console`'s `oauth-consent` scenario; the Python SDK's OAuth client is
+//! `suite::oauth_sdk`.
+
+use serde_json::{Value, json};
+
+use super::console_sessions::{PASSWORD, alice, origin, request, sign_in};
+use super::harness::{Stack, http, mcp_call};
+
+const REDIRECT: &str = "http://127.0.0.1:9/callback";
+const STATE: &str = "st-8f2";
+
+/// `value` form-encoded: every byte but letters and digits as `%XX`.
+fn enc(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A query or form body from pairs.
+fn form(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The PKCE S256 challenge of `verifier`.
+fn challenge_of(verifier: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier))
+}
+
+/// A query parameter of a URL.
+fn param(url: &str, name: &str) -> Option<String> {
+    url::Url::parse(url)
+        .ok()?
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+struct Setup {
+    stack: Stack,
+    cookie: String,
+    csrf: String,
+    /// The `flows` workflow project's id: authoring paths `workflows` and `code`.
+    flows: String,
+}
+
+/// alice with a password, her code project `app` and a workflow project `flows` whose
+/// policy makes `workflows` and `code` the authoring paths; signed in to the console.
+fn setup() -> Setup {
+    let stack = Stack::start();
+    alice(&stack);
+    stack
+        .state
+        .project("flows", &[("workflows/a/step.yaml", "a\n")]);
+    let project = stack.admin(
+        "projects/add",
+        json!({"name": "flows", "kind": "workflow", "owner": "alice",
+               "policy": {"write_paths": ["workflows", "code"]}}),
+    );
+    let flows = project["id"].as_str().unwrap().to_owned();
+    let (cookie, answer) = sign_in(&stack, json!({"username": "alice", "password": PASSWORD}));
+    let csrf = answer["csrf_token"].as_str().unwrap().to_owned();
+    Setup {
+        stack,
+        cookie,
+        csrf,
+        flows,
+    }
+}
+
+fn post_form(stack: &Stack, path: &str, body: &str, extra: &[(&str, &str)]) -> (u16, Value) {
+    let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
+    headers.extend_from_slice(extra);
+    let (status, _, text) = http(stack.port, "POST", path, &headers, body);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// `POST /register` of a public client with `redirect_uris`.
+fn register(stack: &Stack, body: Value) -> (u16, Value) {
+    let (status, _, answer) = request(stack, "POST", "/register", &[], body);
+    (status, answer)
+}
+
+fn public_client(stack: &Stack) -> String {
+    let (status, answer) = register(
+        stack,
+        json!({"client_name": "Test <b>App</b>", "redirect_uris": [REDIRECT],
+               "token_endpoint_auth_method": "none"}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    assert!(answer.get("client_secret").is_none(), "{answer}");
+    answer["client_id"].as_str().unwrap().to_owned()
+}
+
+/// `GET /oauth/authorize`: (status, Location, body).
+fn authorize(stack: &Stack, pairs: &[(&str, &str)]) -> (u16, String, String) {
+    let (status, headers, text) = http(
+        stack.port,
+        "GET",
+        &format!("/oauth/authorize?{}", form(pairs)),
+        &[],
+        "",
+    );
+    let location = headers
+        .get("location")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, location, text)
+}
+
+fn resource(stack: &Stack) -> String {
+    stack.mcp_url()
+}
+
+/// A valid authorization request for `client` asking `scope`: the consent request id.
+fn start(s: &Setup, client: &str, scope: &str, verifier: &str) -> String {
+    let resource = resource(&s.stack);
+    let challenge = challenge_of(verifier);
+    let (status, location, text) = authorize(
+        &s.stack,
+        &[
+            ("response_type", "code"),
+            ("client_id", client),
+            ("redirect_uri", REDIRECT),
+            ("code_challenge", &challenge),
+            ("code_challenge_method", "S256"),
+            ("state", STATE),
+            ("resource", &resource),
+            ("scope", scope),
+        ],
+    );
+    assert_eq!(status, 303, "{text}");
+    location
+        .strip_prefix("/oauth/consent?request=")
+        .unwrap_or_else(|| panic!("not the consent page: {location}"))
+        .to_owned()
+}
+
+fn consent(s: &Setup, request_id: &str, decision: Value) -> (u16, Value) {
+    let origin = origin(&s.stack);
+    let (status, _, answer) = request(
+        &s.stack,
+        "POST",
+        &format!("/v1/console/oauth/requests/{request_id}"),
+        &[
+            ("cookie", &s.cookie),
+            ("origin", &origin),
+            ("x-csrf-token", &s.csrf),
+        ],
+        decision,
+    );
+    (status, answer)
+}
+
+/// Allow with `decision` and return the code from the redirect (checking state and iss).
+fn allow(s: &Setup, request_id: &str, decision: Value) -> String {
+    let (status, answer) = consent(s, request_id, decision);
+    assert_eq!(status, 200, "{answer}");
+    let redirect = answer["redirect"].as_str().unwrap();
+    assert!(redirect.starts_with(REDIRECT), "{redirect}");
+    assert_eq!(param(redirect, "state").as_deref(), Some(STATE));
+    assert_eq!(
+        param(redirect, "iss").as_deref(),
+        Some(origin(&s.stack).as_str())
+    );
+    param(redirect, "code").unwrap()
+}
+
+fn exchange(s: &Setup, client: &str, code: &str, verifier: &str) -> (u16, Value) {
+    post_form(
+        &s.stack,
+        "/oauth/token",
+        &form(&[
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", verifier),
+            ("client_id", client),
+            ("resource", &resource(&s.stack)),
+        ]),
+        &[],
+    )
+}
+
+fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, Value) {
+    let mut pairs = vec![
+        ("grant_type", "refresh_token"),
+        ("refresh_token", token),
+        ("client_id", client),
+    ];
+    if let Some(scope) = scope {
+        pairs.push(("scope", scope));
+    }
+    post_form(&s.stack, "/oauth/token", &form(&pairs), &[])
+}
+
+/// A whole grant for the `flows` project with `decision`: (client, tokens).
+fn granted(s: &Setup, scope: &str, decision: Value) -> (String, Value) {
+    let client = public_client(&s.stack);
+    let verifier = "v".repeat(43) + "-fixed-verifier";
+    let id = start(s, &client, scope, &verifier);
+    let code = allow(s, &id, decision);
+    let (status, tokens) = exchange(s, &client, &code, &verifier);
+    assert_eq!(status, 200, "{tokens}");
+    (client, tokens)
+}
+
+fn write(s: &Setup, token: &str, path: &str, id: &str) -> Result<Value, Value> {
+    let (status, body) = mcp_call(
+        s.stack.port,
+        token,
+        "write_file",
+        json!({"workflow_id": s.flows, "path": path, "content": "x\n",
+               "expected_revision": "missing", "request_id": id}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let result = &body["result"];
+    if result["isError"] == true {
+        Err(result["structuredContent"]["error"].clone())
+    } else {
+        Ok(result["structuredContent"].clone())
+    }
+}
+
+/// The HTTP status `/mcp` answers a `tools/list` with this token.
+fn mcp_status(s: &Setup, token: &str) -> u16 {
+    mcp_call(s.stack.port, token, "list_workflows", json!({})).0
+}
+
+#[test]
+fn the_metadata_names_the_authorization_server_and_401_says_which_scopes() {
+    let stack = Stack::start();
+    let base = origin(&stack);
+    let (status, _, text) = http(
+        stack.port,
+        "GET",
+        "/.well-known/oauth-authorization-server",
+        &[],
+        "",
+    );
+    assert_eq!(status, 200, "{text}");
+    let server: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(server["issuer"], base);
+    assert_eq!(server["code_challenge_methods_supported"], json!(["S256"]));
+    assert_eq!(server["client_id_metadata_document_supported"], true);
+    assert_eq!(
+        server["authorization_response_iss_parameter_supported"],
+        true
+    );
+    assert_eq!(server["registration_endpoint"], format!("{base}/register"));
+    assert!(
+        !text.contains("devices:"),
+        "device scopes are never offered: {text}"
+    );
+    let (_, _, text) = http(
+        stack.port,
+        "GET",
+        "/.well-known/oauth-protected-resource/mcp",
+        &[],
+        "",
+    );
+    let resource: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(resource["authorization_servers"], json!([base]));
+    assert_eq!(resource["resource"], format!("{base}/mcp"));
+    let (status, headers, _) = http(
+        stack.port,
+        "POST",
+        "/mcp",
+        &[("content-type", "application/json")],
+        "{}",
+    );
+    assert_eq!(status, 401);
+    let challenge = headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        challenge.contains(&format!(
+            "resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\""
+        )),
+        "{challenge}"
+    );
+    assert!(
+        challenge.contains("scope=\"workflows:read workflows:run workflows:write\""),
+        "{challenge}"
+    );
+}
+
+#[test]
+fn consent_to_one_folder_then_writes_refresh_reuse_and_revocation() {
+    let s = setup();
+    let client = public_client(&s.stack);
+    let verifier = "a-verifier-of-forty-three-or-more-characters-long";
+    let id = start(&s, &client, "workflows:read workflows:write", verifier);
+    // The consent page's view: the client's name as sent, the redirect host, the scopes and
+    // alice's projects with their authoring paths.
+    let (status, _, view) = request(
+        &s.stack,
+        "GET",
+        &format!("/v1/console/oauth/requests/{id}"),
+        &[("cookie", &s.cookie)],
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["client_name"], "Test <b>App</b>");
+    assert_eq!(view["redirect_host"], "127.0.0.1:9");
+    assert_eq!(view["writes"], true);
+    let flows = view["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "flows")
+        .unwrap();
+    assert_eq!(flows["authoring_paths"], json!(["workflows", "code"]));
+    // A bearer token cannot consent on the person's behalf.
+    let pat = s.stack.token("alice", &["workflows:write"], json!({}));
+    let (status, _, answer) = request(
+        &s.stack,
+        "GET",
+        &format!("/v1/console/oauth/requests/{id}"),
+        &[("authorization", &format!("Bearer {pat}"))],
+        Value::Null,
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (401, Some("session_required"))
+    );
+    // A folder outside the authoring paths is refused, and the request is still open.
+    let (status, answer) = consent(
+        &s,
+        &id,
+        json!({"allow": true, "projects": [s.flows], "write_folders": ["docs"]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    let code = allow(
+        &s,
+        &id,
+        json!({"allow": true, "projects": [s.flows], "write_folders": ["workflows/a"]}),
+    );
+    // Decided once.
+    let (status, answer) = consent(&s, &id, json!({"allow": false}));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (409, Some("already_decided"))
+    );
+    let (status, tokens) = exchange(&s, &client, &code, verifier);
+    assert_eq!(status, 200, "{tokens}");
+    assert_eq!(tokens["token_type"], "Bearer");
+    assert_eq!(tokens["scope"], "workflows:read workflows:write");
+    let access = tokens["access_token"].as_str().unwrap();
+    // Inside the consented folder: written. Outside it: forbidden, nothing on disk.
+    assert!(write(&s, access, "workflows/a/new.yaml", "w1").is_ok());
+    let refused = write(&s, access, "workflows/b/new.yaml", "w2").unwrap_err();
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    let documents = s.stack.state.documents();
+    assert!(documents.join("flows/workflows/a/new.yaml").exists());
+    assert!(!documents.join("flows/workflows/b/new.yaml").exists());
+    // Not a consented project: the code project `app` is not visible.
+    let (status, body) = mcp_call(
+        s.stack.port,
+        access,
+        "list_files",
+        json!({"workflow_id": "app"}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body["result"]["isError"], true, "{body}");
+    // The token is bound to /mcp: the chat API, another resource, refuses it.
+    let (status, _, _) = http(
+        s.stack.port,
+        "GET",
+        "/v1/chats",
+        &[("authorization", &format!("Bearer {access}"))],
+        "",
+    );
+    assert_eq!(status, 401);
+    // The code works once; its replay is refused and revokes what it issued.
+    let (status, answer) = exchange(&s, &client, &code, verifier);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant"))
+    );
+    assert_eq!(
+        mcp_status(&s, access),
+        401,
+        "the replayed code revoked its tokens"
+    );
+
+    // A second grant: refresh rotates, a spent refresh token revokes the family.
+    let (client, tokens) = granted(
+        &s,
+        "workflows:write",
+        json!({"allow": true, "projects": [s.flows], "write_folders": null}),
+    );
+    let first = tokens["refresh_token"].as_str().unwrap().to_owned();
+    let (status, renewed) = refresh(&s, &client, &first, None);
+    assert_eq!(status, 200, "{renewed}");
+    let second_access = renewed["access_token"].as_str().unwrap().to_owned();
+    assert_ne!(renewed["refresh_token"], tokens["refresh_token"]);
+    assert!(write(&s, &second_access, "code/x.py", "w3").is_ok());
+    let (status, answer) = refresh(&s, &client, &first, None);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant"))
+    );
+    assert_eq!(mcp_status(&s, &second_access), 401, "the family is revoked");
+    let (status, _) = refresh(
+        &s,
+        &client,
+        renewed["refresh_token"].as_str().unwrap(),
+        None,
+    );
+    assert_eq!(status, 400, "the rotated token died with its family");
+
+    // A third grant, revoked in Connected apps: its tokens stop at once.
+    let (_, tokens) = granted(
+        &s,
+        "workflows:read",
+        json!({"allow": true, "projects": [s.flows]}),
+    );
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(mcp_status(&s, &access), 200);
+    let (status, _, apps) = request(
+        &s.stack,
+        "GET",
+        "/v1/console/oauth/apps",
+        &[("cookie", &s.cookie)],
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{apps}");
+    let listed = apps["apps"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "only the live grant: {apps}");
+    assert_eq!(listed[0]["scopes"], json!(["workflows:read"]));
+    assert_eq!(listed[0]["projects"][0]["name"], "flows");
+    assert_eq!(listed[0]["write_folders"], json!([]));
+    let grant = listed[0]["grant"].as_str().unwrap();
+    let origin = origin(&s.stack);
+    let (status, _, answer) = request(
+        &s.stack,
+        "DELETE",
+        &format!("/v1/console/oauth/apps/{grant}"),
+        &[
+            ("cookie", &s.cookie),
+            ("origin", &origin),
+            ("x-csrf-token", &s.csrf),
+        ],
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(mcp_status(&s, &access), 401);
+    // Personal access tokens keep working beside all this.
+    assert_eq!(mcp_status(&s, &pat), 200);
+}
+
+#[test]
+fn read_only_consent_never_becomes_write() {
+    let s = setup();
+    let client = public_client(&s.stack);
+    let verifier = "r".repeat(50);
+    let id = start(&s, &client, "workflows:read", &verifier);
+    // Writable folders cannot be given to a read-only request.
+    let (status, answer) = consent(
+        &s,
+        &id,
+        json!({"allow": true, "projects": [s.flows], "write_folders": ["workflows"]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    let code = allow(&s, &id, json!({"allow": true, "projects": [s.flows]}));
+    let (status, tokens) = exchange(&s, &client, &code, &verifier);
+    assert_eq!(status, 200, "{tokens}");
+    // Asking for write at the token endpoint: invalid_scope, nothing issued.
+    let (status, answer) = refresh(
+        &s,
+        &client,
+        tokens["refresh_token"].as_str().unwrap(),
+        Some("workflows:read workflows:write"),
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_scope")),
+        "{answer}"
+    );
+    // The write tool is refused with the step-up challenge.
+    let access = tokens["access_token"].as_str().unwrap();
+    let (status, _) = mcp_call(
+        s.stack.port,
+        access,
+        "write_file",
+        json!({"workflow_id": s.flows, "path": "workflows/z.yaml", "content": "x",
+               "expected_revision": "missing", "request_id": "z"}),
+    );
+    assert_eq!(status, 403);
+    assert!(
+        !s.stack
+            .state
+            .documents()
+            .join("flows/workflows/z.yaml")
+            .exists()
+    );
+    // The refresh token still works for what was granted (the failed ask spent nothing).
+    let (status, renewed) = refresh(&s, &client, tokens["refresh_token"].as_str().unwrap(), None);
+    assert_eq!(status, 200, "{renewed}");
+    assert_eq!(renewed["scope"], "workflows:read");
+}
+
+#[test]
+fn authorization_and_token_requests_are_refused_each_with_its_error() {
+    let s = setup();
+    let client = public_client(&s.stack);
+    let resource = resource(&s.stack);
+    let verifier = "w".repeat(43);
+    let challenge = challenge_of(&verifier);
+    let base = [
+        ("response_type", "code"),
+        ("client_id", client.as_str()),
+        ("redirect_uri", REDIRECT),
+        ("code_challenge", challenge.as_str()),
+        ("code_challenge_method", "S256"),
+        ("state", STATE),
+        ("resource", resource.as_str()),
+        ("scope", "workflows:read"),
+    ];
+    let with = |name: &'static str, value: Option<&str>| -> Vec<(&str, String)> {
+        let mut pairs: Vec<(&str, String)> = base
+            .iter()
+            .filter(|(k, _)| *k != name)
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect();
+        if let Some(value) = value {
+            pairs.push((name, value.to_owned()));
+        }
+        pairs
+    };
+    let run = |pairs: Vec<(&str, String)>| {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        authorize(&s.stack, &pairs)
+    };
+    // A redirect URI that does not match, an unknown client, and metadata documents on a
+    // loopback or a private address: an error page here, never a redirect.
+    for (name, value, says) in [
+        ("redirect_uri", "http://127.0.0.1:9/other", "redirect_uri"),
+        (
+            "redirect_uri",
+            "https://evil.example/callback",
+            "redirect_uri",
+        ),
+        ("client_id", "cli_0000000000000000", "not registered"),
+        ("client_id", "https://127.0.0.1/client.json", "loopback"),
+        ("client_id", "https://10.1.2.3/client.json", "private"),
+        (
+            "client_id",
+            "https://169.254.169.254/latest/meta-data",
+            "link-local",
+        ),
+    ] {
+        let (status, location, page) = run(with(name, Some(value)));
+        assert_eq!(status, 400, "{name}={value}: {location} {page}");
+        assert!(
+            location.is_empty(),
+            "{name}={value} redirected to {location}"
+        );
+        assert!(page.contains(says), "{name}={value}: {page}");
+    }
+    // The rest go back to the client with the error, state and iss.
+    for (name, value, error) in [
+        ("code_challenge", None, "invalid_request"),
+        ("code_challenge_method", Some("plain"), "invalid_request"),
+        ("state", None, "invalid_request"),
+        ("resource", None, "invalid_request"),
+        (
+            "resource",
+            Some("https://other.example/mcp"),
+            "invalid_target",
+        ),
+        ("response_type", Some("token"), "unsupported_response_type"),
+        ("scope", Some("devices:connect"), "invalid_scope"),
+    ] {
+        let (status, location, _) = run(with(name, value));
+        assert_eq!(status, 303, "{name}={value:?}");
+        assert!(location.starts_with(REDIRECT), "{location}");
+        assert_eq!(
+            param(&location, "error").as_deref(),
+            Some(error),
+            "{name}={value:?}: {location}"
+        );
+        assert_eq!(
+            param(&location, "iss").as_deref(),
+            Some(origin(&s.stack).as_str())
+        );
+        if name != "state" {
+            assert_eq!(param(&location, "state").as_deref(), Some(STATE));
+        }
+    }
+    // A wrong code_verifier spends the code: the right one afterwards is refused too.
+    let id = start(&s, &client, "workflows:read", &verifier);
+    let code = allow(&s, &id, json!({"allow": true, "projects": [s.flows]}));
+    let (status, answer) = exchange(&s, &client, &code, &"x".repeat(43));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{answer}"
+    );
+    let (status, _) = exchange(&s, &client, &code, &verifier);
+    assert_eq!(status, 400);
+    // Another client cannot redeem a code; a denied request redirects with access_denied.
+    let other = public_client(&s.stack);
+    let id = start(&s, &client, "workflows:read", &verifier);
+    let code = allow(&s, &id, json!({"allow": true, "projects": [s.flows]}));
+    let (status, answer) = exchange(&s, &other, &code, &verifier);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant"))
+    );
+    let id = start(&s, &client, "workflows:read", &verifier);
+    let (status, answer) = consent(&s, &id, json!({"allow": false}));
+    assert_eq!(status, 200);
+    let redirect = answer["redirect"].as_str().unwrap();
+    assert_eq!(param(redirect, "error").as_deref(), Some("access_denied"));
+    assert!(param(redirect, "code").is_none());
+    // A token request for another resource.
+    let id = start(&s, &client, "workflows:read", &verifier);
+    let code = allow(&s, &id, json!({"allow": true, "projects": [s.flows]}));
+    let (status, answer) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &form(&[
+            ("grant_type", "authorization_code"),
+            ("code", &code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", &verifier),
+            ("client_id", &client),
+            ("resource", "https://other.example/mcp"),
+        ]),
+        &[],
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_target")),
+        "{answer}"
+    );
+    // Tokens never travel in a query string: one there is ignored, so the request is 401.
+    let (_, tokens) = granted(
+        &s,
+        "workflows:read",
+        json!({"allow": true, "projects": [s.flows]}),
+    );
+    let access = tokens["access_token"].as_str().unwrap();
+    let (status, _, _) = http(
+        s.stack.port,
+        "POST",
+        &format!("/mcp?access_token={access}"),
+        &[("content-type", "application/json")],
+        "{}",
+    );
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn confidential_clients_authenticate_and_registration_is_checked_and_limited() {
+    use base64::Engine;
+    let s = setup();
+    let (status, answer) = register(
+        &s.stack,
+        json!({"client_name": "Server App", "redirect_uris": ["https://app.example/cb"]}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(answer["token_endpoint_auth_method"], "client_secret_basic");
+    let client = answer["client_id"].as_str().unwrap().to_owned();
+    let secret = answer["client_secret"].as_str().unwrap().to_owned();
+    let basic = |secret: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{client}:{secret}"))
+        )
+    };
+    let body = form(&[("grant_type", "refresh_token"), ("refresh_token", "awr_x")]);
+    let wrong = basic("not-the-secret");
+    let (status, answer) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &body,
+        &[("authorization", &wrong)],
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (401, Some("invalid_client"))
+    );
+    let right = basic(&secret);
+    let (status, answer) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &body,
+        &[("authorization", &right)],
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "authenticated, then the refresh token is refused: {answer}"
+    );
+    // Without its secret a confidential client is refused.
+    let (status, _) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &format!("{body}&client_id={client}"),
+        &[],
+    );
+    assert_eq!(status, 401);
+    // Registration: bad redirect URIs are refused with their error.
+    for uris in [
+        json!(["http://app.example/cb"]),
+        json!(["myapp://cb"]),
+        json!([]),
+    ] {
+        let (status, answer) = register(&s.stack, json!({"redirect_uris": uris}));
+        assert_eq!(status, 400, "{uris}: {answer}");
+        assert!(
+            matches!(
+                answer["error"].as_str(),
+                Some("invalid_redirect_uri" | "invalid_client_metadata")
+            ),
+            "{answer}"
+        );
+    }
+    // At most 10 registrations per address in 15 minutes (3 made above, the refused ones
+    // are not counted).
+    let mut last = 0;
+    for _ in 0..12 {
+        last = register(
+            &s.stack,
+            json!({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"}),
+        )
+        .0;
+        if last == 429 {
+            break;
+        }
+    }
+    assert_eq!(last, 429);
+}
