@@ -598,3 +598,204 @@ impl IdentityStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::store::now_ms;
+    use crate::oauth::client_metadata::parse_registration;
+    use agentworks_core::guard::Guard;
+
+    const VERIFIER: &str = "0123456789012345678901234567890123456789abc";
+
+    fn store() -> (tempfile::TempDir, IdentityStore, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
+        let user = s.add_user("alice").unwrap();
+        let project = s
+            .add_project(
+                "demo",
+                crate::identity::ProjectKind::Workflow,
+                "demo",
+                &Guard {
+                    write_paths: vec!["workflows".into()],
+                    ..Guard::default()
+                },
+                "alice",
+            )
+            .unwrap();
+        (dir, s, user.id, project.id)
+    }
+
+    fn grant(s: &IdentityStore, user: &str, project: &str, now: i64) -> (Grant, String) {
+        s.create_grant(
+            &NewGrant {
+                user_id: user.into(),
+                client_id: "cli_x".into(),
+                client_name: "X".into(),
+                redirect_uri: "http://127.0.0.1:1/cb".into(),
+                scopes: vec![Scope::WorkflowsWrite],
+                projects: vec![project.into()],
+                file_guard: FileGuard {
+                    write_folders: Some(vec!["workflows/a".into()]),
+                    read_only_folders: Vec::new(),
+                },
+                resource: "http://h/mcp".into(),
+                code_challenge: pkce::challenge_of(VERIFIER),
+            },
+            now,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_grants_token_carries_its_projects_caps_and_audience() {
+        let (_d, s, user, project) = store();
+        let now = now_ms();
+        let (g, code) = grant(&s, &user, &project, now);
+        let issued = s
+            .exchange_code(&code, "cli_x", "http://127.0.0.1:1/cb", VERIFIER, now)
+            .unwrap();
+        let (info, _) = s.authenticate(&issued.access_token).unwrap().unwrap();
+        assert_eq!(info.grant_id.as_deref(), Some(g.id.as_str()));
+        assert_eq!(info.projects, Some(vec![project.clone()]));
+        assert_eq!(info.audience.as_deref(), Some("http://h/mcp"));
+        assert_eq!(info.project_restriction(), Some(vec![project]));
+        assert_eq!(
+            info.file_guard.write_folders,
+            Some(vec!["workflows/a".into()])
+        );
+        assert_eq!(
+            info.expires_at_ms,
+            Some(now + ACCESS_TOKEN_TTL_MS),
+            "access tokens are short-lived"
+        );
+        // The grant shows in connected apps once it issued a token; revoking it revokes it.
+        assert_eq!(s.grants_of(&user).unwrap().len(), 1);
+        assert!(s.revoke_grant(&g.id, &user, now).unwrap());
+        assert!(!s.revoke_grant(&g.id, &user, now).unwrap());
+        assert!(s.grants_of(&user).unwrap().is_empty());
+        assert!(s.authenticate(&issued.access_token).unwrap().is_err());
+        assert!(
+            s.refresh(&issued.refresh_token, "cli_x", None, now)
+                .is_err(),
+            "its refresh token died with it"
+        );
+    }
+
+    #[test]
+    fn codes_expire_and_work_once_and_refresh_tokens_rotate() {
+        let (_d, s, user, project) = store();
+        let now = now_ms();
+        let (_, late) = grant(&s, &user, &project, now);
+        let error = s
+            .exchange_code(
+                &late,
+                "cli_x",
+                "http://127.0.0.1:1/cb",
+                VERIFIER,
+                now + CODE_TTL_MS,
+            )
+            .unwrap_err();
+        assert_eq!(error.to_string(), "invalid_grant: the code has expired");
+        let (_, code) = grant(&s, &user, &project, now);
+        let first = s
+            .exchange_code(&code, "cli_x", "http://127.0.0.1:1/cb", VERIFIER, now)
+            .unwrap();
+        let second = s.refresh(&first.refresh_token, "cli_x", None, now).unwrap();
+        assert!(s.authenticate(&second.access_token).unwrap().is_ok());
+        // Another client cannot use it; a refresh past its idle life is refused.
+        assert!(
+            s.refresh(&second.refresh_token, "cli_y", None, now)
+                .is_err()
+        );
+        let stale = s
+            .refresh(
+                &second.refresh_token,
+                "cli_x",
+                None,
+                now + REFRESH_TOKEN_TTL_MS,
+            )
+            .unwrap_err();
+        assert_eq!(stale.code(), "invalid_grant");
+        // Replaying the first: the whole family goes.
+        let replay = s
+            .refresh(&first.refresh_token, "cli_x", None, now)
+            .unwrap_err();
+        assert!(replay.description().contains("already used"), "{replay}");
+        assert!(s.authenticate(&second.access_token).unwrap().is_err());
+        assert!(s.authenticate(&first.access_token).unwrap().is_err());
+    }
+
+    #[test]
+    fn unused_registrations_expire_and_used_ones_stay() {
+        let (_d, s, user, project) = store();
+        let now = now_ms();
+        let metadata = parse_registration(
+            br#"{"redirect_uris": ["http://127.0.0.1/cb"], "token_endpoint_auth_method": "client_secret_post"}"#,
+        )
+        .unwrap();
+        let (unused, secret) = s.register_client(&metadata, now).unwrap();
+        let secret = secret.expect("a confidential client gets a secret");
+        let found = s.registered_client(&unused.id, now).unwrap().unwrap();
+        assert!(found.secret_matches(&secret));
+        assert!(!found.secret_matches("wrong"));
+        let (used, _) = s.register_client(&metadata, now).unwrap();
+        s.create_grant(
+            &NewGrant {
+                client_id: used.id.clone(),
+                ..grant_request(&user, &project)
+            },
+            now,
+        )
+        .unwrap();
+        let later = now + UNUSED_CLIENT_TTL_MS;
+        assert!(s.registered_client(&unused.id, later).unwrap().is_none());
+        assert!(s.registered_client(&used.id, later).unwrap().is_some());
+        assert_eq!(s.sweep_clients(later).unwrap(), 0);
+    }
+
+    fn grant_request(user: &str, project: &str) -> NewGrant {
+        NewGrant {
+            user_id: user.into(),
+            client_id: "cli_x".into(),
+            client_name: "X".into(),
+            redirect_uri: "http://127.0.0.1/cb".into(),
+            scopes: vec![Scope::WorkflowsRead],
+            projects: vec![project.into()],
+            file_guard: FileGuard::default(),
+            resource: "http://h/mcp".into(),
+            code_challenge: pkce::challenge_of(VERIFIER),
+        }
+    }
+
+    #[test]
+    fn a_store_from_before_grants_gains_the_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        {
+            let old = rusqlite::Connection::open(&path).unwrap();
+            old.execute_batch(
+                "CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, disabled INTEGER NOT NULL DEFAULT 0, created_at_ms INTEGER NOT NULL);
+                 CREATE TABLE tokens (id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), label TEXT NOT NULL,
+                    secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT, file_guard TEXT NOT NULL,
+                    expires_at_ms INTEGER, revoked_at_ms INTEGER, created_at_ms INTEGER NOT NULL);",
+            )
+            .unwrap();
+        }
+        let s = IdentityStore::open(&path).unwrap();
+        s.add_user("alice").unwrap();
+        let (_, plain) = s
+            .create_token(&crate::identity::store::TokenRequest {
+                user: "alice".into(),
+                scopes: vec![Scope::WorkflowsRead],
+                ..Default::default()
+            })
+            .unwrap();
+        let (info, _) = s.authenticate(&plain).unwrap().unwrap();
+        assert_eq!((info.grant_id, info.audience), (None, None));
+        // Opening again is a no-op.
+        drop(s);
+        IdentityStore::open(&path).unwrap();
+    }
+}
