@@ -34,12 +34,12 @@ const SCENARIOS: &[&str] = &[
     "sign-out-replay",
 ];
 
-fn console_dir() -> PathBuf {
+pub(super) fn console_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console")
 }
 
 /// Fails (never skips) when the browser or Playwright is missing, naming the fix.
-fn require_browser() {
+pub(super) fn require_browser() {
     assert!(
         Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: install it with `apt-get install -y chromium`"
@@ -51,7 +51,7 @@ fn require_browser() {
 }
 
 /// A screenshot that is a PNG with more than one colour (a blank page has one).
-fn assert_not_blank(path: &Path) {
+pub(super) fn assert_not_blank(path: &Path) {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::console_sessions::{PASSWORD, alice, origin, request, sign_in};
 use super::harness::{Stack, http, mcp_call};
 
-const REDIRECT: &str = "http://127.0.0.1:9/callback";
+// Not one of the ports browsers refuse to connect to (9, the discard port, is one).
+const REDIRECT: &str = "http://127.0.0.1:49151/callback";
 const STATE: &str = "st-8f2";
 
 /// `value` form-encoded: every byte but letters and digits as `%XX`.
@@ -321,7 +322,7 @@ fn consent_to_one_folder_then_writes_refresh_reuse_and_revocation() {
     );
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["client_name"], "Test <b>App</b>");
-    assert_eq!(view["redirect_host"], "127.0.0.1:9");
+    assert_eq!(view["redirect_host"], "127.0.0.1:49151");
     assert_eq!(view["writes"], true);
     let flows = view["projects"]
         .as_array()
@@ -555,7 +556,11 @@ fn authorization_and_token_requests_are_refused_each_with_its_error() {
     // A redirect URI that does not match, an unknown client, and metadata documents on a
     // loopback or a private address: an error page here, never a redirect.
     for (name, value, says) in [
-        ("redirect_uri", "http://127.0.0.1:9/other", "redirect_uri"),
+        (
+            "redirect_uri",
+            "http://127.0.0.1:49151/other",
+            "redirect_uri",
+        ),
         (
             "redirect_uri",
             "https://evil.example/callback",
@@ -752,4 +757,121 @@ fn confidential_clients_authenticate_and_registration_is_checked_and_limited() {
         }
     }
     assert_eq!(last, 429);
+}
+
+/// `tests/console/consent.mjs` running in the browser for one authorization: its stdin (for
+/// `revoke`) and stdout lines.
+pub(super) struct Consent {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Consent {
+    /// Start the person's consent with `config` (see consent.mjs).
+    pub(super) fn start(config: Value) -> Consent {
+        use std::process::{Command, Stdio};
+        super::console::require_browser();
+        let mut child = Command::new("node")
+            .arg("consent.mjs")
+            .current_dir(super::console::console_dir())
+            .env("AGENTWORKS_CONSENT", config.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("node runs (apt-get install -y nodejs)");
+        let stdin = child.stdin.take().unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        Consent {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next line consent.mjs prints; panics (with its exit status) if it ended.
+    pub(super) fn line(&mut self) -> String {
+        match self.lines.next() {
+            Some(line) => line.unwrap(),
+            None => panic!("consent.mjs ended: {:?}", self.child.wait()),
+        }
+    }
+
+    /// The URL the browser was sent back to the client with.
+    pub(super) fn redirect(&mut self) -> String {
+        let line = self.line();
+        line.strip_prefix("REDIRECT ")
+            .unwrap_or_else(|| panic!("consent.mjs: {line}"))
+            .to_owned()
+    }
+
+    pub(super) fn say(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{line}").unwrap();
+    }
+
+    /// Wait for `ok` and a successful exit.
+    pub(super) fn finish(mut self) {
+        assert_eq!(self.line(), "ok");
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn a_person_consents_in_a_real_browser_and_revokes_in_connected_apps() {
+    let s = setup();
+    let client = public_client(&s.stack);
+    let verifier = "b".repeat(60);
+    let challenge = challenge_of(&verifier);
+    let resource = resource(&s.stack);
+    let url = format!(
+        "{}/oauth/authorize?{}",
+        origin(&s.stack),
+        form(&[
+            ("response_type", "code"),
+            ("client_id", &client),
+            ("redirect_uri", REDIRECT),
+            ("code_challenge", &challenge),
+            ("code_challenge_method", "S256"),
+            ("state", STATE),
+            ("resource", &resource),
+            ("scope", "workflows:read workflows:write"),
+        ])
+    );
+    let shots = tempfile::tempdir().unwrap();
+    let shot = shots.path().join("consent.png");
+    let apps_shot = shots.path().join("apps.png");
+    let mut consent = Consent::start(json!({
+        "url": url,
+        "username": "alice",
+        "password": PASSWORD,
+        "redirect": REDIRECT,
+        "projects": ["flows"],
+        "writable": ["workflows/a"],
+        "expect": {"client_name": "Test <b>App</b>", "scopes": ["workflows:write"], "writes": true},
+        "shot": shot,
+        "revoke": "Test <b>App</b>",
+        "apps_shot": apps_shot,
+    }));
+    let redirect = consent.redirect();
+    assert_eq!(param(&redirect, "state").as_deref(), Some(STATE));
+    assert_eq!(
+        param(&redirect, "iss").as_deref(),
+        Some(origin(&s.stack).as_str())
+    );
+    let code = param(&redirect, "code").expect("a code");
+    let (status, tokens) = exchange(&s, &client, &code, &verifier);
+    assert_eq!(status, 200, "{tokens}");
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    // What the person chose: one project, one folder.
+    assert!(write(&s, &access, "workflows/a/b.yaml", "b1").is_ok());
+    let refused = write(&s, &access, "code/outside.py", "b2").unwrap_err();
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    consent.say("revoke");
+    assert_eq!(consent.line(), "REVOKED");
+    consent.finish();
+    assert_eq!(mcp_status(&s, &access), 401, "revoked in the console");
+    super::console::assert_not_blank(&shot);
+    super::console::assert_not_blank(&apps_shot);
 }
