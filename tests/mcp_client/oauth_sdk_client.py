@@ -12,6 +12,9 @@ Usage:
       --port N                     the loopback port of the redirect URI (default: a free one)
       --token-auth none|client_secret_basic|client_secret_post   what to register (default none)
       --client-name NAME           the client_name to register (default "agentworks SDK test")
+      --pause                      after the refresh print PAUSE, wait for a line on stdin (the
+                                   driver revokes the app meanwhile), then report the status /mcp
+                                   answers the stored access token (`after-pause`)
 
 Protocol (stdout is line-based; stdin is read only in --callback stdin):
   - Every step prints one JSON object on its own line: {"step": "...", ...}.
@@ -288,6 +291,19 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
                 await write(client, label, workflow, path, wire)
             step = "refresh"
             await refresh(client, provider, storage, wire)
+            if options.pause:
+                # The driver revokes the app meanwhile; then the stored token, sent as it is
+                # (no SDK auth flow, which would re-authorize), must be refused.
+                print("PAUSE", flush=True)
+                await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+                step = "after-pause"
+                token = storage.tokens.access_token if storage.tokens else ""
+                async with httpx2.AsyncClient() as raw:
+                    answer = await raw.post(options.url, content=b"{}", headers={
+                        "authorization": f"Bearer {token}", "content-type": "application/json",
+                        "accept": "application/json, text/event-stream"})
+                say(step="after-pause", status=answer.status_code,
+                    www_authenticate=answer.headers.get("www-authenticate"))
     except Exception as e:  # report where it broke; the exit status says it broke
         cause = leaf(e)
         return {"step": "done", "ok": False, "failed_at": step, "error": f"{type(cause).__name__}: {cause}",
@@ -309,6 +325,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-auth", choices=["none", "client_secret_basic", "client_secret_post"], default="none")
     parser.add_argument("--client-name", default="agentworks SDK test")
+    parser.add_argument("--pause", action="store_true",
+                        help="after the refresh, print PAUSE, wait for a line on stdin, then report "
+                             "the status /mcp answers the stored access token")
     options = parser.parse_args()
     if options.port == 0:
         with socket.socket() as s:  # a free port now, so the redirect URI is known before listening

@@ -875,3 +875,88 @@ fn a_person_consents_in_a_real_browser_and_revokes_in_connected_apps() {
     super::console::assert_not_blank(&shot);
     super::console::assert_not_blank(&apps_shot);
 }
+
+#[test]
+fn the_python_sdk_signs_in_with_oauth_writes_within_its_folder_refreshes_and_is_revoked() {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let s = setup();
+    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client");
+    let mut client = Command::new(super::harness::mcp_python())
+        .arg(scripts.join("oauth_sdk_client.py"))
+        .arg(s.stack.mcp_url())
+        .args(["--callback", "stdin", "--pause", "--client-name", "SDK App"])
+        .args(["--write", "inside", &s.flows, "workflows/a/sdk.yaml"])
+        .args(["--write", "outside", &s.flows, "code/sdk.py"])
+        .current_dir(&scripts)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut to_client = client.stdin.take().unwrap();
+    let mut steps: Vec<Value> = Vec::new();
+    let mut consent: Option<Consent> = None;
+    let mut authorizations = 0;
+    for line in std::io::BufReader::new(client.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        println!("oauth_sdk_client.py: {line}");
+        if let Some(url) = line.strip_prefix("AUTHORIZE ") {
+            authorizations += 1;
+            assert_eq!(authorizations, 1, "the SDK had to authorize again");
+            let redirect_uri = param(url, "redirect_uri").expect("a redirect_uri");
+            assert_eq!(
+                param(url, "resource").as_deref(),
+                Some(s.stack.mcp_url().as_str())
+            );
+            let mut person = Consent::start(json!({
+                "url": url,
+                "username": "alice",
+                "password": PASSWORD,
+                "redirect": redirect_uri,
+                "projects": ["flows"],
+                "writable": ["workflows/a"],
+                "expect": {"client_name": "SDK App", "writes": true},
+                "revoke": "SDK App",
+            }));
+            let back = person.redirect();
+            writeln!(to_client, "{back}").unwrap();
+            consent = Some(person);
+        } else if line == "PAUSE" {
+            let mut person = consent.take().expect("consent ran");
+            person.say("revoke");
+            assert_eq!(person.line(), "REVOKED");
+            person.finish();
+            writeln!(to_client, "go on").unwrap();
+        } else if let Ok(step) = serde_json::from_str::<Value>(&line) {
+            steps.push(step);
+        }
+    }
+    assert!(client.wait().unwrap().success(), "{steps:?}");
+    let step = |name: &str, label: Option<&str>| {
+        steps
+            .iter()
+            .find(|s| s["step"] == name && label.is_none_or(|l| s["label"] == l))
+            .unwrap_or_else(|| panic!("no {name} step: {steps:?}"))
+            .clone()
+    };
+    let registered = step("registered", None);
+    assert_eq!(registered["token_endpoint_auth_method"], "none", "{registered}");
+    let inside = step("write_file", Some("inside"));
+    assert_eq!(inside["ok"], true, "{inside}");
+    let outside = step("write_file", Some("outside"));
+    assert_eq!(outside["ok"], false, "{outside}");
+    assert!(
+        outside.to_string().contains("forbidden"),
+        "the write outside the folder is forbidden: {outside}"
+    );
+    let documents = s.stack.state.documents();
+    assert!(documents.join("flows/workflows/a/sdk.yaml").exists());
+    assert!(!documents.join("flows/code/sdk.py").exists());
+    let refresh = step("refresh", None);
+    assert_eq!(refresh["grant_status"], 200, "{refresh}");
+    assert_eq!(refresh["refresh_token_rotated"], true, "{refresh}");
+    let revoked = step("after-pause", None);
+    assert_eq!(revoked["status"], 401, "revoked in the console: {revoked}");
+    assert_eq!(step("done", None)["ok"], true);
+}
