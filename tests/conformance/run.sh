@@ -5,7 +5,9 @@
 # for both requirement sets, each with its expected-failures file; then the scenarios that apply
 # to the real endpoint against agentd itself (`agentworksctl quickstart`, with its real token),
 # each with agentd-<revision>.yaml. Exits non-zero on any failure not listed, on any listed one
-# that now passes, and if any request of the agentd run went out without the token.
+# that now passes, and if any request of the agentd run went out without the token. Last, the
+# authorization-server scenarios against agentd, the consent given in chromium
+# (tests/console/consent.mjs; needs tests/console's node_modules, which .ci/run installs).
 #
 # Usage: tests/conformance/run.sh   (from the repository root; builds the example and binaries)
 set -euo pipefail
@@ -56,8 +58,8 @@ done
 
 # The real endpoint: quickstart's agentd on two loopback ports below the ephemeral range (so no
 # port-0 bind can take them first), its demo token sent by the preload (the suite has no option
-# for a token).
-read -r http_port gateway_port < <(python3 - <<'PY'
+# for a token). A third port is the authorization scenarios' callback.
+read -r http_port gateway_port callback_port < <(python3 - <<'PY'
 import os, socket
 low = 10000
 high = max(int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]), 12000)
@@ -70,7 +72,7 @@ for _ in range(high - low):
             found.append(port)
         except OSError:
             pass
-    if len(found) == 2:
+    if len(found) == 3:
         break
 print(*found)
 PY
@@ -112,6 +114,56 @@ done
 if grep -rl missing_token "$out"/agentd-* > /dev/null 2>&1; then
   status=1
   echo "conformance: some agentd requests went out without the token (missing_token in the results)"
+fi
+
+# agentd as an authorization server (issue 13): the suite's `authorization` scenarios
+# (authorization-server-metadata-endpoint and authorization-code-grant, which checks `iss`
+# too; the 2026-07-28 `auth/iss-*` scenarios are for clients). The suite plays an MCP client
+# with a public client registered here, its callback on the reserved port; the person's
+# consent is given in chromium by tests/console/consent.mjs, signed in with quickstart's
+# one-time link. The suite has no expected-failures option: any failure fails the run.
+issuer="http://127.0.0.1:$http_port"
+client_id="$(curl -sf -X POST -H 'content-type: application/json' \
+    -d "{\"client_name\": \"MCP conformance suite\", \"redirect_uris\": [\"http://127.0.0.1:$callback_port/callback\"], \"token_endpoint_auth_method\": \"none\"}" \
+    "$issuer/register" | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')"
+"$node" "$suite" authorization --url "$issuer" --client-id "$client_id" --resource "$issuer/mcp" \
+    --port "$callback_port" --spec-version 2026-07-28 -o "$out/authorization" \
+    > "$out/authorization.log" 2>&1 &
+authorization=$!
+for _ in $(seq 1 300); do
+  grep -q '^Callback server started' "$out/authorization.log" && break
+  kill -0 "$authorization" 2>/dev/null || break
+  sleep 0.1
+done
+auth_url="$(grep -A1 '^Access the following URL' "$out/authorization.log" | tail -1)"
+if [ -z "$auth_url" ]; then
+  status=1
+  echo "conformance: the authorization scenarios printed no authorization URL:"
+  cat "$out/authorization.log"
+  kill "$authorization" 2>/dev/null || true
+else
+  consent="$(python3 - "$out/quickstart.json" "$auth_url" "$callback_port" <<'PY'
+import json, sys
+started = json.load(open(sys.argv[1]))
+print(json.dumps({"url": sys.argv[2], "sign_in_link": started["sign_in_link"],
+                  "redirect": f"http://127.0.0.1:{sys.argv[3]}/callback", "deliver": True,
+                  "expect": {"client_name": "MCP conformance suite", "writes": False}}))
+PY
+)"
+  if ! (cd "$root/tests/console" && AGENTWORKS_CONSENT="$consent" node consent.mjs > "$out/consent.log" 2>&1); then
+    status=1
+    echo "conformance: consenting in the browser failed:"
+    cat "$out/consent.log"
+    kill "$authorization" 2>/dev/null || true
+  fi
+fi
+if wait "$authorization"; then
+  echo "conformance: agentd authorization: $(grep '^Total: ' "$out/authorization.log" | tail -1)"
+  sed -n '/=== SUMMARY ===/,/^Total/p' "$out/authorization.log" | grep -E '^[✓✗]' || true
+else
+  status=1
+  echo "conformance: agentd authorization FAILED:"
+  sed -n '/Test Results/,$p' "$out/authorization.log"
 fi
 [ "$status" = 0 ] || { echo "conformance: FAIL (results in $out)"; exit 1; }
 echo "conformance: ok"

@@ -6,7 +6,10 @@
 //
 // Reads AGENTWORKS_CONSENT (JSON):
 //   url        the authorization URL
-//   username, password
+//   username, password   the person's sign-in when the console asks for it, or
+//   sign_in_link         a one-time sign-in link (agentworksctl quickstart prints one), opened first
+//   deliver              let the browser's request reach the redirect URI (a client listening
+//                        there, such as the conformance suite) instead of answering it here
 //   redirect   the redirect URI's prefix (what to catch)
 //   decision   "allow" (default) or "deny"
 //   projects   names to leave checked (default: all)
@@ -43,18 +46,26 @@ try {
   page.on('pageerror', (e) => step(`page error: ${e.message}`));
   await page.route((url) => url.href.startsWith(config.redirect), async (route) => {
     caught = route.request().url();
-    await route.fulfill({ status: 200, contentType: 'text/plain', body: 'returned to the client' });
+    if (config.deliver) await route.continue();
+    else await route.fulfill({ status: 200, contentType: 'text/plain', body: 'returned to the client' });
   });
+  if (config.sign_in_link) {
+    await page.goto(config.sign_in_link);
+    await page.getByText(/^Signed in as /).waitFor({ timeout: T });
+    step('signed in with the link');
+  }
   step(`open ${config.url}`);
   await page.goto(config.url);
   step(`at ${page.url()}`);
-  // Signed out: the console's sign-in, which comes back to the consent page.
-  await page.getByLabel('Username', { exact: true }).waitFor({ timeout: T });
-  check(page.url().includes('/console/sign-in?next='), `not the sign-in page: ${page.url()}`);
-  await page.getByLabel('Username', { exact: true }).fill(config.username);
-  await page.getByLabel('Password', { exact: true }).fill(config.password);
-  await page.getByRole('button', { name: 'Sign in' }).click();
-  step('signed in');
+  if (!config.sign_in_link) {
+    // Signed out: the console's sign-in, which comes back to the consent page.
+    await page.getByLabel('Username', { exact: true }).waitFor({ timeout: T });
+    check(page.url().includes('/console/sign-in?next='), `not the sign-in page: ${page.url()}`);
+    await page.getByLabel('Username', { exact: true }).fill(config.username);
+    await page.getByLabel('Password', { exact: true }).fill(config.password);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    step('signed in');
+  }
   const heading = page.getByRole('heading', { level: 1 });
   await page.getByRole('button', { name: 'Allow', exact: true }).waitFor({ timeout: T });
   check(new URL(page.url()).pathname === '/oauth/consent', `not the consent page: ${page.url()}`);
