@@ -14,7 +14,8 @@
 //   decision   "allow" (default) or "deny"
 //   projects   names to leave checked (default: all)
 //   writable   lines for "Writable folders" (default: leave the prefilled authoring paths)
-//   expect     {client_name?, scopes?: [...], writes?: bool} checked on the page
+//   expect     {client_name?, scopes?: [...], writes?: bool, checked?: [project names checked
+//              before any change]} checked on the page
 //   shot       a PNG path for a screenshot of the consent page (optional)
 //   revoke     a client name: after REDIRECT, wait for a line `revoke` on stdin (the caller
 //              has exchanged the code meanwhile), then revoke the app on the console's
@@ -77,6 +78,14 @@ try {
   const writable = page.getByLabel('Writable folders', { exact: true });
   if (want.writes !== undefined) {
     check((await writable.count()) === (want.writes ? 1 : 0), `writable folders field present: ${await writable.count()}`);
+  }
+  if (want.checked) {
+    const checked = [];
+    for (const box of await page.locator('fieldset input[type=checkbox]').all()) {
+      const id = await box.getAttribute('id');
+      if (await box.isChecked()) checked.push(((await page.locator(`label[for="${id}"]`).textContent()) || '').trim());
+    }
+    check(JSON.stringify(checked.sort()) === JSON.stringify([...want.checked].sort()), `checked by default: ${checked}`);
   }
   if (config.projects) {
     for (const box of await page.locator('fieldset input[type=checkbox]').all()) {

@@ -13,7 +13,7 @@ const API: &str = "/v1/console/device-login";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// `value` form-encoded: every byte but letters and digits as `%XX`.
-fn form_value(value: &str) -> String {
+pub(super) fn form_value(value: &str) -> String {
     value
         .bytes()
         .map(|b| {

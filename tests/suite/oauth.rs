@@ -10,31 +10,18 @@
 use serde_json::{Value, json};
 
 use super::console_sessions::{PASSWORD, alice, origin, request, sign_in};
+use super::device_login::form_value;
 use super::harness::{Stack, http, mcp_call};
 
 // Not one of the ports browsers refuse to connect to (9, the discard port, is one).
 const REDIRECT: &str = "http://127.0.0.1:49151/callback";
 const STATE: &str = "st-8f2";
 
-/// `value` form-encoded: every byte but letters and digits as `%XX`.
-fn enc(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// A query or form body from pairs.
 fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
-        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .map(|(k, v)| format!("{k}={}", form_value(v)))
         .collect::<Vec<_>>()
         .join("&")
 }
@@ -821,6 +808,17 @@ impl Consent {
 #[test]
 fn a_person_consents_in_a_real_browser_and_revokes_in_connected_apps() {
     let s = setup();
+    // A project alice may only run: listed, but not checked by default for a write request.
+    s.stack.state.project("ops", &[]);
+    s.stack.admin("users/add", json!({"name": "olga"}));
+    s.stack.admin(
+        "projects/add",
+        json!({"name": "ops", "kind": "workflow", "owner": "olga"}),
+    );
+    s.stack.admin(
+        "members/add",
+        json!({"project": "ops", "user": "alice", "role": "runner"}),
+    );
     let client = public_client(&s.stack);
     let verifier = "b".repeat(60);
     let challenge = challenge_of(&verifier);
@@ -849,7 +847,8 @@ fn a_person_consents_in_a_real_browser_and_revokes_in_connected_apps() {
         "redirect": REDIRECT,
         "projects": ["flows"],
         "writable": ["workflows/a"],
-        "expect": {"client_name": "Test <b>App</b>", "scopes": ["workflows:write"], "writes": true},
+        "expect": {"client_name": "Test <b>App</b>", "scopes": ["workflows:write"], "writes": true,
+                   "checked": ["app", "flows"]},
         "shot": shot,
         "revoke": "Test <b>App</b>",
         "apps_shot": apps_shot,
@@ -941,7 +940,10 @@ fn the_python_sdk_signs_in_with_oauth_writes_within_its_folder_refreshes_and_is_
             .clone()
     };
     let registered = step("registered", None);
-    assert_eq!(registered["token_endpoint_auth_method"], "none", "{registered}");
+    assert_eq!(
+        registered["token_endpoint_auth_method"], "none",
+        "{registered}"
+    );
     let inside = step("write_file", Some("inside"));
     assert_eq!(inside["ok"], true, "{inside}");
     let outside = step("write_file", Some("outside"));

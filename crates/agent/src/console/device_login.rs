@@ -20,7 +20,7 @@ use crate::device::{DecideError, DeviceGrants, oauth_error};
 use crate::identity::Scope;
 use crate::identity::store::now_ms;
 use agentworks_daemon::ipc::envelope::{Body, json_response};
-use hyper::header::{ALLOW, AUTHORIZATION, CACHE_CONTROL, HeaderValue, RETRY_AFTER};
+use hyper::header::{ALLOW, CACHE_CONTROL, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
@@ -77,25 +77,15 @@ async fn answer(
             .insert(ALLOW, HeaderValue::from_static("GET, POST"));
         return refused;
     }
-    if parts.headers.contains_key(AUTHORIZATION) {
-        return oauth_error(
-            StatusCode::UNAUTHORIZED,
-            "session_required",
-            "approving a device login here needs the console's signed-in session, not a bearer token",
-        );
-    }
-    let signed_in = match sessions.check(parts).await {
-        Some(Ok(signed_in)) => signed_in,
-        Some(Err(refusal)) => {
-            return oauth_error(refusal.status, &refusal.code, &refusal.message);
-        }
-        None => {
-            return oauth_error(
-                StatusCode::UNAUTHORIZED,
-                "not_signed_in",
-                "sign in to the console first",
-            );
-        }
+    let signed_in = match crate::console::session::session_only(
+        sessions,
+        parts,
+        "approving a device login here",
+    )
+    .await
+    {
+        Ok(signed_in) => signed_in,
+        Err(refused) => return refused,
     };
     let Some(inner) = sessions.inner() else {
         return oauth_error(

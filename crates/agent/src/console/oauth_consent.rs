@@ -27,7 +27,7 @@ use crate::identity::{IdentityError, Project, Role};
 use crate::oauth::server::{AuthorizationServer, Pending, TakeError};
 use agentworks_core::guard::{Guard, RelPath};
 use agentworks_daemon::ipc::envelope::{Body, json_response};
-use hyper::header::{ALLOW, AUTHORIZATION, CACHE_CONTROL, HeaderValue};
+use hyper::header::{ALLOW, CACHE_CONTROL, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
@@ -108,23 +108,15 @@ async fn answer(
             .insert(ALLOW, HeaderValue::from_static(allowed));
         return refused;
     }
-    if parts.headers.contains_key(AUTHORIZATION) {
-        return oauth_error(
-            StatusCode::UNAUTHORIZED,
-            "session_required",
-            "consenting to an app needs the console's signed-in session, not a bearer token",
-        );
-    }
-    let signed_in = match sessions.check(parts).await {
-        Some(Ok(signed_in)) => signed_in,
-        Some(Err(refusal)) => return oauth_error(refusal.status, &refusal.code, &refusal.message),
-        None => {
-            return oauth_error(
-                StatusCode::UNAUTHORIZED,
-                "not_signed_in",
-                "sign in to the console first",
-            );
-        }
+    let signed_in = match crate::console::session::session_only(
+        sessions,
+        parts,
+        "consenting to an app",
+    )
+    .await
+    {
+        Ok(signed_in) => signed_in,
+        Err(refused) => return refused,
     };
     let user_id = signed_in.user.id.clone();
     let identity = server.identity().clone();

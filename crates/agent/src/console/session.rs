@@ -24,6 +24,37 @@ pub const SESSION_COOKIE: &str = "aw_session";
 /// The header a state-changing request made with a session carries its CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
+/// The signed-in person of a page API that takes only a session (the device-login approval
+/// page's, the OAuth consent page's): a request with an `Authorization` header is refused
+/// (401 `session_required`, `what` saying what needs the session), as is one without a live
+/// session (401) or, on a state-changing method, without the Origin and CSRF checks (403).
+/// Refusals are `{error, error_description}`.
+// The error side is the ready answer; boxing it would only add an allocation per refusal.
+#[allow(clippy::result_large_err)]
+pub async fn session_only(
+    sessions: &Sessions,
+    parts: &Parts,
+    what: &str,
+) -> Result<SignedIn, hyper::Response<agentworks_daemon::ipc::envelope::Body>> {
+    use crate::device::oauth_error;
+    if parts.headers.contains_key(AUTHORIZATION) {
+        return Err(oauth_error(
+            hyper::StatusCode::UNAUTHORIZED,
+            "session_required",
+            &format!("{what} needs the console's signed-in session, not a bearer token"),
+        ));
+    }
+    match sessions.check(parts).await {
+        Some(Ok(signed_in)) => Ok(signed_in),
+        Some(Err(refusal)) => Err(oauth_error(refusal.status, &refusal.code, &refusal.message)),
+        None => Err(oauth_error(
+            hyper::StatusCode::UNAUTHORIZED,
+            "not_signed_in",
+            "sign in to the console first",
+        )),
+    }
+}
+
 /// The person a request's session belongs to.
 #[derive(Debug, Clone)]
 pub struct SignedIn {

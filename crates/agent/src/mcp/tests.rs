@@ -536,7 +536,7 @@ async fn missing_token_is_401_with_resource_metadata() {
     assert_eq!(
         challenge,
         format!(
-            "Bearer resource_metadata=\"http://{}/.well-known/oauth-protected-resource/mcp\"",
+            "Bearer resource_metadata=\"http://{}/.well-known/oauth-protected-resource/mcp\", scope=\"workflows:read workflows:run workflows:write\"",
             server.addr
         )
     );

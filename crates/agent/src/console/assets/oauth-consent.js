@@ -28,13 +28,14 @@ function failed(message) {
   showStatus(message, 'error');
 }
 
-// One checkbox per project, all checked. When the app asks to write, a project whose role
-// cannot author says it stays read only.
+// One checkbox per project. Checked by default: every project, or, when the app asks to
+// write, every project the person can author (one whose role cannot author says it would
+// stay read only, and is left unchecked).
 function projectBoxes(request) {
   return (request.projects || []).map((project) => {
     const id = uid('project');
-    const box = h('input', { type: 'checkbox', id, value: project.id, checked: true });
     const readOnly = request.writes && !project.can_author;
+    const box = h('input', { type: 'checkbox', id, value: project.id, checked: !readOnly });
     if (readOnly) box.setAttribute('aria-describedby', `${id}-note`);
     return {
       project,
