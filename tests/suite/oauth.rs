@@ -34,7 +34,7 @@ fn challenge_of(verifier: &str) -> String {
 }
 
 /// A query parameter of a URL.
-fn param(url: &str, name: &str) -> Option<String> {
+pub(super) fn param(url: &str, name: &str) -> Option<String> {
     url::Url::parse(url)
         .ok()?
         .query_pairs()
@@ -42,17 +42,17 @@ fn param(url: &str, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-struct Setup {
-    stack: Stack,
+pub(super) struct Setup {
+    pub(super) stack: Stack,
     cookie: String,
     csrf: String,
     /// The `flows` workflow project's id: authoring paths `workflows` and `code`.
-    flows: String,
+    pub(super) flows: String,
 }
 
 /// alice with a password, her code project `app` and a workflow project `flows` whose
 /// policy makes `workflows` and `code` the authoring paths; signed in to the console.
-fn setup() -> Setup {
+pub(super) fn setup() -> Setup {
     let stack = Stack::start();
     alice(&stack);
     stack
