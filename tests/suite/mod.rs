@@ -18,6 +18,7 @@ pub mod harness;
 mod laptop;
 mod mcp_tools;
 mod oauth;
+mod oauth_cimd;
 mod oauth_inspector;
 mod outbound;
 mod ownership;

@@ -14,7 +14,7 @@ use super::device_login::form_value;
 use super::harness::{Stack, http, mcp_call};
 
 // Not one of the ports browsers refuse to connect to (9, the discard port, is one).
-const REDIRECT: &str = "http://127.0.0.1:49151/callback";
+pub(super) const REDIRECT: &str = "http://127.0.0.1:49151/callback";
 const STATE: &str = "st-8f2";
 
 /// A query or form body from pairs.
@@ -27,7 +27,7 @@ fn form(pairs: &[(&str, &str)]) -> String {
 }
 
 /// The PKCE S256 challenge of `verifier`.
-fn challenge_of(verifier: &str) -> String {
+pub(super) fn challenge_of(verifier: &str) -> String {
     use base64::Engine;
     use sha2::Digest;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier))
@@ -44,7 +44,7 @@ pub(super) fn param(url: &str, name: &str) -> Option<String> {
 
 pub(super) struct Setup {
     pub(super) stack: Stack,
-    cookie: String,
+    pub(super) cookie: String,
     csrf: String,
     /// The `flows` workflow project's id: authoring paths `workflows` and `code`.
     pub(super) flows: String,
@@ -53,7 +53,11 @@ pub(super) struct Setup {
 /// alice with a password, her code project `app` and a workflow project `flows` whose
 /// policy makes `workflows` and `code` the authoring paths; signed in to the console.
 pub(super) fn setup() -> Setup {
-    let stack = Stack::start();
+    setup_on(Stack::start())
+}
+
+/// [`setup`] on a stack already started (with its own config).
+pub(super) fn setup_on(stack: Stack) -> Setup {
     alice(&stack);
     stack
         .state
@@ -102,7 +106,7 @@ fn public_client(stack: &Stack) -> String {
 }
 
 /// `GET /oauth/authorize`: (status, Location, body).
-fn authorize(stack: &Stack, pairs: &[(&str, &str)]) -> (u16, String, String) {
+pub(super) fn authorize(stack: &Stack, pairs: &[(&str, &str)]) -> (u16, String, String) {
     let (status, headers, text) = http(
         stack.port,
         "GET",
@@ -122,7 +126,7 @@ fn resource(stack: &Stack) -> String {
 }
 
 /// A valid authorization request for `client` asking `scope`: the consent request id.
-fn start(s: &Setup, client: &str, scope: &str, verifier: &str) -> String {
+pub(super) fn start(s: &Setup, client: &str, scope: &str, verifier: &str) -> String {
     let resource = resource(&s.stack);
     let challenge = challenge_of(verifier);
     let (status, location, text) = authorize(
@@ -162,7 +166,7 @@ fn consent(s: &Setup, request_id: &str, decision: Value) -> (u16, Value) {
 }
 
 /// Allow with `decision` and return the code from the redirect (checking state and iss).
-fn allow(s: &Setup, request_id: &str, decision: Value) -> String {
+pub(super) fn allow(s: &Setup, request_id: &str, decision: Value) -> String {
     let (status, answer) = consent(s, request_id, decision);
     assert_eq!(status, 200, "{answer}");
     let redirect = answer["redirect"].as_str().unwrap();
@@ -175,7 +179,7 @@ fn allow(s: &Setup, request_id: &str, decision: Value) -> String {
     param(redirect, "code").unwrap()
 }
 
-fn exchange(s: &Setup, client: &str, code: &str, verifier: &str) -> (u16, Value) {
+pub(super) fn exchange(s: &Setup, client: &str, code: &str, verifier: &str) -> (u16, Value) {
     post_form(
         &s.stack,
         "/oauth/token",
@@ -232,7 +236,7 @@ fn write(s: &Setup, token: &str, path: &str, id: &str) -> Result<Value, Value> {
 }
 
 /// The HTTP status `/mcp` answers a `tools/list` with this token.
-fn mcp_status(s: &Setup, token: &str) -> u16 {
+pub(super) fn mcp_status(s: &Setup, token: &str) -> u16 {
     mcp_call(s.stack.port, token, "list_workflows", json!({})).0
 }
 

@@ -83,10 +83,10 @@ async fn a_server_on_loopback_is_never_reached() {
 
 /// A network namespace joined to this one by a veth pair: this side 11.a.b.1/30, the
 /// namespace side 11.a.b.2/30. Deleted on drop, whatever the test did.
-struct Netns {
-    name: String,
+pub(super) struct Netns {
+    pub(super) name: String,
     root_link: String,
-    inside: Ipv4Addr,
+    pub(super) inside: Ipv4Addr,
 }
 
 fn ip(args: &[&str]) {
@@ -103,7 +103,7 @@ fn ip(args: &[&str]) {
 }
 
 impl Netns {
-    fn create() -> Netns {
+    pub(super) fn create() -> Netns {
         assert!(
             nix::unistd::geteuid().is_root(),
             "the outbound tests need root to create a network namespace (`ip netns add`)"
@@ -401,7 +401,7 @@ async fn fetch_with_the_proxy_environment_set(url: &str) {
 }
 
 /// A self-signed certificate for `ip` made with the `openssl` command: (PEM dir, DER bytes).
-fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
+pub(super) fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("req.cnf");
     std::fs::write(
@@ -451,7 +451,7 @@ fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
 }
 
 /// Python's HTTPS server inside the namespace, killed on drop.
-struct TlsServer(std::process::Child);
+pub(super) struct TlsServer(pub(super) std::process::Child);
 
 impl Drop for TlsServer {
     fn drop(&mut self) {
@@ -524,7 +524,7 @@ async fn https_is_verified_against_the_trusted_roots() {
 }
 
 /// What a finished child wrote to stderr.
-fn stderr_of(child: &mut std::process::Child) -> String {
+pub(super) fn stderr_of(child: &mut std::process::Child) -> String {
     use std::io::Read;
     let _ = child.wait();
     let mut text = String::new();

@@ -47,8 +47,12 @@ use agentworks_daemon::ipc::server::{
     BodyRefusal, PublicLimits, Screen, ServerLimits, Verdict, serve, serve_public,
 };
 use agentworks_daemon::layout::ensure_private_dir;
+use agentworks_support::outbound::GuardedClient;
 use agentworks_support::unix_http::UnixClient;
 use hyper::{Method, Request, StatusCode};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use std::path::Path;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -148,13 +152,7 @@ pub async fn run(
         chats: chat_service.clone(),
         sessions: sessions.clone(),
     });
-    let outbound = match agentworks_support::outbound::GuardedClient::new() {
-        Ok(client) => Some(client),
-        Err(error) => {
-            tracing::error!(%error, "cannot build the outbound HTTP client; OAuth clients named by a metadata document are refused");
-            None
-        }
-    };
+    let outbound = outbound_client(config);
     let oauth = oauth::server::AuthorizationServer::new(
         identity.clone(),
         &config.agentd.public_url(),
@@ -209,6 +207,56 @@ pub async fn run(
         ),
         serve(socket, socket_handler, shutdown, socket_limits),
     );
+}
+
+/// The guarded client agentd fetches OAuth client metadata documents with: the public web
+/// roots plus `agentd.outbound_root_certificates`. `None` (logged, naming the file) when one of
+/// those files cannot be used, so metadata documents are refused rather than fetched while
+/// trusting fewer roots than the operator configured.
+fn outbound_client(config: &Config) -> Option<GuardedClient> {
+    let refused = "OAuth clients named by a metadata document are refused";
+    let mut builder = GuardedClient::builder();
+    for path in &config.agentd.outbound_root_certificates {
+        match root_certificates(path) {
+            Ok(certificates) => {
+                for certificate in certificates {
+                    builder = builder.add_root_certificate_der(certificate.to_vec());
+                }
+            }
+            Err(error) => {
+                tracing::error!(
+                    file = %path.display(),
+                    "cannot use agentd.outbound_root_certificates: {error}; {refused}"
+                );
+                return None;
+            }
+        }
+    }
+    match builder.build() {
+        Ok(client) => Some(client),
+        Err(error) => {
+            tracing::error!(%error, "cannot build the outbound HTTP client; {refused}");
+            None
+        }
+    }
+}
+
+/// The certificates of one PEM file, each usable as a root; the error names the file.
+fn root_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let file = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{file} is not valid PEM: {e}"))?;
+    if certificates.is_empty() {
+        return Err(format!("{file} holds no PEM certificate"));
+    }
+    for (index, certificate) in certificates.iter().enumerate() {
+        rustls::RootCertStore::empty()
+            .add(certificate.clone())
+            .map_err(|e| format!("certificate {} of {file} is unusable: {e}", index + 1))?;
+    }
+    Ok(certificates)
 }
 
 /// agentd's MCP endpoint: the transport over the workflow-file catalog.
@@ -403,4 +451,46 @@ fn not_found(path: &str) -> hyper::Response<Body> {
         format!("{path} is not served here; MCP is at /mcp"),
         Default::default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::root_certificates;
+
+    #[test]
+    fn an_unusable_root_certificate_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let error = root_certificates(&missing).unwrap_err();
+        assert!(
+            error.contains("cannot read") && error.contains("missing.pem"),
+            "{error}"
+        );
+        for (name, text, says) in [
+            ("empty.pem", "", "holds no PEM certificate"),
+            (
+                "key.pem",
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+                "holds no PEM certificate",
+            ),
+            (
+                "cut.pem",
+                "-----BEGIN CERTIFICATE-----\nAAAA\n",
+                "is not valid PEM",
+            ),
+            (
+                "junk.pem",
+                "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+                "certificate 1 of",
+            ),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let error = root_certificates(&path).unwrap_err();
+            assert!(
+                error.contains(says) && error.contains(name),
+                "{name}: {error}"
+            );
+        }
+    }
 }

@@ -129,6 +129,11 @@ pub struct AgentdConfig {
     /// Handshake-era (2025) MCP sessions one token may hold; one more ends its least recently
     /// used.
     pub max_sessions_per_token: usize,
+    /// PEM files (absolute paths, each holding one or more certificates) of root CAs agentd's
+    /// outbound requests trust besides the public web roots, e.g. an internal CA serving OAuth
+    /// client metadata documents. A file agentd cannot read or parse is logged and metadata
+    /// documents are then not fetched at all.
+    pub outbound_root_certificates: Vec<PathBuf>,
     /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
     pub model: Option<ModelConfig>,
 }
@@ -206,6 +211,7 @@ impl Default for AgentdConfig {
             max_connections_per_address: 64,
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             max_sessions_per_token: 32,
+            outbound_root_certificates: Vec::new(),
             model: None,
         }
     }
@@ -408,7 +414,9 @@ impl Config {
                 model.and_then(|m| m.api_key_file.as_deref()),
             ),
         ];
-        for (key, path) in paths {
+        let roots = self.agentd.outbound_root_certificates.iter();
+        let roots = roots.map(|path| ("agentd.outbound_root_certificates", Some(path.as_path())));
+        for (key, path) in paths.into_iter().chain(roots) {
             if let Some(path) = path
                 && !path.is_absolute()
             {
@@ -779,6 +787,36 @@ public_url = "wss://gw.example.com/"
             let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
             assert!(matches!(err, ConfigError::Parse { .. }), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn outbound_root_certificates_are_absolute_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "[agentd]\noutbound_root_certificates = [\"/etc/agentworks/ca.pem\", \"/x/b.pem\"]",
+        );
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(
+            c.agentd.outbound_root_certificates,
+            [Path::new("/etc/agentworks/ca.pem"), Path::new("/x/b.pem")]
+        );
+        let path = write(
+            dir.path(),
+            "[agentd]\noutbound_root_certificates = [\"/etc/ca.pem\", \"ca.pem\"]",
+        );
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::RelativePath {
+                    key: "agentd.outbound_root_certificates",
+                    path,
+                    ..
+                } if path == Path::new("ca.pem")
+            ),
+            "{err}"
+        );
     }
 
     #[test]

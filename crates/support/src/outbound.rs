@@ -350,7 +350,8 @@ impl Builder {
         self
     }
 
-    /// Trust one more root certificate (DER) besides the webpki roots: a test's own.
+    /// Trust one more root certificate (DER) besides the webpki roots: an internal CA the
+    /// operator configured, or a test's own.
     pub fn add_root_certificate_der(mut self, der: Vec<u8>) -> Self {
         self.extra_roots.push(CertificateDer::from(der));
         self

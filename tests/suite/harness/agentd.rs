@@ -35,7 +35,7 @@ impl Stack {
 
     /// workspaced + agentd on a new state root with `config`, agentd listening on `port`;
     /// returns once agentd answers on its socket.
-    pub(super) fn start_on(port: u16, config: &str) -> Stack {
+    pub fn start_on(port: u16, config: &str) -> Stack {
         let state = StateRoot::new();
         state.set_config(config);
         let workspaced = Workspaced::start(&state);
