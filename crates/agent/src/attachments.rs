@@ -303,7 +303,8 @@ impl AttachmentStore {
         Ok(claimed)
     }
 
-    /// The attachments of one turn of a chat, in upload order.
+    /// The attachments of one turn of a chat, in upload order: by time, then by insertion
+    /// (`rowid`), since two uploads can share a millisecond and ids are random.
     pub fn for_turn(
         &self,
         chat_id: &str,
@@ -312,7 +313,7 @@ impl AttachmentStore {
         let db = self.db();
         let mut stmt = db.prepare_cached(&format!(
             "SELECT {INFO_COLUMNS} FROM attachments WHERE chat_id = ?1 AND turn = ?2
-             ORDER BY created_at_ms, id"
+             ORDER BY created_at_ms, rowid"
         ))?;
         let rows = stmt.query_map(params![chat_id, turn], row_info)?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -330,7 +331,7 @@ impl AttachmentStore {
         let mut stmt = db.prepare_cached(&format!(
             "SELECT {INFO_COLUMNS}, data FROM attachments
              WHERE chat_id = ?1 AND turn = ?2 AND (id = ?3 OR name = ?3)
-             ORDER BY created_at_ms, id LIMIT 1"
+             ORDER BY created_at_ms, rowid LIMIT 1"
         ))?;
         stmt.query_row(params![chat_id, turn, id_or_name], |r| {
             Ok((row_info(r)?, r.get::<_, Vec<u8>>(9)?))
