@@ -421,6 +421,53 @@ fn consent_to_one_folder_then_writes_refresh_reuse_and_revocation() {
     );
     assert_eq!(status, 400, "the rotated token died with its family");
 
+    // RFC 7009: revoking the refresh token ends the grant's access tokens too; an unknown
+    // token, or another client's, is answered 200 and changes nothing.
+    let (client, tokens) = granted(
+        &s,
+        "workflows:read",
+        json!({"allow": true, "projects": [s.flows]}),
+    );
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    let other = public_client(&s.stack);
+    for (token, by) in [
+        (
+            "awr_0000000000000000_".to_owned() + &"0".repeat(64),
+            client.as_str(),
+        ),
+        (
+            tokens["refresh_token"].as_str().unwrap().to_owned(),
+            other.as_str(),
+        ),
+    ] {
+        let (status, _) = post_form(
+            &s.stack,
+            "/oauth/revoke",
+            &form(&[("token", &token), ("client_id", by)]),
+            &[],
+        );
+        assert_eq!(status, 200);
+        assert_eq!(mcp_status(&s, &access), 200, "nothing was revoked");
+    }
+    let (status, _) = post_form(
+        &s.stack,
+        "/oauth/revoke",
+        &form(&[
+            ("token", tokens["refresh_token"].as_str().unwrap()),
+            ("token_type_hint", "refresh_token"),
+            ("client_id", &client),
+        ]),
+        &[],
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        mcp_status(&s, &access),
+        401,
+        "revoked with its refresh token"
+    );
+    let (status, _) = refresh(&s, &client, tokens["refresh_token"].as_str().unwrap(), None);
+    assert_eq!(status, 400);
+
     // A third grant, revoked in Connected apps: its tokens stop at once.
     let (_, tokens) = granted(
         &s,
@@ -709,6 +756,34 @@ fn confidential_clients_authenticate_and_registration_is_checked_and_limited() {
         (status, answer["error"].as_str()),
         (400, Some("invalid_grant")),
         "authenticated, then the refresh token is refused: {answer}"
+    );
+    // client_secret_post: the same client, its secret in the form.
+    let (status, answer) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &format!(
+            "{body}&{}",
+            form(&[("client_id", &client), ("client_secret", &secret)])
+        ),
+        &[],
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{answer}"
+    );
+    let (status, answer) = post_form(
+        &s.stack,
+        "/oauth/token",
+        &format!(
+            "{body}&{}",
+            form(&[("client_id", &client), ("client_secret", "nope")])
+        ),
+        &[],
+    );
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (401, Some("invalid_client"))
     );
     // Without its secret a confidential client is refused.
     let (status, _) = post_form(
