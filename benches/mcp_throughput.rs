@@ -545,7 +545,7 @@ fn measure_all(target: &Path, base: &Path, measure: Duration) -> Result<(), Erro
     }
 
     // Ours.
-    let mut stack = common::stack::start(base, PROJECTS, &runtime);
+    let mut stack = common::stack::start(base, PROJECTS, PROJECTS * IN_FLIGHT[2] + 8, &runtime);
     let endpoint = || Endpoint {
         port: stack.port,
         headers: vec![

@@ -234,7 +234,7 @@ fn start_ours(base: &Path) -> Ours {
         .enable_all()
         .build()
         .unwrap();
-    let stack = common::stack::start(base, 1, &runtime);
+    let stack = common::stack::start(base, 1, 1, &runtime);
     let port = stack.port;
     let sender = runtime.block_on(async {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))

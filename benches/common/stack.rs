@@ -22,8 +22,15 @@ pub struct Stack {
     pub state: tempfile::TempDir,
 }
 
-/// Start the stack on a fresh state root under `base`, using `runtime` for the admin calls.
-pub fn start(base: &Path, projects: usize, runtime: &tokio::runtime::Runtime) -> Stack {
+/// Start the stack on a fresh state root under `base`, using `runtime` for the admin calls;
+/// agentd's listener takes up to `connections` connections from 127.0.0.1 (at least its
+/// default, 64).
+pub fn start(
+    base: &Path,
+    projects: usize,
+    connections: usize,
+    runtime: &tokio::runtime::Runtime,
+) -> Stack {
     let state_dir = tempfile::Builder::new()
         .prefix("state-")
         .tempdir_in(base)
@@ -32,7 +39,11 @@ pub fn start(base: &Path, projects: usize, runtime: &tokio::runtime::Runtime) ->
     let port = ports::free_port();
     std::fs::write(
         state.join("agentworks.toml"),
-        format!("[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"),
+        format!(
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\
+             max_connections_per_address = {}\n",
+            connections.max(64)
+        ),
     )
     .unwrap();
 
