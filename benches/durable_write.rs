@@ -11,14 +11,17 @@
 
 // The test harness's daemon helpers; this benchmark uses part of them.
 #[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
 #[path = "../tests/common/daemons.rs"]
 mod daemons;
+#[allow(dead_code)]
+#[path = "../tests/common/ports.rs"]
+mod ports;
 
 use agentworks_support::unix_http::UnixClient;
 use daemons::Process;
 use serde_json::json;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -38,18 +41,14 @@ fn floor(dir: &Path, writes: usize) -> Duration {
     let dir_file = std::fs::File::open(dir).unwrap();
     let started = Instant::now();
     for i in 0..writes {
-        let target = dir.join(format!("f{}.txt", i % FILES));
-        let temp = dir.join(format!(".tmp-{i}"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .unwrap();
-        f.write_all(content(i).as_bytes()).unwrap();
-        f.sync_all().unwrap();
-        std::fs::rename(&temp, &target).unwrap();
-        dir_file.sync_all().unwrap();
+        common::floor::durable_replace(
+            &dir_file,
+            dir,
+            &format!(".tmp-{i}"),
+            &format!("f{}.txt", i % FILES),
+            content(i).as_bytes(),
+        )
+        .unwrap();
     }
     started.elapsed()
 }

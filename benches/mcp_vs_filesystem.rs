@@ -15,18 +15,20 @@
 //! Ours should still not be slower; the ratios (ours/reference) are printed at the end.
 //!
 //! Run: `cargo bench --bench mcp_vs_filesystem -- 500` (writes and reads per server; default
-//! 500, after 50 + 50 warm-up operations). The reference server is installed once with npm into
+//! 500, after 50 + 50 warm-up operations). The reference server, pinned by
+//! `benches/mcp-reference/package-lock.json`, is installed once with `npm ci` into
 //! `target/bench-mcp-node`; without it (no npm, no network) the benchmark fails, never guesses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
+#[allow(dead_code)]
+mod common;
 #[allow(dead_code)]
 #[path = "../tests/common/daemons.rs"]
 mod daemons;
 #[path = "../tests/common/ports.rs"]
 mod ports;
 
-use agentworks_support::unix_http::UnixClient;
 use bytes::Bytes;
 use daemons::Process;
 use http_body_util::{BodyExt, Full};
@@ -42,8 +44,6 @@ const SIZE: usize = 4096;
 const WARMUP: usize = 50;
 /// Operations per turn when the two servers take turns.
 const CHUNK: usize = 25;
-const PACKAGE: &str = "@modelcontextprotocol/server-filesystem";
-const VERSION: &str = "2026.8.31";
 const PROTOCOL: &str = "2026-07-28";
 
 fn content(i: usize) -> String {
@@ -133,8 +133,7 @@ fn measure(mut servers: [&mut dyn Server; 2], ops: usize) -> [Figures; 2] {
 // ---------------------------------------------------------------------------------------------
 // Ours: workspaced + agentd, one keep-alive HTTP/1.1 connection to /mcp.
 
-/// Fields drop in order: the connection, then agentd (it calls workspaced), then workspaced,
-/// then the state root.
+/// Fields drop in order: the connection, then the stack.
 struct Ours {
     sender: SendRequest<Full<Bytes>>,
     runtime: tokio::runtime::Runtime,
@@ -143,9 +142,7 @@ struct Ours {
     workflow_id: String,
     revisions: Vec<String>,
     next_id: u64,
-    _agentd: Process,
-    _workspaced: Process,
-    _state: tempfile::TempDir,
+    _stack: common::stack::Stack,
 }
 
 impl Ours {
@@ -233,76 +230,12 @@ impl Server for Ours {
 }
 
 fn start_ours(base: &Path) -> Ours {
-    let state_dir = tempfile::Builder::new()
-        .prefix("state-")
-        .tempdir_in(base)
-        .unwrap();
-    let state = state_dir.path();
-    let port = ports::free_port();
-    std::fs::write(
-        state.join("agentworks.toml"),
-        format!("[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n"),
-    )
-    .unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-
-    let workspaced_socket = UnixClient::new(state.join("run/workspaced.sock"));
-    let agentd_socket = UnixClient::new(state.join("run/agentd.sock"));
-    let mut workspaced = Process::daemon(
-        "agentworks-workspaced",
-        env!("CARGO_BIN_EXE_agentworks-workspaced"),
-        state,
-    );
-    runtime.block_on(workspaced.wait_ready(Duration::from_secs(30), || async {
-        workspaced_socket.get::<Value>("/v1/health").await.is_ok()
-    }));
-    let mut agentd = Process::daemon(
-        "agentworks-agentd",
-        env!("CARGO_BIN_EXE_agentworks-agentd"),
-        state,
-    );
-    runtime.block_on(agentd.wait_ready(Duration::from_secs(30), || async {
-        agentd_socket
-            .post::<_, Value>("/v1/admin/users/list", &json!({}))
-            .await
-            .is_ok()
-    }));
-
-    let (workflow_id, token) = runtime.block_on(async {
-        let admin = |endpoint: &'static str, body: Value| {
-            let agentd_socket = &agentd_socket;
-            async move {
-                agentd_socket
-                    .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
-                    .await
-                    .unwrap_or_else(|e| panic!("admin {endpoint}: {e}"))
-            }
-        };
-        admin("users/add", json!({"name": "bench"})).await;
-        admin(
-            "projects/add",
-            json!({"name": "bench", "kind": "workflow", "owner": "bench"}),
-        )
-        .await;
-        let projects = admin("projects/list", json!({})).await;
-        let workflow_id = projects
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["name"] == "bench"))
-            .and_then(|p| p["id"].as_str())
-            .expect("the bench workflow is listed")
-            .to_owned();
-        let created = admin(
-            "tokens/create",
-            json!({"user": "bench", "scopes": ["workflows:write"]}),
-        )
-        .await;
-        let token = created["token"].as_str().expect("a token").to_owned();
-        (workflow_id, token)
-    });
-
+    let stack = common::stack::start(base, 1, 1, &runtime);
+    let port = stack.port;
     let sender = runtime.block_on(async {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -319,68 +252,16 @@ fn start_ours(base: &Path) -> Ours {
         sender,
         runtime,
         port,
-        auth: format!("Bearer {token}"),
-        workflow_id,
+        auth: stack.auth.clone(),
+        workflow_id: stack.workflows[0].clone(),
         revisions: vec!["missing".to_owned(); FILES],
         next_id: 0,
-        _agentd: agentd,
-        _workspaced: workspaced,
-        _state: state_dir,
+        _stack: stack,
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Reference: @modelcontextprotocol/server-filesystem over stdio.
-
-/// Install the pinned reference server into `cache` unless it is already there; its entry point.
-fn install_reference(cache: &Path) -> Result<PathBuf, String> {
-    let package_dir = cache.join("node_modules").join(PACKAGE);
-    let entry = package_dir.join("dist/index.js");
-    let installed_version = std::fs::read_to_string(package_dir.join("package.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-        .and_then(|manifest| manifest["version"].as_str().map(str::to_owned));
-    if installed_version.as_deref() == Some(VERSION) && entry.is_file() {
-        return Ok(entry);
-    }
-    std::fs::create_dir_all(cache)
-        .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
-    // Its own package.json, so npm installs here and not into an enclosing project.
-    let manifest = cache.join("package.json");
-    if !manifest.exists() {
-        std::fs::write(
-            &manifest,
-            "{\"name\": \"agentworks-bench-mcp-node\", \"private\": true}\n",
-        )
-        .map_err(|e| format!("cannot write {}: {e}", manifest.display()))?;
-    }
-    eprintln!(
-        "installing {PACKAGE}@{VERSION} into {} (once)",
-        cache.display()
-    );
-    let output = Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund"])
-        .arg(format!("{PACKAGE}@{VERSION}"))
-        .current_dir(cache)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run npm (is Node.js installed?): {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "npm install {PACKAGE}@{VERSION} failed ({}):\n{}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    if !entry.is_file() {
-        return Err(format!(
-            "npm install succeeded but {} is missing",
-            entry.display()
-        ));
-    }
-    Ok(entry)
-}
 
 /// Fields drop in order: the pipes, the server, then its temp dir.
 struct Reference {
@@ -546,8 +427,8 @@ fn main() {
     let base = target.join("bench-mcp");
 
     // The reference first: without it there is nothing to compare against.
-    let entry = match install_reference(&target.join("bench-mcp-node")) {
-        Ok(entry) => entry,
+    let installed = match common::reference::install(&target.join("bench-mcp-node")) {
+        Ok(installed) => installed,
         Err(e) => {
             eprintln!("cannot install the reference MCP server: {e}");
             std::process::exit(1);
@@ -556,7 +437,7 @@ fn main() {
 
     std::fs::create_dir_all(&base).unwrap();
     let mut ours = start_ours(&base);
-    let mut reference = match Reference::start(&entry, &base) {
+    let mut reference = match Reference::start(&installed.entry, &base) {
         Ok(reference) => reference,
         Err(e) => {
             eprintln!("the reference MCP server failed to start: {e}");
@@ -588,7 +469,10 @@ fn main() {
     );
     println!("                                              write_file/s   read_file/s");
     println!("  agentworks /mcp (HTTP keep-alive, durable)  {ours_w:>12.1}  {ours_r:>12.1}");
-    println!("  server-filesystem {VERSION} (stdio)       {ref_w:>12.1}  {ref_r:>12.1}");
+    println!(
+        "  server-filesystem {} (stdio)       {ref_w:>12.1}  {ref_r:>12.1}",
+        installed.version
+    );
     println!(
         "  ratio ours/reference                        {:>12.3}  {:>12.3}",
         ours_w / ref_w,

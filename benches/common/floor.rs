@@ -1,0 +1,84 @@
+//! The least any durable replace costs on a filesystem: write the content to a new temp file,
+//! fsync it, rename it over the target, fsync the folder. No socket, no lock, no database.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One durable replace of `dir/target` with `content`, through `dir/temp`; `dir_file` is `dir`
+/// opened for the folder sync.
+pub fn durable_replace(
+    dir_file: &File,
+    dir: &Path,
+    temp: &str,
+    target: &str,
+    content: &[u8],
+) -> std::io::Result<()> {
+    let temp = dir.join(temp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&temp)?;
+    f.write_all(content)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&temp, dir.join(target))?;
+    dir_file.sync_all()
+}
+
+/// `streams` threads, each in its own folder `dir/s<k>`, doing durable replaces of a new
+/// file each time with `content` for `warmup` and then `measure`. The latencies of the
+/// replaces that completed within `measure` (all streams together).
+pub fn timed_streams(
+    dir: &Path,
+    streams: usize,
+    content: &[u8],
+    warmup: Duration,
+    measure: Duration,
+) -> std::io::Result<Vec<Duration>> {
+    let start = Instant::now() + Duration::from_millis(20);
+    let from = start + warmup;
+    let until = from + measure;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..streams)
+            .map(|k| {
+                let folder = dir.join(format!("s{k}"));
+                scope.spawn(move || -> std::io::Result<Vec<Duration>> {
+                    std::fs::create_dir_all(&folder)?;
+                    let dir_file = File::open(&folder)?;
+                    let mut latencies = Vec::new();
+                    std::thread::sleep(start.saturating_duration_since(Instant::now()));
+                    let mut seq = 0u64;
+                    loop {
+                        let began = Instant::now();
+                        if began >= until {
+                            break;
+                        }
+                        seq += 1;
+                        let name = format!("f{seq}.txt");
+                        durable_replace(
+                            &dir_file,
+                            &folder,
+                            &format!(".tmp-{seq}"),
+                            &name,
+                            content,
+                        )?;
+                        let done = Instant::now();
+                        if done >= from && done <= until {
+                            latencies.push(done - began);
+                        }
+                    }
+                    Ok(latencies)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for handle in handles {
+            all.extend(handle.join().expect("a floor stream panicked")?);
+        }
+        Ok(all)
+    })
+}

@@ -1,0 +1,21 @@
+//! Parts shared by the benchmarks (`benches/*.rs` include this directory with `mod common;`,
+//! after declaring the test harness's `daemons` and `ports` modules, which these use).
+//!
+//! - [`stack`]: workspaced + agentd on a temp state root, with projects and a token.
+//! - [`reference`]: the pinned reference MCP filesystem server (`benches/mcp-reference/`).
+//! - [`floor`]: the disk's floor for a durable replace.
+
+pub mod floor;
+pub mod reference;
+pub mod stack;
+
+/// `SIZE` bytes of text that start with `write {i}`: the content of write `i`.
+pub fn content(i: u64, size: usize) -> String {
+    const LINE: &str = "agentworks MCP write benchmark line\n";
+    let mut s = format!("write {i}\n");
+    while s.len() < size {
+        s.push_str(LINE);
+    }
+    s.truncate(size);
+    s
+}

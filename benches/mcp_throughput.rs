@@ -1,0 +1,757 @@
+//! MCP throughput under concurrency, in one run on one filesystem: our `/mcp` (agentd →
+//! workspaced, durable `write_file` and `read_file`) against the reference filesystem MCP
+//! server over streamable HTTP, and against the disk's floor for a durable replace.
+//!
+//! - Ours: workspaced + agentd on a temp state root with 8 workflow projects. A Rust load
+//!   generator (one thread, hyper HTTP/1.1 keep-alive, one request in flight per connection)
+//!   sends stateless 2026-07-28 `tools/call` POSTs (the protocol version and client capabilities
+//!   in `_meta`, the bearer token on every call). `write_file` creates a new 4 KiB file on every
+//!   call (`expected_revision: "missing"`, a fresh request id); `read_file` reads one of 16
+//!   4 KiB files written beforehand. 1, 4 and 16 connections in one project, and 8 projects
+//!   in parallel with 1, 4 and 16 connections each.
+//! - Reference: `@modelcontextprotocol/server-filesystem` (pinned in `benches/mcp-reference/`)
+//!   on the TypeScript SDK's streamable HTTP transport, one initialised session shared by all
+//!   connections (the SDK's stateless mode needs a server per request, which that server
+//!   cannot make), JSON responses, driven the same way. Its write is a plain write (no fsync,
+//!   no revision check, no receipt).
+//! - Floor: write 4 KiB to a new temp file, fsync, rename, fsync the folder, in 1, 4 and 8
+//!   threads (one folder each), next to the state root; before and after the servers, the
+//!   better of the two runs counts (other load on the disk only ever slows it).
+//!
+//! Each cell runs WARMUP, then MEASURE; ops/s counts the calls completed within MEASURE, and
+//! p50/p99 are their latencies. A benchmark: nothing is asserted about timings; it exits
+//! non-zero only when something fails to run (a daemon, npm, a call that errors).
+//!
+//! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+// The test harness's daemon helpers; this benchmark uses part of them.
+#[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
+#[path = "../tests/common/daemons.rs"]
+mod daemons;
+#[path = "../tests/common/ports.rs"]
+mod ports;
+
+use bytes::Bytes;
+use daemons::Process;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const SIZE: usize = 4096;
+const READ_FILES: usize = 16;
+const PROJECTS: usize = 8;
+const IN_FLIGHT: [usize; 3] = [1, 4, 16];
+const STREAMS: [usize; 3] = [1, 4, 8];
+const WARMUP: Duration = Duration::from_millis(500);
+const PROTOCOL: &str = "2026-07-28";
+/// What the reference server is initialised with (its SDK predates 2026-07-28).
+const REFERENCE_PROTOCOL: &str = "2025-06-18";
+
+type Error = String;
+
+// ---------------------------------------------------------------------------------------------
+// The load generator.
+
+/// How to reach one server's `/mcp` and what each call carries.
+struct Endpoint {
+    port: u16,
+    /// Headers on every POST besides host, content-type and accept.
+    headers: Vec<(&'static str, String)>,
+    /// Ours: the 2026-07-28 `_meta` in every `tools/call`; the reference has a session.
+    stateless_meta: bool,
+}
+
+/// JSON-RPC ids, unique across all connections (the reference's session needs that).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+async fn connect(port: u16) -> Result<SendRequest<Full<Bytes>>, Error> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
+    stream.set_nodelay(true).unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("HTTP handshake with 127.0.0.1:{port}: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// POST one JSON-RPC message to `/mcp`; the status, the response headers and the JSON reply
+/// (`Value::Null` for an empty body).
+async fn post(
+    sender: &mut SendRequest<Full<Bytes>>,
+    endpoint: &Endpoint,
+    extra: &[(&str, &str)],
+    body: &Value,
+) -> Result<(u16, hyper::HeaderMap, Value), Error> {
+    let mut request = hyper::Request::post("/mcp")
+        .header("host", format!("127.0.0.1:{}", endpoint.port))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in &endpoint.headers {
+        request = request.header(*name, value);
+    }
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("the connection closed: {e}"))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("POST /mcp: {e}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let sse = headers
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("reading the reply: {e}"))?
+        .to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let json_text = if sse {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        text.into_owned()
+    };
+    let reply = if json_text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&json_text)
+            .map_err(|e| format!("HTTP {status}, not JSON ({e}): {json_text}"))?
+    };
+    Ok((status, headers, reply))
+}
+
+/// One `tools/call`; its `result`, which must not be an error.
+async fn call(
+    sender: &mut SendRequest<Full<Bytes>>,
+    endpoint: &Endpoint,
+    tool: &str,
+    arguments: Value,
+) -> Result<Value, Error> {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let mut params = json!({"name": tool, "arguments": arguments});
+    if endpoint.stateless_meta {
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+            "io.modelcontextprotocol/clientCapabilities": {}
+        });
+    }
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let extra: &[(&str, &str)] = if endpoint.stateless_meta {
+        &[("mcp-method", "tools/call"), ("mcp-name", tool)]
+    } else {
+        &[]
+    };
+    let (status, _, reply) = post(sender, endpoint, extra, &body).await?;
+    let result = &reply["result"];
+    if status != 200 || !result.is_object() || result["isError"] == true {
+        return Err(format!("{tool}: HTTP {status}: {reply}"));
+    }
+    Ok(result.clone())
+}
+
+/// What one connection does, call after call.
+#[derive(Clone, Copy)]
+enum Op {
+    Write,
+    Read,
+}
+
+/// One server under load: which tool, with which arguments, and how to check the reply.
+trait Target: Send + Sync {
+    fn endpoint(&self) -> &Endpoint;
+    /// The tool and arguments of call `seq` of connection `conn` in cell `cell`.
+    fn request(&self, op: Op, cell: usize, conn: usize, seq: u64) -> (&'static str, Value);
+    /// The content a `read_file` result carries.
+    fn read_content<'r>(&self, result: &'r Value) -> Option<&'r str>;
+}
+
+struct Sample {
+    latencies: Vec<Duration>,
+    window: Duration,
+}
+
+impl Sample {
+    fn per_sec(&self) -> f64 {
+        self.latencies.len() as f64 / self.window.as_secs_f64()
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        sorted[rank - 1]
+    }
+}
+
+/// `connections` connections, each with one call in flight, doing `op` for WARMUP then
+/// `measure`.
+fn load(
+    runtime: &tokio::runtime::Runtime,
+    target: Arc<dyn Target>,
+    op: Op,
+    cell: usize,
+    connections: usize,
+    measure: Duration,
+) -> Result<Sample, Error> {
+    let expected = common::content(0, SIZE);
+    runtime.block_on(async {
+        let mut senders = Vec::new();
+        for _ in 0..connections {
+            senders.push(connect(target.endpoint().port).await?);
+        }
+        let from = Instant::now() + WARMUP;
+        let until = from + measure;
+        let tasks: Vec<_> = senders
+            .into_iter()
+            .enumerate()
+            .map(|(conn, mut sender)| {
+                let target = Arc::clone(&target);
+                let expected = expected.clone();
+                tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    let mut seq = 0u64;
+                    loop {
+                        let began = Instant::now();
+                        if began >= until {
+                            break;
+                        }
+                        seq += 1;
+                        let (tool, arguments) = target.request(op, cell, conn, seq);
+                        let result = call(&mut sender, target.endpoint(), tool, arguments).await?;
+                        if matches!(op, Op::Read)
+                            && target.read_content(&result) != Some(expected.as_str())
+                        {
+                            return Err(format!("{tool} returned other content: {result}"));
+                        }
+                        let done = Instant::now();
+                        if done >= from && done <= until {
+                            latencies.push(done - began);
+                        }
+                    }
+                    Ok::<_, Error>(latencies)
+                })
+            })
+            .collect();
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(
+                task.await
+                    .map_err(|e| format!("a connection panicked: {e}"))??,
+            );
+        }
+        Ok(Sample {
+            latencies,
+            window: measure,
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ours.
+
+struct Ours {
+    endpoint: Endpoint,
+    /// The workflows the connections spread over (connection k → workflows[k % len]).
+    workflows: Vec<String>,
+    content: Vec<String>,
+}
+
+impl Target for Ours {
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn request(&self, op: Op, cell: usize, conn: usize, seq: u64) -> (&'static str, Value) {
+        let workflow = &self.workflows[conn % self.workflows.len()];
+        match op {
+            Op::Write => (
+                "write_file",
+                json!({
+                    "workflow_id": workflow,
+                    "path": format!("t{cell}-c{conn}-{seq}.txt"),
+                    "content": self.content[seq as usize % self.content.len()],
+                    "expected_revision": "missing",
+                    "request_id": format!("bench-{cell}-{conn}-{seq}"),
+                }),
+            ),
+            Op::Read => (
+                "read_file",
+                json!({
+                    "workflow_id": workflow,
+                    "path": format!("r{}.txt", (conn / self.workflows.len()) % READ_FILES),
+                }),
+            ),
+        }
+    }
+
+    fn read_content<'r>(&self, result: &'r Value) -> Option<&'r str> {
+        result["structuredContent"]["content"].as_str()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference.
+
+struct Reference {
+    endpoint: Endpoint,
+    /// The canonical folder it serves.
+    dir: PathBuf,
+    content: Vec<String>,
+}
+
+impl Target for Reference {
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn request(&self, op: Op, cell: usize, conn: usize, seq: u64) -> (&'static str, Value) {
+        match op {
+            Op::Write => (
+                "write_file",
+                json!({
+                    "path": self.dir.join(format!("t{cell}-c{conn}-{seq}.txt")),
+                    "content": self.content[seq as usize % self.content.len()],
+                }),
+            ),
+            Op::Read => (
+                "read_text_file",
+                json!({"path": self.dir.join(format!("r{}.txt", conn % READ_FILES))}),
+            ),
+        }
+    }
+
+    fn read_content<'r>(&self, result: &'r Value) -> Option<&'r str> {
+        result["content"][0]["text"].as_str()
+    }
+}
+
+/// The reference server on streamable HTTP, serving a fresh folder under `base`; the process
+/// and the folder (dropped in that order).
+fn start_reference(
+    installed: &common::reference::Installed,
+    base: &Path,
+    runtime: &tokio::runtime::Runtime,
+    content: Vec<String>,
+) -> Result<(Reference, Process, tempfile::TempDir), Error> {
+    let work = tempfile::Builder::new()
+        .prefix("reference-")
+        .tempdir_in(base)
+        .unwrap();
+    std::fs::create_dir_all(work.path().join("files")).unwrap();
+    // The server compares real paths: hand it the canonical one.
+    let dir = work.path().join("files").canonicalize().unwrap();
+    let log_path = work.path().join("server.stderr");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let port = ports::free_port();
+    let register = url::Url::from_file_path(&installed.register).unwrap();
+    let child = Command::new("node")
+        .arg("--import")
+        .arg(register.as_str())
+        .arg(&installed.entry)
+        .arg(&dir)
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot run node: {e}"))?;
+    let mut process = Process {
+        name: "server-filesystem",
+        child,
+    };
+    let with_log = |e: String| {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        format!("{e}\nreference server stderr:\n{log}")
+    };
+    // Initialise one session (retrying until it listens); every connection then uses it.
+    let session = runtime.block_on(async {
+        let endpoint = Endpoint {
+            port,
+            headers: Vec::new(),
+            stateless_meta: false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut sender = loop {
+            match connect(port).await {
+                Ok(sender) => break sender,
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => {
+                    if let Some(status) = process.exited() {
+                        return Err(format!("the reference server exited: {status}"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let initialize = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": REFERENCE_PROTOCOL, "capabilities": {},
+                "clientInfo": {"name": "agentworks-bench", "version": env!("CARGO_PKG_VERSION")}
+            }
+        });
+        let (status, headers, reply) = post(&mut sender, &endpoint, &[], &initialize).await?;
+        let session = headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or_else(|| format!("initialize: HTTP {status}, no session: {reply}"))?;
+        let version = reply["result"]["protocolVersion"]
+            .as_str()
+            .unwrap_or(REFERENCE_PROTOCOL)
+            .to_owned();
+        let endpoint = Endpoint {
+            port,
+            headers: vec![
+                ("mcp-session-id", session.clone()),
+                ("mcp-protocol-version", version.clone()),
+            ],
+            stateless_meta: false,
+        };
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let (status, _, _) = post(&mut sender, &endpoint, &[], &initialized).await?;
+        if status != 202 && status != 200 {
+            return Err(format!("notifications/initialized: HTTP {status}"));
+        }
+        Ok((session, version))
+    });
+    let (session, version) = session.map_err(with_log)?;
+    let reference = Reference {
+        endpoint: Endpoint {
+            port,
+            headers: vec![
+                ("mcp-session-id", session),
+                ("mcp-protocol-version", version),
+            ],
+            stateless_meta: false,
+        },
+        dir,
+        content,
+    };
+    Ok((reference, process, work))
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Write the files that connections `0..READ_FILES * workflows` read (`r0.txt` … in each
+/// workflow, each the content of write 0), through `target`.
+fn prepare_reads(
+    runtime: &tokio::runtime::Runtime,
+    target: &dyn Target,
+    workflows: usize,
+) -> Result<(), Error> {
+    let content = common::content(0, SIZE);
+    runtime.block_on(async {
+        let mut sender = connect(target.endpoint().port).await?;
+        for conn in 0..READ_FILES * workflows {
+            let (_, mut arguments) = target.request(Op::Write, 0, conn, 0);
+            let (_, read) = target.request(Op::Read, 0, conn, 0);
+            // Same folder, same workflow as the reads of connection `conn`.
+            arguments["path"] = read["path"].clone();
+            arguments["content"] = json!(content);
+            if let Some(id) = arguments.get_mut("request_id") {
+                *id = json!(format!("bench-read-{conn}"));
+            }
+            call(&mut sender, target.endpoint(), "write_file", arguments).await?;
+        }
+        Ok(())
+    })
+}
+
+struct Row {
+    label: String,
+    in_flight: usize,
+    sample: Sample,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn run() -> Result<(), Error> {
+    let seconds: f64 = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(3.0);
+    let measure = Duration::from_secs_f64(seconds);
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    // One filesystem for all three: temp dirs under the build's target dir.
+    let base = target.join("bench-mcp-throughput");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let base = base.canonicalize().unwrap();
+    let result = measure_all(&target, &base, measure);
+    let _ = std::fs::remove_dir_all(&base);
+    result
+}
+
+fn measure_all(target: &Path, base: &Path, measure: Duration) -> Result<(), Error> {
+    let installed = common::reference::install(&target.join("bench-mcp-node"))
+        .map_err(|e| format!("cannot install the reference MCP server: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let contents: Vec<String> = (0..64).map(|i| common::content(i, SIZE)).collect();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut cell = 0usize;
+
+    // The floor first, while nothing else of ours runs; again at the end (see `floor_rows`).
+    let floor_before = floor(base, measure)?;
+
+    // Ours.
+    let mut stack = common::stack::start(base, PROJECTS, PROJECTS * IN_FLIGHT[2] + 8, &runtime);
+    let endpoint = || Endpoint {
+        port: stack.port,
+        headers: vec![
+            ("authorization", stack.auth.clone()),
+            ("mcp-protocol-version", PROTOCOL.to_owned()),
+        ],
+        stateless_meta: true,
+    };
+    let one: Arc<dyn Target> = Arc::new(Ours {
+        endpoint: endpoint(),
+        workflows: stack.workflows[..1].to_vec(),
+        content: contents.clone(),
+    });
+    let eight: Arc<dyn Target> = Arc::new(Ours {
+        endpoint: endpoint(),
+        workflows: stack.workflows.clone(),
+        content: contents.clone(),
+    });
+    prepare_reads(&runtime, &*eight, PROJECTS)?;
+    for (label, target, per_project) in [
+        ("ours, 1 project", &one, 1),
+        ("ours, 8 projects", &eight, PROJECTS),
+    ] {
+        for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_file")] {
+            for in_flight in IN_FLIGHT {
+                cell += 1;
+                let sample = load(
+                    &runtime,
+                    Arc::clone(target),
+                    op,
+                    cell,
+                    in_flight * per_project,
+                    measure,
+                )
+                .map_err(|e| format!("{label} {tool} at {in_flight} in flight: {e}"))?;
+                rows.push(Row {
+                    label: format!("{label}, {tool}"),
+                    in_flight,
+                    sample,
+                });
+            }
+        }
+    }
+    for process in [&mut stack.agentd, &mut stack.workspaced] {
+        if let Some(status) = process.exited() {
+            return Err(format!("{} exited during the run: {status}", process.name));
+        }
+    }
+    drop(stack);
+
+    // The reference.
+    let (reference, mut process, work) = start_reference(&installed, base, &runtime, contents)?;
+    let reference: Arc<dyn Target> = Arc::new(reference);
+    let log = work.path().join("server.stderr");
+    let with_log = |e: String| {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{e}\nreference server stderr:\n{log}")
+    };
+    prepare_reads(&runtime, &*reference, 1).map_err(with_log)?;
+    for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
+        for in_flight in IN_FLIGHT {
+            cell += 1;
+            let sample = load(
+                &runtime,
+                Arc::clone(&reference),
+                op,
+                cell,
+                in_flight,
+                measure,
+            )
+            .map_err(|e| with_log(format!("reference {tool} at {in_flight} in flight: {e}")))?;
+            rows.push(Row {
+                label: format!("reference {}, {tool}", installed.version),
+                in_flight,
+                sample,
+            });
+        }
+    }
+    if let Some(status) = process.exited() {
+        return Err(with_log(format!("the reference server exited: {status}")));
+    }
+    drop(process);
+    drop(work);
+
+    let floor_after = floor(base, measure)?;
+    let mut all: Vec<Row> = floor_before
+        .into_iter()
+        .zip(floor_after)
+        .map(|(before, after)| {
+            if before.sample.per_sec() >= after.sample.per_sec() {
+                before
+            } else {
+                after
+            }
+        })
+        .collect();
+    all.extend(rows);
+    report(&all, base, measure);
+    Ok(())
+}
+
+/// The floor loop with 1, 4 and 8 streams (each in a fresh folder under `base/floor`).
+fn floor(base: &Path, measure: Duration) -> Result<Vec<Row>, Error> {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let content = common::content(1, SIZE);
+    let mut rows = Vec::new();
+    for streams in STREAMS {
+        let latencies = common::floor::timed_streams(
+            &base.join(format!("floor/run{run}-x{streams}")),
+            streams,
+            content.as_bytes(),
+            WARMUP,
+            measure,
+        )
+        .map_err(|e| format!("the floor loop failed: {e}"))?;
+        rows.push(Row {
+            label: format!("floor: write+fsync+rename+fsync dir, {streams} stream(s)"),
+            in_flight: streams,
+            sample: Sample {
+                latencies,
+                window: measure,
+            },
+        });
+    }
+    Ok(rows)
+}
+
+fn report(rows: &[Row], base: &Path, measure: Duration) {
+    println!(
+        "MCP throughput, 4 KiB files, {:.1} s per cell after {:.1} s warm-up, same filesystem ({})",
+        measure.as_secs_f64(),
+        WARMUP.as_secs_f64(),
+        base.display()
+    );
+    println!(
+        "ours: stateless {PROTOCOL} POSTs to agentd /mcp, write_file = new durable file; \
+         reference: server-filesystem on the TypeScript SDK's streamable HTTP (one session, \
+         no fsync); 8 projects: that many connections per project; floor: the better of a \
+         run before and one after the servers"
+    );
+    println!();
+    println!(
+        "| {:<58} | {:>9} | {:>9} | {:>8} | {:>8} |",
+        "cell", "in flight", "ops/s", "p50 ms", "p99 ms"
+    );
+    println!(
+        "| {:-<58} | {:->9} | {:->9} | {:->8} | {:->8} |",
+        "", "", "", "", ""
+    );
+    for row in rows {
+        println!(
+            "| {:<58} | {:>9} | {:>9.0} | {:>8.2} | {:>8.2} |",
+            row.label,
+            row.in_flight,
+            row.sample.per_sec(),
+            ms(row.sample.percentile(0.50)),
+            ms(row.sample.percentile(0.99)),
+        );
+    }
+    // ops/s of the row whose label starts with `prefix` and ends with `suffix`.
+    let rate = |prefix: &str, suffix: &str, in_flight: usize| {
+        rows.iter()
+            .find(|r| {
+                r.label.starts_with(prefix) && r.label.ends_with(suffix) && r.in_flight == in_flight
+            })
+            .map_or(f64::NAN, |r| r.sample.per_sec())
+    };
+    let floor1 = rate("floor", "", 1);
+    let floor8 = rate("floor", "", 8);
+    let reference_write = |n| rate("reference", "write_file", n);
+    let reference_read = |n| rate("reference", "read_text_file", n);
+    let ours = |label: &str, n| rate(label, "", n);
+    println!();
+    println!(
+        "| {:<62} | {:>9} | {:>7} | {:>6} |",
+        "ratio", "in flight", "value", "goal"
+    );
+    println!("| {:-<62} | {:->9} | {:->7} | {:->6} |", "", "", "", "");
+    let line = |name: &str, n: usize, value: f64, goal: &str| {
+        println!("| {name:<62} | {n:>9} | {value:>7.3} | {goal:>6} |");
+    };
+    for n in IN_FLIGHT {
+        line(
+            "ours write_file, 1 project / floor, 1 stream",
+            n,
+            ours("ours, 1 project, write_file", n) / floor1,
+            if n == 16 { "≥ 1.0" } else { "" },
+        );
+    }
+    for n in IN_FLIGHT {
+        line(
+            "ours write_file, 1 project / reference write_file",
+            n,
+            ours("ours, 1 project, write_file", n) / reference_write(n),
+            if n == 16 { "≥ 2.0" } else { "" },
+        );
+    }
+    for n in IN_FLIGHT {
+        line(
+            "ours write_file, 8 projects / (0.6 × floor, 8 streams)",
+            n,
+            ours("ours, 8 projects, write_file", n) / (0.6 * floor8),
+            "≥ 1.0",
+        );
+    }
+    for n in IN_FLIGHT {
+        line(
+            "ours read_file, 1 project / (3 × reference read_text_file)",
+            n,
+            ours("ours, 1 project, read_file", n) / (3.0 * reference_read(n)),
+            if n == 16 { "≥ 1.0" } else { "" },
+        );
+    }
+    println!();
+    println!(
+        "reproduce: cargo bench --bench mcp_throughput -- {}",
+        measure.as_secs_f64()
+    );
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("mcp_throughput: {e}");
+        std::process::exit(1);
+    }
+}
