@@ -149,6 +149,19 @@ pub(super) fn start(s: &Setup, client: &str, scope: &str, verifier: &str) -> Str
         .to_owned()
 }
 
+/// What the consent page shows for a pending request (200 asserted).
+pub(super) fn consent_view(s: &Setup, request_id: &str) -> Value {
+    let (status, _, view) = request(
+        &s.stack,
+        "GET",
+        &format!("/v1/console/oauth/requests/{request_id}"),
+        &[("cookie", &s.cookie)],
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
 fn consent(s: &Setup, request_id: &str, decision: Value) -> (u16, Value) {
     let origin = origin(&s.stack);
     let (status, _, answer) = request(
@@ -304,14 +317,7 @@ fn consent_to_one_folder_then_writes_refresh_reuse_and_revocation() {
     let id = start(&s, &client, "workflows:read workflows:write", verifier);
     // The consent page's view: the client's name as sent, the redirect host, the scopes and
     // alice's projects with their authoring paths.
-    let (status, _, view) = request(
-        &s.stack,
-        "GET",
-        &format!("/v1/console/oauth/requests/{id}"),
-        &[("cookie", &s.cookie)],
-        Value::Null,
-    );
-    assert_eq!(status, 200, "{view}");
+    let view = consent_view(&s, &id);
     assert_eq!(view["client_name"], "Test <b>App</b>");
     assert_eq!(view["redirect_host"], "127.0.0.1:49151");
     assert_eq!(view["writes"], true);

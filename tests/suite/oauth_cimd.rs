@@ -18,10 +18,9 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::console_sessions::request;
 use super::harness::{Stack, free_port};
 use super::oauth::{
-    REDIRECT, allow, authorize, challenge_of, exchange, mcp_status, setup_on, start,
+    REDIRECT, allow, authorize, challenge_of, consent_view, exchange, mcp_status, setup_on, start,
 };
 use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
 
@@ -264,14 +263,7 @@ fn a_client_named_by_its_metadata_document_on_an_internal_ca_signs_in_and_the_re
     let verifier = "d".repeat(50);
     let id = start(&s, &client, "workflows:read", &verifier);
     assert_eq!(requested(&log), ["/client.json"]);
-    let (status, _, view) = request(
-        &s.stack,
-        "GET",
-        &format!("/v1/console/oauth/requests/{id}"),
-        &[("cookie", &s.cookie)],
-        Value::Null,
-    );
-    assert_eq!(status, 200, "{view}");
+    let view = consent_view(&s, &id);
     assert_eq!(view["client_name"], "Doc App");
     assert_eq!(view["redirect_host"], "127.0.0.1:49151");
     let code = allow(&s, &id, json!({"allow": true, "projects": [s.flows]}));
