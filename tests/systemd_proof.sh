@@ -361,9 +361,33 @@ rm -r "$dropin"
 in_ct systemctl daemon-reload
 
 # --- 8. a clean stop ---------------------------------------------------------------------------
+# `systemctl stop agentworks.target` returns when the target's own job is done. The services'
+# stop jobs (PartOf=) run beside it, and the target is ordered after them, so it stops first.
+# A daemon may still be draining (deactivating) at that moment. Wait for every unit to settle,
+# bounded by TimeoutStopSec= (30 s) plus a margin. A stop that hits the timeout ends with
+# Result=timeout, which is checked below.
+settle() { # settle <command prefix...> -- <unit...>
+    local prefix=() units=() started=$SECONDS state busy unit
+    while [ "$1" != -- ]; do prefix+=("$1"); shift; done
+    shift
+    units=("$@")
+    while :; do
+        busy=
+        for unit in "${units[@]}"; do
+            state=$("${prefix[@]}" show -P ActiveState "$unit")
+            case $state in activating | deactivating | reloading) busy="$unit ($state)" ;; esac
+        done
+        [ -z "$busy" ] && break
+        [ $((SECONDS - started)) -lt 40 ] || die "$busy has not settled 40 s after stop"
+        sleep 0.2
+    done
+    log "every unit settled $((SECONDS - started)) s after systemctl stop returned"
+}
 in_ct systemctl stop agentworks.target || die "systemctl stop agentworks.target failed"
-for unit in $(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' | awk '{print $1}'); do
-    case $unit in *@*) continue ;; esac
+units=$(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' | awk '$1 !~ /@/ {print $1}')
+# shellcheck disable=SC2086 # one word per unit name
+settle in_ct systemctl -- $units
+for unit in $units; do
     active=$(in_ct systemctl show -P ActiveState "$unit")
     result=$(in_ct systemctl show -P Result "$unit")
     [ "$active" = inactive ] || die "$unit is $active after stop"
@@ -445,6 +469,8 @@ file=$(ls -d "$root"/home/carol/.local/state/agentworks-documents/*/code/rootles
 [ "$(stat -c %u "$file")" = "$carol" ] || die "the rootless write is not owned by carol"
 log "rootless: an MCP write_file landed in ~carol/.local/state/agentworks-documents, owned by carol"
 as_carol systemctl --user stop agentworks.target || die "systemctl --user stop agentworks.target"
+settle as_carol systemctl --user -- agentworks-workspaced.service agentworks-agentd.service \
+    agentworks-gatewayd.service
 for svc in workspaced agentd gatewayd; do
     [ "$(as_carol systemctl --user show -P ActiveState "agentworks-$svc.service")" = inactive ] ||
         die "user unit agentworks-$svc.service still running after stop"
