@@ -39,7 +39,7 @@
 #
 # PID 1 of the host need not be systemd (hence --register=no --keep-unit). .ci/run runs it after
 # the test suite. A host that cannot run it (not root, no writable cgroup file system, no
-# systemd-nspawn) is reported and the script exits 2 without pretending it passed.
+# systemd-nspawn) is reported and the script exits 77 without pretending it passed.
 set -eu
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -110,7 +110,7 @@ in_ct() { nsenter -t "$leader" -a "$@"; }
 # --- 0. can this host boot a container at all? -------------------------------------------------
 cannot() {
     echo "proof: NOT RUN: $*" >&2
-    exit 2
+    exit 77
 }
 [ "$(id -u)" = 0 ] || cannot "needs root (debootstrap, systemd-nspawn, cgroups)"
 for tool in systemd-nspawn debootstrap dpkg-buildpackage nsenter curl python3 setfacl getfacl; do
@@ -366,28 +366,26 @@ in_ct systemctl daemon-reload
 # A daemon may still be draining (deactivating) at that moment. Wait for every unit to settle,
 # bounded by TimeoutStopSec= (30 s) plus a margin. A stop that hits the timeout ends with
 # Result=timeout, which is checked below.
-settle() { # settle <command prefix...> -- <unit...>
-    local prefix=() units=() started=$SECONDS state busy unit
-    while [ "$1" != -- ]; do prefix+=("$1"); shift; done
-    shift
-    units=("$@")
+# settle CMD... : poll `CMD show -P ActiveState UNIT` for each unit in $settle_units.
+settle() {
+    started=$(date +%s)
     while :; do
         busy=
-        for unit in "${units[@]}"; do
-            state=$("${prefix[@]}" show -P ActiveState "$unit")
+        for unit in $settle_units; do
+            state=$("$@" show -P ActiveState "$unit")
             case $state in activating | deactivating | reloading) busy="$unit ($state)" ;; esac
         done
         [ -z "$busy" ] && break
-        [ $((SECONDS - started)) -lt 40 ] || die "$busy has not settled 40 s after stop"
+        [ $(($(date +%s) - started)) -lt 40 ] || die "$busy has not settled 40 s after stop"
         sleep 0.2
     done
-    log "every unit settled $((SECONDS - started)) s after systemctl stop returned"
+    log "every unit settled $(($(date +%s) - started)) s after systemctl stop returned"
 }
 in_ct systemctl stop agentworks.target || die "systemctl stop agentworks.target failed"
-units=$(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' | awk '$1 !~ /@/ {print $1}')
-# shellcheck disable=SC2086 # one word per unit name
-settle in_ct systemctl -- $units
-for unit in $units; do
+settle_units=$(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' |
+    awk '$1 !~ /@/ {print $1}')
+settle in_ct systemctl
+for unit in $settle_units; do
     active=$(in_ct systemctl show -P ActiveState "$unit")
     result=$(in_ct systemctl show -P Result "$unit")
     [ "$active" = inactive ] || die "$unit is $active after stop"
@@ -469,8 +467,8 @@ file=$(ls -d "$root"/home/carol/.local/state/agentworks-documents/*/code/rootles
 [ "$(stat -c %u "$file")" = "$carol" ] || die "the rootless write is not owned by carol"
 log "rootless: an MCP write_file landed in ~carol/.local/state/agentworks-documents, owned by carol"
 as_carol systemctl --user stop agentworks.target || die "systemctl --user stop agentworks.target"
-settle as_carol systemctl --user -- agentworks-workspaced.service agentworks-agentd.service \
-    agentworks-gatewayd.service
+settle_units="agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service"
+settle as_carol systemctl --user
 for svc in workspaced agentd gatewayd; do
     [ "$(as_carol systemctl --user show -P ActiveState "agentworks-$svc.service")" = inactive ] ||
         die "user unit agentworks-$svc.service still running after stop"
