@@ -33,6 +33,26 @@ pub enum LockError {
     },
 }
 
+impl LockError {
+    /// The same error again, for each of several callers that waited together (a batch).
+    pub fn duplicate(&self) -> LockError {
+        let again = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        match self {
+            LockError::Open { path, source } => LockError::Open {
+                path: path.clone(),
+                source: again(source),
+            },
+            LockError::Timeout { waited_ms } => LockError::Timeout {
+                waited_ms: *waited_ms,
+            },
+            LockError::Flock { path, source } => LockError::Flock {
+                path: path.clone(),
+                source: again(source),
+            },
+        }
+    }
+}
+
 /// A held project lock; dropping it (closing the fd) releases it.
 #[derive(Debug)]
 pub struct ProjectLock {

@@ -246,6 +246,29 @@ impl ReceiptStore {
         Ok(now)
     }
 
+    /// Move several receipts to their states in one transaction (one commit, one sync): all or
+    /// none. Returns the updated time.
+    pub fn set_states(&self, changes: &[(&str, ReceiptState)]) -> Result<i64, ReceiptError> {
+        let now = now_ms();
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| self.query_err(e))?;
+        for (receipt_id, state) in changes {
+            let changed = tx
+                .execute(
+                    "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3",
+                    params![state.as_str(), now, receipt_id],
+                )
+                .map_err(|e| self.query_err(e))?;
+            if changed != 1 {
+                return Err(self.query_err(rusqlite::Error::QueryReturnedNoRows));
+            }
+        }
+        tx.commit().map_err(|e| self.query_err(e))?;
+        Ok(now)
+    }
+
     /// The caller's receipt for `request_id`, if any (for a patch set, its first file's).
     pub fn find(&self, user_id: &str, request_id: &str) -> Result<Option<Receipt>, ReceiptError> {
         self.conn
@@ -421,6 +444,40 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 2, "synchronous must be FULL");
+    }
+
+    #[test]
+    fn set_states_moves_every_receipt_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        store
+            .insert_prepared_all(&[sample("r1", "alice", "q1"), sample("r2", "alice", "q2")])
+            .unwrap();
+        store
+            .set_states(&[
+                ("r1", ReceiptState::Applied),
+                ("r2", ReceiptState::NotApplied),
+            ])
+            .unwrap();
+        assert_eq!(
+            store.by_receipt_id("r1").unwrap().unwrap().state,
+            ReceiptState::Applied
+        );
+        assert_eq!(
+            store.by_receipt_id("r2").unwrap().unwrap().state,
+            ReceiptState::NotApplied
+        );
+        // An unknown id rolls the whole transaction back.
+        store
+            .set_states(&[
+                ("r1", ReceiptState::NotApplied),
+                ("nope", ReceiptState::Applied),
+            ])
+            .unwrap_err();
+        assert_eq!(
+            store.by_receipt_id("r1").unwrap().unwrap().state,
+            ReceiptState::Applied
+        );
     }
 
     #[test]

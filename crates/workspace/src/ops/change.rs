@@ -68,16 +68,20 @@ impl Workspace {
         let expected = parse_expected(&req.expected_revision)?;
         self.check_size(&path, req.content.len())?;
         let hash = payload_hash(&["write", path.as_str(), &req.expected_revision, &req.content]);
-        self.change(
+        let content = req.content.as_bytes().to_vec();
+        let planned_path = path.clone();
+        self.change_batched(
             &req.context,
             Operation::Write,
             &req.request_id,
             hash,
-            |project| {
-                let current = self.current(project, &path, expected == Revision::Missing)?;
-                self.check_expected(&path, &expected, &current.revision)?;
-                Ok(self.plan_replace(path.clone(), current, req.content.as_bytes().to_vec()))
-            },
+            &path,
+            Box::new(move |ws, project| {
+                let path = planned_path;
+                let current = ws.current(project, &path, expected == Revision::Missing)?;
+                ws.check_expected(&path, &expected, &current.revision)?;
+                Ok(ws.plan_replace(path, current, content))
+            }),
         )
     }
 
@@ -87,14 +91,18 @@ impl Workspace {
         let expected = parse_expected(&req.expected_revision)?;
         self.check_size(&path, req.diff.len())?;
         let hash = payload_hash(&["patch", path.as_str(), &req.expected_revision, &req.diff]);
-        self.change(
+        let diff = req.diff.clone();
+        let planned_path = path.clone();
+        self.change_batched(
             &req.context,
             Operation::Patch,
             &req.request_id,
             hash,
-            |project| {
-                let current = self.current(project, &path, expected == Revision::Missing)?;
-                self.check_expected(&path, &expected, &current.revision)?;
+            &path,
+            Box::new(move |ws, project| {
+                let path = planned_path;
+                let current = ws.current(project, &path, expected == Revision::Missing)?;
+                ws.check_expected(&path, &expected, &current.revision)?;
                 let base = match &current.content {
                     Some(bytes) => {
                         std::str::from_utf8(bytes).map_err(|_| WorkspaceError::NotText {
@@ -103,10 +111,10 @@ impl Workspace {
                     }
                     None => "",
                 };
-                let patched = agentworks_core::patch::apply_strict(base, &req.diff)?;
-                self.check_size(&path, patched.len())?;
-                Ok(self.plan_replace(path.clone(), current, patched.into_bytes()))
-            },
+                let patched = agentworks_core::patch::apply_strict(base, &diff)?;
+                ws.check_size(&path, patched.len())?;
+                Ok(ws.plan_replace(path, current, patched.into_bytes()))
+            }),
         )
     }
 

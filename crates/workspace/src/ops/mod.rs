@@ -21,7 +21,8 @@
 //! helpers every operation shares; `read.rs` is read, list, search and history; `change.rs`
 //! turns each change request into a plan; `edit.rs` is the exact-text edit and its dry run; `exclude.rs` the list's exclude patterns;
 //! `patch_set.rs` the multi-file diff with one receipt per file;
-//! `pipeline.rs` runs a plan through the ordered steps above; `apply.rs` is the part of those
+//! `pipeline.rs` runs a plan through the ordered steps above; `group_commit.rs` runs the
+//! writes and patches queued for one project as one batch through the same steps; `apply.rs` is the part of those
 //! steps that touches the tree (stage, re-check, rename or unlink, folder fsync);
 //! `recovery.rs` decides interrupted changes from the disk, at start and on request;
 //! `sweep.rs` removes our leftover staged files at start.
@@ -30,6 +31,7 @@ mod apply;
 mod change;
 mod edit;
 mod exclude;
+mod group_commit;
 mod patch_set;
 mod pipeline;
 mod read;
@@ -87,6 +89,8 @@ pub struct Workspace {
     limits: Limits,
     stores: Mutex<HashMap<String, Arc<Mutex<ReceiptStore>>>>,
     in_flight: Mutex<HashMap<(String, String, String), usize>>,
+    /// Each project's group-commit queue (`group_commit.rs`), by project name.
+    queues: Mutex<HashMap<String, Arc<group_commit::Queue>>>,
 }
 
 /// An open project: its folder fd and where its lock and receipts live.
@@ -228,6 +232,7 @@ impl Workspace {
             limits,
             stores: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
+            queues: Mutex::new(HashMap::new()),
         })
     }
 

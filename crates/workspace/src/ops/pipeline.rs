@@ -11,6 +11,7 @@
 //! be confirmed is answered `uncertain`, never retried here.
 
 use super::change::Planned;
+use super::group_commit::{BatchJob, BatchPlan};
 use super::{Project, Workspace, lock_poisoned, validate_request_id};
 use crate::error::WorkspaceError;
 use crate::lock::{LockError, ProjectLock};
@@ -18,6 +19,7 @@ use crate::receipts::{
     Operation, Receipt, ReceiptError, ReceiptState, ReceiptStore, capped_before, new_receipt_id,
 };
 use agentworks_contract::workspaced::*;
+use agentworks_core::guard::RelPath;
 use agentworks_daemon::audit;
 use agentworks_fs::failpoint::{self, Hit};
 use std::sync::Mutex;
@@ -27,13 +29,13 @@ use std::sync::Mutex;
 pub(super) type FlightKey = (String, String, String);
 
 /// One change on its way through the pipeline: what was asked, by whom, in which project.
-struct ChangeInFlight<'a> {
-    ctx: &'a Context,
-    operation: Operation,
-    request_id: &'a str,
-    payload_hash: String,
-    project: &'a Project,
-    flight_key: &'a FlightKey,
+pub(super) struct ChangeInFlight<'a> {
+    pub(super) ctx: &'a Context,
+    pub(super) operation: Operation,
+    pub(super) request_id: &'a str,
+    pub(super) payload_hash: String,
+    pub(super) project: &'a Project,
+    pub(super) flight_key: &'a FlightKey,
 }
 
 impl Workspace {
@@ -64,6 +66,38 @@ impl Workspace {
                 flight_key: &flight_key,
             };
             self.change_in_flight(change, plan)
+        })
+    }
+
+    /// [`Workspace::change`] for a change that may share its syncs with others queued for the
+    /// same project (`group_commit.rs`): the same steps in the same order, once per batch.
+    /// `plan` owns what it needs, since the batch's leader may run it on another thread.
+    pub(super) fn change_batched(
+        &self,
+        ctx: &Context,
+        operation: Operation,
+        request_id: &str,
+        payload_hash: String,
+        path: &RelPath,
+        plan: BatchPlan,
+    ) -> Result<ChangeResponse, WorkspaceError> {
+        validate_request_id(request_id)?;
+        let project = self.project(&ctx.project)?;
+        let flight_key = (
+            project.name.clone(),
+            ctx.principal.user_id.clone(),
+            request_id.to_owned(),
+        );
+        self.counted_in_flight(&flight_key, || {
+            let job = BatchJob {
+                ctx: ctx.clone(),
+                operation,
+                request_id: request_id.to_owned(),
+                payload_hash,
+                path: path.clone(),
+                plan,
+            };
+            self.change_in_batch(&project, job)
         })
     }
 
@@ -135,26 +169,37 @@ impl Workspace {
         flight_key: &FlightKey,
         request_id: &str,
     ) -> Result<ProjectLock, WorkspaceError> {
-        match self.lock(project) {
-            Ok(lock) => Ok(lock),
-            Err(LockError::Timeout { .. })
-                if lock_poisoned(&self.in_flight)
-                    .get(flight_key)
-                    .copied()
-                    .unwrap_or(0)
-                    > 1 =>
-            {
-                Err(WorkspaceError::RequestInProgress {
+        self.lock(project)
+            .map_err(|e| self.lock_refused(flight_key, request_id, e))
+    }
+
+    /// What a caller is told when the project's lock (or its turn in the group-commit queue)
+    /// did not come in time: `request_in_progress` while another call of the same request holds
+    /// or awaits it, otherwise the lock error (`busy`).
+    pub(super) fn lock_refused(
+        &self,
+        flight_key: &FlightKey,
+        request_id: &str,
+        error: LockError,
+    ) -> WorkspaceError {
+        let same_request_in_flight = lock_poisoned(&self.in_flight)
+            .get(flight_key)
+            .copied()
+            .unwrap_or(0)
+            > 1;
+        match error {
+            LockError::Timeout { .. } if same_request_in_flight => {
+                WorkspaceError::RequestInProgress {
                     request_id: request_id.into(),
-                })
+                }
             }
-            Err(e) => Err(e.into()),
+            e => e.into(),
         }
     }
 
     /// Step 1: the answer already recorded for this caller's request id, if any (a prepared
     /// one reconciled from the disk first); a different payload under the same id is refused.
-    fn replay_recorded(
+    pub(super) fn replay_recorded(
         &self,
         change: &ChangeInFlight<'_>,
         store: &Mutex<ReceiptStore>,
@@ -230,6 +275,18 @@ fn prepare_receipt(
     planned: &Planned,
     store: &Mutex<ReceiptStore>,
 ) -> Result<Receipt, WorkspaceError> {
+    let receipt = build_receipt(change, planned, store)?;
+    lock_poisoned(store).insert_prepared(&receipt)?;
+    failpoint::hit("after_prepare");
+    Ok(receipt)
+}
+
+/// The *prepared* receipt of a planned change, not stored yet.
+pub(super) fn build_receipt(
+    change: ChangeInFlight<'_>,
+    planned: &Planned,
+    store: &Mutex<ReceiptStore>,
+) -> Result<Receipt, WorkspaceError> {
     let ChangeInFlight {
         ctx,
         operation,
@@ -275,8 +332,6 @@ fn prepare_receipt(
             },
         ));
     }
-    lock_poisoned(store).insert_prepared(&receipt)?;
-    failpoint::hit("after_prepare");
     Ok(receipt)
 }
 

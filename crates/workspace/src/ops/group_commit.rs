@@ -1,0 +1,584 @@
+//! Group commit: changes that queue for one project are taken as one batch, so the batch pays
+//! the syncs once instead of once per change.
+//!
+//! A change waits in its project's [`Queue`]. The first waiter that finds no batch running
+//! becomes the leader: it takes the waiting changes in arrival order (stopping at the first
+//! one whose path is the same as, inside or around a path already taken, or whose request id
+//! is already taken, so the order of dependent changes never changes), runs them, hands each
+//! waiter its answer and wakes them. The others sleep until their answer is there, or until
+//! the lock timeout passes while they were still waiting, untaken (then they leave the queue
+//! and are told `busy`, or `request_in_progress`, as a caller waiting on the lock is).
+//!
+//! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
+//! under the project's lock, (1) each change's idempotency check and (2) revision check and
+//! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync),
+//! durable before anything is touched; (4) each change staged and its temp file synced, re-checked
+//! and renamed, in order; (5) each folder synced once; (6) every applied mark (and every
+//! `not_applied` one) in one transaction; (7) the audit events. A change whose revision check
+//! or staging fails fails alone; the others go on. If the prepared transaction fails, each
+//! change is prepared on its own, so only the ones that cannot be recorded are refused.
+//!
+//! The waiters' requests are owned data moved into the queue ([`BatchJob`]), so the leader's
+//! thread can plan them without borrowing another thread's stack.
+
+use super::change::{Action, Planned};
+use super::pipeline::{ChangeInFlight, FlightKey, audit, build_receipt};
+use super::{Project, Workspace, fsync_fd, lock_poisoned};
+use crate::error::WorkspaceError;
+use crate::lock::LockError;
+use crate::receipts::{Operation, Receipt, ReceiptState};
+use agentworks_contract::workspaced::{ChangeResponse, Context};
+use agentworks_core::guard::RelPath;
+use agentworks_fs::failpoint::{self, Hit};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// Most changes one batch takes; the rest wait for the next.
+const MAX_BATCH: usize = 64;
+
+/// The plan of a queued change: runs on the leader's thread, under the lock.
+pub(super) type BatchPlan =
+    Box<dyn FnOnce(&Workspace, &Project) -> Result<Planned, WorkspaceError> + Send>;
+
+/// One change waiting for its batch, with everything it needs owned.
+pub(super) struct BatchJob {
+    pub(super) ctx: Context,
+    pub(super) operation: Operation,
+    pub(super) request_id: String,
+    pub(super) payload_hash: String,
+    /// The path the change touches (a batch never holds two related paths).
+    pub(super) path: RelPath,
+    pub(super) plan: BatchPlan,
+}
+
+impl BatchJob {
+    fn flight_key(&self, project: &Project) -> FlightKey {
+        (
+            project.name.clone(),
+            self.ctx.principal.user_id.clone(),
+            self.request_id.clone(),
+        )
+    }
+}
+
+type Answer = Result<ChangeResponse, WorkspaceError>;
+
+/// One project's waiting changes and the answers not yet collected.
+#[derive(Default)]
+pub(super) struct Queue {
+    state: Mutex<QueueState>,
+    answered: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    next_ticket: u64,
+    waiting: VecDeque<(u64, BatchJob)>,
+    answers: HashMap<u64, Answer>,
+    /// A batch is running (its leader holds the tickets it took).
+    leading: bool,
+}
+
+/// Hands every ticket of a batch its answer when the leader is done, or an error if the leader
+/// panicked, and lets the next waiter lead; never leaves a waiter asleep.
+struct Leadership<'a> {
+    queue: &'a Queue,
+    tickets: Vec<u64>,
+    answers: Vec<(u64, Answer)>,
+}
+
+impl Drop for Leadership<'_> {
+    fn drop(&mut self) {
+        let mut state = lock_poisoned(&self.queue.state);
+        for (ticket, answer) in self.answers.drain(..) {
+            state.answers.insert(ticket, answer);
+        }
+        for ticket in &self.tickets {
+            state.answers.entry(*ticket).or_insert_with(|| {
+                Err(WorkspaceError::InvalidRequest(
+                    "workspaced failed while making this change; look it up by request id".into(),
+                ))
+            });
+        }
+        state.leading = false;
+        self.queue.answered.notify_all();
+    }
+}
+
+/// Whether two changes' paths must keep their order: the same path, or one inside the other.
+fn related(a: &RelPath, b: &RelPath) -> bool {
+    let (a, b) = (a.as_str(), b.as_str());
+    let inside = |inner: &str, outer: &str| {
+        inner.len() > outer.len()
+            && inner.starts_with(outer)
+            && inner.as_bytes()[outer.len()] == b'/'
+    };
+    a == b || inside(a, b) || inside(b, a)
+}
+
+/// The next batch: waiting changes from the front, in order, up to the first that must wait.
+fn take_batch(waiting: &mut VecDeque<(u64, BatchJob)>) -> Vec<(u64, BatchJob)> {
+    let mut batch: Vec<(u64, BatchJob)> = Vec::new();
+    while let Some((_, job)) = waiting.front() {
+        let must_wait = batch.len() >= MAX_BATCH
+            || batch.iter().any(|(_, taken)| {
+                related(&taken.path, &job.path)
+                    || (taken.request_id == job.request_id
+                        && taken.ctx.principal.user_id == job.ctx.principal.user_id)
+            });
+        if must_wait {
+            break;
+        }
+        batch.extend(waiting.pop_front());
+    }
+    batch
+}
+
+/// A planned change with its prepared receipt, on its way through the batch.
+struct Prepared {
+    index: usize,
+    planned: Planned,
+    receipt: Receipt,
+}
+
+impl Workspace {
+    fn queue(&self, project: &Project) -> Arc<Queue> {
+        lock_poisoned(&self.queues)
+            .entry(project.name.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Run `job` in the next batch of `project` and return its answer.
+    pub(super) fn change_in_batch(&self, project: &Project, job: BatchJob) -> Answer {
+        let queue = self.queue(project);
+        let flight_key = job.flight_key(project);
+        let request_id = job.request_id.clone();
+        let deadline = Instant::now() + self.limits.lock_timeout;
+        let mut state = lock_poisoned(&queue.state);
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        state.waiting.push_back((ticket, job));
+        loop {
+            if let Some(answer) = state.answers.remove(&ticket) {
+                return answer;
+            }
+            if !state.leading {
+                state.leading = true;
+                let batch = take_batch(&mut state.waiting);
+                drop(state);
+                let mut leadership = Leadership {
+                    queue: &queue,
+                    tickets: batch.iter().map(|(ticket, _)| *ticket).collect(),
+                    answers: Vec::new(),
+                };
+                let (tickets, jobs): (Vec<u64>, Vec<BatchJob>) = batch.into_iter().unzip();
+                let answers = self.run_batch(project, jobs);
+                leadership.answers = tickets.into_iter().zip(answers).collect();
+                drop(leadership);
+                state = lock_poisoned(&queue.state);
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(at) = state.waiting.iter().position(|(t, _)| *t == ticket) {
+                    // Never taken into a batch: leave the queue, as a lock wait would time out.
+                    state.waiting.remove(at);
+                    drop(state);
+                    let waited_ms = self.limits.lock_timeout.as_millis();
+                    return Err(self.lock_refused(
+                        &flight_key,
+                        &request_id,
+                        LockError::Timeout { waited_ms },
+                    ));
+                }
+                // Taken: the running batch answers it (its own lock wait is bounded).
+                state = queue
+                    .answered
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            state = queue
+                .answered
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// One batch through the pipeline's steps; one answer per job, in order.
+    fn run_batch(&self, project: &Project, jobs: Vec<BatchJob>) -> Vec<Answer> {
+        let mut answers: Vec<Option<Answer>> = jobs.iter().map(|_| None).collect();
+        let flight_keys: Vec<FlightKey> = jobs.iter().map(|job| job.flight_key(project)).collect();
+        let _lock = match self.lock(project) {
+            Ok(lock) => lock,
+            Err(error) => {
+                return jobs
+                    .iter()
+                    .zip(&flight_keys)
+                    .map(|(job, key)| {
+                        Err(self.lock_refused(key, &job.request_id, error.duplicate()))
+                    })
+                    .collect();
+            }
+        };
+        let store = match self.store(project) {
+            Ok(store) => store,
+            Err(first) => {
+                // Each job gets its own error (they are not `Clone`): the first, then a fresh
+                // attempt's for the others.
+                let mut first = Some(first);
+                return jobs
+                    .iter()
+                    .map(|_| match first.take() {
+                        Some(error) => Err(error),
+                        None => Err(self
+                            .store(project)
+                            .err()
+                            .unwrap_or_else(|| LockError::Timeout { waited_ms: 0 }.into())),
+                    })
+                    .collect();
+            }
+        };
+        // 1 and 2, in arrival order: replay what is recorded, otherwise check and plan.
+        let mut prepared: Vec<Prepared> = Vec::new();
+        for (index, job) in jobs.into_iter().enumerate() {
+            let BatchJob {
+                ctx,
+                operation,
+                request_id,
+                payload_hash,
+                plan,
+                ..
+            } = job;
+            let change = ChangeInFlight {
+                ctx: &ctx,
+                operation,
+                request_id: &request_id,
+                payload_hash,
+                project,
+                flight_key: &flight_keys[index],
+            };
+            match self.replay_recorded(&change, &store) {
+                Ok(Some(replayed)) => {
+                    answers[index] = Some(Ok(replayed));
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    answers[index] = Some(Err(e));
+                    continue;
+                }
+            }
+            let planned = match plan(self, project) {
+                Ok(planned) => planned,
+                Err(e) => {
+                    answers[index] = Some(Err(e));
+                    continue;
+                }
+            };
+            match build_receipt(change, &planned, &store) {
+                Ok(receipt) => prepared.push(Prepared {
+                    index,
+                    planned,
+                    receipt,
+                }),
+                Err(e) => answers[index] = Some(Err(e)),
+            }
+        }
+        // 3. Every prepared receipt durable in one transaction before anything is touched.
+        let receipts: Vec<Receipt> = prepared.iter().map(|p| p.receipt.clone()).collect();
+        if !receipts.is_empty()
+            && lock_poisoned(&store)
+                .insert_prepared_all(&receipts)
+                .is_err()
+        {
+            // Prepare each alone: only those that cannot be recorded are refused.
+            prepared.retain(
+                |p| match lock_poisoned(&store).insert_prepared(&p.receipt) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        answers[p.index] = Some(Err(e.into()));
+                        false
+                    }
+                },
+            );
+        }
+        if !prepared.is_empty() {
+            failpoint::hit("after_prepare");
+        }
+        // 4. Stage, sync, re-check and rename, in order; a failure fails that change alone.
+        let mut marks: Vec<(String, ReceiptState)> = Vec::new();
+        let mut applied: Vec<Prepared> = Vec::new();
+        for p in prepared {
+            match self.apply(&p.planned) {
+                Ok(()) => applied.push(p),
+                Err(e) => {
+                    // Nothing reached the target (every error of `apply` comes before it).
+                    marks.push((p.receipt.receipt_id.clone(), ReceiptState::NotApplied));
+                    answers[p.index] = Some(Err(e));
+                }
+            }
+        }
+        // 5. Each folder synced once; a change whose folder could not be synced is uncertain.
+        let applied = self.sync_folders(applied, &mut answers);
+        if !applied.is_empty() {
+            failpoint::hit("before_mark_applied");
+        }
+        // 6. The applied and not_applied marks in one transaction.
+        marks.extend(
+            applied
+                .iter()
+                .map(|p| (p.receipt.receipt_id.clone(), ReceiptState::Applied)),
+        );
+        let marked = match (marks.is_empty(), failpoint::hit("mark_applied")) {
+            (true, _) => Ok(0),
+            (false, Hit::Fail) => Err("failpoint".to_owned()),
+            (false, Hit::Continue) => {
+                let marks: Vec<(&str, ReceiptState)> = marks
+                    .iter()
+                    .map(|(id, state)| (id.as_str(), *state))
+                    .collect();
+                lock_poisoned(&store)
+                    .set_states(&marks)
+                    .map_err(|e| e.to_string())
+            }
+        };
+        for mut p in applied {
+            let request_id = p.receipt.request_id.clone();
+            let answer = match &marked {
+                Ok(updated) => {
+                    p.receipt.state = ReceiptState::Applied;
+                    p.receipt.updated_at_ms = *updated;
+                    audit(&p.receipt);
+                    Ok(ChangeResponse {
+                        state: ReceiptState::Applied,
+                        replayed: false,
+                        previous_revision: p.receipt.previous_revision.clone(),
+                        revision: p.receipt.resulting_revision.clone(),
+                        receipt: p.receipt,
+                    })
+                }
+                Err(e) => Err(WorkspaceError::Uncertain {
+                    request_id,
+                    reason: format!(
+                        "the change was made but its receipt could not be confirmed ({e})"
+                    ),
+                    receipt: Box::new(p.receipt),
+                }),
+            };
+            answers[p.index] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(WorkspaceError::InvalidRequest(
+                        "the change was not run; retry".into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Step 5 for a batch: fsync every folder the applied changes touched, each once. The
+    /// changes whose folder could not be synced are answered `uncertain` (their receipts stay
+    /// prepared, reconciled from the disk later); the rest are returned.
+    fn sync_folders(
+        &self,
+        applied: Vec<Prepared>,
+        answers: &mut [Option<Answer>],
+    ) -> Vec<Prepared> {
+        if applied.is_empty() {
+            return applied;
+        }
+        let failed_before = match failpoint::hit("after_rename") {
+            Hit::Continue => None,
+            Hit::Fail => Some("failpoint".to_owned()),
+        };
+        // Folder identity (device, inode) → the sync's outcome.
+        let mut synced: HashMap<(u64, u64), Result<(), String>> = HashMap::new();
+        let mut kept = Vec::new();
+        for p in applied {
+            let mut failure = failed_before.clone();
+            for folder in folders(&p.planned) {
+                if failure.is_some() {
+                    break;
+                }
+                let outcome = match rustix::fs::fstat(folder) {
+                    Ok(stat) => synced
+                        .entry((stat.st_dev, stat.st_ino))
+                        .or_insert_with(|| {
+                            fsync_fd(folder, "fsync folder", &p.planned.path)
+                                .map_err(|e| e.to_string())
+                        })
+                        .clone(),
+                    Err(e) => Err(format!("fsync folder of {}: {e}", p.planned.path)),
+                };
+                failure = outcome.err();
+            }
+            match failure {
+                None => kept.push(p),
+                Some(error) => {
+                    answers[p.index] = Some(Err(WorkspaceError::Uncertain {
+                        request_id: p.receipt.request_id.clone(),
+                        reason: format!(
+                            "the change reached the file but could not be made durable ({error})"
+                        ),
+                        receipt: Box::new(p.receipt),
+                    }));
+                }
+            }
+        }
+        failpoint::hit("after_dir_fsync");
+        kept
+    }
+}
+
+/// The folders whose entries a planned change alters.
+fn folders(planned: &Planned) -> Vec<BorrowedFd<'_>> {
+    match &planned.action {
+        Action::Replace { parent, .. } | Action::Delete { parent, .. } => vec![parent.as_fd()],
+        Action::Move {
+            from_parent,
+            to_parent,
+            ..
+        } => vec![to_parent.as_fd(), from_parent.as_fd()],
+    }
+}
+
+#[cfg(test)]
+impl Workspace {
+    /// How many changes wait, untaken, in the project's queue, and whether a batch is running
+    /// (tests only).
+    fn waiting(&self, project: &str) -> (usize, bool) {
+        lock_poisoned(&self.queues)
+            .get(project)
+            .map(|queue| {
+                let state = lock_poisoned(&queue.state);
+                (state.waiting.len(), state.leading)
+            })
+            .unwrap_or((0, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::related;
+    use crate::lock::ProjectLock;
+    use crate::ops::tests::{context, fixture, writable};
+    use agentworks_contract::workspaced::WriteRequest;
+    use agentworks_core::guard::RelPath;
+    use agentworks_core::revision::Revision;
+    use std::time::Duration;
+
+    #[test]
+    fn related_paths_are_the_same_or_nested_by_component() {
+        let p = |s: &str| RelPath::parse(s).unwrap();
+        assert!(related(&p("a/b.txt"), &p("a/b.txt")));
+        assert!(related(&p("a"), &p("a/b.txt")));
+        assert!(related(&p("a/b/c"), &p("a")));
+        assert!(!related(&p("a/b.txt"), &p("a/c.txt")));
+        assert!(!related(&p("ab"), &p("a")));
+        assert!(!related(&p("a/bc"), &p("a/b")));
+    }
+
+    fn write(path: &str, content: &str, expected: &str, request_id: &str) -> WriteRequest {
+        WriteRequest {
+            context: context(writable()),
+            path: path.into(),
+            content: content.into(),
+            expected_revision: expected.into(),
+            request_id: request_id.into(),
+        }
+    }
+
+    /// Writes queued behind the held lock run as one batch: each answered on its own, a stale
+    /// revision failing alone, a second write of the same file waiting for the next batch
+    /// (so it sees the first), and the same request id twice answered by replay.
+    #[test]
+    fn queued_writes_commit_as_one_batch_and_a_stale_one_fails_alone() {
+        let f = fixture(&[("old.txt", "old")]);
+        let ws = &f.workspace;
+        // Another process holding the project's lock: every write below has to queue.
+        let lock_path = ws.layout.lock_path(&ws.documents_root().join("demo"));
+        let held = ProjectLock::acquire(&lock_path, Duration::from_secs(1)).unwrap();
+        let stale = Revision::of(b"not what old.txt holds").to_string();
+        let requests = [
+            write("first.txt", "leader", "missing", "r0"),
+            write("a/1.txt", "one", "missing", "r1"),
+            write("old.txt", "new", &stale, "r2"),
+            write("a/2.txt", "two", "missing", "r3"),
+            write("a/1.txt", "again", "missing", "r4"),
+            write("a/2.txt", "two", "missing", "r3"),
+        ];
+        let answers = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for (n, request) in requests.iter().enumerate() {
+                handles.push(scope.spawn(move || ws.write(request)));
+                // The first is the leader, taken alone (then blocked on the lock); each other
+                // one is queued before the next is sent, so the order is known.
+                while ws.waiting("demo") != (n, true) {
+                    std::thread::yield_now();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            drop(held);
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        let applied = |n: usize| answers[n].as_ref().unwrap();
+        assert!(!applied(0).replayed);
+        assert!(!applied(1).replayed && !applied(3).replayed);
+        assert_eq!(answers[2].as_ref().unwrap_err().code(), "revision_conflict");
+        // The second write of a/1.txt came after the first: it sees the file and conflicts.
+        assert_eq!(answers[4].as_ref().unwrap_err().code(), "revision_conflict");
+        assert!(applied(5).replayed);
+        assert_eq!(applied(5).receipt.receipt_id, applied(3).receipt.receipt_id);
+        // r1 and r3 were marked applied in one transaction (one batch): the same time.
+        assert_eq!(
+            applied(1).receipt.updated_at_ms,
+            applied(3).receipt.updated_at_ms
+        );
+        let read = |p: &str| std::fs::read_to_string(f.project.join(p)).unwrap();
+        assert_eq!(read("first.txt"), "leader");
+        assert_eq!(read("a/1.txt"), "one");
+        assert_eq!(read("a/2.txt"), "two");
+        assert_eq!(read("old.txt"), "old");
+        // Every receipt agrees with the disk: the conflicts recorded nothing.
+        let store = ws.store(&ws.project("demo").unwrap()).unwrap();
+        let store = super::lock_poisoned(&store);
+        assert!(store.prepared().unwrap().is_empty());
+        assert!(store.find("u1", "r2").unwrap().is_none());
+        assert!(store.find("u1", "r4").unwrap().is_none());
+    }
+
+    /// A write that waits untaken longer than the lock timeout leaves the queue and is told
+    /// `busy`, as a lock wait would be; nothing of it is recorded.
+    #[test]
+    fn a_write_that_waits_past_the_lock_timeout_is_busy_and_leaves_no_trace() {
+        let mut f = fixture(&[]);
+        f.workspace.limits.lock_timeout = Duration::from_millis(200);
+        let ws = &f.workspace;
+        let lock_path = ws.layout.lock_path(&ws.documents_root().join("demo"));
+        let held = ProjectLock::acquire(&lock_path, Duration::from_secs(1)).unwrap();
+        let (leader, waiter) = std::thread::scope(|scope| {
+            let leader = scope.spawn(|| ws.write(&write("x.txt", "x", "missing", "q1")));
+            let waiter = scope.spawn(|| ws.write(&write("y.txt", "y", "missing", "q2")));
+            let (leader, waiter) = (leader.join().unwrap(), waiter.join().unwrap());
+            drop(held);
+            (leader, waiter)
+        });
+        assert_eq!(leader.unwrap_err().code(), "busy");
+        assert_eq!(waiter.unwrap_err().code(), "busy");
+        assert_eq!(ws.waiting("demo"), (0, false));
+        // The queue is usable again once the lock is free.
+        ws.write(&write("y.txt", "y", "missing", "q3")).unwrap();
+        assert!(!f.project.join("x.txt").exists());
+    }
+}
