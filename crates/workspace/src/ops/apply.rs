@@ -116,7 +116,7 @@ impl Workspace {
     }
 
     /// Stage `content` beside the target, give it the target's ownership and ACLs, fsync it,
-    /// re-check the target, rename over it and fsync the folder.
+    /// re-check the target and rename over it (the folder fsync is the caller's next step).
     pub(super) fn replace(
         &self,
         parent: BorrowedFd<'_>,
@@ -126,6 +126,20 @@ impl Workspace {
         previous: &Revision,
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
+        let staged = self.stage(parent, content, existing, path)?;
+        self.rename_staged(staged, parent, name, existing, previous, path)
+    }
+
+    /// The first half of [`Workspace::replace`]: the new content in a synced temp file beside
+    /// the target, with the target's ownership and ACLs. Touches nothing the caller can see; an
+    /// error (or dropping the result) unlinks the temp file.
+    pub(super) fn stage<'p>(
+        &self,
+        parent: BorrowedFd<'p>,
+        content: &[u8],
+        existing: Option<&(OwnedFd, Stat)>,
+        path: &RelPath,
+    ) -> Result<StagedFile<'p>, WorkspaceError> {
         // 0o666: the kernel applies the umask, or the folder's default ACL, as for any new file.
         let mut staged = StagedFile::create(parent, TEMP_PREFIX, 0o666).map_err(|e| match e {
             // The folder was removed after we opened it.
@@ -146,6 +160,20 @@ impl Workspace {
             acl::carry_over(staged.fd(), &ownership)?;
         }
         fsync_fd(staged.fd(), "fsync staged file", path)?;
+        Ok(staged)
+    }
+
+    /// The second half of [`Workspace::replace`]: re-check the target and rename the staged
+    /// file over it (or to it, when it must not exist yet).
+    pub(super) fn rename_staged(
+        &self,
+        staged: StagedFile<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        existing: Option<&(OwnedFd, Stat)>,
+        previous: &Revision,
+        path: &RelPath,
+    ) -> Result<(), WorkspaceError> {
         failpoint_io("before_rename", path)?;
         match existing {
             Some((_, checked)) => {

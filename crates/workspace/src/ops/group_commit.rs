@@ -12,11 +12,12 @@
 //! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
 //! under the project's lock, (1) each change's idempotency check and (2) revision check and
 //! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync),
-//! durable before anything is touched; (4) each change staged and its temp file synced, re-checked
-//! and renamed, in order; (5) each folder synced once; (6) every applied mark (and every
-//! `not_applied` one) in one transaction; (7) the audit events. A change whose revision check
-//! or staging fails fails alone; the others go on. If the prepared transaction fails, each
-//! change is prepared on its own, so only the ones that cannot be recorded are refused.
+//! durable before anything is touched; (4) each change's temp file written and synced (several
+//! at once), then each re-checked and renamed, in order; (5) each folder synced once; (6) every
+//! applied mark (and every `not_applied` one) in one transaction; (7) the audit events. A
+//! change whose revision check or staging fails fails alone; the others go on. If the prepared
+//! transaction fails, each change is prepared on its own, so only the ones that cannot be
+//! recorded are refused.
 //!
 //! The waiters' requests are owned data moved into the queue ([`BatchJob`]), so the leader's
 //! thread can plan them without borrowing another thread's stack.
@@ -30,6 +31,7 @@ use crate::receipts::{Operation, Receipt, ReceiptState};
 use agentworks_contract::workspaced::{ChangeResponse, Context};
 use agentworks_core::guard::RelPath;
 use agentworks_fs::failpoint::{self, Hit};
+use agentworks_fs::staged::StagedFile;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Condvar, Mutex};
@@ -37,6 +39,8 @@ use std::time::Instant;
 
 /// Most changes one batch takes; the rest wait for the next.
 const MAX_BATCH: usize = 64;
+/// Most temp files of one batch staged and synced at once.
+const STAGE_THREADS: usize = 8;
 
 /// The plan of a queued change: runs on the leader's thread, under the lock.
 pub(super) type BatchPlan =
@@ -310,11 +314,39 @@ impl Workspace {
         if !prepared.is_empty() {
             failpoint::hit("after_prepare");
         }
-        // 4. Stage, sync, re-check and rename, in order; a failure fails that change alone.
+        // 4. Stage and sync (several at once), then re-check and rename in order; a failure
+        // fails that change alone.
+        let outcomes: Vec<Result<(), WorkspaceError>> = {
+            let staged = self.stage_all(&prepared);
+            prepared
+                .iter()
+                .zip(staged)
+                .map(|(p, staged)| match (staged, &p.planned.action) {
+                    (
+                        Some(Ok(file)),
+                        Action::Replace {
+                            parent,
+                            name,
+                            existing,
+                            ..
+                        },
+                    ) => self.rename_staged(
+                        file,
+                        parent.as_fd(),
+                        name,
+                        existing.as_ref(),
+                        &p.planned.previous,
+                        &p.planned.path,
+                    ),
+                    (Some(Err(e)), _) => Err(e),
+                    _ => self.apply(&p.planned),
+                })
+                .collect()
+        };
         let mut marks: Vec<(String, ReceiptState)> = Vec::new();
         let mut applied: Vec<Prepared> = Vec::new();
-        for p in prepared {
-            match self.apply(&p.planned) {
+        for (p, outcome) in prepared.into_iter().zip(outcomes) {
+            match outcome {
                 Ok(()) => applied.push(p),
                 Err(e) => {
                     // Nothing reached the target (every error of `apply` comes before it).
@@ -382,6 +414,60 @@ impl Workspace {
                 })
             })
             .collect()
+    }
+
+    /// Step 4's first half for a batch: each replacement's temp file written and synced, on up
+    /// to [`STAGE_THREADS`] threads at once (concurrent fsyncs share the file system's journal
+    /// commits, where one after the other each waits for its own). `None` for the other actions,
+    /// which stage nothing.
+    fn stage_all<'p>(
+        &self,
+        prepared: &'p [Prepared],
+    ) -> Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> {
+        let stage_one = |p: &'p Prepared| match &p.planned.action {
+            Action::Replace {
+                parent,
+                content,
+                existing,
+                ..
+            } => Some(self.stage(parent.as_fd(), content, existing.as_ref(), &p.planned.path)),
+            _ => None,
+        };
+        let replacements = prepared
+            .iter()
+            .filter(|p| matches!(p.planned.action, Action::Replace { .. }))
+            .count();
+        let threads = replacements.min(STAGE_THREADS);
+        if threads <= 1 {
+            return prepared.iter().map(stage_one).collect();
+        }
+        let mut staged: Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> =
+            prepared.iter().map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|worker| {
+                    scope.spawn(move || {
+                        prepared
+                            .iter()
+                            .enumerate()
+                            .skip(worker)
+                            .step_by(threads)
+                            .map(|(index, p)| (index, stage_one(p)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for worker in workers {
+                // A panic while staging is passed on, as it would be on this thread.
+                let done = worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                for (index, result) in done {
+                    staged[index] = result;
+                }
+            }
+        });
+        staged
     }
 
     /// Step 5 for a batch: fsync every folder the applied changes touched, each once. The
