@@ -4,7 +4,9 @@
 //! Owns the one way a directory is made private: create it if missing, refuse a symlink or a
 //! non-directory in its place, and set its mode through a descriptor opened with `O_NOFOLLOW`.
 //! Must never follow a symlink at the directory itself, nor change the mode of anything but
-//! the directory it was asked for (missing parents are only created).
+//! the directory it was asked for (missing parents are only created). Every directory it
+//! creates is made durable by syncing its parent, so a power cut cannot take away a state
+//! directory (and the receipts later written inside it) that a caller already relied on.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -29,6 +31,13 @@ pub enum PrivateDirError {
     /// Opening the directory (without following symlinks) failed.
     #[error("cannot open directory {path}: {source}")]
     Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Syncing the folder a new directory was created in failed: the new entry may not
+    /// survive a power cut.
+    #[error("cannot sync {path} after creating a directory in it: {source}")]
+    Sync {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -65,9 +74,16 @@ pub fn ensure_private_dir(
     parents: MissingParents,
 ) -> Result<(), PrivateDirError> {
     let mode = mode & 0o7777;
+    // The directories this call creates, so each one's parent is synced afterwards.
+    let mut created: Vec<&Path> = Vec::new();
     if let Some(parent) = dir.parent()
         && !parent.as_os_str().is_empty()
     {
+        created.extend(
+            parent
+                .ancestors()
+                .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err()),
+        );
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true);
         if parents == MissingParents::SameMode {
@@ -81,13 +97,23 @@ pub fn ensure_private_dir(
             })?;
     }
     match std::fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
+        Ok(()) => created.insert(0, dir),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(source) => {
             return Err(PrivateDirError::Create {
                 path: dir.to_path_buf(),
                 source,
             });
+        }
+    }
+    // Innermost first: once an outer entry is durable, everything inside it already is.
+    for made in created {
+        if let Some(parent) = made.parent() {
+            sync_dir(if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            })?;
         }
     }
     // lstat first only to give a precise error; the descriptor below is what we trust.
@@ -146,6 +172,21 @@ pub fn ensure_private_dir(
         });
     }
     Ok(())
+}
+
+/// fsync a directory, so the entries created in it are durable.
+fn sync_dir(dir: &Path) -> Result<(), PrivateDirError> {
+    let failed = |errno: rustix::io::Errno| PrivateDirError::Sync {
+        path: dir.to_path_buf(),
+        source: errno.into(),
+    };
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(failed)?;
+    rustix::fs::fsync(&fd).map_err(failed)
 }
 
 #[cfg(test)]
