@@ -9,6 +9,7 @@
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
+//! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential).
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -31,6 +32,7 @@ pub mod mcp;
 pub mod mcp_backend;
 pub mod model;
 pub mod oauth;
+pub mod sealed;
 pub mod start;
 pub mod turn;
 
