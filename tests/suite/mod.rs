@@ -16,6 +16,7 @@ mod executor;
 mod gatewayd;
 pub mod harness;
 mod laptop;
+mod mcp_connections;
 mod mcp_tools;
 mod oauth;
 mod oauth_cimd;

@@ -14,6 +14,7 @@
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
 //! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
 //! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
+//! | `…/v1/projects/{id}/mcp-connections[/{connection}]` | a project's MCP connections ([`crate::mcp_connections_api`]) |
 //!
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
@@ -155,6 +156,11 @@ impl ChatService {
                     .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
                 Route::Projects => self.projects(&caller).await,
                 Route::Models => Ok(json_response(StatusCode::OK, &self.models())),
+                Route::Connections(project) => self.list_connections(&caller, &project).await,
+                Route::AddConnection(project) => self.add_connection(&caller, &project, body).await,
+                Route::RemoveConnection(project, connection) => {
+                    self.remove_connection(&caller, &project, &connection).await
+                }
             }
         }
         .await;
@@ -616,7 +622,17 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
         (["v1", "projects"], m) if *m == Method::GET => Route::Projects,
         (["v1", "models"], m) if *m == Method::GET => Route::Models,
-        (["v1", "chats", ..], _)
+        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::GET => {
+            Route::Connections(project.to_string())
+        }
+        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::POST => {
+            Route::AddConnection(project.to_string())
+        }
+        (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
+            Route::RemoveConnection(project.to_string(), connection.to_string())
+        }
+        (["v1", "projects", _, "mcp-connections", ..], _)
+        | (["v1", "chats", ..], _)
         | (["v1", "devices"], _)
         | (["v1", "projects"], _)
         | (["v1", "models"], _) => {
@@ -642,6 +658,9 @@ enum Route {
     Devices,
     Projects,
     Models,
+    Connections(String),
+    AddConnection(String),
+    RemoveConnection(String, String),
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

@@ -9,6 +9,7 @@ use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
 use crate::files::FileTools;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
+use crate::mcp_connections::ConnectionStore;
 use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
 use agentworks_daemon::ipc::envelope::{Refusal, run_blocking};
@@ -61,6 +62,8 @@ pub struct ChatService {
     pub files: FileTools,
     pub chats: ChatStore,
     pub attachments: AttachmentStore,
+    /// The projects' MCP connections.
+    pub connections: ConnectionStore,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
@@ -109,6 +112,7 @@ impl ChatService {
         files: FileTools,
         chats: ChatStore,
         attachments: AttachmentStore,
+        connections: ConnectionStore,
         gatewayd: UnixClient,
         model: Option<ModelClient>,
     ) -> ChatService {
@@ -117,6 +121,7 @@ impl ChatService {
             files,
             chats,
             attachments,
+            connections,
             gatewayd,
             model,
             sessions: Default::default(),

@@ -10,6 +10,8 @@
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential).
+//! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
+//!   the rules a connection meets, and the API that manages them).
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -30,6 +32,8 @@ pub mod files;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_backend;
+pub mod mcp_connections;
+pub mod mcp_connections_api;
 pub mod model;
 pub mod oauth;
 pub mod sealed;
@@ -74,6 +78,8 @@ pub enum AgentdError {
     Chats(#[from] chats::ChatStoreError),
     #[error("{0}")]
     Attachments(#[from] attachments::AttachmentError),
+    #[error("{0}")]
+    Connections(#[from] mcp_connections::ConnectionStoreError),
 }
 
 // ----- the agent (chats): begin -----
@@ -91,6 +97,7 @@ pub fn open_chats(
     })?;
     let store = chats::ChatStore::open(&dir.join("chats.db"))?;
     let attachments = attachments::AttachmentStore::open(&dir.join("attachments.db"))?;
+    let connections = mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
     let model = config
         .agentd
@@ -102,6 +109,7 @@ pub fn open_chats(
         files.clone(),
         store,
         attachments,
+        connections,
         UnixClient::new(config.gatewayd_socket()),
         model,
     ))
@@ -376,6 +384,7 @@ impl PublicRoutes {
             || chat_path.starts_with("/v1/chats/")
             || chat_path == "/v1/devices"
             || chat_path == "/v1/projects"
+            || chat_path.starts_with("/v1/projects/")
             || chat_path == "/v1/models"
         {
             return match &self.chats {

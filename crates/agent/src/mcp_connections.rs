@@ -1,0 +1,634 @@
+//! MCP connections of a project: the remote MCP servers a `code` project's owner or co-owner
+//! added, in `<state>/agent/mcp_connections.db` (SQLite, WAL, `synchronous=FULL`), and the
+//! rules a connection must meet before it is stored.
+//!
+//! A connection is remote only: an `https://` URL (streamable HTTP, or SSE for older servers).
+//! A stdio server would run a command on this host as agentd, so a request that names a
+//! command is refused by name, never stored. The URL's host is checked with the guarded
+//! outbound client's own rules ([`agentworks_support::outbound::check_host`]) when it is
+//! added; the address actually dialled is checked again on every request by that client, so a
+//! name that resolves somewhere else later gains nothing. A URL with user-info is refused (a
+//! credential typed into a URL would be stored and shown); the URL shown anywhere has no query
+//! string or fragment ([`shown_url`]).
+//!
+//! Header values are never typed in: a header names a project secret and a format
+//! (`{"secret": "LINEAR_API_KEY", "format": "Bearer {}"}`), resolved when a request is made.
+//! Header names that the transport itself owns (`Host`, `Content-Length`, the MCP session and
+//! protocol headers, …) are refused.
+//!
+//! Each connection has an internal name (`mcpc_` and 16 random hex digits) that is unique for
+//! ever; display names may repeat. Everything keyed per connection (sessions, tool lists,
+//! sealed credentials) is keyed by the internal name, so two connections named alike never
+//! share any of it.
+//!
+//! Must never: store or return a header value or a credential in clear, or decide who may use
+//! a connection (the caller checks the live role at every request: [`crate::mcp_connections_api`]).
+
+use agentworks_support::outbound::check_host;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use url::Url;
+
+/// The most connections one project may have.
+pub const MAX_PER_PROJECT: usize = 32;
+/// The longest display name, in characters.
+pub const MAX_NAME_CHARS: usize = 64;
+/// The longest URL, in bytes.
+pub const MAX_URL_BYTES: usize = 2048;
+/// The most headers one connection may send.
+pub const MAX_HEADERS: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionStoreError {
+    #[error("cannot open the MCP connection store {path}: {source}")]
+    Open {
+        path: std::path::PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("the MCP connection store failed: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("a stored connection's headers are not valid JSON: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+/// Why a connection is refused before it is stored; each has a stable `code`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectionRuleError {
+    #[error(
+        "agentd connects to remote MCP servers only (streamable HTTP or SSE at an https:// URL); a stdio server would run a command on the server, so it cannot be added"
+    )]
+    Stdio,
+    #[error("name must be 1 to {MAX_NAME_CHARS} characters with no control characters")]
+    Name,
+    #[error("url is not a URL: {0}")]
+    Url(String),
+    #[error("url must start with https:// (a remote MCP server over TLS), not {0}://")]
+    Scheme(String),
+    #[error(
+        "url must not carry a user name or password; name a project secret in a header instead"
+    )]
+    UserInfo,
+    #[error("url's host is refused: {0}")]
+    Host(String),
+    #[error("{0}")]
+    Header(String),
+    #[error("the project has {MAX_PER_PROJECT} connections already; remove one first")]
+    TooMany,
+}
+
+impl ConnectionRuleError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConnectionRuleError::Stdio => "stdio_not_supported",
+            ConnectionRuleError::Name => "invalid_name",
+            ConnectionRuleError::Url(_)
+            | ConnectionRuleError::Scheme(_)
+            | ConnectionRuleError::UserInfo => "invalid_url",
+            ConnectionRuleError::Host(_) => "address_refused",
+            ConnectionRuleError::Header(_) => "invalid_header",
+            ConnectionRuleError::TooMany => "too_many_connections",
+        }
+    }
+}
+
+/// The transport a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    StreamableHttp,
+    Sse,
+}
+
+impl Transport {
+    fn as_str(self) -> &'static str {
+        match self {
+            Transport::StreamableHttp => "streamable_http",
+            Transport::Sse => "sse",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Transport> {
+        match s {
+            "streamable_http" => Some(Transport::StreamableHttp),
+            "sse" => Some(Transport::Sse),
+            _ => None,
+        }
+    }
+}
+
+/// A header's value: a project secret's name and where it goes in the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretHeader {
+    pub secret: String,
+    /// The value with `{}` where the secret goes; `{}` alone when absent.
+    #[serde(default = "whole_value")]
+    pub format: String,
+}
+
+fn whole_value() -> String {
+    "{}".into()
+}
+
+/// A connection as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpConnection {
+    /// The internal name, unique for ever: `mcpc_<16 hex>`.
+    pub id: String,
+    pub project_id: String,
+    /// What people and the model see; may repeat within a project.
+    pub name: String,
+    /// The whole URL, query included (some servers take a key there); never shown as it is.
+    pub url: String,
+    pub transport: Transport,
+    pub headers: BTreeMap<String, SecretHeader>,
+    pub created_by: String,
+    pub created_at_ms: i64,
+}
+
+impl McpConnection {
+    /// The connection as the API shows it: the URL without its query or fragment, the headers'
+    /// secret names (never a value).
+    pub fn shown(&self) -> serde_json::Value {
+        serde_json::json!({
+            "connection_id": self.id,
+            "project_id": self.project_id,
+            "name": self.name,
+            "url": shown_url(&self.url),
+            "transport": self.transport,
+            "headers": self.headers,
+            "created_by": self.created_by,
+            "created_at_ms": self.created_at_ms,
+        })
+    }
+}
+
+/// `url` as it may be shown: scheme, host, port and path only.
+pub fn shown_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            u.set_fragment(None);
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => String::from("(unparsable URL)"),
+    }
+}
+
+/// What a person asks to add, already parsed from JSON.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewConnection {
+    pub name: String,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub transport: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, serde_json::Value>,
+    /// Present only to be refused by name: a stdio server's command line.
+    #[serde(default)]
+    pub command: Option<serde_json::Value>,
+    #[serde(default)]
+    pub args: Option<serde_json::Value>,
+    #[serde(default)]
+    pub env: Option<serde_json::Value>,
+}
+
+/// A checked connection, ready to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedConnection {
+    pub name: String,
+    pub url: String,
+    pub transport: Transport,
+    pub headers: BTreeMap<String, SecretHeader>,
+}
+
+/// Headers the transport sets itself, or that would change what the request is.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+    "cookie",
+];
+
+/// Check every rule; the first broken one is the answer.
+pub fn check(new: NewConnection) -> Result<CheckedConnection, ConnectionRuleError> {
+    let stdio_transport = new
+        .transport
+        .as_deref()
+        .is_some_and(|t| t.eq_ignore_ascii_case("stdio"));
+    if new.command.is_some() || new.args.is_some() || new.env.is_some() || stdio_transport {
+        return Err(ConnectionRuleError::Stdio);
+    }
+    let name = new.name.trim().to_owned();
+    let chars = name.chars().count();
+    if chars == 0 || chars > MAX_NAME_CHARS || name.chars().any(char::is_control) {
+        return Err(ConnectionRuleError::Name);
+    }
+    let transport = match new.transport.as_deref() {
+        None => Transport::StreamableHttp,
+        Some(t) => Transport::parse(t).ok_or_else(|| {
+            ConnectionRuleError::Url(format!(
+                "transport {t:?} is not one of streamable_http, sse"
+            ))
+        })?,
+    };
+    let raw = new
+        .url
+        .ok_or_else(|| ConnectionRuleError::Url("url is required".into()))?;
+    if raw.len() > MAX_URL_BYTES {
+        return Err(ConnectionRuleError::Url(format!(
+            "longer than {MAX_URL_BYTES} bytes"
+        )));
+    }
+    let url = Url::parse(raw.trim()).map_err(|e| ConnectionRuleError::Url(e.to_string()))?;
+    match url.scheme() {
+        "https" => {}
+        "stdio" | "file" | "unix" => return Err(ConnectionRuleError::Stdio),
+        other => return Err(ConnectionRuleError::Scheme(other.to_owned())),
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ConnectionRuleError::UserInfo);
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| ConnectionRuleError::Url("it has no host".into()))?;
+    check_host(host)
+        .map_err(|refusal| ConnectionRuleError::Host(format!("{host} is {refusal}")))?;
+    if new.headers.len() > MAX_HEADERS {
+        return Err(ConnectionRuleError::Header(format!(
+            "at most {MAX_HEADERS} headers"
+        )));
+    }
+    let mut headers = BTreeMap::new();
+    for (header, value) in new.headers {
+        let lower = header.to_ascii_lowercase();
+        if hyper::header::HeaderName::from_bytes(lower.as_bytes()).is_err() {
+            return Err(ConnectionRuleError::Header(format!(
+                "{header:?} is not a header name"
+            )));
+        }
+        if RESERVED_HEADERS.contains(&lower.as_str()) {
+            return Err(ConnectionRuleError::Header(format!(
+                "{header} is set by the transport itself and cannot be configured"
+            )));
+        }
+        let secret: SecretHeader = serde_json::from_value(value).map_err(|_| {
+            ConnectionRuleError::Header(format!(
+                "header {header} must name a project secret, as {{\"secret\": \"NAME\", \"format\": \"Bearer {{}}\"}}; a value typed into a connection is never stored"
+            ))
+        })?;
+        check_secret_name(&secret.secret).map_err(ConnectionRuleError::Header)?;
+        if secret.format.matches("{}").count() != 1
+            || secret.format.chars().any(|c| c.is_control())
+            || secret.format.len() > 256
+        {
+            return Err(ConnectionRuleError::Header(format!(
+                "header {header}'s format must hold `{{}}` exactly once (where the secret goes), with no control characters"
+            )));
+        }
+        if headers.insert(lower.clone(), secret).is_some() {
+            return Err(ConnectionRuleError::Header(format!(
+                "header {header} is named twice"
+            )));
+        }
+    }
+    Ok(CheckedConnection {
+        name,
+        url: url.to_string(),
+        transport,
+        headers,
+    })
+}
+
+/// A project secret's name: an upper-case letter, then upper-case letters, digits and `_`, at
+/// most 64 in all (the shape of an environment variable, which is how people name keys).
+fn check_secret_name(name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a secret name (upper-case letters, digits and _, starting with a letter, at most 64)"
+        ))
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS mcp_connections (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    transport TEXT NOT NULL,
+    headers TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mcp_connections_project ON mcp_connections(project_id, created_at_ms);
+PRAGMA user_version = 1;
+";
+
+const COLUMNS: &str = "id, project_id, name, url, transport, headers, created_by, created_at_ms";
+
+fn row_connection(r: &rusqlite::Row<'_>) -> rusqlite::Result<(McpConnection, String)> {
+    let transport: String = r.get(4)?;
+    Ok((
+        McpConnection {
+            id: r.get(0)?,
+            project_id: r.get(1)?,
+            name: r.get(2)?,
+            url: r.get(3)?,
+            // An unknown transport cannot be stored through `add`; read it as the default.
+            transport: Transport::parse(&transport).unwrap_or(Transport::StreamableHttp),
+            headers: BTreeMap::new(),
+            created_by: r.get(6)?,
+            created_at_ms: r.get(7)?,
+        },
+        r.get(5)?,
+    ))
+}
+
+/// A cheap-to-clone handle on the connection store. Calls block: run them off the async workers.
+#[derive(Clone)]
+pub struct ConnectionStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl ConnectionStore {
+    pub fn open(path: &Path) -> Result<ConnectionStore, ConnectionStoreError> {
+        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(|source| {
+            ConnectionStoreError::Open {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        Ok(ConnectionStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Store a checked connection; `Ok(Err(TooMany))` when the project is full. The count and
+    /// the insert are one transaction, so two adds racing cannot pass the limit.
+    pub fn add(
+        &self,
+        project_id: &str,
+        created_by: &str,
+        checked: CheckedConnection,
+    ) -> Result<Result<McpConnection, ConnectionRuleError>, ConnectionStoreError> {
+        let mut db = self.db();
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let count: i64 = tx.query_row(
+            "SELECT count(*) FROM mcp_connections WHERE project_id = ?1",
+            params![project_id],
+            |r| r.get(0),
+        )?;
+        if usize::try_from(count).unwrap_or(usize::MAX) >= MAX_PER_PROJECT {
+            return Ok(Err(ConnectionRuleError::TooMany));
+        }
+        let connection = McpConnection {
+            id: format!("mcpc_{}", hex::encode(rand::random::<[u8; 8]>())),
+            project_id: project_id.to_owned(),
+            name: checked.name,
+            url: checked.url,
+            transport: checked.transport,
+            headers: checked.headers,
+            created_by: created_by.to_owned(),
+            created_at_ms: agentworks_support::clock::now_ms(),
+        };
+        tx.execute(
+            &format!(
+                "INSERT INTO mcp_connections ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            ),
+            params![
+                connection.id,
+                connection.project_id,
+                connection.name,
+                connection.url,
+                connection.transport.as_str(),
+                serde_json::to_string(&connection.headers)?,
+                connection.created_by,
+                connection.created_at_ms,
+            ],
+        )?;
+        tx.commit()?;
+        Ok(Ok(connection))
+    }
+
+    /// The project's connections, oldest first.
+    pub fn list(&self, project_id: &str) -> Result<Vec<McpConnection>, ConnectionStoreError> {
+        let db = self.db();
+        let mut statement = db.prepare(&format!(
+            "SELECT {COLUMNS} FROM mcp_connections WHERE project_id = ?1 ORDER BY created_at_ms, rowid"
+        ))?;
+        let rows = statement.query_map(params![project_id], row_connection)?;
+        rows.map(|row| {
+            let (mut connection, headers) = row?;
+            connection.headers = serde_json::from_str(&headers)?;
+            Ok(connection)
+        })
+        .collect()
+    }
+
+    /// One connection of the project, if it has it.
+    pub fn get(
+        &self,
+        project_id: &str,
+        id: &str,
+    ) -> Result<Option<McpConnection>, ConnectionStoreError> {
+        let found = self
+            .db()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM mcp_connections WHERE project_id = ?1 AND id = ?2"),
+                params![project_id, id],
+                row_connection,
+            )
+            .optional()?;
+        match found {
+            Some((mut connection, headers)) => {
+                connection.headers = serde_json::from_str(&headers)?;
+                Ok(Some(connection))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Remove a connection of the project; whether it was there.
+    pub fn remove(&self, project_id: &str, id: &str) -> Result<bool, ConnectionStoreError> {
+        let removed = self.db().execute(
+            "DELETE FROM mcp_connections WHERE project_id = ?1 AND id = ?2",
+            params![project_id, id],
+        )?;
+        Ok(removed > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn new(value: serde_json::Value) -> NewConnection {
+        serde_json::from_value(value).expect("shape")
+    }
+
+    fn refused(value: serde_json::Value) -> ConnectionRuleError {
+        check(new(value)).expect_err("refused")
+    }
+
+    #[test]
+    fn a_remote_https_server_with_a_secret_header_is_accepted() {
+        let checked = check(new(json!({
+            "name": " Linear ",
+            "url": "https://mcp.linear.app/mcp?team=42",
+            "headers": {"Authorization": {"secret": "LINEAR_API_KEY", "format": "Bearer {}"},
+                        "X-Team": {"secret": "TEAM"}},
+        })))
+        .unwrap();
+        assert_eq!(checked.name, "Linear");
+        assert_eq!(checked.transport, Transport::StreamableHttp);
+        assert_eq!(checked.headers["authorization"].format, "Bearer {}");
+        assert_eq!(checked.headers["x-team"].format, "{}");
+        assert_eq!(shown_url(&checked.url), "https://mcp.linear.app/mcp");
+    }
+
+    #[test]
+    fn stdio_in_every_spelling_is_refused_by_name() {
+        for value in [
+            json!({"name": "fs", "command": "npx", "args": ["server"]}),
+            json!({"name": "fs", "url": "https://example.com/mcp", "command": "sh"}),
+            json!({"name": "fs", "transport": "stdio", "url": "https://example.com/mcp"}),
+            json!({"name": "fs", "env": {"A": "b"}, "url": "https://example.com/mcp"}),
+            json!({"name": "fs", "url": "stdio://npx"}),
+            json!({"name": "fs", "url": "file:///usr/bin/server"}),
+        ] {
+            assert_eq!(
+                refused(value.clone()),
+                ConnectionRuleError::Stdio,
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn plain_http_user_info_and_refused_hosts_are_refused() {
+        assert_eq!(
+            refused(json!({"name": "a", "url": "http://example.com/mcp"})).code(),
+            "invalid_url"
+        );
+        assert_eq!(
+            refused(json!({"name": "a", "url": "https://me:pw@example.com/mcp"})),
+            ConnectionRuleError::UserInfo
+        );
+        for host in [
+            "127.0.0.1",
+            "localhost",
+            "10.0.0.8",
+            "169.254.169.254",
+            "100.100.100.200",
+            "[::ffff:127.0.0.1]",
+            "[::1]",
+            "[fd00:ec2::254]",
+            "metadata.google.internal",
+            "0x7f.1",
+            "2130706433",
+        ] {
+            let error = refused(json!({"name": "a", "url": format!("https://{host}/mcp")}));
+            assert_eq!(error.code(), "address_refused", "{host}: {error}");
+        }
+    }
+
+    #[test]
+    fn header_values_typed_in_reserved_names_and_bad_formats_are_refused() {
+        let with = |headers: serde_json::Value| {
+            refused(json!({"name": "a", "url": "https://example.com/mcp", "headers": headers}))
+        };
+        for headers in [
+            json!({"Authorization": "Bearer sk-live-123"}),
+            json!({"Authorization": {"value": "sk-live-123"}}),
+            json!({"Authorization": {"secret": "lower_case"}}),
+            json!({"Authorization": {"secret": "KEY", "format": "Bearer"}}),
+            json!({"Authorization": {"secret": "KEY", "format": "{} {}"}}),
+            json!({"Host": {"secret": "KEY"}}),
+            json!({"Mcp-Session-Id": {"secret": "KEY"}}),
+            json!({"bad header": {"secret": "KEY"}}),
+            json!({"X-A": {"secret": "KEY"}, "x-a": {"secret": "KEY"}}),
+        ] {
+            assert_eq!(with(headers.clone()).code(), "invalid_header", "{headers}");
+        }
+    }
+
+    #[test]
+    fn names_are_checked_and_may_repeat_but_internal_names_never_do() {
+        assert_eq!(
+            refused(json!({"name": "  ", "url": "https://example.com/"})),
+            ConnectionRuleError::Name
+        );
+        assert_eq!(
+            refused(json!({"name": "a\u{0}b", "url": "https://example.com/"})),
+            ConnectionRuleError::Name
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConnectionStore::open(&dir.path().join("c.db")).unwrap();
+        let checked = check(new(
+            json!({"name": "Docs", "url": "https://example.com/mcp?k=v"}),
+        ))
+        .unwrap();
+        let a = store.add("p1", "u1", checked.clone()).unwrap().unwrap();
+        let b = store.add("p1", "u1", checked.clone()).unwrap().unwrap();
+        assert_eq!(a.name, b.name);
+        assert_ne!(a.id, b.id);
+        assert!(a.id.starts_with("mcpc_") && a.id.len() == 5 + 16);
+        // The whole URL is kept; only what is shown loses the query.
+        assert_eq!(a.url, "https://example.com/mcp?k=v");
+        assert_eq!(a.shown()["url"], "https://example.com/mcp");
+        assert_eq!(store.list("p1").unwrap(), vec![a.clone(), b.clone()]);
+        assert!(store.list("p2").unwrap().is_empty());
+        // Another project's id cannot reach it.
+        assert_eq!(store.get("p2", &a.id).unwrap(), None);
+        assert!(!store.remove("p2", &a.id).unwrap());
+        assert!(store.remove("p1", &a.id).unwrap());
+        assert_eq!(store.list("p1").unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn a_project_holds_at_most_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConnectionStore::open(&dir.path().join("c.db")).unwrap();
+        let checked = check(new(json!({"name": "x", "url": "https://example.com/"}))).unwrap();
+        for _ in 0..MAX_PER_PROJECT {
+            store.add("p", "u", checked.clone()).unwrap().unwrap();
+        }
+        assert_eq!(
+            store.add("p", "u", checked.clone()).unwrap(),
+            Err(ConnectionRuleError::TooMany)
+        );
+        assert!(store.add("q", "u", checked).unwrap().is_ok());
+    }
+}

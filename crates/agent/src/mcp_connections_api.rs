@@ -1,0 +1,161 @@
+//! The MCP connections API on agentd's public listener (a console session, or a person's
+//! bearer token with a `workflows:*` scope), routed by [`crate::chat_api`]:
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `GET /v1/projects/{id}/mcp-connections` | `{connections: [{connection_id, name, url, transport, headers, created_by, created_at_ms}]}` (anyone who can see the project) |
+//! | `POST /v1/projects/{id}/mcp-connections {name, url, transport?, headers?}` | 201 the connection (owner or co-owner, a `workflows:write` token, a `code` project) |
+//! | `DELETE /v1/projects/{id}/mcp-connections/{connection_id}` | `{removed: connection_id}` (owner or co-owner, a `workflows:write` token) |
+//!
+//! Who may manage is decided from the live role at every request, never from the token alone:
+//! an editor sees the connections (to use them in chats) but cannot add or remove one, and a
+//! person removed from the project can do nothing. The URL shown has no query string; a header
+//! shows the secret it names, never a value.
+
+use crate::chat_service::{ChatService, blocking, from_tool};
+use crate::identity::ProjectKind;
+use crate::mcp::Caller;
+use crate::mcp_connections::{self, ConnectionRuleError, ConnectionStoreError, NewConnection};
+use agentworks_contract::agentd::Role;
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
+use bytes::Bytes;
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+impl From<ConnectionStoreError> for Refusal {
+    fn from(error: ConnectionStoreError) -> Refusal {
+        tracing::error!(%error, "MCP connection store failed");
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("{error}; try again shortly"),
+        )
+    }
+}
+
+impl From<ConnectionRuleError> for Refusal {
+    fn from(error: ConnectionRuleError) -> Refusal {
+        let status = match error {
+            ConnectionRuleError::TooMany => StatusCode::CONFLICT,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Refusal::new(status, error.code(), error.to_string())
+    }
+}
+
+impl ChatService {
+    /// `GET …/mcp-connections`: the project's connections, for anyone who can see it.
+    pub(crate) async fn list_connections(
+        &self,
+        caller: &Caller,
+        project: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let (project, _) = self
+            .files
+            .access(caller, project)
+            .await
+            .map_err(from_tool)?;
+        let store = self.connections.clone();
+        let listed = blocking(move || store.list(&project.id)).await?;
+        let shown: Vec<_> = listed.iter().map(|c| c.shown()).collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"connections": shown}),
+        ))
+    }
+
+    /// `POST …/mcp-connections`: add one, after the role check and every rule.
+    pub(crate) async fn add_connection(
+        &self,
+        caller: &Caller,
+        project: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
+        let project = self.managed_project(caller, project).await?;
+        if project.kind != ProjectKind::Code {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "not_a_code_project",
+                format!(
+                    "MCP connections are for code projects (their chats use them); {:?} is a {} project",
+                    project.name,
+                    project.kind.as_str()
+                ),
+            ));
+        }
+        let request: NewConnection = decode_json(body)?;
+        let checked = mcp_connections::check(request)?;
+        let store = self.connections.clone();
+        let user = caller.user_id.clone();
+        let added = blocking(move || store.add(&project.id, &user, checked)).await??;
+        tracing::info!(
+            connection = %added.id,
+            project = %added.project_id,
+            user = %caller.user_id,
+            url = %mcp_connections::shown_url(&added.url),
+            "MCP connection added"
+        );
+        Ok(json_response(StatusCode::CREATED, &added.shown()))
+    }
+
+    /// `DELETE …/mcp-connections/{id}`.
+    pub(crate) async fn remove_connection(
+        &self,
+        caller: &Caller,
+        project: &str,
+        connection: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let project = self.managed_project(caller, project).await?;
+        let store = self.connections.clone();
+        let id = connection.to_owned();
+        let project_id = project.id.clone();
+        if !blocking(move || store.remove(&project_id, &id)).await? {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "project {:?} has no MCP connection {connection:?}",
+                    project.name
+                ),
+            ));
+        }
+        tracing::info!(connection, project = %project.id, user = %caller.user_id, "MCP connection removed");
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"removed": connection}),
+        ))
+    }
+
+    /// The project, if the caller may manage its connections: it can see the project, its
+    /// live role is owner or co-owner, and its token may author (`workflows:write`).
+    async fn managed_project(
+        &self,
+        caller: &Caller,
+        project: &str,
+    ) -> Result<crate::identity::Project, Refusal> {
+        let (project, access) = self
+            .files
+            .access(caller, project)
+            .await
+            .map_err(from_tool)?;
+        if !matches!(access.role, Some(Role::Owner | Role::CoOwner)) {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "only the project's owner or a co-owner adds or removes MCP connections; your role on {:?} is {}",
+                    project.name,
+                    access.role.map_or("none", Role::as_str)
+                ),
+            ));
+        }
+        if !caller.scopes.iter().any(|s| s == "workflows:write") {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "adding or removing an MCP connection needs a workflows:write token (or the console)",
+            ));
+        }
+        Ok(project)
+    }
+}
