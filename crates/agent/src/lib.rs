@@ -11,7 +11,8 @@
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
-//!   the rules a connection meets, and the API that manages them).
+//!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
+//!   that talks to them through the guarded outbound client.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -34,6 +35,7 @@ pub mod mcp;
 pub mod mcp_backend;
 pub mod mcp_connections;
 pub mod mcp_connections_api;
+pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
 pub mod sealed;
