@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use agentworks_agent::mcp_remote::{RemoteError, RemoteSession};
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::harness::mcp_python;
 use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
@@ -143,4 +143,130 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
             .unwrap_err();
         assert_eq!(error.code(), "address_refused", "{url}: {error}");
     }
+}
+
+/// A chat in server mode uses the project's connections: two connections named alike (each
+/// its own session and tool names), one that wants a sign-in left out and reported, a remote
+/// tool called and its result given to the model; once a connection is removed, its tools are
+/// gone from the next turn and a call to them is refused.
+#[test]
+fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone() {
+    use super::agent::{
+        Model, api, calls, code_project, create_chat, of_kind, result_of, text, tool_names,
+        tool_results, turn, user,
+    };
+    use super::harness::Stack;
+
+    let netns = Netns::create();
+    let (certs, _) = self_signed(netns.inside);
+    let _server = start_server(&netns, certs.path());
+    let model = Model::start();
+    let (stack, _) = Stack::start_with_gateway_and(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    ));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let base = format!("https://{}:{PORT}", netns.inside);
+    let add = |name: &str, url: String| {
+        let (status, body) = api(
+            &stack,
+            &alice,
+            "POST",
+            "/v1/projects/app/mcp-connections",
+            json!({"name": name, "url": url}),
+        );
+        assert_eq!(status, 201, "{body}");
+        body
+    };
+    let first = add("Netns Tools", format!("{base}/mcp"));
+    let twin = add("Netns Tools", format!("{base}/mcp?twin=1"));
+    add("Locked", format!("{base}/keyed/mcp"));
+    let (a, b) = (
+        first["tool_prefix"].as_str().unwrap().to_owned(),
+        twin["tool_prefix"].as_str().unwrap().to_owned(),
+    );
+    assert_ne!(a, b, "two connections named alike share a tool prefix");
+    assert!(a.starts_with("mcp_netns_tools_"), "{a}");
+
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![
+        calls(&[
+            ("c1", &format!("{a}echo"), json!({"text": "via the first"})),
+            ("c2", &format!("{b}add"), json!({"a": 20, "b": 22})),
+        ]),
+        text("done"),
+    ]);
+    let events = turn(stack.port, &alice, &chat, "use the remote tools").unwrap();
+    let requests = model.requests();
+    let names = tool_names(&requests[0]);
+    for expected in [
+        format!("{a}echo"),
+        format!("{a}add"),
+        format!("{b}echo"),
+        format!("{b}add"),
+        "read_file".to_owned(),
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} not offered: {names:?}"
+        );
+    }
+    assert!(
+        !names.iter().any(|n| n.starts_with("mcp_locked_")),
+        "a connection that needs a sign-in was offered: {names:?}"
+    );
+    let description = requests[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == format!("{a}echo"))
+        .unwrap()["function"]["description"]
+        .clone();
+    assert_eq!(
+        description,
+        "[MCP server \"Netns Tools\"] Echo the text back."
+    );
+    // The one left out is reported to the page and to the model.
+    let unavailable = of_kind(&events, "connection_unavailable");
+    assert_eq!(unavailable.len(), 1, "{events:?}");
+    assert_eq!(unavailable[0]["name"], "Locked");
+    assert_eq!(unavailable[0]["code"], "sign_in_required");
+    let system = requests[0]["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("\"Locked\" (sign_in_required"), "{system}");
+
+    assert_eq!(result_of(&events, "c1")["state"], "done", "{events:?}");
+    assert_eq!(result_of(&events, "c2")["state"], "done", "{events:?}");
+    let results = tool_results(&requests[1]);
+    assert_eq!(results[0].1["result"]["content"], "echo: via the first");
+    assert_eq!(results[0].1["result"]["server"], "Netns Tools");
+    assert_eq!(results[1].1["result"]["content"], "42");
+
+    // Removed: the next turn has none of its tools, and a call to one is refused.
+    let id = first["connection_id"].as_str().unwrap();
+    let (status, body) = api(
+        &stack,
+        &alice,
+        "DELETE",
+        &format!("/v1/projects/app/mcp-connections/{id}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{body}");
+    model.clear();
+    model.play(vec![
+        calls(&[("c3", &format!("{a}echo"), json!({"text": "still there?"}))]),
+        text("ok"),
+    ]);
+    let events = turn(stack.port, &alice, &chat, "again").unwrap();
+    let requests = model.requests();
+    let names = tool_names(&requests[0]);
+    assert!(!names.iter().any(|n| n.starts_with(&a)), "{names:?}");
+    assert!(names.contains(&format!("{b}echo")), "{names:?}");
+    let refused = result_of(&events, "c3");
+    assert_eq!(refused["state"], "failed", "{refused}");
+    assert!(
+        refused["summary"].as_str().unwrap().contains("no tool"),
+        "{refused}"
+    );
 }

@@ -64,6 +64,9 @@ pub struct ChatService {
     pub attachments: AttachmentStore,
     /// The projects' MCP connections.
     pub connections: ConnectionStore,
+    /// The guarded client their requests go through (`None`: connections are not used, e.g.
+    /// when a configured root certificate file is unusable).
+    pub connections_client: Option<agentworks_support::outbound::GuardedClient>,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
@@ -122,6 +125,7 @@ impl ChatService {
             chats,
             attachments,
             connections,
+            connections_client: None,
             gatewayd,
             model,
             sessions: Default::default(),

@@ -12,7 +12,8 @@
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
 //!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
-//!   that talks to them through the guarded outbound client.
+//!   that talks to them through the guarded outbound client; [`mcp_connection_tools`]: their
+//!   tools in a server-mode turn.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -33,6 +34,7 @@ pub mod files;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_backend;
+pub mod mcp_connection_tools;
 pub mod mcp_connections;
 pub mod mcp_connections_api;
 pub mod mcp_remote;
@@ -148,6 +150,7 @@ pub async fn run(
     let chat_service = match open_chats(config, &identity, &files) {
         Ok(service) => Some(chat_service::ChatService {
             sessions: sessions.clone(),
+            connections_client: connections_client(config),
             ..service
         }),
         Err(error) => {
@@ -227,6 +230,37 @@ pub async fn run(
 /// trusting fewer roots than the operator configured.
 fn outbound_client(config: &Config) -> Option<GuardedClient> {
     let refused = "OAuth clients named by a metadata document are refused";
+    built(outbound_builder(config, refused)?, refused)
+}
+
+/// The guarded client for the projects' MCP connections: the same roots, same-origin
+/// redirects followed (never another origin's), larger answers (a tool list, a result) and a
+/// longer wait (a tool may take a while). `None` (logged) as for [`outbound_client`].
+fn connections_client(config: &Config) -> Option<GuardedClient> {
+    let refused = "MCP connections are not used";
+    let builder = outbound_builder(config, refused)?
+        .follow_same_origin_redirects()
+        .max_body_bytes(4 << 20)
+        .request_timeout(std::time::Duration::from_secs(120));
+    built(builder, refused)
+}
+
+fn built(builder: agentworks_support::outbound::Builder, refused: &str) -> Option<GuardedClient> {
+    match builder.build() {
+        Ok(client) => Some(client),
+        Err(error) => {
+            tracing::error!(%error, "cannot build the outbound HTTP client; {refused}");
+            None
+        }
+    }
+}
+
+/// A guarded client's settings with the public web roots and every configured root; `None`
+/// (logged with `refused`, what not having it means) when a configured file is unusable.
+fn outbound_builder(
+    config: &Config,
+    refused: &str,
+) -> Option<agentworks_support::outbound::Builder> {
     let mut builder = GuardedClient::builder();
     for path in &config.agentd.outbound_root_certificates {
         match root_certificates(path) {
@@ -244,13 +278,7 @@ fn outbound_client(config: &Config) -> Option<GuardedClient> {
             }
         }
     }
-    match builder.build() {
-        Ok(client) => Some(client),
-        Err(error) => {
-            tracing::error!(%error, "cannot build the outbound HTTP client; {refused}");
-            None
-        }
-    }
+    Some(builder)
 }
 
 /// The certificates of one PEM file, each usable as a root; the error names the file.

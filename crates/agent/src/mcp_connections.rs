@@ -160,6 +160,7 @@ impl McpConnection {
             "url": shown_url(&self.url),
             "transport": self.transport,
             "headers": self.headers,
+            "tool_prefix": crate::mcp_connection_tools::tool_prefix(self),
             "created_by": self.created_by,
             "created_at_ms": self.created_at_ms,
         })

@@ -50,6 +50,7 @@ use crate::chats::{Binding, Chat};
 use crate::files::Source;
 use crate::identity::Access;
 use crate::mcp::{Caller, ToolError};
+use crate::mcp_connection_tools::{self, TurnConnections};
 use crate::model::{ToolCall, Usage};
 use agentworks_contract::executor::{DEFAULT_TIMEOUT_SECS, FolderAccess, Operation, Outcome};
 use agentworks_contract::gatewayd::{
@@ -180,6 +181,13 @@ impl Mode {
             Mode::Local { writable } => local_tools(writable),
         }
     }
+}
+
+/// What a turn offers, fixed at its start: its mode's tools and, in server mode, the project's
+/// MCP connections' tools.
+struct Toolset {
+    mode: Mode,
+    remote: TurnConnections,
 }
 
 /// Whether the bound folder is shared writable, from the device's folder list now. Anything
@@ -410,7 +418,23 @@ async fn drive(
             writable: bound_folder_writable(service, &spec.caller, binding).await,
         },
     };
+    // A project's MCP connections serve server-mode turns only: a turn bound to a laptop folder
+    // gets exactly its local tools (and read_image), never a remote server's.
+    let remote = match mode {
+        Mode::Server => {
+            mcp_connection_tools::for_turn(service, &spec.caller, &spec.chat.project_id).await
+        }
+        Mode::Local { .. } => TurnConnections::default(),
+    };
+    for (name, code, message) in &remote.unavailable {
+        emit(
+            "connection_unavailable",
+            json!({"name": name, "code": code, "message": message}),
+        );
+    }
     let mut tools = mode.tools();
+    tools.extend(remote.tools.iter().cloned());
+    let toolset = Toolset { mode, remote };
     if spec.attachments.iter().any(|a| a.kind == Kind::Image) {
         tools.push(read_image_tool());
     }
@@ -426,7 +450,7 @@ async fn drive(
     };
     let mut call_index = 0u32;
     for _round in 0..model.max_tool_rounds() {
-        let conversation = conversation(service, spec, mode, model.max_history_bytes()).await?;
+        let conversation = conversation(service, spec, &toolset, model.max_history_bytes()).await?;
         shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
         // A cancelled turn abandons the model request; the text it had streamed is stored.
         let reply = tokio::select! {
@@ -457,7 +481,7 @@ async fn drive(
         for call in &reply.tool_calls {
             call_index += 1;
             if let Some(image) =
-                answer_call(service, spec, mode, call, call_index, cancel, emit).await?
+                answer_call(service, spec, &toolset, call, call_index, cancel, emit).await?
             {
                 images.push(image);
             }
@@ -513,7 +537,7 @@ async fn store_usage(
 async fn conversation(
     service: &ChatService,
     spec: &TurnSpec,
-    mode: Mode,
+    toolset: &Toolset,
     max_history_bytes: usize,
 ) -> Result<Vec<Value>, ToolError> {
     let stored = service.messages(&spec.chat.chat_id).await?;
@@ -522,7 +546,10 @@ async fn conversation(
     // The budget counts messages as stored: attachments are expanded only in what is sent.
     let recent = recent_history(&history, max_history_bytes);
     let omitted = history.len() - recent.len();
-    let mut system = system_prompt(spec, mode);
+    let mut system = system_prompt(spec, toolset.mode);
+    if let Some(note) = toolset.remote.prompt_note() {
+        system.push_str(&note);
+    }
     if omitted > 0 {
         system.push_str(&format!(
             " The {omitted} earliest messages of this chat are not shown (history limit)."
@@ -546,7 +573,7 @@ async fn conversation(
 async fn answer_call(
     service: &ChatService,
     spec: &TurnSpec,
-    mode: Mode,
+    toolset: &Toolset,
     call: &ToolCall,
     call_index: u32,
     cancel: &CancellationToken,
@@ -566,7 +593,7 @@ async fn answer_call(
             "not run: the turn was cancelled",
         ))
     } else {
-        execute(service, spec, mode, call, &request_id, cancel).await
+        execute(service, spec, toolset, call, &request_id, cancel).await
     };
     let (event, content) = tool_result(call, &result);
     service
@@ -798,7 +825,7 @@ fn unknown_tool(name: &str, mode: Mode) -> ToolError {
 async fn execute(
     service: &ChatService,
     spec: &TurnSpec,
-    mode: Mode,
+    toolset: &Toolset,
     call: &ToolCall,
     request_id: &str,
     cancel: &CancellationToken,
@@ -811,9 +838,26 @@ async fn execute(
         return read_image(service, spec, call).await;
     }
     match &spec.chat.binding {
-        None => execute_on_server(service, spec, mode, call, request_id).await,
+        None if toolset.remote.offers(&call.name) => {
+            let arguments = serde_json::from_str(&call.arguments).map_err(|e| {
+                ToolError::new(
+                    "invalid_arguments",
+                    format!("the arguments are not JSON: {e}"),
+                )
+            })?;
+            mcp_connection_tools::call(
+                service,
+                &toolset.remote,
+                &spec.caller,
+                &spec.chat.project_id,
+                &call.name,
+                arguments,
+            )
+            .await
+        }
+        None => execute_on_server(service, spec, toolset.mode, call, request_id).await,
         Some(binding) => {
-            let operation = local_operation(call, mode)?;
+            let operation = local_operation(call, toolset.mode)?;
             execute_on_device(service, spec, binding, operation, request_id, cancel).await
         }
     }

@@ -1,0 +1,377 @@
+//! A project's MCP connections in a server-mode turn: which remote tools the model is offered,
+//! under which names, and how a call reaches the server.
+//!
+//! Resolution fails closed from durable facts: at the turn's start the connections are read
+//! from the store for the chat's stored project, after the pinned person's live access to that
+//! project is checked; at every call both are checked again (a connection removed mid-turn, or
+//! a person who lost access, gets an error, never a call). Local-bound turns never come here
+//! ([`crate::turn`] asks only in server mode).
+//!
+//! Names: the model sees `mcp_<display name>_<6 hex of the internal name>__<tool>` (see
+//! [`tool_prefix`]) and a description that starts with the server's display name. Everything
+//! kept per connection (the session opened at the turn's start, its tool list) is keyed by the
+//! internal name, so two connections named alike never share either.
+//!
+//! A server that is down, or that wants a sign-in, is left out of the turn and reported: the
+//! model is told in its system prompt, the page gets a `connection_unavailable` event.
+
+use crate::chat_service::ChatService;
+use crate::mcp::{Caller, ToolError};
+use crate::mcp_connections::{McpConnection, SecretHeader};
+use crate::mcp_remote::{RemoteSession, RemoteTool};
+use agentworks_support::outbound::GuardedClient;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Remote tools offered in one turn at most (over every connection).
+pub const MAX_TOOLS_PER_TURN: usize = 64;
+/// The longest description passed to the model, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 1024;
+/// The most text of one call's result kept for the model and the chat, in bytes.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// The prefix of every tool of `connection`, as the model sees it: `mcp_`, the display name
+/// in lower case with every run of other characters as one `_` (at most 16), `_`, the first 6
+/// hex digits of the internal name, `__`.
+pub fn tool_prefix(connection: &McpConnection) -> String {
+    let mut slug = String::new();
+    for c in connection.name.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.ends_with('_') {
+            slug.push('_');
+        }
+    }
+    let slug: String = slug.trim_matches('_').chars().take(16).collect();
+    let slug = if slug.is_empty() {
+        "server".into()
+    } else {
+        slug
+    };
+    let tag: String = connection
+        .id
+        .trim_start_matches("mcpc_")
+        .chars()
+        .take(6)
+        .collect();
+    format!("mcp_{slug}_{tag}__")
+}
+
+/// A function name a model API takes: 1 to 64 of `[A-Za-z0-9_-]`.
+fn is_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// One remote tool offered this turn.
+#[derive(Debug, Clone)]
+struct Offered {
+    connection_id: String,
+    connection_name: String,
+    tool: String,
+}
+
+/// The connections' part of one turn: the tool definitions for the model, what each name
+/// reaches, the sessions opened (by internal name), and the connections left out.
+#[derive(Default)]
+pub struct TurnConnections {
+    pub tools: Vec<Value>,
+    offered: HashMap<String, Offered>,
+    sessions: HashMap<String, Arc<RemoteSession>>,
+    /// `(display name, code, message)` of each connection left out of the turn.
+    pub unavailable: Vec<(String, String, String)>,
+}
+
+impl TurnConnections {
+    /// Whether `function` is one of this turn's remote tools.
+    pub fn offers(&self, function: &str) -> bool {
+        self.offered.contains_key(function)
+    }
+
+    /// The line added to the system prompt when some connection is left out.
+    pub fn prompt_note(&self) -> Option<String> {
+        if self.unavailable.is_empty() {
+            return None;
+        }
+        let listed: Vec<String> = self
+            .unavailable
+            .iter()
+            .map(|(name, code, message)| format!("\"{name}\" ({code}: {message})"))
+            .collect();
+        Some(format!(
+            " These MCP servers of the project are unavailable this turn, so their tools are not offered: {}. Tell the person if they ask for them; a project owner can reconnect them in the console.",
+            listed.join("; ")
+        ))
+    }
+}
+
+/// The headers a connection sends: each names a project secret. Project secrets are not
+/// kept by agentd yet, so a connection that names one cannot be used: it fails closed.
+fn resolve_headers(headers: &BTreeMap<String, SecretHeader>) -> Result<HeaderMap, ToolError> {
+    let mut map = HeaderMap::new();
+    if let Some((header, value)) = headers.iter().next() {
+        return Err(ToolError::new(
+            "secret_missing",
+            format!(
+                "header {header} needs the project secret {}, and the project has no secret by that name",
+                value.secret
+            ),
+        ));
+    }
+    map.insert(
+        HeaderName::from_static("user-agent"),
+        HeaderValue::from_static("agentworks-agentd"),
+    );
+    Ok(map)
+}
+
+/// The connections a turn in `project_id` may use now, for `caller`, each opened and listed.
+pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) -> TurnConnections {
+    let mut turn = TurnConnections::default();
+    let Some(client) = service.connections_client.clone() else {
+        return turn;
+    };
+    let connections = match live_connections(service, caller, project_id).await {
+        Ok(connections) => connections,
+        Err(error) => {
+            tracing::info!(code = %error.code, "no MCP connections this turn: {}", error.message);
+            return turn;
+        }
+    };
+    let mut opening = tokio::task::JoinSet::new();
+    for connection in connections {
+        let client = client.clone();
+        opening.spawn(async move {
+            let opened = open(client, &connection).await;
+            (connection, opened)
+        });
+    }
+    let mut opened = Vec::new();
+    while let Some(joined) = opening.join_next().await {
+        if let Ok(result) = joined {
+            opened.push(result);
+        }
+    }
+    // The order the connections were added in, so the model sees a stable list.
+    opened.sort_by(|(a, _), (b, _)| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+    for (connection, result) in opened {
+        let (session, tools) = match result {
+            Ok(found) => found,
+            Err(error) => {
+                turn.unavailable
+                    .push((connection.name.clone(), error.code, error.message));
+                continue;
+            }
+        };
+        let prefix = tool_prefix(&connection);
+        for tool in tools {
+            let function = format!("{prefix}{}", tool.name);
+            if !is_function_name(&function) || turn.offered.contains_key(&function) {
+                tracing::info!(connection = %connection.id, tool = %tool.name, "a remote tool's name cannot be offered; skipped");
+                continue;
+            }
+            if turn.offered.len() >= MAX_TOOLS_PER_TURN {
+                break;
+            }
+            let description: String =
+                format!("[MCP server \"{}\"] {}", connection.name, tool.description)
+                    .chars()
+                    .take(MAX_DESCRIPTION_CHARS)
+                    .collect();
+            turn.tools.push(json!({"type": "function", "function": {
+                "name": function, "description": description, "parameters": tool.input_schema}}));
+            turn.offered.insert(
+                function,
+                Offered {
+                    connection_id: connection.id.clone(),
+                    connection_name: connection.name.clone(),
+                    tool: tool.name,
+                },
+            );
+        }
+        turn.sessions
+            .insert(connection.id.clone(), Arc::new(session));
+    }
+    turn
+}
+
+async fn open(
+    client: GuardedClient,
+    connection: &McpConnection,
+) -> Result<(RemoteSession, Vec<RemoteTool>), ToolError> {
+    let headers = resolve_headers(&connection.headers)?;
+    let remote = |e: crate::mcp_remote::RemoteError| ToolError::new(e.code(), e.to_string());
+    let session = RemoteSession::open(client, &connection.url, headers)
+        .await
+        .map_err(remote)?;
+    let tools = session.list_tools().await.map_err(remote)?;
+    Ok((session, tools))
+}
+
+/// The project's connections, if `caller` may see the project now.
+async fn live_connections(
+    service: &ChatService,
+    caller: &Caller,
+    project_id: &str,
+) -> Result<Vec<McpConnection>, ToolError> {
+    let (project, _) = service.files.access(caller, project_id).await?;
+    let store = service.connections.clone();
+    tokio::task::spawn_blocking(move || store.list(&project.id))
+        .await
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))
+}
+
+/// Call the remote tool `function` for `caller`, after checking again that the person may see
+/// the project and the project still has the connection.
+pub async fn call(
+    service: &ChatService,
+    turn: &TurnConnections,
+    caller: &Caller,
+    project_id: &str,
+    function: &str,
+    arguments: Value,
+) -> Result<Value, ToolError> {
+    let Some(offered) = turn.offered.get(function) else {
+        return Err(ToolError::new(
+            "unknown_tool",
+            format!("there is no tool {function:?} in this turn"),
+        ));
+    };
+    let (project, _) = service.files.access(caller, project_id).await?;
+    let store = service.connections.clone();
+    let id = offered.connection_id.clone();
+    let still_there = tokio::task::spawn_blocking(move || store.get(&project.id, &id))
+        .await
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+    if still_there.is_none() {
+        return Err(ToolError::new(
+            "connection_removed",
+            format!(
+                "the MCP connection \"{}\" was removed from the project; its tools cannot be called",
+                offered.connection_name
+            ),
+        ));
+    }
+    let Some(session) = turn.sessions.get(&offered.connection_id) else {
+        return Err(ToolError::new(
+            "unavailable",
+            "the connection has no session this turn",
+        ));
+    };
+    let arguments = match arguments {
+        Value::Object(_) => arguments,
+        Value::Null => json!({}),
+        _ => {
+            return Err(ToolError::new(
+                "invalid_arguments",
+                "the arguments must be a JSON object",
+            ));
+        }
+    };
+    let result = session
+        .call_tool(&offered.tool, arguments)
+        .await
+        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+    let text = bounded_text(&result);
+    if result["isError"] == Value::Bool(true) {
+        return Err(ToolError::new("tool_error", text));
+    }
+    Ok(json!({
+        "server": offered.connection_name,
+        "tool": offered.tool,
+        "content": text,
+        "structured": result.get("structuredContent").cloned().unwrap_or(Value::Null),
+    }))
+}
+
+/// The text of a `CallToolResult`'s content, at most [`MAX_RESULT_BYTES`] (cut on a character
+/// boundary, saying so); other content kinds are named, not passed on.
+fn bounded_text(result: &Value) -> String {
+    let mut text = String::new();
+    for item in result["content"].as_array().into_iter().flatten() {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        match item["type"].as_str() {
+            Some("text") => text.push_str(item["text"].as_str().unwrap_or_default()),
+            Some(kind) => text.push_str(&format!("[{kind} content not shown]")),
+            None => text.push_str("[content of no type]"),
+        }
+    }
+    if text.len() > MAX_RESULT_BYTES {
+        let mut cut = MAX_RESULT_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("\n[cut: the result was longer than 64 KiB]");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp_connections::Transport;
+
+    fn connection(id: &str, name: &str) -> McpConnection {
+        McpConnection {
+            id: id.into(),
+            project_id: "p".into(),
+            name: name.into(),
+            url: "https://example.com/mcp".into(),
+            transport: Transport::StreamableHttp,
+            headers: BTreeMap::new(),
+            created_by: "u".into(),
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn prefixes_say_the_server_and_keep_alike_names_apart() {
+        let a = tool_prefix(&connection("mcpc_0123456789abcdef", "Linear (work)"));
+        let b = tool_prefix(&connection("mcpc_fedcba9876543210", "Linear (work)"));
+        assert_eq!(a, "mcp_linear_work_012345__");
+        assert_eq!(b, "mcp_linear_work_fedcba__");
+        assert_eq!(
+            tool_prefix(&connection("mcpc_aaaaaa0000000000", "日本")),
+            "mcp_server_aaaaaa__"
+        );
+        assert!(is_function_name(&format!("{a}create_issue")));
+        assert!(!is_function_name(&format!("{a}{}", "x".repeat(64))));
+        assert!(!is_function_name(&format!("{a}bad name")));
+    }
+
+    #[test]
+    fn a_header_naming_a_secret_fails_closed() {
+        let mut headers = BTreeMap::new();
+        headers.insert(
+            "authorization".into(),
+            SecretHeader {
+                secret: "LINEAR_API_KEY".into(),
+                format: "Bearer {}".into(),
+            },
+        );
+        let error = resolve_headers(&headers).unwrap_err();
+        assert_eq!(error.code, "secret_missing");
+        assert!(error.message.contains("LINEAR_API_KEY"));
+        assert!(resolve_headers(&BTreeMap::new()).is_ok());
+    }
+
+    #[test]
+    fn results_are_text_bounded_on_a_character_boundary() {
+        let long = "é".repeat(MAX_RESULT_BYTES);
+        let text = bounded_text(&json!({"content": [{"type": "text", "text": long}]}));
+        assert!(text.len() <= MAX_RESULT_BYTES + 64);
+        assert!(text.ends_with("longer than 64 KiB]"));
+        let mixed = bounded_text(&json!({"content": [
+            {"type": "text", "text": "a"}, {"type": "image", "data": "…"}]}));
+        assert_eq!(mixed, "a\n[image content not shown]");
+    }
+}
