@@ -29,7 +29,7 @@ async def app(scope, receive, send):
         return
     if scope["type"] == "http" and scope["path"] == "/keyed/mcp":
         headers = dict(scope["headers"])
-        if headers.get(b"x-api-key") != b"k-42":
+        if headers.get(b"x-api-key") != b"k-42-7f3c9a1e55d0":
             await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b'Bearer realm="keyed"'), (b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
             return

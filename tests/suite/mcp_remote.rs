@@ -115,7 +115,7 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
     let mut headers = HeaderMap::new();
     headers.insert(
         HeaderName::from_static("x-api-key"),
-        HeaderValue::from_static("k-42"),
+        HeaderValue::from_static("k-42-7f3c9a1e55d0"),
     );
     let session = RemoteSession::open(client.clone(), &keyed, headers)
         .await
@@ -183,6 +183,17 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     let first = add("Netns Tools", format!("{base}/mcp"));
     let twin = add("Netns Tools", format!("{base}/mcp?twin=1"));
     add("Locked", format!("{base}/keyed/mcp"));
+    // The same server with its key, named as a project secret that is not set yet.
+    let (status, keyed) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Keyed", "url": format!("{base}/keyed/mcp"),
+               "headers": {"X-Api-Key": {"secret": "KEYED_API_KEY"}}}),
+    );
+    assert_eq!(status, 201, "{keyed}");
+    let k = keyed["tool_prefix"].as_str().unwrap().to_owned();
     let (a, b) = (
         first["tool_prefix"].as_str().unwrap().to_owned(),
         twin["tool_prefix"].as_str().unwrap().to_owned(),
@@ -228,13 +239,22 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
         description,
         "[MCP server \"Netns Tools\"] Echo the text back."
     );
-    // The one left out is reported to the page and to the model.
+    // The ones left out are reported to the page and to the model: one wants a sign-in, the
+    // other names a secret the project does not have.
     let unavailable = of_kind(&events, "connection_unavailable");
-    assert_eq!(unavailable.len(), 1, "{events:?}");
-    assert_eq!(unavailable[0]["name"], "Locked");
-    assert_eq!(unavailable[0]["code"], "sign_in_required");
+    let reported: Vec<(&str, &str)> = unavailable
+        .iter()
+        .map(|u| (u["name"].as_str().unwrap(), u["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        reported,
+        [("Locked", "sign_in_required"), ("Keyed", "secret_missing")],
+        "{events:?}"
+    );
+    assert!(!names.iter().any(|n| n.starts_with(&k)), "{names:?}");
     let system = requests[0]["messages"][0]["content"].as_str().unwrap();
     assert!(system.contains("\"Locked\" (sign_in_required"), "{system}");
+    assert!(system.contains("KEYED_API_KEY"), "{system}");
 
     assert_eq!(result_of(&events, "c1")["state"], "done", "{events:?}");
     assert_eq!(result_of(&events, "c2")["state"], "done", "{events:?}");
@@ -253,9 +273,32 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
         Value::Null,
     );
     assert_eq!(status, 200, "{body}");
+    // The secret set: sealed at rest, never answered back, sent as the header.
+    let secret = "k-42-7f3c9a1e55d0";
+    let (status, body) = api(
+        &stack,
+        &alice,
+        "PUT",
+        "/v1/projects/app/secrets/KEYED_API_KEY",
+        json!({"value": secret}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.to_string().contains(secret), "{body}");
+    let (_, listed) = api(
+        &stack,
+        &alice,
+        "GET",
+        "/v1/projects/app/secrets",
+        Value::Null,
+    );
+    assert_eq!(listed["secrets"][0]["name"], "KEYED_API_KEY", "{listed}");
+    assert!(!listed.to_string().contains(secret), "{listed}");
     model.clear();
     model.play(vec![
-        calls(&[("c3", &format!("{a}echo"), json!({"text": "still there?"}))]),
+        calls(&[
+            ("c3", &format!("{a}echo"), json!({"text": "still there?"})),
+            ("c4", &format!("{k}echo"), json!({"text": "with the key"})),
+        ]),
         text("ok"),
     ]);
     let events = turn(stack.port, &alice, &chat, "again").unwrap();
@@ -269,4 +312,17 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
         refused["summary"].as_str().unwrap().contains("no tool"),
         "{refused}"
     );
+    assert_eq!(result_of(&events, "c4")["state"], "done", "{events:?}");
+    let results = tool_results(&requests[1]);
+    let keyed_result = &results.iter().find(|(id, _)| id == "c4").unwrap().1;
+    assert_eq!(keyed_result["result"]["content"], "echo: with the key");
+    // Nothing in agentd's state holds the secret in clear, nor does any chat message.
+    let agent_dir = stack.state.root().join("agent");
+    for file in super::harness::all_files(&agent_dir) {
+        let bytes = std::fs::read(agent_dir.join(&file)).unwrap();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{file} holds the secret in clear"
+        );
+    }
 }

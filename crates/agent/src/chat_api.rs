@@ -14,7 +14,7 @@
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
 //! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
 //! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
-//! | `…/v1/projects/{id}/mcp-connections[/{connection}]` | a project's MCP connections ([`crate::mcp_connections_api`]) |
+//! | `…/v1/projects/{id}/mcp-connections[/{connection}]`, `…/secrets[/{NAME}]` | a project's MCP connections and the secrets their headers name ([`crate::mcp_connections_api`]) |
 //!
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
@@ -160,6 +160,13 @@ impl ChatService {
                 Route::AddConnection(project) => self.add_connection(&caller, &project, body).await,
                 Route::RemoveConnection(project, connection) => {
                     self.remove_connection(&caller, &project, &connection).await
+                }
+                Route::Secrets(project) => self.list_secrets(&caller, &project).await,
+                Route::SetSecret(project, name) => {
+                    self.set_secret(&caller, &project, &name, body).await
+                }
+                Route::RemoveSecret(project, name) => {
+                    self.remove_secret(&caller, &project, &name).await
                 }
             }
         }
@@ -631,7 +638,16 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
             Route::RemoveConnection(project.to_string(), connection.to_string())
         }
-        (["v1", "projects", _, "mcp-connections", ..], _)
+        (["v1", "projects", project, "secrets"], m) if *m == Method::GET => {
+            Route::Secrets(project.to_string())
+        }
+        (["v1", "projects", project, "secrets", name], m) if *m == Method::PUT => {
+            Route::SetSecret(project.to_string(), name.to_string())
+        }
+        (["v1", "projects", project, "secrets", name], m) if *m == Method::DELETE => {
+            Route::RemoveSecret(project.to_string(), name.to_string())
+        }
+        (["v1", "projects", _, "mcp-connections" | "secrets", ..], _)
         | (["v1", "chats", ..], _)
         | (["v1", "devices"], _)
         | (["v1", "projects"], _)
@@ -661,6 +677,9 @@ enum Route {
     Connections(String),
     AddConnection(String),
     RemoveConnection(String, String),
+    Secrets(String),
+    SetSecret(String, String),
+    RemoveSecret(String, String),
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

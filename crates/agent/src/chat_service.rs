@@ -67,6 +67,9 @@ pub struct ChatService {
     /// The guarded client their requests go through (`None`: connections are not used, e.g.
     /// when a configured root certificate file is unusable).
     pub connections_client: Option<agentworks_support::outbound::GuardedClient>,
+    /// The projects' sealed secrets (`None`: the sealing key is unusable, logged at start; the
+    /// secrets API answers 503 and a connection that names a secret is not used).
+    pub secrets: Option<crate::project_secrets::SecretStore>,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
@@ -126,6 +129,7 @@ impl ChatService {
             attachments,
             connections,
             connections_client: None,
+            secrets: None,
             gatewayd,
             model,
             sessions: Default::default(),

@@ -9,7 +9,8 @@
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
-//! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential).
+//! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
+//!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
 //!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
 //!   that talks to them through the guarded outbound client; [`mcp_connection_tools`]: their
@@ -40,6 +41,7 @@ pub mod mcp_connections_api;
 pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
+pub mod project_secrets;
 pub mod sealed;
 pub mod start;
 pub mod turn;
@@ -84,6 +86,8 @@ pub enum AgentdError {
     Attachments(#[from] attachments::AttachmentError),
     #[error("{0}")]
     Connections(#[from] mcp_connections::ConnectionStoreError),
+    #[error("{0}")]
+    Secrets(#[from] project_secrets::SecretStoreError),
 }
 
 // ----- the agent (chats): begin -----
@@ -103,20 +107,33 @@ pub fn open_chats(
     let attachments = attachments::AttachmentStore::open(&dir.join("attachments.db"))?;
     let connections = mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
+    let secrets = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
+        Ok(key) => Some(project_secrets::SecretStore::open(
+            &dir.join("project_secrets.db"),
+            Arc::new(key),
+        )?),
+        Err(error) => {
+            tracing::error!(%error, "project secrets are unavailable");
+            None
+        }
+    };
     let model = config
         .agentd
         .model
         .clone()
         .map(|m| model::ModelClient::new(m, credentials));
-    Ok(chat_service::ChatService::new(
-        identity.clone(),
-        files.clone(),
-        store,
-        attachments,
-        connections,
-        UnixClient::new(config.gatewayd_socket()),
-        model,
-    ))
+    Ok(chat_service::ChatService {
+        secrets,
+        ..chat_service::ChatService::new(
+            identity.clone(),
+            files.clone(),
+            store,
+            attachments,
+            connections,
+            UnixClient::new(config.gatewayd_socket()),
+            model,
+        )
+    })
 }
 // ----- the agent (chats): end -----
 

@@ -19,6 +19,7 @@ use crate::chat_service::ChatService;
 use crate::mcp::{Caller, ToolError};
 use crate::mcp_connections::{McpConnection, SecretHeader};
 use crate::mcp_remote::{RemoteSession, RemoteTool};
+use crate::project_secrets::SecretStore;
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -109,23 +110,53 @@ impl TurnConnections {
     }
 }
 
-/// The headers a connection sends: each names a project secret. Project secrets are not
-/// kept by agentd yet, so a connection that names one cannot be used: it fails closed.
-fn resolve_headers(headers: &BTreeMap<String, SecretHeader>) -> Result<HeaderMap, ToolError> {
+/// The headers a connection sends: each names a project secret, read (unsealed) now and put
+/// where its format says; the value is marked sensitive so it is never logged. A secret the
+/// project does not have, or no usable sealing key, leaves the connection out.
+fn resolve_headers(
+    secrets: Option<&SecretStore>,
+    project_id: &str,
+    headers: &BTreeMap<String, SecretHeader>,
+) -> Result<HeaderMap, ToolError> {
     let mut map = HeaderMap::new();
-    if let Some((header, value)) = headers.iter().next() {
-        return Err(ToolError::new(
-            "secret_missing",
-            format!(
-                "header {header} needs the project secret {}, and the project has no secret by that name",
-                value.secret
-            ),
-        ));
-    }
     map.insert(
         HeaderName::from_static("user-agent"),
         HeaderValue::from_static("agentworks-agentd"),
     );
+    for (header, wanted) in headers {
+        let secrets = secrets.ok_or_else(|| {
+            ToolError::new(
+                "unavailable",
+                "project secrets are unavailable (agentd's sealing key is unusable; see its log)",
+            )
+        })?;
+        let value = secrets
+            .reveal(project_id, &wanted.secret)
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+            .ok_or_else(|| {
+                ToolError::new(
+                    "secret_missing",
+                    format!(
+                        "header {header} needs the project secret {}, and the project has no secret by that name",
+                        wanted.secret
+                    ),
+                )
+            })?;
+        let name = HeaderName::from_bytes(header.as_bytes())
+            .map_err(|e| ToolError::new("invalid_header", e.to_string()))?;
+        let mut value =
+            HeaderValue::from_str(&wanted.format.replacen("{}", &value, 1)).map_err(|_| {
+                ToolError::new(
+                    "invalid_header",
+                    format!(
+                        "header {header} with the secret {} is not a valid header value",
+                        wanted.secret
+                    ),
+                )
+            })?;
+        value.set_sensitive(true);
+        map.insert(name, value);
+    }
     Ok(map)
 }
 
@@ -145,8 +176,9 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
     let mut opening = tokio::task::JoinSet::new();
     for connection in connections {
         let client = client.clone();
+        let secrets = service.secrets.clone();
         opening.spawn(async move {
-            let opened = open(client, &connection).await;
+            let opened = open(client, secrets, &connection).await;
             (connection, opened)
         });
     }
@@ -201,9 +233,14 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
 
 async fn open(
     client: GuardedClient,
+    secrets: Option<SecretStore>,
     connection: &McpConnection,
 ) -> Result<(RemoteSession, Vec<RemoteTool>), ToolError> {
-    let headers = resolve_headers(&connection.headers)?;
+    let (project, wanted) = (connection.project_id.clone(), connection.headers.clone());
+    let headers =
+        tokio::task::spawn_blocking(move || resolve_headers(secrets.as_ref(), &project, &wanted))
+            .await
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))??;
     let remote = |e: crate::mcp_remote::RemoteError| ToolError::new(e.code(), e.to_string());
     let session = RemoteSession::open(client, &connection.url, headers)
         .await
@@ -349,7 +386,10 @@ mod tests {
     }
 
     #[test]
-    fn a_header_naming_a_secret_fails_closed() {
+    fn headers_are_filled_from_sealed_secrets_and_a_missing_one_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(crate::sealed::SealingKey::load_or_create(dir.path(), None).unwrap());
+        let secrets = SecretStore::open(&dir.path().join("s.db"), key).unwrap();
         let mut headers = BTreeMap::new();
         headers.insert(
             "authorization".into(),
@@ -358,10 +398,26 @@ mod tests {
                 format: "Bearer {}".into(),
             },
         );
-        let error = resolve_headers(&headers).unwrap_err();
+        let error = resolve_headers(Some(&secrets), "p", &headers).unwrap_err();
         assert_eq!(error.code, "secret_missing");
         assert!(error.message.contains("LINEAR_API_KEY"));
-        assert!(resolve_headers(&BTreeMap::new()).is_ok());
+        let error = resolve_headers(None, "p", &headers).unwrap_err();
+        assert_eq!(error.code, "unavailable");
+        secrets
+            .set("p", "LINEAR_API_KEY", "lin_123", "u")
+            .unwrap()
+            .unwrap();
+        let map = resolve_headers(Some(&secrets), "p", &headers).unwrap();
+        assert_eq!(map["authorization"], "Bearer lin_123");
+        assert!(map["authorization"].is_sensitive());
+        // Another project's secret of the same name is not this one's.
+        assert_eq!(
+            resolve_headers(Some(&secrets), "q", &headers)
+                .unwrap_err()
+                .code,
+            "secret_missing"
+        );
+        assert!(resolve_headers(None, "p", &BTreeMap::new()).is_ok());
     }
 
     #[test]

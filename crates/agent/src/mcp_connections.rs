@@ -297,7 +297,8 @@ pub fn check(new: NewConnection) -> Result<CheckedConnection, ConnectionRuleErro
                 "header {header} must name a project secret, as {{\"secret\": \"NAME\", \"format\": \"Bearer {{}}\"}}; a value typed into a connection is never stored"
             ))
         })?;
-        check_secret_name(&secret.secret).map_err(ConnectionRuleError::Header)?;
+        crate::project_secrets::check_name(&secret.secret)
+            .map_err(|e| ConnectionRuleError::Header(e.to_string()))?;
         if secret.format.matches("{}").count() != 1
             || secret.format.chars().any(|c| c.is_control())
             || secret.format.len() > 256
@@ -318,23 +319,6 @@ pub fn check(new: NewConnection) -> Result<CheckedConnection, ConnectionRuleErro
         transport,
         headers,
     })
-}
-
-/// A project secret's name: an upper-case letter, then upper-case letters, digits and `_`, at
-/// most 64 in all (the shape of an environment variable, which is how people name keys).
-fn check_secret_name(name: &str) -> Result<(), String> {
-    let ok = (1..=64).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_uppercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a secret name (upper-case letters, digits and _, starting with a letter, at most 64)"
-        ))
-    }
 }
 
 const SCHEMA: &str = "

@@ -6,6 +6,9 @@
 //! | `GET /v1/projects/{id}/mcp-connections` | `{connections: [{connection_id, name, url, transport, headers, created_by, created_at_ms}]}` (anyone who can see the project) |
 //! | `POST /v1/projects/{id}/mcp-connections {name, url, transport?, headers?}` | 201 the connection (owner or co-owner, a `workflows:write` token, a `code` project) |
 //! | `DELETE /v1/projects/{id}/mcp-connections/{connection_id}` | `{removed: connection_id}` (owner or co-owner, a `workflows:write` token) |
+//! | `GET /v1/projects/{id}/secrets` | `{secrets: [{name, updated_by, updated_at_ms}]}`: names only, never a value (owner or co-owner) |
+//! | `PUT /v1/projects/{id}/secrets/{NAME} {value}` | the secret as listed (owner or co-owner, a `workflows:write` token); sealed before it is stored |
+//! | `DELETE /v1/projects/{id}/secrets/{NAME}` | `{removed: NAME}` (owner or co-owner, a `workflows:write` token) |
 //!
 //! Who may manage is decided from the live role at every request, never from the token alone:
 //! an editor sees the connections (to use them in chats) but cannot add or remove one, and a
@@ -16,6 +19,7 @@ use crate::chat_service::{ChatService, blocking, from_tool};
 use crate::identity::ProjectKind;
 use crate::mcp::Caller;
 use crate::mcp_connections::{self, ConnectionRuleError, ConnectionStoreError, NewConnection};
+use crate::project_secrets::{SecretRuleError, SecretStore, SecretStoreError};
 use agentworks_contract::agentd::Role;
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
 use bytes::Bytes;
@@ -40,6 +44,27 @@ impl From<ConnectionRuleError> for Refusal {
             _ => StatusCode::BAD_REQUEST,
         };
         Refusal::new(status, error.code(), error.to_string())
+    }
+}
+
+impl From<SecretStoreError> for Refusal {
+    fn from(error: SecretStoreError) -> Refusal {
+        tracing::error!(%error, "project secret store failed");
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the project secret store failed; see agentd's log",
+        )
+    }
+}
+
+impl From<SecretRuleError> for Refusal {
+    fn from(error: SecretRuleError) -> Refusal {
+        let code = match error {
+            SecretRuleError::Name(_) => "invalid_name",
+            SecretRuleError::Value => "invalid_value",
+        };
+        Refusal::new(StatusCode::BAD_REQUEST, code, error.to_string())
     }
 }
 
@@ -157,5 +182,78 @@ impl ChatService {
             ));
         }
         Ok(project)
+    }
+
+    fn secret_store(&self) -> Result<SecretStore, Refusal> {
+        self.secrets.clone().ok_or_else(|| {
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "project secrets are unavailable: agentd's sealing key is unusable (see its log)",
+            )
+        })
+    }
+
+    /// `GET …/secrets`: the names, for the people who manage the project's connections.
+    pub(crate) async fn list_secrets(
+        &self,
+        caller: &Caller,
+        project: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let project = self.managed_project(caller, project).await?;
+        let store = self.secret_store()?;
+        let listed = blocking(move || store.list(&project.id)).await?;
+        Ok(json_response(StatusCode::OK, &json!({"secrets": listed})))
+    }
+
+    /// `PUT …/secrets/{NAME} {value}`: set or replace one; the answer never holds the value.
+    pub(crate) async fn set_secret(
+        &self,
+        caller: &Caller,
+        project: &str,
+        name: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct SetSecret {
+            value: String,
+        }
+        let project = self.managed_project(caller, project).await?;
+        let store = self.secret_store()?;
+        // Not `decode_json`: its message may quote the body, and the body is a secret.
+        let request: SetSecret = serde_json::from_slice(body).map_err(|_| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the body must be {\"value\": \"…\"} and nothing else",
+            )
+        })?;
+        let (name, user) = (name.to_owned(), caller.user_id.clone());
+        let project_id = project.id.clone();
+        let info = blocking(move || store.set(&project_id, &name, &request.value, &user)).await??;
+        tracing::info!(project = %project.id, secret = %info.name, user = %caller.user_id, "project secret set");
+        Ok(json_response(StatusCode::OK, &info))
+    }
+
+    /// `DELETE …/secrets/{NAME}`.
+    pub(crate) async fn remove_secret(
+        &self,
+        caller: &Caller,
+        project: &str,
+        name: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let project = self.managed_project(caller, project).await?;
+        let store = self.secret_store()?;
+        let (id, secret) = (project.id.clone(), name.to_owned());
+        if !blocking(move || store.remove(&id, &secret)).await? {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("project {:?} has no secret {name:?}", project.name),
+            ));
+        }
+        tracing::info!(project = %project.id, secret = name, user = %caller.user_id, "project secret removed");
+        Ok(json_response(StatusCode::OK, &json!({"removed": name})))
     }
 }
