@@ -484,8 +484,14 @@ pub(super) struct Setup {
 
 impl Setup {
     pub(super) fn start(with_executor: bool) -> Setup {
+        Setup::start_with(with_executor, "")
+    }
+
+    /// [`Setup::start`] with `agentd_extra` (keys of `[agentd]`) in agentd's config.
+    pub(super) fn start_with(with_executor: bool, agentd_extra: &str) -> Setup {
         let model = Model::start();
-        let (stack, gw_port) = Stack::start_with_gateway_and(&model.config());
+        let (stack, gw_port) =
+            Stack::start_with_gateway_and(&format!("{agentd_extra}\n{}", model.config()));
         let gw = Gatewayd::start(&stack, gw_port);
         let alice = user(&stack, "alice");
         code_project(&stack, "app", "alice", &[("server.txt", "server file\n")]);
@@ -531,7 +537,7 @@ impl Setup {
         }
     }
 
-    fn bind(&self, chat: &str) -> (u16, Value) {
+    pub(super) fn bind(&self, chat: &str) -> (u16, Value) {
         api(
             &self.stack,
             &self.alice,

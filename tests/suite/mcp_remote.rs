@@ -326,3 +326,77 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
         );
     }
 }
+
+/// The same project's connection, working in server mode, is never offered to a turn bound to
+/// a laptop folder, and a call to its tool there is an unknown tool; after agentd restarts, the
+/// existing chat (unbound again) gets it from the stored facts alone.
+#[test]
+fn a_local_bound_turn_gets_none_of_the_connections_tools_and_a_restart_keeps_them() {
+    use super::agent::{Setup, api, calls, create_chat, result_of, text, tool_names, turn};
+
+    let netns = Netns::create();
+    let (certs, _) = self_signed(netns.inside);
+    let _server = start_server(&netns, certs.path());
+    let mut setup = Setup::start_with(
+        true,
+        &format!(
+            "outbound_root_certificates = [{:?}]",
+            certs.path().join("cert.pem").to_str().unwrap()
+        ),
+    );
+    let (status, connection) = api(
+        &setup.stack,
+        &setup.alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Tools", "url": format!("https://{}:{PORT}/mcp", netns.inside)}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    let echo = format!("{}echo", connection["tool_prefix"].as_str().unwrap());
+    let chat = create_chat(&setup.stack, &setup.alice, "app");
+
+    // Server mode: offered (so the exclusion below is the binding's doing).
+    setup.model.play(vec![text("server mode")]);
+    turn(setup.stack.port, &setup.alice, &chat, "hi").unwrap();
+    assert!(tool_names(&setup.model.requests()[0]).contains(&echo));
+
+    // Bound: exactly the local tools; the remote tool's name is unknown.
+    let (status, body) = setup.bind(&chat);
+    assert_eq!(status, 200, "{body}");
+    setup.model.clear();
+    setup.model.play(vec![
+        calls(&[("b1", &echo, json!({"text": "from the laptop turn"}))]),
+        text("bound"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "bound now").unwrap();
+    for request in setup.model.requests() {
+        assert_eq!(
+            tool_names(&request),
+            ["execute_shell_command", "diff_patch_workspace_file"]
+        );
+    }
+    let refused = result_of(&events, "b1");
+    assert_eq!(refused["state"], "failed", "{refused}");
+    assert!(
+        refused["summary"].as_str().unwrap().contains("no tool"),
+        "{refused}"
+    );
+
+    // Unbound, agentd restarted: the stored project and person give the connection back.
+    let (status, body) = api(
+        &setup.stack,
+        &setup.alice,
+        "DELETE",
+        &format!("/v1/chats/{chat}/binding"),
+        Value::Null,
+    );
+    assert_eq!(status, 200, "{body}");
+    setup.stack.restart_agentd();
+    setup.model.clear();
+    setup.model.play(vec![
+        calls(&[("r1", &echo, json!({"text": "after the restart"}))]),
+        text("done"),
+    ]);
+    let events = turn(setup.stack.port, &setup.alice, &chat, "again").unwrap();
+    assert_eq!(result_of(&events, "r1")["state"], "done", "{events:?}");
+}

@@ -62,6 +62,27 @@ impl Stack {
         stack
     }
 
+    /// Stop agentd (SIGTERM) and start it again on the same state root and config; returns
+    /// once it answers on its socket.
+    pub fn restart_agentd(&mut self) {
+        let _ = send_signal(&self.agentd, Signal::SIGTERM);
+        let _ = self.agentd.wait();
+        self.agentd = as_daemon_on(
+            &mut Command::new(env!("CARGO_BIN_EXE_agentworks-agentd")),
+            self.state.root(),
+        )
+        .spawn()
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.admin_raw("users/list", serde_json::json!({})).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "agentd did not become ready again"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
