@@ -232,6 +232,38 @@ const scenarios = {
     const after = await chats();
     check(after === before, `the attack made a chat: ${before} before, ${after} after`);
   },
+  async connections() {
+    await page.goto(`${base}/console/`);
+    await page.getByRole('link', { name: 'MCP connections and secrets' }).first().click();
+    await expect(page.getByRole('heading', { name: 'app settings' })).toBeVisible({ timeout: T });
+    const form = page.getByRole('form', { name: 'Add an MCP connection' });
+    await form.getByLabel('Name', { exact: true }).fill('Linear');
+    await form.getByLabel('Server URL', { exact: true }).fill('https://mcp.linear.example/mcp?workspace=k-123');
+    await form.getByLabel('Header (optional)', { exact: true }).fill('Authorization');
+    await form.getByLabel('Secret the header sends', { exact: true }).fill('LINEAR_API_KEY');
+    await form.getByRole('button', { name: 'Add connection' }).click();
+    const list = page.getByRole('list', { name: 'MCP connections' });
+    await expect(list.getByRole('heading', { name: 'Linear' })).toBeVisible({ timeout: T });
+    await expect(list).toContainText('https://mcp.linear.example/mcp');
+    await expect(list).toContainText('«secret LINEAR_API_KEY»');
+    check(!(await list.textContent()).includes('k-123'), 'the query string is shown');
+    // A loopback server is refused, and the page says why.
+    const again = page.getByRole('form', { name: 'Add an MCP connection' });
+    await again.getByLabel('Name', { exact: true }).fill('Local');
+    await again.getByLabel('Server URL', { exact: true }).fill('https://127.0.0.1/mcp');
+    await again.getByRole('button', { name: 'Add connection' }).click();
+    await expect(again.getByRole('alert')).toContainText('loopback', { timeout: T });
+    // A secret: its name listed, its value never on the page again.
+    const secret = page.getByRole('form', { name: 'Set a project secret' });
+    await secret.getByLabel('Secret name', { exact: true }).fill('LINEAR_API_KEY');
+    await secret.getByLabel('Secret value', { exact: true }).fill('lin_api_browser-typed-0451');
+    await secret.getByRole('button', { name: 'Save secret' }).click();
+    await expect(page.getByRole('list', { name: 'Project secrets' })).toContainText('LINEAR_API_KEY', { timeout: T });
+    const shown = await page.evaluate(() => document.body.innerText + [...document.querySelectorAll('input')].map((i) => i.value).join(' '));
+    check(!shown.includes('lin_api_browser-typed-0451'), 'the secret value is still on the page');
+    await page.getByRole('button', { name: 'Remove Linear' }).click();
+    await expect(page.getByRole('list', { name: 'MCP connections' })).toContainText('No MCP connections.', { timeout: T });
+  },
   async 'sign-out-replay'() {
     await page.goto(`${base}/console/`);
     const cookies = await context.cookies(base);

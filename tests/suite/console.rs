@@ -31,6 +31,7 @@ const SCENARIOS: &[&str] = &[
     "executor-offline",
     "device-approve",
     "cross-origin",
+    "connections",
     "sign-out-replay",
 ];
 

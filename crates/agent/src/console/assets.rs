@@ -85,6 +85,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("panel.js", JS),
     asset!("paths.js", JS),
     asset!("quote.js", JS),
+    asset!("settings.js", JS),
     asset!("sse.js", JS),
 ];
 
@@ -272,6 +273,7 @@ mod tests {
             "/console/invite",
             "/console/sign-in",
             "/console/apps",
+            "/console/projects/p0123/settings",
             "/console/?next=/console/chats/c1",
             "/console/chats/c1/",
         ] {
@@ -295,6 +297,7 @@ mod tests {
             ("device-approve.js", JS),
             ("oauth-consent.js", JS),
             ("apps.js", JS),
+            ("settings.js", JS),
             ("style.css", CSS),
         ] {
             let path = format!("/console/assets/{name}");

@@ -1,11 +1,13 @@
 // The console's entry: routes on location.pathname (home, a chat, the invite page, the one-time
-// sign-in link, Connected apps), signs in and out, and shows the person's projects and chats.
+// sign-in link, Connected apps, a project's settings), signs in and out, and shows the person's
+// projects and chats.
 
 import { api, session, remember, forget, errorMessage } from './api.js';
 import { h, fill, uid, showStatus, clearStatus } from './dom.js';
 import { parseRoute, safeNext, fragmentCode } from './paths.js';
 import { chatView } from './chat.js';
 import { appsView } from './apps.js';
+import { settingsView } from './settings.js';
 
 const main = () => document.getElementById('main');
 
@@ -14,7 +16,7 @@ const main = () => document.getElementById('main');
 function nextPath() {
   const next = safeNext(new URLSearchParams(location.search).get('next'));
   if (next) return next;
-  return ['chat', 'apps'].includes(parseRoute(location.pathname).name) ? location.pathname : '/console/';
+  return ['chat', 'apps', 'settings'].includes(parseRoute(location.pathname).name) ? location.pathname : '/console/';
 }
 
 function signedIn(answer) {
@@ -168,7 +170,9 @@ function projectSection(project) {
       showStatus(`A new chat could not be created: ${errorMessage(answer)}`, 'error');
     }
   });
-  section.append(button, chats);
+  const settings = h('a', { href: `/console/projects/${encodeURIComponent(project.id)}/settings`, 'aria-describedby': title },
+    'MCP connections and secrets');
+  section.append(button, ' ', settings, chats);
   loadChats(project, chats);
   return section;
 }
@@ -211,6 +215,7 @@ async function start() {
   if (route.name === 'home') return homeView();
   if (route.name === 'chat') return chatView(main(), route.chatId, { onSignedOut: () => signInView() });
   if (route.name === 'apps') return appsView(main(), { onSignedOut: () => signInView() });
+  if (route.name === 'settings') return settingsView(main(), route.projectId, { onSignedOut: () => signInView() });
   fill(main(), h('h1', {}, 'Not found'), h('p', {}, 'The console has no such page. ', h('a', { href: '/console/' }, 'Your projects')));
 }
 

@@ -1,7 +1,7 @@
 // The app's routes, the `?next=` rule and fragment codes: pure functions (no DOM).
 
 // What a path under /console/ shows:
-// {name: 'home'|'chat'|'invite'|'sign-in'|'apps'|'unknown', chatId?}.
+// {name: 'home'|'chat'|'invite'|'sign-in'|'apps'|'settings'|'unknown', chatId?, projectId?}.
 export function parseRoute(pathname) {
   const rest = pathname.replace(/^\/console\/?/, '').replace(/\/+$/, '');
   if (rest === '') return { name: 'home' };
@@ -10,6 +10,8 @@ export function parseRoute(pathname) {
   if (rest === 'apps') return { name: 'apps' };
   const chat = /^chats\/([A-Za-z0-9_-]+)$/.exec(rest);
   if (chat) return { name: 'chat', chatId: chat[1] };
+  const settings = /^projects\/([A-Za-z0-9_-]+)\/settings$/.exec(rest);
+  if (settings) return { name: 'settings', projectId: settings[1] };
   return { name: 'unknown' };
 }
 
