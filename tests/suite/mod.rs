@@ -17,6 +17,7 @@ mod gatewayd;
 pub mod harness;
 mod laptop;
 mod mcp_connections;
+mod mcp_oauth;
 mod mcp_remote;
 mod mcp_tools;
 mod oauth;

@@ -161,6 +161,11 @@ impl ChatService {
                 Route::RemoveConnection(project, connection) => {
                     self.remove_connection(&caller, &project, &connection).await
                 }
+                Route::SignIn(project, connection) => {
+                    self.sign_in_connection(&caller, &project, &connection)
+                        .await
+                }
+                Route::SignInCallback => self.sign_in_callback(&caller, parts.uri.query()).await,
                 Route::Secrets(project) => self.list_secrets(&caller, &project).await,
                 Route::SetSecret(project, name) => {
                     self.set_secret(&caller, &project, &name, body).await
@@ -638,6 +643,18 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
             Route::RemoveConnection(project.to_string(), connection.to_string())
         }
+        (
+            [
+                "v1",
+                "projects",
+                project,
+                "mcp-connections",
+                connection,
+                "sign-in",
+            ],
+            m,
+        ) if *m == Method::POST => Route::SignIn(project.to_string(), connection.to_string()),
+        (["v1", "mcp-connections", "callback"], m) if *m == Method::GET => Route::SignInCallback,
         (["v1", "projects", project, "secrets"], m) if *m == Method::GET => {
             Route::Secrets(project.to_string())
         }
@@ -677,6 +694,8 @@ enum Route {
     Connections(String),
     AddConnection(String),
     RemoveConnection(String, String),
+    SignIn(String, String),
+    SignInCallback,
     Secrets(String),
     SetSecret(String, String),
     RemoveSecret(String, String),

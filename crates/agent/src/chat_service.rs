@@ -70,6 +70,13 @@ pub struct ChatService {
     /// The projects' sealed secrets (`None`: the sealing key is unusable, logged at start; the
     /// secrets API answers 503 and a connection that names a secret is not used).
     pub secrets: Option<crate::project_secrets::SecretStore>,
+    /// The key connection sign-ins are sealed with (`None`: unusable, logged at start; no
+    /// sign-in is stored or used).
+    pub sealing: Option<Arc<crate::sealed::SealingKey>>,
+    /// Connection sign-ins waiting for their callback.
+    pub sign_ins: crate::mcp_oauth::PendingSignIns,
+    /// agentd's public URL: where a connection sign-in's callback comes back to.
+    pub public_url: String,
     pub gatewayd: UnixClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
@@ -130,6 +137,9 @@ impl ChatService {
             connections,
             connections_client: None,
             secrets: None,
+            sealing: None,
+            sign_ins: Default::default(),
+            public_url: String::new(),
             gatewayd,
             model,
             sessions: Default::default(),

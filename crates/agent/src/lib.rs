@@ -14,7 +14,7 @@
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
 //!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
 //!   that talks to them through the guarded outbound client; [`mcp_connection_tools`]: their
-//!   tools in a server-mode turn.
+//!   tools in a server-mode turn; [`mcp_oauth`]: signing a connection in with OAuth.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -38,6 +38,7 @@ pub mod mcp_backend;
 pub mod mcp_connection_tools;
 pub mod mcp_connections;
 pub mod mcp_connections_api;
+pub mod mcp_oauth;
 pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
@@ -107,15 +108,19 @@ pub fn open_chats(
     let attachments = attachments::AttachmentStore::open(&dir.join("attachments.db"))?;
     let connections = mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
-    let secrets = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
-        Ok(key) => Some(project_secrets::SecretStore::open(
-            &dir.join("project_secrets.db"),
-            Arc::new(key),
-        )?),
+    let sealing = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
+        Ok(key) => Some(Arc::new(key)),
         Err(error) => {
-            tracing::error!(%error, "project secrets are unavailable");
+            tracing::error!(%error, "project secrets and MCP connection sign-ins are unavailable");
             None
         }
+    };
+    let secrets = match &sealing {
+        Some(key) => Some(project_secrets::SecretStore::open(
+            &dir.join("project_secrets.db"),
+            key.clone(),
+        )?),
+        None => None,
     };
     let model = config
         .agentd
@@ -124,6 +129,8 @@ pub fn open_chats(
         .map(|m| model::ModelClient::new(m, credentials));
     Ok(chat_service::ChatService {
         secrets,
+        sealing,
+        public_url: config.agentd.public_url(),
         ..chat_service::ChatService::new(
             identity.clone(),
             files.clone(),
@@ -432,6 +439,7 @@ impl PublicRoutes {
             || chat_path == "/v1/devices"
             || chat_path == "/v1/projects"
             || chat_path.starts_with("/v1/projects/")
+            || chat_path == mcp_connections_api::CALLBACK_PATH
             || chat_path == "/v1/models"
         {
             return match &self.chats {

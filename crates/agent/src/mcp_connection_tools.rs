@@ -17,9 +17,12 @@
 
 use crate::chat_service::ChatService;
 use crate::mcp::{Caller, ToolError};
+use crate::mcp_connections::ConnectionStore;
 use crate::mcp_connections::{McpConnection, SecretHeader};
+use crate::mcp_oauth::Credentials;
 use crate::mcp_remote::{RemoteSession, RemoteTool};
 use crate::project_secrets::SecretStore;
+use crate::sealed::SealingKey;
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -175,10 +178,14 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
     };
     let mut opening = tokio::task::JoinSet::new();
     for connection in connections {
-        let client = client.clone();
-        let secrets = service.secrets.clone();
+        let opener = Opener {
+            client: client.clone(),
+            secrets: service.secrets.clone(),
+            sealing: service.sealing.clone(),
+            store: service.connections.clone(),
+        };
         opening.spawn(async move {
-            let opened = open(client, secrets, &connection).await;
+            let opened = opener.open(&connection).await;
             (connection, opened)
         });
     }
@@ -231,22 +238,140 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
     turn
 }
 
-async fn open(
+/// What opening a connection needs.
+struct Opener {
     client: GuardedClient,
     secrets: Option<SecretStore>,
-    connection: &McpConnection,
-) -> Result<(RemoteSession, Vec<RemoteTool>), ToolError> {
-    let (project, wanted) = (connection.project_id.clone(), connection.headers.clone());
-    let headers =
-        tokio::task::spawn_blocking(move || resolve_headers(secrets.as_ref(), &project, &wanted))
-            .await
-            .map_err(|e| ToolError::new("unavailable", e.to_string()))??;
-    let remote = |e: crate::mcp_remote::RemoteError| ToolError::new(e.code(), e.to_string());
-    let session = RemoteSession::open(client, &connection.url, headers)
+    sealing: Option<Arc<SealingKey>>,
+    store: ConnectionStore,
+}
+
+fn remote_error(error: crate::mcp_remote::RemoteError) -> ToolError {
+    ToolError::new(error.code(), error.to_string())
+}
+
+fn sign_in_error(error: crate::mcp_oauth::SignInError) -> ToolError {
+    ToolError::new(
+        "sign_in_required",
+        format!(
+            "the sign-in could not be refreshed ({error}); an owner signs in again in the project's settings"
+        ),
+    )
+}
+
+impl Opener {
+    /// Open `connection` and list its tools: with its headers, and with its stored sign-in
+    /// (refreshed first when it is expiring, or once when the server answers 401).
+    async fn open(
+        &self,
+        connection: &McpConnection,
+    ) -> Result<(RemoteSession, Vec<RemoteTool>), ToolError> {
+        let (secrets, project, wanted) = (
+            self.secrets.clone(),
+            connection.project_id.clone(),
+            connection.headers.clone(),
+        );
+        let headers = tokio::task::spawn_blocking(move || {
+            resolve_headers(secrets.as_ref(), &project, &wanted)
+        })
         .await
-        .map_err(remote)?;
-    let tools = session.list_tools().await.map_err(remote)?;
-    Ok((session, tools))
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))??;
+        let mut credentials = self.credentials(&connection.id).await?;
+        if let Some(current) = &credentials
+            && current.expiring(agentworks_support::clock::now_ms())
+            && current.refresh_token.is_some()
+        {
+            credentials = Some(self.refreshed(&connection.id, current).await?);
+        }
+        let mut refreshed = false;
+        loop {
+            let mut headers = headers.clone();
+            if let Some(credentials) = &credentials {
+                let mut value =
+                    HeaderValue::from_str(&format!("Bearer {}", credentials.access_token))
+                        .map_err(|_| {
+                            ToolError::new(
+                                "sign_in_required",
+                                "the stored access token is not a header value; sign in again",
+                            )
+                        })?;
+                value.set_sensitive(true);
+                headers.insert(hyper::header::AUTHORIZATION, value);
+            }
+            match RemoteSession::open(self.client.clone(), &connection.url, headers).await {
+                Ok(session) => {
+                    let tools = session.list_tools().await.map_err(remote_error)?;
+                    return Ok((session, tools));
+                }
+                Err(crate::mcp_remote::RemoteError::Unauthorized { .. })
+                    if !refreshed
+                        && credentials
+                            .as_ref()
+                            .is_some_and(|c| c.refresh_token.is_some()) =>
+                {
+                    refreshed = true;
+                    let current = credentials.take().unwrap_or_else(|| unreachable!());
+                    credentials = Some(self.refreshed(&connection.id, &current).await?);
+                }
+                Err(error) => return Err(remote_error(error)),
+            }
+        }
+    }
+
+    async fn credentials(&self, id: &str) -> Result<Option<Credentials>, ToolError> {
+        let Some(key) = self.sealing.clone() else {
+            return Ok(None);
+        };
+        let (store, id) = (self.store.clone(), id.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let blob = store
+                .credentials(&id)
+                .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+            Ok(blob.and_then(|blob| Credentials::unseal(&key, &id, &blob)))
+        })
+        .await
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+    }
+
+    /// A refresh grant, its result sealed and stored before it is used.
+    async fn refreshed(&self, id: &str, current: &Credentials) -> Result<Credentials, ToolError> {
+        let fresh = crate::mcp_oauth::refresh(&self.client, current)
+            .await
+            .map_err(sign_in_error)?;
+        store_credentials(self.sealing.as_ref(), &self.store, id, &fresh).await?;
+        Ok(fresh)
+    }
+}
+
+/// Seal and store a connection's sign-in.
+pub async fn store_credentials(
+    sealing: Option<&Arc<SealingKey>>,
+    store: &ConnectionStore,
+    id: &str,
+    credentials: &Credentials,
+) -> Result<(), ToolError> {
+    let key = sealing.ok_or_else(|| {
+        ToolError::new(
+            "unavailable",
+            "sign-ins cannot be stored: agentd's sealing key is unusable (see its log)",
+        )
+    })?;
+    let sealed = credentials
+        .seal(key, id)
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+    let (store, id) = (store.clone(), id.to_owned());
+    let stored = tokio::task::spawn_blocking(move || store.put_credentials(&id, &sealed))
+        .await
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+    if stored {
+        Ok(())
+    } else {
+        Err(ToolError::new(
+            "connection_removed",
+            "the connection was removed while signing in",
+        ))
+    }
 }
 
 /// The project's connections, if `caller` may see the project now.

@@ -333,7 +333,12 @@ CREATE TABLE IF NOT EXISTS mcp_connections (
     created_at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mcp_connections_project ON mcp_connections(project_id, created_at_ms);
-PRAGMA user_version = 1;
+CREATE TABLE IF NOT EXISTS mcp_credentials (
+    connection_id TEXT PRIMARY KEY REFERENCES mcp_connections(id),
+    sealed BLOB NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+PRAGMA user_version = 2;
 ";
 
 const COLUMNS: &str = "id, project_id, name, url, transport, headers, created_by, created_at_ms";
@@ -464,13 +469,69 @@ impl ConnectionStore {
         }
     }
 
-    /// Remove a connection of the project; whether it was there.
+    /// Remove a connection of the project, and its sealed sign-in with it; whether it was there.
     pub fn remove(&self, project_id: &str, id: &str) -> Result<bool, ConnectionStoreError> {
-        let removed = self.db().execute(
+        let mut db = self.db();
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        // The sign-in first: it refers to the connection.
+        tx.execute(
+            "DELETE FROM mcp_credentials WHERE connection_id IN
+                 (SELECT id FROM mcp_connections WHERE project_id = ?1 AND id = ?2)",
+            params![project_id, id],
+        )?;
+        let removed = tx.execute(
             "DELETE FROM mcp_connections WHERE project_id = ?1 AND id = ?2",
             params![project_id, id],
         )?;
+        tx.commit()?;
         Ok(removed > 0)
+    }
+
+    /// Store a connection's sealed sign-in (replacing the one before); false when the
+    /// connection is gone.
+    pub fn put_credentials(&self, id: &str, sealed: &[u8]) -> Result<bool, ConnectionStoreError> {
+        let db = self.db();
+        let exists: bool = db.query_row(
+            "SELECT EXISTS (SELECT 1 FROM mcp_connections WHERE id = ?1)",
+            params![id],
+            |r| r.get(0),
+        )?;
+        if !exists {
+            return Ok(false);
+        }
+        db.execute(
+            "INSERT INTO mcp_credentials (connection_id, sealed, updated_at_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (connection_id) DO UPDATE SET sealed = excluded.sealed,
+                 updated_at_ms = excluded.updated_at_ms",
+            params![id, sealed, agentworks_support::clock::now_ms()],
+        )?;
+        Ok(true)
+    }
+
+    /// A connection's sealed sign-in, if it has one.
+    pub fn credentials(&self, id: &str) -> Result<Option<Vec<u8>>, ConnectionStoreError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT sealed FROM mcp_credentials WHERE connection_id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Which of the project's connections have a sign-in stored.
+    pub fn signed_in(
+        &self,
+        project_id: &str,
+    ) -> Result<std::collections::HashSet<String>, ConnectionStoreError> {
+        let db = self.db();
+        let mut statement = db.prepare(
+            "SELECT c.id FROM mcp_connections c JOIN mcp_credentials k ON k.connection_id = c.id
+             WHERE c.project_id = ?1",
+        )?;
+        let rows = statement.query_map(params![project_id], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 }
 
@@ -600,6 +661,31 @@ mod tests {
         assert!(!store.remove("p2", &a.id).unwrap());
         assert!(store.remove("p1", &a.id).unwrap());
         assert_eq!(store.list("p1").unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn a_sign_in_is_kept_per_connection_and_removed_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConnectionStore::open(&dir.path().join("c.db")).unwrap();
+        let checked = check(new(json!({"name": "x", "url": "https://example.com/"}))).unwrap();
+        let a = store.add("p", "u", checked.clone()).unwrap().unwrap();
+        let b = store.add("p", "u", checked).unwrap().unwrap();
+        assert!(store.put_credentials(&a.id, b"sealed-a").unwrap());
+        assert!(store.put_credentials(&a.id, b"sealed-a2").unwrap());
+        assert_eq!(
+            store.credentials(&a.id).unwrap().as_deref(),
+            Some(&b"sealed-a2"[..])
+        );
+        assert_eq!(store.credentials(&b.id).unwrap(), None);
+        assert_eq!(store.signed_in("p").unwrap(), [a.id.clone()].into());
+        // Another project's id removes nothing; the project's own removes both rows.
+        assert!(!store.remove("q", &a.id).unwrap());
+        assert!(store.credentials(&a.id).unwrap().is_some());
+        assert!(store.remove("p", &a.id).unwrap());
+        assert_eq!(store.credentials(&a.id).unwrap(), None);
+        // A sign-in that finishes after its connection was removed is not stored.
+        assert!(!store.put_credentials(&a.id, b"late").unwrap());
+        assert!(store.signed_in("p").unwrap().is_empty());
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! | `GET /v1/projects/{id}/mcp-connections` | `{connections: [{connection_id, name, url, transport, headers, created_by, created_at_ms}]}` (anyone who can see the project) |
 //! | `POST /v1/projects/{id}/mcp-connections {name, url, transport?, headers?}` | 201 the connection (owner or co-owner, a `workflows:write` token, a `code` project) |
 //! | `DELETE /v1/projects/{id}/mcp-connections/{connection_id}` | `{removed: connection_id}` (owner or co-owner, a `workflows:write` token) |
+//! | `POST /v1/projects/{id}/mcp-connections/{connection}/sign-in` | `{authorization_url}` to open (owner or co-owner): OAuth with the server ([`crate::mcp_oauth`]); 400 `needs_client_id` with the callback URL when the server has no dynamic registration, `no_sign_in_needed` when it asks for none |
+//! | `GET /v1/mcp-connections/callback?code&state[&iss]` | where the server sends the person back: the sign-in is finished and sealed, then 303 to the project's settings page (`?signed_in=` or `?sign_in_error=`); only the person who started it can finish it |
 //! | `GET /v1/projects/{id}/secrets` | `{secrets: [{name, updated_by, updated_at_ms}]}`: names only, never a value (owner or co-owner) |
 //! | `PUT /v1/projects/{id}/secrets/{NAME} {value}` | the secret as listed (owner or co-owner, a `workflows:write` token); sealed before it is stored |
 //! | `DELETE /v1/projects/{id}/secrets/{NAME}` | `{removed: NAME}` (owner or co-owner, a `workflows:write` token) |
@@ -68,6 +70,16 @@ impl From<SecretRuleError> for Refusal {
     }
 }
 
+/// What a query value or path segment keeps as it is: RFC 3986's unreserved characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// Where a connection's OAuth sign-in comes back to, on agentd's public listener.
+pub const CALLBACK_PATH: &str = "/v1/mcp-connections/callback";
+
 impl ChatService {
     /// `GET …/mcp-connections`: the project's connections, for anyone who can see it.
     pub(crate) async fn list_connections(
@@ -81,8 +93,18 @@ impl ChatService {
             .await
             .map_err(from_tool)?;
         let store = self.connections.clone();
-        let listed = blocking(move || store.list(&project.id)).await?;
-        let shown: Vec<_> = listed.iter().map(|c| c.shown()).collect();
+        let (listed, signed_in) = blocking(move || {
+            Ok::<_, ConnectionStoreError>((store.list(&project.id)?, store.signed_in(&project.id)?))
+        })
+        .await?;
+        let shown: Vec<_> = listed
+            .iter()
+            .map(|c| {
+                let mut shown = c.shown();
+                shown["signed_in"] = json!(signed_in.contains(&c.id));
+                shown
+            })
+            .collect();
         Ok(json_response(
             StatusCode::OK,
             &json!({"connections": shown}),
@@ -255,5 +277,145 @@ impl ChatService {
         }
         tracing::info!(project = %project.id, secret = name, user = %caller.user_id, "project secret removed");
         Ok(json_response(StatusCode::OK, &json!({"removed": name})))
+    }
+
+    /// `POST …/mcp-connections/{id}/sign-in`: start an OAuth sign-in with the server.
+    pub(crate) async fn sign_in_connection(
+        &self,
+        caller: &Caller,
+        project: &str,
+        connection: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let project = self.managed_project(caller, project).await?;
+        let store = self.connections.clone();
+        let (project_id, id) = (project.id.clone(), connection.to_owned());
+        let Some(connection) = blocking(move || store.get(&project_id, &id)).await? else {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "project {:?} has no MCP connection {connection:?}",
+                    project.name
+                ),
+            ));
+        };
+        if connection.headers.contains_key("authorization") {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "this connection sends its own Authorization header (a project secret); remove it, or the connection, to sign in with OAuth instead",
+            ));
+        }
+        let (Some(client), Some(_)) = (&self.connections_client, &self.sealing) else {
+            return Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "sign-ins are unavailable: the outbound client or the sealing key is unusable (see agentd's log)",
+            ));
+        };
+        let callback = format!("{}{CALLBACK_PATH}", self.public_url);
+        match crate::mcp_oauth::begin(
+            client,
+            &self.sign_ins,
+            &connection,
+            &caller.user_id,
+            &callback,
+        )
+        .await
+        {
+            Ok(authorization_url) => Ok(json_response(
+                StatusCode::OK,
+                &json!({"authorization_url": authorization_url}),
+            )),
+            Err(error) => {
+                let mut refusal =
+                    Refusal::new(StatusCode::BAD_REQUEST, error.code(), error.to_string());
+                if let crate::mcp_oauth::SignInError::NeedsClientId { callback } = &error {
+                    refusal
+                        .details
+                        .insert("callback_url".into(), json!(callback));
+                }
+                Err(refusal)
+            }
+        }
+    }
+
+    /// `GET /v1/mcp-connections/callback`: finish the sign-in `state` names, for the person who
+    /// started it, then send the browser back to the project's settings.
+    pub(crate) async fn sign_in_callback(
+        &self,
+        caller: &Caller,
+        query: Option<&str>,
+    ) -> Result<Response<Body>, Refusal> {
+        let pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(query.unwrap_or("")).unwrap_or_default();
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let refused = |error: crate::mcp_oauth::SignInError| {
+            let status = match error {
+                crate::mcp_oauth::SignInError::NotYours => StatusCode::FORBIDDEN,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            Refusal::new(status, error.code(), error.to_string())
+        };
+        let state = get("state").ok_or_else(|| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the callback has no state",
+            )
+        })?;
+        let pending = self
+            .sign_ins
+            .take(state, &caller.user_id)
+            .map_err(refused)?;
+        let back = |outcome: &str| {
+            let location = format!(
+                "/console/projects/{}/settings?{outcome}",
+                percent_encoding::utf8_percent_encode(&pending.project_id, UNRESERVED)
+            );
+            let mut response = json_response(StatusCode::SEE_OTHER, &json!({"location": location}));
+            if let Ok(value) = hyper::header::HeaderValue::from_str(&location) {
+                response
+                    .headers_mut()
+                    .insert(hyper::header::LOCATION, value);
+            }
+            response
+        };
+        // The person is still allowed to manage the project's connections.
+        self.managed_project(caller, &pending.project_id).await?;
+        let encode = |s: &str| percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string();
+        if let Some(error) = get("error") {
+            return Ok(back(&format!("sign_in_error={}", encode(error))));
+        }
+        let Some(code) = get("code") else {
+            return Ok(back("sign_in_error=no_code"));
+        };
+        let Some(client) = &self.connections_client else {
+            return Ok(back("sign_in_error=unavailable"));
+        };
+        let connection_id = pending.connection_id.clone();
+        match crate::mcp_oauth::finish(client, pending.clone(), code, get("iss")).await {
+            Ok(credentials) => {
+                crate::mcp_connection_tools::store_credentials(
+                    self.sealing.as_ref(),
+                    &self.connections,
+                    &connection_id,
+                    &credentials,
+                )
+                .await
+                .map_err(crate::chat_service::from_tool)?;
+                tracing::info!(connection = %connection_id, user = %caller.user_id, "MCP connection signed in");
+                Ok(back(&format!("signed_in={}", encode(&connection_id))))
+            }
+            Err(error) => {
+                tracing::info!(connection = %connection_id, %error, "MCP connection sign-in failed");
+                Ok(back(&format!("sign_in_error={}", encode(error.code()))))
+            }
+        }
     }
 }

@@ -22,8 +22,32 @@ function connectionItem(connection, manage, base, list) {
       h('dt', {}, 'URL'), h('dd', {}, h('code', {}, connection.url)),
       h('dt', {}, 'Tools are named'), h('dd', {}, h('code', {}, `${connection.tool_prefix}…`)),
       h('dt', {}, 'Headers'), h('dd', {}, headers.length === 0 ? 'none'
-        : headers.map(([name, value]) => `${name}: ${value.format.replace('{}', `«secret ${value.secret}»`)}`).join('; '))));
+        : headers.map(([name, value]) => `${name}: ${value.format.replace('{}', `«secret ${value.secret}»`)}`).join('; ')),
+      h('dt', {}, 'OAuth sign-in'), h('dd', {}, connection.signed_in ? 'signed in' : 'not signed in')));
   if (manage) {
+    const signIn = h('button', { type: 'button' },
+      `${connection.signed_in ? 'Sign in again to' : 'Sign in to'} ${connection.name}`);
+    signIn.addEventListener('click', async () => {
+      signIn.disabled = true;
+      const answer = await api('POST', `${base}/mcp-connections/${encodeURIComponent(connection.connection_id)}/sign-in`);
+      const target = answer.status === 200 && answer.body ? String(answer.body.authorization_url || '') : '';
+      // The server checked it too: only an https page is opened.
+      if (target.startsWith('https://')) {
+        showStatus(`Opening ${connection.name}'s sign-in page…`);
+        location.assign(target);
+        return;
+      }
+      signIn.disabled = false;
+      const error = answer.body && answer.body.error;
+      if (error && error.code === 'needs_client_id') {
+        showStatus(`${connection.name} offers no automatic registration: an operator must configure a sign-in app for it with the callback URL ${error.callback_url}.`, 'error');
+      } else if (error && error.code === 'no_sign_in_needed') {
+        showStatus(`${connection.name} does not ask for a sign-in.`);
+      } else {
+        showStatus(`Signing in to ${connection.name} failed: ${errorMessage(answer)}`, 'error');
+      }
+    });
+    item.append(signIn, ' ');
     const remove = h('button', { type: 'button' }, `Remove ${connection.name}`);
     remove.addEventListener('click', async () => {
       remove.disabled = true;
@@ -127,6 +151,19 @@ function secretsSection(base, secrets, reload) {
     h('h2', { id: 'secrets-title' }, 'Secrets'), list, form);
 }
 
+// What the OAuth callback said, in the address it sent the browser back to: shown once, then
+// dropped from the address.
+function signInOutcome(connections) {
+  const params = new URLSearchParams(location.search);
+  const signedIn = params.get('signed_in');
+  const failed = params.get('sign_in_error');
+  if (signedIn === null && failed === null) return;
+  history.replaceState(null, '', location.pathname);
+  const named = connections.find((c) => c.connection_id === signedIn);
+  if (signedIn !== null) showStatus(`Signed in to ${named ? named.name : 'the server'}: chats can use its tools now.`);
+  else showStatus(`The sign-in did not finish (${failed}). Try again, or check the server.`, 'error');
+}
+
 export async function settingsView(container, projectId, { onSignedOut }) {
   const base = `/v1/projects/${encodeURIComponent(projectId)}`;
   const reload = () => settingsView(container, projectId, { onSignedOut });
@@ -166,4 +203,5 @@ export async function settingsView(container, projectId, { onSignedOut }) {
       : h('p', { class: 'error' }, `The secrets could not be loaded: ${errorMessage(secrets)}`));
   }
   fill(container, ...parts);
+  signInOutcome(listed);
 }

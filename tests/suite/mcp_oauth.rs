@@ -1,0 +1,312 @@
+//! A project's MCP connection signed in with OAuth, end to end against a real OAuth-protected
+//! MCP server: the official Python SDK's MCPServer as authorization and resource server
+//! (`tests/mcp_server/oauth_tools.py`) over https on a network-namespace host. agentd discovers
+//! its metadata, registers dynamically, sends the person to its authorization URL (the test
+//! follows the redirect as a browser would), finishes at its callback, seals the tokens, uses
+//! them in a turn, and refreshes them when the server stops accepting the access token. Someone
+//! else's callback, an unknown state and an editor starting a sign-in are refused; removing the
+//! connection removes its sealed sign-in.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentworks_support::outbound::{GuardedClient, OutboundError};
+use serde_json::{Value, json};
+
+use super::agent::{
+    Model, api, calls, code_project, create_chat, of_kind, result_of, text, tool_names, turn, user,
+};
+use super::harness::{Stack, block_on, http, mcp_python};
+use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
+
+const PORT: u16 = 8443;
+
+fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/oauth_tools.py");
+    let child = Command::new("ip")
+        .args(["netns", "exec", &netns.name])
+        .arg(mcp_python())
+        .arg(script)
+        .arg(netns.inside.to_string())
+        .arg(PORT.to_string())
+        .arg(cert_dir.join("cert.pem"))
+        .arg(cert_dir.join("key.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ip netns exec <the MCP SDK's python>");
+    let mut server = TlsServer(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect_timeout(
+        &(netns.inside, PORT).into(),
+        Duration::from_millis(200),
+    )
+    .is_err()
+    {
+        if Instant::now() > deadline || server.0.try_wait().ok().flatten().is_some() {
+            let _ = server.0.kill();
+            panic!(
+                "the OAuth MCP server did not start: {}",
+                stderr_of(&mut server.0)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server
+}
+
+/// The callback, as a browser would reach it: `GET` of the path and query of `location`.
+fn callback(stack: &Stack, token: &str, location: &str) -> (u16, hyper::HeaderMap, String) {
+    let url = url::Url::parse(location).unwrap();
+    let path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
+    let auth = format!("Bearer {token}");
+    http(stack.port, "GET", &path, &[("authorization", &auth)], "")
+}
+
+#[test]
+fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
+    let netns = Netns::create();
+    let (certs, der) = self_signed(netns.inside);
+    let _server = start_server(&netns, certs.path());
+    let base = format!("https://{}:{PORT}", netns.inside);
+    let browser = GuardedClient::builder()
+        .add_root_certificate_der(der)
+        .build()
+        .unwrap();
+    let server_log = || {
+        let body = block_on(browser.get(&format!("{base}/test/log")))
+            .unwrap()
+            .body;
+        String::from_utf8(body.to_vec()).unwrap()
+    };
+    let model = Model::start();
+    let (stack, _) = Stack::start_with_gateway_and(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    ));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let (status, connection) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    let id = connection["connection_id"].as_str().unwrap().to_owned();
+    let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
+    let sign_in_path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
+
+    // Not signed in: the turn leaves it out and says so.
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![text("no tools yet")]);
+    let events = turn(stack.port, &alice, &chat, "hi").unwrap();
+    let unavailable = of_kind(&events, "connection_unavailable");
+    assert_eq!(unavailable[0]["code"], "sign_in_required", "{events:?}");
+
+    // An editor cannot start a sign-in.
+    let bob = user(&stack, "bob");
+    stack.admin(
+        "members/add",
+        json!({"project": "app", "user": "bob", "role": "editor"}),
+    );
+    let (status, body) = api(&stack, &bob, "POST", &sign_in_path, Value::Null);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
+
+    // The owner starts it: an https authorization URL with PKCE, state and the resource.
+    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let authorization = url::Url::parse(body["authorization_url"].as_str().unwrap()).unwrap();
+    assert_eq!(authorization.scheme(), "https");
+    assert_eq!(authorization.path(), "/authorize");
+    let query: std::collections::HashMap<_, _> = authorization.query_pairs().into_owned().collect();
+    assert_eq!(query["code_challenge_method"], "S256");
+    assert_eq!(query["resource"], format!("{base}/mcp"));
+    assert_eq!(query["response_type"], "code");
+    assert!(query["state"].len() >= 43, "{query:?}");
+    assert!(
+        server_log().contains(&format!("registered {} ", query["client_id"])),
+        "agentd did not register dynamically: {}",
+        server_log()
+    );
+
+    // The server approves and sends the browser back with the code.
+    // (The guarded client never follows a redirect; it answers where it was sent.)
+    let location = match block_on(browser.get(authorization.as_str())) {
+        Err(OutboundError::Redirect { status, location }) if status.as_u16() == 302 => location,
+        other => panic!("the authorization endpoint did not redirect: {other:?}"),
+    };
+    assert!(
+        location.starts_with(&format!(
+            "http://127.0.0.1:{}/v1/mcp-connections/callback?",
+            stack.port
+        )),
+        "{location}"
+    );
+    // Someone else cannot finish it, nor can an unknown state.
+    let (status, _, body) = callback(&stack, &bob, &location);
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = callback(&stack, &alice, &location.replace("state=", "state=forged"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown_sign_in"), "{body}");
+    // The person who started it does: back to the settings page, signed in.
+    let (status, headers, body) = callback(&stack, &alice, &location);
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(
+        headers["location"].to_str().unwrap(),
+        format!(
+            "/console/projects/{}/settings?signed_in={id}",
+            connection["project_id"].as_str().unwrap()
+        )
+    );
+    let (_, listed) = api(
+        &stack,
+        &alice,
+        "GET",
+        "/v1/projects/app/mcp-connections",
+        Value::Null,
+    );
+    assert_eq!(listed["connections"][0]["signed_in"], true, "{listed}");
+    // The same callback again is refused: a state works once.
+    assert_eq!(callback(&stack, &alice, &location).0, 400);
+
+    // The issued tokens are nowhere under agentd's state in clear.
+    let log = server_log();
+    let issued: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("issued "))
+        .flat_map(|l| l.split(' '))
+        .collect();
+    assert_eq!(issued.len(), 2, "{log}");
+    let agent_dir = stack.state.root().join("agent");
+    let in_clear = || {
+        super::harness::all_files(&agent_dir)
+            .into_iter()
+            .find(|file| {
+                let bytes = std::fs::read(agent_dir.join(file)).unwrap();
+                issued
+                    .iter()
+                    .any(|t| bytes.windows(t.len()).any(|w| w == t.as_bytes()))
+            })
+    };
+    assert_eq!(in_clear(), None, "a token is stored in clear");
+
+    // Used in a turn.
+    model.clear();
+    model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
+    let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
+    assert!(tool_names(&model.requests()[0]).contains(&whoami));
+    assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
+    assert!(server_log().contains(&format!("mcp {}", issued[0])));
+
+    // The server stops accepting the access token: agentd refreshes once and goes on, the
+    // refresh token rotated (the old one is spent).
+    block_on(browser.post(&format!("{base}/test/expire"), "text/plain", "")).unwrap();
+    model.clear();
+    model.play(vec![calls(&[("w2", &whoami, json!({}))]), text("again")]);
+    let events = turn(stack.port, &alice, &chat, "and now?").unwrap();
+    assert_eq!(result_of(&events, "w2")["state"], "done", "{events:?}");
+    let log = server_log();
+    assert!(log.contains(&format!("refreshed {}", issued[1])), "{log}");
+    let newest = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("issued "))
+        .next_back()
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_ne!(newest, issued[0]);
+    assert!(
+        log.ends_with(&format!("mcp {newest}")) || log.contains(&format!("mcp {newest}")),
+        "{log}"
+    );
+
+    // Removing the connection removes its sealed sign-in.
+    let (status, _) = api(
+        &stack,
+        &alice,
+        "DELETE",
+        &format!("/v1/projects/app/mcp-connections/{id}"),
+        Value::Null,
+    );
+    assert_eq!(status, 200);
+    let db = rusqlite::Connection::open(agent_dir.join("mcp_connections.db")).unwrap();
+    let left: i64 = db
+        .query_row("SELECT count(*) FROM mcp_credentials", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+/// The same sign-in as a person does it: the console's settings page in chromium, the
+/// **Sign in to …** button, the server's authorization page, and back to the settings page,
+/// which says the connection is signed in; a turn then uses it.
+#[test]
+fn a_person_signs_a_connection_in_from_the_console() {
+    use super::console_sessions::{PASSWORD, origin, passwd};
+    super::console::require_browser();
+    let netns = Netns::create();
+    let (certs, _) = self_signed(netns.inside);
+    let _server = start_server(&netns, certs.path());
+    let base = format!("https://{}:{PORT}", netns.inside);
+    let model = Model::start();
+    let (stack, _) = Stack::start_with_gateway_and(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    ));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    assert!(passwd(&stack, "alice", PASSWORD).status.success());
+    let (status, connection) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    let shots = std::env::var_os("AGENTWORKS_CONSOLE_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let shot = shots.join("connection-sign-in.png");
+    let config = json!({
+        "settings_url": format!(
+            "{}/console/projects/{}/settings",
+            origin(&stack),
+            connection["project_id"].as_str().unwrap()
+        ),
+        "username": "alice",
+        "password": PASSWORD,
+        "connection": "OAuth Tools",
+        "authorization_origin": base,
+        "shot": shot,
+    });
+    let output = Command::new("node")
+        .arg("connection-sign-in.mjs")
+        .current_dir(super::console::console_dir())
+        .env("AGENTWORKS_CONNECTION_SIGN_IN", config.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("node runs (apt-get install -y nodejs)");
+    assert!(
+        output.status.success() && output.stdout == b"ok\n",
+        "connection-sign-in.mjs: {:?} {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout)
+    );
+    super::console::assert_not_blank(&shot);
+
+    let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
+    let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
+    assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
+}
