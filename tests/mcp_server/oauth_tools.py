@@ -8,7 +8,9 @@ Test controls: POST /test/expire makes every access token expire now (so the nex
 refresh); GET /test/log answers one line per issued token and per /mcp bearer seen, so a test can
 check which tokens were used.
 
-Usage: oauth_tools.py ADDRESS PORT CERT KEY
+Usage: oauth_tools.py ADDRESS PORT CERT KEY [--preregistered CLIENT_ID CLIENT_SECRET REDIRECT_URI]
+With --preregistered the server offers no dynamic registration and knows only that one
+confidential client (as a provider such as Google does).
 """
 import secrets, sys, time
 import uvicorn
@@ -17,9 +19,10 @@ from mcp.server.auth.provider import (
     AccessToken, AuthorizationCode, RefreshToken, construct_redirect_uri)
 from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.auth import OAuthToken
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 address, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+preregistered = sys.argv[6:9] if len(sys.argv) >= 9 and sys.argv[5] == "--preregistered" else None
 base = f"https://{address}:{port}"
 LIFETIME = 3600
 log = []
@@ -88,6 +91,12 @@ class Provider:
 
 
 provider = Provider()
+if preregistered:
+    client_id, client_secret, redirect_uri = preregistered
+    provider.clients[client_id] = OAuthClientInformationFull(
+        client_id=client_id, client_secret=client_secret, redirect_uris=[redirect_uri],
+        token_endpoint_auth_method="client_secret_post", scope="tools",
+        grant_types=["authorization_code", "refresh_token"], response_types=["code"])
 server = MCPServer(
     "oauth-tools",
     auth_server_provider=provider,
@@ -95,9 +104,10 @@ server = MCPServer(
         issuer_url=base,
         resource_server_url=f"{base}/mcp",
         client_registration_options=ClientRegistrationOptions(
-            enabled=True, valid_scopes=["tools"], default_scopes=["tools"]),
+            enabled=preregistered is None, valid_scopes=["tools"], default_scopes=["tools"]),
         revocation_options=RevocationOptions(enabled=True),
-        required_scopes=["tools"]),
+        required_scopes=["tools"],
+        validate_token_resource=True),
 )
 
 

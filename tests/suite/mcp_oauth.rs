@@ -22,6 +22,11 @@ use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
 const PORT: u16 = 8443;
 
 fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
+    start_server_with(netns, cert_dir, &[])
+}
+
+/// [`start_server`] with more arguments for oauth_tools.py (`--preregistered …`).
+fn start_server_with(netns: &Netns, cert_dir: &std::path::Path, extra: &[&str]) -> TlsServer {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/oauth_tools.py");
     let child = Command::new("ip")
@@ -32,6 +37,7 @@ fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
         .arg(PORT.to_string())
         .arg(cert_dir.join("cert.pem"))
         .arg(cert_dir.join("key.pem"))
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -309,4 +315,122 @@ fn a_person_signs_a_connection_in_from_the_console() {
     model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
     let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
     assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
+}
+
+/// A server without dynamic registration: the sign-in answers `needs_client_id` with the
+/// callback URL and the app key; once an operator sets that app (`agentworksctl mcp-app set`,
+/// its secret from a file, sealed, never shown), the sign-in uses it as a confidential client.
+#[test]
+fn a_server_without_registration_signs_in_with_the_operators_app() {
+    let netns = Netns::create();
+    let (certs, der) = self_signed(netns.inside);
+    let base = format!("https://{}:{PORT}", netns.inside);
+    let model = Model::start();
+    let (stack, _) = Stack::start_with_gateway_and(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    ));
+    let callback_url = format!(
+        "http://127.0.0.1:{}/v1/mcp-connections/callback",
+        stack.port
+    );
+    let secret = "cs-9d41f0c2-operator-secret";
+    let _server = start_server_with(
+        &netns,
+        certs.path(),
+        &["--preregistered", "agentworks-app", secret, &callback_url],
+    );
+    let browser = GuardedClient::builder()
+        .add_root_certificate_der(der)
+        .build()
+        .unwrap();
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let (_, connection) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Provider", "url": format!("{base}/mcp")}),
+    );
+    let id = connection["connection_id"].as_str().unwrap().to_owned();
+    let app_key = netns.inside.to_string();
+    assert_eq!(connection["app_key"], app_key.as_str());
+    let sign_in_path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
+
+    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "needs_client_id");
+    assert_eq!(body["error"]["callback_url"], callback_url.as_str());
+    assert_eq!(body["error"]["app_key"], app_key.as_str());
+
+    // The operator sets the app; nothing they can read back holds the secret.
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
+    let set = stack.ctl(&[
+        "--json",
+        "mcp-app",
+        "set",
+        &app_key,
+        "--client-id",
+        "agentworks-app",
+        "--client-secret-file",
+        secret_file.to_str().unwrap(),
+    ]);
+    assert!(set.status.success(), "{set:?}");
+    let shown: Value = serde_json::from_slice(&set.stdout).unwrap();
+    assert_eq!(shown["client_id"], "agentworks-app");
+    assert_eq!(shown["has_secret"], true);
+    assert_eq!(shown["callback_url"], callback_url.as_str());
+    for args in [
+        vec!["mcp-app", "list"],
+        vec!["--json", "mcp-app", "list"],
+        vec!["mcp-app", "show", &app_key],
+    ] {
+        let out = stack.ctl(&args);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(secret),
+            "{args:?} shows the secret"
+        );
+    }
+
+    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let authorization = url::Url::parse(body["authorization_url"].as_str().unwrap()).unwrap();
+    let query: std::collections::HashMap<_, _> = authorization.query_pairs().into_owned().collect();
+    assert_eq!(query["client_id"], "agentworks-app");
+    let location = match block_on(browser.get(authorization.as_str())) {
+        Err(OutboundError::Redirect { location, .. }) => location,
+        other => panic!("the authorization endpoint did not redirect: {other:?}"),
+    };
+    let (status, _, body) = callback(&stack, &alice, &location);
+    assert_eq!(status, 303, "{body}");
+    let (_, listed) = api(
+        &stack,
+        &alice,
+        "GET",
+        "/v1/projects/app/mcp-connections",
+        Value::Null,
+    );
+    assert_eq!(listed["connections"][0]["signed_in"], true, "{listed}");
+    // The secret is sealed at rest too.
+    let agent_dir = stack.state.root().join("agent");
+    for file in super::harness::all_files(&agent_dir) {
+        let bytes = std::fs::read(agent_dir.join(&file)).unwrap();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{file}"
+        );
+    }
+    // Removed, the next sign-in needs it again.
+    let removed = stack.ctl(&["mcp-app", "remove", &app_key]);
+    assert!(removed.status.success(), "{removed:?}");
+    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("needs_client_id"))
+    );
 }

@@ -90,6 +90,8 @@ pub struct Admin {
     pub workspaced: UnixClient,
     pub grants: crate::device::DeviceGrants,
     pub policy: std::sync::Arc<SocketPolicy>,
+    /// The operator's MCP sign-in apps (`None` when the chat side could not open its stores).
+    pub mcp_apps: Option<crate::mcp_apps::McpApps>,
 }
 
 /// The socket API's refusal for an identity store error: its code, with the status that code
@@ -177,6 +179,17 @@ impl Admin {
             if !self.policy.is_operator(peer) {
                 let why = "not a operator peer";
                 return Ok(refuse_peer(peer, "agentd.sock", path, why));
+            }
+            if rest == "mcp-apps" || rest.starts_with("mcp-apps/") {
+                let Some(apps) = &self.mcp_apps else {
+                    return Err(Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        "the MCP connection store could not be opened; see agentd's log",
+                    ));
+                };
+                let key = rest.strip_prefix("mcp-apps/");
+                return apps.handle(&parts.method, key, body).await;
             }
             if parts.method != Method::POST {
                 return Err(Refusal::new(

@@ -14,7 +14,8 @@
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
 //!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
 //!   that talks to them through the guarded outbound client; [`mcp_connection_tools`]: their
-//!   tools in a server-mode turn; [`mcp_oauth`]: signing a connection in with OAuth.
+//!   tools in a server-mode turn; [`mcp_oauth`]: signing a connection in with OAuth;
+//!   [`mcp_apps`]: the operator's sign-in apps for servers without dynamic registration.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -34,6 +35,7 @@ pub mod device;
 pub mod files;
 pub mod identity;
 pub mod mcp;
+pub mod mcp_apps;
 pub mod mcp_backend;
 pub mod mcp_connection_tools;
 pub mod mcp_connections;
@@ -204,7 +206,7 @@ pub async fn run(
         grants: grants.clone(),
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
-        chats: chat_service,
+        chats: chat_service.clone(),
         sessions,
     };
     let public_handler = move |peer: std::net::SocketAddr,
@@ -217,7 +219,9 @@ pub async fn run(
         let routes = routes.clone();
         async move { routes.handle(parts, body).await }
     };
+    let mcp_apps = mcp_apps_of(chat_service.as_ref());
     let admin = admin::Admin {
+        mcp_apps,
         public_url: config.agentd.public_url(),
         identity,
         workspaced,
@@ -246,6 +250,15 @@ pub async fn run(
         ),
         serve(socket, socket_handler, shutdown, socket_limits),
     );
+}
+
+/// The operator's MCP sign-in apps, on the chat side's connection store and sealing key.
+fn mcp_apps_of(chats: Option<&chat_service::ChatService>) -> Option<mcp_apps::McpApps> {
+    chats.map(|service| mcp_apps::McpApps {
+        store: service.connections.clone(),
+        sealing: service.sealing.clone(),
+        public_url: service.public_url.clone(),
+    })
 }
 
 /// The guarded client agentd fetches OAuth client metadata documents with: the public web

@@ -161,6 +161,7 @@ impl McpConnection {
             "transport": self.transport,
             "headers": self.headers,
             "tool_prefix": crate::mcp_connection_tools::tool_prefix(self),
+            "app_key": provider_key(&self.url),
             "created_by": self.created_by,
             "created_at_ms": self.created_at_ms,
         })
@@ -179,6 +180,38 @@ pub fn shown_url(url: &str) -> String {
         }
         Err(_) => String::from("(unparsable URL)"),
     }
+}
+
+/// The operator sign-in app a connection's URL uses when its server offers no dynamic
+/// registration: every Google server shares `google`, GitHub's `github`, Slack's `slack`;
+/// any other server is its host name (or address).
+pub fn provider_key(url: &str) -> String {
+    let host = Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        })
+        .unwrap_or_default();
+    let under = |domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
+    if under("google.com") || under("googleapis.com") {
+        "google".into()
+    } else if under("github.com") || under("githubcopilot.com") {
+        "github".into()
+    } else if under("slack.com") {
+        "slack".into()
+    } else {
+        host
+    }
+}
+
+/// An operator-configured sign-in app, as stored: its secret sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredApp {
+    pub key: String,
+    pub client_id: String,
+    pub sealed_secret: Option<Vec<u8>>,
+    pub updated_at_ms: i64,
 }
 
 /// What a person asks to add, already parsed from JSON.
@@ -338,7 +371,13 @@ CREATE TABLE IF NOT EXISTS mcp_credentials (
     sealed BLOB NOT NULL,
     updated_at_ms INTEGER NOT NULL
 );
-PRAGMA user_version = 2;
+CREATE TABLE IF NOT EXISTS mcp_apps (
+    key TEXT PRIMARY KEY,
+    client_id TEXT NOT NULL,
+    sealed_secret BLOB,
+    updated_at_ms INTEGER NOT NULL
+);
+PRAGMA user_version = 3;
 ";
 
 const COLUMNS: &str = "id, project_id, name, url, transport, headers, created_by, created_at_ms";
@@ -520,6 +559,72 @@ impl ConnectionStore {
             .optional()?)
     }
 
+    /// Set (or replace) an operator sign-in app.
+    pub fn set_app(
+        &self,
+        key: &str,
+        client_id: &str,
+        sealed_secret: Option<&[u8]>,
+    ) -> Result<StoredApp, ConnectionStoreError> {
+        let now = agentworks_support::clock::now_ms();
+        self.db().execute(
+            "INSERT INTO mcp_apps (key, client_id, sealed_secret, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (key) DO UPDATE SET client_id = excluded.client_id,
+                 sealed_secret = excluded.sealed_secret, updated_at_ms = excluded.updated_at_ms",
+            params![key, client_id, sealed_secret, now],
+        )?;
+        Ok(StoredApp {
+            key: key.to_owned(),
+            client_id: client_id.to_owned(),
+            sealed_secret: sealed_secret.map(<[u8]>::to_vec),
+            updated_at_ms: now,
+        })
+    }
+
+    /// One operator sign-in app.
+    pub fn app(&self, key: &str) -> Result<Option<StoredApp>, ConnectionStoreError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps WHERE key = ?1",
+                params![key],
+                |r| {
+                    Ok(StoredApp {
+                        key: r.get(0)?,
+                        client_id: r.get(1)?,
+                        sealed_secret: r.get(2)?,
+                        updated_at_ms: r.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Every operator sign-in app, by key.
+    pub fn apps(&self) -> Result<Vec<StoredApp>, ConnectionStoreError> {
+        let db = self.db();
+        let mut statement = db.prepare(
+            "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps ORDER BY key",
+        )?;
+        let rows = statement.query_map([], |r| {
+            Ok(StoredApp {
+                key: r.get(0)?,
+                client_id: r.get(1)?,
+                sealed_secret: r.get(2)?,
+                updated_at_ms: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Remove an operator sign-in app; whether it was there.
+    pub fn remove_app(&self, key: &str) -> Result<bool, ConnectionStoreError> {
+        Ok(self
+            .db()
+            .execute("DELETE FROM mcp_apps WHERE key = ?1", params![key])?
+            > 0)
+    }
+
     /// Which of the project's connections have a sign-in stored.
     pub fn signed_in(
         &self,
@@ -686,6 +791,31 @@ mod tests {
         // A sign-in that finishes after its connection was removed is not stored.
         assert!(!store.put_credentials(&a.id, b"late").unwrap());
         assert!(store.signed_in("p").unwrap().is_empty());
+    }
+
+    #[test]
+    fn providers_share_one_app_and_other_servers_are_their_host() {
+        for (url, key) in [
+            ("https://gmail.mcp.googleapis.com/mcp", "google"),
+            ("https://drive.google.com/mcp", "google"),
+            ("https://api.githubcopilot.com/mcp/", "github"),
+            ("https://github.com/mcp", "github"),
+            ("https://mcp.slack.com/mcp", "slack"),
+            ("https://notgoogle.com/mcp", "notgoogle.com"),
+            ("https://MCP.Linear.app./mcp", "mcp.linear.app"),
+            ("https://11.2.3.4:8443/mcp", "11.2.3.4"),
+        ] {
+            assert_eq!(provider_key(url), key, "{url}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConnectionStore::open(&dir.path().join("c.db")).unwrap();
+        store.set_app("google", "id-1", Some(b"sealed")).unwrap();
+        store.set_app("google", "id-2", None).unwrap();
+        let app = store.app("google").unwrap().unwrap();
+        assert_eq!((app.client_id.as_str(), app.sealed_secret), ("id-2", None));
+        assert_eq!(store.apps().unwrap().len(), 1);
+        assert!(store.remove_app("google").unwrap());
+        assert_eq!(store.app("google").unwrap(), None);
     }
 
     #[test]

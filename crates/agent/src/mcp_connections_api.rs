@@ -70,6 +70,14 @@ impl From<SecretRuleError> for Refusal {
     }
 }
 
+/// Where an operator sign-in app's secret is sealed: the apps store, the app's key.
+pub fn app_place(key: &str) -> crate::sealed::Place<'_> {
+    crate::sealed::Place {
+        store: "mcp_apps",
+        path: key,
+    }
+}
+
 /// What a query value or path segment keeps as it is: RFC 3986's unreserved characters.
 const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
@@ -314,12 +322,15 @@ impl ChatService {
             ));
         };
         let callback = format!("{}{CALLBACK_PATH}", self.public_url);
+        let app_key = crate::mcp_connections::provider_key(&connection.url);
+        let app = self.sign_in_app(&app_key).await?;
         match crate::mcp_oauth::begin(
             client,
             &self.sign_ins,
             &connection,
             &caller.user_id,
             &callback,
+            app,
         )
         .await
         {
@@ -334,10 +345,49 @@ impl ChatService {
                     refusal
                         .details
                         .insert("callback_url".into(), json!(callback));
+                    refusal.details.insert("app_key".into(), json!(app_key));
                 }
                 Err(refusal)
             }
         }
+    }
+
+    /// The operator's sign-in app for `key`, its secret unsealed; a secret that does not open is
+    /// an error (never a sign-in without it).
+    async fn sign_in_app(&self, key: &str) -> Result<Option<crate::mcp_oauth::ClientApp>, Refusal> {
+        let store = self.connections.clone();
+        let owned = key.to_owned();
+        let Some(stored) = blocking(move || store.app(&owned)).await? else {
+            return Ok(None);
+        };
+        let client_secret = match (&stored.sealed_secret, &self.sealing) {
+            (None, _) => None,
+            (Some(sealed), Some(sealing)) => Some(
+                sealing
+                    .open(app_place(key), sealed)
+                    .ok()
+                    .and_then(|plain| String::from_utf8(plain).ok())
+                    .ok_or_else(|| {
+                        tracing::error!(app = key, "an MCP sign-in app's secret does not open");
+                        Refusal::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "unavailable",
+                            format!("the sign-in app {key:?} is unusable (its secret does not open); an operator sets it again"),
+                        )
+                    })?,
+            ),
+            (Some(_), None) => {
+                return Err(Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "sign-in apps are unavailable: agentd's sealing key is unusable (see its log)",
+                ));
+            }
+        };
+        Ok(Some(crate::mcp_oauth::ClientApp {
+            client_id: stored.client_id,
+            client_secret,
+        }))
     }
 
     /// `GET /v1/mcp-connections/callback`: finish the sign-in `state` names, for the person who

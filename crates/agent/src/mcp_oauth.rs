@@ -283,13 +283,22 @@ fn metadata_url(issuer: &Url, well_known: &str) -> String {
     url.to_string()
 }
 
-/// Start a sign-in for `connection` by `user_id`: the authorization URL to open.
+/// An operator-configured client for a provider (see [`crate::mcp_connections::provider_key`]).
+#[derive(Clone)]
+pub struct ClientApp {
+    pub client_id: String,
+    pub client_secret: Option<String>,
+}
+
+/// Start a sign-in for `connection` by `user_id`: the authorization URL to open. With `app`, its
+/// client is used; else agentd registers by dynamic registration.
 pub async fn begin(
     client: &GuardedClient,
     pending: &PendingSignIns,
     connection: &McpConnection,
     user_id: &str,
     redirect_uri: &str,
+    app: Option<ClientApp>,
 ) -> Result<String, SignInError> {
     let resource = resource_of(&connection.url)?;
     // 1. The server says where its metadata is, in the 401 to a request without a token.
@@ -377,37 +386,11 @@ pub async fn begin(
     let authorization_endpoint =
         https_url(&server["authorization_endpoint"], "authorization_endpoint")?;
     let token_endpoint = https_url(&server["token_endpoint"], "token_endpoint")?;
-    // 4. Dynamic registration.
-    let Some(registration) = server["registration_endpoint"].as_str() else {
-        return Err(SignInError::NeedsClientId {
-            callback: redirect_uri.to_owned(),
-        });
+    // 4. The operator's app for this provider, else dynamic registration.
+    let (client_id, client_secret) = match app {
+        Some(app) => (app.client_id, app.client_secret),
+        None => register(client, &server, redirect_uri).await?,
     };
-    let registration = https_url(&json!(registration), "registration_endpoint")?;
-    let request = json!({
-        "client_name": "agentworks",
-        "redirect_uris": [redirect_uri],
-        "grant_types": ["authorization_code", "refresh_token"],
-        "response_types": ["code"],
-        "token_endpoint_auth_method": "none",
-    });
-    let registered = client
-        .post(&registration, "application/json", request.to_string())
-        .await?;
-    if !registered.status.is_success() {
-        return Err(SignInError::Refused(format!(
-            "registration answered {}: {}",
-            registered.status,
-            excerpt(&registered.body)
-        )));
-    }
-    let registered = json_of(registered, "the registration").await?;
-    let client_id = registered["client_id"]
-        .as_str()
-        .filter(|id| !id.is_empty())
-        .ok_or_else(|| SignInError::Metadata("the registration has no client_id".into()))?
-        .to_owned();
-    let client_secret = registered["client_secret"].as_str().map(str::to_owned);
     // 5. The authorization URL, with PKCE and a fresh state.
     let verifier = random_token();
     let state = random_token();
@@ -447,6 +430,47 @@ pub async fn begin(
         },
     );
     Ok(url.to_string())
+}
+
+/// RFC 7591 dynamic registration of agentd as a public client with `redirect_uri`.
+async fn register(
+    client: &GuardedClient,
+    server: &Value,
+    redirect_uri: &str,
+) -> Result<(String, Option<String>), SignInError> {
+    let Some(registration) = server["registration_endpoint"].as_str() else {
+        return Err(SignInError::NeedsClientId {
+            callback: redirect_uri.to_owned(),
+        });
+    };
+    let registration = https_url(&json!(registration), "registration_endpoint")?;
+    let request = json!({
+        "client_name": "agentworks",
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    });
+    let registered = client
+        .post(&registration, "application/json", request.to_string())
+        .await?;
+    if !registered.status.is_success() {
+        return Err(SignInError::Refused(format!(
+            "registration answered {}: {}",
+            registered.status,
+            excerpt(&registered.body)
+        )));
+    }
+    let registered = json_of(registered, "the registration").await?;
+    let client_id = registered["client_id"]
+        .as_str()
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| SignInError::Metadata("the registration has no client_id".into()))?
+        .to_owned();
+    Ok((
+        client_id,
+        registered["client_secret"].as_str().map(str::to_owned),
+    ))
 }
 
 fn excerpt(body: &[u8]) -> String {

@@ -54,6 +54,35 @@ pub async fn call<T: Serialize>(
     }
 }
 
+/// `GET`, `PUT` or `DELETE` of an operator resource (`mcp-apps/<key>`), answered like [`call`].
+pub async fn call_resource(
+    config: &Config,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, CtlError> {
+    let socket = config.agentd_socket();
+    let client = UnixClient::new(&socket);
+    let path = format!("/v1/admin/{path}");
+    let answer = match (method, body) {
+        ("PUT", Some(body)) => client.put::<_, Value>(&path, body).await,
+        ("DELETE", _) => client.delete::<Value>(&path).await,
+        _ => client.get::<Value>(&path).await,
+    };
+    match answer {
+        Ok(v) => Ok(v),
+        Err(ClientError::Remote { body, .. }) => Err(CtlError::Refused {
+            code: body.code,
+            message: body.message,
+            details: body.details,
+        }),
+        Err(source) => Err(CtlError::Unreachable {
+            socket: socket.display().to_string(),
+            source,
+        }),
+    }
+}
+
 /// `users/<name>/<action>`, once the name is one agentd could have (so it is one path
 /// segment).
 fn user_endpoint(name: &str, action: &str) -> Result<String, CtlError> {

@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 
 use crate::admin::{self, CtlError};
 use crate::cli::{
-    Cli, Cmd, LoginCmd, MemberCmd, ProjectAdd, ProjectCmd, ReceiptCmd, TokenCmd, TokenCreate,
-    UserCmd,
+    Cli, Cmd, LoginCmd, McpAppCmd, MemberCmd, ProjectAdd, ProjectCmd, ReceiptCmd, TokenCmd,
+    TokenCreate, UserCmd,
 };
 use crate::quickstart::{self, ModelFlags, Ports};
 
@@ -79,6 +79,9 @@ async fn dispatch(cli: Cli) -> ExitCode {
     };
     if let Cmd::Status = cli.command {
         return status(&config, cli.json).await;
+    }
+    if let Cmd::McpApp(command) = &cli.command {
+        return mcp_app(&config, command, cli.json).await;
     }
     match &cli.command {
         Cmd::User(UserCmd::Passwd { name }) => return user_passwd(&config, name, cli.json).await,
@@ -186,9 +189,76 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
         ),
         Cmd::Quickstart { .. }
         | Cmd::Status
+        | Cmd::McpApp(_)
         | Cmd::User(UserCmd::Passwd { .. } | UserCmd::Invite { .. }) => {
             return Err(CtlError::Usage("handled elsewhere".into()));
         }
+    })
+}
+
+/// `mcp-app set|show|list|remove`: the operator's MCP sign-in apps (agentd's `mcp-apps`).
+async fn mcp_app(config: &Config, command: &McpAppCmd, json_output: bool) -> ExitCode {
+    let print_app = |app: &Value| {
+        println!(
+            "{}: client id {}, {}; callback URL {}",
+            text(&app["key"]),
+            text(&app["client_id"]),
+            if app["has_secret"] == true {
+                "with a secret"
+            } else {
+                "no secret (a public client)"
+            },
+            text(&app["callback_url"])
+        );
+    };
+    let key_path = |key: &str| -> Result<String, CtlError> {
+        if key.is_empty() || key.contains('/') || key.chars().any(char::is_control) {
+            return Err(CtlError::Usage(format!("{key:?} is not an app key")));
+        }
+        Ok(format!("mcp-apps/{key}"))
+    };
+    let result = match command {
+        McpAppCmd::Set {
+            key,
+            client_id,
+            client_secret_file,
+        } => {
+            let secret = match client_secret_file {
+                None => Ok(None),
+                Some(file) => std::fs::read_to_string(file)
+                    .map(|s| Some(s.trim_end_matches(['\r', '\n']).to_owned()))
+                    .map_err(|e| CtlError::Usage(format!("cannot read {}: {e}", file.display()))),
+            };
+            match (secret, key_path(key)) {
+                (Ok(secret), Ok(path)) => {
+                    let body = json!({"client_id": client_id, "client_secret": secret});
+                    admin::call_resource(config, "PUT", &path, Some(&body)).await
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            }
+        }
+        McpAppCmd::Show { key } => match key_path(key) {
+            Ok(path) => admin::call_resource(config, "GET", &path, None).await,
+            Err(e) => Err(e),
+        },
+        McpAppCmd::List => admin::call_resource(config, "GET", "mcp-apps", None).await,
+        McpAppCmd::Remove { key } => match key_path(key) {
+            Ok(path) => admin::call_resource(config, "DELETE", &path, None).await,
+            Err(e) => Err(e),
+        },
+    };
+    finish(result, json_output, |answer| match command {
+        McpAppCmd::List => {
+            let apps = answer["apps"].as_array().cloned().unwrap_or_default();
+            if apps.is_empty() {
+                println!("no MCP sign-in apps");
+            }
+            for app in &apps {
+                print_app(app);
+            }
+        }
+        McpAppCmd::Remove { key } => println!("removed the MCP sign-in app {key}"),
+        _ => print_app(answer),
     })
 }
 

@@ -82,6 +82,31 @@ pub enum Cmd {
     /// Laptop logins (`agentworks login`): approve a pending code for a user.
     #[command(subcommand)]
     Login(LoginCmd),
+    /// Sign-in apps for MCP servers that offer no dynamic registration (a project's MCP
+    /// connections sign in with them): set, show, list, remove.
+    #[command(subcommand, name = "mcp-app")]
+    McpApp(McpAppCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpAppCmd {
+    /// Set (or replace) the app for KEY: `google` (every Google server), `github`, `slack`, or
+    /// a server's host name. Register the printed callback URL with the provider.
+    Set {
+        key: String,
+        /// The client id the provider gave.
+        #[arg(long)]
+        client_id: String,
+        /// A file holding the client secret (read once, sealed by agentd, never printed).
+        #[arg(long, value_name = "FILE")]
+        client_secret_file: Option<PathBuf>,
+    },
+    /// Show one app (never its secret).
+    Show { key: String },
+    /// List the apps.
+    List,
+    /// Remove an app.
+    Remove { key: String },
 }
 
 #[derive(Debug, Subcommand)]

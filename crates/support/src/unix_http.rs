@@ -131,6 +131,27 @@ impl UnixClient {
         self.call(Method::GET, path, None).await
     }
 
+    /// PUTs `body` as JSON to `path`; same result rules as [`UnixClient::post`].
+    pub async fn put<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Req,
+    ) -> Result<Resp, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|source| ClientError::Encode {
+            endpoint: path.to_owned(),
+            source,
+        })?;
+        self.call(Method::PUT, path, Some(Bytes::from(bytes))).await
+    }
+
+    /// DELETEs `path`; same result rules as [`UnixClient::post`].
+    pub async fn delete<Resp: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Resp, ClientError> {
+        self.call(Method::DELETE, path, None).await
+    }
+
     fn take_idle(&self) -> Option<Sender> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(sender) = idle.pop() {

@@ -1,0 +1,169 @@
+//! The operator's sign-in apps for MCP servers without dynamic registration, on agentd's
+//! socket (operator peers only, see [`crate::admin`]):
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `GET /v1/admin/mcp-apps` | `{apps: [app]}` |
+//! | `GET /v1/admin/mcp-apps/{key}` | the app |
+//! | `PUT /v1/admin/mcp-apps/{key} {client_id, client_secret?}` | the app, set or replaced |
+//! | `DELETE /v1/admin/mcp-apps/{key}` | `{removed: key}` |
+//!
+//! An app is `{key, client_id, has_secret, callback_url, updated_at_ms}`: the client secret is
+//! sealed ([`crate::sealed`], bound to the app's key) before it is stored and never answered;
+//! `callback_url` is what the operator registers with the provider. Every Google server uses the
+//! `google` app, GitHub's `github`, Slack's `slack`, any other server its host
+//! ([`crate::mcp_connections::provider_key`]).
+
+use crate::mcp_connections::{ConnectionStore, ConnectionStoreError, StoredApp};
+use crate::mcp_connections_api::{CALLBACK_PATH, app_place};
+use crate::sealed::SealingKey;
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
+use bytes::Bytes;
+use hyper::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// The operator's sign-in apps: the store, the key their secrets are sealed with, and the
+/// callback URL every provider is told.
+#[derive(Clone)]
+pub struct McpApps {
+    pub store: ConnectionStore,
+    pub sealing: Option<Arc<SealingKey>>,
+    pub public_url: String,
+}
+
+fn store_error(error: ConnectionStoreError) -> Refusal {
+    tracing::error!(%error, "MCP connection store failed");
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("{error}; try again shortly"),
+    )
+}
+
+/// An app's key: what [`crate::mcp_connections::provider_key`] can make (a host name, an
+/// address, or a provider's name).
+fn check_key(key: &str) -> Result<(), Refusal> {
+    let ok = (1..=253).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:[]".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            format!(
+                "{key:?} is not an app key (google, github, slack, or a server's host name in lower case)"
+            ),
+        ))
+    }
+}
+
+impl McpApps {
+    fn shown(&self, app: &StoredApp) -> Value {
+        json!({
+            "key": app.key,
+            "client_id": app.client_id,
+            "has_secret": app.sealed_secret.is_some(),
+            "callback_url": format!("{}{CALLBACK_PATH}", self.public_url),
+            "updated_at_ms": app.updated_at_ms,
+        })
+    }
+
+    /// `…/mcp-apps[/{key}]` with `method`.
+    pub async fn handle(
+        &self,
+        method: &Method,
+        key: Option<&str>,
+        body: &Bytes,
+    ) -> Result<Response<Body>, Refusal> {
+        let store = self.store.clone();
+        match (method, key) {
+            (&Method::GET, None) => {
+                let apps = run_blocking(move || store.apps(), store_error).await?;
+                let shown: Vec<Value> = apps.iter().map(|a| self.shown(a)).collect();
+                Ok(json_response(StatusCode::OK, &json!({"apps": shown})))
+            }
+            (&Method::GET, Some(key)) => {
+                check_key(key)?;
+                let owned = key.to_owned();
+                match run_blocking(move || store.app(&owned), store_error).await? {
+                    Some(app) => Ok(json_response(StatusCode::OK, &self.shown(&app))),
+                    None => Err(no_app(key)),
+                }
+            }
+            (&Method::PUT, Some(key)) => {
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct SetApp {
+                    client_id: String,
+                    #[serde(default)]
+                    client_secret: Option<String>,
+                }
+                check_key(key)?;
+                let request: SetApp = decode_json(body)?;
+                let client_id = request.client_id.trim().to_owned();
+                if client_id.is_empty()
+                    || client_id.len() > 512
+                    || client_id.chars().any(char::is_control)
+                {
+                    return Err(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "client_id must be 1 to 512 characters with no control characters",
+                    ));
+                }
+                let sealed = match request.client_secret.filter(|s| !s.is_empty()) {
+                    None => None,
+                    Some(secret) => {
+                        let key_material = self.sealing.as_ref().ok_or_else(|| {
+                            Refusal::new(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "unavailable",
+                                "a client secret cannot be stored: agentd's sealing key is unusable (see its log)",
+                            )
+                        })?;
+                        Some(
+                            key_material
+                                .seal(app_place(key), secret.as_bytes())
+                                .map_err(|e| Refusal::internal(e.to_string()))?,
+                        )
+                    }
+                };
+                let owned = key.to_owned();
+                let app = run_blocking(
+                    move || store.set_app(&owned, &client_id, sealed.as_deref()),
+                    store_error,
+                )
+                .await?;
+                tracing::info!(app = key, "MCP sign-in app set");
+                Ok(json_response(StatusCode::OK, &self.shown(&app)))
+            }
+            (&Method::DELETE, Some(key)) => {
+                check_key(key)?;
+                let owned = key.to_owned();
+                if run_blocking(move || store.remove_app(&owned), store_error).await? {
+                    tracing::info!(app = key, "MCP sign-in app removed");
+                    Ok(json_response(StatusCode::OK, &json!({"removed": key})))
+                } else {
+                    Err(no_app(key))
+                }
+            }
+            _ => Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "mcp-apps takes GET (the list, or one), PUT and DELETE of /v1/admin/mcp-apps/{key}",
+            )),
+        }
+    }
+}
+
+fn no_app(key: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("there is no MCP sign-in app {key:?}"),
+    )
+}
