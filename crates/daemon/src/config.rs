@@ -368,24 +368,33 @@ impl Config {
             }
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
-        let mut config = match &text {
-            Some(text) => Config::parse(text).map_err(|source| ConfigError::Parse {
-                path: path.clone(),
-                source,
-            })?,
-            None => ParsedConfig {
-                config: Config::default(),
-                file_sets_documents_root: false,
-                file_sets_runtime_dir: false,
-            },
-        };
-        config.apply_env(&env);
-        let origin = match text {
-            Some(_) => path.display().to_string(),
-            None => "defaults".to_owned(),
-        };
-        config.config.validate(&origin)?;
-        Ok(config.config)
+        match text {
+            Some(text) => Config::from_text(&text, &path, &env),
+            None => {
+                let defaults = ParsedConfig {
+                    config: Config::default(),
+                    file_sets_documents_root: false,
+                    file_sets_runtime_dir: false,
+                };
+                defaults.settle(&env, "defaults")
+            }
+        }
+    }
+
+    /// The configuration in `text`, the contents of the file at `path` (named in errors): parsed
+    /// strictly, overridden from `env` (an empty value counts as unset) and validated, as
+    /// [`Config::load_with_env`] does once it has read the file. Pure: reads nothing.
+    pub fn from_text(
+        text: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let parsed = Config::parse(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        parsed.settle(&env, &path.display().to_string())
     }
 
     /// Parses the text of a config file (without env overrides or validation).
@@ -531,6 +540,17 @@ struct ParsedConfig {
 }
 
 impl ParsedConfig {
+    /// The environment overrides, then validation (`origin` names where the file came from).
+    fn settle(
+        mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        origin: &str,
+    ) -> Result<Config, ConfigError> {
+        self.apply_env(env);
+        self.config.validate(origin)?;
+        Ok(self.config)
+    }
+
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
         let state_root_from_env = env(ENV_STATE_ROOT).map(PathBuf::from);
         if let Some(root) = &state_root_from_env {
