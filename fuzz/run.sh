@@ -35,8 +35,14 @@ fi
 
 targets=${AW_FUZZ_TARGETS:-$(cargo +nightly fuzz list)}
 build_started=$(date +%s)
-# shellcheck disable=SC2086 # one argument per target
-cargo +nightly fuzz build --sanitizer none $targets
+# `cargo fuzz build` takes one target, or none for all of them.
+if [ -n "${AW_FUZZ_TARGETS:-}" ]; then
+    for target in $targets; do
+        cargo +nightly fuzz build --sanitizer none "$target"
+    done
+else
+    cargo +nightly fuzz build --sanitizer none
+fi
 echo "fuzz: built $(echo $targets | wc -w) targets in $(($(date +%s) - build_started)) s" >&2
 
 work=$(mktemp -d)
