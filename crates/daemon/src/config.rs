@@ -26,6 +26,11 @@ pub const ENV_DOCUMENTS_ROOT: &str = "AGENTWORKS_DOCUMENTS_ROOT";
 /// Environment variable overriding `runtime_dir` (beats the file).
 pub const ENV_RUNTIME_DIR: &str = "AGENTWORKS_RUNTIME_DIR";
 
+/// The longest `gatewayd.heartbeat_secs`: the longest heartbeat the laptop follows.
+const MAX_HEARTBEAT_SECS: u64 = 600;
+/// The longest `gatewayd.token_recheck_ms`: an hour.
+const MAX_TOKEN_RECHECK_MS: u64 = 3_600_000;
+
 const DEFAULT_STATE_ROOT: &str = "/var/lib/agentworks";
 const DEFAULT_DOCUMENTS_ROOT: &str = "/var/lib/agentworks-documents";
 const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
@@ -326,6 +331,14 @@ pub enum ConfigError {
     /// A limit is zero, which would refuse everything.
     #[error("{key} must be greater than 0")]
     ZeroLimit { key: &'static str },
+    /// A period is longer than its daemon can schedule sensibly (or at all: a huge one
+    /// overflowed gatewayd's timers).
+    #[error("{key} must be at most {max}, got {value}")]
+    TooLarge {
+        key: &'static str,
+        max: u64,
+        value: u64,
+    },
     /// A name in `workspaced.allowed_users` is empty.
     #[error("workspaced.allowed_users contains an empty user name")]
     EmptyUserName,
@@ -478,6 +491,26 @@ impl Config {
         for (key, value) in listener_limits {
             if value == 0 {
                 return Err(ConfigError::ZeroLimit { key });
+            }
+        }
+        // gatewayd schedules its pings at now + heartbeat and drops a connection silent for
+        // three; the laptop follows a heartbeat of at most 600 s. Unbounded, a huge value
+        // overflowed the Instant arithmetic and panicked every executor session.
+        let periods = [
+            (
+                "gatewayd.heartbeat_secs",
+                self.gatewayd.heartbeat_secs,
+                MAX_HEARTBEAT_SECS,
+            ),
+            (
+                "gatewayd.token_recheck_ms",
+                self.gatewayd.token_recheck_ms,
+                MAX_TOKEN_RECHECK_MS,
+            ),
+        ];
+        for (key, value, max) in periods {
+            if value > max {
+                return Err(ConfigError::TooLarge { key, max, value });
             }
         }
         if let Some(model) = model {
@@ -922,6 +955,38 @@ public_url = "wss://gw.example.com/"
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn gateway_periods_are_bounded() {
+        // Caught by fuzz/checks/config_load.rs: i64::MAX seconds overflowed gatewayd's timers.
+        let dir = tempfile::tempdir().unwrap();
+        for (text, key) in [
+            (
+                "[gatewayd]\nheartbeat_secs = 9223372036854775807",
+                "gatewayd.heartbeat_secs",
+            ),
+            (
+                "[gatewayd]\nheartbeat_secs = 601",
+                "gatewayd.heartbeat_secs",
+            ),
+            (
+                "[gatewayd]\ntoken_recheck_ms = 3600001",
+                "gatewayd.token_recheck_ms",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::TooLarge { key: k, .. } if k == key),
+                "{err}"
+            );
+        }
+        let path = write(
+            dir.path(),
+            "[gatewayd]\nheartbeat_secs = 600\ntoken_recheck_ms = 3600000",
+        );
+        assert!(Config::load_with_env(Some(&path), &env_of(&[])).is_ok());
     }
 
     #[test]
