@@ -8,6 +8,8 @@
 # The committed seed corpus (fuzz/corpus/<target>/) is only read: each run starts from a copy in
 # a temp dir, so CI never dirties the tree except with a failing input.
 #
+# A target with a dictionary of its format's words (fuzz/dicts/<target>.dict) gets it.
+#
 # Prints the executions per target, from libFuzzer's closing `Done N runs in S second(s)`.
 #
 # Environment: AW_FUZZ_SECONDS (per target, default 30), AW_FUZZ_TIMEOUT (per input, default
@@ -56,7 +58,11 @@ fuzz_one() {
     if [ -d "corpus/$target" ]; then
         cp -R "corpus/$target/." "$dir/corpus/"
     fi
-    "target/$triple/release/$target" "$dir/corpus" \
+    local dict=()
+    if [ -f "dicts/$target.dict" ]; then
+        dict=(-dict="dicts/$target.dict")
+    fi
+    "target/$triple/release/$target" "$dir/corpus" "${dict[@]}" \
         -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=2048 \
         -artifact_prefix="$dir/artifacts/" -print_final_stats=1 >"$dir/log" 2>&1
 }
