@@ -1,20 +1,7 @@
-//! Fuzz the POSIX ACL xattr decoder: it must never panic, and whatever it accepts must survive
-//! encode → decode unchanged (and encode to the same bytes again).
+//! libFuzzer entry for `checks/acl_decode.rs` (the body, shared with the stable regression test).
 #![no_main]
 
-use agentworks_workspace::acl::Acl;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/acl_decode.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(acl) = Acl::decode(data) else {
-        return;
-    };
-    let bytes = acl.encode();
-    let again = Acl::decode(&bytes).expect("an encoded ACL decodes");
-    assert_eq!(again, acl, "decode → encode → decode is not the identity");
-    assert_eq!(again.encode(), bytes, "encoding is not canonical");
-    assert!(
-        Acl::from_entries(acl.entries().to_vec()).is_ok(),
-        "decoded entries do not validate"
-    );
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::run(data));

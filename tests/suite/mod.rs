@@ -13,6 +13,7 @@ mod crash;
 mod device_login;
 mod docs;
 mod executor;
+mod fuzz_regressions;
 mod gatewayd;
 pub mod harness;
 mod laptop;

@@ -78,10 +78,18 @@ impl Operation {
     /// How long after it was sent a request may take before its outcome counts as unknown: the
     /// command's timeout and [`SHELL_GRACE`], or [`PATCH_DEADLINE`]. gatewayd gives up waiting
     /// for the result then, and agentd stops trying to recover a lost answer then.
+    ///
+    /// A timeout above [`MAX_TIMEOUT_SECS`] counts as the maximum: such a request is refused
+    /// before it runs (by gatewayd and the executor), but the model chooses the timeout and
+    /// agentd takes this deadline first, so it must stay a bounded `Duration` for any value
+    /// (`u64::MAX` seconds plus the grace overflowed and panicked agentd's turn).
     pub fn deadline(&self) -> Duration {
         match self {
             Operation::ExecuteShellCommand { timeout, .. } => {
-                Duration::from_secs(timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)) + SHELL_GRACE
+                let secs = timeout
+                    .unwrap_or(DEFAULT_TIMEOUT_SECS)
+                    .min(MAX_TIMEOUT_SECS);
+                Duration::from_secs(secs) + SHELL_GRACE
             }
             Operation::DiffPatchWorkspaceFile { .. } => PATCH_DEADLINE,
         }
@@ -292,6 +300,29 @@ mod tests {
         assert!(serde_json::from_str::<ExecutorFrame>(sneaky).is_err());
         let unknown = r#"{"type":"format_disk"}"#;
         assert!(serde_json::from_str::<ExecutorFrame>(unknown).is_err());
+    }
+
+    #[test]
+    fn deadlines_are_bounded_whatever_the_timeout() {
+        let shell = |timeout| Operation::ExecuteShellCommand {
+            command: "true".into(),
+            timeout,
+        };
+        assert_eq!(
+            shell(None).deadline(),
+            Duration::from_secs(60) + SHELL_GRACE
+        );
+        assert_eq!(
+            shell(Some(5)).deadline(),
+            Duration::from_secs(5) + SHELL_GRACE
+        );
+        // Caught by the deadline rule of fuzz/checks/executor_frame.rs: u64::MAX overflowed.
+        for huge in [301, u64::MAX - 29, u64::MAX] {
+            assert_eq!(
+                shell(Some(huge)).deadline(),
+                Duration::from_secs(MAX_TIMEOUT_SECS) + SHELL_GRACE
+            );
+        }
     }
 
     fn folder(alias: &str) -> FolderInfo {

@@ -26,6 +26,11 @@ pub const ENV_DOCUMENTS_ROOT: &str = "AGENTWORKS_DOCUMENTS_ROOT";
 /// Environment variable overriding `runtime_dir` (beats the file).
 pub const ENV_RUNTIME_DIR: &str = "AGENTWORKS_RUNTIME_DIR";
 
+/// The longest `gatewayd.heartbeat_secs`: the longest heartbeat the laptop follows.
+const MAX_HEARTBEAT_SECS: u64 = 600;
+/// The longest `gatewayd.token_recheck_ms`: an hour.
+const MAX_TOKEN_RECHECK_MS: u64 = 3_600_000;
+
 const DEFAULT_STATE_ROOT: &str = "/var/lib/agentworks";
 const DEFAULT_DOCUMENTS_ROOT: &str = "/var/lib/agentworks-documents";
 const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
@@ -326,6 +331,14 @@ pub enum ConfigError {
     /// A limit is zero, which would refuse everything.
     #[error("{key} must be greater than 0")]
     ZeroLimit { key: &'static str },
+    /// A period is longer than its daemon can schedule sensibly (or at all: a huge one
+    /// overflowed gatewayd's timers).
+    #[error("{key} must be at most {max}, got {value}")]
+    TooLarge {
+        key: &'static str,
+        max: u64,
+        value: u64,
+    },
     /// A name in `workspaced.allowed_users` is empty.
     #[error("workspaced.allowed_users contains an empty user name")]
     EmptyUserName,
@@ -368,24 +381,33 @@ impl Config {
             }
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
-        let mut config = match &text {
-            Some(text) => Config::parse(text).map_err(|source| ConfigError::Parse {
-                path: path.clone(),
-                source,
-            })?,
-            None => ParsedConfig {
-                config: Config::default(),
-                file_sets_documents_root: false,
-                file_sets_runtime_dir: false,
-            },
-        };
-        config.apply_env(&env);
-        let origin = match text {
-            Some(_) => path.display().to_string(),
-            None => "defaults".to_owned(),
-        };
-        config.config.validate(&origin)?;
-        Ok(config.config)
+        match text {
+            Some(text) => Config::from_text(&text, &path, &env),
+            None => {
+                let defaults = ParsedConfig {
+                    config: Config::default(),
+                    file_sets_documents_root: false,
+                    file_sets_runtime_dir: false,
+                };
+                defaults.settle(&env, "defaults")
+            }
+        }
+    }
+
+    /// The configuration in `text`, the contents of the file at `path` (named in errors): parsed
+    /// strictly, overridden from `env` (an empty value counts as unset) and validated, as
+    /// [`Config::load_with_env`] does once it has read the file. Pure: reads nothing.
+    pub fn from_text(
+        text: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let parsed = Config::parse(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        parsed.settle(&env, &path.display().to_string())
     }
 
     /// Parses the text of a config file (without env overrides or validation).
@@ -471,6 +493,26 @@ impl Config {
                 return Err(ConfigError::ZeroLimit { key });
             }
         }
+        // gatewayd schedules its pings at now + heartbeat and drops a connection silent for
+        // three; the laptop follows a heartbeat of at most 600 s. Unbounded, a huge value
+        // overflowed the Instant arithmetic and panicked every executor session.
+        let periods = [
+            (
+                "gatewayd.heartbeat_secs",
+                self.gatewayd.heartbeat_secs,
+                MAX_HEARTBEAT_SECS,
+            ),
+            (
+                "gatewayd.token_recheck_ms",
+                self.gatewayd.token_recheck_ms,
+                MAX_TOKEN_RECHECK_MS,
+            ),
+        ];
+        for (key, value, max) in periods {
+            if value > max {
+                return Err(ConfigError::TooLarge { key, max, value });
+            }
+        }
         if let Some(model) = model {
             if model.max_tool_rounds == 0 {
                 return Err(ConfigError::ZeroLimit {
@@ -531,6 +573,17 @@ struct ParsedConfig {
 }
 
 impl ParsedConfig {
+    /// The environment overrides, then validation (`origin` names where the file came from).
+    fn settle(
+        mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        origin: &str,
+    ) -> Result<Config, ConfigError> {
+        self.apply_env(env);
+        self.config.validate(origin)?;
+        Ok(self.config)
+    }
+
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
         let state_root_from_env = env(ENV_STATE_ROOT).map(PathBuf::from);
         if let Some(root) = &state_root_from_env {
@@ -902,6 +955,38 @@ public_url = "wss://gw.example.com/"
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn gateway_periods_are_bounded() {
+        // Caught by fuzz/checks/config_load.rs: i64::MAX seconds overflowed gatewayd's timers.
+        let dir = tempfile::tempdir().unwrap();
+        for (text, key) in [
+            (
+                "[gatewayd]\nheartbeat_secs = 9223372036854775807",
+                "gatewayd.heartbeat_secs",
+            ),
+            (
+                "[gatewayd]\nheartbeat_secs = 601",
+                "gatewayd.heartbeat_secs",
+            ),
+            (
+                "[gatewayd]\ntoken_recheck_ms = 3600001",
+                "gatewayd.token_recheck_ms",
+            ),
+        ] {
+            let path = write(dir.path(), text);
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::TooLarge { key: k, .. } if k == key),
+                "{err}"
+            );
+        }
+        let path = write(
+            dir.path(),
+            "[gatewayd]\nheartbeat_secs = 600\ntoken_recheck_ms = 3600000",
+        );
+        assert!(Config::load_with_env(Some(&path), &env_of(&[])).is_ok());
     }
 
     #[test]

@@ -303,6 +303,15 @@ async fn session(
     end
 }
 
+/// The WebSocket limits of the executor's connection: no message or frame larger than
+/// [`MAX_FRAME_BYTES`].
+pub fn ws_config() -> WebSocketConfig {
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(MAX_FRAME_BYTES);
+    config.max_frame_size = Some(MAX_FRAME_BYTES);
+    config
+}
+
 /// Dials the gateway with the bearer token; the handshake's refusal (401/403) is final.
 async fn dial(
     executor: &Executor,
@@ -324,11 +333,12 @@ async fn dial(
         }
     }
     let connector = tls.map(tokio_tungstenite::Connector::Rustls);
-    let mut config = WebSocketConfig::default();
-    config.max_message_size = Some(MAX_FRAME_BYTES);
-    config.max_frame_size = Some(MAX_FRAME_BYTES);
-    let dial =
-        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
+    let dial = tokio_tungstenite::connect_async_tls_with_config(
+        request,
+        Some(ws_config()),
+        true,
+        connector,
+    );
     tokio::select! {
         () = shutdown.cancelled() => Err(SessionEnd::Shutdown),
         dialled = tokio::time::timeout(CONNECT_TIMEOUT, dial) => match dialled {

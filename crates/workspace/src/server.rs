@@ -90,6 +90,13 @@ async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response
     }
 }
 
+/// A request body as the endpoint's request type, or the `invalid_request` refusal saying why
+/// not. Pure; every `/v1/...` POST body goes through here before its operation sees it.
+pub fn parse_body<Req: DeserializeOwned>(body: &[u8]) -> Result<Req, WorkspaceError> {
+    serde_json::from_slice(body)
+        .map_err(|e| WorkspaceError::InvalidRequest(format!("the request body is not valid: {e}")))
+}
+
 /// Decode the body, run the operation on a blocking thread, encode the answer.
 async fn call<Req, Resp, F>(workspace: Arc<Workspace>, body: Bytes, op: F) -> Response<Body>
 where
@@ -97,12 +104,9 @@ where
     Resp: Serialize + Send + 'static,
     F: FnOnce(&Workspace, Req) -> Result<Resp, WorkspaceError> + Send + 'static,
 {
-    let request: Req = match serde_json::from_slice(&body) {
+    let request: Req = match parse_body(&body) {
         Ok(r) => r,
-        Err(e) => {
-            return WorkspaceError::InvalidRequest(format!("the request body is not valid: {e}"))
-                .to_response();
-        }
+        Err(error) => return error.to_response(),
     };
     match tokio::task::spawn_blocking(move || op(&workspace, request)).await {
         Ok(Ok(answer)) => json_response(StatusCode::OK, &answer),

@@ -90,7 +90,10 @@ mod request_state;
 mod service;
 mod session;
 mod stream;
-mod wire;
+/// Public (and hidden) only so the fuzz targets in `fuzz/` and their stable regression test
+/// can reach the pure JSON-RPC parser; not an API of this crate.
+#[doc(hidden)]
+pub mod wire;
 
 #[cfg(test)]
 mod tests;

@@ -646,10 +646,15 @@ impl<B: Backend> McpService<B> {
             && !wire::HANDSHAKE_VERSIONS.contains(&version)
         {
             let error = RpcError::unsupported_version(code::INVALID_REQUEST, version);
+            // A request's error answers its id (JSON-RPC 2.0 §5); only what has none gets null.
+            let id = match &message {
+                Message::Request { id, .. } => id.clone(),
+                Message::Notification { .. } | Message::Reply { .. } => Value::Null,
+            };
             return Ok(wire::message_response(
                 StatusCode::BAD_REQUEST,
                 Framing::Json,
-                &wire::error_message(&Value::Null, &error),
+                &wire::error_message(&id, &error),
             ));
         }
         // A session id must name a live session of this token (else 404, as if it never existed).

@@ -1244,6 +1244,9 @@ async fn legacy_initialize_negotiates_per_the_spec() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    // ... answering the request's own id (caught by fuzz/checks/mcp_request.rs: it was null).
+    assert_eq!(reply.json()["id"], json!(1));
+    assert_eq!(reply.json()["error"]["data"]["requested"], "2025-03-26");
     // Legacy results have no resultType; ping works in this era.
     let reply = legacy(
         &server,

@@ -52,7 +52,7 @@ const MAX_PARAM_ANNOTATIONS: usize = 64;
 const MAX_PARAM_ANNOTATION_DEPTH: usize = 8;
 
 /// JSON-RPC and MCP error codes.
-pub(super) mod code {
+pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
     pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -90,7 +90,7 @@ pub(super) fn supported_versions() -> Vec<&'static str> {
 /// A JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("JSON-RPC error {code}: {message}")]
-pub(super) struct RpcError {
+pub struct RpcError {
     pub code: i64,
     pub message: String,
     pub data: Option<Value>,
@@ -132,7 +132,7 @@ impl RpcError {
 
 /// One decoded POST body.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Message {
+pub enum Message {
     /// A request: answered on this POST.
     Request {
         id: Value,
@@ -154,7 +154,7 @@ pub(super) enum Message {
 
 /// Parses a POST body into one message. Errors carry the request id when it could be read.
 /// Batches are refused: none of the revisions we serve allows them.
-pub(super) fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
+pub fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
     let value = parse_json(body).map_err(|error| (Value::Null, error))?;
     let invalid = |id: Value, message: &str| (id, RpcError::new(code::INVALID_REQUEST, message));
     let object = match value {
@@ -231,7 +231,7 @@ fn parse_json(body: &[u8]) -> Result<Value, RpcError> {
 /// The id of a JSON-RPC request body, best effort: a valid id (string or integer) when the body
 /// is a JSON object carrying one, else `null` (JSON-RPC 2.0 §5). For refusals that happen before
 /// or regardless of parsing.
-pub(super) fn request_id(body: &[u8]) -> Value {
+pub fn request_id(body: &[u8]) -> Value {
     serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|value| match value.get("id") {
