@@ -283,12 +283,10 @@ fn a_person_signs_a_connection_in_from_the_console() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let shot = shots.join("connection-sign-in.png");
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![text("the remote tools are not available yet")]);
     let config = json!({
-        "settings_url": format!(
-            "{}/console/projects/{}/settings",
-            origin(&stack),
-            connection["project_id"].as_str().unwrap()
-        ),
+        "chat_url": format!("{}/console/chats/{chat}", origin(&stack)),
         "username": "alice",
         "password": PASSWORD,
         "connection": "OAuth Tools",
@@ -311,7 +309,7 @@ fn a_person_signs_a_connection_in_from_the_console() {
     super::console::assert_not_blank(&shot);
 
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
-    let chat = create_chat(&stack, &alice, "app");
+    model.clear();
     model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
     let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
     assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
