@@ -158,7 +158,7 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     use super::harness::Stack;
 
     let netns = Netns::create();
-    let (certs, _) = self_signed(netns.inside);
+    let (certs, der) = self_signed(netns.inside);
     let _server = start_server(&netns, certs.path());
     let model = Model::start();
     let (stack, _) = Stack::start_with_gateway_and(&format!(
@@ -169,6 +169,16 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     let alice = user(&stack, "alice");
     code_project(&stack, "app", "alice", &[]);
     let base = format!("https://{}:{PORT}", netns.inside);
+    let server_log = || {
+        let client = GuardedClient::builder()
+            .add_root_certificate_der(der.clone())
+            .build()
+            .unwrap();
+        let body = super::harness::block_on(client.get(&format!("{base}/test/log")))
+            .unwrap()
+            .body;
+        String::from_utf8(body.to_vec()).unwrap()
+    };
     let add = |name: &str, url: String| {
         let (status, body) = api(
             &stack,
@@ -258,6 +268,35 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
 
     assert_eq!(result_of(&events, "c1")["state"], "done", "{events:?}");
     assert_eq!(result_of(&events, "c2")["state"], "done", "{events:?}");
+    // The collision test: the two connections named alike each had a session of their own,
+    // made on their own URL, and each call went out on its connection's session.
+    let log = server_log();
+    let session_of = |query: &str| {
+        log.lines()
+            .find_map(|l| {
+                l.strip_prefix("new session ")?
+                    .strip_suffix(&format!(" for /mcp?{query}"))
+            })
+            .unwrap_or_else(|| panic!("no session made for /mcp?{query}: {log}"))
+            .to_owned()
+    };
+    let (first_session, twin_session) = (session_of(""), session_of("twin=1"));
+    assert_ne!(first_session, twin_session);
+    assert!(
+        log.contains(&format!("POST /mcp? session={first_session} tools/call")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "POST /mcp?twin=1 session={twin_session} tools/call"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&format!("POST /mcp? session={twin_session}"))
+            && !log.contains(&format!("POST /mcp?twin=1 session={first_session}")),
+        "a session was used by the other connection: {log}"
+    );
     let results = tool_results(&requests[1]);
     assert_eq!(results[0].1["result"]["content"], "echo: via the first");
     assert_eq!(results[0].1["result"]["server"], "Netns Tools");
