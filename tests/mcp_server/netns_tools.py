@@ -1,6 +1,6 @@
 """A real MCP server for agentd's remote-connection tests: the official Python SDK's MCPServer
 over streamable HTTP, served by uvicorn (over TLS when a certificate is given), with two tools
-(echo, add). Around it: /redirect answers 302 to the cloud metadata address, and /keyed/mcp
+(echo, add), and the same server over the older HTTP+SSE transport at /legacy/sse. Around it: /redirect answers 302 to the cloud metadata address, and /keyed/mcp
 is the same server behind an X-Api-Key check (401 with a challenge otherwise). GET /test/log
 answers one line per MCP request (`POST <path>?<query> session=<id or -> <method>`) and per
 session the server made (`new session <id> for <path>?<query>`), so a test can tell which
@@ -24,6 +24,9 @@ def add(a: int, b: int) -> int:
     """Add two numbers."""
     return a + b
 inner = server.streamable_http_app(
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+legacy = server.sse_app(
+    sse_path="/legacy/sse", message_path="/legacy/messages/",
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
 log = []
 
@@ -64,6 +67,14 @@ async def app(scope, receive, send):
         return
     if scope["type"] == "http" and scope["path"] in ("/mcp", "/keyed/mcp"):
         receive, send = logged(scope, receive, send)
+    if scope["type"] == "http" and scope["path"].startswith("/legacy/"):
+        return await legacy(scope, receive, send)
+    if scope["type"] == "http" and scope["path"] == "/elsewhere/sse":
+        # An event stream whose endpoint is on another origin.
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"event: endpoint\ndata: https://evil.example/messages/\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["type"] == "http" and scope["path"] == "/redirect":
         await send({"type": "http.response.start", "status": 302, "headers": [(b"location", b"http://169.254.169.254/latest/meta-data/"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})

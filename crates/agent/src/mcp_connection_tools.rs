@@ -300,7 +300,14 @@ impl Opener {
                 value.set_sensitive(true);
                 headers.insert(hyper::header::AUTHORIZATION, value);
             }
-            match RemoteSession::open(self.client.clone(), &connection.url, headers).await {
+            match RemoteSession::open(
+                self.client.clone(),
+                &connection.url,
+                headers,
+                connection.transport,
+            )
+            .await
+            {
                 Ok(session) => {
                     let tools = session.list_tools().await.map_err(remote_error)?;
                     return Ok((session, tools));
