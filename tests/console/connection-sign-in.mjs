@@ -1,10 +1,12 @@
 // A person signing a project's MCP connection in to its OAuth server in Debian's chromium:
-// signs in to the console, opens the project's settings page, presses "Sign in to <name>",
+// signs in to the console, sends a message in a chat of the project (the turn says the server
+// is not available and links to the settings), follows that link to the project's settings
+// page, presses "Sign in to <name>",
 // and follows the server's authorization page (which approves at once in the test server)
 // back to the settings page, which must say the connection is signed in.
 //
 // Reads AGENTWORKS_CONNECTION_SIGN_IN (JSON):
-//   settings_url   the project's settings page
+//   chat_url       a chat of the project (its next turn has the connection unavailable)
 //   username, password   the console sign-in
 //   connection     the connection's name
 //   authorization_origin   where the sign-in must go (checked as the browser passes)
@@ -29,10 +31,17 @@ try {
   const page = await context.newPage();
   const visited = [];
   page.on('request', (r) => { if (r.isNavigationRequest()) visited.push(r.url()); });
-  await page.goto(config.settings_url);
+  await page.goto(config.chat_url);
   await page.getByLabel('Username', { exact: true }).fill(config.username);
   await page.getByLabel('Password', { exact: true }).fill(config.password);
   await page.getByRole('button', { name: 'Sign in' }).click();
+  const message = page.getByRole('textbox', { name: 'Message', exact: true });
+  await message.waitFor({ timeout: T });
+  await message.fill('use the remote tools');
+  await page.getByRole('button', { name: 'Send' }).click();
+  const reconnect = page.getByRole('link', { name: `Reconnect ${config.connection} in the project's settings` });
+  await reconnect.waitFor({ timeout: T });
+  await reconnect.click();
   await page.getByRole('heading', { name: /settings$/ }).waitFor({ timeout: T });
   const list = page.getByRole('list', { name: 'MCP connections' });
   await list.getByText('not signed in').waitFor({ timeout: T });

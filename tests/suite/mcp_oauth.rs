@@ -283,12 +283,10 @@ fn a_person_signs_a_connection_in_from_the_console() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let shot = shots.join("connection-sign-in.png");
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![text("the remote tools are not available yet")]);
     let config = json!({
-        "settings_url": format!(
-            "{}/console/projects/{}/settings",
-            origin(&stack),
-            connection["project_id"].as_str().unwrap()
-        ),
+        "chat_url": format!("{}/console/chats/{chat}", origin(&stack)),
         "username": "alice",
         "password": PASSWORD,
         "connection": "OAuth Tools",
@@ -311,7 +309,7 @@ fn a_person_signs_a_connection_in_from_the_console() {
     super::console::assert_not_blank(&shot);
 
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
-    let chat = create_chat(&stack, &alice, "app");
+    model.clear();
     model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
     let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
     assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
@@ -433,4 +431,110 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         (status, body["error"]["code"].as_str()),
         (400, Some("needs_client_id"))
     );
+}
+
+/// The sign-in `token`'s person makes for connection `id` of project `app`, as a browser
+/// would follow it; returns once the callback answered 303.
+fn sign_in(stack: &Stack, token: &str, id: &str, browser: &GuardedClient) {
+    let path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
+    let (status, body) = api(stack, token, "POST", &path, Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let location = match block_on(browser.get(body["authorization_url"].as_str().unwrap())) {
+        Err(OutboundError::Redirect { location, .. }) => location,
+        other => panic!("the authorization endpoint did not redirect: {other:?}"),
+    };
+    let (status, _, body) = callback(stack, token, &location);
+    assert_eq!(status, 303, "{body}");
+}
+
+/// A sign-in acts as the person who made it: when they leave the project, or their account is
+/// disabled, the project stops using it (it is removed, and turns report `sign_in_required`).
+#[test]
+fn a_sign_in_goes_with_the_person_who_made_it() {
+    let netns = Netns::create();
+    let (certs, der) = self_signed(netns.inside);
+    let _server = start_server(&netns, certs.path());
+    let base = format!("https://{}:{PORT}", netns.inside);
+    let browser = GuardedClient::builder()
+        .add_root_certificate_der(der)
+        .build()
+        .unwrap();
+    let model = Model::start();
+    let (stack, _) = Stack::start_with_gateway_and(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    ));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let carol = user(&stack, "carol");
+    stack.admin(
+        "members/add",
+        json!({"project": "app", "user": "carol", "role": "co-owner"}),
+    );
+    let (_, connection) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
+    );
+    let id = connection["connection_id"].as_str().unwrap().to_owned();
+    let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
+    let chat = create_chat(&stack, &alice, "app");
+    let db =
+        rusqlite::Connection::open(stack.state.root().join("agent/mcp_connections.db")).unwrap();
+    let sign_ins = || -> i64 {
+        db.query_row("SELECT count(*) FROM mcp_credentials", [], |r| r.get(0))
+            .unwrap()
+    };
+    let offered = |message: &str| {
+        model.clear();
+        model.play(vec![text("ok")]);
+        let events = turn(stack.port, &alice, &chat, message).unwrap();
+        (
+            tool_names(&model.requests()[0]).contains(&whoami),
+            of_kind(&events, "connection_unavailable")
+                .first()
+                .map(|u| u["message"].as_str().unwrap().to_owned()),
+        )
+    };
+
+    // carol signs in; alice's chat uses carol's sign-in.
+    sign_in(&stack, &carol, &id, &browser);
+    assert_eq!(offered("with carol's sign-in"), (true, None));
+    // carol leaves the project: her sign-in goes with her.
+    stack.admin("members/remove", json!({"project": "app", "user": "carol"}));
+    let (used, why) = offered("carol left");
+    assert!(!used);
+    assert!(
+        why.as_deref().unwrap_or_default().contains("carol"),
+        "{why:?}"
+    );
+    assert_eq!(sign_ins(), 0);
+
+    // alice signs in, then her account is disabled: the sign-in is not used (and the turn
+    // itself is refused: a disabled person has no chats either).
+    sign_in(&stack, &alice, &id, &browser);
+    assert_eq!(sign_ins(), 1);
+    assert_eq!(offered("with alice's sign-in"), (true, None));
+    stack.admin(
+        "members/add",
+        json!({"project": "app", "user": "carol", "role": "owner"}),
+    );
+    let carol_chat = create_chat(&stack, &carol, "app");
+    stack.admin("users/disable", json!({"name": "alice"}));
+    model.clear();
+    model.play(vec![text("ok")]);
+    let events = turn(stack.port, &carol, &carol_chat, "alice is disabled").unwrap();
+    assert!(!tool_names(&model.requests()[0]).contains(&whoami));
+    let unavailable = of_kind(&events, "connection_unavailable");
+    assert!(
+        unavailable[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("alice"),
+        "{events:?}"
+    );
+    assert_eq!(sign_ins(), 0);
 }

@@ -12,6 +12,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentworks_agent::mcp_connections::Transport;
 use agentworks_agent::mcp_remote::{RemoteError, RemoteSession};
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
@@ -21,6 +22,7 @@ use super::harness::mcp_python;
 use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
 
 const PORT: u16 = 8443;
+const HTTP: Transport = Transport::StreamableHttp;
 
 /// The SDK's server in the namespace; waits until it accepts connections.
 fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
@@ -72,9 +74,14 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
         .unwrap();
     let base = format!("https://{}:{PORT}", netns.inside);
 
-    let session = RemoteSession::open(client.clone(), &format!("{base}/mcp"), HeaderMap::new())
-        .await
-        .unwrap_or_else(|e| panic!("initialize: {e}"));
+    let session = RemoteSession::open(
+        client.clone(),
+        &format!("{base}/mcp"),
+        HeaderMap::new(),
+        HTTP,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("initialize: {e}"));
     assert_eq!(session.server_name(), "netns-tools");
     let tools = session.list_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
@@ -107,7 +114,7 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
 
     // A server behind a key: refused with its challenge without it, served with it.
     let keyed = format!("{base}/keyed/mcp");
-    let error = RemoteSession::open(client.clone(), &keyed, HeaderMap::new())
+    let error = RemoteSession::open(client.clone(), &keyed, HeaderMap::new(), HTTP)
         .await
         .unwrap_err();
     assert_eq!(error.code(), "sign_in_required", "{error}");
@@ -117,16 +124,49 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
         HeaderName::from_static("x-api-key"),
         HeaderValue::from_static("k-42-7f3c9a1e55d0"),
     );
-    let session = RemoteSession::open(client.clone(), &keyed, headers)
+    let session = RemoteSession::open(client.clone(), &keyed, headers, HTTP)
         .await
         .unwrap_or_else(|e| panic!("the keyed server with its key: {e}"));
     assert_eq!(session.list_tools().await.unwrap().len(), 2);
+
+    // The older HTTP+SSE transport: the endpoint from the stream's first event, the answers on
+    // the stream.
+    let legacy = RemoteSession::open(
+        client.clone(),
+        &format!("{base}/legacy/sse"),
+        HeaderMap::new(),
+        Transport::Sse,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the legacy SSE server: {e}"));
+    assert_eq!(legacy.list_tools().await.unwrap().len(), 2);
+    let result = legacy
+        .call_tool("echo", json!({"text": "over sse"}))
+        .await
+        .unwrap();
+    assert_eq!(result["content"][0]["text"], "echo: over sse", "{result}");
+    let result = legacy
+        .call_tool("add", json!({"a": 40, "b": 2}))
+        .await
+        .unwrap();
+    assert_eq!(result["content"][0]["text"], "42", "{result}");
+    // A stream whose endpoint is on another origin is refused.
+    let error = RemoteSession::open(
+        client.clone(),
+        &format!("{base}/elsewhere/sse"),
+        HeaderMap::new(),
+        Transport::Sse,
+    )
+    .await
+    .unwrap_err();
+    assert!(error.to_string().contains("another origin"), "{error}");
 
     // A 302 to the metadata address is never followed.
     let error = RemoteSession::open(
         client.clone(),
         &format!("{base}/redirect"),
         HeaderMap::new(),
+        HTTP,
     )
     .await
     .unwrap_err();
@@ -138,7 +178,7 @@ async fn a_real_remote_server_is_initialised_listed_and_called_and_the_guard_sti
         "https://169.254.169.254/mcp".to_owned(),
         "https://[::ffff:127.0.0.1]/mcp".to_owned(),
     ] {
-        let error = RemoteSession::open(client.clone(), &url, HeaderMap::new())
+        let error = RemoteSession::open(client.clone(), &url, HeaderMap::new(), HTTP)
             .await
             .unwrap_err();
         assert_eq!(error.code(), "address_refused", "{url}: {error}");
@@ -158,7 +198,7 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     use super::harness::Stack;
 
     let netns = Netns::create();
-    let (certs, _) = self_signed(netns.inside);
+    let (certs, der) = self_signed(netns.inside);
     let _server = start_server(&netns, certs.path());
     let model = Model::start();
     let (stack, _) = Stack::start_with_gateway_and(&format!(
@@ -169,6 +209,16 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     let alice = user(&stack, "alice");
     code_project(&stack, "app", "alice", &[]);
     let base = format!("https://{}:{PORT}", netns.inside);
+    let server_log = || {
+        let client = GuardedClient::builder()
+            .add_root_certificate_der(der.clone())
+            .build()
+            .unwrap();
+        let body = super::harness::block_on(client.get(&format!("{base}/test/log")))
+            .unwrap()
+            .body;
+        String::from_utf8(body.to_vec()).unwrap()
+    };
     let add = |name: &str, url: String| {
         let (status, body) = api(
             &stack,
@@ -183,6 +233,16 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     let first = add("Netns Tools", format!("{base}/mcp"));
     let twin = add("Netns Tools", format!("{base}/mcp?twin=1"));
     add("Locked", format!("{base}/keyed/mcp"));
+    let (status, legacy) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Legacy", "url": format!("{base}/legacy/sse"), "transport": "sse"}),
+    );
+    assert_eq!(status, 201, "{legacy}");
+    assert_eq!(legacy["transport"], "sse");
+    let l = legacy["tool_prefix"].as_str().unwrap().to_owned();
     // The same server with its key, named as a project secret that is not set yet.
     let (status, keyed) = api(
         &stack,
@@ -206,6 +266,11 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
         calls(&[
             ("c1", &format!("{a}echo"), json!({"text": "via the first"})),
             ("c2", &format!("{b}add"), json!({"a": 20, "b": 22})),
+            (
+                "c5",
+                &format!("{l}echo"),
+                json!({"text": "over the old transport"}),
+            ),
         ]),
         text("done"),
     ]);
@@ -258,6 +323,36 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
 
     assert_eq!(result_of(&events, "c1")["state"], "done", "{events:?}");
     assert_eq!(result_of(&events, "c2")["state"], "done", "{events:?}");
+    assert_eq!(result_of(&events, "c5")["state"], "done", "{events:?}");
+    // The collision test: the two connections named alike each had a session of their own,
+    // made on their own URL, and each call went out on its connection's session.
+    let log = server_log();
+    let session_of = |query: &str| {
+        log.lines()
+            .find_map(|l| {
+                l.strip_prefix("new session ")?
+                    .strip_suffix(&format!(" for /mcp?{query}"))
+            })
+            .unwrap_or_else(|| panic!("no session made for /mcp?{query}: {log}"))
+            .to_owned()
+    };
+    let (first_session, twin_session) = (session_of(""), session_of("twin=1"));
+    assert_ne!(first_session, twin_session);
+    assert!(
+        log.contains(&format!("POST /mcp? session={first_session} tools/call")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "POST /mcp?twin=1 session={twin_session} tools/call"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&format!("POST /mcp? session={twin_session}"))
+            && !log.contains(&format!("POST /mcp?twin=1 session={first_session}")),
+        "a session was used by the other connection: {log}"
+    );
     let results = tool_results(&requests[1]);
     assert_eq!(results[0].1["result"]["content"], "echo: via the first");
     assert_eq!(results[0].1["result"]["server"], "Netns Tools");

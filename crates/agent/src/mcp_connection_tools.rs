@@ -179,6 +179,7 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
     let mut opening = tokio::task::JoinSet::new();
     for connection in connections {
         let opener = Opener {
+            identity: service.identity.clone(),
             client: client.clone(),
             secrets: service.secrets.clone(),
             sealing: service.sealing.clone(),
@@ -240,6 +241,7 @@ pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) 
 
 /// What opening a connection needs.
 struct Opener {
+    identity: crate::identity::IdentityStore,
     client: GuardedClient,
     secrets: Option<SecretStore>,
     sealing: Option<Arc<SealingKey>>,
@@ -276,7 +278,7 @@ impl Opener {
         })
         .await
         .map_err(|e| ToolError::new("unavailable", e.to_string()))??;
-        let mut credentials = self.credentials(&connection.id).await?;
+        let mut credentials = self.credentials(connection).await?;
         if let Some(current) = &credentials
             && current.expiring(agentworks_support::clock::now_ms())
             && current.refresh_token.is_some()
@@ -298,7 +300,14 @@ impl Opener {
                 value.set_sensitive(true);
                 headers.insert(hyper::header::AUTHORIZATION, value);
             }
-            match RemoteSession::open(self.client.clone(), &connection.url, headers).await {
+            match RemoteSession::open(
+                self.client.clone(),
+                &connection.url,
+                headers,
+                connection.transport,
+            )
+            .await
+            {
                 Ok(session) => {
                     let tools = session.list_tools().await.map_err(remote_error)?;
                     return Ok((session, tools));
@@ -318,19 +327,49 @@ impl Opener {
         }
     }
 
-    async fn credentials(&self, id: &str) -> Result<Option<Credentials>, ToolError> {
+    /// The connection's sign-in, if it has one that opens and whose person is still a member
+    /// of the project with a live account; one whose person is not is forgotten here (the
+    /// project stops acting as them on the server).
+    async fn credentials(
+        &self,
+        connection: &McpConnection,
+    ) -> Result<Option<Credentials>, ToolError> {
         let Some(key) = self.sealing.clone() else {
             return Ok(None);
         };
-        let (store, id) = (self.store.clone(), id.to_owned());
+        let (store, identity) = (self.store.clone(), self.identity.clone());
+        let (id, project) = (connection.id.clone(), connection.project_id.clone());
+        let unavailable = |e: String| ToolError::new("unavailable", e);
         tokio::task::spawn_blocking(move || {
-            let blob = store
-                .credentials(&id)
-                .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
-            Ok(blob.and_then(|blob| Credentials::unseal(&key, &id, &blob)))
+            let blob = store.credentials(&id).map_err(|e| unavailable(e.to_string()))?;
+            let Some(credentials) = blob.and_then(|blob| Credentials::unseal(&key, &id, &blob))
+            else {
+                return Ok(None);
+            };
+            let person = identity
+                .user_by_id(&credentials.signed_in_by)
+                .map_err(|e| unavailable(e.to_string()))?;
+            let member = identity
+                .role_of(&project, &credentials.signed_in_by)
+                .map_err(|e| unavailable(e.to_string()))?
+                .is_some();
+            match person {
+                Some(person) if member && !person.disabled => Ok(Some(credentials)),
+                person => {
+                    store
+                        .remove_credentials(&id)
+                        .map_err(|e| unavailable(e.to_string()))?;
+                    let who = person.map_or_else(|| "a deleted account".to_owned(), |p| p.name);
+                    tracing::info!(connection = %id, %who, "an MCP connection's sign-in was forgotten: its person left the project or was disabled");
+                    Err(ToolError::new(
+                        "sign_in_required",
+                        format!("the sign-in was made by {who}, who is no longer a member of the project (or is disabled), so it was removed; an owner signs in again"),
+                    ))
+                }
+            }
         })
         .await
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+        .map_err(|e| unavailable(e.to_string()))?
     }
 
     /// A refresh grant, its result sealed and stored before it is used.

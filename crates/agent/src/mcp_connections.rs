@@ -547,6 +547,14 @@ impl ConnectionStore {
         Ok(true)
     }
 
+    /// Forget a connection's sign-in; whether it had one.
+    pub fn remove_credentials(&self, id: &str) -> Result<bool, ConnectionStoreError> {
+        Ok(self.db().execute(
+            "DELETE FROM mcp_credentials WHERE connection_id = ?1",
+            params![id],
+        )? > 0)
+    }
+
     /// A connection's sealed sign-in, if it has one.
     pub fn credentials(&self, id: &str) -> Result<Option<Vec<u8>>, ConnectionStoreError> {
         Ok(self

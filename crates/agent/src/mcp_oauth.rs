@@ -92,6 +92,10 @@ pub struct Credentials {
     pub access_token: String,
     pub refresh_token: Option<String>,
     pub expires_at_ms: Option<i64>,
+    /// The user id of the person who signed in: the connection acts as them on the server, so
+    /// the sign-in goes when they leave the project or their account is disabled.
+    #[serde(default)]
+    pub signed_in_by: String,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -99,6 +103,7 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("client_id", &self.client_id)
             .field("token_endpoint", &self.token_endpoint)
+            .field("signed_in_by", &self.signed_in_by)
             .finish_non_exhaustive()
     }
 }
@@ -565,6 +570,7 @@ pub async fn finish(
             .to_owned(),
         refresh_token: token["refresh_token"].as_str().map(str::to_owned),
         expires_at_ms: expiry(&token, now),
+        signed_in_by: pending.user_id,
     })
 }
 
@@ -687,6 +693,7 @@ mod tests {
             access_token: "at-1".into(),
             refresh_token: Some("rt-1".into()),
             expires_at_ms: Some(1_000_000),
+            signed_in_by: "u1".into(),
         };
         let shown = format!("{credentials:?}");
         for secret in ["secret-1", "at-1", "rt-1"] {

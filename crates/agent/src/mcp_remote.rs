@@ -5,10 +5,12 @@
 //!
 //! One [`RemoteSession`] is one MCP session: `initialize` (protocol 2025-11-25, accepting the
 //! earlier versions a server may answer with), `notifications/initialized`, then `tools/list`
-//! and `tools/call`, each a POST whose answer is JSON or a server-sent-event stream that the
-//! server closes after the response ([`response_of`] reads both). A server's own requests on
-//! that stream (sampling, elicitation) are not answered: agentd never lets a remote server
-//! drive its model.
+//! and `tools/call`. Over streamable HTTP each is a POST whose answer is JSON or a
+//! server-sent-event stream that the server closes after the response ([`response_of`] reads
+//! both). Over the older HTTP+SSE transport (2024-11-05) a GET opens one event stream whose
+//! first `endpoint` event names where to POST (it must be the same origin), and every response
+//! arrives on that stream ([`EventLines`] reads it as it comes). A server's own requests
+//! (sampling, elicitation) are not answered: agentd never lets a remote server drive its model.
 //!
 //! It is hand-written rather than taken from the official Rust SDK (`rmcp`) because that client
 //! brings its own HTTP stack (reqwest), which dials without the guard's address checks; the
@@ -18,7 +20,8 @@
 //! origin, keep reading past the size limit, or hand the model an answer that is not the
 //! JSON-RPC response to the request it sent.
 
-use agentworks_support::outbound::{GuardedClient, OutboundError};
+use crate::mcp_connections::Transport;
+use agentworks_support::outbound::{GuardedClient, OutboundError, Streaming};
 use bytes::Bytes;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
@@ -28,7 +31,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The version asked for in `initialize`.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 /// The versions accepted in the server's answer.
-pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+/// How long a response may take to arrive on an HTTP+SSE stream.
+pub const SSE_RESPONSE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// The most an HTTP+SSE stream may carry in all, in bytes.
+pub const SSE_STREAM_LIMIT: usize = 16 << 20;
 /// `tools/list` pages read at most (a server that keeps sending cursors is cut off).
 pub const MAX_TOOL_PAGES: usize = 8;
 /// Tools taken from one server at most.
@@ -89,23 +96,127 @@ pub struct RemoteSession {
     protocol: String,
     server_name: String,
     next_id: AtomicU64,
+    /// Over HTTP+SSE: the stream every response arrives on (`url` is then the POST endpoint).
+    legacy: Option<LegacyStream>,
+}
+
+/// The event stream of an HTTP+SSE session: a task reads it and hands on each message.
+#[derive(Debug)]
+struct LegacyStream {
+    messages: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Value>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LegacyStream {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Server-sent events from a stream that arrives in pieces: complete lines are taken as they
+/// come (a line may be split across chunks, and across a UTF-8 character), an empty line ends
+/// an event. CR LF and LF both end a line.
+#[derive(Default)]
+pub struct EventLines {
+    pending: Vec<u8>,
+    event: String,
+    data: Option<String>,
+}
+
+impl EventLines {
+    /// Feed a chunk; the events it completed, as `(event name, data)` (the name `message` when
+    /// the event had none).
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<(String, String)> {
+        self.pending.extend_from_slice(chunk);
+        let mut done = Vec::new();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let mut line: Vec<u8> = self.pending.drain(..=end).collect();
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            let line = String::from_utf8_lossy(&line);
+            if line.is_empty() {
+                if let Some(data) = self.data.take() {
+                    let name = std::mem::take(&mut self.event);
+                    done.push((
+                        if name.is_empty() {
+                            "message".into()
+                        } else {
+                            name
+                        },
+                        data,
+                    ));
+                }
+                self.event.clear();
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => self.event = value.to_owned(),
+                "data" => match &mut self.data {
+                    Some(data) => {
+                        data.push('\n');
+                        data.push_str(value);
+                    }
+                    None => self.data = Some(value.to_owned()),
+                },
+                _ => {}
+            }
+        }
+        done
+    }
+}
+
+/// Reads an HTTP+SSE stream to its end: the first `endpoint` event's data goes to `endpoint`,
+/// every JSON message to `messages`.
+async fn read_stream(
+    mut stream: Streaming,
+    endpoint: tokio::sync::oneshot::Sender<String>,
+    messages: tokio::sync::mpsc::Sender<Value>,
+) {
+    let mut endpoint = Some(endpoint);
+    let mut lines = EventLines::default();
+    while let Ok(Some(chunk)) = stream.chunk().await {
+        for (name, data) in lines.feed(&chunk) {
+            if name == "endpoint" {
+                if let Some(endpoint) = endpoint.take() {
+                    let _ = endpoint.send(data);
+                }
+            } else if let Ok(message) = serde_json::from_str::<Value>(&data)
+                && messages.send(message).await.is_err()
+            {
+                return;
+            }
+        }
+    }
 }
 
 impl RemoteSession {
-    /// `initialize` and `notifications/initialized`.
+    /// `initialize` and `notifications/initialized` over `transport`.
     pub async fn open(
         client: GuardedClient,
         url: &str,
         headers: HeaderMap,
+        transport: Transport,
     ) -> Result<RemoteSession, RemoteError> {
+        let (url, legacy) = match transport {
+            Transport::StreamableHttp => (url.to_owned(), None),
+            Transport::Sse => {
+                let (endpoint, stream) = open_legacy(&client, url, &headers).await?;
+                (endpoint, Some(stream))
+            }
+        };
         let mut session = RemoteSession {
             client,
-            url: url.to_owned(),
+            url,
             headers,
             session_id: None,
             protocol: PROTOCOL_VERSION.to_owned(),
             server_name: String::new(),
             next_id: AtomicU64::new(1),
+            legacy,
         };
         let (result, response_headers) = session
             .exchange(
@@ -192,10 +303,12 @@ impl RemoteSession {
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        builder = builder
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "application/json, text/event-stream")
-            .header(HeaderName::from_static(VERSION_HEADER), &self.protocol);
+        builder = builder.header(CONTENT_TYPE, "application/json");
+        if self.legacy.is_none() {
+            builder = builder
+                .header(ACCEPT, "application/json, text/event-stream")
+                .header(HeaderName::from_static(VERSION_HEADER), &self.protocol);
+        }
         if let Some(id) = &self.session_id {
             builder = builder.header(HeaderName::from_static(SESSION_HEADER), id);
         }
@@ -223,31 +336,118 @@ impl RemoteSession {
         }
         let response = self.client.send(self.request(&body)?).await?;
         check_status(response.status, &response.headers, &response.body)?;
+        if let Some(legacy) = &self.legacy {
+            let message = legacy.response(id).await?;
+            return outcome(method, message, response.headers);
+        }
         let content_type = response
             .headers
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         let message = response_of(content_type, &response.body, id)?;
-        if let Some(error) = message.get("error") {
-            return Err(RemoteError::Rpc {
-                method: method.to_owned(),
-                code: error["code"].as_i64().unwrap_or(0),
-                message: error["message"]
-                    .as_str()
-                    .unwrap_or("no message")
-                    .chars()
-                    .take(500)
-                    .collect(),
-            });
-        }
-        match message.get("result") {
-            Some(result) => Ok((result.clone(), response.headers)),
-            None => Err(RemoteError::Protocol(format!(
-                "the response to {method} has neither result nor error"
-            ))),
+        outcome(method, message, response.headers)
+    }
+}
+
+/// A JSON-RPC response as the `result` (with the answer's headers), or the error it carries.
+fn outcome(
+    method: &str,
+    message: Value,
+    headers: HeaderMap,
+) -> Result<(Value, HeaderMap), RemoteError> {
+    if let Some(error) = message.get("error") {
+        return Err(RemoteError::Rpc {
+            method: method.to_owned(),
+            code: error["code"].as_i64().unwrap_or(0),
+            message: error["message"]
+                .as_str()
+                .unwrap_or("no message")
+                .chars()
+                .take(500)
+                .collect(),
+        });
+    }
+    match message.get("result") {
+        Some(result) => Ok((result.clone(), headers)),
+        None => Err(RemoteError::Protocol(format!(
+            "the response to {method} has neither result nor error"
+        ))),
+    }
+}
+
+impl LegacyStream {
+    /// The response with `id` from the stream (other messages passed over), within
+    /// [`SSE_RESPONSE_WAIT`].
+    async fn response(&self, id: u64) -> Result<Value, RemoteError> {
+        let mut messages = self.messages.lock().await;
+        let deadline = tokio::time::Instant::now() + SSE_RESPONSE_WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, messages.recv()).await {
+                Ok(Some(message))
+                    if message["id"].as_u64() == Some(id) && message.get("method").is_none() =>
+                {
+                    return Ok(message);
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => {
+                    return Err(RemoteError::Protocol(format!(
+                        "the event stream ended with no response to request {id}"
+                    )));
+                }
+                Err(_) => {
+                    return Err(RemoteError::Protocol(format!(
+                        "no response to request {id} within {} s",
+                        SSE_RESPONSE_WAIT.as_secs()
+                    )));
+                }
+            }
         }
     }
+}
+
+/// Open an HTTP+SSE session's stream at `url`: the POST endpoint its first event names (which
+/// must be the stream's own origin), and the stream, now read by a task of its own.
+async fn open_legacy(
+    client: &GuardedClient,
+    url: &str,
+    headers: &HeaderMap,
+) -> Result<(String, LegacyStream), RemoteError> {
+    let mut builder = Request::builder().method(Method::GET).uri(url);
+    for (name, value) in headers {
+        builder = builder.header(name, value);
+    }
+    let request = builder
+        .header(ACCEPT, "text/event-stream")
+        .body(Bytes::new())
+        .map_err(|e| RemoteError::Protocol(format!("the request could not be built: {e}")))?;
+    let stream = client.open_stream(request, SSE_STREAM_LIMIT).await?;
+    check_status(stream.status, &stream.headers, b"")?;
+    let (endpoint_tx, endpoint_rx) = tokio::sync::oneshot::channel();
+    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(64);
+    let reader = tokio::spawn(read_stream(stream, endpoint_tx, messages_tx));
+    let legacy = LegacyStream {
+        messages: tokio::sync::Mutex::new(messages_rx),
+        reader,
+    };
+    let named = tokio::time::timeout(std::time::Duration::from_secs(30), endpoint_rx)
+        .await
+        .map_err(|_| {
+            RemoteError::Protocol("the event stream named no endpoint within 30 s".into())
+        })?
+        .map_err(|_| {
+            RemoteError::Protocol("the event stream ended before naming its endpoint".into())
+        })?;
+    let base = url::Url::parse(url).map_err(|e| RemoteError::Protocol(e.to_string()))?;
+    let endpoint = base
+        .join(named.trim())
+        .map_err(|e| RemoteError::Protocol(format!("the endpoint {named:?} is not a URL: {e}")))?;
+    if endpoint.origin() != base.origin() {
+        return Err(RemoteError::Protocol(format!(
+            "the event stream named an endpoint on another origin ({endpoint}); refused"
+        )));
+    }
+    Ok((endpoint.to_string(), legacy))
 }
 
 fn check_status(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Result<(), RemoteError> {
@@ -362,6 +562,31 @@ mod tests {
             response_of("text/event-stream", none.as_bytes(), 5),
             Err(RemoteError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn event_lines_are_taken_as_they_complete_whatever_the_chunks() {
+        let stream = "event: endpoint\r\ndata: /messages/?session_id=1\r\n\r\n: keep-alive\n\ndata: {\"id\":1,\ndata:\"é\"}\n\n";
+        let bytes = stream.as_bytes();
+        // Every split point, including inside the two-byte 'é'.
+        for cut in 0..bytes.len() {
+            let mut lines = EventLines::default();
+            let mut events = lines.feed(&bytes[..cut]);
+            events.extend(lines.feed(&bytes[cut..]));
+            assert_eq!(
+                events,
+                [
+                    ("endpoint".to_owned(), "/messages/?session_id=1".to_owned()),
+                    ("message".to_owned(), "{\"id\":1,\n\"é\"}".to_owned()),
+                ],
+                "cut at {cut}"
+            );
+        }
+        // An event without its ending blank line is not handed on yet.
+        let mut lines = EventLines::default();
+        assert!(lines.feed(b"data: half").is_empty());
+        assert!(lines.feed(b"\n").is_empty());
+        assert_eq!(lines.feed(b"\n").len(), 1);
     }
 
     #[test]

@@ -304,6 +304,45 @@ pub struct Response {
     pub body: Bytes,
 }
 
+/// A response whose body is read as it arrives (a server-sent event stream): the head, then
+/// the body's chunks from [`Streaming::chunk`], at most the limit it was opened with in all.
+/// Dropping it closes the connection.
+pub struct Streaming {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    body: hyper::body::Incoming,
+    read: usize,
+    limit: usize,
+    _connection: AbortOnDrop,
+}
+
+impl std::fmt::Debug for Streaming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streaming")
+            .field("status", &self.status)
+            .field("read", &self.read)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Streaming {
+    /// The next chunk of the body; `None` at its end. Past the limit: [`OutboundError::TooLarge`].
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, OutboundError> {
+        while let Some(frame) = self.body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                self.read += data.len();
+                if self.read > self.limit {
+                    return Err(OutboundError::TooLarge { limit: self.limit });
+                }
+                if !data.is_empty() {
+                    return Ok(Some(data));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Settings for a [`GuardedClient`]; start from [`GuardedClient::builder`].
 #[derive(Debug, Clone)]
 pub struct Builder {
@@ -444,6 +483,47 @@ impl GuardedClient {
         let (parts, body) = request.into_parts();
         let url = parts.uri.to_string();
         self.bounded(parts.method, &url, parts.headers, body).await
+    }
+
+    /// A request whose answer is read as it arrives ([`Streaming`]), `limit` bytes at most:
+    /// the same checks as every request; its head must come within the request timeout; a
+    /// redirect is never followed (a stream that moves is refused).
+    pub async fn open_stream(
+        &self,
+        request: Request<Bytes>,
+        limit: usize,
+    ) -> Result<Streaming, OutboundError> {
+        let (parts, body) = request.into_parts();
+        let url = parts.uri.to_string();
+        let target = self.target(&url)?;
+        let wait = self.settings.request_timeout;
+        let (status, headers, incoming, connection) = tokio::time::timeout(
+            wait,
+            self.exchange(&parts.method, &target, &parts.headers, &body),
+        )
+        .await
+        .map_err(|_| OutboundError::Timeout {
+            stage: "the stream's answer",
+            after: wait,
+        })??;
+        if is_redirect(status) {
+            return Err(OutboundError::Redirect {
+                status,
+                location: headers
+                    .get(header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned(),
+            });
+        }
+        Ok(Streaming {
+            status,
+            headers,
+            body: incoming,
+            read: 0,
+            limit,
+            _connection: connection,
+        })
     }
 
     async fn bounded(

@@ -241,6 +241,14 @@ export async function chatView(container, chatId, { onSignedOut }) {
             messages.append(call.element);
           }
           call.settle({ ...toolOutcome(data), output: data.ok === true ? data.result : data.error });
+        } else if (kind === 'connection_unavailable') {
+          // A project MCP server left out of this turn: say why, and where to reconnect it.
+          const name = data && typeof data.name === 'string' ? data.name : 'an MCP server';
+          const why = data && typeof data.message === 'string' ? data.message : 'unavailable';
+          const settings = `/console/projects/${encodeURIComponent(state.chat.project_id)}/settings`;
+          messages.append(h('li', { class: 'msg note', role: 'note' },
+            `The MCP server ${name} is not available in this turn: ${why} `,
+            h('a', { href: settings }, `Reconnect ${name} in the project's settings`)));
         } else if (kind === 'error') {
           const message = data && typeof data.message === 'string' ? data.message : 'the turn failed';
           messages.append(h('li', { class: 'msg error' }, `Error: ${message}`));
