@@ -4,6 +4,9 @@ grant, rotating refresh tokens) and the resource server (/mcp needs a bearer tok
 served by uvicorn over TLS. The authorization step approves at once (a test stands in for the
 person there), redirecting back with the code and the state.
 
+A trap for the sign-in's discovery: /trap/mcp answers 401 naming its metadata at /trap/prm,
+which answers 302 to the cloud metadata address.
+
 Test controls: POST /test/expire makes every access token expire now (so the next call needs a
 refresh); GET /test/log answers one line per issued token and per /mcp bearer seen, so a test can
 check which tokens were used.
@@ -133,6 +136,15 @@ async def app(scope, receive, send):
             for token in provider.access.values():
                 token.expires_at = int(time.time()) - 1
             return await respond(send, 200, b"expired")
+        if scope["path"] == "/trap/mcp":
+            challenge = f'Bearer resource_metadata="{base}/trap/prm"'.encode()
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"www-authenticate", challenge), (b"content-length", b"0")]})
+            return await send({"type": "http.response.body", "body": b""})
+        if scope["path"] == "/trap/prm":
+            await send({"type": "http.response.start", "status": 302,
+                        "headers": [(b"location", b"http://169.254.169.254/latest/meta-data/"), (b"content-length", b"0")]})
+            return await send({"type": "http.response.body", "body": b""})
         if scope["path"] == "/test/log":
             return await respond(send, 200, "\n".join(log).encode())
         if scope["path"] == "/mcp":

@@ -113,6 +113,38 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
     let unavailable = of_kind(&events, "connection_unavailable");
     assert_eq!(unavailable[0]["code"], "sign_in_required", "{events:?}");
 
+    // A server whose metadata address redirects to the cloud metadata address: refused, and
+    // nothing is fetched from there.
+    let (_, trap) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Trap", "url": format!("{base}/trap/mcp")}),
+    );
+    let (status, body) = api(
+        &stack,
+        &alice,
+        "POST",
+        &format!(
+            "/v1/projects/app/mcp-connections/{}/sign-in",
+            trap["connection_id"].as_str().unwrap()
+        ),
+        Value::Null,
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("redirect_refused")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("169.254.169.254"),
+        "{body}"
+    );
+
     // An editor cannot start a sign-in.
     let bob = user(&stack, "bob");
     stack.admin(
