@@ -26,6 +26,11 @@ const HTTP: Transport = Transport::StreamableHttp;
 
 /// The SDK's server in the namespace; waits until it accepts connections.
 fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
+    start_server_on(netns, cert_dir, PORT)
+}
+
+/// [`start_server`] on `port`.
+fn start_server_on(netns: &Netns, cert_dir: &std::path::Path, port: u16) -> TlsServer {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/netns_tools.py");
     let child = Command::new("ip")
@@ -33,7 +38,7 @@ fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
         .arg(mcp_python())
         .arg(script)
         .arg(netns.inside.to_string())
-        .arg(PORT.to_string())
+        .arg(port.to_string())
         .arg(cert_dir.join("cert.pem"))
         .arg(cert_dir.join("key.pem"))
         .stdout(Stdio::null())
@@ -43,7 +48,7 @@ fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
     let mut server = TlsServer(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect_timeout(
-        &(netns.inside, PORT).into(),
+        &(netns.inside, port).into(),
         Duration::from_millis(200),
     )
     .is_err()
@@ -494,4 +499,147 @@ fn a_local_bound_turn_gets_none_of_the_connections_tools_and_a_restart_keeps_the
     ]);
     let events = turn(setup.stack.port, &setup.alice, &chat, "again").unwrap();
     assert_eq!(result_of(&events, "r1")["state"], "done", "{events:?}");
+}
+
+/// Names are checked at the address actually dialled: agentd runs with a resolver of the
+/// test's (a DNS server on the namespace host, through a private `/etc/resolv.conf` in a mount
+/// namespace of its own). A public-looking name that resolves to 127.0.0.1 is refused, and a
+/// name that answers the namespace host first and 127.0.0.1 the next time (DNS rebinding) gets
+/// its first request through and the next one refused: a listener on 127.0.0.1 at the same
+/// port is never reached.
+#[test]
+fn names_that_resolve_or_rebind_to_loopback_are_refused_at_the_dial() {
+    use super::agent::{
+        Model, api, code_project, create_chat, of_kind, text, tool_names, turn, user,
+    };
+    use super::harness::{Stack, free_port};
+    use super::outbound::self_signed_for;
+
+    let netns = Netns::create();
+    let port = free_port();
+    // The victim: a loopback listener on the port the names use.
+    let victim = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    victim.set_nonblocking(true).unwrap();
+    let (certs, _) = self_signed_for(
+        netns.inside,
+        &["rebind.example", "loop.example", "tools.example"],
+    );
+    let _server = start_server_on(&netns, certs.path(), port);
+    let inside = netns.inside.to_string();
+    let mut dns = Command::new("ip")
+        .args(["netns", "exec", &netns.name, "python3"])
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/dns.py"))
+        .arg(&inside)
+        .arg(format!("tools.example={inside}"))
+        .arg("loop.example=127.0.0.1")
+        .arg(format!("rebind.example={inside},127.0.0.1"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 for the test's DNS server");
+    let dns_out = dns.stdout.take().unwrap();
+    let mut dns = TlsServer(dns);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(dns_out));
+    match lines.next() {
+        Some(Ok(line)) if line == "ready" => {}
+        other => {
+            let _ = dns.0.kill();
+            panic!(
+                "the DNS server did not start ({other:?}): {}",
+                stderr_of(&mut dns.0)
+            );
+        }
+    }
+    // agentd's own resolver: the namespace host only, and no names from /etc/hosts but its own.
+    let files = tempfile::tempdir().unwrap();
+    let resolv = files.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {inside}\noptions timeout:2 attempts:1\n"),
+    )
+    .unwrap();
+    let hosts = files.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    let model = Model::start();
+    let agentd_port = free_port();
+    let config = format!(
+        "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{agentd_port}\"\n\
+         outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        model.config()
+    );
+    let script = "mount --bind \"$1\" /etc/resolv.conf && mount --bind \"$2\" /etc/hosts && shift 2 && exec \"$@\"";
+    let wrapper: Vec<&std::ffi::OsStr> = vec![
+        "unshare".as_ref(),
+        "--mount".as_ref(),
+        "--propagation".as_ref(),
+        "private".as_ref(),
+        "sh".as_ref(),
+        "-c".as_ref(),
+        script.as_ref(),
+        "sh".as_ref(),
+        resolv.as_os_str(),
+        hosts.as_os_str(),
+    ];
+    let stack = Stack::start_wrapped(agentd_port, &config, &wrapper);
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let mut prefixes = std::collections::HashMap::new();
+    for name in ["tools", "loop", "rebind"] {
+        let (status, body) = api(
+            &stack,
+            &alice,
+            "POST",
+            "/v1/projects/app/mcp-connections",
+            json!({"name": name, "url": format!("https://{name}.example:{port}/mcp")}),
+        );
+        assert_eq!(status, 201, "{body}");
+        prefixes.insert(name, body["tool_prefix"].as_str().unwrap().to_owned());
+    }
+    let chat = create_chat(&stack, &alice, "app");
+    model.play(vec![text("checked")]);
+    let events = turn(stack.port, &alice, &chat, "which servers work?").unwrap();
+    // The name that resolves to the namespace host works: the resolver is really in use.
+    let names = tool_names(&model.requests()[0]);
+    assert!(
+        names.contains(&format!("{}echo", prefixes["tools"])),
+        "{names:?} {events:?}"
+    );
+    let unavailable: std::collections::HashMap<String, (String, String)> =
+        of_kind(&events, "connection_unavailable")
+            .iter()
+            .map(|u| {
+                (
+                    u["name"].as_str().unwrap().to_owned(),
+                    (
+                        u["code"].as_str().unwrap().to_owned(),
+                        u["message"].as_str().unwrap().to_owned(),
+                    ),
+                )
+            })
+            .collect();
+    for name in ["loop", "rebind"] {
+        let (code, message) = &unavailable
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} was not refused: {events:?}"));
+        assert_eq!(code, "address_refused", "{name}: {message}");
+        assert!(message.contains("127.0.0.1"), "{name}: {message}");
+    }
+    // Rebinding got exactly one answer through (the first); the loopback listener never saw
+    // a connection.
+    assert!(
+        matches!(victim.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a connection reached the loopback listener"
+    );
+    let _ = dns.0.kill();
+    let _ = dns.0.wait();
+    let queries: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        queries
+            .iter()
+            .filter(|q| q.starts_with("A rebind.example"))
+            .count()
+            >= 2,
+        "{queries:?}"
+    );
 }

@@ -402,6 +402,15 @@ async fn fetch_with_the_proxy_environment_set(url: &str) {
 
 /// A self-signed certificate for `ip` made with the `openssl` command: (PEM dir, DER bytes).
 pub(super) fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
+    self_signed_for(ip, &[])
+}
+
+/// [`self_signed`] for `ip` and the DNS `names`.
+pub(super) fn self_signed_for(ip: Ipv4Addr, names: &[&str]) -> (tempfile::TempDir, Vec<u8>) {
+    let mut alt_names = format!("IP:{ip}");
+    for name in names {
+        alt_names.push_str(&format!(",DNS:{name}"));
+    }
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("req.cnf");
     std::fs::write(
@@ -409,7 +418,7 @@ pub(super) fn self_signed(ip: Ipv4Addr) -> (tempfile::TempDir, Vec<u8>) {
         format!(
             "[req]\ndistinguished_name = dn\nx509_extensions = ext\nprompt = no\n\
              [dn]\nCN = awtest-outbound\n\
-             [ext]\nsubjectAltName = IP:{ip}\nbasicConstraints = critical, CA:FALSE\n\
+             [ext]\nsubjectAltName = {alt_names}\nbasicConstraints = critical, CA:FALSE\n\
              keyUsage = digitalSignature\nextendedKeyUsage = serverAuth\n"
         ),
     )

@@ -36,15 +36,25 @@ impl Stack {
     /// workspaced + agentd on a new state root with `config`, agentd listening on `port`;
     /// returns once agentd answers on its socket.
     pub fn start_on(port: u16, config: &str) -> Stack {
+        Stack::start_wrapped(port, config, &[])
+    }
+
+    /// [`Stack::start_on`] with agentd started through `wrapper` (a program and its arguments,
+    /// agentd's path appended), e.g. `unshare` for a mount namespace of its own.
+    pub fn start_wrapped(port: u16, config: &str, wrapper: &[&std::ffi::OsStr]) -> Stack {
         let state = StateRoot::new();
         state.set_config(config);
         let workspaced = Workspaced::start(&state);
-        let agentd = as_daemon_on(
-            &mut Command::new(env!("CARGO_BIN_EXE_agentworks-agentd")),
-            state.root(),
-        )
-        .spawn()
-        .unwrap();
+        let agentd_bin = std::ffi::OsStr::new(env!("CARGO_BIN_EXE_agentworks-agentd"));
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(agentd_bin);
+                command
+            }
+            None => Command::new(agentd_bin),
+        };
+        let agentd = as_daemon_on(&mut command, state.root()).spawn().unwrap();
         let stack = Stack {
             state,
             workspaced,
