@@ -506,7 +506,7 @@ fn a_local_bound_turn_gets_none_of_the_connections_tools_and_a_restart_keeps_the
 /// namespace of its own). A public-looking name that resolves to 127.0.0.1 is refused, and a
 /// name that answers the namespace host first and 127.0.0.1 the next time (DNS rebinding) gets
 /// its first request through and the next one refused: a listener on 127.0.0.1 at the same
-/// port is never reached.
+/// port is never reached, not even through the proxy environment agentd is given.
 #[test]
 fn names_that_resolve_or_rebind_to_loopback_are_refused_at_the_dial() {
     use super::agent::{
@@ -569,7 +569,22 @@ fn names_that_resolve_or_rebind_to_loopback_are_refused_at_the_dial() {
         model.config()
     );
     let script = "mount --bind \"$1\" /etc/resolv.conf && mount --bind \"$2\" /etc/hosts && shift 2 && exec \"$@\"";
-    let wrapper: Vec<&std::ffi::OsStr> = vec![
+    // The proxy environment points at the loopback listener too: a client that honoured it
+    // would reach it.
+    let proxy = format!("http://127.0.0.1:{port}");
+    let proxies: Vec<String> = [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+    ]
+    .iter()
+    .map(|name| format!("{name}={proxy}"))
+    .collect();
+    let mut wrapper: Vec<&std::ffi::OsStr> = vec!["env".as_ref()];
+    wrapper.extend(proxies.iter().map(|p| std::ffi::OsStr::new(p)));
+    wrapper.extend::<[&std::ffi::OsStr; 10]>([
         "unshare".as_ref(),
         "--mount".as_ref(),
         "--propagation".as_ref(),
@@ -580,7 +595,7 @@ fn names_that_resolve_or_rebind_to_loopback_are_refused_at_the_dial() {
         "sh".as_ref(),
         resolv.as_os_str(),
         hosts.as_os_str(),
-    ];
+    ]);
     let stack = Stack::start_wrapped(agentd_port, &config, &wrapper);
     let alice = user(&stack, "alice");
     code_project(&stack, "app", "alice", &[]);
