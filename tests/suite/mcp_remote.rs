@@ -583,7 +583,7 @@ fn names_that_resolve_or_rebind_to_loopback_are_refused_at_the_dial() {
     .map(|name| format!("{name}={proxy}"))
     .collect();
     let mut wrapper: Vec<&std::ffi::OsStr> = vec!["env".as_ref()];
-    wrapper.extend(proxies.iter().map(|p| std::ffi::OsStr::new(p)));
+    wrapper.extend(proxies.iter().map(std::ffi::OsStr::new));
     wrapper.extend::<[&std::ffi::OsStr; 10]>([
         "unshare".as_ref(),
         "--mount".as_ref(),
