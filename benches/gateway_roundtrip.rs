@@ -7,15 +7,19 @@
 //!    `gatewayd.sock` of `execute_shell_command {command: "true"}` with a fresh request id:
 //!    gatewayd records the request, sends it over the WebSocket, the executor records its
 //!    receipt and runs `true` in its Landlock sandbox, the result comes back and is recorded,
-//!    and the dispatch answers. The floor, timed the same way in the same run, is
-//!    `sh -c true` spawned directly. p50, p99 and mean of both, and the ratio of the p50s.
+//!    and the dispatch answers. Timed the same way in the same run: the floor, `sh -c true`
+//!    spawned directly, and `ssh localhost true` over a persistent connection (an OpenSSH
+//!    ControlMaster to a private sshd this benchmark starts on a reserved loopback port with a
+//!    temp host key and authorized_keys; see `benches/common/sshd.rs`). p50, p99 and mean of
+//!    each, and the ratios of the p50s. The ssh row needs `openssh-server` (`/usr/sbin/sshd`;
+//!    `apt-get install openssh-server`); without it that row says so and is skipped.
 //! 2. Memory. Before the executor starts, gatewayd's VmRSS right after start (no connection),
 //!    then with 1,000 idle executor WebSocket connections opened by this process (each with its
 //!    own devices:connect token and a valid hello, then idle, answering pings), and the
 //!    per-connection delta.
 //!
 //! Run: `cargo bench --bench gateway_roundtrip` (optionally `-- 500` for the number of timed
-//! dispatches and direct runs; default 200, after 20 warm-up each).
+//! dispatches, direct runs and ssh runs; default 200, after 20 warm-up each).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -26,6 +30,8 @@ mod daemons;
 mod laptop_cli;
 #[path = "../tests/common/ports.rs"]
 mod ports;
+#[path = "common/sshd.rs"]
+mod sshd;
 
 use agentworks_contract::executor::{ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame};
 use agentworks_support::unix_http::UnixClient;
@@ -561,6 +567,8 @@ fn main() {
         (memory, stats(gateway), stats(direct))
     });
     drop(runtime);
+    // After the stack has stopped; the laptop's `true` ran with it idle too.
+    let ssh = ssh_true(&base, n);
     let _ = std::fs::remove_dir_all(&base);
 
     println!(
@@ -580,10 +588,61 @@ fn main() {
         ms(direct.p99),
         ms(direct.mean)
     );
+    let mut ssh_failed = None;
+    match &ssh {
+        SshRow::Measured {
+            stats: ssh,
+            login_shell,
+            shell,
+        } => {
+            let shell = Path::new(shell)
+                .file_name()
+                .map_or(shell.clone(), |name| name.to_string_lossy().into_owned());
+            for (label, stats) in [
+                ("ssh localhost true (ControlMaster)", ssh),
+                (
+                    &*format!("  of which {shell} -c true as sshd runs it"),
+                    login_shell,
+                ),
+            ] {
+                println!(
+                    "  {label:<45} {:>8.3}  {:>8.3}  {:>8.3}",
+                    ms(stats.p50),
+                    ms(stats.p99),
+                    ms(stats.mean)
+                );
+            }
+        }
+        SshRow::Missing(why) => println!(
+            "  ssh localhost true: not measured: {why}; install it with `{}`",
+            sshd::INSTALL
+        ),
+        SshRow::Failed(e) => {
+            println!("  ssh localhost true: FAILED (see stderr)");
+            ssh_failed = Some(e.clone());
+        }
+    }
     println!(
         "  ratio of p50s gateway/direct: {:.2}",
         ms(gateway.p50) / ms(direct.p50)
     );
+    if let SshRow::Measured {
+        stats: ssh,
+        login_shell,
+        ..
+    } = &ssh
+    {
+        println!(
+            "  ratio of p50s gateway/ssh:    {:.2}",
+            ms(gateway.p50) / ms(ssh.p50)
+        );
+        // The login shell's startup files (an rc that runs pyenv, say) are the user's, not
+        // ssh's: the same ratio without them.
+        println!(
+            "  ratio of p50s gateway/(ssh - login shell + sh -c true): {:.2}",
+            ms(gateway.p50) / (ms(ssh.p50) - ms(login_shell.p50) + ms(direct.p50))
+        );
+    }
     let delta = memory.after_kib as i64 - memory.before_kib as i64;
     println!(
         "gatewayd resident memory, {IDLE_CONNECTIONS} idle executor WebSocket connections ({}; RLIMIT_NOFILE {nofile})",
@@ -602,4 +661,52 @@ fn main() {
         delta as f64 / IDLE_CONNECTIONS as f64
     );
     println!("reproduce: cargo bench --bench gateway_roundtrip -- {n}");
+    if let Some(e) = ssh_failed {
+        eprintln!("gateway_roundtrip: ssh localhost true: {e}");
+        std::process::exit(1);
+    }
+}
+
+enum SshRow {
+    Measured {
+        stats: Stats,
+        /// The login shell run alone as sshd runs it (its startup files included).
+        login_shell: Stats,
+        shell: String,
+    },
+    /// A program the row needs is not installed: which.
+    Missing(String),
+    /// sshd is installed but the row could not be measured.
+    Failed(String),
+}
+
+/// `ssh localhost true` through a master connection to a private sshd, and the login shell
+/// alone as sshd starts it: [`WARMUP`] calls of each, then `n` timed ones, interleaved.
+fn ssh_true(base: &Path, n: usize) -> SshRow {
+    if let Some(why) = sshd::missing() {
+        return SshRow::Missing(why);
+    }
+    let measured = (|| {
+        let server = sshd::Sshd::start(base)?;
+        for _ in 0..WARMUP {
+            server.run_true()?;
+            server.login_shell_true()?;
+        }
+        let (mut samples, mut shell_samples) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // Interleaved, so both see the same load.
+        for _ in 0..n {
+            let started = Instant::now();
+            server.run_true()?;
+            samples.push(started.elapsed());
+            let started = Instant::now();
+            server.login_shell_true()?;
+            shell_samples.push(started.elapsed());
+        }
+        Ok::<_, String>(SshRow::Measured {
+            stats: stats(samples),
+            login_shell: stats(shell_samples),
+            shell: server.shell.clone(),
+        })
+    })();
+    measured.unwrap_or_else(SshRow::Failed)
 }

@@ -4,6 +4,9 @@
 //! - [`stack`]: workspaced + agentd on a temp state root, with projects and a token.
 //! - [`reference`]: the pinned reference MCP filesystem server (`benches/mcp-reference/`).
 //! - [`floor`]: the disk's floor for a durable replace.
+//!
+//! `sshd.rs` here (a private sshd and `ssh localhost true` over a ControlMaster connection) is
+//! not part of this module: `gateway_roundtrip` includes it on its own with `#[path]`.
 
 pub mod floor;
 pub mod reference;

@@ -94,3 +94,70 @@ impl Drop for Process {
         }
     }
 }
+
+/// A Unix datagram socket standing in for systemd's `NOTIFY_SOCKET`: a daemon started with
+/// `NOTIFY_SOCKET=<path>` sends its `sd_notify` messages (READY=1, STATUS=…, STOPPING=1) here.
+/// The socket lives in its own temp dir, removed when this is dropped.
+pub struct NotifySocket {
+    socket: std::os::unix::net::UnixDatagram,
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl NotifySocket {
+    /// Binds a fresh socket in a new temp dir under `base`.
+    pub fn bind_in(base: &Path) -> std::io::Result<NotifySocket> {
+        let dir = tempfile::Builder::new()
+            .prefix("notify-")
+            .tempdir_in(base)?;
+        let path = dir.path().join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path)?;
+        // Short reads, so that a daemon exiting during its start is noticed within one of them.
+        socket.set_read_timeout(Some(Duration::from_millis(50)))?;
+        Ok(NotifySocket {
+            socket,
+            path,
+            _dir: dir,
+        })
+    }
+
+    /// The value for `NOTIFY_SOCKET`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for a message that has `field` (e.g. `READY=1`) on a line of its own and returns
+    /// it, skipping others; it returns as soon as that message arrives. Fails as soon as `child` exits first, and once `within` has passed.
+    pub fn wait_for(
+        &self,
+        child: &mut Child,
+        name: &str,
+        field: &str,
+        within: Duration,
+    ) -> Result<String, String> {
+        let deadline = Instant::now() + within;
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.socket.recv(&mut buf) {
+                Ok(n) => {
+                    let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    if message.lines().any(|line| line == field) {
+                        return Ok(message);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(format!("cannot read the notify socket: {e}")),
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("{name} exited before it sent {field}: {status}"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("{name} did not send {field} within {within:?}"));
+            }
+        }
+    }
+}

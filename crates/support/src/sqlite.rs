@@ -1,10 +1,12 @@
 //! Opening a SQLite store (the daemons' and the laptop executor's) the one way they all need:
 //! WAL, refused when SQLite cannot give it (an in-memory or WAL-less file system would quietly
 //! keep another journal mode), `synchronous=FULL` (a committed row survives power loss),
-//! foreign keys enforced, a 10 s busy timeout for a second process on the same file, then the
-//! store's idempotent schema.
+//! foreign keys enforced, a 10 s busy timeout for a second process on the same file, the query
+//! planner's stability guarantee (so cached statements stay prepared), then the store's
+//! idempotent schema.
 
 use rusqlite::Connection;
+use rusqlite::config::DbConfig;
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,6 +28,14 @@ pub fn open_durable(path: &Path, schema: &str) -> rusqlite::Result<Connection> {
         )));
     }
     conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    // Plans that never depend on the values bound. Without the guarantee SQLite marks a
+    // parameter compared with `=` in a term no index serves (`WHERE t.id = ?1` in a join, say)
+    // as one whose value could change the plan; rusqlite clears a statement's bindings when it
+    // takes it back into its cache, and clearing such a statement's bindings expires it, so
+    // every `prepare_cached` query would be parsed and planned again on each use (agentd's
+    // token check on every MCP call among them). Only plans change: the stores have no
+    // statistics (no ANALYZE) for the values to matter, and results are the same either way.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.execute_batch(schema)?;
     Ok(conn)
 }
@@ -51,6 +61,33 @@ mod tests {
         // The schema is applied again on every open.
         drop(conn);
         open_durable(&dir.path().join("s.db"), schema).unwrap();
+    }
+
+    /// A cached query whose parameter is compared in a term no index serves is not prepared
+    /// again on every use (it was, once for each call, before the stability guarantee).
+    #[test]
+    fn cached_statements_are_not_prepared_again_on_every_use() {
+        use rusqlite::StatementStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let schema = "CREATE TABLE IF NOT EXISTS users (id TEXT PRIMARY KEY, name TEXT);
+                      CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, user_id TEXT,
+                                                         grant_id TEXT);
+                      CREATE TABLE IF NOT EXISTS grants (id TEXT PRIMARY KEY, resource TEXT);
+                      INSERT OR IGNORE INTO users VALUES ('u1', 'one');
+                      INSERT OR IGNORE INTO tokens VALUES ('t1', 'u1', NULL), ('t2', 'u1', NULL);";
+        let conn = open_durable(&dir.path().join("s.db"), schema).unwrap();
+        let sql = "SELECT t.id, u.name, g.resource FROM tokens t JOIN users u ON u.id = t.user_id
+                   LEFT JOIN grants g ON g.id = t.grant_id WHERE t.id = ?1";
+        for id in ["t1", "t2", "t1", "t2"] {
+            let name: String = conn
+                .prepare_cached(sql)
+                .unwrap()
+                .query_row([id], |r| r.get(1))
+                .unwrap();
+            assert_eq!(name, "one");
+        }
+        let statement = conn.prepare_cached(sql).unwrap();
+        assert_eq!(statement.get_status(StatementStatus::RePrepare), 0);
     }
 
     #[test]
