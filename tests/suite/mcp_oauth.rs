@@ -8,7 +8,6 @@
 //! connection removes its sealed sign-in.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use agentworks_support::outbound::{GuardedClient, OutboundError};
 use serde_json::{Value, json};
@@ -16,8 +15,9 @@ use serde_json::{Value, json};
 use super::agent::{
     Model, api, calls, code_project, create_chat, of_kind, result_of, text, tool_names, turn, user,
 };
-use super::harness::{Stack, block_on, http, mcp_python};
-use super::outbound::{Netns, TlsServer, self_signed, stderr_of};
+use super::harness::{Stack, block_on, http};
+use super::mcp_remote::start_sdk_server;
+use super::outbound::{Netns, TlsServer, self_signed};
 
 const PORT: u16 = 8443;
 
@@ -27,39 +27,7 @@ fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
 
 /// [`start_server`] with more arguments for oauth_tools.py (`--preregistered …`).
 fn start_server_with(netns: &Netns, cert_dir: &std::path::Path, extra: &[&str]) -> TlsServer {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/oauth_tools.py");
-    let child = Command::new("ip")
-        .args(["netns", "exec", &netns.name])
-        .arg(mcp_python())
-        .arg(script)
-        .arg(netns.inside.to_string())
-        .arg(PORT.to_string())
-        .arg(cert_dir.join("cert.pem"))
-        .arg(cert_dir.join("key.pem"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ip netns exec <the MCP SDK's python>");
-    let mut server = TlsServer(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect_timeout(
-        &(netns.inside, PORT).into(),
-        Duration::from_millis(200),
-    )
-    .is_err()
-    {
-        if Instant::now() > deadline || server.0.try_wait().ok().flatten().is_some() {
-            let _ = server.0.kill();
-            panic!(
-                "the OAuth MCP server did not start: {}",
-                stderr_of(&mut server.0)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
+    start_sdk_server(netns, "oauth_tools.py", cert_dir, PORT, extra)
 }
 
 /// The callback, as a browser would reach it: `GET` of the path and query of `location`.

@@ -31,16 +31,31 @@ fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
 
 /// [`start_server`] on `port`.
 fn start_server_on(netns: &Netns, cert_dir: &std::path::Path, port: u16) -> TlsServer {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server/netns_tools.py");
+    start_sdk_server(netns, "netns_tools.py", cert_dir, port, &[])
+}
+
+/// `tests/mcp_server/<script>` (an official Python SDK server) in the namespace, over TLS on
+/// `port` with `extra` arguments; returns once it accepts connections, or fails with what it
+/// said.
+pub(super) fn start_sdk_server(
+    netns: &Netns,
+    script: &str,
+    cert_dir: &std::path::Path,
+    port: u16,
+    extra: &[&str],
+) -> TlsServer {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp_server")
+        .join(script);
     let child = Command::new("ip")
         .args(["netns", "exec", &netns.name])
         .arg(mcp_python())
-        .arg(script)
+        .arg(path)
         .arg(netns.inside.to_string())
         .arg(port.to_string())
         .arg(cert_dir.join("cert.pem"))
         .arg(cert_dir.join("key.pem"))
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -56,7 +71,7 @@ fn start_server_on(netns: &Netns, cert_dir: &std::path::Path, port: u16) -> TlsS
         if Instant::now() > deadline || server.0.try_wait().ok().flatten().is_some() {
             let _ = server.0.kill();
             panic!(
-                "the MCP server in the namespace did not start: {}",
+                "{script} did not start in the namespace: {}",
                 stderr_of(&mut server.0)
             );
         }

@@ -165,14 +165,7 @@ impl ChatService {
         let id = connection.to_owned();
         let project_id = project.id.clone();
         if !blocking(move || store.remove(&project_id, &id)).await? {
-            return Err(Refusal::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!(
-                    "project {:?} has no MCP connection {connection:?}",
-                    project.name
-                ),
-            ));
+            return Err(no_connection(&project.name, connection));
         }
         tracing::info!(connection, project = %project.id, user = %caller.user_id, "MCP connection removed");
         Ok(json_response(
@@ -298,14 +291,7 @@ impl ChatService {
         let store = self.connections.clone();
         let (project_id, id) = (project.id.clone(), connection.to_owned());
         let Some(connection) = blocking(move || store.get(&project_id, &id)).await? else {
-            return Err(Refusal::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!(
-                    "project {:?} has no MCP connection {connection:?}",
-                    project.name
-                ),
-            ));
+            return Err(no_connection(&project.name, connection));
         };
         if connection.headers.contains_key("authorization") {
             return Err(Refusal::new(
@@ -468,4 +454,12 @@ impl ChatService {
             }
         }
     }
+}
+
+fn no_connection(project: &str, connection: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("project {project:?} has no MCP connection {connection:?}"),
+    )
 }

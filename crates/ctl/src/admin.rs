@@ -36,11 +36,18 @@ pub async fn call<T: Serialize>(
     body: &T,
 ) -> Result<Value, CtlError> {
     let socket = config.agentd_socket();
-    let client = UnixClient::new(&socket);
-    match client
+    let answer = UnixClient::new(&socket)
         .post::<_, Value>(&format!("/v1/admin/{endpoint}"), body)
-        .await
-    {
+        .await;
+    answered(&socket, answer)
+}
+
+/// An operator call's answer, or its refusal or failure as the error `agentworksctl` reports.
+fn answered(
+    socket: &std::path::Path,
+    answer: Result<Value, ClientError>,
+) -> Result<Value, CtlError> {
+    match answer {
         Ok(v) => Ok(v),
         Err(ClientError::Remote { body, .. }) => Err(CtlError::Refused {
             code: body.code,
@@ -69,18 +76,7 @@ pub async fn call_resource(
         ("DELETE", _) => client.delete::<Value>(&path).await,
         _ => client.get::<Value>(&path).await,
     };
-    match answer {
-        Ok(v) => Ok(v),
-        Err(ClientError::Remote { body, .. }) => Err(CtlError::Refused {
-            code: body.code,
-            message: body.message,
-            details: body.details,
-        }),
-        Err(source) => Err(CtlError::Unreachable {
-            socket: socket.display().to_string(),
-            source,
-        }),
-    }
+    answered(&socket, answer)
 }
 
 /// `users/<name>/<action>`, once the name is one agentd could have (so it is one path

@@ -92,6 +92,16 @@ impl ClientError {
 /// How much of an unexpected body is kept in [`ClientError::Unexpected`].
 const UNEXPECTED_BODY_SNIPPET: usize = 512;
 
+/// A request body as JSON.
+fn encode<Req: serde::Serialize>(path: &str, body: &Req) -> Result<Bytes, ClientError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|source| ClientError::Encode {
+            endpoint: path.to_owned(),
+            source,
+        })
+}
+
 impl UnixClient {
     /// A client for the daemon listening on `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> UnixClient {
@@ -115,11 +125,7 @@ impl UnixClient {
         path: &str,
         body: &Req,
     ) -> Result<Resp, ClientError> {
-        let bytes = serde_json::to_vec(body).map_err(|source| ClientError::Encode {
-            endpoint: path.to_owned(),
-            source,
-        })?;
-        self.call(Method::POST, path, Some(Bytes::from(bytes)))
+        self.call(Method::POST, path, Some(encode(path, body)?))
             .await
     }
 
@@ -137,11 +143,8 @@ impl UnixClient {
         path: &str,
         body: &Req,
     ) -> Result<Resp, ClientError> {
-        let bytes = serde_json::to_vec(body).map_err(|source| ClientError::Encode {
-            endpoint: path.to_owned(),
-            source,
-        })?;
-        self.call(Method::PUT, path, Some(Bytes::from(bytes))).await
+        self.call(Method::PUT, path, Some(encode(path, body)?))
+            .await
     }
 
     /// DELETEs `path`; same result rules as [`UnixClient::post`].
