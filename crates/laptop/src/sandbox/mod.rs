@@ -15,7 +15,9 @@
 //! first, then SIGKILL to every descendant it finds) and exits with the shell's status only once
 //! `waitpid(-1)` answers `ECHILD`.
 //!
-//! Layout: this file holds the policy, its error and the Landlock support check;
+//! Layout: this file holds the policy, its error and the Landlock support check; `sbpl.rs`
+//! the macOS back end of the same policy (a `sandbox-exec` profile, generated and evaluated
+//! on any machine);
 //! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
 //! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
 //! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
@@ -65,6 +67,7 @@ use super::seccomp::SeccompError;
 mod launcher;
 mod plan;
 mod reaper;
+pub mod sbpl;
 mod spawn;
 
 pub use launcher::launcher_main;

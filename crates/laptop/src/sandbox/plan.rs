@@ -546,6 +546,83 @@ mod tests {
         assert_eq!(find("scratch"), vec![all]);
     }
 
+    /// One policy, two back ends: for a table of existing files, what the Landlock plan grants
+    /// (a rule on the file or any folder above it) and what the macOS profile's own evaluator
+    /// decides agree, for reading and for writing.
+    #[test]
+    fn the_landlock_plan_and_the_macos_profile_decide_alike() {
+        use crate::sandbox::sbpl::{Access as Sbpl, Profile};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        let files = [
+            "w/f",
+            "w/a/c/f",
+            "w/a/b/secret",
+            "w/a/bee/f",
+            "w/d/deep/f",
+            "w/ro/f",
+            "w/ro/sub/f",
+            "w/.agentworks/receipts.db",
+            "r/f",
+            "r/sub/f",
+            "outside/f",
+            "scratch/tmp",
+        ];
+        for file in files {
+            let path = root.join(file);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&path, "x").expect("write");
+        }
+        let mut policy = policy(&root);
+        policy.read_only = vec![root.join("r")];
+        policy.denied = vec![root.join("w/.agentworks")];
+        let abi = landlock_status().expect("landlock");
+        let plan = plan_rules(&policy, abi).expect("plan");
+        let profile = Profile::generate(&policy, None);
+        let landlock = |path: &Path, right: AccessFs| {
+            plan.rules
+                .iter()
+                .any(|r| path.starts_with(&r.path) && r.access.contains(right))
+        };
+        let mut table = Vec::new();
+        for file in files {
+            let path = root.join(file);
+            let read = (
+                landlock(&path, AccessFs::ReadFile),
+                profile.decide(&path, Sbpl::Read),
+            );
+            let write = (
+                landlock(&path, AccessFs::WriteFile),
+                profile.decide(&path, Sbpl::Write),
+            );
+            assert_eq!(
+                read.0, read.1,
+                "reading {file}: Landlock {}, macOS {}",
+                read.0, read.1
+            );
+            assert_eq!(
+                write.0, write.1,
+                "writing {file}: Landlock {}, macOS {}",
+                write.0, write.1
+            );
+            table.push((file, read.0, write.0));
+        }
+        // And the table is the policy's: not everything allowed, not everything denied.
+        let expect = [
+            ("w/f", true, true),
+            ("w/a/b/secret", false, false),
+            ("w/a/bee/f", true, true),
+            ("w/ro/sub/f", true, false),
+            ("w/.agentworks/receipts.db", false, false),
+            ("r/sub/f", true, false),
+            ("outside/f", false, false),
+            ("scratch/tmp", true, true),
+        ];
+        for row in expect {
+            assert!(table.contains(&row), "{row:?} not in {table:?}");
+        }
+    }
+
     /// Landlock ABI 9 (not on this machine's kernel; the plan is only built, not applied):
     /// connecting to named Unix sockets is handled and granted only beneath the writable
     /// folders and the scratch dir, never the system paths; `--allow-unix-sockets` unhandles it.
