@@ -16,7 +16,9 @@
 //!   daemon listens on, each reserved once;
 //! - [`laptop_cli`] (`tests/common/laptop_cli.rs`, shared with the benchmarks): laptop CLI
 //!   steps such as the token login;
-//! - [`probes`]: processes left running, conditions polled.
+//! - [`probes`]: processes left running, conditions polled;
+//! - [`powercut_fs`]: the FUSE filesystem that keeps only what was synced when its power is
+//!   cut, for the power-loss suite.
 //!
 //! What holds for all of them: a daemon is started only on a temp state root; a start returns
 //! once the daemon answers and fails the test (with the daemon's stderr, which is inherited or
@@ -37,6 +39,7 @@ mod laptop_cli;
 mod mcp;
 #[path = "../../common/ports.rs"]
 mod ports;
+mod powercut_fs;
 mod probes;
 mod quickstart;
 mod state;
@@ -48,6 +51,7 @@ pub use gatewayd::*;
 pub use laptop::*;
 pub use mcp::*;
 pub use ports::*;
+pub use powercut_fs::*;
 pub use probes::*;
 pub use quickstart::*;
 pub use state::*;
