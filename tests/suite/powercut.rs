@@ -16,6 +16,9 @@
 //! without `/dev/fuse` fails these tests, saying so: it never skips them.
 
 use super::harness::*;
+use agentworks_contract::executor::{
+    ExecutorFrame, GatewayFrame, Operation, Outcome as ExecOutcome,
+};
 use agentworks_contract::workspaced::Context;
 use agentworks_support::unix_http::ClientError;
 use rand::rngs::SmallRng;
@@ -25,6 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -794,4 +798,254 @@ fn workspaced_keeps_every_acknowledged_write_across_power_cuts() {
         counts.refused,
     );
     assert!(tally.acknowledged >= cuts, "{tally:?}");
+}
+
+// ----- the laptop executor -----
+
+/// A counter file the executor's patches step up, one value at a time.
+fn counter(value: usize) -> String {
+    format!("value {value}\n")
+}
+
+fn step_patch(value: usize) -> Operation {
+    patch(
+        "counter.txt",
+        &format!(
+            "--- a/counter.txt\n+++ b/counter.txt\n@@ -1 +1 @@\n-value {value}\n+value {}\n",
+            value + 1
+        ),
+    )
+}
+
+/// How many times each request id ran a command, from the witness log (off the cut
+/// filesystem, appended by the commands themselves).
+fn runs(witness: &Path) -> HashMap<String, usize> {
+    let mut runs = HashMap::new();
+    if let Ok(log) = std::fs::read_to_string(witness.join("runs")) {
+        for id in log.lines() {
+            *runs.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+    runs
+}
+
+/// Cut both filesystems, kill the executor (and wait for it), bring the power back.
+fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut Child) {
+    for fs in fs.iter() {
+        fs.cut();
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+    for fs in fs.iter_mut() {
+        fs.restore_power()
+            .unwrap_or_else(|e| panic!("restoring power: {e}"));
+    }
+}
+
+#[test]
+fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
+    // Each cut restarts the executor and its sandbox, so fewer than for workspaced.
+    let cuts = (cuts_wanted() / 2).max(1);
+    let seed = seed();
+    eprintln!("executor power cuts: {cuts} cuts, AGENTWORKS_POWERCUT_SEED={seed}");
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(seed);
+
+    let laptop = Laptop::new("aw-powercut-laptop-", &[]);
+    laptop.write_credentials("device-token");
+    // The executor's state dir (its receipts) and the shared folder are each on a power-cut
+    // filesystem; the witness folder, where commands log that they ran, is not.
+    let mut state_fs = PowercutFs::mount(&laptop.state_home()).unwrap_or_else(|e| panic!("{e}"));
+    let project = laptop.folder("proj");
+    std::fs::create_dir_all(&project).unwrap();
+    let mut project_fs = PowercutFs::mount(&project).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(project.join("counter.txt"), counter(0)).unwrap();
+    project_fs.sync_all();
+    state_fs.sync_all();
+    let witness = laptop.folder("witness");
+    std::fs::create_dir_all(&witness).unwrap();
+    let args = [
+        "--write-folder",
+        project.to_str().unwrap(),
+        "--write-folder",
+        witness.to_str().unwrap(),
+    ];
+
+    // Every request sent, with the outcome it was acknowledged with (if it was).
+    let mut acknowledged: Vec<(String, Operation, ExecOutcome)> = Vec::new();
+    let mut unanswered = 0;
+    let mut interrupted = 0;
+    // The counter's value as the last acknowledged (or replayed) patch left it.
+    let mut value = 0;
+    let rt = runtime();
+    rt.block_on(async {
+        let gateway = Gateway::new().await;
+        for number in 0..cuts {
+            let context = format!("executor cut {number} (seed {seed})");
+            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+            let (mut ws, _, _) = gateway.accept().await;
+
+            // Check the last round first, now that the executor is back: every acknowledged
+            // result is answered again from the receipts, and nothing runs twice.
+            let before = runs(&witness);
+            for (id, operation, outcome) in &acknowledged {
+                if !rng.random_ratio(1, 3) && id != &acknowledged.last().unwrap().0 {
+                    continue;
+                }
+                let again = request(&mut ws, id, "proj", operation.clone()).await;
+                assert_eq!(
+                    &again, outcome,
+                    "{context}: {id} answered differently after the cut"
+                );
+            }
+            assert_eq!(
+                runs(&witness),
+                before,
+                "{context}: a replayed command ran again"
+            );
+            let on_disk = std::fs::read_to_string(project.join("counter.txt")).unwrap();
+            assert_eq!(
+                on_disk,
+                counter(value),
+                "{context}: the counter after the cut"
+            );
+
+            // A stream of commands and patches, cut at a random point.
+            let delay = Duration::from_millis(rng.random_range(0..=400));
+            let cut_at = tokio::time::Instant::now() + delay;
+            let mut in_flight: Option<(String, Operation)> = None;
+            for i in 0.. {
+                let id = format!("c{number}-{i}");
+                let operation = if rng.random_ratio(1, 2) {
+                    shell(&format!(
+                        "echo {id} >> {}/runs; echo out-{id}",
+                        witness.display()
+                    ))
+                } else {
+                    step_patch(value)
+                };
+                send(
+                    &mut ws,
+                    &GatewayFrame::Request {
+                        request_id: id.clone(),
+                        folder: "proj".into(),
+                        operation: operation.clone(),
+                    },
+                )
+                .await;
+                in_flight = Some((id.clone(), operation.clone()));
+                let answer = tokio::time::timeout_at(cut_at, async {
+                    loop {
+                        match next_frame(&mut ws).await {
+                            ExecutorFrame::Result {
+                                request_id,
+                                outcome,
+                            } if request_id == id => return outcome,
+                            _ => {}
+                        }
+                    }
+                })
+                .await;
+                let Ok(outcome) = answer else { break };
+                match (&operation, &outcome) {
+                    (
+                        Operation::ExecuteShellCommand { .. },
+                        ExecOutcome::Completed { stdout, .. },
+                    ) => {
+                        assert_eq!(stdout, &format!("out-{id}\n"), "{context}: {id}");
+                    }
+                    (Operation::DiffPatchWorkspaceFile { .. }, ExecOutcome::Patched { .. }) => {
+                        value += 1;
+                    }
+                    _ => panic!("{context}: {id}: {outcome:?}"),
+                }
+                acknowledged.push((id, operation, outcome));
+                in_flight = None;
+            }
+            cut_executor(&mut [&mut state_fs, &mut project_fs], &mut child);
+            drop(ws);
+
+            // The request the cut interrupted, sent again to a restarted executor: if its
+            // command ran, it is answered from the receipts (never run again); the counter
+            // is whole, and a patch is applied at most once.
+            let Some((id, operation)) = in_flight else {
+                continue;
+            };
+            unanswered += 1;
+            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+            let (mut ws, _, _) = gateway.accept().await;
+            let on_disk = std::fs::read_to_string(project.join("counter.txt")).unwrap();
+            let ran_before = runs(&witness).get(&id).copied().unwrap_or(0);
+            let again = request(&mut ws, &id, "proj", operation.clone()).await;
+            let ran_after = runs(&witness).get(&id).copied().unwrap_or(0);
+            assert!(ran_after <= 1, "{context}: {id} ran {ran_after} times");
+            if ran_before == 1 {
+                assert_eq!(ran_after, 1, "{context}: {id} ran again after the cut");
+            }
+            match (&operation, &again) {
+                (_, ExecOutcome::Interrupted { .. }) => interrupted += 1,
+                (Operation::ExecuteShellCommand { .. }, ExecOutcome::Completed { stdout, .. }) => {
+                    assert_eq!(stdout, &format!("out-{id}\n"), "{context}: {id}");
+                    acknowledged.push((id.clone(), operation.clone(), again.clone()));
+                }
+                (Operation::DiffPatchWorkspaceFile { .. }, ExecOutcome::Patched { .. }) => {
+                    // Applied before the cut and recorded, or applied now: once either way.
+                    assert!(
+                        on_disk == counter(value) || on_disk == counter(value + 1),
+                        "{context}: torn counter {on_disk:?}"
+                    );
+                    value += 1;
+                    acknowledged.push((id.clone(), operation.clone(), again.clone()));
+                }
+                _ => panic!("{context}: {id} after the cut: {again:?}"),
+            }
+            let now = std::fs::read_to_string(project.join("counter.txt")).unwrap();
+            if matches!(again, ExecOutcome::Interrupted { .. }) {
+                // Interrupted: the patch may or may not have reached the disk; take what is there.
+                assert!(
+                    now == counter(value) || now == counter(value + 1),
+                    "{context}: torn counter {now:?}"
+                );
+                if now == counter(value + 1) {
+                    value += 1;
+                }
+            } else {
+                assert_eq!(now, counter(value), "{context}: {id}");
+            }
+            // Cut again, idle: what this executor answered must survive that too (the next
+            // round starts by checking it).
+            cut_executor(&mut [&mut state_fs, &mut project_fs], &mut child);
+            drop(ws);
+        }
+        let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+        let (mut ws, _, _) = gateway.accept().await;
+        let before = runs(&witness);
+        for (id, operation, outcome) in &acknowledged {
+            let again = request(&mut ws, id, "proj", operation.clone()).await;
+            assert_eq!(
+                &again, outcome,
+                "{id} answered differently at the end (seed {seed})"
+            );
+        }
+        assert_eq!(
+            runs(&witness),
+            before,
+            "a replayed command ran again (seed {seed})"
+        );
+        let _ = child.kill();
+        child.wait().unwrap();
+    });
+    let ran_twice: Vec<_> = runs(&witness).into_iter().filter(|(_, n)| *n > 1).collect();
+    assert!(
+        ran_twice.is_empty(),
+        "commands ran twice: {ran_twice:?} (seed {seed})"
+    );
+    eprintln!(
+        "executor power cuts: {cuts} cuts in {:.1} s (seed {seed}); {} results acknowledged and \
+         replayed, {unanswered} requests cut before their answer ({interrupted} of them \
+         reported interrupted); the counter reached {value}",
+        started.elapsed().as_secs_f64(),
+        acknowledged.len(),
+    );
+    assert!(!acknowledged.is_empty());
 }

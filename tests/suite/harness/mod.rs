@@ -7,6 +7,7 @@
 //! - [`agentd`]: the [`Stack`], workspaced + `agentworks-agentd`, and operator calls;
 //! - [`gatewayd`]: `agentworks-gatewayd` beside a [`Stack`];
 //! - [`laptop`]: a fake laptop for the `agentworks` CLI;
+//! - [`executor_gateway`]: an in-test WebSocket gateway for `agentworks executor connect`;
 //! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
 //! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
 //! - [`users`]: real system users and groups;
@@ -32,6 +33,7 @@ mod agentd;
 #[allow(dead_code)]
 #[path = "../../common/daemons.rs"]
 mod daemons;
+mod executor_gateway;
 mod gatewayd;
 mod laptop;
 #[path = "../../common/laptop_cli.rs"]
@@ -47,6 +49,7 @@ mod users;
 mod workspaced;
 
 pub use agentd::*;
+pub use executor_gateway::*;
 pub use gatewayd::*;
 pub use laptop::*;
 pub use mcp::*;

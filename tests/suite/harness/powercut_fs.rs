@@ -984,19 +984,50 @@ impl PowercutFs {
     }
 
     /// Unmount (so that no kernel cache survives), drop everything that was not durable, and
-    /// mount again. Every process that used the filesystem must be gone.
+    /// mount again. Every process that used the filesystem must be gone or going (a process
+    /// still exiting keeps it busy for a moment: the unmount waits up to 20 s for it).
     pub fn restore_power(&mut self) -> Result<(), PowercutError> {
-        if let Some(session) = self.session.take() {
-            session
-                .umount_and_join()
-                .map_err(|source| PowercutError::Unmount {
-                    mountpoint: self.mountpoint.clone(),
-                    source,
-                })?;
-        }
+        self.unmount(Duration::from_secs(20))?;
         self.lock().restore_power();
         self.session = Some(self.start_session()?);
         Ok(())
+    }
+
+    /// Unmount, retrying while the mount is busy for up to `patience`, then wait for the
+    /// session thread to end (it ends when the kernel closes the connection).
+    fn unmount(&mut self, patience: Duration) -> Result<(), PowercutError> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let path = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes())
+            .expect("a mount point has no NUL");
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+            if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+                break;
+            }
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EBUSY) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            // Put the session back so that Drop can still detach the mount.
+            self.session = Some(session);
+            return Err(PowercutError::Unmount {
+                mountpoint: self.mountpoint.clone(),
+                source: error,
+            });
+        }
+        match session.join() {
+            // The kernel ends the session with ENODEV, or ECONNABORTED when it aborted the
+            // connection at the unmount (requests were still queued): both mean it is over.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::ENODEV)) => Ok(()),
+            other => other.map_err(|source| PowercutError::Unmount {
+                mountpoint: self.mountpoint.clone(),
+                source,
+            }),
+        }
     }
 
     /// Make everything durable now (the test's set-up; see the module doc on `sync(2)`).
@@ -1015,10 +1046,12 @@ impl PowercutFs {
 
 impl Drop for PowercutFs {
     fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            if let Err(e) = session.umount_and_join() {
-                eprintln!("powercut fs: unmounting {}: {e}", self.mountpoint.display());
-            }
+        if let Err(e) = self.unmount(Duration::from_secs(5)) {
+            eprintln!("powercut fs: {e}; detaching it");
+            let path = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes())
+                .expect("a mount point has no NUL");
+            // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
         }
     }
 }
