@@ -20,7 +20,7 @@ use agentworks_contract::executor::{
     ExecutorFrame, GatewayFrame, Operation, Outcome as ExecOutcome,
 };
 use agentworks_contract::workspaced::Context;
-use agentworks_support::unix_http::ClientError;
+use agentworks_support::unix_http::{ClientError, UnixClient};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
@@ -220,6 +220,21 @@ fn the_filesystem_serves_what_workspaced_and_sqlite_need() {
     assert_eq!(std::fs::read(root.join("a")).unwrap(), b"b");
     // An open file or folder would keep the filesystem busy at the cut's unmount.
     drop(dir);
+    // Content across chunk boundaries; a truncated file grown again shows zeros.
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    write_file(&root.join("big"), &big, true);
+    assert_eq!(std::fs::read(root.join("big")).unwrap(), big);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("big"))
+        .unwrap();
+    file.set_len(70_000).unwrap();
+    file.set_len(140_000).unwrap();
+    drop(file);
+    let grown = std::fs::read(root.join("big")).unwrap();
+    assert_eq!(grown.len(), 140_000);
+    assert_eq!(grown[..70_000], big[..70_000]);
+    assert!(grown[70_000..].iter().all(|b| *b == 0));
     // A POSIX ACL is stored as its xattr and reads back byte for byte (getfacl/setfacl are
     // the independent codec).
     let acl_file = root.join("acl.txt");
@@ -304,8 +319,22 @@ struct Sent {
     outcome: Outcome,
 }
 
+/// One call on a connection of its own: the writers run on many threads, each call on its own
+/// throwaway runtime, so no pooled connection may outlive the runtime that drives it. An
+/// answer that never comes fails the test instead of hanging it.
 fn post(client: &Client, endpoint: &str, body: Value) -> Result<Value, (String, Value)> {
-    match client.post::<_, Value>(endpoint, &body) {
+    let fresh = UnixClient::new(client.inner.socket());
+    // The timer is made inside the runtime that drives it.
+    let call = async {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            fresh.post::<_, Value>(endpoint, &body),
+        )
+        .await
+    };
+    let reply = block_on(call)
+        .unwrap_or_else(|_| panic!("no answer from workspaced to {endpoint} within 60 s"));
+    match reply {
         Ok(v) => Ok(v),
         Err(ClientError::Remote { body, .. }) => {
             Err((body.code.clone(), serde_json::to_value(&body).unwrap()))

@@ -64,13 +64,85 @@ struct Meta {
     ctime: SystemTime,
 }
 
+/// A file's bytes in fixed chunks, each shared between the layers until one side writes to it
+/// (copy on write): a sync copies a list of pointers, and a write after it copies only the
+/// chunks it touches (SQLite's files grow to many megabytes over a long run). Bytes past `len`
+/// in the last chunk are always zero, so growing a file shows zeros.
+#[derive(Clone, Debug, Default)]
+struct Data {
+    len: usize,
+    chunks: Vec<Arc<Vec<u8>>>,
+}
+
+const CHUNK: usize = 64 * 1024;
+
+impl Data {
+    fn from_bytes(bytes: &[u8]) -> Data {
+        let mut data = Data::default();
+        data.write(0, bytes);
+        data
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Up to `size` bytes from `offset`.
+    fn read(&self, offset: usize, size: usize) -> Vec<u8> {
+        let end = offset.saturating_add(size).min(self.len);
+        let mut out = Vec::with_capacity(end.saturating_sub(offset));
+        let mut at = offset;
+        while at < end {
+            let (chunk, within) = (at / CHUNK, at % CHUNK);
+            let take = (CHUNK - within).min(end - at);
+            out.extend_from_slice(&self.chunks[chunk][within..within + take]);
+            at += take;
+        }
+        out
+    }
+
+    fn write(&mut self, offset: usize, bytes: &[u8]) {
+        let end = offset + bytes.len();
+        self.cover(end);
+        let mut at = offset;
+        while at < end {
+            let (chunk, within) = (at / CHUNK, at % CHUNK);
+            let take = (CHUNK - within).min(end - at);
+            Arc::make_mut(&mut self.chunks[chunk])[within..within + take]
+                .copy_from_slice(&bytes[at - offset..at - offset + take]);
+            at += take;
+        }
+        self.len = self.len.max(end);
+    }
+
+    /// Enough (zeroed) chunks for `end` bytes.
+    fn cover(&mut self, end: usize) {
+        while self.chunks.len() * CHUNK < end {
+            self.chunks.push(Arc::new(vec![0; CHUNK]));
+        }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        if len < self.len {
+            self.chunks.truncate(len.div_ceil(CHUNK));
+            let within = len % CHUNK;
+            if within != 0 {
+                Arc::make_mut(&mut self.chunks[len / CHUNK])[within..].fill(0);
+            }
+        } else {
+            self.cover(len);
+        }
+        self.len = len;
+    }
+}
+
 /// One inode in one layer. The data, entries and xattrs are shared between the layers until
 /// one side changes them (copy on write), so a sync is cheap.
 #[derive(Clone, Debug)]
 struct Node {
     kind: FileType,
     /// A file's content or a symlink's target.
-    data: Arc<Vec<u8>>,
+    data: Data,
     /// A directory's entries.
     entries: Arc<BTreeMap<OsString, u64>>,
     xattrs: Arc<BTreeMap<OsString, Vec<u8>>>,
@@ -84,7 +156,7 @@ impl Node {
         let now = SystemTime::now();
         Node {
             kind,
-            data: Arc::default(),
+            data: Data::default(),
             entries: Arc::default(),
             xattrs: Arc::default(),
             meta: Meta {
@@ -397,15 +469,6 @@ fn time_of(t: TimeOrNow) -> SystemTime {
     }
 }
 
-/// A file's content with `data` written at `offset` (zero-filled up to it).
-fn write_at(content: &mut Vec<u8>, offset: usize, data: &[u8]) {
-    let end = offset + data.len();
-    if content.len() < end {
-        content.resize(end, 0);
-    }
-    content[offset..end].copy_from_slice(data);
-}
-
 impl fuser::Filesystem for Served {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.entry(reply, |s| s.child(parent.0, name));
@@ -443,7 +506,7 @@ impl fuser::Filesystem for Served {
                     return Err(Errno::EISDIR);
                 }
                 let size = usize::try_from(size).map_err(|_| Errno::EFBIG)?;
-                Arc::make_mut(&mut node.data).resize(size, 0);
+                node.data.set_len(size);
                 node.meta.mtime = SystemTime::now();
             }
             if let Some(mode) = mode {
@@ -476,7 +539,7 @@ impl fuser::Filesystem for Served {
             if node.kind != FileType::Symlink {
                 return Err(Errno::EINVAL);
             }
-            Ok(node.data.clone())
+            Ok(node.data.read(0, node.data.len()))
         });
         match result {
             Ok(target) => reply.data(&target),
@@ -556,7 +619,7 @@ impl fuser::Filesystem for Served {
     ) {
         self.entry(reply, |s| {
             let mut node = Served::new_node(req, FileType::Symlink, 0o777, 0);
-            node.data = Arc::new(target.as_os_str().as_bytes().to_vec());
+            node.data = Data::from_bytes(target.as_os_str().as_bytes());
             s.create(parent.0, link_name, node)
         });
     }
@@ -619,12 +682,8 @@ impl fuser::Filesystem for Served {
         reply: ReplyData,
     ) {
         let result = self.powered().and_then(|s| {
-            let data = &s.node(ino.0)?.data;
-            let start = usize::try_from(offset)
-                .unwrap_or(usize::MAX)
-                .min(data.len());
-            let end = start.saturating_add(size as usize).min(data.len());
-            Ok(data[start..end].to_vec())
+            let offset = usize::try_from(offset).unwrap_or(usize::MAX);
+            Ok(s.node(ino.0)?.data.read(offset, size as usize))
         });
         match result {
             Ok(bytes) => reply.data(&bytes),
@@ -650,7 +709,7 @@ impl fuser::Filesystem for Served {
                 return Err(Errno::EINVAL);
             }
             let offset = usize::try_from(offset).map_err(|_| Errno::EFBIG)?;
-            write_at(Arc::make_mut(&mut node.data), offset, data);
+            node.data.write(offset, data);
             let now = SystemTime::now();
             node.meta.mtime = now;
             node.meta.ctime = now;
@@ -846,7 +905,7 @@ impl fuser::Filesystem for Served {
                 Some(existing) => {
                     if flags & libc::O_TRUNC != 0 {
                         let node = s.node_mut(existing)?;
-                        node.data = Arc::default();
+                        node.data = Data::default();
                         node.meta.mtime = SystemTime::now();
                     }
                     existing
@@ -888,7 +947,7 @@ impl fuser::Filesystem for Served {
             let end = usize::try_from(offset.saturating_add(length)).map_err(|_| Errno::EFBIG)?;
             let node = s.node_mut(ino.0)?;
             if node.data.len() < end {
-                Arc::make_mut(&mut node.data).resize(end, 0);
+                node.data.set_len(end);
             }
             Ok(())
         });
