@@ -2,7 +2,10 @@
 //! directory change in memory, in a *live* layer that the processes see, and copies it into a
 //! *durable* layer only when it is synced; a cut drops the live layer and brings the durable one
 //! back, as LazyFS does for Jepsen. The power-cut suite (`suite::powercut`) runs workspaced's
-//! state root and project folders on it.
+//! state root and project folders, and the laptop executor's state dir and shared folder, on
+//! it. A cut ([`PowercutFs::cut`]) fails every further request with EIO at once; the test then
+//! kills the processes, and [`PowercutFs::restore_power`] unmounts, resets the live layer to the
+//! durable one and mounts again.
 //!
 //! Why a real FUSE filesystem and not a mock of the product's file calls: the product's
 //! durability depends on the exact system calls it makes (fsync of a staged file, rename,
@@ -20,9 +23,10 @@
 //! - an inode exists durably, empty, from its creation: a durable entry that points at a file
 //!   whose data was never synced shows an empty file after a cut, the torn write the tests
 //!   must never see;
-//! - `syncfs(2)` and `sync(2)` are not delivered to a FUSE filesystem by Linux (it sends
-//!   `FUSE_SYNCFS` only to virtiofs), so they make nothing durable here; the product calls
-//!   neither. [`PowercutFs::sync_all`] is the test's own "everything durable", for set-up.
+//! - `syncfs(2)` and `sync(2)` make nothing durable here: Linux sends `FUSE_SYNCFS` only to
+//!   virtiofs servers, not to a `/dev/fuse` one like this (and `fuser` has no handler for it),
+//!   so the call succeeds without reaching the filesystem; the self-test shows it. The product
+//!   calls neither. [`PowercutFs::sync_all`] is the test's own "everything durable", for set-up.
 //!
 //! What it leaves to the kernel, on purpose: byte-range and `flock` locks (the filesystem does
 //! not ask for them at `INIT`, so the kernel keeps them locally, which is right for processes
@@ -196,8 +200,8 @@ struct Store {
 
 impl Store {
     fn new() -> Store {
-        // SAFETY: getuid/getgid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let uid = rustix::process::getuid().as_raw();
+        let gid = rustix::process::getgid().as_raw();
         let mut root = Node::new(FileType::Directory, 0o755, uid, gid, 0);
         root.nlink = 2;
         let live = HashMap::from([(ROOT, root)]);
