@@ -861,13 +861,33 @@ fn runs(witness: &Path) -> HashMap<String, usize> {
     runs
 }
 
+/// `agentworks executor connect`, killed and reaped when dropped, also when the test fails
+/// (an executor left running would hold the test's stderr and a dead mount).
+struct ExecutorProcess(Child);
+
+impl ExecutorProcess {
+    fn start(laptop: &Laptop, gateway: &Gateway, args: &[&str]) -> ExecutorProcess {
+        ExecutorProcess(spawn_executor(laptop, &gateway.url(), args))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ExecutorProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Cut both filesystems, kill the executor (and wait for it), bring the power back.
-fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut Child) {
+fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut ExecutorProcess) {
     for fs in fs.iter() {
         fs.cut();
     }
-    let _ = child.kill();
-    child.wait().unwrap();
+    child.kill();
     for fs in fs.iter_mut() {
         fs.restore_power()
             .unwrap_or_else(|e| panic!("restoring power: {e}"));
@@ -914,7 +934,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
         let gateway = Gateway::new().await;
         for number in 0..cuts {
             let context = format!("executor cut {number} (seed {seed})");
-            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+            let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
             let (mut ws, _, _) = gateway.accept().await;
 
             // Check the last round first, now that the executor is back: every acknowledged
@@ -1004,7 +1024,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
                 continue;
             };
             unanswered += 1;
-            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+            let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
             let (mut ws, _, _) = gateway.accept().await;
             let on_disk = std::fs::read_to_string(project.join("counter.txt")).unwrap();
             let ran_before = runs(&witness).get(&id).copied().unwrap_or(0);
@@ -1049,7 +1069,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
             cut_executor(&mut [&mut state_fs, &mut project_fs], &mut child);
             drop(ws);
         }
-        let mut child = spawn_executor(&laptop, &gateway.url(), &args);
+        let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
         let (mut ws, _, _) = gateway.accept().await;
         let before = runs(&witness);
         for (id, operation, outcome) in &acknowledged {
@@ -1064,8 +1084,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
             before,
             "a replayed command ran again (seed {seed})"
         );
-        let _ = child.kill();
-        child.wait().unwrap();
+        child.kill();
     });
     let ran_twice: Vec<_> = runs(&witness).into_iter().filter(|(_, n)| *n > 1).collect();
     assert!(
