@@ -4,14 +4,16 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentworks_contract::executor::{ExecutorFrame, GatewayFrame, Operation, Outcome};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::harness::{Laptop, Stack};
+use super::harness::{
+    Gateway, Laptop, Stack, patch, request, runtime, send, shell, spawn_executor, wait_exit,
+};
 
 /// A laptop with default XDG dirs ([`Laptop::with_default_dirs`]): the credential is in
 /// `~/.config/agentworks/`, the state in `~/.local/state/agentworks/`.
@@ -23,8 +25,6 @@ fn default_dirs_laptop() -> Laptop {
 trait LaptopExt {
     /// Create the project folder `~/src/<name>` with `files` (path, content).
     fn project(&self, name: &str, files: &[(&str, &str)]) -> PathBuf;
-    /// Store a credential for an unreachable server with `token`, as a login would.
-    fn write_credentials(&self, token: &str);
 }
 
 impl LaptopExt for Laptop {
@@ -37,15 +37,6 @@ impl LaptopExt for Laptop {
             std::fs::write(path, content).unwrap();
         }
         dir
-    }
-    fn write_credentials(&self, token: &str) {
-        let path = self.credentials();
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(
-            &path,
-            serde_json::json!({"server": "http://127.0.0.1:9", "token": token}).to_string(),
-        )
-        .unwrap();
     }
 }
 
@@ -274,153 +265,6 @@ fn connect_prints_permissions_and_refuses_plain_ws_to_a_remote_host() {
 }
 
 // ----- end to end against an in-test gateway -----
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
-
-struct Gateway {
-    listener: tokio::net::TcpListener,
-}
-
-impl Gateway {
-    async fn new() -> Gateway {
-        Gateway {
-            listener: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        }
-    }
-    fn url(&self) -> String {
-        format!(
-            "ws://127.0.0.1:{}",
-            self.listener.local_addr().unwrap().port()
-        )
-    }
-    /// Accept the executor: returns the socket, the bearer it sent and its Hello.
-    #[allow(clippy::result_large_err)] // the handshake callback's error type is tungstenite's
-    async fn accept(&self) -> (Ws, String, ExecutorFrame) {
-        let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), self.listener.accept())
-            .await
-            .expect("the executor did not connect")
-            .unwrap();
-        let mut auth = String::new();
-        let mut path = String::new();
-        let mut ws = tokio_tungstenite::accept_hdr_async(
-            tcp,
-            |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
-                auth = req
-                    .headers()
-                    .get("authorization")
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .unwrap_or_default();
-                path = req.uri().path().to_owned();
-                Ok(resp)
-            },
-        )
-        .await
-        .unwrap();
-        assert_eq!(path, "/v1/executor");
-        let hello = next_frame(&mut ws).await;
-        send(
-            &mut ws,
-            &GatewayFrame::Welcome {
-                device_id: "dev-1".into(),
-                heartbeat_secs: 30,
-                notice: None,
-            },
-        )
-        .await;
-        (ws, auth, hello)
-    }
-}
-
-async fn send(ws: &mut Ws, frame: &GatewayFrame) {
-    ws.send(Message::text(serde_json::to_string(frame).unwrap()))
-        .await
-        .unwrap();
-}
-
-async fn next_frame(ws: &mut Ws) -> ExecutorFrame {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(60), ws.next())
-            .await
-            .expect("no frame from the executor")
-            .expect("closed")
-            .unwrap();
-        if let Message::Text(text) = message {
-            return serde_json::from_str(text.as_str()).unwrap();
-        }
-    }
-}
-
-async fn request(ws: &mut Ws, id: &str, folder: &str, operation: Operation) -> Outcome {
-    send(
-        ws,
-        &GatewayFrame::Request {
-            request_id: id.into(),
-            folder: folder.into(),
-            operation,
-        },
-    )
-    .await;
-    loop {
-        match next_frame(ws).await {
-            ExecutorFrame::Result {
-                request_id,
-                outcome,
-            } if request_id == id => return outcome,
-            _ => {}
-        }
-    }
-}
-
-fn shell(command: &str) -> Operation {
-    Operation::ExecuteShellCommand {
-        command: command.into(),
-        timeout: None,
-    }
-}
-
-fn patch(filepath: &str, diff: &str) -> Operation {
-    Operation::DiffPatchWorkspaceFile {
-        filepath: filepath.into(),
-        diff: diff.into(),
-    }
-}
-
-fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> Child {
-    let mut all = vec![
-        "executor",
-        "connect",
-        "--name",
-        "test-laptop",
-        "--gateway",
-        gateway,
-    ];
-    all.extend(args);
-    laptop
-        .command(&all)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
-}
-
-fn wait_exit(child: &mut Child) -> Option<i32> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        assert!(Instant::now() < deadline, "the executor did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn executor_runs_commands_and_patches_under_its_grants() {

@@ -27,6 +27,7 @@ mod oauth_inspector;
 mod outbound;
 mod ownership;
 mod patch_set;
+mod powercut;
 mod quickstart;
 mod rmcp_client;
 mod sandbox;

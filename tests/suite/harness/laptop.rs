@@ -78,6 +78,18 @@ impl Laptop {
         self.config_home().join("agentworks/credentials.json")
     }
 
+    /// Store a credential for an unreachable server with `token`, as a login would (the
+    /// executor tests give it their own `--gateway`).
+    pub fn write_credentials(&self, token: &str) {
+        let path = self.credentials();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::json!({"server": "http://127.0.0.1:9", "token": token}).to_string(),
+        )
+        .unwrap();
+    }
+
     /// A project folder: `~/src/<name>`.
     pub fn folder(&self, name: &str) -> PathBuf {
         self.home().join("src").join(name)

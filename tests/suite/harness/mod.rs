@@ -7,6 +7,7 @@
 //! - [`agentd`]: the [`Stack`], workspaced + `agentworks-agentd`, and operator calls;
 //! - [`gatewayd`]: `agentworks-gatewayd` beside a [`Stack`];
 //! - [`laptop`]: a fake laptop for the `agentworks` CLI;
+//! - [`executor_gateway`]: an in-test WebSocket gateway for `agentworks executor connect`;
 //! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
 //! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
 //! - [`users`]: real system users and groups;
@@ -16,7 +17,9 @@
 //!   daemon listens on, each reserved once;
 //! - [`laptop_cli`] (`tests/common/laptop_cli.rs`, shared with the benchmarks): laptop CLI
 //!   steps such as the token login;
-//! - [`probes`]: processes left running, conditions polled.
+//! - [`probes`]: processes left running, conditions polled;
+//! - [`powercut_fs`]: the FUSE filesystem that keeps only what was synced when its power is
+//!   cut, for the power-loss suite.
 //!
 //! What holds for all of them: a daemon is started only on a temp state root; a start returns
 //! once the daemon answers and fails the test (with the daemon's stderr, which is inherited or
@@ -30,6 +33,7 @@ mod agentd;
 #[allow(dead_code)]
 #[path = "../../common/daemons.rs"]
 mod daemons;
+mod executor_gateway;
 mod gatewayd;
 mod laptop;
 #[path = "../../common/laptop_cli.rs"]
@@ -37,6 +41,7 @@ mod laptop_cli;
 mod mcp;
 #[path = "../../common/ports.rs"]
 mod ports;
+mod powercut_fs;
 mod probes;
 mod quickstart;
 mod state;
@@ -44,10 +49,12 @@ mod users;
 mod workspaced;
 
 pub use agentd::*;
+pub use executor_gateway::*;
 pub use gatewayd::*;
 pub use laptop::*;
 pub use mcp::*;
 pub use ports::*;
+pub use powercut_fs::*;
 pub use probes::*;
 pub use quickstart::*;
 pub use state::*;
