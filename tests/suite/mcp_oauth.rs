@@ -21,15 +21,6 @@ use super::outbound::{Netns, TlsServer, self_signed};
 
 const PORT: u16 = 8443;
 
-fn start_server(netns: &Netns, cert_dir: &std::path::Path) -> TlsServer {
-    start_server_with(netns, cert_dir, &[])
-}
-
-/// [`start_server`] with more arguments for oauth_tools.py (`--preregistered …`).
-fn start_server_with(netns: &Netns, cert_dir: &std::path::Path, extra: &[&str]) -> TlsServer {
-    start_sdk_server(netns, "oauth_tools.py", cert_dir, PORT, extra)
-}
-
 /// The callback, as a browser would reach it: `GET` of the path and query of `location`.
 fn callback(stack: &Stack, token: &str, location: &str) -> (u16, hyper::HeaderMap, String) {
     let url = url::Url::parse(location).unwrap();
@@ -38,33 +29,81 @@ fn callback(stack: &Stack, token: &str, location: &str) -> (u16, hyper::HeaderMa
     http(stack.port, "GET", &path, &[("authorization", &auth)], "")
 }
 
+/// What every test here starts from: the scripted model and a stack trusting the namespace
+/// host's certificate (agentd's `outbound_root_certificates`), with alice owning the code
+/// project `app`; a client trusting it too, standing in for the person's browser; the host's
+/// address. Each test starts the OAuth server itself ([`World::server`]): one needs the
+/// stack's callback URL for it first.
+struct World {
+    stack: Stack,
+    model: Model,
+    alice: String,
+    browser: GuardedClient,
+    base: String,
+    certs: tempfile::TempDir,
+    // Last: the namespace goes after everything that uses it.
+    netns: Netns,
+}
+
+impl World {
+    fn start() -> World {
+        let netns = Netns::create();
+        let (certs, der) = self_signed(netns.inside);
+        let model = Model::start();
+        let (stack, _) = Stack::start_with_gateway_and(&format!(
+            "outbound_root_certificates = [{:?}]\n\n{}",
+            certs.path().join("cert.pem").to_str().unwrap(),
+            model.config()
+        ));
+        let alice = user(&stack, "alice");
+        code_project(&stack, "app", "alice", &[]);
+        World {
+            browser: GuardedClient::builder()
+                .add_root_certificate_der(der)
+                .build()
+                .unwrap(),
+            base: format!("https://{}:{PORT}", netns.inside),
+            stack,
+            model,
+            alice,
+            certs,
+            netns,
+        }
+    }
+
+    /// oauth_tools.py on the namespace host, with `extra` arguments (`--preregistered …`).
+    fn server(&self, extra: &[&str]) -> TlsServer {
+        start_sdk_server(
+            &self.netns,
+            "oauth_tools.py",
+            self.certs.path(),
+            PORT,
+            extra,
+        )
+    }
+}
+
 #[test]
 fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
-    let netns = Netns::create();
-    let (certs, der) = self_signed(netns.inside);
-    let _server = start_server(&netns, certs.path());
-    let base = format!("https://{}:{PORT}", netns.inside);
-    let browser = GuardedClient::builder()
-        .add_root_certificate_der(der)
-        .build()
-        .unwrap();
+    let world = World::start();
+    let _server = world.server(&[]);
+    let World {
+        stack,
+        model,
+        alice,
+        browser,
+        base,
+        ..
+    } = &world;
     let server_log = || {
         let body = block_on(browser.get(&format!("{base}/test/log")))
             .unwrap()
             .body;
         String::from_utf8(body.to_vec()).unwrap()
     };
-    let model = Model::start();
-    let (stack, _) = Stack::start_with_gateway_and(&format!(
-        "outbound_root_certificates = [{:?}]\n\n{}",
-        certs.path().join("cert.pem").to_str().unwrap(),
-        model.config()
-    ));
-    let alice = user(&stack, "alice");
-    code_project(&stack, "app", "alice", &[]);
     let (status, connection) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         "/v1/projects/app/mcp-connections",
         json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
@@ -75,24 +114,24 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
     let sign_in_path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
 
     // Not signed in: the turn leaves it out and says so.
-    let chat = create_chat(&stack, &alice, "app");
+    let chat = create_chat(stack, alice, "app");
     model.play(vec![text("no tools yet")]);
-    let events = turn(stack.port, &alice, &chat, "hi").unwrap();
+    let events = turn(stack.port, alice, &chat, "hi").unwrap();
     let unavailable = of_kind(&events, "connection_unavailable");
     assert_eq!(unavailable[0]["code"], "sign_in_required", "{events:?}");
 
     // A server whose metadata address redirects to the cloud metadata address: refused, and
     // nothing is fetched from there.
     let (_, trap) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         "/v1/projects/app/mcp-connections",
         json!({"name": "Trap", "url": format!("{base}/trap/mcp")}),
     );
     let (status, body) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         &format!(
             "/v1/projects/app/mcp-connections/{}/sign-in",
@@ -114,19 +153,19 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
     );
 
     // An editor cannot start a sign-in.
-    let bob = user(&stack, "bob");
+    let bob = user(stack, "bob");
     stack.admin(
         "members/add",
         json!({"project": "app", "user": "bob", "role": "editor"}),
     );
-    let (status, body) = api(&stack, &bob, "POST", &sign_in_path, Value::Null);
+    let (status, body) = api(stack, &bob, "POST", &sign_in_path, Value::Null);
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (403, Some("forbidden"))
     );
 
     // The owner starts it: an https authorization URL with PKCE, state and the resource.
-    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    let (status, body) = api(stack, alice, "POST", &sign_in_path, Value::Null);
     assert_eq!(status, 200, "{body}");
     let authorization = url::Url::parse(body["authorization_url"].as_str().unwrap()).unwrap();
     assert_eq!(authorization.scheme(), "https");
@@ -156,13 +195,13 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
         "{location}"
     );
     // Someone else cannot finish it, nor can an unknown state.
-    let (status, _, body) = callback(&stack, &bob, &location);
+    let (status, _, body) = callback(stack, &bob, &location);
     assert_eq!(status, 403, "{body}");
-    let (status, _, body) = callback(&stack, &alice, &location.replace("state=", "state=forged"));
+    let (status, _, body) = callback(stack, alice, &location.replace("state=", "state=forged"));
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("unknown_sign_in"), "{body}");
     // The person who started it does: back to the settings page, signed in.
-    let (status, headers, body) = callback(&stack, &alice, &location);
+    let (status, headers, body) = callback(stack, alice, &location);
     assert_eq!(status, 303, "{body}");
     assert_eq!(
         headers["location"].to_str().unwrap(),
@@ -172,15 +211,15 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
         )
     );
     let (_, listed) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "GET",
         "/v1/projects/app/mcp-connections",
         Value::Null,
     );
     assert_eq!(listed["connections"][0]["signed_in"], true, "{listed}");
     // The same callback again is refused: a state works once.
-    assert_eq!(callback(&stack, &alice, &location).0, 400);
+    assert_eq!(callback(stack, alice, &location).0, 400);
 
     // The issued tokens are nowhere under agentd's state in clear.
     let log = server_log();
@@ -206,7 +245,7 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
     // Used in a turn.
     model.clear();
     model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
-    let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
+    let events = turn(stack.port, alice, &chat, "who am I there?").unwrap();
     assert!(tool_names(&model.requests()[0]).contains(&whoami));
     assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
     assert!(server_log().contains(&format!("mcp {}", issued[0])));
@@ -216,7 +255,7 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
     block_on(browser.post(&format!("{base}/test/expire"), "text/plain", "")).unwrap();
     model.clear();
     model.play(vec![calls(&[("w2", &whoami, json!({}))]), text("again")]);
-    let events = turn(stack.port, &alice, &chat, "and now?").unwrap();
+    let events = turn(stack.port, alice, &chat, "and now?").unwrap();
     assert_eq!(result_of(&events, "w2")["state"], "done", "{events:?}");
     let log = server_log();
     assert!(log.contains(&format!("refreshed {}", issued[1])), "{log}");
@@ -237,8 +276,8 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
 
     // Removing the connection removes its sealed sign-in.
     let (status, _) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "DELETE",
         &format!("/v1/projects/app/mcp-connections/{id}"),
         Value::Null,
@@ -258,22 +297,19 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
 fn a_person_signs_a_connection_in_from_the_console() {
     use super::console_sessions::{PASSWORD, origin, passwd};
     super::console::require_browser();
-    let netns = Netns::create();
-    let (certs, _) = self_signed(netns.inside);
-    let _server = start_server(&netns, certs.path());
-    let base = format!("https://{}:{PORT}", netns.inside);
-    let model = Model::start();
-    let (stack, _) = Stack::start_with_gateway_and(&format!(
-        "outbound_root_certificates = [{:?}]\n\n{}",
-        certs.path().join("cert.pem").to_str().unwrap(),
-        model.config()
-    ));
-    let alice = user(&stack, "alice");
-    code_project(&stack, "app", "alice", &[]);
-    assert!(passwd(&stack, "alice", PASSWORD).status.success());
+    let world = World::start();
+    let _server = world.server(&[]);
+    let World {
+        stack,
+        model,
+        alice,
+        base,
+        ..
+    } = &world;
+    assert!(passwd(stack, "alice", PASSWORD).status.success());
     let (status, connection) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         "/v1/projects/app/mcp-connections",
         json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
@@ -283,10 +319,10 @@ fn a_person_signs_a_connection_in_from_the_console() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let shot = shots.join("connection-sign-in.png");
-    let chat = create_chat(&stack, &alice, "app");
+    let chat = create_chat(stack, alice, "app");
     model.play(vec![text("the remote tools are not available yet")]);
     let config = json!({
-        "chat_url": format!("{}/console/chats/{chat}", origin(&stack)),
+        "chat_url": format!("{}/console/chats/{chat}", origin(stack)),
         "username": "alice",
         "password": PASSWORD,
         "connection": "OAuth Tools",
@@ -311,7 +347,7 @@ fn a_person_signs_a_connection_in_from_the_console() {
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
     model.clear();
     model.play(vec![calls(&[("w1", &whoami, json!({}))]), text("done")]);
-    let events = turn(stack.port, &alice, &chat, "who am I there?").unwrap();
+    let events = turn(stack.port, alice, &chat, "who am I there?").unwrap();
     assert_eq!(result_of(&events, "w1")["state"], "done", "{events:?}");
 }
 
@@ -320,34 +356,24 @@ fn a_person_signs_a_connection_in_from_the_console() {
 /// its secret from a file, sealed, never shown), the sign-in uses it as a confidential client.
 #[test]
 fn a_server_without_registration_signs_in_with_the_operators_app() {
-    let netns = Netns::create();
-    let (certs, der) = self_signed(netns.inside);
-    let base = format!("https://{}:{PORT}", netns.inside);
-    let model = Model::start();
-    let (stack, _) = Stack::start_with_gateway_and(&format!(
-        "outbound_root_certificates = [{:?}]\n\n{}",
-        certs.path().join("cert.pem").to_str().unwrap(),
-        model.config()
-    ));
+    let world = World::start();
+    let World {
+        stack,
+        alice,
+        browser,
+        base,
+        netns,
+        ..
+    } = &world;
     let callback_url = format!(
         "http://127.0.0.1:{}/v1/mcp-connections/callback",
         stack.port
     );
     let secret = "cs-9d41f0c2-operator-secret";
-    let _server = start_server_with(
-        &netns,
-        certs.path(),
-        &["--preregistered", "agentworks-app", secret, &callback_url],
-    );
-    let browser = GuardedClient::builder()
-        .add_root_certificate_der(der)
-        .build()
-        .unwrap();
-    let alice = user(&stack, "alice");
-    code_project(&stack, "app", "alice", &[]);
+    let _server = world.server(&["--preregistered", "agentworks-app", secret, &callback_url]);
     let (_, connection) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         "/v1/projects/app/mcp-connections",
         json!({"name": "Provider", "url": format!("{base}/mcp")}),
@@ -357,7 +383,7 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
     assert_eq!(connection["app_key"], app_key.as_str());
     let sign_in_path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
 
-    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    let (status, body) = api(stack, alice, "POST", &sign_in_path, Value::Null);
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "needs_client_id");
     assert_eq!(body["error"]["callback_url"], callback_url.as_str());
@@ -395,7 +421,7 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         );
     }
 
-    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    let (status, body) = api(stack, alice, "POST", &sign_in_path, Value::Null);
     assert_eq!(status, 200, "{body}");
     let authorization = url::Url::parse(body["authorization_url"].as_str().unwrap()).unwrap();
     let query: std::collections::HashMap<_, _> = authorization.query_pairs().into_owned().collect();
@@ -404,11 +430,11 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         Err(OutboundError::Redirect { location, .. }) => location,
         other => panic!("the authorization endpoint did not redirect: {other:?}"),
     };
-    let (status, _, body) = callback(&stack, &alice, &location);
+    let (status, _, body) = callback(stack, alice, &location);
     assert_eq!(status, 303, "{body}");
     let (_, listed) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "GET",
         "/v1/projects/app/mcp-connections",
         Value::Null,
@@ -426,7 +452,7 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
     // Removed, the next sign-in needs it again.
     let removed = stack.ctl(&["mcp-app", "remove", &app_key]);
     assert!(removed.status.success(), "{removed:?}");
-    let (status, body) = api(&stack, &alice, "POST", &sign_in_path, Value::Null);
+    let (status, body) = api(stack, alice, "POST", &sign_in_path, Value::Null);
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (400, Some("needs_client_id"))
@@ -451,37 +477,31 @@ fn sign_in(stack: &Stack, token: &str, id: &str, browser: &GuardedClient) {
 /// disabled, the project stops using it (it is removed, and turns report `sign_in_required`).
 #[test]
 fn a_sign_in_goes_with_the_person_who_made_it() {
-    let netns = Netns::create();
-    let (certs, der) = self_signed(netns.inside);
-    let _server = start_server(&netns, certs.path());
-    let base = format!("https://{}:{PORT}", netns.inside);
-    let browser = GuardedClient::builder()
-        .add_root_certificate_der(der)
-        .build()
-        .unwrap();
-    let model = Model::start();
-    let (stack, _) = Stack::start_with_gateway_and(&format!(
-        "outbound_root_certificates = [{:?}]\n\n{}",
-        certs.path().join("cert.pem").to_str().unwrap(),
-        model.config()
-    ));
-    let alice = user(&stack, "alice");
-    code_project(&stack, "app", "alice", &[]);
-    let carol = user(&stack, "carol");
+    let world = World::start();
+    let _server = world.server(&[]);
+    let World {
+        stack,
+        model,
+        alice,
+        browser,
+        base,
+        ..
+    } = &world;
+    let carol = user(stack, "carol");
     stack.admin(
         "members/add",
         json!({"project": "app", "user": "carol", "role": "co-owner"}),
     );
     let (_, connection) = api(
-        &stack,
-        &alice,
+        stack,
+        alice,
         "POST",
         "/v1/projects/app/mcp-connections",
         json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
     );
     let id = connection["connection_id"].as_str().unwrap().to_owned();
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
-    let chat = create_chat(&stack, &alice, "app");
+    let chat = create_chat(stack, alice, "app");
     let db =
         rusqlite::Connection::open(stack.state.root().join("agent/mcp_connections.db")).unwrap();
     let sign_ins = || -> i64 {
@@ -491,7 +511,7 @@ fn a_sign_in_goes_with_the_person_who_made_it() {
     let offered = |message: &str| {
         model.clear();
         model.play(vec![text("ok")]);
-        let events = turn(stack.port, &alice, &chat, message).unwrap();
+        let events = turn(stack.port, alice, &chat, message).unwrap();
         (
             tool_names(&model.requests()[0]).contains(&whoami),
             of_kind(&events, "connection_unavailable")
@@ -501,7 +521,7 @@ fn a_sign_in_goes_with_the_person_who_made_it() {
     };
 
     // carol signs in; alice's chat uses carol's sign-in.
-    sign_in(&stack, &carol, &id, &browser);
+    sign_in(stack, &carol, &id, browser);
     assert_eq!(offered("with carol's sign-in"), (true, None));
     // carol leaves the project: her sign-in goes with her.
     stack.admin("members/remove", json!({"project": "app", "user": "carol"}));
@@ -515,14 +535,14 @@ fn a_sign_in_goes_with_the_person_who_made_it() {
 
     // alice signs in, then her account is disabled: the sign-in is not used (and the turn
     // itself is refused: a disabled person has no chats either).
-    sign_in(&stack, &alice, &id, &browser);
+    sign_in(stack, alice, &id, browser);
     assert_eq!(sign_ins(), 1);
     assert_eq!(offered("with alice's sign-in"), (true, None));
     stack.admin(
         "members/add",
         json!({"project": "app", "user": "carol", "role": "owner"}),
     );
-    let carol_chat = create_chat(&stack, &carol, "app");
+    let carol_chat = create_chat(stack, &carol, "app");
     stack.admin("users/disable", json!({"name": "alice"}));
     model.clear();
     model.play(vec![text("ok")]);
