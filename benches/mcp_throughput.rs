@@ -23,6 +23,8 @@
 //! non-zero only when something fails to run (a daemon, npm, a call that errors).
 //!
 //! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
+//! While working on one side, `-- 3 --writes-only` skips the reads and `--no-reference` the
+//! reference server (their ratios then print as NaN); the closing numbers come from a full run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -501,18 +503,34 @@ fn run() -> Result<(), Error> {
         .find_map(|a| a.parse().ok())
         .unwrap_or(3.0);
     let measure = Duration::from_secs_f64(seconds);
+    let selection = Selection {
+        reads: !std::env::args().any(|a| a == "--writes-only"),
+        reference: !std::env::args().any(|a| a == "--no-reference"),
+    };
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // One filesystem for all three: temp dirs under the build's target dir.
     let base = target.join("bench-mcp-throughput");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
     let base = base.canonicalize().unwrap();
-    let result = measure_all(&target, &base, measure);
+    let result = measure_all(&target, &base, measure, selection);
     let _ = std::fs::remove_dir_all(&base);
     result
 }
 
-fn measure_all(target: &Path, base: &Path, measure: Duration) -> Result<(), Error> {
+/// Which parts of a full run to measure.
+#[derive(Clone, Copy)]
+struct Selection {
+    reads: bool,
+    reference: bool,
+}
+
+fn measure_all(
+    target: &Path,
+    base: &Path,
+    measure: Duration,
+    selection: Selection,
+) -> Result<(), Error> {
     let installed = common::reference::install(&target.join("bench-mcp-node"))
         .map_err(|e| format!("cannot install the reference MCP server: {e}"))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -552,6 +570,9 @@ fn measure_all(target: &Path, base: &Path, measure: Duration) -> Result<(), Erro
         ("ours, 8 projects", &eight, PROJECTS),
     ] {
         for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_file")] {
+            if matches!(op, Op::Read) && !selection.reads {
+                continue;
+            }
             for in_flight in IN_FLIGHT {
                 cell += 1;
                 let sample = load(
@@ -579,38 +600,43 @@ fn measure_all(target: &Path, base: &Path, measure: Duration) -> Result<(), Erro
     drop(stack);
 
     // The reference.
-    let (reference, mut process, work) = start_reference(&installed, base, &runtime, contents)?;
-    let reference: Arc<dyn Target> = Arc::new(reference);
-    let log = work.path().join("server.stderr");
-    let with_log = |e: String| {
-        let log = std::fs::read_to_string(&log).unwrap_or_default();
-        format!("{e}\nreference server stderr:\n{log}")
-    };
-    prepare_reads(&runtime, &*reference, 1).map_err(with_log)?;
-    for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
-        for in_flight in IN_FLIGHT {
-            cell += 1;
-            let sample = load(
-                &runtime,
-                Arc::clone(&reference),
-                op,
-                cell,
-                in_flight,
-                measure,
-            )
-            .map_err(|e| with_log(format!("reference {tool} at {in_flight} in flight: {e}")))?;
-            rows.push(Row {
-                label: format!("reference {}, {tool}", installed.version),
-                in_flight,
-                sample,
-            });
+    if selection.reference {
+        let (reference, mut process, work) = start_reference(&installed, base, &runtime, contents)?;
+        let reference: Arc<dyn Target> = Arc::new(reference);
+        let log = work.path().join("server.stderr");
+        let with_log = |e: String| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("{e}\nreference server stderr:\n{log}")
+        };
+        prepare_reads(&runtime, &*reference, 1).map_err(with_log)?;
+        for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
+            if matches!(op, Op::Read) && !selection.reads {
+                continue;
+            }
+            for in_flight in IN_FLIGHT {
+                cell += 1;
+                let sample = load(
+                    &runtime,
+                    Arc::clone(&reference),
+                    op,
+                    cell,
+                    in_flight,
+                    measure,
+                )
+                .map_err(|e| with_log(format!("reference {tool} at {in_flight} in flight: {e}")))?;
+                rows.push(Row {
+                    label: format!("reference {}, {tool}", installed.version),
+                    in_flight,
+                    sample,
+                });
+            }
         }
+        if let Some(status) = process.exited() {
+            return Err(with_log(format!("the reference server exited: {status}")));
+        }
+        drop(process);
+        drop(work);
     }
-    if let Some(status) = process.exited() {
-        return Err(with_log(format!("the reference server exited: {status}")));
-    }
-    drop(process);
-    drop(work);
 
     let floor_after = floor(base, measure)?;
     let mut all: Vec<Row> = floor_before

@@ -144,9 +144,11 @@ fn alt_socket(state: &StateRoot, name: &str) -> PathBuf {
 
 #[test]
 fn crash_at_each_step_leaves_old_or_new_and_reconciles() {
-    // (failpoint, the rename happened, a staged file is on disk at the crash)
+    // (failpoint, the rename happened, a staged file is on disk at the crash). A write's temp
+    // file is staged while its prepared receipt is written (group commit), so both are there
+    // when the prepare's failpoint is reached.
     let steps = [
-        ("after_prepare", false, false),
+        ("after_prepare", false, true),
         ("after_stage", false, true),
         ("before_rename", false, true),
         ("after_rename", true, false),

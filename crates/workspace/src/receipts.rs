@@ -14,7 +14,10 @@
 //! binary knows is refused, never rewritten.
 //!
 //! `synchronous=FULL` because NORMAL in WAL mode can lose the last committed transactions on
-//! power loss, and a receipt that vanishes after we answered "applied" is a lie. Receipts are
+//! power loss, and a receipt that vanishes after we answered "applied" is a lie. The one
+//! exception is the group commit's applied marks ([`ReceiptStore::set_states_unsynced`]): a
+//! mark lost to a power cut leaves its receipt *prepared*, never gone, and the change it
+//! records is already durable on disk, so recovery decides it *applied* again. Receipts are
 //! never pruned here.
 
 use agentworks_core::revision::Revision;
@@ -44,6 +47,9 @@ pub use agentworks_contract::workspaced::{Operation, Receipt, ReceiptPart, Recei
 pub struct ReceiptStore {
     path: PathBuf,
     conn: Connection,
+    /// Whether the connection is back at `synchronous=FULL` after
+    /// [`ReceiptStore::set_states_unsynced`]; a prepared receipt is never written while not.
+    synced: std::cell::Cell<bool>,
 }
 
 /// The layout this binary writes (`PRAGMA user_version`).
@@ -195,7 +201,11 @@ impl ReceiptStore {
         };
         let conn = open_durable(&path, "").map_err(unavailable)?;
         migrate(&conn).map_err(unavailable)?;
-        Ok(ReceiptStore { path, conn })
+        Ok(ReceiptStore {
+            path,
+            conn,
+            synced: std::cell::Cell::new(true),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -211,10 +221,21 @@ impl ReceiptStore {
 
     /// Record a prepared receipt. Any failure is `Unavailable`: the caller must refuse.
     pub fn insert_prepared(&self, receipt: &Receipt) -> Result<(), ReceiptError> {
-        insert_row(&self.conn, receipt).map_err(|source| ReceiptError::Unavailable {
+        let unavailable = |source| ReceiptError::Unavailable {
             path: self.path.clone(),
             source,
-        })
+        };
+        self.synchronous_full().map_err(unavailable)?;
+        insert_row(&self.conn, receipt).map_err(unavailable)
+    }
+
+    /// Put the connection back at `synchronous=FULL` if an unsynced commit left it otherwise.
+    fn synchronous_full(&self) -> rusqlite::Result<()> {
+        if !self.synced.get() {
+            self.conn.execute_batch("PRAGMA synchronous=FULL")?;
+            self.synced.set(true);
+        }
+        Ok(())
     }
 
     /// Record every receipt of a patch set as prepared, in one transaction: all or none.
@@ -223,6 +244,7 @@ impl ReceiptStore {
             path: self.path.clone(),
             source,
         };
+        self.synchronous_full().map_err(unavailable)?;
         let tx = self.conn.unchecked_transaction().map_err(unavailable)?;
         for receipt in receipts {
             insert_row(&tx, receipt).map_err(unavailable)?;
@@ -267,6 +289,28 @@ impl ReceiptStore {
         }
         tx.commit().map_err(|e| self.query_err(e))?;
         Ok(now)
+    }
+
+    /// [`ReceiptStore::set_states`] committed without waiting for the disk (`synchronous=NORMAL`
+    /// for this one transaction): the group commit's applied and not-applied marks. Sound
+    /// because each such mark comes after the change it records is durable (the folder synced)
+    /// or never happened, and WAL commits reach the disk in order: the next synced commit on
+    /// this store (the next change's prepared receipt, always before its rename) makes the
+    /// marks durable with it. A power cut before that leaves the receipts *prepared*, and
+    /// recovery decides them from the disk, where the outcome already is.
+    pub fn set_states_unsynced(
+        &self,
+        changes: &[(&str, ReceiptState)],
+    ) -> Result<i64, ReceiptError> {
+        self.synced.set(false);
+        self.conn
+            .execute_batch("PRAGMA synchronous=NORMAL")
+            .map_err(|e| self.query_err(e))?;
+        let marked = self.set_states(changes);
+        // Back to FULL now; if that fails, the next prepared receipt tries again and is
+        // refused rather than written unsynced.
+        self.synchronous_full().map_err(|e| self.query_err(e))?;
+        marked
     }
 
     /// The caller's receipt for `request_id`, if any (for a patch set, its first file's).
@@ -444,6 +488,56 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 2, "synchronous must be FULL");
+    }
+
+    /// The unsynced marks commit (a reader and a reopened store see them) and leave the
+    /// connection at `synchronous=FULL` for the next prepared receipt, also when they fail.
+    #[test]
+    fn unsynced_marks_commit_and_leave_the_store_synchronous() {
+        let dir = tempfile::tempdir().unwrap();
+        let sync = |store: &ReceiptStore| -> i64 {
+            store
+                .conn
+                .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap()
+        };
+        {
+            let store = ReceiptStore::open(dir.path()).unwrap();
+            store
+                .insert_prepared_all(&[sample("r1", "alice", "q1"), sample("r2", "alice", "q2")])
+                .unwrap();
+            store
+                .set_states_unsynced(&[
+                    ("r1", ReceiptState::Applied),
+                    ("r2", ReceiptState::NotApplied),
+                ])
+                .unwrap();
+            assert_eq!(sync(&store), 2, "back at FULL after the marks");
+            // A mark of a receipt that does not exist fails, and rolls back, still at FULL.
+            assert!(
+                store
+                    .set_states_unsynced(&[
+                        ("r1", ReceiptState::Uncertain),
+                        ("nope", ReceiptState::Applied)
+                    ])
+                    .is_err()
+            );
+            assert_eq!(sync(&store), 2, "back at FULL after a failed mark");
+            store.insert_prepared(&sample("r3", "alice", "q3")).unwrap();
+        }
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.find("alice", "q1").unwrap().unwrap().state,
+            ReceiptState::Applied
+        );
+        assert_eq!(
+            store.find("alice", "q2").unwrap().unwrap().state,
+            ReceiptState::NotApplied
+        );
+        assert_eq!(
+            store.find("alice", "q3").unwrap().unwrap().state,
+            ReceiptState::Prepared
+        );
     }
 
     #[test]

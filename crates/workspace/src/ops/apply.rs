@@ -127,6 +127,7 @@ impl Workspace {
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
         let staged = self.stage(parent, content, existing, path)?;
+        failpoint::hit("after_stage");
         self.rename_staged(staged, parent, name, existing, previous, path)
     }
 
@@ -153,7 +154,6 @@ impl Workspace {
         staged
             .write_all(content)
             .map_err(|e| WorkspaceError::io("stage", path, e))?;
-        failpoint::hit("after_stage");
         if let Some((original, _)) = existing {
             // Owner/group, then ACL, then mode, all on fds; refuse rather than degrade.
             let ownership = acl::read_ownership(original.as_fd())?;

@@ -11,13 +11,21 @@
 //!
 //! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
 //! under the project's lock, (1) each change's idempotency check and (2) revision check and
-//! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync),
-//! durable before anything is touched; (4) each change's temp file written and synced (several
-//! at once), then each re-checked and renamed, in order; (5) each folder synced once; (6) every
-//! applied mark (and every `not_applied` one) in one transaction; (7) the audit events. A
+//! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync) while
+//! (4a) each change's temp file is written and synced (several at once, on other threads: a
+//! temp file is nothing anyone sees, and the sweep removes one a crash leaves); only when both
+//! are done, (4b) each target re-checked and renamed, in order, so no target is touched before
+//! its prepared receipt is durable; (5) each folder synced once; (6) every applied mark (and
+//! every `not_applied` one) in one transaction that does not wait for the disk: the change is
+//! durable already, the next batch's synced prepare makes the marks durable before it renames
+//! anything, and a power cut before that leaves them prepared for recovery to decide from the
+//! disk ([`crate::receipts::ReceiptStore::set_states_unsynced`]); (7) the audit events. A
 //! change whose revision check or staging fails fails alone; the others go on. If the prepared
 //! transaction fails, each change is prepared on its own, so only the ones that cannot be
 //! recorded are refused.
+//!
+//! So a batch waits for the disk twice (the prepare and the temp files together, then the
+//! folder), where one change alone through the plain pipeline waits four times.
 //!
 //! The waiters' requests are owned data moved into the queue ([`BatchJob`]), so the leader's
 //! thread can plan them without borrowing another thread's stack.
@@ -293,35 +301,49 @@ impl Workspace {
                 Err(e) => answers[index] = Some(Err(e)),
             }
         }
-        // 3. Every prepared receipt durable in one transaction before anything is touched.
+        // 3, with 4's first half alongside: every prepared receipt durable in one transaction
+        // on this thread while the temp files are written and synced on others (a temp file
+        // touches nothing anyone can see; the sweep removes one a crash leaves). Nothing is
+        // renamed before both are done.
         let receipts: Vec<Receipt> = prepared.iter().map(|p| p.receipt.clone()).collect();
-        if !receipts.is_empty()
-            && lock_poisoned(&store)
-                .insert_prepared_all(&receipts)
-                .is_err()
-        {
-            // Prepare each alone: only those that cannot be recorded are refused.
-            prepared.retain(
-                |p| match lock_poisoned(&store).insert_prepared(&p.receipt) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        answers[p.index] = Some(Err(e.into()));
-                        false
-                    }
-                },
-            );
-        }
-        if !prepared.is_empty() {
-            failpoint::hit("after_prepare");
-        }
-        // 4. Stage and sync (several at once), then re-check and rename in order; a failure
-        // fails that change alone.
-        let outcomes: Vec<Result<(), WorkspaceError>> = {
-            let staged = self.stage_all(&prepared);
+        let (all_recorded, staged) = self.stage_all(&prepared, || {
+            receipts.is_empty() || lock_poisoned(&store).insert_prepared_all(&receipts).is_ok()
+        });
+        // Which changes have a durable prepared receipt: all, or (when the one transaction
+        // failed) those that could be prepared alone; the others are refused and their temp
+        // files dropped (unlinked).
+        let recorded: Vec<bool> = if all_recorded {
+            vec![true; prepared.len()]
+        } else {
             prepared
                 .iter()
-                .zip(staged)
-                .map(|(p, staged)| match (staged, &p.planned.action) {
+                .map(
+                    |p| match lock_poisoned(&store).insert_prepared(&p.receipt) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            answers[p.index] = Some(Err(e.into()));
+                            false
+                        }
+                    },
+                )
+                .collect()
+        };
+        if recorded.iter().any(|r| *r) {
+            failpoint::hit("after_prepare");
+            if staged.iter().any(Option::is_some) {
+                failpoint::hit("after_stage");
+            }
+        }
+        // 4's second half: re-check and rename in order; a failure fails that change alone.
+        let outcomes: Vec<Option<Result<(), WorkspaceError>>> = prepared
+            .iter()
+            .zip(staged)
+            .zip(&recorded)
+            .map(|((p, staged), recorded)| {
+                if !recorded {
+                    return None;
+                }
+                Some(match (staged, &p.planned.action) {
                     (
                         Some(Ok(file)),
                         Action::Replace {
@@ -341,11 +363,16 @@ impl Workspace {
                     (Some(Err(e)), _) => Err(e),
                     _ => self.apply(&p.planned),
                 })
-                .collect()
-        };
+            })
+            .collect();
+        let prepared: Vec<(Prepared, Result<(), WorkspaceError>)> = prepared
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(p, outcome)| Some((p, outcome?)))
+            .collect();
         let mut marks: Vec<(String, ReceiptState)> = Vec::new();
         let mut applied: Vec<Prepared> = Vec::new();
-        for (p, outcome) in prepared.into_iter().zip(outcomes) {
+        for (p, outcome) in prepared {
             match outcome {
                 Ok(()) => applied.push(p),
                 Err(e) => {
@@ -375,7 +402,7 @@ impl Workspace {
                     .map(|(id, state)| (id.as_str(), *state))
                     .collect();
                 lock_poisoned(&store)
-                    .set_states(&marks)
+                    .set_states_unsynced(&marks)
                     .map_err(|e| e.to_string())
             }
         };
@@ -416,14 +443,15 @@ impl Workspace {
             .collect()
     }
 
-    /// Step 4's first half for a batch: each replacement's temp file written and synced, on up
-    /// to [`STAGE_THREADS`] threads at once (concurrent fsyncs share the file system's journal
-    /// commits, where one after the other each waits for its own). `None` for the other actions,
-    /// which stage nothing.
-    fn stage_all<'p>(
+    /// Step 4's first half for a batch, with `alongside` (step 3) on this thread meanwhile:
+    /// each replacement's temp file written and synced on up to [`STAGE_THREADS`] threads at
+    /// once (concurrent fsyncs share the file system's journal commits, where one after the
+    /// other each waits for its own). `None` for the other actions, which stage nothing.
+    fn stage_all<'p, R>(
         &self,
         prepared: &'p [Prepared],
-    ) -> Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> {
+        alongside: impl FnOnce() -> R,
+    ) -> (R, Vec<Option<Result<StagedFile<'p>, WorkspaceError>>>) {
         let stage_one = |p: &'p Prepared| match &p.planned.action {
             Action::Replace {
                 parent,
@@ -438,12 +466,12 @@ impl Workspace {
             .filter(|p| matches!(p.planned.action, Action::Replace { .. }))
             .count();
         let threads = replacements.min(STAGE_THREADS);
-        if threads <= 1 {
-            return prepared.iter().map(stage_one).collect();
-        }
         let mut staged: Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> =
             prepared.iter().map(|_| None).collect();
-        std::thread::scope(|scope| {
+        if threads == 0 {
+            return (alongside(), staged);
+        }
+        let beside = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
                 .map(|worker| {
                     scope.spawn(move || {
@@ -457,6 +485,7 @@ impl Workspace {
                     })
                 })
                 .collect();
+            let beside = alongside();
             for worker in workers {
                 // A panic while staging is passed on, as it would be on this thread.
                 let done = worker
@@ -466,8 +495,9 @@ impl Workspace {
                     staged[index] = result;
                 }
             }
+            beside
         });
-        staged
+        (beside, staged)
     }
 
     /// Step 5 for a batch: fsync every folder the applied changes touched, each once. The
