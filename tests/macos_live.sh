@@ -70,6 +70,13 @@ record() { # record PASS|FAIL name detail
     if [ "$1" = PASS ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 }
 
+info() { # info name detail: reported in the summary, not counted
+    local line
+    line=$(printf 'INFO %s: %s' "$1" "$2")
+    echo "$line"
+    results="$results$line"$'\n'
+}
+
 # The shared folder, the fixture outside it, and the executor's log.
 run_id="$(date +%s)-$$"
 live="$HOME/agentworks-live-$run_id"
@@ -178,6 +185,21 @@ if [ -n "$device_id" ]; then
     expect_refused keychain 'security find-generic-password -s agentworks'
     expect_refused write-outside "touch '$live/outside-write' && ls '$live/outside-write'"
     expect_refused cli-state 'ls ~/Library/Application\ Support/agentworks'
+    # A known gap, reported and not counted: Unix sockets are not restricted on macOS, so a
+    # socket outside the folder whose path the command knows is reachable (README).
+    sock="$live/outside.sock"
+    python3 -c 'import socket,sys,time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.sendall(b"reached\n"); time.sleep(1)' "$sock" 2>/dev/null &
+    listener=$!
+    sleep 1
+    run "nc -U '$sock' </dev/null"
+    kill "$listener" 2>/dev/null
+    if [[ "$output" == *reached* ]]; then
+        info unix-socket-outside "reachable (known: the macOS profile does not restrict Unix sockets)"
+    else
+        info unix-socket-outside "not reached (status=$status exit=$code): $output"
+    fi
     # Ending a command's whole tree on timeout: a background sleeper must not outlive it.
     marker="agentworks-live-sleeper-$run_id"
     run "(sh -c 'sleep 300; : $marker' &) ; sleep 300" 2
