@@ -26,20 +26,8 @@ use crate::limits;
 use crate::privileges;
 use crate::seccomp;
 
-/// Launcher mode entry: called by the `agentworks` binary when re-executed as
-/// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`. Must be called first thing in
-/// `main`, while the process is single-threaded. On success it never returns (it exits with the
-/// shell's status, 128+signal if the shell was signalled or the launcher told to stop); it
-/// returns only on error, before any command ran, and the caller prints the error after
-/// [`REFUSAL_PREFIX`](super::REFUSAL_PREFIX) and exits 126.
-pub fn launcher_main(args: &[String]) -> SandboxError {
-    match launch(args) {
-        Ok(never) => match never {},
-        Err(error) => error,
-    }
-}
-
-fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
+/// The Linux launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
+pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first so that one arriving during setup stays pending and is
     // handled by the wait loop (killing the shell) instead of killing the launcher while
     // descendants run on. The shell does not inherit the mask: std resets it in the child.

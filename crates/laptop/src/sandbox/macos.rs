@@ -32,15 +32,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// The stop signals: blocked from the start, then noticed by the wait loop as pending.
 const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 
-/// Launcher mode entry (see the Linux launcher's doc: same arguments, same exit statuses).
-pub fn launcher_main(args: &[String]) -> SandboxError {
-    match launch(args) {
-        Ok(never) => match never {},
-        Err(error) => error,
-    }
-}
-
-fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
+/// The macOS launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
+pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first, so that one arriving during setup stays pending and the
     // wait loop handles it (ending the command) instead of killing the launcher while the
     // command's processes run on. std resets the mask in the child.
@@ -250,6 +243,8 @@ fn end_command(table: &Libproc, me: Pid, seen: &mut Seen) {
             waitpid(None, Some(WaitPidFlag::WNOHANG))
         {}
         tree::record(table, me.as_raw(), seen);
+        // A process that does not die at once (in the kernel) is tried again, without spinning.
+        std::thread::sleep(Duration::from_millis(1));
     }
     loop {
         match waitpid(None, None) {
@@ -266,8 +261,10 @@ struct Libproc;
 const SZOMB: u32 = 5;
 
 impl Libproc {
-    /// Calls a libproc listing function (which answers with a count of pids) with a buffer
-    /// that grows until the answer fits.
+    /// Calls a libproc listing function with a zeroed buffer that grows until the answer fits.
+    /// `proc_listchildpids` and `proc_listpgrppids` answer with a count of pids (libproc divides
+    /// `proc_listpids`' byte count by the size of a pid); read as a count, a byte count would
+    /// only be larger, so either way every pid written is kept (zeros, never written, are not).
     fn list(call: impl Fn(*mut libc::c_void, libc::c_int) -> libc::c_int) -> Vec<i32> {
         let mut capacity = 256usize;
         loop {

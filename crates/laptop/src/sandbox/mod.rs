@@ -94,9 +94,11 @@ mod spawn;
 pub mod tree;
 
 #[cfg(target_os = "linux")]
-pub use launcher::launcher_main;
+use launcher::launch;
 #[cfg(target_os = "macos")]
-pub use macos::{launcher_main, start_time as process_start_time};
+use macos::launch;
+#[cfg(target_os = "macos")]
+pub use macos::start_time as process_start_time;
 pub use spawn::{die_with_parent, inherit_pinned, new_session};
 /// The hidden subcommand that puts the `agentworks` binary in launcher mode.
 pub const SUBCOMMAND: &str = "__sandbox-exec";
@@ -263,6 +265,19 @@ impl From<ResolveError> for SandboxError {
 impl SandboxError {
     fn setup(what: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
         move |source| SandboxError::Setup { what, source }
+    }
+}
+
+/// Launcher mode entry: called by the `agentworks` binary when re-executed as
+/// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>` (Landlock on Linux,
+/// `sandbox-exec` on macOS). Must be called first thing in `main`, while the process is
+/// single-threaded. On success it never returns (it exits with the shell's status, 128+signal if
+/// the shell was signalled or the launcher told to stop); it returns only on error, before any
+/// command ran, and the caller prints the error after [`REFUSAL_PREFIX`] and exits 126.
+pub fn launcher_main(args: &[String]) -> SandboxError {
+    match launch(args) {
+        Ok(never) => match never {},
+        Err(error) => error,
     }
 }
 
