@@ -13,7 +13,6 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -21,9 +20,10 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use super::pinned::check_pinned;
 use super::sbpl::{Profile, SANDBOX_EXEC, sandbox_exec_args};
 use super::tree::{self, ProcessInfo, ProcessTable, Seen};
-use super::{SandboxError, SandboxPolicy, check_no_terminal, parse_launcher_args};
+use super::{SandboxError, check_no_terminal, parse_launcher_args};
 use crate::limits;
 
 /// How often the wait loop records the command's processes and checks for a stop signal.
@@ -108,50 +108,6 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     let status = wait_for_command(&table, me, shell, executor, &mut seen);
     end_command(&table, me, &mut seen);
     std::process::exit(status)
-}
-
-/// Step 1: every pinned descriptor is the directory recorded at connect, and its path still
-/// names that directory (no symlink at its end).
-pub(super) fn check_pinned(policy: &SandboxPolicy) -> Result<(), SandboxError> {
-    for grant in &policy.pinned {
-        let pinned = |reason: String| SandboxError::Pinned {
-            fd: grant.fd,
-            path: grant.path.clone(),
-            reason,
-        };
-        let fd_stat = nix::sys::stat::fstat(borrow_open_fd(grant.fd)?)
-            .map_err(|e| pinned(format!("the descriptor cannot be read: {e}")))?;
-        // dev_t is i32 on macOS; the executor recorded it with the same cast.
-        #[allow(clippy::unnecessary_cast)]
-        let (dev, ino) = (fd_stat.st_dev as u64, fd_stat.st_ino as u64);
-        if (dev, ino) != (grant.dev, grant.ino) {
-            return Err(pinned("the descriptor is another directory".to_owned()));
-        }
-        let at_path = std::fs::symlink_metadata(&grant.path)
-            .map_err(|e| pinned(format!("its path cannot be read: {e}")))?;
-        if at_path.file_type().is_symlink() {
-            return Err(pinned("it is a symlink now".to_owned()));
-        }
-        if (at_path.dev(), at_path.ino()) != (dev, ino) {
-            return Err(pinned("another directory is there now".to_owned()));
-        }
-    }
-    Ok(())
-}
-
-/// A borrowed descriptor for a number the policy names, after checking it is open.
-fn borrow_open_fd(fd: i32) -> Result<std::os::fd::BorrowedFd<'static>, SandboxError> {
-    // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; it fails with EBADF for a
-    // number that is not open, and then we do not borrow it.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
-        return Err(SandboxError::Setup {
-            what: "use a pinned descriptor",
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: the descriptor is open (checked above) and the launcher never closes it before
-    // exec: it lives for the rest of this process.
-    Ok(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
 }
 
 /// Step 2: FD_CLOEXEC on every open descriptor above 2.

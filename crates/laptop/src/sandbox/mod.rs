@@ -29,7 +29,8 @@
 //! launchers share, and the sandbox support check ([`check_available`]: Landlock on Linux,
 //! `sandbox-exec` on macOS); `sbpl.rs` the macOS back end of the same policy (a `sandbox-exec`
 //! profile, generated and evaluated on any machine); `tree.rs` finding a command's processes
-//! without a subreaper (pure, tested anywhere); `macos.rs` the macOS launcher;
+//! without a subreaper (pure, tested anywhere); `pinned.rs` the macOS launcher's check of the
+//! pinned folders (tested anywhere); `macos.rs` the macOS launcher;
 //! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
 //! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
 //! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
@@ -84,6 +85,8 @@ use super::seccomp::SeccompError;
 mod launcher;
 #[cfg(target_os = "macos")]
 mod macos;
+#[cfg(any(target_os = "macos", test))]
+mod pinned;
 #[cfg(target_os = "linux")]
 mod plan;
 #[cfg(target_os = "linux")]
