@@ -20,14 +20,19 @@
 //! This module never opens a path string relative to the process cwd, never follows a symlink
 //! and never hands out a regular file that has a second name.
 
+#[cfg(target_os = "linux")]
 use crate::failpoint::{self, Hit};
 use agentworks_core::guard::RelPath;
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
+#[cfg(target_os = "linux")]
+use rustix::fs::ResolveFlags;
+use rustix::fs::{AtFlags, Mode, OFlags, Stat};
 use rustix::io::Errno;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+#[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How often a resolution interrupted by a concurrent rename (`EAGAIN`) is retried.
+#[cfg(target_os = "linux")]
 const RENAME_RACE_RETRIES: usize = 8;
 
 /// Why a confined open failed.
@@ -54,6 +59,7 @@ pub enum ConfineError {
     },
 }
 
+#[cfg(target_os = "linux")]
 fn resolve_flags() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
 }
@@ -72,6 +78,7 @@ fn classify(path: &str, errno: Errno) -> ConfineError {
     }
 }
 
+#[cfg(target_os = "linux")]
 /// Set once `openat2` answered `ENOSYS`: it will not come back in this process (a seccomp filter
 /// or the kernel), so later opens go straight to the component walk.
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
@@ -84,6 +91,8 @@ pub fn open_beneath(
     flags: OFlags,
     mode: Mode,
 ) -> Result<OwnedFd, Errno> {
+    // Only Linux has `openat2`; elsewhere (the laptop CLI on macOS) the walk is the one way.
+    #[cfg(target_os = "linux")]
     if !OPENAT2_MISSING.load(Ordering::Relaxed) {
         // Debug builds: `AGENTWORKS_FAILPOINT=openat2:fail` answers as systemd's filter does.
         let answer = match failpoint::hit("openat2") {
@@ -107,6 +116,7 @@ pub fn open_beneath(
 }
 
 /// `openat2` beneath `dir`, retrying the kernel's `EAGAIN` for a rename that raced the lookup.
+#[cfg(target_os = "linux")]
 fn openat2_beneath(
     dir: BorrowedFd<'_>,
     path: &str,
@@ -380,6 +390,7 @@ mod tests {
     }
 
     /// The walk used without `openat2` refuses and allows exactly what `openat2` does.
+    #[cfg(target_os = "linux")]
     #[test]
     fn the_component_walk_matches_openat2() {
         let outside = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@
 //! creates is made durable by syncing its parent, so a power cut cannot take away a state
 //! directory (and the receipts later written inside it) that a caller already relied on.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -148,25 +148,30 @@ pub fn ensure_private_dir(
             source: errno.into(),
         },
     })?;
-    let stat = rustix::fs::fstat(&fd).map_err(|errno| PrivateDirError::Open {
-        path: dir.to_path_buf(),
-        source: errno.into(),
-    })?;
-    if stat.st_mode & 0o7777 != mode {
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|errno| {
-            PrivateDirError::Chmod {
+    // Through std's File (fstat and fchmod on the descriptor), whose mode and device numbers
+    // have one type on every Unix.
+    let dir_file = std::fs::File::from(fd);
+    let stat = dir_file
+        .metadata()
+        .map_err(|source| PrivateDirError::Open {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    if stat.mode() & 0o7777 != mode {
+        dir_file
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|source| PrivateDirError::Chmod {
                 path: dir.to_path_buf(),
                 mode,
-                source: errno.into(),
-            }
-        })?;
+                source,
+            })?;
     }
     // Re-check through the path: what the caller will use must be what we fixed.
     let after = std::fs::symlink_metadata(dir).map_err(|source| PrivateDirError::Open {
         path: dir.to_path_buf(),
         source,
     })?;
-    if after.ino() != stat.st_ino || after.dev() != stat.st_dev {
+    if after.ino() != stat.ino() || after.dev() != stat.dev() {
         return Err(PrivateDirError::Symlink {
             path: dir.to_path_buf(),
         });

@@ -33,7 +33,10 @@ impl<'a> StagedFile<'a> {
             parent,
             name.as_str(),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
+            // `mode_t` is u16 on macOS: a mode that does not fit is refused, not truncated.
+            Mode::from_raw_mode(
+                rustix::fs::RawMode::try_from(mode).map_err(|_| rustix::io::Errno::INVAL)?,
+            ),
         )?;
         Ok(StagedFile {
             parent,

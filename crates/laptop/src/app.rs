@@ -243,11 +243,8 @@ async fn login(
         gateway,
         token,
     }
-    .store(dirs)?;
-    println!(
-        "Logged in; the credential is stored in {}",
-        stored.display()
-    );
+    .save(dirs)?;
+    println!("Logged in; the credential is stored in {stored}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -275,7 +272,7 @@ async fn logout(dirs: &Dirs) -> Result<ExitCode, AppError> {
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
-    Credentials::delete(dirs)?;
+    Credentials::forget(dirs)?;
     println!("Logged out: the local credential was deleted.");
     if revoked.is_ok() {
         println!("The token was revoked on the server.");
@@ -304,8 +301,8 @@ async fn executor_connect(
     limits: Limits,
     target: ConnectTarget,
 ) -> Result<ExitCode, AppError> {
-    let abi = sandbox::landlock_status();
-    print!("{}", limits.text(abi.as_ref().ok().copied()));
+    let abi = sandbox::check_available();
+    print!("{}", limits.text(abi.as_ref().ok().copied().flatten()));
     if let Err(e) = abi {
         eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
     }
@@ -375,8 +372,14 @@ fn executor_keeps(key: &std::ffi::OsStr) -> bool {
 ///
 /// Runs before the runtime starts: the re-exec must happen while the process is
 /// single-threaded.
+///
+/// macOS: no `/proc`, but a same-user process reads another's initial environment with
+/// `sysctl(KERN_PROCARGS2)` (`ps eww`), so the re-execution is the same (through the executable's
+/// path); its memory is out of same-user reach without a debugging entitlement, so there is no
+/// dumpable flag to clear.
 fn protect_executor() {
     use std::os::unix::process::CommandExt;
+    #[cfg(target_os = "linux")]
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("agentworks: cannot make the executor non-dumpable: {e}");
         std::process::exit(1);
@@ -384,7 +387,19 @@ fn protect_executor() {
     if std::env::vars_os().all(|(key, _)| executor_keeps(&key)) {
         return;
     }
-    let error = std::process::Command::new("/proc/self/exe")
+    #[cfg(target_os = "linux")]
+    let exe = std::path::PathBuf::from("/proc/self/exe");
+    #[cfg(target_os = "macos")]
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!(
+                "agentworks: cannot find the executable to restart without the environment's secrets: {e}"
+            );
+            std::process::exit(1);
+        }
+    };
+    let error = std::process::Command::new(exe)
         .arg0(
             std::env::args_os()
                 .next()
@@ -399,10 +414,23 @@ fn protect_executor() {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    #[cfg(target_os = "linux")]
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
+        .ok();
+    #[cfg(target_os = "macos")]
+    let name = {
+        let mut buffer = [0u8; 256];
+        // SAFETY: gethostname writes at most `len` bytes into the buffer we own; the result is
+        // read only up to its first NUL (or the buffer's end).
+        let rc = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+        (rc == 0).then(|| {
+            let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+            let name = String::from_utf8_lossy(&buffer[..end]);
+            name.trim().trim_end_matches(".local").to_owned()
+        })
+    };
+    name.filter(|h| !h.is_empty())
         .unwrap_or_else(|| "laptop".to_owned())
 }
 

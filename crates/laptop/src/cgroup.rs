@@ -159,6 +159,12 @@ impl CgroupTree {
     /// leaf and enables the memory and pids controllers for command cgroups where it can.
     /// `Err` says, for a person, why commands get no cgroup.
     pub fn delegated() -> Result<CgroupTree, NoCgroup> {
+        if cfg!(target_os = "macos") {
+            return Err(NoCgroup(
+                "macOS has no cgroups (the launcher finds and ends the command's processes itself)"
+                    .to_owned(),
+            ));
+        }
         let cgroup = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| NoCgroup(format!("cannot read /proc/self/cgroup: {e}")))?;
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")

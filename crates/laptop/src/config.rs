@@ -5,6 +5,11 @@
 //! `~/.local/state`: the receipts database and per-request scratch dirs), and creating them
 //! private: directories 0700, files 0600, written atomically.
 //!
+//! macOS: both directories default to `~/Library/Application Support/agentworks` (the XDG
+//! variables, when set, still win), and the credential goes into the login Keychain
+//! (`keychain.rs`); the 0600 file is the fallback where the Keychain cannot be used, and a
+//! credential found in neither place means nobody is logged in.
+//!
 //! Must never: write the credential with wider permissions, even briefly (the temp file is
 //! created 0600); follow a relative XDG variable (the XDG spec says to ignore them); follow a
 //! symlink planted as one of its directories.
@@ -37,6 +42,67 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("the credential in {store} is damaged ({source}); run `agentworks login` again")]
+    DamagedItem {
+        store: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot use the credential in {store}: {reason}")]
+    SecretStore { store: String, reason: String },
+}
+
+/// Where a credential can be kept instead of the 0600 file: the macOS login Keychain
+/// ([`crate::keychain::LoginKeychain`]); tests use a fake one. An account names one item.
+pub trait SecretStore {
+    /// For messages: "the login Keychain (…)".
+    fn name(&self) -> String;
+    /// `Ok(None)` when there is no such item.
+    fn get(&self, account: &str) -> Result<Option<Vec<u8>>, String>;
+    /// Creates or replaces the item.
+    fn set(&self, account: &str, secret: &[u8]) -> Result<(), String>;
+    /// `Ok(false)` when there was no such item.
+    fn remove(&self, account: &str) -> Result<bool, String>;
+}
+
+/// The platform's store: the login Keychain on macOS, none on Linux (the file only).
+fn platform_store() -> Option<&'static dyn SecretStore> {
+    #[cfg(target_os = "macos")]
+    return Some(&crate::keychain::LoginKeychain);
+    #[cfg(not(target_os = "macos"))]
+    return None;
+}
+
+/// Where [`Credentials::save`] put the credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredIn {
+    /// The 0600 file (Linux, or macOS where the Keychain could not be used: `keychain_error`).
+    File {
+        path: PathBuf,
+        keychain_error: Option<String>,
+    },
+    /// A secret store, e.g. the login Keychain.
+    Store { name: String, account: String },
+}
+
+impl std::fmt::Display for StoredIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoredIn::File {
+                path,
+                keychain_error: None,
+            } => write!(f, "{}", path.display()),
+            StoredIn::File {
+                path,
+                keychain_error: Some(reason),
+            } => write!(
+                f,
+                "{} (mode 0600; the login Keychain could not be used: {reason})",
+                path.display()
+            ),
+            StoredIn::Store { name, account } => write!(f, "{name}, account {account:?}"),
+        }
+    }
 }
 
 fn io_error(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ConfigError {
@@ -60,17 +126,43 @@ fn absolute_env(name: &str) -> Option<PathBuf> {
     path.is_absolute().then_some(path)
 }
 
+/// Where the CLI's directories go by default on macOS, under the home.
+pub const MACOS_APP_SUPPORT: &str = "Library/Application Support";
+
 impl Dirs {
     /// From `HOME`, `XDG_CONFIG_HOME` and `XDG_STATE_HOME` (relative values are ignored).
     pub fn from_env() -> Result<Dirs, ConfigError> {
         let home = absolute_env("HOME").ok_or(ConfigError::NoHome)?;
-        let config = absolute_env("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config"));
-        let state = absolute_env("XDG_STATE_HOME").unwrap_or_else(|| home.join(".local/state"));
-        Ok(Dirs {
+        Ok(Dirs::layout(
+            home,
+            absolute_env("XDG_CONFIG_HOME"),
+            absolute_env("XDG_STATE_HOME"),
+            cfg!(target_os = "macos"),
+        ))
+    }
+
+    /// The directories for `home` and the (absolute) XDG variables: `~/.config/agentworks` and
+    /// `~/.local/state/agentworks` on Linux, `~/Library/Application Support/agentworks` for both
+    /// on macOS; a set XDG variable wins on both.
+    pub fn layout(
+        home: PathBuf,
+        xdg_config: Option<PathBuf>,
+        xdg_state: Option<PathBuf>,
+        macos: bool,
+    ) -> Dirs {
+        let (config_default, state_default) = if macos {
+            let support = home.join(MACOS_APP_SUPPORT);
+            (support.clone(), support)
+        } else {
+            (home.join(".config"), home.join(".local/state"))
+        };
+        let config = xdg_config.unwrap_or(config_default);
+        let state = xdg_state.unwrap_or(state_default);
+        Dirs {
             config: config.join("agentworks"),
             state: state.join("agentworks"),
             home,
-        })
+        }
     }
 
     pub fn credentials_file(&self) -> PathBuf {
@@ -110,8 +202,104 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    /// `Ok(None)` when nobody is logged in.
+    /// `Ok(None)` when nobody is logged in. macOS: the login Keychain first, then the file.
     pub fn load(dirs: &Dirs) -> Result<Option<Credentials>, ConfigError> {
+        Credentials::load_with(dirs, platform_store())
+    }
+
+    /// Stores the credential where the platform keeps it: the 0600 file on Linux ([`store`]),
+    /// the login Keychain on macOS (the file where the Keychain fails, said in the answer).
+    ///
+    /// [`store`]: Credentials::store
+    pub fn save(&self, dirs: &Dirs) -> Result<StoredIn, ConfigError> {
+        self.save_with(dirs, platform_store())
+    }
+
+    /// Removes the credential from everywhere it may be; false when there was none.
+    pub fn forget(dirs: &Dirs) -> Result<bool, ConfigError> {
+        Credentials::forget_with(dirs, platform_store())
+    }
+
+    /// The store's item for this config directory.
+    fn account(dirs: &Dirs) -> String {
+        dirs.config.to_string_lossy().into_owned()
+    }
+
+    fn load_with(
+        dirs: &Dirs,
+        store: Option<&dyn SecretStore>,
+    ) -> Result<Option<Credentials>, ConfigError> {
+        let Some(store) = store else {
+            return Credentials::load_file(dirs);
+        };
+        match store.get(&Credentials::account(dirs)) {
+            Ok(Some(secret)) => serde_json::from_slice(&secret).map(Some).map_err(|source| {
+                ConfigError::DamagedItem {
+                    store: store.name(),
+                    source,
+                }
+            }),
+            Ok(None) => Credentials::load_file(dirs),
+            // A store that cannot be read (a locked Keychain): the file may hold the credential
+            // (it is where `save` put it when the store failed); if not, say why.
+            Err(reason) => match Credentials::load_file(dirs)? {
+                Some(creds) => Ok(Some(creds)),
+                None => Err(ConfigError::SecretStore {
+                    store: store.name(),
+                    reason,
+                }),
+            },
+        }
+    }
+
+    fn save_with(
+        &self,
+        dirs: &Dirs,
+        store: Option<&dyn SecretStore>,
+    ) -> Result<StoredIn, ConfigError> {
+        let Some(store) = store else {
+            return self.store(dirs).map(|path| StoredIn::File {
+                path,
+                keychain_error: None,
+            });
+        };
+        let account = Credentials::account(dirs);
+        let secret = serde_json::to_vec(self).map_err(|source| ConfigError::DamagedItem {
+            store: store.name(),
+            source,
+        })?;
+        match store.set(&account, &secret) {
+            Ok(()) => {
+                // An older credential in the file must not outlive this login.
+                Credentials::delete(dirs)?;
+                Ok(StoredIn::Store {
+                    name: store.name(),
+                    account,
+                })
+            }
+            Err(reason) => self.store(dirs).map(|path| StoredIn::File {
+                path,
+                keychain_error: Some(reason),
+            }),
+        }
+    }
+
+    fn forget_with(dirs: &Dirs, store: Option<&dyn SecretStore>) -> Result<bool, ConfigError> {
+        let in_store = match store {
+            Some(store) => store
+                .remove(&Credentials::account(dirs))
+                .map_err(|reason| ConfigError::SecretStore {
+                    store: store.name(),
+                    reason,
+                })?,
+            None => false,
+        };
+        let in_file = Credentials::delete(dirs)?;
+        Ok(in_store || in_file)
+    }
+
+    /// The credential in the 0600 file; `Ok(None)` when there is none.
+    pub fn load_file(dirs: &Dirs) -> Result<Option<Credentials>, ConfigError> {
         let path = dirs.credentials_file();
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -149,7 +337,7 @@ impl Credentials {
         Ok(path)
     }
 
-    /// Remove the stored credential; false when there was none.
+    /// Remove the credential file; false when there was none.
     pub fn delete(dirs: &Dirs) -> Result<bool, ConfigError> {
         let path = dirs.credentials_file();
         match std::fs::remove_file(&path) {
@@ -186,6 +374,131 @@ mod tests {
         assert_eq!(Credentials::load(&dirs).expect("load"), Some(creds));
         assert!(Credentials::delete(&dirs).expect("delete"));
         assert!(!Credentials::delete(&dirs).expect("delete"));
+    }
+
+    /// The default directories: XDG on Linux, Application Support on macOS; a set XDG
+    /// variable wins on both.
+    #[test]
+    fn directories_per_platform() {
+        let home = PathBuf::from("/home/ann");
+        let linux = Dirs::layout(home.clone(), None, None, false);
+        assert_eq!(linux.config, Path::new("/home/ann/.config/agentworks"));
+        assert_eq!(linux.state, Path::new("/home/ann/.local/state/agentworks"));
+        let home = PathBuf::from("/Users/ann");
+        let macos = Dirs::layout(home.clone(), None, None, true);
+        let support = Path::new("/Users/ann/Library/Application Support/agentworks");
+        assert_eq!(
+            (macos.config.as_path(), macos.state.as_path()),
+            (support, support)
+        );
+        assert_eq!(macos.credentials_file(), support.join("credentials.json"));
+        assert_eq!(macos.scratch_root(), support.join("scratch"));
+        let xdg = Dirs::layout(home, Some("/x/c".into()), Some("/x/s".into()), true);
+        assert_eq!(xdg.config, Path::new("/x/c/agentworks"));
+        assert_eq!(xdg.state, Path::new("/x/s/agentworks"));
+    }
+
+    /// A stand-in for the login Keychain; `broken` makes every call fail as a locked one does.
+    #[derive(Default)]
+    struct FakeStore {
+        items: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+        broken: bool,
+    }
+
+    impl SecretStore for FakeStore {
+        fn name(&self) -> String {
+            "the fake store".into()
+        }
+        fn get(&self, account: &str) -> Result<Option<Vec<u8>>, String> {
+            if self.broken {
+                return Err("locked".into());
+            }
+            Ok(self.items.lock().expect("lock").get(account).cloned())
+        }
+        fn set(&self, account: &str, secret: &[u8]) -> Result<(), String> {
+            if self.broken {
+                return Err("locked".into());
+            }
+            self.items
+                .lock()
+                .expect("lock")
+                .insert(account.into(), secret.into());
+            Ok(())
+        }
+        fn remove(&self, account: &str) -> Result<bool, String> {
+            if self.broken {
+                return Err("locked".into());
+            }
+            Ok(self.items.lock().expect("lock").remove(account).is_some())
+        }
+    }
+
+    /// macOS's order, with a fake Keychain: the store when it works (and no file left behind),
+    /// the 0600 file when it does not, and the file found again when the store cannot be read.
+    #[test]
+    fn the_keychain_first_and_the_file_as_fallback() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dirs = Dirs::layout(dir.path().to_owned(), None, None, true);
+        let creds = Credentials {
+            server: "https://aw.example".into(),
+            gateway: None,
+            token: "t1".into(),
+        };
+        let store = FakeStore::default();
+        // An older login left a file: saving into the store removes it.
+        creds.store(&dirs).expect("old file");
+        let stored = creds.save_with(&dirs, Some(&store)).expect("save");
+        assert!(
+            matches!(&stored, StoredIn::Store { account, .. } if *account == dirs.config.to_string_lossy()),
+            "{stored}"
+        );
+        assert!(!dirs.credentials_file().exists());
+        assert_eq!(
+            Credentials::load_with(&dirs, Some(&store)).expect("load"),
+            Some(creds.clone())
+        );
+        assert_eq!(Credentials::load_file(&dirs).expect("file"), None);
+        assert!(Credentials::forget_with(&dirs, Some(&store)).expect("forget"));
+        assert_eq!(
+            Credentials::load_with(&dirs, Some(&store)).expect("load"),
+            None
+        );
+
+        // A locked store: the file, 0600, and the message says why.
+        let locked = FakeStore {
+            broken: true,
+            ..FakeStore::default()
+        };
+        assert!(matches!(
+            Credentials::load_with(&dirs, Some(&locked)),
+            Err(ConfigError::SecretStore { .. })
+        ));
+        let stored = creds.save_with(&dirs, Some(&locked)).expect("save");
+        assert_eq!(
+            stored,
+            StoredIn::File {
+                path: dirs.credentials_file(),
+                keychain_error: Some("locked".into())
+            }
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dirs.credentials_file())
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            Credentials::load_with(&dirs, Some(&locked)).expect("load"),
+            Some(creds.clone())
+        );
+        // A store that works again still finds the file's credential.
+        assert_eq!(
+            Credentials::load_with(&dirs, Some(&store)).expect("load"),
+            Some(creds)
+        );
+        // Without a store (Linux): the file alone, as before.
+        assert!(Credentials::forget_with(&dirs, None).expect("forget"));
+        assert_eq!(Credentials::load_with(&dirs, None).expect("load"), None);
     }
 
     /// A symlink planted as the config directory is refused, not followed: the credential

@@ -38,6 +38,7 @@ use super::grants::{Folder, Grants};
 use super::receipts::{Begin, Receipts};
 use super::sandbox::SandboxPolicy;
 use super::shell::{self, ShellError, ShellRequest};
+use super::tls::TlsClient;
 
 /// The gateway's default port, used when no gateway URL was given: agentd's host, this port,
 /// `ws` for an `http` agentd and `wss` for an `https` one.
@@ -145,8 +146,8 @@ pub fn executor_url(gateway: Option<&str>, server: &str) -> Result<String, Conne
 }
 
 /// The TLS client configuration, or why it cannot be built.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, ConnectError> {
-    agentworks_support::tls::client_config().map_err(|e| ConnectError::Tls(e.to_string()))
+pub fn tls_config() -> Result<TlsClient, ConnectError> {
+    TlsClient::new().map_err(|e| ConnectError::Tls(e.to_string()))
 }
 
 /// The status line: `\r`-rewritten on a terminal, plain lines otherwise.
@@ -266,7 +267,7 @@ type SocketStream = futures_util::stream::SplitStream<Socket>;
 /// stopped and (on shutdown) a normal close.
 async fn session(
     executor: &Arc<Executor>,
-    tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<TlsClient>,
     shutdown: &CancellationToken,
 ) -> SessionEnd {
     let ws = match dial(executor, tls, shutdown).await {
@@ -315,7 +316,7 @@ pub fn ws_config() -> WebSocketConfig {
 /// Dials the gateway with the bearer token; the handshake's refusal (401/403) is final.
 async fn dial(
     executor: &Executor,
-    tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<TlsClient>,
     shutdown: &CancellationToken,
 ) -> Result<Socket, SessionEnd> {
     let mut request = match executor.url.as_str().into_client_request() {
@@ -332,7 +333,7 @@ async fn dial(
             ));
         }
     }
-    let connector = tls.map(tokio_tungstenite::Connector::Rustls);
+    let connector = tls.map(super::tls::ws_connector);
     let dial = tokio_tungstenite::connect_async_tls_with_config(
         request,
         Some(ws_config()),
@@ -706,7 +707,7 @@ fn prepare<'a>(
     };
     // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
     // to see what this process sees (it runs with a scrubbed environment).
-    if let Err(e) = super::sandbox::landlock_status() {
+    if let Err(e) = super::sandbox::check_available() {
         return Err(refused(
             "sandbox_unavailable",
             format!("the request was not run: {e}"),

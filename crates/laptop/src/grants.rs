@@ -121,12 +121,20 @@ impl PartialEq for PinnedDir {
 
 impl Eq for PinnedDir {}
 
+/// How a pinned directory is opened: `O_PATH` on Linux (no read access needed, nothing but a
+/// handle for Landlock's rules); macOS has no `O_PATH`, so a plain read-only directory
+/// descriptor, which the launcher only compares with the path (its profile names paths).
+#[cfg(target_os = "linux")]
+const PIN_ACCESS: OFlags = OFlags::PATH;
+#[cfg(target_os = "macos")]
+const PIN_ACCESS: OFlags = OFlags::RDONLY;
+
 /// Opens `path` (canonical) as a directory without following a symlink at its end; its device
 /// and inode.
 fn open_dir_at_path(path: &Path) -> std::io::Result<(OwnedFd, u64, u64)> {
     let fd = rustix::fs::open(
         path,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        PIN_ACCESS | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     let stat = rustix::fs::fstat(&fd)?;

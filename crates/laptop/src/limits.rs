@@ -23,6 +23,7 @@ use std::path::PathBuf;
 
 use super::cgroup::{CgroupError, CgroupTree, CommandCgroup, NoCgroup};
 use super::sandbox::SandboxPolicy;
+#[cfg(target_os = "linux")]
 use super::seccomp;
 
 /// `--max-processes` when not given.
@@ -174,7 +175,23 @@ impl Limits {
         out.push_str(
             "  without a terminal: a new session with no controlling terminal, and no terminal device (/dev/tty, /dev/pts) is reachable, so commands cannot type into or read your terminals\n",
         );
-        let abi = abi.unwrap_or(0);
+        #[cfg(target_os = "linux")]
+        self.unix_socket_text(&mut out, abi.unwrap_or(0));
+        #[cfg(target_os = "macos")]
+        {
+            // `abi` is Landlock's: None on macOS.
+            let _ = abi;
+            out.push_str(
+                "  under a sandbox-exec profile: no access to the desktop (Apple Events, launching apps), the clipboard, the Keychain or other services, and Unix sockets are NOT restricted (the profile allows the network, as on Linux, and Unix sockets with it): local services such as ssh-agent stay reachable\n",
+            );
+        }
+        self.process_text(&mut out);
+        out
+    }
+
+    /// Linux: what Landlock and seccomp do to Unix sockets, abstract sockets and signals.
+    #[cfg(target_os = "linux")]
+    fn unix_socket_text(&self, out: &mut String, abi: i32) {
         if self.allow_unix_sockets {
             out.push_str(
                 "  Unix sockets ALLOWED (--allow-unix-sockets): commands can reach local services over Unix sockets, such as ssh-agent, D-Bus and docker.sock\n",
@@ -193,6 +210,10 @@ impl Limits {
                 "  without access to abstract Unix sockets or signals of processes outside its sandbox\n",
             );
         }
+    }
+
+    /// The process and memory limits, and how commands are ended.
+    fn process_text(&self, out: &mut String) {
         let root = rustix::process::getuid().is_root();
         out.push_str(&format!(
             "  with at most {} more processes than your user runs when it starts (RLIMIT_NPROC{}){}\n",
@@ -228,12 +249,12 @@ impl Limits {
                 out.push_str(&format!(
                     "  with NO memory limit and no cgroup of its own: {reason}; commands are ended by the launcher, which waits for every process it finds\n"
                 ));
+                #[cfg(target_os = "linux")]
                 out.push_str(
                     "    (for both, start the executor in a delegated cgroup: systemd-run --user --scope -p Delegate=yes agentworks executor connect …)\n",
                 );
             }
         }
-        out
     }
 }
 

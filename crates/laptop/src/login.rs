@@ -9,7 +9,6 @@
 //! Must never: send a token over plain `http://` to anything but a loopback host; store a token
 //! that has scopes beyond `devices:connect`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -155,14 +154,10 @@ pub async fn send(
         .body(Full::new(bytes::Bytes::from(body)))
         .map_err(|e| http(e.to_string()))?;
     if server.scheme == "https" {
-        let name = rustls::pki_types::ServerName::try_from(host.clone())
+        let client = tls_config().map_err(|e| http(e.to_string()))?;
+        let tls = super::tls::connect(&client, &host, tcp)
+            .await
             .map_err(|e| http(e.to_string()))?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::clone(
-            &tls_config().map_err(|e| http(e.to_string()))?,
-        ))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| http(e.to_string()))?;
         exchange(hyper_util::rt::TokioIo::new(tls), request).await
     } else {
         exchange(hyper_util::rt::TokioIo::new(tcp), request).await

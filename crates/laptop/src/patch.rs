@@ -568,7 +568,12 @@ fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), Write
     // An existing file keeps its mode. A new one is created 0666 and left as the kernel makes
     // it: less the umask (inherited from the executor through the launcher) or as the folder's
     // default ACL says, exactly as a shell's `>` would create it. Never chmod-ed afterwards.
-    let kept_mode = planned.existing.as_ref().map(|stat| stat.st_mode & 0o7777);
+    // st_mode is u32 on Linux, u16 on macOS; the cast only widens.
+    #[allow(clippy::unnecessary_cast)]
+    let kept_mode = planned
+        .existing
+        .as_ref()
+        .map(|stat| stat.st_mode as u32 & 0o7777);
     let mut staged = match StagedFile::create(
         dir.as_fd(),
         ".agentworks-patch-",
@@ -594,7 +599,10 @@ fn write_one(root: &std::os::fd::OwnedFd, planned: &Planned) -> Result<(), Write
         .write_all(planned.content.as_bytes())
         .and_then(|()| match kept_mode {
             Some(mode) => {
-                rustix::fs::fchmod(staged.fd(), Mode::from_raw_mode(mode)).map_err(Into::into)
+                // mode_t is u16 on macOS; a mode from st_mode & 0o7777 always fits.
+                let raw = rustix::fs::RawMode::try_from(mode)
+                    .map_err(|_| std::io::Error::from(rustix::io::Errno::INVAL))?;
+                rustix::fs::fchmod(staged.fd(), Mode::from_raw_mode(raw)).map_err(Into::into)
             }
             None => Ok(()),
         })

@@ -8,7 +8,11 @@
 //! kills every descendant, then `cgroup.kill` on the command's cgroup (when it has one) after a
 //! grace period, and SIGKILL to the launcher's process group after a longer one.
 //!
-//! Must never: run the command itself (only the launcher does, under Landlock); pass the
+//! The same on macOS: the launcher there runs the shell under `sandbox-exec` and ends what it
+//! left without cgroups (`sandbox/macos.rs`); the caps, the scrubbing and the stop sequence here
+//! are shared, and a command never has a cgroup.
+//!
+//! Must never: run the command itself (only the launcher does, under Landlock or sandbox-exec); pass the
 //! executor's environment through (login tokens, provider keys, agent sockets); retry a command.
 
 use std::ffi::OsString;
@@ -341,10 +345,17 @@ impl Drop for StopGuard {
 }
 
 /// The start time (clock ticks since boot, field 22 of `/proc/<pid>/stat`) of `pid`.
+#[cfg(target_os = "linux")]
 fn start_time(pid: Pid) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, after_name) = stat.rsplit_once(')')?;
     after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The start time of `pid` (macOS: from `proc_pidinfo`, there is no `/proc`).
+#[cfg(target_os = "macos")]
+fn start_time(pid: Pid) -> Option<u64> {
+    super::sandbox::process_start_time(pid.as_raw())
 }
 
 /// One output stream read to EOF in a task, keeping the first [`MAX_CAPTURE`] bytes.

@@ -5,12 +5,17 @@
 //! addresses a user or client chose ([`outbound`]), and a token cancelled on SIGTERM/SIGINT for whoever
 //! winds down on a signal ([`signals`]).
 //!
+//! On macOS, where only the laptop CLI is built (with the system's TLS), [`tls`] and [`outbound`]
+//! are not compiled: they are rustls with ring, which needs a C compiler for the target.
+//!
 //! Must never know a domain: no document, token or device type lives here.
 
 pub mod clock;
+#[cfg(not(target_os = "macos"))]
 pub mod outbound;
 pub mod signals;
 pub mod sqlite;
+#[cfg(not(target_os = "macos"))]
 pub mod tls;
 pub mod unix_http;
 pub mod url;

@@ -8,7 +8,6 @@
 //! through the reaper).
 
 use std::convert::Infallible;
-use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
 
@@ -18,30 +17,17 @@ use landlock::{
 };
 use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::Pid;
-use rustix::fs::{Mode, OFlags};
 
 use super::plan::{Plan, plan_rules};
 use super::reaper::{end_command, wait_for_shell};
-use super::{SandboxError, SandboxPolicy, TEST_ABI_ENV, landlock_status};
+use super::{SandboxError, TEST_ABI_ENV, check_no_terminal, landlock_status, parse_launcher_args};
 use crate::cgroup::CommandCgroupFds;
 use crate::limits;
 use crate::privileges;
 use crate::seccomp;
 
-/// Launcher mode entry: called by the `agentworks` binary when re-executed as
-/// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`. Must be called first thing in
-/// `main`, while the process is single-threaded. On success it never returns (it exits with the
-/// shell's status, 128+signal if the shell was signalled or the launcher told to stop); it
-/// returns only on error, before any command ran, and the caller prints the error after
-/// [`REFUSAL_PREFIX`](super::REFUSAL_PREFIX) and exits 126.
-pub fn launcher_main(args: &[String]) -> SandboxError {
-    match launch(args) {
-        Ok(never) => match never {},
-        Err(error) => error,
-    }
-}
-
-fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
+/// The Linux launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
+pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first so that one arriving during setup stays pending and is
     // handled by the wait loop (killing the shell) instead of killing the launcher while
     // descendants run on. The shell does not inherit the mask: std resets it in the child.
@@ -58,7 +44,7 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         .thread_block()
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
 
-    let (policy, program, program_args) = parse_args(args)?;
+    let (policy, program, program_args) = parse_launcher_args(args)?;
 
     // 1. Inherited descriptors above 2: a descriptor opened before the ruleset (a directory,
     // a socket, a terminal) would let the command reach outside it, since Landlock checks paths
@@ -196,22 +182,6 @@ fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     std::process::exit(status)
 }
 
-/// Step 2's check: `/dev/tty` must not open (`ENXIO`: no controlling terminal; `ENOENT`: no
-/// such device on this machine).
-fn check_no_terminal() -> Result<(), SandboxError> {
-    match rustix::fs::open(
-        "/dev/tty",
-        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(_) => Err(SandboxError::Terminal("/dev/tty opens".to_owned())),
-        Err(rustix::io::Errno::NXIO | rustix::io::Errno::NOENT) => Ok(()),
-        Err(e) => Err(SandboxError::Terminal(format!(
-            "opening /dev/tty failed with {e}, not ENXIO"
-        ))),
-    }
-}
-
 fn restrict_to_scopes(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
     let Some(ruleset) = ruleset.take() else {
         return Ok(());
@@ -223,26 +193,6 @@ fn restrict_to_scopes(ruleset: &mut Option<RulesetCreated>) -> io::Result<()> {
         ));
     }
     Ok(())
-}
-
-type ParsedArgs = (SandboxPolicy, OsString, Vec<OsString>);
-
-fn parse_args(args: &[String]) -> Result<ParsedArgs, SandboxError> {
-    let [policy, separator, program, rest @ ..] = args else {
-        return Err(SandboxError::Usage("too few arguments".to_owned()));
-    };
-    if separator != "--" {
-        return Err(SandboxError::Usage(format!(
-            "expected `--` after the policy, got {separator:?}"
-        )));
-    }
-    let policy: SandboxPolicy =
-        serde_json::from_str(policy).map_err(|e| SandboxError::Policy(e.to_string()))?;
-    Ok((
-        policy,
-        OsString::from(program),
-        rest.iter().map(OsString::from).collect(),
-    ))
 }
 
 fn apply_ruleset(plan: Plan) -> Result<(), SandboxError> {

@@ -15,9 +15,22 @@
 //! first, then SIGKILL to every descendant it finds) and exits with the shell's status only once
 //! `waitpid(-1)` answers `ECHILD`.
 //!
-//! Layout: this file holds the policy, its error and the Landlock support check; `sbpl.rs`
-//! the macOS back end of the same policy (a `sandbox-exec` profile, generated and evaluated
-//! on any machine);
+//! On macOS (`macos.rs`) the same launcher subcommand, with the same policy, runs the command
+//! as `sandbox-exec -p <profile> -- <sh> -c <command>`, the profile generated from the policy by
+//! `sbpl.rs`; in this order: checks the pinned folders still are the directories opened at
+//! connect, marks inherited descriptors close-on-exec, leads a new session with no controlling
+//! terminal, sets `RLIMIT_NPROC`, starts sandbox-exec in its session and process group, records
+//! every process of the command (descendants, group members) while it runs, and ends them all
+//! with SIGKILL rounds once it ends or the launcher is told to stop (there is no subreaper and
+//! no `/proc`: `tree.rs` says what that can and cannot find). macOS has no `PR_SET_PDEATHSIG`
+//! either: the launcher ends the command when it sees its executor is gone.
+//!
+//! Layout: this file holds the policy, its error, the argument parsing and terminal check both
+//! launchers share, and the sandbox support check ([`check_available`]: Landlock on Linux,
+//! `sandbox-exec` on macOS); `sbpl.rs` the macOS back end of the same policy (a `sandbox-exec`
+//! profile, generated and evaluated on any machine); `tree.rs` finding a command's processes
+//! without a subreaper (pure, tested anywhere); `pinned.rs` the macOS launcher's check of the
+//! pinned folders (tested anywhere); `macos.rs` the macOS launcher;
 //! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
 //! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
 //! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
@@ -57,20 +70,38 @@
 //! than the command forks (a cgroup's `cgroup.kill` has no such race); ptys cannot be made
 //! (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do not work.
 
+use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 
+use rustix::fs::{Mode, OFlags};
+
 use super::limits::CommandLimits;
 use super::resolve::ResolveError;
+#[cfg(target_os = "linux")]
 use super::seccomp::SeccompError;
 
+#[cfg(target_os = "linux")]
 mod launcher;
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(any(target_os = "macos", test))]
+mod pinned;
+#[cfg(target_os = "linux")]
 mod plan;
+#[cfg(target_os = "linux")]
 mod reaper;
 pub mod sbpl;
 mod spawn;
+#[cfg(any(target_os = "macos", test))]
+pub mod tree;
 
-pub use launcher::launcher_main;
+#[cfg(target_os = "linux")]
+use launcher::launch;
+#[cfg(target_os = "macos")]
+use macos::launch;
+#[cfg(target_os = "macos")]
+pub use macos::start_time as process_start_time;
 pub use spawn::{die_with_parent, inherit_pinned, new_session};
 /// The hidden subcommand that puts the `agentworks` binary in launcher mode.
 pub const SUBCOMMAND: &str = "__sandbox-exec";
@@ -188,6 +219,7 @@ pub enum SandboxError {
         path: PathBuf,
         reason: String,
     },
+    #[cfg(target_os = "linux")]
     #[error("cannot build the Landlock ruleset: {0}")]
     Ruleset(#[from] landlock::RulesetError),
     #[error("the Landlock ruleset is not fully enforced ({0}), so the command is refused")]
@@ -202,8 +234,16 @@ pub enum SandboxError {
         "the launcher still has a controlling terminal ({0}), so the command is refused: it could type into the person's shell"
     )]
     Terminal(String),
+    #[cfg(target_os = "linux")]
     #[error("{0}, so the command is refused")]
     Seccomp(#[from] SeccompError),
+    #[cfg(target_os = "macos")]
+    #[error("{path} cannot be used, so commands are refused: {source}")]
+    SandboxExecUnavailable {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot use the command's cgroup {path}, so the command is refused: {source}")]
     Cgroup {
         path: PathBuf,
@@ -231,8 +271,74 @@ impl SandboxError {
     }
 }
 
+/// Launcher mode entry: called by the `agentworks` binary when re-executed as
+/// `agentworks __sandbox-exec <policy-json> -- <sh> -c <command>` (Landlock on Linux,
+/// `sandbox-exec` on macOS). Must be called first thing in `main`, while the process is
+/// single-threaded. On success it never returns (it exits with the shell's status, 128+signal if
+/// the shell was signalled or the launcher told to stop); it returns only on error, before any
+/// command ran, and the caller prints the error after [`REFUSAL_PREFIX`] and exits 126.
+pub fn launcher_main(args: &[String]) -> SandboxError {
+    match launch(args) {
+        Ok(never) => match never {},
+        Err(error) => error,
+    }
+}
+
+/// Whether this machine can run commands in the sandbox, or an error saying why they are
+/// refused: the Landlock ABI on Linux ([`landlock_status`]); on macOS `None` once
+/// `sandbox-exec` is there.
+pub fn check_available() -> Result<Option<i32>, SandboxError> {
+    #[cfg(target_os = "linux")]
+    return landlock_status().map(Some);
+    #[cfg(target_os = "macos")]
+    return std::fs::metadata(sbpl::SANDBOX_EXEC)
+        .map(|_| None)
+        .map_err(|source| SandboxError::SandboxExecUnavailable {
+            path: sbpl::SANDBOX_EXEC.into(),
+            source,
+        });
+}
+
+/// Both launchers' check that they have no controlling terminal: `/dev/tty` must not open
+/// (`ENXIO`: no controlling terminal; `ENOENT`: no such device on this machine).
+fn check_no_terminal() -> Result<(), SandboxError> {
+    match rustix::fs::open(
+        "/dev/tty",
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(_) => Err(SandboxError::Terminal("/dev/tty opens".to_owned())),
+        Err(rustix::io::Errno::NXIO | rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(SandboxError::Terminal(format!(
+            "opening /dev/tty failed with {e}, not ENXIO"
+        ))),
+    }
+}
+
+type ParsedArgs = (SandboxPolicy, OsString, Vec<OsString>);
+
+/// Both launchers' arguments: `<policy-json> -- <program> [args...]`.
+fn parse_launcher_args(args: &[String]) -> Result<ParsedArgs, SandboxError> {
+    let [policy, separator, program, rest @ ..] = args else {
+        return Err(SandboxError::Usage("too few arguments".to_owned()));
+    };
+    if separator != "--" {
+        return Err(SandboxError::Usage(format!(
+            "expected `--` after the policy, got {separator:?}"
+        )));
+    }
+    let policy: SandboxPolicy =
+        serde_json::from_str(policy).map_err(|e| SandboxError::Policy(e.to_string()))?;
+    Ok((
+        policy,
+        OsString::from(program),
+        rest.iter().map(OsString::from).collect(),
+    ))
+}
+
 /// Checks Landlock support and returns the ABI version, or an error saying why commands are
 /// refused. Debug builds honour [`TEST_ABI_ENV`] to simulate an older or missing Landlock.
+#[cfg(target_os = "linux")]
 pub fn landlock_status() -> Result<i32, SandboxError> {
     let kernel = kernel_abi()?;
     let abi = match simulated_abi() {
@@ -253,6 +359,7 @@ pub fn landlock_status() -> Result<i32, SandboxError> {
     Ok(abi)
 }
 
+#[cfg(target_os = "linux")]
 fn simulated_abi() -> Option<i32> {
     if !cfg!(debug_assertions) {
         return None;
@@ -260,6 +367,7 @@ fn simulated_abi() -> Option<i32> {
     std::env::var(TEST_ABI_ENV).ok()?.trim().parse().ok()
 }
 
+#[cfg(target_os = "linux")]
 fn kernel_abi() -> Result<i32, SandboxError> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only queries the ABI version: the kernel

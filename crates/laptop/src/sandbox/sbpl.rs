@@ -23,9 +23,23 @@
 //! Must never: emit a path that was not escaped, put a deny before the allow it restricts, or
 //! allow any operation outside the list above.
 
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::{HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, SandboxPolicy};
+
+/// The macOS launcher runs every command through this program.
+pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
+
+/// `sandbox-exec`'s arguments for running `program args…` under `profile`: the profile text
+/// as one argument (`-p`, never a file another process could change), then `--`, so a
+/// program name starting with `-` is never read as an option.
+pub fn sandbox_exec_args(profile: &Profile, program: &OsStr, args: &[OsString]) -> Vec<OsString> {
+    let mut out: Vec<OsString> = vec!["-p".into(), profile.text.clone().into(), "--".into()];
+    out.push(program.to_owned());
+    out.extend(args.iter().cloned());
+    out
+}
 
 /// System paths every command may read and execute on macOS.
 pub const SYSTEM_READ: &[&str] = &[
@@ -469,6 +483,88 @@ mod tests {
                 }
             }
             assert!(profile.text.contains("\n(deny default)\n"));
+        }
+    }
+
+    /// A hostile folder name cannot smuggle a denied service into a profile either: outside
+    /// its string literals, no line of any profile names one.
+    #[test]
+    fn hostile_names_add_no_denied_service() {
+        for name in [
+            "a\")(allow file-write* (subpath \"/\"))",
+            "x\")(allow iokit-open)(allow appleevent-send)(allow mach-lookup (global-name \"com.apple.pasteboard.1\"))",
+            "y\")(allow lsopen)(allow mach-lookup (global-name \"com.apple.SecurityServer\"))",
+        ] {
+            let mut hostile = policy();
+            hostile.pinned[0].path = PathBuf::from("/Users/ann/src").join(name);
+            hostile
+                .blocked
+                .push(PathBuf::from("/Users/ann/src").join(name).join("b"));
+            let profile = Profile::generate(&hostile, Some(Path::new("/Users/ann")));
+            for line in profile.text.lines().filter(|l| !l.starts_with(";;")) {
+                let shape = skeleton(line);
+                for service in NEVER_ALLOWED {
+                    assert!(!shape.contains(service), "{service} in {line}");
+                }
+                if shape.contains("mach-lookup") {
+                    assert_eq!(shape.matches("global-name").count(), MACH_SERVICES.len());
+                }
+            }
+            // "/" is never writable: the hostile folder is one folder, not a rule.
+            assert!(!profile.decide(Path::new("/etc/passwd"), Access::Write));
+            assert!(!profile.decide(Path::new("/Users/ann/.ssh/id_ed25519"), Access::Read));
+        }
+    }
+
+    /// The command line the macOS launcher runs: the profile as one argument, then `--`, then
+    /// the program and its arguments untouched (a name starting with `-` stays a program).
+    #[test]
+    fn sandbox_exec_gets_the_profile_then_the_program() {
+        let profile = Profile::generate(&policy(), None);
+        let args = sandbox_exec_args(
+            &profile,
+            OsStr::new("/bin/sh"),
+            &["-c".into(), "echo \"$HOME\"; -rf".into()],
+        );
+        assert_eq!(args.len(), 6);
+        assert_eq!(args[0], "-p");
+        assert_eq!(args[1], OsString::from(profile.text.clone()));
+        assert_eq!(args[2], "--");
+        assert_eq!(args[3], "/bin/sh");
+        assert_eq!(args[4], "-c");
+        assert_eq!(args[5], "echo \"$HOME\"; -rf");
+    }
+
+    /// Paths below `/tmp` and `/var` are written and decided as macOS names them, in rules and
+    /// in questions alike.
+    #[test]
+    fn private_tmp_and_var_grants_decide_under_both_names() {
+        let mut p = policy();
+        p.pinned[0].path = "/tmp/project".into();
+        p.blocked = vec!["/var/folders/zz/secret".into()];
+        p.read_write = vec!["/var/folders/zz".into()];
+        let profile = Profile::generate(&p, None);
+        assert!(profile.text.contains("(subpath \"/private/tmp/project\")"));
+        assert!(
+            profile
+                .text
+                .contains("(subpath \"/private/var/folders/zz/secret\")")
+        );
+        assert!(!profile.text.contains("(subpath \"/tmp/"));
+        for (path, write) in [
+            ("/tmp/project/a", true),
+            ("/private/tmp/project/a", true),
+            ("/var/folders/zz/x", true),
+            ("/private/var/folders/zz/x", true),
+            ("/var/folders/zz/secret/k", false),
+            ("/private/var/folders/zz/secret/k", false),
+            ("/private/tmp/other", false),
+        ] {
+            assert_eq!(
+                profile.decide(Path::new(path), Access::Write),
+                write,
+                "{path}"
+            );
         }
     }
 

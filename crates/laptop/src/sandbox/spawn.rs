@@ -7,6 +7,7 @@
 
 use std::io;
 
+#[cfg(target_os = "linux")]
 use nix::sys::signal::Signal;
 
 use super::SandboxPolicy;
@@ -16,6 +17,7 @@ use super::SandboxPolicy;
 /// unsupervised. The launcher blocks SIGTERM and handles it like a stop request. A launcher
 /// whose parent is already gone when it starts never execs. (The kernel sends the signal when
 /// the spawning *thread* ends: spawn from a runtime worker thread, never a blocking-pool one.)
+#[cfg(target_os = "linux")]
 pub fn die_with_parent(command: &mut tokio::process::Command) {
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes two
@@ -30,6 +32,12 @@ pub fn die_with_parent(command: &mut tokio::process::Command) {
         });
     }
 }
+
+/// macOS has no `PR_SET_PDEATHSIG`: the launcher notes its parent when it starts (and refuses to
+/// start if it was re-parented already) and, in its wait loop, ends the command and every
+/// process of it as soon as it is re-parented. Nothing to set before exec.
+#[cfg(target_os = "macos")]
+pub fn die_with_parent(_command: &mut tokio::process::Command) {}
 
 /// Lets the launcher about to be spawned by `command` inherit the policy's pinned descriptors:
 /// they are close-on-exec in the executor (so no other child gets them) and the child clears
