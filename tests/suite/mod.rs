@@ -7,6 +7,7 @@ mod attack_authority;
 mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
+mod cluster;
 mod console;
 mod console_sessions;
 mod crash;
