@@ -18,6 +18,9 @@ pub enum StartError {
     Listen(#[from] ListenFailed),
     #[error("cannot open the gateway store")]
     Store(#[source] GatewayError),
+    /// The blocking task opening the store panicked or was cancelled.
+    #[error("the task opening the gateway store failed")]
+    StoreTask(#[source] tokio::task::JoinError),
 }
 
 /// Runs gatewayd until SIGTERM/SIGINT.
@@ -28,13 +31,23 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .map_err(|e| e.at(config.gatewayd.listen))?;
     let (socket, socket_origin) = listener::unix_listener("gatewayd.sock", &socket_path)
         .map_err(|e| e.at(socket_path.display()))?;
-    let store = crate::open_store(&config).map_err(StartError::Store)?;
+    // Off the async threads: opening blocks (SQLite's fsyncs, PostgreSQL's own runtime).
+    let opening = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || crate::open_store(&config))
+    };
+    let store = opening
+        .await
+        .map_err(StartError::StoreTask)?
+        .map_err(StartError::Store)?;
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
         public = ?public.local_addr().ok(),
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.gatewayd.public_url(),
+        store = store.backend(),
+        host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         agentd = %config.agentd_socket().display(),
         "gatewayd ready"
     );
