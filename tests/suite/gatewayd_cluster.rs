@@ -5,16 +5,17 @@
 //! under another name after a restart), and gatewayd refuses to start on a database it cannot
 //! reach or on a half-configured `[cluster]`.
 
-use super::harness::{Gatewayd, Nats, Postgres, Stack, block_on, free_port};
+use super::harness::{Gatewayd, Nats, Postgres, Stack, block_on, free_port, wait_until};
 use agentworks_contract::executor::{
     ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame, Operation, Outcome,
 };
+use agentworks_gateway::nats::REVOKED_SUBJECT;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -25,12 +26,24 @@ fn append_config(stack: &Stack, section: &str) {
     std::fs::write(&path, format!("{config}\n{section}")).unwrap();
 }
 
+/// The close code an executor got (`None`: closed without one) and when it arrived.
+type Closed = Option<(Option<u16>, Instant)>;
+
+/// The connection of an [`echo_executor`]: its device id, how many requests it received, and
+/// the close code gatewayd sent with when it arrived (`None` inside: closed without a code).
+struct Echo {
+    device_id: String,
+    received: Arc<AtomicUsize>,
+    closed: Arc<Mutex<Closed>>,
+}
+
 /// An executor on its own thread that says hello with folder `proj` and answers every request
-/// with its command as stdout; returns its device id and how many requests it received.
-fn echo_executor(port: u16, token: &str) -> (String, Arc<AtomicUsize>) {
+/// with its command as stdout.
+fn echo_executor(port: u16, token: &str) -> Echo {
     let received = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(Mutex::new(None));
     let (welcomed, welcome) = std::sync::mpsc::channel();
-    let (token, count) = (token.to_owned(), received.clone());
+    let (token, count, close) = (token.to_owned(), received.clone(), closed.clone());
     std::thread::spawn(move || {
         block_on(async move {
             let mut request = format!("ws://127.0.0.1:{port}/v1/executor")
@@ -51,8 +64,14 @@ fn echo_executor(port: u16, token: &str) -> (String, Arc<AtomicUsize>) {
             };
             ws.send(send(&hello)).await.unwrap();
             while let Some(Ok(message)) = ws.next().await {
-                let Message::Text(text) = message else {
-                    continue;
+                let text = match message {
+                    Message::Text(text) => text,
+                    Message::Close(frame) => {
+                        let code = frame.map(|f| u16::from(f.code));
+                        close.lock().unwrap().get_or_insert((code, Instant::now()));
+                        continue;
+                    }
+                    _ => continue,
                 };
                 match serde_json::from_str::<GatewayFrame>(text.as_str()).unwrap() {
                     GatewayFrame::Welcome { device_id, .. } => {
@@ -86,12 +105,17 @@ fn echo_executor(port: u16, token: &str) -> (String, Arc<AtomicUsize>) {
                     other => panic!("the echo executor got {other:?}"),
                 }
             }
+            close.lock().unwrap().get_or_insert((None, Instant::now()));
         })
     });
     let device_id = welcome
         .recv_timeout(Duration::from_secs(20))
         .expect("no welcome from gatewayd");
-    (device_id, received)
+    Echo {
+        device_id,
+        received,
+        closed,
+    }
 }
 
 #[test]
@@ -117,7 +141,11 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     );
     let token = created["token"].as_str().unwrap();
     let alice = created["info"]["user_id"].as_str().unwrap();
-    let (device_id, received) = echo_executor(port, token);
+    let Echo {
+        device_id,
+        received,
+        ..
+    } = echo_executor(port, token);
     assert_eq!(
         postgres.psql(
             "agentworks",
@@ -153,9 +181,9 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     )
     .unwrap();
     let gw = Gatewayd::start(&stack, port);
-    let (again_device, received_again) = echo_executor(port, token);
+    let again_echo = echo_executor(port, token);
     assert_eq!(
-        again_device, device_id,
+        again_echo.device_id, device_id,
         "the device id lives in the shared database"
     );
     let again = gw.client().json("/v1/dispatch", body).unwrap();
@@ -163,7 +191,7 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(received.load(Ordering::SeqCst), 1);
     assert_eq!(
-        received_again.load(Ordering::SeqCst),
+        again_echo.received.load(Ordering::SeqCst),
         0,
         "a recorded request id was re-sent"
     );
@@ -239,4 +267,118 @@ fn gatewayd_refuses_a_half_configured_cluster() {
         stderr.contains("cluster.database_url is set but cluster.nats_url is not"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_revocation_on_nats_makes_gatewayd_recheck_the_token_and_close_it_within_a_second() {
+    let postgres = Postgres::start();
+    let nats = Nats::start();
+    let (stack, port) = Stack::start_with_gateway();
+    // The periodic re-check once at start, then not for an hour: only NATS can wake gatewayd.
+    append_config(
+        &stack,
+        &format!(
+            "token_recheck_ms = 3600000\n[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\n\
+             host_id = \"gw-a\"\n",
+            postgres.url(),
+            nats.url()
+        ),
+    );
+    let _gw = Gatewayd::start(&stack, port);
+    let _ = stack.admin_raw("users/add", json!({"name": "alice"}));
+    let created = stack.admin(
+        "tokens/create",
+        json!({"user": "alice", "scopes": ["devices:connect"]}),
+    );
+    let (token, token_id) = (
+        created["token"].as_str().unwrap(),
+        created["info"]["id"].as_str().unwrap(),
+    );
+    let echo = echo_executor(port, token);
+    let message = |token_id: &str| serde_json::to_vec(&json!({"token_id": token_id})).unwrap();
+
+    // A message for a token agentd still accepts closes nothing (messages wake; agentd decides),
+    // nor does a malformed one.
+    nats.publish(REVOKED_SUBJECT, &message(token_id));
+    nats.publish(REVOKED_SUBJECT, b"{\"token_id\": 7}");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        *echo.closed.lock().unwrap(),
+        None,
+        "a valid token was closed"
+    );
+
+    // Revoked in agentd: without a message nothing closes it for an hour...
+    let out = stack.ctl(&["token", "revoke", token_id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(*echo.closed.lock().unwrap(), None);
+    // ...and with one, within a second, with the revocation close code.
+    let published = Instant::now();
+    nats.publish(REVOKED_SUBJECT, &message(token_id));
+    wait_until(
+        "the revoked token's connection is closed",
+        Duration::from_secs(5),
+        || echo.closed.lock().unwrap().is_some(),
+    );
+    let (code, at) = echo.closed.lock().unwrap().unwrap();
+    assert_eq!(code, Some(agentworks_contract::executor::CLOSE_REVOKED));
+    let took = at - published;
+    assert!(
+        took < Duration::from_secs(1),
+        "closed {took:?} after the message"
+    );
+}
+
+#[test]
+fn gatewayd_refuses_to_start_when_nats_is_unreachable_or_its_credentials_unusable() {
+    let postgres = Postgres::start();
+    let nats = Nats::start();
+    let (stack, _port) = Stack::start_with_gateway();
+    let config = std::fs::read_to_string(stack.state.root().join("agentworks.toml")).unwrap();
+    let with_cluster = |nats_url: &str, extra: &str| {
+        std::fs::write(
+            stack.state.root().join("agentworks.toml"),
+            format!(
+                "{config}\n[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{nats_url}\"\n\
+                 host_id = \"gw-a\"\n{extra}",
+                postgres.url()
+            ),
+        )
+        .unwrap();
+    };
+    let nobody = free_port();
+    with_cluster(&format!("nats://127.0.0.1:{nobody}"), "");
+    let (code, stderr) = gatewayd_fails_to_start(&stack);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot join the cluster's NATS server"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "cannot connect to NATS at nats://127.0.0.1:{nobody}"
+        )),
+        "{stderr}"
+    );
+
+    // A credentials file that is private but not NATS credentials.
+    let creds = stack.state.root().join("nats.creds");
+    std::fs::write(&creds, "not a credentials file\n").unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    with_cluster(&nats.url(), &format!("nats_credentials = {creds:?}\n"));
+    let (code, stderr) = gatewayd_fails_to_start(&stack);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot use the NATS credentials file {}",
+            creds.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not a credentials file"), "{stderr}");
 }

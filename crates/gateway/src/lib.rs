@@ -13,6 +13,8 @@
 //!   request with a fingerprint of its payload and its outcome, and device leases; in SQLite
 //!   on one host, in a shared PostgreSQL database with `[cluster]` (issue 16).
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
+//! - [`nats`]: with `[cluster]`, the NATS connection and the revocation subject, which makes
+//!   every host re-check a revoked token at once.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
@@ -31,6 +33,7 @@
 pub mod cli;
 pub mod dispatch;
 pub mod executor;
+pub mod nats;
 pub mod registry;
 pub mod start;
 pub mod store;
@@ -278,12 +281,13 @@ fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
     );
 }
 
-/// Serves the executor listener and the dispatch socket until `shutdown`; then closes every
-/// executor connection with 1001 (going away), fails its pending requests as unknown, lets
-/// in-flight socket requests answer, and returns.
+/// Serves the executor listener and the dispatch socket (and, with `bus`, the revocation
+/// subject) until `shutdown`; then closes every executor connection with 1001 (going away),
+/// fails its pending requests as unknown, lets in-flight socket requests answer, and returns.
 pub async fn run(
     config: &Config,
     store: Store,
+    bus: Option<nats::Bus>,
     executors: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -300,6 +304,13 @@ pub async fn run(
         "gatewayd.sock peer policy"
     );
     let watcher = tokio::spawn(watch_tokens(gateway.clone(), shutdown.clone()));
+    let revocations = bus.map(|bus| {
+        tokio::spawn(nats::watch_revocations(
+            gateway.clone(),
+            bus,
+            shutdown.clone(),
+        ))
+    });
     let ws = tokio::spawn(executor::serve(
         executors,
         gateway.clone(),
@@ -308,4 +319,7 @@ pub async fn run(
     dispatch::serve(socket, gateway, policy, shutdown).await;
     let _ = ws.await;
     let _ = watcher.await;
+    if let Some(revocations) = revocations {
+        let _ = revocations.await;
+    }
 }

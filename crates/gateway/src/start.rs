@@ -1,8 +1,10 @@
 //! gatewayd's start and life as a daemon, in this order: the signal token, the executor
-//! listener, `gatewayd.sock`, the gateway store, READY, serving until shutdown. gatewayd keeps
+//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the NATS connection and its
+//! revocation subscription, READY, serving until shutdown. gatewayd keeps
 //! no capability at all (`agentworks_daemon::entry` drops them before any thread exists).
 //!
-//! It must never announce READY before both listeners are taken and the store opens.
+//! It must never announce READY before both listeners are taken, the store opens and, in a
+//! cluster, NATS answers.
 
 use crate::GatewayError;
 use agentworks_daemon::config::Config;
@@ -18,6 +20,9 @@ pub enum StartError {
     Listen(#[from] ListenFailed),
     #[error("cannot open the gateway store")]
     Store(#[source] GatewayError),
+    /// In a cluster: the NATS server could not be joined.
+    #[error("cannot join the cluster's NATS server")]
+    Nats(#[source] crate::nats::NatsError),
     /// The blocking task opening the store panicked or was cancelled.
     #[error("the task opening the gateway store failed")]
     StoreTask(#[source] tokio::task::JoinError),
@@ -40,6 +45,14 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .await
         .map_err(StartError::StoreTask)?
         .map_err(StartError::Store)?;
+    let bus = match config.cluster.is_enabled() {
+        true => Some(
+            crate::nats::Bus::join(&config.cluster)
+                .await
+                .map_err(StartError::Nats)?,
+        ),
+        false => None,
+    };
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
@@ -53,7 +66,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
     systemd::notify_ready("serving /v1/executor and gatewayd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, store, public, socket, shutdown).await;
+    crate::run(&config, store, bus, public, socket, shutdown).await;
     tracing::info!("gatewayd stopped");
     Ok(())
 }

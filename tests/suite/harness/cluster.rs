@@ -283,6 +283,42 @@ impl Nats {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Publishes `payload` on `subject`, speaking the NATS text protocol itself (no client
+    /// library between the test and the server); returns once the server has processed it
+    /// (its `PONG` to the `PING` sent after the message).
+    pub fn publish(&self, subject: &str, payload: &[u8]) {
+        use std::io::{BufRead, Write};
+        let stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("INFO "), "not a NATS greeting: {line:?}");
+        let mut writer = stream;
+        write!(
+            writer,
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"name\":\"test\"}}\r\n\
+             PUB {subject} {}\r\n",
+            payload.len()
+        )
+        .unwrap();
+        writer.write_all(payload).unwrap();
+        writer.write_all(b"\r\nPING\r\n").unwrap();
+        loop {
+            line.clear();
+            assert!(
+                reader.read_line(&mut line).unwrap() > 0,
+                "nats-server closed"
+            );
+            assert!(!line.starts_with("-ERR"), "nats-server refused: {line}");
+            if line.starts_with("PONG") {
+                return;
+            }
+        }
+    }
 }
 
 /// A NATS server greets every client with an `INFO {…}` line before anything else.
