@@ -1,7 +1,7 @@
 //! gatewayd's start and life as a daemon, in this order: the signal token, the executor
 //! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the NATS connection and its
-//! revocation subscription, READY, serving until shutdown. gatewayd keeps
-//! no capability at all (`agentworks_daemon::entry` drops them before any thread exists).
+//! revocation subscription, READY, serving until shutdown. gatewayd keeps no capability at all
+//! (`agentworks_daemon::entry` drops them before any thread exists).
 //!
 //! It must never announce READY before both listeners are taken, the store opens and, in a
 //! cluster, NATS answers.
@@ -45,13 +45,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .await
         .map_err(StartError::StoreTask)?
         .map_err(StartError::Store)?;
-    let bus = match config.cluster.is_enabled() {
-        true => Some(
-            crate::nats::Bus::join(&config.cluster)
-                .await
-                .map_err(StartError::Nats)?,
-        ),
-        false => None,
+    let bus = if config.cluster.is_enabled() {
+        let bus = crate::nats::Bus::join(&config.cluster).await;
+        Some(bus.map_err(StartError::Nats)?)
+    } else {
+        None
     };
     tracing::info!(
         socket = %socket_path.display(),
