@@ -6,8 +6,11 @@
 //! environment overrides and validating the result into one [`Config`].
 //!
 //! Must never create directories, open sockets or touch the state root: it only describes where
-//! things are. Every section (`[workspaced]`, `[agentd]`, `[gatewayd]`) is typed and checked
-//! here, so a daemon never starts on a value another one would refuse.
+//! things are. Every section (`[workspaced]`, `[agentd]`, `[gatewayd]`, `[cluster]`) is typed
+//! and checked here, so a daemon never starts on a value another one would refuse. The only
+//! things it reads besides the file are the host name (the default `cluster.host_id`) and, in
+//! [`Config::load`], the metadata of the NATS credentials file (refused when group- or
+//! world-readable).
 
 use std::path::{Path, PathBuf};
 
@@ -63,6 +66,8 @@ pub struct Config {
     pub agentd: AgentdConfig,
     /// The `[gatewayd]` section.
     pub gatewayd: GatewaydConfig,
+    /// The `[cluster]` section: absent (or empty) means one host on embedded SQLite.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -74,6 +79,7 @@ impl Default for Config {
             workspaced: WorkspacedConfig::default(),
             agentd: AgentdConfig::default(),
             gatewayd: GatewaydConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -279,6 +285,90 @@ impl GatewaydConfig {
     }
 }
 
+/// The `[cluster]` section, shared by agentd and gatewayd (issue 16): several hosts sharing
+/// PostgreSQL (the rows are the truth) and NATS (messages wake and route). Either both URLs
+/// are set or neither; neither means today's single host on embedded SQLite.
+#[derive(Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The shared PostgreSQL database, `postgres://user[:password]@host[:port]/database`.
+    pub database_url: Option<String>,
+    /// The NATS server(s), `nats://host:port` (or `tls://`).
+    pub nats_url: Option<String>,
+    /// A NATS credentials file (JWT and NKey seed) for this daemon's NATS user: an absolute
+    /// path, readable by its owner only.
+    pub nats_credentials: Option<PathBuf>,
+    /// This host's name in the cluster: leases and routing subjects name it. ASCII letters,
+    /// digits, `-` and `_`, at most [`MAX_HOST_ID_LEN`]; defaults to the host name (after
+    /// loading, always set when a cluster is configured).
+    pub host_id: Option<String>,
+}
+
+/// The longest `cluster.host_id`.
+pub const MAX_HOST_ID_LEN: usize = 63;
+
+impl ClusterConfig {
+    /// True when this host is one of several (both URLs set; validation refuses one alone).
+    pub fn is_enabled(&self) -> bool {
+        self.database_url.is_some() && self.nats_url.is_some()
+    }
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A database URL may carry a password: never print it.
+        f.debug_struct("ClusterConfig")
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
+            .field("nats_url", &self.nats_url.as_deref().map(redact_url))
+            .field("nats_credentials", &self.nats_credentials)
+            .field("host_id", &self.host_id)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info (`scheme://user:password@host`) replaced by
+/// `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Why a `cluster.host_id` is refused, or `None` if it is a good one. It names a NATS subject
+/// token and a lease holder, so only letters, digits, `-` and `_`.
+fn host_id_problem(host_id: &str) -> Option<&'static str> {
+    if host_id.is_empty() {
+        Some("it is empty")
+    } else if host_id.len() > MAX_HOST_ID_LEN {
+        Some("it is longer than 63 characters")
+    } else if !host_id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        Some("only ASCII letters, digits, '-' and '_' are allowed (it names NATS subjects)")
+    } else {
+        None
+    }
+}
+
+/// The kernel's host name, the default `cluster.host_id`.
+fn system_host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_owned()).filter(|n| !n.is_empty())
+}
+
 /// Where the config file path came from; named in errors so the person knows what to fix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigSource {
@@ -342,6 +432,47 @@ pub enum ConfigError {
     /// A name in `workspaced.allowed_users` is empty.
     #[error("workspaced.allowed_users contains an empty user name")]
     EmptyUserName,
+    /// Part of `[cluster]` is set but not all a cluster needs.
+    #[error(
+        "[cluster] is half configured: {present} is set but {missing} is not; a cluster needs \
+         both cluster.database_url (PostgreSQL) and cluster.nats_url (NATS): set {missing}, or \
+         remove {present} to run on one host"
+    )]
+    HalfCluster {
+        present: &'static str,
+        missing: &'static str,
+    },
+    /// A cluster URL has the wrong scheme (shown with its password redacted).
+    #[error("{key} must be a {expected} URL, got {url:?}")]
+    ClusterUrl {
+        key: &'static str,
+        expected: &'static str,
+        url: String,
+    },
+    /// `cluster.host_id` (set, or the host name it defaults to) is not usable.
+    #[error(
+        "cluster.host_id {host_id:?} (from {origin}) is refused: {problem}; set cluster.host_id"
+    )]
+    HostId {
+        host_id: String,
+        origin: &'static str,
+        problem: &'static str,
+    },
+    /// No `cluster.host_id` and the host name could not be read.
+    #[error("cluster.host_id is not set and the host name cannot be read; set cluster.host_id")]
+    NoHostId,
+    /// The NATS credentials file cannot be read (missing, say).
+    #[error("cluster.nats_credentials {path}: {source}")]
+    CredentialsUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The NATS credentials file is not a regular file, or others than its owner may read it.
+    #[error(
+        "cluster.nats_credentials {path} {problem}; it holds this daemon's NATS secret: make it \
+         a regular file readable by its owner only (chmod 600)"
+    )]
+    CredentialsExposed { path: PathBuf, problem: String },
 }
 
 impl Config {
@@ -381,22 +512,54 @@ impl Config {
             }
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
-        match text {
-            Some(text) => Config::from_text(&text, &path, &env),
+        let config = match text {
+            Some(text) => Config::from_text(&text, &path, &env)?,
             None => {
                 let defaults = ParsedConfig {
                     config: Config::default(),
                     file_sets_documents_root: false,
                     file_sets_runtime_dir: false,
                 };
-                defaults.settle(&env, "defaults")
+                defaults.settle(&env, "defaults")?
             }
+        };
+        config.check_nats_credentials()?;
+        Ok(config)
+    }
+
+    /// Refuses a `cluster.nats_credentials` file that is missing, unreadable, not a regular
+    /// file, or readable by its group or others.
+    fn check_nats_credentials(&self) -> Result<(), ConfigError> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(path) = &self.cluster.nats_credentials else {
+            return Ok(());
+        };
+        let metadata =
+            std::fs::metadata(path).map_err(|source| ConfigError::CredentialsUnreadable {
+                path: path.clone(),
+                source,
+            })?;
+        let exposed = |problem: String| ConfigError::CredentialsExposed {
+            path: path.clone(),
+            problem,
+        };
+        if !metadata.is_file() {
+            return Err(exposed("is not a regular file".to_owned()));
         }
+        let mode = metadata.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(exposed(format!(
+                "is readable or writable by its group or others (mode {mode:04o})"
+            )));
+        }
+        Ok(())
     }
 
     /// The configuration in `text`, the contents of the file at `path` (named in errors): parsed
     /// strictly, overridden from `env` (an empty value counts as unset) and validated, as
-    /// [`Config::load_with_env`] does once it has read the file. Pure: reads nothing.
+    /// [`Config::load_with_env`] does once it has read the file. Reads nothing but the host
+    /// name (for a cluster without `host_id`); the NATS credentials file is checked by
+    /// [`Config::load_with_env`] only.
     pub fn from_text(
         text: &str,
         path: &Path,
@@ -530,6 +693,69 @@ impl Config {
                 });
             }
         }
+        self.validate_cluster(origin)
+    }
+
+    /// A cluster has both URLs (with the right schemes) or neither, an absolute credentials
+    /// file only with NATS, and a usable host id.
+    fn validate_cluster(&self, origin: &str) -> Result<(), ConfigError> {
+        let cluster = &self.cluster;
+        let (database, nats) = (&cluster.database_url, &cluster.nats_url);
+        let half = |present, missing| Err(ConfigError::HalfCluster { present, missing });
+        match (database, nats, &cluster.nats_credentials) {
+            (Some(_), None, _) => return half("cluster.database_url", "cluster.nats_url"),
+            (None, Some(_), _) => return half("cluster.nats_url", "cluster.database_url"),
+            (None, None, Some(_)) => {
+                return half(
+                    "cluster.nats_credentials",
+                    "cluster.database_url or cluster.nats_url",
+                );
+            }
+            _ => {}
+        }
+        let schemes: [(&'static str, &Option<String>, &'static str, &[&str]); 2] = [
+            (
+                "cluster.database_url",
+                database,
+                "PostgreSQL (postgres:// or postgresql://)",
+                &["postgres://", "postgresql://"],
+            ),
+            (
+                "cluster.nats_url",
+                nats,
+                "NATS (nats:// or tls://)",
+                &["nats://", "tls://"],
+            ),
+        ];
+        for (key, url, expected, prefixes) in schemes {
+            if let Some(url) = url
+                && !prefixes.iter().any(|p| url.starts_with(p))
+            {
+                return Err(ConfigError::ClusterUrl {
+                    key,
+                    expected,
+                    url: redact_url(url),
+                });
+            }
+        }
+        if let Some(path) = &cluster.nats_credentials
+            && !path.is_absolute()
+        {
+            return Err(ConfigError::RelativePath {
+                key: "cluster.nats_credentials",
+                path: path.clone(),
+                origin: origin.to_owned(),
+            });
+        }
+        if let Some(host_id) = &cluster.host_id
+            && let Some(problem) = host_id_problem(host_id)
+        {
+            return Err(ConfigError::HostId {
+                host_id: host_id.clone(),
+                origin: "the config file",
+                problem,
+            });
+        }
         Ok(())
     }
 
@@ -575,12 +801,35 @@ struct ParsedConfig {
 impl ParsedConfig {
     /// The environment overrides, then validation (`origin` names where the file came from).
     fn settle(
+        self,
+        env: &dyn Fn(&str) -> Option<String>,
+        origin: &str,
+    ) -> Result<Config, ConfigError> {
+        self.settle_on_host(env, &system_host_name, origin)
+    }
+
+    /// [`ParsedConfig::settle`] with the host name passed in: a cluster without `host_id`
+    /// gets `host_name()`, which must be a valid host id.
+    fn settle_on_host(
         mut self,
         env: &dyn Fn(&str) -> Option<String>,
+        host_name: &dyn Fn() -> Option<String>,
         origin: &str,
     ) -> Result<Config, ConfigError> {
         self.apply_env(env);
         self.config.validate(origin)?;
+        let cluster = &mut self.config.cluster;
+        if cluster.is_enabled() && cluster.host_id.is_none() {
+            let name = host_name().ok_or(ConfigError::NoHostId)?;
+            if let Some(problem) = host_id_problem(&name) {
+                return Err(ConfigError::HostId {
+                    host_id: name,
+                    origin: "the host name",
+                    problem,
+                });
+            }
+            cluster.host_id = Some(name);
+        }
         Ok(self.config)
     }
 
@@ -1051,6 +1300,211 @@ public_url = "wss://gw.example.com/"
             };
             assert!(ok, "{text}: {err}");
         }
+    }
+
+    /// `text` settled on a host named `host` (or one whose name cannot be read).
+    fn on_host(text: &str, host: Option<&str>) -> Result<Config, ConfigError> {
+        let host = host.map(str::to_owned);
+        Config::parse(text)
+            .unwrap()
+            .settle_on_host(&env_of(&[]), &|| host.clone(), "test")
+    }
+
+    const BOTH_URLS: &str = "[cluster]\ndatabase_url = \"postgres://gw:secret@db.internal:5432/agentworks\"\nnats_url = \"nats://nats.internal:4222\"\n";
+
+    #[test]
+    fn no_cluster_section_is_one_host_and_needs_no_host_name() {
+        let c = on_host("", None).unwrap();
+        assert!(!c.cluster.is_enabled());
+        assert_eq!(c.cluster.host_id, None);
+        let c = on_host("[cluster]\n", None).unwrap();
+        assert!(!c.cluster.is_enabled());
+    }
+
+    #[test]
+    fn a_full_cluster_is_parsed_and_host_id_defaults_to_the_host_name() {
+        let c = on_host(BOTH_URLS, Some("web-1")).unwrap();
+        assert!(c.cluster.is_enabled());
+        assert_eq!(c.cluster.host_id.as_deref(), Some("web-1"));
+        assert_eq!(
+            c.cluster.nats_url.as_deref(),
+            Some("nats://nats.internal:4222")
+        );
+        let text = format!("{BOTH_URLS}host_id = \"gw_2\"\n");
+        let c = on_host(&text, Some("web-1")).unwrap();
+        assert_eq!(c.cluster.host_id.as_deref(), Some("gw_2"));
+        // The password never shows in the debug output.
+        let debug = format!("{:?}", c.cluster);
+        assert!(!debug.contains("secret"), "{debug}");
+        assert!(debug.contains("postgres://gw:***@db.internal:5432/agentworks"));
+    }
+
+    #[test]
+    fn a_half_configured_cluster_is_refused_naming_what_is_missing() {
+        for (text, present, missing) in [
+            (
+                "[cluster]\ndatabase_url = \"postgres://db/aw\"",
+                "cluster.database_url",
+                "cluster.nats_url",
+            ),
+            (
+                "[cluster]\nnats_url = \"nats://127.0.0.1:4222\"",
+                "cluster.nats_url",
+                "cluster.database_url",
+            ),
+            (
+                "[cluster]\nnats_credentials = \"/etc/agentworks/nats.creds\"",
+                "cluster.nats_credentials",
+                "cluster.database_url or cluster.nats_url",
+            ),
+        ] {
+            let err = on_host(text, Some("h")).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::HalfCluster { present: p, missing: m }
+                    if *p == present && *m == missing),
+                "{text}: {err}"
+            );
+            let message = err.to_string();
+            assert!(message.contains(&format!("{missing} is not")), "{message}");
+        }
+    }
+
+    #[test]
+    fn cluster_urls_with_the_wrong_scheme_are_refused_without_their_password() {
+        for (text, key) in [
+            (
+                "[cluster]\ndatabase_url = \"mysql://u:hunter2@db/aw\"\nnats_url = \"nats://n:4222\"",
+                "cluster.database_url",
+            ),
+            (
+                "[cluster]\ndatabase_url = \"host=db user=aw\"\nnats_url = \"nats://n:4222\"",
+                "cluster.database_url",
+            ),
+            (
+                "[cluster]\ndatabase_url = \"postgresql://db/aw\"\nnats_url = \"http://n:4222\"",
+                "cluster.nats_url",
+            ),
+        ] {
+            let err = on_host(text, Some("h")).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::ClusterUrl { key: k, .. } if *k == key),
+                "{text}: {err}"
+            );
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn bad_host_ids_are_refused_set_or_defaulted() {
+        for bad in ["", "web.example.com", "a b", "gw>", "é", &"x".repeat(64)] {
+            let text = format!("{BOTH_URLS}host_id = {bad:?}\n");
+            let err = on_host(&text, Some("fine")).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::HostId {
+                        origin: "the config file",
+                        ..
+                    }
+                ),
+                "{bad:?}: {err}"
+            );
+        }
+        assert!(
+            on_host(
+                &format!("{BOTH_URLS}host_id = \"{}\"\n", "x".repeat(63)),
+                None
+            )
+            .is_ok()
+        );
+        // The host name it defaults to is checked the same way, and the message says to set it.
+        let err = on_host(BOTH_URLS, Some("web1.example.com")).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::HostId {
+                    origin: "the host name",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("set cluster.host_id"), "{err}");
+        let err = on_host(BOTH_URLS, None).unwrap_err();
+        assert!(matches!(err, ConfigError::NoHostId), "{err}");
+    }
+
+    #[test]
+    fn nats_credentials_must_be_absolute_present_and_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{BOTH_URLS}host_id = \"h\"\nnats_credentials = \"nats.creds\"\n");
+        let err = on_host(&text, None).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::RelativePath {
+                    key: "cluster.nats_credentials",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let creds = dir.path().join("nats.creds");
+        let config_with = |creds: &Path| {
+            write(
+                dir.path(),
+                &format!(
+                    "{BOTH_URLS}host_id = \"h\"\nnats_credentials = {:?}\n",
+                    creds
+                ),
+            )
+        };
+        // Missing.
+        let path = config_with(&creds);
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::CredentialsUnreadable { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound),
+            "{err}"
+        );
+        // Readable by its group, then by everyone.
+        std::fs::write(&creds, "-----BEGIN NATS USER JWT-----").unwrap();
+        for mode in [0o640, 0o604, 0o660] {
+            std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::CredentialsExposed { .. }),
+                "{mode:o}: {err}"
+            );
+            assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
+        // A directory is not a credentials file.
+        let path = config_with(dir.path());
+        let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::CredentialsExposed { .. }),
+            "{err}"
+        );
+        // Owner-only: accepted.
+        let path = config_with(&creds);
+        std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = Config::load_with_env(Some(&path), &env_of(&[])).unwrap();
+        assert_eq!(c.cluster.nats_credentials.as_deref(), Some(creds.as_path()));
+        std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(Config::load_with_env(Some(&path), &env_of(&[])).is_ok());
+    }
+
+    #[test]
+    fn urls_are_redacted_only_where_they_carry_a_password() {
+        assert_eq!(
+            redact_url("postgres://u:p@w@h:5/db?sslmode=require"),
+            "postgres://u:***@h:5/db?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact_url("not a url"), "not a url");
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //!   outcome, recover (a dispatch whose answer agentd lost, settled from the device's receipt).
 //! - [`registry`]: which connection speaks for which device, the pending requests and the
 //!   receipt queries.
-//! - [`store`]: SQLite: device ids (each owned by the credential that created it) and every
-//!   dispatched request with a fingerprint of its payload and its outcome.
+//! - [`store`]: device ids (each owned by the credential that created it), every dispatched
+//!   request with a fingerprint of its payload and its outcome, and device leases; in SQLite
+//!   on one host, in a shared PostgreSQL database with `[cluster]` (issue 16).
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
+//! - [`nats`]: with `[cluster]`, the NATS connection and the revocation subject, which makes
+//!   every host re-check a revoked token at once.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
@@ -30,6 +33,7 @@
 pub mod cli;
 pub mod dispatch;
 pub mod executor;
+pub mod nats;
 pub mod registry;
 pub mod start;
 pub mod store;
@@ -64,6 +68,10 @@ pub enum GatewayError {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// `[cluster] database_url` is set but no host id was settled (the config loader settles
+    /// one for every cluster; this is a config built by other means).
+    #[error("cluster.database_url is set but cluster.host_id is not; set cluster.host_id")]
+    NoHostId,
 }
 
 /// Timings and limits, from `[gatewayd]`.
@@ -106,15 +114,26 @@ pub struct Gateway {
     settings: Arc<Settings>,
 }
 
-/// Opens gatewayd's store: `<state>/gateway` (0700) and `gatewayd.db` in it. Requests left
-/// pending by a previous process become `unknown` here.
+/// Opens gatewayd's store: with `[cluster] database_url`, the shared PostgreSQL database as
+/// host `cluster.host_id` (an unreachable server is an error: gatewayd does not start);
+/// otherwise `<state>/gateway` (0700) and `gatewayd.db` in it. Requests this host left pending
+/// in a previous process become `unknown` here. Blocks: call it off the async threads.
 pub fn open_store(config: &Config) -> Result<Store, GatewayError> {
-    let dir = config.layout().gateway_dir();
-    ensure_private_dir(&dir, 0o700).map_err(|source| GatewayError::StateDir {
-        path: dir.clone(),
-        source,
-    })?;
-    let (store, reconciled) = Store::open(&dir.join("gatewayd.db"), now_ms())?;
+    let cluster = &config.cluster;
+    let (store, reconciled) = match &cluster.database_url {
+        Some(url) => {
+            let host_id = cluster.host_id.as_deref().ok_or(GatewayError::NoHostId)?;
+            Store::open_postgres(url, host_id, now_ms())?
+        }
+        None => {
+            let dir = config.layout().gateway_dir();
+            ensure_private_dir(&dir, 0o700).map_err(|source| GatewayError::StateDir {
+                path: dir.clone(),
+                source,
+            })?;
+            Store::open_sqlite(&dir.join("gatewayd.db"), now_ms())?
+        }
+    };
     if reconciled > 0 {
         tracing::warn!(
             reconciled,
@@ -262,12 +281,13 @@ fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
     );
 }
 
-/// Serves the executor listener and the dispatch socket until `shutdown`; then closes every
-/// executor connection with 1001 (going away), fails its pending requests as unknown, lets
-/// in-flight socket requests answer, and returns.
+/// Serves the executor listener and the dispatch socket (and, with `bus`, the revocation
+/// subject) until `shutdown`; then closes every executor connection with 1001 (going away),
+/// fails its pending requests as unknown, lets in-flight socket requests answer, and returns.
 pub async fn run(
     config: &Config,
     store: Store,
+    bus: Option<nats::Bus>,
     executors: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -284,6 +304,13 @@ pub async fn run(
         "gatewayd.sock peer policy"
     );
     let watcher = tokio::spawn(watch_tokens(gateway.clone(), shutdown.clone()));
+    let revocations = bus.map(|bus| {
+        tokio::spawn(nats::watch_revocations(
+            gateway.clone(),
+            bus,
+            shutdown.clone(),
+        ))
+    });
     let ws = tokio::spawn(executor::serve(
         executors,
         gateway.clone(),
@@ -292,4 +319,7 @@ pub async fn run(
     dispatch::serve(socket, gateway, policy, shutdown).await;
     let _ = ws.await;
     let _ = watcher.await;
+    if let Some(revocations) = revocations {
+        let _ = revocations.await;
+    }
 }

@@ -1,8 +1,10 @@
 //! gatewayd's start and life as a daemon, in this order: the signal token, the executor
-//! listener, `gatewayd.sock`, the gateway store, READY, serving until shutdown. gatewayd keeps
-//! no capability at all (`agentworks_daemon::entry` drops them before any thread exists).
+//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the NATS connection and its
+//! revocation subscription, READY, serving until shutdown. gatewayd keeps no capability at all
+//! (`agentworks_daemon::entry` drops them before any thread exists).
 //!
-//! It must never announce READY before both listeners are taken and the store opens.
+//! It must never announce READY before both listeners are taken, the store opens and, in a
+//! cluster, NATS answers.
 
 use crate::GatewayError;
 use agentworks_daemon::config::Config;
@@ -18,6 +20,12 @@ pub enum StartError {
     Listen(#[from] ListenFailed),
     #[error("cannot open the gateway store")]
     Store(#[source] GatewayError),
+    /// In a cluster: the NATS server could not be joined.
+    #[error("cannot join the cluster's NATS server")]
+    Nats(#[source] crate::nats::NatsError),
+    /// The blocking task opening the store panicked or was cancelled.
+    #[error("the task opening the gateway store failed")]
+    StoreTask(#[source] tokio::task::JoinError),
 }
 
 /// Runs gatewayd until SIGTERM/SIGINT.
@@ -28,19 +36,35 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .map_err(|e| e.at(config.gatewayd.listen))?;
     let (socket, socket_origin) = listener::unix_listener("gatewayd.sock", &socket_path)
         .map_err(|e| e.at(socket_path.display()))?;
-    let store = crate::open_store(&config).map_err(StartError::Store)?;
+    // Off the async threads: opening blocks (SQLite's fsyncs, PostgreSQL's own runtime).
+    let opening = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || crate::open_store(&config))
+    };
+    let store = opening
+        .await
+        .map_err(StartError::StoreTask)?
+        .map_err(StartError::Store)?;
+    let bus = if config.cluster.is_enabled() {
+        let bus = crate::nats::Bus::join(&config.cluster).await;
+        Some(bus.map_err(StartError::Nats)?)
+    } else {
+        None
+    };
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
         public = ?public.local_addr().ok(),
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.gatewayd.public_url(),
+        store = store.backend(),
+        host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         agentd = %config.agentd_socket().display(),
         "gatewayd ready"
     );
     systemd::notify_ready("serving /v1/executor and gatewayd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, store, public, socket, shutdown).await;
+    crate::run(&config, store, bus, public, socket, shutdown).await;
     tracing::info!("gatewayd stopped");
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
 //! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
 //! - [`users`]: real system users and groups;
+//! - [`cluster`]: a private PostgreSQL server and `nats-server` for the cluster-mode tests;
 //! - [`daemons`] (`tests/common/daemons.rs`, shared with the benchmarks): a daemon's cleared
 //!   environment, the readiness wait that fails as soon as the daemon exits, signals;
 //! - [`ports`] (`tests/common/ports.rs`, shared with the benchmarks): the loopback ports every
@@ -29,6 +30,7 @@
 //! is re-exported here under its old name.
 
 mod agentd;
+mod cluster;
 // Shared with the benchmarks, which use other parts of it (the `Process` guard).
 #[allow(dead_code)]
 #[path = "../../common/daemons.rs"]
@@ -49,6 +51,7 @@ mod users;
 mod workspaced;
 
 pub use agentd::*;
+pub use cluster::*;
 pub use executor_gateway::*;
 pub use gatewayd::*;
 pub use laptop::*;

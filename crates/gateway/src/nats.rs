@@ -1,0 +1,211 @@
+//! gatewayd on the cluster's NATS server (issue 16): the connection, with this daemon's
+//! credentials file, and the revocation subject [`REVOKED_SUBJECT`].
+//!
+//! Messages only wake; rows are the truth. A message on [`REVOKED_SUBJECT`] names a token id
+//! (`{"token_id": "…"}`, at most [`MAX_MESSAGE_BYTES`]). gatewayd does not take the message's
+//! word for it: if the token has connections here, it asks agentd about that token at once (as
+//! its periodic pass does for every connected token) and closes those connections (4001) only
+//! if agentd no longer accepts it. A forged or replayed message therefore closes nothing that is
+//! still valid, a malformed one is dropped and logged, and a lost one is caught by the periodic
+//! pass (`gatewayd.token_recheck_ms`), which never depends on NATS.
+//!
+//! At start, NATS must answer (gatewayd refuses to start otherwise, before READY); later the
+//! client reconnects by itself and the periodic pass covers the gap. Must never log the
+//! credentials, only their path.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use agentworks_daemon::config::{ClusterConfig, redact_url};
+
+use crate::{Gateway, revoke};
+
+/// The subject on which a revoked token id is announced to every gatewayd host.
+pub const REVOKED_SUBJECT: &str = "agentworks.tokens.revoked";
+/// The largest revocation message read; a bigger one is dropped.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// How long the first connection may take before NATS counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A revocation message.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Revoked {
+    pub token_id: String,
+}
+
+/// Why gatewayd could not join the NATS server.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    /// `cluster.nats_url` is not set (the config loader refuses that for a cluster).
+    #[error("cluster.nats_url is not set")]
+    NoUrl,
+    /// The credentials file could not be read or is not a NATS credentials file.
+    #[error("cannot use the NATS credentials file {path}: {source}")]
+    Credentials {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The NATS server did not accept a connection.
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        source: async_nats::ConnectError,
+    },
+    /// The revocation subject could not be subscribed to.
+    #[error("cannot subscribe to NATS subject {subject}: {source}")]
+    Subscribe {
+        subject: &'static str,
+        source: async_nats::SubscribeError,
+    },
+}
+
+/// gatewayd's connection to NATS and its subscription to [`REVOKED_SUBJECT`].
+pub struct Bus {
+    /// Kept so the connection lives as long as the subscription is read.
+    _client: async_nats::Client,
+    revocations: async_nats::Subscriber,
+}
+
+impl Bus {
+    /// Connects to `cluster.nats_url` (with `cluster.nats_credentials` if set), named after
+    /// this host, and subscribes to [`REVOKED_SUBJECT`].
+    pub async fn join(cluster: &ClusterConfig) -> Result<Bus, NatsError> {
+        let url = cluster.nats_url.as_deref().ok_or(NatsError::NoUrl)?;
+        let host = cluster.host_id.as_deref().unwrap_or("-");
+        let mut options = async_nats::ConnectOptions::new()
+            .name(format!("agentworks-gatewayd {host}"))
+            .connection_timeout(CONNECT_TIMEOUT);
+        if let Some(path) = &cluster.nats_credentials {
+            options =
+                options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|source| NatsError::Credentials {
+                        path: path.clone(),
+                        source,
+                    })?;
+        }
+        let client = options
+            .connect(url)
+            .await
+            .map_err(|source| NatsError::Connect {
+                url: redact_url(url),
+                source,
+            })?;
+        let revocations =
+            client
+                .subscribe(REVOKED_SUBJECT)
+                .await
+                .map_err(|source| NatsError::Subscribe {
+                    subject: REVOKED_SUBJECT,
+                    source,
+                })?;
+        // The subscription is in place on the server before READY.
+        let _ = client.flush().await;
+        Ok(Bus {
+            _client: client,
+            revocations,
+        })
+    }
+}
+
+/// Reads [`REVOKED_SUBJECT`] until `shutdown`; see the module doc for what a message does.
+pub async fn watch_revocations(gateway: Gateway, mut bus: Bus, shutdown: CancellationToken) {
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            message = bus.revocations.next() => message,
+        };
+        let Some(message) = message else {
+            tracing::warn!(
+                subject = REVOKED_SUBJECT,
+                "the NATS revocation subscription ended; the periodic token re-check remains"
+            );
+            return;
+        };
+        let revoked = match parse(&message.payload) {
+            Ok(revoked) => revoked,
+            Err(problem) => {
+                tracing::warn!(
+                    subject = REVOKED_SUBJECT,
+                    bytes = message.payload.len(),
+                    problem,
+                    "dropped a revocation message"
+                );
+                continue;
+            }
+        };
+        close_if_revoked(&gateway, &revoked.token_id).await;
+    }
+}
+
+/// A revocation message's token id, or why the message is dropped.
+fn parse(payload: &[u8]) -> Result<Revoked, &'static str> {
+    if payload.len() > MAX_MESSAGE_BYTES {
+        return Err("longer than 1024 bytes");
+    }
+    let revoked: Revoked = serde_json::from_slice(payload).map_err(|_| "not {\"token_id\": …}")?;
+    if revoked.token_id.is_empty() {
+        return Err("an empty token id");
+    }
+    Ok(revoked)
+}
+
+/// Closes `token_id`'s connections on this host if agentd no longer accepts the token.
+async fn close_if_revoked(gateway: &Gateway, token_id: &str) {
+    let connected: Vec<(String, u64, String)> = gateway
+        .registry
+        .tokens()
+        .into_iter()
+        .filter(|(_, _, token)| token == token_id)
+        .collect();
+    if connected.is_empty() {
+        return;
+    }
+    match gateway.tokens.invalid(vec![token_id.to_owned()]).await {
+        Ok(invalid) if invalid.iter().any(|t| t == token_id) => {
+            for (device_id, conn_id, _) in &connected {
+                revoke(gateway, device_id, *conn_id);
+            }
+        }
+        Ok(_) => tracing::warn!(
+            token_id,
+            "a revocation message named a token agentd still accepts; nothing closed"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            token_id,
+            "cannot check a token named by a revocation message; the periodic re-check will"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_small_well_formed_message_names_a_token() {
+        assert_eq!(
+            parse(br#"{"token_id":"tok_1"}"#),
+            Ok(Revoked {
+                token_id: "tok_1".into()
+            })
+        );
+        for bad in [
+            &br#"{"token_id":""}"#[..],
+            br#"{"token_id":"t","user":"u"}"#,
+            br#"{"token":"t"}"#,
+            b"tok_1",
+            b"",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let long = format!(r#"{{"token_id":"{}"}}"#, "t".repeat(MAX_MESSAGE_BYTES));
+        assert_eq!(parse(long.as_bytes()), Err("longer than 1024 bytes"));
+    }
+}

@@ -1,0 +1,198 @@
+//! gatewayd's store on both back ends (issue 16): the conformance suite written once in
+//! `agentworks_gateway::store::conformance`, run on SQLite and on a real PostgreSQL server (one
+//! private server per test, from the harness), then what only the shared database has:
+//! migrations under the advisory lock, pending requests that belong to one host, a schema
+//! from the future, an unreachable server.
+
+use super::harness::Postgres;
+use agentworks_contract::gatewayd::DispatchState;
+use agentworks_gateway::store::conformance::{self, new_request};
+use agentworks_gateway::store::{Begin, RESTART_REASON, Store, StoreError};
+
+/// A fresh SQLite database; the closure opens (or reopens) it.
+fn sqlite() -> (tempfile::TempDir, impl Fn(i64) -> (Store, usize)) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gatewayd.db");
+    (dir, move |now| Store::open_sqlite(&path, now).unwrap())
+}
+
+/// A private PostgreSQL server; the closure opens (or reopens) its database as host `gw-a`.
+fn postgres() -> (Postgres, impl Fn(i64) -> (Store, usize)) {
+    let server = Postgres::start();
+    let url = server.url();
+    (server, move |now| {
+        Store::open_postgres(&url, "gw-a", now).unwrap()
+    })
+}
+
+/// One conformance function as a test on each back end.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    let (_dir, open) = super::sqlite();
+                    super::conformance::$name(&open);
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[test]
+                fn $name() {
+                    let (_server, open) = super::postgres();
+                    super::conformance::$name(&open);
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    device_ids_are_stable_per_user_credential_and_name,
+    a_request_id_is_recorded_once_and_pending_becomes_unknown_at_reopen,
+    only_a_sent_unknown_request_is_recovered_and_a_claimed_id_is_never_sent,
+    two_stores_claiming_one_request_id_at_once_record_it_once,
+    leases_are_taken_renewed_released_and_expire_after_three_missed_renewals,
+);
+
+#[test]
+fn hosts_starting_together_migrate_the_schema_once() {
+    let server = Postgres::start();
+    let url = server.url();
+    let opened: Vec<_> = (0..6)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || Store::open_postgres(&url, &format!("gw-{i}"), 1))
+        })
+        .collect();
+    for open in opened {
+        let (store, reconciled) = open.join().unwrap().unwrap();
+        assert_eq!(reconciled, 0);
+        assert_eq!(store.backend(), "postgres");
+    }
+    assert_eq!(
+        server.psql(
+            "agentworks",
+            "SELECT string_agg(version::text, ',') FROM gateway_schema"
+        ),
+        "1"
+    );
+    let tables = server.psql(
+        "agentworks",
+        "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables \
+         WHERE tablename LIKE 'gateway_%'",
+    );
+    assert_eq!(
+        tables,
+        "gateway_devices,gateway_leases,gateway_requests,gateway_schema"
+    );
+}
+
+#[test]
+fn a_restarting_host_makes_only_its_own_pending_requests_unknown() {
+    let server = Postgres::start();
+    let (a, _) = Store::open_postgres(&server.url(), "gw-a", 1).unwrap();
+    let (b, _) = Store::open_postgres(&server.url(), "gw-b", 1).unwrap();
+    assert_eq!(
+        a.begin_request(&new_request("on-a", "h"), 2).unwrap(),
+        Begin::New
+    );
+    assert_eq!(
+        b.begin_request(&new_request("on-b", "h"), 2).unwrap(),
+        Begin::New
+    );
+    // Each host sees the other's claim: the id is never sent again, from either.
+    assert!(matches!(
+        b.begin_request(&new_request("on-a", "h"), 3).unwrap(),
+        Begin::Existing(record) if record.state == DispatchState::Pending
+    ));
+    drop(a);
+    // gw-a restarts: what it had on a laptop may have run; gw-b's request is still on gw-b.
+    let (a, reconciled) = Store::open_postgres(&server.url(), "gw-a", 4).unwrap();
+    assert_eq!(reconciled, 1);
+    assert_eq!(
+        a.request("on-a").unwrap().unwrap().state,
+        DispatchState::Unknown {
+            reason: RESTART_REASON.into()
+        }
+    );
+    assert_eq!(
+        a.request("on-b").unwrap().unwrap().state,
+        DispatchState::Pending
+    );
+    assert_eq!(
+        server.psql(
+            "agentworks",
+            "SELECT host_id FROM gateway_requests WHERE request_id = 'on-b'"
+        ),
+        "gw-b"
+    );
+}
+
+#[test]
+fn a_database_with_a_newer_schema_is_refused() {
+    let server = Postgres::start();
+    drop(Store::open_postgres(&server.url(), "gw-a", 1).unwrap());
+    server.psql(
+        "agentworks",
+        "INSERT INTO gateway_schema (version, applied_at_ms) VALUES (99, 0)",
+    );
+    let Err(error) = Store::open_postgres(&server.url(), "gw-a", 2) else {
+        panic!("a schema from a newer gatewayd was accepted");
+    };
+    assert!(
+        matches!(
+            error,
+            StoreError::PostgresSchemaTooNew {
+                found: 99,
+                known: 1
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("upgrade gatewayd"), "{error}");
+}
+
+#[test]
+fn an_unreachable_server_is_an_error_at_open_without_the_password() {
+    // A reserved port nobody listens on.
+    let port = super::harness::free_port();
+    let url = format!("postgres://agentworks:hunter2@127.0.0.1:{port}/agentworks");
+    let started = std::time::Instant::now();
+    let Err(error) = Store::open_postgres(&url, "gw-a", 1) else {
+        panic!("opened a store on a server that is not there");
+    };
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(
+        matches!(error, StoreError::PostgresConnect { .. }),
+        "{error}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("cannot reach the cluster database"),
+        "{message}"
+    );
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+    let Err(error) = Store::open_postgres("postgres://[::1", "gw-a", 1) else {
+        panic!("a malformed URL was accepted");
+    };
+    assert!(matches!(error, StoreError::PostgresUrl { .. }), "{error}");
+}
+
+#[test]
+fn a_database_url_that_requires_tls_is_refused_rather_than_sent_in_clear() {
+    // No TLS to PostgreSQL yet: a URL that demands it fails to open, never falls back.
+    let server = Postgres::start();
+    let url = format!("{}?sslmode=require", server.url());
+    let Err(error) = Store::open_postgres(&url, "gw-a", 1) else {
+        panic!("sslmode=require opened a connection without TLS");
+    };
+    assert!(
+        matches!(error, StoreError::PostgresConnect { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().to_lowercase().contains("tls"), "{error}");
+}

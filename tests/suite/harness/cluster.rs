@@ -1,0 +1,341 @@
+//! The servers a cluster-mode test needs (issue 16), real ones from Debian's packages:
+//! [`Postgres`] (`postgresql`: `initdb` and `postgres` from `/usr/lib/postgresql/<ver>/bin`) and
+//! [`Nats`] (`nats-server`). `.ci/run` installs both.
+//!
+//! Each is private to one test: PostgreSQL gets a fresh data directory in its own temp dir,
+//! owned by an unprivileged user it runs as (the tests run as root, and `postgres` refuses
+//! root), listens on `127.0.0.1` only, on a port reserved with [`reserve_ports`], with its Unix
+//! socket in the same temp dir, and trusts every loopback connection (the test is the only
+//! client). `nats-server` listens on `127.0.0.1` on a reserved port. A start returns only once
+//! the server answers (`pg_isready`; the NATS `INFO` line), and panics with the server's own
+//! stderr when it exits or does not answer in time. Dropping either stops and reaps it.
+
+use super::daemons::send_signal;
+use super::{ensure_user, reserve_ports, users_lock};
+use nix::sys::signal::Signal;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The unprivileged user the test PostgreSQL servers run as.
+const POSTGRES_USER: &str = "agentworks-test-pg";
+/// The database role and database every test server has; trusted from loopback.
+const POSTGRES_ROLE: &str = "agentworks";
+
+/// How long a server has to answer after its start.
+const START_WITHIN: Duration = Duration::from_secs(30);
+
+/// The newest `/usr/lib/postgresql/<ver>/bin` (Debian installs each major version there and
+/// puts none of the server programs on PATH).
+fn postgres_bin_dir() -> PathBuf {
+    let versions = std::fs::read_dir("/usr/lib/postgresql").unwrap_or_else(|e| {
+        panic!("PostgreSQL is not installed (/usr/lib/postgresql: {e}); apt-get install postgresql")
+    });
+    let newest = versions
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .max_by_key(|(version, _)| *version);
+    newest
+        .map(|(_, bin)| bin)
+        .expect("no /usr/lib/postgresql/<version>/bin/postgres; apt-get install postgresql")
+}
+
+/// What a server wrote to `log` so far, for a failure message.
+fn log_of(log: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = std::fs::File::open(log) {
+        let _ = file.read_to_string(&mut text);
+    }
+    text
+}
+
+/// Polls `ready` every 20 ms until it holds. Panics with `log`'s contents as soon as `child`
+/// exits first, and once [`START_WITHIN`] has passed.
+fn wait_answering(child: &mut Child, name: &str, log: &Path, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + START_WITHIN;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{name} exited during start: {status}; it said:\n{}",
+                log_of(log)
+            );
+        }
+        if ready() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name} did not answer within {START_WITHIN:?}; it said:\n{}",
+                log_of(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A private PostgreSQL server for one test. Stopped (immediate shutdown) and reaped when
+/// dropped; its temp dir, data and socket with it.
+pub struct Postgres {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Postgres {
+    /// `initdb` a new cluster (role and database `agentworks`, trust authentication) and start
+    /// `postgres` on it, as [`POSTGRES_USER`]; returns once it accepts connections.
+    pub fn start() -> Postgres {
+        let bin = postgres_bin_dir();
+        let (uid, gid) = {
+            let _lock = users_lock();
+            ensure_user(POSTGRES_USER, &[])
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("aw-postgres-")
+            .tempdir()
+            .unwrap();
+        nix::unistd::chown(
+            dir.path(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .unwrap();
+        let data = dir.path().join("data");
+        let socket_dir = dir.path().join("socket");
+        let log = dir.path().join("postgres.log");
+        let as_server_user = |command: &mut Command| {
+            command
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .env("LANG", "C.UTF-8")
+                .current_dir(dir.path())
+                .uid(uid)
+                .gid(gid)
+                .stdin(Stdio::null());
+        };
+        let mut initdb = Command::new(bin.join("initdb"));
+        as_server_user(&mut initdb);
+        let output = initdb
+            .arg("--pgdata")
+            .arg(&data)
+            .args(["--username", POSTGRES_ROLE])
+            .args(["--auth", "trust", "--encoding", "UTF8", "--locale", "C"])
+            // A test's database never outlives the test: no need to wait for the disk.
+            .arg("--no-sync")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("initdb").display()));
+        assert!(
+            output.status.success(),
+            "initdb failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::fs::create_dir(&socket_dir).unwrap();
+        nix::unistd::chown(
+            &socket_dir,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .unwrap();
+        let port = reserve_ports(1)[0];
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut postgres = Command::new(bin.join("postgres"));
+        as_server_user(&mut postgres);
+        let mut child = postgres
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", socket_dir.display()))
+            // Durability is not what these tests measure; speed is what they need.
+            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off"])
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
+        let pg_isready = bin.join("pg_isready");
+        wait_answering(&mut child, "postgres", &log, || {
+            Command::new(&pg_isready)
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-U", POSTGRES_ROLE, "-d", POSTGRES_ROLE])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        let server = Postgres {
+            child,
+            port,
+            _dir: dir,
+        };
+        server.create_database(POSTGRES_ROLE);
+        server
+    }
+
+    /// Runs `sql` with `psql` on database `database` as the `agentworks` role; panics with
+    /// psql's output if it fails.
+    pub fn psql(&self, database: &str, sql: &str) -> String {
+        let output = Command::new(postgres_bin_dir().join("psql"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", POSTGRES_ROLE, "-d", database, "-c", sql])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Creates an empty database `name` (the server starts with `agentworks` made).
+    pub fn create_database(&self, name: &str) {
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
+    }
+
+    /// The URL of database `agentworks` over TCP on loopback.
+    pub fn url(&self) -> String {
+        self.url_of(POSTGRES_ROLE)
+    }
+
+    /// The URL of database `database` over TCP on loopback.
+    pub fn url_of(&self, database: &str) -> String {
+        format!(
+            "postgres://{POSTGRES_ROLE}@127.0.0.1:{}/{database}",
+            self.port
+        )
+    }
+
+    /// Its process id (the postmaster).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SIGQUIT: immediate shutdown; the postmaster ends its backends and exits at once.
+            let _ = send_signal(&self.child, Signal::SIGQUIT);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A private `nats-server` for one test. Killed and reaped when dropped.
+pub struct Nats {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    /// `nats-server` on `127.0.0.1` and a reserved port; returns once it greets a client.
+    pub fn start() -> Nats {
+        Nats::start_on(reserve_ports(1)[0])
+    }
+
+    /// `nats-server` on `127.0.0.1:port`; returns once it greets a client, panics with what the
+    /// server said if it exits first (the port taken, say) or does not answer in time.
+    pub fn start_on(port: u16) -> Nats {
+        let dir = tempfile::Builder::new()
+            .prefix("aw-nats-")
+            .tempdir()
+            .unwrap();
+        let log = dir.path().join("nats-server.log");
+        let mut child = Command::new("nats-server")
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start nats-server ({e}); apt-get install nats-server")
+            });
+        wait_answering(&mut child, "nats-server", &log, || greets(port));
+        Nats {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Publishes `payload` on `subject`, speaking the NATS text protocol itself (no client
+    /// library between the test and the server); returns once the server has processed it
+    /// (its `PONG` to the `PING` sent after the message).
+    pub fn publish(&self, subject: &str, payload: &[u8]) {
+        use std::io::{BufRead, Write};
+        let stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("INFO "), "not a NATS greeting: {line:?}");
+        let mut writer = stream;
+        write!(
+            writer,
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"name\":\"test\"}}\r\n\
+             PUB {subject} {}\r\n",
+            payload.len()
+        )
+        .unwrap();
+        writer.write_all(payload).unwrap();
+        writer.write_all(b"\r\nPING\r\n").unwrap();
+        loop {
+            line.clear();
+            assert!(
+                reader.read_line(&mut line).unwrap() > 0,
+                "nats-server closed"
+            );
+            assert!(!line.starts_with("-ERR"), "nats-server refused: {line}");
+            if line.starts_with("PONG") {
+                return;
+            }
+        }
+    }
+}
+
+/// A NATS server greets every client with an `INFO {…}` line before anything else.
+fn greets(port: u16) -> bool {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut first = [0u8; 5];
+    stream.read_exact(&mut first).is_ok() && &first == b"INFO "
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = send_signal(&self.child, Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
