@@ -18,6 +18,7 @@ mod fuzz_regressions;
 mod gateway_store;
 mod gatewayd;
 mod gatewayd_cluster;
+mod gatewayd_leases;
 pub mod harness;
 mod laptop;
 mod mcp_connections;

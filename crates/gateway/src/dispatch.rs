@@ -13,6 +13,8 @@
 //! request *for this person*), `device_offline` (409), `folder_not_granted` (403),
 //! `token_revoked` or agentd's other token codes (401), `request_id_reused` (409: the id was
 //! used for another person, device, folder or operation), `agentd_unavailable` (503),
+//! `device_on_other_host` (409, in a cluster: the device's lease is held by another live
+//! gatewayd host, named in `host_id`; routing there over NATS is not built yet),
 //! `peer_forbidden` (403: the caller's uid is not root, gatewayd's own, or in
 //! `[gatewayd] allowed_users`).
 //!
@@ -326,6 +328,60 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Ref
     }
 }
 
+/// A dispatch this host cannot serve because the device is connected elsewhere (a cluster).
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The store shows the device's lease held by another live host. Routing the dispatch to
+    /// that host over NATS is a later step of issue 16; until then the caller must reach that
+    /// host's gatewayd.
+    #[error(
+        "the device \"{device_name}\" is connected to gatewayd host \"{host_id}\", not to this \
+         host (\"{this_host}\"); dispatching through another host is not supported yet, so the \
+         request must go to the gatewayd on \"{host_id}\""
+    )]
+    HeldByOtherHost {
+        device_name: String,
+        host_id: String,
+        this_host: String,
+    },
+}
+
+/// `device_on_other_host` (409), with the holder in `host_id`.
+impl From<RouteError> for Refusal {
+    fn from(error: RouteError) -> Refusal {
+        let message = error.to_string();
+        match error {
+            RouteError::HeldByOtherHost { host_id, .. } => {
+                Refusal::new(StatusCode::CONFLICT, "device_on_other_host", message)
+                    .with_detail("host_id", host_id)
+            }
+        }
+    }
+}
+
+/// In a cluster, a device not connected here whose live lease another host holds is refused
+/// with [`RouteError::HeldByOtherHost`]; otherwise the caller goes on to `device_offline`.
+async fn refuse_if_leased_elsewhere(
+    gateway: &Gateway,
+    device_id: &str,
+    device_name: &str,
+) -> Result<(), Refusal> {
+    let Some(this_host) = gateway.lease_host.clone() else {
+        return Ok(());
+    };
+    let (store, id) = (gateway.store.clone(), device_id.to_owned());
+    let lease = blocking(move || store.lease(&id, now_ms())).await?;
+    match lease {
+        Some(lease) if *lease.host_id != *this_host => Err(RouteError::HeldByOtherHost {
+            device_name: device_name.to_owned(),
+            host_id: lease.host_id,
+            this_host: this_host.to_string(),
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// The connection that speaks for the request's device: this person's device (else not
 /// found), online, sharing the folder, and its token still valid now.
 async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Result<Live, Refusal> {
@@ -351,6 +407,7 @@ async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Resu
         .live(&request.device_id)
         .filter(|l| l.user_id == request.user_id)
     else {
+        refuse_if_leased_elsewhere(gateway, &request.device_id, &device.name).await?;
         return Err(Refusal::new(
             StatusCode::CONFLICT,
             "device_offline",

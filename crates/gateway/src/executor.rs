@@ -496,6 +496,26 @@ async fn session(
         remote,
         &version,
     );
+    // After going live, so a disconnect racing with this take sees the new connection (see
+    // `Gateway::release_lease`).
+    if let Err(error) = gateway.take_lease(&device_id).await {
+        tracing::error!(%error, %device_id, "cannot take the device's lease");
+        end_session(
+            &gateway,
+            &mut ws,
+            inbox,
+            &owner,
+            &device_id,
+            conn_id,
+            Ending::close(
+                1011,
+                "gatewayd cannot record the device's connection right now",
+                DISCONNECTED,
+            ),
+        )
+        .await;
+        return;
+    }
     let welcome = welcome(&gateway, &owner, &device_id, &device_name, name_clash);
     let ending = match send_frame(&mut ws, &welcome).await {
         Ok(()) => serve_session(&gateway, &mut ws, &mut inbox, conn_id, &shutdown).await,
@@ -663,6 +683,7 @@ async fn end_session(
         };
         gateway.resolve(request_id, pending, state).await;
     }
+    gateway.release_lease(device_id).await;
     let store = gateway.store.clone();
     let id = device_id.to_owned();
     let _ = tokio::task::spawn_blocking(move || store.touch_device(&id, now_ms())).await;

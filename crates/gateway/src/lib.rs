@@ -28,7 +28,12 @@
 //! lookup checks the owner and answers "not found" otherwise), and never let one credential
 //! speak for a device another credential created.
 //!
-//! One registry per process: see [`registry`] for what several gateway hosts would need.
+//! One registry per process. In a cluster (`[cluster] database_url`), each connected device's
+//! lease names the host holding its connection: taken at connect, renewed every heartbeat by
+//! `watch_leases`, released at disconnect; a host that misses [`store::MISSED_RENEWALS`]
+//! renewals loses its leases on another host's pass, and its pending requests become
+//! `unknown`. A dispatch for a device another live host holds is refused
+//! ([`dispatch::RouteError`]); routing it there over NATS is a later step.
 
 pub mod cli;
 pub mod dispatch;
@@ -112,6 +117,10 @@ pub struct Gateway {
     registry: Arc<Registry>,
     tokens: TokenAuthority,
     settings: Arc<Settings>,
+    /// In a cluster, this host's id: it takes a lease on every device connected here, renews
+    /// them every heartbeat, and refuses dispatches to devices another live host holds. `None`
+    /// on one host (SQLite), where no lease is ever taken.
+    lease_host: Option<Arc<str>>,
 }
 
 /// Opens gatewayd's store: with `[cluster] database_url`, the shared PostgreSQL database as
@@ -150,6 +159,77 @@ impl Gateway {
             registry: Arc::new(Registry::default()),
             tokens,
             settings: Arc::new(settings),
+            lease_host: None,
+        }
+    }
+
+    /// This gateway takes and renews device leases as host `host_id` (a cluster host).
+    pub fn with_lease_host(mut self, host_id: &str) -> Gateway {
+        self.lease_host = Some(Arc::from(host_id));
+        self
+    }
+
+    /// The lease period's unit: leases are renewed every heartbeat and expire after
+    /// [`store::MISSED_RENEWALS`] missed renewals.
+    fn lease_renew_ms(&self) -> i64 {
+        i64::try_from(self.settings.heartbeat.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// In a cluster: takes `device_id`'s lease for this host (its connection is here now).
+    /// On one host: nothing.
+    async fn take_lease(&self, device_id: &str) -> Result<(), String> {
+        let Some(host) = self.lease_host.clone() else {
+            return Ok(());
+        };
+        let (store, id, every) = (
+            self.store.clone(),
+            device_id.to_owned(),
+            self.lease_renew_ms(),
+        );
+        let taken = tokio::task::spawn_blocking(move || {
+            let now = now_ms();
+            store.take_lease(&id, &host, now, store::lease_expiry(now, every))
+        })
+        .await;
+        match taken {
+            Ok(Ok(Some(previous))) => {
+                tracing::info!(
+                    device_id,
+                    previous_host = %previous.host_id,
+                    "took over the lease of a device another host held"
+                );
+                Ok(())
+            }
+            Ok(Ok(None)) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// In a cluster: gives up `device_id`'s lease at its disconnect, unless a newer connection
+    /// of the device is live here (then the lease stays, or is taken again if a release raced
+    /// with that connection's take).
+    async fn release_lease(&self, device_id: &str) {
+        let Some(host) = self.lease_host.clone() else {
+            return;
+        };
+        if self.registry.live(device_id).is_some() {
+            return;
+        }
+        let (store, id) = (self.store.clone(), device_id.to_owned());
+        let released = tokio::task::spawn_blocking(move || store.release_lease(&id, &host)).await;
+        match released {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, device_id, "cannot release a device's lease; it expires by itself")
+            }
+            Err(error) => tracing::warn!(%error, device_id, "the lease release task failed"),
+        }
+        // A connection that went live (and took the lease) during the release keeps a lease.
+        if self.registry.live(device_id).is_some()
+            && let Err(error) = self.take_lease(device_id).await
+        {
+            tracing::warn!(error, device_id, "cannot take a device's lease again");
         }
     }
 
@@ -256,6 +336,67 @@ async fn watch_tokens(gateway: Gateway, shutdown: CancellationToken) {
     }
 }
 
+/// In a cluster, every heartbeat: renews the leases this host holds, then expires the leases
+/// of hosts that missed [`store::MISSED_RENEWALS`] renewals and marks the requests those hosts
+/// left pending `unknown` (never re-sent). A store failure is logged once per outage and the
+/// pass runs again at the next tick.
+async fn watch_leases(gateway: Gateway, host: Arc<str>, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(gateway.settings.heartbeat);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let (store, me, every) = (
+            gateway.store.clone(),
+            host.clone(),
+            gateway.lease_renew_ms(),
+        );
+        let pass = tokio::task::spawn_blocking(move || lease_pass(&store, &me, every)).await;
+        match pass {
+            Ok(Ok(())) => warned = false,
+            Ok(Err(error)) if !warned => {
+                tracing::warn!(%error, "cannot renew or expire device leases; will retry");
+                warned = true;
+            }
+            Ok(Err(_)) => {}
+            Err(error) => tracing::error!(%error, "the lease pass task failed"),
+        }
+    }
+}
+
+/// One lease pass (blocking): renew this host's, expire the lost hosts', fail their requests.
+fn lease_pass(store: &Store, host: &str, every_ms: i64) -> Result<(), StoreError> {
+    let now = now_ms();
+    store.renew_leases(host, now, store::lease_expiry(now, every_ms))?;
+    let expired = store.expire_leases(now)?;
+    let mut lost: Vec<&str> = expired
+        .iter()
+        .map(|lease| lease.host_id.as_str())
+        .filter(|lost| *lost != host)
+        .collect();
+    lost.sort_unstable();
+    lost.dedup();
+    for lease in &expired {
+        tracing::info!(
+            device_id = %lease.device_id,
+            lost_host = %lease.host_id,
+            "a device's lease expired: its host missed three renewals"
+        );
+    }
+    for lost_host in lost {
+        let failed = store.lose_host_requests(lost_host, store::LOST_HOST_REASON, now)?;
+        tracing::warn!(
+            lost_host,
+            failed,
+            "a gatewayd host is lost; its pending requests are now unknown"
+        );
+    }
+    Ok(())
+}
+
 /// Closes a connection whose token agentd no longer accepts.
 fn revoke(gateway: &Gateway, device_id: &str, conn_id: u64) {
     let Some(live) = gateway.registry.live(device_id) else {
@@ -292,11 +433,15 @@ pub async fn run(
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
 ) {
-    let gateway = Gateway::new(
+    let mut gateway = Gateway::new(
         store,
         TokenAuthority::new(config.agentd_socket()),
         Settings::from_config(config),
     );
+    // Leases only where other hosts can read them: a cluster's shared database.
+    if let (Some(_), Some(host)) = (&config.cluster.database_url, &config.cluster.host_id) {
+        gateway = gateway.with_lease_host(host);
+    }
     let policy =
         agentworks_daemon::ipc::server::PeerPolicy::for_users(&config.gatewayd.allowed_users);
     tracing::info!(
@@ -304,6 +449,10 @@ pub async fn run(
         "gatewayd.sock peer policy"
     );
     let watcher = tokio::spawn(watch_tokens(gateway.clone(), shutdown.clone()));
+    let leases = gateway
+        .lease_host
+        .clone()
+        .map(|host| tokio::spawn(watch_leases(gateway.clone(), host, shutdown.clone())));
     let revocations = bus.map(|bus| {
         tokio::spawn(nats::watch_revocations(
             gateway.clone(),
@@ -321,5 +470,8 @@ pub async fn run(
     let _ = watcher.await;
     if let Some(revocations) = revocations {
         let _ = revocations.await;
+    }
+    if let Some(leases) = leases {
+        let _ = leases.await;
     }
 }

@@ -129,6 +129,7 @@ pub fn payload_sha256(folder: &str, operation: &Operation) -> String {
 pub const RESTART_REASON: &str =
     "gatewayd stopped while the request was pending; it may or may not have run on the device";
 /// The reason recorded for a request id claimed by a recovery before it was ever recorded.
+pub const LOST_HOST_REASON: &str = "the gatewayd host holding the device's connection stopped renewing its lease (it is lost); whether the device ran the request is unknown and it is not re-sent";
 pub const NEVER_SENT_REASON: &str = "gatewayd never recorded this request, so it was never sent to the device; the id is now claimed and it never will be";
 
 /// How many renewals in a row a host may miss before its leases expire.
@@ -432,6 +433,19 @@ impl Store {
     /// [`MISSED_RENEWALS`] renewals) and returns them, by device id.
     pub fn expire_leases(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
         on_backend!(self, s => s.expire_leases(now_ms))
+    }
+
+    /// Marks every request `host_id` recorded and left pending `unknown` (with `reason`):
+    /// that host missed [`MISSED_RENEWALS`] lease renewals and counts as lost, so whether it
+    /// sent them can no longer be known, and they are never re-sent. Returns how many. On one
+    /// host (SQLite) there is no other host: always 0 (this host's own are settled at open).
+    pub fn lose_host_requests(
+        &self,
+        host_id: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<usize, StoreError> {
+        on_backend!(self, s => s.lose_host_requests(host_id, reason, now_ms))
     }
 }
 

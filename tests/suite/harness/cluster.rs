@@ -339,3 +339,55 @@ impl Drop for Nats {
         }
     }
 }
+
+/// A second (third, …) gatewayd host beside `stack`: the stack's config with its `[gatewayd]`
+/// WebSocket port `stack_port` replaced by `port` and its own `gatewayd.sock` (`<name>.sock` in
+/// the runtime directory), then `replace` applied as (from, to) pairs (a host id, say),
+/// written to `<root>/<name>.toml`. The daemon shares the stack's agentd and state root;
+/// returns once its socket and port answer, with its stderr in the test's output.
+pub fn start_gatewayd_host(
+    stack: &super::Stack,
+    stack_port: u16,
+    port: u16,
+    name: &str,
+    replace: &[(&str, &str)],
+) -> super::Gatewayd {
+    let root = stack.state.root();
+    let socket = root.join("run").join(format!("{name}.sock"));
+    let mut config = std::fs::read_to_string(root.join("agentworks.toml")).unwrap();
+    let listen = format!("listen = \"127.0.0.1:{stack_port}\"");
+    assert!(
+        config.contains(&listen),
+        "no gatewayd listen line: {config}"
+    );
+    config = config.replace(
+        &listen,
+        &format!("listen = \"127.0.0.1:{port}\"\nsocket = {socket:?}"),
+    );
+    for (from, to) in replace {
+        config = config.replace(from, to);
+    }
+    let path = root.join(format!("{name}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks-gatewayd"));
+    super::daemons::as_daemon_on(&mut command, root).env("AGENTWORKS_CONFIG", &path);
+    let child = command.spawn().unwrap();
+    let mut daemon = super::Gatewayd {
+        child,
+        socket: socket.clone(),
+        port,
+    };
+    let client = agentworks_support::unix_http::UnixClient::new(&socket);
+    super::block_on(super::daemons::wait_ready(
+        &mut daemon.child,
+        name,
+        Duration::from_secs(20),
+        || async {
+            client.get::<serde_json::Value>("/v1/health").await.is_ok()
+                && tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+        },
+    ));
+    daemon
+}

@@ -572,4 +572,22 @@ impl PostgresStore {
         expired.sort_by(|a, b| a.device_id.cmp(&b.device_id));
         Ok(expired)
     }
+
+    /// See [`super::Store::lose_host_requests`].
+    pub fn lose_host_requests(
+        &self,
+        host_id: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<usize, StoreError> {
+        let lost = self
+            .conn("mark a lost host's pending requests unknown")?
+            .execute(
+                "UPDATE gateway_requests SET state = 'unknown', reason = $1, finished_at_ms = $2
+                 WHERE state = 'pending' AND host_id = $3",
+                &[&reason, &now_ms, &host_id],
+            )
+            .map_err(query("mark a lost host's pending requests unknown"))?;
+        Ok(usize::try_from(lost).unwrap_or(usize::MAX))
+    }
 }

@@ -531,6 +531,16 @@ impl SqliteStore {
         expired.sort_by(|a, b| a.device_id.cmp(&b.device_id));
         Ok(expired)
     }
+
+    /// See [`super::Store::lose_host_requests`]: one host, so no other host's requests.
+    pub fn lose_host_requests(
+        &self,
+        _host_id: &str,
+        _reason: &str,
+        _now_ms: i64,
+    ) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
 
 #[cfg(test)]
