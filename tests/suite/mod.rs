@@ -2,6 +2,7 @@
 
 mod agent;
 mod agentd;
+mod agentd_cluster;
 mod attachments;
 mod attack_authority;
 mod attack_listeners;

@@ -8,6 +8,7 @@
 //! - [`console`]: the web console and its signed-in sessions.
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
+//! - [`revocations`]: with `[cluster]`, announcing revoked tokens to every gatewayd on NATS.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
 //!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
@@ -45,6 +46,7 @@ pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
 pub mod project_secrets;
+pub mod revocations;
 pub mod sealed;
 pub mod start;
 pub mod turn;

@@ -1,8 +1,10 @@
 //! agentd's start and life as a daemon, in this order: the signal token, `agentd.sock`, the
-//! public listener, the identity store, READY, serving until shutdown. agentd keeps no
+//! public listener, the identity store, with `[cluster]` the NATS connection that announces
+//! revoked tokens, READY, serving until shutdown. agentd keeps no
 //! capability at all (`agentworks_daemon::entry` drops them before any thread exists).
 //!
-//! It must never announce READY before both listeners are taken and the identity store opens.
+//! It must never announce READY before both listeners are taken, the identity store opens and,
+//! in a cluster, NATS answers.
 
 use crate::AgentdError;
 use agentworks_daemon::config::Config;
@@ -18,6 +20,9 @@ pub enum StartError {
     Listen(#[from] ListenFailed),
     #[error("cannot open the identity store")]
     Identity(#[source] AgentdError),
+    /// In a cluster: the NATS server could not be joined.
+    #[error("cannot join the cluster's NATS server")]
+    Nats(#[source] crate::revocations::NatsError),
 }
 
 /// Runs agentd until SIGTERM/SIGINT.
@@ -29,6 +34,21 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let (public, public_origin) = listener::tcp_listener("agentd-http", config.agentd.listen)
         .map_err(|e| e.at(config.agentd.listen))?;
     let identity = crate::open_identity(&config).map_err(StartError::Identity)?;
+    // In a cluster, revoked tokens are announced to every gatewayd; NATS must answer now.
+    let announcer = if config.cluster.is_enabled() {
+        let bus = crate::revocations::RevocationBus::join(&config.cluster)
+            .await
+            .map_err(StartError::Nats)?;
+        let (revoked, announced) = tokio::sync::mpsc::unbounded_channel();
+        identity.announce_revocations_to(revoked);
+        Some(tokio::spawn(crate::revocations::publish_revocations(
+            bus,
+            announced,
+            shutdown.clone(),
+        )))
+    } else {
+        None
+    };
     let address = public.local_addr().ok();
     tracing::info!(
         socket = %socket_path.display(),
@@ -37,11 +57,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.agentd.public_url(),
         workspaced = %config.workspaced_socket().display(),
+        host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         "agentd ready"
     );
     systemd::notify_ready("serving /mcp and agentd.sock");
     systemd::spawn_watchdog(shutdown.clone());
     crate::run(&config, identity, public, socket, shutdown).await;
+    if let Some(announcer) = announcer {
+        let _ = announcer.await;
+    }
     tracing::info!("agentd stopped");
     Ok(())
 }

@@ -12,7 +12,8 @@ use agentworks_core::guard::Guard;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -209,6 +210,9 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), IdentityError> {
 #[derive(Clone)]
 pub struct IdentityStore {
     conn: Arc<Mutex<Connection>>,
+    /// In a cluster, where a revoked token's id goes once its revocation is committed (agentd
+    /// publishes it on NATS: `crate::revocations`). Unset on one host.
+    revoked: Arc<OnceLock<mpsc::UnboundedSender<String>>>,
 }
 
 fn row_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
@@ -299,7 +303,15 @@ impl IdentityStore {
         add_token_grant_column(&conn).map_err(err)?;
         Ok(IdentityStore {
             conn: Arc::new(Mutex::new(conn)),
+            revoked: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// From now on, the id of every token this store revokes is sent to `revoked` after the
+    /// revocation is committed (never blocking: an unbounded channel). Set once; a second call
+    /// is ignored.
+    pub fn announce_revocations_to(&self, revoked: mpsc::UnboundedSender<String>) {
+        let _ = self.revoked.set(revoked);
     }
 
     pub(super) fn db(&self) -> MutexGuard<'_, Connection> {
@@ -673,6 +685,13 @@ impl IdentityStore {
             "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
             params![now_ms(), id],
         )?;
+        // Committed (one autocommitted statement): tell the cluster, if there is one. A closed
+        // channel (agentd shutting down) loses nothing gatewayd's periodic re-check misses.
+        if changed > 0
+            && let Some(revoked) = self.revoked.get()
+        {
+            let _ = revoked.send(id.to_owned());
+        }
         let token = self
             .token_by_id(id)?
             .ok_or_else(|| IdentityError::NotFound {
