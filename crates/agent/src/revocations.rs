@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use agentworks_daemon::config::{ClusterConfig, redact_url};
 
-/// The subject gatewayd listens on (`agentworks_gateway::nats::REVOKED_SUBJECT`).
-pub const REVOKED_SUBJECT: &str = "agentworks.tokens.revoked";
+pub use agentworks_contract::cluster::REVOKED_SUBJECT;
+use agentworks_contract::cluster::TokenRevoked;
 /// How long the first connection may take before NATS counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one publication (with its flush) may take before it is logged as failed.
@@ -81,9 +81,11 @@ impl RevocationBus {
 
 /// The message announcing `token_id`'s revocation.
 pub fn message(token_id: &str) -> Vec<u8> {
-    serde_json::json!({ "token_id": token_id })
-        .to_string()
-        .into_bytes()
+    let message = TokenRevoked {
+        token_id: token_id.to_owned(),
+    };
+    // A struct of one string always serializes.
+    serde_json::to_vec(&message).unwrap_or_default()
 }
 
 /// Publishes every token id received on `revoked` until `shutdown` (or until every sender is

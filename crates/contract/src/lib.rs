@@ -8,12 +8,14 @@
 //! - [`public_api`]: agentd's public device login and chat API.
 //! - [`gatewayd`]: `gatewayd.sock`: dispatch to connected laptops (agentd calls it).
 //! - [`executor`]: the executor WebSocket between gatewayd and `agentworks executor connect`.
+//! - [`cluster`]: the NATS subjects and messages between the hosts of a cluster.
 //! - [`envelope`]: the one JSON error envelope every socket and endpoint speaks, and the one
 //!   health answer.
 //!
 //! A daemon crate depends on this crate, never on another daemon's crate.
 
 pub mod agentd;
+pub mod cluster;
 pub mod envelope;
 pub mod executor;
 pub mod gatewayd;

@@ -23,19 +23,11 @@ use agentworks_daemon::config::{ClusterConfig, redact_url};
 
 use crate::{Gateway, revoke};
 
-/// The subject on which a revoked token id is announced to every gatewayd host.
-pub const REVOKED_SUBJECT: &str = "agentworks.tokens.revoked";
+pub use agentworks_contract::cluster::{REVOKED_SUBJECT, TokenRevoked as Revoked};
 /// The largest revocation message read; a bigger one is dropped.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// How long the first connection may take before NATS counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A revocation message.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Revoked {
-    pub token_id: String,
-}
 
 /// Why gatewayd could not join the NATS server.
 #[derive(Debug, thiserror::Error)]
