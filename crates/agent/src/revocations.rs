@@ -9,40 +9,18 @@
 //! (agentd refuses to start otherwise, before READY); later the client reconnects by itself.
 //! Must never log the credentials, only their path.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use agentworks_daemon::config::{ClusterConfig, redact_url};
+use agentworks_daemon::config::ClusterConfig;
+pub use agentworks_daemon::nats::NatsError;
 
 pub use agentworks_contract::cluster::REVOKED_SUBJECT;
 use agentworks_contract::cluster::TokenRevoked;
-/// How long the first connection may take before NATS counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one publication (with its flush) may take before it is logged as failed.
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why agentd could not join the NATS server.
-#[derive(Debug, thiserror::Error)]
-pub enum NatsError {
-    /// `cluster.nats_url` is not set (the config loader refuses that for a cluster).
-    #[error("cluster.nats_url is not set")]
-    NoUrl,
-    /// The credentials file could not be read or is not a NATS credentials file.
-    #[error("cannot use the NATS credentials file {path}: {source}")]
-    Credentials {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The NATS server did not accept a connection.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        url: String,
-        source: async_nats::ConnectError,
-    },
-}
 
 /// agentd's NATS connection, which publishes revocations.
 pub struct RevocationBus {
@@ -53,28 +31,7 @@ impl RevocationBus {
     /// Connects to `cluster.nats_url` (with `cluster.nats_credentials` if set), named after
     /// this host.
     pub async fn join(cluster: &ClusterConfig) -> Result<RevocationBus, NatsError> {
-        let url = cluster.nats_url.as_deref().ok_or(NatsError::NoUrl)?;
-        let host = cluster.host_id.as_deref().unwrap_or("-");
-        let mut options = async_nats::ConnectOptions::new()
-            .name(format!("agentworks-agentd {host}"))
-            .connection_timeout(CONNECT_TIMEOUT);
-        if let Some(path) = &cluster.nats_credentials {
-            options =
-                options
-                    .credentials_file(path)
-                    .await
-                    .map_err(|source| NatsError::Credentials {
-                        path: path.clone(),
-                        source,
-                    })?;
-        }
-        let client = options
-            .connect(url)
-            .await
-            .map_err(|source| NatsError::Connect {
-                url: redact_url(url),
-                source,
-            })?;
+        let client = agentworks_daemon::nats::connect(cluster, "agentworks-agentd").await?;
         Ok(RevocationBus { client })
     }
 }

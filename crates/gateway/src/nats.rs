@@ -13,40 +13,22 @@
 //! client reconnects by itself and the periodic pass covers the gap. Must never log the
 //! credentials, only their path.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use agentworks_daemon::config::{ClusterConfig, redact_url};
+use agentworks_daemon::config::ClusterConfig;
 
 use crate::{Gateway, revoke};
 
 pub use agentworks_contract::cluster::{REVOKED_SUBJECT, TokenRevoked as Revoked};
 /// The largest revocation message read; a bigger one is dropped.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
-/// How long the first connection may take before NATS counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Why gatewayd could not join the NATS server.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsError {
-    /// `cluster.nats_url` is not set (the config loader refuses that for a cluster).
-    #[error("cluster.nats_url is not set")]
-    NoUrl,
-    /// The credentials file could not be read or is not a NATS credentials file.
-    #[error("cannot use the NATS credentials file {path}: {source}")]
-    Credentials {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The NATS server did not accept a connection.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        url: String,
-        source: async_nats::ConnectError,
-    },
+    /// Connecting failed (no URL, the credentials file, the server).
+    #[error(transparent)]
+    Join(#[from] agentworks_daemon::nats::NatsError),
     /// The revocation subject could not be subscribed to.
     #[error("cannot subscribe to NATS subject {subject}: {source}")]
     Subscribe {
@@ -66,28 +48,7 @@ impl Bus {
     /// Connects to `cluster.nats_url` (with `cluster.nats_credentials` if set), named after
     /// this host, and subscribes to [`REVOKED_SUBJECT`].
     pub async fn join(cluster: &ClusterConfig) -> Result<Bus, NatsError> {
-        let url = cluster.nats_url.as_deref().ok_or(NatsError::NoUrl)?;
-        let host = cluster.host_id.as_deref().unwrap_or("-");
-        let mut options = async_nats::ConnectOptions::new()
-            .name(format!("agentworks-gatewayd {host}"))
-            .connection_timeout(CONNECT_TIMEOUT);
-        if let Some(path) = &cluster.nats_credentials {
-            options =
-                options
-                    .credentials_file(path)
-                    .await
-                    .map_err(|source| NatsError::Credentials {
-                        path: path.clone(),
-                        source,
-                    })?;
-        }
-        let client = options
-            .connect(url)
-            .await
-            .map_err(|source| NatsError::Connect {
-                url: redact_url(url),
-                source,
-            })?;
+        let client = agentworks_daemon::nats::connect(cluster, "agentworks-gatewayd").await?;
         let revocations =
             client
                 .subscribe(REVOKED_SUBJECT)
