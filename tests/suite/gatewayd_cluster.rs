@@ -1,23 +1,18 @@
 //! gatewayd in cluster mode (issue 16), end to end: real workspaced, agentd and gatewayd
-//! processes, a real PostgreSQL and nats-server from the harness, and a minimal executor that
+//! processes, a real PostgreSQL and nats-server from the harness, and a scripted executor that
 //! echoes every command. gatewayd keeps devices and requests in the shared database (no
 //! `gatewayd.db`), a request id recorded there is never sent again (also by the same host
 //! under another name after a restart), and gatewayd refuses to start on a database it cannot
 //! reach or on a half-configured `[cluster]`.
 
-use super::harness::{Gatewayd, Nats, Postgres, Stack, block_on, free_port, wait_until};
-use agentworks_contract::executor::{
-    ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame, Operation, Outcome,
-};
+use super::harness::{FakeExecutor, Gatewayd, Nats, Postgres, Reply, Stack, free_port, wait_until};
+use agentworks_contract::executor::FolderAccess;
 use agentworks_gateway::nats::REVOKED_SUBJECT;
-use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const RW: FolderAccess = FolderAccess::ReadWrite;
 
 /// Appends `section` to the stack's config file.
 fn append_config(stack: &Stack, section: &str) {
@@ -26,96 +21,11 @@ fn append_config(stack: &Stack, section: &str) {
     std::fs::write(&path, format!("{config}\n{section}")).unwrap();
 }
 
-/// The close code an executor got (`None`: closed without one) and when it arrived.
-type Closed = Option<(Option<u16>, Instant)>;
-
-/// The connection of an [`echo_executor`]: its device id, how many requests it received, and
-/// the close code gatewayd sent with when it arrived (`None` inside: closed without a code).
-struct Echo {
-    device_id: String,
-    received: Arc<AtomicUsize>,
-    closed: Arc<Mutex<Closed>>,
-}
-
-/// An executor on its own thread that says hello with folder `proj` and answers every request
-/// with its command as stdout.
-fn echo_executor(port: u16, token: &str) -> Echo {
-    let received = Arc::new(AtomicUsize::new(0));
-    let closed = Arc::new(Mutex::new(None));
-    let (welcomed, welcome) = std::sync::mpsc::channel();
-    let (token, count, close) = (token.to_owned(), received.clone(), closed.clone());
-    std::thread::spawn(move || {
-        block_on(async move {
-            let mut request = format!("ws://127.0.0.1:{port}/v1/executor")
-                .into_client_request()
-                .unwrap();
-            let bearer = format!("Bearer {token}").parse().unwrap();
-            request.headers_mut().insert("authorization", bearer);
-            let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-            let send = |frame: &ExecutorFrame| Message::text(serde_json::to_string(frame).unwrap());
-            let hello = ExecutorFrame::Hello {
-                device_name: "laptop".into(),
-                version: "test".into(),
-                folders: vec![FolderInfo {
-                    alias: "proj".into(),
-                    access: FolderAccess::ReadWrite,
-                    downloads: false,
-                }],
-            };
-            ws.send(send(&hello)).await.unwrap();
-            while let Some(Ok(message)) = ws.next().await {
-                let text = match message {
-                    Message::Text(text) => text,
-                    Message::Close(frame) => {
-                        let code = frame.map(|f| u16::from(f.code));
-                        close.lock().unwrap().get_or_insert((code, Instant::now()));
-                        continue;
-                    }
-                    _ => continue,
-                };
-                match serde_json::from_str::<GatewayFrame>(text.as_str()).unwrap() {
-                    GatewayFrame::Welcome { device_id, .. } => {
-                        welcomed.send(device_id).unwrap();
-                    }
-                    GatewayFrame::Request {
-                        request_id,
-                        operation: Operation::ExecuteShellCommand { command, .. },
-                        ..
-                    } => {
-                        count.fetch_add(1, Ordering::SeqCst);
-                        let accepted = ExecutorFrame::Accepted {
-                            request_id: request_id.clone(),
-                        };
-                        ws.send(send(&accepted)).await.unwrap();
-                        let outcome = Outcome::Completed {
-                            stdout: command,
-                            stderr: String::new(),
-                            exit_code: Some(0),
-                            stdout_truncated: false,
-                            stderr_truncated: false,
-                            timed_out: false,
-                            cancelled: false,
-                        };
-                        let result = ExecutorFrame::Result {
-                            request_id,
-                            outcome,
-                        };
-                        ws.send(send(&result)).await.unwrap();
-                    }
-                    other => panic!("the echo executor got {other:?}"),
-                }
-            }
-            close.lock().unwrap().get_or_insert((None, Instant::now()));
-        })
-    });
-    let device_id = welcome
-        .recv_timeout(Duration::from_secs(20))
-        .expect("no welcome from gatewayd");
-    Echo {
-        device_id,
-        received,
-        closed,
-    }
+/// An executor that says hello with folder `proj` and answers every request with its command
+/// as stdout.
+fn echo_executor(port: u16, token: &str) -> FakeExecutor {
+    FakeExecutor::connect(port, token, "laptop", &[("proj", RW)], Reply::Echo)
+        .expect("the executor was refused")
 }
 
 #[test]
@@ -141,11 +51,8 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     );
     let token = created["token"].as_str().unwrap();
     let alice = created["info"]["user_id"].as_str().unwrap();
-    let Echo {
-        device_id,
-        received,
-        ..
-    } = echo_executor(port, token);
+    let echo = echo_executor(port, token);
+    let device_id = echo.device_id.clone();
     assert_eq!(
         postgres.psql(
             "agentworks",
@@ -189,9 +96,9 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     let again = gw.client().json("/v1/dispatch", body).unwrap();
     assert_eq!(again, first);
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(received.load(Ordering::SeqCst), 1);
+    assert_eq!(echo.requests().len(), 1);
     assert_eq!(
-        again_echo.received.load(Ordering::SeqCst),
+        again_echo.requests().len(),
         0,
         "a recorded request id was re-sent"
     );
@@ -302,11 +209,7 @@ fn a_revocation_on_nats_makes_gatewayd_recheck_the_token_and_close_it_within_a_s
     nats.publish(REVOKED_SUBJECT, &message(token_id));
     nats.publish(REVOKED_SUBJECT, b"{\"token_id\": 7}");
     std::thread::sleep(Duration::from_millis(1000));
-    assert_eq!(
-        *echo.closed.lock().unwrap(),
-        None,
-        "a valid token was closed"
-    );
+    assert_eq!(echo.closed(), None, "a valid token was closed");
 
     // Revoked in agentd: without a message nothing closes it for an hour...
     let out = stack.ctl(&["token", "revoke", token_id]);
@@ -316,16 +219,16 @@ fn a_revocation_on_nats_makes_gatewayd_recheck_the_token_and_close_it_within_a_s
         String::from_utf8_lossy(&out.stderr)
     );
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(*echo.closed.lock().unwrap(), None);
+    assert_eq!(echo.closed(), None);
     // ...and with one, within a second, with the revocation close code.
     let published = Instant::now();
     nats.publish(REVOKED_SUBJECT, &message(token_id));
     wait_until(
         "the revoked token's connection is closed",
         Duration::from_secs(5),
-        || echo.closed.lock().unwrap().is_some(),
+        || echo.closed().is_some(),
     );
-    let (code, at) = echo.closed.lock().unwrap().unwrap();
+    let (code, at) = echo.closed().unwrap();
     assert_eq!(code, Some(agentworks_contract::executor::CLOSE_REVOKED));
     let took = at - published;
     assert!(

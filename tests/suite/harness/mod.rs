@@ -36,6 +36,7 @@ mod cluster;
 #[path = "../../common/daemons.rs"]
 mod daemons;
 mod executor_gateway;
+mod fake_executor;
 mod gatewayd;
 mod laptop;
 #[path = "../../common/laptop_cli.rs"]
@@ -53,6 +54,7 @@ mod workspaced;
 pub use agentd::*;
 pub use cluster::*;
 pub use executor_gateway::*;
+pub use fake_executor::*;
 pub use gatewayd::*;
 pub use laptop::*;
 pub use mcp::*;
