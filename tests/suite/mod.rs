@@ -20,6 +20,7 @@ mod gateway_store;
 mod gatewayd;
 mod gatewayd_cluster;
 mod gatewayd_leases;
+mod gatewayd_routing;
 pub mod harness;
 mod laptop;
 mod mcp_connections;

@@ -13,3 +13,41 @@ pub const REVOKED_SUBJECT: &str = "agentworks.tokens.revoked";
 pub struct TokenRevoked {
     pub token_id: String,
 }
+
+/// gatewayd host `host_id` answers its peers' calls here (NATS request-reply): a dispatch,
+/// cancel or recovery for a device whose connection that host holds. Host ids are NATS
+/// subject tokens (`cluster.host_id` is ASCII letters, digits, `-` and `_`).
+pub fn peer_subject(host_id: &str) -> String {
+    format!("agentworks.gateway.{host_id}.call")
+}
+
+/// Every host's [`peer_subject`], for NATS permissions: only gatewayd users publish and
+/// subscribe here.
+pub const PEER_SUBJECTS: &str = "agentworks.gateway.*.call";
+
+/// The header that carries a peer message's MAC: hex HMAC-SHA256, under the cluster's peer
+/// key, of the subject the message is published on, a zero byte, and the payload.
+pub const PEER_MAC_HEADER: &str = "Agentworks-Mac";
+
+/// A call from one gatewayd host to another: run this `gatewayd.sock` call there, as if agentd
+/// had made it on that host's socket, but never send it on to a third host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerCall {
+    /// The calling host's id.
+    pub origin: String,
+    /// When it was sent (ms since the epoch); a call much older or newer is dropped.
+    pub sent_at_ms: i64,
+    /// The `gatewayd.sock` endpoint: `/v1/dispatch`, `/v1/cancel` or `/v1/recover`.
+    pub path: String,
+    /// The endpoint's JSON body, as agentd sent it.
+    pub body: String,
+}
+
+/// The answer to a [`PeerCall`]: the HTTP status and JSON body that host's socket answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAnswer {
+    pub status: u16,
+    pub body: String,
+}

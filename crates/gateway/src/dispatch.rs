@@ -13,8 +13,10 @@
 //! request *for this person*), `device_offline` (409), `folder_not_granted` (403),
 //! `token_revoked` or agentd's other token codes (401), `request_id_reused` (409: the id was
 //! used for another person, device, folder or operation), `agentd_unavailable` (503),
-//! `device_on_other_host` (409, in a cluster: the device's lease is held by another live
-//! gatewayd host, named in `host_id`; routing there over NATS is not built yet),
+//! `device_on_other_host` (409, in a cluster: a call routed here from another host for a device
+//! that a third host now holds, named in `host_id`), `gateway_host_unavailable` (503, in a
+//! cluster: the host holding the device did not answer, and the request id is now claimed as
+//! never sent),
 //! `peer_forbidden` (403: the caller's uid is not root, gatewayd's own, or in
 //! `[gatewayd] allowed_users`).
 //!
@@ -33,8 +35,15 @@
 //! most [`RECEIPT_QUERY_TIMEOUT`]: a recorded outcome is stored and answered, "running" or no
 //! answer is unsettled, "never seen" is unknown for good.
 //!
+//! In a cluster, a dispatch, cancel or recovery for a device whose connection another live host
+//! holds (its lease) is sent to that host over NATS ([`crate::peers`]) and answered there by
+//! this same code, called with [`Caller::Peer`]; its answer is this host's. A routed dispatch
+//! also ends when its record settles (the holder lost its lease: `unknown`), and one whose host
+//! never answered is settled here: the id is claimed as never sent, or its record answered.
+//!
 //! Must never reveal that another person's device or request exists, never send a request id
-//! twice, never replay one request's outcome for another, and never fall back to another device.
+//! twice, never replay one request's outcome for another, never fall back to another device,
+//! and never pass a call that came from a peer on to a third host.
 
 use std::time::Duration;
 
@@ -45,6 +54,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::peers::Peers;
 use super::registry::{Live, Pending};
 use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
 use super::{AUDIT_TARGET, Gateway};
@@ -58,7 +68,9 @@ use agentworks_contract::gatewayd::{
     Recovery, RequestRef,
 };
 use agentworks_daemon::audit;
-use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
+use agentworks_daemon::ipc::envelope::{
+    Body, Refusal, decode_json, json_response, run_blocking, with_json,
+};
 use agentworks_daemon::ipc::server::{
     Peer, PeerPolicy, ServerLimits, refuse_peer, serve as serve_ipc,
 };
@@ -70,6 +82,18 @@ pub const RECEIPT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_REQUEST_ID_BYTES: usize = 128;
 /// The longest user or device id accepted.
 const MAX_ID_BYTES: usize = 128;
+/// How much longer than a routed dispatch's deadline this host waits for the holder's answer.
+const PEER_MARGIN: Duration = Duration::from_secs(10);
+/// How long a routed cancel or recovery waits for the holder's answer.
+const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Who made a call: agentd on this host's socket (a call for a device another host holds is
+/// routed there), or another gatewayd host over NATS (served here or refused, never routed on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    Agentd,
+    Peer,
+}
 
 /// Serves `gatewayd.sock` until `shutdown`.
 pub async fn serve(
@@ -155,11 +179,28 @@ async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Result<Respons
     }
     match path {
         "/v1/devices" => devices(gateway, body).await,
-        "/v1/dispatch" => dispatch(gateway, body).await,
-        "/v1/cancel" => cancel(gateway, body).await,
-        "/v1/recover" => recover(gateway, body).await,
+        "/v1/dispatch" => dispatch(gateway, body, Caller::Agentd).await,
+        "/v1/cancel" => cancel(gateway, body, Caller::Agentd).await,
+        "/v1/recover" => recover(gateway, body, Caller::Agentd).await,
         _ => outcome(gateway, body).await,
     }
+}
+
+/// Serves a call another gatewayd host routed here ([`crate::peers`]): one of
+/// [`crate::peers::PEER_PATHS`], answered as agentd's call on this socket would be, except
+/// that a device this host does not hold is refused rather than routed again.
+pub async fn serve_peer_call(gateway: &Gateway, path: &str, body: &Bytes) -> Response<Body> {
+    let answer = match path {
+        "/v1/dispatch" => dispatch(gateway, body, Caller::Peer).await,
+        "/v1/cancel" => cancel(gateway, body, Caller::Peer).await,
+        "/v1/recover" => recover(gateway, body, Caller::Peer).await,
+        _ => Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!("{path} is not an endpoint peers may call"),
+        )),
+    };
+    answer.unwrap_or_else(Refusal::into_response)
 }
 
 fn valid_id(id: &str, max: usize) -> bool {
@@ -215,11 +256,15 @@ async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
         if live.iter().any(|(id, _)| *id == device.device_id) {
             continue;
         }
+        // In a cluster, a device connected to another live host is online too.
+        let online = leased_elsewhere(gateway, &device.device_id)
+            .await?
+            .is_some();
         listed.push(DeviceInfo {
             device_id: device.device_id,
             name: device.name,
             user_id: device.user_id,
-            online: false,
+            online,
             folders: device.folders,
             connected_at_ms: None,
             last_seen_ms: device.last_seen_ms,
@@ -292,8 +337,13 @@ fn replay(record: RequestRecord, request: &DispatchRequest) -> Result<Response<B
     Ok(ok(&record.state))
 }
 
-/// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer.
-async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
+/// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer; or,
+/// for a device another host holds, that host's answer.
+async fn dispatch(
+    gateway: &Gateway,
+    body: &Bytes,
+    caller: Caller,
+) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
@@ -305,7 +355,19 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Ref
     if let Some(record) = blocking(move || store.request(&id)).await? {
         return replay(record, &request);
     }
-    let live = target_connection(gateway, &request).await?;
+    let live = match target_connection(gateway, &request, caller).await? {
+        Target::Here(live) => live,
+        Target::Peer(peers, host) => {
+            let routed = Routed {
+                peers,
+                host,
+                body,
+                deadline,
+                kind,
+            };
+            return route_dispatch(gateway, &request, routed).await;
+        }
+    };
     let frame = request_frame(&request)?;
     let answer = match send_once(gateway, &request, &live, frame, kind).await? {
         Sent::Waiting(answer) => answer,
@@ -328,16 +390,15 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Ref
     }
 }
 
-/// A dispatch this host cannot serve because the device is connected elsewhere (a cluster).
+/// A call routed here from another host that this host cannot serve either (a cluster).
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
-    /// The store shows the device's lease held by another live host. Routing the dispatch to
-    /// that host over NATS is a later step of issue 16; until then the caller must reach that
-    /// host's gatewayd.
+    /// The device's lease is held by a third host (it moved while the call was on its way);
+    /// a routed call is never routed again, so the caller may try once more.
     #[error(
         "the device \"{device_name}\" is connected to gatewayd host \"{host_id}\", not to this \
-         host (\"{this_host}\"); dispatching through another host is not supported yet, so the \
-         request must go to the gatewayd on \"{host_id}\""
+         host (\"{this_host}\"), and a call routed from another host is not routed again; \
+         try again"
     )]
     HeldByOtherHost {
         device_name: String,
@@ -359,32 +420,56 @@ impl From<RouteError> for Refusal {
     }
 }
 
-/// In a cluster, a device not connected here whose live lease another host holds is refused
-/// with [`RouteError::HeldByOtherHost`]; otherwise the caller goes on to `device_offline`.
-async fn refuse_if_leased_elsewhere(
-    gateway: &Gateway,
-    device_id: &str,
-    device_name: &str,
-) -> Result<(), Refusal> {
+/// In a cluster, the host other than this one whose live lease `device_id` is under, if any.
+async fn leased_elsewhere(gateway: &Gateway, device_id: &str) -> Result<Option<String>, Refusal> {
     let Some(this_host) = gateway.lease_host.clone() else {
-        return Ok(());
+        return Ok(None);
     };
     let (store, id) = (gateway.store.clone(), device_id.to_owned());
     let lease = blocking(move || store.lease(&id, now_ms())).await?;
-    match lease {
-        Some(lease) if *lease.host_id != *this_host => Err(RouteError::HeldByOtherHost {
+    Ok(lease
+        .map(|lease| lease.host_id)
+        .filter(|host| **host != *this_host))
+}
+
+/// Where a call for a device not connected here goes: to the host holding its lease, if agentd
+/// made the call and this host has peers (`Some`); `None` if the device is simply offline. A
+/// call a peer routed here for a device a third host holds is refused
+/// ([`RouteError::HeldByOtherHost`]).
+async fn route_to_holder(
+    gateway: &Gateway,
+    device_id: &str,
+    device_name: &str,
+    caller: Caller,
+) -> Result<Option<(Peers, String)>, Refusal> {
+    let Some(host) = leased_elsewhere(gateway, device_id).await? else {
+        return Ok(None);
+    };
+    match (&gateway.peers, caller) {
+        (Some(peers), Caller::Agentd) => Ok(Some((peers.clone(), host))),
+        _ => Err(RouteError::HeldByOtherHost {
             device_name: device_name.to_owned(),
-            host_id: lease.host_id,
-            this_host: this_host.to_string(),
+            host_id: host,
+            this_host: gateway.lease_host.as_deref().unwrap_or("-").to_owned(),
         }
         .into()),
-        _ => Ok(()),
     }
 }
 
+/// Where a dispatch goes: a connection here, or the host that holds the device.
+enum Target {
+    Here(Live),
+    Peer(Peers, String),
+}
+
 /// The connection that speaks for the request's device: this person's device (else not
-/// found), online, sharing the folder, and its token still valid now.
-async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Result<Live, Refusal> {
+/// found), online, sharing the folder, and its token still valid now; or, in a cluster, the
+/// host whose lease the device is under.
+async fn target_connection(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    caller: Caller,
+) -> Result<Target, Refusal> {
     // The device: this person's (else not found), online, sharing the folder.
     let not_found = || {
         Refusal::new(
@@ -407,7 +492,11 @@ async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Resu
         .live(&request.device_id)
         .filter(|l| l.user_id == request.user_id)
     else {
-        refuse_if_leased_elsewhere(gateway, &request.device_id, &device.name).await?;
+        if let Some((peers, host)) =
+            route_to_holder(gateway, &request.device_id, &device.name, caller).await?
+        {
+            return Ok(Target::Peer(peers, host));
+        }
         return Err(Refusal::new(
             StatusCode::CONFLICT,
             "device_offline",
@@ -441,7 +530,90 @@ async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Resu
         Ok(_) => {}
         Err(error) => return Err(error.into()),
     }
-    Ok(live)
+    Ok(Target::Here(live))
+}
+
+/// A dispatch on its way to the host that holds its device.
+struct Routed<'a> {
+    peers: Peers,
+    host: String,
+    body: &'a Bytes,
+    deadline: Duration,
+    kind: &'static str,
+}
+
+/// Sends a dispatch to the host holding its device and answers what that host answered; or the
+/// request's record once it settles without an answer (the holder lost its lease); or, if the
+/// holder never answered, what [`settle_unanswered`] makes of it.
+async fn route_dispatch(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    routed: Routed<'_>,
+) -> Result<Response<Body>, Refusal> {
+    let Routed {
+        peers,
+        host,
+        body,
+        deadline,
+        kind,
+    } = routed;
+    let call = peers.call(&host, "/v1/dispatch", body, deadline + PEER_MARGIN);
+    tokio::select! {
+        answer = call => match answer {
+            Ok((status, body)) => Ok(with_json(status, body)),
+            Err(error) if error.nothing_sent() => Err(Refusal::new(
+                StatusCode::CONFLICT,
+                "device_offline",
+                format!("{error}; the device's connection there is gone or going, so try again"),
+            )),
+            Err(error) => settle_unanswered(gateway, request, kind, &error.to_string()).await,
+        },
+        state = record_settles(gateway, request) => Ok(ok(&state)),
+    }
+}
+
+/// Waits until `request`'s record is settled (done or unknown; a host that lost its lease has
+/// its pending requests made unknown), checking every heartbeat; never returns otherwise.
+async fn record_settles(gateway: &Gateway, request: &DispatchRequest) -> DispatchState {
+    loop {
+        tokio::time::sleep(gateway.settings.heartbeat).await;
+        let (store, id) = (gateway.store.clone(), request.request_id.clone());
+        let Ok(Some(record)) = blocking(move || store.request(&id)).await else {
+            continue;
+        };
+        if record.state != DispatchState::Pending && same_request(&record, request) {
+            return record.state;
+        }
+    }
+}
+
+/// A routed dispatch whose holder gave no answer (`why`): its id is claimed as never sent if no
+/// host recorded it yet (503: it never will be sent), else its record is answered, pending
+/// read as unknown (the holder may be running it; it is not re-sent).
+async fn settle_unanswered(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    kind: &'static str,
+    why: &str,
+) -> Result<Response<Body>, Refusal> {
+    match record_request(gateway, request, kind, false).await? {
+        Begin::New => Err(Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "gateway_host_unavailable",
+            format!(
+                "{why}; the request was not sent, and its id is now claimed so it never will be"
+            ),
+        )),
+        Begin::Existing(record) if !same_request(&record, request) => Err(reused()),
+        Begin::Existing(record) => Ok(ok(&match record.state {
+            DispatchState::Pending => DispatchState::Unknown {
+                reason: format!(
+                    "{why} while the request was pending there; whether it ran is unknown and it is not re-sent"
+                ),
+            },
+            settled => settled,
+        })),
+    }
 }
 
 /// The request as the frame the executor gets; it must fit the executor's limit, or it would
@@ -582,7 +754,11 @@ async fn record_request(
 
 /// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
 /// device's receipt when the record says unknown. Never sends the request.
-async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
+async fn recover(
+    gateway: &Gateway,
+    body: &Bytes,
+    caller: Caller,
+) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_recovery(&request)?;
     let (_, kind) = deadline_and_kind(&request.operation);
@@ -598,7 +774,21 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
     if let Some(recovery) = recovery_from_record(&record) {
         return Ok(ok(&recovery));
     }
-    // Unknown: only the device's own receipt can tell.
+    // Unknown: only the device's own receipt can tell; it is asked where the device is.
+    if gateway.registry.live(&record.device_id).is_none()
+        && let Some((peers, host)) =
+            route_to_holder(gateway, &record.device_id, &record.device_id, caller).await?
+    {
+        return match peers
+            .call(&host, "/v1/recover", body, PEER_CALL_TIMEOUT)
+            .await
+        {
+            Ok((status, body)) => Ok(with_json(status, body)),
+            Err(error) => Ok(ok(&unsettled(&format!(
+                "{error}; the device's receipt can be asked for again"
+            )))),
+        };
+    }
     let receipt = match ask_for_receipt(gateway, &record, &request.request_id).await? {
         Ok(receipt) => receipt,
         Err(unsettled) => return Ok(ok(&unsettled)),
@@ -739,9 +929,30 @@ async fn owned_record(gateway: &Gateway, reference: &RequestRef) -> Result<Reque
 }
 
 /// `POST /v1/cancel`: asks the device to stop a pending request.
-async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
+async fn cancel(
+    gateway: &Gateway,
+    body: &Bytes,
+    caller: Caller,
+) -> Result<Response<Body>, Refusal> {
     let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
+    let here = gateway
+        .registry
+        .pending_connection(&reference.request_id)
+        .is_some();
+    if record.state == DispatchState::Pending
+        && !here
+        && let Some((peers, host)) =
+            route_to_holder(gateway, &record.device_id, &record.device_id, caller).await?
+    {
+        match peers
+            .call(&host, "/v1/cancel", body, PEER_CALL_TIMEOUT)
+            .await
+        {
+            Ok((status, body)) => return Ok(with_json(status, body)),
+            Err(error) => tracing::warn!(%error, "cannot route a cancel to the device's host"),
+        }
+    }
     let mut sent = false;
     if record.state == DispatchState::Pending
         && let Some((device_id, conn_id)) =

@@ -15,6 +15,8 @@
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
 //! - [`nats`]: with `[cluster]`, the NATS connection and the revocation subject, which makes
 //!   every host re-check a revoked token at once.
+//! - [`peers`]: with `[cluster]`, calls routed between gatewayd hosts over NATS (a dispatch for
+//!   a device connected to another host), authenticated with the cluster's peer key.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
@@ -32,13 +34,14 @@
 //! lease names the host holding its connection: taken at connect, renewed every heartbeat by
 //! `watch_leases`, released at disconnect; a host that misses [`store::MISSED_RENEWALS`]
 //! renewals loses its leases on another host's pass, and its pending requests become
-//! `unknown`. A dispatch for a device another live host holds is refused
-//! ([`dispatch::RouteError`]); routing it there over NATS is a later step.
+//! `unknown`. A dispatch, cancel or recovery for a device another live host holds is routed to
+//! that host over NATS ([`peers`]) and answered there.
 
 pub mod cli;
 pub mod dispatch;
 pub mod executor;
 pub mod nats;
+pub mod peers;
 pub mod registry;
 pub mod start;
 pub mod store;
@@ -121,6 +124,8 @@ pub struct Gateway {
     /// them every heartbeat, and refuses dispatches to devices another live host holds. `None`
     /// on one host (SQLite), where no lease is ever taken.
     lease_host: Option<Arc<str>>,
+    /// In a cluster, the other hosts over NATS: calls for devices they hold are routed there.
+    peers: Option<peers::Peers>,
 }
 
 /// Opens gatewayd's store: with `[cluster] database_url`, the shared PostgreSQL database as
@@ -160,6 +165,7 @@ impl Gateway {
             tokens,
             settings: Arc::new(settings),
             lease_host: None,
+            peers: None,
         }
     }
 
@@ -429,6 +435,7 @@ pub async fn run(
     config: &Config,
     store: Store,
     bus: Option<nats::Bus>,
+    peer_key: Option<peers::PeerKey>,
     executors: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -453,10 +460,22 @@ pub async fn run(
         .lease_host
         .clone()
         .map(|host| tokio::spawn(watch_leases(gateway.clone(), host, shutdown.clone())));
+    let mut peer_calls = None;
+    if let (Some(bus), Some(key), Some(host)) = (&bus, peer_key, &config.cluster.host_id) {
+        gateway.peers = Some(peers::Peers::new(bus.client.clone(), key, host));
+    }
     let revocations = bus.map(|bus| {
+        if let Some(peers) = gateway.peers.clone() {
+            peer_calls = Some(tokio::spawn(peers::serve_calls(
+                gateway.clone(),
+                peers,
+                bus.peer_calls,
+                shutdown.clone(),
+            )));
+        }
         tokio::spawn(nats::watch_revocations(
             gateway.clone(),
-            bus,
+            bus.revocations,
             shutdown.clone(),
         ))
     });
@@ -470,6 +489,9 @@ pub async fn run(
     let _ = watcher.await;
     if let Some(revocations) = revocations {
         let _ = revocations.await;
+    }
+    if let Some(peer_calls) = peer_calls {
+        let _ = peer_calls.await;
     }
     if let Some(leases) = leases {
         let _ = leases.await;

@@ -1,5 +1,7 @@
 //! gatewayd on the cluster's NATS server (issue 16): the connection, with this daemon's
-//! credentials file, and the revocation subject [`REVOKED_SUBJECT`].
+//! credentials file, the revocation subject [`REVOKED_SUBJECT`], and this host's
+//! [`peer_subject`], on which other hosts route calls for devices connected here
+//! ([`crate::peers`]).
 //!
 //! Messages only wake; rows are the truth. A message on [`REVOKED_SUBJECT`] names a token id
 //! (`{"token_id": "…"}`, at most [`MAX_MESSAGE_BYTES`]). gatewayd does not take the message's
@@ -20,7 +22,7 @@ use agentworks_daemon::config::ClusterConfig;
 
 use crate::{Gateway, revoke};
 
-pub use agentworks_contract::cluster::{REVOKED_SUBJECT, TokenRevoked as Revoked};
+pub use agentworks_contract::cluster::{REVOKED_SUBJECT, TokenRevoked as Revoked, peer_subject};
 /// The largest revocation message read; a bigger one is dropped.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// Why gatewayd could not join the NATS server.
@@ -32,46 +34,59 @@ pub enum NatsError {
     /// The revocation subject could not be subscribed to.
     #[error("cannot subscribe to NATS subject {subject}: {source}")]
     Subscribe {
-        subject: &'static str,
+        subject: String,
         source: async_nats::SubscribeError,
     },
+    /// `cluster.host_id` is not set (the config loader settles one for every cluster).
+    #[error("cluster.host_id is not set; set cluster.host_id")]
+    NoHostId,
 }
 
-/// gatewayd's connection to NATS and its subscription to [`REVOKED_SUBJECT`].
+/// gatewayd's connection to NATS and its subscriptions: [`REVOKED_SUBJECT`] and this host's
+/// [`peer_subject`].
 pub struct Bus {
-    /// Kept so the connection lives as long as the subscription is read.
-    _client: async_nats::Client,
-    revocations: async_nats::Subscriber,
+    pub(crate) client: async_nats::Client,
+    pub(crate) revocations: async_nats::Subscriber,
+    pub(crate) peer_calls: async_nats::Subscriber,
 }
 
 impl Bus {
     /// Connects to `cluster.nats_url` (with `cluster.nats_credentials` if set), named after
-    /// this host, and subscribes to [`REVOKED_SUBJECT`].
+    /// this host, and subscribes to [`REVOKED_SUBJECT`] and [`peer_subject`]`(host_id)`.
     pub async fn join(cluster: &ClusterConfig) -> Result<Bus, NatsError> {
+        let host_id = cluster.host_id.as_deref().ok_or(NatsError::NoHostId)?;
         let client = agentworks_daemon::nats::connect(cluster, "agentworks-gatewayd").await?;
-        let revocations =
-            client
-                .subscribe(REVOKED_SUBJECT)
-                .await
-                .map_err(|source| NatsError::Subscribe {
-                    subject: REVOKED_SUBJECT,
-                    source,
-                })?;
-        // The subscription is in place on the server before READY.
+        let subscribe = |subject: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|source| NatsError::Subscribe { subject, source })
+            }
+        };
+        let revocations = subscribe(REVOKED_SUBJECT.to_owned()).await?;
+        let peer_calls = subscribe(peer_subject(host_id)).await?;
+        // The subscriptions are in place on the server before READY.
         let _ = client.flush().await;
         Ok(Bus {
-            _client: client,
+            client,
             revocations,
+            peer_calls,
         })
     }
 }
 
 /// Reads [`REVOKED_SUBJECT`] until `shutdown`; see the module doc for what a message does.
-pub async fn watch_revocations(gateway: Gateway, mut bus: Bus, shutdown: CancellationToken) {
+pub async fn watch_revocations(
+    gateway: Gateway,
+    mut revocations: async_nats::Subscriber,
+    shutdown: CancellationToken,
+) {
     loop {
         let message = tokio::select! {
             _ = shutdown.cancelled() => return,
-            message = bus.revocations.next() => message,
+            message = revocations.next() => message,
         };
         let Some(message) = message else {
             tracing::warn!(

@@ -1,6 +1,6 @@
 //! gatewayd's start and life as a daemon, in this order: the signal token, the executor
-//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the NATS connection and its
-//! revocation subscription, READY, serving until shutdown. gatewayd keeps no capability at all
+//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the cluster's peer key (from
+//! the shared database) and the NATS connection with its subscriptions, READY, serving until shutdown. gatewayd keeps no capability at all
 //! (`agentworks_daemon::entry` drops them before any thread exists).
 //!
 //! It must never announce READY before both listeners are taken, the store opens and, in a
@@ -23,6 +23,9 @@ pub enum StartError {
     /// In a cluster: the NATS server could not be joined.
     #[error("cannot join the cluster's NATS server")]
     Nats(#[source] crate::nats::NatsError),
+    /// In a cluster: the peer key could not be read from (or stored in) the shared database.
+    #[error("cannot read the cluster's peer key from the shared database")]
+    PeerKey(#[source] crate::store::StoreError),
     /// The blocking task opening the store panicked or was cancelled.
     #[error("the task opening the gateway store failed")]
     StoreTask(#[source] tokio::task::JoinError),
@@ -45,6 +48,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .await
         .map_err(StartError::StoreTask)?
         .map_err(StartError::Store)?;
+    let peer_key = {
+        let store = store.clone();
+        let candidate: [u8; 32] = rand::random();
+        tokio::task::spawn_blocking(move || store.peer_key(&candidate))
+            .await
+            .map_err(StartError::StoreTask)?
+            .map_err(StartError::PeerKey)?
+            .map(crate::peers::PeerKey::new)
+    };
     let bus = if config.cluster.is_enabled() {
         let bus = crate::nats::Bus::join(&config.cluster).await;
         Some(bus.map_err(StartError::Nats)?)
@@ -64,7 +76,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
     systemd::notify_ready("serving /v1/executor and gatewayd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, store, bus, public, socket, shutdown).await;
+    crate::run(&config, store, bus, peer_key, public, socket, shutdown).await;
     tracing::info!("gatewayd stopped");
     Ok(())
 }

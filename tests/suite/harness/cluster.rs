@@ -284,10 +284,16 @@ impl Nats {
         self.child.id()
     }
 
-    /// Publishes `payload` on `subject`, speaking the NATS text protocol itself (no client
-    /// library between the test and the server); returns once the server has processed it
-    /// (its `PONG` to the `PING` sent after the message).
+    /// Publishes `payload` on `subject` (reply subject `_INBOX.test`), speaking the NATS text
+    /// protocol itself (no client library between the test and the server); returns once the
+    /// server has processed it (its `PONG` to the `PING` sent after the message).
     pub fn publish(&self, subject: &str, payload: &[u8]) {
+        self.publish_with_headers(subject, &[], payload);
+    }
+
+    /// [`Nats::publish`] with NATS headers (`HPUB`), `(name, value)` each, and a reply subject
+    /// (`_INBOX.test`, which nothing reads), as a request would have.
+    pub fn publish_with_headers(&self, subject: &str, headers: &[(&str, &str)], payload: &[u8]) {
         use std::io::{BufRead, Write};
         let stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         stream
@@ -300,11 +306,25 @@ impl Nats {
         let mut writer = stream;
         write!(
             writer,
-            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"name\":\"test\"}}\r\n\
-             PUB {subject} {}\r\n",
-            payload.len()
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"name\":\"test\"}}\r\n"
         )
         .unwrap();
+        if headers.is_empty() {
+            write!(writer, "PUB {subject} _INBOX.test {}\r\n", payload.len()).unwrap();
+        } else {
+            let mut block = String::from("NATS/1.0\r\n");
+            for (name, value) in headers {
+                block.push_str(&format!("{name}: {value}\r\n"));
+            }
+            block.push_str("\r\n");
+            let total = block.len() + payload.len();
+            write!(
+                writer,
+                "HPUB {subject} _INBOX.test {} {total}\r\n{block}",
+                block.len()
+            )
+            .unwrap();
+        }
         writer.write_all(payload).unwrap();
         writer.write_all(b"\r\nPING\r\n").unwrap();
         loop {
@@ -390,4 +410,70 @@ pub fn start_gatewayd_host(
         },
     ));
     daemon
+}
+
+/// Two gatewayd hosts on one PostgreSQL and one nats-server beside one agentd: `a` (host
+/// `gw-a`, the stack's own gatewayd) and `b` (host `gw-b`, [`start_gatewayd_host`]), with the
+/// heartbeat (and so the lease renewal) every second: a lease lasts 3 s unless renewed.
+/// Fields drop in order: the daemons before the servers they use.
+pub struct GatewayPair {
+    pub a: super::Gatewayd,
+    pub b: super::Gatewayd,
+    pub stack: super::Stack,
+    pub nats: Nats,
+    pub postgres: Postgres,
+}
+
+impl GatewayPair {
+    pub fn start() -> GatewayPair {
+        let postgres = Postgres::start();
+        let nats = Nats::start();
+        let (stack, port_a) = super::Stack::start_with_gateway();
+        let path = stack.state.root().join("agentworks.toml");
+        let config = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "{config}heartbeat_secs = 1\n[cluster]\ndatabase_url = \"{}\"\n\
+                 nats_url = \"{}\"\nhost_id = \"gw-a\"\n",
+                postgres.url(),
+                nats.url()
+            ),
+        )
+        .unwrap();
+        let a = super::Gatewayd::start(&stack, port_a);
+        let b = start_gatewayd_host(
+            &stack,
+            port_a,
+            super::free_port(),
+            "gatewayd-b",
+            &[("host_id = \"gw-a\"", "host_id = \"gw-b\"")],
+        );
+        GatewayPair {
+            a,
+            b,
+            stack,
+            nats,
+            postgres,
+        }
+    }
+
+    /// The host holding `device_id`'s lease row, or "" when there is none.
+    pub fn lease_holder(&self, device_id: &str) -> String {
+        self.postgres.psql(
+            "agentworks",
+            &format!("SELECT host_id FROM gateway_leases WHERE device_id = '{device_id}'"),
+        )
+    }
+
+    /// `"<host> <state>"` of `request_id`'s record, or "" when there is none.
+    pub fn request_state(&self, request_id: &str) -> String {
+        self.postgres.psql(
+            "agentworks",
+            &format!(
+                "SELECT host_id || ' ' || state FROM gateway_requests \
+                 WHERE request_id = '{request_id}'"
+            ),
+        )
+    }
 }

@@ -39,7 +39,8 @@ pub fn streaming(receiver: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Body 
 const SERIALIZE_FAILED: &str =
     r#"{"error":{"code":"internal","message":"the response could not be serialized to JSON"}}"#;
 
-fn with_json(status: StatusCode, bytes: Bytes) -> Response<Body> {
+/// A response of `status` whose body is `bytes`, already JSON (a body relayed as it came).
+pub fn with_json(status: StatusCode, bytes: Bytes) -> Response<Body> {
     let mut response = Response::new(full(bytes));
     *response.status_mut() = status;
     response

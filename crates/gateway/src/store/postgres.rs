@@ -92,6 +92,13 @@ CREATE TABLE gateway_leases (
 CREATE INDEX gateway_leases_by_host ON gateway_leases (host_id);
 CREATE INDEX gateway_leases_by_expiry ON gateway_leases (expires_at_ms);
 ",
+    // 2: the key that authenticates what gatewayd hosts tell each other over NATS.
+    "
+CREATE TABLE gateway_peer_key (
+    id  SMALLINT PRIMARY KEY CHECK (id = 1),
+    key BYTEA NOT NULL CHECK (length(key) = 32)
+);
+",
 ];
 
 type Manager = PostgresConnectionManager<NoTls>;
@@ -589,5 +596,21 @@ impl PostgresStore {
             )
             .map_err(query("mark a lost host's pending requests unknown"))?;
         Ok(usize::try_from(lost).unwrap_or(usize::MAX))
+    }
+
+    /// See [`super::Store::peer_key`].
+    pub fn peer_key(&self, candidate: &[u8; 32]) -> Result<[u8; 32], StoreError> {
+        const OPERATION: &str = "read the cluster's peer key";
+        let mut conn = self.conn(OPERATION)?;
+        conn.execute(
+            "INSERT INTO gateway_peer_key (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+            &[&candidate.as_slice()],
+        )
+        .map_err(query(OPERATION))?;
+        let row = conn
+            .query_one("SELECT key FROM gateway_peer_key WHERE id = 1", &[])
+            .map_err(query(OPERATION))?;
+        let key: Vec<u8> = column(&row, 0, OPERATION)?;
+        key.try_into().map_err(|_| StoreError::PeerKey)
     }
 }
