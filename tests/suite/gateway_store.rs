@@ -77,7 +77,7 @@ fn hosts_starting_together_migrate_the_schema_once() {
             "agentworks",
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM gateway_schema"
         ),
-        "1,2"
+        "1,2,3"
     );
     let tables = server.psql(
         "agentworks",
@@ -86,7 +86,7 @@ fn hosts_starting_together_migrate_the_schema_once() {
     );
     assert_eq!(
         tables,
-        "gateway_devices,gateway_leases,gateway_peer_key,gateway_requests,gateway_schema"
+        "gateway_devices,gateway_hosts,gateway_leases,gateway_peer_key,gateway_requests,gateway_schema"
     );
 }
 
@@ -132,6 +132,27 @@ fn a_restarting_host_makes_only_its_own_pending_requests_unknown() {
 }
 
 #[test]
+fn a_host_whose_heartbeat_lapsed_is_lost_once_even_with_no_lease_left() {
+    let server = Postgres::start();
+    let (a, _) = Store::open_postgres(&server.url(), "gw-a", 1).unwrap();
+    let (b, _) = Store::open_postgres(&server.url(), "gw-b", 1).unwrap();
+    a.renew_host("gw-a", 3_000).unwrap();
+    b.renew_host("gw-b", 3_000).unwrap();
+    assert_eq!(a.expire_hosts(2_999).unwrap(), Vec::<String>::new());
+    a.renew_host("gw-a", 6_000).unwrap();
+    // B stopped renewing; it had no lease at all, and is still found lost, once.
+    assert_eq!(a.expire_hosts(3_000).unwrap(), ["gw-b"]);
+    assert_eq!(a.expire_hosts(3_001).unwrap(), Vec::<String>::new());
+    // Back again (a restart): alive until its next lapse.
+    b.renew_host("gw-b", 9_000).unwrap();
+    assert_eq!(b.expire_hosts(6_000).unwrap(), ["gw-a"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (one_host, _) = Store::open_sqlite(&dir.path().join("g.db"), 1).unwrap();
+    one_host.renew_host("only", 1).unwrap();
+    assert_eq!(one_host.expire_hosts(10).unwrap(), Vec::<String>::new());
+}
+
+#[test]
 fn the_first_host_stores_the_peer_key_and_every_host_reads_that_one() {
     let server = Postgres::start();
     let (a, _) = Store::open_postgres(&server.url(), "gw-a", 1).unwrap();
@@ -164,7 +185,7 @@ fn a_database_with_a_newer_schema_is_refused() {
             error,
             StoreError::PostgresSchemaTooNew {
                 found: 99,
-                known: 2
+                known: 3
             }
         ),
         "{error}"

@@ -130,3 +130,41 @@ fn leases_follow_the_device_and_a_killed_host_loses_them_and_its_pending_request
     assert_eq!(back.device_id, device_id);
     assert_eq!(pair.lease_holder(&device_id), "gw-a");
 }
+
+#[test]
+fn a_host_killed_after_its_device_moved_away_still_loses_its_pending_requests() {
+    let mut pair = GatewayPair::start();
+    let (token, _, alice) = device_token(&pair.stack, "alice", &["devices:connect"]);
+    let on_b = silent_executor(pair.b.port, &token);
+    let device_id = on_b.device_id.clone();
+    let body = json!({"user_id": alice, "device_id": device_id, "folder": "proj",
+                      "request_id": "req-orphan", "operation":
+                      {"kind": "execute_shell_command", "command": "sleep 300", "timeout": 300}});
+    let socket_b = pair.b.socket.clone();
+    std::thread::spawn(move || {
+        // Ends with a transport error when B is killed; nothing waits for it.
+        let client = UnixClient::new(&socket_b);
+        let _ =
+            super::harness::block_on(client.post::<_, serde_json::Value>("/v1/dispatch", &body));
+    });
+    on_b.wait_requests(1);
+    assert_eq!(pair.request_state("req-orphan"), "gw-b pending");
+
+    // B dies and the device is on A at once, before B's lease could expire: A takes the lease
+    // over, so no lease of B's is left to expire. B's own heartbeat lapsing still marks it lost.
+    pair.b.child.kill().unwrap();
+    let killed = Instant::now();
+    let _ = pair.b.child.wait();
+    let on_a = silent_executor(pair.a.port, &token);
+    assert_eq!(on_a.device_id, device_id);
+    assert_eq!(pair.lease_holder(&device_id), "gw-a");
+    wait_until(
+        "the dead host's pending request becomes unknown",
+        Duration::from_secs(10),
+        || pair.request_state("req-orphan") == "gw-b unknown",
+    );
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(pair.lease_holder(&device_id), "gw-a", "A's lease survived");
+    assert!(on_a.requests().is_empty(), "the request was re-sent");
+}

@@ -373,14 +373,20 @@ async fn watch_leases(gateway: Gateway, host: Arc<str>, shutdown: CancellationTo
     }
 }
 
-/// One lease pass (blocking): renew this host's, expire the lost hosts', fail their requests.
+/// One lease pass (blocking): renew this host and its leases, expire the lost hosts and their
+/// leases, fail their requests. A host is lost when its own heartbeat lapsed (even if every
+/// device of it reconnected elsewhere first) or when a lease of it expired.
 fn lease_pass(store: &Store, host: &str, every_ms: i64) -> Result<(), StoreError> {
     let now = now_ms();
-    store.renew_leases(host, now, store::lease_expiry(now, every_ms))?;
+    let until = store::lease_expiry(now, every_ms);
+    store.renew_host(host, until)?;
+    store.renew_leases(host, now, until)?;
+    let lost_hosts = store.expire_hosts(now)?;
     let expired = store.expire_leases(now)?;
     let mut lost: Vec<&str> = expired
         .iter()
         .map(|lease| lease.host_id.as_str())
+        .chain(lost_hosts.iter().map(String::as_str))
         .filter(|lost| *lost != host)
         .collect();
     lost.sort_unstable();

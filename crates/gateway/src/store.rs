@@ -451,6 +451,20 @@ impl Store {
         on_backend!(self, s => s.lose_host_requests(host_id, reason, now_ms))
     }
 
+    /// The heartbeat of `host_id` itself: it counts as alive until `alive_until_ms` (see
+    /// [`lease_expiry`]). On one host (SQLite): nothing.
+    pub fn renew_host(&self, host_id: &str, alive_until_ms: i64) -> Result<(), StoreError> {
+        on_backend!(self, s => s.renew_host(host_id, alive_until_ms))
+    }
+
+    /// Deletes every host whose heartbeat lapsed at or before `now_ms` and returns their ids,
+    /// sorted: they missed [`MISSED_RENEWALS`] renewals and count as lost, even if all their
+    /// devices already reconnected elsewhere (so no lease of theirs is left to expire). On one
+    /// host (SQLite): none.
+    pub fn expire_hosts(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        on_backend!(self, s => s.expire_hosts(now_ms))
+    }
+
     /// The cluster's peer key, which authenticates what gatewayd hosts tell each other over
     /// NATS: the first host to ask stores `candidate` (fresh random bytes), every host reads
     /// the stored one. Anyone who can read the shared database can read it; a NATS user alone

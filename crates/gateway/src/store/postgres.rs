@@ -99,6 +99,14 @@ CREATE TABLE gateway_peer_key (
     key BYTEA NOT NULL CHECK (length(key) = 32)
 );
 ",
+    // 3: which hosts are alive, renewed with their leases, so a host that dies is noticed even
+    // when every one of its devices reconnected elsewhere before its leases expired.
+    "
+CREATE TABLE gateway_hosts (
+    host_id        TEXT PRIMARY KEY,
+    alive_until_ms BIGINT NOT NULL
+);
+",
 ];
 
 type Manager = PostgresConnectionManager<NoTls>;
@@ -612,5 +620,34 @@ impl PostgresStore {
             .map_err(query(OPERATION))?;
         let key: Vec<u8> = column(&row, 0, OPERATION)?;
         key.try_into().map_err(|_| StoreError::PeerKey)
+    }
+
+    /// See [`super::Store::renew_host`].
+    pub fn renew_host(&self, host_id: &str, alive_until_ms: i64) -> Result<(), StoreError> {
+        self.conn("renew this host")?
+            .execute(
+                "INSERT INTO gateway_hosts (host_id, alive_until_ms) VALUES ($1, $2)
+                 ON CONFLICT (host_id) DO UPDATE SET alive_until_ms = EXCLUDED.alive_until_ms",
+                &[&host_id, &alive_until_ms],
+            )
+            .map_err(query("renew this host"))?;
+        Ok(())
+    }
+
+    /// See [`super::Store::expire_hosts`].
+    pub fn expire_hosts(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .conn("expire lost hosts")?
+            .query(
+                "DELETE FROM gateway_hosts WHERE alive_until_ms <= $1 RETURNING host_id",
+                &[&now_ms],
+            )
+            .map_err(query("expire lost hosts"))?;
+        let mut lost = rows
+            .iter()
+            .map(|row| column::<String>(row, 0, "expire lost hosts"))
+            .collect::<Result<Vec<_>, _>>()?;
+        lost.sort();
+        Ok(lost)
     }
 }

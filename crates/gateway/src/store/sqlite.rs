@@ -541,6 +541,16 @@ impl SqliteStore {
     ) -> Result<usize, StoreError> {
         Ok(0)
     }
+
+    /// See [`super::Store::renew_host`]: one host has no other to tell it is alive.
+    pub fn renew_host(&self, _host_id: &str, _alive_until_ms: i64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// See [`super::Store::expire_hosts`]: one host never loses another.
+    pub fn expire_hosts(&self, _now_ms: i64) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 #[cfg(test)]
