@@ -5,9 +5,10 @@
 //! from the future, an unreachable server.
 
 use super::harness::Postgres;
+use agentworks_contract::executor::Outcome;
 use agentworks_contract::gatewayd::DispatchState;
 use agentworks_gateway::store::conformance::{self, new_request};
-use agentworks_gateway::store::{Begin, RESTART_REASON, Store, StoreError};
+use agentworks_gateway::store::{Begin, LOST_HOST_REASON, RESTART_REASON, Store, StoreError};
 
 /// A fresh SQLite database; the closure opens (or reopens) it.
 fn sqlite() -> (tempfile::TempDir, impl Fn(i64) -> (Store, usize)) {
@@ -150,6 +151,36 @@ fn a_host_whose_heartbeat_lapsed_is_lost_once_even_with_no_lease_left() {
     let (one_host, _) = Store::open_sqlite(&dir.path().join("g.db"), 1).unwrap();
     one_host.renew_host("only", 1).unwrap();
     assert_eq!(one_host.expire_hosts(10).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn a_host_counted_lost_while_alive_records_the_device_answer_it_then_gets() {
+    let server = Postgres::start();
+    let (a, _) = Store::open_postgres(&server.url(), "gw-a", 1).unwrap();
+    let (b, _) = Store::open_postgres(&server.url(), "gw-b", 1).unwrap();
+    for id in ["lost-b", "lost-a"] {
+        b.begin_request(&new_request(id, "h"), 2).unwrap();
+    }
+    // A counts B lost (B's heartbeat lapsed while the database was away from B).
+    assert_eq!(
+        a.lose_host_requests("gw-b", LOST_HOST_REASON, 3).unwrap(),
+        2
+    );
+    let done = DispatchState::Done {
+        outcome: Outcome::Refused {
+            code: "x".into(),
+            message: "y".into(),
+        },
+    };
+    // B, alive, gets the device's answer: it replaces the lost-host unknown.
+    b.finish_request("lost-b", &done, 4).unwrap();
+    assert_eq!(b.request("lost-b").unwrap().unwrap().state, done);
+    // Another host cannot do that for B's request.
+    a.finish_request("lost-a", &done, 4).unwrap();
+    assert!(matches!(
+        a.request("lost-a").unwrap().unwrap().state,
+        DispatchState::Unknown { .. }
+    ));
 }
 
 #[test]

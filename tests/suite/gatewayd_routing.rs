@@ -146,3 +146,39 @@ fn a_forged_peer_call_sends_nothing() {
     assert_eq!(pair.request_state("req-forged-1"), "");
     assert_eq!(pair.request_state("req-forged-2"), "");
 }
+
+#[test]
+fn a_routed_call_the_holder_never_recorded_is_claimed_and_never_runs_later() {
+    // A heartbeat of 5 s: B frozen for a dozen seconds keeps its lease and its executor.
+    let pair = GatewayPair::start_with_heartbeat(5);
+    let (token, _, alice) = device_token(&pair.stack, "alice", &["devices:connect"]);
+    let on_b = echo_executor(pair.b.port, &token);
+    let device_id = on_b.device_id.clone();
+
+    // B freezes (SIGSTOP): the call reaches its socket but B records nothing. A claims the id
+    // as never sent after ten seconds and says so.
+    let b = nix::unistd::Pid::from_raw(pair.b.child.id() as i32);
+    nix::sys::signal::kill(b, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let body = dispatch_body(&alice, &device_id, "req-frozen", "echo frozen");
+    let started = std::time::Instant::now();
+    let refused = pair.a.client().json("/v1/dispatch", body.clone());
+    let took = started.elapsed();
+    nix::sys::signal::kill(b, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (code, error) = refused.unwrap_err();
+    assert_eq!(code, "gateway_host_unavailable", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("never will be"),
+        "{error}"
+    );
+    assert!(took < std::time::Duration::from_secs(13), "took {took:?}");
+
+    // B thaws and reads the call: it finds the claim and sends nothing. The next call, made
+    // after it (NATS delivers B's subject in order), runs: the executor saw only that one.
+    let ran = dispatch_body(&alice, &device_id, "req-after", "echo after");
+    let after = pair.a.client().json("/v1/dispatch", ran).unwrap();
+    assert_eq!(after["state"], "done", "{after}");
+    let again = pair.b.client().json("/v1/dispatch", body).unwrap();
+    assert_eq!(again["state"], "unknown", "{again}");
+    let sent: Vec<String> = on_b.requests().into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(sent, ["req-after"], "the claimed request was sent");
+}

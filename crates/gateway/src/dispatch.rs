@@ -38,8 +38,11 @@
 //! In a cluster, a dispatch, cancel or recovery for a device whose connection another live host
 //! holds (its lease) is sent to that host over NATS ([`crate::peers`]) and answered there by
 //! this same code, called with [`Caller::Peer`]; its answer is this host's. A routed dispatch
-//! also ends when its record settles (the holder lost its lease: `unknown`), and one whose host
-//! never answered is settled here: the id is claimed as never sent, or its record answered.
+//! also ends when its record settles (the holder lost its lease: `unknown`); one that the
+//! holder has not recorded after [`PEER_UNRECORDED_CLAIM`] (the call was lost with a NATS
+//! server, say) or that it never answered is settled here: the id is claimed as never sent
+//! (and the holder, if the call reaches it later, finds the claim and sends nothing), or its
+//! record answered.
 //!
 //! Must never reveal that another person's device or request exists, never send a request id
 //! twice, never replay one request's outcome for another, never fall back to another device,
@@ -86,6 +89,12 @@ const MAX_ID_BYTES: usize = 128;
 const PEER_MARGIN: Duration = Duration::from_secs(10);
 /// How long a routed cancel or recovery waits for the holder's answer.
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a routed dispatch may go unrecorded by the holder (which records it at once when
+/// the call arrives) before this host claims its id as never sent: a call lost with a NATS
+/// server then fails in seconds, not at its deadline, and can never run later.
+const PEER_UNRECORDED_CLAIM: Duration = Duration::from_secs(10);
+/// How often a routed dispatch reads its record while it waits for the holder's answer.
+const PEER_RECORD_POLL: Duration = Duration::from_secs(1);
 
 /// Who made a call: agentd on this host's socket (a call for a device another host holds is
 /// routed there), or another gatewayd host over NATS (served here or refused, never routed on).
@@ -558,33 +567,84 @@ async fn route_dispatch(
         kind,
     } = routed;
     let call = peers.call(&host, "/v1/dispatch", body, deadline + PEER_MARGIN);
-    tokio::select! {
-        answer = call => match answer {
-            Ok((status, body)) => Ok(with_json(status, body)),
-            Err(error) if error.nothing_sent() => Err(Refusal::new(
-                StatusCode::CONFLICT,
-                "device_offline",
-                format!("{error}; the device's connection there is gone or going, so try again"),
-            )),
-            Err(error) => settle_unanswered(gateway, request, kind, &error.to_string()).await,
-        },
-        state = record_settles(gateway, request) => Ok(ok(&state)),
+    tokio::pin!(call);
+    let mut watch_unrecorded = true;
+    loop {
+        tokio::select! {
+            answer = &mut call => return match answer {
+                Ok((status, body)) => Ok(with_json(status, body)),
+                Err(error) if error.nothing_sent() => Err(Refusal::new(
+                    StatusCode::CONFLICT,
+                    "device_offline",
+                    format!(
+                        "{error}; the device's connection there is gone or going, so try again"
+                    ),
+                )),
+                Err(error) => settle_unanswered(gateway, request, kind, &error.to_string()).await,
+            },
+            settled = record_settles(gateway, request, watch_unrecorded) => match settled {
+                Settled::State(state) => return Ok(ok(&state)),
+                Settled::Unrecorded => {
+                    let why = format!(
+                        "gatewayd host \"{host}\" did not record the request within {} s",
+                        PEER_UNRECORDED_CLAIM.as_secs()
+                    );
+                    match record_request(gateway, request, kind, false).await? {
+                        Begin::New => return Err(never_sent(&why)),
+                        Begin::Existing(record) if !same_request(&record, request) => {
+                            return Err(reused());
+                        }
+                        // Recorded there after all: wait for its answer or its settling.
+                        Begin::Existing(_) => watch_unrecorded = false,
+                    }
+                }
+            },
+        }
     }
 }
 
-/// Waits until `request`'s record is settled (done or unknown; a host that lost its lease has
-/// its pending requests made unknown), checking every heartbeat; never returns otherwise.
-async fn record_settles(gateway: &Gateway, request: &DispatchRequest) -> DispatchState {
+/// What [`record_settles`] saw.
+enum Settled {
+    /// The record is final: done, or unknown (a host that lost its lease has its pending
+    /// requests made unknown).
+    State(DispatchState),
+    /// No host recorded the request within [`PEER_UNRECORDED_CLAIM`].
+    Unrecorded,
+}
+
+/// Waits until `request`'s record is final, or (with `watch_unrecorded`) until it has gone
+/// unrecorded for [`PEER_UNRECORDED_CLAIM`], reading it every [`PEER_RECORD_POLL`]; never
+/// returns otherwise.
+async fn record_settles(
+    gateway: &Gateway,
+    request: &DispatchRequest,
+    watch_unrecorded: bool,
+) -> Settled {
+    let started = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(gateway.settings.heartbeat).await;
+        tokio::time::sleep(PEER_RECORD_POLL).await;
         let (store, id) = (gateway.store.clone(), request.request_id.clone());
-        let Ok(Some(record)) = blocking(move || store.request(&id)).await else {
-            continue;
-        };
-        if record.state != DispatchState::Pending && same_request(&record, request) {
-            return record.state;
+        match blocking(move || store.request(&id)).await {
+            Ok(Some(record))
+                if record.state != DispatchState::Pending && same_request(&record, request) =>
+            {
+                return Settled::State(record.state);
+            }
+            Ok(None) if watch_unrecorded && started.elapsed() >= PEER_UNRECORDED_CLAIM => {
+                return Settled::Unrecorded;
+            }
+            _ => {}
         }
     }
+}
+
+/// 503 `gateway_host_unavailable`: `why`, and the request id now claimed as never sent.
+fn never_sent(why: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "gateway_host_unavailable",
+        format!("{why}; the request was not sent, and its id is now claimed so it never will be"),
+    )
 }
 
 /// A routed dispatch whose holder gave no answer (`why`): its id is claimed as never sent if no
@@ -597,13 +657,7 @@ async fn settle_unanswered(
     why: &str,
 ) -> Result<Response<Body>, Refusal> {
     match record_request(gateway, request, kind, false).await? {
-        Begin::New => Err(Refusal::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "gateway_host_unavailable",
-            format!(
-                "{why}; the request was not sent, and its id is now claimed so it never will be"
-            ),
-        )),
+        Begin::New => Err(never_sent(why)),
         Begin::Existing(record) if !same_request(&record, request) => Err(reused()),
         Begin::Existing(record) => Ok(ok(&match record.state {
             DispatchState::Pending => DispatchState::Unknown {

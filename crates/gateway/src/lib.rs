@@ -360,7 +360,15 @@ async fn watch_leases(gateway: Gateway, host: Arc<str>, shutdown: CancellationTo
             host.clone(),
             gateway.lease_renew_ms(),
         );
-        let pass = tokio::task::spawn_blocking(move || lease_pass(&store, &me, every)).await;
+        let mut connected: Vec<String> = gateway
+            .registry
+            .tokens()
+            .into_iter()
+            .map(|(device_id, _, _)| device_id)
+            .collect();
+        connected.sort_unstable();
+        let pass =
+            tokio::task::spawn_blocking(move || lease_pass(&store, &me, &connected, every)).await;
         match pass {
             Ok(Ok(())) => warned = false,
             Ok(Err(error)) if !warned => {
@@ -376,11 +384,16 @@ async fn watch_leases(gateway: Gateway, host: Arc<str>, shutdown: CancellationTo
 /// One lease pass (blocking): renew this host and its leases, expire the lost hosts and their
 /// leases, fail their requests. A host is lost when its own heartbeat lapsed (even if every
 /// device of it reconnected elsewhere first) or when a lease of it expired.
-fn lease_pass(store: &Store, host: &str, every_ms: i64) -> Result<(), StoreError> {
+fn lease_pass(
+    store: &Store,
+    host: &str,
+    connected: &[String],
+    every_ms: i64,
+) -> Result<(), StoreError> {
     let now = now_ms();
     let until = store::lease_expiry(now, every_ms);
     store.renew_host(host, until)?;
-    store.renew_leases(host, now, until)?;
+    store.renew_leases(host, connected, now, until)?;
     let lost_hosts = store.expire_hosts(now)?;
     let expired = store.expire_leases(now)?;
     let mut lost: Vec<&str> = expired

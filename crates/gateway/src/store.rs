@@ -381,7 +381,10 @@ impl Store {
     }
 
     /// Records the final state of a pending request. A request already final keeps its first
-    /// final state (a late result never overwrites `unknown`).
+    /// final state (a late result never overwrites `unknown`), with one exception in a cluster:
+    /// an `unknown` of [`LOST_HOST_REASON`] recorded while this host, alive but cut off from
+    /// the database longer than a lease, still had the request on the device, is replaced by
+    /// the device's answer (as a receipt would, see [`Store::recover_request`]).
     pub fn finish_request(
         &self,
         request_id: &str,
@@ -409,16 +412,20 @@ impl Store {
         on_backend!(self, s => s.take_lease(device_id, host_id, now_ms, expires_at_ms))
     }
 
-    /// The heartbeat: every live lease `host_id` holds now lasts until `expires_at_ms`. A lease
-    /// already expired stays expired (the host must take it again). Returns how many were
-    /// renewed.
+    /// The heartbeat: `host_id` holds the leases of `connected` (the devices connected to it
+    /// now) until `expires_at_ms`, and no other. A device's lease is renewed, or taken back if
+    /// it lapsed (a database outage longer than a lease, say) or was never recorded (its take
+    /// failed), unless another host holds a live one (the device's newer connection is there);
+    /// a lease of this host's on a device no longer connected here (its release failed) is
+    /// dropped. Returns how many leases the host holds now.
     pub fn renew_leases(
         &self,
         host_id: &str,
+        connected: &[String],
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<u64, StoreError> {
-        on_backend!(self, s => s.renew_leases(host_id, now_ms, expires_at_ms))
+        on_backend!(self, s => s.renew_leases(host_id, connected, now_ms, expires_at_ms))
     }
 
     /// Gives up `device_id`'s lease if `host_id` holds it (at disconnect); true if it did.

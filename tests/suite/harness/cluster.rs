@@ -86,6 +86,10 @@ fn wait_answering(child: &mut Child, name: &str, log: &Path, mut ready: impl FnM
 pub struct Postgres {
     child: Child,
     pub port: u16,
+    /// The postmaster's arguments and its user, to start it again on the same data.
+    args: Vec<std::ffi::OsString>,
+    owner: (u32, u32),
+    log: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -147,38 +151,45 @@ impl Postgres {
         )
         .unwrap();
         let port = reserve_ports(1)[0];
-        let log_file = std::fs::File::create(&log).unwrap();
-        let mut postgres = Command::new(bin.join("postgres"));
-        as_server_user(&mut postgres);
-        let mut child = postgres
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1"])
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", socket_dir.display()))
-            // Durability is not what these tests measure; speed is what they need.
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off"])
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
-        let pg_isready = bin.join("pg_isready");
-        wait_answering(&mut child, "postgres", &log, || {
-            Command::new(&pg_isready)
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
-                .args(["-U", POSTGRES_ROLE, "-d", POSTGRES_ROLE])
-                .status()
-                .is_ok_and(|s| s.success())
-        });
+        let mut args: Vec<std::ffi::OsString> = vec!["-D".into(), data.into()];
+        for setting in [
+            format!("port={port}"),
+            "listen_addresses=127.0.0.1".to_owned(),
+            format!("unix_socket_directories={}", socket_dir.display()),
+            // The disk's durability is not what these tests measure (no fsync); a commit is
+            // still written before it is acknowledged, so a process crash (a restart test's
+            // SIGQUIT) loses nothing acknowledged, as on a real server.
+            "fsync=off".to_owned(),
+            "full_page_writes=off".to_owned(),
+        ] {
+            args.extend(["-c".into(), setting.into()]);
+        }
+        let child = postmaster(&args, (uid, gid), dir.path(), &log, port);
         let server = Postgres {
             child,
             port,
+            args,
+            owner: (uid, gid),
+            log,
             _dir: dir,
         };
         server.create_database(POSTGRES_ROLE);
         server
+    }
+
+    /// Stops the server at once (SIGQUIT) and reaps it; [`Postgres::start_again`] brings it
+    /// back.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = send_signal(&self.child, Signal::SIGQUIT);
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Starts the stopped server again on the same data and port.
+    pub fn start_again(&mut self) {
+        let dir = self._dir.path().to_owned();
+        self.child = postmaster(&self.args, self.owner, &dir, &self.log, self.port);
     }
 
     /// Runs `sql` with `psql` on database `database` as the `agentworks` role; panics with
@@ -223,6 +234,45 @@ impl Postgres {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+}
+
+/// Starts `postgres` with `args` as `owner` in `dir`, its stderr appended to `log`; returns once
+/// it accepts connections on `port`.
+fn postmaster(
+    args: &[std::ffi::OsString],
+    owner: (u32, u32),
+    dir: &std::path::Path,
+    log: &std::path::Path,
+    port: u16,
+) -> Child {
+    let bin = postgres_bin_dir();
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut child = Command::new(bin.join("postgres"))
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("LANG", "C.UTF-8")
+        .current_dir(dir)
+        .uid(owner.0)
+        .gid(owner.1)
+        .stdin(Stdio::null())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.join("postgres").display()));
+    let pg_isready = bin.join("pg_isready");
+    wait_answering(&mut child, "postgres", log, || {
+        Command::new(&pg_isready)
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-U", POSTGRES_ROLE, "-d", POSTGRES_ROLE])
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    child
 }
 
 impl Drop for Postgres {
@@ -282,6 +332,23 @@ impl Nats {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Kills the server (SIGKILL) and starts a new one on the same port, as a restart would;
+    /// returns once it greets a client. Subscriptions live in clients, so theirs must come back
+    /// by reconnecting.
+    pub fn restart(&mut self) {
+        self.stop();
+        let port = self.port;
+        *self = Nats::start_on(port);
+    }
+
+    /// Kills the server and reaps it; [`Nats::restart`] brings one back on the port.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = send_signal(&self.child, Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
     }
 
     /// Publishes `payload` on `subject` (reply subject `_INBOX.test`), speaking the NATS text
@@ -426,6 +493,11 @@ pub struct GatewayPair {
 
 impl GatewayPair {
     pub fn start() -> GatewayPair {
+        GatewayPair::start_with_heartbeat(1)
+    }
+
+    /// [`GatewayPair::start`] with the heartbeat every `secs` seconds (a lease lasts three).
+    pub fn start_with_heartbeat(secs: u64) -> GatewayPair {
         let postgres = Postgres::start();
         let nats = Nats::start();
         let (stack, port_a) = super::Stack::start_with_gateway();
@@ -434,7 +506,7 @@ impl GatewayPair {
         std::fs::write(
             &path,
             format!(
-                "{config}heartbeat_secs = 1\n[cluster]\ndatabase_url = \"{}\"\n\
+                "{config}heartbeat_secs = {secs}\n[cluster]\ndatabase_url = \"{}\"\n\
                  nats_url = \"{}\"\nhost_id = \"gw-a\"\n",
                 postgres.url(),
                 nats.url()

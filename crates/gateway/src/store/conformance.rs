@@ -225,6 +225,7 @@ pub fn two_stores_claiming_one_request_id_at_once_record_it_once(open: Open<'_>)
 /// A lease is taken (over another host's), renewed only while live, released only by its
 /// holder, and gone once its host missed three renewals.
 pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(open: Open<'_>) {
+    let devices = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
     let (store, _) = open(1);
     let every = 1_000;
     // Host a takes d1 at 0: it lasts three renewal periods.
@@ -250,7 +251,7 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
     );
     assert_eq!(
         store
-            .renew_leases("a", 1_000, lease_expiry(1_000, every))
+            .renew_leases("a", &devices(&["d1"]), 1_000, lease_expiry(1_000, every))
             .unwrap(),
         1
     );
@@ -267,10 +268,11 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
         Some(a_holds(4_000))
     );
     assert_eq!(store.lease("d1", 1_500).unwrap().unwrap().host_id, "b");
-    // a no longer holds anything: its renewal renews nothing, its release releases nothing.
+    // a no longer holds anything: its renewal (its stale connection still listed) takes
+    // nothing from b's live lease, its release releases nothing.
     assert_eq!(
         store
-            .renew_leases("a", 2_000, lease_expiry(2_000, every))
+            .renew_leases("a", &devices(&["d1"]), 2_000, lease_expiry(2_000, every))
             .unwrap(),
         0
     );
@@ -279,7 +281,12 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
     // b renews at 2 000, then misses three renewals: at 5 000 its leases are gone.
     assert_eq!(
         store
-            .renew_leases("b", 2_000, lease_expiry(2_000, every))
+            .renew_leases(
+                "b",
+                &devices(&["d1", "d2"]),
+                2_000,
+                lease_expiry(2_000, every)
+            )
             .unwrap(),
         2
     );
@@ -290,13 +297,6 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
         None,
         "expired is not live"
     );
-    // A renewal after the expiry does not bring an expired lease back.
-    assert_eq!(
-        store
-            .renew_leases("b", 5_000, lease_expiry(5_000, every))
-            .unwrap(),
-        0
-    );
     let expired = store.expire_leases(5_000).unwrap();
     let expired: Vec<(&str, &str)> = expired
         .iter()
@@ -304,6 +304,28 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
         .collect();
     assert_eq!(expired, [("d1", "b"), ("d2", "b")]);
     assert!(store.expire_leases(5_000).unwrap().is_empty());
+    // b was only cut off (a database outage): its next renewal takes back the leases of the
+    // devices still connected to it, and drops its lease on one that is not.
+    assert_eq!(
+        store
+            .renew_leases(
+                "b",
+                &devices(&["d1", "d2"]),
+                5_500,
+                lease_expiry(5_500, every)
+            )
+            .unwrap(),
+        2
+    );
+    assert_eq!(store.lease("d2", 5_500).unwrap().unwrap().host_id, "b");
+    assert_eq!(
+        store
+            .renew_leases("b", &devices(&["d2"]), 5_600, lease_expiry(5_600, every))
+            .unwrap(),
+        1
+    );
+    assert_eq!(store.lease("d1", 5_600).unwrap(), None);
+    assert!(store.release_lease("d2", "b").unwrap());
     // A taken lease is released by its holder, and then free for anyone.
     store
         .take_lease("d1", "c", 6_000, lease_expiry(6_000, every))

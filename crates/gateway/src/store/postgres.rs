@@ -36,8 +36,8 @@ use agentworks_contract::gatewayd::DispatchState;
 use agentworks_daemon::config::redact_url;
 
 use super::{
-    Begin, DeviceRecord, Lease, NewRequest, RESTART_REASON, Registered, RequestRecord, StoreError,
-    final_columns, new_request_columns, state_from_columns,
+    Begin, DeviceRecord, LOST_HOST_REASON, Lease, NewRequest, RESTART_REASON, Registered,
+    RequestRecord, StoreError, final_columns, new_request_columns, state_from_columns,
 };
 
 /// The most connections one gatewayd holds to the database.
@@ -443,10 +443,22 @@ impl PostgresStore {
         };
         self.conn("record a request's outcome")?
             .execute(
+                // Also an `unknown` that only says this host was counted lost (its heartbeat
+                // lapsed in a database outage) while the request was still on the device:
+                // the device's own answer is better knowledge than that.
                 "UPDATE gateway_requests
                  SET state = $2, outcome = $3, reason = $4, finished_at_ms = $5
-                 WHERE request_id = $1 AND state = 'pending'",
-                &[&request_id, &name, &outcome, &reason, &now_ms],
+                 WHERE request_id = $1 AND (state = 'pending'
+                    OR (state = 'unknown' AND sent AND host_id = $6 AND reason = $7))",
+                &[
+                    &request_id,
+                    &name,
+                    &outcome,
+                    &reason,
+                    &now_ms,
+                    &&*self.host_id,
+                    &LOST_HOST_REASON,
+                ],
             )
             .map_err(query("record a request's outcome"))?;
         Ok(())
@@ -533,16 +545,30 @@ impl PostgresStore {
     pub fn renew_leases(
         &self,
         host_id: &str,
+        connected: &[String],
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<u64, StoreError> {
-        self.conn("renew leases")?
+        let mut conn = self.conn("renew leases")?;
+        let mut tx = conn.transaction().map_err(query("begin renewing leases"))?;
+        tx.execute(
+            "DELETE FROM gateway_leases WHERE host_id = $1 AND NOT (device_id = ANY($2))",
+            &[&host_id, &connected],
+        )
+        .map_err(query("drop the leases of devices gone"))?;
+        let held = tx
             .execute(
-                "UPDATE gateway_leases SET expires_at_ms = $3
-                 WHERE host_id = $1 AND expires_at_ms > $2",
-                &[&host_id, &now_ms, &expires_at_ms],
+                "INSERT INTO gateway_leases (device_id, host_id, expires_at_ms)
+                 SELECT device_id, $1, $4 FROM unnest($2::text[]) AS device_id
+                 ON CONFLICT (device_id) DO UPDATE
+                 SET host_id = excluded.host_id, expires_at_ms = excluded.expires_at_ms
+                 WHERE gateway_leases.host_id = excluded.host_id
+                    OR gateway_leases.expires_at_ms <= $3",
+                &[&host_id, &connected, &now_ms, &expires_at_ms],
             )
-            .map_err(query("renew leases"))
+            .map_err(query("renew leases"))?;
+        tx.commit().map_err(query("commit the lease renewal"))?;
+        Ok(held)
     }
 
     /// See [`super::Store::release_lease`].

@@ -464,17 +464,42 @@ impl SqliteStore {
     pub fn renew_leases(
         &self,
         host_id: &str,
+        connected: &[String],
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<u64, StoreError> {
-        let renewed = self
-            .db()
-            .execute(
-                "UPDATE leases SET expires_at_ms = ?3 WHERE host_id = ?1 AND expires_at_ms > ?2",
-                params![host_id, now_ms, expires_at_ms],
+        let mut db = self.db();
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(query("begin renewing leases"))?;
+        let held_before: Vec<String> = tx
+            .prepare("SELECT device_id FROM leases WHERE host_id = ?1")
+            .and_then(|mut s| {
+                s.query_map(params![host_id], |r| r.get(0))?
+                    .collect::<Result<_, _>>()
+            })
+            .map_err(query("read this host's leases"))?;
+        for gone in held_before.iter().filter(|d| !connected.contains(d)) {
+            tx.execute(
+                "DELETE FROM leases WHERE device_id = ?1 AND host_id = ?2",
+                params![gone, host_id],
             )
-            .map_err(query("renew leases"))?;
-        Ok(renewed as u64)
+            .map_err(query("drop the leases of devices gone"))?;
+        }
+        let mut held = 0;
+        for device_id in connected {
+            held += tx
+                .execute(
+                    "INSERT INTO leases (device_id, host_id, expires_at_ms) VALUES (?1, ?2, ?4)
+                     ON CONFLICT (device_id) DO UPDATE
+                     SET host_id = excluded.host_id, expires_at_ms = excluded.expires_at_ms
+                     WHERE leases.host_id = excluded.host_id OR leases.expires_at_ms <= ?3",
+                    params![device_id, host_id, now_ms, expires_at_ms],
+                )
+                .map_err(query("renew leases"))? as u64;
+        }
+        tx.commit().map_err(query("commit the lease renewal"))?;
+        Ok(held)
     }
 
     /// See [`super::Store::release_lease`].
