@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::harness::{Client, ExecutorProcess, Gatewayd, Laptop, Stack, processes_with};
+use super::harness::{Client, ExecutorProcess, Gatewayd, Laptop, Person, Stack, processes_with};
 
 /// How long a bounded wait for something that must happen may take before the test fails.
 const WAIT: Duration = Duration::from_secs(20);
@@ -34,26 +34,6 @@ fn unique(prefix: &str) -> String {
         .unwrap()
         .subsec_nanos();
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
-}
-
-/// A person with a `devices:connect` token.
-struct Person {
-    user_id: String,
-    token: String,
-    token_id: String,
-}
-
-fn person(stack: &Stack, name: &str) -> Person {
-    let _ = stack.admin_raw("users/add", json!({"name": name}));
-    let created = stack.admin(
-        "tokens/create",
-        json!({"user": name, "scopes": ["devices:connect"]}),
-    );
-    Person {
-        user_id: created["info"]["user_id"].as_str().unwrap().to_owned(),
-        token: created["token"].as_str().unwrap().to_owned(),
-        token_id: created["info"]["id"].as_str().unwrap().to_owned(),
-    }
 }
 
 /// A laptop ([`Laptop::new`]): a private HOME (with an SSH key), XDG config and state dirs
@@ -135,7 +115,7 @@ impl Setup {
     fn start_on(laptop: Laptop, grants: &[String], env: &[(&str, &str)]) -> Setup {
         let (stack, gw_port) = Stack::start_with_gateway();
         let gw = Gatewayd::start(&stack, gw_port);
-        let alice = person(&stack, "alice");
+        let alice = stack.person("alice");
         laptop.login(&stack, gw_port, &alice.token);
         let mut setup = Setup {
             executor: None,
@@ -354,7 +334,7 @@ fn the_device_is_listed_online_to_its_owner_only() {
     assert_eq!(stdout(&outcome), "hi\n");
 
     // Bob, with his own devices:connect token, sees nothing and reaches nothing.
-    let bob = person(&setup.stack, "bob");
+    let bob = setup.stack.person("bob");
     assert_ne!(bob.user_id, setup.alice.user_id);
     assert!(setup.devices(&bob.user_id).is_empty());
     let marker = setup.laptop.folder("repo").join("bob-was-here");
@@ -743,7 +723,7 @@ fn revoking_the_token_disconnects_the_executor_at_once_and_stops_its_command() {
 fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
-    let alice = person(&stack, "alice");
+    let alice = stack.person("alice");
     let laptop = standard_laptop();
     laptop.login(&stack, gw_port, &alice.token);
     let path = |p: PathBuf| p.to_str().unwrap().to_owned();
@@ -829,7 +809,7 @@ fn a_folder_named_my_notes_is_shared_and_used_end_to_end() {
 fn a_folder_name_the_contract_refuses_is_refused_before_dialing_with_the_reason() {
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
-    let alice = person(&stack, "alice");
+    let alice = stack.person("alice");
     let laptop = Laptop::new(
         "aw-laptop-",
         &[

@@ -22,6 +22,7 @@ mod gatewayd_cluster;
 mod gatewayd_leases;
 pub mod harness;
 mod laptop;
+mod laptop_failover;
 mod mcp_connections;
 mod mcp_oauth;
 mod mcp_remote;

@@ -121,9 +121,13 @@ impl Laptop {
     /// `agentworks login --server … --gateway … --with-token`, the token on stdin; asserts it
     /// succeeds and stores the credential.
     pub fn login(&self, stack: &Stack, gateway_port: u16, token: &str) {
+        self.login_to(stack, &[&format!("ws://127.0.0.1:{gateway_port}")], token);
+    }
+
+    /// [`Laptop::login`] with several gateways (one `--gateway` each, in order).
+    pub fn login_to(&self, stack: &Stack, gateways: &[&str], token: &str) {
         let server = format!("http://127.0.0.1:{}", stack.port);
-        let gateway = format!("ws://127.0.0.1:{gateway_port}");
-        laptop_cli::login_with_token(self.command(&[]), &server, &gateway, token);
+        laptop_cli::login_with_token(self.command(&[]), &server, gateways, token);
         assert!(self.credentials().exists());
     }
 
@@ -182,6 +186,26 @@ impl ExecutorProcess {
     /// What it wrote to stderr so far (its status lines).
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Polls `cond` until it holds; fails the test with `what` and the executor's stderr if it
+    /// does not within `within`, or as soon as the executor exits.
+    pub fn wait_until(&mut self, what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + within;
+        while !cond() {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the executor exited ({status}) before {what}; its stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; the executor's stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
