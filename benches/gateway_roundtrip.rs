@@ -403,7 +403,7 @@ impl Laptop {
 fn start_executor(laptop: &Laptop, stack: &Stack, token: &str) -> Process {
     let server = format!("http://127.0.0.1:{}", stack.agentd_port);
     let gateway = format!("ws://127.0.0.1:{}", stack.gateway_port);
-    laptop_cli::login_with_token(laptop.command(&[]), &server, &gateway, token);
+    laptop_cli::login_with_token(laptop.command(&[]), &server, &[&gateway], token);
     let log = std::fs::File::create(laptop.root().join("executor.stderr")).unwrap();
     let project = laptop.project();
     let child = laptop

@@ -6,18 +6,15 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// `agentworks login --server <server> --gateway <gateway> --with-token`, the token on stdin;
-/// panics with the CLI's stderr unless it succeeds.
-pub fn login_with_token(mut agentworks: Command, server: &str, gateway: &str, token: &str) {
+/// `agentworks login --server <server> --gateway <gateway>… --with-token` (one `--gateway` per
+/// URL, in order), the token on stdin; panics with the CLI's stderr unless it succeeds.
+pub fn login_with_token(mut agentworks: Command, server: &str, gateways: &[&str], token: &str) {
+    agentworks.args(["login", "--server", server]);
+    for gateway in gateways {
+        agentworks.args(["--gateway", gateway]);
+    }
     let mut child = agentworks
-        .args([
-            "login",
-            "--server",
-            server,
-            "--gateway",
-            gateway,
-            "--with-token",
-        ])
+        .arg("--with-token")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -4,7 +4,7 @@
 //! connection within a second, with its periodic re-check set to an hour so only the message
 //! can explain it. agentd refuses to start in a cluster whose NATS server does not answer.
 
-use super::harness::{Gatewayd, Laptop, Nats, Postgres, Stack, block_on, free_port, wait_until};
+use super::harness::{Gatewayd, Laptop, Nats, Postgres, Stack, free_port, wait_until};
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,13 +14,6 @@ fn append_config(stack: &Stack, text: &str) {
     let path = stack.state.root().join("agentworks.toml");
     let config = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{config}\n{text}")).unwrap();
-}
-
-/// How many executors gatewayd holds now (its health answer).
-fn connected(gw: &Gatewayd) -> u64 {
-    let client = agentworks_support::unix_http::UnixClient::new(&gw.socket);
-    let health: serde_json::Value = block_on(client.get("/v1/health")).unwrap();
-    health["connected"].as_u64().unwrap()
 }
 
 /// A child process killed and reaped on drop (also when the test fails).
@@ -81,7 +74,7 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
     wait_until(
         "the executor is connected to gatewayd",
         Duration::from_secs(20),
-        || connected(&gw) == 1,
+        || gw.connected() == 1,
     );
 
     let revoked_at = Instant::now();
@@ -89,7 +82,7 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
     wait_until(
         "gatewayd closes the revoked token's connection",
         Duration::from_secs(5),
-        || connected(&gw) == 0,
+        || gw.connected() == 0,
     );
     let took = revoked_at.elapsed();
     assert!(

@@ -3,19 +3,17 @@
 //! `agentworks executor connect` as a child process with its own HOME and XDG dirs), and
 //! dispatches through `gatewayd.sock` with server-made request ids, as agentd makes them.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::harness::{Client, Gatewayd, Laptop, Stack, processes_with};
+use super::harness::{Client, ExecutorProcess, Gatewayd, Laptop, Person, Stack, processes_with};
 
 /// How long a bounded wait for something that must happen may take before the test fails.
 const WAIT: Duration = Duration::from_secs(20);
@@ -36,26 +34,6 @@ fn unique(prefix: &str) -> String {
         .unwrap()
         .subsec_nanos();
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
-}
-
-/// A person with a `devices:connect` token.
-struct Person {
-    user_id: String,
-    token: String,
-    token_id: String,
-}
-
-fn person(stack: &Stack, name: &str) -> Person {
-    let _ = stack.admin_raw("users/add", json!({"name": name}));
-    let created = stack.admin(
-        "tokens/create",
-        json!({"user": name, "scopes": ["devices:connect"]}),
-    );
-    Person {
-        user_id: created["info"]["user_id"].as_str().unwrap().to_owned(),
-        token: created["token"].as_str().unwrap().to_owned(),
-        token_id: created["info"]["id"].as_str().unwrap().to_owned(),
-    }
 }
 
 /// A laptop ([`Laptop::new`]): a private HOME (with an SSH key), XDG config and state dirs
@@ -82,6 +60,9 @@ trait LaptopExt {
     /// The standard grants: `--write-folder proj --block proj/private --folder docs
     /// --write-folder repo`.
     fn grants(&self) -> Vec<String>;
+    /// `agentworks executor connect --name laptop <grants>`, with [`GITHUB_TOKEN`] and `env` in
+    /// its environment.
+    fn share(&self, grants: &[String], env: &[(&str, &str)]) -> ExecutorProcess;
 }
 
 impl LaptopExt for Laptop {
@@ -101,66 +82,19 @@ impl LaptopExt for Laptop {
             path(self.folder("repo")),
         ]
     }
-}
-
-/// A running `agentworks executor connect`, its stderr in a file.
-struct Executor {
-    child: Child,
-    stderr: PathBuf,
-}
-
-impl Executor {
-    fn spawn(laptop: &Laptop, grants: &[String], env: &[(&str, &str)]) -> Executor {
-        let stderr = laptop.root().join(unique("executor-stderr"));
-        let mut args = vec!["executor", "connect", "--name", "laptop"];
+    fn share(&self, grants: &[String], env: &[(&str, &str)]) -> ExecutorProcess {
+        let mut args = vec!["--name", "laptop"];
         args.extend(grants.iter().map(String::as_str));
-        let child = laptop
-            .command(&args)
-            .env("GITHUB_TOKEN", GITHUB_TOKEN)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        Executor { child, stderr }
-    }
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.pid()), signal).unwrap();
-    }
-    /// The exit status if the process ends within `timeout`.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Executor {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
+        let mut all_env = vec![("GITHUB_TOKEN", GITHUB_TOKEN)];
+        all_env.extend(env.iter().copied());
+        self.executor_connect(&args, &all_env)
     }
 }
 
 /// Everything real, alice logged in on a laptop that shares the standard grants. Fields drop
 /// in order: the executor first, then gatewayd, then agentd and workspaced.
 struct Setup {
-    executor: Option<Executor>,
+    executor: Option<ExecutorProcess>,
     gw: Gatewayd,
     stack: Stack,
     gw_port: u16,
@@ -181,7 +115,7 @@ impl Setup {
     fn start_on(laptop: Laptop, grants: &[String], env: &[(&str, &str)]) -> Setup {
         let (stack, gw_port) = Stack::start_with_gateway();
         let gw = Gatewayd::start(&stack, gw_port);
-        let alice = person(&stack, "alice");
+        let alice = stack.person("alice");
         laptop.login(&stack, gw_port, &alice.token);
         let mut setup = Setup {
             executor: None,
@@ -192,7 +126,7 @@ impl Setup {
             laptop,
             device_id: String::new(),
         };
-        setup.executor = Some(Executor::spawn(&setup.laptop, grants, env));
+        setup.executor = Some(setup.laptop.share(grants, env));
         setup.device_id = setup.wait_online()["device_id"]
             .as_str()
             .unwrap()
@@ -204,7 +138,7 @@ impl Setup {
         self.gw.client()
     }
 
-    fn executor(&mut self) -> &mut Executor {
+    fn executor(&mut self) -> &mut ExecutorProcess {
         self.executor.as_mut().unwrap()
     }
 
@@ -400,7 +334,7 @@ fn the_device_is_listed_online_to_its_owner_only() {
     assert_eq!(stdout(&outcome), "hi\n");
 
     // Bob, with his own devices:connect token, sees nothing and reaches nothing.
-    let bob = person(&setup.stack, "bob");
+    let bob = setup.stack.person("bob");
     assert_ne!(bob.user_id, setup.alice.user_id);
     assert!(setup.devices(&bob.user_id).is_empty());
     let marker = setup.laptop.folder("repo").join("bob-was-here");
@@ -679,7 +613,7 @@ fn a_killed_executor_fails_the_request_kills_the_command_and_never_reruns_it() {
     // record and never sent again.
     setup.executor = None;
     setup.wait_offline();
-    setup.executor = Some(Executor::spawn(&setup.laptop, &setup.laptop.grants(), &[]));
+    setup.executor = Some(setup.laptop.share(&setup.laptop.grants(), &[]));
     let device = setup.wait_online();
     assert_eq!(device["device_id"], setup.device_id.as_str());
     let again = setup
@@ -777,7 +711,7 @@ fn revoking_the_token_disconnects_the_executor_at_once_and_stops_its_command() {
     gone(&marker).unwrap_or_else(|left| panic!("the command survived revocation: {left:?}"));
 
     // It cannot come back with that credential.
-    setup.executor = Some(Executor::spawn(&setup.laptop, &setup.laptop.grants(), &[]));
+    setup.executor = Some(setup.laptop.share(&setup.laptop.grants(), &[]));
     let status = setup.executor().wait_exit(WAIT).expect("it kept retrying");
     assert_eq!(status.code(), Some(3), "{}", setup.executor().stderr());
     assert!(setup.devices(&setup.alice.user_id)[0]["online"] == false);
@@ -789,7 +723,7 @@ fn revoking_the_token_disconnects_the_executor_at_once_and_stops_its_command() {
 fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
-    let alice = person(&stack, "alice");
+    let alice = stack.person("alice");
     let laptop = standard_laptop();
     laptop.login(&stack, gw_port, &alice.token);
     let path = |p: PathBuf| p.to_str().unwrap().to_owned();
@@ -820,7 +754,7 @@ fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
         ),
     ];
     for (grants, expect) in cases {
-        let mut executor = Executor::spawn(&laptop, &grants, &[]);
+        let mut executor = laptop.share(&grants, &[]);
         let status = executor
             .wait_exit(WAIT)
             .unwrap_or_else(|| panic!("{grants:?} was accepted: {}", executor.stderr()));
@@ -835,7 +769,7 @@ fn connect_refuses_the_home_and_credential_folders_and_never_connects() {
         .unwrap();
     assert_eq!(devices, json!([]));
     // The same laptop with a proper folder does connect (the refusals were the grants').
-    let _executor = Executor::spawn(&laptop, &laptop.grants(), &[]);
+    let _executor = laptop.share(&laptop.grants(), &[]);
     let deadline = Instant::now() + WAIT;
     while gw
         .client()
@@ -875,7 +809,7 @@ fn a_folder_named_my_notes_is_shared_and_used_end_to_end() {
 fn a_folder_name_the_contract_refuses_is_refused_before_dialing_with_the_reason() {
     let (stack, gw_port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, gw_port);
-    let alice = person(&stack, "alice");
+    let alice = stack.person("alice");
     let laptop = Laptop::new(
         "aw-laptop-",
         &[
@@ -889,7 +823,7 @@ fn a_folder_name_the_contract_refuses_is_refused_before_dialing_with_the_reason(
             "--folder".to_owned(),
             laptop.folder(name).to_str().unwrap().to_owned(),
         ];
-        let mut executor = Executor::spawn(&laptop, &grants, &[]);
+        let mut executor = laptop.share(&grants, &[]);
         let status = executor
             .wait_exit(WAIT)
             .unwrap_or_else(|| panic!("{name:?} was accepted: {}", executor.stderr()));
@@ -925,11 +859,7 @@ fn without_landlock_every_command_and_patch_is_refused() {
     assert_eq!(outcome["status"], "refused", "{outcome}");
     assert_eq!(setup.laptop.read("repo", "a.txt"), "one\ntwo\nthree\n");
     assert!(!marker.exists());
-    let mut stderr = String::new();
-    std::fs::File::open(&setup.executor.as_ref().unwrap().stderr)
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = setup.executor.as_ref().unwrap().stderr();
     assert!(stderr.contains("refused"), "{stderr}");
 }
 

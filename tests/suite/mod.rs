@@ -24,6 +24,7 @@ mod gatewayd_leases;
 mod gatewayd_routing;
 pub mod harness;
 mod laptop;
+mod laptop_failover;
 mod mcp_connections;
 mod mcp_oauth;
 mod mcp_remote;

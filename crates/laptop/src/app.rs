@@ -137,10 +137,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
     match cli.command {
         Command::Login {
             server,
-            gateway,
+            gateways,
             with_token,
             name,
-        } => login(&dirs, &server, gateway, with_token, name).await,
+        } => login(&dirs, &server, gateways, with_token, name).await,
         Command::Chat {
             project,
             chat,
@@ -183,7 +183,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                     max_processes,
                     max_memory,
                     server,
-                    gateway,
+                    gateways,
                 },
         } => {
             let args = GrantArgs {
@@ -200,7 +200,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
             let target = ConnectTarget {
                 name,
                 server,
-                gateway,
+                gateways,
             };
             executor_connect(dirs, grants, limits, target).await
         }
@@ -212,14 +212,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
 async fn login(
     dirs: &Dirs,
     server: &str,
-    gateway: Option<String>,
+    gateways: Vec<String>,
     with_token: bool,
     name: Option<String>,
 ) -> Result<ExitCode, AppError> {
     let base = login::server_url(server)?;
-    if let Some(gateway) = &gateway {
-        connect::executor_url(Some(gateway), server)?;
-    }
+    // Every gateway is checked before anything is asked of the server; one bad URL refuses all.
+    connect::executor_urls(&gateways, server)?;
     let token = if with_token {
         let mut line = String::new();
         std::io::stdin()
@@ -240,7 +239,7 @@ async fn login(
     };
     let stored = Credentials {
         server: base.render(),
-        gateway,
+        gateways,
         token,
     }
     .save(dirs)?;
@@ -290,7 +289,8 @@ async fn logout(dirs: &Dirs) -> Result<ExitCode, AppError> {
 struct ConnectTarget {
     name: Option<String>,
     server: Option<String>,
-    gateway: Option<String>,
+    /// `--gateway`, repeated, in failover order; empty: the ones stored at login.
+    gateways: Vec<String>,
 }
 
 /// `agentworks executor connect`, once the grants are validated and the limits set up: dial
@@ -310,13 +310,18 @@ async fn executor_connect(
     let server = target
         .server
         .or_else(|| creds.as_ref().map(|c| c.server.clone()));
-    let gateway = target
-        .gateway
-        .or_else(|| creds.as_ref().and_then(|c| c.gateway.clone()));
-    let Some(server) = server.or_else(|| gateway.clone()) else {
+    let gateways = if target.gateways.is_empty() {
+        creds
+            .as_ref()
+            .map(|c| c.gateways.clone())
+            .unwrap_or_default()
+    } else {
+        target.gateways
+    };
+    let Some(server) = server.or_else(|| gateways.first().cloned()) else {
         return Ok(relogin("not logged in"));
     };
-    let url = connect::executor_url(gateway.as_deref(), &server)?;
+    let gateways = connect::executor_urls(&gateways, &server)?;
     let Some(creds) = creds else {
         return Ok(relogin("not logged in"));
     };
@@ -329,7 +334,7 @@ async fn executor_connect(
     }
     let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
     let executor = Arc::new(Executor {
-        url,
+        gateways,
         token: creds.token,
         device_name: target.name.unwrap_or_else(hostname),
         grants: Arc::new(grants),

@@ -32,10 +32,12 @@ pub enum Command {
             help = "agentd's public URL, e.g. https://agents.example.com (http:// only to loopback)"
         )]
         server: String,
-        /// The gateway's WebSocket URL (wss://…; ws:// only to loopback). Default: the server's
-        /// host on port 8471, ws for an http server and wss for an https one.
-        #[arg(long)]
-        gateway: Option<String>,
+        /// A gateway's WebSocket URL (wss://…; ws:// only to loopback). Repeat it to store
+        /// several: `executor connect` dials them in the order given and fails over to the next
+        /// when one is lost or cannot be reached. Default: the server's host on port 8471, ws
+        /// for an http server and wss for an https one.
+        #[arg(long = "gateway", value_name = "URL")]
+        gateways: Vec<String>,
         /// Read a devices:connect token from stdin instead of the device grant; it is checked
         /// against the server before it is stored.
         #[arg(long)]
@@ -137,10 +139,14 @@ pub enum ExecutorCommand {
         /// port 8471.
         #[arg(long)]
         server: Option<String>,
-        /// The gateway's WebSocket URL (default: the one stored at login, else derived from the
-        /// server URL). wss://, or ws:// to loopback only.
-        #[arg(long)]
-        gateway: Option<String>,
+        /// A gateway's WebSocket URL: wss://, or ws:// to loopback only. Repeatable: the
+        /// gateways are dialled in the order given; when the session is lost (or a dial fails)
+        /// the next one is tried at once, and only after every one of them failed does the
+        /// executor wait (1 s, doubling to 30 s) before the next round. A refused credential
+        /// ends sharing whichever gateway refused it. Default: the ones stored at login, else
+        /// the server's host on port 8471.
+        #[arg(long = "gateway", value_name = "URL")]
+        gateways: Vec<String>,
     },
 }
 

@@ -191,14 +191,43 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
 
 /// What `agentworks login` stores.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredCredentials")]
 pub struct Credentials {
     /// agentd's public URL (`http(s)://host[:port]`), used for login and logout.
     pub server: String,
-    /// The gateway's WebSocket base URL, if one was given at login.
-    #[serde(default)]
-    pub gateway: Option<String>,
+    /// The gateways' WebSocket base URLs given at login, in failover order; empty when none was
+    /// given (the executor then derives one from `server`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<String>,
     /// The `devices:connect` bearer token.
     pub token: String,
+}
+
+/// The credential as it may be found stored: a login before there could be several gateways
+/// kept at most one, as `gateway`; it is read as a list of one.
+#[derive(Deserialize)]
+struct StoredCredentials {
+    server: String,
+    #[serde(default)]
+    gateway: Option<String>,
+    #[serde(default)]
+    gateways: Vec<String>,
+    token: String,
+}
+
+impl From<StoredCredentials> for Credentials {
+    fn from(stored: StoredCredentials) -> Credentials {
+        let gateways = if stored.gateways.is_empty() {
+            stored.gateway.into_iter().collect()
+        } else {
+            stored.gateways
+        };
+        Credentials {
+            server: stored.server,
+            gateways,
+            token: stored.token,
+        }
+    }
 }
 
 impl Credentials {
@@ -364,7 +393,7 @@ mod tests {
         assert_eq!(Credentials::load(&dirs).expect("load"), None);
         let creds = Credentials {
             server: "http://127.0.0.1:1".into(),
-            gateway: None,
+            gateways: Vec::new(),
             token: "t".into(),
         };
         let path = creds.store(&dirs).expect("store");
@@ -374,6 +403,31 @@ mod tests {
         assert_eq!(Credentials::load(&dirs).expect("load"), Some(creds));
         assert!(Credentials::delete(&dirs).expect("delete"));
         assert!(!Credentials::delete(&dirs).expect("delete"));
+    }
+
+    /// A credential stored by an older login, with one `gateway`, reads as a list of one; a
+    /// new one keeps the whole list, in order.
+    #[test]
+    fn a_stored_single_gateway_reads_as_a_list_of_one() {
+        let old: Credentials = serde_json::from_str(
+            r#"{"server": "https://aw.example", "gateway": "wss://gw.example", "token": "t"}"#,
+        )
+        .expect("an old credential");
+        assert_eq!(old.gateways, ["wss://gw.example"]);
+        let none: Credentials =
+            serde_json::from_str(r#"{"server": "https://aw.example", "token": "t"}"#)
+                .expect("a credential without a gateway");
+        assert!(none.gateways.is_empty());
+        let several = Credentials {
+            server: "https://aw.example".into(),
+            gateways: vec!["wss://b.example".into(), "wss://a.example".into()],
+            token: "t".into(),
+        };
+        let text = serde_json::to_string(&several).expect("json");
+        assert_eq!(
+            serde_json::from_str::<Credentials>(&text).expect("read back"),
+            several
+        );
     }
 
     /// The default directories: XDG on Linux, Application Support on macOS; a set XDG
@@ -441,7 +495,7 @@ mod tests {
         let dirs = Dirs::layout(dir.path().to_owned(), None, None, true);
         let creds = Credentials {
             server: "https://aw.example".into(),
-            gateway: None,
+            gateways: Vec::new(),
             token: "t1".into(),
         };
         let store = FakeStore::default();
@@ -517,7 +571,7 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, &dirs.config).expect("symlink");
         let creds = Credentials {
             server: "http://127.0.0.1:1".into(),
-            gateway: None,
+            gateways: Vec::new(),
             token: "t".into(),
         };
         let err = creds.store(&dirs).expect_err("a symlinked config dir");

@@ -2,11 +2,12 @@
 //!
 //! Owns: dialling `<gateway>/v1/executor` (`wss://`, or `ws://` to loopback only) with
 //! `Authorization: Bearer <token>`; the Hello with folder aliases; answering pings and noticing
-//! a silent server; reconnecting with exponential backoff (1 s → 30 s, with jitter); the one-line
-//! status on stderr; running each request under the grants and the receipts; answering the
+//! a silent server; failing over between the gateways given, in their order, and waiting with
+//! exponential backoff (1 s → 30 s, with jitter) only once a whole round of them failed
+//! ([`Failover`]); the one-line status on stderr; running each request under the grants and the receipts; answering the
 //! server's receipt queries from the receipts alone; ending on SIGINT/SIGTERM (running
-//! commands cancelled, close 1000) or on a 4001/4003 close (the credential is no longer
-//! accepted).
+//! commands cancelled, close 1000) or on a 4001/4003 close from any gateway (the credential is
+//! no longer accepted, and the other gateways are not tried with it).
 //!
 //! Must never: send an absolute path in the Hello; run a request whose receipt could not be
 //! recorded first; run a request id twice; keep a command running after its connection is gone;
@@ -46,6 +47,10 @@ pub const DEFAULT_GATEWAY_PORT: u16 = 8471;
 /// First and largest reconnect delay.
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A session welcomed and up at least this long has served: the backoff starts again at
+/// [`BACKOFF_START`] and a new round of the gateways begins. A shorter one counts as a failure,
+/// so gateways that welcome and then drop the executor at once are not redialled without a wait.
+const SERVED_AFTER: Duration = BACKOFF_START;
 /// How long to wait for the handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// Heartbeat interval assumed until the server's Welcome names one.
@@ -145,6 +150,75 @@ pub fn executor_url(gateway: Option<&str>, server: &str) -> Result<String, Conne
     Ok(format!("{}/v1/executor", base.render()))
 }
 
+/// The executor endpoints in failover order: each gateway URL (`--gateway`, repeated, or the
+/// list stored at login) checked as [`executor_url`] checks one, the first bad one refusing
+/// them all; with none, agentd's host on [`DEFAULT_GATEWAY_PORT`] alone.
+pub fn executor_urls(gateways: &[String], server: &str) -> Result<Vec<String>, ConnectError> {
+    if gateways.is_empty() {
+        return Ok(vec![executor_url(None, server)?]);
+    }
+    gateways
+        .iter()
+        .map(|gateway| executor_url(Some(gateway), server))
+        .collect()
+}
+
+/// Which gateway the loop dials next and how long it waits first. The gateways are tried in
+/// the order given, one after another; only once every gateway of a round has failed does the
+/// loop wait, 1 s doubling to 30 s (the caller adds the jitter). A session that served (see
+/// [`SERVED_AFTER`]) ends the round and resets the backoff: the gateway that served and lost
+/// the session is the new round's first failure, so the others are tried at once.
+///
+/// Pure (no clock, no randomness), so the order and the waits are unit-tested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    /// How many gateways there are (at least one).
+    count: usize,
+    /// The index of the gateway dialled now.
+    current: usize,
+    /// How many gateways failed since the round began.
+    failed: usize,
+    /// The wait after the next round that fails.
+    backoff: Duration,
+}
+
+impl Failover {
+    /// A round starting at the first of `count` gateways.
+    pub fn new(count: usize) -> Failover {
+        Failover {
+            count: count.max(1),
+            current: 0,
+            failed: 0,
+            backoff: BACKOFF_START,
+        }
+    }
+
+    /// The index of the gateway to dial.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// The session on the current gateway ended (or its dial failed); `served`: it was
+    /// welcomed and lasted (see [`SERVED_AFTER`]). Moves on to the next gateway and returns
+    /// how long to wait before dialling it: `None` within a round, the backoff once the round
+    /// has failed whole (the next round's is doubled, up to 30 s).
+    pub fn next_gateway(&mut self, served: bool) -> Option<Duration> {
+        if served {
+            self.failed = 0;
+            self.backoff = BACKOFF_START;
+        }
+        self.failed += 1;
+        self.current = (self.current + 1) % self.count;
+        if self.failed < self.count {
+            return None;
+        }
+        self.failed = 0;
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        Some(wait)
+    }
+}
+
 /// The TLS client configuration, or why it cannot be built.
 pub fn tls_config() -> Result<TlsClient, ConnectError> {
     TlsClient::new().map_err(|e| ConnectError::Tls(e.to_string()))
@@ -183,7 +257,8 @@ impl Status {
 
 /// Everything a connection needs.
 pub struct Executor {
-    pub url: String,
+    /// The executor endpoints (`…/v1/executor`), in failover order; at least one.
+    pub gateways: Vec<String>,
     pub token: String,
     pub device_name: String,
     pub grants: Arc<Grants>,
@@ -211,43 +286,63 @@ enum SessionEnd {
     Lost { reason: String, welcomed: bool },
 }
 
-/// Connect, serve, reconnect until shut down or refused.
+/// Connect, serve, fail over and reconnect until shut down or refused. A refused credential
+/// (4001/4003, or 401/403 at the handshake) ends the loop whichever gateway refused it.
 pub async fn run(
     executor: Arc<Executor>,
     shutdown: CancellationToken,
 ) -> Result<End, ConnectError> {
-    let tls = if executor.url.starts_with("wss://") {
+    let tls = if executor
+        .gateways
+        .iter()
+        .any(|url| url.starts_with("wss://"))
+    {
         Some(tls_config()?)
     } else {
         None
     };
-    let mut backoff = BACKOFF_START;
+    let mut failover = Failover::new(executor.gateways.len());
+    let mut url = gateway_at(&executor.gateways, failover.current());
+    let mut status = format!("connecting to {url} …");
     loop {
-        executor
-            .status
-            .show(&format!("connecting to {} …", executor.url));
-        match session(&executor, tls.clone(), &shutdown).await {
+        executor.status.show(&status);
+        let started = tokio::time::Instant::now();
+        match session(&executor, url, tls.clone(), &shutdown).await {
             SessionEnd::Shutdown => return Ok(End::Shutdown),
             SessionEnd::Unauthorized(message) => return Ok(End::Unauthorized(message)),
             SessionEnd::Lost { reason, welcomed } => {
-                if welcomed {
-                    backoff = BACKOFF_START;
-                }
+                let served = welcomed && started.elapsed() >= SERVED_AFTER;
+                let wait = failover.next_gateway(served);
+                let next = gateway_at(&executor.gateways, failover.current());
+                let lost = if executor.gateways.len() == 1 {
+                    format!("disconnected ({reason}); reconnecting")
+                } else {
+                    format!("gateway {url} lost ({reason}); trying {next}")
+                };
+                url = next;
+                status = format!("connecting to {url} …");
+                let Some(backoff) = wait else {
+                    status = format!("{lost} …");
+                    continue;
+                };
                 let millis = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX);
                 let jitter = Duration::from_millis(rand::random::<u64>() % (millis / 4 + 1));
                 let delay = backoff + jitter;
-                executor.status.show(&format!(
-                    "disconnected ({reason}); reconnecting in {:.1} s",
-                    delay.as_secs_f64()
-                ));
+                executor
+                    .status
+                    .show(&format!("{lost} in {:.1} s", delay.as_secs_f64()));
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     () = shutdown.cancelled() => return Ok(End::Shutdown),
                 }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
     }
+}
+
+/// The gateway at `index` (the list is never empty; [`Failover`] keeps the index in range).
+fn gateway_at(gateways: &[String], index: usize) -> &str {
+    gateways.get(index).map_or("", String::as_str)
 }
 
 fn lost(reason: impl Into<String>, welcomed: bool) -> SessionEnd {
@@ -267,10 +362,11 @@ type SocketStream = futures_util::stream::SplitStream<Socket>;
 /// stopped and (on shutdown) a normal close.
 async fn session(
     executor: &Arc<Executor>,
+    url: &str,
     tls: Option<TlsClient>,
     shutdown: &CancellationToken,
 ) -> SessionEnd {
-    let ws = match dial(executor, tls, shutdown).await {
+    let ws = match dial(executor, url, tls, shutdown).await {
         Ok(ws) => ws,
         Err(end) => return end,
     };
@@ -313,13 +409,15 @@ pub fn ws_config() -> WebSocketConfig {
     config
 }
 
-/// Dials the gateway with the bearer token; the handshake's refusal (401/403) is final.
+/// Dials the gateway at `url` with the bearer token; the handshake's refusal (401/403) is
+/// final.
 async fn dial(
     executor: &Executor,
+    url: &str,
     tls: Option<TlsClient>,
     shutdown: &CancellationToken,
 ) -> Result<Socket, SessionEnd> {
-    let mut request = match executor.url.as_str().into_client_request() {
+    let mut request = match url.into_client_request() {
         Ok(request) => request,
         Err(e) => return Err(lost(e.to_string(), false)),
     };
@@ -843,5 +941,106 @@ mod tests {
         ));
         assert!(executor_url(Some("ws://[::1]:9"), "http://x").is_ok());
         assert!(executor_url(Some("ftp://x"), "http://x").is_err());
+    }
+
+    /// Every gateway is checked; the first bad one refuses the whole list, naming itself.
+    #[test]
+    fn every_gateway_url_is_checked() {
+        let list = |urls: &[&str]| urls.iter().map(|u| (*u).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            executor_urls(&[], "https://agents.example.com").expect("urls"),
+            ["wss://agents.example.com:8471/v1/executor"]
+        );
+        assert_eq!(
+            executor_urls(
+                &list(&["wss://a.example.com", "ws://127.0.0.1:9/"]),
+                "http://x"
+            )
+            .expect("urls"),
+            [
+                "wss://a.example.com/v1/executor",
+                "ws://127.0.0.1:9/v1/executor"
+            ]
+        );
+        let refused = executor_urls(
+            &list(&["wss://a.example.com", "ws://b.example.com"]),
+            "http://x",
+        )
+        .expect_err("ws:// to a remote host");
+        assert!(
+            matches!(&refused, ConnectError::InsecureUrl { url } if url == "ws://b.example.com"),
+            "{refused}"
+        );
+        assert!(matches!(
+            executor_urls(&list(&["wss://a.example.com", "ftp://c"]), "http://x"),
+            Err(ConnectError::BadUrl { url, .. }) if url == "ftp://c"
+        ));
+    }
+
+    /// Lost sessions, none of which served: the gateway index and the wait before each dial.
+    fn steps(failover: &mut Failover, n: usize) -> Vec<(usize, Option<u64>)> {
+        (0..n)
+            .map(|_| {
+                let wait = failover.next_gateway(false);
+                (failover.current(), wait.map(|w| w.as_secs()))
+            })
+            .collect()
+    }
+
+    /// Each gateway in turn at once; a wait only after a whole round failed, doubling to 30 s.
+    #[test]
+    fn failover_tries_each_gateway_before_it_waits() {
+        let mut failover = Failover::new(3);
+        assert_eq!(failover.current(), 0);
+        assert_eq!(
+            steps(&mut failover, 9),
+            [
+                (1, None),
+                (2, None),
+                (0, Some(1)),
+                (1, None),
+                (2, None),
+                (0, Some(2)),
+                (1, None),
+                (2, None),
+                (0, Some(4)),
+            ]
+        );
+        let waits: Vec<_> = steps(&mut failover, 3 * 4)
+            .into_iter()
+            .filter_map(|(_, wait)| wait)
+            .collect();
+        assert_eq!(waits, [8, 16, 30, 30]);
+    }
+
+    /// One gateway: every loss waits, as before there were several.
+    #[test]
+    fn one_gateway_waits_after_every_loss() {
+        let mut failover = Failover::new(1);
+        assert_eq!(
+            steps(&mut failover, 4),
+            [(0, Some(1)), (0, Some(2)), (0, Some(4)), (0, Some(8))]
+        );
+        assert_eq!(failover.next_gateway(true), Some(Duration::from_secs(1)));
+        // An empty list is treated as one gateway rather than dividing by zero.
+        assert_eq!(Failover::new(0).next_gateway(false), Some(BACKOFF_START));
+    }
+
+    /// A session that served resets the backoff and starts a new round at the gateway that
+    /// lost it: the others are tried at once, and the round's wait is 1 s again.
+    #[test]
+    fn a_served_session_starts_a_new_round() {
+        let mut failover = Failover::new(2);
+        assert_eq!(
+            steps(&mut failover, 4),
+            [(1, None), (0, Some(1)), (1, None), (0, Some(2))]
+        );
+        // Gateway 0 serves, then its session is lost: gateway 1 at once, then the wait is 1 s.
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(failover.current(), 1);
+        assert_eq!(steps(&mut failover, 2), [(0, Some(1)), (1, None)]);
+        // Gateway 1 serves after a failed dial of 0 in the same round: 0 is tried at once.
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(failover.current(), 0);
     }
 }

@@ -158,6 +158,20 @@ impl Stack {
         (id, self.token(user, scopes, serde_json::json!({})))
     }
 
+    /// `name` (added unless there already) and a new `devices:connect` token of theirs.
+    pub fn person(&self, name: &str) -> Person {
+        let _ = self.admin_raw("users/add", serde_json::json!({"name": name}));
+        let created = self.admin(
+            "tokens/create",
+            serde_json::json!({"user": name, "scopes": ["devices:connect"]}),
+        );
+        Person {
+            user_id: created["info"]["user_id"].as_str().unwrap().to_owned(),
+            token: created["token"].as_str().unwrap().to_owned(),
+            token_id: created["info"]["id"].as_str().unwrap().to_owned(),
+        }
+    }
+
     /// A new token for `user` with `scopes` and extra fields (project, write_folders, …).
     pub fn token(&self, user: &str, scopes: &[&str], extra: serde_json::Value) -> String {
         let mut body = serde_json::json!({"user": user, "scopes": scopes});
@@ -169,6 +183,13 @@ impl Stack {
             .unwrap()
             .to_owned()
     }
+}
+
+/// A person with a `devices:connect` token ([`Stack::person`]).
+pub struct Person {
+    pub user_id: String,
+    pub token: String,
+    pub token_id: String,
 }
 
 impl Drop for Stack {

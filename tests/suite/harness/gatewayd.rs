@@ -77,6 +77,13 @@ impl Gatewayd {
         }
     }
 
+    /// How many executors it holds now (its health answer).
+    pub fn connected(&self) -> u64 {
+        let health: serde_json::Value =
+            block_on(UnixClient::new(&self.socket).get("/v1/health")).unwrap();
+        health["connected"].as_u64().unwrap()
+    }
+
     /// SIGTERM and wait for the exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         send_signal(&self.child, Signal::SIGTERM).unwrap();

@@ -6,7 +6,7 @@
 //!   or another socket) and the blocking socket [`Client`];
 //! - [`agentd`]: the [`Stack`], workspaced + `agentworks-agentd`, and operator calls;
 //! - [`gatewayd`]: `agentworks-gatewayd` beside a [`Stack`];
-//! - [`laptop`]: a fake laptop for the `agentworks` CLI;
+//! - [`laptop`]: a fake laptop for the `agentworks` CLI, and its `executor connect` process;
 //! - [`executor_gateway`]: an in-test WebSocket gateway for `agentworks executor connect`;
 //! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
 //! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
