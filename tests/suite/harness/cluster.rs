@@ -81,11 +81,76 @@ fn wait_answering(child: &mut Child, name: &str, log: &Path, mut ready: impl FnM
     }
 }
 
+/// A private CA and a server certificate it signed, valid for `localhost` and `127.0.0.1`
+/// (ECDSA P-256, two days), made with `openssl` in `dir`: `ca.crt` (what a client trusts),
+/// `server.crt` and `server.key` (mode 0600).
+pub struct TestCertificates {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCertificates {
+    pub fn generate(dir: &Path) -> TestCertificates {
+        let run = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run openssl ({e}); apt-get install openssl"));
+            assert!(
+                output.status.success(),
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+        let common = ["-x509", "-nodes", "-days", "2"];
+        run(&[
+            &["req"][..],
+            &common,
+            &new_key,
+            &["-subj", "/CN=agentworks-test-ca", "-keyout", "ca.key"],
+            &["-out", "ca.crt"],
+        ]
+        .concat());
+        // A leaf (CA:FALSE): rustls refuses a CA certificate as a server's own.
+        run(&[
+            &["req"][..],
+            &common,
+            &new_key,
+            &[
+                "-subj",
+                "/CN=localhost",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+            ],
+            &["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            &["-addext", "basicConstraints=critical,CA:FALSE"],
+            &["-keyout", "server.key", "-out", "server.crt"],
+        ]
+        .concat());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(dir.join("server.key"), mode).unwrap();
+        TestCertificates {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+        }
+    }
+}
+
 /// A private PostgreSQL server for one test. Stopped (immediate shutdown) and reaped when
 /// dropped; its temp dir, data and socket with it.
 pub struct Postgres {
     child: Child,
     pub port: u16,
+    /// With [`Postgres::start_with_tls`]: the CA that signed the server's certificate.
+    pub ca: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
@@ -93,6 +158,16 @@ impl Postgres {
     /// `initdb` a new cluster (role and database `agentworks`, trust authentication) and start
     /// `postgres` on it, as [`POSTGRES_USER`]; returns once it accepts connections.
     pub fn start() -> Postgres {
+        Postgres::start_serving(false)
+    }
+
+    /// [`Postgres::start`] with `ssl=on`, serving a [`TestCertificates`] certificate (its CA in
+    /// [`Postgres::ca`]); clients may still connect without TLS (the test decides).
+    pub fn start_with_tls() -> Postgres {
+        Postgres::start_serving(true)
+    }
+
+    fn start_serving(tls: bool) -> Postgres {
         let bin = postgres_bin_dir();
         let (uid, gid) = {
             let _lock = users_lock();
@@ -146,11 +221,31 @@ impl Postgres {
             Some(nix::unistd::Gid::from_raw(gid)),
         )
         .unwrap();
+        let mut ssl_args = Vec::new();
+        let ca = tls.then(|| {
+            let certificates = TestCertificates::generate(dir.path());
+            // postgres refuses a key that others may read or that it does not own.
+            nix::unistd::chown(
+                &certificates.key,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .unwrap();
+            for (name, path) in [
+                ("ssl_cert_file", &certificates.cert),
+                ("ssl_key_file", &certificates.key),
+            ] {
+                ssl_args.extend(["-c".to_owned(), format!("{name}={}", path.display())]);
+            }
+            ssl_args.extend(["-c".to_owned(), "ssl=on".to_owned()]);
+            certificates.ca
+        });
         let port = reserve_ports(1)[0];
         let log_file = std::fs::File::create(&log).unwrap();
         let mut postgres = Command::new(bin.join("postgres"));
         as_server_user(&mut postgres);
         let mut child = postgres
+            .args(&ssl_args)
             .arg("-D")
             .arg(&data)
             .args(["-p", &port.to_string()])
@@ -175,6 +270,7 @@ impl Postgres {
         let server = Postgres {
             child,
             port,
+            ca,
             _dir: dir,
         };
         server.create_database(POSTGRES_ROLE);
