@@ -9,6 +9,10 @@
 //! client). `nats-server` listens on `127.0.0.1` on a reserved port. A start returns only once
 //! the server answers (`pg_isready`; the NATS `INFO` line), and panics with the server's own
 //! stderr when it exits or does not answer in time. Dropping either stops and reaps it.
+//!
+//! For TLS, [`TestCertificates`] makes a private CA and a server certificate for `127.0.0.1`
+//! and `localhost` with Debian's `openssl`; [`Postgres::start_with_tls`] serves it (`ssl=on`),
+//! and a [`Nats::start_with_config`] config can name it in its `tls` block.
 
 use super::daemons::send_signal;
 use super::{ensure_user, reserve_ports, users_lock};
@@ -347,12 +351,29 @@ impl Nats {
     /// `nats-server` on `127.0.0.1:port`; returns once it greets a client, panics with what the
     /// server said if it exits first (the port taken, say) or does not answer in time.
     pub fn start_on(port: u16) -> Nats {
+        Nats::start_serving(port, None)
+    }
+
+    /// [`Nats::start`] with `config` as its configuration file (users, permissions, a `tls`
+    /// block); the address and port are still the harness's. The server greets in clear
+    /// before any TLS, so the start is detected the same way.
+    pub fn start_with_config(config: &str) -> Nats {
+        Nats::start_serving(reserve_ports(1)[0], Some(config))
+    }
+
+    fn start_serving(port: u16, config: Option<&str>) -> Nats {
         let dir = tempfile::Builder::new()
             .prefix("aw-nats-")
             .tempdir()
             .unwrap();
         let log = dir.path().join("nats-server.log");
-        let mut child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        if let Some(config) = config {
+            let path = dir.path().join("nats-server.conf");
+            std::fs::write(&path, config).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let mut child = command
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
@@ -522,18 +543,29 @@ pub struct GatewayPair {
 
 impl GatewayPair {
     pub fn start() -> GatewayPair {
-        let postgres = Postgres::start();
         let nats = Nats::start();
+        let url = nats.url();
+        GatewayPair::start_on(nats, "", &|_| format!("nats_url = \"{url}\"\n"))
+    }
+
+    /// [`GatewayPair::start`] on `nats`, with `gatewayd_keys` added to `[gatewayd]` and each
+    /// host's NATS keys (`nats_url` and what goes with it) from `nats_keys(host_id)`.
+    pub fn start_on(
+        nats: Nats,
+        gatewayd_keys: &str,
+        nats_keys: &dyn Fn(&str) -> String,
+    ) -> GatewayPair {
+        let postgres = Postgres::start();
         let (stack, port_a) = super::Stack::start_with_gateway();
         let path = stack.state.root().join("agentworks.toml");
         let config = std::fs::read_to_string(&path).unwrap();
+        let (nats_a, nats_b) = (nats_keys("gw-a"), nats_keys("gw-b"));
         std::fs::write(
             &path,
             format!(
-                "{config}heartbeat_secs = 1\n[cluster]\ndatabase_url = \"{}\"\n\
-                 nats_url = \"{}\"\nhost_id = \"gw-a\"\n",
+                "{config}heartbeat_secs = 1\n{gatewayd_keys}[cluster]\ndatabase_url = \"{}\"\n\
+                 {nats_a}host_id = \"gw-a\"\n",
                 postgres.url(),
-                nats.url()
             ),
         )
         .unwrap();
@@ -543,7 +575,10 @@ impl GatewayPair {
             port_a,
             super::free_port(),
             "gatewayd-b",
-            &[("host_id = \"gw-a\"", "host_id = \"gw-b\"")],
+            &[
+                ("host_id = \"gw-a\"", "host_id = \"gw-b\""),
+                (&nats_a, &nats_b),
+            ],
         );
         GatewayPair {
             a,
