@@ -2,7 +2,7 @@
 //! `agentworks_gateway::store::conformance`, run on SQLite and on a real PostgreSQL server (one
 //! private server per test, from the harness), then what only the shared database has:
 //! migrations under the advisory lock, pending requests that belong to one host, a schema
-//! from the future, an unreachable server.
+//! from the future, an unreachable server, TLS (required, verified, never a fallback to clear).
 
 use super::harness::Postgres;
 use agentworks_contract::executor::Outcome;
@@ -253,7 +253,7 @@ fn an_unreachable_server_is_an_error_at_open_without_the_password() {
 
 #[test]
 fn a_database_url_that_requires_tls_is_refused_rather_than_sent_in_clear() {
-    // No TLS to PostgreSQL yet: a URL that demands it fails to open, never falls back.
+    // A server without TLS: a URL that demands it fails to open, never falls back.
     let server = Postgres::start();
     let url = format!("{}?sslmode=require", server.url());
     let Err(error) = Store::open_postgres(&url, "gw-a", 1) else {
@@ -264,4 +264,68 @@ fn a_database_url_that_requires_tls_is_refused_rather_than_sent_in_clear() {
         "{error}"
     );
     assert!(error.to_string().to_lowercase().contains("tls"), "{error}");
+}
+
+#[test]
+fn a_database_url_that_asks_for_tls_gets_it_with_the_certificate_and_name_verified() {
+    let server = Postgres::start_with_tls();
+    let ca = server.ca.clone().unwrap();
+    let port = server.port;
+    let url = |host: &str, query: &str| {
+        format!("postgres://agentworks:hunter2@{host}:{port}/agentworks?{query}")
+    };
+    // The server's CA from sslrootcert, by name and by address (both in the certificate).
+    let with_ca = format!("sslrootcert={}", ca.display());
+    for url in [
+        url("localhost", &format!("sslmode=verify-full&{with_ca}")),
+        url("127.0.0.1", &format!("sslmode=require&{with_ca}")),
+    ] {
+        let (store, _) = Store::open_postgres(&url, "gw-a", 1).unwrap();
+        assert_eq!(store.lease("dev_tls", 1).unwrap(), None);
+        // Every connection the store holds is encrypted (the pool keeps one open).
+        let connections = server.psql(
+            "agentworks",
+            "SELECT string_agg(s.ssl::text, ',') FROM pg_stat_ssl s \
+             JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'agentworks-gatewayd'",
+        );
+        assert!(!connections.is_empty(), "{url}: no store connection found");
+        assert!(
+            connections.split(',').all(|ssl| ssl == "true"),
+            "{connections}"
+        );
+        drop(store);
+    }
+    // A certificate the trusted CAs did not sign (the system's do not know this test CA), and
+    // one for another name (the address is right, the name is not in the certificate): refused.
+    for (url, why) in [
+        (url("localhost", "sslmode=require"), "UnknownIssuer"),
+        (
+            url(
+                "db.example",
+                &format!("sslmode=verify-ca&{with_ca}&hostaddr=127.0.0.1"),
+            ),
+            "certificate not valid for name \"db.example\"",
+        ),
+    ] {
+        let Err(error) = Store::open_postgres(&url, "gw-a", 1) else {
+            panic!("{url} opened with a certificate that does not verify");
+        };
+        assert!(
+            matches!(error, StoreError::PostgresConnect { .. }),
+            "{error}"
+        );
+        let message = error.to_string();
+        assert!(message.contains(why), "{why}: {message}");
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+    // An sslrootcert that cannot be read: refused before connecting, naming the file.
+    let missing = url(
+        "localhost",
+        "sslmode=require&sslrootcert=/nonexistent/ca.pem",
+    );
+    let Err(error) = Store::open_postgres(&missing, "gw-a", 1) else {
+        panic!("a missing sslrootcert was accepted");
+    };
+    assert!(matches!(error, StoreError::PostgresTls { .. }), "{error}");
+    assert!(error.to_string().contains("/nonexistent/ca.pem"), "{error}");
 }

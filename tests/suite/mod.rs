@@ -9,6 +9,7 @@ mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
 mod cluster;
+mod cluster_auth;
 mod cluster_restarts;
 mod console;
 mod console_sessions;

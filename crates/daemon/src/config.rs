@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use super::layout::StateLayout;
 
+pub mod cluster_urls;
+
 /// Where the configuration is read from when neither `--config` nor `AGENTWORKS_CONFIG` names
 /// a file. A missing file at this path means "all defaults".
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentworks/agentworks.toml";
@@ -293,11 +295,14 @@ impl GatewaydConfig {
 pub struct ClusterConfig {
     /// The shared PostgreSQL database, `postgres://user[:password]@host[:port]/database`.
     pub database_url: Option<String>,
-    /// The NATS server(s), `nats://host:port` (or `tls://`).
+    /// The NATS server, `tls://host:port` (`nats://` only to this machine's loopback).
     pub nats_url: Option<String>,
     /// A NATS credentials file (JWT and NKey seed) for this daemon's NATS user: an absolute
     /// path, readable by its owner only.
     pub nats_credentials: Option<PathBuf>,
+    /// The CA certificate (PEM) that signs the NATS server's certificate, trusted instead of
+    /// the system's CAs; absolute. Setting it requires TLS.
+    pub nats_ca_file: Option<PathBuf>,
     /// This host's name in the cluster: leases and routing subjects name it. ASCII letters,
     /// digits, `-` and `_`, at most [`MAX_HOST_ID_LEN`]; defaults to the host name (after
     /// loading, always set when a cluster is configured).
@@ -324,6 +329,7 @@ impl std::fmt::Debug for ClusterConfig {
             )
             .field("nats_url", &self.nats_url.as_deref().map(redact_url))
             .field("nats_credentials", &self.nats_credentials)
+            .field("nats_ca_file", &self.nats_ca_file)
             .field("host_id", &self.host_id)
             .finish()
     }
@@ -441,6 +447,21 @@ pub enum ConfigError {
     HalfCluster {
         present: &'static str,
         missing: &'static str,
+    },
+    /// A cluster URL would carry the cluster's traffic to another machine unencrypted (shown
+    /// with its password redacted).
+    #[error("{key} {url:?} reaches {host}, which is not this machine, without TLS; {fix}")]
+    ClusterInClear {
+        key: &'static str,
+        url: String,
+        host: String,
+        fix: &'static str,
+    },
+    /// `cluster.database_url`'s `sslmode` or `sslrootcert` is not usable.
+    #[error("cluster.database_url {url:?}: {problem}")]
+    DatabaseTls {
+        url: String,
+        problem: cluster_urls::DatabaseTlsProblem,
     },
     /// A cluster URL has the wrong scheme (shown with its password redacted).
     #[error("{key} must be a {expected} URL, got {url:?}")]
@@ -702,14 +723,16 @@ impl Config {
         let cluster = &self.cluster;
         let (database, nats) = (&cluster.database_url, &cluster.nats_url);
         let half = |present, missing| Err(ConfigError::HalfCluster { present, missing });
-        match (database, nats, &cluster.nats_credentials) {
+        let nats_file = match (&cluster.nats_credentials, &cluster.nats_ca_file) {
+            (Some(_), _) => Some("cluster.nats_credentials"),
+            (None, Some(_)) => Some("cluster.nats_ca_file"),
+            (None, None) => None,
+        };
+        match (database, nats, nats_file) {
             (Some(_), None, _) => return half("cluster.database_url", "cluster.nats_url"),
             (None, Some(_), _) => return half("cluster.nats_url", "cluster.database_url"),
-            (None, None, Some(_)) => {
-                return half(
-                    "cluster.nats_credentials",
-                    "cluster.database_url or cluster.nats_url",
-                );
+            (None, None, Some(key)) => {
+                return half(key, "cluster.database_url or cluster.nats_url");
             }
             _ => {}
         }
@@ -738,15 +761,22 @@ impl Config {
                 });
             }
         }
-        if let Some(path) = &cluster.nats_credentials
-            && !path.is_absolute()
-        {
-            return Err(ConfigError::RelativePath {
-                key: "cluster.nats_credentials",
-                path: path.clone(),
-                origin: origin.to_owned(),
-            });
+        let files = [
+            ("cluster.nats_credentials", &cluster.nats_credentials),
+            ("cluster.nats_ca_file", &cluster.nats_ca_file),
+        ];
+        for (key, path) in files {
+            if let Some(path) = path
+                && !path.is_absolute()
+            {
+                return Err(ConfigError::RelativePath {
+                    key,
+                    path: path.clone(),
+                    origin: origin.to_owned(),
+                });
+            }
         }
+        self.refuse_cluster_in_clear()?;
         if let Some(host_id) = &cluster.host_id
             && let Some(problem) = host_id_problem(host_id)
         {
@@ -754,6 +784,43 @@ impl Config {
                 host_id: host_id.clone(),
                 origin: "the config file",
                 problem,
+            });
+        }
+        Ok(())
+    }
+
+    /// Fail closed on the network: a cluster URL that reaches another machine must use TLS
+    /// (`tls://` for NATS, `sslmode=require` or stronger for PostgreSQL); plain is allowed to
+    /// loopback (and a Unix socket) only, where the traffic never leaves this machine.
+    fn refuse_cluster_in_clear(&self) -> Result<(), ConfigError> {
+        let cluster = &self.cluster;
+        if let Some(url) = &cluster.database_url {
+            let parsed = cluster_urls::parse_database_url(url).map_err(|problem| {
+                ConfigError::DatabaseTls {
+                    url: redact_url(url),
+                    problem,
+                }
+            })?;
+            if let (cluster_urls::DatabaseTls::Off, Some(host)) = (parsed.tls, parsed.remote_host) {
+                return Err(ConfigError::ClusterInClear {
+                    key: "cluster.database_url",
+                    url: redact_url(url),
+                    host,
+                    fix: "add ?sslmode=verify-full (or require: the certificate is verified \
+                          either way) to the URL, with sslrootcert=/path/ca.pem for a private CA",
+                });
+            }
+        }
+        if let Some(url) = &cluster.nats_url
+            && url.starts_with("nats://")
+            && let Some(host) = cluster_urls::nats_remote_host(url)
+        {
+            return Err(ConfigError::ClusterInClear {
+                key: "cluster.nats_url",
+                url: redact_url(url),
+                host,
+                fix: "use tls://host:port (the NATS server needs a tls block), with \
+                      cluster.nats_ca_file for a private CA",
             });
         }
         Ok(())
@@ -1310,7 +1377,7 @@ public_url = "wss://gw.example.com/"
             .settle_on_host(&env_of(&[]), &|| host.clone(), "test")
     }
 
-    const BOTH_URLS: &str = "[cluster]\ndatabase_url = \"postgres://gw:secret@db.internal:5432/agentworks\"\nnats_url = \"nats://nats.internal:4222\"\n";
+    const BOTH_URLS: &str = "[cluster]\ndatabase_url = \"postgres://gw:secret@db.internal:5432/agentworks?sslmode=verify-full\"\nnats_url = \"tls://nats.internal:4222\"\n";
 
     #[test]
     fn no_cluster_section_is_one_host_and_needs_no_host_name() {
@@ -1328,7 +1395,7 @@ public_url = "wss://gw.example.com/"
         assert_eq!(c.cluster.host_id.as_deref(), Some("web-1"));
         assert_eq!(
             c.cluster.nats_url.as_deref(),
-            Some("nats://nats.internal:4222")
+            Some("tls://nats.internal:4222")
         );
         let text = format!("{BOTH_URLS}host_id = \"gw_2\"\n");
         let c = on_host(&text, Some("web-1")).unwrap();
@@ -1336,7 +1403,7 @@ public_url = "wss://gw.example.com/"
         // The password never shows in the debug output.
         let debug = format!("{:?}", c.cluster);
         assert!(!debug.contains("secret"), "{debug}");
-        assert!(debug.contains("postgres://gw:***@db.internal:5432/agentworks"));
+        assert!(debug.contains("postgres://gw:***@db.internal:5432/agentworks?"));
     }
 
     #[test]
@@ -1391,6 +1458,111 @@ public_url = "wss://gw.example.com/"
                 "{text}: {err}"
             );
             assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn cluster_urls_to_another_machine_without_tls_are_refused() {
+        for (text, key, host, fix) in [
+            (
+                "database_url = \"postgres://gw:hunter2@db.internal/aw\"\n\
+                 nats_url = \"tls://nats.internal:4222\"",
+                "cluster.database_url",
+                "db.internal",
+                "sslmode=verify-full",
+            ),
+            (
+                "database_url = \"postgres://gw@db.internal/aw?sslmode=prefer\"\n\
+                 nats_url = \"tls://nats.internal:4222\"",
+                "cluster.database_url",
+                "db.internal",
+                "sslmode=verify-full",
+            ),
+            (
+                "database_url = \"postgres://gw@127.0.0.1/aw?host=10.0.0.7\"\n\
+                 nats_url = \"nats://127.0.0.1:4222\"",
+                "cluster.database_url",
+                "10.0.0.7",
+                "sslmode=verify-full",
+            ),
+            (
+                "database_url = \"postgres://gw@db.internal/aw?sslmode=require\"\n\
+                 nats_url = \"nats://agentd:hunter2@nats.internal:4222\"",
+                "cluster.nats_url",
+                "nats.internal",
+                "use tls://",
+            ),
+        ] {
+            let err = on_host(&format!("[cluster]\n{text}\nhost_id = \"h\"\n"), None).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::ClusterInClear { key: k, host: h, .. }
+                    if *k == key && h == host),
+                "{text}: {err}"
+            );
+            let message = err.to_string();
+            assert!(message.contains(fix), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        // This machine: plain is fine (loopback, a Unix socket).
+        for text in [
+            "database_url = \"postgres://gw@127.0.0.1:5432/aw\"\nnats_url = \"nats://127.0.0.1:4222\"",
+            "database_url = \"postgres://gw@%2Frun%2Fpostgresql/aw\"\nnats_url = \"nats://[::1]:4222\"",
+            "database_url = \"postgres://gw@localhost/aw\"\nnats_url = \"nats://localhost:4222\"",
+        ] {
+            let text = format!("[cluster]\n{text}\nhost_id = \"h\"\n");
+            assert!(on_host(&text, None).is_ok(), "{text}");
+        }
+        // TLS to another machine, with a private CA for each.
+        let text = "[cluster]\ndatabase_url = \"postgres://gw@db.internal/aw?sslmode=require&\
+                    sslrootcert=/etc/agentworks/ca.pem\"\nnats_url = \"tls://nats.internal\"\n\
+                    nats_ca_file = \"/etc/agentworks/ca.pem\"\nhost_id = \"h\"\n";
+        let c = on_host(text, None).unwrap();
+        assert_eq!(
+            c.cluster.nats_ca_file.as_deref(),
+            Some(Path::new("/etc/agentworks/ca.pem"))
+        );
+    }
+
+    #[test]
+    fn bad_tls_parameters_and_stray_ca_files_are_refused() {
+        let with = |extra: &str| format!("{BOTH_URLS}host_id = \"h\"\n{extra}");
+        let err = on_host(&with("nats_ca_file = \"ca.pem\"\n"), None).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::RelativePath {
+                    key: "cluster.nats_ca_file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let text = "[cluster]\nnats_ca_file = \"/etc/agentworks/ca.pem\"\n";
+        let err = on_host(text, None).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::HalfCluster {
+                    present: "cluster.nats_ca_file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        for (query, problem) in [
+            ("sslmode=verify", "sslmode=\"verify\""),
+            ("sslmode=require&sslrootcert=ca.pem", "absolute"),
+            ("sslrootcert=/ca.pem", "sslmode does not ask for TLS"),
+        ] {
+            let text = format!(
+                "[cluster]\ndatabase_url = \"postgres://gw:hunter2@127.0.0.1/aw?{query}\"\n\
+                 nats_url = \"nats://127.0.0.1:4222\"\nhost_id = \"h\"\n"
+            );
+            let err = on_host(&text, None).unwrap_err();
+            assert!(matches!(&err, ConfigError::DatabaseTls { .. }), "{err}");
+            let message = err.to_string();
+            assert!(message.contains(problem), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
         }
     }
 

@@ -2,6 +2,15 @@
 //! connect: named after the daemon and this host, with `nats_credentials` if set, refusing
 //! after [`CONNECT_TIMEOUT`]. What each daemon publishes or reads is its own.
 //!
+//! TLS: `tls://` (which the config loader requires for any host but loopback) verifies the
+//! server's certificate and name against the system's CAs, or against `nats_ca_file` alone
+//! when set (which also makes TLS required). A user and password in the URL
+//! (`tls://user:password@host`) are sent as the NATS user: the client library reads them from
+//! the URL but does not send them, so they are taken out of the URL here and passed as options;
+//! nothing it logs then holds the password. Errors the server reports after the connection
+//! (a permissions violation: this daemon's NATS user may not publish or subscribe there) are
+//! logged as warnings.
+//!
 //! Must never log the credentials, only their path; a URL is shown with its password hidden.
 
 use std::path::PathBuf;
@@ -24,6 +33,15 @@ pub enum NatsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// `cluster.nats_ca_file` cannot be read.
+    #[error("cannot read cluster.nats_ca_file {path}: {source}")]
+    CaFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `cluster.nats_url` is not a NATS URL the client accepts.
+    #[error("cluster.nats_url {url} is not a usable NATS URL: {source}")]
+    Url { url: String, source: std::io::Error },
     /// The NATS server did not accept a connection.
     #[error("cannot connect to NATS at {url}: {source}")]
     Connect {
@@ -39,9 +57,48 @@ pub async fn connect(
 ) -> Result<async_nats::Client, NatsError> {
     let url = cluster.nats_url.as_deref().ok_or(NatsError::NoUrl)?;
     let host = cluster.host_id.as_deref().unwrap_or("-");
+    let mut address: async_nats::ServerAddr = url.parse().map_err(|source| NatsError::Url {
+        url: redact_url(url),
+        source,
+    })?;
+    let name = format!("{daemon} {host}");
     let mut options = async_nats::ConnectOptions::new()
-        .name(format!("{daemon} {host}"))
-        .connection_timeout(CONNECT_TIMEOUT);
+        .name(name.clone())
+        .connection_timeout(CONNECT_TIMEOUT)
+        .event_callback(move |event| {
+            let name = name.clone();
+            async move {
+                if let async_nats::Event::ServerError(error) = event {
+                    tracing::warn!(client = %name, "the NATS server reported: {error}");
+                }
+            }
+        });
+    if let (Some(user), Some(password)) = (address.username(), address.password()) {
+        let decode = |text: &str| {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        options = options.user_and_password(decode(user), decode(password));
+        let mut bare = address.into_inner();
+        // Both only fail on a URL that cannot have credentials, which this one just had.
+        let _ = bare.set_password(None);
+        let _ = bare.set_username("");
+        address = async_nats::ServerAddr::from_url(bare).map_err(|source| NatsError::Url {
+            url: redact_url(url),
+            source,
+        })?;
+    }
+    if let Some(path) = &cluster.nats_ca_file {
+        // Read here for an error that names the file; the client reads it again to connect.
+        std::fs::File::open(path).map_err(|source| NatsError::CaFile {
+            path: path.clone(),
+            source,
+        })?;
+        options = options
+            .add_root_certificates(path.clone())
+            .require_tls(true);
+    }
     if let Some(path) = &cluster.nats_credentials {
         options =
             options
@@ -53,7 +110,7 @@ pub async fn connect(
                 })?;
     }
     options
-        .connect(url)
+        .connect(address)
         .await
         .map_err(|source| NatsError::Connect {
             url: redact_url(url),

@@ -43,6 +43,7 @@ use agentworks_contract::executor::{FolderInfo, Operation, Outcome};
 use agentworks_contract::gatewayd::DispatchState;
 
 pub use self::postgres::PostgresStore;
+pub use self::postgres::tls::DatabaseTlsError;
 pub use self::sqlite::SqliteStore;
 
 /// Why the gateway store failed.
@@ -78,11 +79,20 @@ pub enum StoreError {
         source: ::postgres::Error,
     },
     /// The PostgreSQL server could not be reached (at start: gatewayd refuses to start).
-    #[error("cannot reach the cluster database {url}: {source}")]
+    #[error("cannot reach the cluster database {url}: {reason}")]
     PostgresConnect {
         /// The URL with its password redacted.
         url: String,
-        source: r2d2_postgres::r2d2::Error,
+        /// The last connection error with its causes ("error performing TLS handshake:
+        /// invalid peer certificate: UnknownIssuer").
+        reason: String,
+    },
+    /// The TLS that `cluster.database_url` asks for cannot be set up.
+    #[error("cluster.database_url {url}: {source}")]
+    PostgresTls {
+        /// The URL with its password redacted.
+        url: String,
+        source: DatabaseTlsError,
     },
     /// No pooled connection became free, or none could be made, in time.
     #[error("gateway store (PostgreSQL): no connection for {operation}: {source}")]

@@ -9,6 +9,10 @@
 //! client). `nats-server` listens on `127.0.0.1` on a reserved port. A start returns only once
 //! the server answers (`pg_isready`; the NATS `INFO` line), and panics with the server's own
 //! stderr when it exits or does not answer in time. Dropping either stops and reaps it.
+//!
+//! For TLS, [`TestCertificates`] makes a private CA and a server certificate for `127.0.0.1`
+//! and `localhost` with Debian's `openssl`; [`Postgres::start_with_tls`] serves it (`ssl=on`),
+//! and a [`Nats::start_with_config`] config can name it in its `tls` block.
 
 use super::daemons::send_signal;
 use super::{ensure_user, reserve_ports, users_lock};
@@ -81,11 +85,76 @@ fn wait_answering(child: &mut Child, name: &str, log: &Path, mut ready: impl FnM
     }
 }
 
+/// A private CA and a server certificate it signed, valid for `localhost` and `127.0.0.1`
+/// (ECDSA P-256, two days), made with `openssl` in `dir`: `ca.crt` (what a client trusts),
+/// `server.crt` and `server.key` (mode 0600).
+pub struct TestCertificates {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCertificates {
+    pub fn generate(dir: &Path) -> TestCertificates {
+        let run = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run openssl ({e}); apt-get install openssl"));
+            assert!(
+                output.status.success(),
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+        let common = ["-x509", "-nodes", "-days", "2"];
+        run(&[
+            &["req"][..],
+            &common,
+            &new_key,
+            &["-subj", "/CN=agentworks-test-ca", "-keyout", "ca.key"],
+            &["-out", "ca.crt"],
+        ]
+        .concat());
+        // A leaf (CA:FALSE): rustls refuses a CA certificate as a server's own.
+        run(&[
+            &["req"][..],
+            &common,
+            &new_key,
+            &[
+                "-subj",
+                "/CN=localhost",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+            ],
+            &["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            &["-addext", "basicConstraints=critical,CA:FALSE"],
+            &["-keyout", "server.key", "-out", "server.crt"],
+        ]
+        .concat());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(dir.join("server.key"), mode).unwrap();
+        TestCertificates {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+        }
+    }
+}
+
 /// A private PostgreSQL server for one test. Stopped (immediate shutdown) and reaped when
 /// dropped; its temp dir, data and socket with it.
 pub struct Postgres {
     child: Child,
     pub port: u16,
+    /// With [`Postgres::start_with_tls`]: the CA that signed the server's certificate.
+    pub ca: Option<PathBuf>,
     /// The postmaster's arguments and its user, to start it again on the same data.
     args: Vec<std::ffi::OsString>,
     owner: (u32, u32),
@@ -97,6 +166,16 @@ impl Postgres {
     /// `initdb` a new cluster (role and database `agentworks`, trust authentication) and start
     /// `postgres` on it, as [`POSTGRES_USER`]; returns once it accepts connections.
     pub fn start() -> Postgres {
+        Postgres::start_serving(false)
+    }
+
+    /// [`Postgres::start`] with `ssl=on`, serving a [`TestCertificates`] certificate (its CA in
+    /// [`Postgres::ca`]); clients may still connect without TLS (the test decides).
+    pub fn start_with_tls() -> Postgres {
+        Postgres::start_serving(true)
+    }
+
+    fn start_serving(tls: bool) -> Postgres {
         let bin = postgres_bin_dir();
         let (uid, gid) = {
             let _lock = users_lock();
@@ -150,8 +229,28 @@ impl Postgres {
             Some(nix::unistd::Gid::from_raw(gid)),
         )
         .unwrap();
+        let mut ssl_args = Vec::new();
+        let ca = tls.then(|| {
+            let certificates = TestCertificates::generate(dir.path());
+            // postgres refuses a key that others may read or that it does not own.
+            nix::unistd::chown(
+                &certificates.key,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .unwrap();
+            for (name, path) in [
+                ("ssl_cert_file", &certificates.cert),
+                ("ssl_key_file", &certificates.key),
+            ] {
+                ssl_args.extend(["-c".to_owned(), format!("{name}={}", path.display())]);
+            }
+            ssl_args.extend(["-c".to_owned(), "ssl=on".to_owned()]);
+            certificates.ca
+        });
         let port = reserve_ports(1)[0];
-        let mut args: Vec<std::ffi::OsString> = vec!["-D".into(), data.into()];
+        let mut args: Vec<std::ffi::OsString> = ssl_args.into_iter().map(Into::into).collect();
+        args.extend(["-D".into(), data.into()]);
         for setting in [
             format!("port={port}"),
             "listen_addresses=127.0.0.1".to_owned(),
@@ -168,6 +267,7 @@ impl Postgres {
         let server = Postgres {
             child,
             port,
+            ca,
             args,
             owner: (uid, gid),
             log,
@@ -301,12 +401,29 @@ impl Nats {
     /// `nats-server` on `127.0.0.1:port`; returns once it greets a client, panics with what the
     /// server said if it exits first (the port taken, say) or does not answer in time.
     pub fn start_on(port: u16) -> Nats {
+        Nats::start_serving(port, None)
+    }
+
+    /// [`Nats::start`] with `config` as its configuration file (users, permissions, a `tls`
+    /// block); the address and port are still the harness's. The server greets in clear
+    /// before any TLS, so the start is detected the same way.
+    pub fn start_with_config(config: &str) -> Nats {
+        Nats::start_serving(reserve_ports(1)[0], Some(config))
+    }
+
+    fn start_serving(port: u16, config: Option<&str>) -> Nats {
         let dir = tempfile::Builder::new()
             .prefix("aw-nats-")
             .tempdir()
             .unwrap();
         let log = dir.path().join("nats-server.log");
-        let mut child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        if let Some(config) = config {
+            let path = dir.path().join("nats-server.conf");
+            std::fs::write(&path, config).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let mut child = command
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
@@ -498,18 +615,31 @@ impl GatewayPair {
 
     /// [`GatewayPair::start`] with the heartbeat every `secs` seconds (a lease lasts three).
     pub fn start_with_heartbeat(secs: u64) -> GatewayPair {
-        let postgres = Postgres::start();
         let nats = Nats::start();
+        let url = nats.url();
+        let heartbeat = format!("heartbeat_secs = {secs}\n");
+        GatewayPair::start_on(nats, &heartbeat, &|_| format!("nats_url = \"{url}\"\n"))
+    }
+
+    /// [`GatewayPair::start`] on `nats`, with `gatewayd_keys` added to `[gatewayd]` (give
+    /// `heartbeat_secs` there, or the default 30 s holds) and each
+    /// host's NATS keys (`nats_url` and what goes with it) from `nats_keys(host_id)`.
+    pub fn start_on(
+        nats: Nats,
+        gatewayd_keys: &str,
+        nats_keys: &dyn Fn(&str) -> String,
+    ) -> GatewayPair {
+        let postgres = Postgres::start();
         let (stack, port_a) = super::Stack::start_with_gateway();
         let path = stack.state.root().join("agentworks.toml");
         let config = std::fs::read_to_string(&path).unwrap();
+        let (nats_a, nats_b) = (nats_keys("gw-a"), nats_keys("gw-b"));
         std::fs::write(
             &path,
             format!(
-                "{config}heartbeat_secs = {secs}\n[cluster]\ndatabase_url = \"{}\"\n\
-                 nats_url = \"{}\"\nhost_id = \"gw-a\"\n",
+                "{config}{gatewayd_keys}[cluster]\ndatabase_url = \"{}\"\n\
+                 {nats_a}host_id = \"gw-a\"\n",
                 postgres.url(),
-                nats.url()
             ),
         )
         .unwrap();
@@ -519,7 +649,10 @@ impl GatewayPair {
             port_a,
             super::free_port(),
             "gatewayd-b",
-            &[("host_id = \"gw-a\"", "host_id = \"gw-b\"")],
+            &[
+                ("host_id = \"gw-a\"", "host_id = \"gw-b\""),
+                (&nats_a, &nats_b),
+            ],
         );
         GatewayPair {
             a,

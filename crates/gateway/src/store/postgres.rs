@@ -21,24 +21,33 @@
 //! claimed with one `INSERT … ON CONFLICT (request_id) DO NOTHING`: of any number of hosts
 //! claiming one id at once, exactly one inserts it, and only that one may send it.
 //!
+//! TLS ([`tls`]): `sslmode=require` (or `verify-ca`, `verify-full`) in the URL turns it on, with
+//! the certificate and the server's name verified; without it the connection is clear, which
+//! the config loader allows to loopback and Unix sockets only.
+//!
 //! Never logs the database URL's password (errors carry the URL redacted).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::postgres::config::SslMode;
 use ::postgres::types::FromSql;
-use ::postgres::{GenericClient, NoTls, Row};
+use ::postgres::{GenericClient, Row};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use agentworks_contract::executor::{FolderInfo, Outcome};
 use agentworks_contract::gatewayd::DispatchState;
+use agentworks_daemon::config::cluster_urls::{DatabaseTls, parse_database_url};
 use agentworks_daemon::config::redact_url;
 
 use super::{
     Begin, DeviceRecord, LOST_HOST_REASON, Lease, NewRequest, RESTART_REASON, Registered,
     RequestRecord, StoreError, final_columns, new_request_columns, state_from_columns,
 };
+
+pub mod tls;
 
 /// The most connections one gatewayd holds to the database.
 pub const MAX_CONNECTIONS: u32 = 8;
@@ -109,7 +118,7 @@ CREATE TABLE gateway_hosts (
 ",
 ];
 
-type Manager = PostgresConnectionManager<NoTls>;
+type Manager = PostgresConnectionManager<MakeRustlsConnect>;
 
 /// A cheap-to-clone handle on the PostgreSQL store of one gatewayd host.
 #[derive(Clone)]
@@ -145,6 +154,31 @@ impl Drop for CloseOffRuntime {
                 }
             }
             Err(_) => std::mem::forget(pool),
+        }
+    }
+}
+
+/// The last connection error with its causes: r2d2 keeps only the outermost message ("error
+/// performing TLS handshake"), not why, which the person starting gatewayd needs.
+#[derive(Debug, Clone, Default)]
+struct LastConnectError(Arc<std::sync::Mutex<Option<String>>>);
+
+impl LastConnectError {
+    fn take(&self) -> Option<String> {
+        self.0.lock().ok()?.take()
+    }
+}
+
+impl r2d2_postgres::r2d2::HandleError<::postgres::Error> for LastConnectError {
+    fn handle_error(&self, error: ::postgres::Error) {
+        let mut text = error.to_string();
+        let mut cause = std::error::Error::source(&error);
+        while let Some(inner) = cause {
+            text.push_str(&format!(": {inner}"));
+            cause = inner.source();
+        }
+        if let Ok(mut last) = self.0.lock() {
+            *last = Some(text);
         }
     }
 }
@@ -212,25 +246,40 @@ impl PostgresStore {
         host_id: &str,
         now_ms: i64,
     ) -> Result<(PostgresStore, usize), StoreError> {
+        let tls_failed = |source| StoreError::PostgresTls {
+            url: redact_url(url),
+            source,
+        };
+        let parsed = parse_database_url(url).map_err(|problem| tls_failed(problem.into()))?;
         let mut config: ::postgres::Config =
-            url.parse().map_err(|source| StoreError::PostgresUrl {
-                url: redact_url(url),
-                source,
-            })?;
+            parsed
+                .driver_url
+                .parse()
+                .map_err(|source| StoreError::PostgresUrl {
+                    url: redact_url(url),
+                    source,
+                })?;
+        let ssl_mode = match parsed.tls {
+            DatabaseTls::Off => SslMode::Disable,
+            DatabaseTls::Verified { .. } => SslMode::Require,
+        };
         config
             .connect_timeout(CONNECT_TIMEOUT)
-            .application_name("agentworks-gatewayd");
+            .application_name("agentworks-gatewayd")
+            .ssl_mode(ssl_mode);
+        let connector = tls::connector(&parsed.tls).map_err(tls_failed)?;
+        let last_error = LastConnectError::default();
         let pool = Pool::builder()
             .max_size(MAX_CONNECTIONS)
             .min_idle(Some(1))
             .connection_timeout(CONNECT_TIMEOUT)
             // r2d2 logs through `log`, which gatewayd does not collect; failures reach the
-            // caller as errors instead.
-            .error_handler(Box::new(r2d2_postgres::r2d2::NopErrorHandler))
-            .build(PostgresConnectionManager::new(config, NoTls))
+            // caller as errors instead, with their causes kept here.
+            .error_handler(Box::new(last_error.clone()))
+            .build(PostgresConnectionManager::new(config, connector))
             .map_err(|source| StoreError::PostgresConnect {
                 url: redact_url(url),
-                source,
+                reason: last_error.take().unwrap_or_else(|| source.to_string()),
             })?;
         let store = PostgresStore {
             _closer: Arc::new(CloseOffRuntime(Some(pool.clone()))),
