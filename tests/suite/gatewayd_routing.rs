@@ -182,3 +182,40 @@ fn a_routed_call_the_holder_never_recorded_is_claimed_and_never_runs_later() {
     let sent: Vec<String> = on_b.requests().into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(sent, ["req-after"], "the claimed request was sent");
 }
+
+#[test]
+fn a_routed_call_to_a_holder_that_loses_the_device_before_recording_it_fails_at_once() {
+    let pair = GatewayPair::start_with_heartbeat(5);
+    let (token, _, alice) = device_token(&pair.stack, "alice", &["devices:connect"]);
+    let on_b = echo_executor(pair.b.port, &token);
+    let device_id = on_b.device_id.clone();
+
+    // B freezes as the call goes out (it records nothing), and its lease ends (as when a dead
+    // host's lease expires): A stops waiting at its next look, well before ten seconds.
+    let b = nix::unistd::Pid::from_raw(pair.b.child.id() as i32);
+    nix::sys::signal::kill(b, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let body = dispatch_body(&alice, &device_id, "req-dying", "echo dying");
+    let socket_a = pair.a.socket.clone();
+    let started = std::time::Instant::now();
+    let waiting = std::thread::spawn(move || {
+        let client = UnixClient::new(&socket_a);
+        super::harness::block_on(client.post::<_, Value>("/v1/dispatch", &body))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    pair.postgres.psql(
+        "agentworks",
+        &format!("DELETE FROM gateway_leases WHERE device_id = '{device_id}'"),
+    );
+    let answer = waiting.join().unwrap();
+    let took = started.elapsed();
+    nix::sys::signal::kill(b, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let error = answer.expect_err("the dispatch succeeded without its holder");
+    assert!(
+        error.to_string().contains("gateway_host_unavailable"),
+        "{error}"
+    );
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    assert_eq!(pair.request_state("req-dying"), "gw-a unknown");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(on_b.requests().is_empty(), "the claimed request was sent");
+}

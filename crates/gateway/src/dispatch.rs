@@ -582,11 +582,12 @@ async fn route_dispatch(
                 )),
                 Err(error) => settle_unanswered(gateway, request, kind, &error.to_string()).await,
             },
-            settled = record_settles(gateway, request, watch_unrecorded) => match settled {
+            settled = record_settles(gateway, request, &host, watch_unrecorded) => match settled {
                 Settled::State(state) => return Ok(ok(&state)),
                 Settled::Unrecorded => {
                     let why = format!(
-                        "gatewayd host \"{host}\" did not record the request within {} s",
+                        "gatewayd host \"{host}\" did not record the request (within {} s, or \
+                         before it lost the device)",
                         PEER_UNRECORDED_CLAIM.as_secs()
                     );
                     match record_request(gateway, request, kind, false).await? {
@@ -608,16 +609,18 @@ enum Settled {
     /// The record is final: done, or unknown (a host that lost its lease has its pending
     /// requests made unknown).
     State(DispatchState),
-    /// No host recorded the request within [`PEER_UNRECORDED_CLAIM`].
+    /// No host recorded the request within [`PEER_UNRECORDED_CLAIM`], or before the holder's
+    /// lease on the device ended (it died as the call went out).
     Unrecorded,
 }
 
 /// Waits until `request`'s record is final, or (with `watch_unrecorded`) until it has gone
-/// unrecorded for [`PEER_UNRECORDED_CLAIM`], reading it every [`PEER_RECORD_POLL`]; never
-/// returns otherwise.
+/// unrecorded for [`PEER_UNRECORDED_CLAIM`] or `holder` no longer holds the device's lease,
+/// reading them every [`PEER_RECORD_POLL`]; never returns otherwise.
 async fn record_settles(
     gateway: &Gateway,
     request: &DispatchRequest,
+    holder: &str,
     watch_unrecorded: bool,
 ) -> Settled {
     let started = tokio::time::Instant::now();
@@ -630,8 +633,12 @@ async fn record_settles(
             {
                 return Settled::State(record.state);
             }
-            Ok(None) if watch_unrecorded && started.elapsed() >= PEER_UNRECORDED_CLAIM => {
-                return Settled::Unrecorded;
+            Ok(None) if watch_unrecorded => {
+                let held = leased_elsewhere(gateway, &request.device_id).await;
+                let lost = matches!(held, Ok(ref host) if host.as_deref() != Some(holder));
+                if lost || started.elapsed() >= PEER_UNRECORDED_CLAIM {
+                    return Settled::Unrecorded;
+                }
             }
             _ => {}
         }
