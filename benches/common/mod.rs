@@ -6,7 +6,9 @@
 //! - [`floor`]: the disk's floor for a durable replace.
 //!
 //! `sshd.rs` here (a private sshd and `ssh localhost true` over a ControlMaster connection) is
-//! not part of this module: `gateway_roundtrip` includes it on its own with `#[path]`.
+//! not part of this module: `gateway_roundtrip` includes it on its own with `#[path]`. Nor is
+//! `measure.rs` (a process's VmRSS, RLIMIT_NOFILE raised, percentiles), which needs none of
+//! the harness modules: `cluster_dispatch` includes it the same way.
 
 pub mod floor;
 pub mod reference;
