@@ -11,6 +11,12 @@
 //! (a permissions violation: this daemon's NATS user may not publish or subscribe there) are
 //! logged as warnings.
 //!
+//! Credentials: `nats_credentials` if set, else the systemd credential `nats.creds`
+//! (`$CREDENTIALS_DIRECTORY/nats.creds`, from `LoadCredential=nats.creds:/etc/…` in the unit),
+//! else none. The systemd credential is how agentd and gatewayd on one host log in as two NATS
+//! users with their own permissions while they read the same `[cluster]` section: each unit
+//! loads its own file, readable by that unit alone.
+//!
 //! Must never log the credentials, only their path; a URL is shown with its password hidden.
 
 use std::path::PathBuf;
@@ -48,6 +54,19 @@ pub enum NatsError {
         url: String,
         source: async_nats::ConnectError,
     },
+}
+
+/// The NATS credentials file to use: `cluster.nats_credentials`, else `nats.creds` in
+/// `credentials_dir` (`$CREDENTIALS_DIRECTORY`, set by systemd) if it is there.
+pub fn credentials_file(
+    cluster: &ClusterConfig,
+    credentials_dir: Option<&std::path::Path>,
+) -> Option<PathBuf> {
+    cluster.nats_credentials.clone().or_else(|| {
+        credentials_dir
+            .map(|dir| dir.join("nats.creds"))
+            .filter(|path| path.is_file())
+    })
 }
 
 /// Connects `daemon` (e.g. `agentworks-gatewayd`) to `cluster.nats_url`.
@@ -99,7 +118,9 @@ pub async fn connect(
             .add_root_certificates(path.clone())
             .require_tls(true);
     }
-    if let Some(path) = &cluster.nats_credentials {
+    let credentials_dir = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    if let Some(path) = &credentials_file(cluster, credentials_dir.as_deref()) {
+        tracing::info!(path = %path.display(), "logging in to NATS with a credentials file");
         options =
             options
                 .credentials_file(path)
@@ -116,4 +137,27 @@ pub async fn connect(
             url: redact_url(url),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configured_file_wins_then_the_systemd_credential_then_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = ClusterConfig::default();
+        assert_eq!(credentials_file(&cluster, Some(dir.path())), None);
+        std::fs::write(dir.path().join("nats.creds"), "x").unwrap();
+        assert_eq!(
+            credentials_file(&cluster, Some(dir.path())),
+            Some(dir.path().join("nats.creds"))
+        );
+        assert_eq!(credentials_file(&cluster, None), None);
+        cluster.nats_credentials = Some(PathBuf::from("/etc/agentworks/nats.creds"));
+        assert_eq!(
+            credentials_file(&cluster, Some(dir.path())),
+            Some(PathBuf::from("/etc/agentworks/nats.creds"))
+        );
+    }
 }
