@@ -116,7 +116,7 @@ impl Cluster {
     fn start(connections: usize) -> Cluster {
         let postgres = harness::Postgres::start();
         let nats = harness::Nats::start();
-        let (stack, port_1) = harness::Stack::start_with_gateway();
+        let (stack, port_1) = harness::Stack::start_with_embedded_gateway();
         let path = stack.state.root().join("agentworks.toml");
         let config = std::fs::read_to_string(&path).unwrap();
         std::fs::write(

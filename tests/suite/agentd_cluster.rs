@@ -30,7 +30,7 @@ impl Drop for Killed {
 fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_second() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let (mut stack, gw_port) = Stack::start_with_gateway();
+    let (mut stack, gw_port) = Stack::start_with_embedded_gateway();
     // gatewayd re-checks tokens once at start, then not for an hour: only NATS can wake it.
     append_config(
         &stack,
@@ -102,7 +102,7 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
 #[test]
 fn agentd_refuses_to_start_in_a_cluster_whose_nats_does_not_answer() {
     let postgres = Postgres::start();
-    let (stack, _gw_port) = Stack::start_with_gateway();
+    let (stack, _gw_port) = Stack::start_with_embedded_gateway();
     let nobody = free_port();
     // A second agentd beside the running one: its own port and socket, the cluster added.
     let root = stack.state.root();

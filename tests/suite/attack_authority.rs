@@ -568,7 +568,8 @@ fn a_second_credential_with_the_same_device_name_cannot_take_over_the_device() {
 #[test]
 fn a_device_recorded_before_credentials_owned_devices_is_claimed_by_no_connection() {
     let model = Model::start();
-    let (stack, gw_port) = Stack::start_with_gateway_and(&model.config());
+    // An earlier gatewayd's SQLite file: only the embedded store has one.
+    let (stack, gw_port) = Stack::start_with_embedded_gateway_and(&model.config());
     let alice = user(&stack, "alice");
     let alice_id = user_id(&stack, "alice");
     let gateway_dir = stack.state.root().join("gateway");

@@ -358,8 +358,12 @@ fn an_offline_device_is_409_device_offline_and_still_listed() {
 
 #[test]
 fn a_peer_not_allowed_on_gatewayd_sock_is_refused() {
-    let _users = users_lock();
-    let (uid, gid) = ensure_user("awtest-notagentd", &[]);
+    // Only around the user's creation: a stack in cluster mode takes the lock to make its
+    // PostgreSQL's user.
+    let (uid, gid) = {
+        let _users = users_lock();
+        ensure_user("awtest-notagentd", &[])
+    };
     let (stack, port) = Stack::start_with_gateway();
     let gw = Gatewayd::start(&stack, port);
     std::fs::set_permissions(

@@ -32,7 +32,7 @@ fn echo_executor(port: u16, token: &str) -> FakeExecutor {
 fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let (stack, port) = Stack::start_with_gateway();
+    let (stack, port) = Stack::start_with_embedded_gateway();
     let cluster = |host: &str| {
         format!(
             "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
@@ -138,7 +138,7 @@ fn gatewayd_fails_to_start(stack: &Stack) -> (Option<i32>, String) {
 
 #[test]
 fn gatewayd_refuses_to_start_when_the_cluster_database_is_unreachable() {
-    let (stack, _port) = Stack::start_with_gateway();
+    let (stack, _port) = Stack::start_with_embedded_gateway();
     let nobody = free_port();
     append_config(
         &stack,
@@ -163,7 +163,7 @@ fn gatewayd_refuses_to_start_when_the_cluster_database_is_unreachable() {
 
 #[test]
 fn gatewayd_refuses_a_half_configured_cluster() {
-    let (stack, _port) = Stack::start_with_gateway();
+    let (stack, _port) = Stack::start_with_embedded_gateway();
     append_config(
         &stack,
         "[cluster]\ndatabase_url = \"postgres://gw@127.0.0.1:5432/agentworks\"\n",
@@ -180,7 +180,7 @@ fn gatewayd_refuses_a_half_configured_cluster() {
 fn a_revocation_on_nats_makes_gatewayd_recheck_the_token_and_close_it_within_a_second() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let (stack, port) = Stack::start_with_gateway();
+    let (stack, port) = Stack::start_with_embedded_gateway();
     // The periodic re-check once at start, then not for an hour: only NATS can wake gatewayd.
     append_config(
         &stack,
@@ -241,7 +241,7 @@ fn a_revocation_on_nats_makes_gatewayd_recheck_the_token_and_close_it_within_a_s
 fn gatewayd_refuses_to_start_when_nats_is_unreachable_or_its_credentials_unusable() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let (stack, _port) = Stack::start_with_gateway();
+    let (stack, _port) = Stack::start_with_embedded_gateway();
     let config = std::fs::read_to_string(stack.state.root().join("agentworks.toml")).unwrap();
     let with_cluster = |nats_url: &str, extra: &str| {
         std::fs::write(

@@ -625,14 +625,21 @@ fn a_killed_executor_fails_the_request_kills_the_command_and_never_reruns_it() {
     // Were it sent again (gatewayd's record lost), the executor's own receipts refuse to run
     // it: the request was interrupted, its outcome unknown.
     setup.gw.stop();
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(
-            setup
-                .stack
-                .state
-                .root()
-                .join(format!("gateway/gatewayd.db{suffix}")),
-        );
+    match &setup.stack.cluster {
+        Some((postgres, _)) => {
+            postgres.psql("agentworks", "DELETE FROM gateway_requests");
+        }
+        None => {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(
+                    setup
+                        .stack
+                        .state
+                        .root()
+                        .join(format!("gateway/gatewayd.db{suffix}")),
+                );
+            }
+        }
     }
     setup.gw = Gatewayd::start(&setup.stack, setup.gw_port);
     setup.device_id = setup.wait_online()["device_id"]

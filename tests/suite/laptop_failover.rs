@@ -117,7 +117,7 @@ fn a_first_gateway_nobody_listens_on_is_skipped_for_the_next_at_once() {
 fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_device() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let (stack, port_a) = Stack::start_with_gateway();
+    let (stack, port_a) = Stack::start_with_embedded_gateway();
     let path = stack.state.root().join("agentworks.toml");
     let config = std::fs::read_to_string(&path).unwrap();
     std::fs::write(

@@ -20,6 +20,9 @@ pub struct Stack {
     pub workspaced: Workspaced,
     pub agentd: Child,
     pub port: u16,
+    /// In cluster mode ([`super::cluster_mode`]), the PostgreSQL and NATS servers this stack's
+    /// `[cluster]` section names; dropped with the stack.
+    pub cluster: Option<(super::Postgres, super::Nats)>,
 }
 
 impl Stack {
@@ -60,6 +63,7 @@ impl Stack {
             workspaced,
             agentd,
             port,
+            cluster: None,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while stack

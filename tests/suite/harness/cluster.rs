@@ -630,7 +630,7 @@ impl GatewayPair {
         nats_keys: &dyn Fn(&str) -> String,
     ) -> GatewayPair {
         let postgres = Postgres::start();
-        let (stack, port_a) = super::Stack::start_with_gateway();
+        let (stack, port_a) = super::Stack::start_with_embedded_gateway();
         let path = stack.state.root().join("agentworks.toml");
         let config = std::fs::read_to_string(&path).unwrap();
         let (nats_a, nats_b) = (nats_keys("gw-a"), nats_keys("gw-b"));

@@ -13,20 +13,24 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 impl Stack {
-    /// [`Stack::start`], then a `[gatewayd]` section (listen on a free loopback port,
-    /// `allowed_users = []`) appended to the config, so the file holds both daemons' sections.
-    /// Returns the stack and the gateway's port; start the daemon with [`Gatewayd::start`].
+    /// workspaced, agentd and a `[gatewayd]` section (listen on a free loopback port,
+    /// `allowed_users = []`) in the config, so the file holds both daemons' sections; in
+    /// cluster mode ([`super::cluster_mode`]) also a `[cluster]` section on a PostgreSQL and a
+    /// NATS server of the stack's own (host `gw-test`). Returns the stack and the gateway's
+    /// port; start the daemon with [`Gatewayd::start`].
     pub fn start_with_gateway() -> (Stack, u16) {
-        let stack = Stack::start();
-        let port = free_port();
-        let path = stack.state.root().join("agentworks.toml");
-        let config = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(
-            &path,
-            format!("{config}\n[gatewayd]\nlisten = \"127.0.0.1:{port}\"\nallowed_users = []\n"),
-        )
-        .unwrap();
-        (stack, port)
+        Stack::start_with_gateway_and("")
+    }
+
+    /// [`Stack::start_with_gateway`], never in cluster mode: for the tests that write a
+    /// `[cluster]` section of their own.
+    pub fn start_with_embedded_gateway() -> (Stack, u16) {
+        Stack::start_with_embedded_gateway_and("")
+    }
+
+    /// [`Stack::start_with_gateway_and`], never in cluster mode.
+    pub fn start_with_embedded_gateway_and(agentd_extra: &str) -> (Stack, u16) {
+        Stack::gateway_stack(agentd_extra, false)
     }
 
     pub fn gatewayd_socket(&self) -> PathBuf {
@@ -104,12 +108,29 @@ impl Stack {
     /// [`Stack::start_with_gateway`], with `agentd_extra` (e.g. an `[agentd.model]` table)
     /// written into the config before agentd starts. Returns the stack and the gateway's port.
     pub fn start_with_gateway_and(agentd_extra: &str) -> (Stack, u16) {
+        Stack::gateway_stack(agentd_extra, super::cluster_mode())
+    }
+
+    fn gateway_stack(agentd_extra: &str, cluster: bool) -> (Stack, u16) {
         let port = free_port();
         let gw_port = free_port();
+        // The `[cluster]` section before `[gatewayd]`, which stays last: tests append keys to it.
+        let servers = cluster.then(|| (super::Postgres::start(), super::Nats::start()));
+        let cluster_section = match &servers {
+            Some((postgres, nats)) => format!(
+                "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"gw-test\"\n\n",
+                postgres.url(),
+                nats.url()
+            ),
+            None => String::new(),
+        };
         let config = format!(
             "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
-             {agentd_extra}\n\n[gatewayd]\nlisten = \"127.0.0.1:{gw_port}\"\nallowed_users = []\n"
+             {agentd_extra}\n\n{cluster_section}[gatewayd]\nlisten = \"127.0.0.1:{gw_port}\"\n\
+             allowed_users = []\n"
         );
-        (Stack::start_on(port, &config), gw_port)
+        let mut stack = Stack::start_on(port, &config);
+        stack.cluster = servers;
+        (stack, gw_port)
     }
 }
