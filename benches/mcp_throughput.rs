@@ -194,6 +194,8 @@ trait Target: Send + Sync {
 struct Sample {
     latencies: Vec<Duration>,
     window: Duration,
+    /// Every call completed, the warm-up's included.
+    calls: u64,
 }
 
 impl Sample {
@@ -239,6 +241,7 @@ fn load(
                 tokio::spawn(async move {
                     let mut latencies = Vec::new();
                     let mut seq = 0u64;
+                    let mut calls = 0u64;
                     loop {
                         let began = Instant::now();
                         if began >= until {
@@ -253,24 +256,28 @@ fn load(
                             return Err(format!("{tool} returned other content: {result}"));
                         }
                         let done = Instant::now();
+                        calls += 1;
                         if done >= from && done <= until {
                             latencies.push(done - began);
                         }
                     }
-                    Ok::<_, Error>(latencies)
+                    Ok::<_, Error>((latencies, calls))
                 })
             })
             .collect();
         let mut latencies = Vec::new();
+        let mut calls = 0;
         for task in tasks {
-            latencies.extend(
-                task.await
-                    .map_err(|e| format!("a connection panicked: {e}"))??,
-            );
+            let (done, n) = task
+                .await
+                .map_err(|e| format!("a connection panicked: {e}"))??;
+            latencies.extend(done);
+            calls += n;
         }
         Ok(Sample {
             latencies,
             window: measure,
+            calls,
         })
     })
 }
@@ -491,6 +498,29 @@ struct Row {
     label: String,
     in_flight: usize,
     sample: Sample,
+    /// Ours: CPU µs per call of agentd and of workspaced (user + system, warm-up included).
+    cpu: Option<(f64, f64)>,
+}
+
+/// A process's user + system CPU time so far, from `/proc/<pid>/stat` (Linux).
+fn cpu_time(pid: u32) -> Result<Duration, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("cannot read /proc/{pid}/stat: {e}"))?;
+    // After the command's `(…)`: fields 3 on; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let (Some(utime), Some(stime)) = (ticks(11), ticks(12)) else {
+        return Err(format!("/proc/{pid}/stat has no CPU times"));
+    };
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_secs_f64(
+        (utime + stime) as f64 / per_second as f64,
+    ))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -575,6 +605,8 @@ fn measure_all(
             }
             for in_flight in IN_FLIGHT {
                 cell += 1;
+                let pids = [stack.agentd.pid(), stack.workspaced.pid()];
+                let before = pids.map(cpu_time);
                 let sample = load(
                     &runtime,
                     Arc::clone(target),
@@ -584,9 +616,16 @@ fn measure_all(
                     measure,
                 )
                 .map_err(|e| format!("{label} {tool} at {in_flight} in flight: {e}"))?;
+                let per_call = |(before, pid): (Result<Duration, Error>, u32)| {
+                    Ok::<_, Error>(
+                        (cpu_time(pid)? - before?).as_secs_f64() * 1e6 / sample.calls.max(1) as f64,
+                    )
+                };
+                let [agentd, workspaced] = [0, 1].map(|i| per_call((before[i].clone(), pids[i])));
                 rows.push(Row {
                     label: format!("{label}, {tool}"),
                     in_flight,
+                    cpu: Some((agentd?, workspaced?)),
                     sample,
                 });
             }
@@ -628,6 +667,7 @@ fn measure_all(
                     label: format!("reference {}, {tool}", installed.version),
                     in_flight,
                     sample,
+                    cpu: None,
                 });
             }
         }
@@ -676,7 +716,9 @@ fn floor(base: &Path, measure: Duration) -> Result<Vec<Row>, Error> {
             sample: Sample {
                 latencies,
                 window: measure,
+                calls: 0,
             },
+            cpu: None,
         });
     }
     Ok(rows)
@@ -697,21 +739,25 @@ fn report(rows: &[Row], base: &Path, measure: Duration) {
     );
     println!();
     println!(
-        "| {:<58} | {:>9} | {:>9} | {:>8} | {:>8} |",
-        "cell", "in flight", "ops/s", "p50 ms", "p99 ms"
+        "| {:<58} | {:>9} | {:>9} | {:>8} | {:>8} | {:>21} |",
+        "cell", "in flight", "ops/s", "p50 ms", "p99 ms", "CPU µs/call agentd+ws"
     );
     println!(
-        "| {:-<58} | {:->9} | {:->9} | {:->8} | {:->8} |",
-        "", "", "", "", ""
+        "| {:-<58} | {:->9} | {:->9} | {:->8} | {:->8} | {:->21} |",
+        "", "", "", "", "", ""
     );
     for row in rows {
+        let cpu = row.cpu.map_or(String::new(), |(agentd, workspaced)| {
+            format!("{agentd:.0} + {workspaced:.0} = {:.0}", agentd + workspaced)
+        });
         println!(
-            "| {:<58} | {:>9} | {:>9.0} | {:>8.2} | {:>8.2} |",
+            "| {:<58} | {:>9} | {:>9.0} | {:>8.2} | {:>8.2} | {:>21} |",
             row.label,
             row.in_flight,
             row.sample.per_sec(),
             ms(row.sample.percentile(0.50)),
             ms(row.sample.percentile(0.99)),
+            cpu,
         );
     }
     // ops/s of the row whose label starts with `prefix` and ends with `suffix`.
