@@ -257,10 +257,8 @@ impl ReceiptStore {
         let now = now_ms();
         let changed = self
             .conn
-            .execute(
-                "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3",
-                params![state.as_str(), now, receipt_id],
-            )
+            .prepare_cached(SET_STATE)
+            .and_then(|mut stmt| stmt.execute(params![state.as_str(), now, receipt_id]))
             .map_err(|e| self.query_err(e))?;
         if changed != 1 {
             return Err(self.query_err(rusqlite::Error::QueryReturnedNoRows));
@@ -278,10 +276,8 @@ impl ReceiptStore {
             .map_err(|e| self.query_err(e))?;
         for (receipt_id, state) in changes {
             let changed = tx
-                .execute(
-                    "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3",
-                    params![state.as_str(), now, receipt_id],
-                )
+                .prepare_cached(SET_STATE)
+                .and_then(|mut stmt| stmt.execute(params![state.as_str(), now, receipt_id]))
                 .map_err(|e| self.query_err(e))?;
             if changed != 1 {
                 return Err(self.query_err(rusqlite::Error::QueryReturnedNoRows));
@@ -316,12 +312,11 @@ impl ReceiptStore {
     /// The caller's receipt for `request_id`, if any (for a patch set, its first file's).
     pub fn find(&self, user_id: &str, request_id: &str) -> Result<Option<Receipt>, ReceiptError> {
         self.conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"),
-                params![user_id, request_id],
-                row_to_receipt,
-            )
-            .optional()
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"))
+            .and_then(|mut stmt| {
+                stmt.query_row(params![user_id, request_id], row_to_receipt)
+                    .optional()
+            })
             .map_err(|e| self.query_err(e))
     }
 
@@ -330,7 +325,7 @@ impl ReceiptStore {
     pub fn find_all(&self, user_id: &str, request_id: &str) -> Result<Vec<Receipt>, ReceiptError> {
         let mut stmt = self
             .conn
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index"
             ))
             .map_err(|e| self.query_err(e))?;
@@ -384,11 +379,17 @@ impl ReceiptStore {
     }
 }
 
+/// A receipt's state change (compiled once per connection: `prepare_cached`, as every
+/// statement a change runs).
+const SET_STATE: &str = "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3";
+
 /// One receipt row, as prepared.
 fn insert_row(conn: &Connection, receipt: &Receipt) -> rusqlite::Result<()> {
     let (part_index, part_count) = receipt.part.map_or((0, 1), |p| (p.index, p.count));
-    conn.execute(
+    conn.prepare_cached(
         &format!("INSERT INTO receipts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
+    )?
+    .execute(
         params![
             receipt.receipt_id,
             receipt.request_id,
