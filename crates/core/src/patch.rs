@@ -98,11 +98,14 @@ pub fn apply_strict(base: &str, diff: &str) -> Result<String, PatchError> {
                 diffy::Line::Insert(_) => None,
             })
             .collect();
-        let actual = base_lines.get(start..start + expected.len());
+        // A header may name any line number, up to usize::MAX: one past the end of the range
+        // that overflows is no line of the base, so it is a mismatch, never a wrapped range.
+        let end = start.checked_add(expected.len());
+        let actual = end.and_then(|end| base_lines.get(start..end));
         if actual != Some(expected.as_slice()) {
             return Err(PatchError::ContextMismatch {
                 hunk: number,
-                line: start + 1,
+                line: start.saturating_add(1),
             });
         }
         previous_end = start + expected.len();
@@ -380,6 +383,20 @@ mod tests {
         assert_eq!(
             apply_strict(BASE, diff).unwrap_err(),
             PatchError::ContextMismatch { hunk: 1, line: 3 }
+        );
+    }
+
+    #[test]
+    fn refuses_a_hunk_numbered_past_any_line_without_overflowing() {
+        // Found by fuzz/patch_set: `start + len` overflowed for a start of usize::MAX (diffy
+        // takes the hunk's counts loosely, so a ",0" range may still carry a deleted line).
+        let diff = format!("--- a/f\n+++ b/f\n@@ -{},0 +0,0 @@\n-one\n", usize::MAX);
+        assert_eq!(
+            apply_strict(BASE, &diff).unwrap_err(),
+            PatchError::ContextMismatch {
+                hunk: 1,
+                line: usize::MAX,
+            }
         );
     }
 
