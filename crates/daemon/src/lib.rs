@@ -2,7 +2,7 @@
 //!
 //! Owns the mechanics every daemon repeats: the one TOML config ([`config`]), the state-root
 //! layout ([`layout`]), taking or binding listening sockets ([`listener`]), `sd_notify`
-//! ([`systemd`]), logging to journald or stderr ([`logging`]), joining the cluster's NATS server ([`nats`]), shutdown signals ([`shutdown`]),
+//! ([`systemd`]), logging to journald or stderr ([`logging`]), joining the cluster's NATS server ([`nats`]) and its PostgreSQL ([`postgres`]), shutdown signals ([`shutdown`]),
 //! dropping capabilities ([`caps`]), the audit log ([`audit`]), and the server side of HTTP over
 //! Unix sockets and the public listeners ([`ipc`]). For agentd, workspaced and gatewayd only:
 //! the laptop CLI is not a daemon and never links this crate.
@@ -19,5 +19,6 @@ pub mod layout;
 pub mod listener;
 pub mod logging;
 pub mod nats;
+pub mod postgres;
 pub mod shutdown;
 pub mod systemd;

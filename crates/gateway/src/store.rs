@@ -43,8 +43,8 @@ use agentworks_contract::executor::{FolderInfo, Operation, Outcome};
 use agentworks_contract::gatewayd::DispatchState;
 
 pub use self::postgres::PostgresStore;
-pub use self::postgres::tls::DatabaseTlsError;
 pub use self::sqlite::SqliteStore;
+pub use agentworks_daemon::postgres::DatabaseTlsError;
 
 /// Why the gateway store failed.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +98,7 @@ pub enum StoreError {
     #[error("gateway store (PostgreSQL): no connection for {operation}: {source}")]
     PostgresPool {
         operation: &'static str,
-        source: r2d2_postgres::r2d2::Error,
+        source: agentworks_daemon::postgres::PoolError,
     },
     /// A schema migration failed (the schema is left as it was: each runs in a transaction).
     #[error("gateway store (PostgreSQL): cannot apply schema migration {version}: {source}")]

@@ -1,16 +1,10 @@
 //! The PostgreSQL back end of the gateway [`Store`](super::Store), for several gatewayd hosts
 //! sharing one database (`[cluster] database_url`, issue 16).
 //!
-//! The driver is the `postgres` crate (the synchronous client of rust-postgres, maintained with
-//! `tokio-postgres`, which it wraps) with an `r2d2_postgres` pool, by the same maintainer. The
-//! store's callers already call short synchronous methods on `spawn_blocking` threads, as they
-//! do for SQLite; a synchronous client keeps that shape and the same method signatures for both
-//! back ends, and each blocking call waits on its connection's own small runtime, never on
-//! gatewayd's. Moving to `tokio-postgres` with a pool later changes this file only, not its SQL.
-//! The pool (at most [`MAX_CONNECTIONS`]) checks a connection before lending it, so a restarted
-//! server costs one failed call, not a dead store.
+//! The pool, its TLS and the migration under an advisory lock are
+//! [`agentworks_daemon::postgres`]'s, shared with agentd's store.
 //!
-//! At open: the server must answer within [`CONNECT_TIMEOUT`] (gatewayd refuses to start
+//! At open: the server must answer within [`pg::CONNECT_TIMEOUT`] (gatewayd refuses to start
 //! otherwise); the schema [`MIGRATIONS`] are applied in one transaction under a transaction-level
 //! advisory lock (`pg_advisory_xact_lock`), so hosts starting together apply each once and a
 //! failed migration leaves the schema as it was; a database with a newer schema than this
@@ -21,42 +15,30 @@
 //! claimed with one `INSERT … ON CONFLICT (request_id) DO NOTHING`: of any number of hosts
 //! claiming one id at once, exactly one inserts it, and only that one may send it.
 //!
-//! TLS ([`tls`]): `sslmode=require` (or `verify-ca`, `verify-full`) in the URL turns it on, with
-//! the certificate and the server's name verified; without it the connection is clear, which
-//! the config loader allows to loopback and Unix sockets only.
-//!
 //! Never logs the database URL's password (errors carry the URL redacted).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use ::postgres::config::SslMode;
 use ::postgres::types::FromSql;
 use ::postgres::{GenericClient, Row};
-use r2d2_postgres::PostgresConnectionManager;
-use r2d2_postgres::r2d2::{Pool, PooledConnection};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use agentworks_contract::executor::{FolderInfo, Outcome};
 use agentworks_contract::gatewayd::DispatchState;
-use agentworks_daemon::config::cluster_urls::{DatabaseTls, parse_database_url};
-use agentworks_daemon::config::redact_url;
+use agentworks_daemon::postgres::{self as pg, ConnectError, MigrateError, Schema};
 
 use super::{
     Begin, DeviceRecord, LOST_HOST_REASON, Lease, NewRequest, RESTART_REASON, Registered,
     RequestRecord, StoreError, final_columns, new_request_columns, state_from_columns,
 };
 
-pub mod tls;
-
-/// The most connections one gatewayd holds to the database.
-pub const MAX_CONNECTIONS: u32 = 8;
-/// How long a connection (at start: the first one) may take before the server counts as
-/// unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The advisory lock key under which the gateway schema is migrated ("awgwschm").
-const MIGRATION_LOCK: i64 = 0x6177_6777_7363_686d;
+/// The gateway's tables, migrated under the advisory lock "awgwschm".
+const SCHEMA: Schema = Schema {
+    daemon: "gatewayd",
+    namespace: None,
+    version_table: "gateway_schema",
+    lock_key: 0x6177_6777_7363_686d,
+    migrations: MIGRATIONS,
+};
 
 /// The schema, one migration per version, applied in order; never edit one that has shipped,
 /// add the next.
@@ -118,69 +100,11 @@ CREATE TABLE gateway_hosts (
 ",
 ];
 
-type Manager = PostgresConnectionManager<MakeRustlsConnect>;
-
 /// A cheap-to-clone handle on the PostgreSQL store of one gatewayd host.
 #[derive(Clone)]
 pub struct PostgresStore {
-    // Declared before `_closer`, so the closer's clone of the pool is always the last one.
-    pool: Pool<Manager>,
-    _closer: Arc<CloseOffRuntime>,
+    pool: pg::Pool,
     host_id: Arc<str>,
-}
-
-/// Holds a clone of the pool and, when the last store handle goes, drops it on a thread of its
-/// own. Closing a `postgres` connection blocks on the connection's runtime, and blocking on a
-/// runtime panics on an async thread, where gatewayd's last handle may well go (a session task
-/// ending at shutdown).
-struct CloseOffRuntime(Option<Pool<Manager>>);
-
-impl Drop for CloseOffRuntime {
-    fn drop(&mut self) {
-        let Some(pool) = self.0.take() else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_err() {
-            return; // not on a runtime: the pool closes here, as it goes out of scope
-        }
-        let (send, receive) = std::sync::mpsc::channel::<Pool<Manager>>();
-        let closing = std::thread::Builder::new()
-            .name("gateway-store-close".to_owned())
-            .spawn(move || drop(receive.recv()));
-        match closing {
-            Ok(_) => {
-                if let Err(unsent) = send.send(pool) {
-                    std::mem::forget(unsent); // never closed here; the process ends it
-                }
-            }
-            Err(_) => std::mem::forget(pool),
-        }
-    }
-}
-
-/// The last connection error with its causes: r2d2 keeps only the outermost message ("error
-/// performing TLS handshake"), not why, which the person starting gatewayd needs.
-#[derive(Debug, Clone, Default)]
-struct LastConnectError(Arc<std::sync::Mutex<Option<String>>>);
-
-impl LastConnectError {
-    fn take(&self) -> Option<String> {
-        self.0.lock().ok()?.take()
-    }
-}
-
-impl r2d2_postgres::r2d2::HandleError<::postgres::Error> for LastConnectError {
-    fn handle_error(&self, error: ::postgres::Error) {
-        let mut text = error.to_string();
-        let mut cause = std::error::Error::source(&error);
-        while let Some(inner) = cause {
-            text.push_str(&format!(": {inner}"));
-            cause = inner.source();
-        }
-        if let Ok(mut last) = self.0.lock() {
-            *last = Some(text);
-        }
-    }
 }
 
 fn query(operation: &'static str) -> impl FnOnce(::postgres::Error) -> StoreError {
@@ -201,42 +125,32 @@ fn json_error(what: &'static str, id: &str) -> impl FnOnce(serde_json::Error) ->
     move |source| StoreError::Json { what, id, source }
 }
 
-/// Applies the migrations the database lacks, in one transaction under the advisory lock.
-fn migrate(client: &mut impl GenericClient, now_ms: i64) -> Result<(), StoreError> {
-    let mut tx = client
-        .transaction()
-        .map_err(query("begin the schema migration"))?;
-    // First the lock: even creating the version table races between hosts without it.
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .map_err(query("take the schema migration lock"))?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS gateway_schema (
-             version       INTEGER PRIMARY KEY,
-             applied_at_ms BIGINT NOT NULL
-         )",
-    )
-    .map_err(query("create the schema version table"))?;
-    let row = tx
-        .query_one("SELECT COALESCE(MAX(version), 0) FROM gateway_schema", &[])
-        .map_err(query("read the schema version"))?;
-    let found: i32 = column(&row, 0, "read the schema version")?;
-    let known = i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX);
-    if found > known {
-        return Err(StoreError::PostgresSchemaTooNew { found, known });
+impl From<ConnectError> for StoreError {
+    fn from(error: ConnectError) -> StoreError {
+        match error {
+            ConnectError::Url { url, source } => StoreError::PostgresUrl { url, source },
+            ConnectError::Unreachable { url, reason } => {
+                StoreError::PostgresConnect { url, reason }
+            }
+            ConnectError::Tls { url, source } => StoreError::PostgresTls { url, source },
+        }
     }
-    for (version, sql) in (1..)
-        .zip(MIGRATIONS)
-        .skip(usize::try_from(found).unwrap_or(0))
-    {
-        let failed = |source| StoreError::PostgresMigrate { version, source };
-        tx.batch_execute(sql).map_err(failed)?;
-        tx.execute(
-            "INSERT INTO gateway_schema (version, applied_at_ms) VALUES ($1, $2)",
-            &[&version, &now_ms],
-        )
-        .map_err(failed)?;
+}
+
+impl From<MigrateError> for StoreError {
+    fn from(error: MigrateError) -> StoreError {
+        match error {
+            MigrateError::Query { operation, source } => {
+                StoreError::PostgresQuery { operation, source }
+            }
+            MigrateError::Apply { version, source } => {
+                StoreError::PostgresMigrate { version, source }
+            }
+            MigrateError::TooNew { found, known, .. } => {
+                StoreError::PostgresSchemaTooNew { found, known }
+            }
+        }
     }
-    tx.commit().map_err(query("commit the schema migration"))
 }
 
 impl PostgresStore {
@@ -246,48 +160,12 @@ impl PostgresStore {
         host_id: &str,
         now_ms: i64,
     ) -> Result<(PostgresStore, usize), StoreError> {
-        let tls_failed = |source| StoreError::PostgresTls {
-            url: redact_url(url),
-            source,
-        };
-        let parsed = parse_database_url(url).map_err(|problem| tls_failed(problem.into()))?;
-        let mut config: ::postgres::Config =
-            parsed
-                .driver_url
-                .parse()
-                .map_err(|source| StoreError::PostgresUrl {
-                    url: redact_url(url),
-                    source,
-                })?;
-        let ssl_mode = match parsed.tls {
-            DatabaseTls::Off => SslMode::Disable,
-            DatabaseTls::Verified { .. } => SslMode::Require,
-        };
-        config
-            .connect_timeout(CONNECT_TIMEOUT)
-            .application_name("agentworks-gatewayd")
-            .ssl_mode(ssl_mode);
-        let connector = tls::connector(&parsed.tls).map_err(tls_failed)?;
-        let last_error = LastConnectError::default();
-        let pool = Pool::builder()
-            .max_size(MAX_CONNECTIONS)
-            .min_idle(Some(1))
-            .connection_timeout(CONNECT_TIMEOUT)
-            // r2d2 logs through `log`, which gatewayd does not collect; failures reach the
-            // caller as errors instead, with their causes kept here.
-            .error_handler(Box::new(last_error.clone()))
-            .build(PostgresConnectionManager::new(config, connector))
-            .map_err(|source| StoreError::PostgresConnect {
-                url: redact_url(url),
-                reason: last_error.take().unwrap_or_else(|| source.to_string()),
-            })?;
         let store = PostgresStore {
-            _closer: Arc::new(CloseOffRuntime(Some(pool.clone()))),
-            pool,
+            pool: pg::Pool::connect(url, "agentworks-gatewayd", None)?,
             host_id: Arc::from(host_id),
         };
         let mut conn = store.conn("migrate the schema")?;
-        migrate(&mut *conn, now_ms)?;
+        pg::migrate(&mut *conn, &SCHEMA, now_ms)?;
         let reconciled = conn
             .execute(
                 "UPDATE gateway_requests SET state = 'unknown', reason = $1, finished_at_ms = $2
@@ -299,7 +177,7 @@ impl PostgresStore {
         Ok((store, usize::try_from(reconciled).unwrap_or(usize::MAX)))
     }
 
-    fn conn(&self, operation: &'static str) -> Result<PooledConnection<Manager>, StoreError> {
+    fn conn(&self, operation: &'static str) -> Result<pg::Connection, StoreError> {
         self.pool
             .get()
             .map_err(|source| StoreError::PostgresPool { operation, source })

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agentworks_daemon::config::cluster_urls::{DatabaseTls, DatabaseTlsProblem};
+use crate::config::cluster_urls::{DatabaseTls, DatabaseTlsProblem};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
