@@ -24,6 +24,7 @@ mod gatewayd_cluster;
 mod gatewayd_leases;
 mod gatewayd_routing;
 pub mod harness;
+mod identity_store;
 mod laptop;
 mod laptop_failover;
 mod mcp_connections;

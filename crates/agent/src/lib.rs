@@ -32,6 +32,7 @@ pub mod chat_service;
 pub mod chats;
 pub mod cli;
 pub mod console;
+pub mod db;
 pub mod device;
 pub mod files;
 pub mod identity;
@@ -148,14 +149,18 @@ pub fn open_chats(
 }
 // ----- the agent (chats): end -----
 
-/// Open the identity store at `<state>/agent/agentd.db`.
+/// Open the identity store: in the cluster's PostgreSQL with `[cluster] database_url` (every
+/// agentd host sees the same users, projects and tokens), else at `<state>/agent/agentd.db`.
 pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
         path: dir.clone(),
         source,
     })?;
-    Ok(IdentityStore::open(&dir.join("agentd.db"))?)
+    match &config.cluster.database_url {
+        Some(url) => Ok(IdentityStore::open_postgres(url)?),
+        None => Ok(IdentityStore::open(&dir.join("agentd.db"))?),
+    }
 }
 
 /// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.

@@ -13,12 +13,12 @@
 //!
 //! Every call that depends on the time takes `now` (ms since the epoch) so tests can move it.
 
+use crate::db::Sql;
 use crate::identity::authority::Scope;
 use crate::identity::store::{IdentityError, IdentityStore, TokenInfo, TokenRequest, User};
 use crate::identity::token;
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
-use rusqlite::{OptionalExtension, params};
 use std::sync::OnceLock;
 
 /// Shortest password accepted, in characters.
@@ -176,10 +176,10 @@ impl IdentityStore {
     }
 
     fn store_password(&self, user: &User, phc: &str) -> Result<(), IdentityError> {
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO passwords (user_id, phc, updated_at_ms) VALUES (?1, ?2, ?3)
              ON CONFLICT (user_id) DO UPDATE SET phc = excluded.phc, updated_at_ms = excluded.updated_at_ms",
-            params![user.id, phc, crate::identity::store::now_ms()],
+            &[&user.id, &phc, &crate::identity::store::now_ms()],
         )?;
         self.end_sessions_of(&user.id)
     }
@@ -193,14 +193,11 @@ impl IdentityStore {
     ) -> Result<Option<User>, IdentityError> {
         let user = self.user_by_name(name)?;
         let phc: Option<String> = match &user {
-            Some(u) => self
-                .db()
-                .query_row(
-                    "SELECT phc FROM passwords WHERE user_id = ?1",
-                    params![u.id],
-                    |r| r.get(0),
-                )
-                .optional()?,
+            Some(u) => self.db()?.query_opt(
+                "SELECT phc FROM passwords WHERE user_id = ?1",
+                &[&u.id],
+                |r| r.get(0),
+            )?,
             None => None,
         };
         // An over-long password is not hashed at all (the limit is public, so this says
@@ -232,10 +229,10 @@ impl IdentityStore {
             })?;
         let code = random_secret();
         let expires_at_ms = now + kind.ttl_ms();
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO one_time_codes (code_hash, user_id, kind, expires_at_ms, used_at_ms, created_at_ms)
              VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
-            params![token::hash_secret(&code), user.id, kind.as_str(), expires_at_ms, now],
+            &[&token::hash_secret(&code), &user.id, &kind.as_str(), &expires_at_ms, &now],
         )?;
         Ok(NewCode {
             code,
@@ -255,16 +252,13 @@ impl IdentityStore {
         if !is_secret_shaped(code) {
             return Ok(None);
         }
-        let user_id: Option<String> = self
-            .db()
-            .query_row(
-                "UPDATE one_time_codes SET used_at_ms = ?1
-                 WHERE code_hash = ?2 AND kind = ?3 AND used_at_ms IS NULL AND expires_at_ms > ?1
-                 RETURNING user_id",
-                params![now, token::hash_secret(code), kind.as_str()],
-                |r| r.get(0),
-            )
-            .optional()?;
+        let user_id: Option<String> = self.db()?.query_opt(
+            "UPDATE one_time_codes SET used_at_ms = ?1
+             WHERE code_hash = ?2 AND kind = ?3 AND used_at_ms IS NULL AND expires_at_ms > ?1
+             RETURNING user_id",
+            &[&now, &token::hash_secret(code), &kind.as_str()],
+            |r| r.get(0),
+        )?;
         let Some(user_id) = user_id else {
             return Ok(None);
         };
@@ -314,17 +308,17 @@ impl IdentityStore {
             created_at_ms: now,
             expires_at_ms,
         };
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO sessions (id, secret_hash, user_id, token_id, csrf_token, created_at_ms, last_used_at_ms, expires_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
-            params![
-                session.id,
-                token::hash_secret(&secret),
-                user.id,
-                session.token.id,
-                session.csrf_token,
-                now,
-                expires_at_ms
+            &[
+                &session.id,
+                &token::hash_secret(&secret),
+                &user.id,
+                &session.token.id,
+                &session.csrf_token,
+                &now,
+                &expires_at_ms,
             ],
         )?;
         Ok(NewSession { secret, session })
@@ -342,12 +336,10 @@ impl IdentityStore {
         if !is_secret_shaped(secret) {
             return Ok(None);
         }
-        let row: Option<(String, String, String, String, i64, i64, i64)> = self
-            .db()
-            .query_row(
+        let row: Option<(String, String, String, String, i64, i64, i64)> = self.db()?.query_opt(
                 "SELECT id, user_id, token_id, csrf_token, created_at_ms, last_used_at_ms, expires_at_ms
                  FROM sessions WHERE secret_hash = ?1",
-                params![token::hash_secret(secret)],
+                &[&token::hash_secret(secret)],
                 |r| {
                     Ok((
                         r.get(0)?,
@@ -359,8 +351,7 @@ impl IdentityStore {
                         r.get(6)?,
                     ))
                 },
-            )
-            .optional()?;
+            )?;
         let Some((id, user_id, token_id, csrf_token, created, last_used, expires)) = row else {
             return Ok(None);
         };
@@ -381,9 +372,9 @@ impl IdentityStore {
             return Ok(None);
         }
         if now - last_used >= policy.touch_ms {
-            self.db().execute(
+            self.db()?.execute(
                 "UPDATE sessions SET last_used_at_ms = ?1 WHERE id = ?2",
-                params![now, id],
+                &[&now, &id],
             )?;
         }
         Ok(Some(Session {
@@ -402,14 +393,11 @@ impl IdentityStore {
         if !is_secret_shaped(secret) {
             return Ok(false);
         }
-        let row: Option<(String, String)> = self
-            .db()
-            .query_row(
-                "SELECT id, token_id FROM sessions WHERE secret_hash = ?1",
-                params![token::hash_secret(secret)],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
+        let row: Option<(String, String)> = self.db()?.query_opt(
+            "SELECT id, token_id FROM sessions WHERE secret_hash = ?1",
+            &[&token::hash_secret(secret)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         match row {
             Some((id, token_id)) => {
                 self.delete_session(&id, &token_id)?;
@@ -422,14 +410,11 @@ impl IdentityStore {
     /// Sessions past either expiry that nobody presented again are deleted (their tokens
     /// revoked), so the table holds live sessions only.
     fn sweep_sessions(&self, policy: SessionPolicy, now: i64) -> Result<(), IdentityError> {
-        let rows: Vec<(String, String)> = {
-            let db = self.db();
-            let mut stmt = db.prepare(
-                "SELECT id, token_id FROM sessions WHERE expires_at_ms <= ?1 OR last_used_at_ms + ?2 <= ?1",
-            )?;
-            stmt.query_map(params![now, policy.idle_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?
-        };
+        let rows: Vec<(String, String)> = self.db()?.query_all(
+            "SELECT id, token_id FROM sessions WHERE expires_at_ms <= ?1 OR last_used_at_ms + ?2 <= ?1",
+            &[&now, &policy.idle_ms],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         for (id, token_id) in rows {
             self.delete_session(&id, &token_id)?;
         }
@@ -438,12 +423,11 @@ impl IdentityStore {
 
     /// Every session of the user ends (their tokens revoked).
     fn end_sessions_of(&self, user_id: &str) -> Result<(), IdentityError> {
-        let rows: Vec<(String, String)> = {
-            let db = self.db();
-            let mut stmt = db.prepare("SELECT id, token_id FROM sessions WHERE user_id = ?1")?;
-            stmt.query_map(params![user_id], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?
-        };
+        let rows: Vec<(String, String)> = self.db()?.query_all(
+            "SELECT id, token_id FROM sessions WHERE user_id = ?1",
+            &[&user_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         for (id, token_id) in rows {
             self.delete_session(&id, &token_id)?;
         }
@@ -451,15 +435,15 @@ impl IdentityStore {
     }
 
     fn delete_session(&self, id: &str, token_id: &str) -> Result<(), IdentityError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
-        tx.execute(
-            "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
-            params![crate::identity::store::now_ms(), token_id],
-        )?;
-        tx.commit()?;
-        Ok(())
+        let now = crate::identity::store::now_ms();
+        self.transaction(|tx| {
+            tx.execute("DELETE FROM sessions WHERE id = ?1", &[&id])?;
+            tx.execute(
+                "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
+                &[&now, &token_id],
+            )?;
+            Ok(())
+        })
     }
 }
 
@@ -491,7 +475,8 @@ mod tests {
         s.set_password("alice", "correct horse").unwrap();
         let phc: String = s
             .db()
-            .query_row("SELECT phc FROM passwords", [], |r| r.get(0))
+            .unwrap()
+            .query_one("SELECT phc FROM passwords", &[], |r| r.get(0))
             .unwrap();
         assert!(phc.starts_with("$argon2id$v=19$"), "{phc}");
         for file in ["agentd.db", "agentd.db-wal"] {

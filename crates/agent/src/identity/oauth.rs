@@ -17,12 +17,12 @@
 //!
 //! Every call that depends on the time takes `now` (ms since the epoch) so tests can move it.
 
+use crate::db::{DbError, Row, Sql, Tx};
 use crate::identity::authority::{FileGuard, Scope};
 use crate::identity::store::{IdentityError, IdentityStore, new_id, to_json};
 use crate::identity::token;
 use crate::oauth::client_metadata::{ClientMetadata, TokenEndpointAuthMethod};
 use crate::oauth::{OAuthError, pkce, scopes};
-use rusqlite::{OptionalExtension, Transaction, params};
 
 /// An access token lives an hour; the client refreshes it.
 pub const ACCESS_TOKEN_TTL_MS: i64 = 3_600_000;
@@ -113,7 +113,7 @@ fn grant_error(error: IdentityError) -> OAuthError {
 const GRANT_COLUMNS: &str = "id, user_id, client_id, client_name, redirect_uri, scopes, projects, \
      file_guard, resource, created_at_ms, last_used_at_ms, revoked_at_ms";
 
-fn row_grant(r: &rusqlite::Row<'_>) -> rusqlite::Result<Grant> {
+fn row_grant(r: &Row<'_>) -> Result<Grant, DbError> {
     let scopes: String = r.get(5)?;
     let projects: String = r.get(6)?;
     let guard: String = r.get(7)?;
@@ -137,7 +137,7 @@ fn row_grant(r: &rusqlite::Row<'_>) -> rusqlite::Result<Grant> {
     })
 }
 
-fn row_client(r: &rusqlite::Row<'_>) -> rusqlite::Result<RegisteredClient> {
+fn row_client(r: &Row<'_>) -> Result<RegisteredClient, DbError> {
     let uris: String = r.get(2)?;
     let method: String = r.get(3)?;
     Ok(RegisteredClient {
@@ -155,72 +155,54 @@ fn row_client(r: &rusqlite::Row<'_>) -> rusqlite::Result<RegisteredClient> {
     })
 }
 
-fn grant_in(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<Grant>> {
-    tx.query_row(
+fn grant_in(tx: &mut Tx<'_>, id: &str) -> Result<Option<Grant>, DbError> {
+    tx.query_opt(
         &format!("SELECT {GRANT_COLUMNS} FROM oauth_grants WHERE id = ?1"),
-        params![id],
+        &[&id],
         row_grant,
     )
-    .optional()
 }
 
 /// Revoke a grant, its access tokens and its refresh tokens, in `tx`.
-fn revoke_grant_in(tx: &Transaction<'_>, grant_id: &str, now: i64) -> rusqlite::Result<()> {
+fn revoke_grant_in(tx: &mut Tx<'_>, grant_id: &str, now: i64) -> Result<(), DbError> {
     tx.execute(
         "UPDATE oauth_grants SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
-        params![now, grant_id],
+        &[&now, &grant_id],
     )?;
     tx.execute(
         "UPDATE tokens SET revoked_at_ms = ?1 WHERE grant_id = ?2 AND revoked_at_ms IS NULL",
-        params![now, grant_id],
+        &[&now, &grant_id],
     )?;
     tx.execute(
         "UPDATE oauth_refresh_tokens SET used_at_ms = ?1 WHERE grant_id = ?2 AND used_at_ms IS NULL",
-        params![now, grant_id],
+        &[&now, &grant_id],
     )?;
     Ok(())
 }
 
 /// Issue an access token and a refresh token for `grant` with `scopes`, in `tx`.
 fn issue_in(
-    tx: &Transaction<'_>,
+    tx: &mut Tx<'_>,
     grant: &Grant,
     scopes: &[Scope],
     now: i64,
-) -> rusqlite::Result<IssuedTokens> {
+) -> Result<IssuedTokens, DbError> {
     let access = token::mint();
     tx.execute(
         "INSERT INTO tokens (id, user_id, label, secret_hash, scopes, project_id, file_guard, expires_at_ms, revoked_at_ms, created_at_ms, grant_id)
          VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7, NULL, ?8, ?9)",
-        params![
-            access.id,
-            grant.user_id,
-            format!("oauth: {}", grant.client_name),
-            access.secret_hash,
-            to_json(&scopes),
-            to_json(&grant.file_guard),
-            now + ACCESS_TOKEN_TTL_MS,
-            now,
-            grant.id
-        ],
+        &[&access.id, &grant.user_id, &format!("oauth: {}", grant.client_name), &access.secret_hash, &to_json(&scopes), &to_json(&grant.file_guard), &(now + ACCESS_TOKEN_TTL_MS), &now, &grant.id],
     )?;
     let refresh_id = hex::encode(rand::random::<[u8; 8]>());
     let refresh_secret = hex::encode(rand::random::<[u8; 32]>());
     tx.execute(
         "INSERT INTO oauth_refresh_tokens (id, grant_id, secret_hash, scopes, created_at_ms, expires_at_ms, used_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)",
-        params![
-            refresh_id,
-            grant.id,
-            token::hash_secret(&refresh_secret),
-            to_json(&scopes),
-            now,
-            now + REFRESH_TOKEN_TTL_MS
-        ],
+        &[&refresh_id, &grant.id, &token::hash_secret(&refresh_secret), &to_json(&scopes), &now, &(now + REFRESH_TOKEN_TTL_MS)],
     )?;
     tx.execute(
         "UPDATE oauth_grants SET last_used_at_ms = ?1 WHERE id = ?2",
-        params![now, grant.id],
+        &[&now, &grant.id],
     )?;
     Ok(IssuedTokens {
         access_token: access.plaintext,
@@ -251,18 +233,10 @@ impl IdentityStore {
             created_at_ms: now,
             expires_at_ms: Some(now + UNUSED_CLIENT_TTL_MS),
         };
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO oauth_clients (id, name, redirect_uris, auth_method, secret_hash, created_at_ms, expires_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                client.id,
-                client.name,
-                to_json(&client.redirect_uris),
-                client.auth_method.as_str(),
-                client.secret_hash,
-                client.created_at_ms,
-                client.expires_at_ms
-            ],
+            &[&client.id, &client.name, &to_json(&client.redirect_uris), &client.auth_method.as_str(), &client.secret_hash, &client.created_at_ms, &client.expires_at_ms],
         )?;
         Ok((client, secret))
     }
@@ -273,28 +247,25 @@ impl IdentityStore {
         id: &str,
         now: i64,
     ) -> Result<Option<RegisteredClient>, IdentityError> {
-        let db = self.db();
-        let client = db
-            .query_row(
-                "SELECT id, name, redirect_uris, auth_method, secret_hash, created_at_ms, expires_at_ms
-                 FROM oauth_clients WHERE id = ?1",
-                params![id],
-                row_client,
-            )
-            .optional()?;
+        let client = self.db()?.query_opt(
+            "SELECT id, name, redirect_uris, auth_method, secret_hash, created_at_ms, expires_at_ms
+             FROM oauth_clients WHERE id = ?1",
+            &[&id],
+            row_client,
+        )?;
         Ok(client.filter(|c| c.expires_at_ms.is_none_or(|t| t > now)))
     }
 
     /// Delete registrations that expired unused; answers how many unused ones are left.
     pub fn sweep_clients(&self, now: i64) -> Result<usize, IdentityError> {
-        let db = self.db();
+        let mut db = self.db()?;
         db.execute(
             "DELETE FROM oauth_clients WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1",
-            params![now],
+            &[&now],
         )?;
-        let unused: i64 = db.query_row(
+        let unused: i64 = db.query_one(
             "SELECT COUNT(*) FROM oauth_clients WHERE expires_at_ms IS NOT NULL",
-            [],
+            &[],
             |r| r.get(0),
         )?;
         Ok(unused as usize)
@@ -320,42 +291,25 @@ impl IdentityStore {
             revoked_at_ms: None,
         };
         let code = format!("awc_{}", hex::encode(rand::random::<[u8; 32]>()));
-        let mut db = self.db();
-        let tx = db.transaction()?;
+        self.transaction(|tx| {
         tx.execute(
             &format!(
                 "INSERT INTO oauth_grants ({GRANT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL)"
             ),
-            params![
-                grant.id,
-                grant.user_id,
-                grant.client_id,
-                grant.client_name,
-                grant.redirect_uri,
-                to_json(&grant.scopes),
-                to_json(&grant.projects),
-                to_json(&grant.file_guard),
-                grant.resource,
-                now
-            ],
+            &[&grant.id, &grant.user_id, &grant.client_id, &grant.client_name, &grant.redirect_uri, &to_json(&grant.scopes), &to_json(&grant.projects), &to_json(&grant.file_guard), &grant.resource, &now],
         )?;
         tx.execute(
             "INSERT INTO oauth_codes (code_hash, grant_id, redirect_uri, code_challenge, expires_at_ms, used_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, NULL)",
-            params![
-                token::hash_secret(&code),
-                grant.id,
-                grant.redirect_uri,
-                new.code_challenge,
-                now + CODE_TTL_MS
-            ],
+            &[&token::hash_secret(&code), &grant.id, &grant.redirect_uri, &new.code_challenge, &(now + CODE_TTL_MS)],
         )?;
         // A registration that got a grant is in use: it no longer expires.
         tx.execute(
             "UPDATE oauth_clients SET expires_at_ms = NULL WHERE id = ?1",
-            params![grant.client_id],
+            &[&grant.client_id],
         )?;
-        tx.commit()?;
+        Ok(())
+        })?;
         Ok((grant, code))
     }
 
@@ -369,64 +323,60 @@ impl IdentityStore {
         verifier: &str,
         now: i64,
     ) -> Result<IssuedTokens, OAuthError> {
-        let mut db = self.db();
-        let tx = db.transaction().map_err(|e| grant_error(e.into()))?;
-        let found = tx
-            .query_row(
+        let invalid = |why: &str| OAuthError::InvalidGrant(why.into());
+        // The outer result is the store's; the inner one what the client is told. Either
+        // inner answer commits: a reused code revokes its grant, and a code gets one try.
+        let answer = self.transaction(|tx| {
+            let found = tx.query_opt(
                 "SELECT grant_id, redirect_uri, code_challenge, expires_at_ms, used_at_ms FROM oauth_codes WHERE code_hash = ?1",
-                params![token::hash_secret(code)],
+                &[&token::hash_secret(code)],
                 |r| {
                     Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, Option<i64>>(4)?,
+                        r.get::<String>(0)?,
+                        r.get::<String>(1)?,
+                        r.get::<String>(2)?,
+                        r.get::<i64>(3)?,
+                        r.get::<Option<i64>>(4)?,
                     ))
                 },
-            )
-            .optional()
-            .map_err(|e| grant_error(e.into()))?;
-        let invalid = |why: &str| OAuthError::InvalidGrant(why.into());
-        let Some((grant_id, code_redirect, challenge, expires, used)) = found else {
-            return Err(invalid("the code is unknown"));
-        };
-        if used.is_some() {
-            revoke_grant_in(&tx, &grant_id, now).map_err(|e| grant_error(e.into()))?;
-            tx.commit().map_err(|e| grant_error(e.into()))?;
-            return Err(invalid(
-                "the code was already used; the tokens issued with it are revoked",
-            ));
-        }
-        // Spent whatever happens next: a code gets one try.
-        tx.execute(
-            "UPDATE oauth_codes SET used_at_ms = ?1 WHERE code_hash = ?2",
-            params![now, token::hash_secret(code)],
-        )
-        .map_err(|e| grant_error(e.into()))?;
-        let outcome = (|| {
-            if expires <= now {
-                return Err(invalid("the code has expired"));
+            )?;
+            let Some((grant_id, code_redirect, challenge, expires, used)) = found else {
+                return Ok(Err(invalid("the code is unknown")));
+            };
+            if used.is_some() {
+                revoke_grant_in(tx, &grant_id, now)?;
+                return Ok(Err(invalid(
+                    "the code was already used; the tokens issued with it are revoked",
+                )));
             }
-            let grant = grant_in(&tx, &grant_id)
-                .map_err(|e| grant_error(e.into()))?
-                .ok_or_else(|| invalid("the code's grant is gone"))?;
+            // Spent whatever happens next: a code gets one try.
+            tx.execute(
+                "UPDATE oauth_codes SET used_at_ms = ?1 WHERE code_hash = ?2",
+                &[&now, &token::hash_secret(code)],
+            )?;
+            if expires <= now {
+                return Ok(Err(invalid("the code has expired")));
+            }
+            let Some(grant) = grant_in(tx, &grant_id)? else {
+                return Ok(Err(invalid("the code's grant is gone")));
+            };
             if grant.client_id != client_id {
-                return Err(invalid("the code was issued to another client"));
+                return Ok(Err(invalid("the code was issued to another client")));
             }
             if grant.revoked_at_ms.is_some() {
-                return Err(invalid("the grant was revoked"));
+                return Ok(Err(invalid("the grant was revoked")));
             }
             if redirect_uri != code_redirect {
-                return Err(invalid(
+                return Ok(Err(invalid(
                     "redirect_uri is not the one the authorization request used",
-                ));
+                )));
             }
-            pkce::verify(verifier, &challenge)?;
-            issue_in(&tx, &grant, &grant.scopes, now).map_err(|e| grant_error(e.into()))
-        })();
-        tx.commit().map_err(|e| grant_error(e.into()))?;
-        outcome
+            if let Err(refused) = pkce::verify(verifier, &challenge) {
+                return Ok(Err(refused));
+            }
+            Ok(Ok(issue_in(tx, &grant, &grant.scopes, now)?))
+        });
+        answer.map_err(grant_error)?
     }
 
     /// The refresh_token grant: spend `presented` and issue a new pair, with `asked` scopes
@@ -442,64 +392,63 @@ impl IdentityStore {
         let Some((id, secret)) = parse_refresh(presented) else {
             return Err(invalid("the refresh token is not one this server issued"));
         };
-        let mut db = self.db();
-        let tx = db.transaction().map_err(|e| grant_error(e.into()))?;
-        let found = tx
-            .query_row(
+        // The outer result is the store's; the inner one what the client is told. A spent
+        // token presented again commits the grant's revocation.
+        let answer = self.transaction(|tx| {
+            let found = tx.query_opt(
                 "SELECT grant_id, secret_hash, scopes, expires_at_ms, used_at_ms FROM oauth_refresh_tokens WHERE id = ?1",
-                params![id],
+                &[&id],
                 |r| {
                     Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, Option<i64>>(4)?,
+                        r.get::<String>(0)?,
+                        r.get::<String>(1)?,
+                        r.get::<String>(2)?,
+                        r.get::<i64>(3)?,
+                        r.get::<Option<i64>>(4)?,
                     ))
                 },
-            )
-            .optional()
-            .map_err(|e| grant_error(e.into()))?;
-        let Some((grant_id, hash, scopes_json, expires, used)) = found else {
-            return Err(invalid("the refresh token is unknown"));
-        };
-        if !token::hashes_equal(&token::hash_secret(secret), &hash) {
-            return Err(invalid("the refresh token is unknown"));
-        }
-        let grant = grant_in(&tx, &grant_id)
-            .map_err(|e| grant_error(e.into()))?
-            .ok_or_else(|| invalid("the refresh token's grant is gone"))?;
-        if grant.client_id != client_id {
-            return Err(invalid("the refresh token was issued to another client"));
-        }
-        if grant.revoked_at_ms.is_some() {
-            return Err(invalid("the grant was revoked"));
-        }
-        if used.is_some() {
-            revoke_grant_in(&tx, &grant_id, now).map_err(|e| grant_error(e.into()))?;
-            tx.commit().map_err(|e| grant_error(e.into()))?;
-            return Err(invalid(
-                "the refresh token was already used; every token of this grant is revoked",
-            ));
-        }
-        if expires <= now {
-            return Err(invalid("the refresh token has expired"));
-        }
-        let held: Vec<Scope> = serde_json::from_str(&scopes_json).unwrap_or_default();
-        // Never more than the person consented to, nor than this token held.
-        let consented: Vec<Scope> = held
-            .into_iter()
-            .filter(|s| grant.scopes.contains(s))
-            .collect();
-        let scopes = scopes::grant(&consented, asked)?;
-        tx.execute(
-            "UPDATE oauth_refresh_tokens SET used_at_ms = ?1 WHERE id = ?2",
-            params![now, id],
-        )
-        .map_err(|e| grant_error(e.into()))?;
-        let issued = issue_in(&tx, &grant, &scopes, now).map_err(|e| grant_error(e.into()))?;
-        tx.commit().map_err(|e| grant_error(e.into()))?;
-        Ok(issued)
+            )?;
+            let Some((grant_id, hash, scopes_json, expires, used)) = found else {
+                return Ok(Err(invalid("the refresh token is unknown")));
+            };
+            if !token::hashes_equal(&token::hash_secret(secret), &hash) {
+                return Ok(Err(invalid("the refresh token is unknown")));
+            }
+            let Some(grant) = grant_in(tx, &grant_id)? else {
+                return Ok(Err(invalid("the refresh token's grant is gone")));
+            };
+            if grant.client_id != client_id {
+                return Ok(Err(invalid("the refresh token was issued to another client")));
+            }
+            if grant.revoked_at_ms.is_some() {
+                return Ok(Err(invalid("the grant was revoked")));
+            }
+            if used.is_some() {
+                revoke_grant_in(tx, &grant_id, now)?;
+                return Ok(Err(invalid(
+                    "the refresh token was already used; every token of this grant is revoked",
+                )));
+            }
+            if expires <= now {
+                return Ok(Err(invalid("the refresh token has expired")));
+            }
+            let held: Vec<Scope> = serde_json::from_str(&scopes_json).unwrap_or_default();
+            // Never more than the person consented to, nor than this token held.
+            let consented: Vec<Scope> = held
+                .into_iter()
+                .filter(|s| grant.scopes.contains(s))
+                .collect();
+            let scopes = match scopes::grant(&consented, asked) {
+                Ok(scopes) => scopes,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            tx.execute(
+                "UPDATE oauth_refresh_tokens SET used_at_ms = ?1 WHERE id = ?2",
+                &[&now, &id],
+            )?;
+            Ok(Ok(issue_in(tx, &grant, &scopes, now)?))
+        });
+        answer.map_err(grant_error)?
     }
 
     /// RFC 7009: revoke an access or refresh token `client_id` holds. Revoking a refresh
@@ -512,14 +461,11 @@ impl IdentityStore {
         now: i64,
     ) -> Result<(), IdentityError> {
         let grant_id = if let Some((id, secret)) = parse_refresh(presented) {
-            let db = self.db();
-            let row = db
-                .query_row(
-                    "SELECT grant_id, secret_hash FROM oauth_refresh_tokens WHERE id = ?1",
-                    params![id],
-                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-                )
-                .optional()?;
+            let row = self.db()?.query_opt(
+                "SELECT grant_id, secret_hash FROM oauth_refresh_tokens WHERE id = ?1",
+                &[&id],
+                |r| Ok((r.get::<String>(0)?, r.get::<String>(1)?)),
+            )?;
             row.filter(|(_, hash)| token::hashes_equal(&token::hash_secret(secret), hash))
                 .map(|(grant, _)| (grant, None))
         } else if let Some((id, _)) = token::parse(presented) {
@@ -533,41 +479,39 @@ impl IdentityStore {
         let Some((grant_id, access_id)) = grant_id else {
             return Ok(());
         };
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        let Some(grant) = grant_in(&tx, &grant_id)? else {
-            return Ok(());
-        };
-        if grant.client_id != client_id {
-            return Ok(());
-        }
-        match access_id {
-            Some(id) => {
-                tx.execute(
-                    "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
-                    params![now, id],
-                )?;
+        self.transaction(|tx| {
+            let Some(grant) = grant_in(tx, &grant_id)? else {
+                return Ok(());
+            };
+            if grant.client_id != client_id {
+                return Ok(());
             }
-            None => revoke_grant_in(&tx, &grant_id, now)?,
-        }
-        tx.commit()?;
-        Ok(())
+            match &access_id {
+                Some(id) => {
+                    tx.execute(
+                        "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
+                        &[&now, id],
+                    )?;
+                }
+                None => revoke_grant_in(tx, &grant_id, now)?,
+            }
+            Ok(())
+        })
     }
 
     // ----- connected apps -----
 
     /// The person's live grants that issued tokens, newest first.
     pub fn grants_of(&self, user_id: &str) -> Result<Vec<Grant>, IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare(&format!(
-            "SELECT {GRANT_COLUMNS} FROM oauth_grants
-             WHERE user_id = ?1 AND revoked_at_ms IS NULL AND last_used_at_ms IS NOT NULL
-             ORDER BY created_at_ms DESC"
-        ))?;
-        let rows = stmt
-            .query_map(params![user_id], row_grant)?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+        Ok(self.db()?.query_all(
+            &format!(
+                "SELECT {GRANT_COLUMNS} FROM oauth_grants
+                 WHERE user_id = ?1 AND revoked_at_ms IS NULL AND last_used_at_ms IS NOT NULL
+                 ORDER BY created_at_ms DESC"
+            ),
+            &[&user_id],
+            row_grant,
+        )?)
     }
 
     /// Revoke one of the person's grants: its tokens stop at once. `false` if the person has
@@ -578,22 +522,21 @@ impl IdentityStore {
         user_id: &str,
         now: i64,
     ) -> Result<bool, IdentityError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        let live = grant_in(&tx, grant_id)?
-            .is_some_and(|g| g.user_id == user_id && g.revoked_at_ms.is_none());
-        if live {
-            revoke_grant_in(&tx, grant_id, now)?;
-        }
-        tx.commit()?;
-        Ok(live)
+        self.transaction(|tx| {
+            let live = grant_in(tx, grant_id)?
+                .is_some_and(|g| g.user_id == user_id && g.revoked_at_ms.is_none());
+            if live {
+                revoke_grant_in(tx, grant_id, now)?;
+            }
+            Ok(live)
+        })
     }
 
     /// Note that a grant's token was used (at most once per [`GRANT_TOUCH_MS`]).
     pub fn touch_grant(&self, grant_id: &str, now: i64) -> Result<(), IdentityError> {
-        self.db().execute(
+        self.db()?.execute(
             "UPDATE oauth_grants SET last_used_at_ms = ?1 WHERE id = ?2 AND last_used_at_ms < ?3",
-            params![now, grant_id, now - GRANT_TOUCH_MS],
+            &[&now, &grant_id, &(now - GRANT_TOUCH_MS)],
         )?;
         Ok(())
     }

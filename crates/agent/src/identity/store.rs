@@ -5,14 +5,14 @@
 //! are short and synchronous; async callers run them on a blocking thread. Nothing here
 //! decides access: `authority::resolve` does, from what this returns.
 
+use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use crate::identity::authority::{FileGuard, Role, Scope};
 use crate::identity::token;
 pub use agentworks_contract::agentd::ProjectKind;
 use agentworks_core::guard::Guard;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,8 +22,11 @@ pub enum IdentityError {
         path: PathBuf,
         source: rusqlite::Error,
     },
+    /// The cluster's database (`[cluster] database_url`) cannot be reached or migrated.
+    #[error("the identity store (PostgreSQL) cannot be opened: {0}")]
+    OpenShared(#[from] crate::db::OpenError),
     #[error("identity store query failed: {0}")]
-    Query(#[from] rusqlite::Error),
+    Query(#[from] DbError),
     #[error("{0}")]
     Invalid(String),
     #[error("{kind} {name:?} does not exist")]
@@ -32,10 +35,27 @@ pub enum IdentityError {
     Exists { kind: &'static str, name: String },
 }
 
+impl From<rusqlite::Error> for IdentityError {
+    fn from(error: rusqlite::Error) -> IdentityError {
+        IdentityError::Query(error.into())
+    }
+}
+
+impl TransactionError for IdentityError {
+    fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            IdentityError::Query(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
 impl IdentityError {
     pub fn code(&self) -> &'static str {
         match self {
-            IdentityError::Open { .. } | IdentityError::Query(_) => "identity_unavailable",
+            IdentityError::Open { .. } | IdentityError::OpenShared(_) | IdentityError::Query(_) => {
+                "identity_unavailable"
+            }
             IdentityError::Invalid(_) => "invalid_request",
             IdentityError::NotFound { .. } => "not_found",
             IdentityError::Exists { .. } => "already_exists",
@@ -180,6 +200,67 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at_ms INTEGER NOT NULL, last_used_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
 ";
 
+/// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
+/// `agentd`: every integer a `BIGINT`, as [`crate::db`] reads them. One migration per version;
+/// never edit one that has shipped, add the next.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    // 1: users, projects, members, tokens, the OAuth server's rows and console accounts.
+    "
+CREATE TABLE users (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, disabled BIGINT NOT NULL DEFAULT 0,
+    created_at_ms BIGINT NOT NULL);
+CREATE TABLE projects (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, folder TEXT NOT NULL UNIQUE,
+    policy TEXT NOT NULL, created_at_ms BIGINT NOT NULL);
+CREATE TABLE members (
+    project_id TEXT NOT NULL REFERENCES projects(id), user_id TEXT NOT NULL REFERENCES users(id),
+    role TEXT NOT NULL, PRIMARY KEY (project_id, user_id));
+CREATE INDEX members_by_user ON members (user_id);
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), label TEXT NOT NULL,
+    secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT REFERENCES projects(id),
+    file_guard TEXT NOT NULL, expires_at_ms BIGINT, revoked_at_ms BIGINT,
+    created_at_ms BIGINT NOT NULL, grant_id TEXT);
+CREATE INDEX tokens_revoked ON tokens (revoked_at_ms);
+CREATE INDEX tokens_grant ON tokens (grant_id);
+CREATE TABLE oauth_clients (
+    id TEXT PRIMARY KEY, name TEXT, redirect_uris TEXT NOT NULL, auth_method TEXT NOT NULL,
+    secret_hash TEXT, created_at_ms BIGINT NOT NULL, expires_at_ms BIGINT);
+CREATE TABLE oauth_grants (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), client_id TEXT NOT NULL,
+    client_name TEXT NOT NULL, redirect_uri TEXT NOT NULL, scopes TEXT NOT NULL,
+    projects TEXT NOT NULL, file_guard TEXT NOT NULL, resource TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL, last_used_at_ms BIGINT, revoked_at_ms BIGINT);
+CREATE TABLE oauth_codes (
+    code_hash TEXT PRIMARY KEY, grant_id TEXT NOT NULL REFERENCES oauth_grants(id),
+    redirect_uri TEXT NOT NULL, code_challenge TEXT NOT NULL, expires_at_ms BIGINT NOT NULL,
+    used_at_ms BIGINT);
+CREATE TABLE oauth_refresh_tokens (
+    id TEXT PRIMARY KEY, grant_id TEXT NOT NULL REFERENCES oauth_grants(id),
+    secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, created_at_ms BIGINT NOT NULL,
+    expires_at_ms BIGINT NOT NULL, used_at_ms BIGINT);
+CREATE TABLE passwords (
+    user_id TEXT PRIMARY KEY REFERENCES users(id), phc TEXT NOT NULL, updated_at_ms BIGINT NOT NULL);
+CREATE TABLE one_time_codes (
+    code_hash TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), kind TEXT NOT NULL,
+    expires_at_ms BIGINT NOT NULL, used_at_ms BIGINT, created_at_ms BIGINT NOT NULL);
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL REFERENCES users(id),
+    token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL, last_used_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL);
+",
+];
+
+/// agentd's identity tables in PostgreSQL, migrated under the advisory lock "awagidnt".
+pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
+    agentworks_daemon::postgres::Schema {
+        daemon: "agentd",
+        namespace: Some("agentd"),
+        version_table: "identity_schema",
+        lock_key: 0x6177_6167_6964_6e74,
+        migrations: POSTGRES_MIGRATIONS,
+    };
+
 pub use agentworks_support::clock::now_ms;
 
 pub(crate) fn new_id(prefix: &str) -> String {
@@ -209,22 +290,22 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), IdentityError> {
 /// A cheap-to-clone handle on the store.
 #[derive(Clone)]
 pub struct IdentityStore {
-    conn: Arc<Mutex<Connection>>,
+    db: Database,
     /// In a cluster, where a revoked token's id goes once its revocation is committed (agentd
     /// publishes it on NATS: `crate::revocations`). Unset on one host.
     revoked: Arc<OnceLock<mpsc::UnboundedSender<String>>>,
 }
 
-fn row_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
+fn row_user(r: &Row<'_>) -> Result<User, DbError> {
     Ok(User {
         id: r.get(0)?,
         name: r.get(1)?,
-        disabled: r.get::<_, i64>(2)? != 0,
+        disabled: r.get::<i64>(2)? != 0,
         created_at_ms: r.get(3)?,
     })
 }
 
-fn row_project(r: &rusqlite::Row<'_>) -> rusqlite::Result<Project> {
+pub(crate) fn row_project(r: &Row<'_>) -> Result<Project, DbError> {
     let kind: String = r.get(2)?;
     Ok(Project {
         id: r.get(0)?,
@@ -236,7 +317,7 @@ fn row_project(r: &rusqlite::Row<'_>) -> rusqlite::Result<Project> {
     })
 }
 
-fn row_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<(TokenInfo, String)> {
+fn row_token(r: &Row<'_>) -> Result<(TokenInfo, String), DbError> {
     let scopes: String = r.get(5)?;
     let guard: String = r.get(7)?;
     // Unreadable scopes or caps fail closed: no scope, nothing writable.
@@ -262,7 +343,7 @@ fn row_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<(TokenInfo, String)> {
     }
     let audience = grant_id
         .as_ref()
-        .map(|_| r.get::<_, Option<String>>(13))
+        .map(|_| r.get::<Option<String>>(13))
         .transpose()?
         .map(|a| a.unwrap_or_default());
     Ok((
@@ -294,17 +375,31 @@ const TOKEN_FROM: &str = "tokens t JOIN users u ON u.id = t.user_id \
      LEFT JOIN oauth_grants g ON g.id = t.grant_id";
 
 impl IdentityStore {
+    /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<IdentityStore, IdentityError> {
         let err = |source| IdentityError::Open {
             path: path.to_owned(),
             source,
         };
-        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(err)?;
-        add_token_grant_column(&conn).map_err(err)?;
-        Ok(IdentityStore {
-            conn: Arc::new(Mutex::new(conn)),
+        let db = Database::open_sqlite(path, SCHEMA).map_err(err)?;
+        if let Some(conn) = db.sqlite() {
+            add_token_grant_column(&conn).map_err(err)?;
+        }
+        Ok(IdentityStore::on(db))
+    }
+
+    /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
+    /// schema migrated first.
+    pub fn open_postgres(url: &str) -> Result<IdentityStore, IdentityError> {
+        let db = Database::open_postgres(url, "agentworks-agentd", &POSTGRES_SCHEMA, now_ms())?;
+        Ok(IdentityStore::on(db))
+    }
+
+    fn on(db: Database) -> IdentityStore {
+        IdentityStore {
+            db,
             revoked: Arc::new(OnceLock::new()),
-        })
+        }
     }
 
     /// From now on, the id of every token this store revokes is sent to `revoked` after the
@@ -314,8 +409,18 @@ impl IdentityStore {
         let _ = self.revoked.set(revoked);
     }
 
-    pub(super) fn db(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// A connection for a few statements, each committed on its own.
+    pub(super) fn db(&self) -> Result<crate::db::Conn<'_>, DbError> {
+        self.db.conn()
+    }
+
+    /// Runs `work` in one transaction ([`Database::transaction`]: on PostgreSQL it may run
+    /// more than once).
+    pub(super) fn transaction<T: Send>(
+        &self,
+        work: impl FnMut(&mut crate::db::Tx<'_>) -> Result<T, IdentityError> + Send,
+    ) -> Result<T, IdentityError> {
+        self.db.transaction(work)
     }
 
     // ----- users -----
@@ -334,29 +439,29 @@ impl IdentityStore {
             disabled: false,
             created_at_ms: now_ms(),
         };
-        self.db().execute(
-            "INSERT INTO users (id, name, disabled, created_at_ms) VALUES (?1, ?2, 0, ?3)",
-            params![user.id, user.name, user.created_at_ms],
-        )?;
+        self.db()?
+            .execute(
+                "INSERT INTO users (id, name, disabled, created_at_ms) VALUES (?1, ?2, 0, ?3)",
+                &[&user.id, &user.name, &user.created_at_ms],
+            )
+            .map_err(|e| exists_if_taken(e, "user", name))?;
         Ok(user)
     }
 
     pub fn user_by_name(&self, name: &str) -> Result<Option<User>, IdentityError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT id, name, disabled, created_at_ms FROM users WHERE name = ?1",
-                params![name],
-                row_user,
-            )
-            .optional()?)
+        Ok(self.db()?.query_opt(
+            "SELECT id, name, disabled, created_at_ms FROM users WHERE name = ?1",
+            &[&name],
+            row_user,
+        )?)
     }
 
     pub fn user_by_id(&self, id: &str) -> Result<Option<User>, IdentityError> {
-        let db = self.db();
-        let mut stmt =
-            db.prepare_cached("SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1")?;
-        Ok(stmt.query_row(params![id], row_user).optional()?)
+        Ok(self.db()?.query_opt(
+            "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1",
+            &[&id],
+            row_user,
+        )?)
     }
 
     /// What the user may do anywhere, from one query: (member of any project, author in any
@@ -367,15 +472,11 @@ impl IdentityStore {
         user_id: &str,
         projects: Option<&[String]>,
     ) -> Result<(bool, bool), IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(
+        let rows = self.db()?.query_all(
             "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1",
+            &[&user_id],
+            |r| Ok((r.get::<String>(0)?, r.get::<bool>(1)?)),
         )?;
-        let rows = stmt
-            .query_map(params![user_id], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
         let reached = rows
             .iter()
             .filter(|(project, _)| projects.is_none_or(|ps| ps.contains(project)));
@@ -396,20 +497,18 @@ impl IdentityStore {
     }
 
     pub fn list_users(&self) -> Result<Vec<User>, IdentityError> {
-        let db = self.db();
-        let mut stmt =
-            db.prepare("SELECT id, name, disabled, created_at_ms FROM users ORDER BY name")?;
-        let rows = stmt
-            .query_map([], row_user)?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+        Ok(self.db()?.query_all(
+            "SELECT id, name, disabled, created_at_ms FROM users ORDER BY name",
+            &[],
+            row_user,
+        )?)
     }
 
     pub fn set_user_disabled(&self, name: &str, disabled: bool) -> Result<User, IdentityError> {
         let user = self.require_user(name)?;
-        self.db().execute(
+        self.db()?.execute(
             "UPDATE users SET disabled = ?1 WHERE id = ?2",
-            params![disabled as i64, user.id],
+            &[&(disabled as i64), &user.id],
         )?;
         Ok(User { disabled, ..user })
     }
@@ -447,43 +546,36 @@ impl IdentityStore {
                 .map_err(|e| IdentityError::Invalid(e.to_string()))?,
             created_at_ms: now_ms(),
         };
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        tx.execute(
-            "INSERT INTO projects (id, name, kind, folder, policy, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![project.id, project.name, kind.as_str(), project.folder, project.policy, project.created_at_ms],
-        )
-        .map_err(|e| match e {
-            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
-                IdentityError::Exists { kind: "project folder", name: folder.into() }
-            }
-            other => other.into(),
+        self.transaction(|tx| {
+            tx.execute(
+                "INSERT INTO projects (id, name, kind, folder, policy, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                &[&project.id, &project.name, &kind.as_str(), &project.folder, &project.policy, &project.created_at_ms],
+            )
+            // The name was free a moment ago; another host may have taken it, or the folder.
+            .map_err(|e| exists_if_taken(e, "project or project folder", &format!("{name} ({folder})")))?;
+            tx.execute(
+                "INSERT INTO members (project_id, user_id, role) VALUES (?1, ?2, 'owner')",
+                &[&project.id, &owner.id],
+            )?;
+            Ok(())
         })?;
-        tx.execute(
-            "INSERT INTO members (project_id, user_id, role) VALUES (?1, ?2, 'owner')",
-            params![project.id, owner.id],
-        )?;
-        tx.commit()?;
         Ok(project)
     }
 
     pub fn project_by_name(&self, name: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1",
-                params![name],
-                row_project,
-            )
-            .optional()?)
+        Ok(self.db()?.query_opt(
+            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1",
+            &[&name],
+            row_project,
+        )?)
     }
 
     pub fn project_by_id(&self, id: &str) -> Result<Option<Project>, IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(
+        Ok(self.db()?.query_opt(
             "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1",
-        )?;
-        Ok(stmt.query_row(params![id], row_project).optional()?)
+            &[&id],
+            row_project,
+        )?)
     }
 
     /// A project by id or by name (operators type names; MCP clients send ids).
@@ -503,14 +595,11 @@ impl IdentityStore {
     }
 
     pub fn list_projects(&self) -> Result<Vec<Project>, IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare(
+        Ok(self.db()?.query_all(
             "SELECT id, name, kind, folder, policy, created_at_ms FROM projects ORDER BY name",
-        )?;
-        let rows = stmt
-            .query_map([], row_project)?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+            &[],
+            row_project,
+        )?)
     }
 
     pub fn set_member(
@@ -521,10 +610,10 @@ impl IdentityStore {
     ) -> Result<Member, IdentityError> {
         let project = self.require_project(project)?;
         let user = self.require_user(user)?;
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO members (project_id, user_id, role) VALUES (?1, ?2, ?3)
              ON CONFLICT (project_id, user_id) DO UPDATE SET role = excluded.role",
-            params![project.id, user.id, role.as_str()],
+            &[&project.id, &user.id, &role.as_str()],
         )?;
         Ok(Member {
             project: project.name,
@@ -537,9 +626,9 @@ impl IdentityStore {
     pub fn remove_member(&self, project: &str, user: &str) -> Result<(), IdentityError> {
         let project = self.require_project(project)?;
         let user = self.require_user(user)?;
-        let removed = self.db().execute(
+        let removed = self.db()?.execute(
             "DELETE FROM members WHERE project_id = ?1 AND user_id = ?2",
-            params![project.id, user.id],
+            &[&project.id, &user.id],
         )?;
         if removed == 0 {
             return Err(IdentityError::NotFound {
@@ -552,17 +641,15 @@ impl IdentityStore {
 
     pub fn list_members(&self, project: &str) -> Result<Vec<Member>, IdentityError> {
         let project = self.require_project(project)?;
-        let db = self.db();
-        let mut stmt = db.prepare(
+        let rows = self.db()?.query_all(
             "SELECT u.name, u.id, m.role FROM members m JOIN users u ON u.id = m.user_id
              WHERE m.project_id = ?1 ORDER BY u.name",
-        )?;
-        let rows = stmt
-            .query_map(params![project.id], |r| {
+            &[&project.id],
+            |r| {
                 let role: String = r.get(2)?;
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, role))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
+                Ok((r.get::<String>(0)?, r.get::<String>(1)?, role))
+            },
+        )?;
         Ok(rows
             .into_iter()
             .filter_map(|(user, user_id, role)| {
@@ -578,27 +665,22 @@ impl IdentityStore {
 
     /// The user's live role on a project, if any.
     pub fn role_of(&self, project_id: &str, user_id: &str) -> Result<Option<Role>, IdentityError> {
-        let db = self.db();
-        let mut stmt =
-            db.prepare_cached("SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2")?;
-        let role: Option<String> = stmt
-            .query_row(params![project_id, user_id], |r| r.get(0))
-            .optional()?;
+        let role: Option<String> = self.db()?.query_opt(
+            "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2",
+            &[&project_id, &user_id],
+            |r| r.get(0),
+        )?;
         Ok(role.and_then(|r| Role::parse(&r)))
     }
 
     /// Every project the user is a member of, with the role.
     pub fn projects_of(&self, user_id: &str) -> Result<Vec<(Project, Role)>, IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare(
+        let rows = self.db()?.query_all(
             "SELECT p.id, p.name, p.kind, p.folder, p.policy, p.created_at_ms, m.role
              FROM members m JOIN projects p ON p.id = m.project_id WHERE m.user_id = ?1 ORDER BY p.name",
+            &[&user_id],
+            |r| Ok((row_project(r)?, r.get::<String>(6)?)),
         )?;
-        let rows = stmt
-            .query_map(params![user_id], |r| {
-                Ok((row_project(r)?, r.get::<_, String>(6)?))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(rows
             .into_iter()
             .filter_map(|(p, role)| Role::parse(&role).map(|r| (p, r)))
@@ -646,19 +728,19 @@ impl IdentityStore {
             projects: None,
             audience: None,
         };
-        self.db().execute(
+        self.db()?.execute(
             "INSERT INTO tokens (id, user_id, label, secret_hash, scopes, project_id, file_guard, expires_at_ms, revoked_at_ms, created_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL, ?9)",
-            params![
-                info.id,
-                info.user_id,
-                info.label,
-                minted.secret_hash,
-                to_json(&info.scopes),
-                info.project_id,
-                to_json(&info.file_guard),
-                info.expires_at_ms,
-                info.created_at_ms
+            &[
+                &info.id,
+                &info.user_id,
+                &info.label,
+                &minted.secret_hash,
+                &to_json(&info.scopes),
+                &info.project_id,
+                &to_json(&info.file_guard),
+                &info.expires_at_ms,
+                &info.created_at_ms,
             ],
         )?;
         Ok((info, minted.plaintext))
@@ -669,21 +751,21 @@ impl IdentityStore {
             Some(name) => Some(self.require_user(name)?.id),
             None => None,
         };
-        let db = self.db();
-        let mut stmt = db.prepare(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM}
-             WHERE (?1 IS NULL OR t.user_id = ?1) ORDER BY t.created_at_ms"
-        ))?;
-        let rows = stmt
-            .query_map(params![user_id], row_token)?
-            .collect::<Result<Vec<_>, _>>()?;
+        let rows = self.db()?.query_all(
+            &format!(
+                "SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM}
+                 WHERE (CAST(?1 AS TEXT) IS NULL OR t.user_id = ?1) ORDER BY t.created_at_ms"
+            ),
+            &[&user_id],
+            row_token,
+        )?;
         Ok(rows.into_iter().map(|(t, _)| t).collect())
     }
 
     pub fn revoke_token(&self, id: &str) -> Result<TokenInfo, IdentityError> {
-        let changed = self.db().execute(
+        let changed = self.db()?.execute(
             "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
-            params![now_ms(), id],
+            &[&now_ms(), &id],
         )?;
         // Committed (one autocommitted statement): tell the cluster, if there is one. A closed
         // channel (agentd shutting down) loses nothing gatewayd's periodic re-check misses.
@@ -712,11 +794,11 @@ impl IdentityStore {
     }
 
     fn token_row(&self, id: &str) -> Result<Option<(TokenInfo, String)>, IdentityError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"
-        ))?;
-        Ok(stmt.query_row(params![id], row_token).optional()?)
+        Ok(self.db()?.query_opt(
+            &format!("SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"),
+            &[&id],
+            row_token,
+        )?)
     }
 
     /// Check a presented token against live rows: parse, find, compare the hash, then
@@ -790,7 +872,7 @@ impl IdentityStore {
 
 /// Stores made before OAuth grants have no `tokens.grant_id`: add it (a NULL for every
 /// existing token, which are all personal).
-fn add_token_grant_column(conn: &Connection) -> rusqlite::Result<()> {
+fn add_token_grant_column(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     let has_column = conn
         .prepare("SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'grant_id'")?
         .exists([])?;
@@ -798,6 +880,19 @@ fn add_token_grant_column(conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch("ALTER TABLE tokens ADD COLUMN grant_id TEXT;")?;
     }
     conn.execute_batch("CREATE INDEX IF NOT EXISTS tokens_grant ON tokens (grant_id);")
+}
+
+/// `error`, or [`IdentityError::Exists`] when it is a name or id already taken (by another
+/// agentd host between our check and our insert, or a folder another project has).
+pub(crate) fn exists_if_taken(error: DbError, kind: &'static str, name: &str) -> IdentityError {
+    if error.is_unique_violation() {
+        IdentityError::Exists {
+            kind,
+            name: name.to_owned(),
+        }
+    } else {
+        error.into()
+    }
 }
 
 /// Serialising a value we built ourselves cannot fail; keep the fallible call in one place.

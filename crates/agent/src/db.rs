@@ -1,0 +1,537 @@
+//! agentd's SQL database: embedded SQLite on one host, or the cluster's PostgreSQL when
+//! `[cluster] database_url` is set (issue 16), behind one small API that runs the *same* SQL on
+//! both, so a store is written (and tested) once.
+//!
+//! Why hand-written and not `sqlx`'s `Any` driver: agentd's stores are synchronous (short calls
+//! on blocking threads, SQLite's cached statements), and `sqlx` would make every one of them
+//! async and drop rusqlite, which the rest of the workspace keeps. What is here is only the
+//! translation a portable subset needs:
+//!
+//! - Placeholders are written `?1`, `?2` (SQLite's numbered form) and become `$1`, `$2` for
+//!   PostgreSQL ([`postgres_sql`]). A bare `?` is refused, never guessed.
+//! - Values and columns are the types both drivers map alike ([`Value`], [`Column`]): `i64`
+//!   (PostgreSQL `BIGINT`), `String` (`TEXT`), `Vec<u8>` (`BYTEA`), `bool`, and their
+//!   `Option`s. So a PostgreSQL schema declares every integer `BIGINT`; a flag stored as 0/1
+//!   stays an `i64`, and only an expression (`role IN (…)`) is read as a `bool`.
+//! - In PostgreSQL the tables live in a namespace of their own (`agentd`), found through the
+//!   connection's `search_path`, so the SQL names them as SQLite does.
+//! - Transactions ([`Database::transaction`]) are `SERIALIZABLE` in PostgreSQL and retried when
+//!   the server aborts one for a conflict with another agentd's, so a read-then-write (a code
+//!   redeemed once, a name taken once) is as atomic across hosts as SQLite's one writer makes it
+//!   on one host. The closure must therefore have no effect outside the transaction.
+//! - The PostgreSQL driver blocks on a runtime of its own, which panics on a thread already
+//!   running a Tokio runtime; calls that may come from one are moved off it ([`off_runtime`]).
+//!   SQLite calls stay where they are, as before.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use agentworks_daemon::postgres::{self as pg, ConnectError, MigrateError, PoolError, Schema};
+
+/// How many times a PostgreSQL transaction aborted for a conflict is run again.
+const MAX_TRANSACTION_RETRIES: u32 = 16;
+
+/// Why a statement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{}", postgres_message(.0))]
+    Postgres(#[from] ::postgres::Error),
+    /// No pooled connection became free, or none could be made, in time.
+    #[error("no connection to the cluster database: {0}")]
+    Pool(#[from] PoolError),
+    /// A query that must return a row returned none.
+    #[error("the query returned no row")]
+    NoRow,
+    /// A statement used a bare `?` placeholder, which has no PostgreSQL equivalent.
+    #[error("a statement uses a bare '?' placeholder; number it (?1)")]
+    BarePlaceholder,
+    /// A PostgreSQL transaction kept conflicting with other hosts' and was given up.
+    #[error("the transaction conflicted with another host's {0} times in a row")]
+    Conflicts(u32),
+}
+
+/// The server's own message with its detail ("duplicate key value violates unique constraint
+/// …"), which the driver's `Display` leaves out.
+fn postgres_message(error: &::postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => error.to_string(),
+    }
+}
+
+impl DbError {
+    /// A unique or primary key constraint refused the row (a name or id already taken).
+    pub fn is_unique_violation(&self) -> bool {
+        match self {
+            DbError::Sqlite(rusqlite::Error::SqliteFailure(failure, _)) => {
+                failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            }
+            DbError::Postgres(error) => {
+                error.code() == Some(&::postgres::error::SqlState::UNIQUE_VIOLATION)
+            }
+            _ => false,
+        }
+    }
+
+    /// PostgreSQL aborted a transaction for a conflict with a concurrent one: running it again
+    /// is safe and expected.
+    fn is_conflict(&self) -> bool {
+        use ::postgres::error::SqlState;
+        match self {
+            DbError::Postgres(error) => matches!(
+                error.code(),
+                Some(&SqlState::T_R_SERIALIZATION_FAILURE) | Some(&SqlState::T_R_DEADLOCK_DETECTED)
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// An error type a transaction's closure may return: one that can carry, and give back, the
+/// [`DbError`] that aborted it.
+pub trait TransactionError: From<DbError> {
+    /// The database error inside, if this is one.
+    fn as_db_error(&self) -> Option<&DbError>;
+}
+
+impl TransactionError for DbError {
+    fn as_db_error(&self) -> Option<&DbError> {
+        Some(self)
+    }
+}
+
+/// A value bound to a placeholder: one both drivers bind to the same column type.
+pub trait Value: rusqlite::ToSql + ::postgres::types::ToSql + Sync {}
+impl<T: rusqlite::ToSql + ::postgres::types::ToSql + Sync> Value for T {}
+
+/// A column read from a row: one both drivers read from the same column type.
+pub trait Column: rusqlite::types::FromSql + for<'a> ::postgres::types::FromSql<'a> {}
+impl<T: rusqlite::types::FromSql + for<'a> ::postgres::types::FromSql<'a>> Column for T {}
+
+/// One row of a result.
+pub enum Row<'r> {
+    Sqlite(&'r rusqlite::Row<'r>),
+    Postgres(&'r ::postgres::Row),
+}
+
+impl Row<'_> {
+    /// Column `index` (from 0); a type mismatch is an error, never a panic.
+    pub fn get<T: Column>(&self, index: usize) -> Result<T, DbError> {
+        match self {
+            Row::Sqlite(row) => Ok(row.get(index)?),
+            Row::Postgres(row) => Ok(row.try_get(index)?),
+        }
+    }
+}
+
+/// `sql` with SQLite's numbered placeholders (`?1`) as PostgreSQL's (`$1`); text inside quotes
+/// is left alone.
+pub fn postgres_sql(sql: &str) -> Result<Cow<'_, str>, DbError> {
+    if !sql.contains('?') {
+        return Ok(Cow::Borrowed(sql));
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted => {
+                if !chars.peek().is_some_and(char::is_ascii_digit) {
+                    return Err(DbError::BarePlaceholder);
+                }
+                out.push('$');
+            }
+            _ => out.push(c),
+        }
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// Runs `work` where the PostgreSQL driver may block: off any Tokio runtime's worker thread.
+/// On a multi-threaded runtime that is `block_in_place` (the worker hands its tasks on); on a
+/// current-thread runtime (tests) a short-lived thread of its own.
+fn off_runtime<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Err(_) => work(),
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        Ok(_) => std::thread::scope(|scope| match scope.spawn(work).join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
+    }
+}
+
+/// A cheap-to-clone handle on one store's database.
+#[derive(Clone)]
+pub enum Database {
+    /// One connection, taken in turn: SQLite has one writer anyway.
+    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    /// A pool on the cluster's database, each connection's `search_path` the store's namespace.
+    Postgres(pg::Pool),
+}
+
+/// Why a store's database cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("no connection to the cluster database: {0}")]
+    Pool(#[from] PoolError),
+    #[error(transparent)]
+    Migrate(#[from] MigrateError),
+}
+
+impl Database {
+    /// The SQLite database at `path` ([`agentworks_support::sqlite::open_durable`]), with
+    /// `schema` applied.
+    pub fn open_sqlite(path: &Path, schema: &str) -> Result<Database, rusqlite::Error> {
+        let conn = agentworks_support::sqlite::open_durable(path, schema)?;
+        Ok(Database::Sqlite(Arc::new(Mutex::new(conn))))
+    }
+
+    /// The cluster's database at `url`, with `schema`'s migrations applied under its lock.
+    pub fn open_postgres(
+        url: &str,
+        application_name: &str,
+        schema: &Schema,
+        now_ms: i64,
+    ) -> Result<Database, OpenError> {
+        off_runtime(|| {
+            let pool = pg::Pool::connect(url, application_name, schema.namespace)?;
+            pg::migrate(&mut *pool.get()?, schema, now_ms)?;
+            Ok(Database::Postgres(pool))
+        })
+    }
+
+    /// The SQLite connection, for what only SQLite has (its own migrations); `None` on
+    /// PostgreSQL.
+    pub fn sqlite(&self) -> Option<MutexGuard<'_, rusqlite::Connection>> {
+        match self {
+            Database::Sqlite(conn) => Some(conn.lock().unwrap_or_else(|e| e.into_inner())),
+            Database::Postgres(_) => None,
+        }
+    }
+
+    /// A connection for a few statements, each committed on its own.
+    pub fn conn(&self) -> Result<Conn<'_>, DbError> {
+        Ok(match self {
+            Database::Sqlite(conn) => Conn::Sqlite(conn.lock().unwrap_or_else(|e| e.into_inner())),
+            Database::Postgres(pool) => Conn::Postgres(Box::new(off_runtime(|| pool.get())?)),
+        })
+    }
+
+    /// Runs `work` in one transaction and commits it if `work` returns `Ok`. On PostgreSQL the
+    /// transaction is `SERIALIZABLE` and `work` runs again (up to
+    /// [`MAX_TRANSACTION_RETRIES`] times) when the server aborts it for a conflict with another
+    /// host's, so `work` must do nothing but its statements.
+    pub fn transaction<T: Send, E: TransactionError + Send>(
+        &self,
+        mut work: impl FnMut(&mut Tx<'_>) -> Result<T, E> + Send,
+    ) -> Result<T, E> {
+        match self {
+            Database::Sqlite(conn) => {
+                let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+                // IMMEDIATE: the write lock first, so two processes on one file wait for each
+                // other (the busy timeout) instead of failing a read-then-write.
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(DbError::from)?;
+                let mut tx = Tx::Sqlite(tx);
+                let value = work(&mut tx)?;
+                let Tx::Sqlite(tx) = tx else { unreachable!() };
+                tx.commit().map_err(DbError::from)?;
+                Ok(value)
+            }
+            Database::Postgres(pool) => off_runtime(|| {
+                let mut conn = pool.get().map_err(DbError::from)?;
+                let mut conflicts = 0;
+                loop {
+                    let attempt: Result<T, E> = (|| {
+                        let tx = conn
+                            .build_transaction()
+                            .isolation_level(::postgres::IsolationLevel::Serializable)
+                            .start()
+                            .map_err(DbError::from)?;
+                        let mut tx = Tx::Postgres(tx);
+                        let value = work(&mut tx)?;
+                        let Tx::Postgres(tx) = tx else { unreachable!() };
+                        tx.commit().map_err(DbError::from)?;
+                        Ok(value)
+                    })();
+                    match attempt {
+                        Err(error) if error.as_db_error().is_some_and(DbError::is_conflict) => {
+                            conflicts += 1;
+                            if conflicts > MAX_TRANSACTION_RETRIES {
+                                return Err(DbError::Conflicts(conflicts).into());
+                            }
+                        }
+                        other => return other,
+                    }
+                }
+            }),
+        }
+    }
+}
+
+/// The statements a connection and a transaction both run.
+pub trait Sql {
+    /// Runs a statement; the number of rows it changed.
+    fn execute(&mut self, sql: &str, params: &[&dyn Value]) -> Result<usize, DbError>;
+
+    /// Every row of a query, each through `map`.
+    fn query_all<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Vec<T>, DbError>;
+
+    /// The first row of a query through `map`, if there is one.
+    fn query_opt<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Option<T>, DbError>;
+
+    /// The first row of a query through `map`; [`DbError::NoRow`] when there is none.
+    fn query_one<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<T, DbError> {
+        self.query_opt(sql, params, map)?.ok_or(DbError::NoRow)
+    }
+}
+
+fn sqlite_params<'p>(params: &'p [&'p dyn Value]) -> Vec<&'p dyn rusqlite::ToSql> {
+    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect()
+}
+
+fn postgres_params<'p>(
+    params: &'p [&'p dyn Value],
+) -> Vec<&'p (dyn ::postgres::types::ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| *p as &(dyn ::postgres::types::ToSql + Sync))
+        .collect()
+}
+
+fn sqlite_execute(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: &[&dyn Value],
+) -> Result<usize, DbError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    Ok(stmt.execute(&*sqlite_params(params))?)
+}
+
+fn sqlite_query<T>(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: &[&dyn Value],
+    limit: Option<usize>,
+    mut map: impl FnMut(&Row<'_>) -> Result<T, DbError>,
+) -> Result<Vec<T>, DbError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(&*sqlite_params(params))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(map(&Row::Sqlite(row))?);
+        if limit.is_some_and(|limit| out.len() >= limit) {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn postgres_execute(
+    client: &mut impl ::postgres::GenericClient,
+    sql: &str,
+    params: &[&dyn Value],
+) -> Result<usize, DbError> {
+    let changed = client.execute(&*postgres_sql(sql)?, &postgres_params(params))?;
+    Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+}
+
+fn postgres_query<T>(
+    client: &mut impl ::postgres::GenericClient,
+    sql: &str,
+    params: &[&dyn Value],
+    limit: Option<usize>,
+    mut map: impl FnMut(&Row<'_>) -> Result<T, DbError>,
+) -> Result<Vec<T>, DbError> {
+    let rows = client.query(&*postgres_sql(sql)?, &postgres_params(params))?;
+    rows.iter()
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|row| map(&Row::Postgres(row)))
+        .collect()
+}
+
+/// A connection lent by a [`Database`].
+pub enum Conn<'d> {
+    Sqlite(MutexGuard<'d, rusqlite::Connection>),
+    Postgres(Box<pg::Connection>),
+}
+
+impl Sql for Conn<'_> {
+    fn execute(&mut self, sql: &str, params: &[&dyn Value]) -> Result<usize, DbError> {
+        match self {
+            Conn::Sqlite(conn) => sqlite_execute(conn, sql, params),
+            Conn::Postgres(client) => off_runtime(|| postgres_execute(&mut ***client, sql, params)),
+        }
+    }
+
+    fn query_all<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Vec<T>, DbError> {
+        match self {
+            Conn::Sqlite(conn) => sqlite_query(conn, sql, params, None, map),
+            Conn::Postgres(client) => {
+                off_runtime(|| postgres_query(&mut ***client, sql, params, None, map))
+            }
+        }
+    }
+
+    fn query_opt<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Option<T>, DbError> {
+        let mut map = Some(map);
+        let once = move |row: &Row<'_>| match map.take() {
+            Some(map) => map(row),
+            None => Err(DbError::NoRow),
+        };
+        let rows = match self {
+            Conn::Sqlite(conn) => sqlite_query(conn, sql, params, Some(1), once)?,
+            Conn::Postgres(client) => {
+                off_runtime(|| postgres_query(&mut ***client, sql, params, Some(1), once))?
+            }
+        };
+        Ok(rows.into_iter().next())
+    }
+}
+
+/// An open transaction ([`Database::transaction`]). Already off any runtime.
+pub enum Tx<'c> {
+    Sqlite(rusqlite::Transaction<'c>),
+    Postgres(::postgres::Transaction<'c>),
+}
+
+impl Sql for Tx<'_> {
+    fn execute(&mut self, sql: &str, params: &[&dyn Value]) -> Result<usize, DbError> {
+        match self {
+            Tx::Sqlite(tx) => sqlite_execute(tx, sql, params),
+            Tx::Postgres(tx) => postgres_execute(tx, sql, params),
+        }
+    }
+
+    fn query_all<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Vec<T>, DbError> {
+        match self {
+            Tx::Sqlite(tx) => sqlite_query(tx, sql, params, None, map),
+            Tx::Postgres(tx) => postgres_query(tx, sql, params, None, map),
+        }
+    }
+
+    fn query_opt<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Option<T>, DbError> {
+        let mut map = Some(map);
+        let once = move |row: &Row<'_>| match map.take() {
+            Some(map) => map(row),
+            None => Err(DbError::NoRow),
+        };
+        let rows = match self {
+            Tx::Sqlite(tx) => sqlite_query(tx, sql, params, Some(1), once)?,
+            Tx::Postgres(tx) => postgres_query(tx, sql, params, Some(1), once)?,
+        };
+        Ok(rows.into_iter().next())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_placeholders_become_postgres_ones_outside_quotes() {
+        assert_eq!(
+            postgres_sql("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND d = ?12").unwrap(),
+            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND d = $12"
+        );
+        assert!(matches!(
+            postgres_sql("SELECT a FROM t WHERE b = ?"),
+            Err(DbError::BarePlaceholder)
+        ));
+        assert!(matches!(postgres_sql("SELECT 1"), Ok(Cow::Borrowed(_))));
+    }
+
+    #[test]
+    fn the_same_statements_run_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_sqlite(
+            &dir.path().join("t.db"),
+            "CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, n INTEGER NOT NULL);",
+        )
+        .unwrap();
+        let mut conn = db.conn().unwrap();
+        conn.execute("INSERT INTO t (id, n) VALUES (?1, ?2)", &[&"a", &1i64])
+            .unwrap();
+        let duplicate = conn
+            .execute("INSERT INTO t (id, n) VALUES (?1, ?2)", &[&"a", &2i64])
+            .unwrap_err();
+        assert!(duplicate.is_unique_violation(), "{duplicate}");
+        drop(conn);
+        let n: i64 = db
+            .transaction(|tx| {
+                tx.execute("UPDATE t SET n = n + 1 WHERE id = ?1", &[&"a"])?;
+                tx.query_one("SELECT n FROM t WHERE id = ?1", &[&"a"], |r| r.get(0))
+            })
+            .unwrap();
+        assert_eq!(n, 2);
+        // A failed transaction leaves nothing.
+        let failed: Result<(), DbError> = db.transaction(|tx| {
+            tx.execute("UPDATE t SET n = 100 WHERE id = ?1", &[&"a"])?;
+            Err(DbError::NoRow)
+        });
+        assert!(failed.is_err());
+        let mut conn = db.conn().unwrap();
+        let all = conn
+            .query_all("SELECT id, n FROM t", &[], |r| {
+                Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
+            })
+            .unwrap();
+        assert_eq!(all, vec![("a".to_owned(), 2)]);
+        assert!(
+            conn.query_opt("SELECT n FROM t WHERE id = ?1", &[&"b"], |r| r
+                .get::<i64>(0))
+                .unwrap()
+                .is_none()
+        );
+    }
+}

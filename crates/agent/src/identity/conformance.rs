@@ -1,0 +1,432 @@
+//! The identity store's behaviour, written once and run on both back ends: the unit tests run
+//! it on SQLite, and the integration suite (`tests/suite/identity_store.rs`) on a real
+//! PostgreSQL server. Each function takes `open`, which opens (again) one fresh database: two
+//! handles from it are two agentd hosts sharing it.
+//!
+//! Panics on a failed expectation, as a test does.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::sync::{Arc, Barrier};
+
+use agentworks_core::guard::Guard;
+
+use super::accounts::{CodeKind, SessionPolicy};
+use super::authority::{FileGuard, Role, Scope};
+use super::oauth::NewGrant;
+use super::store::{IdentityError, IdentityStore, ProjectKind, TokenRefusal, TokenRequest, now_ms};
+use crate::oauth::pkce;
+
+fn policy() -> Guard {
+    Guard {
+        write_paths: vec!["workflows".into()],
+        ..Guard::default()
+    }
+}
+
+fn token_for(store: &IdentityStore, user: &str, scopes: Vec<Scope>) -> String {
+    store
+        .create_token(&TokenRequest {
+            user: user.into(),
+            label: "t".into(),
+            scopes,
+            ..Default::default()
+        })
+        .unwrap()
+        .1
+}
+
+/// Users, projects and members: what is added is found, a taken name is `Exists`, roles change
+/// and go, and every listing is ordered by name.
+pub fn users_projects_and_members(open: &dyn Fn() -> IdentityStore) {
+    let s = open();
+    let bob = s.add_user("bob").unwrap();
+    let alice = s.add_user("alice").unwrap();
+    assert!(matches!(
+        s.add_user("alice"),
+        Err(IdentityError::Exists { .. })
+    ));
+    assert_eq!(s.user_by_name("alice").unwrap(), Some(alice.clone()));
+    assert_eq!(s.user_by_id(&bob.id).unwrap(), Some(bob.clone()));
+    assert_eq!(s.user_by_name("carol").unwrap(), None);
+    let names: Vec<String> = s
+        .list_users()
+        .unwrap()
+        .into_iter()
+        .map(|u| u.name)
+        .collect();
+    assert_eq!(names, ["alice", "bob"]);
+    assert!(s.set_user_disabled("bob", true).unwrap().disabled);
+    assert!(s.user_by_id(&bob.id).unwrap().unwrap().disabled);
+
+    let demo = s
+        .add_project("demo", ProjectKind::Workflow, "demo", &policy(), "alice")
+        .unwrap();
+    assert!(matches!(
+        s.add_project("demo", ProjectKind::Workflow, "other", &policy(), "alice"),
+        Err(IdentityError::Exists { .. })
+    ));
+    // Another name on a folder a project already has.
+    assert!(matches!(
+        s.add_project("again", ProjectKind::Workflow, "demo", &policy(), "alice"),
+        Err(IdentityError::Exists { .. })
+    ));
+    assert_eq!(s.find_project("demo").unwrap(), Some(demo.clone()));
+    assert_eq!(s.find_project(&demo.id).unwrap(), Some(demo.clone()));
+    assert_eq!(s.role_of(&demo.id, &alice.id).unwrap(), Some(Role::Owner));
+    assert_eq!(s.role_of(&demo.id, &bob.id).unwrap(), None);
+    assert_eq!(s.capabilities(&bob.id, None).unwrap(), (false, false));
+
+    s.set_member("demo", "bob", Role::Viewer).unwrap();
+    assert_eq!(s.capabilities(&bob.id, None).unwrap(), (true, false));
+    s.set_member("demo", "bob", Role::Editor).unwrap();
+    assert_eq!(s.capabilities(&bob.id, None).unwrap(), (true, true));
+    assert_eq!(
+        s.capabilities(&bob.id, Some(&["prj_other".to_owned()]))
+            .unwrap(),
+        (false, false)
+    );
+    let members: Vec<(String, Role)> = s
+        .list_members("demo")
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.user, m.role))
+        .collect();
+    assert_eq!(
+        members,
+        [
+            ("alice".to_owned(), Role::Owner),
+            ("bob".to_owned(), Role::Editor)
+        ]
+    );
+    assert_eq!(
+        s.projects_of(&bob.id).unwrap(),
+        [(demo.clone(), Role::Editor)]
+    );
+    s.remove_member("demo", "bob").unwrap();
+    assert!(matches!(
+        s.remove_member("demo", "bob"),
+        Err(IdentityError::NotFound { .. })
+    ));
+    assert!(s.projects_of(&bob.id).unwrap().is_empty());
+
+    // A second host sees the same rows at once.
+    let other = open();
+    assert_eq!(other.find_project("demo").unwrap(), Some(demo));
+    assert!(other.user_by_name("bob").unwrap().unwrap().disabled);
+}
+
+/// Tokens: checked against live rows, so a revocation or a disabled user made through one host
+/// refuses the token on the other at once; a wrong secret is invalid; listings filter by user.
+pub fn tokens_are_checked_against_live_rows(open: &dyn Fn() -> IdentityStore) {
+    let a = open();
+    let b = open();
+    a.add_user("alice").unwrap();
+    a.add_user("bob").unwrap();
+    let plain = token_for(&a, "alice", vec![Scope::WorkflowsRead]);
+    let (info, user) = b.authenticate(&plain).unwrap().unwrap();
+    assert_eq!(
+        (user.name.as_str(), info.scopes.as_slice()),
+        ("alice", &[Scope::WorkflowsRead][..])
+    );
+    let mut wrong = plain.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == '0' { '1' } else { '0' });
+    assert!(matches!(
+        b.authenticate(&wrong).unwrap(),
+        Err(TokenRefusal::Invalid)
+    ));
+    token_for(&a, "bob", vec![Scope::WorkflowsWrite]);
+    assert_eq!(b.list_tokens(None).unwrap().len(), 2);
+    assert_eq!(b.list_tokens(Some("bob")).unwrap().len(), 1);
+
+    b.revoke_token(&info.id).unwrap();
+    assert!(matches!(
+        a.authenticate(&plain).unwrap(),
+        Err(TokenRefusal::Revoked)
+    ));
+    assert!(
+        a.token_by_id(&info.id)
+            .unwrap()
+            .unwrap()
+            .revoked_at_ms
+            .is_some()
+    );
+
+    let bobs = token_for(&a, "bob", vec![Scope::WorkflowsRead]);
+    a.set_user_disabled("bob", true).unwrap();
+    assert!(matches!(
+        b.authenticate(&bobs).unwrap(),
+        Err(TokenRefusal::Disabled)
+    ));
+    assert!(matches!(
+        a.create_token(&TokenRequest {
+            user: "alice".into(),
+            scopes: vec![Scope::WorkflowsRead],
+            expires_at_ms: Some(now_ms() - 1),
+            ..Default::default()
+        }),
+        Err(IdentityError::Invalid(_))
+    ));
+}
+
+fn new_grant(user_id: &str, project_id: &str, verifier: &str) -> NewGrant {
+    NewGrant {
+        user_id: user_id.into(),
+        client_id: "cli_x".into(),
+        client_name: "X".into(),
+        redirect_uri: "http://127.0.0.1:1/cb".into(),
+        scopes: vec![Scope::WorkflowsWrite],
+        projects: vec![project_id.into()],
+        file_guard: FileGuard {
+            write_folders: Some(vec!["workflows/a".into()]),
+            read_only_folders: Vec::new(),
+        },
+        resource: "http://h/mcp".into(),
+        code_challenge: pkce::challenge_of(verifier),
+    }
+}
+
+const VERIFIER: &str = "0123456789012345678901234567890123456789abc";
+const REDIRECT: &str = "http://127.0.0.1:1/cb";
+
+/// OAuth: a code is exchanged once (its reuse revokes what it issued), refresh tokens rotate (a
+/// spent one presented again revokes the grant), and a grant revoked on one host stops its
+/// tokens on the other.
+pub fn oauth_codes_and_refresh_tokens_work_once(open: &dyn Fn() -> IdentityStore) {
+    let a = open();
+    let b = open();
+    let user = a.add_user("alice").unwrap();
+    let project = a
+        .add_project("demo", ProjectKind::Workflow, "demo", &policy(), "alice")
+        .unwrap();
+    let now = now_ms();
+    let (grant, code) = a
+        .create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
+        .unwrap();
+    assert!(
+        b.exchange_code(
+            &code,
+            "cli_x",
+            REDIRECT,
+            "wrong-verifier-wrong-verifier-wrong-verifier",
+            now
+        )
+        .is_err()
+    );
+    // The failed try spent the code.
+    assert!(
+        b.exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+            .is_err()
+    );
+
+    let (grant, code) = {
+        let _ = grant;
+        a.create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
+            .unwrap()
+    };
+    let issued = b
+        .exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+        .unwrap();
+    let (info, _) = a.authenticate(&issued.access_token).unwrap().unwrap();
+    assert_eq!(info.grant_id.as_deref(), Some(grant.id.as_str()));
+    assert_eq!(info.project_restriction(), Some(vec![project.id.clone()]));
+    assert_eq!(info.audience.as_deref(), Some("http://h/mcp"));
+    assert_eq!(a.grants_of(&user.id).unwrap().len(), 1);
+
+    let second = a
+        .refresh(&issued.refresh_token, "cli_x", None, now)
+        .unwrap();
+    assert!(b.authenticate(&second.access_token).unwrap().is_ok());
+    // The spent refresh token again: the whole grant is revoked.
+    assert!(
+        b.refresh(&issued.refresh_token, "cli_x", None, now)
+            .is_err()
+    );
+    assert!(a.authenticate(&second.access_token).unwrap().is_err());
+    assert!(
+        a.refresh(&second.refresh_token, "cli_x", None, now)
+            .is_err()
+    );
+    assert!(a.grants_of(&user.id).unwrap().is_empty());
+
+    // A code used twice revokes the tokens its first use issued.
+    let (_, code) = a
+        .create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
+        .unwrap();
+    let first = a
+        .exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+        .unwrap();
+    assert!(
+        b.exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+            .is_err()
+    );
+    assert!(a.authenticate(&first.access_token).unwrap().is_err());
+
+    // Revoking a grant through one host stops its token on the other.
+    let (live, code) = a
+        .create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
+        .unwrap();
+    let tokens = a
+        .exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+        .unwrap();
+    assert!(b.revoke_grant(&live.id, &user.id, now).unwrap());
+    assert!(!b.revoke_grant(&live.id, &user.id, now).unwrap());
+    assert!(a.authenticate(&tokens.access_token).unwrap().is_err());
+}
+
+/// One code exchanged through several hosts at once issues tokens once; one user name added
+/// through several hosts at once is one user, the others told it exists.
+pub fn racing_hosts_redeem_a_code_once_and_take_a_name_once(open: &dyn Fn() -> IdentityStore) {
+    const HOSTS: usize = 6;
+    let setup = open();
+    let user = setup.add_user("alice").unwrap();
+    let project = setup
+        .add_project("demo", ProjectKind::Workflow, "demo", &policy(), "alice")
+        .unwrap();
+    let now = now_ms();
+    let (_, code) = setup
+        .create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
+        .unwrap();
+    let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
+    let barrier = Arc::new(Barrier::new(HOSTS));
+    let exchanged: Vec<bool> = std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let (barrier, code) = (barrier.clone(), code.clone());
+                scope.spawn(move || {
+                    barrier.wait();
+                    host.exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+                        .is_ok()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    assert_eq!(
+        exchanged.iter().filter(|ok| **ok).count(),
+        1,
+        "one code, {HOSTS} hosts at once: {exchanged:?}"
+    );
+
+    let barrier = Arc::new(Barrier::new(HOSTS));
+    let added: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let barrier = barrier.clone();
+                scope.spawn(move || {
+                    barrier.wait();
+                    match host.add_user("racer") {
+                        Ok(_) => Ok(()),
+                        Err(IdentityError::Exists { .. }) => Err("exists".to_owned()),
+                        Err(other) => Err(other.to_string()),
+                    }
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    assert_eq!(added.iter().filter(|r| r.is_ok()).count(), 1, "{added:?}");
+    assert!(
+        added
+            .iter()
+            .all(|r| r.as_ref().err().is_none_or(|e| e == "exists")),
+        "the others are told the name exists: {added:?}"
+    );
+}
+
+/// Console accounts: passwords verify, a one-time code works once (through any host), and a
+/// session ends everywhere when signed out.
+pub fn accounts_codes_and_sessions(open: &dyn Fn() -> IdentityStore) {
+    let a = open();
+    let b = open();
+    let alice = a.add_user("alice").unwrap();
+    a.set_password("alice", "correct horse battery").unwrap();
+    assert_eq!(
+        b.verify_password("alice", "correct horse battery")
+            .unwrap()
+            .map(|u| u.id),
+        Some(alice.id.clone())
+    );
+    assert!(
+        b.verify_password("alice", "wrong password here")
+            .unwrap()
+            .is_none()
+    );
+
+    let now = now_ms();
+    let code = a.create_code("alice", CodeKind::SignIn, now).unwrap().code;
+    assert!(
+        b.redeem_code(&code, CodeKind::Invite, now)
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        b.redeem_code(&code, CodeKind::SignIn, now)
+            .unwrap()
+            .map(|u| u.id),
+        Some(alice.id.clone())
+    );
+    assert!(
+        a.redeem_code(&code, CodeKind::SignIn, now)
+            .unwrap()
+            .is_none()
+    );
+
+    let policy = SessionPolicy::default();
+    let session = a.create_session(&alice, policy, now).unwrap();
+    let found = b
+        .check_session(&session.secret, policy, now)
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.id, session.session.id);
+    assert!(b.end_session(&session.secret).unwrap());
+    assert!(
+        a.check_session(&session.secret, policy, now)
+            .unwrap()
+            .is_none()
+    );
+    let token = a.token_by_id(&session.session.token.id).unwrap().unwrap();
+    assert!(
+        token.revoked_at_ms.is_some(),
+        "signing out revokes the session's token"
+    );
+}
+
+#[cfg(test)]
+mod on_sqlite {
+    /// A fresh SQLite file; every call of the closure opens it again (another connection, as a
+    /// second process would).
+    fn run(check: fn(&dyn Fn() -> super::IdentityStore)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        check(&|| super::IdentityStore::open(&path).unwrap());
+    }
+
+    #[test]
+    fn users_projects_and_members() {
+        run(super::users_projects_and_members);
+    }
+
+    #[test]
+    fn tokens_are_checked_against_live_rows() {
+        run(super::tokens_are_checked_against_live_rows);
+    }
+
+    #[test]
+    fn oauth_codes_and_refresh_tokens_work_once() {
+        run(super::oauth_codes_and_refresh_tokens_work_once);
+    }
+
+    #[test]
+    fn racing_hosts_redeem_a_code_once_and_take_a_name_once() {
+        run(super::racing_hosts_redeem_a_code_once_and_take_a_name_once);
+    }
+
+    #[test]
+    fn accounts_codes_and_sessions() {
+        run(super::accounts_codes_and_sessions);
+    }
+}
