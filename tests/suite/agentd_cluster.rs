@@ -3,8 +3,14 @@
 //! through agentd's operator API is announced on NATS, and gatewayd closes the executor's
 //! connection within a second, with its periodic re-check set to an hour so only the message
 //! can explain it. agentd refuses to start in a cluster whose NATS server does not answer.
+//! Two agentd hosts on one PostgreSQL share their identity: a token made through one is
+//! accepted by the other, and revoked through the other it closes the executor on the first
+//! host's gatewayd within a second.
 
-use super::harness::{Gatewayd, Laptop, Nats, Postgres, Stack, free_port, wait_until};
+use super::harness::{
+    Gatewayd, Laptop, Nats, Postgres, Stack, block_on, free_port, http, wait_until,
+};
+use agentworks_support::unix_http::UnixClient;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -99,45 +105,185 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
     }
 }
 
+/// The config of a second agentd beside the stack's: the stack's file with its own public port
+/// and socket, and `cluster` appended. Returns (config path, public port, socket).
+fn second_agentd_config(
+    stack: &Stack,
+    cluster: &str,
+) -> (std::path::PathBuf, u16, std::path::PathBuf) {
+    let root = stack.state.root();
+    let config = std::fs::read_to_string(root.join("agentworks.toml")).unwrap();
+    let listen = format!("listen = \"127.0.0.1:{}\"", stack.port);
+    assert!(config.contains(&listen), "{config}");
+    let (port, socket) = (free_port(), root.join("run/agentd-b.sock"));
+    // The stack's own [cluster], if any, is replaced by `cluster`.
+    let config = config.split("\n[cluster]").next().unwrap().replace(
+        &listen,
+        &format!("listen = \"127.0.0.1:{port}\"\nsocket = {socket:?}"),
+    );
+    let path = root.join("agentd-b.toml");
+    std::fs::write(&path, format!("{config}\n{cluster}")).unwrap();
+    (path, port, socket)
+}
+
+/// agentd with the config at `path`, on the stack's state root.
+fn spawn_agentd(stack: &Stack, path: &std::path::Path, stderr: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("AGENTWORKS_STATE_ROOT", stack.state.root())
+        .env("AGENTWORKS_CONFIG", path)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn two_agentd_hosts_share_tokens_and_a_revocation_through_either_closes_the_executor() {
+    let postgres = Postgres::start();
+    let nats = Nats::start();
+    let (mut stack, gw_port) = Stack::start_with_embedded_gateway();
+    let cluster = |host: &str| {
+        format!(
+            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
+            postgres.url(),
+            nats.url()
+        )
+    };
+    append_config(
+        &stack,
+        &format!("token_recheck_ms = 3600000\n{}", cluster("host-a")),
+    );
+    stack.restart_agentd();
+    let gw = Gatewayd::start(&stack, gw_port);
+    let (config_b, port_b, socket_b) = second_agentd_config(&stack, &cluster("host-b"));
+    let _agentd_b = Killed(spawn_agentd(&stack, &config_b, Stdio::inherit()));
+    let admin_b = |endpoint: &str, body: serde_json::Value| {
+        block_on(
+            UnixClient::new(&socket_b)
+                .post::<_, serde_json::Value>(&format!("/v1/admin/{endpoint}"), &body),
+        )
+    };
+    wait_until(
+        "agentd B answers on its socket",
+        Duration::from_secs(20),
+        || admin_b("users/list", json!({})).is_ok(),
+    );
+
+    // Made through A, in the shared database.
+    let _ = stack.admin_raw("users/add", json!({"name": "alice"}));
+    let create = |scope: &str| {
+        let created = stack.admin("tokens/create", json!({"user": "alice", "scopes": [scope]}));
+        (
+            created["token"].as_str().unwrap().to_owned(),
+            created["info"]["id"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (token, token_id) = create("devices:connect");
+    let (reader, reader_id) = create("workflows:read");
+    // The rows are in PostgreSQL, not in the SQLite file both hosts' state root has (agentd A
+    // used it before it joined the cluster): only the shared database can explain B's answers.
+    assert_eq!(
+        postgres.psql(
+            "agentworks",
+            &format!(
+                "SELECT count(*) FROM agentd.tokens WHERE id IN ('{token_id}', '{reader_id}')"
+            )
+        ),
+        "2"
+    );
+    let sqlite = rusqlite::Connection::open(stack.state.root().join("agent/agentd.db")).unwrap();
+    let in_sqlite: i64 = sqlite
+        .query_row("SELECT count(*) FROM users WHERE name = 'alice'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(in_sqlite, 0, "alice is not in the SQLite file");
+    let users_b = admin_b("users/list", json!({})).unwrap();
+    assert!(
+        users_b.to_string().contains("alice"),
+        "agentd B lists A's user: {users_b}"
+    );
+    let bearer = format!("Bearer {reader}");
+    let projects = |port: u16| {
+        http(
+            port,
+            "GET",
+            "/v1/projects",
+            &[("authorization", &bearer)],
+            "",
+        )
+        .0
+    };
+    assert_eq!(
+        projects(port_b),
+        200,
+        "agentd B accepts a token made through A"
+    );
+
+    let laptop = Laptop::new("aw-agentd-pair-", &[("src/repo/a.txt", "one\n")]);
+    laptop.login(&stack, gw_port, &token);
+    let repo = laptop.folder("repo");
+    let _executor = Killed(
+        laptop
+            .command(&[
+                "executor",
+                "connect",
+                "--name",
+                "laptop",
+                "--write-folder",
+                repo.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(
+        "the executor is connected to gatewayd A",
+        Duration::from_secs(20),
+        || gw.connected() == 1,
+    );
+
+    // Revoked through B: A's gatewayd hears it on NATS (its re-check is an hour away).
+    let revoked_at = Instant::now();
+    admin_b("tokens/revoke", json!({"id": token_id})).unwrap();
+    wait_until(
+        "gatewayd A closes the revoked token's connection",
+        Duration::from_secs(5),
+        || gw.connected() == 0,
+    );
+    let took = revoked_at.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "closed {took:?} after the revocation through B"
+    );
+    admin_b("tokens/revoke", json!({"id": reader_id})).unwrap();
+    assert_eq!(
+        projects(stack.port),
+        401,
+        "agentd A refuses a token revoked through B"
+    );
+}
+
 #[test]
 fn agentd_refuses_to_start_in_a_cluster_whose_nats_does_not_answer() {
     let postgres = Postgres::start();
     let (stack, _gw_port) = Stack::start_with_embedded_gateway();
     let nobody = free_port();
     // A second agentd beside the running one: its own port and socket, the cluster added.
-    let root = stack.state.root();
-    let config = std::fs::read_to_string(root.join("agentworks.toml")).unwrap();
-    let listen = format!("listen = \"127.0.0.1:{}\"", stack.port);
-    assert!(config.contains(&listen), "{config}");
-    let config = config.replace(
-        &listen,
+    let (path, _, _) = second_agentd_config(
+        &stack,
         &format!(
-            "listen = \"127.0.0.1:{}\"\nsocket = {:?}",
-            free_port(),
-            root.join("run/agentd-b.sock")
-        ),
-    );
-    let path = root.join("agentd-b.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{config}\n[cluster]\ndatabase_url = \"{}\"\nnats_url = \"nats://127.0.0.1:{nobody}\"\n\
+            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"nats://127.0.0.1:{nobody}\"\n\
              host_id = \"host-a\"\n",
             postgres.url()
         ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("AGENTWORKS_STATE_ROOT", root)
-        .env("AGENTWORKS_CONFIG", &path)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    );
+    let mut child = spawn_agentd(&stack, &path, Stdio::piped());
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
