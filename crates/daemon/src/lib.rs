@@ -2,7 +2,7 @@
 //!
 //! Owns the mechanics every daemon repeats: the one TOML config ([`config`]), the state-root
 //! layout ([`layout`]), taking or binding listening sockets ([`listener`]), `sd_notify`
-//! ([`systemd`]), logging to journald or stderr ([`logging`]), joining the cluster's NATS server ([`nats`]) and its PostgreSQL ([`postgres`]), shutdown signals ([`shutdown`]),
+//! ([`systemd`]), logging to journald or stderr ([`logging`]), joining the cluster's NATS server ([`nats`]) and calling its hosts over it ([`bus`]) and its PostgreSQL ([`postgres`]), shutdown signals ([`shutdown`]),
 //! dropping capabilities ([`caps`]), the audit log ([`audit`]), and the server side of HTTP over
 //! Unix sockets and the public listeners ([`ipc`]). For agentd, workspaced and gatewayd only:
 //! the laptop CLI is not a daemon and never links this crate.
@@ -11,6 +11,7 @@
 //! nothing here opens another daemon's state directory.
 
 pub mod audit;
+pub mod bus;
 pub mod caps;
 pub mod config;
 pub mod entry;
