@@ -56,6 +56,7 @@ on_both_backends!(
     only_a_sent_unknown_request_is_recovered_and_a_claimed_id_is_never_sent,
     two_stores_claiming_one_request_id_at_once_record_it_once,
     leases_are_taken_renewed_released_and_expire_after_three_missed_renewals,
+    a_persons_live_leases_are_listed_in_one_query,
 );
 
 #[test]

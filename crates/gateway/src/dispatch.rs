@@ -48,6 +48,7 @@
 //! twice, never replay one request's outcome for another, never fall back to another device,
 //! and never pass a call that came from a peer on to a third host.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -247,7 +248,25 @@ async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
     let since = now_ms() - gateway.settings.recent_devices.as_millis() as i64;
     let store = gateway.store.clone();
     let user_id = request.user_id.clone();
-    let stored = blocking(move || store.devices_of(&user_id, since)).await?;
+    // In a cluster, the live leases of all this person's devices in one query (not one per
+    // device): a device connected to another live host is online too.
+    let cluster = gateway.lease_host.is_some();
+    let (stored, leases) = blocking(move || {
+        let stored = store.devices_of(&user_id, since)?;
+        let leases = if cluster {
+            store.live_leases_of(&user_id, now_ms())?
+        } else {
+            Vec::new()
+        };
+        Ok((stored, leases))
+    })
+    .await?;
+    let this_host = gateway.lease_host.as_deref();
+    let leased_elsewhere: HashSet<String> = leases
+        .into_iter()
+        .filter(|lease| Some(lease.host_id.as_str()) != this_host)
+        .map(|lease| lease.device_id)
+        .collect();
     let live = gateway.registry.live_of_user(&request.user_id);
     let mut listed: Vec<DeviceInfo> = live
         .iter()
@@ -265,10 +284,7 @@ async fn devices(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
         if live.iter().any(|(id, _)| *id == device.device_id) {
             continue;
         }
-        // In a cluster, a device connected to another live host is online too.
-        let online = leased_elsewhere(gateway, &device.device_id)
-            .await?
-            .is_some();
+        let online = leased_elsewhere.contains(&device.device_id);
         listed.push(DeviceInfo {
             device_id: device.device_id,
             name: device.name,

@@ -449,6 +449,14 @@ impl Store {
         on_backend!(self, s => s.lease(device_id, now_ms))
     }
 
+    /// The live leases at `now_ms` on `user_id`'s devices, by device id, in one query: what
+    /// the device list needs to tell which of them are connected to another host. Only that
+    /// person's devices; an expired lease (not yet deleted by [`Store::expire_leases`]) is not
+    /// live.
+    pub fn live_leases_of(&self, user_id: &str, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
+        on_backend!(self, s => s.live_leases_of(user_id, now_ms))
+    }
+
     /// Deletes every lease that expired at or before `now_ms` (its host missed
     /// [`MISSED_RENEWALS`] renewals) and returns them, by device id.
     pub fn expire_leases(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
@@ -568,6 +576,12 @@ mod tests {
             conformance::leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
                 &open,
             );
+        }
+
+        #[test]
+        fn a_persons_live_leases_are_listed_in_one_query() {
+            let (_dir, open) = backend();
+            conformance::a_persons_live_leases_are_listed_in_one_query(&open);
         }
     }
 }

@@ -3,9 +3,10 @@
 //! Owns: dialling `<gateway>/v1/executor` (`wss://`, or `ws://` to loopback only) with
 //! `Authorization: Bearer <token>`; the Hello with folder aliases; answering pings and noticing
 //! a silent server; failing over between the gateways given, in their order, and waiting with
-//! exponential backoff (1 s → 30 s, with jitter) only once a whole round of them failed
-//! ([`Failover`]); the one-line status on stderr; running each request under the grants and the receipts; answering the
-//! server's receipt queries from the receipts alone; ending on SIGINT/SIGTERM (running
+//! exponential backoff (1 s → 30 s, with jitter) only once a whole round of them failed, and
+//! not at all before the first redial after a session that served ([`Failover`]); the
+//! one-line status on stderr; running each request under the grants and the receipts;
+//! answering the server's receipt queries from the receipts alone; ending on SIGINT/SIGTERM (running
 //! commands cancelled, close 1000) or on a 4001/4003 close from any gateway (the credential is
 //! no longer accepted, and the other gateways are not tried with it).
 //!
@@ -48,8 +49,10 @@ pub const DEFAULT_GATEWAY_PORT: u16 = 8471;
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A session welcomed and up at least this long has served: the backoff starts again at
-/// [`BACKOFF_START`] and a new round of the gateways begins. A shorter one counts as a failure,
-/// so gateways that welcome and then drop the executor at once are not redialled without a wait.
+/// [`BACKOFF_START`] and a new round of the gateways begins, its first dial at once. A shorter
+/// one counts as a failure, so gateways that welcome and then drop the executor at once are not
+/// redialled without a wait (and a served session's immediate redial comes at most once per
+/// this long).
 const SERVED_AFTER: Duration = BACKOFF_START;
 /// How long to wait for the handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -166,8 +169,12 @@ pub fn executor_urls(gateways: &[String], server: &str) -> Result<Vec<String>, C
 /// Which gateway the loop dials next and how long it waits first. The gateways are tried in
 /// the order given, one after another; only once every gateway of a round has failed does the
 /// loop wait, 1 s doubling to 30 s (the caller adds the jitter). A session that served (see
-/// [`SERVED_AFTER`]) ends the round and resets the backoff: the gateway that served and lost
-/// the session is the new round's first failure, so the others are tried at once.
+/// [`SERVED_AFTER`]) resets the backoff and starts a new round at the next gateway (with one
+/// gateway, the same one), dialled at once: losing a session that served is not a failed
+/// dial, and waiting before the first redial would add the whole backoff to every failover
+/// (issue 16). The new round waits only once each gateway in it failed. A session lost
+/// before it served counts as a failure like a refused dial, so gateways that welcome and
+/// drop the executor at once stay under the backoff.
 ///
 /// Pure (no clock, no randomness), so the order and the waits are unit-tested.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,15 +207,18 @@ impl Failover {
 
     /// The session on the current gateway ended (or its dial failed); `served`: it was
     /// welcomed and lasted (see [`SERVED_AFTER`]). Moves on to the next gateway and returns
-    /// how long to wait before dialling it: `None` within a round, the backoff once the round
-    /// has failed whole (the next round's is doubled, up to 30 s).
+    /// how long to wait before dialling it: `None` after a session that served and within a
+    /// round, the backoff once the round has failed whole (the next round's is doubled, up to
+    /// 30 s).
     pub fn next_gateway(&mut self, served: bool) -> Option<Duration> {
+        self.current = (self.current + 1) % self.count;
         if served {
+            // A new round, whose first dial is now; its gateways' failures are counted anew.
             self.failed = 0;
             self.backoff = BACKOFF_START;
+            return None;
         }
         self.failed += 1;
-        self.current = (self.current + 1) % self.count;
         if self.failed < self.count {
             return None;
         }
@@ -1013,34 +1023,65 @@ mod tests {
         assert_eq!(waits, [8, 16, 30, 30]);
     }
 
-    /// One gateway: every loss waits, as before there were several.
+    /// One gateway: every failure waits, doubling; a session that served is redialled at
+    /// once, and only if that redial fails does the loop wait, 1 s again.
     #[test]
-    fn one_gateway_waits_after_every_loss() {
+    fn one_gateway_waits_after_every_failure_but_not_after_a_served_session() {
         let mut failover = Failover::new(1);
         assert_eq!(
             steps(&mut failover, 4),
             [(0, Some(1)), (0, Some(2)), (0, Some(4)), (0, Some(8))]
         );
-        assert_eq!(failover.next_gateway(true), Some(Duration::from_secs(1)));
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(failover.current(), 0);
+        assert_eq!(
+            steps(&mut failover, 3),
+            [(0, Some(1)), (0, Some(2)), (0, Some(4))]
+        );
+        // Served twice in a row: at once each time (each served session lasted SERVED_AFTER).
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(steps(&mut failover, 1), [(0, Some(1))]);
         // An empty list is treated as one gateway rather than dividing by zero.
         assert_eq!(Failover::new(0).next_gateway(false), Some(BACKOFF_START));
+        assert_eq!(Failover::new(0).next_gateway(true), None);
     }
 
-    /// A session that served resets the backoff and starts a new round at the gateway that
-    /// lost it: the others are tried at once, and the round's wait is 1 s again.
+    /// A session that served resets the backoff and starts a new round at the next gateway,
+    /// dialled at once; the round waits (1 s again) only once each of its gateways failed, the
+    /// one that lost the session included.
     #[test]
-    fn a_served_session_starts_a_new_round() {
+    fn a_served_session_starts_a_new_round_at_once() {
         let mut failover = Failover::new(2);
         assert_eq!(
             steps(&mut failover, 4),
             [(1, None), (0, Some(1)), (1, None), (0, Some(2))]
         );
-        // Gateway 0 serves, then its session is lost: gateway 1 at once, then the wait is 1 s.
+        // Gateway 0 serves, then its session is lost: gateway 1 at once, then 0 at once, then
+        // the round has failed whole and the wait is 1 s.
         assert_eq!(failover.next_gateway(true), None);
         assert_eq!(failover.current(), 1);
-        assert_eq!(steps(&mut failover, 2), [(0, Some(1)), (1, None)]);
-        // Gateway 1 serves after a failed dial of 0 in the same round: 0 is tried at once.
+        assert_eq!(
+            steps(&mut failover, 3),
+            [(0, None), (1, Some(1)), (0, None)]
+        );
+        // Gateway 0 serves in the middle of a round: its loss starts a new round at once.
         assert_eq!(failover.next_gateway(true), None);
-        assert_eq!(failover.current(), 0);
+        assert_eq!(failover.current(), 1);
+        assert_eq!(steps(&mut failover, 2), [(0, None), (1, Some(1))]);
+    }
+
+    /// A gateway that welcomes the executor and drops it before [`SERVED_AFTER`] is a failure
+    /// like a refused dial: such sessions back off, they are never redialled in a hot loop.
+    #[test]
+    fn sessions_that_never_serve_stay_under_the_backoff() {
+        for count in 1..=3 {
+            let mut failover = Failover::new(count);
+            let waits: Vec<u64> = steps(&mut failover, count * 6)
+                .into_iter()
+                .filter_map(|(_, wait)| wait)
+                .collect();
+            assert_eq!(waits, [1, 2, 4, 8, 16, 30], "{count} gateways");
+        }
     }
 }

@@ -343,3 +343,87 @@ pub fn leases_are_taken_renewed_released_and_expire_after_three_missed_renewals(
     let (store, _) = open(7_000);
     assert_eq!(store.lease("d1", 7_000).unwrap().unwrap().host_id, "a");
 }
+
+/// The live leases of one person's devices come back in one list: only that person's devices
+/// (not another person's, even one with the same name, nor a lease on an unknown device id),
+/// only live leases (one past its expiry is not, even before it is deleted), with the holder
+/// the latest take left.
+pub fn a_persons_live_leases_are_listed_in_one_query(open: Open<'_>) {
+    let (store, _) = open(1);
+    let every = 1_000;
+    let register = |user: &str, token: &str, name: &str| {
+        store
+            .register_device(user, token, name, &folders(), "1", 10)
+            .unwrap()
+            .device_id
+    };
+    let laptop = register("u1", "t1", "laptop");
+    let desktop = register("u1", "t1", "desktop");
+    let idle = register("u1", "t1", "idle");
+    let theirs = register("u2", "t2", "laptop");
+    let holders = |user: &str, now: i64| -> Vec<(String, String, i64)> {
+        store
+            .live_leases_of(user, now)
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.device_id, l.host_id, l.expires_at_ms))
+            .collect()
+    };
+    assert!(holders("u1", 0).is_empty(), "no lease yet");
+    // u1's laptop on host a, its desktop on host b (renewed later), u2's laptop on host a, and
+    // a lease on a device id nobody registered; u1's idle device has none.
+    for (device, host, at) in [
+        (&laptop, "a", 0),
+        (&desktop, "b", 0),
+        (&theirs, "a", 0),
+        (&"unregistered".to_owned(), "a", 0),
+    ] {
+        store
+            .take_lease(device, host, at, lease_expiry(at, every))
+            .unwrap();
+    }
+    store
+        .renew_leases(
+            "b",
+            std::slice::from_ref(&desktop),
+            2_000,
+            lease_expiry(2_000, every),
+        )
+        .unwrap();
+    let mut expected = vec![
+        (laptop.clone(), "a".to_owned(), 3_000),
+        (desktop.clone(), "b".to_owned(), 5_000),
+    ];
+    expected.sort();
+    assert_eq!(holders("u1", 2_999), expected);
+    assert_eq!(
+        holders("u2", 2_999),
+        [(theirs.clone(), "a".to_owned(), 3_000)]
+    );
+    assert!(holders("u3", 2_999).is_empty(), "a person with no devices");
+    // At 3 000 host a's leases have expired, though nothing deleted them yet: not live.
+    assert_eq!(
+        holders("u1", 3_000),
+        [(desktop.clone(), "b".to_owned(), 5_000)]
+    );
+    assert!(holders("u2", 3_000).is_empty());
+    // The laptop reconnects to host c: c is its holder now; the desktop's host releases it.
+    store
+        .take_lease(&laptop, "c", 3_500, lease_expiry(3_500, every))
+        .unwrap();
+    assert!(store.release_lease(&desktop, "b").unwrap());
+    assert_eq!(
+        holders("u1", 3_500),
+        [(laptop.clone(), "c".to_owned(), 6_500)]
+    );
+    // The list agrees with the one-device lookup it replaces.
+    for device in [&laptop, &desktop, &idle] {
+        let one = store.lease(device, 3_500).unwrap();
+        let listed = store
+            .live_leases_of("u1", 3_500)
+            .unwrap()
+            .into_iter()
+            .find(|l| l.device_id == *device);
+        assert_eq!(one, listed, "{device}");
+    }
+}

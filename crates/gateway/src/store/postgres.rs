@@ -524,6 +524,22 @@ impl PostgresStore {
             .transpose()
     }
 
+    /// See [`super::Store::live_leases_of`].
+    pub fn live_leases_of(&self, user_id: &str, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
+        self.conn("read a person's leases")?
+            .query(
+                "SELECT l.device_id, l.host_id, l.expires_at_ms
+                 FROM gateway_leases l JOIN gateway_devices d ON d.device_id = l.device_id
+                 WHERE d.user_id = $1 AND l.expires_at_ms > $2
+                 ORDER BY l.device_id",
+                &[&user_id, &now_ms],
+            )
+            .map_err(query("read a person's leases"))?
+            .iter()
+            .map(PostgresStore::lease_from_row)
+            .collect()
+    }
+
     /// See [`super::Store::expire_leases`].
     pub fn expire_leases(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
         let mut expired = self

@@ -533,6 +533,30 @@ impl SqliteStore {
             .map_err(query("read a lease"))
     }
 
+    /// See [`super::Store::live_leases_of`].
+    pub fn live_leases_of(&self, user_id: &str, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
+        let db = self.db();
+        let mut statement = db
+            .prepare_cached(
+                "SELECT leases.device_id, leases.host_id, leases.expires_at_ms
+                 FROM leases JOIN devices ON devices.device_id = leases.device_id
+                 WHERE devices.user_id = ?1 AND leases.expires_at_ms > ?2
+                 ORDER BY leases.device_id",
+            )
+            .map_err(query("read a person's leases"))?;
+        statement
+            .query_map(params![user_id, now_ms], |r| {
+                Ok(Lease {
+                    device_id: r.get(0)?,
+                    host_id: r.get(1)?,
+                    expires_at_ms: r.get(2)?,
+                })
+            })
+            .map_err(query("read a person's leases"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(query("read a person's leases"))
+    }
+
     /// See [`super::Store::expire_leases`].
     pub fn expire_leases(&self, now_ms: i64) -> Result<Vec<Lease>, StoreError> {
         let db = self.db();
