@@ -43,3 +43,4 @@ mod rmcp_client;
 mod sandbox;
 mod systemd;
 mod workspaced;
+mod workspaced_bus;

@@ -15,7 +15,7 @@ use agentworks_contract::workspaced::{
 use agentworks_core::guard::Guard;
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use agentworks_daemon::ipc::server::{Peer, refuse_peer};
-use agentworks_support::unix_http::{ClientError, UnixClient};
+use agentworks_support::unix_http::ClientError;
 use bytes::Bytes;
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
@@ -87,7 +87,7 @@ pub struct Admin {
     /// The console's links (`<public_url>/console/…`) are made from it.
     pub public_url: String,
     pub identity: IdentityStore,
-    pub workspaced: UnixClient,
+    pub workspaced: crate::workspaced_client::WorkspacedClient,
     pub grants: crate::device::DeviceGrants,
     pub policy: std::sync::Arc<SocketPolicy>,
     /// The operator's MCP sign-in apps (`None` when the chat side could not open its stores).

@@ -25,7 +25,7 @@ use agentworks_contract::workspaced::{
     ReceiptAnswer, ReceiptRequest, SearchRequest, SearchResponse, StatRequest, StatResponse,
     TextEdit, WriteRequest,
 };
-use agentworks_support::unix_http::{ClientError, UnixClient};
+use agentworks_support::unix_http::ClientError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
@@ -50,7 +50,7 @@ impl Source {
 #[derive(Clone)]
 pub struct FileTools {
     identity: IdentityStore,
-    workspaced: UnixClient,
+    workspaced: crate::workspaced_client::WorkspacedClient,
 }
 
 fn not_visible(workflow_id: &str) -> ToolError {
@@ -186,7 +186,10 @@ fn change_answer(project: &Project, path: &str, change: ChangeResponse) -> Map<S
 pub const READ_FILES_MAX_CONTENT_BYTES: u64 = 8 * 1024 * 1024;
 
 impl FileTools {
-    pub fn new(identity: IdentityStore, workspaced: UnixClient) -> FileTools {
+    pub fn new(
+        identity: IdentityStore,
+        workspaced: crate::workspaced_client::WorkspacedClient,
+    ) -> FileTools {
         FileTools {
             identity,
             workspaced,

@@ -51,6 +51,7 @@ pub mod revocations;
 pub mod sealed;
 pub mod start;
 pub mod turn;
+pub mod workspaced_client;
 
 use crate::catalog::Catalog;
 use crate::identity::IdentityStore;
@@ -167,11 +168,11 @@ pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
 pub async fn run(
     config: &Config,
     identity: IdentityStore,
+    workspaced: workspaced_client::WorkspacedClient,
     public: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
 ) {
-    let workspaced = UnixClient::new(config.workspaced_socket());
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
     let sessions = console::session::Sessions::new(
         identity.clone(),

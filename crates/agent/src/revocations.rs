@@ -34,6 +34,11 @@ impl RevocationBus {
         let client = agentworks_daemon::nats::connect(cluster, "agentworks-agentd").await?;
         Ok(RevocationBus { client })
     }
+
+    /// The connection, for agentd's other uses of NATS (a workspaced on another host).
+    pub fn client(&self) -> async_nats::Client {
+        self.client.clone()
+    }
 }
 
 /// The message announcing `token_id`'s revocation.

@@ -23,6 +23,9 @@ pub enum StartError {
     /// In a cluster: the NATS server could not be joined.
     #[error("cannot join the cluster's NATS server")]
     Nats(#[source] crate::revocations::NatsError),
+    /// `[agentd] workspaced_host`: that host's workspaced cannot be called.
+    #[error("cannot call the workspaced of another host")]
+    Workspaced(#[source] crate::workspaced_client::WorkspacedClientError),
 }
 
 /// Runs agentd until SIGTERM/SIGINT.
@@ -35,10 +38,12 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .map_err(|e| e.at(config.agentd.listen))?;
     let identity = crate::open_identity(&config).map_err(StartError::Identity)?;
     // In a cluster, revoked tokens are announced to every gatewayd; NATS must answer now.
+    let mut nats = None;
     let announcer = if config.cluster.is_enabled() {
         let bus = crate::revocations::RevocationBus::join(&config.cluster)
             .await
             .map_err(StartError::Nats)?;
+        nats = Some(bus.client());
         let (revoked, announced) = tokio::sync::mpsc::unbounded_channel();
         identity.announce_revocations_to(revoked);
         Some(tokio::spawn(crate::revocations::publish_revocations(
@@ -49,6 +54,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     } else {
         None
     };
+    let workspaced = crate::workspaced_client::WorkspacedClient::for_config(&config, nats)
+        .await
+        .map_err(StartError::Workspaced)?;
     let address = public.local_addr().ok();
     tracing::info!(
         socket = %socket_path.display(),
@@ -56,13 +64,13 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         public = ?address,
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.agentd.public_url(),
-        workspaced = %config.workspaced_socket().display(),
+        workspaced = %workspaced.target(),
         host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         "agentd ready"
     );
     systemd::notify_ready("serving /mcp and agentd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, identity, public, socket, shutdown).await;
+    crate::run(&config, identity, workspaced, public, socket, shutdown).await;
     if let Some(announcer) = announcer {
         let _ = announcer.await;
     }

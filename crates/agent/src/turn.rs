@@ -1002,9 +1002,10 @@ fn may_have_been_sent(error: &ClientError) -> bool {
             false
         }
         ClientError::Remote { body, .. } => body.code == "internal",
-        ClientError::Http { .. } | ClientError::Decode { .. } | ClientError::Unexpected { .. } => {
-            true
-        }
+        ClientError::Http { .. }
+        | ClientError::Decode { .. }
+        | ClientError::Unexpected { .. }
+        | ClientError::Elsewhere { .. } => true,
     }
 }
 

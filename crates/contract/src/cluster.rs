@@ -25,12 +25,28 @@ pub fn peer_subject(host_id: &str) -> String {
 /// subscribe here.
 pub const PEER_SUBJECTS: &str = "agentworks.gateway.*.call";
 
+/// The workspaced of cluster host `host_id` answers agentd's calls here (NATS request-reply,
+/// with `[workspaced] serve_cluster`): the same endpoints and bodies as `workspaced.sock`, as a
+/// [`PeerCall`] answered with a [`PeerAnswer`], sealed under the cluster's workspaced key.
+pub fn workspaced_subject(host_id: &str) -> String {
+    format!("agentworks.workspaced.{host_id}.call")
+}
+
+/// The name of the cluster key ([`workspaced_subject`]'s calls are sealed with) in the shared
+/// database's `cluster.keys`.
+pub const WORKSPACED_KEY: &str = "workspaced-calls";
+
+/// Every host's [`workspaced_subject`], for NATS permissions: only agentd users publish here,
+/// only workspaced users subscribe.
+pub const WORKSPACED_SUBJECTS: &str = "agentworks.workspaced.*.call";
+
 /// The header that carries a peer message's MAC: hex HMAC-SHA256, under the cluster's peer
 /// key, of the subject the message is published on, a zero byte, and the payload.
 pub const PEER_MAC_HEADER: &str = "Agentworks-Mac";
 
-/// A call from one gatewayd host to another: run this `gatewayd.sock` call there, as if agentd
-/// had made it on that host's socket, but never send it on to a third host.
+/// A call from one host to another over NATS: run this socket call there, as if it had been
+/// made on that host's socket (`gatewayd.sock` between gatewayd hosts, never sent on to a third
+/// host; `workspaced.sock` from agentd to a storage host).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerCall {
@@ -38,7 +54,8 @@ pub struct PeerCall {
     pub origin: String,
     /// When it was sent (ms since the epoch); a call much older or newer is dropped.
     pub sent_at_ms: i64,
-    /// The `gatewayd.sock` endpoint: `/v1/dispatch`, `/v1/cancel` or `/v1/recover`.
+    /// The socket endpoint (between gatewayd hosts `/v1/dispatch`, `/v1/cancel` or
+    /// `/v1/recover`).
     pub path: String,
     /// The endpoint's JSON body, as agentd sent it.
     pub body: String,

@@ -65,6 +65,39 @@ impl BusKey {
     }
 }
 
+/// Why a cluster key could not be had at start.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// `cluster.database_url` is not set (the config loader refuses that for a cluster).
+    #[error("cluster.database_url is not set")]
+    NoDatabase,
+    #[error(transparent)]
+    Connect(#[from] crate::postgres::ConnectError),
+    #[error(transparent)]
+    Read(#[from] crate::postgres::SharedKeyError),
+    /// The blocking task that reads it failed.
+    #[error("reading the cluster key failed: {0}")]
+    Task(String),
+}
+
+/// The cluster's key `name` from the shared database of `cluster`, read on a blocking thread
+/// by `daemon` (the connection's application name) and closed after.
+pub async fn cluster_key(
+    cluster: &crate::config::ClusterConfig,
+    daemon: &'static str,
+    name: &'static str,
+) -> Result<BusKey, KeyError> {
+    let url = cluster.database_url.clone().ok_or(KeyError::NoDatabase)?;
+    let read = move || -> Result<BusKey, KeyError> {
+        let pool = crate::postgres::Pool::connect(&url, daemon, None)?;
+        let key = crate::postgres::shared_key(&pool, name, &rand::random())?;
+        Ok(BusKey::new(key))
+    };
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| KeyError::Task(e.to_string()))?
+}
+
 /// Why a call got no usable answer.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -145,16 +178,15 @@ pub struct OpenedCall {
     pub reply: String,
 }
 
-/// Checks a message on `this_host`'s subject: its size (at most `max_bytes`), its MAC, its
-/// shape, its clock, that another host sent it, that `may_call` allows its path, and a reply
-/// subject to answer on. `Err` says why it is dropped.
+/// Checks a message on a host's subject: its size (at most `max_bytes`), its MAC, its shape,
+/// its clock, then what `accept` asks of the call (its path, its origin), and a reply subject
+/// to answer on. `Err` says why it is dropped.
 pub fn open_call(
     key: &BusKey,
-    this_host: &str,
     message: &async_nats::Message,
     now_ms: i64,
     max_bytes: usize,
-    may_call: impl Fn(&str) -> bool,
+    accept: impl Fn(&PeerCall) -> Result<(), &'static str>,
 ) -> Result<OpenedCall, &'static str> {
     if message.payload.len() > max_bytes {
         return Err("too large");
@@ -172,12 +204,7 @@ pub fn open_call(
     if skew > MAX_CLOCK_SKEW.as_millis() {
         return Err("sent too long ago, or its clock is off");
     }
-    if call.origin == this_host {
-        return Err("sent by this host to itself");
-    }
-    if !may_call(&call.path) {
-        return Err("not an endpoint that may be called over NATS");
-    }
+    accept(&call)?;
     let reply = message.reply.as_ref().ok_or("no reply subject")?;
     Ok(OpenedCall {
         call,
@@ -238,12 +265,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_sealed_fresh_call_from_another_host_to_an_allowed_path_is_opened() {
+    fn only_a_sealed_fresh_call_that_its_host_accepts_is_opened() {
         let key = BusKey::new([7; 32]);
         let subject = "agentworks.gateway.gw-b.call";
         let now = 1_000_000_000;
         let open = |m: &async_nats::Message| {
-            open_call(&key, "gw-b", m, now, 4096, |path| path == "/v1/dispatch")
+            open_call(&key, m, now, 4096, |call| match call.path.as_str() {
+                "/v1/dispatch" => Ok(()),
+                _ => Err("not an endpoint that may be called"),
+            })
         };
         let good = call("gw-a", now, "/v1/dispatch");
         let sealed = message(subject, &good, Some(key.seal(subject, &good)));
@@ -273,12 +303,8 @@ mod tests {
             "sent too long ago, or its clock is off"
         );
         assert_eq!(
-            refused(&sealed_as(call("gw-b", now, "/v1/dispatch"))),
-            "sent by this host to itself"
-        );
-        assert_eq!(
             refused(&sealed_as(call("gw-a", now, "/v1/devices"))),
-            "not an endpoint that may be called over NATS"
+            "not an endpoint that may be called"
         );
         assert_eq!(refused(&sealed_as(b"{}".to_vec())), "not a call");
         let big = vec![b' '; 5000];

@@ -101,6 +101,9 @@ pub struct WorkspacedConfig {
     pub lock_timeout_ms: u64,
     /// The most results a search returns.
     pub search_max_results: usize,
+    /// With `[cluster]`: also serve this workspaced's API to agentd hosts over NATS, on
+    /// `agentworks.workspaced.<host_id>.call` (documents on a host that runs no agentd).
+    pub serve_cluster: bool,
 }
 
 impl Default for WorkspacedConfig {
@@ -111,6 +114,7 @@ impl Default for WorkspacedConfig {
             max_file_bytes: 8 * 1024 * 1024,
             lock_timeout_ms: 30_000,
             search_max_results: 200,
+            serve_cluster: false,
         }
     }
 }
@@ -149,6 +153,9 @@ pub struct AgentdConfig {
     pub outbound_root_certificates: Vec<PathBuf>,
     /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
     pub model: Option<ModelConfig>,
+    /// With `[cluster]`: reach the workspaced of cluster host `workspaced_host` over NATS
+    /// instead of `workspaced.sock`. `None`: the socket on this host.
+    pub workspaced_host: Option<String>,
 }
 
 /// The `[agentd.model]` sub-table: an OpenAI-compatible chat-completions endpoint.
@@ -226,6 +233,7 @@ impl Default for AgentdConfig {
             max_sessions_per_token: 32,
             outbound_root_certificates: Vec::new(),
             model: None,
+            workspaced_host: None,
         }
     }
 }
@@ -479,6 +487,15 @@ pub enum ConfigError {
         origin: &'static str,
         problem: &'static str,
     },
+    /// `agentd.workspaced_host` cannot be a cluster host id.
+    #[error("agentd.workspaced_host {host:?} is refused: {problem}")]
+    WorkspacedHost { host: String, problem: &'static str },
+    /// A key that only means something in a cluster, without `[cluster]`.
+    #[error(
+        "{key} is set but [cluster] is not (database_url and nats_url): it only works in a \
+         cluster; set [cluster] or remove {key}"
+    )]
+    NeedsCluster { key: &'static str },
     /// No `cluster.host_id` and the host name could not be read.
     #[error("cluster.host_id is not set and the host name cannot be read; set cluster.host_id")]
     NoHostId,
@@ -777,6 +794,26 @@ impl Config {
             }
         }
         self.refuse_cluster_in_clear()?;
+        let needs_cluster = [
+            ("workspaced.serve_cluster", self.workspaced.serve_cluster),
+            (
+                "agentd.workspaced_host",
+                self.agentd.workspaced_host.is_some(),
+            ),
+        ];
+        for (key, set) in needs_cluster {
+            if set && !cluster.is_enabled() {
+                return Err(ConfigError::NeedsCluster { key });
+            }
+        }
+        if let Some(host) = &self.agentd.workspaced_host
+            && let Some(problem) = host_id_problem(host)
+        {
+            return Err(ConfigError::WorkspacedHost {
+                host: host.clone(),
+                problem,
+            });
+        }
         if let Some(host_id) = &cluster.host_id
             && let Some(problem) = host_id_problem(host_id)
         {
@@ -1434,6 +1471,44 @@ public_url = "wss://gw.example.com/"
             let message = err.to_string();
             assert!(message.contains(&format!("{missing} is not")), "{message}");
         }
+    }
+
+    #[test]
+    fn cluster_only_keys_need_a_cluster_and_a_workspaced_host_must_be_a_host_id() {
+        for (text, key) in [
+            (
+                "[workspaced]\nserve_cluster = true",
+                "workspaced.serve_cluster",
+            ),
+            (
+                "[agentd]\nworkspaced_host = \"storage-1\"",
+                "agentd.workspaced_host",
+            ),
+        ] {
+            let err = on_host(text, Some("h")).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::NeedsCluster { key: k } if *k == key),
+                "{text}: {err}"
+            );
+            assert!(err.to_string().contains("only works in a cluster"), "{err}");
+        }
+        let cluster = "[cluster]\ndatabase_url = \"postgres://127.0.0.1/aw\"\n\
+                       nats_url = \"nats://127.0.0.1:4222\"\nhost_id = \"a\"\n";
+        let ok = on_host(
+            &format!(
+                "[workspaced]\nserve_cluster = true\n[agentd]\nworkspaced_host = \"s-1\"\n{cluster}"
+            ),
+            Some("h"),
+        )
+        .unwrap();
+        assert!(ok.workspaced.serve_cluster);
+        assert_eq!(ok.agentd.workspaced_host.as_deref(), Some("s-1"));
+        let err = on_host(
+            &format!("[agentd]\nworkspaced_host = \"a.b\"\n{cluster}"),
+            Some("h"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::WorkspacedHost { .. }), "{err}");
     }
 
     #[test]

@@ -123,8 +123,14 @@ fn open_call(
     message: &async_nats::Message,
     now_ms: i64,
 ) -> Result<OpenedCall, &'static str> {
-    bus::open_call(key, this_host, message, now_ms, MAX_MESSAGE_BYTES, |path| {
-        PEER_PATHS.contains(&path)
+    bus::open_call(key, message, now_ms, MAX_MESSAGE_BYTES, |call| {
+        if call.origin == this_host {
+            Err("sent by this host to itself")
+        } else if !PEER_PATHS.contains(&call.path.as_str()) {
+            Err("not an endpoint peers may call")
+        } else {
+            Ok(())
+        }
     })
 }
 
@@ -189,15 +195,15 @@ mod tests {
     use super::*;
 
     /// The sealing and checks are [`bus`]'s (tested there); here only which paths peers may
-    /// call.
+    /// call, and never this host itself.
     #[test]
     fn peers_may_call_dispatch_cancel_and_recover_only() {
         let key = PeerKey::new([7; 32]);
         let subject = peer_subject("gw-b");
         let now = 1_000_000_000;
-        let sealed = |path: &str| {
+        let sealed_from = |origin: &str, path: &str| {
             let payload = serde_json::to_vec(&PeerCall {
-                origin: "gw-a".into(),
+                origin: origin.into(),
                 sent_at_ms: now,
                 path: path.into(),
                 body: "{}".into(),
@@ -218,6 +224,11 @@ mod tests {
                 description: None,
             }
         };
+        let sealed = |path: &str| sealed_from("gw-a", path);
+        assert_eq!(
+            open_call(&key, "gw-b", &sealed_from("gw-b", "/v1/dispatch"), now),
+            Err("sent by this host to itself")
+        );
         for path in PEER_PATHS {
             assert!(
                 open_call(&key, "gw-b", &sealed(path), now).is_ok(),

@@ -69,6 +69,10 @@ pub enum ClientError {
         status: u16,
         source: serde_json::Error,
     },
+    /// The call went another way than a socket (over NATS to another host) and got no
+    /// answer; whether it ran there is not known.
+    #[error("{endpoint}: {reason}")]
+    Elsewhere { endpoint: String, reason: String },
     /// A non-2xx response without an error envelope (e.g. from something that is not an
     /// agentworks daemon).
     #[error("{status} response from {endpoint} without an error envelope: {body}")]
@@ -260,12 +264,13 @@ impl UnixClient {
             self.put_idle(sender);
         }
         let (status, bytes) = result?;
-        decode(path, status, &bytes)
+        decode_response(path, status, &bytes)
     }
 }
 
-/// Turns a complete response into the caller's value or a [`ClientError`].
-fn decode<Resp: serde::de::DeserializeOwned>(
+/// Turns a complete response into the caller's value or a [`ClientError`]: the rules of every
+/// call here, for a response that came another way (over NATS).
+pub fn decode_response<Resp: serde::de::DeserializeOwned>(
     endpoint: &str,
     status: StatusCode,
     bytes: &[u8],

@@ -12,6 +12,7 @@
 
 pub mod acl;
 pub mod cli;
+pub mod cluster;
 pub mod error;
 pub mod lock;
 pub mod ops;

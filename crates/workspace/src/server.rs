@@ -48,7 +48,7 @@ pub async fn run(
     serve(listener, handler, shutdown, limits).await;
 }
 
-async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response<Body> {
+pub(crate) async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) -> Response<Body> {
     let path = parts.uri.path().to_owned();
     match (&parts.method, path.as_str()) {
         (&Method::GET, "/v1/health") => json_response(

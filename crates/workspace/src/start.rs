@@ -42,6 +42,9 @@ pub enum StartError {
     /// Start-up recovery (the temp sweep and reconciling prepared receipts) failed.
     #[error("cannot reconcile receipts at start")]
     Recover(#[source] WorkspaceError),
+    /// `[workspaced] serve_cluster` is set and the cluster cannot be joined.
+    #[error("cannot serve agentd hosts over the cluster")]
+    Cluster(#[source] crate::cluster::ClusterError),
 }
 
 /// Run workspaced with `config` until a shutdown signal; `kept` is what
@@ -65,8 +68,19 @@ pub async fn run(config: Config, kept: Vec<Capability>) -> Result<(), StartError
         .await
         .map_err(StartError::RecoveryDidNotFinish)?
         .map_err(StartError::Recover)?;
+    // With serve_cluster, NATS and the database must answer now, before READY.
+    let cluster = if config.workspaced.serve_cluster {
+        Some(
+            crate::cluster::join(&config)
+                .await
+                .map_err(StartError::Cluster)?,
+        )
+    } else {
+        None
+    };
     tracing::info!(
         socket = %socket_path.display(),
+        cluster_subject = cluster.as_ref().map(|(.., subject)| subject.as_str()),
         socket_activated = origin == listener::ListenerOrigin::Activated,
         documents_root = %workspace.documents_root().display(),
         capabilities = ?kept,
@@ -83,7 +97,20 @@ pub async fn run(config: Config, kept: Vec<Capability>) -> Result<(), StartError
         max_connections: 256,
         max_body_bytes: server::max_body_bytes(config.workspaced.max_file_bytes),
     };
+    let bus = cluster.map(|(client, key, calls, _)| {
+        tokio::spawn(crate::cluster::serve(
+            workspace.clone(),
+            client,
+            key,
+            calls,
+            server_limits.max_body_bytes,
+            shutdown.clone(),
+        ))
+    });
     server::run(listener, workspace, policy, server_limits, shutdown).await;
+    if let Some(bus) = bus {
+        let _ = bus.await;
+    }
     tracing::info!("workspaced stopped");
     Ok(())
 }

@@ -293,3 +293,57 @@ pub fn migrate(
     }
     tx.commit().map_err(query("commit the schema migration"))
 }
+
+/// Why a cluster key could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedKeyError {
+    #[error("no connection to the cluster database: {0}")]
+    Pool(#[from] PoolError),
+    #[error("cannot read the cluster's {name} key: {source}")]
+    Query {
+        name: &'static str,
+        source: ::postgres::Error,
+    },
+    /// The stored key is not 32 bytes (the schema forbids it; a hand-edited row).
+    #[error("the cluster's {name} key (table cluster.keys) is not 32 bytes")]
+    Length { name: &'static str },
+}
+
+/// The cluster's 32-byte key `name`, made by the first host that asks (`candidate`, fresh
+/// random bytes) and the same for every host after: what hosts seal their NATS calls with
+/// ([`crate::bus`]). Kept in `cluster.keys`, created here under an advisory lock, so any
+/// daemon may be the first. Whoever can read the database can read it.
+pub fn shared_key(
+    pool: &Pool,
+    name: &'static str,
+    candidate: &[u8; 32],
+) -> Result<[u8; 32], SharedKeyError> {
+    let query = |source| SharedKeyError::Query { name, source };
+    let mut conn = pool.get()?;
+    let mut tx = conn.transaction().map_err(query)?;
+    // "awclkeys": creating the namespace and table races between hosts without it.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&0x6177_636c_6b65_7973_i64],
+    )
+    .map_err(query)?;
+    tx.batch_execute(
+        "CREATE SCHEMA IF NOT EXISTS cluster;
+         CREATE TABLE IF NOT EXISTS cluster.keys (
+             name TEXT PRIMARY KEY,
+             key  BYTEA NOT NULL CHECK (length(key) = 32)
+         )",
+    )
+    .map_err(query)?;
+    tx.execute(
+        "INSERT INTO cluster.keys (name, key) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        &[&name, &candidate.as_slice()],
+    )
+    .map_err(query)?;
+    let key: Vec<u8> = tx
+        .query_one("SELECT key FROM cluster.keys WHERE name = $1", &[&name])
+        .and_then(|row| row.try_get(0))
+        .map_err(query)?;
+    tx.commit().map_err(query)?;
+    key.try_into().map_err(|_| SharedKeyError::Length { name })
+}
