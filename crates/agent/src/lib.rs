@@ -29,6 +29,8 @@ pub mod admin;
 pub mod attachments;
 pub mod catalog;
 pub mod chat_api;
+#[cfg(any(test, feature = "store-conformance"))]
+pub mod chat_conformance;
 pub mod chat_service;
 pub mod chats;
 pub mod cli;
