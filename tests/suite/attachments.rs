@@ -148,6 +148,24 @@ fn the_model_gets_text_previews_and_reads_this_turns_images_only() {
         result_of(&events, "i2")["error"]["code"],
         "attachment_not_found"
     );
+    // Both uploads and the turn's messages are where this stack keeps agentd's state: in
+    // cluster mode, rows in its PostgreSQL, and none of the chat-side SQLite files exist.
+    assert_eq!(stack.agentd_rows("attachments.db", "attachments"), 2);
+    assert!(stack.agentd_rows("chats.db", "messages") >= 2);
+    if stack.cluster.is_some() {
+        let agent_dir = stack.state.root().join("agent");
+        for file in [
+            "chats.db",
+            "attachments.db",
+            "mcp_connections.db",
+            "project_secrets.db",
+        ] {
+            assert!(
+                !agent_dir.join(file).exists(),
+                "{file} exists in cluster mode"
+            );
+        }
+    }
 
     let requests = model.requests();
     let first = &requests[0];

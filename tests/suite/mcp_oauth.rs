@@ -229,16 +229,11 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
         .flat_map(|l| l.split(' '))
         .collect();
     assert_eq!(issued.len(), 2, "{log}");
-    let agent_dir = stack.state.root().join("agent");
+    // (In cluster mode, nor in agentd's rows in PostgreSQL.)
     let in_clear = || {
-        super::harness::all_files(&agent_dir)
-            .into_iter()
-            .find(|file| {
-                let bytes = std::fs::read(agent_dir.join(file)).unwrap();
-                issued
-                    .iter()
-                    .any(|t| bytes.windows(t.len()).any(|w| w == t.as_bytes()))
-            })
+        issued
+            .iter()
+            .find_map(|token| stack.agentd_state_holding(token))
     };
     assert_eq!(in_clear(), None, "a token is stored in clear");
 
@@ -283,11 +278,10 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
         Value::Null,
     );
     assert_eq!(status, 200);
-    let db = rusqlite::Connection::open(agent_dir.join("mcp_connections.db")).unwrap();
-    let left: i64 = db
-        .query_row("SELECT count(*) FROM mcp_credentials", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(
+        stack.agentd_rows("mcp_connections.db", "mcp_credentials"),
+        0
+    );
 }
 
 /// The same sign-in as a person does it: the console's settings page in chromium, the
@@ -440,15 +434,8 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         Value::Null,
     );
     assert_eq!(listed["connections"][0]["signed_in"], true, "{listed}");
-    // The secret is sealed at rest too.
-    let agent_dir = stack.state.root().join("agent");
-    for file in super::harness::all_files(&agent_dir) {
-        let bytes = std::fs::read(agent_dir.join(&file)).unwrap();
-        assert!(
-            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
-            "{file}"
-        );
-    }
+    // The secret is sealed at rest too (in cluster mode, in PostgreSQL as well).
+    assert_eq!(stack.agentd_state_holding(secret), None);
     // Removed, the next sign-in needs it again.
     let removed = stack.ctl(&["mcp-app", "remove", &app_key]);
     assert!(removed.status.success(), "{removed:?}");
@@ -502,12 +489,7 @@ fn a_sign_in_goes_with_the_person_who_made_it() {
     let id = connection["connection_id"].as_str().unwrap().to_owned();
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
     let chat = create_chat(stack, alice, "app");
-    let db =
-        rusqlite::Connection::open(stack.state.root().join("agent/mcp_connections.db")).unwrap();
-    let sign_ins = || -> i64 {
-        db.query_row("SELECT count(*) FROM mcp_credentials", [], |r| r.get(0))
-            .unwrap()
-    };
+    let sign_ins = || stack.agentd_rows("mcp_connections.db", "mcp_credentials");
     let offered = |message: &str| {
         model.clear();
         model.play(vec![text("ok")]);

@@ -431,15 +431,13 @@ fn a_server_mode_chat_calls_a_connections_tool_and_a_removed_connection_is_gone(
     let results = tool_results(&requests[1]);
     let keyed_result = &results.iter().find(|(id, _)| id == "c4").unwrap().1;
     assert_eq!(keyed_result["result"]["content"], "echo: with the key");
-    // Nothing in agentd's state holds the secret in clear, nor does any chat message.
-    let agent_dir = stack.state.root().join("agent");
-    for file in super::harness::all_files(&agent_dir) {
-        let bytes = std::fs::read(agent_dir.join(&file)).unwrap();
-        assert!(
-            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
-            "{file} holds the secret in clear"
-        );
-    }
+    // Nothing in agentd's state holds the secret in clear, nor does any chat message (in
+    // cluster mode, nor any of agentd's rows in PostgreSQL).
+    assert_eq!(
+        stack.agentd_state_holding(secret),
+        None,
+        "agentd's state holds the secret in clear"
+    );
 }
 
 /// The same project's connection, working in server mode, is never offered to a turn bound to

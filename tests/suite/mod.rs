@@ -8,6 +8,7 @@ mod attack_authority;
 mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
+mod chat_stores;
 mod cluster;
 mod cluster_auth;
 mod cluster_restarts;

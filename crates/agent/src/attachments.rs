@@ -1,5 +1,7 @@
 //! Chat attachments: files a person attaches to a message in the console, kept in agentd's
-//! private state (`<state>/agent/attachments.db`, SQLite, WAL, `synchronous=FULL`).
+//! private state (`<state>/agent/attachments.db`, SQLite, WAL, `synchronous=FULL`), or, with
+//! `[cluster] database_url`, in the cluster's PostgreSQL (namespace `agentd`, version table
+//! `attachments_schema`), so a turn on any agentd host finds what was uploaded through another.
 //!
 //! An attachment belongs to one chat and its owner; it is uploaded first (pending, no turn) and
 //! claimed by the turn whose message names it, at most [`MAX_FILES_PER_MESSAGE`] per message and
@@ -11,12 +13,11 @@
 //! is ever copied to a laptop. Pending uploads a message never claimed are dropped after
 //! [`PENDING_LIFETIME_MS`].
 
+use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use agentworks_support::clock::now_ms;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 /// At most this many files per message.
 pub const MAX_FILES_PER_MESSAGE: usize = 10;
@@ -36,8 +37,11 @@ pub enum AttachmentError {
         path: std::path::PathBuf,
         source: rusqlite::Error,
     },
+    /// The cluster's database (`[cluster] database_url`) cannot be reached or migrated.
+    #[error("the attachment store (PostgreSQL) cannot be opened: {0}")]
+    OpenShared(#[from] crate::db::OpenError),
     #[error("the attachment store failed: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] DbError),
     #[error("{name} is {size} bytes; an attachment may be at most {MAX_FILE_BYTES} bytes (10 MB)")]
     TooLarge { name: String, size: usize },
     #[error("{count} attachments; a message may carry at most {MAX_FILES_PER_MESSAGE}")]
@@ -52,11 +56,22 @@ pub enum AttachmentError {
     NotFound { id: String },
 }
 
+impl TransactionError for AttachmentError {
+    fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            AttachmentError::Sql(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
 impl AttachmentError {
     /// The error code the API answers with.
     pub fn code(&self) -> &'static str {
         match self {
-            AttachmentError::Open { .. } | AttachmentError::Sql(_) => "unavailable",
+            AttachmentError::Open { .. }
+            | AttachmentError::OpenShared(_)
+            | AttachmentError::Sql(_) => "unavailable",
             AttachmentError::TooLarge { .. } => "attachment_too_large",
             AttachmentError::TooMany { .. } => "too_many_attachments",
             AttachmentError::Unsupported { .. } => "unsupported_attachment",
@@ -167,9 +182,37 @@ CREATE TABLE IF NOT EXISTS attachments (
 CREATE INDEX IF NOT EXISTS attachments_chat ON attachments(chat_id, turn);
 ";
 
+/// The same table in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
+/// `agentd`: integers `BIGINT`, the bytes `BYTEA`. PostgreSQL has no `rowid`, so the table
+/// has a column of that name numbering the rows as they are inserted, and the SQL that orders
+/// by insertion (`ORDER BY created_at_ms, rowid`) is the same on both. One migration per
+/// version; never edit one that has shipped, add the next.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    // 1: the attachments.
+    "
+CREATE TABLE attachments (
+    id TEXT PRIMARY KEY, chat_id TEXT NOT NULL, owner_id TEXT NOT NULL, name TEXT NOT NULL,
+    kind TEXT NOT NULL, media_type TEXT NOT NULL, size BIGINT NOT NULL, sha256 TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL, turn BIGINT, data BYTEA NOT NULL,
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY);
+CREATE INDEX attachments_chat ON attachments (chat_id, turn);
+CREATE INDEX attachments_pending ON attachments (created_at_ms) WHERE turn IS NULL;
+",
+];
+
+/// agentd's attachment table in PostgreSQL, migrated under the advisory lock "awagattc".
+pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
+    agentworks_daemon::postgres::Schema {
+        daemon: "agentd",
+        namespace: Some("agentd"),
+        version_table: "attachments_schema",
+        lock_key: 0x6177_6167_6174_7463,
+        migrations: POSTGRES_MIGRATIONS,
+    };
+
 const INFO_COLUMNS: &str = "id, chat_id, name, kind, media_type, size, sha256, created_at_ms, turn";
 
-fn row_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttachmentInfo> {
+fn row_info(r: &Row<'_>) -> Result<AttachmentInfo, DbError> {
     let kind: String = r.get(3)?;
     let size: i64 = r.get(5)?;
     Ok(AttachmentInfo {
@@ -193,24 +236,24 @@ fn row_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttachmentInfo> {
 /// workers.
 #[derive(Clone)]
 pub struct AttachmentStore {
-    conn: Arc<Mutex<Connection>>,
+    pub(crate) db: Database,
 }
 
 impl AttachmentStore {
+    /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<AttachmentStore, AttachmentError> {
-        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(|source| {
-            AttachmentError::Open {
-                path: path.to_owned(),
-                source,
-            }
+        let db = Database::open_sqlite(path, SCHEMA).map_err(|source| AttachmentError::Open {
+            path: path.to_owned(),
+            source,
         })?;
-        Ok(AttachmentStore {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+        Ok(AttachmentStore { db })
     }
 
-    fn db(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
+    /// schema migrated first.
+    pub fn open_postgres(url: &str) -> Result<AttachmentStore, AttachmentError> {
+        let db = Database::open_postgres(url, "agentworks-agentd", &POSTGRES_SCHEMA, now_ms())?;
+        Ok(AttachmentStore { db })
     }
 
     /// Stores an upload for `chat_id` by `owner_id`, pending until a message claims it.
@@ -245,25 +288,25 @@ impl AttachmentStore {
             created_at_ms: now_ms(),
             turn: None,
         };
-        let db = self.db();
+        let mut db = self.db.conn()?;
         db.execute(
             "DELETE FROM attachments WHERE turn IS NULL AND created_at_ms < ?1",
-            params![info.created_at_ms - PENDING_LIFETIME_MS],
+            &[&(info.created_at_ms - PENDING_LIFETIME_MS)],
         )?;
         db.execute(
             "INSERT INTO attachments (id, chat_id, owner_id, name, kind, media_type, size, sha256, created_at_ms, turn, data)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)",
-            params![
-                info.attachment_id,
-                info.chat_id,
-                owner_id,
-                info.name,
-                if kind == Kind::Image { "image" } else { "text" },
-                info.media_type,
-                info.size as i64,
-                info.sha256,
-                info.created_at_ms,
-                bytes
+            &[
+                &info.attachment_id,
+                &info.chat_id,
+                &owner_id,
+                &info.name,
+                &if kind == Kind::Image { "image" } else { "text" },
+                &info.media_type,
+                &(info.size as i64),
+                &info.sha256,
+                &info.created_at_ms,
+                &bytes,
             ],
         )?;
         Ok(info)
@@ -280,27 +323,28 @@ impl AttachmentStore {
         if ids.len() > MAX_FILES_PER_MESSAGE {
             return Err(AttachmentError::TooMany { count: ids.len() });
         }
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        let mut claimed = Vec::with_capacity(ids.len());
-        for id in ids {
-            let changed = tx.execute(
-                "UPDATE attachments SET turn = ?1
-                 WHERE id = ?2 AND chat_id = ?3 AND owner_id = ?4 AND turn IS NULL",
-                params![turn, id, chat_id, owner_id],
-            )?;
-            if changed != 1 {
-                return Err(AttachmentError::NotFound { id: id.clone() });
+        // One transaction: an error (an id not found) rolls back the ids claimed before it, and
+        // two hosts claiming one upload at once cannot both see it pending.
+        self.db.transaction(|tx| {
+            let mut claimed = Vec::with_capacity(ids.len());
+            for id in ids {
+                let changed = tx.execute(
+                    "UPDATE attachments SET turn = ?1
+                     WHERE id = ?2 AND chat_id = ?3 AND owner_id = ?4 AND turn IS NULL",
+                    &[&turn, id, &chat_id, &owner_id],
+                )?;
+                if changed != 1 {
+                    return Err(AttachmentError::NotFound { id: id.clone() });
+                }
+                let info = tx.query_one(
+                    &format!("SELECT {INFO_COLUMNS} FROM attachments WHERE id = ?1"),
+                    &[id],
+                    row_info,
+                )?;
+                claimed.push(info);
             }
-            let info = tx.query_row(
-                &format!("SELECT {INFO_COLUMNS} FROM attachments WHERE id = ?1"),
-                params![id],
-                row_info,
-            )?;
-            claimed.push(info);
-        }
-        tx.commit()?;
-        Ok(claimed)
+            Ok(claimed)
+        })
     }
 
     /// The attachments of one turn of a chat, in upload order: by time, then by insertion
@@ -310,13 +354,14 @@ impl AttachmentStore {
         chat_id: &str,
         turn: i64,
     ) -> Result<Vec<AttachmentInfo>, AttachmentError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(&format!(
-            "SELECT {INFO_COLUMNS} FROM attachments WHERE chat_id = ?1 AND turn = ?2
-             ORDER BY created_at_ms, rowid"
-        ))?;
-        let rows = stmt.query_map(params![chat_id, turn], row_info)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(self.db.conn()?.query_all(
+            &format!(
+                "SELECT {INFO_COLUMNS} FROM attachments WHERE chat_id = ?1 AND turn = ?2
+                 ORDER BY created_at_ms, rowid"
+            ),
+            &[&chat_id, &turn],
+            row_info,
+        )?)
     }
 
     /// One attachment of `turn` (by id, or by its display name) and its bytes; an attachment of
@@ -327,19 +372,20 @@ impl AttachmentStore {
         turn: i64,
         id_or_name: &str,
     ) -> Result<(AttachmentInfo, Vec<u8>), AttachmentError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(&format!(
-            "SELECT {INFO_COLUMNS}, data FROM attachments
-             WHERE chat_id = ?1 AND turn = ?2 AND (id = ?3 OR name = ?3)
-             ORDER BY created_at_ms, rowid LIMIT 1"
-        ))?;
-        stmt.query_row(params![chat_id, turn, id_or_name], |r| {
-            Ok((row_info(r)?, r.get::<_, Vec<u8>>(9)?))
-        })
-        .optional()?
-        .ok_or_else(|| AttachmentError::NotFound {
-            id: id_or_name.to_owned(),
-        })
+        self.db
+            .conn()?
+            .query_opt(
+                &format!(
+                    "SELECT {INFO_COLUMNS}, data FROM attachments
+                     WHERE chat_id = ?1 AND turn = ?2 AND (id = ?3 OR name = ?3)
+                     ORDER BY created_at_ms, rowid LIMIT 1"
+                ),
+                &[&chat_id, &turn, &id_or_name],
+                |r| Ok((row_info(r)?, r.get::<Vec<u8>>(9)?)),
+            )?
+            .ok_or_else(|| AttachmentError::NotFound {
+                id: id_or_name.to_owned(),
+            })
     }
 }
 
@@ -493,10 +539,12 @@ mod tests {
         let (_dir, store) = store();
         let old = store.add("c1", "u1", "old.txt", b"old").unwrap();
         store
-            .db()
+            .db
+            .conn()
+            .unwrap()
             .execute(
                 "UPDATE attachments SET created_at_ms = created_at_ms - ?1 WHERE id = ?2",
-                params![PENDING_LIFETIME_MS + 1, old.attachment_id],
+                &[&(PENDING_LIFETIME_MS + 1), &old.attachment_id],
             )
             .unwrap();
         store.add("c1", "u1", "new.txt", b"new").unwrap();

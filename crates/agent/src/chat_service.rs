@@ -88,7 +88,9 @@ pub struct ChatService {
 impl From<AttachmentError> for Refusal {
     fn from(error: AttachmentError) -> Refusal {
         let status = match &error {
-            AttachmentError::Open { .. } | AttachmentError::Sql(_) => {
+            AttachmentError::Open { .. }
+            | AttachmentError::OpenShared(_)
+            | AttachmentError::Sql(_) => {
                 tracing::error!(%error, "attachment store failed");
                 StatusCode::SERVICE_UNAVAILABLE
             }

@@ -1,5 +1,7 @@
 //! The chat store: chats, their messages and their laptop binding, in
-//! `<state>/agent/chats.db` (SQLite, WAL, `synchronous=FULL`), beside the identity store.
+//! `<state>/agent/chats.db` (SQLite, WAL, `synchronous=FULL`) beside the identity store, or,
+//! with `[cluster] database_url`, in the cluster's PostgreSQL (namespace `agentd`, its version
+//! table `chats_schema`), shared by every agentd host ([`crate::db`] runs the same SQL on both).
 //!
 //! A chat belongs to one project and is pinned to the person who created it (`owner_id`). Its
 //! messages are kept in the OpenAI chat format (`{"role": …, "content": …, "tool_calls": …}`)
@@ -10,17 +12,17 @@
 //! makes for tool calls. Each turn's token usage (the sum over its model calls, as the model
 //! reported it) is kept in `turn_usage`, added to after every model answer.
 //!
-//! Layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it. Opening a version-0
-//! store creates the table (its turns have no usage rows: they count as zero).
+//! SQLite layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it. Opening a
+//! version-0 store creates the table (its turns have no usage rows: they count as zero).
+//! PostgreSQL starts at the current layout ([`POSTGRES_MIGRATIONS`]).
 //!
 //! Must never hand out another person's chat: every lookup that serves a request is checked
 //! against the owner by the caller ([`crate::chat_api`]).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatStoreError {
@@ -29,10 +31,22 @@ pub enum ChatStoreError {
         path: std::path::PathBuf,
         source: rusqlite::Error,
     },
+    /// The cluster's database (`[cluster] database_url`) cannot be reached or migrated.
+    #[error("the chat store (PostgreSQL) cannot be opened: {0}")]
+    OpenShared(#[from] crate::db::OpenError),
     #[error("the chat store failed: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] DbError),
     #[error("a stored message is not valid JSON: {0}")]
     Corrupt(#[from] serde_json::Error),
+}
+
+impl TransactionError for ChatStoreError {
+    fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            ChatStoreError::Sql(error) => Some(error),
+            _ => None,
+        }
+    }
 }
 
 /// A chat's binding to one folder on one of its owner's devices.
@@ -112,10 +126,43 @@ CREATE TABLE IF NOT EXISTS turn_usage (
 PRAGMA user_version = 1;
 ";
 
+/// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
+/// `agentd` beside the identity store's: every integer a `BIGINT`, as [`crate::db`] reads them.
+/// One migration per version; never edit one that has shipped, add the next. (SQLite's layout
+/// 0, before `turn_usage`, never existed here.)
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    // 1: chats, their messages and each turn's usage.
+    "
+CREATE TABLE chats (
+    id TEXT PRIMARY KEY, project_id TEXT NOT NULL, owner_id TEXT NOT NULL,
+    owner_name TEXT NOT NULL, created_at_ms BIGINT NOT NULL, device_id TEXT, folder TEXT,
+    bound_at_ms BIGINT, binding_generation BIGINT NOT NULL DEFAULT 0,
+    turns BIGINT NOT NULL DEFAULT 0);
+CREATE INDEX chats_owner ON chats (owner_id, project_id);
+CREATE TABLE messages (
+    chat_id TEXT NOT NULL REFERENCES chats(id), seq BIGINT NOT NULL, turn BIGINT NOT NULL,
+    created_at_ms BIGINT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (chat_id, seq));
+CREATE TABLE turn_usage (
+    chat_id TEXT NOT NULL REFERENCES chats(id), turn BIGINT NOT NULL,
+    prompt_tokens BIGINT NOT NULL DEFAULT 0, completion_tokens BIGINT NOT NULL DEFAULT 0,
+    total_tokens BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (chat_id, turn));
+",
+];
+
+/// agentd's chat tables in PostgreSQL, migrated under the advisory lock "awagchat".
+pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
+    agentworks_daemon::postgres::Schema {
+        daemon: "agentd",
+        namespace: Some("agentd"),
+        version_table: "chats_schema",
+        lock_key: 0x6177_6167_6368_6174,
+        migrations: POSTGRES_MIGRATIONS,
+    };
+
 const CHAT_COLUMNS: &str = "id, project_id, owner_id, owner_name, created_at_ms, device_id, folder, \
      bound_at_ms, binding_generation, turns";
 
-fn row_chat(r: &rusqlite::Row<'_>) -> rusqlite::Result<Chat> {
+fn row_chat(r: &Row<'_>) -> Result<Chat, DbError> {
     let device_id: Option<String> = r.get(5)?;
     let folder: Option<String> = r.get(6)?;
     let bound_at_ms: Option<i64> = r.get(7)?;
@@ -142,23 +189,29 @@ fn row_chat(r: &rusqlite::Row<'_>) -> rusqlite::Result<Chat> {
 /// A cheap-to-clone handle on the chat store. Calls block: run them off the async workers.
 #[derive(Clone)]
 pub struct ChatStore {
-    conn: Arc<Mutex<Connection>>,
+    pub(crate) db: Database,
 }
 
 impl ChatStore {
+    /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<ChatStore, ChatStoreError> {
-        let err = |source| ChatStoreError::Open {
+        let db = Database::open_sqlite(path, SCHEMA).map_err(|source| ChatStoreError::Open {
             path: path.to_owned(),
             source,
-        };
-        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(err)?;
-        Ok(ChatStore {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+        })?;
+        Ok(ChatStore { db })
     }
 
-    fn db(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
+    /// schema migrated first.
+    pub fn open_postgres(url: &str) -> Result<ChatStore, ChatStoreError> {
+        let db = Database::open_postgres(
+            url,
+            "agentworks-agentd",
+            &POSTGRES_SCHEMA,
+            agentworks_support::clock::now_ms(),
+        )?;
+        Ok(ChatStore { db })
     }
 
     pub fn create(
@@ -169,9 +222,9 @@ impl ChatStore {
     ) -> Result<Chat, ChatStoreError> {
         let id = format!("c{}", hex::encode(rand::random::<[u8; 10]>()));
         let now = agentworks_support::clock::now_ms();
-        self.db().execute(
+        self.db.conn()?.execute(
             "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![id, project_id, owner_id, owner_name, now],
+            &[&id, &project_id, &owner_id, &owner_name, &now],
         )?;
         Ok(Chat {
             chat_id: id,
@@ -186,10 +239,11 @@ impl ChatStore {
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Chat>, ChatStoreError> {
-        let db = self.db();
-        let mut stmt =
-            db.prepare_cached(&format!("SELECT {CHAT_COLUMNS} FROM chats WHERE id = ?1"))?;
-        Ok(stmt.query_row(params![id], row_chat).optional()?)
+        Ok(self.db.conn()?.query_opt(
+            &format!("SELECT {CHAT_COLUMNS} FROM chats WHERE id = ?1"),
+            &[&id],
+            row_chat,
+        )?)
     }
 
     /// The chats `owner_id` created, optionally in one project, newest first.
@@ -198,26 +252,33 @@ impl ChatStore {
         owner_id: &str,
         project_id: Option<&str>,
     ) -> Result<Vec<Chat>, ChatStoreError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(&format!(
-            "SELECT {CHAT_COLUMNS} FROM chats WHERE owner_id = ?1 AND (?2 IS NULL OR project_id = ?2) \
-             ORDER BY created_at_ms DESC, id"
-        ))?;
-        let rows = stmt.query_map(params![owner_id, project_id], row_chat)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        // The cast gives PostgreSQL the parameter's type, which `IS NULL` alone does not.
+        Ok(self.db.conn()?.query_all(
+            &format!(
+                "SELECT {CHAT_COLUMNS} FROM chats \
+                 WHERE owner_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR project_id = ?2) \
+                 ORDER BY created_at_ms DESC, id"
+            ),
+            &[&owner_id, &project_id],
+            row_chat,
+        )?)
     }
 
     pub fn messages(&self, chat_id: &str) -> Result<Vec<StoredMessage>, ChatStoreError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(
+        let rows = self.db.conn()?.query_all(
             "SELECT seq, turn, created_at_ms, body FROM messages WHERE chat_id = ?1 ORDER BY seq",
+            &[&chat_id],
+            |r| {
+                Ok((
+                    r.get::<i64>(0)?,
+                    r.get::<i64>(1)?,
+                    r.get::<i64>(2)?,
+                    r.get::<String>(3)?,
+                ))
+            },
         )?;
-        let rows = stmt.query_map(params![chat_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, turn, created_at_ms, body) = row?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (seq, turn, created_at_ms, body) in rows {
             out.push(StoredMessage {
                 seq,
                 turn,
@@ -228,29 +289,30 @@ impl ChatStore {
         Ok(out)
     }
 
+    /// Appends a message after the chat's last one. The next number and the insert are one
+    /// transaction, so two hosts appending at once take two numbers.
     pub fn append(&self, chat_id: &str, turn: i64, message: &Value) -> Result<(), ChatStoreError> {
         let body = serde_json::to_string(message)?;
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        let next: i64 = tx.query_row(
-            "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE chat_id = ?1",
-            params![chat_id],
-            |r| r.get(0),
-        )?;
-        tx.execute(
-            "INSERT INTO messages (chat_id, seq, turn, created_at_ms, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![chat_id, next, turn, agentworks_support::clock::now_ms(), body],
-        )?;
-        tx.commit()?;
-        Ok(())
+        let now = agentworks_support::clock::now_ms();
+        self.db.transaction(|tx| {
+            let next: i64 = tx.query_one(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE chat_id = ?1",
+                &[&chat_id],
+                |r| r.get(0),
+            )?;
+            tx.execute(
+                "INSERT INTO messages (chat_id, seq, turn, created_at_ms, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                &[&chat_id, &next, &turn, &now, &body],
+            )?;
+            Ok::<_, ChatStoreError>(())
+        })
     }
 
     /// Starts the next turn: its number (1, 2, …), durable before anything is dispatched.
     pub fn next_turn(&self, chat_id: &str) -> Result<i64, ChatStoreError> {
-        let db = self.db();
-        Ok(db.query_row(
+        Ok(self.db.conn()?.query_one(
             "UPDATE chats SET turns = turns + 1 WHERE id = ?1 RETURNING turns",
-            params![chat_id],
+            &[&chat_id],
             |r| r.get(0),
         )?)
     }
@@ -265,18 +327,20 @@ impl ChatStore {
         usage: &crate::model::Usage,
     ) -> Result<(), ChatStoreError> {
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        self.db().execute(
+        // The old values are named by their table: PostgreSQL finds a bare column name
+        // ambiguous beside `excluded`.
+        self.db.conn()?.execute(
             "INSERT INTO turn_usage (chat_id, turn, prompt_tokens, completion_tokens, total_tokens) \
              VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (chat_id, turn) DO UPDATE SET \
-             prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
-             completion_tokens = completion_tokens + excluded.completion_tokens, \
-             total_tokens = total_tokens + excluded.total_tokens",
-            params![
-                chat_id,
-                turn,
-                count(usage.prompt_tokens),
-                count(usage.completion_tokens),
-                count(usage.total_tokens)
+             prompt_tokens = turn_usage.prompt_tokens + excluded.prompt_tokens, \
+             completion_tokens = turn_usage.completion_tokens + excluded.completion_tokens, \
+             total_tokens = turn_usage.total_tokens + excluded.total_tokens",
+            &[
+                &chat_id,
+                &turn,
+                &count(usage.prompt_tokens),
+                &count(usage.completion_tokens),
+                &count(usage.total_tokens),
             ],
         )?;
         Ok(())
@@ -284,20 +348,19 @@ impl ChatStore {
 
     /// Every turn's usage in the chat that has one, in turn order.
     pub fn usage(&self, chat_id: &str) -> Result<Vec<TurnUsage>, ChatStoreError> {
-        let db = self.db();
-        let mut stmt = db.prepare_cached(
+        Ok(self.db.conn()?.query_all(
             "SELECT turn, prompt_tokens, completion_tokens, total_tokens FROM turn_usage \
              WHERE chat_id = ?1 ORDER BY turn",
-        )?;
-        let rows = stmt.query_map(params![chat_id], |r| {
-            Ok(TurnUsage {
-                turn: r.get(0)?,
-                prompt_tokens: r.get(1)?,
-                completion_tokens: r.get(2)?,
-                total_tokens: r.get(3)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            &[&chat_id],
+            |r| {
+                Ok(TurnUsage {
+                    turn: r.get(0)?,
+                    prompt_tokens: r.get(1)?,
+                    completion_tokens: r.get(2)?,
+                    total_tokens: r.get(3)?,
+                })
+            },
+        )?)
     }
 
     /// Binds (`Some`) or unbinds (`None`) the chat; the generation grows either way.
@@ -311,12 +374,20 @@ impl ChatStore {
             Some((device, folder)) => (Some(device), Some(folder), Some(now)),
             None => (None, None, None),
         };
-        self.db().execute(
-            "UPDATE chats SET device_id = ?2, folder = ?3, bound_at_ms = ?4, \
-             binding_generation = binding_generation + 1 WHERE id = ?1",
-            params![chat_id, device, folder, at],
-        )?;
-        self.get(chat_id)
+        // The update and the read are one transaction: the chat returned is the one this call
+        // made, not another host's bind a moment later.
+        self.db.transaction(|tx| {
+            tx.execute(
+                "UPDATE chats SET device_id = ?2, folder = ?3, bound_at_ms = ?4, \
+                 binding_generation = binding_generation + 1 WHERE id = ?1",
+                &[&chat_id, &device, &folder, &at],
+            )?;
+            Ok::<_, ChatStoreError>(tx.query_opt(
+                &format!("SELECT {CHAT_COLUMNS} FROM chats WHERE id = ?1"),
+                &[&chat_id],
+                row_chat,
+            )?)
+        })
     }
 }
 
@@ -450,7 +521,9 @@ mod tests {
             .unwrap();
         assert_eq!(store.usage("c1").unwrap()[0].total_tokens, 8);
         let version: i64 = store
-            .db()
+            .db
+            .sqlite()
+            .unwrap()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, 1);

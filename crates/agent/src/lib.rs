@@ -20,6 +20,7 @@
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
+//! - [`db`]: the SQL layer the stores share, on SQLite (one host) or the cluster's PostgreSQL.
 //!
 //! agentd never opens a document: every file operation goes to workspaced over its socket,
 //! with the caller's resolved guard, which workspaced re-applies.
@@ -28,6 +29,8 @@ pub mod admin;
 pub mod attachments;
 pub mod catalog;
 pub mod chat_api;
+#[cfg(any(test, feature = "store-conformance"))]
+pub mod chat_conformance;
 pub mod chat_service;
 pub mod chats;
 pub mod cli;
@@ -98,8 +101,11 @@ pub enum AgentdError {
 }
 
 // ----- the agent (chats): begin -----
-/// Open the chat store at `<state>/agent/chats.db`, the attachments beside it and the model
-/// client, if configured.
+/// Open the chat store, the attachments, the MCP connections and the project secrets: in the
+/// cluster's PostgreSQL with `[cluster] database_url` (every agentd host sees the same chats,
+/// uploads, connections and secrets), else beside each other in `<state>/agent/`; and the
+/// model client, if configured. The sealing key stays per host (its file, or the systemd
+/// credential), so hosts sharing a database must be given the same credential.
 pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
@@ -110,9 +116,19 @@ pub fn open_chats(
         path: dir.clone(),
         source,
     })?;
-    let store = chats::ChatStore::open(&dir.join("chats.db"))?;
-    let attachments = attachments::AttachmentStore::open(&dir.join("attachments.db"))?;
-    let connections = mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?;
+    let shared = config.cluster.database_url.as_deref();
+    let (store, attachments, connections) = match shared {
+        Some(url) => (
+            chats::ChatStore::open_postgres(url)?,
+            attachments::AttachmentStore::open_postgres(url)?,
+            mcp_connections::ConnectionStore::open_postgres(url)?,
+        ),
+        None => (
+            chats::ChatStore::open(&dir.join("chats.db"))?,
+            attachments::AttachmentStore::open(&dir.join("attachments.db"))?,
+            mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?,
+        ),
+    };
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
     let sealing = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
         Ok(key) => Some(Arc::new(key)),
@@ -121,12 +137,16 @@ pub fn open_chats(
             None
         }
     };
-    let secrets = match &sealing {
-        Some(key) => Some(project_secrets::SecretStore::open(
+    let secrets = match (&sealing, shared) {
+        (Some(key), Some(url)) => Some(project_secrets::SecretStore::open_postgres(
+            url,
+            key.clone(),
+        )?),
+        (Some(key), None) => Some(project_secrets::SecretStore::open(
             &dir.join("project_secrets.db"),
             key.clone(),
         )?),
-        None => None,
+        (None, _) => None,
     };
     let model = config
         .agentd

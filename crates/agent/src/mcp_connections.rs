@@ -1,6 +1,7 @@
 //! MCP connections of a project: the remote MCP servers a `code` project's owner or co-owner
-//! added, in `<state>/agent/mcp_connections.db` (SQLite, WAL, `synchronous=FULL`), and the
-//! rules a connection must meet before it is stored.
+//! added, in `<state>/agent/mcp_connections.db` (SQLite, WAL, `synchronous=FULL`) or, with
+//! `[cluster] database_url`, in the cluster's PostgreSQL (namespace `agentd`, version table
+//! `mcp_connections_schema`), and the rules a connection must meet before it is stored.
 //!
 //! A connection is remote only: an `https://` URL (streamable HTTP, or SSE for older servers).
 //! A stdio server would run a command on this host as agentd, so a request that names a
@@ -24,12 +25,11 @@
 //! Must never: store or return a header value or a credential in clear, or decide who may use
 //! a connection (the caller checks the live role at every request: [`crate::mcp_connections_api`]).
 
+use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use agentworks_support::outbound::check_host;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
 use url::Url;
 
 /// The most connections one project may have.
@@ -48,10 +48,22 @@ pub enum ConnectionStoreError {
         path: std::path::PathBuf,
         source: rusqlite::Error,
     },
+    /// The cluster's database (`[cluster] database_url`) cannot be reached or migrated.
+    #[error("the MCP connection store (PostgreSQL) cannot be opened: {0}")]
+    OpenShared(#[from] crate::db::OpenError),
     #[error("the MCP connection store failed: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] DbError),
     #[error("a stored connection's headers are not valid JSON: {0}")]
     Corrupt(#[from] serde_json::Error),
+}
+
+impl TransactionError for ConnectionStoreError {
+    fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            ConnectionStoreError::Sql(error) => Some(error),
+            _ => None,
+        }
+    }
 }
 
 /// Why a connection is refused before it is stored; each has a stable `code`.
@@ -380,9 +392,41 @@ CREATE TABLE IF NOT EXISTS mcp_apps (
 PRAGMA user_version = 3;
 ";
 
+/// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
+/// `agentd`: integers `BIGINT`, sealed bytes `BYTEA`, and a `rowid` column numbering the
+/// connections as they are inserted (PostgreSQL has none of its own), so the SQL that lists
+/// them in order is the same on both. One migration per version; never edit one that has
+/// shipped, add the next.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    // 1: connections, their sealed sign-ins and the operator's sign-in apps.
+    "
+CREATE TABLE mcp_connections (
+    id TEXT PRIMARY KEY, project_id TEXT NOT NULL, name TEXT NOT NULL, url TEXT NOT NULL,
+    transport TEXT NOT NULL, headers TEXT NOT NULL, created_by TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL, rowid BIGINT GENERATED ALWAYS AS IDENTITY);
+CREATE INDEX mcp_connections_project ON mcp_connections (project_id, created_at_ms);
+CREATE TABLE mcp_credentials (
+    connection_id TEXT PRIMARY KEY REFERENCES mcp_connections(id), sealed BYTEA NOT NULL,
+    updated_at_ms BIGINT NOT NULL);
+CREATE TABLE mcp_apps (
+    key TEXT PRIMARY KEY, client_id TEXT NOT NULL, sealed_secret BYTEA,
+    updated_at_ms BIGINT NOT NULL);
+",
+];
+
+/// agentd's MCP connection tables in PostgreSQL, migrated under the advisory lock "awagmcpc".
+pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
+    agentworks_daemon::postgres::Schema {
+        daemon: "agentd",
+        namespace: Some("agentd"),
+        version_table: "mcp_connections_schema",
+        lock_key: 0x6177_6167_6d63_7063,
+        migrations: POSTGRES_MIGRATIONS,
+    };
+
 const COLUMNS: &str = "id, project_id, name, url, transport, headers, created_by, created_at_ms";
 
-fn row_connection(r: &rusqlite::Row<'_>) -> rusqlite::Result<(McpConnection, String)> {
+fn row_connection(r: &Row<'_>) -> Result<(McpConnection, String), DbError> {
     let transport: String = r.get(4)?;
     Ok((
         McpConnection {
@@ -403,24 +447,47 @@ fn row_connection(r: &rusqlite::Row<'_>) -> rusqlite::Result<(McpConnection, Str
 /// A cheap-to-clone handle on the connection store. Calls block: run them off the async workers.
 #[derive(Clone)]
 pub struct ConnectionStore {
-    conn: Arc<Mutex<Connection>>,
+    pub(crate) db: Database,
+}
+
+fn row_app(r: &Row<'_>) -> Result<StoredApp, DbError> {
+    Ok(StoredApp {
+        key: r.get(0)?,
+        client_id: r.get(1)?,
+        sealed_secret: r.get(2)?,
+        updated_at_ms: r.get(3)?,
+    })
+}
+
+/// The connection read, with its headers parsed.
+fn with_headers(
+    (mut connection, headers): (McpConnection, String),
+) -> Result<McpConnection, ConnectionStoreError> {
+    connection.headers = serde_json::from_str(&headers)?;
+    Ok(connection)
 }
 
 impl ConnectionStore {
+    /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<ConnectionStore, ConnectionStoreError> {
-        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(|source| {
-            ConnectionStoreError::Open {
+        let db =
+            Database::open_sqlite(path, SCHEMA).map_err(|source| ConnectionStoreError::Open {
                 path: path.to_owned(),
                 source,
-            }
-        })?;
-        Ok(ConnectionStore {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+            })?;
+        Ok(ConnectionStore { db })
     }
 
-    fn db(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
+    /// schema migrated first.
+    pub fn open_postgres(url: &str) -> Result<ConnectionStore, ConnectionStoreError> {
+        let db = Database::open_postgres(
+            url,
+            "agentworks-agentd",
+            &POSTGRES_SCHEMA,
+            agentworks_support::clock::now_ms(),
+        )?;
+        Ok(ConnectionStore { db })
     }
 
     /// Store a checked connection; `Ok(Err(TooMany))` when the project is full. The count and
@@ -431,16 +498,6 @@ impl ConnectionStore {
         created_by: &str,
         checked: CheckedConnection,
     ) -> Result<Result<McpConnection, ConnectionRuleError>, ConnectionStoreError> {
-        let mut db = self.db();
-        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let count: i64 = tx.query_row(
-            "SELECT count(*) FROM mcp_connections WHERE project_id = ?1",
-            params![project_id],
-            |r| r.get(0),
-        )?;
-        if usize::try_from(count).unwrap_or(usize::MAX) >= MAX_PER_PROJECT {
-            return Ok(Err(ConnectionRuleError::TooMany));
-        }
         let connection = McpConnection {
             id: format!("mcpc_{}", hex::encode(rand::random::<[u8; 8]>())),
             project_id: project_id.to_owned(),
@@ -451,38 +508,55 @@ impl ConnectionStore {
             created_by: created_by.to_owned(),
             created_at_ms: agentworks_support::clock::now_ms(),
         };
-        tx.execute(
-            &format!(
-                "INSERT INTO mcp_connections ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-            ),
-            params![
-                connection.id,
-                connection.project_id,
-                connection.name,
-                connection.url,
-                connection.transport.as_str(),
-                serde_json::to_string(&connection.headers)?,
-                connection.created_by,
-                connection.created_at_ms,
-            ],
-        )?;
-        tx.commit()?;
-        Ok(Ok(connection))
+        let headers = serde_json::to_string(&connection.headers)?;
+        let added = self.db.transaction(|tx| {
+            let count: i64 = tx.query_one(
+                "SELECT count(*) FROM mcp_connections WHERE project_id = ?1",
+                &[&project_id],
+                |r| r.get(0),
+            )?;
+            if usize::try_from(count).unwrap_or(usize::MAX) >= MAX_PER_PROJECT {
+                return Ok(false);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO mcp_connections ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ),
+                &[
+                    &connection.id,
+                    &connection.project_id,
+                    &connection.name,
+                    &connection.url,
+                    &connection.transport.as_str(),
+                    &headers,
+                    &connection.created_by,
+                    &connection.created_at_ms,
+                ],
+            )?;
+            Ok::<_, ConnectionStoreError>(true)
+        })?;
+        Ok(if added {
+            Ok(connection)
+        } else {
+            Err(ConnectionRuleError::TooMany)
+        })
     }
 
     /// The project's connections, oldest first.
     pub fn list(&self, project_id: &str) -> Result<Vec<McpConnection>, ConnectionStoreError> {
-        let db = self.db();
-        let mut statement = db.prepare(&format!(
-            "SELECT {COLUMNS} FROM mcp_connections WHERE project_id = ?1 ORDER BY created_at_ms, rowid"
-        ))?;
-        let rows = statement.query_map(params![project_id], row_connection)?;
-        rows.map(|row| {
-            let (mut connection, headers) = row?;
-            connection.headers = serde_json::from_str(&headers)?;
-            Ok(connection)
-        })
-        .collect()
+        self.db
+            .conn()?
+            .query_all(
+                &format!(
+                    "SELECT {COLUMNS} FROM mcp_connections WHERE project_id = ?1 \
+                     ORDER BY created_at_ms, rowid"
+                ),
+                &[&project_id],
+                row_connection,
+            )?
+            .into_iter()
+            .map(with_headers)
+            .collect()
     }
 
     /// One connection of the project, if it has it.
@@ -491,80 +565,74 @@ impl ConnectionStore {
         project_id: &str,
         id: &str,
     ) -> Result<Option<McpConnection>, ConnectionStoreError> {
-        let found = self
-            .db()
-            .query_row(
+        self.db
+            .conn()?
+            .query_opt(
                 &format!("SELECT {COLUMNS} FROM mcp_connections WHERE project_id = ?1 AND id = ?2"),
-                params![project_id, id],
+                &[&project_id, &id],
                 row_connection,
-            )
-            .optional()?;
-        match found {
-            Some((mut connection, headers)) => {
-                connection.headers = serde_json::from_str(&headers)?;
-                Ok(Some(connection))
-            }
-            None => Ok(None),
-        }
+            )?
+            .map(with_headers)
+            .transpose()
     }
 
     /// Remove a connection of the project, and its sealed sign-in with it; whether it was there.
     pub fn remove(&self, project_id: &str, id: &str) -> Result<bool, ConnectionStoreError> {
-        let mut db = self.db();
-        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        // The sign-in first: it refers to the connection.
-        tx.execute(
-            "DELETE FROM mcp_credentials WHERE connection_id IN
-                 (SELECT id FROM mcp_connections WHERE project_id = ?1 AND id = ?2)",
-            params![project_id, id],
-        )?;
-        let removed = tx.execute(
-            "DELETE FROM mcp_connections WHERE project_id = ?1 AND id = ?2",
-            params![project_id, id],
-        )?;
-        tx.commit()?;
+        let removed = self.db.transaction(|tx| {
+            // The sign-in first: it refers to the connection.
+            tx.execute(
+                "DELETE FROM mcp_credentials WHERE connection_id IN
+                     (SELECT id FROM mcp_connections WHERE project_id = ?1 AND id = ?2)",
+                &[&project_id, &id],
+            )?;
+            tx.execute(
+                "DELETE FROM mcp_connections WHERE project_id = ?1 AND id = ?2",
+                &[&project_id, &id],
+            )
+        })?;
         Ok(removed > 0)
     }
 
     /// Store a connection's sealed sign-in (replacing the one before); false when the
     /// connection is gone.
     pub fn put_credentials(&self, id: &str, sealed: &[u8]) -> Result<bool, ConnectionStoreError> {
-        let db = self.db();
-        let exists: bool = db.query_row(
-            "SELECT EXISTS (SELECT 1 FROM mcp_connections WHERE id = ?1)",
-            params![id],
-            |r| r.get(0),
-        )?;
-        if !exists {
-            return Ok(false);
-        }
-        db.execute(
-            "INSERT INTO mcp_credentials (connection_id, sealed, updated_at_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (connection_id) DO UPDATE SET sealed = excluded.sealed,
-                 updated_at_ms = excluded.updated_at_ms",
-            params![id, sealed, agentworks_support::clock::now_ms()],
-        )?;
-        Ok(true)
+        let now = agentworks_support::clock::now_ms();
+        // The check and the write are one transaction: a connection removed by another host in
+        // between cannot be left with a sign-in (on PostgreSQL the reference refuses it too).
+        Ok(self.db.transaction(|tx| {
+            let exists: bool = tx.query_one(
+                "SELECT EXISTS (SELECT 1 FROM mcp_connections WHERE id = ?1)",
+                &[&id],
+                |r| r.get(0),
+            )?;
+            if !exists {
+                return Ok::<_, DbError>(false);
+            }
+            tx.execute(
+                "INSERT INTO mcp_credentials (connection_id, sealed, updated_at_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (connection_id) DO UPDATE SET sealed = excluded.sealed,
+                     updated_at_ms = excluded.updated_at_ms",
+                &[&id, &sealed, &now],
+            )?;
+            Ok(true)
+        })?)
     }
 
     /// Forget a connection's sign-in; whether it had one.
     pub fn remove_credentials(&self, id: &str) -> Result<bool, ConnectionStoreError> {
-        Ok(self.db().execute(
+        Ok(self.db.conn()?.execute(
             "DELETE FROM mcp_credentials WHERE connection_id = ?1",
-            params![id],
+            &[&id],
         )? > 0)
     }
 
     /// A connection's sealed sign-in, if it has one.
     pub fn credentials(&self, id: &str) -> Result<Option<Vec<u8>>, ConnectionStoreError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT sealed FROM mcp_credentials WHERE connection_id = ?1",
-                params![id],
-                |r| r.get(0),
-            )
-            .optional()?)
+        Ok(self.db.conn()?.query_opt(
+            "SELECT sealed FROM mcp_credentials WHERE connection_id = ?1",
+            &[&id],
+            |r| r.get(0),
+        )?)
     }
 
     /// Set (or replace) an operator sign-in app.
@@ -575,11 +643,11 @@ impl ConnectionStore {
         sealed_secret: Option<&[u8]>,
     ) -> Result<StoredApp, ConnectionStoreError> {
         let now = agentworks_support::clock::now_ms();
-        self.db().execute(
+        self.db.conn()?.execute(
             "INSERT INTO mcp_apps (key, client_id, sealed_secret, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (key) DO UPDATE SET client_id = excluded.client_id,
                  sealed_secret = excluded.sealed_secret, updated_at_ms = excluded.updated_at_ms",
-            params![key, client_id, sealed_secret, now],
+            &[&key, &client_id, &sealed_secret, &now],
         )?;
         Ok(StoredApp {
             key: key.to_owned(),
@@ -591,45 +659,28 @@ impl ConnectionStore {
 
     /// One operator sign-in app.
     pub fn app(&self, key: &str) -> Result<Option<StoredApp>, ConnectionStoreError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps WHERE key = ?1",
-                params![key],
-                |r| {
-                    Ok(StoredApp {
-                        key: r.get(0)?,
-                        client_id: r.get(1)?,
-                        sealed_secret: r.get(2)?,
-                        updated_at_ms: r.get(3)?,
-                    })
-                },
-            )
-            .optional()?)
+        Ok(self.db.conn()?.query_opt(
+            "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps WHERE key = ?1",
+            &[&key],
+            row_app,
+        )?)
     }
 
     /// Every operator sign-in app, by key.
     pub fn apps(&self) -> Result<Vec<StoredApp>, ConnectionStoreError> {
-        let db = self.db();
-        let mut statement = db.prepare(
+        Ok(self.db.conn()?.query_all(
             "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps ORDER BY key",
-        )?;
-        let rows = statement.query_map([], |r| {
-            Ok(StoredApp {
-                key: r.get(0)?,
-                client_id: r.get(1)?,
-                sealed_secret: r.get(2)?,
-                updated_at_ms: r.get(3)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            &[],
+            row_app,
+        )?)
     }
 
     /// Remove an operator sign-in app; whether it was there.
     pub fn remove_app(&self, key: &str) -> Result<bool, ConnectionStoreError> {
         Ok(self
-            .db()
-            .execute("DELETE FROM mcp_apps WHERE key = ?1", params![key])?
+            .db
+            .conn()?
+            .execute("DELETE FROM mcp_apps WHERE key = ?1", &[&key])?
             > 0)
     }
 
@@ -638,13 +689,13 @@ impl ConnectionStore {
         &self,
         project_id: &str,
     ) -> Result<std::collections::HashSet<String>, ConnectionStoreError> {
-        let db = self.db();
-        let mut statement = db.prepare(
+        let ids = self.db.conn()?.query_all(
             "SELECT c.id FROM mcp_connections c JOIN mcp_credentials k ON k.connection_id = c.id
              WHERE c.project_id = ?1",
+            &[&project_id],
+            |r| r.get::<String>(0),
         )?;
-        let rows = statement.query_map(params![project_id], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(ids.into_iter().collect())
     }
 }
 

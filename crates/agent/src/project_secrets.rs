@@ -1,6 +1,9 @@
 //! A project's secrets: values an owner or co-owner sets once (an API key an MCP connection's
 //! header names) and agentd uses without ever showing them again, in
-//! `<state>/agent/project_secrets.db` (SQLite, WAL, `synchronous=FULL`).
+//! `<state>/agent/project_secrets.db` (SQLite, WAL, `synchronous=FULL`), or, with
+//! `[cluster] database_url`, in the cluster's PostgreSQL (namespace `agentd`, version table
+//! `project_secrets_schema`). Hosts sharing that database must share the sealing key too (the
+//! same systemd credential): a value sealed by one host opens only with its key.
 //!
 //! Every value is sealed ([`crate::sealed`], AES-256-GCM) before it reaches the store, with the
 //! additional data naming this store, the project and the secret's name: a blob copied to
@@ -11,11 +14,11 @@
 //! Must never: write a value in clear, return one through any API, or put one into a command's
 //! environment (secrets only ever become request headers of the project's MCP connections).
 
+use crate::db::{Database, DbError, Sql};
 use crate::sealed::{Place, SealError, SealingKey};
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The largest value, in bytes.
 pub const MAX_VALUE_BYTES: usize = 8 * 1024;
@@ -29,8 +32,11 @@ pub enum SecretStoreError {
         path: std::path::PathBuf,
         source: rusqlite::Error,
     },
+    /// The cluster's database (`[cluster] database_url`) cannot be reached or migrated.
+    #[error("the project secret store (PostgreSQL) cannot be opened: {0}")]
+    OpenShared(#[from] crate::db::OpenError),
     #[error("the project secret store failed: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] DbError),
     #[error("{0}")]
     Seal(#[from] SealError),
 }
@@ -95,30 +101,56 @@ CREATE TABLE IF NOT EXISTS project_secrets (
 PRAGMA user_version = 1;
 ";
 
+/// The same table in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
+/// `agentd`: the sealed value `BYTEA`, the time `BIGINT`. One migration per version; never
+/// edit one that has shipped, add the next.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    // 1: the sealed secrets.
+    "
+CREATE TABLE project_secrets (
+    project_id TEXT NOT NULL, name TEXT NOT NULL, sealed BYTEA NOT NULL,
+    updated_by TEXT NOT NULL, updated_at_ms BIGINT NOT NULL, PRIMARY KEY (project_id, name));
+",
+];
+
+/// agentd's project secrets in PostgreSQL, migrated under the advisory lock "awagsecr".
+pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
+    agentworks_daemon::postgres::Schema {
+        daemon: "agentd",
+        namespace: Some("agentd"),
+        version_table: "project_secrets_schema",
+        lock_key: 0x6177_6167_7365_6372,
+        migrations: POSTGRES_MIGRATIONS,
+    };
+
 /// A cheap-to-clone handle on the secret store and the key that seals it. Calls block: run
 /// them off the async workers.
 #[derive(Clone)]
 pub struct SecretStore {
-    conn: Arc<Mutex<Connection>>,
+    pub(crate) db: Database,
     key: Arc<SealingKey>,
 }
 
 impl SecretStore {
+    /// The SQLite store at `path` (one host).
     pub fn open(path: &Path, key: Arc<SealingKey>) -> Result<SecretStore, SecretStoreError> {
-        let conn = agentworks_support::sqlite::open_durable(path, SCHEMA).map_err(|source| {
-            SecretStoreError::Open {
-                path: path.to_owned(),
-                source,
-            }
+        let db = Database::open_sqlite(path, SCHEMA).map_err(|source| SecretStoreError::Open {
+            path: path.to_owned(),
+            source,
         })?;
-        Ok(SecretStore {
-            conn: Arc::new(Mutex::new(conn)),
-            key,
-        })
+        Ok(SecretStore { db, key })
     }
 
-    fn db(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it, and must
+    /// share `key`), its schema migrated first.
+    pub fn open_postgres(url: &str, key: Arc<SealingKey>) -> Result<SecretStore, SecretStoreError> {
+        let db = Database::open_postgres(
+            url,
+            "agentworks-agentd",
+            &POSTGRES_SCHEMA,
+            agentworks_support::clock::now_ms(),
+        )?;
+        Ok(SecretStore { db, key })
     }
 
     fn place<'a>(path: &'a str) -> Place<'a> {
@@ -143,18 +175,18 @@ impl SecretStore {
             updated_by: updated_by.to_owned(),
             updated_at_ms: agentworks_support::clock::now_ms(),
         };
-        self.db().execute(
+        self.db.conn()?.execute(
             "INSERT INTO project_secrets (project_id, name, sealed, updated_by, updated_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (project_id, name) DO UPDATE SET
                  sealed = excluded.sealed, updated_by = excluded.updated_by,
                  updated_at_ms = excluded.updated_at_ms",
-            params![
-                project_id,
-                name,
-                sealed,
-                info.updated_by,
-                info.updated_at_ms
+            &[
+                &project_id,
+                &name,
+                &sealed,
+                &info.updated_by,
+                &info.updated_at_ms,
             ],
         )?;
         Ok(Ok(info))
@@ -162,32 +194,28 @@ impl SecretStore {
 
     /// The project's secrets, by name; never their values.
     pub fn list(&self, project_id: &str) -> Result<Vec<SecretInfo>, SecretStoreError> {
-        let db = self.db();
-        let mut statement = db.prepare(
+        Ok(self.db.conn()?.query_all(
             "SELECT name, updated_by, updated_at_ms FROM project_secrets
              WHERE project_id = ?1 ORDER BY name",
-        )?;
-        let rows = statement.query_map(params![project_id], |r| {
-            Ok(SecretInfo {
-                name: r.get(0)?,
-                updated_by: r.get(1)?,
-                updated_at_ms: r.get(2)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            &[&project_id],
+            |r| {
+                Ok(SecretInfo {
+                    name: r.get(0)?,
+                    updated_by: r.get(1)?,
+                    updated_at_ms: r.get(2)?,
+                })
+            },
+        )?)
     }
 
     /// A secret's value, for a request header only; `None` when the project has none by that
     /// name. A blob that does not open (altered, moved, another key) is an error, never `None`.
     pub fn reveal(&self, project_id: &str, name: &str) -> Result<Option<String>, SecretStoreError> {
-        let sealed: Option<Vec<u8>> = self
-            .db()
-            .query_row(
-                "SELECT sealed FROM project_secrets WHERE project_id = ?1 AND name = ?2",
-                params![project_id, name],
-                |r| r.get(0),
-            )
-            .optional()?;
+        let sealed: Option<Vec<u8>> = self.db.conn()?.query_opt(
+            "SELECT sealed FROM project_secrets WHERE project_id = ?1 AND name = ?2",
+            &[&project_id, &name],
+            |r| r.get(0),
+        )?;
         let Some(sealed) = sealed else {
             return Ok(None);
         };
@@ -198,9 +226,9 @@ impl SecretStore {
 
     /// Remove a secret; whether it was there.
     pub fn remove(&self, project_id: &str, name: &str) -> Result<bool, SecretStoreError> {
-        Ok(self.db().execute(
+        Ok(self.db.conn()?.execute(
             "DELETE FROM project_secrets WHERE project_id = ?1 AND name = ?2",
-            params![project_id, name],
+            &[&project_id, &name],
         )? > 0)
     }
 }
@@ -249,11 +277,13 @@ mod tests {
         secrets.set("p2", "KEY", "value-2", "u").unwrap().unwrap();
         // Copy p1's blob over p2's, as someone with write access to the file could.
         secrets
-            .db()
+            .db
+            .conn()
+            .unwrap()
             .execute(
                 "UPDATE project_secrets SET sealed = (SELECT sealed FROM project_secrets
                  WHERE project_id = 'p1') WHERE project_id = 'p2'",
-                [],
+                &[],
             )
             .unwrap();
         assert!(matches!(

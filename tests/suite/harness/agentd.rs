@@ -26,6 +26,43 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// How many rows agentd's `table` holds, wherever this stack keeps it: in its PostgreSQL
+    /// (namespace `agentd`) in cluster mode, else in the SQLite file `<state>/agent/<file>`.
+    pub fn agentd_rows(&self, file: &str, table: &str) -> i64 {
+        match &self.cluster {
+            Some((postgres, _)) => postgres
+                .psql(
+                    "agentworks",
+                    &format!("SELECT count(*) FROM agentd.{table}"),
+                )
+                .parse()
+                .unwrap(),
+            None => {
+                let db =
+                    rusqlite::Connection::open(self.state.root().join("agent").join(file)).unwrap();
+                db.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                    .unwrap()
+            }
+        }
+    }
+
+    /// Where agentd keeps `needle` in clear, if anywhere: a file under `<state>/agent`, or, in
+    /// cluster mode, a row of its tables in PostgreSQL (as text, or as bytes).
+    pub fn agentd_state_holding(&self, needle: &str) -> Option<String> {
+        let agent_dir = self.state.root().join("agent");
+        let in_file = super::all_files(&agent_dir).into_iter().find(|file| {
+            let bytes = std::fs::read(agent_dir.join(file)).unwrap();
+            bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+        });
+        if in_file.is_some() {
+            return in_file;
+        }
+        let (postgres, _) = self.cluster.as_ref()?;
+        let dump = postgres.dump("agentworks", "agentd");
+        (dump.contains(needle) || dump.contains(&hex::encode(needle)))
+            .then(|| "a row in PostgreSQL (namespace agentd)".to_owned())
+    }
+
     pub fn start() -> Stack {
         let port = free_port();
         Stack::start_on(

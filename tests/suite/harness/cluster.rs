@@ -312,6 +312,26 @@ impl Postgres {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// Every row of the tables in `namespace` of database `database`, as `pg_dump --data-only`
+    /// writes them (text as it is, `BYTEA` as `\x` and hex digits).
+    pub fn dump(&self, database: &str, namespace: &str) -> String {
+        let output = Command::new(postgres_bin_dir().join("pg_dump"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .args(["--data-only", "-n", namespace])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", POSTGRES_ROLE, "-d", database])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "pg_dump failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// Creates an empty database `name` (the server starts with `agentworks` made).
     pub fn create_database(&self, name: &str) {
         self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
