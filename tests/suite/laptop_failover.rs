@@ -113,13 +113,36 @@ fn a_first_gateway_nobody_listens_on_is_skipped_for_the_next_at_once() {
     );
 }
 
-#[test]
-fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_device() {
+/// Two gatewayd hosts in a cluster (the harness's PostgreSQL and nats-server), A the stack's
+/// and B beside it; with `advertise`, both tell executors of both (`advertised_urls`).
+struct TwoHosts {
+    _servers: (Postgres, Nats),
+    stack: Stack,
+    gw_a: Gatewayd,
+    gw_b: Gatewayd,
+    port_a: u16,
+    port_b: u16,
+}
+
+fn two_hosts(advertise: bool) -> TwoHosts {
     let postgres = Postgres::start();
     let nats = Nats::start();
     let (stack, port_a) = Stack::start_with_embedded_gateway();
+    let port_b = free_port();
     let path = stack.state.root().join("agentworks.toml");
-    let config = std::fs::read_to_string(&path).unwrap();
+    let mut config = std::fs::read_to_string(&path).unwrap();
+    if advertise {
+        let listen = format!("listen = \"127.0.0.1:{port_a}\"");
+        assert!(config.contains(&listen), "{config}");
+        config = config.replace(
+            &listen,
+            &format!(
+                "{listen}\nadvertised_urls = [\"{}\", \"{}\"]",
+                ws(port_a),
+                ws(port_b)
+            ),
+        );
+    }
     std::fs::write(
         &path,
         format!(
@@ -129,8 +152,7 @@ fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_dev
         ),
     )
     .unwrap();
-    let mut gw_a = Gatewayd::start(&stack, port_a);
-    let port_b = free_port();
+    let gw_a = Gatewayd::start(&stack, port_a);
     let gw_b = start_gatewayd_host(
         &stack,
         port_a,
@@ -138,6 +160,26 @@ fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_dev
         "gatewayd-b",
         &[("host_id = \"gw-a\"", "host_id = \"gw-b\"")],
     );
+    TwoHosts {
+        _servers: (postgres, nats),
+        stack,
+        gw_a,
+        gw_b,
+        port_a,
+        port_b,
+    }
+}
+
+#[test]
+fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_device() {
+    let TwoHosts {
+        _servers,
+        stack,
+        mut gw_a,
+        gw_b,
+        port_a,
+        port_b,
+    } = two_hosts(false);
     let alice = stack.person("alice");
     let laptop = repo_laptop();
     laptop.login(&stack, port_a, &alice.token);
@@ -175,6 +217,39 @@ fn a_gateway_killed_under_the_executor_is_left_for_the_next_which_serves_the_dev
             line.starts_with(&format!("gateway {} lost (", endpoint(port_a)))
                 && line.ends_with(&format!("; trying {} …", endpoint(port_b)))
         }),
+        "{stderr}"
+    );
+}
+
+/// The laptop is given gateway A alone; the server advertises A and B in its welcome. A is
+/// killed: the executor goes to B, which it learnt of only from the server, and serves the same
+/// device there.
+#[test]
+fn a_gateway_the_server_advertised_is_where_the_executor_fails_over_to() {
+    let TwoHosts {
+        _servers,
+        stack,
+        mut gw_a,
+        gw_b,
+        port_a,
+        port_b,
+    } = two_hosts(true);
+    let alice = stack.person("alice");
+    let laptop = repo_laptop();
+    laptop.login(&stack, port_a, &alice.token);
+    let only_a = ["--gateway".to_owned(), ws(port_a)];
+    let mut executor = laptop.executor_connect(&share_repo(&laptop, &only_a), &[]);
+    let device_id = wait_online(&mut executor, &gw_a, &alice);
+
+    gw_a.child.kill().unwrap();
+    let _ = gw_a.child.wait();
+    executor.wait_until("the executor is connected to B", WAIT, || {
+        gw_b.connected() == 1
+    });
+    echo_through(&gw_b, &alice, &device_id, "req-advertised", "via-b");
+    let stderr = executor.stderr();
+    assert!(
+        stderr.contains(&format!("; trying {} …", endpoint(port_b))),
         "{stderr}"
     );
 }

@@ -176,6 +176,11 @@ pub enum GatewayFrame {
         /// theirs (another credential) already has this name. Absent when there is nothing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         notice: Option<String>,
+        /// The gateways of this deployment (`[gatewayd] advertised_urls`: base URLs, as
+        /// `--gateway` takes them), for the executor to fail over between. Absent: only those
+        /// it was given.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gateways: Vec<String>,
     },
     Request {
         request_id: String,

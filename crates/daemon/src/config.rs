@@ -268,6 +268,9 @@ pub struct GatewaydConfig {
     pub max_connections: usize,
     /// Most executor connections held at once from one client address.
     pub max_connections_per_address: usize,
+    /// The gateways of this deployment (`wss://host:port`; `ws://` to loopback only), sent to
+    /// every executor in its welcome so laptops fail over between all of them. Empty: none.
+    pub advertised_urls: Vec<String>,
 }
 
 impl Default for GatewaydConfig {
@@ -281,6 +284,7 @@ impl Default for GatewaydConfig {
             token_recheck_ms: 250,
             max_connections: 10_000,
             max_connections_per_address: 64,
+            advertised_urls: Vec::new(),
         }
     }
 }
@@ -374,6 +378,37 @@ fn host_id_problem(host_id: &str) -> Option<&'static str> {
         Some("only ASCII letters, digits, '-' and '_' are allowed (it names NATS subjects)")
     } else {
         None
+    }
+}
+
+/// The most gateways `gatewayd.advertised_urls` may list (laptops take no more).
+pub const MAX_ADVERTISED_URLS: usize = 16;
+
+/// Why a gateway URL may not be advertised to laptops, or `None`: `wss://host[:port]`, or
+/// `ws://` to loopback only (a laptop sends its token there), without credentials, query or
+/// anything a laptop would have to guess at.
+fn advertised_url_problem(url: &str) -> Option<&'static str> {
+    if url.len() > 512 || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some("not a URL (too long, or it holds spaces)");
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Some("it must be wss:// (or ws:// to loopback)");
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() || authority.contains('@') || rest.contains(['?', '#']) {
+        return Some("it needs a host, and no user, query or fragment");
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    match scheme {
+        "wss" => None,
+        "ws" if agentworks_support::url::is_loopback_host(host) => None,
+        "ws" => {
+            Some("ws:// (no TLS) is for loopback only: laptops would send their tokens in clear")
+        }
+        _ => Some("it must be wss:// (or ws:// to loopback)"),
     }
 }
 
@@ -487,6 +522,9 @@ pub enum ConfigError {
         origin: &'static str,
         problem: &'static str,
     },
+    /// A `gatewayd.advertised_urls` entry laptops could not, or must not, dial.
+    #[error("gatewayd.advertised_urls {url:?} is refused: {problem}")]
+    AdvertisedUrl { url: String, problem: &'static str },
     /// `agentd.workspaced_host` cannot be a cluster host id.
     #[error("agentd.workspaced_host {host:?} is refused: {problem}")]
     WorkspacedHost { host: String, problem: &'static str },
@@ -692,6 +730,20 @@ impl Config {
         for (key, value) in listener_limits {
             if value == 0 {
                 return Err(ConfigError::ZeroLimit { key });
+            }
+        }
+        if self.gatewayd.advertised_urls.len() > MAX_ADVERTISED_URLS {
+            return Err(ConfigError::AdvertisedUrl {
+                url: format!("({} URLs)", self.gatewayd.advertised_urls.len()),
+                problem: "at most 16 gateways may be advertised",
+            });
+        }
+        for url in &self.gatewayd.advertised_urls {
+            if let Some(problem) = advertised_url_problem(url) {
+                return Err(ConfigError::AdvertisedUrl {
+                    url: url.clone(),
+                    problem,
+                });
             }
         }
         // gatewayd schedules its pings at now + heartbeat and drops a connection silent for
@@ -1471,6 +1523,40 @@ public_url = "wss://gw.example.com/"
             let message = err.to_string();
             assert!(message.contains(&format!("{missing} is not")), "{message}");
         }
+    }
+
+    #[test]
+    fn advertised_gateways_must_be_wss_or_loopback_and_carry_nothing_else() {
+        for good in [
+            "wss://gw.example.com:8471",
+            "wss://[2001:db8::1]:8471",
+            "ws://127.0.0.1:8471",
+        ] {
+            assert_eq!(advertised_url_problem(good), None, "{good}");
+        }
+        for bad in [
+            "gw.example.com:8471",
+            "ws://gw.example.com:8471",
+            "https://gw.example.com",
+            "wss://user:pw@gw.example.com",
+            "wss://gw.example.com/?x=1",
+            "wss://",
+            "wss://gw .example.com",
+        ] {
+            assert!(advertised_url_problem(bad).is_some(), "{bad}");
+        }
+        let err = on_host(
+            "[gatewayd]\nadvertised_urls = [\"ws://10.0.0.2:8471\"]",
+            Some("h"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::AdvertisedUrl { .. }), "{err}");
+        let ok = on_host(
+            "[gatewayd]\nadvertised_urls = [\"wss://a.example:8471\", \"wss://b.example:8471\"]",
+            Some("h"),
+        )
+        .unwrap();
+        assert_eq!(ok.gatewayd.advertised_urls.len(), 2);
     }
 
     #[test]

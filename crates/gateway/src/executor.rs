@@ -656,6 +656,7 @@ fn welcome(
         device_id: device_id.to_owned(),
         heartbeat_secs: gateway.settings.heartbeat.as_secs(),
         notice,
+        gateways: gateway.settings.advertised_urls.clone(),
     }
 }
 

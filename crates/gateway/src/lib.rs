@@ -97,6 +97,8 @@ pub struct Settings {
     pub hello_timeout: Duration,
     /// Devices not seen for this long are no longer listed.
     pub recent_devices: Duration,
+    /// The gateways every executor is told of in its welcome (`advertised_urls`).
+    pub advertised_urls: Vec<String>,
 }
 
 impl Settings {
@@ -109,6 +111,7 @@ impl Settings {
             max_connections_per_address: g.max_connections_per_address.max(1),
             hello_timeout: Duration::from_secs(10),
             recent_devices: Duration::from_secs(30 * 24 * 3600),
+            advertised_urls: g.advertised_urls.clone(),
         }
     }
 }

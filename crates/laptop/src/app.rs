@@ -343,6 +343,7 @@ async fn executor_connect(
         launcher,
         limits: Arc::new(limits),
         status: Status::default(),
+        advertised: Default::default(),
     });
     let status = executor.status.clone();
     // Ctrl-C or SIGTERM ends the sharing.

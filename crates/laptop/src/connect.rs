@@ -192,9 +192,16 @@ pub struct Failover {
 impl Failover {
     /// A round starting at the first of `count` gateways.
     pub fn new(count: usize) -> Failover {
+        Failover::at(count, 0)
+    }
+
+    /// A round at gateway `current` of `count` (a list that just changed: the gateway dialled
+    /// now is at `current` in it).
+    pub fn at(count: usize, current: usize) -> Failover {
+        let count = count.max(1);
         Failover {
-            count: count.max(1),
-            current: 0,
+            count,
+            current: current.min(count - 1),
             failed: 0,
             backoff: BACKOFF_START,
         }
@@ -279,6 +286,25 @@ pub struct Executor {
     /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
     pub limits: Arc<super::limits::Limits>,
     pub status: Status,
+    /// The executor endpoints the server advertised in its last welcome (`[gatewayd]
+    /// advertised_urls`), each checked as [`executor_url`] checks `--gateway`; empty until one
+    /// does. The loop fails over between these first, then the ones it was given.
+    pub advertised: std::sync::Mutex<Vec<String>>,
+}
+
+/// The most advertised gateways taken from one welcome.
+pub const MAX_ADVERTISED: usize = 16;
+
+/// The failover list once the server advertised `advertised`: those first, in its order, then
+/// the gateways given (`--gateway` or login) that it did not name.
+pub fn with_advertised(advertised: &[String], given: &[String]) -> Vec<String> {
+    let mut list: Vec<String> = Vec::with_capacity(advertised.len() + given.len());
+    for url in advertised.iter().chain(given) {
+        if !list.contains(url) {
+            list.push(url.clone());
+        }
+    }
+    list
 }
 
 /// How `run` ended.
@@ -302,29 +328,42 @@ pub async fn run(
     executor: Arc<Executor>,
     shutdown: CancellationToken,
 ) -> Result<End, ConnectError> {
-    let tls = if executor
-        .gateways
-        .iter()
-        .any(|url| url.starts_with("wss://"))
-    {
+    let needs_tls = |gateways: &[String]| gateways.iter().any(|url| url.starts_with("wss://"));
+    let mut tls = if needs_tls(&executor.gateways) {
         Some(tls_config()?)
     } else {
         None
     };
-    let mut failover = Failover::new(executor.gateways.len());
-    let mut url = gateway_at(&executor.gateways, failover.current());
+    let mut gateways = executor.gateways.clone();
+    let mut failover = Failover::new(gateways.len());
+    let mut url = gateway_at(&gateways, failover.current()).to_owned();
     let mut status = format!("connecting to {url} …");
     loop {
         executor.status.show(&status);
         let started = tokio::time::Instant::now();
-        match session(&executor, url, tls.clone(), &shutdown).await {
+        match session(&executor, &url, tls.clone(), &shutdown).await {
             SessionEnd::Shutdown => return Ok(End::Shutdown),
             SessionEnd::Unauthorized(message) => return Ok(End::Unauthorized(message)),
             SessionEnd::Lost { reason, welcomed } => {
                 let served = welcomed && started.elapsed() >= SERVED_AFTER;
+                // The server's list, if it sent one, joins the failover from here on.
+                let advertised = executor
+                    .advertised
+                    .lock()
+                    .map(|list| list.clone())
+                    .unwrap_or_default();
+                let listed = with_advertised(&advertised, &executor.gateways);
+                if listed != gateways {
+                    if tls.is_none() && needs_tls(&listed) {
+                        tls = Some(tls_config()?);
+                    }
+                    let here = listed.iter().position(|g| *g == url).unwrap_or(0);
+                    failover = Failover::at(listed.len(), here);
+                    gateways = listed;
+                }
                 let wait = failover.next_gateway(served);
-                let next = gateway_at(&executor.gateways, failover.current());
-                let lost = if executor.gateways.len() == 1 {
+                let next = gateway_at(&gateways, failover.current()).to_owned();
+                let lost = if gateways.len() == 1 {
                     format!("disconnected ({reason}); reconnecting")
                 } else {
                     format!("gateway {url} lost ({reason}); trying {next}")
@@ -543,7 +582,11 @@ impl Connection<'_> {
                 device_id,
                 heartbeat_secs,
                 notice,
-            }) => self.on_welcome(&device_id, heartbeat_secs, notice),
+                gateways,
+            }) => {
+                self.on_welcome(&device_id, heartbeat_secs, notice);
+                self.on_advertised(&gateways);
+            }
             Ok(GatewayFrame::Request {
                 request_id,
                 folder,
@@ -588,6 +631,30 @@ impl Connection<'_> {
             "connected as device {device_id}, sharing {}; Ctrl-C ends sharing",
             aliases.join(", ")
         ));
+    }
+
+    /// The gateways the server advertised: each one a `--gateway` could be (`wss://`, or
+    /// `ws://` to loopback) is kept for the failover, up to [`MAX_ADVERTISED`]; the others are
+    /// named and left out, since the executor would send its token there.
+    fn on_advertised(&mut self, gateways: &[String]) {
+        if gateways.is_empty() {
+            return;
+        }
+        let mut usable = Vec::new();
+        for gateway in gateways.iter().take(MAX_ADVERTISED) {
+            match executor_url(Some(gateway), "") {
+                Ok(endpoint) if !usable.contains(&endpoint) => usable.push(endpoint),
+                Ok(_) => {}
+                Err(error) => self.executor.status.show(&format!(
+                    "ignored an advertised gateway {gateway:?}: {error}"
+                )),
+            }
+        }
+        if let Ok(mut advertised) = self.executor.advertised.lock()
+            && *advertised != usable
+        {
+            *advertised = usable;
+        }
     }
 
     /// Runs one request in its own task, cancellable by its id until it ends.
@@ -1069,6 +1136,34 @@ mod tests {
         assert_eq!(failover.next_gateway(true), None);
         assert_eq!(failover.current(), 1);
         assert_eq!(steps(&mut failover, 2), [(0, None), (1, Some(1))]);
+    }
+
+    /// The server's gateways join the failover list first; the ones given stay after them.
+    #[test]
+    fn an_advertised_list_comes_first_and_keeps_the_given_gateways_after_it() {
+        let given = vec![
+            "wss://a/v1/executor".to_owned(),
+            "wss://x/v1/executor".to_owned(),
+        ];
+        let advertised = vec![
+            "wss://a/v1/executor".to_owned(),
+            "wss://b/v1/executor".to_owned(),
+        ];
+        assert_eq!(
+            with_advertised(&advertised, &given),
+            [
+                "wss://a/v1/executor",
+                "wss://b/v1/executor",
+                "wss://x/v1/executor"
+            ]
+        );
+        assert_eq!(with_advertised(&[], &given), given);
+        // Failing over from `a` (index 0 of the new list) goes to `b` at once after it served.
+        let mut failover = Failover::at(3, 0);
+        assert_eq!(failover.next_gateway(true), None);
+        assert_eq!(failover.current(), 1);
+        // An index past the end is clamped, never out of range.
+        assert_eq!(Failover::at(2, 7).current(), 1);
     }
 
     /// A gateway that welcomes the executor and drops it before [`SERVED_AFTER`] is a failure

@@ -317,16 +317,16 @@ mod tests {
 
     #[test]
     fn decode_success_and_errors() {
-        let ok: Thing = decode("/v1/t", StatusCode::OK, br#"{"n": 3}"#).unwrap();
+        let ok: Thing = decode_response("/v1/t", StatusCode::OK, br#"{"n": 3}"#).unwrap();
         assert_eq!(ok.n, 3);
 
-        let err = decode::<Thing>("/v1/t", StatusCode::OK, b"not json").unwrap_err();
+        let err = decode_response::<Thing>("/v1/t", StatusCode::OK, b"not json").unwrap_err();
         assert!(
             matches!(err, ClientError::Decode { status: 200, .. }),
             "{err}"
         );
 
-        let err = decode::<Thing>(
+        let err = decode_response::<Thing>(
             "/v1/t",
             StatusCode::CONFLICT,
             br#"{"error":{"code":"revision_conflict","message":"changed","current_revision":"r2"}}"#,
@@ -336,7 +336,8 @@ mod tests {
         assert_eq!(err.to_string(), "409 revision_conflict: changed");
 
         let long = "x".repeat(2000);
-        let err = decode::<Thing>("/v1/t", StatusCode::BAD_GATEWAY, long.as_bytes()).unwrap_err();
+        let err = decode_response::<Thing>("/v1/t", StatusCode::BAD_GATEWAY, long.as_bytes())
+            .unwrap_err();
         match err {
             ClientError::Unexpected { status, body, .. } => {
                 assert_eq!(status, 502);

@@ -60,6 +60,7 @@ impl Gateway {
                 device_id: "dev-1".into(),
                 heartbeat_secs: 30,
                 notice: None,
+                gateways: Vec::new(),
             },
         )
         .await;
