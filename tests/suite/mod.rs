@@ -11,6 +11,7 @@ mod attack_sandbox;
 mod chat_stores;
 mod cluster;
 mod cluster_auth;
+mod cluster_hosts;
 mod cluster_restarts;
 mod console;
 mod console_sessions;

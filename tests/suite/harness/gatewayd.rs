@@ -111,6 +111,12 @@ impl Stack {
         Stack::gateway_stack(agentd_extra, super::cluster_mode())
     }
 
+    /// [`Stack::start_with_gateway_and`] always in a cluster (a PostgreSQL and a NATS server of
+    /// its own), whatever the mode the suite runs in.
+    pub fn start_in_cluster_with_gateway_and(agentd_extra: &str) -> (Stack, u16) {
+        Stack::gateway_stack(agentd_extra, true)
+    }
+
     fn gateway_stack(agentd_extra: &str, cluster: bool) -> (Stack, u16) {
         let port = free_port();
         let gw_port = free_port();

@@ -1,0 +1,191 @@
+//! Two hosts of each (issue 16): agentd A with gatewayd A, agentd B with gatewayd B, one
+//! workspaced, one PostgreSQL and one nats-server, and the real laptop executor on gateway B.
+//! A chat made and run on agentd A runs its command on the laptop through gateway B (agentd A
+//! calls gatewayd A, which routes the call to the lease holder over NATS), and the same chat,
+//! with its turn and the command's result, is read back through agentd B: chats, bindings and
+//! tokens live in the shared database, not in either host.
+
+use super::agent::{
+    Model, api, calls, code_project, create_chat, of_kind, result_of, text, turn, user,
+};
+use super::harness::{Gatewayd, Laptop, Stack, free_port, http, start_gatewayd_host, wait_until};
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A child process killed and reaped on drop (also when the test fails).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_through_agentd_b() {
+    let model = Model::start();
+    let (stack, port_gw_a) = Stack::start_in_cluster_with_gateway_and(&model.config());
+    let gw_a = Gatewayd::start(&stack, port_gw_a);
+    let root = stack.state.root().to_owned();
+    let (port_b, port_gw_b) = (free_port(), free_port());
+    let (agentd_b_socket, gatewayd_b_socket) = (
+        root.join("run/agentd-b.sock"),
+        root.join("run/gatewayd-b.sock"),
+    );
+    // Host B's config: its own agentd port and socket, and its gatewayd (started by the harness
+    // from this file with its own port and socket) talks to agentd B.
+    let agentd_listen = format!("listen = \"127.0.0.1:{}\"", stack.port);
+    let host_b = |config: &str| {
+        config
+            .replace(
+                &agentd_listen,
+                &format!("listen = \"127.0.0.1:{port_b}\"\nsocket = {agentd_b_socket:?}"),
+            )
+            .replace("host_id = \"gw-test\"", "host_id = \"host-b\"")
+    };
+    let gw_b = start_gatewayd_host(
+        &stack,
+        port_gw_a,
+        port_gw_b,
+        "gatewayd-b",
+        &[
+            (
+                agentd_listen.as_str(),
+                &format!("{agentd_listen}\nsocket = {agentd_b_socket:?}"),
+            ),
+            ("host_id = \"gw-test\"", "host_id = \"host-b\""),
+        ],
+    );
+    let config = std::fs::read_to_string(root.join("agentworks.toml")).unwrap();
+    let gatewayd_listen = format!("listen = \"127.0.0.1:{port_gw_a}\"");
+    let config_b = host_b(&config).replace(
+        &gatewayd_listen,
+        &format!("listen = \"127.0.0.1:{port_gw_b}\"\nsocket = {gatewayd_b_socket:?}"),
+    );
+    let path_b = root.join("host-b.toml");
+    std::fs::write(&path_b, config_b).unwrap();
+    let _agentd_b = Killed(
+        Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("AGENTWORKS_STATE_ROOT", &root)
+            .env("AGENTWORKS_CONFIG", &path_b)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("agentd B answers", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port_b)).is_ok()
+            && http(port_b, "GET", "/v1/health", &[], "").0 == 200
+    });
+
+    // Everything made through agentd A.
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[]);
+    let connect = stack.token("alice", &["devices:connect"], json!({}));
+    let laptop = Laptop::new("aw-two-hosts-", &[("src/repo/a.txt", "from the laptop\n")]);
+    laptop.login(&stack, port_gw_b, &connect);
+    let repo = laptop.folder("repo");
+    let _executor = Killed(
+        laptop
+            .command(&[
+                "executor",
+                "connect",
+                "--name",
+                "laptop",
+                "--write-folder",
+                repo.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(
+        "the executor is on gateway B",
+        Duration::from_secs(20),
+        || gw_b.connected() == 1,
+    );
+    assert_eq!(gw_a.connected(), 0);
+    // agentd A lists the device online: its lease is gateway B's.
+    let mut device_id = String::new();
+    wait_until(
+        "agentd A lists the device online",
+        Duration::from_secs(20),
+        || {
+            let (status, body) = api(&stack, &alice, "GET", "/v1/devices", Value::Null);
+            assert_eq!(status, 200, "{body}");
+            let online = body["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["online"] == true)
+                .cloned();
+            if let Some(device) = online {
+                device_id = device["device_id"].as_str().unwrap().to_owned();
+            }
+            !device_id.is_empty()
+        },
+    );
+
+    let chat = create_chat(&stack, &alice, "app");
+    let (status, bound) = api(
+        &stack,
+        &alice,
+        "PUT",
+        &format!("/v1/chats/{chat}/binding"),
+        json!({"device_id": device_id, "folder": "repo", "confirm": super::agent::CONFIRM}),
+    );
+    assert_eq!(status, 200, "{bound}");
+    model.play(vec![
+        calls(&[(
+            "c1",
+            "execute_shell_command",
+            json!({"command": "cat a.txt; hostname > /dev/null"}),
+        )]),
+        text("Read it."),
+    ]);
+    let events = turn(stack.port, &alice, &chat, "read a.txt").unwrap();
+    assert_eq!(
+        of_kind(&events, "end")[0]["reason"],
+        "completed",
+        "{events:?}"
+    );
+    let c1 = result_of(&events, "c1");
+    assert_eq!(c1["ok"], true, "{c1}");
+    assert_eq!(c1["result"]["stdout"], "from the laptop\n", "{c1}");
+
+    // The chat, its binding and the turn, read through agentd B.
+    let auth = format!("Bearer {alice}");
+    let (status, _, body) = http(
+        port_b,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    let stored: Value = serde_json::from_str(&body).unwrap();
+    let roles: Vec<&str> = stored["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "assistant"],
+        "{stored}"
+    );
+    assert!(stored.to_string().contains("from the laptop"), "{stored}");
+    assert_eq!(
+        stored["binding"]["device_id"],
+        device_id.as_str(),
+        "{stored}"
+    );
+}
