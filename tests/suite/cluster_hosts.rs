@@ -3,7 +3,10 @@
 //! A chat made and run on agentd A runs its command on the laptop through gateway B (agentd A
 //! calls gatewayd A, which routes the call to the lease holder over NATS), and the same chat,
 //! with its turn and the command's result, is read back through agentd B: chats, bindings and
-//! tokens live in the shared database, not in either host.
+//! tokens live in the shared database, not in either host. Then gateway B is killed with a
+//! command of the chat running on the laptop: that call ends `outcome_unknown` (never re-sent),
+//! the executor fails over to gateway A, and the chat's next command runs there on the same
+//! binding.
 
 use super::agent::{
     Model, api, calls, code_project, create_chat, of_kind, result_of, text, turn, user,
@@ -27,6 +30,10 @@ impl Drop for Killed {
 fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_through_agentd_b() {
     let model = Model::start();
     let (stack, port_gw_a) = Stack::start_in_cluster_with_gateway_and(&model.config());
+    // Leases last three heartbeats: a killed host's are settled within about 3 s.
+    let config_path = stack.state.root().join("agentworks.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, format!("{config}heartbeat_secs = 1\n")).unwrap();
     let gw_a = Gatewayd::start(&stack, port_gw_a);
     let root = stack.state.root().to_owned();
     let (port_b, port_gw_b) = (free_port(), free_port());
@@ -45,7 +52,7 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
             )
             .replace("host_id = \"gw-test\"", "host_id = \"host-b\"")
     };
-    let gw_b = start_gatewayd_host(
+    let mut gw_b = start_gatewayd_host(
         &stack,
         port_gw_a,
         port_gw_b,
@@ -89,7 +96,8 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
     code_project(&stack, "app", "alice", &[]);
     let connect = stack.token("alice", &["devices:connect"], json!({}));
     let laptop = Laptop::new("aw-two-hosts-", &[("src/repo/a.txt", "from the laptop\n")]);
-    laptop.login(&stack, port_gw_b, &connect);
+    let ws = |port: u16| format!("ws://127.0.0.1:{port}");
+    laptop.login_to(&stack, &[&ws(port_gw_b), &ws(port_gw_a)], &connect);
     let repo = laptop.folder("repo");
     let _executor = Killed(
         laptop
@@ -188,4 +196,68 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
         device_id.as_str(),
         "{stored}"
     );
+    // Both agentd share a state root here, so show where the chat is: in PostgreSQL, and in
+    // no SQLite file either host could have read.
+    let (postgres, _) = stack.cluster.as_ref().unwrap();
+    let messages = postgres.psql(
+        "agentworks",
+        &format!("SELECT count(*) FROM agentd.messages WHERE chat_id = '{chat}'"),
+    );
+    assert_eq!(messages, "4");
+    assert!(!root.join("agent/chats.db").exists());
+
+    // Gateway B dies under a running command of the chat.
+    model.play(vec![
+        calls(&[(
+            "c2",
+            "execute_shell_command",
+            json!({"command": "sleep 30"}),
+        )]),
+        text("It was cut off."),
+    ]);
+    let running = {
+        let (alice, chat, port) = (alice.clone(), chat.clone(), stack.port);
+        std::thread::spawn(move || turn(port, &alice, &chat, "wait a while"))
+    };
+    wait_until(
+        "the command is pending on gateway B",
+        Duration::from_secs(20),
+        || {
+            postgres.psql(
+            "agentworks",
+            "SELECT count(*) FROM gateway_requests WHERE state = 'pending' AND host_id = 'host-b'",
+        ) == "1"
+        },
+    );
+    gw_b.child.kill().unwrap();
+    let _ = gw_b.child.wait();
+    let events = running.join().unwrap().unwrap();
+    let c2 = result_of(&events, "c2");
+    assert_eq!(c2["ok"], false, "{c2}");
+    assert_eq!(c2["error"]["code"], "outcome_unknown", "{c2}");
+    wait_until(
+        "the executor failed over to gateway A",
+        Duration::from_secs(20),
+        || gw_a.connected() == 1,
+    );
+
+    // The same binding, the same device, now through gateway A.
+    model.play(vec![
+        calls(&[(
+            "c3",
+            "execute_shell_command",
+            json!({"command": "cat a.txt"}),
+        )]),
+        text("Read it again."),
+    ]);
+    let events = turn(stack.port, &alice, &chat, "read a.txt again").unwrap();
+    let c3 = result_of(&events, "c3");
+    assert_eq!(c3["ok"], true, "{c3}");
+    assert_eq!(c3["result"]["stdout"], "from the laptop\n", "{c3}");
+    // The command cut off was never sent again.
+    let sent = postgres.psql(
+        "agentworks",
+        "SELECT count(*) FROM gateway_requests WHERE request_id LIKE '%-call-%'",
+    );
+    assert_eq!(sent, "3", "three commands recorded, each once");
 }
