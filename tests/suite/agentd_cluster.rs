@@ -7,12 +7,13 @@
 //! accepted by the other, and revoked through the other it closes the executor on the first
 //! host's gatewayd within a second.
 
+use super::agent::LaptopExt;
 use super::harness::{
     Gatewayd, Laptop, Nats, Postgres, Stack, block_on, free_port, http, wait_until,
 };
 use agentworks_support::unix_http::UnixClient;
 use serde_json::json;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Appends `text` to the stack's config file.
@@ -20,16 +21,6 @@ fn append_config(stack: &Stack, text: &str) {
     let path = stack.state.root().join("agentworks.toml");
     let config = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{config}\n{text}")).unwrap();
-}
-
-/// A child process killed and reaped on drop (also when the test fails).
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -61,22 +52,7 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
     );
     let laptop = Laptop::new("aw-agentd-cluster-", &[("src/repo/a.txt", "one\n")]);
     laptop.login(&stack, gw_port, token);
-    let repo = laptop.folder("repo");
-    let mut executor = Killed(
-        laptop
-            .command(&[
-                "executor",
-                "connect",
-                "--name",
-                "laptop",
-                "--write-folder",
-                repo.to_str().unwrap(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let mut executor = laptop.connect();
     wait_until(
         "the executor is connected to gatewayd",
         Duration::from_secs(20),
@@ -97,7 +73,7 @@ fn a_token_revoked_through_agentd_closes_its_executor_on_gatewayd_within_a_secon
     );
     // The executor learns it was revoked and stops rather than reconnecting forever.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while executor.0.try_wait().unwrap().is_none() {
+    while executor.child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             panic!("the executor is still running with a revoked token");
         }
@@ -126,21 +102,6 @@ fn second_agentd_config(
     (path, port, socket)
 }
 
-/// agentd with the config at `path`, on the stack's state root.
-fn spawn_agentd(stack: &Stack, path: &std::path::Path, stderr: Stdio) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("AGENTWORKS_STATE_ROOT", stack.state.root())
-        .env("AGENTWORKS_CONFIG", path)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn two_agentd_hosts_share_tokens_and_a_revocation_through_either_closes_the_executor() {
     let postgres = Postgres::start();
@@ -160,7 +121,7 @@ fn two_agentd_hosts_share_tokens_and_a_revocation_through_either_closes_the_exec
     stack.restart_agentd();
     let gw = Gatewayd::start(&stack, gw_port);
     let (config_b, port_b, socket_b) = second_agentd_config(&stack, &cluster("host-b"));
-    let _agentd_b = Killed(spawn_agentd(&stack, &config_b, Stdio::inherit()));
+    let _agentd_b = stack.spawn_agentd(&config_b, Stdio::inherit());
     let admin_b = |endpoint: &str, body: serde_json::Value| {
         block_on(
             UnixClient::new(&socket_b)
@@ -226,22 +187,7 @@ fn two_agentd_hosts_share_tokens_and_a_revocation_through_either_closes_the_exec
 
     let laptop = Laptop::new("aw-agentd-pair-", &[("src/repo/a.txt", "one\n")]);
     laptop.login(&stack, gw_port, &token);
-    let repo = laptop.folder("repo");
-    let _executor = Killed(
-        laptop
-            .command(&[
-                "executor",
-                "connect",
-                "--name",
-                "laptop",
-                "--write-folder",
-                repo.to_str().unwrap(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let _executor = laptop.connect();
     wait_until(
         "the executor is connected to gatewayd A",
         Duration::from_secs(20),
@@ -283,18 +229,21 @@ fn agentd_refuses_to_start_in_a_cluster_whose_nats_does_not_answer() {
             postgres.url()
         ),
     );
-    let mut child = spawn_agentd(&stack, &path, Stdio::piped());
+    let mut agentd = stack.spawn_agentd(&path, Stdio::piped());
     let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("agentd is still running in a cluster whose NATS does not answer");
+    let status = loop {
+        if let Some(status) = agentd.0.try_wait().unwrap() {
+            break status;
         }
+        assert!(
+            Instant::now() < deadline,
+            "agentd is still running in a cluster whose NATS does not answer"
+        );
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut agentd.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("cannot join the cluster's NATS server"),
         "{stderr}"

@@ -8,23 +8,14 @@
 //! the executor fails over to gateway A, and the chat's next command runs there on the same
 //! binding.
 
+use super::agent::LaptopExt;
 use super::agent::{
     Model, api, calls, code_project, create_chat, of_kind, result_of, text, turn, user,
 };
 use super::harness::{Gatewayd, Laptop, Stack, free_port, http, start_gatewayd_host, wait_until};
 use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
-
-/// A child process killed and reaped on drop (also when the test fails).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_through_agentd_b() {
@@ -73,19 +64,7 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
     );
     let path_b = root.join("host-b.toml");
     std::fs::write(&path_b, config_b).unwrap();
-    let _agentd_b = Killed(
-        Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("AGENTWORKS_STATE_ROOT", &root)
-            .env("AGENTWORKS_CONFIG", &path_b)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let _agentd_b = stack.spawn_agentd(&path_b, Stdio::inherit());
     wait_until("agentd B answers", Duration::from_secs(20), || {
         std::net::TcpStream::connect(("127.0.0.1", port_b)).is_ok()
             && http(port_b, "GET", "/v1/health", &[], "").0 == 200
@@ -98,22 +77,7 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
     let laptop = Laptop::new("aw-two-hosts-", &[("src/repo/a.txt", "from the laptop\n")]);
     let ws = |port: u16| format!("ws://127.0.0.1:{port}");
     laptop.login_to(&stack, &[&ws(port_gw_b), &ws(port_gw_a)], &connect);
-    let repo = laptop.folder("repo");
-    let _executor = Killed(
-        laptop
-            .command(&[
-                "executor",
-                "connect",
-                "--name",
-                "laptop",
-                "--write-folder",
-                repo.to_str().unwrap(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let _executor = laptop.connect();
     wait_until(
         "the executor is on gateway B",
         Duration::from_secs(20),

@@ -289,13 +289,24 @@ pub trait Sql {
     /// Runs a statement; the number of rows it changed.
     fn execute(&mut self, sql: &str, params: &[&dyn Value]) -> Result<usize, DbError>;
 
+    /// The rows of a query (at most `limit`), each through `map`.
+    fn query<T: Send>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Value],
+        limit: Option<usize>,
+        map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
+    ) -> Result<Vec<T>, DbError>;
+
     /// Every row of a query, each through `map`.
     fn query_all<T: Send>(
         &mut self,
         sql: &str,
         params: &[&dyn Value],
         map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
-    ) -> Result<Vec<T>, DbError>;
+    ) -> Result<Vec<T>, DbError> {
+        self.query(sql, params, None, map)
+    }
 
     /// The first row of a query through `map`, if there is one.
     fn query_opt<T: Send>(
@@ -303,7 +314,14 @@ pub trait Sql {
         sql: &str,
         params: &[&dyn Value],
         map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
-    ) -> Result<Option<T>, DbError>;
+    ) -> Result<Option<T>, DbError> {
+        let mut map = Some(map);
+        let once = move |row: &Row<'_>| match map.take() {
+            Some(map) => map(row),
+            None => Err(DbError::NoRow),
+        };
+        Ok(self.query(sql, params, Some(1), once)?.into_iter().next())
+    }
 
     /// The first row of a query through `map`; [`DbError::NoRow`] when there is none.
     fn query_one<T: Send>(
@@ -394,38 +412,19 @@ impl Sql for Conn<'_> {
         }
     }
 
-    fn query_all<T: Send>(
+    fn query<T: Send>(
         &mut self,
         sql: &str,
         params: &[&dyn Value],
+        limit: Option<usize>,
         map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
     ) -> Result<Vec<T>, DbError> {
         match self {
-            Conn::Sqlite(conn) => sqlite_query(conn, sql, params, None, map),
+            Conn::Sqlite(conn) => sqlite_query(conn, sql, params, limit, map),
             Conn::Postgres(client) => {
-                off_runtime(|| postgres_query(&mut ***client, sql, params, None, map))
+                off_runtime(|| postgres_query(&mut ***client, sql, params, limit, map))
             }
         }
-    }
-
-    fn query_opt<T: Send>(
-        &mut self,
-        sql: &str,
-        params: &[&dyn Value],
-        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
-    ) -> Result<Option<T>, DbError> {
-        let mut map = Some(map);
-        let once = move |row: &Row<'_>| match map.take() {
-            Some(map) => map(row),
-            None => Err(DbError::NoRow),
-        };
-        let rows = match self {
-            Conn::Sqlite(conn) => sqlite_query(conn, sql, params, Some(1), once)?,
-            Conn::Postgres(client) => {
-                off_runtime(|| postgres_query(&mut ***client, sql, params, Some(1), once))?
-            }
-        };
-        Ok(rows.into_iter().next())
     }
 }
 
@@ -443,34 +442,17 @@ impl Sql for Tx<'_> {
         }
     }
 
-    fn query_all<T: Send>(
+    fn query<T: Send>(
         &mut self,
         sql: &str,
         params: &[&dyn Value],
+        limit: Option<usize>,
         map: impl FnMut(&Row<'_>) -> Result<T, DbError> + Send,
     ) -> Result<Vec<T>, DbError> {
         match self {
-            Tx::Sqlite(tx) => sqlite_query(tx, sql, params, None, map),
-            Tx::Postgres(tx) => postgres_query(tx, sql, params, None, map),
+            Tx::Sqlite(tx) => sqlite_query(tx, sql, params, limit, map),
+            Tx::Postgres(tx) => postgres_query(tx, sql, params, limit, map),
         }
-    }
-
-    fn query_opt<T: Send>(
-        &mut self,
-        sql: &str,
-        params: &[&dyn Value],
-        map: impl FnOnce(&Row<'_>) -> Result<T, DbError> + Send,
-    ) -> Result<Option<T>, DbError> {
-        let mut map = Some(map);
-        let once = move |row: &Row<'_>| match map.take() {
-            Some(map) => map(row),
-            None => Err(DbError::NoRow),
-        };
-        let rows = match self {
-            Tx::Sqlite(tx) => sqlite_query(tx, sql, params, Some(1), once)?,
-            Tx::Postgres(tx) => postgres_query(tx, sql, params, Some(1), once)?,
-        };
-        Ok(rows.into_iter().next())
     }
 }
 

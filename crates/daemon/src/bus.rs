@@ -212,6 +212,47 @@ pub fn open_call(
     })
 }
 
+/// Serves the calls on `calls` until `shutdown`: each message is opened by `open` (a refused
+/// one is logged as a dropped `what` and runs nothing) and handled by `handle` in a task of its
+/// own; the tasks in flight are awaited before it returns. `lost` is logged if the subscription
+/// ends first.
+pub async fn serve_calls<Handled>(
+    mut calls: async_nats::Subscriber,
+    shutdown: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    lost: &'static str,
+    open: impl Fn(&async_nats::Message) -> Result<OpenedCall, &'static str>,
+    handle: impl Fn(OpenedCall) -> Handled,
+) where
+    Handled: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let tasks = tokio_util::task::TaskTracker::new();
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            message = calls.next() => message,
+        };
+        let Some(message) = message else {
+            tracing::warn!("{lost}");
+            break;
+        };
+        match open(&message) {
+            Ok(opened) => {
+                tasks.spawn(handle(opened));
+            }
+            Err(problem) => tracing::warn!(
+                subject = %message.subject,
+                bytes = message.payload.len(),
+                problem,
+                "dropped {what}"
+            ),
+        }
+    }
+    tasks.close();
+    tasks.wait().await;
+}
+
 /// Publishes the answer to a call on its `reply` inbox, sealed with `key`.
 pub async fn answer(
     client: &async_nats::Client,

@@ -20,11 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use hyper::StatusCode;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use agentworks_contract::cluster::{PeerCall, peer_subject};
 use agentworks_contract::executor::MAX_FRAME_BYTES;
@@ -139,39 +137,19 @@ fn open_call(
 pub async fn serve_calls(
     gateway: Gateway,
     peers: Peers,
-    mut calls: async_nats::Subscriber,
+    calls: async_nats::Subscriber,
     shutdown: CancellationToken,
 ) {
-    let tasks = TaskTracker::new();
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            message = calls.next() => message,
-        };
-        let Some(message) = message else {
-            tracing::warn!(
-                subject = %peer_subject(peers.host()),
-                "the NATS subscription for peer calls ended; other hosts cannot reach devices here"
-            );
-            break;
-        };
-        let opened = match open_call(&peers.key, peers.host(), &message, now_ms()) {
-            Ok(opened) => opened,
-            Err(problem) => {
-                tracing::warn!(
-                    subject = %message.subject,
-                    bytes = message.payload.len(),
-                    problem,
-                    "dropped a peer call"
-                );
-                continue;
-            }
-        };
-        let (gateway, peers) = (gateway.clone(), peers.clone());
-        tasks.spawn(async move { answer(gateway, peers, opened).await });
-    }
-    tasks.close();
-    tasks.wait().await;
+    let lost = "the NATS subscription for peer calls ended; other hosts cannot reach devices here";
+    bus::serve_calls(
+        calls,
+        shutdown,
+        "a peer call",
+        lost,
+        |message| open_call(&peers.key, peers.host(), message, now_ms()),
+        |opened| answer(gateway.clone(), peers.clone(), opened),
+    )
+    .await;
 }
 
 /// Runs one call on this host and publishes its answer, sealed for the caller's inbox.

@@ -16,11 +16,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use hyper::Method;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use agentworks_contract::cluster::workspaced_subject;
 use agentworks_daemon::bus::{self, BusKey, OpenedCall};
@@ -80,39 +78,21 @@ pub async fn serve(
     workspace: Arc<Workspace>,
     client: async_nats::Client,
     key: BusKey,
-    mut calls: async_nats::Subscriber,
+    calls: async_nats::Subscriber,
     max_body_bytes: usize,
     shutdown: CancellationToken,
 ) {
-    let tasks = TaskTracker::new();
     // The call's envelope around a body of at most `max_body_bytes`, JSON-escaped again.
     let max_message = max_body_bytes.saturating_mul(2).saturating_add(4096);
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            message = calls.next() => message,
-        };
-        let Some(message) = message else {
-            tracing::warn!("the NATS subscription for agentd's calls ended");
-            break;
-        };
-        let opened = match bus::open_call(&key, &message, now_ms(), max_message, accept) {
-            Ok(opened) => opened,
-            Err(problem) => {
-                tracing::warn!(
-                    subject = %message.subject,
-                    bytes = message.payload.len(),
-                    problem,
-                    "dropped a call to workspaced"
-                );
-                continue;
-            }
-        };
-        let (workspace, client, key) = (workspace.clone(), client.clone(), key.clone());
-        tasks.spawn(async move { answer(workspace, client, key, opened).await });
-    }
-    tasks.close();
-    tasks.wait().await;
+    bus::serve_calls(
+        calls,
+        shutdown,
+        "a call to workspaced",
+        "the NATS subscription for agentd's calls ended",
+        |message| bus::open_call(&key, message, now_ms(), max_message, accept),
+        |opened| answer(workspace.clone(), client.clone(), key.clone(), opened),
+    )
+    .await;
 }
 
 /// Runs one call as the socket would and publishes its answer, sealed for the caller's inbox.

@@ -134,6 +134,28 @@ impl Stack {
         }
     }
 
+    /// Another agentd on this stack's state root with the config file at `path` (a second
+    /// host's: its own port and socket), its stderr to `stderr`; killed when dropped.
+    pub fn spawn_agentd(
+        &self,
+        path: &std::path::Path,
+        stderr: std::process::Stdio,
+    ) -> super::KillOnDrop {
+        super::KillOnDrop(
+            Command::new(env!("CARGO_BIN_EXE_agentworks-agentd"))
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .env("AGENTWORKS_STATE_ROOT", self.state.root())
+                .env("AGENTWORKS_CONFIG", path)
+                .env("RUST_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }

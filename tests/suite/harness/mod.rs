@@ -66,7 +66,16 @@ pub use state::*;
 pub use users::*;
 pub use workspaced::*;
 
-/// Run a future on a throwaway current-thread runtime.
+/// A child process killed and reaped on drop (also when the test fails).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Whether the suite runs in cluster mode (`AGENTWORKS_TEST_CLUSTER=1`): every stack with a
 /// gateway then keeps gatewayd's state in a PostgreSQL of its own and joins a NATS server of its
 /// own ([`Stack::start_with_gateway`]), so the same tests check the cluster back end.
@@ -74,6 +83,7 @@ pub fn cluster_mode() -> bool {
     std::env::var_os("AGENTWORKS_TEST_CLUSTER").is_some_and(|v| v == "1")
 }
 
+/// Run a future on a throwaway current-thread runtime.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
