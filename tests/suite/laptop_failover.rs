@@ -240,6 +240,17 @@ fn a_gateway_the_server_advertised_is_where_the_executor_fails_over_to() {
     let only_a = ["--gateway".to_owned(), ws(port_a)];
     let mut executor = laptop.executor_connect(&share_repo(&laptop, &only_a), &[]);
     let device_id = wait_online(&mut executor, &gw_a, &alice);
+    // The gateway lists the device before the executor has read its welcome, and the list of
+    // gateways is in that welcome: wait until the executor says it was welcomed.
+    let deadline = Instant::now() + WAIT;
+    while !executor.stderr().contains("connected as device") {
+        assert!(
+            Instant::now() < deadline,
+            "never welcomed:\n{}",
+            executor.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     gw_a.child.kill().unwrap();
     let _ = gw_a.child.wait();
