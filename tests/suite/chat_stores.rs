@@ -36,6 +36,7 @@ on_postgres!(
     |url: &str| ChatStore::open_postgres(url).unwrap() =>
     chats_messages_turns_and_bindings,
     racing_hosts_number_turns_and_messages_once,
+    one_host_at_a_time_runs_a_chats_turn,
 );
 
 on_postgres!(
@@ -103,18 +104,38 @@ fn hosts_starting_together_migrate_each_schema_once() {
             Some("value")
         );
     }
-    for table in [
-        "identity_schema",
-        "chats_schema",
-        "attachments_schema",
-        "mcp_connections_schema",
-        "project_secrets_schema",
+    for (table, migrations) in [
+        (
+            "identity_schema",
+            agentworks_agent::identity::store::POSTGRES_MIGRATIONS.len(),
+        ),
+        (
+            "chats_schema",
+            agentworks_agent::chats::POSTGRES_MIGRATIONS.len(),
+        ),
+        (
+            "attachments_schema",
+            agentworks_agent::attachments::POSTGRES_MIGRATIONS.len(),
+        ),
+        (
+            "mcp_connections_schema",
+            agentworks_agent::mcp_connections::POSTGRES_MIGRATIONS.len(),
+        ),
+        (
+            "project_secrets_schema",
+            agentworks_agent::project_secrets::POSTGRES_MIGRATIONS.len(),
+        ),
     ] {
+        // Each version recorded once: as many rows as migrations, none twice.
         let applied = server.psql(
             "agentworks",
-            &format!("SELECT count(*) FROM agentd.{table}"),
+            &format!("SELECT count(*) || ',' || count(DISTINCT version) FROM agentd.{table}"),
         );
-        assert_eq!(applied.trim(), "1", "{table}: migration 1 recorded once");
+        assert_eq!(
+            applied.trim(),
+            format!("{migrations},{migrations}"),
+            "{table}"
+        );
     }
     let tables = server.psql(
         "agentworks",

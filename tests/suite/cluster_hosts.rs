@@ -6,7 +6,7 @@
 //! tokens live in the shared database, not in either host. Then gateway B is killed with a
 //! command of the chat running on the laptop: that call ends `outcome_unknown` (never re-sent),
 //! the executor fails over to gateway A, and the chat's next command runs there on the same
-//! binding.
+//! binding. While that turn runs on agentd A, agentd B refuses another turn in the chat.
 
 use super::agent::LaptopExt;
 use super::agent::{
@@ -192,6 +192,22 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
             "SELECT count(*) FROM gateway_requests WHERE state = 'pending' AND host_id = 'host-b'",
         ) == "1"
         },
+    );
+    // One turn at a time in a chat, across hosts too: agentd B refuses a second one, naming A.
+    let (status, _, refused) = http(
+        port_b,
+        "POST",
+        &format!("/v1/chats/{chat}/turns"),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        &json!({"message": "me too"}).to_string(),
+    );
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused.contains("turn_running") && refused.contains("gw-test"),
+        "{refused}"
     );
     gw_b.child.kill().unwrap();
     let _ = gw_b.child.wait();

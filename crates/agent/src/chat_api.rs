@@ -38,6 +38,7 @@ use crate::mcp_backend::caller_of;
 use crate::turn::{self, TurnSpec};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
+use agentworks_support::clock::now_ms;
 use bytes::Bytes;
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::http::request::Parts;
@@ -345,7 +346,9 @@ impl ChatService {
             Ok(attachments) => attachments,
             Err(refusal) => {
                 // The turn never started: the chat is free again (its number is not reused).
-                self.running.lock().await.remove(chat_id);
+                if let Some(running) = self.running.lock().await.remove(chat_id) {
+                    self.release_claim(chat_id, &running.claim).await;
+                }
                 return Err(refusal);
             }
         };
@@ -449,22 +452,89 @@ impl ChatService {
         if running.contains_key(chat_id) {
             return Err(turn_running(chat_id));
         }
+        // Then in the store, for the other agentd hosts: the claim first, the number after, so
+        // a refused turn takes no number.
         let store = self.chats.clone();
-        let id = chat_id.to_owned();
-        let (chat, turn) = blocking(move || {
-            let turn = store.next_turn(&id)?;
-            Ok::<_, ChatStoreError>((store.get(&id)?, turn))
+        let (id, host) = (chat_id.to_owned(), self.host_id.clone());
+        let claim = hex::encode(rand::random::<[u8; 16]>());
+        let mine = claim.clone();
+        let claimed = blocking(move || {
+            let now = now_ms();
+            if let Some(holder) = store.claim_turn(&id, &mine, &host, now, now + TURN_CLAIM_MS)? {
+                return Ok::<_, ChatStoreError>(Err(holder));
+            }
+            let numbered = store
+                .next_turn(&id)
+                .and_then(|turn| Ok((store.get(&id)?, turn)));
+            if numbered.is_err() {
+                let _ = store.release_turn_claim(&id, &mine);
+            }
+            Ok(Ok(numbered?))
         })
         .await?;
-        let chat = chat.ok_or_else(|| no_chat(chat_id))?;
+        let (chat, turn) = match claimed {
+            Ok(numbered) => numbered,
+            Err(holder) => {
+                return Err(Refusal::new(
+                    StatusCode::CONFLICT,
+                    "turn_running",
+                    format!(
+                        "a turn is running in chat {chat_id} on agentd host {holder:?}; wait for \
+                         it to end and try again"
+                    ),
+                ));
+            }
+        };
+        let Some(chat) = chat else {
+            self.release_claim(chat_id, &claim).await;
+            return Err(no_chat(chat_id));
+        };
         running.insert(
             chat_id.to_owned(),
             Running {
                 turn,
                 cancel: cancel.clone(),
+                claim,
             },
         );
         Ok((chat, turn))
+    }
+
+    /// Keeps the running turn's claim on its chat for another [`TURN_CLAIM_MS`].
+    async fn renew_claim(&self, chat_id: &str) {
+        let Some(claim) = self
+            .running
+            .lock()
+            .await
+            .get(chat_id)
+            .map(|r| r.claim.clone())
+        else {
+            return;
+        };
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let renewed =
+            blocking(move || store.renew_turn_claim(&id, &claim, now_ms() + TURN_CLAIM_MS)).await;
+        match renewed {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(chat = %chat_id, "the running turn's claim on its chat was lost (it expired)")
+            }
+            Err(error) => {
+                tracing::warn!(chat = %chat_id, error = %error.message, "cannot renew the running turn's claim")
+            }
+        }
+    }
+
+    /// Lets go of a turn's claim on its chat in the store; a failure is logged (the claim then
+    /// expires by itself within [`TURN_CLAIM_MS`]).
+    async fn release_claim(&self, chat_id: &str, claim: &str) {
+        let store = self.chats.clone();
+        let (id, claim) = (chat_id.to_owned(), claim.to_owned());
+        let released = blocking(move || store.release_turn_claim(&id, &claim)).await;
+        if let Err(error) = released {
+            tracing::warn!(chat = %chat_id, error = %error.message, "cannot release the turn's claim; it expires by itself");
+        }
     }
 
     /// Runs the turn in its own task and answers its events. A watcher frees the chat when the
@@ -479,10 +549,20 @@ impl ChatService {
         let service = self.clone();
         let finished = sender.clone();
         let chat_key = chat_id.to_owned();
-        let task = tokio::spawn(turn::run(service, spec, cancel, sender));
+        let mut task = tokio::spawn(turn::run(service, spec, cancel, sender));
         let running = self.running.clone();
+        let this = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = task.await {
+            // The claim is renewed while the turn runs, so other hosts keep out of the chat.
+            let mut renew = tokio::time::interval(TURN_CLAIM_RENEW);
+            renew.tick().await;
+            let ended = loop {
+                tokio::select! {
+                    ended = &mut task => break ended,
+                    _ = renew.tick() => this.renew_claim(&chat_key).await,
+                }
+            };
+            if let Err(error) = ended {
                 tracing::error!(%error, chat = %chat_key, "turn task failed");
                 let _ = finished.send((
                     "error",
@@ -490,7 +570,10 @@ impl ChatService {
                 ));
                 let _ = finished.send(("end", json!({"reason": "error"})));
             }
-            running.lock().await.remove(&chat_key);
+            let freed = running.lock().await.remove(&chat_key);
+            if let Some(freed) = freed {
+                this.release_claim(&chat_key, &freed.claim).await;
+            }
             // Dropping the last sender ends the response: only after the chat is free again.
             drop(finished);
         });
@@ -708,6 +791,12 @@ fn no_chat(chat_id: &str) -> Refusal {
         format!("no chat {chat_id:?} of yours"),
     )
 }
+
+/// How long a turn's claim on its chat holds without renewal: another host may take the chat
+/// this long after the host running its turn died.
+pub const TURN_CLAIM_MS: i64 = 60_000;
+/// How often a running turn renews its claim.
+const TURN_CLAIM_RENEW: std::time::Duration = std::time::Duration::from_secs(20);
 
 fn turn_running(chat_id: &str) -> Refusal {
     Refusal::new(

@@ -153,6 +153,87 @@ pub fn racing_hosts_number_turns_and_messages_once(open: &dyn Fn() -> ChatStore)
     assert_eq!(used[0].total_tokens, 11 * HOSTS as i64, "no usage lost");
 }
 
+/// A chat's running turn is claimed by one host at a time: of several claiming at once one gets
+/// it and the others learn which host has it; it is renewed and released by its claim only, and
+/// an expired claim (its host died) or one of a host starting again is taken over.
+pub fn one_host_at_a_time_runs_a_chats_turn(open: &dyn Fn() -> ChatStore) {
+    let chat = open().create("p1", "u1", "alice").unwrap().chat_id;
+    let hosts: Vec<ChatStore> = (0..HOSTS).map(|_| open()).collect();
+    let now = 1_000_000;
+    let claims = race(&hosts, |i, host| {
+        let claim = format!("claim-{i}");
+        let held = host
+            .claim_turn(&chat, &claim, &format!("host-{i}"), now, now + 60_000)
+            .unwrap();
+        (claim, held)
+    });
+    let winners: Vec<&(String, Option<String>)> =
+        claims.iter().filter(|(_, held)| held.is_none()).collect();
+    assert_eq!(winners.len(), 1, "one claim of {HOSTS} at once: {claims:?}");
+    let (claim, _) = winners[0].clone();
+    let winner_host = format!("host-{}", claim.trim_start_matches("claim-"));
+    for (_, held) in claims.iter().filter(|(c, _)| *c != claim) {
+        assert_eq!(held.as_deref(), Some(winner_host.as_str()));
+    }
+    let other = open();
+    // Renewed by its own claim only; another claim renews nothing.
+    assert!(
+        other
+            .renew_turn_claim(&chat, &claim, now + 120_000)
+            .unwrap()
+    );
+    assert!(
+        !other
+            .renew_turn_claim(&chat, "someone-else", now + 120_000)
+            .unwrap()
+    );
+    // Not expired at the old expiry any more.
+    let refused = other
+        .claim_turn(&chat, "late", "host-x", now + 60_000, now + 120_000)
+        .unwrap();
+    assert_eq!(refused.as_deref(), Some(winner_host.as_str()));
+    // Another claim releases nothing; its own does.
+    other.release_turn_claim(&chat, "someone-else").unwrap();
+    assert!(
+        other
+            .claim_turn(&chat, "late", "host-x", now, now + 1)
+            .unwrap()
+            .is_some()
+    );
+    other.release_turn_claim(&chat, &claim).unwrap();
+    assert_eq!(
+        other
+            .claim_turn(&chat, "next", "host-x", now, now + 1_000)
+            .unwrap(),
+        None
+    );
+    // Expired (its host died): taken over.
+    assert_eq!(
+        hosts[0]
+            .claim_turn(&chat, "after", "host-y", now + 1_000, now + 2_000)
+            .unwrap(),
+        None
+    );
+    // A host starting again drops its own claims, no one else's.
+    let second = open().create("p1", "u1", "alice").unwrap().chat_id;
+    other
+        .claim_turn(&second, "x", "host-x", now, now + 60_000)
+        .unwrap();
+    assert_eq!(other.release_turn_claims_of("host-x").unwrap(), 1);
+    assert_eq!(
+        hosts[0]
+            .claim_turn(&chat, "z", "host-z", now, now + 1)
+            .unwrap(),
+        Some("host-y".into())
+    );
+    assert_eq!(
+        other
+            .claim_turn(&second, "y", "host-y", now, now + 1)
+            .unwrap(),
+        None
+    );
+}
+
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
 
 /// Uploads, claims and reads: an upload through one host is claimed through another, all or
@@ -454,6 +535,15 @@ mod on_sqlite {
             "chats.db",
             |path| crate::chats::ChatStore::open(path).unwrap(),
             super::racing_hosts_number_turns_and_messages_once,
+        );
+    }
+
+    #[test]
+    fn one_host_at_a_time_runs_a_chats_turn() {
+        run(
+            "chats.db",
+            |path| crate::chats::ChatStore::open(path).unwrap(),
+            super::one_host_at_a_time_runs_a_chats_turn,
         );
     }
 

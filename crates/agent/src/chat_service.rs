@@ -53,6 +53,9 @@ pub(crate) fn from_tool(error: ToolError) -> Refusal {
 pub(crate) struct Running {
     pub(crate) turn: i64,
     pub(crate) cancel: CancellationToken,
+    /// Its claim on the chat in the store ([`ChatStore::claim_turn`]), which keeps other agentd
+    /// hosts from running a turn of the same chat meanwhile.
+    pub(crate) claim: String,
 }
 
 /// Everything the chat endpoints and the turns need. Cheap to clone.
@@ -82,6 +85,8 @@ pub struct ChatService {
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
     pub sessions: crate::console::session::Sessions,
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
+    /// This agentd's `cluster.host_id` ("-" on one host), named in its turn claims.
+    pub host_id: String,
 }
 
 /// The chat API's refusal for an attachment the store refused, with the status that fits.
@@ -146,6 +151,7 @@ impl ChatService {
             model,
             sessions: Default::default(),
             running: Default::default(),
+            host_id: "-".to_owned(),
         }
     }
 

@@ -123,6 +123,12 @@ CREATE TABLE IF NOT EXISTS turn_usage (
     total_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (chat_id, turn)
 );
+CREATE TABLE IF NOT EXISTS turn_claims (
+    chat_id TEXT PRIMARY KEY REFERENCES chats(id),
+    claim TEXT NOT NULL,
+    host TEXT NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+);
 PRAGMA user_version = 1;
 ";
 
@@ -146,6 +152,12 @@ CREATE TABLE turn_usage (
     chat_id TEXT NOT NULL REFERENCES chats(id), turn BIGINT NOT NULL,
     prompt_tokens BIGINT NOT NULL DEFAULT 0, completion_tokens BIGINT NOT NULL DEFAULT 0,
     total_tokens BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (chat_id, turn));
+",
+    // 2: which host runs a chat's turn, so two hosts never run two turns of one chat at once.
+    "
+CREATE TABLE turn_claims (
+    chat_id TEXT PRIMARY KEY REFERENCES chats(id), claim TEXT NOT NULL, host TEXT NOT NULL,
+    expires_at_ms BIGINT NOT NULL);
 ",
 ];
 
@@ -309,6 +321,65 @@ impl ChatStore {
     }
 
     /// Starts the next turn: its number (1, 2, …), durable before anything is dispatched.
+    /// Claims the chat's one running turn for `claim` (a fresh id) on agentd host `host` until
+    /// `until_ms`: `Ok(None)` when it is taken, or the host of another claim that has not
+    /// expired. One statement, so of several hosts claiming at once exactly one gets it.
+    pub fn claim_turn(
+        &self,
+        chat_id: &str,
+        claim: &str,
+        host: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Option<String>, ChatStoreError> {
+        let mut conn = self.db.conn()?;
+        let taken = conn.execute(
+            "INSERT INTO turn_claims (chat_id, claim, host, expires_at_ms) VALUES (?1, ?2, ?3, ?5)
+             ON CONFLICT (chat_id) DO UPDATE SET claim = excluded.claim, host = excluded.host,
+             expires_at_ms = excluded.expires_at_ms WHERE turn_claims.expires_at_ms <= ?4",
+            &[&chat_id, &claim, &host, &now_ms, &until_ms],
+        )?;
+        if taken == 1 {
+            return Ok(None);
+        }
+        let holder = conn.query_opt(
+            "SELECT host FROM turn_claims WHERE chat_id = ?1",
+            &[&chat_id],
+            |r| r.get::<String>(0),
+        )?;
+        Ok(Some(holder.unwrap_or_default()))
+    }
+
+    /// Keeps `claim` on the chat until `until_ms`; `false` if it is no longer held.
+    pub fn renew_turn_claim(
+        &self,
+        chat_id: &str,
+        claim: &str,
+        until_ms: i64,
+    ) -> Result<bool, ChatStoreError> {
+        Ok(self.db.conn()?.execute(
+            "UPDATE turn_claims SET expires_at_ms = ?3 WHERE chat_id = ?1 AND claim = ?2",
+            &[&chat_id, &claim, &until_ms],
+        )? == 1)
+    }
+
+    /// Lets go of `claim` (the turn ended).
+    pub fn release_turn_claim(&self, chat_id: &str, claim: &str) -> Result<(), ChatStoreError> {
+        self.db.conn()?.execute(
+            "DELETE FROM turn_claims WHERE chat_id = ?1 AND claim = ?2",
+            &[&chat_id, &claim],
+        )?;
+        Ok(())
+    }
+
+    /// Drops every claim of agentd host `host`: at its start, the turns it ran are gone.
+    pub fn release_turn_claims_of(&self, host: &str) -> Result<usize, ChatStoreError> {
+        Ok(self
+            .db
+            .conn()?
+            .execute("DELETE FROM turn_claims WHERE host = ?1", &[&host])?)
+    }
+
     pub fn next_turn(&self, chat_id: &str) -> Result<i64, ChatStoreError> {
         Ok(self.db.conn()?.query_one(
             "UPDATE chats SET turns = turns + 1 WHERE id = ?1 RETURNING turns",

@@ -129,6 +129,19 @@ pub fn open_chats(
             mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?,
         ),
     };
+    let host_id = config
+        .cluster
+        .host_id
+        .clone()
+        .unwrap_or_else(|| "-".to_owned());
+    // The turns this host ran before it stopped are gone: their claims on their chats too.
+    let dropped = store.release_turn_claims_of(&host_id)?;
+    if dropped > 0 {
+        tracing::info!(
+            dropped,
+            "released the chats of turns that ran when agentd last stopped"
+        );
+    }
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
     let sealing = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
         Ok(key) => Some(Arc::new(key)),
@@ -157,6 +170,7 @@ pub fn open_chats(
         secrets,
         sealing,
         public_url: config.agentd.public_url(),
+        host_id,
         ..chat_service::ChatService::new(
             identity.clone(),
             files.clone(),
