@@ -494,7 +494,12 @@ if [ -n "$cluster" ]; then
     hosts=$("$pg_bin/psql" -At -h "$root$pg_sock" -U agentworks -d agentworks \
         -c 'SELECT host_id FROM gateway_hosts') || die "SELECT FROM gateway_hosts"
     [ "$hosts" = gw2 ] || die "gateway_hosts holds '$hosts', not gw2"
-    log "gw2 renews its row in PostgreSQL (gateway_hosts) and joined NATS"
+    # The only client of this nats-server is gw2.
+    clients=$(nsenter -t "$leader" -n curl -sS --max-time 10 http://127.0.0.1:8222/connz |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["num_connections"])') ||
+        die "nats-server's /connz"
+    [ "$clients" = 1 ] || die "nats-server has $clients clients, not gw2 alone"
+    log "gw2 has its row in PostgreSQL (gateway_hosts) and is nats-server's one client"
 fi
 [ "$(in_ct systemctl show -P ActiveState agentworks-gatewayd.service)" = active ] ||
     die "the main gatewayd is not active beside $gw2"
