@@ -79,7 +79,8 @@ has "$work/deb-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-a
     /usr/bin/agentworks-gatewayd /usr/bin/agentworksctl \
     /lib/systemd/system/agentworks.target /lib/systemd/system/agentworks-workspaced.service \
     /lib/systemd/system/agentworks-workspaced.socket /lib/systemd/system/agentworks-agentd-http.socket \
-    /lib/systemd/system/agentworks-gatewayd-ws.socket /usr/lib/systemd/user/agentworks.target \
+    /lib/systemd/system/agentworks-gatewayd-ws.socket /lib/systemd/system/agentworks-gatewayd@.service \
+    /usr/share/doc/agentworks/gatewayd-cluster.conf /usr/lib/systemd/user/agentworks.target \
     /usr/lib/sysusers.d/agentworks.conf /usr/lib/tmpfiles.d/agentworks.conf \
     /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml \
     /usr/share/man/man1/agentworksctl.1.gz /usr/share/man/man1/agentworks-workspaced.1.gz \
@@ -132,7 +133,8 @@ rpm -qpl "$server_rpm" 2>/dev/null >"$work/rpm-server.list"
 rpm -qpl "$cli_rpm" 2>/dev/null >"$work/rpm-cli.list"
 has "$work/rpm-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-agentd \
     /usr/bin/agentworks-gatewayd /usr/bin/agentworksctl /usr/lib/systemd/system/agentworks.target \
-    /usr/lib/systemd/system/agentworks-workspaced.socket /usr/lib/systemd/user/agentworks.target \
+    /usr/lib/systemd/system/agentworks-workspaced.socket /usr/lib/systemd/system/agentworks-gatewayd@.service \
+    /usr/share/doc/agentworks/gatewayd-cluster.conf /usr/lib/systemd/user/agentworks.target \
     /usr/lib/sysusers.d/agentworks.conf /usr/lib/tmpfiles.d/agentworks.conf \
     /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml
 lacks "$work/rpm-server.list" '^/usr/bin/agentworks$'

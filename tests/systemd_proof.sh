@@ -21,10 +21,20 @@
 #      /run/agentworks/workspaced.sock (reached through /proc/<leader>/root) sent after the old
 #      process exited and before the new one serves waits in the backlog and is answered by
 #      the new process.
-#   8. `systemctl stop agentworks.target`: every unit inactive, none failed.
-#   9. An edited /etc/agentworks/agentworks.toml survives reinstalling the package, which starts
+#   8. The template unit for extra gatewayd hosts: /etc/agentworks/gatewayd-gw2.toml (the
+#      shipped config with its own listen port, socket and state root, and, when this host has
+#      PostgreSQL's and nats-server's binaries, a [cluster]: a PostgreSQL run here as user
+#      postgres whose Unix socket lies inside the root, a nats-server copied into the root and
+#      run there); `systemctl start agentworks-gatewayd@gw2`: active (READY=1), both
+#      listeners bound by itself, /v1/health answered on its socket, its WebSocket port
+#      answering, (cluster) its row in gateway_hosts; `systemctl stop`: inactive, exit 0, its
+#      runtime directory gone. The main gatewayd restarted with the shipped
+#      gatewayd-cluster.conf drop-in is active with the network it grants.
+#   9. `systemctl stop agentworks.target`: every unit inactive, none failed (gatewayd@gw2,
+#      started again, too: PartOf=).
+#  10. An edited /etc/agentworks/agentworks.toml survives reinstalling the package, which starts
 #      nothing.
-#  10. The user units, rootless: a lingering user starts agentworks.target with
+#  11. The user units, rootless: a lingering user starts agentworks.target with
 #      `systemctl --user`, every service active, sockets in /run/user/<uid>/agentworks, an MCP
 #      write_file lands under ~/.local/state owned by the user, `systemctl --user stop`; then
 #      poweroff and removal of everything under the temporary directory.
@@ -48,6 +58,8 @@ root=$work/root
 cg=agentworks-proof-$$
 nspawn_pid=
 leader=
+pg_pid=
+pg_dir=
 start=$(date +%s)
 
 log() { echo "proof: $*" >&2; }
@@ -69,6 +81,17 @@ cleanup() {
         kill -KILL "$nspawn_pid" 2>/dev/null || true
         wait "$nspawn_pid" 2>/dev/null || true
     fi
+    # The PostgreSQL of step 8, if any (ours, by pid).
+    if [ -n "$pg_pid" ]; then
+        kill -TERM "$pg_pid" 2>/dev/null || true
+        i=0
+        while kill -0 "$pg_pid" 2>/dev/null && [ $i -lt 20 ]; do
+            sleep 0.5
+            i=$((i + 1))
+        done
+        kill -KILL "$pg_pid" 2>/dev/null || true
+    fi
+    [ -z "$pg_dir" ] || rm -rf "$pg_dir"
     # Whatever is left in our cgroup (a container that would not halt) is killed by pid, then
     # the cgroups the container's systemd made are removed, deepest first.
     for h in $(cgroup_dirs); do
@@ -210,7 +233,7 @@ esac
 # The package enabled and started nothing: that is the operator's decision.
 for unit in agentworks.target agentworks-workspaced.service agentworks-agentd.service \
     agentworks-gatewayd.service agentworks-workspaced.socket agentworks-agentd.socket \
-    agentworks-gatewayd.socket; do
+    agentworks-gatewayd.socket agentworks-gatewayd@gw2.service; do
     enabled=$(in_ct systemctl is-enabled "$unit" 2>/dev/null || true)
     active=$(in_ct systemctl show -P ActiveState "$unit")
     [ "$enabled" != enabled ] && [ "$active" = inactive ] ||
@@ -360,7 +383,151 @@ log "a request sent while workspaced was down waited ${out#* } s and was answere
 rm -r "$dropin"
 in_ct systemctl daemon-reload
 
-# --- 8. a clean stop ---------------------------------------------------------------------------
+# --- 8. an extra gatewayd host: the template unit --------------------------------------------------
+# agentworks-gatewayd@gw2.service reads /etc/agentworks/gatewayd-gw2.toml and binds its own
+# listeners (no socket units), beside the running gatewayd: another port, a socket in its own
+# runtime directory, a state root of its own (its StateDirectory=).
+gw2=agentworks-gatewayd@gw2.service
+gw2_port=8481
+gw2_sock=/run/agentworks/gatewayd-gw2/gatewayd.sock
+gw2_config=$root/etc/agentworks/gatewayd-gw2.toml
+sed -e '1i state_root = "/var/lib/agentworks/gateway-gw2"' \
+    -e '/^\[gatewayd\]$/a listen = "127.0.0.1:'"$gw2_port"'"\nsocket = "'"$gw2_sock"'"' \
+    "$root/etc/agentworks/agentworks.toml" >"$gw2_config"
+# A cluster when this host can run one: PostgreSQL from /usr/lib/postgresql/<version>/bin, as
+# user postgres, listening only on a Unix socket inside the root (the container has no network
+# but its own loopback; a socket is reached through the file system), and nats-server, copied
+# into the root and run there as a transient unit on the container's loopback.
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+cluster=
+if [ -n "$pg_bin" ] && [ -x "$pg_bin/postgres" ] && command -v nats-server >/dev/null &&
+    id postgres >/dev/null 2>&1; then
+    cluster=yes
+fi
+if [ -n "$cluster" ]; then
+    pg_dir=$(mktemp -d /var/tmp/agentworks-proof-pg.XXXXXX)
+    pg_sock=/var/lib/agentworks-proof-pg
+    chown postgres: "$pg_dir"
+    # postgres makes its socket inside the root: it must pass through $work (0700).
+    chmod 0711 "$work"
+    mkdir -p "$root$pg_sock"
+    chown postgres: "$root$pg_sock"
+    as_postgres() { setpriv --reuid=postgres --regid=postgres --clear-groups env -i \
+        PATH=/usr/bin:/bin LANG=C.UTF-8 "$@"; }
+    as_postgres "$pg_bin/initdb" --pgdata "$pg_dir/data" --username agentworks --auth trust \
+        --encoding UTF8 --locale C --no-sync >"$work/initdb.log" 2>&1 || {
+        cat "$work/initdb.log" >&2
+        die "initdb failed"
+    }
+    # Not through as_postgres: a function run with & is a subshell, and $! must be postgres
+    # itself (setpriv and env exec it) for the cleanup to stop it.
+    setpriv --reuid=postgres --regid=postgres --clear-groups env -i PATH=/usr/bin:/bin \
+        LANG=C.UTF-8 "$pg_bin/postgres" -D "$pg_dir/data" -c listen_addresses= \
+        -c "unix_socket_directories=$root$pg_sock" -c fsync=off </dev/null \
+        >"$pg_dir/postgres.log" 2>&1 &
+    pg_pid=$!
+    i=0
+    until "$pg_bin/pg_isready" -q -h "$root$pg_sock" -U agentworks; do
+        [ $i -lt 60 ] || {
+            cat "$pg_dir/postgres.log" >&2
+            die "postgres did not start"
+        }
+        sleep 0.5
+        i=$((i + 1))
+    done
+    "$pg_bin/psql" -q -h "$root$pg_sock" -U agentworks -d postgres \
+        -c 'CREATE DATABASE agentworks' || die "CREATE DATABASE agentworks"
+    cp "$(command -v nats-server)" "$root/usr/local/bin/nats-server"
+    in_ct systemd-run -q --unit=proof-nats /usr/local/bin/nats-server -a 127.0.0.1 -p 4222 \
+        -m 8222 || die "systemd-run nats-server"
+    i=0
+    until nsenter -t "$leader" -n curl -sf -o /dev/null http://127.0.0.1:8222/healthz; do
+        [ $i -lt 60 ] || die "nats-server did not start"
+        sleep 0.5
+        i=$((i + 1))
+    done
+    # The shipped file has [cluster] with every key commented out.
+    sed -i -e '/^\[cluster\]$/a database_url = "postgres://agentworks@'"$(printf %s "$pg_sock" |
+        sed 's|/|%2F|g')"'/agentworks"\nnats_url = "nats://127.0.0.1:4222"\nhost_id = "gw2"' \
+        "$gw2_config"
+    log "PostgreSQL $(basename "$(dirname "$pg_bin")") on $pg_sock and nats-server on 127.0.0.1:4222 for gw2's [cluster]"
+else
+    log "no PostgreSQL or nats-server binaries here: gw2 runs without [cluster]"
+fi
+in_ct systemctl start "$gw2" || {
+    in_ct journalctl -u "$gw2" --no-pager | tail -20 >&2
+    die "systemctl start $gw2 failed"
+}
+active=$(in_ct systemctl show -P ActiveState "$gw2")
+type=$(in_ct systemctl show -P Type "$gw2")
+[ "$active" = active ] && [ "$type" = notify ] || die "$gw2: $active ($type)"
+# (journald may file the entry a moment after READY=1 is handled.)
+ready=
+i=0
+while [ -z "$ready" ] && [ $i -lt 20 ]; do
+    ready=$(in_ct journalctl --no-pager -o verbose -u "$gw2" MESSAGE='gatewayd ready' 2>/dev/null |
+        grep -v '^-- No entries --' || true)
+    [ -n "$ready" ] || sleep 0.5
+    i=$((i + 1))
+done
+[ -n "$ready" ] || die "no 'gatewayd ready' entry for $gw2"
+origins=$(printf '%s\n' "$ready" | grep -Eo '(SOCKET|PUBLIC)_ACTIVATED=[a-z]+' | sort -u |
+    tr '\n' ' ')
+[ "$origins" = "PUBLIC_ACTIVATED=false SOCKET_ACTIVATED=false " ] ||
+    die "$gw2 did not bind both listeners itself: $origins"
+store=$(printf '%s\n' "$ready" | sed -n 's/^ *STORE=//p' | head -1)
+if [ -n "$cluster" ]; then
+    [ "$store" = postgres ] || die "$gw2 runs on store '$store', not postgres"
+else
+    [ "$store" = sqlite ] || die "$gw2 runs on store '$store', not sqlite"
+fi
+log "$gw2 active (Type=notify: READY=1 received), both listeners bound by itself, store $store"
+# Its socket answers, 0660 in its own runtime directory; its port is its own.
+out=$(curl -sS --max-time 10 --unix-socket "/proc/$leader/root$gw2_sock" \
+    http://localhost/v1/health) || die "GET /v1/health on $gw2_sock failed"
+[ "$(in_ct stat -c '%a %U' "$gw2_sock")" = "660 agentworks-gw" ] ||
+    die "$gw2_sock is $(in_ct stat -c '%a %U' "$gw2_sock")"
+code=$(nsenter -t "$leader" -n curl -sS -o /dev/null -w '%{http_code}' --max-time 10 \
+    "http://127.0.0.1:$gw2_port/v1/executor") || die "nothing answers on 127.0.0.1:$gw2_port"
+log "$gw2 answers /v1/health on $gw2_sock ($out) and HTTP $code on 127.0.0.1:$gw2_port"
+if [ -n "$cluster" ]; then
+    hosts=$("$pg_bin/psql" -At -h "$root$pg_sock" -U agentworks -d agentworks \
+        -c 'SELECT host_id FROM gateway_hosts') || die "SELECT FROM gateway_hosts"
+    [ "$hosts" = gw2 ] || die "gateway_hosts holds '$hosts', not gw2"
+    # The only client of this nats-server is gw2.
+    clients=$(nsenter -t "$leader" -n curl -sS --max-time 10 http://127.0.0.1:8222/connz |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["num_connections"])') ||
+        die "nats-server's /connz"
+    [ "$clients" = 1 ] || die "nats-server has $clients clients, not gw2 alone"
+    log "gw2 has its row in PostgreSQL (gateway_hosts) and is nats-server's one client"
+fi
+[ "$(in_ct systemctl show -P ActiveState agentworks-gatewayd.service)" = active ] ||
+    die "the main gatewayd is not active beside $gw2"
+in_ct systemctl stop "$gw2" || die "systemctl stop $gw2 failed"
+active=$(in_ct systemctl show -P ActiveState "$gw2")
+result=$(in_ct systemctl show -P Result "$gw2")
+status=$(in_ct systemctl show -P ExecMainStatus "$gw2")
+[ "$active" = inactive ] && [ "$result" = success ] && [ "$status" = 0 ] ||
+    die "$gw2 stopped as $active, $result, exit $status"
+in_ct test -e /run/agentworks/gatewayd-gw2 && die "/run/agentworks/gatewayd-gw2 left after stop"
+log "$gw2 stopped: inactive, exit 0, its runtime directory removed"
+# The shipped drop-in for the main gatewayd in a cluster loads, and the unit runs with it.
+main_dropin=$root/etc/systemd/system/agentworks-gatewayd.service.d
+mkdir -p "$main_dropin"
+cp "$root/usr/share/doc/agentworks/gatewayd-cluster.conf" "$main_dropin/cluster.conf" ||
+    die "no /usr/share/doc/agentworks/gatewayd-cluster.conf in the package"
+in_ct systemctl daemon-reload
+in_ct systemctl restart agentworks-gatewayd.service || die "restart with gatewayd-cluster.conf"
+[ "$(in_ct systemctl show -P ActiveState agentworks-gatewayd.service)" = active ] &&
+    [ "$(in_ct systemctl show -P PrivateNetwork agentworks-gatewayd.service)" = no ] ||
+    die "agentworks-gatewayd.service with gatewayd-cluster.conf: not active, or still no network"
+log "agentworks-gatewayd.service active with gatewayd-cluster.conf (PrivateNetwork=no)"
+rm -r "$main_dropin"
+in_ct systemctl daemon-reload
+# Started again, for step 9: stopping the target stops it too (PartOf=).
+in_ct systemctl start "$gw2" || die "systemctl start $gw2 (again) failed"
+
+# --- 9. a clean stop ---------------------------------------------------------------------------
 # `systemctl stop agentworks.target` returns when the target's own job is done. The services'
 # stop jobs (PartOf=) run beside it, and the target is ordered after them, so it stops first.
 # A daemon may still be draining (deactivating) at that moment. Wait for every unit to settle,
@@ -382,8 +549,8 @@ settle() {
     log "every unit settled $(($(date +%s) - started)) s after systemctl stop returned"
 }
 in_ct systemctl stop agentworks.target || die "systemctl stop agentworks.target failed"
-settle_units=$(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' |
-    awk '$1 !~ /@/ {print $1}')
+settle_units="$(in_ct systemctl list-unit-files --plain --no-legend 'agentworks*' |
+    awk '$1 !~ /@/ {print $1}') $gw2"
 settle in_ct systemctl
 for unit in $settle_units; do
     active=$(in_ct systemctl show -P ActiveState "$unit")
@@ -393,7 +560,7 @@ for unit in $settle_units; do
 done
 log "agentworks.target stopped: every unit inactive, none failed"
 
-# --- 9. an upgrade keeps the operator's configuration and starts nothing -------------------------
+# --- 10. an upgrade keeps the operator's configuration and starts nothing -------------------------
 config=$root/etc/agentworks/agentworks.toml
 printf '\n# edited by the operator (systemd proof)\n' >>"$config"
 edited=$(sha256sum <"$config")
@@ -412,7 +579,7 @@ done
 log "reinstalling kept the edited agentworks.toml and started nothing"
 rm -f "$root/root/agentworks.deb"
 
-# --- 10. the same set as user units, rootless ----------------------------------------------------
+# --- 11. the same set as user units, rootless ----------------------------------------------------
 # A lingering user's own systemd (user@.service) starts the user units of the package: state
 # under ~/.local/state, sockets under /run/user/<uid>; the system target is stopped, so the
 # public ports are free.

@@ -2,10 +2,14 @@
 # Static checks of the systemd units and packaging files, no running systemd needed:
 #
 #   1. `systemd-analyze verify` of every system unit (units/) against a throw-away root that
-#      holds the distribution's standard units and stand-in daemon binaries, and of every user
-#      unit (units/user/). verify exits 0 on unknown keys and bad values, so ANY output fails.
+#      holds the distribution's standard units and stand-in daemon binaries, of an instance of
+#      the template agentworks-gatewayd@.service (gw2, so %i is expanded), of the main gatewayd
+#      with packaging/gatewayd-cluster.conf as its drop-in, and of every user unit
+#      (units/user/). verify exits 0 on unknown keys and bad values, so ANY output fails.
 #   2. `systemd-analyze security --offline=yes` of each service, against its exposure goal
-#      (workspaced and gatewayd <= 0.5, agentd <= 1.1).
+#      (workspaced and gatewayd <= 0.5, agentd <= 1.1, the gatewayd@gw2 instance <= 1.1, and
+#      the main gatewayd with the cluster drop-in <= 1.1: a cluster gatewayd has the host's
+#      network and Internet sockets, IP traffic limited to localhost).
 #   3. systemd-sysusers and systemd-tmpfiles applied to the throw-away root with our
 #      packaging/ files: they must succeed and print nothing.
 #
@@ -54,7 +58,25 @@ if [ -n "$out" ]; then
     fail "systemd-analyze verify (system units) printed something"
 fi
 
-# 1b. User units. `verify --user` does not take --root, so ExecStart= is pointed at the
+# 1b. The template, as an instance (verify takes the file's name as the unit's), and the main
+# gatewayd with the cluster drop-in, in a second root so the scores below stay the shipped ones.
+ln -s agentworks-gatewayd@.service "$root/usr/lib/systemd/system/agentworks-gatewayd@gw2.service"
+cluster_root=$work/cluster-root
+cp -a "$root" "$cluster_root"
+mkdir -p "$cluster_root/etc/systemd/system/agentworks-gatewayd.service.d"
+cp "$repo/packaging/gatewayd-cluster.conf" \
+    "$cluster_root/etc/systemd/system/agentworks-gatewayd.service.d/cluster.conf"
+out=$( (systemd-analyze verify --root="$root" \
+    "$root/usr/lib/systemd/system/agentworks-gatewayd@gw2.service" &&
+    systemd-analyze verify --root="$cluster_root" \
+        "$cluster_root/usr/lib/systemd/system/agentworks-gatewayd.service") 2>&1) ||
+    fail "verify (gatewayd@gw2, gatewayd with the cluster drop-in) exited $?"
+if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    fail "systemd-analyze verify (gatewayd@gw2, gatewayd with the cluster drop-in) printed something"
+fi
+
+# 1c. User units. `verify --user` does not take --root, so ExecStart= is pointed at the
 # stand-ins; everything else is verified as shipped.
 for unit in "$repo"/units/user/*; do
     sed "s|^ExecStart=/usr/bin/|ExecStart=$root/usr/bin/|" "$unit" \
@@ -67,20 +89,29 @@ if [ -n "$out" ]; then
     fail "systemd-analyze verify --user (user units) printed something"
 fi
 
-# 2. Exposure scores.
-for goal in workspaced:0.5 gatewayd:0.5 agentd:1.1; do
-    daemon=${goal%%:*}
-    max=${goal#*:}
+# 2. Exposure scores (root:daemon:goal; "cluster" is the root with the drop-in).
+for goal in shipped:workspaced:0.5 shipped:gatewayd:0.5 shipped:agentd:1.1 \
+    shipped:gatewayd@gw2:1.1 cluster:gatewayd:1.1; do
+    which=${goal%%:*}
+    rest=${goal#*:}
+    daemon=${rest%%:*}
+    max=${rest#*:}
     unit=agentworks-$daemon.service
-    score=$(systemd-analyze security --offline=yes --root="$root" --no-pager "$unit" 2>&1 |
+    unit_root=$root
+    label=$unit
+    if [ "$which" = cluster ]; then
+        unit_root=$cluster_root
+        label="$unit with gatewayd-cluster.conf"
+    fi
+    score=$(systemd-analyze security --offline=yes --root="$unit_root" --no-pager "$unit" 2>&1 |
         sed -n "s/.*Overall exposure level for $unit: \([0-9.]*\).*/\1/p")
     if [ -z "$score" ]; then
-        fail "no exposure score for $unit"
+        fail "no exposure score for $label"
         continue
     fi
-    echo "$unit: exposure $score (goal <= $max)"
+    echo "$label: exposure $score (goal <= $max)"
     if ! awk -v s="$score" -v m="$max" 'BEGIN { exit !(s <= m) }'; then
-        fail "$unit scores $score, above $max"
+        fail "$label scores $score, above $max"
     fi
 done
 
