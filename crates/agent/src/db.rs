@@ -223,12 +223,63 @@ impl Database {
         }
     }
 
+    /// Runs `work`, a few quick reads, for async code: in place when this is SQLite and its
+    /// one connection is free, otherwise on a blocking thread. A read in WAL mode never waits
+    /// for a writer, so in place it takes microseconds and saves the two thread hand-offs a
+    /// blocking task costs (per MCP call that was most of agentd's scheduling); a connection
+    /// busy with another statement (a write may wait for the disk), or PostgreSQL (its driver
+    /// waits on the network), goes to a blocking thread as before. Another thread can still
+    /// take the connection between the check and `work`; then `work` waits for that one
+    /// statement, as any caller of [`Database::conn`] does.
+    pub async fn read_soon<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        if let Database::Sqlite(conn) = self
+            && conn.try_lock().is_ok()
+        {
+            return Ok(work());
+        }
+        tokio::task::spawn_blocking(work).await
+    }
+
     /// A connection for a few statements, each committed on its own.
     pub fn conn(&self) -> Result<Conn<'_>, DbError> {
         Ok(match self {
             Database::Sqlite(conn) => Conn::Sqlite(conn.lock().unwrap_or_else(|e| e.into_inner())),
             Database::Postgres(pool) => Conn::Postgres(Box::new(off_runtime(|| pool.get())?)),
         })
+    }
+
+    /// Runs `work`, a few reads, as one read: on SQLite in one deferred transaction (one read
+    /// lock for all of them, and one snapshot, instead of a lock and an unlock per statement),
+    /// on PostgreSQL on one pooled connection, each statement on its own as with
+    /// [`Database::conn`]. `work` must not write.
+    pub fn read<T, E: From<DbError>>(
+        &self,
+        work: impl FnOnce(&mut Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut conn = self.conn()?;
+        if let Conn::Sqlite(c) = &conn {
+            c.prepare_cached("BEGIN DEFERRED")
+                .and_then(|mut begin| begin.execute([]))
+                .map_err(DbError::from)?;
+        }
+        let result = work(&mut conn);
+        if let Conn::Sqlite(c) = &conn
+            && !c.is_autocommit()
+        {
+            // Ending a read transaction releases its lock; nothing was written to keep.
+            let ended = c
+                .prepare_cached("COMMIT")
+                .and_then(|mut commit| commit.execute([]));
+            if let Err(error) = ended {
+                // Never leave the shared connection inside a transaction.
+                let _ = c.execute_batch("ROLLBACK");
+                return Err(DbError::from(error).into());
+            }
+        }
+        result
     }
 
     /// Runs `work` in one transaction and commits it if `work` returns `Ok`. On PostgreSQL the

@@ -205,44 +205,45 @@ impl FileTools {
         let identity = self.identity.clone();
         let caller = caller.clone();
         let workflow = workflow_id.to_owned();
-        tokio::task::spawn_blocking(move || -> Result<Option<(Project, Access)>, ToolError> {
-            let store_err = |e: crate::identity::IdentityError| unavailable(e);
-            let Some(token) = identity.token_by_id(&caller.token_id).map_err(store_err)? else {
-                return Ok(None);
-            };
-            // Revoked or expired since the request was authenticated: counts now.
-            if token.revoked_at_ms.is_some()
-                || token
-                    .expires_at_ms
-                    .is_some_and(|t| t <= agentworks_support::clock::now_ms())
-            {
-                return Err(ToolError::new(
-                    "unauthorized",
-                    "the token was revoked or has expired",
-                ));
-            }
-            let Some(user) = identity.user_by_id(&token.user_id).map_err(store_err)? else {
-                return Ok(None);
-            };
-            let Some(project) = identity.find_project(&workflow).map_err(store_err)? else {
-                return Ok(None);
-            };
-            let role = identity.role_of(&project.id, &user.id).map_err(store_err)?;
-            let restriction = token.project_restriction();
-            let access = authority::resolve(&AccessInputs {
-                scopes: &token.scopes,
-                token_projects: restriction.as_deref(),
-                file_guard: &token.file_guard,
-                user_disabled: user.disabled,
-                project_id: &project.id,
-                policy_json: Some(&project.policy),
-                role,
-            });
-            Ok(access.can_read.then_some((project, access)))
-        })
-        .await
-        .map_err(|e| unavailable(format!("the identity lookup failed ({e})")))??
-        .ok_or_else(|| not_visible(workflow_id))
+        let store = identity.clone();
+        store
+            .read_soon(move || -> Result<Option<(Project, Access)>, ToolError> {
+                let store_err = |e: crate::identity::IdentityError| unavailable(e);
+                let Some((token, user, project)) = identity
+                    .project_access_rows(&caller.token_id, &workflow)
+                    .map_err(store_err)?
+                else {
+                    return Ok(None);
+                };
+                // Revoked or expired since the request was authenticated: counts now.
+                if token.revoked_at_ms.is_some()
+                    || token
+                        .expires_at_ms
+                        .is_some_and(|t| t <= agentworks_support::clock::now_ms())
+                {
+                    return Err(ToolError::new(
+                        "unauthorized",
+                        "the token was revoked or has expired",
+                    ));
+                }
+                let Some((project, role)) = project else {
+                    return Ok(None);
+                };
+                let restriction = token.project_restriction();
+                let access = authority::resolve(&AccessInputs {
+                    scopes: &token.scopes,
+                    token_projects: restriction.as_deref(),
+                    file_guard: &token.file_guard,
+                    user_disabled: user.disabled,
+                    project_id: &project.id,
+                    policy_json: Some(&project.policy),
+                    role,
+                });
+                Ok(access.can_read.then_some((project, access)))
+            })
+            .await
+            .map_err(|e| unavailable(format!("the identity lookup failed ({e})")))??
+            .ok_or_else(|| not_visible(workflow_id))
     }
 
     fn context(

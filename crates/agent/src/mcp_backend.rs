@@ -74,12 +74,10 @@ impl OperationRunner for AgentBackend {
         // call itself still resolves the project's full access (policy, caps) every time.
         let identity = self.identity.clone();
         let caller = caller.clone();
-        let capabilities = tokio::task::spawn_blocking(move || {
-            let token = identity.token_by_id(&caller.token_id)?;
-            let projects = token.and_then(|t| t.project_restriction());
-            identity.capabilities(&caller.user_id, projects.as_deref())
-        })
-        .await;
+        let store = identity.clone();
+        let capabilities = store
+            .read_soon(move || identity.token_capabilities(&caller.token_id, &caller.user_id))
+            .await;
         let Ok(Ok((member, author))) = capabilities else {
             return Vec::new();
         };

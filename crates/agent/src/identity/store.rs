@@ -374,6 +374,73 @@ const TOKEN_COLUMNS: &str = "t.id, t.user_id, u.name, t.label, t.secret_hash, t.
 const TOKEN_FROM: &str = "tokens t JOIN users u ON u.id = t.user_id \
      LEFT JOIN oauth_grants g ON g.id = t.grant_id";
 
+// The reads a request's checks combine in one read transaction (`Database::read`); the
+// store's methods of the same names run each on its own.
+
+fn token_row_in(db: &mut impl Sql, id: &str) -> Result<Option<(TokenInfo, String)>, DbError> {
+    db.query_opt(
+        &format!("SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"),
+        &[&id],
+        row_token,
+    )
+}
+
+fn user_by_id_in(db: &mut impl Sql, id: &str) -> Result<Option<User>, DbError> {
+    db.query_opt(
+        "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1",
+        &[&id],
+        row_user,
+    )
+}
+
+/// A project by `column` (`id` or `name`, never caller input).
+fn project_in(db: &mut impl Sql, column: &str, value: &str) -> Result<Option<Project>, DbError> {
+    db.query_opt(
+        &format!(
+            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE {column} = ?1"
+        ),
+        &[&value],
+        row_project,
+    )
+}
+
+fn find_project_in(db: &mut impl Sql, id_or_name: &str) -> Result<Option<Project>, DbError> {
+    match project_in(db, "id", id_or_name)? {
+        Some(p) => Ok(Some(p)),
+        None => project_in(db, "name", id_or_name),
+    }
+}
+
+fn role_of_in(db: &mut impl Sql, project_id: &str, user_id: &str) -> Result<Option<Role>, DbError> {
+    let role: Option<String> = db.query_opt(
+        "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2",
+        &[&project_id, &user_id],
+        |r| r.get(0),
+    )?;
+    Ok(role.and_then(|r| Role::parse(&r)))
+}
+
+fn capabilities_in(
+    db: &mut impl Sql,
+    user_id: &str,
+    projects: Option<&[String]>,
+) -> Result<(bool, bool), DbError> {
+    let rows = db.query_all(
+        "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1",
+        &[&user_id],
+        |r| Ok((r.get::<String>(0)?, r.get::<bool>(1)?)),
+    )?;
+    let reached = rows
+        .iter()
+        .filter(|(project, _)| projects.is_none_or(|ps| ps.contains(project)));
+    let (mut member, mut author) = (false, false);
+    for (_, authors) in reached {
+        member = true;
+        author |= authors;
+    }
+    Ok((member, author))
+}
+
 impl IdentityStore {
     /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<IdentityStore, IdentityError> {
@@ -410,6 +477,14 @@ impl IdentityStore {
     }
 
     /// A connection for a few statements, each committed on its own.
+    /// Runs `work` (a few reads of this store) for async code: [`Database::read_soon`].
+    pub async fn read_soon<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        self.db.read_soon(work).await
+    }
+
     pub(super) fn db(&self) -> Result<crate::db::Conn<'_>, DbError> {
         self.db.conn()
     }
@@ -457,11 +532,7 @@ impl IdentityStore {
     }
 
     pub fn user_by_id(&self, id: &str) -> Result<Option<User>, IdentityError> {
-        Ok(self.db()?.query_opt(
-            "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1",
-            &[&id],
-            row_user,
-        )?)
+        Ok(user_by_id_in(&mut self.db()?, id)?)
     }
 
     /// What the user may do anywhere, from one query: (member of any project, author in any
@@ -472,20 +543,47 @@ impl IdentityStore {
         user_id: &str,
         projects: Option<&[String]>,
     ) -> Result<(bool, bool), IdentityError> {
-        let rows = self.db()?.query_all(
-            "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1",
-            &[&user_id],
-            |r| Ok((r.get::<String>(0)?, r.get::<bool>(1)?)),
-        )?;
-        let reached = rows
-            .iter()
-            .filter(|(project, _)| projects.is_none_or(|ps| ps.contains(project)));
-        let (mut member, mut author) = (false, false);
-        for (_, authors) in reached {
-            member = true;
-            author |= authors;
-        }
-        Ok((member, author))
+        Ok(capabilities_in(&mut self.db()?, user_id, projects)?)
+    }
+
+    /// [`IdentityStore::capabilities`] under a token's restriction, read with the token in one
+    /// read transaction; `(false, false)` for a token that is gone.
+    pub fn token_capabilities(
+        &self,
+        token_id: &str,
+        user_id: &str,
+    ) -> Result<(bool, bool), IdentityError> {
+        self.db.read(|db| {
+            let Some((token, _)) = token_row_in(db, token_id)? else {
+                return Ok((false, false));
+            };
+            let projects = token.project_restriction();
+            Ok(capabilities_in(db, user_id, projects.as_deref())?)
+        })
+    }
+
+    /// What deciding a caller's access to one project reads, in one read transaction: the
+    /// token, its user, and the project (by id or name) with the user's role there (`None`
+    /// when there is no such project). `None` when the token or its user is gone.
+    #[allow(clippy::type_complexity)]
+    pub fn project_access_rows(
+        &self,
+        token_id: &str,
+        project: &str,
+    ) -> Result<Option<(TokenInfo, User, Option<(Project, Option<Role>)>)>, IdentityError> {
+        self.db.read(|db| {
+            let Some((token, _)) = token_row_in(db, token_id)? else {
+                return Ok(None);
+            };
+            let Some(user) = user_by_id_in(db, &token.user_id)? else {
+                return Ok(None);
+            };
+            let Some(project) = find_project_in(db, project)? else {
+                return Ok(Some((token, user, None)));
+            };
+            let role = role_of_in(db, &project.id, &user.id)?;
+            Ok(Some((token, user, Some((project, role)))))
+        })
     }
 
     fn require_user(&self, name: &str) -> Result<User, IdentityError> {
@@ -563,27 +661,16 @@ impl IdentityStore {
     }
 
     pub fn project_by_name(&self, name: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(self.db()?.query_opt(
-            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1",
-            &[&name],
-            row_project,
-        )?)
+        Ok(project_in(&mut self.db()?, "name", name)?)
     }
 
     pub fn project_by_id(&self, id: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(self.db()?.query_opt(
-            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1",
-            &[&id],
-            row_project,
-        )?)
+        Ok(project_in(&mut self.db()?, "id", id)?)
     }
 
     /// A project by id or by name (operators type names; MCP clients send ids).
     pub fn find_project(&self, id_or_name: &str) -> Result<Option<Project>, IdentityError> {
-        match self.project_by_id(id_or_name)? {
-            Some(p) => Ok(Some(p)),
-            None => self.project_by_name(id_or_name),
-        }
+        Ok(find_project_in(&mut self.db()?, id_or_name)?)
     }
 
     fn require_project(&self, name: &str) -> Result<Project, IdentityError> {
@@ -665,12 +752,7 @@ impl IdentityStore {
 
     /// The user's live role on a project, if any.
     pub fn role_of(&self, project_id: &str, user_id: &str) -> Result<Option<Role>, IdentityError> {
-        let role: Option<String> = self.db()?.query_opt(
-            "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2",
-            &[&project_id, &user_id],
-            |r| r.get(0),
-        )?;
-        Ok(role.and_then(|r| Role::parse(&r)))
+        Ok(role_of_in(&mut self.db()?, project_id, user_id)?)
     }
 
     /// Every project the user is a member of, with the role.
@@ -794,15 +876,12 @@ impl IdentityStore {
     }
 
     fn token_row(&self, id: &str) -> Result<Option<(TokenInfo, String)>, IdentityError> {
-        Ok(self.db()?.query_opt(
-            &format!("SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"),
-            &[&id],
-            row_token,
-        )?)
+        Ok(token_row_in(&mut self.db()?, id)?)
     }
 
     /// Check a presented token against live rows: parse, find, compare the hash, then
-    /// revocation, expiry and the user's state.
+    /// revocation, expiry and the user's state (the token and its user in one read
+    /// transaction).
     pub fn authenticate(
         &self,
         presented: &str,
@@ -810,26 +889,28 @@ impl IdentityStore {
         let Some((id, secret)) = token::parse(presented) else {
             return Ok(Err(TokenRefusal::Invalid));
         };
-        let found = self.token_row(id)?;
-        let Some((info, hash)) = found else {
-            return Ok(Err(TokenRefusal::Invalid));
-        };
-        if !token::hashes_equal(&token::hash_secret(secret), &hash) {
-            return Ok(Err(TokenRefusal::Invalid));
-        }
-        if info.revoked_at_ms.is_some() {
-            return Ok(Err(TokenRefusal::Revoked));
-        }
-        if info.expires_at_ms.is_some_and(|t| t <= now_ms()) {
-            return Ok(Err(TokenRefusal::Expired));
-        }
-        let Some(user) = self.user_by_id(&info.user_id)? else {
-            return Ok(Err(TokenRefusal::Invalid));
-        };
-        if user.disabled {
-            return Ok(Err(TokenRefusal::Disabled));
-        }
-        Ok(Ok((info, user)))
+        self.db.read(|db| {
+            let found = token_row_in(db, id)?;
+            let Some((info, hash)) = found else {
+                return Ok(Err(TokenRefusal::Invalid));
+            };
+            if !token::hashes_equal(&token::hash_secret(secret), &hash) {
+                return Ok(Err(TokenRefusal::Invalid));
+            }
+            if info.revoked_at_ms.is_some() {
+                return Ok(Err(TokenRefusal::Revoked));
+            }
+            if info.expires_at_ms.is_some_and(|t| t <= now_ms()) {
+                return Ok(Err(TokenRefusal::Expired));
+            }
+            let Some(user) = user_by_id_in(db, &info.user_id)? else {
+                return Ok(Err(TokenRefusal::Invalid));
+            };
+            if user.disabled {
+                return Ok(Err(TokenRefusal::Disabled));
+            }
+            Ok(Ok((info, user)))
+        })
     }
 
     /// [`IdentityStore::authenticate`] on a blocking thread, as one result: the way every
@@ -853,7 +934,8 @@ impl IdentityStore {
         let store = self.clone();
         let presented = presented.to_owned();
         let resource = resource.map(str::to_owned);
-        match tokio::task::spawn_blocking(move || store.authenticate(&presented)).await {
+        let db = self.db.clone();
+        match db.read_soon(move || store.authenticate(&presented)).await {
             Ok(Ok(Ok((token, _))))
                 if token
                     .audience
