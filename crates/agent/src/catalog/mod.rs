@@ -111,7 +111,7 @@ impl<R: OperationRunner> Catalog<R> {
                 .insert("reason".to_owned(), json!("operation_not_allowed"));
             return Ok(Err(error));
         }
-        if let Err(error) = table::validate_arguments(&operation.input_schema(), &arguments) {
+        if let Err(error) = table::validate_arguments(operation.cached_input_schema(), &arguments) {
             return Ok(Err(error));
         }
         Ok(self.runner.call(caller, operation, arguments).await)
