@@ -28,8 +28,10 @@ pub struct UnixClient {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-/// Idle connections kept per client.
-const MAX_IDLE: usize = 16;
+/// Idle connections kept per client: about as many as a busy agentd has calls in flight to
+/// workspaced, so a burst does not close and reopen a connection per call (each is one small
+/// task on either side; workspaced accepts 256).
+const MAX_IDLE: usize = 64;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
