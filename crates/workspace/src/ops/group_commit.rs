@@ -27,6 +27,13 @@
 //! So a batch waits for the disk twice (the prepare and the temp files together, then the
 //! folder), where one change alone through the plain pipeline waits four times.
 //!
+//! The prepared transaction runs on one of a few long-lived [`Helpers`] threads while the
+//! leader stages the temp files itself (with scoped threads beside it only for a batch of
+//! several): starting a thread for every batch cost about a twelfth of workspaced's time per
+//! write. The pool is hand-written (a job queue on std's channel): a crate would add a
+//! dependency for a dozen lines, and rayon's pool is meant for work that never blocks, where
+//! these jobs wait for the disk.
+//!
 //! The waiters' requests are owned data moved into the queue ([`BatchJob`]), so the leader's
 //! thread can plan them without borrowing another thread's stack.
 
@@ -49,6 +56,56 @@ use std::time::Instant;
 const MAX_BATCH: usize = 64;
 /// Most temp files of one batch staged and synced at once.
 const STAGE_THREADS: usize = 8;
+/// Threads for prepared transactions: batches of that many projects prepare at once.
+const HELPER_THREADS: usize = 8;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A few long-lived threads running jobs in turn; they end when the pool is dropped.
+pub(super) struct Helpers {
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+}
+
+impl Helpers {
+    fn start(threads: usize) -> Helpers {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for n in 0..threads {
+            let queue = Arc::clone(&queue);
+            let spawned = std::thread::Builder::new()
+                .name(format!("ws-prepare-{n}"))
+                .spawn(move || {
+                    loop {
+                        // The lock is held only while waiting for a job, never while running one.
+                        let job = lock_poisoned(&queue).recv();
+                        let Ok(job) = job else { return };
+                        job();
+                    }
+                });
+            if let Err(error) = spawned {
+                // Fewer helpers only queue jobs longer; with none, `run` answers `None`.
+                tracing::warn!(%error, "cannot start a prepare thread");
+            }
+        }
+        Helpers {
+            jobs: Mutex::new(jobs),
+        }
+    }
+
+    /// Starts `work` on a helper; the returned waiter gives its result, or `None` if it could
+    /// not run (no helper thread, or it panicked).
+    fn run<R: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> impl FnOnce() -> Option<R> {
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = answer.send(work());
+        });
+        let sent = lock_poisoned(&self.jobs).send(job).is_ok();
+        move || if sent { answered.recv().ok() } else { None }
+    }
+}
 
 /// The plan of a queued change: runs on the leader's thread, under the lock.
 pub(super) type BatchPlan =
@@ -306,9 +363,15 @@ impl Workspace {
         // touches nothing anyone can see; the sweep removes one a crash leaves). Nothing is
         // renamed before both are done.
         let receipts: Vec<Receipt> = prepared.iter().map(|p| p.receipt.clone()).collect();
-        let (all_recorded, staged) = self.stage_all(&prepared, || {
-            receipts.is_empty() || lock_poisoned(&store).insert_prepared_all(&receipts).is_ok()
+        let prepare_store = Arc::clone(&store);
+        let (all_recorded, staged) = self.stage_all(&prepared, move || {
+            receipts.is_empty()
+                || lock_poisoned(&prepare_store)
+                    .insert_prepared_all(&receipts)
+                    .is_ok()
         });
+        // A helper that could not answer recorded nothing we know of: prepare one by one.
+        let all_recorded = all_recorded.unwrap_or(false);
         // Which changes have a durable prepared receipt: all, or (when the one transaction
         // failed) those that could be prepared alone; the others are refused and their temp
         // files dropped (unlinked).
@@ -443,15 +506,24 @@ impl Workspace {
             .collect()
     }
 
-    /// Step 4's first half for a batch, with `alongside` (step 3) on this thread meanwhile:
-    /// each replacement's temp file written and synced on up to [`STAGE_THREADS`] threads at
-    /// once (concurrent fsyncs share the file system's journal commits, where one after the
-    /// other each waits for its own). `None` for the other actions, which stage nothing.
-    fn stage_all<'p, R>(
+    /// Step 4's first half for a batch, with `alongside` (step 3) on a helper thread
+    /// meanwhile: each replacement's temp file written and synced, here for one, on up to
+    /// [`STAGE_THREADS`] threads at once for several (concurrent fsyncs share the file
+    /// system's journal commits, where one after the other each waits for its own). `None`
+    /// for the other actions, which stage nothing. `alongside`'s result is `None` when no
+    /// helper could run it.
+    fn stage_all<'p, R: Send + 'static>(
         &self,
         prepared: &'p [Prepared],
-        alongside: impl FnOnce() -> R,
-    ) -> (R, Vec<Option<Result<StagedFile<'p>, WorkspaceError>>>) {
+        alongside: impl FnOnce() -> R + Send + 'static,
+    ) -> (
+        Option<R>,
+        Vec<Option<Result<StagedFile<'p>, WorkspaceError>>>,
+    ) {
+        let beside = self
+            .helpers
+            .get_or_init(|| Helpers::start(HELPER_THREADS))
+            .run(alongside);
         let stage_one = |p: &'p Prepared| match &p.planned.action {
             Action::Replace {
                 parent,
@@ -466,12 +538,13 @@ impl Workspace {
             .filter(|p| matches!(p.planned.action, Action::Replace { .. }))
             .count();
         let threads = replacements.min(STAGE_THREADS);
+        if threads <= 1 {
+            let staged = prepared.iter().map(stage_one).collect();
+            return (beside(), staged);
+        }
         let mut staged: Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> =
             prepared.iter().map(|_| None).collect();
-        if threads == 0 {
-            return (alongside(), staged);
-        }
-        let beside = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
                 .map(|worker| {
                     scope.spawn(move || {
@@ -485,7 +558,6 @@ impl Workspace {
                     })
                 })
                 .collect();
-            let beside = alongside();
             for worker in workers {
                 // A panic while staging is passed on, as it would be on this thread.
                 let done = worker
@@ -495,9 +567,8 @@ impl Workspace {
                     staged[index] = result;
                 }
             }
-            beside
         });
-        (beside, staged)
+        (beside(), staged)
     }
 
     /// Step 5 for a batch: fsync every folder the applied changes touched, each once. The

@@ -91,6 +91,9 @@ pub struct Workspace {
     in_flight: Mutex<HashMap<(String, String, String), usize>>,
     /// Each project's group-commit queue (`group_commit.rs`), by project name.
     queues: Mutex<HashMap<String, Arc<group_commit::Queue>>>,
+    /// The threads that run batches' prepared-receipt transactions (`group_commit.rs`),
+    /// started at the first batch.
+    helpers: std::sync::OnceLock<group_commit::Helpers>,
 }
 
 /// An open project: its folder fd and where its lock and receipts live.
@@ -233,6 +236,7 @@ impl Workspace {
             stores: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
+            helpers: std::sync::OnceLock::new(),
         })
     }
 
