@@ -24,7 +24,8 @@
 //!
 //! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
 //! While working on one side, `-- 3 --writes-only` skips the reads and `--no-reference` the
-//! reference server (their ratios then print as NaN); the closing numbers come from a full run.
+//! reference server (their ratios then print as NaN), and `--eight-only` the cells of one
+//! project; the closing numbers come from a full run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -536,6 +537,7 @@ fn run() -> Result<(), Error> {
     let selection = Selection {
         reads: !std::env::args().any(|a| a == "--writes-only"),
         reference: !std::env::args().any(|a| a == "--no-reference"),
+        one_project: !std::env::args().any(|a| a == "--eight-only"),
     };
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // One filesystem for all three: temp dirs under the build's target dir.
@@ -553,6 +555,8 @@ fn run() -> Result<(), Error> {
 struct Selection {
     reads: bool,
     reference: bool,
+    /// The cells of one project (`--eight-only` skips them).
+    one_project: bool,
 }
 
 fn measure_all(
@@ -599,6 +603,9 @@ fn measure_all(
         ("ours, 1 project", &one, 1),
         ("ours, 8 projects", &eight, PROJECTS),
     ] {
+        if per_project == 1 && !selection.one_project {
+            continue;
+        }
         for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_file")] {
             if matches!(op, Op::Read) && !selection.reads {
                 continue;
