@@ -2,16 +2,19 @@
 //! (a private CA from [`TestCertificates`]) and one NATS user per daemon, with the subject
 //! permissions README "Securing the cluster" tells an operator to set up ([`server_config`]).
 //!
-//! What is shown by doing it: agentd's user may announce revocations and nothing else (a peer
-//! call published as agentd is refused by the server and never reaches gatewayd; agentd may
-//! not subscribe); a gatewayd user may not read another host's calls; and two real gatewayd
+//! What is shown by doing it: agentd's user may not call a gateway (a peer call published as
+//! agentd is refused by the server and never reaches gatewayd) nor read revocations; a gatewayd
+//! user may not read another host's calls; and two real gatewayd
 //! hosts, each logged in as its own user over `tls://` with `nats_ca_file`, still route a
 //! dispatch and close a revoked token's connection, with agentd logged in as its user.
 
 use super::harness::{
     FakeExecutor, GatewayPair, Nats, Reply, TestCertificates, block_on, device_token,
 };
-use agentworks_contract::cluster::{PEER_SUBJECTS, REVOKED_SUBJECT, peer_subject};
+use agentworks_contract::cluster::{
+    AGENTD_SUBJECTS, PEER_SUBJECTS, REVOKED_SUBJECT, WORKSPACED_SUBJECTS, agentd_subject,
+    peer_subject,
+};
 use agentworks_contract::executor::FolderAccess;
 use futures_util::StreamExt;
 use serde_json::json;
@@ -24,8 +27,9 @@ fn password(user: &str) -> String {
 }
 
 /// The server's configuration: TLS with the test certificate, and one user per daemon:
-/// agentd publishes revocations only and subscribes to nothing; each gatewayd host calls any
-/// host's subject, answers on inboxes, and hears revocations, its own subject and its inboxes.
+/// agentd announces revocations, calls workspaced and agentd hosts, answers on inboxes, and hears
+/// only its own subject and its inboxes; each gatewayd host calls any host's subject, answers on
+/// inboxes, and hears revocations, its own subject and its inboxes.
 fn server_config(certificates: &TestCertificates) -> String {
     let gatewayd = |host: &str| {
         format!(
@@ -40,11 +44,13 @@ fn server_config(certificates: &TestCertificates) -> String {
         "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n\
          authorization {{\n  users: [\n\
          {{ user: agentd, password: \"{}\", permissions: {{\n\
-         publish: [\"{REVOKED_SUBJECT}\"]\n subscribe: {{ deny: [\">\"] }} }} }}\n\
+         publish: [\"{REVOKED_SUBJECT}\", \"{WORKSPACED_SUBJECTS}\", \"{AGENTD_SUBJECTS}\", \"_INBOX.>\"]\n\
+         subscribe: [\"{}\", \"_INBOX.>\"] }} }}\n\
          {}\n{}\n  ]\n}}\n",
         certificates.cert.display(),
         certificates.key.display(),
         password("agentd"),
+        agentd_subject("gw-a"),
         gatewayd("a"),
         gatewayd("b"),
     )
@@ -136,7 +142,7 @@ fn each_daemon_user_may_publish_and_read_only_its_own_subjects() {
             "{\"token_id\":\"tok_1\"}"
         );
 
-        // agentd reads nothing, and a gatewayd host may not read another host's calls.
+        // agentd reads no revocation, and a gatewayd host may not read another host's calls.
         let _ = agentd.subscribe(REVOKED_SUBJECT).await.unwrap();
         agentd.flush().await.unwrap();
         let refusal = next_error(&mut agentd_errors).await;

@@ -13,6 +13,8 @@ use super::agent::{
     Model, api, calls, code_project, create_chat, of_kind, result_of, text, turn, user,
 };
 use super::harness::{Gatewayd, Laptop, Stack, free_port, http, start_gatewayd_host, wait_until};
+use agentworks_contract::cluster::{AGENTD_CANCEL_TURN, PEER_MAC_HEADER, PeerCall, agentd_subject};
+use agentworks_daemon::bus::BusKey;
 use serde_json::{Value, json};
 use std::process::Stdio;
 use std::time::Duration;
@@ -240,4 +242,79 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
         "SELECT count(*) FROM gateway_requests WHERE request_id LIKE '%-call-%'",
     );
     assert_eq!(sent, "3", "three commands recorded, each once");
+
+    // A turn running on A is stopped through agentd B: B finds A's claim on the chat and asks
+    // A over NATS; the command on the laptop is cancelled and the turn ends `cancelled`.
+    let sleeper = "sleep 47.5";
+    model.play(vec![calls(&[(
+        "c4",
+        "execute_shell_command",
+        json!({"command": sleeper, "timeout": 120}),
+    )])]);
+    let running = {
+        let (alice, chat, port) = (alice.clone(), chat.clone(), stack.port);
+        std::thread::spawn(move || turn(port, &alice, &chat, "wait again"))
+    };
+    wait_until(
+        "the command is pending on gateway A (host gw-test)",
+        Duration::from_secs(20),
+        || {
+            postgres.psql(
+            "agentworks",
+            "SELECT count(*) FROM gateway_requests WHERE state = 'pending' AND host_id = 'gw-test'",
+        ) == "1"
+        },
+    );
+    // The attack first: cancels published straight on A's subject by someone without the
+    // cluster's agentd key (none, or another key) stop nothing.
+    let (_, nats) = stack.cluster.as_ref().unwrap();
+    let subject = agentd_subject("gw-test");
+    let forged = serde_json::to_vec(&PeerCall {
+        origin: "attacker".into(),
+        sent_at_ms: agentworks_support::clock::now_ms(),
+        path: AGENTD_CANCEL_TURN.into(),
+        body: json!({"chat_id": chat}).to_string(),
+    })
+    .unwrap();
+    nats.publish_with_headers(&subject, &[], &forged);
+    let wrong_mac = BusKey::new([9; 32]).seal(&subject, &forged);
+    nats.publish_with_headers(&subject, &[(PEER_MAC_HEADER, &wrong_mac)], &forged);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        postgres.psql(
+            "agentworks",
+            "SELECT count(*) FROM gateway_requests WHERE state = 'pending' AND host_id = 'gw-test'",
+        ),
+        "1",
+        "a cancel without the cluster's key stopped the command"
+    );
+    let (status, _, cancelled) = http(
+        port_b,
+        "POST",
+        &format!("/v1/chats/{chat}/cancel"),
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 202, "{cancelled}");
+    let cancelled: Value = serde_json::from_str(&cancelled).unwrap();
+    assert_eq!(cancelled["chat_id"], chat.as_str(), "{cancelled}");
+    assert_eq!(cancelled["turn"], 4, "{cancelled}");
+    let events = running.join().unwrap().unwrap();
+    assert_eq!(
+        events.last().unwrap().1["reason"],
+        "cancelled",
+        "{events:?}"
+    );
+    let c4 = result_of(&events, "c4");
+    assert_eq!(c4["result"]["cancelled"], true, "{c4}");
+    // Nothing runs now: B says so itself, as A would.
+    let (status, _, none) = http(
+        port_b,
+        "POST",
+        &format!("/v1/chats/{chat}/cancel"),
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 409, "{none}");
+    assert!(none.contains("no_turn_running"), "{none}");
 }

@@ -584,20 +584,52 @@ impl ChatService {
     /// the turn's own stream says when it has stopped.
     async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, Refusal> {
         self.own_chat(caller, chat_id).await?;
-        let running = self.running.lock().await.get(chat_id).cloned();
-        let Some(running) = running else {
-            return Err(Refusal::new(
+        let no_turn = || {
+            Refusal::new(
                 StatusCode::CONFLICT,
                 "no_turn_running",
                 format!("no turn is running in chat {chat_id}"),
-            ));
+            )
         };
-        running.cancel.cancel();
-        tracing::info!(chat = %chat_id, turn = running.turn, user = %caller.user_id, "turn cancel requested");
-        Ok(json_response(
-            StatusCode::ACCEPTED,
-            &json!({"chat_id": chat_id, "turn": running.turn}),
-        ))
+        if let Some(turn) = self.cancel_running(chat_id).await {
+            tracing::info!(chat = %chat_id, turn, user = %caller.user_id, "turn cancel requested");
+            return Ok(json_response(
+                StatusCode::ACCEPTED,
+                &json!({"chat_id": chat_id, "turn": turn}),
+            ));
+        }
+        // Not here: in a cluster, the host whose claim holds the chat runs it.
+        let Some(peers) = self.peers.clone() else {
+            return Err(no_turn());
+        };
+        let store = self.chats.clone();
+        let id = chat_id.to_owned();
+        let holder = blocking(move || store.turn_claim_holder(&id, now_ms())).await?;
+        let Some(holder) = holder.filter(|host| host != peers.host()) else {
+            return Err(no_turn());
+        };
+        let unreachable = |reason: String| {
+            tracing::warn!(chat = %chat_id, host = %holder, %reason, "cannot ask another agentd host to stop a turn");
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!(
+                    "the turn in chat {chat_id} runs on agentd host {holder:?}, which cannot be \
+                     reached ({reason}); try again shortly"
+                ),
+            )
+        };
+        match peers.cancel_on(&holder, chat_id).await {
+            Ok((StatusCode::ACCEPTED, body)) => {
+                tracing::info!(chat = %chat_id, host = %holder, user = %caller.user_id, "turn cancel requested on another agentd host");
+                let answer: serde_json::Value = serde_json::from_slice(&body)
+                    .map_err(|_| unreachable("its answer is not JSON".into()))?;
+                Ok(json_response(StatusCode::ACCEPTED, &answer))
+            }
+            Ok((StatusCode::CONFLICT, _)) => Err(no_turn()),
+            Ok((status, _)) => Err(unreachable(format!("it answered {status}"))),
+            Err(error) => Err(unreachable(error.to_string())),
+        }
     }
 
     async fn bind(

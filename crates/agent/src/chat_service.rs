@@ -87,6 +87,9 @@ pub struct ChatService {
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
     /// This agentd's `cluster.host_id` ("-" on one host), named in its turn claims.
     pub host_id: String,
+    /// In a cluster, the way to the other agentd hosts: a turn one of them runs is stopped
+    /// there (`turn_peers.rs`).
+    pub peers: Option<crate::turn_peers::TurnPeers>,
 }
 
 /// The chat API's refusal for an attachment the store refused, with the status that fits.
@@ -152,7 +155,16 @@ impl ChatService {
             sessions: Default::default(),
             running: Default::default(),
             host_id: "-".to_owned(),
+            peers: None,
         }
+    }
+
+    /// Stops the turn running in `chat_id` on this host: its number, or `None` if none runs
+    /// here. Its stream says when it has stopped.
+    pub(crate) async fn cancel_running(&self, chat_id: &str) -> Option<i64> {
+        let running = self.running.lock().await.get(chat_id).cloned()?;
+        running.cancel.cancel();
+        Some(running.turn)
     }
 
     pub(crate) async fn append(

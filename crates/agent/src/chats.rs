@@ -372,6 +372,20 @@ impl ChatStore {
         Ok(())
     }
 
+    /// The host whose claim on the chat has not expired at `now_ms`, if any: where its
+    /// running turn is.
+    pub fn turn_claim_holder(
+        &self,
+        chat_id: &str,
+        now_ms: i64,
+    ) -> Result<Option<String>, ChatStoreError> {
+        Ok(self.db.conn()?.query_opt(
+            "SELECT host FROM turn_claims WHERE chat_id = ?1 AND expires_at_ms > ?2",
+            &[&chat_id, &now_ms],
+            |r| r.get::<String>(0),
+        )?)
+    }
+
     /// Drops every claim of agentd host `host`: at its start, the turns it ran are gone.
     pub fn release_turn_claims_of(&self, host: &str) -> Result<usize, ChatStoreError> {
         Ok(self

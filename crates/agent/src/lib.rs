@@ -54,6 +54,7 @@ pub mod revocations;
 pub mod sealed;
 pub mod start;
 pub mod turn;
+pub mod turn_peers;
 pub mod workspaced_client;
 
 use crate::catalog::Catalog;
@@ -203,6 +204,7 @@ pub async fn run(
     config: &Config,
     identity: IdentityStore,
     workspaced: workspaced_client::WorkspacedClient,
+    peers: Option<(turn_peers::TurnPeers, async_nats::Subscriber)>,
     public: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -219,6 +221,7 @@ pub async fn run(
         Ok(service) => Some(chat_service::ChatService {
             sessions: sessions.clone(),
             connections_client: connections_client(config),
+            peers: peers.as_ref().map(|(peers, _)| peers.clone()),
             ..service
         }),
         Err(error) => {
@@ -282,6 +285,12 @@ pub async fn run(
         max_body_bytes: 1024 * 1024,
     };
     let public_limits = public_limits(config, &socket_limits);
+    // The other agentd hosts' calls (a turn's cancel), answered from the chat service.
+    let peer_calls = async {
+        if let (Some((peers, calls)), Some(chats)) = (peers, chat_service) {
+            turn_peers::serve(peers, calls, chats, shutdown.clone()).await;
+        }
+    };
     tokio::join!(
         serve_public(
             public,
@@ -290,7 +299,8 @@ pub async fn run(
             shutdown.clone(),
             public_limits
         ),
-        serve(socket, socket_handler, shutdown, socket_limits),
+        serve(socket, socket_handler, shutdown.clone(), socket_limits),
+        peer_calls,
     );
 }
 

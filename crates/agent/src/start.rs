@@ -1,6 +1,6 @@
 //! agentd's start and life as a daemon, in this order: the signal token, `agentd.sock`, the
 //! public listener, the identity store, with `[cluster]` the NATS connection that announces
-//! revoked tokens, READY, serving until shutdown. agentd keeps no
+//! revoked tokens and takes the other agentd hosts' calls, READY, serving until shutdown. agentd keeps no
 //! capability at all (`agentworks_daemon::entry` drops them before any thread exists).
 //!
 //! It must never announce READY before both listeners are taken, the identity store opens and,
@@ -26,6 +26,9 @@ pub enum StartError {
     /// `[agentd] workspaced_host`: that host's workspaced cannot be called.
     #[error("cannot call the workspaced of another host")]
     Workspaced(#[source] crate::workspaced_client::WorkspacedClientError),
+    /// In a cluster: the other agentd hosts' calls cannot be taken.
+    #[error("cannot take calls from the other agentd hosts")]
+    TurnPeers(#[source] crate::turn_peers::TurnPeersError),
 }
 
 /// Runs agentd until SIGTERM/SIGINT.
@@ -54,6 +57,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     } else {
         None
     };
+    // In a cluster, the other agentd hosts ask this one to stop the turns it runs.
+    let peers = match &nats {
+        Some(client) => Some(
+            crate::turn_peers::TurnPeers::join(&config.cluster, client.clone())
+                .await
+                .map_err(StartError::TurnPeers)?,
+        ),
+        None => None,
+    };
     let workspaced = crate::workspaced_client::WorkspacedClient::for_config(&config, nats)
         .await
         .map_err(StartError::Workspaced)?;
@@ -70,7 +82,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
     systemd::notify_ready("serving /mcp and agentd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, identity, workspaced, public, socket, shutdown).await;
+    crate::run(
+        &config, identity, workspaced, peers, public, socket, shutdown,
+    )
+    .await;
     if let Some(announcer) = announcer {
         let _ = announcer.await;
     }

@@ -25,6 +25,33 @@ pub fn peer_subject(host_id: &str) -> String {
 /// subscribe here.
 pub const PEER_SUBJECTS: &str = "agentworks.gateway.*.call";
 
+/// agentd host `host_id` answers the other agentd hosts' calls here (NATS request-reply): a
+/// [`PeerCall`] to [`AGENTD_CANCEL_TURN`] for a turn it runs, answered with a [`PeerAnswer`],
+/// sealed under the cluster's agentd key ([`AGENTD_KEY`]).
+pub fn agentd_subject(host_id: &str) -> String {
+    format!("agentworks.agentd.{host_id}.call")
+}
+
+/// Every host's [`agentd_subject`], for NATS permissions: only agentd users publish and
+/// subscribe here.
+pub const AGENTD_SUBJECTS: &str = "agentworks.agentd.*.call";
+
+/// The name of the cluster key [`agentd_subject`]'s calls are sealed with.
+pub const AGENTD_KEY: &str = "agentd-calls";
+
+/// The one call between agentd hosts: stop the turn running in a chat (body
+/// [`CancelTurn`]); answered 202 `{chat_id, turn}` or 409 `no_turn_running`, as
+/// `POST /v1/chats/{id}/cancel` is.
+pub const AGENTD_CANCEL_TURN: &str = "/v1/turns/cancel";
+
+/// The body of an [`AGENTD_CANCEL_TURN`] call. The calling host has authenticated the chat's
+/// owner; the MAC proves the call comes from a host of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelTurn {
+    pub chat_id: String,
+}
+
 /// The workspaced of cluster host `host_id` answers agentd's calls here (NATS request-reply,
 /// with `[workspaced] serve_cluster`): the same endpoints and bodies as `workspaced.sock`, as a
 /// [`PeerCall`] answered with a [`PeerAnswer`], sealed under the cluster's workspaced key.
