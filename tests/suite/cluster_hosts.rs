@@ -265,6 +265,19 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
         ) == "1"
         },
     );
+    // The binding does not change under a turn running on another host.
+    let (status, _, refused) = http(
+        port_b,
+        "DELETE",
+        &format!("/v1/chats/{chat}/binding"),
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused.contains("turn_running") && refused.contains("gw-test"),
+        "{refused}"
+    );
     // The attack first: cancels published straight on A's subject by someone without the
     // cluster's agentd key (none, or another key) stop nothing.
     let (_, nats) = stack.cluster.as_ref().unwrap();
@@ -317,4 +330,14 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
     );
     assert_eq!(status, 409, "{none}");
     assert!(none.contains("no_turn_running"), "{none}");
+    // And with no turn running, B changes the binding.
+    let (status, _, unbound) = http(
+        port_b,
+        "DELETE",
+        &format!("/v1/chats/{chat}/binding"),
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 200, "{unbound}");
+    assert!(unbound.contains("\"binding\":null"), "{unbound}");
 }

@@ -715,14 +715,39 @@ impl ChatService {
         if running.contains_key(chat_id) {
             return Err(turn_running(chat_id));
         }
+        // Across hosts too: the change holds the chat's claim while it writes, as a turn does,
+        // so it is refused while a turn runs on another host and no turn starts there
+        // meanwhile.
         let store = self.chats.clone();
-        let id = chat_id.to_owned();
-        let chat = blocking(move || {
-            store.set_binding(&id, binding.as_ref().map(|(d, f)| (d.as_str(), f.as_str())))
+        let (id, host) = (chat_id.to_owned(), self.host_id.clone());
+        let claim = hex::encode(rand::random::<[u8; 16]>());
+        let changed = blocking(move || {
+            let now = now_ms();
+            if let Some(holder) = store.claim_turn(&id, &claim, &host, now, now + TURN_CLAIM_MS)? {
+                return Ok::<_, ChatStoreError>(Err(holder));
+            }
+            let chat =
+                store.set_binding(&id, binding.as_ref().map(|(d, f)| (d.as_str(), f.as_str())));
+            let released = store.release_turn_claim(&id, &claim);
+            let chat = chat?;
+            released?;
+            Ok(Ok(chat))
         })
         .await?;
         drop(running);
-        let chat = chat.ok_or_else(|| no_chat(chat_id))?;
+        let chat = match changed {
+            Ok(chat) => chat.ok_or_else(|| no_chat(chat_id))?,
+            Err(holder) => {
+                return Err(Refusal::new(
+                    StatusCode::CONFLICT,
+                    "turn_running",
+                    format!(
+                        "a turn is running in chat {chat_id} on agentd host {holder:?}; wait for \
+                         it to end and try again"
+                    ),
+                ));
+            }
+        };
         tracing::info!(chat = %chat_id, bound = chat.binding.is_some(), "chat binding changed");
         Ok(json_response(StatusCode::OK, &chat))
     }
