@@ -265,7 +265,20 @@ impl Database {
                 .and_then(|mut begin| begin.execute([]))
                 .map_err(DbError::from)?;
         }
-        let result = work(&mut conn);
+        // A panic in `work` must not leave the shared connection inside the transaction (every
+        // later statement would run in it, never committed): end it, then pass the panic on.
+        let result =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut conn))) {
+                Ok(result) => result,
+                Err(panic) => {
+                    if let Conn::Sqlite(c) = &conn
+                        && !c.is_autocommit()
+                    {
+                        let _ = c.execute_batch("ROLLBACK");
+                    }
+                    std::panic::resume_unwind(panic)
+                }
+            };
         if let Conn::Sqlite(c) = &conn
             && !c.is_autocommit()
         {
@@ -522,6 +535,38 @@ mod tests {
             Err(DbError::BarePlaceholder)
         ));
         assert!(matches!(postgres_sql("SELECT 1"), Ok(Cow::Borrowed(_))));
+    }
+
+    /// A read is one transaction that ends, also when its work fails or panics: the next
+    /// write on the shared connection is committed and seen by another connection.
+    #[test]
+    fn a_read_transaction_always_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let schema = "CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, n INTEGER NOT NULL);";
+        let db = Database::open_sqlite(&path, schema).unwrap();
+        let count = |db: &Database| -> i64 {
+            db.conn()
+                .unwrap()
+                .query_one("SELECT count(*) FROM t", &[], |r| r.get(0))
+                .unwrap()
+        };
+        let read: Result<i64, DbError> =
+            db.read(|c| c.query_one("SELECT count(*) FROM t", &[], |r| r.get::<i64>(0)));
+        assert_eq!(read.unwrap(), 0);
+        let failed: Result<i64, DbError> =
+            db.read(|c| c.query_one("SELECT n FROM t WHERE id = 'none'", &[], |r| r.get(0)));
+        assert!(matches!(failed, Err(DbError::NoRow)), "{failed:?}");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<(), DbError> = db.read(|_| panic!("a bug in a read"));
+        }));
+        assert!(panicked.is_err());
+        db.conn()
+            .unwrap()
+            .execute("INSERT INTO t (id, n) VALUES (?1, ?2)", &[&"a", &1i64])
+            .unwrap();
+        let other = Database::open_sqlite(&path, schema).unwrap();
+        assert_eq!(count(&other), 1, "the write after the reads was committed");
     }
 
     #[test]
