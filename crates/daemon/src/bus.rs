@@ -274,6 +274,23 @@ pub async fn answer(
         .map_err(|e| e.to_string())
 }
 
+/// [`answer`] with a socket's response: its status and its whole body, as the socket would
+/// have sent them.
+pub async fn answer_response(
+    client: &async_nats::Client,
+    key: &BusKey,
+    reply: String,
+    response: hyper::Response<crate::ipc::envelope::Body>,
+) -> Result<(), String> {
+    use http_body_util::BodyExt;
+    let status = response.status();
+    let body = match response.into_body().collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    answer(client, key, reply, status, &body).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::StatusCode;
 use tokio_util::sync::CancellationToken;
 
@@ -158,12 +157,7 @@ async fn answer(gateway: Gateway, peers: Peers, opened: OpenedCall) {
     tracing::debug!(origin = %call.origin, path = %call.path, "a peer call");
     let body = Bytes::from(call.body);
     let response = crate::dispatch::serve_peer_call(&gateway, &call.path, &body).await;
-    let status = response.status();
-    let body = match response.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
-    };
-    if let Err(error) = bus::answer(&peers.client, &peers.key, reply, status, &body).await {
+    if let Err(error) = bus::answer_response(&peers.client, &peers.key, reply, response).await {
         tracing::warn!(%error, origin = %call.origin, "cannot answer a peer call");
     }
 }

@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::Method;
 use tokio_util::sync::CancellationToken;
 
@@ -114,12 +113,7 @@ async fn answer(
     };
     let (parts, ()) = request.into_parts();
     let response = crate::server::route(workspace, parts, Bytes::from(call.body)).await;
-    let status = response.status();
-    let body = match response.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
-    };
-    if let Err(error) = bus::answer(&client, &key, reply, status, &body).await {
+    if let Err(error) = bus::answer_response(&client, &key, reply, response).await {
         tracing::warn!(%error, origin = %call.origin, "cannot answer agentd's call");
     }
 }
