@@ -456,7 +456,7 @@ impl ChatService {
         // a refused turn takes no number.
         let store = self.chats.clone();
         let (id, host) = (chat_id.to_owned(), self.host_id.clone());
-        let claim = hex::encode(rand::random::<[u8; 16]>());
+        let claim = new_claim();
         let mine = claim.clone();
         let claimed = blocking(move || {
             let now = now_ms();
@@ -474,16 +474,7 @@ impl ChatService {
         .await?;
         let (chat, turn) = match claimed {
             Ok(numbered) => numbered,
-            Err(holder) => {
-                return Err(Refusal::new(
-                    StatusCode::CONFLICT,
-                    "turn_running",
-                    format!(
-                        "a turn is running in chat {chat_id} on agentd host {holder:?}; wait for \
-                         it to end and try again"
-                    ),
-                ));
-            }
+            Err(holder) => return Err(turn_running_on(chat_id, &holder)),
         };
         let Some(chat) = chat else {
             self.release_claim(chat_id, &claim).await;
@@ -584,29 +575,19 @@ impl ChatService {
     /// the turn's own stream says when it has stopped.
     async fn cancel(&self, caller: &Caller, chat_id: &str) -> Result<Response<Body>, Refusal> {
         self.own_chat(caller, chat_id).await?;
-        let no_turn = || {
-            Refusal::new(
-                StatusCode::CONFLICT,
-                "no_turn_running",
-                format!("no turn is running in chat {chat_id}"),
-            )
-        };
         if let Some(turn) = self.cancel_running(chat_id).await {
             tracing::info!(chat = %chat_id, turn, user = %caller.user_id, "turn cancel requested");
-            return Ok(json_response(
-                StatusCode::ACCEPTED,
-                &json!({"chat_id": chat_id, "turn": turn}),
-            ));
+            return Ok(cancel_accepted(chat_id, turn));
         }
         // Not here: in a cluster, the host whose claim holds the chat runs it.
         let Some(peers) = self.peers.clone() else {
-            return Err(no_turn());
+            return Err(no_turn_running(chat_id));
         };
         let store = self.chats.clone();
         let id = chat_id.to_owned();
         let holder = blocking(move || store.turn_claim_holder(&id, now_ms())).await?;
         let Some(holder) = holder.filter(|host| host != peers.host()) else {
-            return Err(no_turn());
+            return Err(no_turn_running(chat_id));
         };
         let unreachable = |reason: String| {
             tracing::warn!(chat = %chat_id, host = %holder, %reason, "cannot ask another agentd host to stop a turn");
@@ -622,11 +603,13 @@ impl ChatService {
         match peers.cancel_on(&holder, chat_id).await {
             Ok((StatusCode::ACCEPTED, body)) => {
                 tracing::info!(chat = %chat_id, host = %holder, user = %caller.user_id, "turn cancel requested on another agentd host");
-                let answer: serde_json::Value = serde_json::from_slice(&body)
-                    .map_err(|_| unreachable("its answer is not JSON".into()))?;
-                Ok(json_response(StatusCode::ACCEPTED, &answer))
+                let turn = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|answer| answer["turn"].as_i64())
+                    .ok_or_else(|| unreachable("its answer names no turn".into()))?;
+                Ok(cancel_accepted(chat_id, turn))
             }
-            Ok((StatusCode::CONFLICT, _)) => Err(no_turn()),
+            Ok((StatusCode::CONFLICT, _)) => Err(no_turn_running(chat_id)),
             Ok((status, _)) => Err(unreachable(format!("it answered {status}"))),
             Err(error) => Err(unreachable(error.to_string())),
         }
@@ -720,7 +703,7 @@ impl ChatService {
         // meanwhile.
         let store = self.chats.clone();
         let (id, host) = (chat_id.to_owned(), self.host_id.clone());
-        let claim = hex::encode(rand::random::<[u8; 16]>());
+        let claim = new_claim();
         let changed = blocking(move || {
             let now = now_ms();
             if let Some(holder) = store.claim_turn(&id, &claim, &host, now, now + TURN_CLAIM_MS)? {
@@ -737,16 +720,7 @@ impl ChatService {
         drop(running);
         let chat = match changed {
             Ok(chat) => chat.ok_or_else(|| no_chat(chat_id))?,
-            Err(holder) => {
-                return Err(Refusal::new(
-                    StatusCode::CONFLICT,
-                    "turn_running",
-                    format!(
-                        "a turn is running in chat {chat_id} on agentd host {holder:?}; wait for \
-                         it to end and try again"
-                    ),
-                ));
-            }
+            Err(holder) => return Err(turn_running_on(chat_id, &holder)),
         };
         tracing::info!(chat = %chat_id, bound = chat.binding.is_some(), "chat binding changed");
         Ok(json_response(StatusCode::OK, &chat))
@@ -861,6 +835,40 @@ fn turn_running(chat_id: &str) -> Refusal {
         "turn_running",
         format!("a turn is running in chat {chat_id}; wait for it to end and try again"),
     )
+}
+
+/// [`turn_running`] for a turn another agentd host runs (its claim names `host`).
+fn turn_running_on(chat_id: &str, host: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::CONFLICT,
+        "turn_running",
+        format!(
+            "a turn is running in chat {chat_id} on agentd host {host:?}; wait for it to end and \
+             try again"
+        ),
+    )
+}
+
+/// The cancel endpoint's 409, here or asked by another host (`turn_peers.rs`).
+pub(crate) fn no_turn_running(chat_id: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::CONFLICT,
+        "no_turn_running",
+        format!("no turn is running in chat {chat_id}"),
+    )
+}
+
+/// The cancel endpoint's 202 for turn number `turn`.
+pub(crate) fn cancel_accepted(chat_id: &str, turn: i64) -> Response<Body> {
+    json_response(
+        StatusCode::ACCEPTED,
+        &json!({"chat_id": chat_id, "turn": turn}),
+    )
+}
+
+/// A fresh id for a claim on a chat ([`crate::chats::ChatStore::claim_turn`]).
+fn new_claim() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
 }
 
 /// The `text/event-stream` response carrying a turn's events, each sent to the caller as soon

@@ -205,8 +205,7 @@ impl FileTools {
         let identity = self.identity.clone();
         let caller = caller.clone();
         let workflow = workflow_id.to_owned();
-        let store = identity.clone();
-        store
+        self.identity
             .read_soon(move || -> Result<Option<(Project, Access)>, ToolError> {
                 let store_err = |e: crate::identity::IdentityError| unavailable(e);
                 let Some((token, user, project)) = identity

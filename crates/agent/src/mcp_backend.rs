@@ -74,8 +74,8 @@ impl OperationRunner for AgentBackend {
         // call itself still resolves the project's full access (policy, caps) every time.
         let identity = self.identity.clone();
         let caller = caller.clone();
-        let store = identity.clone();
-        let capabilities = store
+        let capabilities = self
+            .identity
             .read_soon(move || identity.token_capabilities(&caller.token_id, &caller.user_id))
             .await;
         let Ok(Ok((member, author))) = capabilities else {

@@ -25,7 +25,9 @@ use agentworks_daemon::bus::{self, BusError, BusKey, OpenedCall};
 use agentworks_daemon::config::ClusterConfig;
 use agentworks_support::clock::now_ms;
 
+use crate::chat_api::{cancel_accepted, no_turn_running};
 use crate::chat_service::ChatService;
+use agentworks_daemon::ipc::envelope::Refusal;
 
 /// How long a host waits for another to answer a cancel: it only looks up a map.
 pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -144,31 +146,19 @@ pub async fn serve(
 /// Stops the turn a call names, if it runs here, and answers as the cancel endpoint does.
 async fn answer(peers: TurnPeers, chats: ChatService, opened: OpenedCall) {
     let OpenedCall { call, reply } = opened;
-    let (status, body) = match serde_json::from_str::<CancelTurn>(&call.body) {
+    let response = match serde_json::from_str::<CancelTurn>(&call.body) {
         Ok(CancelTurn { chat_id }) => match chats.cancel_running(&chat_id).await {
             Some(turn) => {
                 tracing::info!(chat = %chat_id, turn, origin = %call.origin, "turn cancel requested by another agentd host");
-                (
-                    StatusCode::ACCEPTED,
-                    serde_json::json!({"chat_id": chat_id, "turn": turn}),
-                )
+                cancel_accepted(&chat_id, turn)
             }
-            None => (
-                StatusCode::CONFLICT,
-                serde_json::json!({"error": {
-                    "code": "no_turn_running",
-                    "message": format!("no turn is running in chat {chat_id}"),
-                }}),
-            ),
+            None => no_turn_running(&chat_id).into_response(),
         },
-        Err(_) => (
-            StatusCode::BAD_REQUEST,
-            serde_json::json!({"error": {"code": "invalid_request", "message": "not a cancel"}}),
-        ),
+        Err(_) => {
+            Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", "not a cancel").into_response()
+        }
     };
-    let body = body.to_string();
-    if let Err(error) = bus::answer(&peers.client, &peers.key, reply, status, body.as_bytes()).await
-    {
+    if let Err(error) = bus::answer_response(&peers.client, &peers.key, reply, response).await {
         tracing::warn!(%error, origin = %call.origin, "cannot answer another agentd host's call");
     }
 }

@@ -934,8 +934,11 @@ impl IdentityStore {
         let store = self.clone();
         let presented = presented.to_owned();
         let resource = resource.map(str::to_owned);
-        let db = self.db.clone();
-        match db.read_soon(move || store.authenticate(&presented)).await {
+        match self
+            .db
+            .read_soon(move || store.authenticate(&presented))
+            .await
+        {
             Ok(Ok(Ok((token, _))))
                 if token
                     .audience
