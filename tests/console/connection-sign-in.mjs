@@ -24,11 +24,16 @@ const browser = await chromium.launch({
     '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 });
 let failed = null;
+let page = null;
+// What the browser showed and asked for, printed with a failure (a timeout alone says nothing).
+const answers = [];
 try {
   // The test server's certificate comes from the test's own CA, which this browser does not
   // know: only that server is reached over https.
   const context = await browser.newContext({ viewport: { width: 1100, height: 900 }, ignoreHTTPSErrors: true });
-  const page = await context.newPage();
+  page = await context.newPage();
+  page.on('response', (r) => { if (r.url().includes('/v1/')) answers.push(`${r.request().method()} ${new URL(r.url()).pathname} ${r.status()}`); });
+  page.on('console', (m) => { if (m.type() === 'error') answers.push(`console error: ${m.text()}`); });
   const visited = [];
   page.on('request', (r) => { if (r.isNavigationRequest()) visited.push(r.url()); });
   await page.goto(config.chat_url);
@@ -54,6 +59,13 @@ try {
   if (config.shot) await page.screenshot({ path: config.shot, fullPage: true });
 } catch (e) {
   failed = e;
+  if (page) {
+    try {
+      const shown = await page.evaluate(() => document.body.innerText);
+      failed.message += `\nat ${page.url()}\npage text: ${shown.replace(/\s+/g, ' ').slice(0, 600)}`;
+    } catch (e2) { failed.message += `\n(page state unreadable: ${e2.message})`; }
+  }
+  failed.message += `\nanswers: ${answers.join(', ')}`;
 }
 await browser.close();
 if (failed) {
