@@ -74,6 +74,7 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
 
     // Everything made through agentd A.
     let alice = user(&stack, "alice");
+    a_device_login_moves_between_hosts(&stack, port_b);
     code_project(&stack, "app", "alice", &[]);
     let connect = stack.token("alice", &["devices:connect"], json!({}));
     let laptop = Laptop::new("aw-two-hosts-", &[("src/repo/a.txt", "from the laptop\n")]);
@@ -341,3 +342,50 @@ fn a_chat_on_agentd_a_runs_on_a_laptop_connected_to_gateway_b_and_reads_back_thr
     assert_eq!(status, 200, "{unbound}");
     assert!(unbound.contains("\"binding\":null"), "{unbound}");
 }
+
+/// `agentworks login` with each step on another agentd host, as behind a load balancer: the
+/// code comes from B, B and A both answer the polls, A's operator approves it, A mints the
+/// token, and B then refuses the code as used. Held in one host's memory, A's approval found
+/// no such login.
+fn a_device_login_moves_between_hosts(stack: &Stack, port_b: u16) {
+    use super::device_login::form_value;
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let (status, _, text) = http(
+        port_b,
+        "POST",
+        "/v1/device/code",
+        &form,
+        "device_name=roaming",
+    );
+    assert_eq!(status, 200, "{text}");
+    let code: Value = serde_json::from_str(&text).unwrap();
+    let poll = |port: u16| {
+        let body = format!(
+            "grant_type={}&device_code={}",
+            form_value("urn:ietf:params:oauth:grant-type:device_code"),
+            code["device_code"].as_str().unwrap()
+        );
+        let (status, _, text) = http(port, "POST", "/v1/device/token", &form, &body);
+        (status, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    let (status, pending) = poll(stack.port);
+    assert_eq!(status, 400);
+    assert_eq!(pending["error"], "authorization_pending", "{pending}");
+    let approved = stack.admin(
+        "login/approve",
+        json!({"user_code": code["user_code"], "user": "alice"}),
+    );
+    assert_eq!(approved["approved"], true, "{approved}");
+    std::thread::sleep(Duration::from_millis(DEVICE_POLL_GAP_MS));
+    let (status, granted) = poll(stack.port);
+    assert_eq!(status, 200, "{granted}");
+    let (status, used) = poll(port_b);
+    assert_eq!(status, 400);
+    assert_eq!(used["error"], "invalid_grant", "{used}");
+    let tokens = super::device_login::login_tokens(stack);
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
+    assert_eq!(tokens[0]["label"], "agentworks login: roaming");
+}
+
+/// Longer than half the polling interval, so a poll is not answered `slow_down`.
+const DEVICE_POLL_GAP_MS: u64 = 1_100;

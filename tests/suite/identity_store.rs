@@ -29,6 +29,7 @@ on_postgres!(
     oauth_codes_and_refresh_tokens_work_once,
     racing_hosts_redeem_a_code_once_and_take_a_name_once,
     accounts_codes_and_sessions,
+    device_logins_are_decided_once_and_redeemed_once,
 );
 
 /// Hosts starting together on an empty database: each migration is applied once, and all of
@@ -51,7 +52,13 @@ fn hosts_starting_together_migrate_the_schema_once() {
         assert!(store.user_by_name("alice").unwrap().is_some());
     }
     let applied = server.psql("agentworks", "SELECT count(*) FROM agentd.identity_schema");
-    assert_eq!(applied.trim(), "1", "migration 1 recorded once");
+    assert_eq!(
+        applied.trim(),
+        agentworks_agent::identity::store::POSTGRES_MIGRATIONS
+            .len()
+            .to_string(),
+        "each migration recorded once"
+    );
     let tables = server.psql(
         "agentworks",
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'agentd' AND table_name = 'users'",

@@ -88,7 +88,6 @@ pub struct Admin {
     pub public_url: String,
     pub identity: IdentityStore,
     pub workspaced: crate::workspaced_client::WorkspacedClient,
-    pub grants: crate::device::DeviceGrants,
     pub policy: std::sync::Arc<SocketPolicy>,
     /// The operator's MCP sign-in apps (`None` when the chat side could not open its stores).
     pub mcp_apps: Option<crate::mcp_apps::McpApps>,
@@ -412,21 +411,30 @@ impl Admin {
     async fn approve_login(&self, body: &Bytes) -> Result<Response<Body>, Refusal> {
         let id = self.identity.clone();
         let r: ApproveLoginRequest = decode(body)?;
-        let grants = self.grants.clone();
         blocking(move || {
             id.user_by_name(&r.user)?.ok_or(IdentityError::NotFound {
                 kind: "user",
                 name: r.user.clone(),
             })?;
-            match grants.decide(&r.user_code, &r.user, true) {
+            match id.decide_device_login(
+                &r.user_code,
+                &r.user,
+                true,
+                agentworks_support::clock::now_ms(),
+            )? {
                 Ok(_) => Ok(json!({"approved": true, "user": r.user})),
-                Err(crate::device::DecideError::NotFound) => Err(IdentityError::NotFound {
-                    kind: "pending login",
-                    name: r.user_code,
-                }),
-                Err(crate::device::DecideError::AlreadyDecided) => Err(IdentityError::Invalid(
-                    format!("the login {} was already approved or denied", r.user_code),
-                )),
+                Err(crate::identity::device_logins::DecideError::NotFound) => {
+                    Err(IdentityError::NotFound {
+                        kind: "pending login",
+                        name: r.user_code,
+                    })
+                }
+                Err(crate::identity::device_logins::DecideError::AlreadyDecided) => {
+                    Err(IdentityError::Invalid(format!(
+                        "the login {} was already approved or denied",
+                        r.user_code
+                    )))
+                }
             }
         })
         .await

@@ -11,366 +11,30 @@
 //! a laptop credential. Only then is a token minted, with the exclusive `devices:connect` scope
 //! and nothing else.
 //!
-//! Pending grants live in memory for ten minutes: a restarted agentd forgets them and the CLI
-//! simply asks again. A device code is a 256-bit secret; a user code is short, typed by a
-//! person, and useless without the device code that polls for it.
+//! Logins in progress are rows of the identity store (`identity::device_logins`), so in a
+//! cluster the code, the polls and the approval may each reach a different agentd host. A
+//! device code is a 256-bit secret; a user code is short, typed by a person, and useless
+//! without the device code that polls for it.
 
-use crate::identity::store::TokenRequest;
-use crate::identity::{IdentityError, IdentityStore, Scope, TokenCheckError};
+use crate::identity::device_logins::{
+    DEVICE_LOGIN_TTL_MS, DEVICE_POLL_INTERVAL_MS, DecideError, DevicePoll,
+};
+use crate::identity::store::now_ms;
+use crate::identity::{IdentityStore, Scope, TokenCheckError};
 use serde::Deserialize;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// How long a device code stays valid.
-pub const GRANT_LIFETIME: Duration = Duration::from_secs(600);
-/// The polling interval the CLI is told to keep (RFC 8628 §3.2).
-pub const POLL_INTERVAL_SECS: u64 = 2;
-/// User codes: 8 characters from an alphabet without look-alikes, shown as XXXX-XXXX.
-const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 
 pub use agentworks_contract::public_api::DeviceCode;
 
-/// Why a decision on a user code was not taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DecideError {
-    #[error("no pending login has that code (it may have expired)")]
-    NotFound,
-    #[error("that login was already approved or denied")]
-    AlreadyDecided,
-}
-
-/// A live, undecided grant as the approval page shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingLogin {
-    pub user_code: String,
-    /// The device's name as the CLI reported it (untrusted text).
-    pub label: String,
-    pub expires_in: Duration,
-}
-
-/// RFC 8628 §3.5 token answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TokenPoll {
-    Granted {
-        access_token: String,
-        token_id: String,
-    },
-    Pending,
-    SlowDown,
-    Denied,
-    Expired,
-    Invalid,
-}
-
-#[derive(Debug)]
-struct Grant {
-    user_code: String,
-    label: String,
-    created: Instant,
-    last_poll: Option<Instant>,
-    /// Set once approved: the user it was approved for.
-    approved_for: Option<String>,
-    denied: bool,
-    /// Set once the token was handed out: a device code is redeemed once.
-    redeemed: bool,
-}
-
-impl Grant {
-    /// Not expired and not yet redeemed.
-    fn live(&self) -> bool {
-        self.created.elapsed() < GRANT_LIFETIME && !self.redeemed
-    }
-
-    fn decided(&self) -> bool {
-        self.approved_for.is_some() || self.denied
-    }
-}
-
-/// The pending grants, shared by the HTTP handlers.
-#[derive(Clone, Default)]
-pub struct DeviceGrants {
-    inner: Arc<Mutex<HashMap<String, Grant>>>,
-}
-
-fn random_user_code() -> String {
-    let bytes: [u8; 8] = rand::random();
-    let chars: String = bytes
-        .iter()
-        .map(|b| USER_CODE_ALPHABET[*b as usize % USER_CODE_ALPHABET.len()] as char)
-        .collect();
-    format!("{}-{}", &chars[..4], &chars[4..])
-}
-
-/// Normalise what a person typed: case and the dash do not matter.
-pub fn normalise_user_code(raw: &str) -> String {
-    let letters: String = raw
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_uppercase())
-        .collect();
-    if letters.len() == 8 {
-        format!("{}-{}", &letters[..4], &letters[4..])
-    } else {
-        letters
-    }
-}
-
-impl DeviceGrants {
-    fn grants(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Start a grant. `label` (the device's name as the CLI reported it) ends up on the token.
-    pub fn start(&self, public_url: &str, label: &str) -> DeviceCode {
-        let device_code = hex::encode(rand::random::<[u8; 32]>());
-        let mut grants = self.grants();
-        grants.retain(|_, g| g.created.elapsed() < GRANT_LIFETIME);
-        let mut user_code = random_user_code();
-        while grants.values().any(|g| g.user_code == user_code) {
-            user_code = random_user_code();
-        }
-        grants.insert(
-            device_code.clone(),
-            Grant {
-                user_code: user_code.clone(),
-                label: label.chars().take(64).collect(),
-                created: Instant::now(),
-                last_poll: None,
-                approved_for: None,
-                denied: false,
-                redeemed: false,
-            },
-        );
-        let verification_uri = format!("{public_url}{APPROVE_PATH}");
-        DeviceCode {
-            verification_uri_complete: Some(format!("{verification_uri}?user_code={user_code}")),
-            verification_uri,
-            device_code,
-            user_code,
-            expires_in: GRANT_LIFETIME.as_secs(),
-            interval: POLL_INTERVAL_SECS,
-        }
-    }
-
-    /// The live grant with this user code that nobody decided yet, if any.
-    pub fn lookup(&self, user_code: &str) -> Option<PendingLogin> {
-        let code = normalise_user_code(user_code);
-        let grants = self.grants();
-        let grant = grants.values().find(|g| g.user_code == code && g.live())?;
-        if grant.decided() {
-            return None;
-        }
-        Some(PendingLogin {
-            user_code: grant.user_code.clone(),
-            label: grant.label.clone(),
-            expires_in: GRANT_LIFETIME.saturating_sub(grant.created.elapsed()),
-        })
-    }
-
-    /// Approve (or deny) the grant with this user code for `user`, once: the device's label on
-    /// success. A second decision fails, so a denial cannot be turned into an approval (nor the
-    /// approving user swapped) afterwards.
-    pub fn decide(
-        &self,
-        user_code: &str,
-        user: &str,
-        approve: bool,
-    ) -> Result<String, DecideError> {
-        let code = normalise_user_code(user_code);
-        let mut grants = self.grants();
-        let grant = grants
-            .values_mut()
-            .find(|g| g.user_code == code && g.live())
-            .ok_or(DecideError::NotFound)?;
-        if grant.decided() {
-            return Err(DecideError::AlreadyDecided);
-        }
-        if approve {
-            grant.approved_for = Some(user.to_owned());
-        } else {
-            grant.denied = true;
-        }
-        Ok(grant.label.clone())
-    }
-
-    /// Makes every grant `by` older (tests of expiry).
-    #[cfg(test)]
-    fn age(&self, by: Duration) {
-        for grant in self.grants().values_mut() {
-            grant.created = grant.created.checked_sub(by).expect("an earlier instant");
-        }
-    }
-
-    /// One poll by the CLI. Mints the token (once) when the grant was approved.
-    pub fn poll(
-        &self,
-        device_code: &str,
-        identity: &IdentityStore,
-    ) -> Result<TokenPoll, IdentityError> {
-        let (user, label) = {
-            let mut grants = self.grants();
-            let Some(grant) = grants.get_mut(device_code) else {
-                return Ok(TokenPoll::Invalid);
-            };
-            if grant.created.elapsed() >= GRANT_LIFETIME {
-                grants.remove(device_code);
-                return Ok(TokenPoll::Expired);
-            }
-            if grant.denied {
-                grants.remove(device_code);
-                return Ok(TokenPoll::Denied);
-            }
-            let too_fast = grant
-                .last_poll
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(POLL_INTERVAL_SECS) / 2);
-            grant.last_poll = Some(Instant::now());
-            let Some(user) = grant.approved_for.clone() else {
-                return Ok(if too_fast {
-                    TokenPoll::SlowDown
-                } else {
-                    TokenPoll::Pending
-                });
-            };
-            if grant.redeemed {
-                return Ok(TokenPoll::Invalid);
-            }
-            grant.redeemed = true;
-            (user, grant.label.clone())
-        };
-        let minted = identity.create_token(&TokenRequest {
-            user,
-            label: if label.is_empty() {
-                "agentworks login".into()
-            } else {
-                format!("agentworks login: {label}")
-            },
-            scopes: vec![Scope::DevicesConnect],
-            ..TokenRequest::default()
-        });
-        self.grants().remove(device_code);
-        let (info, token) = minted?;
-        Ok(TokenPoll::Granted {
-            access_token: token,
-            token_id: info.id,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_code_is_granted_once_after_approval_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
-        identity.add_user("alice").unwrap();
-        let grants = DeviceGrants::default();
-        let start = grants.start("http://x", "laptop");
-        assert_eq!(start.user_code.len(), 9);
-        assert_eq!(
-            grants.poll(&start.device_code, &identity).unwrap(),
-            TokenPoll::Pending
-        );
-        assert_eq!(
-            grants.poll(&start.device_code, &identity).unwrap(),
-            TokenPoll::SlowDown
-        );
-        assert_eq!(
-            grants.decide("WRONG-CODE", "alice", true),
-            Err(DecideError::NotFound)
-        );
-        assert_eq!(
-            grants.decide(
-                &start.user_code.to_lowercase().replace('-', ""),
-                "alice",
-                true
-            ),
-            Ok("laptop".to_owned())
-        );
-        let TokenPoll::Granted { access_token, .. } =
-            grants.poll(&start.device_code, &identity).unwrap()
-        else {
-            panic!("expected a token");
-        };
-        let (info, _) = identity.authenticate(&access_token).unwrap().unwrap();
-        assert_eq!(info.scopes, vec![Scope::DevicesConnect]);
-        assert_eq!(
-            grants.poll(&start.device_code, &identity).unwrap(),
-            TokenPoll::Invalid,
-            "redeemed once"
-        );
-        assert_eq!(grants.poll("nope", &identity).unwrap(), TokenPoll::Invalid);
-    }
-
-    #[test]
-    fn a_denied_code_never_grants() {
-        let dir = tempfile::tempdir().unwrap();
-        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
-        let grants = DeviceGrants::default();
-        let start = grants.start("http://x", "");
-        assert_eq!(
-            grants.decide(&start.user_code, "alice", false),
-            Ok(String::new())
-        );
-        assert_eq!(
-            grants.decide(&start.user_code, "alice", true),
-            Err(DecideError::AlreadyDecided),
-            "a denial is final"
-        );
-        assert_eq!(
-            grants.poll(&start.device_code, &identity).unwrap(),
-            TokenPoll::Denied
-        );
-    }
-
-    #[test]
-    fn a_pending_code_is_looked_up_until_it_is_decided() {
-        let grants = DeviceGrants::default();
-        let start = grants.start("http://x", "<b>laptop</b>");
-        let found = grants
-            .lookup(&start.user_code.to_lowercase())
-            .expect("pending");
-        assert_eq!(found.user_code, start.user_code);
-        assert_eq!(found.label, "<b>laptop</b>", "the label is kept as given");
-        assert!(found.expires_in <= GRANT_LIFETIME);
-        assert!(found.expires_in > GRANT_LIFETIME - Duration::from_secs(60));
-        // Vowels are not in the alphabet: no grant can have this code.
-        assert_eq!(grants.lookup("AAAA-AAAA"), None);
-        assert_eq!(
-            grants.decide(&start.user_code, "alice", true),
-            Ok("<b>laptop</b>".into())
-        );
-        assert_eq!(grants.lookup(&start.user_code), None, "decided");
-        assert_eq!(
-            grants.decide(&start.user_code, "mallory", true),
-            Err(DecideError::AlreadyDecided),
-            "the approving user cannot be swapped"
-        );
-        assert_eq!(
-            grants.decide(&start.user_code, "alice", false),
-            Err(DecideError::AlreadyDecided),
-            "nor the approval turned into a denial"
-        );
-    }
-
-    #[test]
-    fn an_expired_code_is_neither_found_nor_decided() {
-        let dir = tempfile::tempdir().unwrap();
-        let identity = IdentityStore::open(&dir.path().join("a.db")).unwrap();
-        let grants = DeviceGrants::default();
-        let start = grants.start("http://x", "laptop");
-        grants.age(GRANT_LIFETIME);
-        assert_eq!(grants.lookup(&start.user_code), None);
-        assert_eq!(
-            grants.decide(&start.user_code, "alice", true),
-            Err(DecideError::NotFound)
-        );
-        assert_eq!(
-            grants.poll(&start.device_code, &identity).unwrap(),
-            TokenPoll::Expired
-        );
+/// The answer to `POST /v1/device/code` for a login just started.
+fn device_code_answer(public_url: &str, device_code: String, user_code: String) -> DeviceCode {
+    let verification_uri = format!("{public_url}{APPROVE_PATH}");
+    DeviceCode {
+        verification_uri_complete: Some(format!("{verification_uri}?user_code={user_code}")),
+        verification_uri,
+        device_code,
+        user_code,
+        expires_in: (DEVICE_LOGIN_TTL_MS / 1000) as u64,
+        interval: (DEVICE_POLL_INTERVAL_MS / 1000) as u64,
     }
 }
 
@@ -412,7 +76,7 @@ fn yes() -> bool {
 
 /// RFC 6749 §5.2 error answers (what OAuth clients expect here, not our envelope).
 /// The store could not answer: 503 `temporarily_unavailable`.
-fn store_unavailable(error: impl std::fmt::Display) -> Response<Body> {
+pub(crate) fn store_unavailable(error: impl std::fmt::Display) -> Response<Body> {
     oauth_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "temporarily_unavailable",
@@ -421,7 +85,7 @@ fn store_unavailable(error: impl std::fmt::Display) -> Response<Body> {
 }
 
 /// The blocking task that reads the store failed: 500 `server_error`.
-fn server_error(error: impl std::fmt::Display) -> Response<Body> {
+pub(crate) fn server_error(error: impl std::fmt::Display) -> Response<Body> {
     oauth_error(
         StatusCode::INTERNAL_SERVER_ERROR,
         "server_error",
@@ -465,7 +129,6 @@ pub const APPROVE_PATH: &str = "/v1/device/approve";
 /// Route `/v1/device/*`; `None` for other paths. `GET /v1/device/approve` is the approval page
 /// (HTML, the console's security headers); `POST` there takes a `devices:approve` bearer.
 pub async fn handle_public(
-    grants: &DeviceGrants,
     identity: &IdentityStore,
     public_url: &str,
     parts: &hyper::http::request::Parts,
@@ -506,11 +169,11 @@ pub async fn handle_public(
         .get(hyper::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     Some(match path {
-        "/v1/device/code" => device_code(grants, public_url, content_type, body),
-        "/v1/device/token" => device_token(grants, identity, content_type, body).await,
+        "/v1/device/code" => device_code(identity, public_url, content_type, body).await,
+        "/v1/device/token" => device_token(identity, content_type, body).await,
         // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
         "/v1/device/revoke" => device_revoke(identity, parts).await,
-        APPROVE_PATH => device_approve(grants, identity, parts, content_type, body).await,
+        APPROVE_PATH => device_approve(identity, parts, content_type, body).await,
         _ => oauth_error(
             StatusCode::NOT_FOUND,
             "invalid_request",
@@ -520,8 +183,8 @@ pub async fn handle_public(
 }
 
 /// `POST /v1/device/code`: a new pending login (RFC 8628 §3.1), only for `devices:connect`.
-fn device_code(
-    grants: &DeviceGrants,
+async fn device_code(
+    identity: &IdentityStore,
     public_url: &str,
     content_type: Option<&str>,
     body: &[u8],
@@ -545,12 +208,19 @@ fn device_code(
         .device_name
         .or(request.client_id)
         .unwrap_or_default();
-    json_response(StatusCode::OK, &grants.start(public_url, &label))
+    let identity = identity.clone();
+    match tokio::task::spawn_blocking(move || identity.start_device_login(&label, now_ms())).await {
+        Ok(Ok(login)) => json_response(
+            StatusCode::OK,
+            &device_code_answer(public_url, login.device_code, login.user_code),
+        ),
+        Ok(Err(e)) => store_unavailable(e),
+        Err(e) => server_error(e),
+    }
 }
 
 /// `POST /v1/device/token`: the laptop polls until the login is approved (RFC 8628 §3.4).
 async fn device_token(
-    grants: &DeviceGrants,
     identity: &IdentityStore,
     content_type: Option<&str>,
     body: &[u8],
@@ -566,34 +236,35 @@ async fn device_token(
             "use the device_code grant",
         );
     }
-    let grants = grants.clone();
     let identity = identity.clone();
-    let polled =
-        tokio::task::spawn_blocking(move || grants.poll(&request.device_code, &identity)).await;
+    let polled = tokio::task::spawn_blocking(move || {
+        identity.poll_device_login(&request.device_code, now_ms())
+    })
+    .await;
     match polled {
-        Ok(Ok(TokenPoll::Granted { access_token, .. })) => json_response(
+        Ok(Ok(DevicePoll::Granted { access_token, .. })) => json_response(
             StatusCode::OK,
             &serde_json::json!({"access_token": access_token, "token_type": "Bearer", "scope": "devices:connect"}),
         ),
-        Ok(Ok(TokenPoll::Pending)) => oauth_error(
+        Ok(Ok(DevicePoll::Pending)) => oauth_error(
             StatusCode::BAD_REQUEST,
             "authorization_pending",
             "waiting for approval",
         ),
-        Ok(Ok(TokenPoll::SlowDown)) => {
+        Ok(Ok(DevicePoll::SlowDown)) => {
             oauth_error(StatusCode::BAD_REQUEST, "slow_down", "poll less often")
         }
-        Ok(Ok(TokenPoll::Denied)) => oauth_error(
+        Ok(Ok(DevicePoll::Denied)) => oauth_error(
             StatusCode::BAD_REQUEST,
             "access_denied",
             "the request was denied",
         ),
-        Ok(Ok(TokenPoll::Expired)) => oauth_error(
+        Ok(Ok(DevicePoll::Expired)) => oauth_error(
             StatusCode::BAD_REQUEST,
             "expired_token",
             "the code expired; log in again",
         ),
-        Ok(Ok(TokenPoll::Invalid)) => oauth_error(
+        Ok(Ok(DevicePoll::Invalid)) => oauth_error(
             StatusCode::BAD_REQUEST,
             "invalid_grant",
             "unknown or already used device code",
@@ -637,7 +308,6 @@ async fn device_revoke(
 /// `POST /v1/device/approve`: the person approves (or denies) a pending login with a
 /// `devices:approve` token of their own.
 async fn device_approve(
-    grants: &DeviceGrants,
     identity: &IdentityStore,
     parts: &hyper::http::request::Parts,
     content_type: Option<&str>,
@@ -680,10 +350,20 @@ async fn device_approve(
         tracing::warn!(user = %user.name, token = %token.id, "refused a device login approval: the token lacks devices:approve");
         return refused;
     }
-    match grants.decide(&request.user_code, &user.name, request.approve) {
+    let (store, name, approve) = (identity.clone(), user.name.clone(), request.approve);
+    let decided = tokio::task::spawn_blocking(move || {
+        store.decide_device_login(&request.user_code, &name, approve, now_ms())
+    })
+    .await;
+    let decided = match decided {
+        Ok(Ok(decided)) => decided,
+        Ok(Err(e)) => return store_unavailable(e),
+        Err(e) => return server_error(e),
+    };
+    match decided {
         Ok(_) => json_response(
             StatusCode::OK,
-            &serde_json::json!({"user": user.name, "approved": request.approve}),
+            &serde_json::json!({"user": user.name, "approved": approve}),
         ),
         Err(DecideError::NotFound) => oauth_error(
             StatusCode::NOT_FOUND,

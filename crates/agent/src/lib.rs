@@ -231,7 +231,6 @@ pub async fn run(
         }
     };
     // ----- the agent (chats): end -----
-    let grants = device::DeviceGrants::default();
     let mcp = mcp_service(config, &identity, files, &public);
     let screen = Arc::new(PublicScreen {
         mcp: mcp.clone(),
@@ -248,7 +247,6 @@ pub async fn run(
     let routes = PublicRoutes {
         mcp,
         oauth,
-        grants: grants.clone(),
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
         chats: chat_service.clone(),
@@ -270,7 +268,6 @@ pub async fn run(
         public_url: config.agentd.public_url(),
         identity,
         workspaced,
-        grants,
         policy: Arc::new(admin::SocketPolicy::new(
             &config.agentd.admin_group,
             &config.agentd.gateway_users,
@@ -444,7 +441,6 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
     oauth: oauth::server::AuthorizationServer,
-    grants: device::DeviceGrants,
     identity: IdentityStore,
     public_url: String,
     chats: Option<chat_service::ChatService>,
@@ -457,20 +453,12 @@ impl PublicRoutes {
         parts: hyper::http::request::Parts,
         body: bytes::Bytes,
     ) -> hyper::Response<Body> {
-        if let Some(response) = device::handle_public(
-            &self.grants,
-            &self.identity,
-            &self.public_url,
-            &parts,
-            &body,
-        )
-        .await
+        if let Some(response) =
+            device::handle_public(&self.identity, &self.public_url, &parts, &body).await
         {
             return response;
         }
-        if let Some(response) =
-            console::device_login::handle(&self.sessions, &self.grants, &parts, &body).await
-        {
+        if let Some(response) = console::device_login::handle(&self.sessions, &parts, &body).await {
             return response;
         }
         let client_address = parts

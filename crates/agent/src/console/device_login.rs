@@ -16,8 +16,9 @@
 
 use crate::console::accounts::{FAILURE_WINDOW_MS, MAX_FAILURES_PER_ADDRESS, address_key};
 use crate::console::session::Sessions;
-use crate::device::{DecideError, DeviceGrants, oauth_error};
+use crate::device::{oauth_error, server_error, store_unavailable};
 use crate::identity::Scope;
+use crate::identity::device_logins::DecideError;
 use crate::identity::store::now_ms;
 use agentworks_daemon::ipc::envelope::{Body, json_response};
 use hyper::header::{ALLOW, CACHE_CONTROL, HeaderValue, RETRY_AFTER};
@@ -44,28 +45,18 @@ struct Lookup {
 }
 
 /// Serves the endpoint, or `None` if the path is not it.
-pub async fn handle(
-    sessions: &Sessions,
-    grants: &DeviceGrants,
-    parts: &Parts,
-    body: &[u8],
-) -> Option<Response<Body>> {
+pub async fn handle(sessions: &Sessions, parts: &Parts, body: &[u8]) -> Option<Response<Body>> {
     if parts.uri.path() != PATH {
         return None;
     }
-    let mut response = answer(sessions, grants, parts, body).await;
+    let mut response = answer(sessions, parts, body).await;
     response
         .headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Some(response)
 }
 
-async fn answer(
-    sessions: &Sessions,
-    grants: &DeviceGrants,
-    parts: &Parts,
-    body: &[u8],
-) -> Response<Body> {
+async fn answer(sessions: &Sessions, parts: &Parts, body: &[u8]) -> Response<Body> {
     if !matches!(parts.method, Method::GET | Method::POST) {
         let mut refused = oauth_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -118,43 +109,60 @@ async fn answer(
     if let Err(seconds) = inner.failures.begin(&limits, now) {
         return too_many_attempts(seconds);
     }
-    let (response, guess_failed) = match approve {
-        None => match grants.lookup(&user_code) {
-            Some(pending) => (
+    // The store's answer: the pending login looked up, or the decision taken.
+    enum Found {
+        Pending(Option<crate::identity::device_logins::PendingDeviceLogin>),
+        Decided(Result<String, DecideError>),
+    }
+    let identity = inner.identity.clone();
+    let decider = user.clone();
+    let found = tokio::task::spawn_blocking(move || {
+        Ok::<_, crate::identity::IdentityError>(match approve {
+            None => Found::Pending(identity.pending_device_login(&user_code, now)?),
+            Some(approve) => {
+                Found::Decided(identity.decide_device_login(&user_code, &decider, approve, now)?)
+            }
+        })
+    })
+    .await;
+    let found = match found {
+        Ok(Ok(found)) => found,
+        Ok(Err(error)) => return store_unavailable(error),
+        Err(error) => return server_error(error),
+    };
+    let (response, guess_failed) = match found {
+        Found::Pending(Some(pending)) => (
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "user_code": pending.user_code,
+                    "device_name": pending.label,
+                    "scopes": [Scope::DevicesConnect.as_str()],
+                    "expires_in": pending.expires_in_ms / 1000,
+                }),
+            ),
+            false,
+        ),
+        Found::Pending(None) => (not_found(), true),
+        Found::Decided(Ok(device_name)) => {
+            tracing::info!(%user, approve = ?approve, device = %device_name, "a device login was decided in the console");
+            (
                 json_response(
                     StatusCode::OK,
-                    &json!({
-                        "user_code": pending.user_code,
-                        "device_name": pending.label,
-                        "scopes": [Scope::DevicesConnect.as_str()],
-                        "expires_in": pending.expires_in.as_secs(),
-                    }),
+                    &json!({"approved": approve, "device_name": device_name, "user": user}),
                 ),
                 false,
+            )
+        }
+        Found::Decided(Err(DecideError::AlreadyDecided)) => (
+            oauth_error(
+                StatusCode::CONFLICT,
+                "already_decided",
+                &DecideError::AlreadyDecided.to_string(),
             ),
-            None => (not_found(), true),
-        },
-        Some(approve) => match grants.decide(&user_code, &user, approve) {
-            Ok(device_name) => {
-                tracing::info!(%user, approve, device = %device_name, "a device login was decided in the console");
-                (
-                    json_response(
-                        StatusCode::OK,
-                        &json!({"approved": approve, "device_name": device_name, "user": user}),
-                    ),
-                    false,
-                )
-            }
-            Err(DecideError::AlreadyDecided) => (
-                oauth_error(
-                    StatusCode::CONFLICT,
-                    "already_decided",
-                    &DecideError::AlreadyDecided.to_string(),
-                ),
-                false,
-            ),
-            Err(DecideError::NotFound) => (not_found(), true),
-        },
+            false,
+        ),
+        Found::Decided(Err(DecideError::NotFound)) => (not_found(), true),
     };
     if !guess_failed {
         inner.failures.succeeded(&limits, now);

@@ -13,6 +13,7 @@ use agentworks_core::guard::Guard;
 
 use super::accounts::{CodeKind, SessionPolicy};
 use super::authority::{FileGuard, Role, Scope};
+use super::device_logins::{DEVICE_LOGIN_TTL_MS, DecideError, DevicePoll};
 use super::oauth::NewGrant;
 use super::store::{IdentityError, IdentityStore, ProjectKind, TokenRefusal, TokenRequest, now_ms};
 use crate::oauth::pkce;
@@ -395,6 +396,150 @@ pub fn accounts_codes_and_sessions(open: &dyn Fn() -> IdentityStore) {
     );
 }
 
+/// Device logins (`agentworks login`) across hosts: started on one, looked up and decided on
+/// another, polled on a third; decided once; redeemed once even when six hosts poll the
+/// approved code at the same moment; a denial and an expiry are final.
+pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> IdentityStore) {
+    const HOSTS: usize = 6;
+    let (a, b) = (open(), open());
+    a.add_user("alice").unwrap();
+    let now = now_ms();
+    let login = a.start_device_login("<b>laptop</b>", now).unwrap();
+    assert_eq!(login.user_code.len(), 9, "{login:?}");
+    assert_eq!(login.device_code.len(), 64);
+    assert_eq!(
+        b.poll_device_login(&login.device_code, now).unwrap(),
+        DevicePoll::Pending
+    );
+    assert_eq!(
+        a.poll_device_login(&login.device_code, now + 100).unwrap(),
+        DevicePoll::SlowDown,
+        "a poll right after another, on any host"
+    );
+    let typed = login.user_code.to_lowercase().replace('-', "");
+    let pending = b
+        .pending_device_login(&typed, now + 1_000)
+        .unwrap()
+        .unwrap();
+    assert_eq!(pending.user_code, login.user_code);
+    assert_eq!(pending.label, "<b>laptop</b>", "the label is kept as given");
+    assert_eq!(pending.expires_in_ms, DEVICE_LOGIN_TTL_MS - 1_000);
+    // Vowels are not in the alphabet: no login can have this code.
+    assert_eq!(b.pending_device_login("AAAA-AAAA", now).unwrap(), None);
+    assert_eq!(
+        b.decide_device_login("AAAA-AAAA", "alice", true, now)
+            .unwrap(),
+        Err(DecideError::NotFound)
+    );
+    assert_eq!(
+        b.decide_device_login(&typed, "alice", true, now).unwrap(),
+        Ok("<b>laptop</b>".to_owned())
+    );
+    assert_eq!(
+        b.pending_device_login(&typed, now).unwrap(),
+        None,
+        "decided"
+    );
+    for (user, approve) in [("mallory", true), ("alice", false)] {
+        assert_eq!(
+            a.decide_device_login(&login.user_code, user, approve, now)
+                .unwrap(),
+            Err(DecideError::AlreadyDecided),
+            "a decision is final ({user}, {approve})"
+        );
+    }
+
+    let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
+    let barrier = Arc::new(Barrier::new(HOSTS));
+    let polls: Vec<DevicePoll> = std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let (barrier, code) = (barrier.clone(), login.device_code.clone());
+                scope.spawn(move || {
+                    barrier.wait();
+                    host.poll_device_login(&code, now + 5_000).unwrap()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    let granted: Vec<&DevicePoll> = polls
+        .iter()
+        .filter(|p| matches!(p, DevicePoll::Granted { .. }))
+        .collect();
+    assert_eq!(
+        granted.len(),
+        1,
+        "one code, {HOSTS} hosts at once: {polls:?}"
+    );
+    assert!(
+        polls
+            .iter()
+            .all(|p| matches!(p, DevicePoll::Granted { .. } | DevicePoll::Invalid)),
+        "{polls:?}"
+    );
+    let DevicePoll::Granted { access_token, .. } = granted[0] else {
+        unreachable!()
+    };
+    let (token, user) = b.authenticate(access_token).unwrap().unwrap();
+    assert_eq!(user.name, "alice");
+    assert_eq!(token.scopes, vec![Scope::DevicesConnect]);
+    assert_eq!(token.label, "agentworks login: <b>laptop</b>");
+    assert_eq!(
+        a.poll_device_login(&login.device_code, now + 9_000)
+            .unwrap(),
+        DevicePoll::Invalid,
+        "redeemed once"
+    );
+    assert_eq!(
+        a.poll_device_login("nope", now).unwrap(),
+        DevicePoll::Invalid
+    );
+    assert_eq!(
+        a.poll_device_login(&"0".repeat(64), now).unwrap(),
+        DevicePoll::Invalid
+    );
+
+    let denied = a.start_device_login("", now).unwrap();
+    assert_eq!(
+        b.decide_device_login(&denied.user_code, "alice", false, now)
+            .unwrap(),
+        Ok(String::new())
+    );
+    assert_eq!(
+        b.decide_device_login(&denied.user_code, "alice", true, now)
+            .unwrap(),
+        Err(DecideError::AlreadyDecided),
+        "a denial is final"
+    );
+    assert_eq!(
+        a.poll_device_login(&denied.device_code, now).unwrap(),
+        DevicePoll::Denied
+    );
+    assert_eq!(
+        a.poll_device_login(&denied.device_code, now).unwrap(),
+        DevicePoll::Invalid,
+        "a denied login is gone once answered"
+    );
+
+    let expired = a.start_device_login("old", now).unwrap();
+    let later = now + DEVICE_LOGIN_TTL_MS;
+    assert_eq!(
+        b.pending_device_login(&expired.user_code, later).unwrap(),
+        None
+    );
+    assert_eq!(
+        b.decide_device_login(&expired.user_code, "alice", true, later)
+            .unwrap(),
+        Err(DecideError::NotFound)
+    );
+    assert_eq!(
+        a.poll_device_login(&expired.device_code, later).unwrap(),
+        DevicePoll::Expired
+    );
+}
+
 #[cfg(test)]
 mod on_sqlite {
     /// A fresh SQLite file; every call of the closure opens it again (another connection, as a
@@ -428,5 +573,10 @@ mod on_sqlite {
     #[test]
     fn accounts_codes_and_sessions() {
         run(super::accounts_codes_and_sessions);
+    }
+
+    #[test]
+    fn device_logins_are_decided_once_and_redeemed_once() {
+        run(super::device_logins_are_decided_once_and_redeemed_once);
     }
 }

@@ -11,6 +11,7 @@ pub mod accounts;
 pub mod authority;
 #[cfg(any(test, feature = "store-conformance"))]
 pub mod conformance;
+pub mod device_logins;
 pub mod oauth;
 pub mod store;
 pub mod token;

@@ -198,6 +198,11 @@ CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL REFERENCES users(id),
     token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
     created_at_ms INTEGER NOT NULL, last_used_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+-- device logins in progress (identity::device_logins)
+CREATE TABLE IF NOT EXISTS device_logins (
+    device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL, last_poll_at_ms INTEGER, approved_for TEXT,
+    denied INTEGER NOT NULL DEFAULT 0, redeemed_at_ms INTEGER);
 ";
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
@@ -248,6 +253,13 @@ CREATE TABLE sessions (
     id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL REFERENCES users(id),
     token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
     created_at_ms BIGINT NOT NULL, last_used_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL);
+",
+    // 2: device logins in progress, so any host answers a login another host started.
+    "
+CREATE TABLE device_logins (
+    device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL, last_poll_at_ms BIGINT, approved_for TEXT,
+    denied BIGINT NOT NULL DEFAULT 0, redeemed_at_ms BIGINT);
 ",
 ];
 
