@@ -48,6 +48,7 @@ on_postgres!(
 on_postgres!(
     |url: &str| ConnectionStore::open_postgres(url).unwrap() =>
     connections_sign_ins_and_apps,
+    sign_ins_wait_for_their_callback_once,
     racing_hosts_stay_within_the_connection_limit,
 );
 

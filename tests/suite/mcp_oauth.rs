@@ -47,14 +47,24 @@ struct World {
 
 impl World {
     fn start() -> World {
+        World::start_in(super::harness::cluster_mode())
+    }
+
+    /// [`World::start`] with the stack in a cluster (`cluster`) or as the suite's mode says.
+    fn start_in(cluster: bool) -> World {
         let netns = Netns::create();
         let (certs, der) = self_signed(netns.inside);
         let model = Model::start();
-        let (stack, _) = Stack::start_with_gateway_and(&format!(
+        let agentd_extra = format!(
             "outbound_root_certificates = [{:?}]\n\n{}",
             certs.path().join("cert.pem").to_str().unwrap(),
             model.config()
-        ));
+        );
+        let (stack, _) = if cluster {
+            Stack::start_in_cluster_with_gateway_and(&agentd_extra)
+        } else {
+            Stack::start_with_gateway_and(&agentd_extra)
+        };
         let alice = user(&stack, "alice");
         code_project(&stack, "app", "alice", &[]);
         World {
@@ -444,6 +454,63 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         (status, body["error"]["code"].as_str()),
         (400, Some("needs_client_id"))
     );
+}
+
+/// In a cluster, a sign-in started on one agentd host finishes at another's callback (its
+/// verifier and state wait in the shared database, sealed): a load balancer need not send both
+/// requests to one host. Kept in the first host's memory, the second answered
+/// `unknown_sign_in`.
+#[test]
+fn a_sign_in_started_on_one_host_finishes_on_another() {
+    let world = World::start_in(true);
+    let _server = world.server(&[]);
+    let World {
+        stack,
+        alice,
+        browser,
+        base,
+        ..
+    } = &world;
+    let (_agentd_b, port_b) = stack.start_agentd_host("host-b");
+    let (status, connection) = api(
+        stack,
+        alice,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    let id = connection["connection_id"].as_str().unwrap();
+    let path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
+    let (status, body) = api(stack, alice, "POST", &path, Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let location = match block_on(browser.get(body["authorization_url"].as_str().unwrap())) {
+        Err(OutboundError::Redirect { location, .. }) => location,
+        other => panic!("the authorization endpoint did not redirect: {other:?}"),
+    };
+    let url = url::Url::parse(&location).unwrap();
+    let callback_path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
+    let auth = format!("Bearer {alice}");
+    let (status, _, body) = http(
+        port_b,
+        "GET",
+        &callback_path,
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 303, "{body}");
+    let (status, _, listed) = http(
+        port_b,
+        "GET",
+        "/v1/projects/app/mcp-connections",
+        &[("authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 200, "{listed}");
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["connections"][0]["signed_in"], true, "{listed}");
+    // Taken once: the same callback on the first host is refused.
+    assert_eq!(callback(stack, alice, &location).0, 400);
 }
 
 /// The sign-in `token`'s person makes for connection `id` of project `app`, as a browser

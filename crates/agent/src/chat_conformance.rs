@@ -18,7 +18,8 @@ use crate::attachments::{AttachmentError, AttachmentStore, PENDING_LIFETIME_MS};
 use crate::chats::{ChatStore, TurnUsage};
 use crate::db::Sql;
 use crate::mcp_connections::{
-    CheckedConnection, ConnectionRuleError, ConnectionStore, MAX_PER_PROJECT, Transport,
+    CheckedConnection, ConnectionRuleError, ConnectionStore, MAX_PER_PROJECT, SignInTakeRefusal,
+    Transport,
 };
 use crate::model::Usage;
 use crate::project_secrets::{SecretRuleError, SecretStore, SecretStoreError};
@@ -367,6 +368,55 @@ fn connection(name: &str) -> CheckedConnection {
     }
 }
 
+/// Sign-ins waiting for their callback: taken once, through any host, only by who started
+/// one (another person's attempt leaves it in place), never once expired; past the cap the
+/// oldest go first.
+pub fn sign_ins_wait_for_their_callback_once(open: &dyn Fn() -> ConnectionStore) {
+    let (a, b) = (open(), open());
+    let now = 1_000_000;
+    a.put_sign_in("s1", "alice", b"sealed-1", now, now - 600_000, 256)
+        .unwrap();
+    assert_eq!(
+        b.take_sign_in("s1", "mallory", now - 600_000).unwrap(),
+        Err(SignInTakeRefusal::NotYours)
+    );
+    assert_eq!(
+        b.take_sign_in("nope", "alice", now - 600_000).unwrap(),
+        Err(SignInTakeRefusal::Unknown)
+    );
+    assert_eq!(
+        b.take_sign_in("s1", "alice", now - 600_000).unwrap(),
+        Ok(b"sealed-1".to_vec())
+    );
+    assert_eq!(
+        a.take_sign_in("s1", "alice", now - 600_000).unwrap(),
+        Err(SignInTakeRefusal::Unknown),
+        "taken once"
+    );
+
+    a.put_sign_in("old", "alice", b"x", now, now - 600_000, 256)
+        .unwrap();
+    assert_eq!(
+        b.take_sign_in("old", "alice", now + 1).unwrap(),
+        Err(SignInTakeRefusal::Unknown),
+        "expired"
+    );
+    // At most three kept: the fourth drops the oldest.
+    for (i, state) in ["c1", "c2", "c3", "c4"].iter().enumerate() {
+        a.put_sign_in(state, "alice", b"x", now + i as i64, now - 600_000, 3)
+            .unwrap();
+    }
+    let taken: Vec<bool> = ["c1", "c2", "c3", "c4"]
+        .iter()
+        .map(|state| {
+            b.take_sign_in(state, "alice", now - 600_000)
+                .unwrap()
+                .is_ok()
+        })
+        .collect();
+    assert_eq!(taken, [false, true, true, true]);
+}
+
 /// Connections, their sign-ins and the operator's apps: what one host adds another lists in
 /// order (even within one millisecond), another project's id reaches nothing, a sign-in goes
 /// with its connection, and an app is replaced by key.
@@ -571,6 +621,15 @@ mod on_sqlite {
             "mcp_connections.db",
             |path| crate::mcp_connections::ConnectionStore::open(path).unwrap(),
             super::connections_sign_ins_and_apps,
+        );
+    }
+
+    #[test]
+    fn sign_ins_wait_for_their_callback_once() {
+        run(
+            "mcp_connections.db",
+            |path| crate::mcp_connections::ConnectionStore::open(path).unwrap(),
+            super::sign_ins_wait_for_their_callback_once,
         );
     }
 

@@ -389,7 +389,13 @@ CREATE TABLE IF NOT EXISTS mcp_apps (
     sealed_secret BLOB,
     updated_at_ms INTEGER NOT NULL
 );
-PRAGMA user_version = 3;
+CREATE TABLE IF NOT EXISTS mcp_sign_ins (
+    state_hash TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    sealed BLOB NOT NULL,
+    started_at_ms INTEGER NOT NULL
+);
+PRAGMA user_version = 4;
 ";
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
@@ -411,6 +417,12 @@ CREATE TABLE mcp_credentials (
 CREATE TABLE mcp_apps (
     key TEXT PRIMARY KEY, client_id TEXT NOT NULL, sealed_secret BYTEA,
     updated_at_ms BIGINT NOT NULL);
+",
+    // 2: sign-ins waiting for their callback, so the callback may reach any host.
+    "
+CREATE TABLE mcp_sign_ins (
+    state_hash TEXT PRIMARY KEY, user_id TEXT NOT NULL, sealed BYTEA NOT NULL,
+    started_at_ms BIGINT NOT NULL);
 ",
 ];
 
@@ -442,6 +454,15 @@ fn row_connection(r: &Row<'_>) -> Result<(McpConnection, String), DbError> {
         },
         r.get(5)?,
     ))
+}
+
+/// Why a sign-in waiting for its callback was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignInTakeRefusal {
+    /// No such sign-in, or it expired or was taken already.
+    Unknown,
+    /// Another person started it.
+    NotYours,
 }
 
 /// A cheap-to-clone handle on the connection store. Calls block: run them off the async workers.
@@ -682,6 +703,74 @@ impl ConnectionStore {
             .conn()?
             .execute("DELETE FROM mcp_apps WHERE key = ?1", &[&key])?
             > 0)
+    }
+
+    /// Keep a sign-in waiting for its callback: `sealed` under the hash of its `state`, for
+    /// `user_id`. Sign-ins started before `live_since` are dropped first, and then the oldest
+    /// beyond `max` in all, so started sign-ins cannot fill the store.
+    pub fn put_sign_in(
+        &self,
+        state_hash: &str,
+        user_id: &str,
+        sealed: &[u8],
+        now: i64,
+        live_since: i64,
+        max: i64,
+    ) -> Result<(), ConnectionStoreError> {
+        Ok(self.db.transaction(|tx| {
+            tx.execute(
+                "DELETE FROM mcp_sign_ins WHERE started_at_ms < ?1",
+                &[&live_since],
+            )?;
+            tx.execute(
+                "DELETE FROM mcp_sign_ins WHERE started_at_ms <= (SELECT started_at_ms
+                     FROM mcp_sign_ins ORDER BY started_at_ms DESC LIMIT 1 OFFSET ?1)",
+                &[&(max - 1)],
+            )?;
+            tx.execute(
+                "INSERT INTO mcp_sign_ins (state_hash, user_id, sealed, started_at_ms)
+                 VALUES (?1, ?2, ?3, ?4)",
+                &[&state_hash, &user_id, &sealed, &now],
+            )?;
+            Ok::<_, DbError>(())
+        })?)
+    }
+
+    /// Take the sign-in stored under `state_hash`, once, if `user_id` started it and it started
+    /// at `live_since` or later. A sign-in of another person is left in place (who started it
+    /// can still finish it); an expired one is removed.
+    pub fn take_sign_in(
+        &self,
+        state_hash: &str,
+        user_id: &str,
+        live_since: i64,
+    ) -> Result<Result<Vec<u8>, SignInTakeRefusal>, ConnectionStoreError> {
+        Ok(self.db.transaction(|tx| {
+            let found: Option<(String, i64)> = tx.query_opt(
+                "SELECT user_id, started_at_ms FROM mcp_sign_ins WHERE state_hash = ?1",
+                &[&state_hash],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let Some((owner, started)) = found else {
+                return Ok::<_, DbError>(Err(SignInTakeRefusal::Unknown));
+            };
+            if started < live_since {
+                tx.execute(
+                    "DELETE FROM mcp_sign_ins WHERE state_hash = ?1",
+                    &[&state_hash],
+                )?;
+                return Ok(Err(SignInTakeRefusal::Unknown));
+            }
+            if owner != user_id {
+                return Ok(Err(SignInTakeRefusal::NotYours));
+            }
+            let sealed: Option<Vec<u8>> = tx.query_opt(
+                "DELETE FROM mcp_sign_ins WHERE state_hash = ?1 RETURNING sealed",
+                &[&state_hash],
+                |r| r.get(0),
+            )?;
+            Ok(sealed.ok_or(SignInTakeRefusal::Unknown))
+        })?)
     }
 
     /// Which of the project's connections have a sign-in stored.

@@ -300,7 +300,7 @@ impl ChatService {
                 "this connection sends its own Authorization header (a project secret); remove it, or the connection, to sign in with OAuth instead",
             ));
         }
-        let (Some(client), Some(_)) = (&self.connections_client, &self.sealing) else {
+        let (Some(client), Some(key)) = (&self.connections_client, &self.sealing) else {
             return Err(Refusal::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -310,19 +310,22 @@ impl ChatService {
         let callback = format!("{}{CALLBACK_PATH}", self.public_url);
         let app_key = crate::mcp_connections::provider_key(&connection.url);
         let app = self.sign_in_app(&app_key).await?;
-        match crate::mcp_oauth::begin(
-            client,
-            &self.sign_ins,
-            &connection,
-            &caller.user_id,
-            &callback,
-            app,
-        )
-        .await
-        {
-            Ok(authorization_url) => Ok(json_response(
+        let started =
+            crate::mcp_oauth::begin(client, &connection, &caller.user_id, &callback, app).await;
+        let started = match started {
+            Ok(started) => {
+                let (sign_ins, key) = (self.sign_ins.clone(), key.clone());
+                blocking(move || {
+                    Ok::<_, Refusal>(sign_ins.insert(&key, &started).map(|()| started))
+                })
+                .await?
+            }
+            Err(error) => Err(error),
+        };
+        match started {
+            Ok(started) => Ok(json_response(
                 StatusCode::OK,
-                &json!({"authorization_url": authorization_url}),
+                &json!({"authorization_url": started.authorization_url}),
             )),
             Err(error) => {
                 let mut refusal =
@@ -394,6 +397,8 @@ impl ChatService {
         let refused = |error: crate::mcp_oauth::SignInError| {
             let status = match error {
                 crate::mcp_oauth::SignInError::NotYours => StatusCode::FORBIDDEN,
+                crate::mcp_oauth::SignInError::Unavailable(_)
+                | crate::mcp_oauth::SignInError::Seal(_) => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::BAD_REQUEST,
             };
             Refusal::new(status, error.code(), error.to_string())
@@ -405,9 +410,20 @@ impl ChatService {
                 "the callback has no state",
             )
         })?;
-        let pending = self
-            .sign_ins
-            .take(state, &caller.user_id)
+        let Some(key) = self.sealing.clone() else {
+            return Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "sign-ins are unavailable: the sealing key is unusable (see agentd's log)",
+            ));
+        };
+        let (sign_ins, state, user_id) = (
+            self.sign_ins.clone(),
+            state.to_owned(),
+            caller.user_id.clone(),
+        );
+        let pending = blocking(move || Ok::<_, Refusal>(sign_ins.take(&key, &state, &user_id)))
+            .await?
             .map_err(refused)?;
         let back = |outcome: &str| {
             let location = format!(

@@ -13,14 +13,16 @@
 //! rotates it.
 //!
 //! What a sign-in leaves ([`Credentials`]) is sealed before it is stored (see
-//! [`crate::mcp_connection_tools`]); pending sign-ins live in memory for
-//! [`PENDING_LIFETIME`] only (a restart means signing in again).
+//! [`crate::mcp_connection_tools`]). A sign-in waiting for its callback ([`Pending`], with its
+//! PKCE verifier and client secret) is sealed too and kept in the connection store under the
+//! SHA-256 of its `state` for [`PENDING_LIFETIME`], so in a cluster the callback may reach
+//! another agentd host than the one that started it; it is taken once.
 //!
 //! Must never: send a token to any URL but the token endpoint and the connection's own URL, show
 //! a person a non-https authorization URL, or accept a code for a `state` it did not issue or
 //! for another person than the one who started the sign-in.
 
-use crate::mcp_connections::McpConnection;
+use crate::mcp_connections::{ConnectionStore, McpConnection, SignInTakeRefusal};
 use crate::sealed::{Place, SealError, SealingKey};
 use agentworks_support::outbound::{GuardedClient, OutboundError, Response};
 use base64::Engine as _;
@@ -30,15 +32,13 @@ use hyper::header::{ACCEPT, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use url::Url;
 
 /// How long a started sign-in waits for its callback.
 pub const PENDING_LIFETIME: Duration = Duration::from_secs(10 * 60);
 /// Pending sign-ins kept at most (the oldest are dropped first).
-const MAX_PENDING: usize = 256;
+const MAX_PENDING: i64 = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SignInError {
@@ -58,6 +58,10 @@ pub enum SignInError {
     UnknownState,
     #[error("this sign-in was started by another person")]
     NotYours,
+    #[error("sign-ins in progress cannot be kept or read now: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Seal(#[from] SealError),
     #[error(
         "the authorization response names the issuer {got:?}, not {expected:?}: refused (RFC 9207)"
     )]
@@ -77,6 +81,7 @@ impl SignInError {
             SignInError::Refused(_) => "server_refused",
             SignInError::UnknownState => "unknown_sign_in",
             SignInError::NotYours => "forbidden",
+            SignInError::Unavailable(_) | SignInError::Seal(_) => "unavailable",
             SignInError::WrongIssuer { .. } => "wrong_issuer",
         }
     }
@@ -136,8 +141,9 @@ impl Credentials {
     }
 }
 
-/// A sign-in waiting for its callback.
-#[derive(Clone)]
+/// A sign-in waiting for its callback (sealed at rest: it holds the PKCE verifier and the
+/// client secret).
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Pending {
     pub connection_id: String,
     pub project_id: String,
@@ -149,43 +155,79 @@ pub struct Pending {
     client_secret: Option<String>,
     token_endpoint: String,
     resource: String,
-    started: Instant,
 }
 
-/// The pending sign-ins, by `state`. Cheap to clone.
-#[derive(Clone, Default)]
+/// A sign-in just started: where the person goes, and what waits for the callback there.
+#[derive(Clone)]
+pub struct Started {
+    pub authorization_url: String,
+    pub state: String,
+    pub pending: Pending,
+}
+
+/// The sign-ins waiting for their callback: rows of the connection store, sealed, by the
+/// SHA-256 of their `state`. Cheap to clone; calls block.
+#[derive(Clone)]
 pub struct PendingSignIns {
-    by_state: Arc<Mutex<HashMap<String, Pending>>>,
+    store: ConnectionStore,
 }
 
 impl PendingSignIns {
-    fn insert(&self, state: String, pending: Pending) {
-        let mut map = self.by_state.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, p| p.started.elapsed() < PENDING_LIFETIME);
-        if map.len() >= MAX_PENDING
-            && let Some(oldest) = map
-                .iter()
-                .min_by_key(|(_, p)| p.started)
-                .map(|(s, _)| s.clone())
-        {
-            map.remove(&oldest);
+    pub fn new(store: ConnectionStore) -> PendingSignIns {
+        PendingSignIns { store }
+    }
+
+    fn place(state_hash: &str) -> Place<'_> {
+        Place {
+            store: "mcp_sign_ins",
+            path: state_hash,
         }
-        map.insert(state, pending);
+    }
+
+    fn live_since(now_ms: i64) -> i64 {
+        now_ms - PENDING_LIFETIME.as_millis() as i64
+    }
+
+    /// Keep `started` until its callback (or [`PENDING_LIFETIME`]).
+    pub fn insert(&self, key: &SealingKey, started: &Started) -> Result<(), SignInError> {
+        let hash = crate::identity::token::hash_secret(&started.state);
+        let plain = serde_json::to_vec(&started.pending).map_err(|_| SealError::Random)?;
+        let sealed = key.seal(Self::place(&hash), &plain)?;
+        let now = agentworks_support::clock::now_ms();
+        self.store
+            .put_sign_in(
+                &hash,
+                &started.pending.user_id,
+                &sealed,
+                now,
+                Self::live_since(now),
+                MAX_PENDING,
+            )
+            .map_err(|e| SignInError::Unavailable(e.to_string()))
     }
 
     /// Take the sign-in `state` names, once, if it is `user_id`'s and not expired.
-    pub fn take(&self, state: &str, user_id: &str) -> Result<Pending, SignInError> {
-        let mut map = self.by_state.lock().unwrap_or_else(|e| e.into_inner());
-        let pending = map.get(state).ok_or(SignInError::UnknownState)?;
-        if pending.started.elapsed() >= PENDING_LIFETIME {
-            map.remove(state);
-            return Err(SignInError::UnknownState);
-        }
-        if pending.user_id != user_id {
-            // Left in place: the person who started it can still finish it.
-            return Err(SignInError::NotYours);
-        }
-        map.remove(state).ok_or(SignInError::UnknownState)
+    pub fn take(
+        &self,
+        key: &SealingKey,
+        state: &str,
+        user_id: &str,
+    ) -> Result<Pending, SignInError> {
+        let hash = crate::identity::token::hash_secret(state);
+        let now = agentworks_support::clock::now_ms();
+        let sealed = self
+            .store
+            .take_sign_in(&hash, user_id, Self::live_since(now))
+            .map_err(|e| SignInError::Unavailable(e.to_string()))?
+            .map_err(|refusal| match refusal {
+                SignInTakeRefusal::Unknown => SignInError::UnknownState,
+                SignInTakeRefusal::NotYours => SignInError::NotYours,
+            })?;
+        // A blob that does not open (another key, another row's) is no sign-in of ours.
+        let plain = key
+            .open(Self::place(&hash), &sealed)
+            .map_err(|_| SignInError::UnknownState)?;
+        serde_json::from_slice(&plain).map_err(|_| SignInError::UnknownState)
     }
 }
 
@@ -299,12 +341,11 @@ pub struct ClientApp {
 /// client is used; else agentd registers by dynamic registration.
 pub async fn begin(
     client: &GuardedClient,
-    pending: &PendingSignIns,
     connection: &McpConnection,
     user_id: &str,
     redirect_uri: &str,
     app: Option<ClientApp>,
-) -> Result<String, SignInError> {
+) -> Result<Started, SignInError> {
     let resource = resource_of(&connection.url)?;
     // 1. The server says where its metadata is, in the 401 to a request without a token.
     let probe = Request::builder()
@@ -418,9 +459,10 @@ pub async fn begin(
             query.append_pair("scope", scope);
         }
     }
-    pending.insert(
+    Ok(Started {
+        authorization_url: url.to_string(),
         state,
-        Pending {
+        pending: Pending {
             connection_id: connection.id.clone(),
             project_id: connection.project_id.clone(),
             user_id: user_id.to_owned(),
@@ -431,10 +473,8 @@ pub async fn begin(
             client_secret,
             token_endpoint,
             resource,
-            started: Instant::now(),
         },
-    );
-    Ok(url.to_string())
+    })
 }
 
 /// RFC 7591 dynamic registration of agentd as a public client with `redirect_uri`.
@@ -652,33 +692,69 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_sign_in_is_taken_once_and_only_by_who_started_it() {
-        let pending = PendingSignIns::default();
-        let entry = Pending {
-            connection_id: "mcpc_1".into(),
-            project_id: "p".into(),
-            user_id: "alice".into(),
-            verifier: random_token(),
-            redirect_uri: "http://127.0.0.1/cb".into(),
-            issuer: "https://as.example".into(),
-            client_id: "c".into(),
-            client_secret: None,
-            token_endpoint: "https://as.example/token".into(),
-            resource: "https://mcp.example/mcp".into(),
-            started: Instant::now(),
+    fn a_pending_sign_in_is_sealed_under_its_state_and_taken_once_by_who_started_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConnectionStore::open(&dir.path().join("mcp_connections.db")).unwrap();
+        let key = SealingKey::load_or_create(dir.path(), None).unwrap();
+        let pending = PendingSignIns::new(store.clone());
+        let started = Started {
+            authorization_url: "https://as.example/authorize".into(),
+            state: random_token(),
+            pending: Pending {
+                connection_id: "mcpc_1".into(),
+                project_id: "p".into(),
+                user_id: "alice".into(),
+                verifier: "the-verifier-0123456789".into(),
+                redirect_uri: "http://127.0.0.1/cb".into(),
+                issuer: "https://as.example".into(),
+                client_id: "c".into(),
+                client_secret: Some("the-client-secret".into()),
+                token_endpoint: "https://as.example/token".into(),
+                resource: "https://mcp.example/mcp".into(),
+            },
         };
-        pending.insert("s1".into(), entry);
+        pending.insert(&key, &started).unwrap();
+        // Neither the state nor a secret is in the store's file in the clear.
+        let mut conn = store.db.conn().unwrap();
+        let rows: Vec<(String, Vec<u8>)> = crate::db::Sql::query_all(
+            &mut conn,
+            "SELECT state_hash, sealed FROM mcp_sign_ins",
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+        drop(conn);
+        assert_eq!(rows.len(), 1);
+        assert_ne!(rows[0].0, started.state);
+        let blob = String::from_utf8_lossy(&rows[0].1);
+        assert!(!blob.contains("the-verifier") && !blob.contains("the-client-secret"));
+
+        std::fs::create_dir(dir.path().join("other")).unwrap();
+        let other_key = SealingKey::load_or_create(&dir.path().join("other"), None).unwrap();
         assert!(matches!(
-            pending.take("s1", "mallory"),
+            pending.take(&key, &started.state, "mallory"),
             Err(SignInError::NotYours)
         ));
         assert!(matches!(
-            pending.take("nope", "alice"),
+            pending.take(&key, "nope", "alice"),
             Err(SignInError::UnknownState)
         ));
-        assert_eq!(pending.take("s1", "alice").unwrap().connection_id, "mcpc_1");
+        // Sealed under another key (another cluster's): not ours, and used up.
+        let again = Started {
+            state: random_token(),
+            ..started.clone()
+        };
+        pending.insert(&other_key, &again).unwrap();
         assert!(matches!(
-            pending.take("s1", "alice"),
+            pending.take(&key, &again.state, "alice"),
+            Err(SignInError::UnknownState)
+        ));
+        let taken = pending.take(&key, &started.state, "alice").unwrap();
+        assert_eq!(taken.connection_id, "mcpc_1");
+        assert_eq!(taken.verifier, "the-verifier-0123456789");
+        assert_eq!(taken.client_secret.as_deref(), Some("the-client-secret"));
+        assert!(matches!(
+            pending.take(&key, &started.state, "alice"),
             Err(SignInError::UnknownState)
         ));
     }

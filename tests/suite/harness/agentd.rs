@@ -156,6 +156,41 @@ impl Stack {
         )
     }
 
+    /// Another agentd host of this stack's cluster (the stack must be in one): its own public
+    /// port, socket and `host_id`, the same database, NATS server and state root (so the same
+    /// sealing key, which a cluster's hosts share). Returns once it answers `/v1/health`.
+    pub fn start_agentd_host(&self, host_id: &str) -> (super::KillOnDrop, u16) {
+        let root = self.state.root();
+        let config = std::fs::read_to_string(root.join("agentworks.toml")).unwrap();
+        assert!(
+            config.contains("[cluster]"),
+            "the stack is not in a cluster"
+        );
+        let port = free_port();
+        let socket = root.join(format!("run/agentd-{host_id}.sock"));
+        let listen = format!("listen = \"127.0.0.1:{}\"", self.port);
+        let config = config
+            .replace(
+                &listen,
+                &format!("listen = \"127.0.0.1:{port}\"\nsocket = {socket:?}"),
+            )
+            .replace("host_id = \"gw-test\"", &format!("host_id = {host_id:?}"));
+        let path = root.join(format!("{host_id}.toml"));
+        std::fs::write(&path, config).unwrap();
+        let child = self.spawn_agentd(&path, std::process::Stdio::inherit());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            || super::http(port, "GET", "/v1/health", &[], "").0 != 200
+        {
+            assert!(
+                Instant::now() < deadline,
+                "agentd {host_id} never answered /v1/health"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (child, port)
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
