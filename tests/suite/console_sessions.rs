@@ -263,6 +263,28 @@ fn a_password_sign_in_gives_a_cookie_the_chat_api_accepts_with_origin_and_csrf()
     assert!(!session_tokens[0]["revoked_at_ms"].is_null(), "{tokens}");
 }
 
+/// In a cluster the limit holds across agentd hosts: wrong passwords spread over two hosts
+/// (as a load balancer spreads them) count together. Counted in each host's memory, the
+/// right password on A was still let through after 3 failures there and 2 on B.
+#[test]
+fn failed_sign_ins_on_one_host_count_on_another() {
+    let (stack, _) = Stack::start_in_cluster_with_gateway_and("");
+    alice(&stack);
+    let (_agentd_b, port_b) = stack.start_agentd_host("host-b");
+    let wrong = json!({"username": "alice", "password": "not the password"}).to_string();
+    let json = [("content-type", "application/json")];
+    for _ in 0..3 {
+        assert_eq!(password_sign_in(&stack, "alice", "not the password").0, 401);
+    }
+    for _ in 0..2 {
+        let (status, _, body) = http(port_b, "POST", "/v1/console/sign-in", &json, &wrong);
+        assert_eq!(status, 401, "{body}");
+    }
+    let (status, _, limited) = password_sign_in(&stack, "alice", PASSWORD);
+    assert_eq!(status, 429, "{limited}");
+    assert_eq!(limited["error"]["code"], "too_many_attempts");
+}
+
 #[test]
 fn failed_sign_ins_are_limited_per_user_and_per_address() {
     let stack = Stack::start();

@@ -30,6 +30,7 @@ on_postgres!(
     racing_hosts_redeem_a_code_once_and_take_a_name_once,
     accounts_codes_and_sessions,
     device_logins_are_decided_once_and_redeemed_once,
+    failed_attempts_are_limited_across_hosts,
 );
 
 /// Hosts starting together on an empty database: each migration is applied once, and all of

@@ -8,7 +8,8 @@
 //! | `POST /v1/console/invite {code, password}` | sets the password from a one-time invite, then as sign-in |
 //!
 //! A wrong name or password is one answer, 401 `invalid_credentials`. Failed attempts are
-//! counted in memory per user name and per client address ([`FailureLimits`]); past the
+//! counted per user name and per client address ([`FailureLimits`], in the identity store, so
+//! every host of a cluster counts the same); past the
 //! limit the answer is 429 `too_many_attempts` with `Retry-After`, before any password is
 //! checked. Sign-in and invite need an `Origin` that is the console's, or none (a login CSRF
 //! from another site would sign the victim's browser into the attacker's account).
@@ -16,10 +17,11 @@
 use crate::console::session::{
     self, SESSION_COOKIE, Sessions, cookie_secret, not_signed_in, store_unavailable,
 };
-use crate::identity::IdentityError;
 use crate::identity::accounts::{NewSession, Session};
+use crate::identity::attempt_limits::CountedAttempt;
 use crate::identity::store::now_ms;
 use crate::identity::store::validate_name;
+use crate::identity::{IdentityError, IdentityStore};
 use agentworks_daemon::ipc::envelope::{
     Body, Refusal, decode_json, full, json_response, run_blocking,
 };
@@ -29,9 +31,7 @@ use hyper::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER, SET_COOKIE};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
-use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::Mutex;
 
 /// The client's address, which agentd's public listener puts in each request's extensions
 /// (for the failed-attempt limits).
@@ -44,8 +44,6 @@ pub const FAILURE_WINDOW_MS: i64 = 15 * 60_000;
 pub const MAX_FAILURES_PER_USER: usize = 5;
 /// Failed attempts per client address within the window before further ones are refused.
 pub const MAX_FAILURES_PER_ADDRESS: usize = 20;
-/// Above this many tracked keys, keys with no failure in the window are dropped.
-const PRUNE_ABOVE_KEYS: usize = 10_000;
 
 const SIGN_IN: &str = "/v1/console/sign-in";
 const SESSION: &str = "/v1/console/session";
@@ -55,63 +53,73 @@ const INVITE: &str = "/v1/console/invite";
 /// The largest body these endpoints read (a name and a 1024-character password fit).
 const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// Recent failures by key (`user:<name>`, `address:<ip>`), in memory: a restart forgets them.
-#[derive(Default)]
+/// Failed attempts by key (`user:<name>`, `address:<ip>`), counted in the identity store
+/// ([`crate::identity::attempt_limits`]) so every agentd host of a cluster counts the same.
+/// Cheap to clone.
+#[derive(Clone)]
 pub(crate) struct FailureLimits {
-    failures: Mutex<HashMap<String, VecDeque<i64>>>,
+    identity: IdentityStore,
+}
+
+/// Why an attempt was not let through: too many failures (the seconds to wait), or the store
+/// could not count it (refused rather than let through uncounted).
+pub(crate) enum Limited {
+    Wait(i64),
+    Unavailable(String),
 }
 
 impl FailureLimits {
-    /// Count an attempt as failed before it is checked, so concurrent attempts cannot slip
-    /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
-    /// already at its limit nothing is counted and the answer is the seconds until every key
-    /// is under its limit again.
-    pub(crate) fn begin(&self, keys: &[(&str, usize)], now: i64) -> Result<(), i64> {
-        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() > PRUNE_ABOVE_KEYS {
-            map.retain(|_, times| times.back().is_some_and(|t| *t + FAILURE_WINDOW_MS > now));
-        }
-        let mut wait_ms: Option<i64> = None;
-        for (key, limit) in keys {
-            let Some(times) = map.get_mut(*key) else {
-                continue;
-            };
-            while times.front().is_some_and(|t| *t + FAILURE_WINDOW_MS <= now) {
-                times.pop_front();
-            }
-            if times.len() >= *limit {
-                // The next attempt is allowed once enough of the oldest failures expired.
-                let oldest = times[times.len() - limit];
-                let ms = oldest + FAILURE_WINDOW_MS - now;
-                wait_ms = Some(wait_ms.map_or(ms, |w| w.max(ms)));
-            }
-        }
-        if let Some(ms) = wait_ms {
-            return Err((ms + 999) / 1000);
-        }
-        for (key, _) in keys {
-            let times = map.entry((*key).to_owned()).or_default();
-            times.push_back(now);
-            // More than the largest limit is never needed to decide.
-            while times.len() > MAX_FAILURES_PER_ADDRESS {
-                times.pop_front();
-            }
-        }
-        Ok(())
+    pub(crate) fn new(identity: IdentityStore) -> FailureLimits {
+        FailureLimits { identity }
     }
 
-    /// The attempt [`FailureLimits::begin`] counted at `now` succeeded: uncount it.
-    pub(crate) fn succeeded(&self, keys: &[(&str, usize)], now: i64) {
-        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, _) in keys {
-            if let Some(times) = map.get_mut(*key) {
-                if let Some(i) = times.iter().rposition(|t| *t == now) {
-                    times.remove(i);
-                }
-                if times.is_empty() {
-                    map.remove(*key);
-                }
-            }
+    /// Count an attempt as failed before it is checked, so concurrent attempts cannot slip
+    /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
+    /// already at its limit nothing is counted.
+    pub(crate) async fn begin(
+        &self,
+        keys: &[(&str, usize)],
+        now: i64,
+    ) -> Result<CountedAttempt, Limited> {
+        let identity = self.identity.clone();
+        let keys: Vec<(String, usize)> = keys.iter().map(|(k, l)| ((*k).to_owned(), *l)).collect();
+        let counted = tokio::task::spawn_blocking(move || {
+            let keys: Vec<(&str, usize)> = keys.iter().map(|(k, l)| (k.as_str(), *l)).collect();
+            identity.count_attempt(&keys, now, FAILURE_WINDOW_MS)
+        })
+        .await;
+        match counted {
+            Ok(Ok(Ok(attempt))) => Ok(attempt),
+            Ok(Ok(Err(seconds))) => Err(Limited::Wait(seconds)),
+            Ok(Err(error)) => Err(Limited::Unavailable(error.to_string())),
+            Err(error) => Err(Limited::Unavailable(error.to_string())),
+        }
+    }
+
+    /// The attempt [`FailureLimits::begin`] counted succeeded: uncount it. A failure to do so
+    /// is logged: it only leaves one failure too many in the window.
+    pub(crate) async fn succeeded(&self, attempt: &CountedAttempt) {
+        let (identity, attempt) = (self.identity.clone(), attempt.clone());
+        let uncounted =
+            tokio::task::spawn_blocking(move || identity.uncount_attempt(&attempt)).await;
+        if let Ok(Err(error)) = uncounted {
+            tracing::warn!(%error, "cannot uncount a successful attempt");
+        }
+    }
+}
+
+/// The answer to an attempt [`FailureLimits::begin`] did not let through.
+fn limited(limited: Limited) -> Response<Body> {
+    match limited {
+        Limited::Wait(seconds) => too_many_attempts(seconds),
+        Limited::Unavailable(error) => {
+            tracing::warn!(%error, "cannot count an attempt; refused");
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the identity store is unavailable; try again shortly",
+            )
+            .into_response()
         }
     }
 }
@@ -298,9 +306,10 @@ async fn sign_in(
             if let Some(key) = &user_key {
                 limits.push((key.as_str(), MAX_FAILURES_PER_USER));
             }
-            if let Err(seconds) = inner.failures.begin(&limits, now) {
-                return Ok(too_many_attempts(seconds));
-            }
+            let attempt = match inner.failures.begin(&limits, now).await {
+                Ok(attempt) => attempt,
+                Err(refused) => return Ok(limited(refused)),
+            };
             let identity = inner.identity.clone();
             // The permit goes with the blocking call, so a client that hangs up does not
             // free it while Argon2 still runs.
@@ -313,7 +322,7 @@ async fn sign_in(
             let Some(user) = user else {
                 return Err(invalid_credentials());
             };
-            inner.failures.succeeded(&limits, now);
+            inner.failures.succeeded(&attempt).await;
             start_session(inner, user).await
         }
         SignIn {
@@ -322,9 +331,10 @@ async fn sign_in(
             link_code: Some(code),
         } => {
             let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
-            if let Err(seconds) = inner.failures.begin(&limits, now) {
-                return Ok(too_many_attempts(seconds));
-            }
+            let attempt = match inner.failures.begin(&limits, now).await {
+                Ok(attempt) => attempt,
+                Err(refused) => return Ok(limited(refused)),
+            };
             let identity = inner.identity.clone();
             let user = blocking(move || {
                 identity.redeem_code(&code, crate::identity::accounts::CodeKind::SignIn, now)
@@ -333,7 +343,7 @@ async fn sign_in(
             let Some(user) = user else {
                 return Err(invalid_credentials());
             };
-            inner.failures.succeeded(&limits, now);
+            inner.failures.succeeded(&attempt).await;
             start_session(inner, user).await
         }
         _ => Err(Refusal::new(
@@ -390,9 +400,10 @@ async fn invite(
     let address = address_key(parts);
     let now = now_ms();
     let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
-    if let Err(seconds) = inner.failures.begin(&limits, now) {
-        return Ok(too_many_attempts(seconds));
-    }
+    let attempt = match inner.failures.begin(&limits, now).await {
+        Ok(attempt) => attempt,
+        Err(refused) => return Ok(limited(refused)),
+    };
     let identity = inner.identity.clone();
     let permit = inner.hashing.clone().acquire_owned().await;
     let accepted = blocking(move || {
@@ -402,7 +413,7 @@ async fn invite(
     .await;
     // A password the rules refuse is the person's typo, not a guess at a code.
     if matches!(&accepted, Err(r) if r.code == "invalid_request") {
-        inner.failures.succeeded(&limits, now);
+        inner.failures.succeeded(&attempt).await;
     }
     let Some(user) = accepted? else {
         return Err(Refusal::new(
@@ -411,7 +422,7 @@ async fn invite(
             "this invite is unknown, expired or already used; ask for a new one",
         ));
     };
-    inner.failures.succeeded(&limits, now);
+    inner.failures.succeeded(&attempt).await;
     start_session(inner, user).await
 }
 
@@ -434,28 +445,5 @@ mod tests {
                 format!("aw_session=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
             );
         }
-    }
-
-    #[test]
-    fn failures_are_limited_per_key_within_the_window() {
-        let limits = FailureLimits::default();
-        let now = 1_000_000;
-        let keys = [("user:a", 2), ("address:x", 3)];
-        assert_eq!(limits.begin(&keys, now), Ok(()));
-        limits.succeeded(&keys, now);
-        assert_eq!(limits.begin(&keys, now), Ok(()));
-        assert_eq!(limits.begin(&keys, now + 1_000), Ok(()));
-        assert_eq!(
-            limits.begin(&keys, now + 2_000),
-            Err(FAILURE_WINDOW_MS / 1000 - 2),
-            "two failures of user:a in the window"
-        );
-        assert_eq!(limits.begin(&[("user:b", 2)], now), Ok(()));
-        assert_eq!(limits.begin(&[("address:x", 3)], now + 2_000), Ok(()));
-        assert_eq!(
-            limits.begin(&[("address:x", 3)], now + 2_000),
-            Err(FAILURE_WINDOW_MS / 1000 - 2)
-        );
-        assert_eq!(limits.begin(&keys, now + FAILURE_WINDOW_MS + 1_000), Ok(()));
     }
 }

@@ -106,9 +106,18 @@ async fn answer(sessions: &Sessions, parts: &Parts, body: &[u8]) -> Response<Bod
         (address_key.as_str(), MAX_FAILURES_PER_ADDRESS),
     ];
     let now = now_ms();
-    if let Err(seconds) = inner.failures.begin(&limits, now) {
-        return too_many_attempts(seconds);
-    }
+    let attempt = match inner.failures.begin(&limits, now).await {
+        Ok(attempt) => attempt,
+        Err(crate::console::accounts::Limited::Wait(seconds)) => return too_many_attempts(seconds),
+        Err(crate::console::accounts::Limited::Unavailable(error)) => {
+            tracing::warn!(%error, "cannot count a device-login lookup; refused");
+            return oauth_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "the identity store is unavailable; try again shortly",
+            );
+        }
+    };
     // The store's answer: the pending login looked up, or the decision taken.
     enum Found {
         Pending(Option<crate::identity::device_logins::PendingDeviceLogin>),
@@ -165,7 +174,7 @@ async fn answer(sessions: &Sessions, parts: &Parts, body: &[u8]) -> Response<Bod
         Found::Decided(Err(DecideError::NotFound)) => (not_found(), true),
     };
     if !guess_failed {
-        inner.failures.succeeded(&limits, now);
+        inner.failures.succeeded(&attempt).await;
     }
     response
 }

@@ -115,12 +115,12 @@ impl Sessions {
     ) -> Sessions {
         Sessions {
             inner: Some(Arc::new(Inner {
+                failures: FailureLimits::new(identity.clone()),
                 identity,
                 public_url,
                 allowed_origins,
                 loopback_port,
                 policy: SessionPolicy::default(),
-                failures: FailureLimits::default(),
                 hashing: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS)),
             })),
         }

@@ -540,6 +540,70 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
     );
 }
 
+/// Failed attempts: counted per key within the window on any host, refused past a limit with
+/// the seconds to wait, uncounted on success, and never past the limit when hosts count at
+/// the same moment.
+pub fn failed_attempts_are_limited_across_hosts(open: &dyn Fn() -> IdentityStore) {
+    const WINDOW: i64 = 15 * 60_000;
+    let (a, b) = (open(), open());
+    let now = 1_000_000;
+    let keys = [("user:a", 2), ("address:x", 3)];
+    let first = a.count_attempt(&keys, now, WINDOW).unwrap().unwrap();
+    b.uncount_attempt(&first).unwrap();
+    assert!(b.count_attempt(&keys, now, WINDOW).unwrap().is_ok());
+    assert!(a.count_attempt(&keys, now + 1_000, WINDOW).unwrap().is_ok());
+    assert_eq!(
+        b.count_attempt(&keys, now + 2_000, WINDOW).unwrap(),
+        Err(WINDOW / 1000 - 2),
+        "two failures of user:a in the window, counted on two hosts"
+    );
+    assert!(
+        a.count_attempt(&[("user:b", 2)], now, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert!(
+        a.count_attempt(&[("address:x", 3)], now + 2_000, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        b.count_attempt(&[("address:x", 3)], now + 2_000, WINDOW)
+            .unwrap(),
+        Err(WINDOW / 1000 - 2)
+    );
+    assert!(
+        a.count_attempt(&keys, now + WINDOW + 1_000, WINDOW)
+            .unwrap()
+            .is_ok(),
+        "the window passed"
+    );
+
+    const HOSTS: usize = 6;
+    let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
+    let barrier = Arc::new(Barrier::new(HOSTS));
+    let counted: Vec<bool> = std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let barrier = barrier.clone();
+                scope.spawn(move || {
+                    barrier.wait();
+                    host.count_attempt(&[("user:racer", 3)], now, WINDOW)
+                        .unwrap()
+                        .is_ok()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    assert_eq!(
+        counted.iter().filter(|ok| **ok).count(),
+        3,
+        "a limit of 3, {HOSTS} hosts at once: {counted:?}"
+    );
+}
+
 #[cfg(test)]
 mod on_sqlite {
     /// A fresh SQLite file; every call of the closure opens it again (another connection, as a
@@ -573,6 +637,11 @@ mod on_sqlite {
     #[test]
     fn accounts_codes_and_sessions() {
         run(super::accounts_codes_and_sessions);
+    }
+
+    #[test]
+    fn failed_attempts_are_limited_across_hosts() {
+        run(super::failed_attempts_are_limited_across_hosts);
     }
 
     #[test]

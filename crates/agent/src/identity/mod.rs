@@ -8,6 +8,7 @@
 //! workspaced re-applies.
 
 pub mod accounts;
+pub mod attempt_limits;
 pub mod authority;
 #[cfg(any(test, feature = "store-conformance"))]
 pub mod conformance;

@@ -203,6 +203,11 @@ CREATE TABLE IF NOT EXISTS device_logins (
     device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
     created_at_ms INTEGER NOT NULL, last_poll_at_ms INTEGER, approved_for TEXT,
     denied INTEGER NOT NULL DEFAULT 0, redeemed_at_ms INTEGER);
+-- failed sign-ins and other guesses, by key (identity::attempt_limits)
+CREATE TABLE IF NOT EXISTS attempt_failures (
+    id TEXT PRIMARY KEY, key TEXT NOT NULL, at_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS attempt_failures_by_key ON attempt_failures (key, at_ms);
+CREATE INDEX IF NOT EXISTS attempt_failures_by_time ON attempt_failures (at_ms);
 ";
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
@@ -254,12 +259,16 @@ CREATE TABLE sessions (
     token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
     created_at_ms BIGINT NOT NULL, last_used_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL);
 ",
-    // 2: device logins in progress, so any host answers a login another host started.
+    // 2: device logins in progress and failed attempts, so any host answers a login another
+    // host started, and every host counts the same failures.
     "
 CREATE TABLE device_logins (
     device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
     created_at_ms BIGINT NOT NULL, last_poll_at_ms BIGINT, approved_for TEXT,
     denied BIGINT NOT NULL DEFAULT 0, redeemed_at_ms BIGINT);
+CREATE TABLE attempt_failures (id TEXT PRIMARY KEY, key TEXT NOT NULL, at_ms BIGINT NOT NULL);
+CREATE INDEX attempt_failures_by_key ON attempt_failures (key, at_ms);
+CREATE INDEX attempt_failures_by_time ON attempt_failures (at_ms);
 ",
 ];
 

@@ -125,12 +125,12 @@ impl AuthorizationServer {
     ) -> AuthorizationServer {
         AuthorizationServer {
             inner: Arc::new(Inner {
+                registrations: crate::console::accounts::FailureLimits::new(identity.clone()),
                 identity,
                 issuer: public_url.trim_end_matches('/').to_owned(),
                 loopback_port,
                 outbound,
                 pending: Mutex::new(HashMap::new()),
-                registrations: Default::default(),
             }),
         }
     }
@@ -252,12 +252,21 @@ impl AuthorizationServer {
             "register:{}",
             address.map(|a| a.to_string()).unwrap_or_default()
         );
-        if let Err(wait_s) = self
+        match self
             .inner
             .registrations
             .begin(&[(&key, MAX_REGISTRATIONS_PER_ADDRESS)], now)
+            .await
         {
-            return too_many(wait_s, "too many registrations from this address");
+            // A registration counts whether or not it is stored: it is never uncounted.
+            Ok(_) => {}
+            Err(crate::console::accounts::Limited::Wait(wait_s)) => {
+                return too_many(wait_s, "too many registrations from this address");
+            }
+            Err(crate::console::accounts::Limited::Unavailable(error)) => {
+                tracing::warn!(%error, "cannot count a registration; refused");
+                return server_error();
+            }
         }
         let identity = self.inner.identity.clone();
         let stored = tokio::task::spawn_blocking(move || {
