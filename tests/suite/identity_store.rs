@@ -31,6 +31,7 @@ on_postgres!(
     accounts_codes_and_sessions,
     device_logins_are_decided_once_and_redeemed_once,
     failed_attempts_are_limited_across_hosts,
+    authorization_requests_are_decided_once,
 );
 
 /// Hosts starting together on an empty database: each migration is applied once, and all of

@@ -514,6 +514,49 @@ fn consent_to_one_folder_then_writes_refresh_reuse_and_revocation() {
     assert_eq!(mcp_status(&s, &pat), 200);
 }
 
+/// In a cluster, an authorization request made through agentd A is shown and decided on
+/// agentd B's consent page, once, and its code is exchanged at A: the load balancer need not
+/// keep a person's consent on the host that took the request. Kept in A's memory, B answered
+/// 404 `not_found`.
+#[test]
+fn a_request_made_on_one_host_is_consented_to_on_another() {
+    let (stack, _) = Stack::start_in_cluster_with_gateway_and("");
+    let s = setup_on(stack);
+    let (_agentd_b, port_b) = s.stack.start_agentd_host("host-b");
+    let client = public_client(&s.stack);
+    let verifier = "a-verifier-of-forty-three-or-more-characters-long";
+    let id = start(&s, &client, "workflows:read", verifier);
+    let path = format!("/v1/console/oauth/requests/{id}");
+    let (status, _, view) = http(port_b, "GET", &path, &[("cookie", &s.cookie)], "");
+    assert_eq!(status, 200, "{view}");
+    let origin_b = format!("http://127.0.0.1:{port_b}");
+    let body = json!({"allow": true, "projects": [s.flows]});
+    let (status, _, text) = http(
+        port_b,
+        "POST",
+        &path,
+        &[
+            ("content-type", "application/json"),
+            ("cookie", &s.cookie),
+            ("origin", &origin_b),
+            ("x-csrf-token", &s.csrf),
+        ],
+        &body.to_string(),
+    );
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let code = param(answer["redirect"].as_str().unwrap(), "code").unwrap();
+    // Decided once, whichever host is asked next.
+    let (status, again) = consent(&s, &id, json!({"allow": false}));
+    assert_eq!(
+        (status, again["error"].as_str()),
+        (409, Some("already_decided"))
+    );
+    let (status, tokens) = exchange(&s, &client, &code, verifier);
+    assert_eq!(status, 200, "{tokens}");
+    assert_eq!(tokens["scope"], "workflows:read");
+}
+
 #[test]
 fn read_only_consent_never_becomes_write() {
     let s = setup();

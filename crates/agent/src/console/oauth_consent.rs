@@ -122,7 +122,7 @@ async fn answer(
     let identity = server.identity().clone();
     match (route, parts.method.clone()) {
         (Route::Request(id), Method::GET) => {
-            let Some(pending) = server.pending(id, now_ms()) else {
+            let Some(pending) = server.pending(id, now_ms()).await else {
                 return request_not_found();
             };
             let projects = blocking(move || identity.projects_of(&user_id)).await;
@@ -246,9 +246,10 @@ async fn decide(
     let identity = server.identity().clone();
     // Check the choices before the request is spent, so a mistake can be corrected.
     let choices = if decision.allow {
-        let Some(pending) = server.pending(id, now_ms()) else {
-            return match server.take_pending(id, now_ms()) {
+        let Some(pending) = server.pending(id, now_ms()).await else {
+            return match server.take_pending(id, now_ms()).await {
                 Err(TakeError::AlreadyDecided) => already_decided(),
+                Err(TakeError::Unavailable(error)) => store_unavailable(&error),
                 _ => request_not_found(),
             };
         };
@@ -265,10 +266,11 @@ async fn decide(
     } else {
         None
     };
-    let pending = match server.take_pending(id, now_ms()) {
+    let pending = match server.take_pending(id, now_ms()).await {
         Ok(pending) => pending,
         Err(TakeError::AlreadyDecided) => return already_decided(),
         Err(TakeError::NotFound) => return request_not_found(),
+        Err(TakeError::Unavailable(error)) => return store_unavailable(&error),
     };
     let Some((projects, file_guard)) = choices else {
         tracing::info!(user = %user_name, client = %pending.client_id, "an OAuth request was denied");
@@ -403,6 +405,16 @@ fn request_not_found() -> Response<Body> {
         StatusCode::NOT_FOUND,
         "not_found",
         "no sign-in request has that id: it is unknown or expired (requests last 10 minutes); start again from the app",
+    )
+}
+
+/// The identity store could not keep or read the request: 503, logged.
+fn store_unavailable(error: &str) -> Response<Body> {
+    tracing::warn!(%error, "cannot decide an authorization request");
+    oauth_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "temporarily_unavailable",
+        "the sign-in request cannot be read now; try again shortly",
     )
 }
 

@@ -13,6 +13,7 @@ use agentworks_core::guard::Guard;
 
 use super::accounts::{CodeKind, SessionPolicy};
 use super::authority::{FileGuard, Role, Scope};
+use super::authorization_requests::Decision;
 use super::device_logins::{DEVICE_LOGIN_TTL_MS, DecideError, DevicePoll};
 use super::oauth::NewGrant;
 use super::store::{IdentityError, IdentityStore, ProjectKind, TokenRefusal, TokenRequest, now_ms};
@@ -604,6 +605,80 @@ pub fn failed_attempts_are_limited_across_hosts(open: &dyn Fn() -> IdentityStore
     );
 }
 
+/// OAuth authorization requests waiting for consent: kept on one host, shown and decided on
+/// another, decided once even when six hosts decide at once; none past the cap or the time.
+pub fn authorization_requests_are_decided_once(open: &dyn Fn() -> IdentityStore) {
+    const TTL: i64 = 600_000;
+    let (a, b) = (open(), open());
+    let now = 1_000_000;
+    assert!(
+        a.put_authorization_request("r1", "{\"x\":1}", now, TTL, 3)
+            .unwrap()
+    );
+    assert_eq!(
+        b.authorization_request("r1", now + 1, TTL)
+            .unwrap()
+            .as_deref(),
+        Some("{\"x\":1}")
+    );
+    assert_eq!(b.authorization_request("r2", now, TTL).unwrap(), None);
+    let hosts: Vec<IdentityStore> = (0..6).map(|_| open()).collect();
+    let barrier = Arc::new(Barrier::new(hosts.len()));
+    let decided: Vec<Decision> = std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let barrier = barrier.clone();
+                scope.spawn(move || {
+                    barrier.wait();
+                    host.decide_authorization_request("r1", now + 2, TTL)
+                        .unwrap()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    let taken = decided
+        .iter()
+        .filter(|d| matches!(d, Decision::Taken(_)))
+        .count();
+    assert_eq!(taken, 1, "{decided:?}");
+    assert!(
+        decided
+            .iter()
+            .all(|d| matches!(d, Decision::Taken(_) | Decision::AlreadyDecided)),
+        "{decided:?}"
+    );
+    assert_eq!(b.authorization_request("r1", now + 3, TTL).unwrap(), None);
+    assert_eq!(
+        a.decide_authorization_request("nope", now, TTL).unwrap(),
+        Decision::NotFound
+    );
+    // The cap counts live requests (the decided one included); an expired one frees its place.
+    assert!(
+        a.put_authorization_request("r2", "{}", now, TTL, 3)
+            .unwrap()
+    );
+    assert!(
+        a.put_authorization_request("r3", "{}", now, TTL, 3)
+            .unwrap()
+    );
+    assert!(
+        !b.put_authorization_request("r4", "{}", now, TTL, 3)
+            .unwrap()
+    );
+    assert_eq!(
+        b.decide_authorization_request("r2", now + TTL, TTL)
+            .unwrap(),
+        Decision::NotFound,
+        "expired"
+    );
+    assert!(
+        b.put_authorization_request("r4", "{}", now + TTL, TTL, 3)
+            .unwrap()
+    );
+}
+
 #[cfg(test)]
 mod on_sqlite {
     /// A fresh SQLite file; every call of the closure opens it again (another connection, as a
@@ -637,6 +712,11 @@ mod on_sqlite {
     #[test]
     fn accounts_codes_and_sessions() {
         run(super::accounts_codes_and_sessions);
+    }
+
+    #[test]
+    fn authorization_requests_are_decided_once() {
+        run(super::authorization_requests_are_decided_once);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 pub mod accounts;
 pub mod attempt_limits;
 pub mod authority;
+pub mod authorization_requests;
 #[cfg(any(test, feature = "store-conformance"))]
 pub mod conformance;
 pub mod device_logins;

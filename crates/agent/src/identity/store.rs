@@ -208,6 +208,10 @@ CREATE TABLE IF NOT EXISTS attempt_failures (
     id TEXT PRIMARY KEY, key TEXT NOT NULL, at_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS attempt_failures_by_key ON attempt_failures (key, at_ms);
 CREATE INDEX IF NOT EXISTS attempt_failures_by_time ON attempt_failures (at_ms);
+-- OAuth authorization requests waiting for consent (identity::authorization_requests)
+CREATE TABLE IF NOT EXISTS oauth_requests (
+    id_hash TEXT PRIMARY KEY, request TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
+    decided INTEGER NOT NULL DEFAULT 0);
 ";
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
@@ -259,8 +263,9 @@ CREATE TABLE sessions (
     token_id TEXT NOT NULL REFERENCES tokens(id), csrf_token TEXT NOT NULL,
     created_at_ms BIGINT NOT NULL, last_used_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL);
 ",
-    // 2: device logins in progress and failed attempts, so any host answers a login another
-    // host started, and every host counts the same failures.
+    // 2: device logins in progress, failed attempts and authorization requests waiting for
+    // consent, so any host answers a login or a consent another host started, and every host
+    // counts the same failures.
     "
 CREATE TABLE device_logins (
     device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
@@ -269,6 +274,9 @@ CREATE TABLE device_logins (
 CREATE TABLE attempt_failures (id TEXT PRIMARY KEY, key TEXT NOT NULL, at_ms BIGINT NOT NULL);
 CREATE INDEX attempt_failures_by_key ON attempt_failures (key, at_ms);
 CREATE INDEX attempt_failures_by_time ON attempt_failures (at_ms);
+CREATE TABLE oauth_requests (
+    id_hash TEXT PRIMARY KEY, request TEXT NOT NULL, created_at_ms BIGINT NOT NULL,
+    decided BIGINT NOT NULL DEFAULT 0);
 ",
 ];
 

@@ -13,8 +13,9 @@
 //! unknown nothing is redirected (the error is a page here, so agentd is never an open
 //! redirector). Then `response_type=code`, a PKCE S256 `code_challenge`, `state` and
 //! `resource` (this server's `/mcp`, RFC 8707) are required; their errors go back to the
-//! client's redirect URI with `state` and `iss` (RFC 9207). The request waits in memory (at
-//! most [`MAX_PENDING`], [`PENDING_TTL_MS`]) for the person's decision on the consent page.
+//! client's redirect URI with `state` and `iss` (RFC 9207). The request waits in the identity
+//! store (at most [`MAX_PENDING`], [`PENDING_TTL_MS`]; `identity::authorization_requests`, so
+//! in a cluster any host shows and decides it) for the person's decision on the consent page.
 //!
 //! A `client_id` that is an https URL is a Client ID Metadata Document, fetched through the
 //! [`GuardedClient`] (no loopback, private, link-local or metadata address, no proxy, no
@@ -22,6 +23,7 @@
 
 use crate::identity::IdentityStore;
 use crate::identity::authority::Scope;
+use crate::identity::authorization_requests::Decision;
 use crate::identity::oauth::{IssuedTokens, RegisteredClient};
 use crate::identity::store::now_ms;
 use crate::oauth::client_metadata::{self, TokenEndpointAuthMethod};
@@ -38,7 +40,7 @@ use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The paths served here.
 pub const METADATA_PATH: &str = "/.well-known/oauth-authorization-server";
@@ -49,7 +51,7 @@ pub const TOKEN_PATH: &str = "/oauth/token";
 pub const REVOKE_PATH: &str = "/oauth/revoke";
 
 /// Authorization requests waiting for a decision at once; one more is refused.
-pub const MAX_PENDING: usize = 1_000;
+pub const MAX_PENDING: i64 = 1_000;
 /// How long a person has to decide: 10 minutes.
 pub const PENDING_TTL_MS: i64 = 10 * 60_000;
 /// Registrations per client address in the failure window (15 minutes).
@@ -60,7 +62,7 @@ pub const MAX_UNUSED_REGISTRATIONS: usize = 1_000;
 pub const DEFAULT_SCOPE: Scope = Scope::WorkflowsRead;
 
 /// An authorization request waiting on the consent page.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Pending {
     pub client_id: String,
     pub client_name: String,
@@ -70,15 +72,15 @@ pub struct Pending {
     pub code_challenge: String,
     pub resource: String,
     pub created_at_ms: i64,
-    /// Decided on the consent page; kept until it expires so a second decision is told so.
-    pub decided: bool,
 }
 
 /// Why a pending request cannot be decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TakeError {
     NotFound,
     AlreadyDecided,
+    /// The identity store could not be read or written.
+    Unavailable(String),
 }
 
 impl Pending {
@@ -110,7 +112,6 @@ struct Inner {
     /// all name `/mcp` (as they name its origin).
     loopback_port: Option<u16>,
     outbound: Option<GuardedClient>,
-    pending: Mutex<HashMap<String, Pending>>,
     registrations: crate::console::accounts::FailureLimits,
 }
 
@@ -130,7 +131,6 @@ impl AuthorizationServer {
                 issuer: public_url.trim_end_matches('/').to_owned(),
                 loopback_port,
                 outbound,
-                pending: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -163,29 +163,39 @@ impl AuthorizationServer {
         &self.inner.identity
     }
 
-    /// A pending request that has not expired or been decided.
-    pub fn pending(&self, id: &str, now: i64) -> Option<Pending> {
-        let mut pending = self.lock_pending();
-        pending.retain(|_, p| p.created_at_ms + PENDING_TTL_MS > now);
-        pending.get(id).filter(|p| !p.decided).cloned()
-    }
-
-    /// Take a pending request to decide it: it can be decided once.
-    pub fn take_pending(&self, id: &str, now: i64) -> Result<Pending, TakeError> {
-        let mut pending = self.lock_pending();
-        match pending.get_mut(id) {
-            Some(p) if p.created_at_ms + PENDING_TTL_MS <= now => Err(TakeError::NotFound),
-            Some(p) if p.decided => Err(TakeError::AlreadyDecided),
-            Some(p) => {
-                p.decided = true;
-                Ok(p.clone())
+    /// A pending request that has not expired or been decided; `None` too when the store
+    /// cannot be read (logged).
+    pub async fn pending(&self, id: &str, now: i64) -> Option<Pending> {
+        let (identity, id) = (self.inner.identity.clone(), id.to_owned());
+        let found = tokio::task::spawn_blocking(move || {
+            identity.authorization_request(&id, now, PENDING_TTL_MS)
+        })
+        .await;
+        match found {
+            Ok(Ok(found)) => found.and_then(|request| serde_json::from_str(&request).ok()),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot read an authorization request");
+                None
             }
-            None => Err(TakeError::NotFound),
+            Err(_) => None,
         }
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
-        self.inner.pending.lock().unwrap_or_else(|e| e.into_inner())
+    /// Take a pending request to decide it: it can be decided once, on any host.
+    pub async fn take_pending(&self, id: &str, now: i64) -> Result<Pending, TakeError> {
+        let (identity, id) = (self.inner.identity.clone(), id.to_owned());
+        let decided = tokio::task::spawn_blocking(move || {
+            identity.decide_authorization_request(&id, now, PENDING_TTL_MS)
+        })
+        .await
+        .map_err(|error| TakeError::Unavailable(error.to_string()))?
+        .map_err(|error| TakeError::Unavailable(error.to_string()))?;
+        match decided {
+            Decision::Taken(request) => serde_json::from_str(&request)
+                .map_err(|error| TakeError::Unavailable(error.to_string())),
+            Decision::AlreadyDecided => Err(TakeError::AlreadyDecided),
+            Decision::NotFound => Err(TakeError::NotFound),
+        }
     }
 
     /// The redirect that ends an authorization: `params` and `state` and `iss` (RFC 9207)
@@ -408,20 +418,31 @@ impl AuthorizationServer {
             code_challenge: challenge.to_owned(),
             resource,
             created_at_ms: now,
-            decided: false,
         };
         let id = hex::encode(rand::random::<[u8; 16]>());
-        {
-            let mut waiting = self.lock_pending();
-            waiting.retain(|_, p| p.created_at_ms + PENDING_TTL_MS > now);
-            if waiting.len() >= MAX_PENDING {
-                drop(waiting);
+        let (identity, kept_id) = (self.inner.identity.clone(), id.clone());
+        let kept = tokio::task::spawn_blocking(move || {
+            let request = serde_json::to_string(&pending).map_err(|e| e.to_string())?;
+            identity
+                .put_authorization_request(&kept_id, &request, now, PENDING_TTL_MS, MAX_PENDING)
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        match kept {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
                 return back(OAuthError::TemporarilyUnavailable(
                     "too many authorization requests are waiting; try again in a few minutes"
                         .into(),
                 ));
             }
-            waiting.insert(id.clone(), pending);
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot keep an authorization request");
+                return back(OAuthError::TemporarilyUnavailable(
+                    "the authorization request cannot be kept now; try again shortly".into(),
+                ));
+            }
+            Err(_) => return server_error(),
         }
         see_other(&format!("{CONSENT_PATH}?request={id}"))
     }
