@@ -23,7 +23,8 @@
 //! non-zero only when something fails to run (a daemon, npm, a call that errors).
 //!
 //! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
-//! While working on one side, `-- 3 --writes-only` skips the reads and `--no-reference` the
+//! While working on one side, `-- 3 --writes-only` skips the reads (`--reads-only` the
+//! writes) and `--no-reference` the
 //! reference server (their ratios then print as NaN), and `--eight-only` the cells of one
 //! project; the closing numbers come from a full run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -536,6 +537,7 @@ fn run() -> Result<(), Error> {
     let measure = Duration::from_secs_f64(seconds);
     let selection = Selection {
         reads: !std::env::args().any(|a| a == "--writes-only"),
+        writes: !std::env::args().any(|a| a == "--reads-only"),
         reference: !std::env::args().any(|a| a == "--no-reference"),
         one_project: !std::env::args().any(|a| a == "--eight-only"),
     };
@@ -554,6 +556,8 @@ fn run() -> Result<(), Error> {
 #[derive(Clone, Copy)]
 struct Selection {
     reads: bool,
+    /// The write cells (`--reads-only` skips them).
+    writes: bool,
     reference: bool,
     /// The cells of one project (`--eight-only` skips them).
     one_project: bool,
@@ -607,7 +611,9 @@ fn measure_all(
             continue;
         }
         for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_file")] {
-            if matches!(op, Op::Read) && !selection.reads {
+            if matches!(op, Op::Read) && !selection.reads
+                || matches!(op, Op::Write) && !selection.writes
+            {
                 continue;
             }
             for in_flight in IN_FLIGHT {
@@ -656,7 +662,9 @@ fn measure_all(
         };
         prepare_reads(&runtime, &*reference, 1).map_err(with_log)?;
         for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
-            if matches!(op, Op::Read) && !selection.reads {
+            if matches!(op, Op::Read) && !selection.reads
+                || matches!(op, Op::Write) && !selection.writes
+            {
                 continue;
             }
             for in_flight in IN_FLIGHT {
