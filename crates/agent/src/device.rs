@@ -18,6 +18,7 @@
 
 use crate::identity::device_logins::{
     DEVICE_LOGIN_TTL_MS, DEVICE_POLL_INTERVAL_MS, DecideError, DevicePoll,
+    MAX_WAITING_DEVICE_LOGINS,
 };
 use crate::identity::store::now_ms;
 use crate::identity::{IdentityStore, Scope, TokenCheckError};
@@ -209,10 +210,19 @@ async fn device_code(
         .or(request.client_id)
         .unwrap_or_default();
     let identity = identity.clone();
-    match tokio::task::spawn_blocking(move || identity.start_device_login(&label, now_ms())).await {
-        Ok(Ok(login)) => json_response(
+    let started = tokio::task::spawn_blocking(move || {
+        identity.start_device_login(&label, now_ms(), MAX_WAITING_DEVICE_LOGINS)
+    })
+    .await;
+    match started {
+        Ok(Ok(Some(login))) => json_response(
             StatusCode::OK,
             &device_code_answer(public_url, login.device_code, login.user_code),
+        ),
+        Ok(Ok(None)) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "too many logins are waiting to be approved; try again in a few minutes",
         ),
         Ok(Err(e)) => store_unavailable(e),
         Err(e) => server_error(e),

@@ -405,7 +405,10 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
     let (a, b) = (open(), open());
     a.add_user("alice").unwrap();
     let now = now_ms();
-    let login = a.start_device_login("<b>laptop</b>", now).unwrap();
+    let login = a
+        .start_device_login("<b>laptop</b>", now, 10)
+        .unwrap()
+        .unwrap();
     assert_eq!(login.user_code.len(), 9, "{login:?}");
     assert_eq!(login.device_code.len(), 64);
     assert_eq!(
@@ -502,7 +505,7 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         DevicePoll::Invalid
     );
 
-    let denied = a.start_device_login("", now).unwrap();
+    let denied = a.start_device_login("", now, 10).unwrap().unwrap();
     assert_eq!(
         b.decide_device_login(&denied.user_code, "alice", false, now)
             .unwrap(),
@@ -524,7 +527,11 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         "a denied login is gone once answered"
     );
 
-    let expired = a.start_device_login("old", now).unwrap();
+    let expired = a.start_device_login("old", now, 10).unwrap().unwrap();
+    // At most two waiting ("old" and this one: the redeemed and the denied logins are gone);
+    // expired ones free their places.
+    a.start_device_login("third", now, 2).unwrap().unwrap();
+    assert_eq!(b.start_device_login("fourth", now, 2).unwrap(), None);
     let later = now + DEVICE_LOGIN_TTL_MS;
     assert_eq!(
         b.pending_device_login(&expired.user_code, later).unwrap(),
@@ -539,6 +546,7 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         a.poll_device_login(&expired.device_code, later).unwrap(),
         DevicePoll::Expired
     );
+    assert!(b.start_device_login("fourth", later, 2).unwrap().is_some());
 }
 
 /// Failed attempts: counted per key within the window on any host, refused past a limit with

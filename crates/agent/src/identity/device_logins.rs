@@ -22,6 +22,9 @@ pub const DEVICE_LOGIN_TTL_MS: i64 = 600_000;
 /// The polling interval the laptop is told to keep (RFC 8628 §3.2); a poll sooner than half
 /// of it is answered `slow_down`.
 pub const DEVICE_POLL_INTERVAL_MS: i64 = 2_000;
+/// Logins waiting at most: `/v1/device/code` is anonymous, so its rows are bounded; past this
+/// a new login is refused until some expire (10 minutes at most).
+pub const MAX_WAITING_DEVICE_LOGINS: i64 = 10_000;
 /// User codes: 8 characters from an alphabet without vowels or look-alikes, shown XXXX-XXXX.
 const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 
@@ -105,12 +108,14 @@ const UNDECIDED: &str = "user_code = ?1 AND created_at_ms > ?2 \
 type PollRow = (i64, Option<i64>, Option<String>, i64, bool);
 
 impl IdentityStore {
-    /// Starts a login for the device named `label` (cut to 64 characters).
+    /// Starts a login for the device named `label` (cut to 64 characters); `None` when `max`
+    /// live logins are waiting already.
     pub fn start_device_login(
         &self,
         label: &str,
         now: i64,
-    ) -> Result<NewDeviceLogin, IdentityError> {
+        max: i64,
+    ) -> Result<Option<NewDeviceLogin>, IdentityError> {
         let device_code = hex::encode(rand::random::<[u8; 32]>());
         let hash = token::hash_secret(&device_code);
         let label: String = label.chars().take(64).collect();
@@ -119,6 +124,11 @@ impl IdentityStore {
                 "DELETE FROM device_logins WHERE created_at_ms <= ?1",
                 &[&(now - DEVICE_LOGIN_TTL_MS)],
             )?;
+            let waiting: i64 =
+                tx.query_one("SELECT count(*) FROM device_logins", &[], |r| r.get(0))?;
+            if waiting >= max {
+                return Ok(None);
+            }
             // 20^8 codes: a clash with a live login is rare; draw again until there is none.
             let mut user_code = random_user_code();
             while tx
@@ -136,12 +146,12 @@ impl IdentityStore {
                  VALUES (?1, ?2, ?3, ?4, 0)",
                 &[&hash, &user_code, &label, &now],
             )?;
-            Ok::<_, IdentityError>(user_code)
+            Ok::<_, IdentityError>(Some(user_code))
         })?;
-        Ok(NewDeviceLogin {
+        Ok(user_code.map(|user_code| NewDeviceLogin {
             device_code,
             user_code,
-        })
+        }))
     }
 
     /// The live login with this user code that nobody decided yet, if any.
