@@ -23,10 +23,29 @@ const PORT: u16 = 8443;
 
 /// The callback, as a browser would reach it: `GET` of the path and query of `location`.
 fn callback(stack: &Stack, token: &str, location: &str) -> (u16, hyper::HeaderMap, String) {
+    callback_on(stack.port, token, location)
+}
+
+/// [`callback`] delivered to the agentd on `port` (another host of a cluster).
+fn callback_on(port: u16, token: &str, location: &str) -> (u16, hyper::HeaderMap, String) {
     let url = url::Url::parse(location).unwrap();
     let path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
     let auth = format!("Bearer {token}");
-    http(stack.port, "GET", &path, &[("authorization", &auth)], "")
+    http(port, "GET", &path, &[("authorization", &auth)], "")
+}
+
+/// The connection "OAuth Tools" to the namespace host's `/mcp`, added to `app` by `token`'s
+/// person (201 asserted).
+fn add_oauth_tools(stack: &Stack, token: &str, base: &str) -> Value {
+    let (status, connection) = api(
+        stack,
+        token,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    connection
 }
 
 /// What every test here starts from: the scripted model and a stack trusting the namespace
@@ -111,14 +130,7 @@ fn a_connection_signs_in_with_oauth_its_tokens_are_sealed_used_and_refreshed() {
             .body;
         String::from_utf8(body.to_vec()).unwrap()
     };
-    let (status, connection) = api(
-        stack,
-        alice,
-        "POST",
-        "/v1/projects/app/mcp-connections",
-        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
-    );
-    assert_eq!(status, 201, "{connection}");
+    let connection = add_oauth_tools(stack, alice, base);
     let id = connection["connection_id"].as_str().unwrap().to_owned();
     let whoami = format!("{}whoami", connection["tool_prefix"].as_str().unwrap());
     let sign_in_path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
@@ -311,14 +323,7 @@ fn a_person_signs_a_connection_in_from_the_console() {
         ..
     } = &world;
     assert!(passwd(stack, "alice", PASSWORD).status.success());
-    let (status, connection) = api(
-        stack,
-        alice,
-        "POST",
-        "/v1/projects/app/mcp-connections",
-        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
-    );
-    assert_eq!(status, 201, "{connection}");
+    let connection = add_oauth_tools(stack, alice, base);
     let shots = std::env::var_os("AGENTWORKS_CONSOLE_SCREENSHOTS")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -472,33 +477,12 @@ fn a_sign_in_started_on_one_host_finishes_on_another() {
         ..
     } = &world;
     let (_agentd_b, port_b) = stack.start_agentd_host("host-b");
-    let (status, connection) = api(
-        stack,
-        alice,
-        "POST",
-        "/v1/projects/app/mcp-connections",
-        json!({"name": "OAuth Tools", "url": format!("{base}/mcp")}),
-    );
-    assert_eq!(status, 201, "{connection}");
+    let connection = add_oauth_tools(stack, alice, base);
     let id = connection["connection_id"].as_str().unwrap();
-    let path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
-    let (status, body) = api(stack, alice, "POST", &path, Value::Null);
-    assert_eq!(status, 200, "{body}");
-    let location = match block_on(browser.get(body["authorization_url"].as_str().unwrap())) {
-        Err(OutboundError::Redirect { location, .. }) => location,
-        other => panic!("the authorization endpoint did not redirect: {other:?}"),
-    };
-    let url = url::Url::parse(&location).unwrap();
-    let callback_path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
-    let auth = format!("Bearer {alice}");
-    let (status, _, body) = http(
-        port_b,
-        "GET",
-        &callback_path,
-        &[("authorization", &auth)],
-        "",
-    );
+    let location = start_sign_in(stack, alice, id, browser);
+    let (status, _, body) = callback_on(port_b, alice, &location);
     assert_eq!(status, 303, "{body}");
+    let auth = format!("Bearer {alice}");
     let (status, _, listed) = http(
         port_b,
         "GET",
@@ -513,16 +497,22 @@ fn a_sign_in_started_on_one_host_finishes_on_another() {
     assert_eq!(callback(stack, alice, &location).0, 400);
 }
 
-/// The sign-in `token`'s person makes for connection `id` of project `app`, as a browser
-/// would follow it; returns once the callback answered 303.
-fn sign_in(stack: &Stack, token: &str, id: &str, browser: &GuardedClient) {
+/// Starts the sign-in of connection `id` of project `app` and follows the authorization URL as
+/// a browser would: where the server sends the browser back (the callback with the code).
+fn start_sign_in(stack: &Stack, token: &str, id: &str, browser: &GuardedClient) -> String {
     let path = format!("/v1/projects/app/mcp-connections/{id}/sign-in");
     let (status, body) = api(stack, token, "POST", &path, Value::Null);
     assert_eq!(status, 200, "{body}");
-    let location = match block_on(browser.get(body["authorization_url"].as_str().unwrap())) {
+    match block_on(browser.get(body["authorization_url"].as_str().unwrap())) {
         Err(OutboundError::Redirect { location, .. }) => location,
         other => panic!("the authorization endpoint did not redirect: {other:?}"),
-    };
+    }
+}
+
+/// The sign-in `token`'s person makes for connection `id` of project `app`, as a browser
+/// would follow it; returns once the callback answered 303.
+fn sign_in(stack: &Stack, token: &str, id: &str, browser: &GuardedClient) {
+    let location = start_sign_in(stack, token, id, browser);
     let (status, _, body) = callback(stack, token, &location);
     assert_eq!(status, 303, "{body}");
 }

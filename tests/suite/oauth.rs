@@ -163,19 +163,28 @@ pub(super) fn consent_view(s: &Setup, request_id: &str) -> Value {
 }
 
 fn consent(s: &Setup, request_id: &str, decision: Value) -> (u16, Value) {
-    let origin = origin(&s.stack);
-    let (status, _, answer) = request(
-        &s.stack,
+    consent_on(s, s.stack.port, request_id, decision)
+}
+
+/// [`consent`] through the agentd on `port` (another host of a cluster), with its origin.
+fn consent_on(s: &Setup, port: u16, request_id: &str, decision: Value) -> (u16, Value) {
+    let origin = format!("http://127.0.0.1:{port}");
+    let (status, _, text) = http(
+        port,
         "POST",
         &format!("/v1/console/oauth/requests/{request_id}"),
         &[
+            ("content-type", "application/json"),
             ("cookie", &s.cookie),
             ("origin", &origin),
             ("x-csrf-token", &s.csrf),
         ],
-        decision,
+        &decision.to_string(),
     );
-    (status, answer)
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// Allow with `decision` and return the code from the redirect (checking state and iss).
@@ -529,21 +538,12 @@ fn a_request_made_on_one_host_is_consented_to_on_another() {
     let path = format!("/v1/console/oauth/requests/{id}");
     let (status, _, view) = http(port_b, "GET", &path, &[("cookie", &s.cookie)], "");
     assert_eq!(status, 200, "{view}");
-    let origin_b = format!("http://127.0.0.1:{port_b}");
-    let body = json!({"allow": true, "projects": [s.flows]});
-    let (status, _, text) = http(
+    let (status, answer) = consent_on(
+        &s,
         port_b,
-        "POST",
-        &path,
-        &[
-            ("content-type", "application/json"),
-            ("cookie", &s.cookie),
-            ("origin", &origin_b),
-            ("x-csrf-token", &s.csrf),
-        ],
-        &body.to_string(),
+        &id,
+        json!({"allow": true, "projects": [s.flows]}),
     );
-    let answer: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(status, 200, "{answer}");
     let code = param(answer["redirect"].as_str().unwrap(), "code").unwrap();
     // Decided once, whichever host is asked next.

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 
 use agentworks_core::guard::Guard;
 
@@ -24,6 +24,25 @@ fn policy() -> Guard {
         write_paths: vec!["workflows".into()],
         ..Guard::default()
     }
+}
+
+/// `work` on every host at the same moment (they wait for each other at a barrier first): the
+/// answers, in the hosts' order.
+fn at_once<T: Send>(hosts: &[IdentityStore], work: impl Fn(&IdentityStore) -> T + Sync) -> Vec<T> {
+    let barrier = Barrier::new(hosts.len());
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|host| {
+                let (barrier, work) = (&barrier, &work);
+                scope.spawn(move || {
+                    barrier.wait();
+                    work(host)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    })
 }
 
 fn token_for(store: &IdentityStore, user: &str, scopes: Vec<Scope>) -> String {
@@ -291,20 +310,9 @@ pub fn racing_hosts_redeem_a_code_once_and_take_a_name_once(open: &dyn Fn() -> I
         .create_grant(&new_grant(&user.id, &project.id, VERIFIER), now)
         .unwrap();
     let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
-    let barrier = Arc::new(Barrier::new(HOSTS));
-    let exchanged: Vec<bool> = std::thread::scope(|scope| {
-        let runs: Vec<_> = hosts
-            .iter()
-            .map(|host| {
-                let (barrier, code) = (barrier.clone(), code.clone());
-                scope.spawn(move || {
-                    barrier.wait();
-                    host.exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
-                        .is_ok()
-                })
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    let exchanged: Vec<bool> = at_once(&hosts, |host| {
+        host.exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+            .is_ok()
     });
     assert_eq!(
         exchanged.iter().filter(|ok| **ok).count(),
@@ -312,23 +320,10 @@ pub fn racing_hosts_redeem_a_code_once_and_take_a_name_once(open: &dyn Fn() -> I
         "one code, {HOSTS} hosts at once: {exchanged:?}"
     );
 
-    let barrier = Arc::new(Barrier::new(HOSTS));
-    let added: Vec<Result<(), String>> = std::thread::scope(|scope| {
-        let runs: Vec<_> = hosts
-            .iter()
-            .map(|host| {
-                let barrier = barrier.clone();
-                scope.spawn(move || {
-                    barrier.wait();
-                    match host.add_user("racer") {
-                        Ok(_) => Ok(()),
-                        Err(IdentityError::Exists { .. }) => Err("exists".to_owned()),
-                        Err(other) => Err(other.to_string()),
-                    }
-                })
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    let added: Vec<Result<(), String>> = at_once(&hosts, |host| match host.add_user("racer") {
+        Ok(_) => Ok(()),
+        Err(IdentityError::Exists { .. }) => Err("exists".to_owned()),
+        Err(other) => Err(other.to_string()),
     });
     assert_eq!(added.iter().filter(|r| r.is_ok()).count(), 1, "{added:?}");
     assert!(
@@ -454,19 +449,9 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
     }
 
     let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
-    let barrier = Arc::new(Barrier::new(HOSTS));
-    let polls: Vec<DevicePoll> = std::thread::scope(|scope| {
-        let runs: Vec<_> = hosts
-            .iter()
-            .map(|host| {
-                let (barrier, code) = (barrier.clone(), login.device_code.clone());
-                scope.spawn(move || {
-                    barrier.wait();
-                    host.poll_device_login(&code, now + 5_000).unwrap()
-                })
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    let polls: Vec<DevicePoll> = at_once(&hosts, |host| {
+        host.poll_device_login(&login.device_code, now + 5_000)
+            .unwrap()
     });
     let granted: Vec<&DevicePoll> = polls
         .iter()
@@ -590,21 +575,10 @@ pub fn failed_attempts_are_limited_across_hosts(open: &dyn Fn() -> IdentityStore
 
     const HOSTS: usize = 6;
     let hosts: Vec<IdentityStore> = (0..HOSTS).map(|_| open()).collect();
-    let barrier = Arc::new(Barrier::new(HOSTS));
-    let counted: Vec<bool> = std::thread::scope(|scope| {
-        let runs: Vec<_> = hosts
-            .iter()
-            .map(|host| {
-                let barrier = barrier.clone();
-                scope.spawn(move || {
-                    barrier.wait();
-                    host.count_attempt(&[("user:racer", 3)], now, WINDOW)
-                        .unwrap()
-                        .is_ok()
-                })
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    let counted: Vec<bool> = at_once(&hosts, |host| {
+        host.count_attempt(&[("user:racer", 3)], now, WINDOW)
+            .unwrap()
+            .is_ok()
     });
     assert_eq!(
         counted.iter().filter(|ok| **ok).count(),
@@ -631,20 +605,9 @@ pub fn authorization_requests_are_decided_once(open: &dyn Fn() -> IdentityStore)
     );
     assert_eq!(b.authorization_request("r2", now, TTL).unwrap(), None);
     let hosts: Vec<IdentityStore> = (0..6).map(|_| open()).collect();
-    let barrier = Arc::new(Barrier::new(hosts.len()));
-    let decided: Vec<Decision> = std::thread::scope(|scope| {
-        let runs: Vec<_> = hosts
-            .iter()
-            .map(|host| {
-                let barrier = barrier.clone();
-                scope.spawn(move || {
-                    barrier.wait();
-                    host.decide_authorization_request("r1", now + 2, TTL)
-                        .unwrap()
-                })
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    let decided: Vec<Decision> = at_once(&hosts, |host| {
+        host.decide_authorization_request("r1", now + 2, TTL)
+            .unwrap()
     });
     let taken = decided
         .iter()
@@ -697,43 +660,26 @@ mod on_sqlite {
         check(&|| super::IdentityStore::open(&path).unwrap());
     }
 
-    #[test]
-    fn users_projects_and_members() {
-        run(super::users_projects_and_members);
+    /// One conformance function as a test on SQLite.
+    macro_rules! on_sqlite {
+        ($($name:ident),* $(,)?) => {
+            $(
+                #[test]
+                fn $name() {
+                    run(super::$name);
+                }
+            )*
+        };
     }
 
-    #[test]
-    fn tokens_are_checked_against_live_rows() {
-        run(super::tokens_are_checked_against_live_rows);
-    }
-
-    #[test]
-    fn oauth_codes_and_refresh_tokens_work_once() {
-        run(super::oauth_codes_and_refresh_tokens_work_once);
-    }
-
-    #[test]
-    fn racing_hosts_redeem_a_code_once_and_take_a_name_once() {
-        run(super::racing_hosts_redeem_a_code_once_and_take_a_name_once);
-    }
-
-    #[test]
-    fn accounts_codes_and_sessions() {
-        run(super::accounts_codes_and_sessions);
-    }
-
-    #[test]
-    fn authorization_requests_are_decided_once() {
-        run(super::authorization_requests_are_decided_once);
-    }
-
-    #[test]
-    fn failed_attempts_are_limited_across_hosts() {
-        run(super::failed_attempts_are_limited_across_hosts);
-    }
-
-    #[test]
-    fn device_logins_are_decided_once_and_redeemed_once() {
-        run(super::device_logins_are_decided_once_and_redeemed_once);
-    }
+    on_sqlite!(
+        users_projects_and_members,
+        tokens_are_checked_against_live_rows,
+        oauth_codes_and_refresh_tokens_work_once,
+        racing_hosts_redeem_a_code_once_and_take_a_name_once,
+        accounts_codes_and_sessions,
+        authorization_requests_are_decided_once,
+        failed_attempts_are_limited_across_hosts,
+        device_logins_are_decided_once_and_redeemed_once,
+    );
 }
