@@ -25,7 +25,7 @@
 //! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
 //! While working on one side, `-- 3 --writes-only` skips the reads (`--reads-only` the
 //! writes) and `--no-reference` the
-//! reference server (their ratios then print as NaN), and `--eight-only` the cells of one
+//! reference server (their ratios are then left out), and `--eight-only` the cells of one
 //! project; the closing numbers come from a full run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -795,6 +795,10 @@ fn report(rows: &[Row], base: &Path, measure: Duration) {
     );
     println!("| {:-<62} | {:->9} | {:->7} | {:->6} |", "", "", "", "");
     let line = |name: &str, n: usize, value: f64, goal: &str| {
+        // A ratio of a cell this run skipped is left out.
+        if value.is_nan() {
+            return;
+        }
         println!("| {name:<62} | {n:>9} | {value:>7.3} | {goal:>6} |");
     };
     for n in IN_FLIGHT {

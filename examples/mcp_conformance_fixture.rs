@@ -168,6 +168,7 @@ impl Backend for FixtureBackend {
             user_id: "conformance".into(),
             user_name: "conformance".into(),
             scopes: Vec::new(),
+            reach: None,
         })
     }
 

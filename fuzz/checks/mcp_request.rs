@@ -41,6 +41,7 @@ impl Backend for FuzzBackend {
                 user_id: "u1".to_owned(),
                 user_name: "fuzz".to_owned(),
                 scopes: vec!["workflows:read".to_owned()],
+                reach: None,
             }),
             Some("weak") => Err(Admission::InsufficientScope("workflows:read".to_owned())),
             Some(_) => Err(AuthError::Invalid.into()),

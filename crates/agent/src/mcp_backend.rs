@@ -7,7 +7,7 @@
 use crate::catalog::{Operation, OperationRunner};
 use crate::files::{FileTools, Source};
 use crate::identity::{IdentityStore, TokenCheckError, TokenInfo, User};
-use crate::mcp::{AuthError, Caller, ToolError};
+use crate::mcp::{AuthError, Caller, Reach, ToolError};
 use serde_json::{Map, Value};
 
 /// The caller a checked token names (its id, its user, its scopes).
@@ -17,6 +17,7 @@ pub fn caller_of(token: TokenInfo, user: User) -> Caller {
         user_id: user.id,
         user_name: user.name,
         scopes: token.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        reach: None,
     }
 }
 
@@ -44,10 +45,10 @@ impl OperationRunner for AgentBackend {
         };
         match self
             .identity
-            .check_bearer_at(presented, Some(&self.resource))
+            .check_bearer_and_reach(presented, &self.resource)
             .await
         {
-            Ok((token, user)) => {
+            Ok((token, user, (member, author))) => {
                 if let Some(grant) = token.grant_id.clone() {
                     // The connected-apps page shows when an app last used its access.
                     let identity = self.identity.clone();
@@ -58,7 +59,10 @@ impl OperationRunner for AgentBackend {
                         }
                     });
                 }
-                Ok(caller_of(token, user))
+                Ok(Caller {
+                    reach: Some(Reach { member, author }),
+                    ..caller_of(token, user)
+                })
             }
             Err(TokenCheckError::Refused(refusal)) => Err(refusal.into()),
             // The store is unavailable: refuse rather than guess.
@@ -70,16 +74,25 @@ impl OperationRunner for AgentBackend {
     }
 
     async fn allowed_operations(&self, caller: &Caller) -> Vec<Operation> {
-        // One cheap query: is the user a member (an author) anywhere this token reaches? The
-        // call itself still resolves the project's full access (policy, caps) every time.
-        let identity = self.identity.clone();
-        let caller = caller.clone();
-        let capabilities = self
-            .identity
-            .read_soon(move || identity.token_capabilities(&caller.token_id, &caller.user_id))
-            .await;
-        let Ok(Ok((member, author))) = capabilities else {
-            return Vec::new();
+        // Is the user a member (an author) anywhere this token reaches? Read with the token
+        // when it was checked here, else now. The call itself still resolves the project's
+        // full access (policy, caps) every time.
+        let (member, author) = match caller.reach {
+            Some(Reach { member, author }) => (member, author),
+            None => {
+                let identity = self.identity.clone();
+                let caller = caller.clone();
+                let capabilities = self
+                    .identity
+                    .read_soon(move || {
+                        identity.token_capabilities(&caller.token_id, &caller.user_id)
+                    })
+                    .await;
+                let Ok(Ok(capabilities)) = capabilities else {
+                    return Vec::new();
+                };
+                capabilities
+            }
         };
         Operation::ALL
             .into_iter()

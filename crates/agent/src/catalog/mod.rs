@@ -288,6 +288,7 @@ mod tests {
             user_id: "u".into(),
             user_name: "user".into(),
             scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+            reach: None,
         }
     }
 

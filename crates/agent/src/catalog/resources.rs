@@ -345,6 +345,7 @@ mod tests {
             user_id: "u".into(),
             user_name: "user".into(),
             scopes: vec!["workflows:read".into()],
+            reach: None,
         };
         let first = catalog.resource_page(&caller, None).await.unwrap();
         assert_eq!(first.items.len(), PAGE_SIZE);

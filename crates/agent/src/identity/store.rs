@@ -915,6 +915,17 @@ impl IdentityStore {
         &self,
         presented: &str,
     ) -> Result<Result<(TokenInfo, User), TokenRefusal>, IdentityError> {
+        let found = self.authenticate_then(presented, |_, _, _| Ok(()))?;
+        Ok(found.map(|(token, user, ())| (token, user)))
+    }
+
+    /// [`IdentityStore::authenticate`], and `then` over the accepted token and its user in
+    /// the same read (one lock and one snapshot for both).
+    fn authenticate_then<X>(
+        &self,
+        presented: &str,
+        then: impl FnOnce(&mut crate::db::Conn<'_>, &TokenInfo, &User) -> Result<X, DbError>,
+    ) -> Result<Result<(TokenInfo, User, X), TokenRefusal>, IdentityError> {
         let Some((id, secret)) = token::parse(presented) else {
             return Ok(Err(TokenRefusal::Invalid));
         };
@@ -938,7 +949,8 @@ impl IdentityStore {
             if user.disabled {
                 return Ok(Err(TokenRefusal::Disabled));
             }
-            Ok(Ok((info, user)))
+            let extra = then(db, &info, &user)?;
+            Ok(Ok((info, user, extra)))
         })
     }
 
@@ -960,15 +972,43 @@ impl IdentityStore {
         presented: &str,
         resource: Option<&str>,
     ) -> Result<(TokenInfo, User), TokenCheckError> {
+        let (token, user, ()) = self
+            .check_bearer_then(presented, resource, |_, _, _| Ok(()))
+            .await?;
+        Ok((token, user))
+    }
+
+    /// [`IdentityStore::check_bearer_at`], and with it, in the same read, what the user's
+    /// roles reach through the token ([`IdentityStore::token_capabilities`]): the MCP
+    /// endpoint's check, one read where it took two.
+    pub async fn check_bearer_and_reach(
+        &self,
+        presented: &str,
+        resource: &str,
+    ) -> Result<(TokenInfo, User, (bool, bool)), TokenCheckError> {
+        self.check_bearer_then(presented, Some(resource), |db, token, user| {
+            capabilities_in(db, &user.id, token.project_restriction().as_deref())
+        })
+        .await
+    }
+
+    async fn check_bearer_then<X: Send + 'static>(
+        &self,
+        presented: &str,
+        resource: Option<&str>,
+        then: impl FnOnce(&mut crate::db::Conn<'_>, &TokenInfo, &User) -> Result<X, DbError>
+        + Send
+        + 'static,
+    ) -> Result<(TokenInfo, User, X), TokenCheckError> {
         let store = self.clone();
         let presented = presented.to_owned();
         let resource = resource.map(str::to_owned);
         match self
             .db
-            .read_soon(move || store.authenticate(&presented))
+            .read_soon(move || store.authenticate_then(&presented, then))
             .await
         {
-            Ok(Ok(Ok((token, _))))
+            Ok(Ok(Ok((token, ..))))
                 if token
                     .audience
                     .as_deref()
@@ -1128,5 +1168,61 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn the_mcp_check_reads_what_the_token_reaches_with_the_token() {
+        let (_dir, s) = store();
+        for user in ["alice", "bob", "carol"] {
+            s.add_user(user).unwrap();
+        }
+        for project in ["one", "two"] {
+            s.add_project(
+                project,
+                ProjectKind::Workflow,
+                project,
+                &open_policy(),
+                "alice",
+            )
+            .unwrap();
+        }
+        s.set_member("one", "bob", Role::Viewer).unwrap();
+        s.set_member("two", "bob", Role::Editor).unwrap();
+        let token = |user: &str, project: Option<&str>| {
+            s.create_token(&TokenRequest {
+                user: user.into(),
+                scopes: vec![Scope::WorkflowsWrite],
+                project: project.map(str::to_owned),
+                ..TokenRequest::default()
+            })
+            .unwrap()
+        };
+        let resource = "http://127.0.0.1:1/mcp";
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for (user, project, reach) in [
+            ("bob", None, (true, true)),
+            ("bob", Some("one"), (true, false)),
+            ("bob", Some("two"), (true, true)),
+            ("carol", None, (false, false)),
+        ] {
+            let (info, plain) = token(user, project);
+            let (checked, checked_user, read) = runtime
+                .block_on(s.check_bearer_and_reach(&plain, resource))
+                .unwrap();
+            assert_eq!(checked.id, info.id);
+            assert_eq!(checked_user.name, user);
+            assert_eq!(read, reach, "{user} through {project:?}");
+            let apart = s.token_capabilities(&info.id, &checked_user.id).unwrap();
+            assert_eq!(read, apart, "{user} through {project:?}: as read apart");
+        }
+        // Refused as the plain check refuses: nothing is read past a bad token.
+        let (info, plain) = token("bob", None);
+        s.revoke_token(&info.id).unwrap();
+        assert!(matches!(
+            runtime.block_on(s.check_bearer_and_reach(&plain, resource)),
+            Err(TokenCheckError::Refused(TokenRefusal::Revoked))
+        ));
     }
 }

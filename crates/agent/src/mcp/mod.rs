@@ -113,6 +113,17 @@ pub struct Caller {
     pub user_name: String,
     /// The token's scopes, e.g. `workflows:read`.
     pub scopes: Vec<String>,
+    /// What the user's roles reach through this token, when it was read in the same read as
+    /// the token itself (the MCP endpoint's check); `None`: read it when it is needed.
+    pub reach: Option<Reach>,
+}
+
+/// Whether a caller is a member, and an author (owner, co-owner or editor), of some project
+/// its token reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    pub member: bool,
+    pub author: bool,
 }
 
 /// Why a bearer token was not accepted. Every variant answers HTTP 401 with a

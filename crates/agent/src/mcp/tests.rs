@@ -132,6 +132,7 @@ impl OperationRunner for FakeBackend {
             user_id: format!("user-{token}"),
             user_name: token.to_owned(),
             scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+            reach: None,
         })
     }
 
@@ -1463,6 +1464,7 @@ impl Backend for FeatureBackend {
             user_id: token.to_owned(),
             user_name: token.to_owned(),
             scopes: Vec::new(),
+            reach: None,
         })
     }
 
@@ -2263,6 +2265,7 @@ impl Backend for ParamHeaderBackend {
             user_id: token.to_owned(),
             user_name: token.to_owned(),
             scopes: Vec::new(),
+            reach: None,
         })
     }
 
