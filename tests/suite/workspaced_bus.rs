@@ -8,8 +8,13 @@
 //! could) without a MAC, or sealed under another key, write nothing; the same call sealed under
 //! the cluster's key (read from the database, as a host would) does, which shows that the MAC
 //! is all that stopped them.
+//!
+//! With `[agentd.project_workspaced_hosts]` the documents are spread over workspaced hosts:
+//! each project's calls go to the one that holds it, and one host down fails its projects alone.
 
-use super::harness::{Nats, Postgres, Stack, ctx, free_port, tool_result, wait_until};
+use super::harness::{
+    Nats, Postgres, Stack, StateRoot, Workspaced, ctx, free_port, tool_result, wait_until,
+};
 use agentworks_contract::cluster::{PEER_MAC_HEADER, PeerCall, workspaced_subject};
 use agentworks_daemon::bus::BusKey;
 use serde_json::json;
@@ -129,4 +134,83 @@ fn a_workspaced_host_nobody_serves_is_a_clear_tool_error_and_nothing_else() {
         "{added}"
     );
     assert!(!stack.state.documents().join("demo").exists());
+}
+
+#[test]
+fn each_project_is_read_and_written_on_the_workspaced_that_holds_it() {
+    let postgres = Postgres::start();
+    let nats = Nats::start();
+    let cluster = |host: &str| {
+        format!(
+            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
+            postgres.url(),
+            nats.url()
+        )
+    };
+    // storage-2: a workspaced with documents of its own, on a host that runs nothing else.
+    let storage = StateRoot::new();
+    storage.set_config(&format!(
+        "[workspaced]\nallowed_users = []\nserve_cluster = true\n\n{}",
+        cluster("storage-2")
+    ));
+    let storage_workspaced = Workspaced::start(&storage);
+    // agentd's own workspaced (its socket) holds every project but "archive".
+    let port = free_port();
+    let stack = Stack::start_on(
+        port,
+        &format!(
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [agentd.project_workspaced_hosts]\narchive = \"storage-2\"\n\n{}",
+            cluster("a-1")
+        ),
+    );
+    let (demo, _) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let (archive, token) = stack.user_with_project("alice", "archive", &["workflows:write"]);
+    let (here, there) = (stack.state.documents(), storage.documents());
+    assert!(here.join("demo").is_dir() && !there.join("demo").exists());
+    assert!(there.join("archive").is_dir() && !here.join("archive").exists());
+
+    for (workflow, name) in [(&demo, "demo"), (&archive, "archive")] {
+        let written = tool_result(
+            port,
+            &token,
+            "write_file",
+            json!({"workflow_id": workflow, "path": "notes.md", "content": format!("in {name}\n"),
+                   "expected_revision": "missing", "request_id": format!("w-{name}")}),
+        )
+        .unwrap_or_else(|error| panic!("write_file in {name}: {error}"));
+        assert!(written.get("revision").is_some(), "{written}");
+    }
+    let on = |root: &std::path::Path, folder: &str| {
+        std::fs::read_to_string(root.join(folder).join("notes.md")).ok()
+    };
+    assert_eq!(on(&here, "demo").as_deref(), Some("in demo\n"));
+    assert_eq!(on(&there, "archive").as_deref(), Some("in archive\n"));
+    // The receipt is where the write was.
+    let receipt = tool_result(
+        port,
+        &token,
+        "get_write_receipt",
+        json!({"workflow_id": archive, "request_id": "w-archive"}),
+    )
+    .unwrap_or_else(|error| panic!("get_write_receipt in archive: {error}"));
+    assert_eq!(receipt["receipt"]["path"], "notes.md", "{receipt}");
+
+    // storage-2 goes down: its project fails, clearly; the others do not notice.
+    drop(storage_workspaced);
+    let read = |workflow: &str| {
+        tool_result(
+            port,
+            &token,
+            "read_file",
+            json!({"workflow_id": workflow, "path": "notes.md"}),
+        )
+    };
+    let refused = read(&archive).unwrap_err();
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no workspaced serves cluster host \"storage-2\""),
+        "{refused}"
+    );
+    assert_eq!(read(&demo).unwrap()["content"], "in demo\n");
 }

@@ -372,6 +372,7 @@ impl Admin {
         // The folder first (idempotent), through the only writer of the documents tree.
         self.workspaced
             .post::<_, EnsureProjectResponse>(
+                &folder,
                 "/v1/projects/ensure",
                 &EnsureProjectRequest {
                     project: folder.clone(),
@@ -477,7 +478,7 @@ impl Admin {
         };
         let receipt: Receipt = self
             .workspaced
-            .post("/v1/receipt", &request)
+            .post(&request.context.project, "/v1/receipt", &request)
             .await
             .map_err(workspaced_error)?;
         Ok(json_response(StatusCode::OK, &receipt))

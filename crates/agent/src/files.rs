@@ -264,13 +264,15 @@ impl FileTools {
         }
     }
 
+    /// Calls `endpoint` of the workspaced holding `project`.
     async fn workspaced<Req: Serialize, Resp: DeserializeOwned>(
         &self,
+        project: &Project,
         endpoint: &str,
         body: &Req,
     ) -> Result<Resp, ToolError> {
         self.workspaced
-            .post(endpoint, body)
+            .post(&project.folder, endpoint, body)
             .await
             .map_err(from_workspaced)
     }
@@ -313,7 +315,7 @@ impl FileTools {
         let workflow = string_arg(args, "workflow_id")?;
         let (project, access) = self.access(caller, workflow).await?;
         let request = make(self.context(caller, &project, &access, source));
-        let answer: Resp = self.workspaced(endpoint, &request).await?;
+        let answer: Resp = self.workspaced(&project, endpoint, &request).await?;
         let mut answer = serde_json::to_value(answer)
             .map_err(|e| unavailable(format!("workspaced's answer does not encode ({e})")))?;
         answer["workflow_id"] = json!(project.id);
@@ -395,7 +397,8 @@ impl FileTools {
                 offset: None,
                 limit: None,
             };
-            let read: Result<ReadResponse, ToolError> = self.workspaced("/v1/read", &request).await;
+            let read: Result<ReadResponse, ToolError> =
+                self.workspaced(&project, "/v1/read", &request).await;
             let entry = match read {
                 Ok(read) if read.size <= budget => {
                     budget -= read.size;
@@ -499,7 +502,7 @@ impl FileTools {
             return Err(error);
         }
         let request = make(self.context(caller, &project, &access, source));
-        let answer = self.workspaced(endpoint, &request).await?;
+        let answer = self.workspaced(&project, endpoint, &request).await?;
         Ok((project, answer))
     }
 
@@ -697,7 +700,7 @@ impl FileTools {
             context: self.context(caller, &project, &access, source),
             request_id: request_id.to_owned(),
         };
-        let answer: ReceiptAnswer = self.workspaced("/v1/receipt", &request).await?;
+        let answer: ReceiptAnswer = self.workspaced(&project, "/v1/receipt", &request).await?;
         let mut result = json!({ "workflow_id": project.id, "receipt": answer.receipt });
         // A patch set: each file's own receipt (the top one carries the set's state).
         if let Some(files) = answer.files {

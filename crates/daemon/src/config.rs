@@ -156,6 +156,10 @@ pub struct AgentdConfig {
     /// With `[cluster]`: reach the workspaced of cluster host `workspaced_host` over NATS
     /// instead of `workspaced.sock`. `None`: the socket on this host.
     pub workspaced_host: Option<String>,
+    /// The `[agentd.project_workspaced_hosts]` table, with `[cluster]`: a project's folder →
+    /// the cluster host whose workspaced holds it, reached over NATS. A project not listed
+    /// goes where `workspaced_host` says.
+    pub project_workspaced_hosts: std::collections::BTreeMap<String, String>,
 }
 
 /// The `[agentd.model]` sub-table: an OpenAI-compatible chat-completions endpoint.
@@ -234,6 +238,7 @@ impl Default for AgentdConfig {
             outbound_root_certificates: Vec::new(),
             model: None,
             workspaced_host: None,
+            project_workspaced_hosts: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -528,6 +533,13 @@ pub enum ConfigError {
     /// `agentd.workspaced_host` cannot be a cluster host id.
     #[error("agentd.workspaced_host {host:?} is refused: {problem}")]
     WorkspacedHost { host: String, problem: &'static str },
+    /// An `[agentd.project_workspaced_hosts]` entry names no project folder or no host id.
+    #[error("[agentd.project_workspaced_hosts] {folder:?} = {host:?} is refused: {problem}")]
+    ProjectWorkspacedHost {
+        folder: String,
+        host: String,
+        problem: &'static str,
+    },
     /// A key that only means something in a cluster, without `[cluster]`.
     #[error(
         "{key} is set but [cluster] is not (database_url and nats_url): it only works in a \
@@ -852,6 +864,10 @@ impl Config {
                 "agentd.workspaced_host",
                 self.agentd.workspaced_host.is_some(),
             ),
+            (
+                "[agentd.project_workspaced_hosts]",
+                !self.agentd.project_workspaced_hosts.is_empty(),
+            ),
         ];
         for (key, set) in needs_cluster {
             if set && !cluster.is_enabled() {
@@ -865,6 +881,21 @@ impl Config {
                 host: host.clone(),
                 problem,
             });
+        }
+        for (folder, host) in &self.agentd.project_workspaced_hosts {
+            // A project's folder is one name under the documents root, as workspaced takes it.
+            let folder_problem = (folder.is_empty()
+                || folder == "."
+                || folder == ".."
+                || folder.contains(['/', '\0']))
+            .then_some("the key must be a project's folder: one name, no '/'");
+            if let Some(problem) = folder_problem.or_else(|| host_id_problem(host)) {
+                return Err(ConfigError::ProjectWorkspacedHost {
+                    folder: folder.clone(),
+                    host: host.clone(),
+                    problem,
+                });
+            }
         }
         if let Some(host_id) = &cluster.host_id
             && let Some(problem) = host_id_problem(host_id)
@@ -1570,6 +1601,10 @@ public_url = "wss://gw.example.com/"
                 "[agentd]\nworkspaced_host = \"storage-1\"",
                 "agentd.workspaced_host",
             ),
+            (
+                "[agentd.project_workspaced_hosts]\narchive = \"storage-2\"",
+                "[agentd.project_workspaced_hosts]",
+            ),
         ] {
             let err = on_host(text, Some("h")).unwrap_err();
             assert!(
@@ -1595,6 +1630,36 @@ public_url = "wss://gw.example.com/"
         )
         .unwrap_err();
         assert!(matches!(err, ConfigError::WorkspacedHost { .. }), "{err}");
+        let ok = on_host(
+            &format!("[agentd.project_workspaced_hosts]\narchive = \"s-2\"\n{cluster}"),
+            Some("h"),
+        )
+        .unwrap();
+        assert_eq!(
+            ok.agentd
+                .project_workspaced_hosts
+                .get("archive")
+                .map(String::as_str),
+            Some("s-2")
+        );
+        for entry in [
+            "\"a/b\" = \"s-2\"",
+            "\"..\" = \"s-2\"",
+            "\"\" = \"s-2\"",
+            "archive = \"s.2\"",
+            "archive = \"\"",
+        ] {
+            let err = on_host(
+                &format!("[agentd.project_workspaced_hosts]\n{entry}\n{cluster}"),
+                Some("h"),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, ConfigError::ProjectWorkspacedHost { .. }),
+                "{entry}: {err}"
+            );
+            assert!(err.to_string().contains("is refused"), "{err}");
+        }
     }
 
     #[test]
