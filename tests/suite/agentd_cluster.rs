@@ -5,7 +5,8 @@
 //! can explain it. agentd refuses to start in a cluster whose NATS server does not answer.
 //! Two agentd hosts on one PostgreSQL share their identity: a token made through one is
 //! accepted by the other, and revoked through the other it closes the executor on the first
-//! host's gatewayd within a second.
+//! host's gatewayd within a second. However many stores agentd keeps in the database, it holds
+//! at most `MAX_CONNECTIONS` connections to it, under load too.
 
 use super::agent::LaptopExt;
 use super::harness::{
@@ -254,4 +255,61 @@ fn agentd_refuses_to_start_in_a_cluster_whose_nats_does_not_answer() {
         )),
         "{stderr}"
     );
+}
+
+#[test]
+fn agentd_holds_at_most_max_connections_to_the_database_under_load() {
+    let postgres = Postgres::start();
+    let nats = Nats::start();
+    let port = free_port();
+    let stack = Stack::start_on(
+        port,
+        &format!(
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"a-1\"\n",
+            postgres.url(),
+            nats.url()
+        ),
+    );
+    let (workflow, token) = stack.user_with_project("alice", "demo", &["workflows:read"]);
+    let agentd_connections = || {
+        postgres
+            .psql(
+                "agentworks",
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'agentworks-agentd'",
+            )
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    // 32 callers at once, each call a token check (the identity store) and a file read.
+    let most = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..32 {
+            scope.spawn(|| {
+                for _ in 0..20 {
+                    let (status, body) = super::harness::mcp_call(
+                        port,
+                        &token,
+                        "list_files",
+                        json!({"workflow_id": workflow}),
+                    );
+                    assert_eq!(status, 200, "{body}");
+                }
+            });
+        }
+        scope.spawn(|| {
+            for _ in 0..20 {
+                most.fetch_max(agentd_connections(), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    });
+    let most = most.into_inner().max(agentd_connections());
+    let max = agentworks_daemon::postgres::MAX_CONNECTIONS;
+    assert!(
+        most <= max,
+        "agentd held {most} connections to PostgreSQL at once; at most {max} are allowed"
+    );
+    assert!(most >= 1, "agentd was not seen connected at all");
 }

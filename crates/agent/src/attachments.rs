@@ -252,7 +252,16 @@ impl AttachmentStore {
     /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
     /// schema migrated first.
     pub fn open_postgres(url: &str) -> Result<AttachmentStore, AttachmentError> {
-        let db = Database::open_postgres(url, "agentworks-agentd", &POSTGRES_SCHEMA, now_ms())?;
+        Self::on_postgres(&crate::db::connect_postgres(url)?)
+    }
+
+    /// The store on agentd's `pool` to the cluster's database, which its other stores share
+    /// ([`crate::db::connect_postgres`]), its schema migrated first.
+    pub fn on_postgres(
+        pool: &agentworks_daemon::postgres::Pool,
+    ) -> Result<AttachmentStore, AttachmentError> {
+        let db =
+            Database::on_postgres(pool, &POSTGRES_SCHEMA, agentworks_support::clock::now_ms())?;
         Ok(AttachmentStore { db })
     }
 

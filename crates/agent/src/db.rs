@@ -190,6 +190,28 @@ pub enum OpenError {
     Pool(#[from] PoolError),
     #[error(transparent)]
     Migrate(#[from] MigrateError),
+    /// A store's tables are not in agentd's namespace, where the shared pool looks.
+    #[error(
+        "a store's PostgreSQL namespace is {found:?}, not agentd's {NAMESPACE:?} (a bug: its \
+         tables would not be found)"
+    )]
+    Namespace { found: Option<&'static str> },
+}
+
+/// The PostgreSQL schema (namespace) every agentd store keeps its tables in.
+pub const NAMESPACE: &str = "agentd";
+
+/// agentd's connections to the cluster's database at `url`: one pool that every store of the
+/// process shares ([`Database::on_postgres`]), so a host holds at most
+/// [`pg::MAX_CONNECTIONS`] connections, not that many per store.
+pub fn connect_postgres(url: &str) -> Result<pg::Pool, OpenError> {
+    off_runtime(|| {
+        Ok(pg::Pool::connect(
+            url,
+            "agentworks-agentd",
+            Some(NAMESPACE),
+        )?)
+    })
 }
 
 impl Database {
@@ -200,18 +222,30 @@ impl Database {
         Ok(Database::Sqlite(Arc::new(Mutex::new(conn))))
     }
 
-    /// The cluster's database at `url`, with `schema`'s migrations applied under its lock.
-    pub fn open_postgres(
-        url: &str,
-        application_name: &str,
+    /// The cluster's database on agentd's `pool` ([`connect_postgres`]), with `schema`'s
+    /// migrations applied under its lock.
+    pub fn on_postgres(
+        pool: &pg::Pool,
         schema: &Schema,
         now_ms: i64,
     ) -> Result<Database, OpenError> {
+        if schema.namespace != Some(NAMESPACE) {
+            return Err(OpenError::Namespace {
+                found: schema.namespace,
+            });
+        }
         off_runtime(|| {
-            let pool = pg::Pool::connect(url, application_name, schema.namespace)?;
             pg::migrate(&mut *pool.get()?, schema, now_ms)?;
-            Ok(Database::Postgres(pool))
+            Ok(Database::Postgres(pool.clone()))
         })
+    }
+
+    /// The pool this database uses, if it is the cluster's, for the other stores to share.
+    pub fn postgres_pool(&self) -> Option<&pg::Pool> {
+        match self {
+            Database::Sqlite(_) => None,
+            Database::Postgres(pool) => Some(pool),
+        }
     }
 
     /// The SQLite connection, for what only SQLite has (its own migrations); `None` on

@@ -117,12 +117,13 @@ pub fn open_chats(
         path: dir.clone(),
         source,
     })?;
-    let shared = config.cluster.database_url.as_deref();
+    // In a cluster, on the identity store's connections: one pool for the whole process.
+    let shared = identity.postgres_pool();
     let (store, attachments, connections) = match shared {
-        Some(url) => (
-            chats::ChatStore::open_postgres(url)?,
-            attachments::AttachmentStore::open_postgres(url)?,
-            mcp_connections::ConnectionStore::open_postgres(url)?,
+        Some(pool) => (
+            chats::ChatStore::on_postgres(pool)?,
+            attachments::AttachmentStore::on_postgres(pool)?,
+            mcp_connections::ConnectionStore::on_postgres(pool)?,
         ),
         None => (
             chats::ChatStore::open(&dir.join("chats.db"))?,
@@ -152,8 +153,8 @@ pub fn open_chats(
         }
     };
     let secrets = match (&sealing, shared) {
-        (Some(key), Some(url)) => Some(project_secrets::SecretStore::open_postgres(
-            url,
+        (Some(key), Some(pool)) => Some(project_secrets::SecretStore::on_postgres(
+            pool,
             key.clone(),
         )?),
         (Some(key), None) => Some(project_secrets::SecretStore::open(

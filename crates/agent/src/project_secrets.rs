@@ -144,12 +144,17 @@ impl SecretStore {
     /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it, and must
     /// share `key`), its schema migrated first.
     pub fn open_postgres(url: &str, key: Arc<SealingKey>) -> Result<SecretStore, SecretStoreError> {
-        let db = Database::open_postgres(
-            url,
-            "agentworks-agentd",
-            &POSTGRES_SCHEMA,
-            agentworks_support::clock::now_ms(),
-        )?;
+        Self::on_postgres(&crate::db::connect_postgres(url)?, key)
+    }
+
+    /// The store on agentd's `pool` to the cluster's database, which its other stores share
+    /// ([`crate::db::connect_postgres`]), its schema migrated first.
+    pub fn on_postgres(
+        pool: &agentworks_daemon::postgres::Pool,
+        key: Arc<SealingKey>,
+    ) -> Result<SecretStore, SecretStoreError> {
+        let db =
+            Database::on_postgres(pool, &POSTGRES_SCHEMA, agentworks_support::clock::now_ms())?;
         Ok(SecretStore { db, key })
     }
 

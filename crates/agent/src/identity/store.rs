@@ -487,8 +487,18 @@ impl IdentityStore {
     /// The store in the cluster's PostgreSQL at `url` (several agentd hosts share it), its
     /// schema migrated first.
     pub fn open_postgres(url: &str) -> Result<IdentityStore, IdentityError> {
-        let db = Database::open_postgres(url, "agentworks-agentd", &POSTGRES_SCHEMA, now_ms())?;
+        let db = Database::on_postgres(
+            &crate::db::connect_postgres(url)?,
+            &POSTGRES_SCHEMA,
+            now_ms(),
+        )?;
         Ok(IdentityStore::on(db))
+    }
+
+    /// agentd's pool to the cluster's database, when this store is there: the other stores
+    /// of the process open on it ([`crate::db::connect_postgres`]).
+    pub fn postgres_pool(&self) -> Option<&agentworks_daemon::postgres::Pool> {
+        self.db.postgres_pool()
     }
 
     fn on(db: Database) -> IdentityStore {
