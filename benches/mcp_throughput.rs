@@ -13,7 +13,9 @@
 //!   on the TypeScript SDK's streamable HTTP transport, one initialised session shared by all
 //!   connections (the SDK's stateless mode needs a server per request, which that server
 //!   cannot make), JSON responses, driven the same way. Its write is a plain write (no fsync,
-//!   no revision check, no receipt).
+//!   no revision check, no receipt). It runs before ours and again after (a fresh server each
+//!   time), and the better of the two counts, as for the floor: its rate moved by a tenth
+//!   between runs, and a slow run of its own would flatter our ratios.
 //! - Floor: write 4 KiB to a new temp file, fsync, rename, fsync the folder, in 1, 4 and 8
 //!   threads (one folder each), next to the state root; before and after the servers, the
 //!   better of the two runs counts (other load on the disk only ever slows it).
@@ -579,8 +581,14 @@ fn measure_all(
     let mut rows: Vec<Row> = Vec::new();
     let mut cell = 0usize;
 
-    // The floor first, while nothing else of ours runs; again at the end (see `floor_rows`).
+    // The floor first, while nothing else of ours runs, and the reference; both again at
+    // the end.
     let floor_before = floor(base, measure)?;
+    let reference_before = if selection.reference {
+        reference_rows(&installed, base, &runtime, &contents, measure, selection)?
+    } else {
+        Vec::new()
+    };
 
     // Ours.
     let mut stack = common::stack::start(base, PROJECTS, PROJECTS * IN_FLIGHT[2] + 8, &runtime);
@@ -651,52 +659,25 @@ fn measure_all(
     }
     drop(stack);
 
-    // The reference.
+    // The reference, the better of a run before ours and one after (as the floor), so a
+    // slow moment of its own does not flatter our ratios.
     if selection.reference {
-        let (reference, mut process, work) = start_reference(&installed, base, &runtime, contents)?;
-        let reference: Arc<dyn Target> = Arc::new(reference);
-        let log = work.path().join("server.stderr");
-        let with_log = |e: String| {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            format!("{e}\nreference server stderr:\n{log}")
-        };
-        prepare_reads(&runtime, &*reference, 1).map_err(with_log)?;
-        for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
-            if matches!(op, Op::Read) && !selection.reads
-                || matches!(op, Op::Write) && !selection.writes
-            {
-                continue;
-            }
-            for in_flight in IN_FLIGHT {
-                cell += 1;
-                let sample = load(
-                    &runtime,
-                    Arc::clone(&reference),
-                    op,
-                    cell,
-                    in_flight,
-                    measure,
-                )
-                .map_err(|e| with_log(format!("reference {tool} at {in_flight} in flight: {e}")))?;
-                rows.push(Row {
-                    label: format!("reference {}, {tool}", installed.version),
-                    in_flight,
-                    sample,
-                    cpu: None,
-                });
-            }
-        }
-        if let Some(status) = process.exited() {
-            return Err(with_log(format!("the reference server exited: {status}")));
-        }
-        drop(process);
-        drop(work);
+        let after = reference_rows(&installed, base, &runtime, &contents, measure, selection)?;
+        rows.extend(better_of(reference_before, after));
     }
 
     let floor_after = floor(base, measure)?;
-    let mut all: Vec<Row> = floor_before
+    let mut all = better_of(floor_before, floor_after);
+    all.extend(rows);
+    report(&all, base, measure);
+    Ok(())
+}
+
+/// Each row of `before` or the same cell of `after`, whichever was faster.
+fn better_of(before: Vec<Row>, after: Vec<Row>) -> Vec<Row> {
+    before
         .into_iter()
-        .zip(floor_after)
+        .zip(after)
         .map(|(before, after)| {
             if before.sample.per_sec() >= after.sample.per_sec() {
                 before
@@ -704,10 +685,60 @@ fn measure_all(
                 after
             }
         })
-        .collect();
-    all.extend(rows);
-    report(&all, base, measure);
-    Ok(())
+        .collect()
+}
+
+/// The reference server's cells, on a server started for them (and stopped after).
+fn reference_rows(
+    installed: &common::reference::Installed,
+    base: &Path,
+    runtime: &tokio::runtime::Runtime,
+    contents: &[String],
+    measure: Duration,
+    selection: Selection,
+) -> Result<Vec<Row>, Error> {
+    let mut rows = Vec::new();
+    let mut cell = 0usize; // the server's files are new with each server
+    let (reference, mut process, work) =
+        start_reference(installed, base, runtime, contents.to_vec())?;
+    let reference: Arc<dyn Target> = Arc::new(reference);
+    let log = work.path().join("server.stderr");
+    let with_log = |e: String| {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{e}\nreference server stderr:\n{log}")
+    };
+    prepare_reads(runtime, &*reference, 1).map_err(with_log)?;
+    for (op, tool) in [(Op::Write, "write_file"), (Op::Read, "read_text_file")] {
+        if matches!(op, Op::Read) && !selection.reads
+            || matches!(op, Op::Write) && !selection.writes
+        {
+            continue;
+        }
+        for in_flight in IN_FLIGHT {
+            cell += 1;
+            let sample = load(
+                runtime,
+                Arc::clone(&reference),
+                op,
+                cell,
+                in_flight,
+                measure,
+            )
+            .map_err(|e| with_log(format!("reference {tool} at {in_flight} in flight: {e}")))?;
+            rows.push(Row {
+                label: format!("reference {}, {tool}", installed.version),
+                in_flight,
+                sample,
+                cpu: None,
+            });
+        }
+    }
+    if let Some(status) = process.exited() {
+        return Err(with_log(format!("the reference server exited: {status}")));
+    }
+    drop(process);
+    drop(work);
+    Ok(rows)
 }
 
 /// The floor loop with 1, 4 and 8 streams (each in a fresh folder under `base/floor`).
@@ -749,8 +780,8 @@ fn report(rows: &[Row], base: &Path, measure: Duration) {
     println!(
         "ours: stateless {PROTOCOL} POSTs to agentd /mcp, write_file = new durable file; \
          reference: server-filesystem on the TypeScript SDK's streamable HTTP (one session, \
-         no fsync); 8 projects: that many connections per project; floor: the better of a \
-         run before and one after the servers"
+         no fsync); 8 projects: that many connections per project; floor and reference: the \
+         better of a run before ours and one after"
     );
     println!();
     println!(

@@ -10,7 +10,7 @@
 
 use super::agent::LaptopExt;
 use super::harness::{
-    Gatewayd, Laptop, Nats, Postgres, Stack, block_on, free_port, http, wait_until,
+    Gatewayd, Laptop, Nats, Postgres, Stack, block_on, cluster_section, free_port, http, wait_until,
 };
 use agentworks_support::unix_http::UnixClient;
 use serde_json::json;
@@ -108,13 +108,7 @@ fn two_agentd_hosts_share_tokens_and_a_revocation_through_either_closes_the_exec
     let postgres = Postgres::start();
     let nats = Nats::start();
     let (mut stack, gw_port) = Stack::start_with_embedded_gateway();
-    let cluster = |host: &str| {
-        format!(
-            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
-            postgres.url(),
-            nats.url()
-        )
-    };
+    let cluster = |host: &str| cluster_section(&postgres, &nats, host);
     append_config(
         &stack,
         &format!("token_recheck_ms = 3600000\n{}", cluster("host-a")),
@@ -265,10 +259,8 @@ fn agentd_holds_at_most_max_connections_to_the_database_under_load() {
     let stack = Stack::start_on(
         port,
         &format!(
-            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
-             [cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"a-1\"\n",
-            postgres.url(),
-            nats.url()
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n{}",
+            cluster_section(&postgres, &nats, "a-1")
         ),
     );
     let (workflow, token) = stack.user_with_project("alice", "demo", &["workflows:read"]);

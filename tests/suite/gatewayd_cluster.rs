@@ -5,7 +5,9 @@
 //! under another name after a restart), and gatewayd refuses to start on a database it cannot
 //! reach or on a half-configured `[cluster]`.
 
-use super::harness::{FakeExecutor, Gatewayd, Nats, Postgres, Reply, Stack, free_port, wait_until};
+use super::harness::{
+    FakeExecutor, Gatewayd, Nats, Postgres, Reply, Stack, cluster_section, free_port, wait_until,
+};
 use agentworks_contract::executor::FolderAccess;
 use agentworks_gateway::nats::REVOKED_SUBJECT;
 use serde_json::json;
@@ -33,13 +35,7 @@ fn gatewayd_on_postgres_keeps_devices_and_requests_in_the_shared_database() {
     let postgres = Postgres::start();
     let nats = Nats::start();
     let (stack, port) = Stack::start_with_embedded_gateway();
-    let cluster = |host: &str| {
-        format!(
-            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
-            postgres.url(),
-            nats.url()
-        )
-    };
+    let cluster = |host: &str| cluster_section(&postgres, &nats, host);
     let config_before =
         std::fs::read_to_string(stack.state.root().join("agentworks.toml")).unwrap();
     append_config(&stack, &cluster("gw-a"));

@@ -6,7 +6,7 @@
 //! whichever host holds it. Dispatches go through each gatewayd's own socket, as agentd's do.
 
 use super::harness::{
-    ExecutorProcess, Gatewayd, Laptop, Nats, Person, Postgres, Stack, free_port,
+    ExecutorProcess, Gatewayd, Laptop, Nats, Person, Postgres, Stack, cluster_section, free_port,
     start_gatewayd_host,
 };
 use serde_json::{Value, json};
@@ -145,11 +145,7 @@ fn two_hosts(advertise: bool) -> TwoHosts {
     }
     std::fs::write(
         &path,
-        format!(
-            "{config}[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"gw-a\"\n",
-            postgres.url(),
-            nats.url()
-        ),
+        format!("{config}{}", cluster_section(&postgres, &nats, "gw-a")),
     )
     .unwrap();
     let gw_a = Gatewayd::start(&stack, port_a);

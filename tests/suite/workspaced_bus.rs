@@ -13,7 +13,8 @@
 //! each project's calls go to the one that holds it, and one host down fails its projects alone.
 
 use super::harness::{
-    Nats, Postgres, Stack, StateRoot, Workspaced, ctx, free_port, tool_result, wait_until,
+    Nats, Postgres, Stack, StateRoot, Workspaced, cluster_section, ctx, free_port, tool_result,
+    wait_until,
 };
 use agentworks_contract::cluster::{PEER_MAC_HEADER, PeerCall, workspaced_subject};
 use agentworks_daemon::bus::BusKey;
@@ -32,9 +33,8 @@ fn agentd_writes_through_a_workspaced_on_nats_and_unsealed_calls_write_nothing()
         &format!(
             "[workspaced]\nallowed_users = []\nserve_cluster = true\n\n\
              [agentd]\nlisten = \"127.0.0.1:{port}\"\nworkspaced_host = \"{HOST}\"\n\n\
-             [cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{HOST}\"\n",
-            postgres.url(),
-            nats.url()
+             {}",
+            cluster_section(&postgres, &nats, HOST)
         ),
     );
     // The project's folder is made through workspaced, over NATS already.
@@ -116,9 +116,8 @@ fn a_workspaced_host_nobody_serves_is_a_clear_tool_error_and_nothing_else() {
         &format!(
             "[workspaced]\nallowed_users = []\n\n\
              [agentd]\nlisten = \"127.0.0.1:{port}\"\nworkspaced_host = \"elsewhere\"\n\n\
-             [cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{HOST}\"\n",
-            postgres.url(),
-            nats.url()
+             {}",
+            cluster_section(&postgres, &nats, HOST)
         ),
     );
     let _ = stack.admin_raw("users/add", json!({"name": "alice"}));
@@ -140,13 +139,7 @@ fn a_workspaced_host_nobody_serves_is_a_clear_tool_error_and_nothing_else() {
 fn each_project_is_read_and_written_on_the_workspaced_that_holds_it() {
     let postgres = Postgres::start();
     let nats = Nats::start();
-    let cluster = |host: &str| {
-        format!(
-            "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host}\"\n",
-            postgres.url(),
-            nats.url()
-        )
-    };
+    let cluster = |host: &str| cluster_section(&postgres, &nats, host);
     // storage-2: a workspaced with documents of its own, on a host that runs nothing else.
     let storage = StateRoot::new();
     storage.set_config(&format!(

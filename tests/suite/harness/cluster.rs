@@ -162,6 +162,15 @@ pub struct Postgres {
     _dir: tempfile::TempDir,
 }
 
+/// The `[cluster]` section of a host `host_id` on `postgres` and `nats`.
+pub fn cluster_section(postgres: &Postgres, nats: &Nats, host_id: &str) -> String {
+    format!(
+        "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"{host_id}\"\n",
+        postgres.url(),
+        nats.url()
+    )
+}
+
 impl Postgres {
     /// `initdb` a new cluster (role and database `agentworks`, trust authentication) and start
     /// `postgres` on it, as [`POSTGRES_USER`]; returns once it accepts connections.

@@ -123,11 +123,9 @@ impl Stack {
         // The `[cluster]` section before `[gatewayd]`, which stays last: tests append keys to it.
         let servers = cluster.then(|| (super::Postgres::start(), super::Nats::start()));
         let cluster_section = match &servers {
-            Some((postgres, nats)) => format!(
-                "[cluster]\ndatabase_url = \"{}\"\nnats_url = \"{}\"\nhost_id = \"gw-test\"\n\n",
-                postgres.url(),
-                nats.url()
-            ),
+            Some((postgres, nats)) => {
+                format!("{}\n", super::cluster_section(postgres, nats, "gw-test"))
+            }
             None => String::new(),
         };
         let config = format!(
