@@ -745,6 +745,47 @@ mod tests {
         assert!(store.find("u1", "r4").unwrap().is_none());
     }
 
+    /// Changes of one path run one batch each, in order: each batch's end wakes the next
+    /// waiter to lead. Were that wakeup missing, the next ones would sleep until their lock
+    /// timeout and be told `busy`.
+    #[test]
+    fn the_end_of_a_batch_wakes_the_next_waiter_to_lead() {
+        let mut f = fixture(&[]);
+        f.workspace.limits.lock_timeout = Duration::from_secs(5);
+        let ws = &f.workspace;
+        let lock_path = ws.layout.lock_path(&ws.documents_root().join("demo"));
+        let held = ProjectLock::acquire(&lock_path, Duration::from_secs(1)).unwrap();
+        let requests: Vec<WriteRequest> = (0..5)
+            .map(|n| write("same.txt", &format!("v{n}"), "missing", &format!("s{n}")))
+            .collect();
+        let started = std::time::Instant::now();
+        let answers = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for (n, request) in requests.iter().enumerate() {
+                handles.push(scope.spawn(move || ws.write(request)));
+                while ws.waiting("demo") != (n, true) {
+                    std::thread::yield_now();
+                }
+            }
+            drop(held);
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        // The first creates the file; each later one finds it there: a conflict, not `busy`.
+        assert!(answers[0].is_ok(), "{:?}", answers[0].as_ref().err());
+        for answer in &answers[1..] {
+            assert_eq!(answer.as_ref().unwrap_err().code(), "revision_conflict");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(ws.waiting("demo"), (0, false));
+    }
+
     /// A write that waits untaken longer than the lock timeout leaves the queue and is told
     /// `busy`, as a lock wait would be; nothing of it is recorded.
     #[test]
