@@ -74,25 +74,11 @@ impl OperationRunner for AgentBackend {
     }
 
     async fn allowed_operations(&self, caller: &Caller) -> Vec<Operation> {
-        // Is the user a member (an author) anywhere this token reaches? Read with the token
-        // when it was checked here, else now. The call itself still resolves the project's
-        // full access (policy, caps) every time.
-        let (member, author) = match caller.reach {
-            Some(Reach { member, author }) => (member, author),
-            None => {
-                let identity = self.identity.clone();
-                let caller = caller.clone();
-                let capabilities = self
-                    .identity
-                    .read_soon(move || {
-                        identity.token_capabilities(&caller.token_id, &caller.user_id)
-                    })
-                    .await;
-                let Ok(Ok(capabilities)) = capabilities else {
-                    return Vec::new();
-                };
-                capabilities
-            }
+        // Is the user a member (an author) anywhere this token reaches? Read with the token in
+        // `authenticate`, the only maker of this runner's callers; one without it is allowed
+        // nothing. The call itself still resolves the project's full access (policy, caps).
+        let Some(Reach { member, author }) = caller.reach else {
+            return Vec::new();
         };
         Operation::ALL
             .into_iter()

@@ -585,22 +585,6 @@ impl IdentityStore {
         Ok(capabilities_in(&mut self.db()?, user_id, projects)?)
     }
 
-    /// [`IdentityStore::capabilities`] under a token's restriction, read with the token in one
-    /// read transaction; `(false, false)` for a token that is gone.
-    pub fn token_capabilities(
-        &self,
-        token_id: &str,
-        user_id: &str,
-    ) -> Result<(bool, bool), IdentityError> {
-        self.db.read(|db| {
-            let Some((token, _)) = token_row_in(db, token_id)? else {
-                return Ok((false, false));
-            };
-            let projects = token.project_restriction();
-            Ok(capabilities_in(db, user_id, projects.as_deref())?)
-        })
-    }
-
     /// What deciding a caller's access to one project reads, in one read transaction: the
     /// token, its user, and the project (by id or name) with the user's role there (`None`
     /// when there is no such project). `None` when the token or its user is gone.
@@ -989,7 +973,7 @@ impl IdentityStore {
     }
 
     /// [`IdentityStore::check_bearer_at`], and with it, in the same read, what the user's
-    /// roles reach through the token ([`IdentityStore::token_capabilities`]): the MCP
+    /// roles reach through the token (member, author of some project it reaches): the MCP
     /// endpoint's check, one read where it took two.
     pub async fn check_bearer_and_reach(
         &self,
@@ -1224,7 +1208,12 @@ mod tests {
             assert_eq!(checked.id, info.id);
             assert_eq!(checked_user.name, user);
             assert_eq!(read, reach, "{user} through {project:?}");
-            let apart = s.token_capabilities(&info.id, &checked_user.id).unwrap();
+            let apart =
+                s.db.read(|db| {
+                    let projects = checked.project_restriction();
+                    capabilities_in(db, &checked_user.id, projects.as_deref())
+                })
+                .unwrap();
             assert_eq!(read, apart, "{user} through {project:?}: as read apart");
         }
         // Refused as the plain check refuses: nothing is read past a bad token.

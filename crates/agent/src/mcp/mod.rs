@@ -113,8 +113,9 @@ pub struct Caller {
     pub user_name: String,
     /// The token's scopes, e.g. `workflows:read`.
     pub scopes: Vec<String>,
-    /// What the user's roles reach through this token, when it was read in the same read as
-    /// the token itself (the MCP endpoint's check); `None`: read it when it is needed.
+    /// What the user's roles reach through this token, read in the same read as the token
+    /// itself (the MCP endpoint's check); `None` for callers made elsewhere (the chats), which
+    /// the catalog allows nothing.
     pub reach: Option<Reach>,
 }
 
