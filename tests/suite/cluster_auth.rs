@@ -2,18 +2,19 @@
 //! (a private CA from [`TestCertificates`]) and one NATS user per daemon, with the subject
 //! permissions README "Securing the cluster" tells an operator to set up ([`server_config`]).
 //!
-//! What is shown by doing it: agentd's user may not call a gateway (a peer call published as
-//! agentd is refused by the server and never reaches gatewayd) nor read revocations; a gatewayd
-//! user may not read another host's calls; and two real gatewayd
-//! hosts, each logged in as its own user over `tls://` with `nats_ca_file`, still route a
-//! dispatch and close a revoked token's connection, with agentd logged in as its user.
+//! What is shown by doing it: only agentd's user may call a gateway (a call published as a
+//! gatewayd user is refused by the server and never reaches the other gatewayd), and agentd may
+//! not read revocations nor answer as a gateway; a gatewayd user may not read another host's
+//! calls; and two real gatewayd hosts, each logged in as its own user over `tls://` with
+//! `nats_ca_file`, answer agentd's dispatch (made as NATS user agentd) and close a revoked
+//! token's connection, with agentd logged in as its user.
 
 use super::harness::{
-    FakeExecutor, GatewayPair, Nats, Reply, TestCertificates, block_on, device_token,
+    ClusterAgentd, FakeExecutor, GatewayPair, Nats, Reply, TestCertificates, block_on, device_token,
 };
 use agentworks_contract::cluster::{
-    AGENTD_SUBJECTS, PEER_SUBJECTS, REVOKED_SUBJECT, WORKSPACED_SUBJECTS, agentd_subject,
-    peer_subject,
+    AGENTD_SUBJECTS, GATEWAY_ANY_SUBJECT, GATEWAY_SUBJECTS, REVOKED_SUBJECT, WORKSPACED_SUBJECTS,
+    agentd_subject, gateway_subject,
 };
 use agentworks_contract::executor::FolderAccess;
 use futures_util::StreamExt;
@@ -27,24 +28,24 @@ fn password(user: &str) -> String {
 }
 
 /// The server's configuration: TLS with the test certificate, and one user per daemon:
-/// agentd announces revocations, calls workspaced and agentd hosts, answers on inboxes, and hears
-/// only its own subject and its inboxes; each gatewayd host calls any host's subject, answers on
-/// inboxes, and hears revocations, its own subject and its inboxes.
+/// agentd announces revocations, calls gatewayd, workspaced and agentd hosts, answers on
+/// inboxes, and hears only its own subject and its inboxes; each gatewayd host answers on
+/// inboxes only, and hears revocations, its own subject, any gateway's subject and its inboxes.
 fn server_config(certificates: &TestCertificates) -> String {
     let gatewayd = |host: &str| {
         format!(
             "{{ user: gatewayd-{host}, password: \"{}\", permissions: {{\n\
-             publish: [\"{PEER_SUBJECTS}\", \"_INBOX.>\"]\n\
-             subscribe: [\"{REVOKED_SUBJECT}\", \"{}\", \"_INBOX.>\"] }} }}",
+             publish: [\"_INBOX.>\"]\n\
+             subscribe: [\"{REVOKED_SUBJECT}\", \"{}\", \"{GATEWAY_ANY_SUBJECT}\", \"_INBOX.>\"] }} }}",
             password(&format!("gatewayd-{host}")),
-            peer_subject(&format!("gw-{host}")),
+            gateway_subject(&format!("gw-{host}")),
         )
     };
     format!(
         "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n\
          authorization {{\n  users: [\n\
          {{ user: agentd, password: \"{}\", permissions: {{\n\
-         publish: [\"{REVOKED_SUBJECT}\", \"{WORKSPACED_SUBJECTS}\", \"{AGENTD_SUBJECTS}\", \"_INBOX.>\"]\n\
+         publish: [\"{REVOKED_SUBJECT}\", \"{GATEWAY_SUBJECTS}\", \"{GATEWAY_ANY_SUBJECT}\", \"{WORKSPACED_SUBJECTS}\", \"{AGENTD_SUBJECTS}\", \"_INBOX.>\"]\n\
          subscribe: [\"{}\", \"_INBOX.>\"] }} }}\n\
          {}\n{}\n  ]\n}}\n",
         certificates.cert.display(),
@@ -107,30 +108,52 @@ fn each_daemon_user_may_publish_and_read_only_its_own_subjects() {
     let ca = &certificates.ca;
     block_on(async {
         let (gw_b, _) = login(&nats, ca, "gatewayd-b").await;
-        let mut calls_to_b = gw_b.subscribe(peer_subject("gw-b")).await.unwrap();
+        let mut calls_to_b = gw_b.subscribe(gateway_subject("gw-b")).await.unwrap();
+        let mut any_calls = gw_b
+            .queue_subscribe(GATEWAY_ANY_SUBJECT, "agentworks-gatewayd".into())
+            .await
+            .unwrap();
         let mut revocations = gw_b.subscribe(REVOKED_SUBJECT).await.unwrap();
         gw_b.flush().await.unwrap();
 
-        // agentd publishes a call for gateway B: the server refuses it and B never sees it.
+        // Gateway A publishes a call for gateway B, and one for any gateway: the server refuses
+        // both and B never sees them.
+        let (gw_a, mut gw_a_errors) = login(&nats, ca, "gatewayd-a").await;
+        for subject in [gateway_subject("gw-b"), GATEWAY_ANY_SUBJECT.to_owned()] {
+            gw_a.publish(subject.clone(), "from gw-a".into())
+                .await
+                .unwrap();
+            gw_a.flush().await.unwrap();
+            let refusal = next_error(&mut gw_a_errors).await;
+            assert!(
+                refusal.contains(&format!(
+                    "Permissions Violation for Publish to \"{subject}\""
+                )),
+                "{refusal}"
+            );
+        }
+        // agentd's calls, published after the server handled A's, are the first B gets.
         let (agentd, mut agentd_errors) = login(&nats, ca, "agentd").await;
         agentd
-            .publish(peer_subject("gw-b"), "from agentd".into())
+            .publish(gateway_subject("gw-b"), "from agentd".into())
             .await
             .unwrap();
+        agentd
+            .publish(GATEWAY_ANY_SUBJECT, "from agentd to any".into())
+            .await
+            .unwrap();
+        agentd.flush().await.unwrap();
+        assert_eq!(next_payload(&mut calls_to_b).await, "from agentd");
+        assert_eq!(next_payload(&mut any_calls).await, "from agentd to any");
+        // agentd may not listen as a gateway.
+        let _ = agentd.subscribe(GATEWAY_ANY_SUBJECT).await.unwrap();
         agentd.flush().await.unwrap();
         let refusal = next_error(&mut agentd_errors).await;
         assert!(
             refusal
-                .contains("Permissions Violation for Publish to \"agentworks.gateway.gw-b.call\""),
+                .contains("Permissions Violation for Subscription to \"agentworks.gateways.call\""),
             "{refusal}"
         );
-        // Gateway A's call, published after the server handled agentd's, is the first B gets.
-        let (gw_a, mut gw_a_errors) = login(&nats, ca, "gatewayd-a").await;
-        gw_a.publish(peer_subject("gw-b"), "from gw-a".into())
-            .await
-            .unwrap();
-        gw_a.flush().await.unwrap();
-        assert_eq!(next_payload(&mut calls_to_b).await, "from gw-a");
 
         // What agentd is for: announcing a revocation, which every gatewayd hears.
         agentd
@@ -152,7 +175,7 @@ fn each_daemon_user_may_publish_and_read_only_its_own_subjects() {
             ),
             "{refusal}"
         );
-        let _ = gw_a.subscribe(peer_subject("gw-b")).await.unwrap();
+        let _ = gw_a.subscribe(gateway_subject("gw-b")).await.unwrap();
         gw_a.flush().await.unwrap();
         let refusal = next_error(&mut gw_a_errors).await;
         assert!(
@@ -165,7 +188,7 @@ fn each_daemon_user_may_publish_and_read_only_its_own_subjects() {
 }
 
 #[test]
-fn gatewayd_hosts_route_and_revoke_as_their_own_users_over_tls() {
+fn gatewayd_hosts_answer_agentd_and_revoke_as_their_own_users_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let certificates = TestCertificates::generate(dir.path());
     let nats = Nats::start_with_config(&server_config(&certificates));
@@ -200,11 +223,22 @@ fn gatewayd_hosts_route_and_revoke_as_their_own_users_over_tls() {
     let folders = [("proj", FolderAccess::ReadWrite)];
     let on_b = FakeExecutor::connect(pair.b.port, &token, "laptop", &folders, Reply::Echo)
         .expect("the executor was refused");
-    // Routed: made on A's socket, called on B's subject as gatewayd-a, answered as gatewayd-b.
+    // agentd's dispatch: located on any host and called on B's subject as NATS user agentd,
+    // answered as gatewayd-b.
     let body = json!({"user_id": alice, "device_id": on_b.device_id, "folder": "proj",
                       "request_id": "req-tls", "operation":
                       {"kind": "execute_shell_command", "command": "echo over tls", "timeout": 5}});
-    let answered = pair.a.client().json("/v1/dispatch", body).unwrap();
+    let as_agentd =
+        async_nats::ConnectOptions::with_user_and_password("agentd".into(), password("agentd"))
+            .add_root_certificates(certificates.ca.clone())
+            .require_tls(true);
+    let agentd = ClusterAgentd::connect_with(
+        &pair.postgres,
+        as_agentd,
+        &format!("tls://127.0.0.1:{port}"),
+        "ag-1",
+    );
+    let answered = agentd.json("/v1/dispatch", body).unwrap();
     assert_eq!(answered["state"], "done", "{answered}");
     assert_eq!(answered["outcome"]["stdout"], "echo over tls", "{answered}");
     assert_eq!(pair.request_state("req-tls"), "gw-b done");

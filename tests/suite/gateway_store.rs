@@ -79,7 +79,7 @@ fn hosts_starting_together_migrate_the_schema_once() {
             "agentworks",
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM gateway_schema"
         ),
-        "1,2,3"
+        "1,2,3,4"
     );
     let tables = server.psql(
         "agentworks",
@@ -88,7 +88,7 @@ fn hosts_starting_together_migrate_the_schema_once() {
     );
     assert_eq!(
         tables,
-        "gateway_devices,gateway_hosts,gateway_leases,gateway_peer_key,gateway_requests,gateway_schema"
+        "gateway_devices,gateway_hosts,gateway_leases,gateway_requests,gateway_schema"
     );
 }
 
@@ -185,23 +185,6 @@ fn a_host_counted_lost_while_alive_records_the_device_answer_it_then_gets() {
 }
 
 #[test]
-fn the_first_host_stores_the_peer_key_and_every_host_reads_that_one() {
-    let server = Postgres::start();
-    let (a, _) = Store::open_postgres(&server.url(), "gw-a", 1).unwrap();
-    let (b, _) = Store::open_postgres(&server.url(), "gw-b", 1).unwrap();
-    assert_eq!(a.peer_key(&[1; 32]).unwrap(), Some([1; 32]));
-    assert_eq!(b.peer_key(&[2; 32]).unwrap(), Some([1; 32]));
-    assert_eq!(a.peer_key(&[3; 32]).unwrap(), Some([1; 32]));
-    let dir = tempfile::tempdir().unwrap();
-    let (one_host, _) = Store::open_sqlite(&dir.path().join("g.db"), 1).unwrap();
-    assert_eq!(
-        one_host.peer_key(&[4; 32]).unwrap(),
-        None,
-        "one host has no peers"
-    );
-}
-
-#[test]
 fn a_database_with_a_newer_schema_is_refused() {
     let server = Postgres::start();
     drop(Store::open_postgres(&server.url(), "gw-a", 1).unwrap());
@@ -217,7 +200,7 @@ fn a_database_with_a_newer_schema_is_refused() {
             error,
             StoreError::PostgresSchemaTooNew {
                 found: 99,
-                known: 3
+                known: 4
             }
         ),
         "{error}"

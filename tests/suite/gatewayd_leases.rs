@@ -1,18 +1,20 @@
 //! Device leases across two gatewayd hosts (issue 16), end to end: a [`GatewayPair`] (one real
 //! PostgreSQL and nats-server, hosts `gw-a` and `gw-b`, a lease lasting 3 s unless renewed,
-//! one agentd), and a scripted executor that accepts every request and answers none (so a
-//! request stays pending).
+//! agentd's client for them over NATS), and a scripted executor that accepts every request and
+//! answers none (so a request stays pending).
 //!
 //! A connected device's lease is this host's and visible from the other host; a disconnect
-//! releases it; a dispatch made on A for a device on B runs on B, and a cancel made on A
-//! reaches it there; B killed with SIGKILL loses its leases within the expiry window, its
-//! pending request reads `unknown` from A, and the dispatch waiting on A answers `unknown`
-//! too (never re-sent); the device shows offline, and reconnecting to A keeps its id.
+//! releases it; agentd's dispatch for the device on B runs on B, and its cancel reaches it
+//! there; B killed with SIGKILL loses its leases within the expiry window, its pending request
+//! reads `unknown` from A, and the dispatch agentd waits on ends as a lost answer, which its
+//! recovery cannot settle while the device is away (never re-sent); the device shows offline,
+//! and reconnecting to A keeps its id.
 
 use super::harness::{FakeExecutor, GatewayPair, Reply, device_token, wait_until};
 use agentworks_contract::executor::FolderAccess;
 use agentworks_support::unix_http::UnixClient;
 use serde_json::json;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn silent_executor(port: u16, token: &str) -> FakeExecutor {
@@ -52,14 +54,14 @@ fn leases_follow_the_device_and_a_killed_host_loses_them_and_its_pending_request
     std::thread::sleep(Duration::from_millis(3500));
     assert_eq!(pair.lease_holder(&device_id), "gw-b");
 
-    // A dispatch made on A runs on B, where it stays pending (the executor never answers).
+    // agentd's dispatch runs on B, where it stays pending (the executor never answers).
     let body = json!({"user_id": alice, "device_id": device_id, "folder": "proj",
                       "request_id": "req-lost", "operation":
                       {"kind": "execute_shell_command", "command": "sleep 300", "timeout": 300}});
-    let socket_a = pair.a.socket.clone();
-    let waiting = std::thread::spawn(move || {
-        let client = UnixClient::new(&socket_a);
-        super::harness::block_on(client.post::<_, serde_json::Value>("/v1/dispatch", &body))
+    let agentd = Arc::new(pair.agentd("ag-1"));
+    let waiting = std::thread::spawn({
+        let agentd = agentd.clone();
+        move || agentd.json("/v1/dispatch", body)
     });
     on_b.wait_requests(1);
     wait_until(
@@ -67,10 +69,8 @@ fn leases_follow_the_device_and_a_killed_host_loses_them_and_its_pending_request
         Duration::from_secs(10),
         || pair.request_state("req-lost") == "gw-b pending",
     );
-    // A cancel made on A reaches the executor through B.
-    let cancelled = pair
-        .a
-        .client()
+    // agentd's cancel reaches the executor through B (any host takes it; A names B).
+    let cancelled = agentd
         .json(
             "/v1/cancel",
             json!({"user_id": alice, "request_id": "req-lost"}),
@@ -82,7 +82,7 @@ fn leases_follow_the_device_and_a_killed_host_loses_them_and_its_pending_request
     });
 
     // B dies without a word: within the expiry window (three missed renewals, plus A's pass)
-    // its lease is gone, its request reads unknown, and the dispatch waiting on A says so.
+    // its lease is gone, its request reads unknown, and the dispatch agentd waits on says so.
     pair.b.child.kill().unwrap();
     let killed = Instant::now();
     let _ = pair.b.child.wait();
@@ -96,13 +96,29 @@ fn leases_follow_the_device_and_a_killed_host_loses_them_and_its_pending_request
     );
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    let answered = waiting.join().unwrap().expect("the dispatch on A failed");
-    assert_eq!(answered["state"], "unknown", "{answered}");
+    // agentd's dispatch ends as a lost answer (the turn then recovers it), naming the
+    // record's reason; not a refusal that would say it was not sent.
+    let (lost, _) = waiting
+        .join()
+        .unwrap()
+        .expect_err("the dispatch answered without its holder");
+    assert!(lost.contains("gave no answer"), "{lost}");
+    assert!(lost.contains("lease"), "{lost}");
     assert!(
         killed.elapsed() < Duration::from_secs(7),
-        "the dispatch on A answered {:?} after B died",
+        "the dispatch answered {:?} after B died",
         killed.elapsed()
     );
+    // Its recovery: nothing settles it while the device is away, and it is not re-sent.
+    let recovery = agentd
+        .json(
+            "/v1/recover",
+            json!({"user_id": alice, "device_id": device_id, "folder": "proj",
+                   "request_id": "req-lost", "operation":
+                   {"kind": "execute_shell_command", "command": "sleep 300", "timeout": 300}}),
+        )
+        .unwrap();
+    assert_eq!(recovery["recovery"], "unsettled", "{recovery}");
     let outcome = pair
         .a
         .client()

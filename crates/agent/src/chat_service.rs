@@ -7,13 +7,14 @@
 use crate::attachments::{AttachmentError, AttachmentStore};
 use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
 use crate::files::FileTools;
+use crate::gatewayd_client::GatewaydClient;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
 use crate::mcp_connections::ConnectionStore;
 use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
 use agentworks_daemon::ipc::envelope::{Refusal, run_blocking};
-use agentworks_support::unix_http::{ClientError, UnixClient};
+use agentworks_support::unix_http::ClientError;
 use hyper::StatusCode;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -80,7 +81,7 @@ pub struct ChatService {
     pub sign_ins: crate::mcp_oauth::PendingSignIns,
     /// agentd's public URL: where a connection sign-in's callback comes back to.
     pub public_url: String,
-    pub gatewayd: UnixClient,
+    pub gatewayd: GatewaydClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
     pub sessions: crate::console::session::Sessions,
@@ -136,7 +137,7 @@ impl ChatService {
         chats: ChatStore,
         attachments: AttachmentStore,
         connections: ConnectionStore,
-        gatewayd: UnixClient,
+        gatewayd: GatewaydClient,
         model: Option<ModelClient>,
     ) -> ChatService {
         ChatService {
@@ -226,7 +227,7 @@ impl ChatService {
                 "gateway_unavailable",
                 format!(
                     "the device gateway (agentworks-gatewayd) is not reachable at {}: {error}; laptop folders are unavailable until it runs",
-                    self.gatewayd.socket().display()
+                    self.gatewayd.target()
                 ),
             )),
         }

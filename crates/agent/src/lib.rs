@@ -38,6 +38,7 @@ pub mod console;
 pub mod db;
 pub mod device;
 pub mod files;
+pub mod gatewayd_client;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_apps;
@@ -71,7 +72,6 @@ use agentworks_daemon::ipc::server::{
 };
 use agentworks_daemon::layout::ensure_private_dir;
 use agentworks_support::outbound::GuardedClient;
-use agentworks_support::unix_http::UnixClient;
 use hyper::{Method, Request, StatusCode};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -111,6 +111,7 @@ pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
     files: &files::FileTools,
+    gatewayd: gatewayd_client::GatewaydClient,
 ) -> Result<chat_service::ChatService, AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
@@ -179,7 +180,7 @@ pub fn open_chats(
             store,
             attachments,
             connections,
-            UnixClient::new(config.gatewayd_socket()),
+            gatewayd,
             model,
         )
     })
@@ -200,16 +201,27 @@ pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
     }
 }
 
+/// How agentd reaches the other daemons: workspaced and gatewayd, each over its socket on this
+/// host or, in a cluster, over NATS.
+pub struct DaemonClients {
+    pub workspaced: workspaced_client::WorkspacedClient,
+    pub gatewayd: gatewayd_client::GatewaydClient,
+}
+
 /// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.
 pub async fn run(
     config: &Config,
     identity: IdentityStore,
-    workspaced: workspaced_client::WorkspacedClient,
+    daemons: DaemonClients,
     peers: Option<(turn_peers::TurnPeers, async_nats::Subscriber)>,
     public: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
 ) {
+    let DaemonClients {
+        workspaced,
+        gatewayd,
+    } = daemons;
     let files = files::FileTools::new(identity.clone(), workspaced.clone());
     let sessions = console::session::Sessions::new(
         identity.clone(),
@@ -218,7 +230,7 @@ pub async fn run(
         console::session::loopback_port(&public),
     );
     // ----- the agent (chats): begin -----
-    let chat_service = match open_chats(config, &identity, &files) {
+    let chat_service = match open_chats(config, &identity, &files, gatewayd) {
         Ok(service) => Some(chat_service::ChatService {
             sessions: sessions.clone(),
             connections_client: connections_client(config),

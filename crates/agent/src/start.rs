@@ -26,6 +26,9 @@ pub enum StartError {
     /// `[agentd] workspaced_host`: that host's workspaced cannot be called.
     #[error("cannot call the workspaced of another host")]
     Workspaced(#[source] crate::workspaced_client::WorkspacedClientError),
+    /// In a cluster: agentd cannot seal its calls to gatewayd.
+    #[error("cannot call gatewayd over the cluster's NATS server")]
+    Gatewayd(#[source] crate::gatewayd_client::GatewaydClientError),
     /// In a cluster: the other agentd hosts' calls cannot be taken.
     #[error("cannot take calls from the other agentd hosts")]
     TurnPeers(#[source] crate::turn_peers::TurnPeersError),
@@ -66,6 +69,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         ),
         None => None,
     };
+    let gatewayd = crate::gatewayd_client::GatewaydClient::for_config(&config, nats.clone())
+        .await
+        .map_err(StartError::Gatewayd)?;
     let workspaced = crate::workspaced_client::WorkspacedClient::for_config(&config, nats)
         .await
         .map_err(StartError::Workspaced)?;
@@ -77,15 +83,17 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.agentd.public_url(),
         workspaced = %workspaced.target(),
+        gatewayd = %gatewayd.target(),
         host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         "agentd ready"
     );
     systemd::notify_ready("serving /mcp and agentd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(
-        &config, identity, workspaced, peers, public, socket, shutdown,
-    )
-    .await;
+    let daemons = crate::DaemonClients {
+        workspaced,
+        gatewayd,
+    };
+    crate::run(&config, identity, daemons, peers, public, socket, shutdown).await;
     if let Some(announcer) = announcer {
         let _ = announcer.await;
     }

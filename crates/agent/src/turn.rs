@@ -1108,7 +1108,7 @@ async fn dispatch(
         request_id: request_id.to_owned(),
         operation,
     };
-    let state: DispatchState = match service.gatewayd.post("/v1/dispatch", &request).await {
+    let state: DispatchState = match service.gatewayd.dispatch(&request).await {
         Ok(state) => state,
         Err(lost) if may_have_been_sent(&lost) => {
             recover(service, &request, deadline, cancel, lost).await?

@@ -14,16 +14,30 @@ pub struct TokenRevoked {
     pub token_id: String,
 }
 
-/// gatewayd host `host_id` answers its peers' calls here (NATS request-reply): a dispatch,
-/// cancel or recovery for a device whose connection that host holds. Host ids are NATS
+/// gatewayd host `host_id` answers agentd's calls here (NATS request-reply): a dispatch, cancel
+/// or recovery for a device whose connection that host holds, as a [`PeerCall`] answered with a
+/// [`PeerAnswer`], sealed under the cluster's gatewayd key ([`GATEWAYD_KEY`]). Host ids are NATS
 /// subject tokens (`cluster.host_id` is ASCII letters, digits, `-` and `_`).
-pub fn peer_subject(host_id: &str) -> String {
+pub fn gateway_subject(host_id: &str) -> String {
     format!("agentworks.gateway.{host_id}.call")
 }
 
-/// Every host's [`peer_subject`], for NATS permissions: only gatewayd users publish and
-/// subscribe here.
-pub const PEER_SUBJECTS: &str = "agentworks.gateway.*.call";
+/// Any one gatewayd answers agentd's calls here (a NATS queue group, [`GATEWAY_QUEUE`]): the
+/// calls any host can answer from the shared database (devices, outcomes, where a device is),
+/// and the first try of a cancel or recovery, which a host that does not hold the device
+/// refuses with `device_on_other_host` and the holder's id.
+pub const GATEWAY_ANY_SUBJECT: &str = "agentworks.gateways.call";
+
+/// The queue group of [`GATEWAY_ANY_SUBJECT`]: each call reaches one gatewayd.
+pub const GATEWAY_QUEUE: &str = "agentworks-gatewayd";
+
+/// Every host's [`gateway_subject`], for NATS permissions: only agentd users publish here, only
+/// gatewayd users subscribe (and [`GATEWAY_ANY_SUBJECT`] likewise).
+pub const GATEWAY_SUBJECTS: &str = "agentworks.gateway.*.call";
+
+/// The name of the cluster key [`gateway_subject`]'s and [`GATEWAY_ANY_SUBJECT`]'s calls are
+/// sealed with.
+pub const GATEWAYD_KEY: &str = "gatewayd-calls";
 
 /// agentd host `host_id` answers the other agentd hosts' calls here (NATS request-reply): a
 /// [`PeerCall`] to [`AGENTD_CANCEL_TURN`] for a turn it runs, answered with a [`PeerAnswer`],
@@ -72,8 +86,8 @@ pub const WORKSPACED_SUBJECTS: &str = "agentworks.workspaced.*.call";
 pub const PEER_MAC_HEADER: &str = "Agentworks-Mac";
 
 /// A call from one host to another over NATS: run this socket call there, as if it had been
-/// made on that host's socket (`gatewayd.sock` between gatewayd hosts, never sent on to a third
-/// host; `workspaced.sock` from agentd to a storage host).
+/// made on that host's socket (`gatewayd.sock` from agentd to a gatewayd host, which never sends it
+/// on to a third host; `workspaced.sock` from agentd to a storage host).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerCall {
@@ -81,8 +95,7 @@ pub struct PeerCall {
     pub origin: String,
     /// When it was sent (ms since the epoch); a call much older or newer is dropped.
     pub sent_at_ms: i64,
-    /// The socket endpoint (between gatewayd hosts `/v1/dispatch`, `/v1/cancel` or
-    /// `/v1/recover`).
+    /// The socket endpoint, e.g. `/v1/dispatch`.
     pub path: String,
     /// The endpoint's JSON body, as agentd sent it.
     pub body: String,

@@ -81,6 +81,33 @@ pub enum Recovery {
     Unsettled { reason: String },
 }
 
+/// `POST /v1/locate` (a cluster): where a device's connection is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocateRequest {
+    /// The person asking; must own the device (else `not_found`).
+    pub user_id: String,
+    pub device_id: String,
+}
+
+/// The answer to `POST /v1/locate`: the gatewayd host whose live lease the device is under
+/// (an offline device is refused `device_offline`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Located {
+    pub host_id: String,
+}
+
+/// The answer to `POST /v1/watch` (body: a [`DispatchRequest`] sent to another host): what the
+/// shared database says of it now. A record of another request under its id is refused
+/// `request_id_reused`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watched {
+    /// The request's recorded state (pending included); `None` if no host recorded it yet.
+    pub state: Option<DispatchState>,
+    /// The host whose live lease the request's device is under, if any.
+    pub holder: Option<String>,
+}
+
 /// The answer to `POST /v1/cancel`: whether a cancel frame was sent (only while the request
 /// is pending on a connected device), and the request's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

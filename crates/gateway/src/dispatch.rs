@@ -8,15 +8,15 @@
 //! | `POST /v1/cancel` | [`RequestRef`] | [`CancelResponse`] |
 //! | `POST /v1/outcome` | [`RequestRef`] | [`DispatchState`], as recorded (survives restarts) |
 //! | `POST /v1/recover` | [`DispatchRequest`] | [`Recovery`]: the state of a dispatch whose answer agentd lost |
+//! | `POST /v1/locate` | [`LocateRequest`] | [`Located`]: the host whose lease the device is under (a cluster) |
+//! | `POST /v1/watch` | [`DispatchRequest`] | [`Watched`]: its record and its device's holder now (a cluster) |
 //!
 //! Errors are the usual envelope: `invalid_request` (400), `not_found` (404: no such device or
 //! request *for this person*), `device_offline` (409), `folder_not_granted` (403),
 //! `token_revoked` or agentd's other token codes (401), `request_id_reused` (409: the id was
 //! used for another person, device, folder or operation), `agentd_unavailable` (503),
-//! `device_on_other_host` (409, in a cluster: a call routed here from another host for a device
-//! that a third host now holds, named in `host_id`), `gateway_host_unavailable` (503, in a
-//! cluster: the host holding the device did not answer, and the request id is now claimed as
-//! never sent),
+//! `device_on_other_host` (409, in a cluster: another host holds the device's connection, named in
+//! `host_id`; the call is to be made there),
 //! `peer_forbidden` (403: the caller's uid is not root, gatewayd's own, or in
 //! `[gatewayd] allowed_users`).
 //!
@@ -35,18 +35,18 @@
 //! most [`RECEIPT_QUERY_TIMEOUT`]: a recorded outcome is stored and answered, "running" or no
 //! answer is unsettled, "never seen" is unknown for good.
 //!
-//! In a cluster, a dispatch, cancel or recovery for a device whose connection another live host
-//! holds (its lease) is sent to that host over NATS ([`crate::peers`]) and answered there by
-//! this same code, called with [`Caller::Peer`]; its answer is this host's. A routed dispatch
-//! also ends when its record settles (the holder lost its lease: `unknown`); one that the
-//! holder has not recorded after [`PEER_UNRECORDED_CLAIM`] (the call was lost with a NATS
-//! server, say) or that it never answered is settled here: the id is claimed as never sent
-//! (and the holder, if the call reaches it later, finds the claim and sends nothing), or its
-//! record answered.
+//! In a cluster, agentd makes these calls over NATS ([`crate::agentd_calls`]), each answered here by
+//! this same code: a dispatch on the subject of the host that holds the device (found with
+//! `/v1/locate`), the rest on any host's. A call for a device whose connection another live host
+//! holds (its lease) is refused `device_on_other_host`, naming that host; gatewayd never passes
+//! a call on itself. While it waits for a dispatch's answer agentd reads `/v1/watch` on any host,
+//! so a holder that dies is seen from the shared database (its pending requests made unknown
+//! when it loses its leases, or the request never recorded there, whose id agentd then claims
+//! as never sent with `/v1/recover`).
 //!
 //! Must never reveal that another person's device or request exists, never send a request id
 //! twice, never replay one request's outcome for another, never fall back to another device,
-//! and never pass a call that came from a peer on to a third host.
+//! and never pass a call on to another host.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -58,7 +58,6 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::peers::Peers;
 use super::registry::{Live, Pending};
 use super::store::{Begin, NewRequest, RequestRecord, StoreError, payload_sha256};
 use super::{AUDIT_TARGET, Gateway};
@@ -69,12 +68,10 @@ use agentworks_contract::executor::{
 };
 use agentworks_contract::gatewayd::{
     CancelResponse, DeviceInfo, DevicesRequest, DispatchRequest, DispatchState, GatewayHealth,
-    Recovery, RequestRef,
+    LocateRequest, Located, Recovery, RequestRef, Watched,
 };
 use agentworks_daemon::audit;
-use agentworks_daemon::ipc::envelope::{
-    Body, Refusal, decode_json, json_response, run_blocking, with_json,
-};
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use agentworks_daemon::ipc::server::{
     Peer, PeerPolicy, ServerLimits, refuse_peer, serve as serve_ipc,
 };
@@ -86,25 +83,6 @@ pub const RECEIPT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_REQUEST_ID_BYTES: usize = 128;
 /// The longest user or device id accepted.
 const MAX_ID_BYTES: usize = 128;
-/// How much longer than a routed dispatch's deadline this host waits for the holder's answer.
-const PEER_MARGIN: Duration = Duration::from_secs(10);
-/// How long a routed cancel or recovery waits for the holder's answer.
-const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(15);
-/// How long a routed dispatch may go unrecorded by the holder (which records it at once when
-/// the call arrives) before this host claims its id as never sent: a call lost with a NATS
-/// server then fails in seconds, not at its deadline, and can never run later.
-const PEER_UNRECORDED_CLAIM: Duration = Duration::from_secs(10);
-/// How often a routed dispatch reads its record while it waits for the holder's answer.
-const PEER_RECORD_POLL: Duration = Duration::from_secs(1);
-
-/// Who made a call: agentd on this host's socket (a call for a device another host holds is
-/// routed there), or another gatewayd host over NATS (served here or refused, never routed on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Caller {
-    Agentd,
-    Peer,
-}
-
 /// Serves `gatewayd.sock` until `shutdown`.
 pub async fn serve(
     listener: tokio::net::UnixListener,
@@ -166,19 +144,8 @@ async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Result<Respons
             connected: gateway.registry.live_count(),
         }));
     }
-    let known = matches!(
-        path,
-        "/v1/devices" | "/v1/dispatch" | "/v1/cancel" | "/v1/outcome" | "/v1/recover"
-    );
-    if !known {
-        return Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            "unknown_endpoint",
-            format!(
-                "{} {path} is not an endpoint of gatewayd's socket",
-                parts.method
-            ),
-        ));
+    if !POST_PATHS.contains(&path) {
+        return Err(unknown_endpoint(&parts.method, path));
     }
     if parts.method != Method::POST {
         return Err(Refusal::new(
@@ -187,30 +154,47 @@ async fn route(gateway: &Gateway, parts: &Parts, body: &Bytes) -> Result<Respons
             "use POST",
         ));
     }
+    post(gateway, path, body).await
+}
+
+/// The POST endpoints, on the socket and over NATS alike.
+pub const POST_PATHS: [&str; 7] = [
+    "/v1/devices",
+    "/v1/dispatch",
+    "/v1/cancel",
+    "/v1/outcome",
+    "/v1/recover",
+    "/v1/locate",
+    "/v1/watch",
+];
+
+fn unknown_endpoint(method: &Method, path: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "unknown_endpoint",
+        format!("{method} {path} is not an endpoint of gatewayd's socket"),
+    )
+}
+
+async fn post(gateway: &Gateway, path: &str, body: &Bytes) -> Result<Response<Body>, Refusal> {
     match path {
         "/v1/devices" => devices(gateway, body).await,
-        "/v1/dispatch" => dispatch(gateway, body, Caller::Agentd).await,
-        "/v1/cancel" => cancel(gateway, body, Caller::Agentd).await,
-        "/v1/recover" => recover(gateway, body, Caller::Agentd).await,
-        _ => outcome(gateway, body).await,
+        "/v1/dispatch" => dispatch(gateway, body).await,
+        "/v1/cancel" => cancel(gateway, body).await,
+        "/v1/recover" => recover(gateway, body).await,
+        "/v1/outcome" => outcome(gateway, body).await,
+        "/v1/locate" => locate(gateway, body).await,
+        "/v1/watch" => watch(gateway, body).await,
+        _ => Err(unknown_endpoint(&Method::POST, path)),
     }
 }
 
-/// Serves a call another gatewayd host routed here ([`crate::peers`]): one of
-/// [`crate::peers::PEER_PATHS`], answered as agentd's call on this socket would be, except
-/// that a device this host does not hold is refused rather than routed again.
-pub async fn serve_peer_call(gateway: &Gateway, path: &str, body: &Bytes) -> Response<Body> {
-    let answer = match path {
-        "/v1/dispatch" => dispatch(gateway, body, Caller::Peer).await,
-        "/v1/cancel" => cancel(gateway, body, Caller::Peer).await,
-        "/v1/recover" => recover(gateway, body, Caller::Peer).await,
-        _ => Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            "unknown_endpoint",
-            format!("{path} is not an endpoint peers may call"),
-        )),
-    };
-    answer.unwrap_or_else(Refusal::into_response)
+/// Serves a call agentd made over NATS ([`crate::agentd_calls`]): one of [`POST_PATHS`], answered as
+/// the same call on this socket would be.
+pub async fn serve_agentd_call(gateway: &Gateway, path: &str, body: &Bytes) -> Response<Body> {
+    post(gateway, path, body)
+        .await
+        .unwrap_or_else(Refusal::into_response)
 }
 
 fn valid_id(id: &str, max: usize) -> bool {
@@ -362,13 +346,8 @@ fn replay(record: RequestRecord, request: &DispatchRequest) -> Result<Response<B
     Ok(ok(&record.state))
 }
 
-/// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer; or,
-/// for a device another host holds, that host's answer.
-async fn dispatch(
-    gateway: &Gateway,
-    body: &Bytes,
-    caller: Caller,
-) -> Result<Response<Body>, Refusal> {
+/// `POST /v1/dispatch`: checks, then the request recorded and sent once, then its answer.
+async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
@@ -380,19 +359,7 @@ async fn dispatch(
     if let Some(record) = blocking(move || store.request(&id)).await? {
         return replay(record, &request);
     }
-    let live = match target_connection(gateway, &request, caller).await? {
-        Target::Here(live) => live,
-        Target::Peer(peers, host) => {
-            let routed = Routed {
-                peers,
-                host,
-                body,
-                deadline,
-                kind,
-            };
-            return route_dispatch(gateway, &request, routed).await;
-        }
-    };
+    let live = target_connection(gateway, &request).await?;
     let frame = request_frame(&request)?;
     let answer = match send_once(gateway, &request, &live, frame, kind).await? {
         Sent::Waiting(answer) => answer,
@@ -415,15 +382,13 @@ async fn dispatch(
     }
 }
 
-/// A call routed here from another host that this host cannot serve either (a cluster).
+/// A call this host cannot serve in a cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
-    /// The device's lease is held by a third host (it moved while the call was on its way);
-    /// a routed call is never routed again, so the caller may try once more.
+    /// Another host holds the device's connection (its lease): the call is to be made there.
     #[error(
         "the device \"{device_name}\" is connected to gatewayd host \"{host_id}\", not to this \
-         host (\"{this_host}\"), and a call routed from another host is not routed again; \
-         try again"
+         host (\"{this_host}\"); make the call there"
     )]
     HeldByOtherHost {
         device_name: String,
@@ -457,22 +422,16 @@ async fn leased_elsewhere(gateway: &Gateway, device_id: &str) -> Result<Option<S
         .filter(|host| **host != *this_host))
 }
 
-/// Where a call for a device not connected here goes: to the host holding its lease, if agentd
-/// made the call and this host has peers (`Some`); `None` if the device is simply offline. A
-/// call a peer routed here for a device a third host holds is refused
-/// ([`RouteError::HeldByOtherHost`]).
-async fn route_to_holder(
+/// In a cluster, refuses a call for `device_id` (not connected here) if another live host
+/// holds its lease ([`RouteError::HeldByOtherHost`]), so that agentd makes it there.
+async fn refuse_if_held_elsewhere(
     gateway: &Gateway,
     device_id: &str,
     device_name: &str,
-    caller: Caller,
-) -> Result<Option<(Peers, String)>, Refusal> {
-    let Some(host) = leased_elsewhere(gateway, device_id).await? else {
-        return Ok(None);
-    };
-    match (&gateway.peers, caller) {
-        (Some(peers), Caller::Agentd) => Ok(Some((peers.clone(), host))),
-        _ => Err(RouteError::HeldByOtherHost {
+) -> Result<(), Refusal> {
+    match leased_elsewhere(gateway, device_id).await? {
+        None => Ok(()),
+        Some(host) => Err(RouteError::HeldByOtherHost {
             device_name: device_name.to_owned(),
             host_id: host,
             this_host: gateway.lease_host.as_deref().unwrap_or("-").to_owned(),
@@ -481,20 +440,10 @@ async fn route_to_holder(
     }
 }
 
-/// Where a dispatch goes: a connection here, or the host that holds the device.
-enum Target {
-    Here(Live),
-    Peer(Peers, String),
-}
-
 /// The connection that speaks for the request's device: this person's device (else not
-/// found), online, sharing the folder, and its token still valid now; or, in a cluster, the
-/// host whose lease the device is under.
-async fn target_connection(
-    gateway: &Gateway,
-    request: &DispatchRequest,
-    caller: Caller,
-) -> Result<Target, Refusal> {
+/// found), online here (in a cluster, a device another host holds is refused with that host),
+/// sharing the folder, and its token still valid now.
+async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Result<Live, Refusal> {
     // The device: this person's (else not found), online, sharing the folder.
     let not_found = || {
         Refusal::new(
@@ -517,11 +466,7 @@ async fn target_connection(
         .live(&request.device_id)
         .filter(|l| l.user_id == request.user_id)
     else {
-        if let Some((peers, host)) =
-            route_to_holder(gateway, &request.device_id, &device.name, caller).await?
-        {
-            return Ok(Target::Peer(peers, host));
-        }
+        refuse_if_held_elsewhere(gateway, &request.device_id, &device.name).await?;
         return Err(Refusal::new(
             StatusCode::CONFLICT,
             "device_offline",
@@ -555,142 +500,7 @@ async fn target_connection(
         Ok(_) => {}
         Err(error) => return Err(error.into()),
     }
-    Ok(Target::Here(live))
-}
-
-/// A dispatch on its way to the host that holds its device.
-struct Routed<'a> {
-    peers: Peers,
-    host: String,
-    body: &'a Bytes,
-    deadline: Duration,
-    kind: &'static str,
-}
-
-/// Sends a dispatch to the host holding its device and answers what that host answered; or the
-/// request's record once it settles without an answer (the holder lost its lease); or, if the
-/// holder never answered, what [`settle_unanswered`] makes of it.
-async fn route_dispatch(
-    gateway: &Gateway,
-    request: &DispatchRequest,
-    routed: Routed<'_>,
-) -> Result<Response<Body>, Refusal> {
-    let Routed {
-        peers,
-        host,
-        body,
-        deadline,
-        kind,
-    } = routed;
-    let call = peers.call(&host, "/v1/dispatch", body, deadline + PEER_MARGIN);
-    tokio::pin!(call);
-    let mut watch_unrecorded = true;
-    loop {
-        tokio::select! {
-            answer = &mut call => return match answer {
-                Ok((status, body)) => Ok(with_json(status, body)),
-                Err(error) if error.nothing_sent() => Err(Refusal::new(
-                    StatusCode::CONFLICT,
-                    "device_offline",
-                    format!(
-                        "{error}; the device's connection there is gone or going, so try again"
-                    ),
-                )),
-                Err(error) => settle_unanswered(gateway, request, kind, &error.to_string()).await,
-            },
-            settled = record_settles(gateway, request, &host, watch_unrecorded) => match settled {
-                Settled::State(state) => return Ok(ok(&state)),
-                Settled::Unrecorded => {
-                    let why = format!(
-                        "gatewayd host \"{host}\" did not record the request (within {} s, or \
-                         before it lost the device)",
-                        PEER_UNRECORDED_CLAIM.as_secs()
-                    );
-                    match record_request(gateway, request, kind, false).await? {
-                        Begin::New => return Err(never_sent(&why)),
-                        Begin::Existing(record) if !same_request(&record, request) => {
-                            return Err(reused());
-                        }
-                        // Recorded there after all: wait for its answer or its settling.
-                        Begin::Existing(_) => watch_unrecorded = false,
-                    }
-                }
-            },
-        }
-    }
-}
-
-/// What [`record_settles`] saw.
-enum Settled {
-    /// The record is final: done, or unknown (a host that lost its lease has its pending
-    /// requests made unknown).
-    State(DispatchState),
-    /// No host recorded the request within [`PEER_UNRECORDED_CLAIM`], or before the holder's
-    /// lease on the device ended (it died as the call went out).
-    Unrecorded,
-}
-
-/// Waits until `request`'s record is final, or (with `watch_unrecorded`) until it has gone
-/// unrecorded for [`PEER_UNRECORDED_CLAIM`] or `holder` no longer holds the device's lease,
-/// reading them every [`PEER_RECORD_POLL`]; never returns otherwise.
-async fn record_settles(
-    gateway: &Gateway,
-    request: &DispatchRequest,
-    holder: &str,
-    watch_unrecorded: bool,
-) -> Settled {
-    let started = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(PEER_RECORD_POLL).await;
-        let (store, id) = (gateway.store.clone(), request.request_id.clone());
-        match blocking(move || store.request(&id)).await {
-            Ok(Some(record))
-                if record.state != DispatchState::Pending && same_request(&record, request) =>
-            {
-                return Settled::State(record.state);
-            }
-            Ok(None) if watch_unrecorded => {
-                let held = leased_elsewhere(gateway, &request.device_id).await;
-                let lost = matches!(held, Ok(ref host) if host.as_deref() != Some(holder));
-                if lost || started.elapsed() >= PEER_UNRECORDED_CLAIM {
-                    return Settled::Unrecorded;
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// 503 `gateway_host_unavailable`: `why`, and the request id now claimed as never sent.
-fn never_sent(why: &str) -> Refusal {
-    Refusal::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "gateway_host_unavailable",
-        format!("{why}; the request was not sent, and its id is now claimed so it never will be"),
-    )
-}
-
-/// A routed dispatch whose holder gave no answer (`why`): its id is claimed as never sent if no
-/// host recorded it yet (503: it never will be sent), else its record is answered, pending
-/// read as unknown (the holder may be running it; it is not re-sent).
-async fn settle_unanswered(
-    gateway: &Gateway,
-    request: &DispatchRequest,
-    kind: &'static str,
-    why: &str,
-) -> Result<Response<Body>, Refusal> {
-    match record_request(gateway, request, kind, false).await? {
-        Begin::New => Err(never_sent(why)),
-        Begin::Existing(record) if !same_request(&record, request) => Err(reused()),
-        Begin::Existing(record) => Ok(ok(&match record.state {
-            DispatchState::Pending => DispatchState::Unknown {
-                reason: format!(
-                    "{why} while the request was pending there; whether it ran is unknown and it is not re-sent"
-                ),
-            },
-            settled => settled,
-        })),
-    }
+    Ok(live)
 }
 
 /// The request as the frame the executor gets; it must fit the executor's limit, or it would
@@ -831,11 +641,7 @@ async fn record_request(
 
 /// `POST /v1/recover`: the state of a dispatch whose answer agentd lost, recovered from the
 /// device's receipt when the record says unknown. Never sends the request.
-async fn recover(
-    gateway: &Gateway,
-    body: &Bytes,
-    caller: Caller,
-) -> Result<Response<Body>, Refusal> {
+async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_recovery(&request)?;
     let (_, kind) = deadline_and_kind(&request.operation);
@@ -852,19 +658,8 @@ async fn recover(
         return Ok(ok(&recovery));
     }
     // Unknown: only the device's own receipt can tell; it is asked where the device is.
-    if gateway.registry.live(&record.device_id).is_none()
-        && let Some((peers, host)) =
-            route_to_holder(gateway, &record.device_id, &record.device_id, caller).await?
-    {
-        return match peers
-            .call(&host, "/v1/recover", body, PEER_CALL_TIMEOUT)
-            .await
-        {
-            Ok((status, body)) => Ok(with_json(status, body)),
-            Err(error) => Ok(ok(&unsettled(&format!(
-                "{error}; the device's receipt can be asked for again"
-            )))),
-        };
+    if gateway.registry.live(&record.device_id).is_none() {
+        refuse_if_held_elsewhere(gateway, &record.device_id, &record.device_id).await?;
     }
     let receipt = match ask_for_receipt(gateway, &record, &request.request_id).await? {
         Ok(receipt) => receipt,
@@ -1006,29 +801,15 @@ async fn owned_record(gateway: &Gateway, reference: &RequestRef) -> Result<Reque
 }
 
 /// `POST /v1/cancel`: asks the device to stop a pending request.
-async fn cancel(
-    gateway: &Gateway,
-    body: &Bytes,
-    caller: Caller,
-) -> Result<Response<Body>, Refusal> {
+async fn cancel(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     let here = gateway
         .registry
         .pending_connection(&reference.request_id)
         .is_some();
-    if record.state == DispatchState::Pending
-        && !here
-        && let Some((peers, host)) =
-            route_to_holder(gateway, &record.device_id, &record.device_id, caller).await?
-    {
-        match peers
-            .call(&host, "/v1/cancel", body, PEER_CALL_TIMEOUT)
-            .await
-        {
-            Ok((status, body)) => return Ok(with_json(status, body)),
-            Err(error) => tracing::warn!(%error, "cannot route a cancel to the device's host"),
-        }
+    if record.state == DispatchState::Pending && !here {
+        refuse_if_held_elsewhere(gateway, &record.device_id, &record.device_id).await?;
     }
     let mut sent = false;
     if record.state == DispatchState::Pending
@@ -1064,6 +845,66 @@ async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
     let reference: RequestRef = decode_json(body)?;
     let record = owned_record(gateway, &reference).await?;
     Ok(ok(&record.state))
+}
+
+/// `POST /v1/locate`: the host whose live lease this person's device is under.
+async fn locate(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
+    let request: LocateRequest = decode_json(body)?;
+    check_ids(&request.user_id, None)?;
+    let not_found = || {
+        Refusal::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no device {} for this user", request.device_id),
+        )
+    };
+    if !valid_id(&request.device_id, MAX_ID_BYTES) {
+        return Err(not_found());
+    }
+    let (store, id) = (gateway.store.clone(), request.device_id.clone());
+    let (device, lease) =
+        blocking(move || Ok((store.device(&id)?, store.lease(&id, now_ms())?))).await?;
+    let Some(device) = device.filter(|d| d.user_id == request.user_id) else {
+        return Err(not_found());
+    };
+    let here = gateway
+        .registry
+        .live(&request.device_id)
+        .filter(|l| l.user_id == request.user_id)
+        .and(gateway.lease_host.as_deref());
+    match lease.map(|lease| lease.host_id).or(here.map(str::to_owned)) {
+        Some(host_id) => Ok(ok(&Located { host_id })),
+        None => Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "device_offline",
+            format!(
+                "the device \"{}\" is not connected; on that computer, run `agentworks executor connect` and try again",
+                device.name
+            ),
+        )),
+    }
+}
+
+/// `POST /v1/watch`: a dispatch's record (if it is this very request) and its device's holder.
+async fn watch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
+    let request: DispatchRequest = decode_json(body)?;
+    check_recovery(&request)?;
+    let (store, id, device) = (
+        gateway.store.clone(),
+        request.request_id.clone(),
+        request.device_id.clone(),
+    );
+    let (record, lease) =
+        blocking(move || Ok((store.request(&id)?, store.lease(&device, now_ms())?))).await?;
+    let state = match record {
+        Some(record) if !same_request(&record, &request) => return Err(reused()),
+        Some(record) => Some(record.state),
+        None => None,
+    };
+    Ok(ok(&Watched {
+        state,
+        holder: lease.map(|lease| lease.host_id),
+    }))
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@
 //! - [`tokens`]: asking agentd whether executor tokens are (still) valid.
 //! - [`nats`]: with `[cluster]`, the NATS connection and the revocation subject, which makes
 //!   every host re-check a revoked token at once.
-//! - [`peers`]: with `[cluster]`, calls routed between gatewayd hosts over NATS (a dispatch for
-//!   a device connected to another host), authenticated with the cluster's peer key.
+//! - [`agentd_calls`]: with `[cluster]`, agentd's calls over NATS (this host's subject and the queue
+//!   group's), authenticated with the cluster's gatewayd key.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //!
 //! gatewayd holds no document and no identity data: it asks agentd about every token, on
@@ -34,14 +34,14 @@
 //! lease names the host holding its connection: taken at connect, renewed every heartbeat by
 //! `watch_leases`, released at disconnect; a host that misses [`store::MISSED_RENEWALS`]
 //! renewals loses its leases on another host's pass, and its pending requests become
-//! `unknown`. A dispatch, cancel or recovery for a device another live host holds is routed to
-//! that host over NATS ([`peers`]) and answered there.
+//! `unknown`. A dispatch, cancel or recovery for a device another live host holds is refused with
+//! that host's id (`device_on_other_host`); agentd makes it there over NATS ([`agentd_calls`]).
 
+pub mod agentd_calls;
 pub mod cli;
 pub mod dispatch;
 pub mod executor;
 pub mod nats;
-pub mod peers;
 pub mod registry;
 pub mod start;
 pub mod store;
@@ -127,8 +127,6 @@ pub struct Gateway {
     /// them every heartbeat, and refuses dispatches to devices another live host holds. `None`
     /// on one host (SQLite), where no lease is ever taken.
     lease_host: Option<Arc<str>>,
-    /// In a cluster, the other hosts over NATS: calls for devices they hold are routed there.
-    peers: Option<peers::Peers>,
 }
 
 /// Opens gatewayd's store: with `[cluster] database_url`, the shared PostgreSQL database as
@@ -168,7 +166,6 @@ impl Gateway {
             tokens,
             settings: Arc::new(settings),
             lease_host: None,
-            peers: None,
         }
     }
 
@@ -457,7 +454,7 @@ pub async fn run(
     config: &Config,
     store: Store,
     bus: Option<nats::Bus>,
-    peer_key: Option<peers::PeerKey>,
+    calls_key: Option<agentd_calls::GatewaydKey>,
     executors: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -482,18 +479,18 @@ pub async fn run(
         .lease_host
         .clone()
         .map(|host| tokio::spawn(watch_leases(gateway.clone(), host, shutdown.clone())));
-    let mut peer_calls = None;
-    if let (Some(bus), Some(key), Some(host)) = (&bus, peer_key, &config.cluster.host_id) {
-        gateway.peers = Some(peers::Peers::new(bus.client.clone(), key, host));
-    }
+    let mut agentd_calls = Vec::new();
     let revocations = bus.map(|bus| {
-        if let Some(peers) = gateway.peers.clone() {
-            peer_calls = Some(tokio::spawn(peers::serve_calls(
-                gateway.clone(),
-                peers,
-                bus.peer_calls,
-                shutdown.clone(),
-            )));
+        if let (Some(key), Some(host)) = (calls_key, &config.cluster.host_id) {
+            let server = agentd_calls::CallServer::new(bus.client.clone(), key, host);
+            for calls in [bus.host_calls, bus.any_calls] {
+                agentd_calls.push(tokio::spawn(agentd_calls::serve_calls(
+                    gateway.clone(),
+                    server.clone(),
+                    calls,
+                    shutdown.clone(),
+                )));
+            }
         }
         tokio::spawn(nats::watch_revocations(
             gateway.clone(),
@@ -512,8 +509,8 @@ pub async fn run(
     if let Some(revocations) = revocations {
         let _ = revocations.await;
     }
-    if let Some(peer_calls) = peer_calls {
-        let _ = peer_calls.await;
+    for calls in agentd_calls {
+        let _ = calls.await;
     }
     if let Some(leases) = leases {
         let _ = leases.await;

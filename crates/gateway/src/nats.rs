@@ -1,7 +1,7 @@
 //! gatewayd on the cluster's NATS server (issue 16): the connection, with this daemon's
-//! credentials file, the revocation subject [`REVOKED_SUBJECT`], and this host's
-//! [`peer_subject`], on which other hosts route calls for devices connected here
-//! ([`crate::peers`]).
+//! credentials file, the revocation subject [`REVOKED_SUBJECT`], and the subjects agentd calls
+//! gatewayd on ([`crate::agentd_calls`]): this host's [`gateway_subject`], for devices connected here,
+//! and [`GATEWAY_ANY_SUBJECT`] in the queue group [`GATEWAY_QUEUE`].
 //!
 //! Messages only wake; rows are the truth. A message on [`REVOKED_SUBJECT`] names a token id
 //! (`{"token_id": "…"}`, at most [`MAX_MESSAGE_BYTES`]). gatewayd does not take the message's
@@ -22,7 +22,9 @@ use agentworks_daemon::config::ClusterConfig;
 
 use crate::{Gateway, revoke};
 
-pub use agentworks_contract::cluster::{REVOKED_SUBJECT, TokenRevoked as Revoked, peer_subject};
+pub use agentworks_contract::cluster::{
+    GATEWAY_ANY_SUBJECT, GATEWAY_QUEUE, REVOKED_SUBJECT, TokenRevoked as Revoked, gateway_subject,
+};
 /// The largest revocation message read; a bigger one is dropped.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// Why gatewayd could not join the NATS server.
@@ -42,17 +44,19 @@ pub enum NatsError {
     NoHostId,
 }
 
-/// gatewayd's connection to NATS and its subscriptions: [`REVOKED_SUBJECT`] and this host's
-/// [`peer_subject`].
+/// gatewayd's connection to NATS and its subscriptions: [`REVOKED_SUBJECT`], this host's
+/// [`gateway_subject`] and [`GATEWAY_ANY_SUBJECT`].
 pub struct Bus {
     pub(crate) client: async_nats::Client,
     pub(crate) revocations: async_nats::Subscriber,
-    pub(crate) peer_calls: async_nats::Subscriber,
+    pub(crate) host_calls: async_nats::Subscriber,
+    pub(crate) any_calls: async_nats::Subscriber,
 }
 
 impl Bus {
     /// Connects to `cluster.nats_url` (with `cluster.nats_credentials` if set), named after
-    /// this host, and subscribes to [`REVOKED_SUBJECT`] and [`peer_subject`]`(host_id)`.
+    /// this host, and subscribes to [`REVOKED_SUBJECT`], [`gateway_subject`]`(host_id)` and
+    /// [`GATEWAY_ANY_SUBJECT`] (in [`GATEWAY_QUEUE`]).
     pub async fn join(cluster: &ClusterConfig) -> Result<Bus, NatsError> {
         let host_id = cluster.host_id.as_deref().ok_or(NatsError::NoHostId)?;
         let client = agentworks_daemon::nats::connect(cluster, "agentworks-gatewayd").await?;
@@ -66,13 +70,21 @@ impl Bus {
             }
         };
         let revocations = subscribe(REVOKED_SUBJECT.to_owned()).await?;
-        let peer_calls = subscribe(peer_subject(host_id)).await?;
+        let host_calls = subscribe(gateway_subject(host_id)).await?;
+        let any_calls = client
+            .queue_subscribe(GATEWAY_ANY_SUBJECT, GATEWAY_QUEUE.to_owned())
+            .await
+            .map_err(|source| NatsError::Subscribe {
+                subject: GATEWAY_ANY_SUBJECT.to_owned(),
+                source,
+            })?;
         // The subscriptions are in place on the server before READY.
         let _ = client.flush().await;
         Ok(Bus {
             client,
             revocations,
-            peer_calls,
+            host_calls,
+            any_calls,
         })
     }
 }

@@ -1,5 +1,5 @@
 //! gatewayd's start and life as a daemon, in this order: the signal token, the executor
-//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the cluster's peer key (from
+//! listener, `gatewayd.sock`, the gateway store, with `[cluster]` the cluster's gatewayd key (from
 //! the shared database) and the NATS connection with its subscriptions, READY, serving until shutdown. gatewayd keeps no capability at all
 //! (`agentworks_daemon::entry` drops them before any thread exists).
 //!
@@ -23,9 +23,9 @@ pub enum StartError {
     /// In a cluster: the NATS server could not be joined.
     #[error("cannot join the cluster's NATS server")]
     Nats(#[source] crate::nats::NatsError),
-    /// In a cluster: the peer key could not be read from (or stored in) the shared database.
-    #[error("cannot read the cluster's peer key from the shared database")]
-    PeerKey(#[source] crate::store::StoreError),
+    /// In a cluster: the gatewayd key could not be read from (or stored in) the shared database.
+    #[error("cannot read the cluster's gatewayd key from the shared database")]
+    GatewaydKey(#[source] agentworks_daemon::bus::KeyError),
     /// The blocking task opening the store panicked or was cancelled.
     #[error("the task opening the gateway store failed")]
     StoreTask(#[source] tokio::task::JoinError),
@@ -48,20 +48,18 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .await
         .map_err(StartError::StoreTask)?
         .map_err(StartError::Store)?;
-    let peer_key = {
-        let store = store.clone();
-        let candidate: [u8; 32] = rand::random();
-        tokio::task::spawn_blocking(move || store.peer_key(&candidate))
-            .await
-            .map_err(StartError::StoreTask)?
-            .map_err(StartError::PeerKey)?
-            .map(crate::peers::PeerKey::new)
-    };
-    let bus = if config.cluster.is_enabled() {
+    let (bus, calls_key) = if config.cluster.is_enabled() {
+        let key = agentworks_daemon::bus::cluster_key(
+            &config.cluster,
+            "agentworks-gatewayd",
+            agentworks_contract::cluster::GATEWAYD_KEY,
+        )
+        .await
+        .map_err(StartError::GatewaydKey)?;
         let bus = crate::nats::Bus::join(&config.cluster).await;
-        Some(bus.map_err(StartError::Nats)?)
+        (Some(bus.map_err(StartError::Nats)?), Some(key))
     } else {
-        None
+        (None, None)
     };
     tracing::info!(
         socket = %socket_path.display(),
@@ -76,7 +74,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
     systemd::notify_ready("serving /v1/executor and gatewayd.sock");
     systemd::spawn_watchdog(shutdown.clone());
-    crate::run(&config, store, bus, peer_key, public, socket, shutdown).await;
+    crate::run(&config, store, bus, calls_key, public, socket, shutdown).await;
     tracing::info!("gatewayd stopped");
     Ok(())
 }

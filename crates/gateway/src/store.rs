@@ -55,9 +55,6 @@ pub enum StoreError {
         path: PathBuf,
         source: rusqlite::Error,
     },
-    /// The stored peer key is not 32 bytes (the schema forbids it; a hand-edited row).
-    #[error("gateway store: the cluster's peer key (table gateway_peer_key) is not 32 bytes")]
-    PeerKey,
     /// A SQLite statement failed.
     #[error("gateway store: cannot {operation}: {source}")]
     Query {
@@ -488,17 +485,6 @@ impl Store {
     /// host (SQLite): none.
     pub fn expire_hosts(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
         on_backend!(self, s => s.expire_hosts(now_ms))
-    }
-
-    /// The cluster's peer key, which authenticates what gatewayd hosts tell each other over
-    /// NATS: the first host to ask stores `candidate` (fresh random bytes), every host reads
-    /// the stored one. Anyone who can read the shared database can read it; a NATS user alone
-    /// cannot. `None` on one host (SQLite), which has no peers.
-    pub fn peer_key(&self, candidate: &[u8; 32]) -> Result<Option<[u8; 32]>, StoreError> {
-        match self {
-            Store::Sqlite(_) => Ok(None),
-            Store::Postgres(store) => store.peer_key(candidate).map(Some),
-        }
     }
 }
 

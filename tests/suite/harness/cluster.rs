@@ -17,6 +17,7 @@
 use super::daemons::send_signal;
 use super::{ensure_user, reserve_ports, users_lock};
 use nix::sys::signal::Signal;
+use serde_json::Value;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -692,6 +693,11 @@ impl GatewayPair {
         }
     }
 
+    /// agentd host `origin` calling these gateways over NATS.
+    pub fn agentd(&self, origin: &str) -> ClusterAgentd {
+        ClusterAgentd::connect(&self.postgres, &self.nats.url(), origin)
+    }
+
     /// The host holding `device_id`'s lease row, or "" when there is none.
     pub fn lease_holder(&self, device_id: &str) -> String {
         self.postgres.psql(
@@ -709,5 +715,72 @@ impl GatewayPair {
                  WHERE request_id = '{request_id}'"
             ),
         )
+    }
+}
+
+/// What agentd does to reach the gateways of a cluster, done from the test process: its
+/// `GatewaydClient` over NATS as agentd host `origin`, calls sealed under the cluster's
+/// gatewayd key read from `postgres`. Its NATS connection lives on its own runtime, so any
+/// thread may call it.
+pub struct ClusterAgentd {
+    runtime: tokio::runtime::Runtime,
+    gateways: agentworks_agent::gatewayd_client::GatewaydClient,
+}
+
+impl ClusterAgentd {
+    pub fn connect(postgres: &Postgres, nats_url: &str, origin: &str) -> ClusterAgentd {
+        ClusterAgentd::connect_with(postgres, Default::default(), nats_url, origin)
+    }
+
+    /// [`ClusterAgentd::connect`] with `options` (a NATS user, TLS).
+    pub fn connect_with(
+        postgres: &Postgres,
+        options: async_nats::ConnectOptions,
+        nats_url: &str,
+        origin: &str,
+    ) -> ClusterAgentd {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cluster = agentworks_daemon::config::ClusterConfig {
+            database_url: Some(postgres.url()),
+            ..Default::default()
+        };
+        let gateways = runtime.block_on(async {
+            let client = options.connect(nats_url).await.expect("NATS answers");
+            let key = agentworks_daemon::bus::cluster_key(
+                &cluster,
+                "agentworks-agentd",
+                agentworks_contract::cluster::GATEWAYD_KEY,
+            )
+            .await
+            .expect("the gatewayd key is readable");
+            agentworks_agent::gatewayd_client::GatewaydClient::cluster(client, key, origin)
+        });
+        ClusterAgentd { runtime, gateways }
+    }
+
+    /// POSTs `body` to `path` (a dispatch through `GatewaydClient::dispatch`): the answer, or
+    /// the refusal's code and body; a transport failure is the error's text as the code.
+    pub fn json(&self, path: &str, body: Value) -> Result<Value, (String, Value)> {
+        use agentworks_support::unix_http::ClientError;
+        let answer = self.runtime.block_on(async {
+            if path == "/v1/dispatch" {
+                let request = serde_json::from_value(body).expect("a dispatch request");
+                let state = self.gateways.dispatch(&request).await?;
+                Ok(serde_json::to_value(state).unwrap())
+            } else {
+                self.gateways.post::<_, Value>(path, &body).await
+            }
+        });
+        answer.map_err(|error| match error {
+            ClientError::Remote { body, .. } => {
+                let details = serde_json::to_value(&body).unwrap();
+                (body.code, details)
+            }
+            other => (other.to_string(), Value::Null),
+        })
     }
 }

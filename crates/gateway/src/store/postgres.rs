@@ -98,6 +98,11 @@ CREATE TABLE gateway_hosts (
     alive_until_ms BIGINT NOT NULL
 );
 ",
+    // 4: agentd calls gatewayd hosts under the shared `gatewayd-calls` key (`cluster_keys`);
+    // gatewayd hosts no longer call each other, so their own key goes.
+    "
+DROP TABLE gateway_peer_key;
+",
 ];
 
 /// A cheap-to-clone handle on the PostgreSQL store of one gatewayd host.
@@ -573,22 +578,6 @@ impl PostgresStore {
             )
             .map_err(query("mark a lost host's pending requests unknown"))?;
         Ok(usize::try_from(lost).unwrap_or(usize::MAX))
-    }
-
-    /// See [`super::Store::peer_key`].
-    pub fn peer_key(&self, candidate: &[u8; 32]) -> Result<[u8; 32], StoreError> {
-        const OPERATION: &str = "read the cluster's peer key";
-        let mut conn = self.conn(OPERATION)?;
-        conn.execute(
-            "INSERT INTO gateway_peer_key (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-            &[&candidate.as_slice()],
-        )
-        .map_err(query(OPERATION))?;
-        let row = conn
-            .query_one("SELECT key FROM gateway_peer_key WHERE id = 1", &[])
-            .map_err(query(OPERATION))?;
-        let key: Vec<u8> = column(&row, 0, OPERATION)?;
-        key.try_into().map_err(|_| StoreError::PeerKey)
     }
 
     /// See [`super::Store::renew_host`].
