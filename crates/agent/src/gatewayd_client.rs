@@ -306,14 +306,16 @@ impl Cluster {
     }
 
     /// A dispatch on the host holding its device, following the device while it moves; a
-    /// request id already settled is answered from its record, as gatewayd would.
+    /// request id already recorded is answered from its record, as gatewayd would.
     async fn dispatch(&self, request: &DispatchRequest) -> Result<DispatchState, ClientError> {
         let body = encode("/v1/dispatch", request)?;
         let watched = self.watch(request).await.map_err(not_sent)?;
         let mut host_id = match watched {
+            // A request id seen before is answered from its record, never sent again (pending:
+            // the first dispatch of it is still out, as gatewayd answers a second caller).
             Watched {
                 state: Some(state), ..
-            } if state != DispatchState::Pending => return Ok(state),
+            } => return Ok(state),
             Watched {
                 holder: Some(host), ..
             } => host,

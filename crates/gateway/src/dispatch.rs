@@ -440,26 +440,39 @@ async fn refuse_if_held_elsewhere(
     }
 }
 
+/// 404 `not_found` for a device that is not this person's (or does not exist: the same answer).
+fn no_such_device(device_id: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no device {device_id} for this user"),
+    )
+}
+
+/// 409 `device_offline`: no host holds the device's connection.
+fn device_offline(name: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::CONFLICT,
+        "device_offline",
+        format!(
+            "the device \"{name}\" is not connected; on that computer, run `agentworks executor connect` and try again"
+        ),
+    )
+}
+
 /// The connection that speaks for the request's device: this person's device (else not
 /// found), online here (in a cluster, a device another host holds is refused with that host),
 /// sharing the folder, and its token still valid now.
 async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Result<Live, Refusal> {
     // The device: this person's (else not found), online, sharing the folder.
-    let not_found = || {
-        Refusal::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no device {} for this user", request.device_id),
-        )
-    };
     if !valid_id(&request.device_id, MAX_ID_BYTES) {
-        return Err(not_found());
+        return Err(no_such_device(&request.device_id));
     }
     let store = gateway.store.clone();
     let device_id = request.device_id.clone();
     let device = blocking(move || store.device(&device_id)).await?;
     let Some(device) = device.filter(|d| d.user_id == request.user_id) else {
-        return Err(not_found());
+        return Err(no_such_device(&request.device_id));
     };
     let Some(live) = gateway
         .registry
@@ -467,14 +480,7 @@ async fn target_connection(gateway: &Gateway, request: &DispatchRequest) -> Resu
         .filter(|l| l.user_id == request.user_id)
     else {
         refuse_if_held_elsewhere(gateway, &request.device_id, &device.name).await?;
-        return Err(Refusal::new(
-            StatusCode::CONFLICT,
-            "device_offline",
-            format!(
-                "the device \"{}\" is not connected; on that computer, run `agentworks executor connect` and try again",
-                device.name
-            ),
-        ));
+        return Err(device_offline(&device.name));
     };
     if !valid_alias(&request.folder) || !live.folders.iter().any(|f| f.alias == request.folder) {
         return Err(Refusal::new(
@@ -851,21 +857,14 @@ async fn outcome(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
 async fn locate(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: LocateRequest = decode_json(body)?;
     check_ids(&request.user_id, None)?;
-    let not_found = || {
-        Refusal::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no device {} for this user", request.device_id),
-        )
-    };
     if !valid_id(&request.device_id, MAX_ID_BYTES) {
-        return Err(not_found());
+        return Err(no_such_device(&request.device_id));
     }
     let (store, id) = (gateway.store.clone(), request.device_id.clone());
     let (device, lease) =
         blocking(move || Ok((store.device(&id)?, store.lease(&id, now_ms())?))).await?;
     let Some(device) = device.filter(|d| d.user_id == request.user_id) else {
-        return Err(not_found());
+        return Err(no_such_device(&request.device_id));
     };
     let here = gateway
         .registry
@@ -874,14 +873,7 @@ async fn locate(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refus
         .and(gateway.lease_host.as_deref());
     match lease.map(|lease| lease.host_id).or(here.map(str::to_owned)) {
         Some(host_id) => Ok(ok(&Located { host_id })),
-        None => Err(Refusal::new(
-            StatusCode::CONFLICT,
-            "device_offline",
-            format!(
-                "the device \"{}\" is not connected; on that computer, run `agentworks executor connect` and try again",
-                device.name
-            ),
-        )),
+        None => Err(device_offline(&device.name)),
     }
 }
 
