@@ -73,6 +73,16 @@ fn a_dispatch_runs_on_the_host_holding_the_device_and_an_id_runs_once() {
         )
         .unwrap_err();
     assert_eq!(code, "not_found");
+    // Nor does the watch agentd reads say where another person's device is connected.
+    let watch = |user: &str| {
+        one.json(
+            "/v1/watch",
+            dispatch_body(user, &device_id, "req-watched", "echo w"),
+        )
+        .unwrap()
+    };
+    assert_eq!(watch(&alice)["holder"], "gw-b");
+    assert_eq!(watch(&bob)["holder"], Value::Null);
     // gatewayd never passes a call on: A's socket names the holder instead.
     let (code, error) = pair
         .a

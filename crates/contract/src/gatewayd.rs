@@ -104,7 +104,8 @@ pub struct Located {
 pub struct Watched {
     /// The request's recorded state (pending included); `None` if no host recorded it yet.
     pub state: Option<DispatchState>,
-    /// The host whose live lease the request's device is under, if any.
+    /// The host whose live lease the request's device is under, if any and if the device is
+    /// the request's person's.
     pub holder: Option<String>,
 }
 

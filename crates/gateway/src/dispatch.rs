@@ -877,7 +877,8 @@ async fn locate(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refus
     }
 }
 
-/// `POST /v1/watch`: a dispatch's record (if it is this very request) and its device's holder.
+/// `POST /v1/watch`: a dispatch's record (if it is this very request) and, if the device is
+/// this person's, its holder.
 async fn watch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusal> {
     let request: DispatchRequest = decode_json(body)?;
     check_recovery(&request)?;
@@ -886,17 +887,21 @@ async fn watch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refusa
         request.request_id.clone(),
         request.device_id.clone(),
     );
-    let (record, lease) =
-        blocking(move || Ok((store.request(&id)?, store.lease(&device, now_ms())?))).await?;
+    let (record, owner, lease) = blocking(move || {
+        let owner = store.device(&device)?.map(|d| d.user_id);
+        Ok((store.request(&id)?, owner, store.lease(&device, now_ms())?))
+    })
+    .await?;
     let state = match record {
         Some(record) if !same_request(&record, &request) => return Err(reused()),
         Some(record) => Some(record.state),
         None => None,
     };
-    Ok(ok(&Watched {
-        state,
-        holder: lease.map(|lease| lease.host_id),
-    }))
+    // Where another person's device is connected is none of this caller's business.
+    let holder = lease
+        .filter(|_| owner.as_deref() == Some(request.user_id.as_str()))
+        .map(|lease| lease.host_id);
+    Ok(ok(&Watched { state, holder }))
 }
 
 #[cfg(test)]
