@@ -273,12 +273,7 @@ impl Cluster {
             .await
             .map_err(|error| ClientError::Elsewhere {
                 endpoint: path.to_owned(),
-                reason: match error {
-                    BusError::NoResponders { .. } => format!(
-                        "no gatewayd listens on NATS ({GATEWAY_ANY_SUBJECT}); nothing was sent"
-                    ),
-                    other => other.to_string(),
-                },
+                reason: error.to_string(),
             })
     }
 
@@ -308,8 +303,9 @@ impl Cluster {
     /// A dispatch on the host holding its device, following the device while it moves; a
     /// request id already recorded is answered from its record, as gatewayd would.
     async fn dispatch(&self, request: &DispatchRequest) -> Result<DispatchState, ClientError> {
+        // One body for every call about this request: the dispatch, its watch, its claim.
         let body = encode("/v1/dispatch", request)?;
-        let watched = self.watch(request).await.map_err(not_sent)?;
+        let watched = self.watch(&body).await.map_err(not_sent)?;
         let mut host_id = match watched {
             // A request id seen before is answered from its record, never sent again (pending:
             // the first dispatch of it is still out, as gatewayd answers a second caller).
@@ -350,26 +346,17 @@ impl Cluster {
     }
 
     /// `/v1/watch` on any host: the request's record and its device's holder now.
-    async fn watch(&self, request: &DispatchRequest) -> Result<Watched, ClientError> {
+    async fn watch(&self, body: &str) -> Result<Watched, ClientError> {
         let path = "/v1/watch";
-        let (status, answer) = self
-            .anywhere(path, &encode(path, request)?, ANY_TIMEOUT)
-            .await?;
+        let (status, answer) = self.anywhere(path, body, ANY_TIMEOUT).await?;
         decode_response(path, status, &answer)
     }
 
     /// [`Cluster::watch`] while a dispatch waits: `None` when no gatewayd listens at all (so
     /// neither does the holder, which also listens on [`GATEWAY_ANY_SUBJECT`]).
-    async fn watch_waiting(
-        &self,
-        request: &DispatchRequest,
-    ) -> Option<Result<Watched, ClientError>> {
+    async fn watch_waiting(&self, body: &str) -> Option<Result<Watched, ClientError>> {
         let path = "/v1/watch";
-        let body = match encode(path, request) {
-            Ok(body) => body,
-            Err(error) => return Some(Err(error)),
-        };
-        match self.anywhere_on_bus(path, &body, ANY_TIMEOUT).await {
+        match self.anywhere_on_bus(path, body, ANY_TIMEOUT).await {
             Ok((status, answer)) => Some(decode_response(path, status, &answer)),
             Err(BusError::NoResponders { .. }) => None,
             Err(other) => Some(Err(ClientError::Elsewhere {
@@ -407,9 +394,9 @@ impl Cluster {
                         reason: format!("gatewayd host \"{host}\": {error}"),
                     })),
                 },
-                settled = self.record_settles(request, host, watch_unrecorded) => match settled {
+                settled = self.record_settles(body, host, watch_unrecorded) => match settled {
                     Settled::Final(state) => return OnHost::Answer(state),
-                    Settled::Unrecorded { lost } => match self.claim_unsent(request, host, lost).await {
+                    Settled::Unrecorded { lost } => match self.claim_unsent(body, host, lost).await {
                         Some(answer) => return OnHost::Answer(answer),
                         // Recorded there after all: wait for its answer or its settling.
                         None => watch_unrecorded = false,
@@ -419,19 +406,14 @@ impl Cluster {
         }
     }
 
-    /// Waits until `request`'s record is final, or (with `watch_unrecorded`) until it has gone
-    /// unrecorded for [`UNRECORDED_CLAIM`] or `holder` no longer holds the device's lease,
-    /// reading them every [`WATCH_EVERY`]; never returns otherwise.
-    async fn record_settles(
-        &self,
-        request: &DispatchRequest,
-        holder: &str,
-        watch_unrecorded: bool,
-    ) -> Settled {
+    /// Waits until the record of the request in `body` is final, or (with `watch_unrecorded`)
+    /// until it has gone unrecorded for [`UNRECORDED_CLAIM`] or `holder` no longer holds the
+    /// device's lease, reading them every [`WATCH_EVERY`]; never returns otherwise.
+    async fn record_settles(&self, body: &str, holder: &str, watch_unrecorded: bool) -> Settled {
         let started = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(WATCH_EVERY).await;
-            let Some(watched) = self.watch_waiting(request).await else {
+            let Some(watched) = self.watch_waiting(body).await else {
                 // The holder no longer listens: its answer, if any comes, cannot reach here.
                 return Settled::Final(Err(ClientError::Elsewhere {
                     endpoint: "/v1/dispatch".to_owned(),
@@ -481,16 +463,12 @@ impl Cluster {
     /// or `None` if a host recorded it meanwhile and it is still pending there.
     async fn claim_unsent(
         &self,
-        request: &DispatchRequest,
+        body: &str,
         holder: &str,
         lost: bool,
     ) -> Option<Result<DispatchState, ClientError>> {
         let path = "/v1/recover";
-        let body = match encode(path, request) {
-            Ok(body) => body,
-            Err(error) => return Some(Err(error)),
-        };
-        let recovery = match self.anywhere(path, &body, ANY_TIMEOUT).await {
+        let recovery = match self.anywhere(path, body, ANY_TIMEOUT).await {
             Ok((status, answer)) => decode_response::<Recovery>(path, status, &answer),
             Err(error) => Err(error),
         };
