@@ -53,7 +53,18 @@ impl Bench {
     /// The person's device named `name` as `GET /v1/devices` lists it, once it is online and
     /// (with `not`) is not the device `not`.
     fn wait_online(&self, token: &str, name: &str, not: Option<&str>) -> Value {
-        let deadline = Instant::now() + WAIT;
+        self.wait_online_within(token, name, not, WAIT)
+    }
+
+    /// [`Bench::wait_online`], waiting at most `within`.
+    fn wait_online_within(
+        &self,
+        token: &str,
+        name: &str,
+        not: Option<&str>,
+        within: Duration,
+    ) -> Value {
+        let deadline = Instant::now() + within;
         loop {
             let (status, body) = api(&self.stack, token, "GET", "/v1/devices", Value::Null);
             assert_eq!(status, 200, "{body}");
@@ -723,7 +734,12 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
         "request_id": request_id,
         "operation": {"kind": "execute_shell_command", "command": started_then_sleep(sleeper), "timeout": 3}});
     let mut dispatch = dispatch;
-    dispatch["device_id"] = bench.wait_online(&alice, "laptop", None)["device_id"].clone();
+    // The laptop has been redialling for the whole deadline, so its backoff has grown to its
+    // cap (30 s, plus up to a quarter of jitter: `agentworks executor connect`); its next dial
+    // may be that far away when gatewayd comes back.
+    let redial = Duration::from_millis(30_000 * 5 / 4);
+    dispatch["device_id"] =
+        bench.wait_online_within(&alice, "laptop", None, redial + WAIT)["device_id"].clone();
     let reconnected = Instant::now();
     let mut recovered = Value::Null;
     wait_until("the receipt is recovered", WAIT, || {
