@@ -27,8 +27,9 @@
 //! Run: `cargo bench --bench mcp_throughput` (optionally `-- 5` for the seconds per cell).
 //! While working on one side, `-- 3 --writes-only` skips the reads (`--reads-only` the
 //! writes) and `--no-reference` the
-//! reference server (their ratios are then left out), and `--eight-only` the cells of one
-//! project; the closing numbers come from a full run.
+//! reference server (their ratios are then left out), `--eight-only` the cells of one
+//! project, and `--in-flight N` every other number in flight (to profile one cell); the
+//! closing numbers come from a full run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -542,6 +543,10 @@ fn run() -> Result<(), Error> {
         writes: !std::env::args().any(|a| a == "--reads-only"),
         reference: !std::env::args().any(|a| a == "--no-reference"),
         one_project: !std::env::args().any(|a| a == "--eight-only"),
+        in_flight: std::env::args()
+            .skip_while(|a| a != "--in-flight")
+            .nth(1)
+            .and_then(|n| n.parse().ok()),
     };
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // One filesystem for all three: temp dirs under the build's target dir.
@@ -563,6 +568,8 @@ struct Selection {
     reference: bool,
     /// The cells of one project (`--eight-only` skips them).
     one_project: bool,
+    /// Only this many in flight (`--in-flight N`), for profiling one cell.
+    in_flight: Option<usize>,
 }
 
 fn measure_all(
@@ -626,6 +633,9 @@ fn measure_all(
             }
             for in_flight in IN_FLIGHT {
                 cell += 1;
+                if selection.in_flight.is_some_and(|n| n != in_flight) {
+                    continue;
+                }
                 let pids = [stack.agentd.pid(), stack.workspaced.pid()];
                 let before = pids.map(cpu_time);
                 let sample = load(

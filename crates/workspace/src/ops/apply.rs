@@ -141,6 +141,20 @@ impl Workspace {
         existing: Option<&(OwnedFd, Stat)>,
         path: &RelPath,
     ) -> Result<StagedFile<'p>, WorkspaceError> {
+        let staged = self.stage_unsynced(parent, content, existing, path)?;
+        fsync_fd(staged.fd(), "fsync staged file", path)?;
+        Ok(staged)
+    }
+
+    /// [`Workspace::stage`] but the sync: the temp file written and its ownership and ACLs
+    /// set, so a batch can stage all its files before it syncs each.
+    pub(super) fn stage_unsynced<'p>(
+        &self,
+        parent: BorrowedFd<'p>,
+        content: &[u8],
+        existing: Option<&(OwnedFd, Stat)>,
+        path: &RelPath,
+    ) -> Result<StagedFile<'p>, WorkspaceError> {
         // 0o666: the kernel applies the umask, or the folder's default ACL, as for any new file.
         let mut staged = StagedFile::create(parent, TEMP_PREFIX, 0o666).map_err(|e| match e {
             // The folder was removed after we opened it.
@@ -159,7 +173,6 @@ impl Workspace {
             let ownership = acl::read_ownership(original.as_fd())?;
             acl::carry_over(staged.fd(), &ownership)?;
         }
-        fsync_fd(staged.fd(), "fsync staged file", path)?;
         Ok(staged)
     }
 

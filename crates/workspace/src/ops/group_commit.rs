@@ -12,8 +12,9 @@
 //! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
 //! under the project's lock, (1) each change's idempotency check and (2) revision check and
 //! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync) while
-//! (4a) each change's temp file is written and synced (several at once, on other threads: a
-//! temp file is nothing anyone sees, and the sweep removes one a crash leaves); only when both
+//! (4a) each change's temp file is written, then each synced (the writes of all started
+//! before the first sync waits: a temp file is nothing anyone sees, and the sweep removes one
+//! a crash leaves); only when both
 //! are done, (4b) each target re-checked and renamed, in order, so no target is touched before
 //! its prepared receipt is durable; (5) each folder synced once; (6) every applied mark (and
 //! every `not_applied` one) in one transaction that does not wait for the disk: the change is
@@ -28,9 +29,8 @@
 //! folder), where one change alone through the plain pipeline waits four times.
 //!
 //! The prepared transaction runs on one of a few long-lived [`Helpers`] threads while the
-//! leader stages the temp files itself (with scoped threads beside it only for a batch of
-//! several): starting a thread for every batch cost about a twelfth of workspaced's time per
-//! write. The pool is hand-written (a job queue on std's channel): a crate would add a
+//! leader stages the temp files itself: starting a thread for every batch cost about a
+//! twelfth of workspaced's time per write. The pool is hand-written (a job queue on std's channel): a crate would add a
 //! dependency for a dozen lines, and rayon's pool is meant for work that never blocks, where
 //! these jobs wait for the disk.
 //!
@@ -54,8 +54,6 @@ use std::time::Instant;
 
 /// Most changes one batch takes; the rest wait for the next.
 const MAX_BATCH: usize = 64;
-/// Most temp files of one batch staged and synced at once.
-const STAGE_THREADS: usize = 8;
 /// Threads for prepared transactions: batches of that many projects prepare at once.
 const HELPER_THREADS: usize = 8;
 
@@ -507,11 +505,13 @@ impl Workspace {
     }
 
     /// Step 4's first half for a batch, with `alongside` (step 3) on a helper thread
-    /// meanwhile: each replacement's temp file written and synced, here for one, on up to
-    /// [`STAGE_THREADS`] threads at once for several (concurrent fsyncs share the file
-    /// system's journal commits, where one after the other each waits for its own). `None`
-    /// for the other actions, which stage nothing. `alongside`'s result is `None` when no
-    /// helper could run it.
+    /// meanwhile: each replacement's temp file written, then (for several) every one's
+    /// writeback started, then each synced in turn, so the syncs wait for writes already
+    /// under way together instead of one after the other. `None` for the other actions, which
+    /// stage nothing. `alongside`'s result is `None` when no helper could run it.
+    ///
+    /// All on this thread: the scoped threads that staged a batch's files at once before cost
+    /// more (a thread started and ended for every few files) than the parallel syncs saved.
     fn stage_all<'p, R: Send + 'static>(
         &self,
         prepared: &'p [Prepared],
@@ -524,50 +524,35 @@ impl Workspace {
             .helpers
             .get_or_init(|| Helpers::start(HELPER_THREADS))
             .run(alongside);
-        let stage_one = |p: &'p Prepared| match &p.planned.action {
-            Action::Replace {
-                parent,
-                content,
-                existing,
-                ..
-            } => Some(self.stage(parent.as_fd(), content, existing.as_ref(), &p.planned.path)),
-            _ => None,
-        };
-        let replacements = prepared
+        let mut staged: Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> = prepared
             .iter()
-            .filter(|p| matches!(p.planned.action, Action::Replace { .. }))
-            .count();
-        let threads = replacements.min(STAGE_THREADS);
-        if threads <= 1 {
-            let staged = prepared.iter().map(stage_one).collect();
-            return (beside(), staged);
+            .map(|p| match &p.planned.action {
+                Action::Replace {
+                    parent,
+                    content,
+                    existing,
+                    ..
+                } => Some(self.stage_unsynced(
+                    parent.as_fd(),
+                    content,
+                    existing.as_ref(),
+                    &p.planned.path,
+                )),
+                _ => None,
+            })
+            .collect();
+        let files = || staged.iter().flatten().flatten();
+        if files().nth(1).is_some() {
+            files().for_each(StagedFile::start_writeback);
         }
-        let mut staged: Vec<Option<Result<StagedFile<'p>, WorkspaceError>>> =
-            prepared.iter().map(|_| None).collect();
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|worker| {
-                    scope.spawn(move || {
-                        prepared
-                            .iter()
-                            .enumerate()
-                            .skip(worker)
-                            .step_by(threads)
-                            .map(|(index, p)| (index, stage_one(p)))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            for worker in workers {
-                // A panic while staging is passed on, as it would be on this thread.
-                let done = worker
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                for (index, result) in done {
-                    staged[index] = result;
-                }
+        for (p, file) in prepared.iter().zip(&mut staged) {
+            if let Some(Ok(done)) = file
+                && let Err(e) = fsync_fd(done.fd(), "fsync staged file", &p.planned.path)
+            {
+                // Dropping the temp file unlinks it.
+                *file = Some(Err(e));
             }
-        });
+        }
         (beside(), staged)
     }
 
