@@ -173,10 +173,41 @@ fn off_runtime<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 /// A cheap-to-clone handle on one store's database.
 #[derive(Clone)]
 pub enum Database {
-    /// One connection, taken in turn: SQLite has one writer anyway.
-    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    /// One connection for writes, taken in turn (SQLite has one writer anyway), and a few for
+    /// reads.
+    Sqlite(Arc<SqliteConnections>),
     /// A pool on the cluster's database, each connection's `search_path` the store's namespace.
     Postgres(pg::Pool),
+}
+
+/// Read connections beside a SQLite database's one writer: about as many as agentd has
+/// runtime threads, and a couple more for the blocking ones.
+const SQLITE_READERS: usize = 4;
+
+/// A SQLite database's connections. Reads ([`Database::read`]) take a reader of their own, so
+/// an MCP call's token check neither waits behind a write (which may wait for the disk) nor
+/// queues with every other call's on one connection: with one connection for all, the checks
+/// of calls in flight convoyed on its lock and most went to blocking threads (about a sixth of
+/// agentd's CPU per call).
+pub struct SqliteConnections {
+    writer: Mutex<rusqlite::Connection>,
+    readers: Vec<Mutex<rusqlite::Connection>>,
+}
+
+impl SqliteConnections {
+    /// A free reader if there is one, else the writer's turn for the first reader.
+    fn reader(&self) -> MutexGuard<'_, rusqlite::Connection> {
+        for reader in &self.readers {
+            if let Ok(free) = reader.try_lock() {
+                return free;
+            }
+        }
+        self.readers[0].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn any_reader_free(&self) -> bool {
+        self.readers.iter().any(|reader| reader.try_lock().is_ok())
+    }
 }
 
 /// Why a store's database cannot be opened.
@@ -218,8 +249,14 @@ impl Database {
     /// The SQLite database at `path` ([`agentworks_support::sqlite::open_durable`]), with
     /// `schema` applied.
     pub fn open_sqlite(path: &Path, schema: &str) -> Result<Database, rusqlite::Error> {
-        let conn = agentworks_support::sqlite::open_durable(path, schema)?;
-        Ok(Database::Sqlite(Arc::new(Mutex::new(conn))))
+        let writer = agentworks_support::sqlite::open_durable(path, schema)?;
+        let readers = (0..SQLITE_READERS)
+            .map(|_| agentworks_support::sqlite::open_reader(path).map(Mutex::new))
+            .collect::<Result<_, _>>()?;
+        Ok(Database::Sqlite(Arc::new(SqliteConnections {
+            writer: Mutex::new(writer),
+            readers,
+        })))
     }
 
     /// The cluster's database on agentd's `pool` ([`connect_postgres`]), with `schema`'s
@@ -252,25 +289,26 @@ impl Database {
     /// PostgreSQL.
     pub fn sqlite(&self) -> Option<MutexGuard<'_, rusqlite::Connection>> {
         match self {
-            Database::Sqlite(conn) => Some(conn.lock().unwrap_or_else(|e| e.into_inner())),
+            Database::Sqlite(sqlite) => {
+                Some(sqlite.writer.lock().unwrap_or_else(|e| e.into_inner()))
+            }
             Database::Postgres(_) => None,
         }
     }
 
-    /// Runs `work`, a few quick reads, for async code: in place when this is SQLite and its
-    /// one connection is free, otherwise on a blocking thread. A read in WAL mode never waits
-    /// for a writer, so in place it takes microseconds and saves the two thread hand-offs a
-    /// blocking task costs (per MCP call that was most of agentd's scheduling); a connection
-    /// busy with another statement (a write may wait for the disk), or PostgreSQL (its driver
-    /// waits on the network), goes to a blocking thread as before. Another thread can still
-    /// take the connection between the check and `work`; then `work` waits for that one
-    /// statement, as any caller of [`Database::conn`] does.
+    /// Runs `work`, a few quick reads ([`Database::read`]), for async code: in place when
+    /// this is SQLite and one of its readers is free, otherwise on a blocking thread. A read in
+    /// WAL mode never waits for a writer, so in place it takes microseconds and saves the two
+    /// thread hand-offs a blocking task costs (per MCP call that was most of agentd's
+    /// scheduling); every reader busy, or PostgreSQL (its driver waits on the network), goes
+    /// to a blocking thread as before. Another thread can still take the reader between the
+    /// check and `work`; then `work` waits for that one read.
     pub async fn read_soon<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, tokio::task::JoinError> {
-        if let Database::Sqlite(conn) = self
-            && conn.try_lock().is_ok()
+        if let Database::Sqlite(sqlite) = self
+            && sqlite.any_reader_free()
         {
             return Ok(work());
         }
@@ -280,20 +318,26 @@ impl Database {
     /// A connection for a few statements, each committed on its own.
     pub fn conn(&self) -> Result<Conn<'_>, DbError> {
         Ok(match self {
-            Database::Sqlite(conn) => Conn::Sqlite(conn.lock().unwrap_or_else(|e| e.into_inner())),
+            Database::Sqlite(sqlite) => {
+                Conn::Sqlite(sqlite.writer.lock().unwrap_or_else(|e| e.into_inner()))
+            }
             Database::Postgres(pool) => Conn::Postgres(Box::new(off_runtime(|| pool.get())?)),
         })
     }
 
-    /// Runs `work`, a few reads, as one read: on SQLite in one deferred transaction (one read
-    /// lock for all of them, and one snapshot, instead of a lock and an unlock per statement),
-    /// on PostgreSQL on one pooled connection, each statement on its own as with
-    /// [`Database::conn`]. `work` must not write.
+    /// Runs `work`, a few reads, as one read: on SQLite in one deferred transaction on a read
+    /// connection (one read lock for all of them, and one snapshot, instead of a lock and an
+    /// unlock per statement; the connection refuses writes), on PostgreSQL on one pooled
+    /// connection, each statement on its own as with [`Database::conn`]. `work` must not
+    /// write.
     pub fn read<T, E: From<DbError>>(
         &self,
         work: impl FnOnce(&mut Conn<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        let mut conn = self.conn()?;
+        let mut conn = match self {
+            Database::Sqlite(sqlite) => Conn::Sqlite(sqlite.reader()),
+            Database::Postgres(_) => self.conn()?,
+        };
         if let Conn::Sqlite(c) = &conn {
             c.prepare_cached("BEGIN DEFERRED")
                 .and_then(|mut begin| begin.execute([]))
@@ -338,8 +382,8 @@ impl Database {
         mut work: impl FnMut(&mut Tx<'_>) -> Result<T, E> + Send,
     ) -> Result<T, E> {
         match self {
-            Database::Sqlite(conn) => {
-                let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            Database::Sqlite(sqlite) => {
+                let mut conn = sqlite.writer.lock().unwrap_or_else(|e| e.into_inner());
                 // IMMEDIATE: the write lock first, so two processes on one file wait for each
                 // other (the busy timeout) instead of failing a read-then-write.
                 let tx = conn
@@ -601,6 +645,60 @@ mod tests {
             .unwrap();
         let other = Database::open_sqlite(&path, schema).unwrap();
         assert_eq!(count(&other), 1, "the write after the reads was committed");
+    }
+
+    /// A read runs on a connection of its own: it answers, from the last commit, while a
+    /// write holds the writer inside its transaction (with one shared connection it waited
+    /// for the writer's lock), and it cannot write.
+    #[test]
+    fn a_read_does_not_wait_for_the_writer_and_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = "CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, n INTEGER NOT NULL);";
+        let db = Database::open_sqlite(&dir.path().join("t.db"), schema).unwrap();
+        db.conn()
+            .unwrap()
+            .execute("INSERT INTO t (id, n) VALUES (?1, ?2)", &[&"a", &1i64])
+            .unwrap();
+        let (started, writing) = std::sync::mpsc::channel();
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        // The transaction's closure must be `Send`; a receiver is not `Sync`.
+        let finished = Mutex::new(finished);
+        let n = std::thread::scope(|scope| {
+            let writer = db.clone();
+            scope.spawn(move || {
+                writer
+                    .transaction(|tx| {
+                        tx.execute("UPDATE t SET n = 2 WHERE id = ?1", &[&"a"])?;
+                        started.send(()).unwrap();
+                        // Held until the read below has answered (or the test gave up).
+                        let _ = finished
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(std::time::Duration::from_secs(10));
+                        Ok::<_, DbError>(())
+                    })
+                    .unwrap();
+            });
+            writing.recv().unwrap();
+            let (answer, answered) = std::sync::mpsc::channel();
+            let reader = db.clone();
+            scope.spawn(move || {
+                let n: Result<i64, DbError> =
+                    reader.read(|c| c.query_one("SELECT n FROM t", &[], |r| r.get(0)));
+                let _ = answer.send(n);
+            });
+            let n = answered.recv_timeout(std::time::Duration::from_secs(5));
+            finish.send(()).unwrap();
+            n
+        });
+        assert_eq!(
+            n.expect("the read waited for the writer").unwrap(),
+            1,
+            "the read sees the last commit, not the open transaction"
+        );
+        let wrote: Result<usize, DbError> =
+            db.read(|c| c.execute("UPDATE t SET n = 3 WHERE id = ?1", &[&"a"]));
+        assert!(wrote.is_err(), "a read connection refuses writes");
     }
 
     #[test]

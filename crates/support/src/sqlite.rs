@@ -40,6 +40,18 @@ pub fn open_durable(path: &Path, schema: &str) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// A second connection to a database [`open_durable`] opened, for reads only: SQLite refuses
+/// any write on it (`query_only`), so a read that tried one fails instead of writing beside
+/// the one writer. In WAL mode it reads the last commit without waiting for a writer.
+pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.execute_batch("PRAGMA query_only=ON;")?;
+    // As in `open_durable`: cached statements keep their plans.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(conn)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
