@@ -195,7 +195,7 @@ pub struct SqliteConnections {
 }
 
 impl SqliteConnections {
-    /// A free reader if there is one, else the writer's turn for the first reader.
+    /// A free reader if there is one, else the first one once it is free.
     fn reader(&self) -> MutexGuard<'_, rusqlite::Connection> {
         for reader in &self.readers {
             if let Ok(free) = reader.try_lock() {
@@ -205,6 +205,7 @@ impl SqliteConnections {
         self.readers[0].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a read now would find a reader free.
     fn any_reader_free(&self) -> bool {
         self.readers.iter().any(|reader| reader.try_lock().is_ok())
     }

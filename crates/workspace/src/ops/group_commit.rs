@@ -12,27 +12,26 @@
 //! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
 //! under the project's lock, (1) each change's idempotency check and (2) revision check and
 //! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync) while
-//! (4a) each change's temp file is written, then each synced (the writes of all started
-//! before the first sync waits: a temp file is nothing anyone sees, and the sweep removes one
-//! a crash leaves); only when both
-//! are done, (4b) each target re-checked and renamed, in order, so no target is touched before
-//! its prepared receipt is durable; (5) each folder synced once; (6) every applied mark (and
-//! every `not_applied` one) in one transaction that does not wait for the disk: the change is
-//! durable already, the next batch's synced prepare makes the marks durable before it renames
-//! anything, and a power cut before that leaves them prepared for recovery to decide from the
-//! disk ([`crate::receipts::ReceiptStore::set_states_unsynced`]); (7) the audit events. A
-//! change whose revision check or staging fails fails alone; the others go on. If the prepared
-//! transaction fails, each change is prepared on its own, so only the ones that cannot be
-//! recorded are refused.
+//! (4a) each change's temp file is written, then each synced (the writes of all started before
+//! the first sync waits: a temp file is nothing anyone sees, and the sweep removes one a crash
+//! leaves); only when both are done, (4b) each target re-checked and renamed, in order, so no
+//! target is touched before its prepared receipt is durable; (5) each folder synced once; (6)
+//! every applied mark (and every `not_applied` one) in one transaction that does not wait for
+//! the disk: the change is durable already, the next batch's synced prepare makes the marks
+//! durable before it renames anything, and a power cut before that leaves them prepared for
+//! recovery to decide from the disk ([`crate::receipts::ReceiptStore::set_states_unsynced`]);
+//! (7) the audit events. A change whose revision check or staging fails fails alone; the others
+//! go on. If the prepared transaction fails, each change is prepared on its own, so only the
+//! ones that cannot be recorded are refused.
 //!
 //! So a batch waits for the disk twice (the prepare and the temp files together, then the
 //! folder), where one change alone through the plain pipeline waits four times.
 //!
 //! The prepared transaction runs on one of a few long-lived [`Helpers`] threads while the
 //! leader stages the temp files itself: starting a thread for every batch cost about a
-//! twelfth of workspaced's time per write. The pool is hand-written (a job queue on std's channel): a crate would add a
-//! dependency for a dozen lines, and rayon's pool is meant for work that never blocks, where
-//! these jobs wait for the disk.
+//! twelfth of workspaced's time per write. The pool is hand-written (a job queue on std's
+//! channel): a crate would add a dependency for a dozen lines, and rayon's pool is meant for
+//! work that never blocks, where these jobs wait for the disk.
 //!
 //! The waiters' requests are owned data moved into the queue ([`BatchJob`]), so the leader's
 //! thread can plan them without borrowing another thread's stack.
