@@ -735,9 +735,8 @@ fn gatewayd_killed_mid_command_is_reported_outcome_unknown_never_not_run() {
         "operation": {"kind": "execute_shell_command", "command": started_then_sleep(sleeper), "timeout": 3}});
     let mut dispatch = dispatch;
     // The laptop has been redialling for the whole deadline, so its backoff has grown to its
-    // cap (30 s, plus up to a quarter of jitter: `agentworks executor connect`); its next dial
-    // may be that far away when gatewayd comes back.
-    let redial = Duration::from_millis(30_000 * 5 / 4);
+    // cap; its next dial may be that far away when gatewayd comes back.
+    let redial = agentworks_laptop::connect::LONGEST_REDIAL_WAIT;
     dispatch["device_id"] =
         bench.wait_online_within(&alice, "laptop", None, redial + WAIT)["device_id"].clone();
     let reconnected = Instant::now();

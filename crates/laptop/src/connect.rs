@@ -48,6 +48,12 @@ pub const DEFAULT_GATEWAY_PORT: u16 = 8471;
 /// First and largest reconnect delay.
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The longest wait between two dials: the capped backoff and its jitter (up to a quarter of
+/// it). A test waiting for a laptop to come back after a long outage waits at least this.
+pub const LONGEST_REDIAL_WAIT: Duration = match BACKOFF_MAX.checked_div(4) {
+    Some(jitter) => BACKOFF_MAX.saturating_add(jitter),
+    None => BACKOFF_MAX,
+};
 /// A session welcomed and up at least this long has served: the backoff starts again at
 /// [`BACKOFF_START`] and a new round of the gateways begins, its first dial at once. A shorter
 /// one counts as a failure, so gateways that welcome and then drop the executor at once are not
