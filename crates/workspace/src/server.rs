@@ -1,5 +1,5 @@
-//! workspaced's socket API: routes `/v1/...` to [`Workspace`] operations on blocking threads,
-//! after checking the peer.
+//! workspaced's socket API: routes `/v1/...` to [`Workspace`] operations on blocking threads
+//! (writes and patches to their project's batch), after checking the peer.
 //!
 //! Only root, workspaced's own user and the configured callers (agentd's user) are served;
 //! anyone else who can open the socket gets `peer_forbidden`. Every answer is JSON; every
@@ -63,8 +63,15 @@ pub(crate) async fn route(workspace: Arc<Workspace>, parts: Parts, body: Bytes) 
         (&Method::POST, "/v1/stat") => call(workspace, body, |w, r| w.stat(&r)).await,
         (&Method::POST, "/v1/list") => call(workspace, body, |w, r| w.list(&r)).await,
         (&Method::POST, "/v1/search") => call(workspace, body, |w, r| w.search(&r)).await,
-        (&Method::POST, "/v1/write") => call(workspace, body, |w, r| w.write(&r)).await,
-        (&Method::POST, "/v1/patch") => call(workspace, body, |w, r| w.patch(&r)).await,
+        // Writes and patches wait for their project's batch without holding a thread.
+        (&Method::POST, "/v1/write") => match parse_body(&body) {
+            Ok(request) => respond(workspace.write(&request).await),
+            Err(error) => error.to_response(),
+        },
+        (&Method::POST, "/v1/patch") => match parse_body(&body) {
+            Ok(request) => respond(workspace.patch(&request).await),
+            Err(error) => error.to_response(),
+        },
         (&Method::POST, "/v1/patch_set") => call(workspace, body, |w, r| w.patch_set(&r)).await,
         (&Method::POST, "/v1/edit") => call(workspace, body, |w, r| w.edit(&r)).await,
         (&Method::POST, "/v1/move") => call(workspace, body, |w, r| w.move_file(&r)).await,
@@ -109,18 +116,26 @@ where
         Err(error) => return error.to_response(),
     };
     match tokio::task::spawn_blocking(move || op(&workspace, request)).await {
-        Ok(Ok(answer)) => json_response(StatusCode::OK, &answer),
-        Ok(Err(error)) => {
-            if error.status().is_server_error() {
-                tracing::warn!(code = error.code(), %error, "workspaced request failed");
-            }
-            error.to_response()
-        }
+        Ok(answer) => respond(answer),
         Err(join) => error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             format!("the operation did not finish: {join}"),
             Default::default(),
         ),
+    }
+}
+
+/// An operation's answer as the response: its JSON, or its error's envelope (logged when the
+/// fault is workspaced's).
+fn respond<Resp: Serialize>(answer: Result<Resp, WorkspaceError>) -> Response<Body> {
+    match answer {
+        Ok(answer) => json_response(StatusCode::OK, &answer),
+        Err(error) => {
+            if error.status().is_server_error() {
+                tracing::warn!(code = error.code(), %error, "workspaced request failed");
+            }
+            error.to_response()
+        }
     }
 }

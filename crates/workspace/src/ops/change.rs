@@ -14,6 +14,7 @@ use agentworks_fs::confine::ConfineError;
 use rustix::fs::Stat;
 use sha2::{Digest, Sha256};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 /// What a change will do once its receipt is prepared.
 pub(super) enum Action {
@@ -62,7 +63,10 @@ pub(super) fn payload_hash(parts: &[&str]) -> String {
 }
 
 impl Workspace {
-    pub fn write(&self, req: &WriteRequest) -> Result<ChangeResponse, WorkspaceError> {
+    pub async fn write(
+        self: &Arc<Self>,
+        req: &WriteRequest,
+    ) -> Result<ChangeResponse, WorkspaceError> {
         let path = RelPath::parse(&req.path)?;
         req.context.guard.resolve()?.check_write(&path)?;
         let expected = parse_expected(&req.expected_revision)?;
@@ -83,9 +87,13 @@ impl Workspace {
                 Ok(ws.plan_replace(path, current, content))
             }),
         )
+        .await
     }
 
-    pub fn patch(&self, req: &PatchRequest) -> Result<ChangeResponse, WorkspaceError> {
+    pub async fn patch(
+        self: &Arc<Self>,
+        req: &PatchRequest,
+    ) -> Result<ChangeResponse, WorkspaceError> {
         let path = RelPath::parse(&req.path)?;
         req.context.guard.resolve()?.check_write(&path)?;
         let expected = parse_expected(&req.expected_revision)?;
@@ -116,6 +124,7 @@ impl Workspace {
                 Ok(ws.plan_replace(path, current, patched.into_bytes()))
             }),
         )
+        .await
     }
 
     pub fn move_file(&self, req: &MoveRequest) -> Result<ChangeResponse, WorkspaceError> {

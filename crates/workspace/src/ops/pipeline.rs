@@ -22,7 +22,7 @@ use agentworks_contract::workspaced::*;
 use agentworks_core::guard::RelPath;
 use agentworks_daemon::audit;
 use agentworks_fs::failpoint::{self, Hit};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Who is making which change: project, caller and request id. Counts the calls of one request
 /// in flight at once, so a second one waiting for the lock is told `request_in_progress`.
@@ -36,6 +36,34 @@ pub(super) struct ChangeInFlight<'a> {
     pub(super) payload_hash: String,
     pub(super) project: &'a Project,
     pub(super) flight_key: &'a FlightKey,
+}
+
+/// One call of a [`FlightKey`] counted in flight while this lives (also when a caller's task
+/// is dropped, its connection gone, mid-wait).
+struct InFlight<'a> {
+    workspace: &'a Workspace,
+    key: FlightKey,
+}
+
+impl<'a> InFlight<'a> {
+    fn count(workspace: &'a Workspace, key: FlightKey) -> InFlight<'a> {
+        *lock_poisoned(&workspace.in_flight)
+            .entry(key.clone())
+            .or_insert(0) += 1;
+        InFlight { workspace, key }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = lock_poisoned(&self.workspace.in_flight);
+        if let Some(count) = in_flight.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl Workspace {
@@ -71,9 +99,10 @@ impl Workspace {
 
     /// [`Workspace::change`] for a change that may share its syncs with others queued for the
     /// same project (`group_commit.rs`): the same steps in the same order, once per batch.
-    /// `plan` owns what it needs, since the batch's leader may run it on another thread.
-    pub(super) fn change_batched(
-        &self,
+    /// `plan` owns what it needs, since the batch's leader runs it on its own thread; the
+    /// caller awaits the answer without holding a thread.
+    pub(super) async fn change_batched(
+        self: &Arc<Self>,
         ctx: &Context,
         operation: Operation,
         request_id: &str,
@@ -82,23 +111,23 @@ impl Workspace {
         plan: BatchPlan,
     ) -> Result<ChangeResponse, WorkspaceError> {
         validate_request_id(request_id)?;
-        let project = self.project(&ctx.project)?;
+        // Refused here, before queueing, if there is no such project.
+        let project = self.project(&ctx.project)?.name;
         let flight_key = (
-            project.name.clone(),
+            project.clone(),
             ctx.principal.user_id.clone(),
             request_id.to_owned(),
         );
-        self.counted_in_flight(&flight_key, || {
-            let job = BatchJob {
-                ctx: ctx.clone(),
-                operation,
-                request_id: request_id.to_owned(),
-                payload_hash,
-                path: path.clone(),
-                plan,
-            };
-            self.change_in_batch(&project, job)
-        })
+        let _counted = InFlight::count(self, flight_key);
+        let job = BatchJob {
+            ctx: ctx.clone(),
+            operation,
+            request_id: request_id.to_owned(),
+            payload_hash,
+            path: path.clone(),
+            plan,
+        };
+        self.change_in_batch(&project, job).await
     }
 
     /// Run `work` counted as a call of `flight_key` in flight (see [`FlightKey`]).
@@ -107,18 +136,8 @@ impl Workspace {
         flight_key: &FlightKey,
         work: impl FnOnce() -> Result<T, WorkspaceError>,
     ) -> Result<T, WorkspaceError> {
-        *lock_poisoned(&self.in_flight)
-            .entry(flight_key.clone())
-            .or_insert(0) += 1;
-        let result = work();
-        let mut in_flight = lock_poisoned(&self.in_flight);
-        if let Some(count) = in_flight.get_mut(flight_key) {
-            *count -= 1;
-            if *count == 0 {
-                in_flight.remove(flight_key);
-            }
-        }
-        result
+        let _counted = InFlight::count(self, flight_key.clone());
+        work()
     }
 
     /// The steps, in their order; each returns early with the answer it decides.

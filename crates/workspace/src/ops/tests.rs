@@ -6,7 +6,7 @@ use agentworks_core::guard::Guard;
 pub(super) struct Fixture {
     _dir: tempfile::TempDir,
     pub(super) project: PathBuf,
-    pub(super) workspace: Workspace,
+    pub(super) workspace: Arc<Workspace>,
 }
 
 pub(super) fn fixture(files: &[(&str, &str)]) -> Fixture {
@@ -28,7 +28,7 @@ pub(super) fn fixture(files: &[(&str, &str)]) -> Fixture {
         lock_timeout: Duration::from_secs(5),
         search_max_results: 100,
     };
-    let workspace = Workspace::open(&documents, layout, limits).unwrap();
+    let workspace = Arc::new(Workspace::open(&documents, layout, limits).unwrap());
     Fixture {
         _dir: dir,
         project,
