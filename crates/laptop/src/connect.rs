@@ -48,12 +48,17 @@ pub const DEFAULT_GATEWAY_PORT: u16 = 8471;
 /// First and largest reconnect delay.
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// The longest wait between two dials: the capped backoff and its jitter (up to a quarter of
-/// it). A test waiting for a laptop to come back after a long outage waits at least this.
-pub const LONGEST_REDIAL_WAIT: Duration = match BACKOFF_MAX.checked_div(4) {
-    Some(jitter) => BACKOFF_MAX.saturating_add(jitter),
-    None => BACKOFF_MAX,
-};
+/// The most jitter added to a wait of `backoff`: a quarter of it, so laptops cut off together
+/// do not all redial at once.
+const fn jitter_cap(backoff: Duration) -> Duration {
+    match backoff.checked_div(4) {
+        Some(cap) => cap,
+        None => Duration::ZERO,
+    }
+}
+/// The longest wait between two dials: the capped backoff and its jitter. A test waiting for a
+/// laptop to come back after a long outage waits at least this.
+pub const LONGEST_REDIAL_WAIT: Duration = BACKOFF_MAX.saturating_add(jitter_cap(BACKOFF_MAX));
 /// A session welcomed and up at least this long has served: the backoff starts again at
 /// [`BACKOFF_START`] and a new round of the gateways begins, its first dial at once. A shorter
 /// one counts as a failure, so gateways that welcome and then drop the executor at once are not
@@ -380,8 +385,8 @@ pub async fn run(
                     status = format!("{lost} …");
                     continue;
                 };
-                let millis = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX);
-                let jitter = Duration::from_millis(rand::random::<u64>() % (millis / 4 + 1));
+                let cap = u64::try_from(jitter_cap(backoff).as_millis()).unwrap_or(u64::MAX);
+                let jitter = Duration::from_millis(rand::random::<u64>() % cap.saturating_add(1));
                 let delay = backoff + jitter;
                 executor
                     .status

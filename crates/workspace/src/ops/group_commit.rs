@@ -125,9 +125,10 @@ pub(super) struct BatchJob {
 }
 
 impl BatchJob {
-    fn flight_key(&self, project: &Project) -> FlightKey {
+    /// Its [`FlightKey`] in `project` (a project's folder name).
+    pub(super) fn flight_key(&self, project: &str) -> FlightKey {
         (
-            project.name.clone(),
+            project.to_owned(),
             self.ctx.principal.user_id.clone(),
             self.request_id.clone(),
         )
@@ -248,11 +249,7 @@ impl Workspace {
     /// waiting on the lock is.
     pub(super) async fn change_in_batch(self: &Arc<Self>, project: &str, job: BatchJob) -> Answer {
         let queue = self.queue(project);
-        let flight_key = (
-            project.to_owned(),
-            job.ctx.principal.user_id.clone(),
-            job.request_id.clone(),
-        );
+        let flight_key = job.flight_key(project);
         let request_id = job.request_id.clone();
         let deadline = tokio::time::Instant::now() + self.limits.lock_timeout;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
@@ -333,7 +330,10 @@ impl Workspace {
     /// One batch through the pipeline's steps; one answer per job, in order.
     fn run_batch(&self, project: &Project, jobs: Vec<BatchJob>) -> Vec<Answer> {
         let mut answers: Vec<Option<Answer>> = jobs.iter().map(|_| None).collect();
-        let flight_keys: Vec<FlightKey> = jobs.iter().map(|job| job.flight_key(project)).collect();
+        let flight_keys: Vec<FlightKey> = jobs
+            .iter()
+            .map(|job| job.flight_key(&project.name))
+            .collect();
         let _lock = match self.lock(project) {
             Ok(lock) => lock,
             Err(error) => {

@@ -113,12 +113,6 @@ impl Workspace {
         validate_request_id(request_id)?;
         // Refused here, before queueing, if there is no such project.
         let project = self.project(&ctx.project)?.name;
-        let flight_key = (
-            project.clone(),
-            ctx.principal.user_id.clone(),
-            request_id.to_owned(),
-        );
-        let _counted = InFlight::count(self, flight_key);
         let job = BatchJob {
             ctx: ctx.clone(),
             operation,
@@ -127,6 +121,7 @@ impl Workspace {
             path: path.clone(),
             plan,
         };
+        let _counted = InFlight::count(self, job.flight_key(&project));
         self.change_in_batch(&project, job).await
     }
 
