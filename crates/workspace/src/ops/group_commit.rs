@@ -181,8 +181,8 @@ impl Drop for Leader<'_> {
 }
 
 /// `count` refusals for a batch that cannot start: `first`, then a fresh attempt's error for
-/// each of the others (errors are not `Clone`; an attempt that now succeeds, in a race, still
-/// refuses, as this batch already failed).
+/// each of the others (errors are not `Clone`). An attempt that now succeeds, in a race, is
+/// answered `busy`, as before this helper: this batch already failed, and a retry may not.
 fn each_refused(
     count: usize,
     first: WorkspaceError,
@@ -191,9 +191,10 @@ fn each_refused(
     let mut first = Some(first);
     (0..count)
         .map(|_| {
-            Err(first.take().or_else(&again).unwrap_or_else(|| {
-                WorkspaceError::InvalidRequest("the change was not run; retry".into())
-            }))
+            Err(first
+                .take()
+                .or_else(&again)
+                .unwrap_or_else(|| LockError::Timeout { waited_ms: 0 }.into()))
         })
         .collect()
 }
