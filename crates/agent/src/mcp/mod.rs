@@ -385,13 +385,15 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         request: RequestContext<'_>,
         name: &str,
-    ) -> impl std::future::Future<Output = Option<serde_json::Value>> + Send {
+    ) -> impl std::future::Future<Output = Option<std::borrow::Cow<'static, serde_json::Value>>> + Send
+    {
         async move {
             self.list_tools(request)
                 .await
                 .into_iter()
                 .find(|tool| tool.get("name").and_then(serde_json::Value::as_str) == Some(name))
                 .and_then(|mut tool| tool.get_mut("inputSchema").map(serde_json::Value::take))
+                .map(std::borrow::Cow::Owned)
         }
     }
 
