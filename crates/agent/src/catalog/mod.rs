@@ -150,8 +150,8 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
     /// A tool's schema is the same for every caller (what differs is whether they have the
     /// tool, which the call itself checks): no identity lookup for the header check of each
     /// call. None of them annotates `x-mcp-header`. An operation's schema is the one built once
-    /// for argument checks: building it anew took about a twentieth of agentd's time per
-    /// `write_file` again.
+    /// for argument checks: building it for each call cost about a twentieth of agentd's time
+    /// per `write_file`.
     async fn tool_input_schema(
         &self,
         _request: RequestContext<'_>,
