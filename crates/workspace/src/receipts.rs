@@ -449,11 +449,16 @@ mod tests {
             id.strip_prefix("rcpt_")
                 .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         };
-        let earlier = new_receipt_id();
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        let later = new_receipt_id();
-        assert!(hex32(&earlier) && hex32(&later), "{earlier} {later}");
-        assert!(earlier < later, "{earlier} sorts after {later}");
+        // Eight ids a few milliseconds apart come out sorted (wholly random ids would, one
+        // time in 40,320).
+        let ids: Vec<String> = (0..8)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                new_receipt_id()
+            })
+            .collect();
+        assert!(ids.iter().all(|id| hex32(id)), "{ids:?}");
+        assert!(ids.is_sorted(), "not in the order made: {ids:?}");
         // Many in the same millisecond: the random part keeps them apart.
         let ids: std::collections::HashSet<String> =
             (0..10_000).map(|_| new_receipt_id()).collect();
