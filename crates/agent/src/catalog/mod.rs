@@ -149,17 +149,17 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
 
     /// A tool's schema is the same for every caller (what differs is whether they have the
     /// tool, which the call itself checks): no identity lookup for the header check of each
-    /// call. None of them annotates `x-mcp-header`. An operation's schema is the one built once
-    /// for argument checks: building it for each call cost about a twentieth of agentd's time
-    /// per `write_file`.
+    /// call. None of them annotates `x-mcp-header`. Each schema is the one built once for
+    /// argument checks: building it for each call cost about a twentieth of agentd's time per
+    /// `write_file`.
     async fn tool_input_schema(
         &self,
         _request: RequestContext<'_>,
         name: &str,
     ) -> Option<Cow<'static, Value>> {
-        table::meta_schema(name).map(Cow::Owned).or_else(|| {
-            Operation::from_name(name).map(|op| Cow::Borrowed(op.cached_input_schema()))
-        })
+        table::meta_schema(name)
+            .or_else(|| Operation::from_name(name).map(Operation::cached_input_schema))
+            .map(Cow::Borrowed)
     }
 
     /// Project files are resources (see [`resources`]); nothing else beyond tools is served.
@@ -209,7 +209,7 @@ impl<R: OperationRunner> Catalog<R> {
         arguments: Map<String, Value>,
     ) -> Result<mcp::ToolResult, CallError> {
         let outcome = if let Some(schema) = table::meta_schema(name) {
-            if let Err(error) = table::validate_arguments(&schema, &arguments) {
+            if let Err(error) = table::validate_arguments(schema, &arguments) {
                 Err(error)
             } else if name == GET_API_SPEC {
                 Ok(table::api_spec(&self.effective_operations(caller).await))

@@ -474,9 +474,17 @@ pub(super) fn tool_list(operations: &[Operation]) -> Vec<Value> {
     tools
 }
 
-/// The input schema of a meta tool, for validating its arguments.
-pub(super) fn meta_schema(name: &str) -> Option<Value> {
-    (name == GET_API_SPEC || name == CALL_TOOL).then(|| meta_tool_schema(name))
+/// The input schema of a meta tool, for validating its arguments: built once, as
+/// [`Operation::cached_input_schema`] is, since each call reads it twice (the header check and
+/// the argument check).
+pub(super) fn meta_schema(name: &str) -> Option<&'static Value> {
+    static SCHEMAS: std::sync::LazyLock<[Value; 2]> =
+        std::sync::LazyLock::new(|| [GET_API_SPEC, CALL_TOOL].map(meta_tool_schema));
+    match name {
+        GET_API_SPEC => Some(&SCHEMAS[0]),
+        CALL_TOOL => Some(&SCHEMAS[1]),
+        _ => None,
+    }
 }
 
 /// The JSON Schema keywords [`validate_arguments`] checks (`description` and `title` are
@@ -814,13 +822,12 @@ mod tests {
         assert_eq!(extra.details["field"], "mode");
         let call = meta_schema(CALL_TOOL).unwrap();
         assert!(
-            validate_arguments(&call, &args(json!({"name": "read_file", "arguments": {}}))).is_ok()
+            validate_arguments(call, &args(json!({"name": "read_file", "arguments": {}}))).is_ok()
         );
         assert!(
-            validate_arguments(&call, &args(json!({"name": "read_file", "arguments": []})))
-                .is_err()
+            validate_arguments(call, &args(json!({"name": "read_file", "arguments": []}))).is_err()
         );
-        assert!(validate_arguments(&call, &args(json!({}))).is_err());
+        assert!(validate_arguments(call, &args(json!({}))).is_err());
         assert!(meta_schema("read_file").is_none());
     }
 
