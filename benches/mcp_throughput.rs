@@ -215,13 +215,17 @@ async fn call(
     arguments: &str,
     check: impl FnOnce(&CallResult<'_>) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let meta = if endpoint.stateless_meta {
+    // The same for every call of ours: made once.
+    static STATELESS_META: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             r#","_meta":{{"io.modelcontextprotocol/protocolVersion":"{PROTOCOL}","io.modelcontextprotocol/clientCapabilities":{{}}}}"#
         )
+    });
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let meta = if endpoint.stateless_meta {
+        STATELESS_META.as_str()
     } else {
-        String::new()
+        ""
     };
     let body = format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":{tool},"arguments":{arguments}{meta}}}}}"#,
