@@ -107,6 +107,11 @@ pub fn users_projects_and_members(open: &dyn Fn() -> IdentityStore) {
             .unwrap(),
         (false, false)
     );
+    assert_eq!(
+        s.capabilities(&bob.id, Some(std::slice::from_ref(&demo.id)))
+            .unwrap(),
+        (true, true)
+    );
     let members: Vec<(String, Role)> = s
         .list_members("demo")
         .unwrap()

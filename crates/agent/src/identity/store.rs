@@ -12,7 +12,7 @@ pub use agentworks_contract::agentd::ProjectKind;
 use agentworks_core::guard::Guard;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +164,8 @@ CREATE TABLE IF NOT EXISTS projects (
 CREATE TABLE IF NOT EXISTS members (
     project_id TEXT NOT NULL REFERENCES projects(id), user_id TEXT NOT NULL REFERENCES users(id),
     role TEXT NOT NULL, PRIMARY KEY (project_id, user_id));
+-- a user's memberships (every MCP call reads them): without it, a scan of the whole table
+CREATE INDEX IF NOT EXISTS members_by_user ON members (user_id);
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id), label TEXT NOT NULL,
     secret_hash TEXT NOT NULL, scopes TEXT NOT NULL, project_id TEXT REFERENCES projects(id),
@@ -406,46 +408,53 @@ const TOKEN_FROM: &str = "tokens t JOIN users u ON u.id = t.user_id \
 // The reads a request's checks combine in one read transaction (`Database::read`); the
 // store's methods of the same names run each on its own.
 
+/// A token, its user and its grant by the token's id: every authenticated request's first read.
+static TOKEN_BY_ID: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"));
+
+const USER_BY_ID: &str = "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1";
+
+/// The user's role in one project.
+const ROLE_OF: &str = "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2";
+
+/// Whether the user is a member anywhere, and an author (owner, co-owner, editor) anywhere:
+/// two index probes that stop at the first match, where reading every membership row made a
+/// string of each.
+const MEMBER_AND_AUTHOR_ANYWHERE: &str = "SELECT \
+     EXISTS (SELECT 1 FROM members WHERE user_id = ?1), \
+     EXISTS (SELECT 1 FROM members WHERE user_id = ?1 AND role IN ('owner', 'co-owner', 'editor'))";
+
+/// Each of the user's memberships: its project, and whether the role authors.
+const MEMBERSHIPS_OF_USER: &str =
+    "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1";
+
 fn token_row_in(db: &mut impl Sql, id: &str) -> Result<Option<(TokenInfo, String)>, DbError> {
-    db.query_opt(
-        &format!("SELECT {TOKEN_COLUMNS} FROM {TOKEN_FROM} WHERE t.id = ?1"),
-        &[&id],
-        row_token,
-    )
+    db.query_opt(&TOKEN_BY_ID, &[&id], row_token)
 }
 
 fn user_by_id_in(db: &mut impl Sql, id: &str) -> Result<Option<User>, DbError> {
-    db.query_opt(
-        "SELECT id, name, disabled, created_at_ms FROM users WHERE id = ?1",
-        &[&id],
-        row_user,
-    )
+    db.query_opt(USER_BY_ID, &[&id], row_user)
 }
 
-/// A project by `column` (`id` or `name`, never caller input).
-fn project_in(db: &mut impl Sql, column: &str, value: &str) -> Result<Option<Project>, DbError> {
-    db.query_opt(
-        &format!(
-            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE {column} = ?1"
-        ),
-        &[&value],
-        row_project,
-    )
+const PROJECT_BY_ID: &str =
+    "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1";
+const PROJECT_BY_NAME: &str =
+    "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1";
+
+/// A project by one of the two statements above.
+fn project_in(db: &mut impl Sql, by: &str, value: &str) -> Result<Option<Project>, DbError> {
+    db.query_opt(by, &[&value], row_project)
 }
 
 fn find_project_in(db: &mut impl Sql, id_or_name: &str) -> Result<Option<Project>, DbError> {
-    match project_in(db, "id", id_or_name)? {
+    match project_in(db, PROJECT_BY_ID, id_or_name)? {
         Some(p) => Ok(Some(p)),
-        None => project_in(db, "name", id_or_name),
+        None => project_in(db, PROJECT_BY_NAME, id_or_name),
     }
 }
 
 fn role_of_in(db: &mut impl Sql, project_id: &str, user_id: &str) -> Result<Option<Role>, DbError> {
-    let role: Option<String> = db.query_opt(
-        "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2",
-        &[&project_id, &user_id],
-        |r| r.get(0),
-    )?;
+    let role: Option<String> = db.query_opt(ROLE_OF, &[&project_id, &user_id], |r| r.get(0))?;
     Ok(role.and_then(|r| Role::parse(&r)))
 }
 
@@ -454,14 +463,19 @@ fn capabilities_in(
     user_id: &str,
     projects: Option<&[String]>,
 ) -> Result<(bool, bool), DbError> {
-    let rows = db.query_all(
-        "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1",
-        &[&user_id],
-        |r| Ok((r.get::<String>(0)?, r.get::<bool>(1)?)),
-    )?;
+    let Some(projects) = projects else {
+        // Every call of the MCP endpoint with a token for all the user's projects asks this.
+        let found = db.query_opt(MEMBER_AND_AUTHOR_ANYWHERE, &[&user_id], |r| {
+            Ok((r.get::<bool>(0)?, r.get::<bool>(1)?))
+        })?;
+        return Ok(found.unwrap_or((false, false)));
+    };
+    let rows = db.query_all(MEMBERSHIPS_OF_USER, &[&user_id], |r| {
+        Ok((r.get::<String>(0)?, r.get::<bool>(1)?))
+    })?;
     let reached = rows
         .iter()
-        .filter(|(project, _)| projects.is_none_or(|ps| ps.contains(project)));
+        .filter(|(project, _)| projects.contains(project));
     let (mut member, mut author) = (false, false);
     for (_, authors) in reached {
         member = true;
@@ -684,11 +698,11 @@ impl IdentityStore {
     }
 
     pub fn project_by_name(&self, name: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(project_in(&mut self.db()?, "name", name)?)
+        Ok(project_in(&mut self.db()?, PROJECT_BY_NAME, name)?)
     }
 
     pub fn project_by_id(&self, id: &str) -> Result<Option<Project>, IdentityError> {
-        Ok(project_in(&mut self.db()?, "id", id)?)
+        Ok(project_in(&mut self.db()?, PROJECT_BY_ID, id)?)
     }
 
     /// A project by id or by name (operators type names; MCP clients send ids).
@@ -1051,6 +1065,37 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reads every MCP call makes (the token check, then the project's access) find their
+    /// rows through an index: none scans a table, however many users, tokens and members the
+    /// store holds. Without `members_by_user`, the membership reads scanned `members`.
+    #[test]
+    fn per_call_reads_scan_no_table() {
+        let (_d, s) = store();
+        let conn = s.db.sqlite().unwrap();
+        for sql in [
+            TOKEN_BY_ID.as_str(),
+            USER_BY_ID,
+            PROJECT_BY_ID,
+            PROJECT_BY_NAME,
+            ROLE_OF,
+            MEMBER_AND_AUTHOR_ANYWHERE,
+            MEMBERSHIPS_OF_USER,
+        ] {
+            let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let params = ["x"; 2];
+            let params = &params[..plan.parameter_count()];
+            let steps: Vec<String> = plan
+                .query_map(rusqlite::params_from_iter(params), |r| r.get(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(!steps.is_empty(), "no plan for {sql}");
+            for step in steps.iter().filter(|s| *s != "SCAN CONSTANT ROW") {
+                assert!(!step.starts_with("SCAN"), "{sql}\nscans a table: {steps:?}");
+            }
+        }
+    }
 
     fn store() -> (tempfile::TempDir, IdentityStore) {
         let dir = tempfile::tempdir().unwrap();
