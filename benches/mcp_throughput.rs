@@ -21,6 +21,13 @@
 //! - Floor: write 4 KiB to a new temp file, fsync, rename, fsync the folder, in 1, 4 and 8
 //!   threads (one folder each), next to the state root; before and after the servers, the
 //!   better of the two runs counts (other load on the disk only ever slows it).
+//! - A new empty file's cost, before the floor, before ours and before the floor after: every
+//!   write makes a new file, and on ext4 without a journal (these machines' root filesystem)
+//!   each new file's inode search passes over the inodes freed in the last 60–300 s. On a quiet
+//!   filesystem a new file took ~40 µs of CPU; after a run's tree was deleted, 400–800 µs, and
+//!   the 8-stream floor fell from ~7,300 to ~3,900/s. Nothing is deleted until the end (the
+//!   stack's state root included), and a run within ~5 minutes of the last one's cleanup
+//!   starts slowed: the probe line says so.
 //!
 //! Each cell runs WARMUP, then MEASURE; ops/s counts the calls completed within MEASURE, and
 //! p50/p99 are their latencies. A benchmark: nothing is asserted about timings; it exits
@@ -692,6 +699,7 @@ fn measure_all(
 
     // The floor first, while nothing else of ours runs, and the reference; both again at
     // the end.
+    let mut allocator = vec![("before the floor", create_cost(base, 0)?)];
     let floor_before = floor(base, measure)?;
     let reference_before = if selection.reference {
         reference_rows(&installed, base, &runtime, &contents, measure, selection)?
@@ -701,6 +709,10 @@ fn measure_all(
 
     // Ours.
     let mut stack = common::stack::start(base, PROJECTS, PROJECTS * IN_FLIGHT[2] + 8, &runtime);
+    // The stack's files go with the base at the end: deleted here, their freed inodes would
+    // slow every new file of the floor after ours ([`common::floor::create_cost`]).
+    stack.state.disable_cleanup(true);
+    allocator.push(("before ours", create_cost(base, 1)?));
     let endpoint = || Endpoint {
         port: stack.port,
         headers: vec![
@@ -770,10 +782,11 @@ fn measure_all(
         rows.extend(better_of(reference_before, after));
     }
 
+    allocator.push(("before the floor after ours", create_cost(base, 2)?));
     let floor_after = floor(base, measure)?;
     let mut all = better_of(floor_before, floor_after);
     all.extend(rows);
-    report(&all, base, measure);
+    report(&all, &allocator, base, measure);
     Ok(())
 }
 
@@ -874,7 +887,13 @@ fn floor(base: &Path, measure: Duration) -> Result<Vec<Row>, Error> {
     Ok(rows)
 }
 
-fn report(rows: &[Row], base: &Path, measure: Duration) {
+/// The mean time to make a new empty file in a new folder under `base`, the `n`th probe.
+fn create_cost(base: &Path, n: usize) -> Result<Duration, Error> {
+    common::floor::create_cost(&base.join(format!("create-probe-{n}")), 500)
+        .map_err(|e| format!("the file creation probe failed: {e}"))
+}
+
+fn report(rows: &[Row], allocator: &[(&str, Duration)], base: &Path, measure: Duration) {
     println!(
         "MCP throughput, 4 KiB files, {:.1} s per cell after {:.1} s warm-up, same filesystem ({})",
         measure.as_secs_f64(),
@@ -886,6 +905,15 @@ fn report(rows: &[Row], base: &Path, measure: Duration) {
          reference: server-filesystem on the TypeScript SDK's streamable HTTP (one session, \
          no fsync); 8 projects: that many connections per project; floor and reference: the \
          better of a run before ours and one after"
+    );
+    let probes: Vec<String> = allocator
+        .iter()
+        .map(|(when, cost)| format!("{when} {:.0}", cost.as_secs_f64() * 1e6))
+        .collect();
+    println!(
+        "a new empty file, µs (ext4 without a journal passes over inodes freed in the last \
+         minutes; see create_cost): {}",
+        probes.join(", ")
     );
     println!();
     println!(
