@@ -417,16 +417,29 @@ const USER_BY_ID: &str = "SELECT id, name, disabled, created_at_ms FROM users WH
 /// The user's role in one project.
 const ROLE_OF: &str = "SELECT role FROM members WHERE project_id = ?1 AND user_id = ?2";
 
-/// Whether the user is a member anywhere, and an author (owner, co-owner, editor) anywhere:
-/// two index probes that stop at the first match, where reading every membership row made a
-/// string of each.
-const MEMBER_AND_AUTHOR_ANYWHERE: &str = "SELECT \
-     EXISTS (SELECT 1 FROM members WHERE user_id = ?1), \
-     EXISTS (SELECT 1 FROM members WHERE user_id = ?1 AND role IN ('owner', 'co-owner', 'editor'))";
+/// A membership whose role authors. Equalities, not `role IN (…)`: SQLite builds a small
+/// temporary table for an `IN` list each time the statement runs.
+macro_rules! author_role {
+    () => {
+        "(role = 'owner' OR role = 'co-owner' OR role = 'editor')"
+    };
+}
+
+/// Whether the user is a member anywhere, and an author anywhere: two index probes that stop
+/// at the first match, where reading every membership row made a string of each.
+const MEMBER_AND_AUTHOR_ANYWHERE: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM members WHERE user_id = ?1), ",
+    "EXISTS (SELECT 1 FROM members WHERE user_id = ?1 AND ",
+    author_role!(),
+    ")"
+);
 
 /// Each of the user's memberships: its project, and whether the role authors.
-const MEMBERSHIPS_OF_USER: &str =
-    "SELECT project_id, role IN ('owner', 'co-owner', 'editor') FROM members WHERE user_id = ?1";
+const MEMBERSHIPS_OF_USER: &str = concat!(
+    "SELECT project_id, ",
+    author_role!(),
+    " FROM members WHERE user_id = ?1"
+);
 
 fn token_row_in(db: &mut impl Sql, id: &str) -> Result<Option<(TokenInfo, String)>, DbError> {
     db.query_opt(&TOKEN_BY_ID, &[&id], row_token)
@@ -1068,7 +1081,8 @@ mod tests {
 
     /// The reads every MCP call makes (the token check, then the project's access) find their
     /// rows through an index: none scans a table, however many users, tokens and members the
-    /// store holds. Without `members_by_user`, the membership reads scanned `members`.
+    /// store holds, and none builds a temporary table. Without `members_by_user`, the
+    /// membership reads scanned `members`; with `role IN (…)`, each built one.
     #[test]
     fn per_call_reads_scan_no_table() {
         let (_d, s) = store();
@@ -1091,6 +1105,16 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .unwrap();
             assert!(!steps.is_empty(), "no plan for {sql}");
+            let mut program = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+            let ops: Vec<String> = program
+                .query_map(rusqlite::params_from_iter(params), |r| r.get(1))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(
+                !ops.iter().any(|op| op == "OpenEphemeral"),
+                "{sql}\nbuilds a temporary table each time it runs"
+            );
             for step in steps.iter().filter(|s| *s != "SCAN CONSTANT ROW") {
                 assert!(!step.starts_with("SCAN"), "{sql}\nscans a table: {steps:?}");
             }
