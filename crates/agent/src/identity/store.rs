@@ -449,10 +449,15 @@ fn user_by_id_in(db: &mut impl Sql, id: &str) -> Result<Option<User>, DbError> {
     db.query_opt(USER_BY_ID, &[&id], row_user)
 }
 
-const PROJECT_BY_ID: &str =
-    "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE id = ?1";
-const PROJECT_BY_NAME: &str =
-    "SELECT id, name, kind, folder, policy, created_at_ms FROM projects WHERE name = ?1";
+/// The columns [`row_project`] reads, from `projects`.
+macro_rules! select_project {
+    () => {
+        "SELECT id, name, kind, folder, policy, created_at_ms FROM projects"
+    };
+}
+
+const PROJECT_BY_ID: &str = concat!(select_project!(), " WHERE id = ?1");
+const PROJECT_BY_NAME: &str = concat!(select_project!(), " WHERE name = ?1");
 
 /// A project by one of the two statements above.
 fn project_in(db: &mut impl Sql, by: &str, value: &str) -> Result<Option<Project>, DbError> {
@@ -733,7 +738,7 @@ impl IdentityStore {
 
     pub fn list_projects(&self) -> Result<Vec<Project>, IdentityError> {
         Ok(self.db()?.query_all(
-            "SELECT id, name, kind, folder, policy, created_at_ms FROM projects ORDER BY name",
+            concat!(select_project!(), " ORDER BY name"),
             &[],
             row_project,
         )?)
