@@ -38,7 +38,9 @@
 //! writes) and `--no-reference` the
 //! reference server (their ratios are then left out), `--eight-only` the cells of one
 //! project, and `--in-flight N` every other number in flight (to profile one cell); the
-//! closing numbers come from a full run.
+//! closing numbers come from a full run. `--keep` leaves this run's files (in a folder of its
+//! own under `target/bench-mcp-throughput`, which a run without it removes first), so that runs
+//! back to back, to compare two builds, do not slow each other's new files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -657,14 +659,35 @@ fn run() -> Result<(), Error> {
             .nth(1)
             .and_then(|n| n.parse().ok()),
     };
+    let keep = std::env::args().any(|a| a == "--keep");
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // One filesystem for all three: temp dirs under the build's target dir.
-    let base = target.join("bench-mcp-throughput");
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
+    let kept = target.join("bench-mcp-throughput");
+    if !keep {
+        let _ = std::fs::remove_dir_all(&kept);
+    }
+    std::fs::create_dir_all(&kept).unwrap();
+    // With `--keep`, a folder of this run's own beside the kept ones, left at the end.
+    let base = if keep {
+        tempfile::Builder::new()
+            .prefix("run-")
+            .tempdir_in(&kept)
+            .unwrap()
+            .keep()
+    } else {
+        kept.clone()
+    };
     let base = base.canonicalize().unwrap();
     let result = measure_all(&target, &base, measure, selection);
-    let _ = std::fs::remove_dir_all(&base);
+    if keep {
+        println!(
+            "kept {} (remove {} when done; a new file is slower for ~5 minutes after)",
+            base.display(),
+            kept.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&base);
+    }
     result
 }
 
