@@ -157,7 +157,7 @@ pub enum Message {
 pub fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
     let value = parse_json(body).map_err(|error| (Value::Null, error))?;
     let invalid = |id: Value, message: &str| (id, RpcError::new(code::INVALID_REQUEST, message));
-    let object = match value {
+    let mut object = match value {
         Value::Object(object) => object,
         Value::Array(_) => {
             return Err(invalid(
@@ -184,16 +184,16 @@ pub fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
     }
     let Some(method) = object.get("method") else {
         if let Some(id) = id.clone() {
-            if let Some(result) = object.get("result") {
+            if let Some(result) = object.remove("result") {
                 return Ok(Message::Reply {
                     id,
-                    outcome: Ok(result.clone()),
+                    outcome: Ok(result),
                 });
             }
-            if let Some(error) = object.get("error") {
+            if let Some(error) = object.remove("error") {
                 return Ok(Message::Reply {
                     id,
-                    outcome: Err(error.clone()),
+                    outcome: Err(error),
                 });
             }
         }
@@ -202,9 +202,10 @@ pub fn parse_message(body: &[u8]) -> Result<Message, (Value, RpcError)> {
     let Some(method) = method.as_str().map(str::to_owned) else {
         return Err(invalid(echo, "method must be a string"));
     };
-    let params = match object.get("params") {
+    // Taken, not copied: a write's params hold its whole content.
+    let params = match object.remove("params") {
         None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(params)) => params.clone(),
+        Some(Value::Object(params)) => params,
         Some(_) => return Err(invalid(echo, "params must be an object")),
     };
     Ok(match id {
