@@ -82,9 +82,13 @@ CREATE TABLE IF NOT EXISTS {table} (
 );
 ";
 
+/// The secondary indexes. `receipts_by_to_path` holds only moves (the one operation with a
+/// `to_path`), so a write adds nothing to it; with `receipts_by_path` it lets a file's history
+/// be found without reading every receipt.
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS receipts_by_path ON receipts (path, created_at_ms);
 CREATE INDEX IF NOT EXISTS receipts_by_state ON receipts (state);
+CREATE INDEX IF NOT EXISTS receipts_by_to_path ON receipts (to_path) WHERE to_path IS NOT NULL;
 ";
 
 /// The columns version 0 had, all kept by the migration.
@@ -363,19 +367,41 @@ impl ReceiptStore {
     }
 
     /// The most recent receipts, newest first, optionally for one path (as source or target).
+    ///
+    /// Newest is the order the receipts were recorded in (the rowid: changes of a project are
+    /// recorded one at a time, under its lock), not their clock time, which can step back.
+    /// Both queries read only what they return (and, for a path, that path's receipts): the
+    /// one query this replaced read every receipt of the project and sorted them, while the
+    /// caller held the project's lock, so one history call stalled the project's writes for a
+    /// time that grew with its history.
     pub fn recent(&self, path: Option<&str>, limit: usize) -> Result<Vec<Receipt>, ReceiptError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stmt = self
             .conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM receipts WHERE (?1 IS NULL OR path = ?1 OR to_path = ?1) \
-                 ORDER BY created_at_ms DESC, rowid DESC LIMIT ?2"
-            ))
+            .prepare_cached(&recent_query(path.is_some()))
             .map_err(|e| self.query_err(e))?;
-        let rows = stmt
-            .query_map(params![path, limit as i64], row_to_receipt)
-            .map_err(|e| self.query_err(e))?;
+        let rows = match path {
+            Some(path) => stmt.query_map(params![path, limit], row_to_receipt),
+            None => stmt.query_map(params![limit], row_to_receipt),
+        }
+        .map_err(|e| self.query_err(e))?;
         rows.collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.query_err(e))
+    }
+}
+
+/// [`ReceiptStore::recent`]'s query: every receipt (`?1` the limit), or those of the path `?1`
+/// as source or target (`?2` the limit), newest first.
+fn recent_query(for_path: bool) -> String {
+    if for_path {
+        format!(
+            "SELECT {COLUMNS} FROM receipts WHERE rowid IN \
+             (SELECT rowid FROM receipts WHERE path = ?1 \
+              UNION ALL SELECT rowid FROM receipts WHERE to_path = ?1) \
+             ORDER BY rowid DESC LIMIT ?2"
+        )
+    } else {
+        format!("SELECT {COLUMNS} FROM receipts ORDER BY rowid DESC LIMIT ?1")
     }
 }
 
@@ -569,6 +595,76 @@ mod tests {
             store.find("alice", "q3").unwrap().unwrap().state,
             ReceiptState::Prepared
         );
+    }
+
+    /// A file's history is its receipts as source or target, in the order they were
+    /// recorded (not by a clock that stepped back), newest first, at most `limit`.
+    #[test]
+    fn history_is_newest_first_by_record_order_with_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        let receipt = |id: &str, path: &str, to_path: Option<&str>, at: i64| {
+            let mut r = sample(id, "u1", &format!("q-{id}"));
+            r.path = path.into();
+            r.to_path = to_path.map(Into::into);
+            r.created_at_ms = at;
+            r
+        };
+        for r in [
+            receipt("r1", "a.txt", None, 5_000),
+            receipt("r2", "b.txt", None, 5_001),
+            receipt("r3", "b.txt", Some("a.txt"), 5_002),
+            // The clock stepped back.
+            receipt("r4", "a.txt", None, 1_000),
+            receipt("r5", "c.txt", None, 1_001),
+        ] {
+            store.insert_prepared(&r).unwrap();
+        }
+        let ids = |path: Option<&str>, limit: usize| -> Vec<String> {
+            store
+                .recent(path, limit)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.receipt_id)
+                .collect()
+        };
+        assert_eq!(ids(Some("a.txt"), 10), ["r4", "r3", "r1"]);
+        assert_eq!(ids(Some("a.txt"), 2), ["r4", "r3"]);
+        assert_eq!(ids(Some("b.txt"), 10), ["r3", "r2"]);
+        assert_eq!(ids(Some("d.txt"), 10), Vec::<String>::new());
+        assert_eq!(ids(None, 3), ["r5", "r4", "r3"]);
+        assert_eq!(ids(None, 10).len(), 5);
+    }
+
+    /// History reads only what it returns (and, for one path, that path's receipts): no plan
+    /// reads the whole table, and none sorts it. The query before read and sorted every
+    /// receipt of the project under the project's lock.
+    #[test]
+    fn history_reads_neither_every_receipt_nor_sorts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ReceiptStore::open(dir.path()).unwrap();
+        for for_path in [false, true] {
+            let mut explain = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {}", recent_query(for_path)))
+                .unwrap();
+            let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
+            let plan: Vec<String> = if for_path {
+                explain.query_map(params!["a.txt", 20], detail)
+            } else {
+                explain.query_map(params![20], detail)
+            }
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+            let plan = plan.join("; ");
+            assert!(!plan.contains("TEMP B-TREE"), "sorts: {plan}");
+            if for_path {
+                assert!(!plan.contains("SCAN"), "reads every receipt: {plan}");
+                assert!(plan.contains("receipts_by_path"), "{plan}");
+                assert!(plan.contains("receipts_by_to_path"), "{plan}");
+            }
+        }
     }
 
     #[test]
