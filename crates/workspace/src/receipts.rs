@@ -96,9 +96,59 @@ const V0_COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_p
     connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
     updated_at_ms, payload_hash, before_content, before_truncated";
 
-const COLUMNS: &str = "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
-    connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
-    updated_at_ms, payload_hash, before_content, before_truncated, part_index, part_count";
+/// The columns of the current layout, in the order [`row_to_receipt`] reads them. A macro, so
+/// the statements below are made once, at compile time, not formatted on every call (a write
+/// runs two of them).
+macro_rules! columns {
+    () => {
+        "receipt_id, request_id, operation, project, path, to_path, user_id, user_name, \
+         connection_id, source, previous_revision, resulting_revision, state, created_at_ms, \
+         updated_at_ms, payload_hash, before_content, before_truncated, part_index, part_count"
+    };
+}
+
+/// The caller's first receipt under a request id (a write's idempotency check).
+const FIND_FIRST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"
+);
+const FIND_ALL: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index"
+);
+const BY_RECEIPT_ID: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts WHERE receipt_id = ?1"
+);
+const PREPARED: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts WHERE state = 'prepared' ORDER BY created_at_ms"
+);
+/// [`ReceiptStore::recent`] for every receipt (`?1` the limit).
+const RECENT: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts ORDER BY rowid DESC LIMIT ?1"
+);
+/// [`ReceiptStore::recent`] for the receipts of the path `?1` as source or target (`?2` the
+/// limit).
+const RECENT_FOR_PATH: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM receipts WHERE rowid IN \
+     (SELECT rowid FROM receipts WHERE path = ?1 \
+      UNION ALL SELECT rowid FROM receipts WHERE to_path = ?1) \
+     ORDER BY rowid DESC LIMIT ?2"
+);
+const INSERT: &str = concat!(
+    "INSERT INTO receipts (",
+    columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
+);
 
 /// Bring the store to [`SCHEMA_VERSION`]: create it, migrate version 0, or refuse a newer one.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
@@ -316,7 +366,7 @@ impl ReceiptStore {
     /// The caller's receipt for `request_id`, if any (for a patch set, its first file's).
     pub fn find(&self, user_id: &str, request_id: &str) -> Result<Option<Receipt>, ReceiptError> {
         self.conn
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"))
+            .prepare_cached(FIND_FIRST)
             .and_then(|mut stmt| {
                 stmt.query_row(params![user_id, request_id], row_to_receipt)
                     .optional()
@@ -329,9 +379,7 @@ impl ReceiptStore {
     pub fn find_all(&self, user_id: &str, request_id: &str) -> Result<Vec<Receipt>, ReceiptError> {
         let mut stmt = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index"
-            ))
+            .prepare_cached(FIND_ALL)
             .map_err(|e| self.query_err(e))?;
         let rows = stmt
             .query_map(params![user_id, request_id], row_to_receipt)
@@ -342,23 +390,14 @@ impl ReceiptStore {
 
     pub fn by_receipt_id(&self, receipt_id: &str) -> Result<Option<Receipt>, ReceiptError> {
         self.conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM receipts WHERE receipt_id = ?1"),
-                params![receipt_id],
-                row_to_receipt,
-            )
+            .query_row(BY_RECEIPT_ID, params![receipt_id], row_to_receipt)
             .optional()
             .map_err(|e| self.query_err(e))
     }
 
     /// Every receipt still prepared (left by an interrupted change).
     pub fn prepared(&self) -> Result<Vec<Receipt>, ReceiptError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM receipts WHERE state = 'prepared' ORDER BY created_at_ms"
-            ))
-            .map_err(|e| self.query_err(e))?;
+        let mut stmt = self.conn.prepare(PREPARED).map_err(|e| self.query_err(e))?;
         let rows = stmt
             .query_map([], row_to_receipt)
             .map_err(|e| self.query_err(e))?;
@@ -378,7 +417,11 @@ impl ReceiptStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stmt = self
             .conn
-            .prepare_cached(&recent_query(path.is_some()))
+            .prepare_cached(if path.is_some() {
+                RECENT_FOR_PATH
+            } else {
+                RECENT
+            })
             .map_err(|e| self.query_err(e))?;
         let rows = match path {
             Some(path) => stmt.query_map(params![path, limit], row_to_receipt),
@@ -390,21 +433,6 @@ impl ReceiptStore {
     }
 }
 
-/// [`ReceiptStore::recent`]'s query: every receipt (`?1` the limit), or those of the path `?1`
-/// as source or target (`?2` the limit), newest first.
-fn recent_query(for_path: bool) -> String {
-    if for_path {
-        format!(
-            "SELECT {COLUMNS} FROM receipts WHERE rowid IN \
-             (SELECT rowid FROM receipts WHERE path = ?1 \
-              UNION ALL SELECT rowid FROM receipts WHERE to_path = ?1) \
-             ORDER BY rowid DESC LIMIT ?2"
-        )
-    } else {
-        format!("SELECT {COLUMNS} FROM receipts ORDER BY rowid DESC LIMIT ?1")
-    }
-}
-
 /// A receipt's state change (compiled once per connection: `prepare_cached`, as every
 /// statement a change runs).
 const SET_STATE: &str = "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHERE receipt_id = ?3";
@@ -412,11 +440,8 @@ const SET_STATE: &str = "UPDATE receipts SET state = ?1, updated_at_ms = ?2 WHER
 /// One receipt row, as prepared.
 fn insert_row(conn: &Connection, receipt: &Receipt) -> rusqlite::Result<()> {
     let (part_index, part_count) = receipt.part.map_or((0, 1), |p| (p.index, p.count));
-    conn.prepare_cached(
-        &format!("INSERT INTO receipts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
-    )?
-    .execute(
-        params![
+    conn.prepare_cached(INSERT)?
+        .execute(params![
             receipt.receipt_id,
             receipt.request_id,
             receipt.operation.as_str(),
@@ -437,9 +462,8 @@ fn insert_row(conn: &Connection, receipt: &Receipt) -> rusqlite::Result<()> {
             receipt.before_truncated as i64,
             part_index,
             part_count,
-        ],
-    )
-    .map(|_| ())
+        ])
+        .map(|_| ())
 }
 
 /// A fresh receipt id: `rcpt_`, the time in milliseconds (48 bits) and 80 random bits, in
@@ -643,10 +667,10 @@ mod tests {
     fn history_reads_neither_every_receipt_nor_sorts_them() {
         let dir = tempfile::tempdir().unwrap();
         let store = ReceiptStore::open(dir.path()).unwrap();
-        for for_path in [false, true] {
+        for (query, for_path) in [(RECENT, false), (RECENT_FOR_PATH, true)] {
             let mut explain = store
                 .conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {}", recent_query(for_path)))
+                .prepare(&format!("EXPLAIN QUERY PLAN {query}"))
                 .unwrap();
             let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
             let plan: Vec<String> = if for_path {
