@@ -662,20 +662,20 @@ fn run() -> Result<(), Error> {
     let keep = std::env::args().any(|a| a == "--keep");
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     // One filesystem for all three: temp dirs under the build's target dir.
-    let kept = target.join("bench-mcp-throughput");
+    let bench_dir = target.join("bench-mcp-throughput");
     if !keep {
-        let _ = std::fs::remove_dir_all(&kept);
+        let _ = std::fs::remove_dir_all(&bench_dir);
     }
-    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::create_dir_all(&bench_dir).unwrap();
     // With `--keep`, a folder of this run's own beside the kept ones, left at the end.
     let base = if keep {
         tempfile::Builder::new()
             .prefix("run-")
-            .tempdir_in(&kept)
+            .tempdir_in(&bench_dir)
             .unwrap()
             .keep()
     } else {
-        kept.clone()
+        bench_dir.clone()
     };
     let base = base.canonicalize().unwrap();
     let result = measure_all(&target, &base, measure, selection);
@@ -683,7 +683,7 @@ fn run() -> Result<(), Error> {
         println!(
             "kept {} (remove {} when done; a new file is slower for ~5 minutes after)",
             base.display(),
-            kept.display()
+            bench_dir.display()
         );
     } else {
         let _ = std::fs::remove_dir_all(&base);
