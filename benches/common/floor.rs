@@ -30,16 +30,17 @@ pub fn durable_replace(
 }
 
 /// `streams` threads, each in its own folder `dir/s<k>`, doing durable replaces of a new
-/// file each time with `content` for `warmup` and then `measure`. The latencies of the
-/// replaces that completed within `measure` (all streams together).
+/// file each time with `content` from `start` (a moment for the threads to be ready) for
+/// `warmup` and then `measure`. The latencies of the replaces that completed within `measure`
+/// (all streams together).
 pub fn timed_streams(
     dir: &Path,
     streams: usize,
     content: &[u8],
+    start: Instant,
     warmup: Duration,
     measure: Duration,
 ) -> std::io::Result<Vec<Duration>> {
-    let start = Instant::now() + Duration::from_millis(20);
     let from = start + warmup;
     let until = from + measure;
     std::thread::scope(|scope| {
