@@ -29,9 +29,9 @@
 //!   stack's state root included), and a run within ~5 minutes of the last one's cleanup
 //!   starts slowed: the probe line says so.
 //! - The whole machine's CPU in each cell's measured window (`/proc/stat`, every process and
-//!   the kernel): how many cores were busy, and the µs of CPU per operation. Where the floor
-//!   keeps every core busy (two cores, 8 streams), its rate is bounded by the CPU and not the
-//!   disk; the last line turns 0.6× of that rate into the CPU a write of ours may use.
+//!   the kernel): how many cores were busy, and the µs of CPU per operation. The last line
+//!   turns 0.6× the 8-stream floor's rate into the most CPU a write of ours may use with every
+//!   core busy, beside what one used.
 //!
 //! Each cell runs WARMUP, then MEASURE; ops/s counts the calls completed within MEASURE, and
 //! p50/p99 are their latencies. A benchmark: nothing is asserted about timings; it exits
@@ -1098,22 +1098,24 @@ fn report(rows: &[Row], allocator: &[(&str, Duration)], base: &Path, measure: Du
             if n == 16 { "≥ 1.0" } else { "" },
         );
     }
-    // What the eight-project goal asks of each write, in the machine's CPU: when the floor
-    // keeps every core busy, its rate is bounded by CPU, not by the disk, and 0.6× of it is
-    // a budget of CPU per write for everything ours runs (load generator included).
+    // What the eight-project goal asks of each write, in the machine's CPU: 0.6× the floor's
+    // rate, with every core busy, is at most this much CPU per write for everything ours runs
+    // (the load generator included).
     if let (Some(floor), Some(eight)) = (
         find("floor", "", 8),
         find("ours, 8 projects, write_file", "", IN_FLIGHT[2]),
     ) {
         let cores = std::thread::available_parallelism().map_or(0, usize::from);
+        let goal = 0.6 * floor.sample.per_sec();
         println!();
         println!(
             "the machine's CPU: the 8-stream floor kept {:.2} of {cores} cores busy at {:.0} µs \
-             per replace, so 0.6 × its rate leaves {:.0} µs per write; ours, 8 projects at {} \
-             in flight, kept {:.2} busy at {:.0} µs per write",
+             per replace; 0.6 × its rate, {goal:.0} writes/s, leaves at most {:.0} µs per write \
+             with every core busy; ours, 8 projects at {} in flight, kept {:.2} busy at {:.0} µs \
+             per write",
             floor.sample.cores_busy(),
             floor.sample.machine_us_per_op(),
-            floor.sample.busy.as_secs_f64() * 1e6 / (0.6 * floor.sample.latencies.len() as f64),
+            cores as f64 * 1e6 / goal,
             IN_FLIGHT[2],
             eight.sample.cores_busy(),
             eight.sample.machine_us_per_op(),
