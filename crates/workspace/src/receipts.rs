@@ -107,39 +107,26 @@ macro_rules! columns {
     };
 }
 
+/// `SELECT` of every column of the receipts, then `$rest` (its `WHERE`, order and limit).
+macro_rules! select_receipts {
+    ($rest:literal) => {
+        concat!("SELECT ", columns!(), " FROM receipts ", $rest)
+    };
+}
+
 /// The caller's first receipt under a request id (a write's idempotency check).
-const FIND_FIRST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1"
-);
-const FIND_ALL: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index"
-);
-const BY_RECEIPT_ID: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts WHERE receipt_id = ?1"
-);
-const PREPARED: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts WHERE state = 'prepared' ORDER BY created_at_ms"
-);
+const FIND_FIRST: &str =
+    select_receipts!("WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index LIMIT 1");
+const FIND_ALL: &str =
+    select_receipts!("WHERE user_id = ?1 AND request_id = ?2 ORDER BY part_index");
+const BY_RECEIPT_ID: &str = select_receipts!("WHERE receipt_id = ?1");
+const PREPARED: &str = select_receipts!("WHERE state = 'prepared' ORDER BY created_at_ms");
 /// [`ReceiptStore::recent`] for every receipt (`?1` the limit).
-const RECENT: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts ORDER BY rowid DESC LIMIT ?1"
-);
+const RECENT: &str = select_receipts!("ORDER BY rowid DESC LIMIT ?1");
 /// [`ReceiptStore::recent`] for the receipts of the path `?1` as source or target (`?2` the
 /// limit).
-const RECENT_FOR_PATH: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM receipts WHERE rowid IN \
+const RECENT_FOR_PATH: &str = select_receipts!(
+    "WHERE rowid IN \
      (SELECT rowid FROM receipts WHERE path = ?1 \
       UNION ALL SELECT rowid FROM receipts WHERE to_path = ?1) \
      ORDER BY rowid DESC LIMIT ?2"
