@@ -35,6 +35,13 @@ if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]
     cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
 fi
 
+# fuzz/Cargo.lock is tracked: a build that would have to change it (cargo fuzz rewrites it
+# without asking) is refused here, so a run never dirties the tree.
+if ! cargo metadata --locked --format-version 1 >/dev/null; then
+    echo "fuzz: fuzz/Cargo.lock is out of date: run 'cargo metadata --manifest-path fuzz/Cargo.toml' and commit the lock" >&2
+    exit 1
+fi
+
 targets=${AW_FUZZ_TARGETS:-$(cargo +nightly fuzz list)}
 build_started=$(date +%s)
 # `cargo fuzz build` takes one target, or none for all of them.

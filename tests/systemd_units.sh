@@ -12,6 +12,8 @@
 #      network and Internet sockets, IP traffic limited to localhost).
 #   3. systemd-sysusers and systemd-tmpfiles applied to the throw-away root with our
 #      packaging/ files: they must succeed and print nothing.
+#   4. packaging/agentworks.toml with every table and key uncommented, through the daemons'
+#      own loader (agentworksctl, built here when AGENTWORKSCTL does not name one).
 #
 # Usage: tests/systemd_units.sh   (from anywhere; needs systemd >= 252's tools on the host)
 set -eu
@@ -154,29 +156,37 @@ if [ -f "$repo/packaging/agentworks.catalog" ]; then
     fi
 fi
 
-# 4. The default config with every key uncommented must pass the daemons' own strict loader
-# (unknown keys are refused), when a built agentworksctl is at hand (AGENTWORKSCTL, else
-# target/debug or target/release). Exit 2 means a config error; 0 or 1 is fine.
+# 4. The default config with every table and key uncommented must pass the daemons' own strict
+# loader (unknown keys are refused; a key uncommented without its table lands in the table
+# above it and is refused too). The check always runs: it uses AGENTWORKSCTL if set, else
+# builds agentworksctl (a no-op when the build is current). Exit 2 means a config error; 0 or 1
+# is fine.
 ctl=${AGENTWORKSCTL:-}
-for candidate in "$repo/target/debug/agentworksctl" "$repo/target/release/agentworksctl"; do
-    if [ -z "$ctl" ] && [ -x "$candidate" ]; then
-        ctl=$candidate
+if [ -z "$ctl" ]; then
+    if (cd "$repo" && cargo build --locked --quiet --bin agentworksctl); then
+        ctl="${CARGO_TARGET_DIR:-$repo/target}/debug/agentworksctl"
+    else
+        fail "cargo build --bin agentworksctl failed: the config check cannot run"
     fi
-done
-if [ -n "$ctl" ]; then
-    sed -E 's/^# (\[agentd\.model\]|[a-z_]+ = .*)$/\1/' "$repo/packaging/agentworks.toml" \
-        >"$work/agentworks.toml"
+fi
+# Every "# [table]" and "# key = value" line, the form the file uses for what it ships
+# commented out (prose comments never take either form).
+sed -E 's/^# (\[[a-z_.]+\]|[a-z_]+ = .*)$/\1/' "$repo/packaging/agentworks.toml" \
+    >"$work/agentworks.toml"
+if [ -z "$ctl" ]; then
+    :
+elif [ ! -x "$ctl" ]; then
+    fail "$ctl is not an executable: the config check cannot run"
+else
     rc=0
     out=$(AGENTWORKS_RUNTIME_DIR=$work/run timeout 20 "$ctl" --config "$work/agentworks.toml" \
         status 2>&1) || rc=$?
     if [ "$rc" -eq 2 ] || [ "$rc" -gt 100 ]; then
         printf '%s\n' "$out" >&2
-        fail "$ctl refuses packaging/agentworks.toml with every key uncommented (exit $rc)"
+        fail "$ctl refuses packaging/agentworks.toml with every table and key uncommented (exit $rc)"
     else
-        echo "packaging/agentworks.toml: every key accepted by $ctl"
+        echo "packaging/agentworks.toml: every table and key accepted by $ctl"
     fi
-else
-    echo "packaging/agentworks.toml: no built agentworksctl, loader check skipped"
 fi
 
 if [ "$failed" -ne 0 ]; then
