@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds both packages from this tree and checks them (issue 6, "Packages"):
 #
-#   1. `dpkg-buildpackage -us -uc -b` on a copy of the tree: agentworks_*.deb and
+#   0. The sources: the files git tracks, copied from the work tree; an untracked file planted
+#      for the run must reach neither the sources, the rpm's source tarball nor a package.
+#   1. `dpkg-buildpackage -us -uc -b` on that copy: agentworks_*.deb and
 #      agentworks-cli_*.deb; `lintian --fail-on error` on them.
 #   2. `rpmbuild -bb --nodeps` of rpm/agentworks.spec from a source tarball: agentworks-*.rpm and
 #      agentworks-cli-*.rpm; `rpmlint -r rpm/agentworks.rpmlintrc` on the spec and them (0 errors).
@@ -33,10 +35,23 @@ die() {
 trap 'rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
 
-# The tree as a release tarball would hold it: no target/, no .git.
+# The tree as a release tarball would hold it: the files git tracks, as they are in the work
+# tree, and nothing else. Never the work tree whole: it may hold node_modules, build output
+# and a quickstart's state (its databases hold tokens and sealed secrets).
+git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
+    die "$repo is not a git work tree: the package sources are the files git tracks"
+# A file git does not track, named like a quickstart's database: it must reach neither the
+# sources nor a package (checked after each build).
+canary_dir=$repo/.untracked-canary-$$
+mkdir "$canary_dir"
+echo "an untracked file" >"$canary_dir/agentd.db"
+trap 'rm -rf "$work" "$canary_dir"' EXIT
 src=$work/src/agentworks-$version
 mkdir -p "$src"
-tar -C "$repo" --exclude=./target --exclude=./.git --exclude=./fuzz/target -cf - . | tar -C "$src" -xf -
+# A tracked file deleted in the work tree is still listed; it is left out (with a warning).
+(cd "$repo" && git ls-files -z --cached) |
+    tar -C "$repo" --null -T - --ignore-failed-read -cf - | tar -C "$src" -xf -
+[ ! -e "$src/.untracked-canary-$$" ] || die "an untracked file reached the package sources"
 
 # --- 1. Debian -----------------------------------------------------------------------------------
 log "dpkg-buildpackage -us -uc -b"
@@ -104,6 +119,8 @@ awk '/was-enabled/ { guarded = 1; next }
      $0 !~ /^[[:space:]]*(#.*)?$/ { guarded = 0 }
      END { exit bad }' "$work/control/postinst" >"$work/unguarded" ||
     die "postinst enables units unconditionally: $(cat "$work/unguarded")"
+lacks "$work/deb-server.list" "untracked-canary"
+lacks "$work/deb-cli.list" "untracked-canary"
 log "agentworks.deb and agentworks-cli.deb hold what they should; the config is a conffile"
 
 # --- 2. RPM --------------------------------------------------------------------------------------
@@ -142,5 +159,9 @@ has "$work/rpm-cli.list" /usr/bin/agentworks
 lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/'
 rpm -qpc "$server_rpm" 2>/dev/null | grep -qx /etc/agentworks/agentworks.toml ||
     die "/etc/agentworks/agentworks.toml is not %config in the rpm"
+lacks "$work/rpm-server.list" "untracked-canary"
+lacks "$work/rpm-cli.list" "untracked-canary"
+tar -tzf "$top/SOURCES/agentworks-$version.tar.gz" >"$work/tarball.list"
+lacks "$work/tarball.list" "untracked-canary" "node_modules/"
 log "agentworks.rpm and agentworks-cli.rpm hold what they should; the config is %config"
 log "PASS: $(cd "$out" && ls | tr '\n' ' ')"
