@@ -225,16 +225,56 @@ fn connect_refuses_home_root_parents_and_private_folders() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        // One line, the OS error in it once (a missing folder printed it twice, issue 43).
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        if expect == "cannot share" {
+            assert_eq!(
+                stderr.matches("No such file or directory").count(),
+                1,
+                "{stderr}"
+            );
+        }
     }
     assert!(wire.untouched(), "a refused executor connected");
 }
 
+/// A `--gateway` the executor would refuse (plain ws:// to another machine) is refused before
+/// anything else: alone, without the permissions banner before it (issue 43).
 #[test]
-fn connect_prints_permissions_and_refuses_plain_ws_to_a_remote_host() {
+fn connect_refuses_plain_ws_to_a_remote_host_before_the_permissions() {
     let laptop = default_dirs_laptop();
     laptop.write_credentials("t");
     let project = laptop.project("proj", &[]);
+    let out = laptop
+        .command(&[
+            "executor",
+            "connect",
+            "--write-folder",
+            project.to_str().unwrap(),
+            "--gateway",
+            "ws://gateway.example.com",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ws://gateway.example.com") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert_eq!(stdout, "", "printed before the refusal");
+}
+
+/// The permissions banner: each folder's file and command permissions, the network and what
+/// goes to the server, printed before the executor dials (here it then stops: not logged in).
+#[test]
+fn connect_prints_the_permissions_of_each_folder() {
+    let laptop = default_dirs_laptop();
+    let project = laptop.project("proj", &[]);
     let docs = laptop.project("docs", &[]);
+    let wire = Tripwire::new();
     let out = laptop
         .command(&[
             "executor",
@@ -244,17 +284,14 @@ fn connect_prints_permissions_and_refuses_plain_ws_to_a_remote_host() {
             "--folder",
             docs.to_str().unwrap(),
             "--gateway",
-            "ws://gateway.example.com",
+            &wire.url(),
         ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr.contains("ws://") && stderr.contains("loopback"),
-        "{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("not logged in"), "{stderr}");
     assert!(
         stdout.contains("proj") && stdout.contains("patches allowed"),
         "{stdout}"
@@ -262,6 +299,7 @@ fn connect_prints_permissions_and_refuses_plain_ws_to_a_remote_host() {
     assert!(stdout.contains("read-only sandbox"), "{stdout}");
     assert!(stdout.contains("network"), "{stdout}");
     assert!(stdout.contains("server and its model"), "{stdout}");
+    assert!(wire.untouched(), "an executor without a credential dialled");
 }
 
 // ----- end to end against an in-test gateway -----

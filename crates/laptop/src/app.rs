@@ -186,6 +186,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                     gateways,
                 },
         } => {
+            // The --gateway URLs are checked before the folders and before anything is
+            // printed: a refused gateway is reported alone, not after the whole permissions
+            // banner. (Given gateways do not depend on the server; stored ones were checked at
+            // login.)
+            if !gateways.is_empty() {
+                connect::executor_urls(&gateways, "")?;
+            }
             let args = GrantArgs {
                 folders,
                 write_folders,

@@ -40,7 +40,9 @@ use super::sandbox::{
 pub enum GrantError {
     #[error("nothing to share: give at least one --folder or --write-folder")]
     Nothing,
-    #[error("cannot share {path}: {source}")]
+    // The OS error is the source, printed after this by the error chain: not in the message
+    // too, or it shows twice.
+    #[error("cannot share {path}")]
     Open {
         path: PathBuf,
         #[source]
