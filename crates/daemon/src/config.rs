@@ -167,9 +167,13 @@ pub struct AgentdConfig {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The API base, e.g. `https://api.example.com/v1` (`/chat/completions` is appended).
-    /// `http://` is accepted for loopback hosts only.
+    /// `http://` is accepted for loopback hosts only. Required: validation refuses it missing
+    /// (a default here, so that a file whose model comes from elsewhere, such as quickstart's
+    /// `--model-url`, still parses).
+    #[serde(default)]
     pub base_url: String,
-    /// The model name sent with every request.
+    /// The model name sent with every request; required, as `base_url` is.
+    #[serde(default)]
     pub model: String,
     /// A file holding the API key; else `$CREDENTIALS_DIRECTORY/model-api-key` (a systemd
     /// credential) if present; else no key is sent.
@@ -472,6 +476,13 @@ pub enum ConfigError {
         path: PathBuf,
         origin: String,
     },
+    /// `[agentd.model]` lacks `base_url` or `model`.
+    #[error("[agentd.model] has no {missing}: a model needs both base_url and model")]
+    ModelIncomplete { missing: &'static str },
+    /// `agentd.model.base_url` would send the API key where it must not go, or is no URL
+    /// (shown with a password redacted).
+    #[error("agentd.model.base_url {url:?} is refused: {problem}")]
+    ModelUrl { url: String, problem: &'static str },
     /// A limit is zero, which would refuse everything.
     #[error("{key} must be greater than 0")]
     ZeroLimit { key: &'static str },
@@ -572,9 +583,24 @@ impl Config {
     /// (`AGENTWORKS_STATE_ROOT`, `AGENTWORKS_DOCUMENTS_ROOT`, `AGENTWORKS_RUNTIME_DIR`, see
     /// [`Config`] for how they shape the other defaults), then validation (roots absolute,
     /// limits > 0).
+    ///
+    /// A relative `AGENTWORKS_STATE_ROOT`, `AGENTWORKS_DOCUMENTS_ROOT` or
+    /// `AGENTWORKS_RUNTIME_DIR` is taken from the current directory, once, here (e.g.
+    /// `AGENTWORKS_STATE_ROOT=.agentworks-quickstart agentworksctl status`): the settled roots
+    /// are absolute, so nothing depends on the directory afterwards.
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        let cwd = std::env::current_dir().ok();
         Config::load_with_env(explicit, &|name| {
-            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            let value = std::env::var_os(name)?;
+            let is_root = [ENV_STATE_ROOT, ENV_DOCUMENTS_ROOT, ENV_RUNTIME_DIR].contains(&name);
+            let path = PathBuf::from(&value);
+            match &cwd {
+                // Without a current directory it stays relative, and validation refuses it.
+                Some(cwd) if is_root && !value.is_empty() && path.is_relative() => {
+                    Some(cwd.join(path).to_string_lossy().into_owned())
+                }
+                _ => Some(value.to_string_lossy().into_owned()),
+            }
         })
     }
 
@@ -659,6 +685,14 @@ impl Config {
             source,
         })?;
         parsed.settle(&env, &path.display().to_string())
+    }
+
+    /// Checks `text` strictly against the file's schema (every key known, every value of its
+    /// type), without the environment or validation: the error, if any, points at a line of
+    /// `text`. For a file that is merged with others before it is loaded (quickstart's
+    /// `--config`), so that a typo is reported in the person's own file.
+    pub fn check_schema(text: &str) -> Result<(), toml::de::Error> {
+        Config::parse(text).map(|_| ())
     }
 
     /// Parses the text of a config file (without env overrides or validation).
@@ -792,6 +826,19 @@ impl Config {
             if model.max_history_bytes == 0 {
                 return Err(ConfigError::ZeroLimit {
                     key: "agentd.model.max_history_bytes",
+                });
+            }
+            // Checked here, not at the first turn: a model URL that would carry the key in
+            // clear must stop agentd (and quickstart) at start.
+            for (missing, value) in [("base_url", &model.base_url), ("model", &model.model)] {
+                if value.trim().is_empty() {
+                    return Err(ConfigError::ModelIncomplete { missing });
+                }
+            }
+            if let Some(problem) = agentworks_support::url::http_base_url_problem(&model.base_url) {
+                return Err(ConfigError::ModelUrl {
+                    url: redact_url(&model.base_url),
+                    problem,
                 });
             }
         }
@@ -978,6 +1025,21 @@ impl Config {
     }
 }
 
+/// The environment variable a root (`state_root`, `documents_root`, `runtime_dir`) was taken
+/// from, or `None` when it came from the file or the defaults. The documents root and the
+/// runtime directory derive from `AGENTWORKS_STATE_ROOT` when their own variable is unset
+/// (see [`Config`]); validation checks the state root first, so a relative one is named by
+/// its own variable.
+fn root_from_env(key: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<&'static str> {
+    let variable = match key {
+        "state_root" => ENV_STATE_ROOT,
+        "documents_root" => ENV_DOCUMENTS_ROOT,
+        "runtime_dir" => ENV_RUNTIME_DIR,
+        _ => return None,
+    };
+    env(variable).map(|_| variable)
+}
+
 /// A parsed file plus which optional roots it set, which decides how the env defaults apply.
 struct ParsedConfig {
     config: Config,
@@ -1004,7 +1066,18 @@ impl ParsedConfig {
         origin: &str,
     ) -> Result<Config, ConfigError> {
         self.apply_env(env);
-        self.config.validate(origin)?;
+        self.config.validate(origin).map_err(|error| match error {
+            ConfigError::RelativePath { key, path, .. }
+                if let Some(variable) = root_from_env(key, env) =>
+            {
+                ConfigError::RelativePath {
+                    key,
+                    path,
+                    origin: variable.to_owned(),
+                }
+            }
+            other => other,
+        })?;
         let cluster = &mut self.config.cluster;
         if cluster.is_enabled() && cluster.host_id.is_none() {
             let name = host_name().ok_or(ConfigError::NoHostId)?;
@@ -1350,6 +1423,53 @@ public_url = "wss://gw.example.com/"
         );
     }
 
+    /// A relative root from the environment is named as coming from its variable, with or
+    /// without a file (it used to say "from defaults" without one).
+    #[test]
+    fn a_relative_root_from_the_environment_names_its_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path(), "");
+        for (variable, key, with_file) in [
+            (ENV_STATE_ROOT, "state_root", false),
+            (ENV_STATE_ROOT, "state_root", true),
+            (ENV_DOCUMENTS_ROOT, "documents_root", true),
+        ] {
+            let explicit = with_file.then_some(file.as_path());
+            let err = Config::load_with_env(explicit, &env_of(&[(variable, ".qs")])).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(&err, ConfigError::RelativePath { key: k, origin, .. }
+                    if *k == key && origin == variable),
+                "{variable}: {text}"
+            );
+            assert!(text.contains(&format!("(from {variable})")), "{text}");
+        }
+        // A relative root in the file is still the file's.
+        let file = write(dir.path(), "state_root = \"relative\"");
+        let err = Config::load_with_env(Some(&file), &env_of(&[])).unwrap_err();
+        assert!(
+            err.to_string().contains(&file.display().to_string()),
+            "{err}"
+        );
+    }
+
+    /// [`Config::check_schema`] reports an unknown key at its line of the text it was given,
+    /// and takes a model table whose `base_url` and `model` come from elsewhere.
+    #[test]
+    fn the_schema_check_points_at_the_line_of_the_text() {
+        assert!(Config::check_schema("[agentd.model]\nmax_tool_rounds = 3\n[gatewayd]\n").is_ok());
+        let err =
+            Config::check_schema("[agentd]\nmax_connections = 7\n\n[gatewayd]\nheartbeat = 5\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("line 5"), "{err}");
+        assert!(err.contains("unknown field `heartbeat`"), "{err}");
+        let err = Config::check_schema("[agentd]\nmax_connections = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2"), "{err}");
+    }
+
     #[test]
     fn zero_limits_are_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -1460,33 +1580,53 @@ public_url = "wss://gw.example.com/"
 
         for (text, expect) in [
             (
-                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key = \"k\"",
+                "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\napi_key = \"k\"",
                 "parse",
             ),
-            ("[agentd.model]\nmodel = \"m\"", "parse"),
+            ("[agentd.model]\nmodel = \"m\"", "base_url"),
+            ("[agentd.model]\nbase_url = \"https://x/v1\"", "model"),
             (
-                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nmax_tool_rounds = 0",
+                "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\nmax_tool_rounds = 0",
                 "agentd.model.max_tool_rounds",
             ),
             (
-                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\nrequest_timeout_secs = 0",
+                "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\nrequest_timeout_secs = 0",
                 "agentd.model.request_timeout_secs",
             ),
             (
-                "[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"\napi_key_file = \"k\"",
+                "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\napi_key_file = \"k\"",
                 "agentd.model.api_key_file",
             ),
+            // The key would cross the network in clear: refused at start, not at a turn.
+            (
+                "[agentd.model]\nbase_url = \"http://example.com/v1\"\nmodel = \"m\"",
+                "url",
+            ),
+            ("[agentd.model]\nbase_url = \"x\"\nmodel = \"m\"", "url"),
         ] {
             let path = write(dir.path(), text);
             let err = Config::load_with_env(Some(&path), &env_of(&[])).unwrap_err();
             let ok = match (&err, expect) {
                 (ConfigError::Parse { .. }, "parse") => true,
+                (ConfigError::ModelIncomplete { missing }, k) => *missing == k,
+                (ConfigError::ModelUrl { .. }, "url") => true,
                 (ConfigError::ZeroLimit { key }, k) => *key == k,
                 (ConfigError::RelativePath { key, .. }, k) => *key == k,
                 _ => false,
             };
             assert!(ok, "{text}: {err}");
         }
+        let path = write(
+            dir.path(),
+            "[agentd.model]\nbase_url = \"http://u:hunter2@example.com/v1\"\nmodel = \"m\"",
+        );
+        let err = Config::load_with_env(Some(&path), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("loopback host only") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 
     /// `text` settled on a host named `host` (or one whose name cannot be read).

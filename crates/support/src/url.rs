@@ -12,9 +12,56 @@ pub fn is_loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Why `url` may not be the base of HTTP requests that carry a credential (a model's API key,
+/// say), or `None`: `https://host…`, or plain `http://` to a loopback host only. The reason is
+/// written to follow "is refused: ".
+pub fn http_base_url_problem(url: &str) -> Option<&'static str> {
+    let Ok(uri) = url.parse::<hyper::Uri>() else {
+        return Some("it is not a URL such as https://api.example.com/v1");
+    };
+    let https = match uri.scheme_str() {
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => true,
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") => false,
+        _ => return Some("it must start with https:// (or http:// to a loopback host)"),
+    };
+    match uri.host() {
+        None | Some("") => Some("it has no host"),
+        Some(host) if !https && !is_loopback_host(host) => Some(
+            "plain http:// is allowed to a loopback host only (127.0.0.1, ::1, localhost): the \
+             API key and every prompt would cross the network in clear; use https://",
+        ),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_base_urls_are_https_or_plain_to_loopback() {
+        for url in [
+            "https://api.example.com/v1",
+            "HTTPS://api.example.com",
+            "http://127.0.0.1:9/v1",
+            "http://localhost:8080/v1",
+            "http://[::1]:9/v1",
+        ] {
+            assert_eq!(http_base_url_problem(url), None, "{url}");
+        }
+        for (url, says) in [
+            ("http://example.com/v1", "loopback host only"),
+            ("http://10.0.0.1/v1", "loopback host only"),
+            ("ftp://example.com", "https://"),
+            ("example.com/v1", "https://"),
+            ("x", "https://"),
+            ("", "not a URL"),
+            ("https:///v1", "https://"),
+        ] {
+            let problem = http_base_url_problem(url).unwrap_or_default();
+            assert!(problem.contains(says), "{url}: {problem:?}");
+        }
+    }
 
     #[test]
     fn loopback_hosts() {
