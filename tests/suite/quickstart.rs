@@ -1,11 +1,16 @@
 //! `agentworksctl quickstart` from a clean directory: starts every daemon, prints what scripts
 //! need (a working MCP URL and token, the console URL, a code project), and stops every daemon
 //! on Ctrl-C (SIGINT); `--config` and `--model-url`/`--model` give its agent a model (the
-//! scripted one of [`super::agent`]).
+//! scripted one of [`super::agent`]). What a newcomer met in their first hour (issue 43): the
+//! other commands find a running quickstart with no environment, a relative
+//! `AGENTWORKS_STATE_ROOT` works, mistakes are refused before anything starts, a restart keeps
+//! the token.
 
 use super::agent::{Model, text};
 use super::harness::*;
 use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn quickstart_command(state: &std::path::Path, ports: [u16; 2], extra: &[&str]) -> Command {
@@ -246,13 +251,14 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         "gatewayd stopped too"
     );
 
-    // Running it again reuses the state root: the same workflow, the edit kept, a new token.
+    // Running it again reuses the state root: the same workflow, the edit kept, the same
+    // token (see quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces).
     let ports = reserve_ports(2);
     let run = start_quickstart(&state, [ports[0], ports[1]]);
     let (again, second) = (run.child, run.started);
     assert_eq!(second["workflow_id"], started["workflow_id"]);
     assert_eq!(second["code_project_id"], started["code_project_id"]);
-    assert_ne!(second["token"], started["token"]);
+    assert_eq!(second["token"], started["token"]);
     assert_eq!(
         std::fs::read_to_string(state.join("documents/demo/code/task.py")).unwrap(),
         "print('edited')\n"
@@ -407,4 +413,346 @@ fn quickstart_takes_a_model_from_its_flags_and_refuses_a_bad_key_file() {
     let written = std::fs::read_to_string(state.join("agentworks.toml")).unwrap();
     assert!(!written.contains("sk-quickstart"), "{written}");
     stop(run);
+}
+
+/// `agentworksctl OPTIONS…` run in `cwd` with no agentworks configuration in its environment
+/// and `state_home` as its `XDG_STATE_HOME` (where quickstarts record themselves): exit code,
+/// stdout, stderr.
+fn ctl_without_config(cwd: &Path, state_home: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("AGENTWORKS_STATE_ROOT")
+        .env_remove("AGENTWORKS_CONFIG")
+        .env_remove("AGENTWORKS_RUNTIME_DIR")
+        .env("XDG_STATE_HOME", state_home)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether this machine has a system install, which `agentworksctl` prefers to a quickstart.
+fn system_install() -> bool {
+    Path::new("/etc/agentworks/agentworks.toml").exists()
+        || Path::new("/run/agentworks/agentd.sock").exists()
+}
+
+/// Every socket `status --json` reported, each under `root`.
+fn assert_status_under(stdout: &str, root: &str) {
+    let report: Vec<Value> = serde_json::from_str(stdout).unwrap();
+    assert_eq!(report.len(), 3, "{stdout}");
+    for daemon in &report {
+        assert!(
+            daemon["socket"].as_str().unwrap().starts_with(root),
+            "{stdout}"
+        );
+        assert_eq!(daemon["healthy"], true, "{stdout}");
+    }
+}
+
+/// Issue 43: `agentworksctl status` with no environment, while a quickstart runs, reported the
+/// system's sockets as DOWN. A running quickstart records itself and the other commands use it
+/// (saying so), ignore a record whose daemons are gone, and refuse to guess between two
+/// (except the one in this directory); `AGENTWORKS_STATE_ROOT=.agentworks-quickstart`, relative
+/// as `--help` shows it, works.
+#[test]
+fn status_finds_a_running_quickstart_with_no_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_home = dir.path().join("state-home");
+    std::fs::create_dir(&state_home).unwrap();
+    let (here, elsewhere) = (dir.path().join("here"), dir.path().join("elsewhere"));
+    std::fs::create_dir(&here).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    let state = here.join(".agentworks-quickstart");
+    let ports = reserve_ports(2);
+    let run = QuickstartRun::spawn({
+        let mut command = quickstart_command(&state, [ports[0], ports[1]], &[]);
+        command
+            .env("XDG_STATE_HOME", &state_home)
+            .current_dir(&here);
+        command
+    });
+    let root = run.started["state_root"].as_str().unwrap().to_owned();
+    let record = PathBuf::from(run.started["record"].as_str().unwrap());
+    assert!(record.starts_with(&state_home), "{}", record.display());
+    let recorded = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        std::fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let (code, stdout, stderr) =
+        ctl_without_config(Path::new("/"), &state_home, &["status", "--json"]);
+    if system_install() {
+        // The system install wins, and the quickstart beside it is named, never passed over
+        // in silence.
+        assert!(
+            stderr.contains("system install") && stderr.contains(&root),
+            "{stderr}"
+        );
+    } else {
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        assert_status_under(&stdout, &root);
+        assert!(
+            stderr.contains(&format!("using the quickstart running at {root}")),
+            "{stderr}"
+        );
+        // Every command, not only status.
+        let (code, stdout, stderr) =
+            ctl_without_config(Path::new("/"), &state_home, &["user", "list"]);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains("demo"), "{stdout}");
+    }
+
+    // The --help example, relative to this directory; no record is needed for it.
+    let empty_home = dir.path().join("empty-state-home");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(["status", "--json"])
+        .current_dir(&here)
+        .env("AGENTWORKS_STATE_ROOT", ".agentworks-quickstart")
+        .env_remove("AGENTWORKS_CONFIG")
+        .env_remove("AGENTWORKS_RUNTIME_DIR")
+        .env("XDG_STATE_HOME", &empty_home)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_status_under(&String::from_utf8_lossy(&out.stdout), &root);
+    assert!(!stderr.contains("using the quickstart"), "{stderr}");
+
+    // A second quickstart of the same person: from a third directory neither is guessed; in
+    // either one's directory, that one is used.
+    let other_state = elsewhere.join(".agentworks-quickstart");
+    let ports = reserve_ports(2);
+    let other = QuickstartRun::spawn({
+        let mut command = quickstart_command(&other_state, [ports[0], ports[1]], &[]);
+        command.env("XDG_STATE_HOME", &state_home);
+        command
+    });
+    let other_root = other.started["state_root"].as_str().unwrap().to_owned();
+    if !system_install() {
+        let (code, _, stderr) = ctl_without_config(Path::new("/"), &state_home, &["status"]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains(&root) && stderr.contains(&other_root),
+            "{stderr}"
+        );
+        assert!(stderr.contains("AGENTWORKS_STATE_ROOT=DIR"), "{stderr}");
+        for (cwd, expected) in [(&here, &root), (&elsewhere, &other_root)] {
+            let (code, stdout, stderr) =
+                ctl_without_config(cwd, &state_home, &["status", "--json"]);
+            assert_eq!(code, 0, "{stderr}");
+            assert_status_under(&stdout, expected);
+        }
+    }
+    stop(other);
+
+    // Stopped, its record is gone; a record left behind (a quickstart killed with SIGKILL
+    // cannot remove its own) is ignored once its daemons are gone.
+    stop(run);
+    assert!(!record.exists(), "the record outlived its quickstart");
+    std::fs::write(&record, &recorded).unwrap();
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, _, stderr) = ctl_without_config(Path::new("/"), &state_home, &["status"]);
+    assert!(!stderr.contains("using the quickstart"), "{stderr}");
+    if !system_install() {
+        assert_eq!(code, 1, "{stderr}");
+        assert!(stderr.contains("agentworksctl quickstart"), "{stderr}");
+    }
+}
+
+/// `quickstart OPTIONS…` that must be refused before anything starts: its exit code and stderr,
+/// after checking that it printed no start line and that nothing listens on its ports.
+fn refused_at_start(state: &Path, ports: [u16; 2], extra: &[&str]) -> (i32, String) {
+    use std::io::BufRead;
+    let mut command = quickstart_command(state, ports, extra);
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if !line.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{extra:?}: quickstart started: {line}");
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 43: mistakes were found at first use, or reported where a person would not look. A
+/// plain-http model URL to another machine, an unknown key in `--config` (named at its line of
+/// the person's file, not of the merged one quickstart writes), and a busy port (with the flag
+/// that changes it) are refused (exit 2) before anything is made or started.
+#[test]
+fn quickstart_refuses_mistakes_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+
+    let ports = reserve_ports(2);
+    let (code, stderr) = refused_at_start(
+        &state,
+        [ports[0], ports[1]],
+        &["--model-url", "http://example.com/v1", "--model", "m"],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--model-url \"http://example.com/v1\"")
+            && stderr.contains("loopback host only")
+            && stderr.contains("https://"),
+        "{stderr}"
+    );
+    assert!(
+        !state.exists(),
+        "the state root was made before the refusal"
+    );
+
+    let mine = dir.path().join("mine.toml");
+    std::fs::write(
+        &mine,
+        "[agentd]\nmax_sessions_per_token = 3\n\n[gatewayd]\nheartbeat = 5\n",
+    )
+    .unwrap();
+    let (code, stderr) = refused_at_start(
+        &state,
+        [ports[0], ports[1]],
+        &["--config", mine.to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("--config {}", mine.display()))
+            && stderr.contains("line 5")
+            && stderr.contains("unknown field `heartbeat`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("agentworks.toml"), "{stderr}");
+
+    // Each port taken by another program, in turn.
+    for (busy, flag) in [(0, "give --port N"), (1, "give --gateway-port M")] {
+        let taken = std::net::TcpListener::bind(("127.0.0.1", ports[busy])).unwrap();
+        let (code, stderr) = refused_at_start(&state, [ports[0], ports[1]], &[]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains(&format!("port {} is in use", ports[busy])) && stderr.contains(flag),
+            "{stderr}"
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        drop(taken);
+    }
+    for port in ports {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "a daemon was started"
+        );
+    }
+    assert!(
+        !state.exists(),
+        "the state root was made before the refusal"
+    );
+}
+
+/// The demo user's `workflows:write` token of every live quickstart token, `(id, revoked)`.
+fn quickstart_tokens(state: &Path) -> Vec<(String, bool)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(["token", "list", "--user", "demo", "--json"])
+        .env("AGENTWORKS_STATE_ROOT", state)
+        .env_remove("AGENTWORKS_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    listed
+        .iter()
+        .filter(|t| t["label"] == "quickstart")
+        .map(|t| {
+            (
+                t["id"].as_str().unwrap().to_owned(),
+                !t["revoked_at_ms"].is_null(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 43: every restart minted a new `workflows:write` token and never revoked the one
+/// before. The token is kept (0600, in the 0700 state root) and printed again while agentd
+/// accepts it, so an MCP client configured once keeps working; a revoked one is replaced;
+/// and a run that makes a new token revokes the earlier live ones (an older quickstart's).
+#[test]
+fn quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let restart = |run: Option<QuickstartRun>| {
+        if let Some(run) = run {
+            stop(run);
+        }
+        let ports = reserve_ports(2);
+        start_quickstart(&state, [ports[0], ports[1]])
+    };
+    let first = restart(None);
+    let token = first.started["token"].as_str().unwrap().to_owned();
+    let id = first.started["token_id"].as_str().unwrap().to_owned();
+    assert_eq!(first.started["token_reused"], false);
+    let stored = state.join("quickstart-token");
+    assert_eq!(std::fs::read_to_string(&stored).unwrap(), token);
+    assert_eq!(
+        std::fs::metadata(&stored).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // A restart prints the same token, and it still works.
+    let second = restart(Some(first));
+    assert_eq!(second.started["token"], token.as_str());
+    assert_eq!(second.started["token_reused"], true);
+    let (status, _) = call(&second.started, "GET", "/v1/projects", Value::Null);
+    assert_eq!(status, 200);
+    assert_eq!(quickstart_tokens(&state), [(id.clone(), false)]);
+
+    // Revoked by an operator: the next run makes a new one (nothing else to revoke).
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(["token", "revoke", &id])
+        .env("AGENTWORKS_STATE_ROOT", &state)
+        .env_remove("AGENTWORKS_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let third = restart(Some(second));
+    let new_id = third.started["token_id"].as_str().unwrap().to_owned();
+    assert_ne!(third.started["token"], token.as_str());
+    assert_eq!(third.started["token_reused"], false);
+    assert_eq!(third.started["revoked_token_ids"], json!([]));
+    let (status, _) = call(&third.started, "GET", "/v1/projects", Value::Null);
+    assert_eq!(status, 200);
+
+    // The token file lost (as with a state root an older quickstart made): the live token it
+    // held is revoked when a new one is made, so one quickstart token stays live.
+    std::fs::remove_file(&stored).unwrap();
+    let fourth = restart(Some(third));
+    let last_id = fourth.started["token_id"].as_str().unwrap().to_owned();
+    assert_eq!(fourth.started["revoked_token_ids"], json!([new_id]));
+    let live: Vec<String> = quickstart_tokens(&state)
+        .into_iter()
+        .filter(|(_, revoked)| !revoked)
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(live, [last_id]);
+    stop(fourth);
 }

@@ -23,6 +23,7 @@ use crate::cli::{
     Cli, Cmd, LoginCmd, McpAppCmd, MemberCmd, ProjectAdd, ProjectCmd, ReceiptCmd, TokenCmd,
     TokenCreate, UserCmd,
 };
+use crate::deployment::{self, Chosen, Settled};
 use crate::quickstart::{self, ModelFlags, Ports};
 
 /// Run one parsed command line on a fresh runtime.
@@ -70,15 +71,22 @@ async fn dispatch(cli: Cli) -> ExitCode {
         };
         return run_quickstart(state_root, options, cli.json).await;
     }
-    let config = match Config::load(cli.config.as_deref()) {
-        Ok(c) => c,
+    let Settled {
+        config,
+        chosen,
+        note,
+    } = match deployment::settle(cli.config.as_deref()) {
+        Ok(settled) => settled,
         Err(e) => {
             eprintln!("agentworksctl: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(note) = note {
+        eprintln!("agentworksctl: {note}");
+    }
     if let Cmd::Status = cli.command {
-        return status(&config, cli.json).await;
+        return status(&config, &chosen, cli.json).await;
     }
     if let Cmd::McpApp(command) = &cli.command {
         return mcp_app(&config, command, cli.json).await;
@@ -490,7 +498,7 @@ async fn run_quickstart(
     }
 }
 
-async fn status(config: &Config, json_output: bool) -> ExitCode {
+async fn status(config: &Config, chosen: &Chosen, json_output: bool) -> ExitCode {
     let report = crate::status(config).await;
     if json_output {
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
@@ -499,6 +507,13 @@ async fn status(config: &Config, json_output: bool) -> ExitCode {
             let mark = if d.healthy { "ok  " } else { "DOWN" };
             println!("{mark} {:<24} {}  ({})", d.daemon, d.socket, d.detail);
         }
+    }
+    if *chosen == Chosen::Nothing && report.iter().all(|d| !d.healthy) {
+        eprintln!(
+            "agentworksctl: no configuration is given, there is no system install and no \
+             quickstart of yours runs: start one with `agentworksctl quickstart`, or name one \
+             with AGENTWORKS_STATE_ROOT=DIR"
+        );
     }
     if report.iter().all(|d| d.healthy) {
         ExitCode::SUCCESS

@@ -8,10 +8,16 @@ use std::path::PathBuf;
 ///
 /// agentworksctl talks to agentd's socket (operator endpoints: root and the agentworks-admin
 /// group only). It finds it through the same configuration as the daemons: --config, else
-/// $AGENTWORKS_CONFIG, else /etc/agentworks/agentworks.toml; AGENTWORKS_STATE_ROOT selects
-/// another state root, e.g. a running quickstart's:
+/// $AGENTWORKS_CONFIG, else /etc/agentworks/agentworks.toml; AGENTWORKS_STATE_ROOT (relative
+/// to the current directory, or absolute) selects another state root, e.g. a quickstart's:
 ///
 ///   AGENTWORKS_STATE_ROOT=.agentworks-quickstart agentworksctl user list
+///
+/// With none of these, and no system install (/etc/agentworks/agentworks.toml or
+/// /run/agentworks/agentd.sock), it uses a running quickstart of yours: the one in this
+/// directory, else the only one (each records itself under $XDG_STATE_HOME/agentworksctl,
+/// default ~/.local/state, while it runs). It says on stderr which one it used, and names the
+/// quickstarts it passed over for a system install.
 #[derive(Debug, Parser)]
 #[command(name = "agentworksctl", version)]
 pub struct Cli {
@@ -30,7 +36,14 @@ pub enum Cmd {
     /// Start every daemon in the foreground on a private state root (loopback only, all as
     /// the current user), create a demo user, workflow, code project (demo-code) and token,
     /// and print the console URL, the MCP URL and a client configuration; Ctrl-C stops them
-    /// all. Running it again reuses the state root.
+    /// all. Running it again reuses the state root and prints the same token while it is
+    /// valid (it is kept in the state root's quickstart-token, 0600); a revoked or expired one
+    /// is replaced, and earlier quickstart tokens are revoked. While it runs, agentworksctl's
+    /// other commands find it without AGENTWORKS_STATE_ROOT (see agentworksctl --help).
+    ///
+    /// The model's URL, both ports and the --config file (against the configuration's
+    /// schema, each mistake named at its line of that file) are checked before anything
+    /// starts.
     ///
     /// --config FILE is merged into the configuration quickstart writes: every section of the
     /// file is kept (e.g. [agentd.model], limits), except what quickstart must own, which it
@@ -41,7 +54,7 @@ pub enum Cmd {
     #[command(verbatim_doc_comment)]
     Quickstart {
         /// The private state root.
-        #[arg(long, value_name = "DIR", default_value = ".agentworks-quickstart")]
+        #[arg(long, value_name = "DIR", default_value = crate::deployment::DEFAULT_QUICKSTART_ROOT)]
         state_root: PathBuf,
         /// The loopback port of the public MCP/HTTP listener.
         #[arg(long, default_value_t = 8470)]
@@ -62,7 +75,8 @@ pub enum Cmd {
         #[arg(long, value_name = "FILE", requires = "model_url")]
         model_key_file: Option<PathBuf>,
     },
-    /// Show each daemon's health.
+    /// Show each daemon's health: of the configuration given, else the system install, else
+    /// a running quickstart of yours (see agentworksctl --help).
     Status,
     /// Users: add, list, disable, enable, console password and invites.
     #[command(subcommand)]

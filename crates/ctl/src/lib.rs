@@ -3,13 +3,17 @@
 //! - [`cli`]: its command line; [`app`]: each parsed command run and its answer printed.
 //! - [`admin`]: agentd's operator endpoints; [`quickstart`]: start the daemons that exist on a
 //!   private state root; [`status`]: each daemon's health.
+//! - [`deployment`]: which daemons a command administers (the given configuration, the
+//!   system install, or a running quickstart of this user) and the record quickstarts leave.
 //!
 //! It talks to the daemons only through their sockets, found through the same config and
-//! `AGENTWORKS_STATE_ROOT` as the daemons use; it never opens a daemon's state directory.
+//! `AGENTWORKS_STATE_ROOT` as the daemons use (or a running quickstart's record); it never
+//! opens a daemon's state directory.
 
 pub mod admin;
 pub mod app;
 pub mod cli;
+pub mod deployment;
 pub mod quickstart;
 
 use agentworks_daemon::config::Config;

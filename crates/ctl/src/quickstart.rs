@@ -5,14 +5,23 @@
 //! user owns both; its chats are where the agent works, in the console at `/console/`) and a
 //! `workflows:write` token are created through agentd's operator socket; Ctrl-C (or SIGTERM)
 //! stops every daemon with SIGTERM and waits for it. Running it again reuses the state root
-//! (and mints a new token). It never touches the system state root.
+//! and the token ([`TOKEN_FILE`]). It never touches the system state root.
+//!
+//! What a person asked for is checked before anything is made or started: the model's URL
+//! (https://, or http:// to loopback: the key would cross the network in clear), both ports
+//! free, the `--config` file against the configuration's schema (an unknown key is reported
+//! at its line of that file), the model's key file.
+//!
+//! Once its daemons answer, it records itself for agentworksctl's other commands
+//! ([`crate::deployment`]), so that `agentworksctl status` run with no configuration finds it;
+//! the record is removed when it stops.
 //!
 //! The configuration the daemons read, `<state>/agentworks.toml`, is written on every run:
 //! the `--config` file's sections (`[agentd.model]` and every other one), then quickstart's
 //! own settings over them where the stack depends on them ([`FORCED_SETTINGS`]), then the
 //! `--model-url`/`--model`/`--model-key-file` flags over `[agentd.model]`. The result is
-//! validated as the daemons will read it before any daemon starts. A model's key file must be
-//! readable (checked at start); its content is never printed. Without a model the stack runs
+//! validated as the daemons will read it before anything is written. A model's key file must
+//! be readable (checked at start); its content is never printed. Without a model the stack runs
 //! and a turn answers `model_not_configured`.
 //!
 //! Everything it makes is private to the current user, whatever umask it was started with
@@ -22,7 +31,7 @@
 
 use agentworks_daemon::config::Config;
 use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
-use agentworks_support::unix_http::UnixClient;
+use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -74,6 +83,16 @@ pub enum QuickstartError {
         origin: &'static str,
         reason: String,
     },
+    #[error("--model-url {url:?} is refused: {problem}")]
+    ModelUrl { url: String, problem: &'static str },
+    #[error("port {port} is in use: {hint}")]
+    PortInUse { port: u16, hint: &'static str },
+    #[error("cannot listen on 127.0.0.1:{port} ({flag}): {source}")]
+    Listen {
+        port: u16,
+        flag: &'static str,
+        source: std::io::Error,
+    },
 }
 
 impl QuickstartError {
@@ -86,6 +105,8 @@ impl QuickstartError {
                 | QuickstartError::UserConfig { .. }
                 | QuickstartError::Config(_)
                 | QuickstartError::KeyFile { .. }
+                | QuickstartError::ModelUrl { .. }
+                | QuickstartError::PortInUse { .. }
         )
     }
 }
@@ -134,6 +155,12 @@ pub struct Started {
     /// The executor WebSocket URL laptops dial (`agentworks executor connect --gateway`).
     pub gateway_url: Option<String>,
     pub token: String,
+    /// The token's id (`agentworksctl token revoke ID`).
+    pub token_id: String,
+    /// The token is the one an earlier run made and stored in [`TOKEN_FILE`], still valid.
+    pub token_reused: bool,
+    /// Earlier quickstart tokens this run revoked when it made a new one.
+    pub revoked_token_ids: Vec<String>,
     pub workflow_id: String,
     /// The `code` project (`demo-code`): chats live there.
     pub code_project_id: String,
@@ -149,7 +176,20 @@ pub struct Started {
     pub workspaced_socket: PathBuf,
     /// A ready-to-paste MCP client configuration (the common `mcpServers` shape).
     pub mcp_client_config: Value,
+    /// Where this quickstart recorded itself for agentworksctl's other commands (`None`: it
+    /// could not, and said why on stderr).
+    pub record: Option<PathBuf>,
 }
+
+/// The demo token, in the state root (0600; the state root is 0700): every run prints the
+/// same token while agentd still accepts it, so an MCP client configured once keeps working
+/// across restarts. A revoked or expired one is replaced, and the earlier quickstart tokens
+/// with it.
+pub const TOKEN_FILE: &str = "quickstart-token";
+/// The daemons' configuration in the state root, written on every run.
+const CONFIG_FILE: &str = "agentworks.toml";
+/// The label of the tokens quickstart makes.
+const TOKEN_LABEL: &str = "quickstart";
 
 const DEMO_FILES: [(&str, &str); 3] = [
     (
@@ -215,13 +255,45 @@ impl Ports {
     }
 }
 
+/// The daemons' configuration for `options` on `state_root` (absolute), checked before
+/// anything is written: the `--config` file against the schema, the model's key file, and the
+/// merged text validated as the daemons will read it.
+fn configuration(state_root: &Path, options: &Options) -> Result<String, QuickstartError> {
+    let user = match &options.config {
+        Some(path) => Some(read_user_config(path)?),
+        None => None,
+    };
+    let model = match &options.model {
+        Some(flags) => Some(ModelFlags {
+            key_file: match &flags.key_file {
+                Some(file) => Some(check_key_file(file, "--model-key-file")?),
+                None => None,
+            },
+            ..flags.clone()
+        }),
+        None => None,
+    };
+    let text = config_text(options.ports, user, model.as_ref());
+    let config = Config::from_text(&text, &state_root.join(CONFIG_FILE), &|name| {
+        (name == agentworks_daemon::config::ENV_STATE_ROOT)
+            .then(|| state_root.to_string_lossy().into_owned())
+    })?;
+    if options.model.is_none()
+        && let Some(file) = config
+            .agentd
+            .model
+            .as_ref()
+            .and_then(|m| m.api_key_file.as_ref())
+    {
+        check_key_file(file, "[agentd.model] api_key_file")?;
+    }
+    Ok(text)
+}
+
 /// Creates the documents root and the demo projects' first files (kept if they exist), and
-/// writes the daemons' configuration; answers the documents root, the configuration's path
-/// and the configuration as the daemons will read it.
-fn prepare(
-    state_root: &Path,
-    options: &Options,
-) -> Result<(PathBuf, PathBuf, Config), QuickstartError> {
+/// writes the daemons' configuration `text`; answers the documents root, the configuration's
+/// path and the configuration as the daemons will read it.
+fn prepare(state_root: &Path, text: &str) -> Result<(PathBuf, PathBuf, Config), QuickstartError> {
     let err = |path: &Path| {
         let path = path.to_owned();
         move |source| QuickstartError::Prepare { path, source }
@@ -241,39 +313,11 @@ fn prepare(
             }
         }
     }
-    let user = match &options.config {
-        Some(path) => Some(read_user_config(path)?),
-        None => None,
-    };
-    let model = match &options.model {
-        Some(flags) => Some(ModelFlags {
-            key_file: match &flags.key_file {
-                Some(file) => Some(check_key_file(file, "--model-key-file")?),
-                None => None,
-            },
-            ..flags.clone()
-        }),
-        None => None,
-    };
-    let text = config_text(options.ports, user, model.as_ref());
     // quickstart owns this file: rewritten each run so the flags and --config take effect.
-    let config_path = state_root.join("agentworks.toml");
-    write_private(&config_path, &text).map_err(err(&config_path))?;
-    // Read back exactly as the daemons will (their environment), so a bad merged file is
-    // refused here, with its reason, instead of by a daemon at start.
-    let config = Config::load_with_env(Some(&config_path), &|name| {
-        (name == agentworks_daemon::config::ENV_STATE_ROOT)
-            .then(|| state_root.to_string_lossy().into_owned())
-    })?;
-    if options.model.is_none()
-        && let Some(file) = config
-            .agentd
-            .model
-            .as_ref()
-            .and_then(|m| m.api_key_file.as_ref())
-    {
-        check_key_file(file, "[agentd.model] api_key_file")?;
-    }
+    let config_path = state_root.join(CONFIG_FILE);
+    write_private(&config_path, text).map_err(err(&config_path))?;
+    // Read back exactly as the daemons will (their environment and the file's place).
+    let config = daemon_config(state_root)?;
     Ok((documents, config_path, config))
 }
 
@@ -288,15 +332,71 @@ fn with_table(parent: &mut toml::Table, name: &str, change: impl FnOnce(&mut tom
     parent.insert(name.into(), toml::Value::Table(table));
 }
 
-/// The `--config` file as a TOML table (it is validated once merged).
+/// The `--config` file as a TOML table, checked against the configuration's schema first so
+/// that a typo or a mistyped value is reported at its line of the person's file, not of the
+/// merged one (the merged file is validated too, once written).
 fn read_user_config(path: &Path) -> Result<toml::Table, QuickstartError> {
     let refused = |reason: String| QuickstartError::UserConfig {
         path: path.to_owned(),
         reason,
     };
     let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
+    Config::check_schema(&text).map_err(|e| refused(e.to_string()))?;
     text.parse::<toml::Table>()
         .map_err(|e| refused(format!("not valid TOML: {e}")))
+}
+
+/// The configuration quickstart's daemons read on `state_root`, as they read it: its file,
+/// with `AGENTWORKS_STATE_ROOT` set to the state root and no other root from the environment.
+pub fn daemon_config(state_root: &Path) -> Result<Config, agentworks_daemon::config::ConfigError> {
+    Config::load_with_env(Some(&state_root.join(CONFIG_FILE)), &|name| {
+        (name == agentworks_daemon::config::ENV_STATE_ROOT)
+            .then(|| state_root.to_string_lossy().into_owned())
+    })
+}
+
+/// Refuses a `--model-url` that would carry the key (and every prompt) where it must not go,
+/// with the rule, before anything is made.
+fn check_model_url(model: Option<&ModelFlags>) -> Result<(), QuickstartError> {
+    let Some(flags) = model else { return Ok(()) };
+    match agentworks_support::url::http_base_url_problem(&flags.base_url) {
+        Some(problem) => Err(QuickstartError::ModelUrl {
+            url: agentworks_daemon::config::redact_url(&flags.base_url),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a port another program listens on, naming the flag that changes it, before any
+/// daemon starts (a daemon that cannot bind says only that its address is in use). The
+/// listener is closed at once; a program taking the port in between still makes the daemon
+/// fail at start, with its own log.
+fn check_ports_free(ports: Ports) -> Result<(), QuickstartError> {
+    let checks = [
+        (
+            ports.http,
+            "--port",
+            "give --port N (and --gateway-port M: the executor WebSocket takes the port after \
+             --port unless given)",
+        ),
+        (
+            ports.gateway,
+            "--gateway-port",
+            "it is the executor WebSocket's (the port after --port unless given): give \
+             --gateway-port M",
+        ),
+    ];
+    for (port, flag, hint) in checks {
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(listener) => drop(listener),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(QuickstartError::PortInUse { port, hint });
+            }
+            Err(source) => return Err(QuickstartError::Listen { port, flag, source }),
+        }
+    }
+    Ok(())
 }
 
 /// Checks that the model's key file is a readable, non-empty file and answers its absolute
@@ -443,22 +543,111 @@ async fn wait_healthy(daemon: &mut Daemon, socket: &Path) -> Result<(), Quicksta
 struct Demo {
     workflow_id: String,
     code_project_id: String,
-    token: String,
+    token: DemoToken,
     sign_in_link: String,
 }
 
-/// Create (or find) the demo user, workflow and code project and mint a token, through
-/// agentd's socket.
-async fn bootstrap(agentd: &UnixClient) -> Result<Demo, QuickstartError> {
+/// The demo user's `workflows:write` token, as [`demo_token`] settled it.
+struct DemoToken {
+    token: String,
+    id: String,
+    reused: bool,
+    revoked: Vec<String>,
+}
+
+/// The id of a token as agentd prints it, `awt_<16 hex>_<64 hex>`; `None` for anything else.
+fn token_id(token: &str) -> Option<&str> {
+    let (id, secret) = token.strip_prefix("awt_")?.split_once('_')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(id, 16) && hex(secret, 64)).then_some(id)
+}
+
+/// The token to print: the one stored in [`TOKEN_FILE`] while agentd lists it as live (not
+/// revoked, not expired, still `workflows:write` alone on every project); otherwise a new one,
+/// stored there (0600), and every other live quickstart token of the demo user revoked (an
+/// older quickstart made one on every run and kept none).
+async fn demo_token(agentd: &UnixClient, state_root: &Path) -> Result<DemoToken, QuickstartError> {
+    let fail = |e: ClientError| QuickstartError::Bootstrap(e.to_string());
+    let listed: Value = agentd
+        .post("/v1/admin/tokens/list", &json!({"user": "demo"}))
+        .await
+        .map_err(fail)?;
+    let now = agentworks_support::clock::now_ms();
+    let live_quickstart_tokens: Vec<&Value> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| {
+            t["label"] == TOKEN_LABEL
+                && t["revoked_at_ms"].is_null()
+                && t["expires_at_ms"].as_i64().is_none_or(|at| at > now)
+                && t.get("grant_id").is_none_or(Value::is_null)
+        })
+        .collect();
+    let path = state_root.join(TOKEN_FILE);
+    let stored = std::fs::read_to_string(&path).unwrap_or_default();
+    let stored = stored.trim();
+    if let Some(id) = token_id(stored)
+        && live_quickstart_tokens.iter().any(|t| {
+            t["id"] == id && t["scopes"] == json!(["workflows:write"]) && t["project_id"].is_null()
+        })
+    {
+        return Ok(DemoToken {
+            token: stored.to_owned(),
+            id: id.to_owned(),
+            reused: true,
+            revoked: Vec::new(),
+        });
+    }
+    let created: Value = agentd
+        .post(
+            "/v1/admin/tokens/create",
+            &json!({"user": "demo", "scopes": ["workflows:write"], "label": TOKEN_LABEL}),
+        )
+        .await
+        .map_err(fail)?;
+    let (Some(token), Some(id)) = (created["token"].as_str(), created["info"]["id"].as_str())
+    else {
+        return Err(QuickstartError::Bootstrap(
+            "agentd returned no token".into(),
+        ));
+    };
+    // Stored before the others are revoked: a run that fails here leaves them as they were.
+    crate::deployment::replace_private(&path, token).map_err(|source| {
+        QuickstartError::Prepare {
+            path: path.clone(),
+            source,
+        }
+    })?;
+    let mut revoked = Vec::new();
+    for earlier in live_quickstart_tokens {
+        let Some(earlier) = earlier["id"].as_str() else {
+            continue;
+        };
+        let _: Value = agentd
+            .post("/v1/admin/tokens/revoke", &json!({"id": earlier}))
+            .await
+            .map_err(fail)?;
+        revoked.push(earlier.to_owned());
+    }
+    Ok(DemoToken {
+        token: token.to_owned(),
+        id: id.to_owned(),
+        reused: false,
+        revoked,
+    })
+}
+
+/// Create (or find) the demo user, workflow and code project and its token ([`demo_token`]),
+/// through agentd's socket.
+async fn bootstrap(agentd: &UnixClient, state_root: &Path) -> Result<Demo, QuickstartError> {
     let admin = |endpoint: &'static str, body: Value| async move {
         agentd
             .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
             .await
     };
-    let exists =
-        |e: &agentworks_support::unix_http::ClientError| e.remote_code() == Some("already_exists");
-    let fail =
-        |e: agentworks_support::unix_http::ClientError| QuickstartError::Bootstrap(e.to_string());
+    let exists = |e: &ClientError| e.remote_code() == Some("already_exists");
+    let fail = |e: ClientError| QuickstartError::Bootstrap(e.to_string());
     if let Err(e) = admin("users/add", json!({"name": "demo"})).await
         && !exists(&e)
     {
@@ -496,16 +685,7 @@ async fn bootstrap(agentd: &UnixClient) -> Result<Demo, QuickstartError> {
             })
     };
     let (workflow_id, code_project_id) = (id_of("demo")?, id_of(CODE_PROJECT)?);
-    let created = admin(
-        "tokens/create",
-        json!({"user": "demo", "scopes": ["workflows:write"], "label": "quickstart"}),
-    )
-    .await
-    .map_err(fail)?;
-    let token = created["token"]
-        .as_str()
-        .ok_or_else(|| QuickstartError::Bootstrap("agentd returned no token".into()))?
-        .to_owned();
+    let token = demo_token(agentd, state_root).await?;
     // A one-time link that signs the demo user in to the console (15 minutes).
     let link = admin("users/demo/sign-in-links", json!({}))
         .await
@@ -530,7 +710,16 @@ pub async fn run(
     shutdown: tokio_util::sync::CancellationToken,
     ready: impl FnOnce(&Started),
 ) -> Result<(), QuickstartError> {
-    // First, before anything is created: what quickstart and its daemons create is private
+    // What can be checked without making anything is, so a mistake is reported before any
+    // file is written or any daemon starts.
+    check_model_url(options.model.as_ref())?;
+    let absolute = std::path::absolute(state_root).map_err(|source| QuickstartError::Prepare {
+        path: state_root.to_owned(),
+        source,
+    })?;
+    let config_text = configuration(&absolute, options)?;
+    check_ports_free(options.ports)?;
+    // Then, before anything is created: what quickstart and its daemons create is private
     // (0700 directories, 0600 files), whatever umask we were started with. Process-wide on
     // purpose: agentworksctl quickstart is this process's only job, and the children
     // inherit it.
@@ -548,7 +737,7 @@ pub async fn run(
     // An existing root (an older quickstart's, made under a permissive umask) is tightened.
     ensure_private_dir(&state_root, 0o700)?;
     let ports = options.ports;
-    let (documents, config, settings) = prepare(&state_root, options)?;
+    let (documents, config, settings) = prepare(&state_root, &config_text)?;
     let workspaced_socket = state_root.join("run/workspaced.sock");
     let agentd_socket = state_root.join("run/agentd.sock");
     let mut workspaced = start("agentworks-workspaced", &state_root, &config)?;
@@ -563,8 +752,20 @@ pub async fn run(
         code_project_id,
         token,
         sign_in_link,
-    } = bootstrap(&UnixClient::new(&agentd_socket)).await?;
+    } = bootstrap(&UnixClient::new(&agentd_socket), &state_root).await?;
     let api_url = format!("http://127.0.0.1:{}", ports.http);
+    // Dropped (the record removed) when this function returns, however it returns.
+    let registration = match crate::deployment::Registration::create(&state_root, &api_url) {
+        Ok(registration) => Some(registration),
+        Err(e) => {
+            eprintln!(
+                "agentworksctl quickstart: cannot record this quickstart for agentworksctl's other \
+                 commands ({e}); they find it with AGENTWORKS_STATE_ROOT={}",
+                state_root.display()
+            );
+            None
+        }
+    };
     let console_url = format!("{api_url}/console/");
     let mcp_url = format!("{api_url}/mcp");
     let mcp_client_config = json!({
@@ -572,7 +773,7 @@ pub async fn run(
             "agentworks": {
                 "type": "http",
                 "url": mcp_url,
-                "headers": { "Authorization": format!("Bearer {token}") }
+                "headers": { "Authorization": format!("Bearer {}", token.token) }
             }
         }
     });
@@ -580,7 +781,10 @@ pub async fn run(
         mcp_url,
         api_url,
         gateway_url: Some(format!("ws://127.0.0.1:{}", ports.gateway)),
-        token,
+        token: token.token,
+        token_id: token.id,
+        token_reused: token.reused,
+        revoked_token_ids: token.revoked,
         workflow_id,
         code_project_id,
         console_url,
@@ -591,6 +795,7 @@ pub async fn run(
         agentd_socket,
         workspaced_socket,
         mcp_client_config,
+        record: registration.as_ref().map(|r| r.path().to_owned()),
     });
     let mut daemons = [gatewayd, agentd, workspaced];
     loop {
@@ -621,6 +826,24 @@ pub fn print_human(started: &Started) {
     );
     println!("  MCP endpoint:    {}", started.mcp_url);
     println!("  token:           {}", started.token);
+    if started.token_reused {
+        println!(
+            "                   (the same as the last run: still valid, kept in the state root's {TOKEN_FILE}; for a new one: agentworksctl token revoke {}, then restart)",
+            started.token_id
+        );
+    } else if started.revoked_token_ids.is_empty() {
+        println!(
+            "                   (new; kept in the state root's {TOKEN_FILE}: the next run prints it again)"
+        );
+    } else {
+        println!(
+            "                   (new; the earlier quickstart token {} revoked; kept in the state root's {TOKEN_FILE}: the next run prints it again)",
+            match started.revoked_token_ids.as_slice() {
+                [one] => format!("{one} was"),
+                many => format!("{} were", many.join(", ")),
+            }
+        );
+    }
     println!("  demo workflow:   {}", started.workflow_id);
     println!(
         "  code project:    {} ({CODE_PROJECT}: chats and laptop folders)",
@@ -660,10 +883,16 @@ pub fn print_human(started: &Started) {
         );
         println!();
     }
-    println!(
-        "Administer it from another shell: AGENTWORKS_STATE_ROOT={} agentworksctl status",
-        started.state_root.display()
-    );
+    match &started.record {
+        Some(_) => println!(
+            "Administer it from another shell: agentworksctl status (it finds this quickstart while it runs, unless a system install is there), or AGENTWORKS_STATE_ROOT={} agentworksctl status",
+            started.state_root.display()
+        ),
+        None => println!(
+            "Administer it from another shell: AGENTWORKS_STATE_ROOT={} agentworksctl status",
+            started.state_root.display()
+        ),
+    }
 }
 
 #[cfg(test)]

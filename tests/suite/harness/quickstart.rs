@@ -1,6 +1,8 @@
 //! `agentworksctl quickstart --json` as the tests run it: both of its ports given (each
-//! reserved with [`super::reserve_ports`]), and its stderr kept in a file that is shown
-//! whenever the start fails (no JSON line).
+//! reserved with [`super::reserve_ports`]), its stderr (its own messages and its daemons' logs)
+//! kept in a file that is shown whenever the start fails, and the record it leaves for
+//! agentworksctl's other commands kept in a temp `XDG_STATE_HOME` of its own unless the test
+//! chose one (so that no test's quickstart is found by another test's commands).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -29,6 +31,9 @@ pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString>
 pub struct QuickstartRun {
     pub child: Child,
     pub started: serde_json::Value,
+    stderr: tempfile::NamedTempFile,
+    /// The `XDG_STATE_HOME` the harness gave it (none when the test set it, or `HOME`).
+    _state_home: Option<tempfile::TempDir>,
 }
 
 impl QuickstartRun {
@@ -36,6 +41,13 @@ impl QuickstartRun {
     /// with quickstart's stderr if there is none.
     pub fn spawn(mut command: Command) -> QuickstartRun {
         use std::io::BufRead;
+        let chosen = command
+            .get_envs()
+            .any(|(name, value)| value.is_some() && (name == "XDG_STATE_HOME" || name == "HOME"));
+        let state_home = (!chosen).then(|| tempfile::tempdir().unwrap());
+        if let Some(home) = &state_home {
+            command.env("XDG_STATE_HOME", home.path());
+        }
         let stderr = tempfile::NamedTempFile::new().unwrap();
         command
             .stdout(Stdio::piped())
@@ -44,7 +56,12 @@ impl QuickstartRun {
         let mut line = String::new();
         let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
         match read.ok().and_then(|_| serde_json::from_str(&line).ok()) {
-            Some(started) => QuickstartRun { child, started },
+            Some(started) => QuickstartRun {
+                child,
+                started,
+                stderr,
+                _state_home: state_home,
+            },
             None => {
                 let _ = child.kill();
                 let status = child.wait();
@@ -54,5 +71,10 @@ impl QuickstartRun {
                 );
             }
         }
+    }
+
+    /// What quickstart and its daemons wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.stderr.path()).unwrap()
     }
 }
