@@ -4,7 +4,7 @@
 //! scripted one of [`super::agent`]). What a newcomer met in their first hour (issue 43): the
 //! other commands find a running quickstart with no environment, a relative
 //! `AGENTWORKS_STATE_ROOT` works, mistakes are refused before anything starts, a restart keeps
-//! the token.
+//! the token, and the daemons' logs in a file are plain text.
 
 use super::agent::{Model, text};
 use super::harness::*;
@@ -755,4 +755,47 @@ fn quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces() {
         .collect();
     assert_eq!(live, [last_id]);
     stop(fourth);
+}
+
+/// Issue 43: the daemons' logs, written to a file, held ANSI colour codes and Debug dumps
+/// (`PublicLimits { … }`, `Some(…)`). With stderr not a terminal they are plain `key=value`
+/// text.
+#[test]
+fn daemon_logs_in_a_file_hold_no_colour_codes_or_struct_dumps() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = reserve_ports(2);
+    let run = start_quickstart(&dir.path().join("qs"), [ports[0], ports[1]]);
+    let (status, _) = call(&run.started, "GET", "/v1/projects", Value::Null);
+    assert_eq!(status, 200);
+    let mut run = run;
+    signal(&run.child, nix::sys::signal::Signal::SIGTERM);
+    assert!(run.child.wait().unwrap().success());
+    let log = run.stderr();
+    for wanted in [
+        "workspaced ready",
+        "agentd ready",
+        "gatewayd ready",
+        "public listener limits",
+        "agentd stopped",
+    ] {
+        assert!(log.contains(wanted), "{wanted}: {log}");
+    }
+    assert!(!log.contains('\u{1b}'), "an ESC byte: {log:?}");
+    for line in log.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // `Name {`: a struct's Debug dump (`PublicLimits { connections: … }`).
+        let struct_dump = words.windows(2).any(|pair| {
+            pair[1] == "{"
+                && pair[0]
+                    .rsplit(['=', '('])
+                    .next()
+                    .is_some_and(|name| name.starts_with(|c: char| c.is_ascii_uppercase()))
+        });
+        assert!(!struct_dump, "a struct's Debug dump: {line}");
+        assert!(!line.contains("Some("), "an Option's Debug dump: {line}");
+    }
+    assert!(
+        log.contains("public listener limits max_connections="),
+        "{log}"
+    );
 }

@@ -444,7 +444,16 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
         FILES_BESIDES_CONNECTIONS + socket_limits.max_connections as u64,
     );
     let public_limits = PublicLimits::new(connections, config.agentd.max_body_bytes_in_flight);
-    tracing::info!(?public_limits, "public listener limits");
+    // Field by field: a log line holds values, not a struct's Debug dump.
+    let connections = &public_limits.connections;
+    tracing::info!(
+        max_connections = connections.max_connections,
+        max_per_address = connections.max_per_address,
+        reserved_for_authenticated = connections.reserved_for_authenticated,
+        max_anonymous_body_bytes = public_limits.max_anonymous_body_bytes,
+        body_budget_bytes = public_limits.body_budget_bytes,
+        "public listener limits"
+    );
     public_limits
 }
 

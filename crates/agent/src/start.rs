@@ -75,11 +75,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let workspaced = crate::workspaced_client::WorkspacedClient::for_config(&config, nats)
         .await
         .map_err(StartError::Workspaced)?;
-    let address = public.local_addr().ok();
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
-        public = ?address,
+        public = %public.local_addr().map_or("-".into(), |a| a.to_string()),
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.agentd.public_url(),
         workspaced = %workspaced.target(),

@@ -1,10 +1,11 @@
 //! Logging setup: journald with structured fields under systemd, compact text on stderr
-//! otherwise.
+//! otherwise (coloured only when stderr is a terminal).
 //!
 //! Owns installing the one global `tracing` subscriber. Must never panic or fail the daemon: if
 //! journald cannot be reached the daemon logs to stderr instead, and a second call (or a
 //! subscriber installed by someone else, as in tests) leaves things as they are.
 
+use std::io::IsTerminal;
 use std::sync::Once;
 
 use tracing_subscriber::EnvFilter;
@@ -18,8 +19,9 @@ static INIT: Once = Once::new();
 /// Logs to journald (tracing-journald, structured fields without a prefix, so `message_id` is
 /// `MESSAGE_ID`; `SYSLOG_IDENTIFIER=daemon_name`) when
 /// `JOURNAL_STREAM` names our stderr (its `dev:ino` equals fstat of fd 2), otherwise a compact
-/// fmt layer to stderr. The filter comes from `RUST_LOG`, default `info`. A second call is a
-/// no-op.
+/// fmt layer to stderr, with ANSI colours only when stderr is a terminal and `NO_COLOR` is
+/// unset (a log redirected to a file, or read by a program, holds plain text). The filter
+/// comes from `RUST_LOG`, default `info`. A second call is a no-op.
 pub fn init(daemon_name: &str) {
     INIT.call_once(|| install(daemon_name));
 }
@@ -50,6 +52,10 @@ fn install(daemon_name: &str) {
     }
     let layer = tracing_subscriber::fmt::layer()
         .compact()
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     let _ = tracing_subscriber::registry()
         .with(filter())
@@ -58,6 +64,12 @@ fn install(daemon_name: &str) {
     if let Some(error) = journal_error {
         tracing::warn!(%error, "JOURNAL_STREAM is set but journald is unreachable; logging to stderr");
     }
+}
+
+/// Whether to colour the text log: only on a terminal, and not when `NO_COLOR` is set to
+/// anything but the empty string (<https://no-color.org>).
+fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Whether fd 2 is the stream systemd connected to the journal.
@@ -90,6 +102,14 @@ mod tests {
         assert!(!journal_stream_matches("9:12345", 8, 12345));
         assert!(!journal_stream_matches("garbage", 8, 12345));
         assert!(!journal_stream_matches("8:", 8, 0));
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".as_ref())));
+        assert!(!colour(true, Some("1".as_ref())));
+        assert!(!colour(false, None));
     }
 
     #[test]

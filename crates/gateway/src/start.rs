@@ -64,7 +64,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
-        public = ?public.local_addr().ok(),
+        public = %public.local_addr().map_or("-".into(), |a| a.to_string()),
         public_activated = public_origin == ListenerOrigin::Activated,
         public_url = %config.gatewayd.public_url(),
         store = store.backend(),
