@@ -569,8 +569,10 @@ fn status_finds_a_running_quickstart_with_no_environment() {
 /// after checking that it printed no start line and that nothing listens on its ports.
 fn refused_at_start(state: &Path, ports: [u16; 2], extra: &[&str]) -> (i32, String) {
     use std::io::BufRead;
+    let state_home = tempfile::tempdir().unwrap();
     let mut command = quickstart_command(state, ports, extra);
     let mut child = command
+        .env("XDG_STATE_HOME", state_home.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -580,7 +582,8 @@ fn refused_at_start(state: &Path, ports: [u16; 2], extra: &[&str]) -> (i32, Stri
         .read_line(&mut line)
         .unwrap();
     if !line.is_empty() {
-        let _ = child.kill();
+        // Stopped as Ctrl-C would, so that its daemons stop too.
+        signal(&child, nix::sys::signal::Signal::SIGTERM);
         let _ = child.wait();
         panic!("{extra:?}: quickstart started: {line}");
     }
