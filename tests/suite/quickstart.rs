@@ -665,20 +665,27 @@ fn quickstart_refuses_mistakes_before_anything_starts() {
     );
 }
 
-/// The demo user's `workflows:write` token of every live quickstart token, `(id, revoked)`.
-fn quickstart_tokens(state: &Path) -> Vec<(String, bool)> {
+/// `agentworksctl ARGS…` on the quickstart at `state` (named by `AGENTWORKS_STATE_ROOT`): its
+/// stdout, once it succeeded.
+fn ctl_on(state: &Path, args: &[&str]) -> Vec<u8> {
     let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-        .args(["token", "list", "--user", "demo", "--json"])
+        .args(args)
         .env("AGENTWORKS_STATE_ROOT", state)
         .env_remove("AGENTWORKS_CONFIG")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    out.stdout
+}
+
+/// Every quickstart token of the demo user as `token list` shows it: `(id, revoked)`.
+fn quickstart_tokens(state: &Path) -> Vec<(String, bool)> {
+    let out = ctl_on(state, &["token", "list", "--user", "demo", "--json"]);
+    let listed: Vec<Value> = serde_json::from_slice(&out).unwrap();
     listed
         .iter()
         .filter(|t| t["label"] == "quickstart")
@@ -726,17 +733,7 @@ fn quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces() {
     assert_eq!(quickstart_tokens(&state), [(id.clone(), false)]);
 
     // Revoked by an operator: the next run makes a new one (nothing else to revoke).
-    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-        .args(["token", "revoke", &id])
-        .env("AGENTWORKS_STATE_ROOT", &state)
-        .env_remove("AGENTWORKS_CONFIG")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ctl_on(&state, &["token", "revoke", &id]);
     let third = restart(Some(second));
     let new_id = third.started["token_id"].as_str().unwrap().to_owned();
     assert_ne!(third.started["token"], token.as_str());

@@ -96,8 +96,8 @@ pub enum QuickstartError {
 }
 
 impl QuickstartError {
-    /// A mistake in what the person asked for (flags, the --config file, a key file), as
-    /// opposed to a failure while running: exit code 2 instead of 1.
+    /// A mistake in what the person asked for (flags, the --config file, a key file, a port
+    /// that is taken), as opposed to a failure while running: exit code 2 instead of 1.
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
@@ -107,6 +107,7 @@ impl QuickstartError {
                 | QuickstartError::KeyFile { .. }
                 | QuickstartError::ModelUrl { .. }
                 | QuickstartError::PortInUse { .. }
+                | QuickstartError::Listen { .. }
         )
     }
 }
