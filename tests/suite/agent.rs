@@ -42,6 +42,11 @@ pub(super) fn text(t: &str) -> Value {
         "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]})
 }
 
+/// A step answered as a failing endpoint answers: HTTP `status` with `body` as plain text.
+pub(super) fn http_error(status: u16, body: &str) -> Value {
+    json!({HTTP_ERROR: status, "body": body})
+}
+
 /// `step` with the `usage` a model reports for it.
 pub(super) fn with_usage(mut step: Value, prompt: u64, completion: u64) -> Value {
     step["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
@@ -108,6 +113,8 @@ fn server_sent_events(completion: &Value) -> String {
 
 /// The key of a scripted step that streams its text as one piece and then never finishes.
 const STALL: &str = "stall_after";
+/// The key of a scripted step answered with an HTTP error status ([`http_error`]).
+const HTTP_ERROR: &str = "http_error_status";
 
 /// A step that streams `piece` and then stalls (an endpoint that hangs mid-answer).
 fn stalled(piece: &str) -> Value {
@@ -193,6 +200,18 @@ impl Model {
                                 tokio::time::sleep(delay).await;
                                 if let (true, Some(piece)) = (streamed, answer[STALL].as_str()) {
                                     return Ok(stalled_stream(piece));
+                                }
+                                if let Some(status) = answer[HTTP_ERROR].as_u64() {
+                                    let body =
+                                        answer["body"].as_str().unwrap_or_default().to_owned();
+                                    return Ok(hyper::Response::builder()
+                                        .status(u16::try_from(status).unwrap())
+                                        .header("content-type", "text/plain")
+                                        .body(
+                                            http_body_util::Full::new(bytes::Bytes::from(body))
+                                                .boxed(),
+                                        )
+                                        .unwrap());
                                 }
                                 let (content_type, body) = if streamed {
                                     ("text/event-stream", server_sent_events(&answer))

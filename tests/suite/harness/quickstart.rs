@@ -1,6 +1,6 @@
 //! `agentworksctl quickstart --json` as the tests run it: both of its ports given (each
-//! reserved with [`super::reserve_ports`]), and its stderr kept in a file that is shown
-//! whenever the start fails (no JSON line).
+//! reserved with [`super::reserve_ports`]), and its stderr (with every daemon's log) kept in a
+//! file that is shown whenever the start fails (no JSON line) and that a test may read.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -25,10 +25,12 @@ pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString>
 }
 
 /// A running `agentworksctl quickstart --json`: the child and its first stdout line (the JSON
-/// `Started`). Its stderr goes to a file that is shown whenever its start fails.
+/// `Started`). Its stderr, which its daemons inherit, goes to `stderr`, shown whenever its
+/// start fails.
 pub struct QuickstartRun {
     pub child: Child,
     pub started: serde_json::Value,
+    pub stderr: tempfile::NamedTempFile,
 }
 
 impl QuickstartRun {
@@ -44,7 +46,11 @@ impl QuickstartRun {
         let mut line = String::new();
         let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
         match read.ok().and_then(|_| serde_json::from_str(&line).ok()) {
-            Some(started) => QuickstartRun { child, started },
+            Some(started) => QuickstartRun {
+                child,
+                started,
+                stderr,
+            },
             None => {
                 let _ = child.kill();
                 let status = child.wait();
