@@ -61,6 +61,9 @@ pub enum PatchError {
         first: usize,
         second: usize,
     },
+    /// The files are each fine but cannot all be applied, one after the other.
+    #[error(transparent)]
+    Conflict(#[from] crate::set_effect::SetConflict),
 }
 
 /// Apply a single-file unified diff to `base`, matching every hunk exactly where it says.
