@@ -29,6 +29,7 @@ use crate::limits::Limits;
 use crate::login::{self, LoginError};
 use crate::receipts::{ReceiptError, Receipts};
 use crate::{patch, sandbox, shell};
+use agentworks_core::text::strip_controls;
 
 /// Exit code: the credential is missing or no longer accepted.
 pub const EXIT_RELOGIN: u8 = 3;
@@ -114,7 +115,9 @@ pub fn run(cli: Cli) -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("agentworks: {}", with_sources(&e));
+            // An error may quote what a server sent: no control character of it reaches the
+            // terminal.
+            eprintln!("agentworks: {}", strip_controls(&with_sources(&e)));
             ExitCode::from(1)
         }
     }

@@ -267,7 +267,10 @@ impl Default for Status {
 }
 
 impl Status {
+    /// Shows `text`, which may quote what a server sent, without its control characters: the
+    /// only escape sequence on this line is the status line's own rewrite.
     pub fn show(&self, text: &str) {
+        let text = agentworks_core::text::strip_controls(text);
         if self.tty {
             eprint!("\r\x1b[2K{text}");
         } else {
