@@ -151,18 +151,6 @@ fn a_login_approved_by_another_account_is_named_and_kept_only_when_confirmed() {
 
     let mut terminal = OnTerminal::spawn(&laptop, &login);
     let code = terminal.code();
-    let screen = terminal.screen();
-    let shown: Vec<String> = screen
-        .lines()
-        .skip_while(|l| !l.starts_with("Device: "))
-        .take(2)
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(
-        shown,
-        ["Device: alice-laptop".to_owned(), format!("Code: {code}")],
-        "the two lines the approval page shows: {screen}"
-    );
     approve_as(&stack, "mallory", &code);
     terminal.wait_for(&format!("Signed in as mallory on {server}."));
     terminal.wait_for("Use this laptop for mallory? [y/N]");
@@ -179,9 +167,22 @@ fn a_login_approved_by_another_account_is_named_and_kept_only_when_confirmed() {
     assert_eq!(minted.len(), 1, "{minted:?}");
     assert!(minted[0].1, "mallory's laptop token is revoked: {minted:?}");
 
-    // alice's own approval, confirmed: stored with her account.
+    // alice's own approval, confirmed: stored with her account. The terminal shows the two
+    // lines the approval page shows side by side, to compare.
     let mut terminal = OnTerminal::spawn(&laptop, &login);
     let code = terminal.code();
+    let screen = terminal.screen();
+    let shown: Vec<String> = screen
+        .lines()
+        .skip_while(|l| !l.starts_with("Device: "))
+        .take(2)
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        shown,
+        ["Device: alice-laptop".to_owned(), format!("Code: {code}")],
+        "{screen}"
+    );
     approve_as(&stack, "alice", &code);
     terminal.wait_for("Use this laptop for alice? [y/N]");
     type_into(&terminal.master, "y\n");
