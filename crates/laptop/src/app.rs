@@ -274,7 +274,11 @@ async fn login(
             }
         })?;
         let code = login::start(&base, &device_name).await?;
-        println!("{}", login::instructions(&code, &device_name));
+        // The links are the server's: shown without their control characters.
+        println!(
+            "{}",
+            strip_controls(&login::instructions(&code, &device_name))
+        );
         println!("Waiting for approval…");
         let token = login::poll(&base, &code).await?;
         let account = match login::account(&base, &token).await {
@@ -542,8 +546,12 @@ fn hostname() -> String {
         .unwrap_or_else(|| "laptop".to_owned())
 }
 
+/// `message` may be a gateway's close reason: shown without its control characters.
 fn relogin(message: &str) -> ExitCode {
-    eprintln!("agentworks: {message}\nRun `agentworks login --server URL` again.");
+    eprintln!(
+        "agentworks: {}\nRun `agentworks login --server URL` again.",
+        strip_controls(message)
+    );
     ExitCode::from(EXIT_RELOGIN)
 }
 

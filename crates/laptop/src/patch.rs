@@ -837,6 +837,9 @@ mod tests {
             "--- /dev/null\n+++ b/secret\n@@ -0,0 +1 @@\n+s\n",
             "--- /dev/null\n+++ b/workflow.json\n@@ -0,0 +1 @@\n+{}\n",
             "--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-x\n+y\n",
+            // Control and bidirectional formatting characters in a name (issue 42, item 9).
+            "--- /dev/null\n+++ b/run\u{202e}txt.sh\n@@ -0,0 +1 @@\n+s\n",
+            "--- /dev/null\n+++ b/a\x1b[2Jb.txt\n@@ -0,0 +1 @@\n+s\n",
         ] {
             let outcome = apply_in(root, &job(&format!("{good}{bad_second}")));
             assert!(matches!(outcome, Outcome::Refused { .. }), "{outcome:?}");
