@@ -185,6 +185,18 @@ const scenarios = {
     await page.goto(`${base}/v1/device/approve?user_code=${encodeURIComponent(code.user_code)}`);
     await expect(page.getByText(code.user_code)).toBeVisible({ timeout: T });
     await expect(page.getByText('browser-laptop').first()).toBeVisible();
+    // The device and the code side by side, each as `agentworks login` prints it, to compare
+    // with the terminal (issue 42, item 2).
+    const shownName = page.locator('#compare #device-name');
+    const shownCode = page.locator('#compare #device-code');
+    await expect(shownName).toHaveText('Device: browser-laptop');
+    await expect(shownCode).toHaveText(`Code: ${code.user_code}`);
+    const [nameBox, codeBox] = [await shownName.boundingBox(), await shownCode.boundingBox()];
+    check(nameBox && codeBox && Math.abs(nameBox.y - codeBox.y) < 2 && nameBox.x + nameBox.width <= codeBox.x,
+      `the device and the code are not side by side: ${JSON.stringify([nameBox, codeBox])}`);
+    // A name that could reorder what the page shows is refused when the login starts.
+    const spoofed = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'laptop\u202eKJHG-FDCB' } });
+    check(spoofed.status() === 400, `a device name with U+202E answered ${spoofed.status()}`);
     await expect(page.getByText('devices:connect').first()).toBeVisible();
     await expect(page.getByRole('button', { name: 'Deny' })).toBeVisible();
     await page.getByRole('button', { name: 'Approve' }).click();

@@ -42,6 +42,11 @@ pub(super) fn text(t: &str) -> Value {
         "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}]})
 }
 
+/// A step answered as a failing endpoint answers: HTTP `status` with `body` as plain text.
+pub(super) fn http_error(status: u16, body: &str) -> Value {
+    json!({HTTP_ERROR: status, "body": body})
+}
+
 /// `step` with the `usage` a model reports for it.
 pub(super) fn with_usage(mut step: Value, prompt: u64, completion: u64) -> Value {
     step["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
@@ -108,6 +113,8 @@ fn server_sent_events(completion: &Value) -> String {
 
 /// The key of a scripted step that streams its text as one piece and then never finishes.
 const STALL: &str = "stall_after";
+/// The key of a scripted step answered with an HTTP error status ([`http_error`]).
+const HTTP_ERROR: &str = "http_error_status";
 
 /// A step that streams `piece` and then stalls (an endpoint that hangs mid-answer).
 fn stalled(piece: &str) -> Value {
@@ -193,6 +200,18 @@ impl Model {
                                 tokio::time::sleep(delay).await;
                                 if let (true, Some(piece)) = (streamed, answer[STALL].as_str()) {
                                     return Ok(stalled_stream(piece));
+                                }
+                                if let Some(status) = answer[HTTP_ERROR].as_u64() {
+                                    let body =
+                                        answer["body"].as_str().unwrap_or_default().to_owned();
+                                    return Ok(hyper::Response::builder()
+                                        .status(u16::try_from(status).unwrap())
+                                        .header("content-type", "text/plain")
+                                        .body(
+                                            http_body_util::Full::new(bytes::Bytes::from(body))
+                                                .boxed(),
+                                        )
+                                        .unwrap());
                                 }
                                 let (content_type, body) = if streamed {
                                     ("text/event-stream", server_sent_events(&answer))
@@ -513,6 +532,45 @@ impl Setup {
             setup.device_id = device["device_id"].as_str().unwrap().to_owned();
         }
         setup
+    }
+
+    /// `agentworks chat --project app --server … <args>` as alice (her token in
+    /// `AGENTWORKS_TOKEN`), with `home` as its HOME and XDG dirs.
+    pub(super) fn chat_cli(&self, home: &std::path::Path, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks"));
+        command
+            .args(["chat", "--project", "app", "--server"])
+            .arg(format!("http://127.0.0.1:{}", self.stack.port))
+            .args(args)
+            .env("HOME", home)
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .env("XDG_STATE_HOME", home.join("state"))
+            .env("AGENTWORKS_TOKEN", &self.alice);
+        command
+    }
+
+    /// [`Setup::chat_cli`] run to its end with `stdin` typed in (then closed).
+    pub(super) fn run_chat(
+        &self,
+        home: &std::path::Path,
+        args: &[&str],
+        stdin: &str,
+    ) -> std::process::Output {
+        use std::io::Write;
+        let mut child = self
+            .chat_cli(home, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
     }
 
     /// alice's device as `GET /v1/devices` lists it, once its online state is `online`.
@@ -1161,7 +1219,6 @@ fn turn_events_stream_while_the_turn_runs() {
 /// each, shows the model's text, and unbinds.
 #[test]
 fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
-    use std::io::Write;
     let setup = Setup::start(true);
     setup.model.play(vec![
         calls(&[("c1", "execute_shell_command", json!({"command": "echo hi"}))]),
@@ -1169,26 +1226,7 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
     ]);
     let chat_cli = |stdin: &str, extra: &[&str]| {
         let home = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks"))
-            .args(["chat", "--project", "app", "--local", "repo", "--server"])
-            .arg(format!("http://127.0.0.1:{}", setup.stack.port))
-            .args(extra)
-            .env("HOME", home.path())
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .env("XDG_STATE_HOME", home.path().join("state"))
-            .env("AGENTWORKS_TOKEN", &setup.alice)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        setup.run_chat(home.path(), &[&["--local", "repo"], extra].concat(), stdin)
     };
     // Without a "yes" nothing is bound.
     let refused = chat_cli("no\n", &[]);
@@ -1213,6 +1251,82 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
     // The command really ran on the laptop: the model got its output.
     let results = tool_results(&setup.model.requests()[1]);
     assert!(results[0].1.to_string().contains("hi"), "{results:?}");
+}
+
+/// Issue 42 item 10. `agentworks chat` printed the model's text, a tool call's arguments and
+/// a command's output raw: OSC 52 wrote the clipboard, and cursor movement (CSI `A`, a
+/// carriage return, erase-line) went back over a printed line to fake a ✓ tool line. Here the
+/// model's text, a command the model chose and a failing command's stderr carry such
+/// sequences and U+202E, in a live turn and when the chat is resumed: none of their control
+/// characters reaches the client's stdout, and what they said is still shown.
+#[test]
+fn the_terminal_client_never_prints_a_control_sequence_from_the_model_or_a_command() {
+    const CLIPBOARD: &str = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07";
+    const FAKE_TICK: &str = "\x1b[2A\r\x1b[2K  ✓ execute_shell_command rm -rf ~ — exit 0";
+    let setup = Setup::start(true);
+    setup.model.play(vec![
+        calls(&[
+            (
+                "c1",
+                "execute_shell_command",
+                json!({"command": format!("echo listed # {FAKE_TICK}")}),
+            ),
+            (
+                "c2",
+                "execute_shell_command",
+                json!({"command": "printf '\\033]52;c;ZXZpbA==\\007\\033[1A\\033[2K\\302\\233H fine\\n' >&2; exit 3"}),
+            ),
+        ]),
+        text(&format!("Here you go.{CLIPBOARD}{FAKE_TICK}\u{202e}\u{9b}2J done")),
+    ]);
+    let home = tempfile::tempdir().unwrap();
+    let chat_cli = |stdin: &str, extra: &[&str]| {
+        let out = setup.run_chat(home.path(), extra, stdin);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let assert_clean = |stdout: &str| {
+        let raw: Vec<char> = stdout
+            .chars()
+            .filter(|&c| c != '\n' && agentworks_core::text::is_control_or_bidi(c))
+            .collect();
+        assert!(raw.is_empty(), "{raw:?} reached the terminal: {stdout:?}");
+    };
+    let live = chat_cli("show me\n/quit\n", &["--local", "repo", "--yes"]);
+    assert_clean(&live);
+    // Shown, without their control characters.
+    assert!(live.contains("agent> Here you go.]52;c;"), "{live}");
+    assert!(
+        live.contains(
+            "  ✓ execute_shell_command echo listed # [2A[2K  ✓ execute_shell_command rm -rf ~"
+        ),
+        "{live}"
+    );
+    assert!(
+        live.lines()
+            .any(|l| l.starts_with("  ✗ execute_shell_command printf") && l.contains("exit 3")),
+        "{live}"
+    );
+    // The command ran, and what it wrote reached the model as it was: only the terminal is
+    // spared it.
+    let results = tool_results(&setup.model.requests()[1]);
+    assert!(
+        results[1].1.to_string().contains("\\u001b]52;c;ZXZpbA=="),
+        "{results:?}"
+    );
+
+    // Resumed: the earlier turn is shown from the server's history, as clean.
+    let chats = api(&setup.stack, &setup.alice, "GET", "/v1/chats", Value::Null).1;
+    let chat = chats["chats"][0]["chat_id"].as_str().unwrap().to_owned();
+    let resumed = chat_cli("/quit\n", &["--chat", &chat]);
+    assert_clean(&resumed);
+    assert!(resumed.contains("— earlier in this chat —"), "{resumed}");
+    assert!(resumed.contains("agent> Here you go.]52;c;"), "{resumed}");
 }
 
 /// Cancelling a bound turn while the laptop runs a command: the command's process is killed,
@@ -1409,21 +1523,8 @@ fn ctrl_c_in_the_terminal_client_cancels_the_turn_then_ends_the_chat() {
         json!({"command": format!("echo started > started.txt; {sleeper}"), "timeout": 120}),
     )])]);
     let home = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworks"))
-        .args([
-            "chat",
-            "--project",
-            "app",
-            "--local",
-            "repo",
-            "--yes",
-            "--server",
-        ])
-        .arg(format!("http://127.0.0.1:{}", setup.stack.port))
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_STATE_HOME", home.path().join("state"))
-        .env("AGENTWORKS_TOKEN", &setup.alice)
+    let mut child = setup
+        .chat_cli(home.path(), &["--local", "repo", "--yes"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1710,13 +1811,8 @@ fn failed_commands_are_failed_with_their_exit_code_and_stderr_and_a_reopened_cha
 
     // The terminal client shows the earlier turn when it resumes the chat.
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_agentworks"))
-        .args(["chat", "--project", "app", "--chat", &chat, "--server"])
-        .arg(format!("http://127.0.0.1:{}", setup.stack.port))
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_STATE_HOME", home.path().join("state"))
-        .env("AGENTWORKS_TOKEN", &setup.alice)
+    let out = setup
+        .chat_cli(home.path(), &["--chat", &chat])
         .stdin(Stdio::null())
         .output()
         .unwrap();

@@ -347,7 +347,14 @@ fn a_workflows_or_devices_connect_token_cannot_approve_a_device_login() {
     let laptop = Laptop::new("aw-authority-login-", &[]);
     let server = format!("http://127.0.0.1:{}", stack.port);
     let mut login = laptop
-        .command(&["login", "--server", &server, "--name", "attacker-laptop"])
+        .command(&[
+            "login",
+            "--server",
+            &server,
+            "--name",
+            "attacker-laptop",
+            "--yes",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -1,4 +1,5 @@
-//! Attacks on the patch tools, performed against the real binaries (issue 10, items 5 to 8).
+//! Attacks on the patch tools, performed against the real binaries (issue 10, items 5 to 8;
+//! issue 42, item 8).
 //!
 //! The laptop side runs everything real: agentd, workspaced and gatewayd on a temp state root, a
 //! laptop logged in with a `devices:connect` token, `agentworks executor connect` as a child
@@ -19,7 +20,7 @@ use agentworks_support::unix_http::ClientError;
 use serde_json::{Value, json};
 
 use super::harness::{
-    Gatewayd, Laptop, Options, Stack, StateRoot, Workspaced, ctx, revision, wait_until,
+    Gatewayd, Laptop, Options, Stack, StateRoot, Workspaced, ctx, revision, tool_result, wait_until,
 };
 
 /// How long a bounded wait for something that must happen may take.
@@ -649,4 +650,147 @@ fn workspaced_never_serves_a_root_only_file_through_a_hard_link() {
         "{receipt}"
     );
     assert_eq!(std::fs::read_to_string(&shadow).unwrap(), SHADOW);
+}
+
+// ----- issue 42, item 8: a patch set that half-applies -----
+
+/// A set whose first file creates `x` and whose second creates `x/notes.md`, which needs `x/`
+/// as a folder.
+const FILE_THEN_FOLDER: &str = "--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+a file named x\n\
+                                --- /dev/null\n+++ b/x/notes.md\n@@ -0,0 +1 @@\n+notes\n";
+
+/// Through `/mcp` `apply_patch`: each file of [`FILE_THEN_FOLDER`] passed validation on its
+/// own, so workspaced created `x`, then failed on `x/notes.md` (`partially_applied`), and a
+/// retry answered `isError: false` with `state: uncertain`. The set is refused before any
+/// change now, naming both paths; no receipt is left, and either order is refused.
+#[test]
+fn a_patch_set_that_cannot_apply_whole_is_refused_over_mcp_before_any_change() {
+    let stack = Stack::start();
+    let (wf, token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let demo = stack.state.documents().join("demo");
+    std::fs::write(demo.join("keep.md"), "keep\n").unwrap();
+    let before = snapshot(&demo);
+    let folder_then_file = "--- /dev/null\n+++ b/x/notes.md\n@@ -0,0 +1 @@\n+notes\n\
+                            --- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+a file named x\n";
+    for (diff, id) in [(FILE_THEN_FOLDER, "half-1"), (folder_then_file, "half-2")] {
+        let args = json!({"workflow_id": wf, "diff": diff, "request_id": id});
+        for attempt in ["first", "retry"] {
+            let refused =
+                tool_result(stack.port, &token, "apply_patch", args.clone()).expect_err("refused");
+            assert_eq!(refused["code"], "patch_rejected", "{attempt}: {refused}");
+            let message = refused["message"].as_str().unwrap();
+            assert!(
+                message.contains("x/notes.md") && message.contains("cannot be both"),
+                "{attempt}: {message}"
+            );
+        }
+        assert_eq!(snapshot(&demo), before, "{id}: nothing changed");
+        let receipt = tool_result(
+            stack.port,
+            &token,
+            "get_write_receipt",
+            json!({"workflow_id": wf, "request_id": id}),
+        )
+        .expect_err("no receipt");
+        assert_eq!(receipt["code"], "not_found", "{receipt}");
+    }
+}
+
+/// A set that stopped part way (workspaced fails its second file at a failpoint) answers
+/// `partially_applied`. A retry under the same request id answered `isError: false` with
+/// `state: uncertain`, which a client reads as success; it is a tool error now, with the set's
+/// state and each file's, and it changes nothing.
+#[test]
+fn a_retry_of_a_patch_set_that_stopped_part_way_is_a_tool_error_with_its_state() {
+    let mut stack = Stack::start();
+    let (wf, token) = stack.user_with_project("alice", "demo", &["workflows:write"]);
+    let demo = stack.state.documents().join("demo");
+    std::fs::write(demo.join("one.md"), "one\n").unwrap();
+    std::fs::write(demo.join("two.md"), "two\n").unwrap();
+    stack.workspaced.stop();
+    stack.workspaced = Workspaced::start_with(
+        &stack.state,
+        Options {
+            failpoint: Some("patch_set_before_2:fail".into()),
+            ..Options::default()
+        },
+    );
+    let diff = "--- a/one.md\n+++ b/one.md\n@@ -1 +1 @@\n-one\n+ONE\n\
+                --- a/two.md\n+++ b/two.md\n@@ -1 +1 @@\n-two\n+TWO\n";
+    let args = json!({"workflow_id": wf, "diff": diff, "request_id": "part",
+        "expected_revisions": {"one.md": revision("one\n"), "two.md": revision("two\n")}});
+    let states = |answer: &Value| -> Vec<(String, String)> {
+        answer["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["path"].as_str().unwrap().to_owned(),
+                    f["state"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let want = [
+        ("one.md".to_owned(), "applied".to_owned()),
+        ("two.md".to_owned(), "not_applied".to_owned()),
+    ];
+    let first = tool_result(stack.port, &token, "apply_patch", args.clone()).unwrap_err();
+    assert_eq!(first["code"], "partially_applied", "{first}");
+    assert_eq!(states(&first), want, "{first}");
+
+    let (status, body) = super::harness::mcp_call(stack.port, &token, "apply_patch", args);
+    assert_eq!(status, 200, "{body}");
+    let result = &body["result"];
+    assert_eq!(result["isError"], true, "the retry: {result}");
+    let again = &result["structuredContent"]["error"];
+    assert_eq!(
+        (&again["code"], &again["state"], &again["replayed"]),
+        (
+            &json!("partially_applied"),
+            &json!("uncertain"),
+            &json!(true)
+        ),
+        "{again}"
+    );
+    assert_eq!(states(again), want, "{again}");
+    let message = again["message"].as_str().unwrap();
+    assert!(
+        message.contains("one.md: applied") && message.contains("two.md: not_applied"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(demo.join("one.md")).unwrap(),
+        "ONE\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(demo.join("two.md")).unwrap(),
+        "two\n"
+    );
+}
+
+/// The same set sent to a laptop: the executor wrote `x`, then could not make the folder
+/// `x/` for `x/notes.md` (`partially_applied`). It is refused before any write now, and
+/// nothing in the laptop's home changes.
+#[test]
+fn a_laptop_patch_whose_files_cannot_follow_each_other_changes_nothing() {
+    let laptop = Laptop::new("aw-patch-whole-", &[("src/repo/README.md", "# repo\n")]);
+    let repo = laptop.folder("repo");
+    let shared = Shared::start(laptop, &["--write-folder".into(), path_arg(repo)], "022");
+    let home = shared.laptop.home();
+    let before = snapshot(&home);
+    let readme = "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# repo\n+# Repo\n";
+    let message = refused(
+        &shared.patch("repo", "README.md", &format!("{readme}{FILE_THEN_FOLDER}")),
+        "patch_rejected",
+    );
+    assert!(
+        message.contains("x/notes.md") && message.contains("cannot be both"),
+        "{message}"
+    );
+    assert_eq!(snapshot(&home), before, "nothing changed");
+    // Each part alone still applies.
+    let outcome = shared.patch("repo", "README.md", readme);
+    assert_eq!(outcome["status"], "patched", "{outcome}");
 }

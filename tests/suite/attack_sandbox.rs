@@ -1238,7 +1238,7 @@ except OSError as e:
 "#;
 
 /// A pty pair (`openpty`) whose slave belongs to `uid:gid`, as a login terminal's does.
-fn user_pty(uid: u32, gid: u32) -> (OwnedFd, OwnedFd, PathBuf) {
+pub(super) fn user_pty(uid: u32, gid: u32) -> (OwnedFd, OwnedFd, PathBuf) {
     use std::os::fd::FromRawFd;
     let (mut master, mut slave) = (-1, -1);
     // SAFETY: openpty writes two descriptors into the two valid out-pointers; the name, termios
@@ -1262,7 +1262,7 @@ fn user_pty(uid: u32, gid: u32) -> (OwnedFd, OwnedFd, PathBuf) {
 }
 
 /// Everything the master side of a pty receives, collected on a thread.
-fn drain(master: &OwnedFd) -> Arc<Mutex<String>> {
+pub(super) fn drain(master: &OwnedFd) -> Arc<Mutex<String>> {
     let seen = Arc::new(Mutex::new(String::new()));
     let mut file = std::fs::File::from(master.try_clone().unwrap());
     std::thread::spawn({
@@ -1280,7 +1280,7 @@ fn drain(master: &OwnedFd) -> Arc<Mutex<String>> {
     seen
 }
 
-fn type_into(master: &OwnedFd, line: &str) {
+pub(super) fn type_into(master: &OwnedFd, line: &str) {
     let mut file = std::fs::File::from(master.try_clone().unwrap());
     file.write_all(line.as_bytes()).unwrap();
 }

@@ -110,7 +110,11 @@ fn decide(
     )
 }
 
-fn bearer_approve(stack: &Stack, token: &str, user_code: &str) -> (u16, hyper::HeaderMap, Value) {
+pub(super) fn bearer_approve(
+    stack: &Stack,
+    token: &str,
+    user_code: &str,
+) -> (u16, hyper::HeaderMap, Value) {
     request(
         stack,
         "POST",

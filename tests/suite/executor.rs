@@ -103,7 +103,14 @@ fn login_with_the_device_grant_gets_a_devices_connect_token() {
     let laptop = default_dirs_laptop();
     let server = format!("http://127.0.0.1:{}", stack.port);
     let mut child = laptop
-        .command(&["login", "--server", &server, "--name", "test-laptop"])
+        .command(&[
+            "login",
+            "--server",
+            &server,
+            "--name",
+            "test-laptop",
+            "--yes",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

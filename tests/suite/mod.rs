@@ -29,6 +29,7 @@ pub mod harness;
 mod identity_store;
 mod laptop;
 mod laptop_failover;
+mod laptop_login;
 mod mcp_connections;
 mod mcp_oauth;
 mod mcp_remote;

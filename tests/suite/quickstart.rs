@@ -4,9 +4,10 @@
 //! scripted one of [`super::agent`]). What a newcomer met in their first hour (issue 43): the
 //! other commands find a running quickstart with no environment, a relative
 //! `AGENTWORKS_STATE_ROOT` works, mistakes are refused before anything starts, a restart keeps
-//! the token, and the daemons' logs in a file are plain text.
+//! the token, and the daemons' logs in a file are plain text. Its log (every daemon's stderr)
+//! keeps one line per event whatever a caller or a model puts in a path or a message.
 
-use super::agent::{Model, text};
+use super::agent::{Model, http_error, text};
 use super::harness::*;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -798,4 +799,110 @@ fn daemon_logs_in_a_file_hold_no_colour_codes_or_struct_dumps() {
         log.contains("public listener limits max_connections="),
         "{log}"
     );
+}
+
+/// Issue 42 item 9. `write_file` took a newline, an ESC sequence or U+202E in a path, and the
+/// audit line printed the path raw: a line of the path's own making appeared in quickstart's
+/// log, as if workspaced had written it. Such paths are refused now (by the one path rule, so
+/// `apply_patch` too), and whatever text from outside a log line carries (here a model
+/// endpoint's error body, which agentd quotes when a turn fails) is escaped: the log holds no
+/// control character but its own line ends, and no line it did not write.
+#[test]
+fn no_path_or_message_from_outside_forges_a_line_of_quickstarts_log() {
+    use agentworks_core::text::is_control_or_bidi;
+    const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO agentworks::audit: change applied \
+                          agentworks_event=\"write\" agentworks_path=\"approved-by-ops.md\"";
+    let model = Model::start();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let config = dir.path().join("model.toml");
+    std::fs::write(&config, model.config()).unwrap();
+    let ports = reserve_ports(2);
+    let mut command = quickstart_command(
+        &state,
+        [ports[0], ports[1]],
+        &["--config", config.to_str().unwrap()],
+    );
+    command.env("RUST_LOG", "info");
+    let run = QuickstartRun::spawn(command);
+    let started = run.started.clone();
+    let (port, token) = (port_of(&started), started["token"].as_str().unwrap());
+    let workflow = started["workflow_id"].clone();
+    let write = |path: &str, request_id: &str| {
+        tool_result(
+            port,
+            token,
+            "write_file",
+            json!({"workflow_id": workflow, "path": path, "content": "x\n",
+                "expected_revision": "missing", "request_id": request_id}),
+        )
+    };
+    let documents = std::path::PathBuf::from(started["documents_root"].as_str().unwrap());
+    let before = all_files(&documents);
+
+    for (n, path) in [
+        format!("notes.md\n{FORGED}"),
+        "docs/\x1b]52;c;Zm9yZ2Vk\x07\x1b[2Aok.md".to_owned(),
+        "invoice\u{202e}dm.exe".to_owned(),
+        "c1\u{9b}2Jx.md".to_owned(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let refused = write(path, &format!("forge-{n}")).unwrap_err();
+        assert_eq!(
+            (&refused["code"], &refused["reason"]),
+            (&json!("path_refused"), &json!("control_character")),
+            "{path:?}: {refused}"
+        );
+    }
+    let diff = "--- /dev/null\n+++ b/report\u{202e}fdp.exe\n@@ -0,0 +1 @@\n+x\n";
+    let refused = tool_result(
+        port,
+        token,
+        "apply_patch",
+        json!({"workflow_id": workflow, "diff": diff, "request_id": "forge-patch"}),
+    )
+    .unwrap_err();
+    assert_eq!(refused["code"], "patch_rejected", "{refused}");
+    assert_eq!(all_files(&documents), before, "no file was made");
+
+    // Text that is accepted, with a newline and escape sequences in it: the model endpoint's
+    // error body, which agentd's "turn failed" line quotes.
+    model.play(vec![http_error(
+        502,
+        &format!("upstream down\n{FORGED}\x1b]52;c;Zm9yZ2Vk\x07\u{202e}"),
+    )]);
+    let events = chat_turn(&started, "hello?").unwrap();
+    assert_eq!(events.last().unwrap().1["reason"], "error", "{events:?}");
+    // And a write that is applied, so an audit line is there to be read.
+    write("fine.md", "fine").unwrap();
+
+    let mut log = run.stderr.reopen().unwrap();
+    stop(run);
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut log, &mut text).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("change applied") && l.contains("fine.md")),
+        "{text}"
+    );
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains("turn failed")).collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(
+        failed[0].contains("upstream down\\n2026-01-01T00:00:00.000000Z  INFO")
+            && failed[0].contains("\\u{1b}]52;c;Zm9yZ2Vk\\u{7}\\u{202e}"),
+        "the line quotes the body, escaped: {}",
+        failed[0]
+    );
+    let forged: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("2026-01-01T00:00:00.000000Z"))
+        .collect();
+    assert!(forged.is_empty(), "forged lines: {forged:?}");
+    let raw: Vec<char> = text
+        .chars()
+        .filter(|&c| c != '\n' && is_control_or_bidi(c))
+        .collect();
+    assert!(raw.is_empty(), "raw control characters in the log: {raw:?}");
 }

@@ -11,6 +11,14 @@
 //! a laptop credential. Only then is a token minted, with the exclusive `devices:connect` scope
 //! and nothing else.
 //!
+//! The laptop then asks whose account its new token serves (`GET /v1/device/account`, the
+//! token as bearer) and shows it to the person before keeping the token: a code anyone else
+//! approved with their own account would otherwise make the laptop serve that account's
+//! agent unnoticed. The device name a login starts with is shown beside its code on the
+//! approval page, so it is refused unless it is a name a person can read
+//! ([`agentworks_contract::executor::check_device_name`]: no control or bidirectional
+//! formatting character).
+//!
 //! Logins in progress are rows of the identity store (`identity::device_logins`), so in a
 //! cluster the code, the polls and the approval may each reach a different agentd host. A
 //! device code is a 256-bit secret; a user code is short, typed by a person, and useless
@@ -25,6 +33,7 @@ use crate::identity::{IdentityStore, Scope, TokenCheckError};
 use serde::Deserialize;
 
 pub use agentworks_contract::public_api::DeviceCode;
+use agentworks_contract::public_api::{DEVICE_ACCOUNT_PATH, DeviceAccount};
 
 /// The answer to `POST /v1/device/code` for a login just started.
 fn device_code_answer(public_url: &str, device_code: String, user_code: String) -> DeviceCode {
@@ -145,6 +154,9 @@ pub async fn handle_public(
             crate::console::assets::DEVICE_APPROVE_HTML,
         ));
     }
+    if path == DEVICE_ACCOUNT_PATH && parts.method == hyper::Method::GET {
+        return Some(device_account(identity, parts).await);
+    }
     if parts.method != hyper::Method::POST {
         let mut refused = oauth_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -153,6 +165,8 @@ pub async fn handle_public(
         );
         let allow = if path == APPROVE_PATH {
             "GET, HEAD, POST"
+        } else if path == DEVICE_ACCOUNT_PATH {
+            "GET"
         } else {
             "POST"
         };
@@ -209,6 +223,12 @@ async fn device_code(
         .device_name
         .or(request.client_id)
         .unwrap_or_default();
+    // Shown beside the code on the approval page: only a name a person reads as it is.
+    if !label.is_empty()
+        && let Err(why) = agentworks_contract::executor::check_device_name(&label)
+    {
+        return oauth_error(StatusCode::BAD_REQUEST, "invalid_request", &why);
+    }
     let identity = identity.clone();
     let started = tokio::task::spawn_blocking(move || {
         identity.start_device_login(&label, now_ms(), MAX_WAITING_DEVICE_LOGINS)
@@ -284,17 +304,61 @@ async fn device_token(
     }
 }
 
+/// The request's bearer token, or the 401 `invalid_token` answer saying to send `what`.
+// The error side is the ready answer, as in `decode`.
+#[allow(clippy::result_large_err)]
+fn bearer_token<'a>(
+    parts: &'a hyper::http::request::Parts,
+    what: &str,
+) -> Result<&'a str, Response<Body>> {
+    match bearer(&parts.headers) {
+        Bearer::Token(presented) => Ok(presented),
+        Bearer::Absent | Bearer::Malformed => Err(oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            &format!("send {what} as Authorization: Bearer …"),
+        )),
+    }
+}
+
+/// `GET /v1/device/account`: the account a live `devices:connect` token belongs to. Any other
+/// token is 403 `insufficient_scope` (it is not a laptop's credential), an unknown, revoked or
+/// expired one 401.
+async fn device_account(
+    identity: &IdentityStore,
+    parts: &hyper::http::request::Parts,
+) -> Response<Body> {
+    let presented = match bearer_token(parts, "the laptop's token") {
+        Ok(presented) => presented,
+        Err(refused) => return refused,
+    };
+    match identity.check_bearer(presented).await {
+        Ok((token, user)) if token.scopes == [Scope::DevicesConnect] => {
+            json_response(StatusCode::OK, &DeviceAccount { account: user.name })
+        }
+        Ok(_) => oauth_error(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            "this token is not a laptop's devices:connect credential",
+        ),
+        Err(TokenCheckError::Refused(_)) => oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "the token is unknown, expired or revoked",
+        ),
+        Err(TokenCheckError::Store(e)) => store_unavailable(e),
+        Err(TokenCheckError::Task(e)) => server_error(e),
+    }
+}
+
 /// `POST /v1/device/revoke`: `agentworks logout`; a token revokes itself, and only itself.
 async fn device_revoke(
     identity: &IdentityStore,
     parts: &hyper::http::request::Parts,
 ) -> Response<Body> {
-    let Bearer::Token(presented) = bearer(&parts.headers) else {
-        return oauth_error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_token",
-            "send the token to revoke as Authorization: Bearer …",
-        );
+    let presented = match bearer_token(parts, "the token to revoke") {
+        Ok(presented) => presented,
+        Err(refused) => return refused,
     };
     let token = match identity.check_bearer(presented).await {
         Ok((token, _)) => token,

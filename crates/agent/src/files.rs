@@ -22,8 +22,8 @@ use crate::mcp::{Caller, ToolError};
 use agentworks_contract::workspaced::{
     ChangeResponse, Context, DeleteRequest, EditAnswer, EditRequest, ListRequest, ListResponse,
     MoveRequest, PatchSetRequest, PatchSetResponse, Principal, ReadRequest, ReadResponse,
-    ReceiptAnswer, ReceiptRequest, SearchRequest, SearchResponse, StatRequest, StatResponse,
-    TextEdit, WriteRequest,
+    ReceiptAnswer, ReceiptRequest, ReceiptState, SearchRequest, SearchResponse, StatRequest,
+    StatResponse, TextEdit, WriteRequest,
 };
 use agentworks_support::unix_http::ClientError;
 use serde::Serialize;
@@ -58,6 +58,49 @@ fn not_visible(workflow_id: &str) -> ToolError {
         "not_found",
         format!("workflow {workflow_id:?} does not exist or is not visible to this token"),
     )
+}
+
+/// The tool error for a patch set's answer whose `state` is not `applied` (only a replay of
+/// a set that stopped part way, or whose files were changed since, answers so): the code says
+/// what the recorded states add up to, the message names each file's, and the details are the
+/// answer itself (`state`, `replayed`, `files`, …).
+fn not_wholly_applied(answer: Map<String, Value>) -> ToolError {
+    let files: Vec<(&str, &str)> = answer["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap_or("?"),
+                f["state"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    let applied = files.iter().filter(|(_, s)| *s == "applied").count();
+    let not_applied = files.iter().filter(|(_, s)| *s == "not_applied").count();
+    let code = if applied > 0 && applied + not_applied == files.len() {
+        "partially_applied"
+    } else if not_applied == files.len() {
+        "not_applied"
+    } else {
+        "uncertain"
+    };
+    let states: Vec<String> = files
+        .iter()
+        .map(|(path, state)| format!("{path}: {state}"))
+        .collect();
+    let message = format!(
+        "request {} was sent before and is not wholly applied ({}; the set is {}); nothing was \
+         done again: re-read the files and send what is still to change under a new request_id",
+        answer["request_id"].as_str().unwrap_or("?"),
+        states.join(", "),
+        answer["state"].as_str().unwrap_or("?"),
+    );
+    ToolError {
+        code: code.to_owned(),
+        message,
+        details: answer,
+    }
 }
 
 fn unavailable(what: impl std::fmt::Display) -> ToolError {
@@ -642,7 +685,9 @@ impl FileTools {
     /// changes and keeps one receipt per file under the request id. Its answer (each file's
     /// action, state, revisions and receipt) is passed through with the workflow id added; a
     /// refusal keeps workspaced's code and the file it names (`path`, `file_index`), and a
-    /// set stopped part way is `partially_applied` with each file's state.
+    /// set stopped part way is `partially_applied` with each file's state. A retry of a set
+    /// that is not wholly applied is a tool error too ([`not_wholly_applied`]), never a
+    /// success that a client could read as done.
     pub async fn apply_patch(
         &self,
         caller: &Caller,
@@ -677,11 +722,15 @@ impl FileTools {
                 },
             )
             .await?;
+        let applied_whole = applied.state == ReceiptState::Applied;
         let mut answer = match serde_json::to_value(applied) {
             Ok(Value::Object(answer)) => answer,
             _ => return Err(unavailable("workspaced's patch answer could not be read")),
         };
         answer.insert("workflow_id".into(), json!(project.id));
+        if !applied_whole {
+            return Err(not_wholly_applied(answer));
+        }
         Ok(Value::Object(answer))
     }
 

@@ -181,6 +181,10 @@ pub enum GatewayFrame {
         /// it was given.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         gateways: Vec<String>,
+        /// The account the connection's token belongs to: the one whose agent this laptop now
+        /// serves, which the executor shows on every (re)connect. Absent from older gateways.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        account: Option<String>,
     },
     Request {
         request_id: String,
@@ -246,13 +250,17 @@ pub fn valid_alias(alias: &str) -> bool {
 }
 
 /// Why a device name is refused, if it is: 1 to [`MAX_DEVICE_NAME_CHARS`] printable
-/// characters, without leading or trailing whitespace.
+/// characters, without leading or trailing whitespace. Printable: no control and no
+/// bidirectional formatting character, since the name is shown beside the login code on the
+/// approval page and in every device list, where U+202E could reorder what a person reads.
 pub fn check_device_name(device_name: &str) -> Result<(), String> {
     let name_chars = device_name.chars().count();
     if name_chars == 0
         || name_chars > MAX_DEVICE_NAME_CHARS
         || device_name.trim() != device_name
-        || device_name.chars().any(char::is_control)
+        || device_name
+            .chars()
+            .any(agentworks_core::text::is_control_or_bidi)
     {
         return Err(format!(
             "device_name must be 1 to {MAX_DEVICE_NAME_CHARS} printable characters"
@@ -345,6 +353,8 @@ mod tests {
         assert!(check_hello("", "1", &[]).is_err());
         assert!(check_hello(" padded", "1", &[]).is_err());
         assert!(check_hello("bell\u{7}", "1", &[]).is_err());
+        assert!(check_hello("laptop\u{202e}exe.txt", "1", &[]).is_err());
+        assert!(check_hello("c1\u{9b}2J", "1", &[]).is_err());
         assert!(check_hello(&"x".repeat(65), "1", &[]).is_err());
         assert!(check_hello("l", "1", &[folder("..")]).is_err());
         assert!(check_hello("l", "1", &[folder("a/b")]).is_err());

@@ -44,7 +44,7 @@ pub enum PatchError {
     #[error("file {file} of the diff names /dev/null on both sides")]
     NoPath { file: usize },
     #[error(
-        "file {file} of the diff names {path:?}, a quoted or escaped path; only plain paths are accepted"
+        "file {file} of the diff names {path:?}, a quoted or escaped path or one with control characters; only plain paths are accepted"
     )]
     QuotedPath { file: usize, path: String },
     #[error(
@@ -61,6 +61,9 @@ pub enum PatchError {
         first: usize,
         second: usize,
     },
+    /// The files are each fine but cannot all be applied, one after the other.
+    #[error(transparent)]
+    Conflict(#[from] crate::set_effect::SetConflict),
 }
 
 /// Apply a single-file unified diff to `base`, matching every hunk exactly where it says.
@@ -329,7 +332,10 @@ pub fn parse_patch_set(diff: &str, limits: PatchSetLimits) -> Result<Vec<FilePat
                 });
             }
         };
-        if path.starts_with('"') || path.contains('\\') || path.chars().any(char::is_control) {
+        if path.starts_with('"')
+            || path.contains('\\')
+            || path.chars().any(crate::text::is_control_or_bidi)
+        {
             return Err(PatchError::QuotedPath { file, path });
         }
         if let Some(first) = files.iter().position(|f| f.path == path) {

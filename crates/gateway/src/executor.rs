@@ -657,6 +657,7 @@ fn welcome(
         heartbeat_secs: gateway.settings.heartbeat.as_secs(),
         notice,
         gateways: gateway.settings.advertised_urls.clone(),
+        account: Some(owner.user_name.clone()),
     }
 }
 

@@ -15,7 +15,7 @@
 //!   4003): run `agentworks login` again
 //! - 126: the sandbox launcher refused to run a command (hidden mode)
 
-use std::io::BufRead;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use crate::limits::Limits;
 use crate::login::{self, LoginError};
 use crate::receipts::{ReceiptError, Receipts};
 use crate::{patch, sandbox, shell};
+use agentworks_core::text::strip_controls;
 
 /// Exit code: the credential is missing or no longer accepted.
 pub const EXIT_RELOGIN: u8 = 3;
@@ -67,6 +68,17 @@ pub enum AppError {
     NoServer,
     #[error("cannot find the agentworks executable")]
     NoExecutable(#[source] std::io::Error),
+    #[error(
+        "agentworks login asks on a terminal whether to use this laptop for the account that \
+         approves it; without a terminal, pass --yes to keep the credential without asking"
+    )]
+    LoginNeedsTerminal,
+    #[error("the device name {name:?} is refused: {why}; choose another with --name")]
+    DeviceName { name: String, why: String },
+    #[error("not logged in: this laptop was not kept for {account}; nothing was stored{revoked}")]
+    LoginDeclined { account: String, revoked: String },
+    #[error("cannot read the answer from the terminal")]
+    ReadAnswer(#[source] std::io::Error),
 }
 
 /// The hidden modes, recognised by the first argument: the sandbox launcher
@@ -114,7 +126,9 @@ pub fn run(cli: Cli) -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("agentworks: {}", with_sources(&e));
+            // An error may quote what a server sent: no control character of it reaches the
+            // terminal.
+            eprintln!("agentworks: {}", strip_controls(&with_sources(&e)));
             ExitCode::from(1)
         }
     }
@@ -140,7 +154,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
             gateways,
             with_token,
             name,
-        } => login(&dirs, &server, gateways, with_token, name).await,
+            yes,
+        } => login(&dirs, &server, gateways, with_token, name, yes).await,
         Command::Chat {
             project,
             chat,
@@ -201,7 +216,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 downloads,
             };
             let grants = Grants::validate(&args, &dirs)?;
+            let creds = Credentials::load(&dirs)?;
             print!("{}", grants.permissions_text());
+            if let Some(creds) = &creds {
+                println!("{}", shared_with(creds));
+            }
             // Moves the executor into a leaf of its delegated cgroup, when it has one.
             let limits = Limits::setup(max_processes, max_memory, allow_unix_sockets);
             let target = ConnectTarget {
@@ -209,24 +228,30 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 server,
                 gateways,
             };
-            executor_connect(dirs, grants, limits, target).await
+            executor_connect(dirs, creds, grants, limits, target).await
         }
     }
 }
 
 /// `agentworks login`: a pasted token (`--with-token`, checked against the server) or the
-/// device grant; the credential is stored only once the server accepted it.
+/// device grant; the credential is stored only once the server accepted it, with the account
+/// it serves, which is printed. A device login can be approved by anyone who learns its code,
+/// with their own account, so on a terminal the person is asked whether to use this laptop
+/// for the account that approved it (no: the token is revoked and nothing is stored); without
+/// a terminal it needs `--yes`, and is refused before any code is shown. A pasted token is
+/// the person's own choice and stdin carries it, so it is not asked about.
 async fn login(
     dirs: &Dirs,
     server: &str,
     gateways: Vec<String>,
     with_token: bool,
     name: Option<String>,
+    yes: bool,
 ) -> Result<ExitCode, AppError> {
     let base = login::server_url(server)?;
     // Every gateway is checked before anything is asked of the server; one bad URL refuses all.
     connect::executor_urls(&gateways, server)?;
-    let token = if with_token {
+    let (token, account) = if with_token {
         let mut line = String::new();
         std::io::stdin()
             .lock()
@@ -236,22 +261,102 @@ async fn login(
         if token.is_empty() {
             return Err(AppError::NoStdinToken);
         }
-        login::check_token(&base, &token).await?;
-        token
+        let account = login::account(&base, &token).await?;
+        println!(
+            "Signed in as {} on {}.",
+            strip_controls(&account),
+            base.render()
+        );
+        (token, account)
     } else {
-        let code = login::start(&base, &name.unwrap_or_else(hostname)).await?;
-        println!("{}", login::instructions(&code));
+        // Before a code is shown: nobody should approve a login that then cannot be confirmed.
+        if !yes && !std::io::stdin().is_terminal() {
+            return Err(AppError::LoginNeedsTerminal);
+        }
+        let device_name = name.unwrap_or_else(hostname);
+        agentworks_contract::executor::check_device_name(&device_name).map_err(|why| {
+            AppError::DeviceName {
+                name: device_name.clone(),
+                why,
+            }
+        })?;
+        let code = login::start(&base, &device_name).await?;
+        // The links are the server's: shown without their control characters.
+        println!(
+            "{}",
+            strip_controls(&login::instructions(&code, &device_name))
+        );
         println!("Waiting for approval…");
-        login::poll(&base, &code).await?
+        let token = login::poll(&base, &code).await?;
+        let account = match login::account(&base, &token).await {
+            Ok(account) => account,
+            Err(error) => {
+                // A token whose account cannot be shown is not kept anywhere.
+                let _ = login::revoke(&base, &token).await;
+                return Err(error.into());
+            }
+        };
+        println!(
+            "Signed in as {} on {}.",
+            strip_controls(&account),
+            base.render()
+        );
+        if !yes && !use_laptop_for(&account)? {
+            let revoked = match login::revoke(&base, &token).await {
+                Ok(()) => ", and the token was revoked on the server".to_owned(),
+                Err(e) => format!(
+                    "; the token could not be revoked on the server ({e}): ask an operator to revoke it"
+                ),
+            };
+            return Err(AppError::LoginDeclined {
+                account: strip_controls(&account).into_owned(),
+                revoked,
+            });
+        }
+        (token, account)
     };
+    let shown = strip_controls(&account).into_owned();
     let stored = Credentials {
         server: base.render(),
         gateways,
         token,
+        account: Some(account),
     }
     .save(dirs)?;
-    println!("Logged in; the credential is stored in {stored}");
+    println!("Logged in as {shown}; the credential is stored in {stored}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Asks on the terminal whether this laptop is to serve `account`; only `y` or `yes` keeps it.
+fn use_laptop_for(account: &str) -> Result<bool, AppError> {
+    eprint!("Use this laptop for {}? [y/N] ", strip_controls(account));
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(AppError::ReadAnswer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+/// The line after the permissions text: whose agent the folders are shared with.
+fn shared_with(creds: &Credentials) -> String {
+    match &creds.account {
+        Some(account) => format!(
+            "They are shared with the account {} on {}: its agent sends the commands and \
+             patches. If that is not your account, press Ctrl-C and run `agentworks logout`.",
+            strip_controls(account),
+            creds.server
+        ),
+        None => format!(
+            "They are shared with the account that approved this laptop's login on {} (shown \
+             once connected).",
+            creds.server
+        ),
+    }
 }
 
 /// The personal token `agentworks chat` presents: from `--token-file`, else `AGENTWORKS_TOKEN`.
@@ -304,6 +409,7 @@ struct ConnectTarget {
 /// gatewayd with the stored credential and serve until Ctrl-C/SIGTERM or a refusal.
 async fn executor_connect(
     dirs: Dirs,
+    creds: Option<Credentials>,
     grants: Grants,
     limits: Limits,
     target: ConnectTarget,
@@ -313,7 +419,6 @@ async fn executor_connect(
     if let Err(e) = abi {
         eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
     }
-    let creds = Credentials::load(&dirs)?;
     let server = target
         .server
         .or_else(|| creds.as_ref().map(|c| c.server.clone()));
@@ -343,6 +448,7 @@ async fn executor_connect(
     let executor = Arc::new(Executor {
         gateways,
         token: creds.token,
+        account: creds.account,
         device_name: target.name.unwrap_or_else(hostname),
         grants: Arc::new(grants),
         dirs,
@@ -447,8 +553,12 @@ fn hostname() -> String {
         .unwrap_or_else(|| "laptop".to_owned())
 }
 
+/// `message` may be a gateway's close reason: shown without its control characters.
 fn relogin(message: &str) -> ExitCode {
-    eprintln!("agentworks: {message}\nRun `agentworks login --server URL` again.");
+    eprintln!(
+        "agentworks: {}\nRun `agentworks login --server URL` again.",
+        strip_controls(message)
+    );
     ExitCode::from(EXIT_RELOGIN)
 }
 

@@ -12,12 +12,21 @@
 //!
 //! It talks to agentd's REST API with a personal token that has a `workflows:*` scope (the
 //! laptop's `devices:connect` credential cannot use chats). It never runs anything itself.
+//!
+//! Everything it prints that came from the server (the model's text, a tool's arguments and
+//! result, a command's output, names, error messages) goes through [`shown`] first: C0 and
+//! C1 controls but newline and tab, and bidirectional formatting characters, are stripped, so
+//! the model cannot write the clipboard (OSC 52), move the cursor over lines already printed
+//! (a forged ✓ line), or retitle the terminal. The only escape sequences on the screen are the
+//! client's own (the spinner's line rewrite).
 
 use crate::connect::BaseUrl;
 use crate::login::{self, LoginError};
 use agentworks_contract::public_api::CONFIRMATION;
+use agentworks_core::text::strip_controls;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
@@ -98,6 +107,11 @@ fn refusal(status: u16, value: &Value) -> ChatError {
             .map(str::to_owned)
             .unwrap_or_else(|| format!("agentd answered HTTP {status}")),
     }
+}
+
+/// Text from the server as the terminal may show it (see the module doc).
+fn shown(text: &str) -> Cow<'_, str> {
+    strip_controls(text)
 }
 
 /// One line for a tool call's arguments: the command or the file, shortened.
@@ -236,15 +250,16 @@ impl Screen {
                     let _ = write!(out, "agent> ");
                     self.in_text = true;
                 }
-                let _ = write!(out, "{}", data["text"].as_str().unwrap_or(""));
+                let _ = write!(out, "{}", shown(data["text"].as_str().unwrap_or("")));
             }
             "tool_call" => {
                 self.finish_line(&mut out);
-                let line = format!(
+                let line = shown(&format!(
                     "{} {}",
                     data["name"].as_str().unwrap_or("tool"),
                     summarize_call(data["name"].as_str().unwrap_or(""), &data["arguments"])
-                );
+                ))
+                .into_owned();
                 if self.tty {
                     let _ = write!(out, "  ⠋ {line}");
                 } else {
@@ -260,16 +275,16 @@ impl Screen {
                 if self.tty {
                     let _ = write!(out, "\r\x1b[2K");
                 }
-                let _ = writeln!(out, "{}", result_line(&line, data));
+                let _ = writeln!(out, "{}", shown(&result_line(&line, data)));
             }
             "error" => {
                 self.finish_line(&mut out);
-                let _ = writeln!(
-                    out,
+                let line = format!(
                     "error: {}: {}",
                     data["code"].as_str().unwrap_or("error"),
                     data["message"].as_str().unwrap_or("")
                 );
+                let _ = writeln!(out, "{}", shown(&line));
             }
             "end" => {
                 self.finish_line(&mut out);
@@ -277,7 +292,7 @@ impl Screen {
                     let _ = writeln!(
                         out,
                         "(turn ended: {})",
-                        data["reason"].as_str().unwrap_or("?")
+                        shown(data["reason"].as_str().unwrap_or("?"))
                     );
                 }
             }
@@ -353,7 +368,7 @@ async fn turn(
                 cancel_asked = true;
                 eprintln!("\ncancelling the turn… (Ctrl-C again to stop waiting)");
                 if let Err(error) = api.call("POST", &format!("/v1/chats/{chat}/cancel"), None).await {
-                    eprintln!("cannot cancel: {error}");
+                    eprintln!("cannot cancel: {}", shown(&error.to_string()));
                 }
             }
             frame = body.frame() => {
@@ -478,12 +493,12 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         token: &options.token,
     };
     let (chat_id, chat) = open_chat(&api, &options).await?;
-    println!("chat {chat_id} in {}", options.project);
+    println!("chat {} in {}", shown(&chat_id), shown(&options.project));
     let earlier = history_lines(&chat);
     if !earlier.is_empty() {
         println!("— earlier in this chat —");
         for line in earlier {
-            println!("{line}");
+            println!("{}", shown(&line));
         }
         println!("— now —");
     }
@@ -588,9 +603,10 @@ async fn bind_local(
     let devices = api.call("GET", "/v1/devices", None).await?;
     let (device, folder) = pick_device(&devices, alias, device)?;
     let access = folder["access"].as_str().unwrap_or("read_only");
+    let device_name = shown(device["name"].as_str().unwrap_or("?")).into_owned();
+    let shown_alias = shown(alias);
     eprintln!(
-        "Binding this chat to {}:{alias} ({}, {}).",
-        device["name"].as_str().unwrap_or("?"),
+        "Binding this chat to {device_name}:{shown_alias} ({}, {}).",
         if access == "read_write" {
             "files and commands may change the folder"
         } else {
@@ -619,10 +635,7 @@ async fn bind_local(
         Some(json!({ "device_id": device["device_id"], "folder": alias, "confirm": CONFIRMATION })),
     )
     .await?;
-    println!(
-        "bound to {}:{alias}",
-        device["name"].as_str().unwrap_or("?")
-    );
+    println!("bound to {device_name}:{shown_alias}");
     Ok(())
 }
 
@@ -658,7 +671,7 @@ async fn converse(api: &Api<'_>, chat_id: &str) -> Result<(), ChatError> {
             "/unbind" => unbind(api, chat_id).await,
             _ => {
                 if let Err(e) = turn(api, chat_id, message, &mut screen).await {
-                    println!("error: {e}");
+                    println!("error: {}", shown(&e.to_string()));
                 }
             }
         }
@@ -690,7 +703,7 @@ async fn unbind(api: &Api<'_>, chat_id: &str) {
         .await
     {
         Ok(_) => println!("unbound: server files"),
-        Err(e) => println!("error: {e}"),
+        Err(e) => println!("error: {}", shown(&e.to_string())),
     }
 }
 

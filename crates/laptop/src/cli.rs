@@ -45,6 +45,11 @@ pub enum Command {
         /// The name shown for this device when the login is approved (default: the hostname).
         #[arg(long)]
         name: Option<String>,
+        /// Keep the credential without asking: the device login asks on a terminal whether to
+        /// use this laptop for the account that approved it, and refuses without a terminal
+        /// unless this is given (for scripts). The account is printed either way.
+        #[arg(long)]
+        yes: bool,
     },
     /// Delete the stored credential (and try to revoke it on the server).
     Logout,

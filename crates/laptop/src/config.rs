@@ -201,6 +201,10 @@ pub struct Credentials {
     pub gateways: Vec<String>,
     /// The `devices:connect` bearer token.
     pub token: String,
+    /// The account the token serves, as the server named it at login (shown before sharing);
+    /// `None` for a credential stored before logins asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 /// The credential as it may be found stored: a login before there could be several gateways
@@ -213,6 +217,8 @@ struct StoredCredentials {
     #[serde(default)]
     gateways: Vec<String>,
     token: String,
+    #[serde(default)]
+    account: Option<String>,
 }
 
 impl From<StoredCredentials> for Credentials {
@@ -226,6 +232,7 @@ impl From<StoredCredentials> for Credentials {
             server: stored.server,
             gateways,
             token: stored.token,
+            account: stored.account,
         }
     }
 }
@@ -395,6 +402,7 @@ mod tests {
             server: "http://127.0.0.1:1".into(),
             gateways: Vec::new(),
             token: "t".into(),
+            account: None,
         };
         let path = creds.store(&dirs).expect("store");
         let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
@@ -422,6 +430,7 @@ mod tests {
             server: "https://aw.example".into(),
             gateways: vec!["wss://b.example".into(), "wss://a.example".into()],
             token: "t".into(),
+            account: Some("alice".into()),
         };
         let text = serde_json::to_string(&several).expect("json");
         assert_eq!(
@@ -497,6 +506,7 @@ mod tests {
             server: "https://aw.example".into(),
             gateways: Vec::new(),
             token: "t1".into(),
+            account: None,
         };
         let store = FakeStore::default();
         // An older login left a file: saving into the store removes it.
@@ -573,6 +583,7 @@ mod tests {
             server: "http://127.0.0.1:1".into(),
             gateways: Vec::new(),
             token: "t".into(),
+            account: None,
         };
         let err = creds.store(&dirs).expect_err("a symlinked config dir");
         assert!(

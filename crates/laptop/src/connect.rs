@@ -267,7 +267,10 @@ impl Default for Status {
 }
 
 impl Status {
+    /// Shows `text`, which may quote what a server sent, without its control characters: the
+    /// only escape sequence on this line is the status line's own rewrite.
     pub fn show(&self, text: &str) {
+        let text = agentworks_core::text::strip_controls(text);
         if self.tty {
             eprint!("\r\x1b[2K{text}");
         } else {
@@ -288,6 +291,8 @@ pub struct Executor {
     /// The executor endpoints (`…/v1/executor`), in failover order; at least one.
     pub gateways: Vec<String>,
     pub token: String,
+    /// The account stored with the token at login, shown until a gateway names it.
+    pub account: Option<String>,
     pub device_name: String,
     pub grants: Arc<Grants>,
     pub dirs: Dirs,
@@ -594,8 +599,9 @@ impl Connection<'_> {
                 heartbeat_secs,
                 notice,
                 gateways,
+                account,
             }) => {
-                self.on_welcome(&device_id, heartbeat_secs, notice);
+                self.on_welcome(&device_id, heartbeat_secs, notice, account);
                 self.on_advertised(&gateways);
             }
             Ok(GatewayFrame::Request {
@@ -622,7 +628,15 @@ impl Connection<'_> {
         }
     }
 
-    fn on_welcome(&mut self, device_id: &str, heartbeat_secs: u64, notice: Option<String>) {
+    /// Every (re)connect says which account's agent the laptop now serves: the gateway's word
+    /// for it, else the one stored at login.
+    fn on_welcome(
+        &mut self,
+        device_id: &str,
+        heartbeat_secs: u64,
+        notice: Option<String>,
+        account: Option<String>,
+    ) {
         let executor = self.executor;
         self.welcomed = true;
         self.heartbeat = Duration::from_secs(heartbeat_secs.clamp(1, 600));
@@ -638,10 +652,16 @@ impl Connection<'_> {
             .iter()
             .map(|f| f.alias.clone())
             .collect();
-        executor.status.show(&format!(
-            "connected as device {device_id}, sharing {}; Ctrl-C ends sharing",
+        let serving = account
+            .as_deref()
+            .or(executor.account.as_deref())
+            .map(|account| format!(" for the account {account}"))
+            .unwrap_or_default();
+        let line = format!(
+            "connected as device {device_id}{serving}, sharing {}; Ctrl-C ends sharing",
             aliases.join(", ")
-        ));
+        );
+        executor.status.show(&line);
     }
 
     /// The gateways the server advertised: each one a `--gateway` could be (`wss://`, or

@@ -3,8 +3,9 @@
 //!
 //! Owns: the small HTTP/1.1 client these need (hyper over TCP, or rustls for `https://`), the
 //! polling loop (the server's interval, +5 s on `slow_down`, until approved, denied or expired)
-//! and the token check (`POST /mcp` with the token: a live `devices:connect` token is answered
-//! 403 `insufficient_scope`, an unknown or revoked one 401).
+//! and the token check ([`account`]: `GET /v1/device/account` answers a live `devices:connect`
+//! token with the account it belongs to, which `login` shows and asks about before storing it;
+//! any other token 403, an unknown or revoked one 401).
 //!
 //! Must never: send a token over plain `http://` to anything but a loopback host; store a token
 //! that has scopes beyond `devices:connect`.
@@ -40,6 +41,10 @@ pub enum LoginError {
         "this token is not a devices:connect token; create one with only that scope (or use the device login)"
     )]
     WrongScope,
+    #[error(
+        "the server does not say whose account the token serves ({status} from {url}); nothing was stored (is the server older than this agentworks?)"
+    )]
+    NoAccount { url: String, status: u16 },
 }
 
 /// agentd's public URL, checked: `https://`, or `http://` to loopback.
@@ -66,18 +71,31 @@ pub async fn post(
     bearer: Option<&str>,
     extra: &[(&str, &str)],
 ) -> Result<Reply, LoginError> {
+    request(
+        server,
+        "POST",
+        path,
+        Some(content_type),
+        body,
+        bearer,
+        extra,
+    )
+    .await
+}
+
+/// One request to `server` + `path`; the whole answer, within 30 s.
+async fn request(
+    server: &BaseUrl,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: String,
+    bearer: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Result<Reply, LoginError> {
     let url = format!("{}{path}", server.render());
     let answer = async {
-        let response = send(
-            server,
-            "POST",
-            path,
-            Some(content_type),
-            body,
-            bearer,
-            extra,
-        )
-        .await?;
+        let response = send(server, method, path, content_type, body, bearer, extra).await?;
         let status = response.status().as_u16();
         let body = response
             .into_body()
@@ -187,10 +205,13 @@ fn form(pairs: &[(&str, &str)]) -> String {
 }
 
 pub use agentworks_contract::public_api::DeviceCode;
+use agentworks_contract::public_api::{DEVICE_ACCOUNT_PATH, DeviceAccount};
 
 /// What `agentworks login` tells the person: the link to open (the approval page with the
-/// code filled in), and the operator's way. Ends with the `Code: …` line scripts read.
-pub fn instructions(code: &DeviceCode) -> String {
+/// code filled in), and the operator's way. Ends with the device's name and the code, the two
+/// lines the approval page shows side by side to compare with; scripts read the last,
+/// `Code: …`.
+pub fn instructions(code: &DeviceCode, device_name: &str) -> String {
     let link = code
         .verification_uri_complete
         .clone()
@@ -199,6 +220,8 @@ pub fn instructions(code: &DeviceCode) -> String {
         "To connect this device, open {link} in a browser, sign in to the console and press Approve \
 (or enter the code at {page}).\n\
 An operator can approve it instead: agentworksctl login approve {user_code} --user YOU\n\
+Approve only if the page shows this device and this code:\n\
+Device: {device_name}\n\
 Code: {user_code}",
         page = code.verification_uri,
         user_code = code.user_code,
@@ -278,22 +301,29 @@ pub async fn poll(server: &BaseUrl, code: &DeviceCode) -> Result<String, LoginEr
     }
 }
 
-/// Check that `token` is a live `devices:connect` token: agentd's MCP endpoint answers such a
-/// token 403 `insufficient_scope` (it has no workflow scope) and an unknown one 401.
-pub async fn check_token(server: &BaseUrl, token: &str) -> Result<(), LoginError> {
-    let reply = post(
+/// The account `token` serves, which also checks that it is a live `devices:connect` token:
+/// the server answers any other token 403 and an unknown or revoked one 401.
+pub async fn account(server: &BaseUrl, token: &str) -> Result<String, LoginError> {
+    let url = format!("{}{DEVICE_ACCOUNT_PATH}", server.render());
+    let Reply { status, body } = request(
         server,
-        "/mcp",
-        "application/json",
-        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_owned(),
+        "GET",
+        DEVICE_ACCOUNT_PATH,
+        None,
+        String::new(),
         Some(token),
-        &[("accept", "application/json, text/event-stream")],
+        &[],
     )
     .await?;
-    match reply.status {
+    match status {
+        200 => serde_json::from_str::<DeviceAccount>(&body)
+            .ok()
+            .map(|found| found.account)
+            .filter(|account| !account.is_empty())
+            .ok_or(LoginError::NoAccount { url, status }),
         401 => Err(LoginError::TokenRejected),
-        403 if reply.body.contains("insufficient_scope") => Ok(()),
-        _ => Err(LoginError::WrongScope),
+        403 => Err(LoginError::WrongScope),
+        status => Err(LoginError::NoAccount { url, status }),
     }
 }
 
@@ -336,7 +366,7 @@ mod tests {
             expires_in: 600,
             interval: 2,
         };
-        let text = instructions(&code);
+        let text = instructions(&code, "my-laptop");
         assert!(
             text.contains(
                 "open https://aw.example/v1/device/approve?user_code=BCDF-GHJK in a browser"
@@ -348,16 +378,17 @@ mod tests {
             text.contains("agentworksctl login approve BCDF-GHJK --user YOU"),
             "{text}"
         );
-        assert_eq!(text.lines().last(), Some("Code: BCDF-GHJK"));
+        let last: Vec<&str> = text.lines().rev().take(2).collect();
+        assert_eq!(last, ["Code: BCDF-GHJK", "Device: my-laptop"]);
         let without = DeviceCode {
             verification_uri_complete: None,
             ..code
         };
         assert!(
-            instructions(&without)
+            instructions(&without, "l")
                 .contains("open https://aw.example/v1/device/approve in a browser"),
             "{}",
-            instructions(&without)
+            instructions(&without, "l")
         );
     }
 }

@@ -24,7 +24,10 @@
 //!    folders (`patch_rejected`).
 //! 2. The names. The diff must name `filepath` (or have no file headers, and then it is applied
 //!    to `filepath`); a diff that names only other files is `patch_rejected` with both names, so
-//!    the file a person sees named in the call is a file the patch changes.
+//!    the file a person sees named in the call is a file the patch changes. The files together
+//!    must be able to follow each other ([`agentworks_core::set_effect`]): one that creates
+//!    `x` and another that needs `x/` as a folder is `patch_rejected` here, not found half way
+//!    through the writes.
 //! 3. Each file: a [`RelPath`] inside the folder, allowed by the folder's guard (not blocked, not
 //!    read-only, not `workflow.json`/`product.json`; read-only projects nested in the folder stay
 //!    read-only), opened with `openat2` beneath the folder (no symlink anywhere, no escape), a
@@ -54,6 +57,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use agentworks_contract::executor::{Outcome, PatchedFile};
 use agentworks_core::guard::{Guard, RelPath, ResolvedGuard};
 use agentworks_core::revision::Revision;
+use agentworks_core::set_effect::{self, Change, Names};
 use agentworks_fs::confine::{self, ConfineError};
 use agentworks_fs::staged::StagedFile;
 
@@ -420,6 +424,20 @@ fn name_files(target: &Target<'_>, diff: &str) -> Result<Vec<Named>, Outcome> {
         named.push(file);
     }
     require_filepath_named(target, &named)?;
+    let changes: Vec<Change<'_>> = named
+        .iter()
+        .map(|n| match n.old {
+            None => Change::Create(&n.new),
+            Some(_) => Change::Modify(&n.new),
+        })
+        .collect();
+    // APFS, macOS's default, compares names without case: `A.txt` and `a.txt` are one file.
+    let names = if cfg!(target_os = "macos") {
+        Names::CaseInsensitive
+    } else {
+        Names::Exact
+    };
+    set_effect::check_set(&changes, names).map_err(|e| refused("patch_rejected", e.to_string()))?;
     Ok(named)
 }
 
@@ -819,6 +837,9 @@ mod tests {
             "--- /dev/null\n+++ b/secret\n@@ -0,0 +1 @@\n+s\n",
             "--- /dev/null\n+++ b/workflow.json\n@@ -0,0 +1 @@\n+{}\n",
             "--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-x\n+y\n",
+            // Control and bidirectional formatting characters in a name (issue 42, item 9).
+            "--- /dev/null\n+++ b/run\u{202e}txt.sh\n@@ -0,0 +1 @@\n+s\n",
+            "--- /dev/null\n+++ b/a\x1b[2Jb.txt\n@@ -0,0 +1 @@\n+s\n",
         ] {
             let outcome = apply_in(root, &job(&format!("{good}{bad_second}")));
             assert!(matches!(outcome, Outcome::Refused { .. }), "{outcome:?}");
@@ -841,6 +862,29 @@ mod tests {
         // A headerless diff names its file by filepath.
         let outcome = apply_in(root, &job("@@ -2 +2 @@\n-two\n+TWO\n"));
         assert!(matches!(outcome, Outcome::Patched { .. }), "{outcome:?}");
+    }
+
+    /// Issue 42 item 8: a file created as `x` and another created as `x/y.txt` were each
+    /// valid, and the second failed after the first was written (`partially_applied`).
+    #[test]
+    fn a_patch_whose_files_cannot_follow_each_other_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::write(root.join("a.txt"), "one\n").expect("write");
+        let good = "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-one\n+ONE\n";
+        let x = "--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+x\n";
+        let x_y = "--- /dev/null\n+++ b/x/y.txt\n@@ -0,0 +1 @@\n+y\n";
+        for diff in [format!("{good}{x}{x_y}"), format!("{x_y}{good}{x}")] {
+            let outcome = apply_in(root, &job(&diff));
+            let (code, message) = refusal(&outcome);
+            assert_eq!(code, "patch_rejected", "{message}");
+            assert!(message.contains("cannot be both"), "{message}");
+            assert_eq!(
+                std::fs::read_to_string(root.join("a.txt")).expect("read"),
+                "one\n"
+            );
+            assert!(!root.join("x").exists());
+        }
     }
 
     #[test]

@@ -61,6 +61,7 @@ impl Gateway {
                 heartbeat_secs: 30,
                 notice: None,
                 gateways: Vec::new(),
+                account: None,
             },
         )
         .await;

@@ -1,8 +1,9 @@
 //! `agentworksctl quickstart --json` as the tests run it: both of its ports given (each
 //! reserved with [`super::reserve_ports`]), its stderr (its own messages and its daemons' logs)
-//! kept in a file that is shown whenever the start fails, and the record it leaves for
-//! agentworksctl's other commands kept in a temp `XDG_STATE_HOME` of its own unless the test
-//! chose one (so that no test's quickstart is found by another test's commands).
+//! kept in a file that is shown whenever the start fails (no JSON line) and that a test may
+//! read, and the record it leaves for agentworksctl's other commands kept in a temp
+//! `XDG_STATE_HOME` of its own unless the test chose one (so that no test's quickstart is found
+//! by another test's commands).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -27,11 +28,12 @@ pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString>
 }
 
 /// A running `agentworksctl quickstart --json`: the child and its first stdout line (the JSON
-/// `Started`). Its stderr goes to a file that is shown whenever its start fails.
+/// `Started`). Its stderr, which its daemons inherit, goes to `stderr`, shown whenever its
+/// start fails.
 pub struct QuickstartRun {
     pub child: Child,
     pub started: serde_json::Value,
-    stderr: tempfile::NamedTempFile,
+    pub stderr: tempfile::NamedTempFile,
     /// The `XDG_STATE_HOME` the harness gave it (none when the test set it, or `HOME`).
     _state_home: Option<tempfile::TempDir>,
 }

@@ -350,7 +350,7 @@ impl Operation {
                 "Delete a file in a workflow. Guarded by expected_revision; the receipt keeps its content for a restore. Retrying with the same request_id returns the same outcome."
             }
             Operation::ApplyPatch => {
-                "Apply a multi-file unified diff (create, modify, delete) in a workflow as one request. Every file is checked first (paths, revisions, every hunk, sizes); any failure changes nothing and names the file (path, file_index). Each file gets its own receipt under the request_id; if the set stops part way, partially_applied lists each file's state. Retrying with the same request_id returns the recorded outcome."
+                "Apply a multi-file unified diff (create, modify, delete) in a workflow as one request. Every file is checked first (paths, revisions, every hunk, sizes); any failure changes nothing and names the file (path, file_index). Each file gets its own receipt under the request_id; if the set stops part way, partially_applied lists each file's state. Retrying with the same request_id returns the recorded outcome: the result when every file was applied, else an error (partially_applied, not_applied or uncertain) with each file's state; it never applies anything again."
             }
             Operation::GetWriteReceipt => {
                 "Look up the receipt of an earlier change (write, edit, move, delete, patch) by its request_id, to resolve an uncertain outcome; a patch lists each file's receipt."

@@ -3,8 +3,11 @@
 //! A [`RelPath`] is the only path type the guard and workspaced accept from a caller. Parsing
 //! refuses everything that could name something outside the project or a private file:
 //! absolute paths, `..`, empty and `.` components, NUL, backslashes-as-separators confusion is
-//! not interpreted (a backslash is an ordinary byte on Linux), and components that start with a
-//! dot (`.git/`, our own temp files and receipts fallback). Matching is by components, never by
+//! not interpreted (a backslash is an ordinary byte on Linux), components that start with a
+//! dot (`.git/`, our own temp files and receipts fallback), and control and bidirectional
+//! formatting characters ([`crate::text::is_control_or_bidi`]: a newline or an ESC in a name
+//! forges the log lines and terminal output that show it, U+202E shows `txt.exe` as
+//! `exe.txt`). Matching is by components, never by
 //! string prefix, so `docs` never matches `docs2/x`.
 //!
 //! This module never touches the filesystem: confinement against symlinks happens when the path
@@ -26,6 +29,10 @@ pub enum PathError {
     Absolute { path: String },
     #[error("path {path:?} contains a NUL byte")]
     Nul { path: String },
+    #[error(
+        "path {path:?} contains the control or bidirectional formatting character {character:?}; names hold printable characters only"
+    )]
+    Control { path: String, character: char },
     #[error("path {path:?} contains a \"..\" component; traversal out of a folder is refused")]
     Traversal { path: String },
     #[error(
@@ -49,6 +56,7 @@ impl PathError {
             PathError::Empty => "empty",
             PathError::Absolute { .. } => "absolute",
             PathError::Nul { .. } => "nul",
+            PathError::Control { .. } => "control_character",
             PathError::Traversal { .. } => "traversal",
             PathError::EmptyComponent { .. } => "empty_component",
             PathError::Private { .. } => "private",
@@ -72,6 +80,12 @@ impl RelPath {
         }
         if raw.is_empty() {
             return Err(PathError::Empty);
+        }
+        if let Some(character) = raw.chars().find(|&c| crate::text::is_control_or_bidi(c)) {
+            return Err(PathError::Control {
+                path: raw.chars().take(256).collect(),
+                character,
+            });
         }
         if raw.starts_with('/') {
             return Err(PathError::Absolute { path: raw.into() });
@@ -179,6 +193,12 @@ mod tests {
             ("a/.env", "private"),
             ("a/.agentworks-tmp-1", "private"),
             ("..", "traversal"),
+            ("a\nINFO forged.txt", "control_character"),
+            ("docs/\x1b[2Jx", "control_character"),
+            ("\u{9b}1;1H", "control_character"),
+            ("invoice\u{202e}fdp.exe", "control_character"),
+            ("a/\u{2066}b", "control_character"),
+            ("tab\tname", "control_character"),
         ];
         for (raw, reason) in cases {
             let err = RelPath::parse(raw).unwrap_err();

@@ -7,7 +7,9 @@
 //!    renames, quoted paths, a path named twice refused) and name every file: a [`RelPath`]
 //!    allowed by the guard's `check_write` (protected, blocked, read-only, traversal), as
 //!    `/v1/write` and `/v1/patch` check it; `expected_revisions` by the rule on
-//!    [`PatchSetRequest`].
+//!    [`PatchSetRequest`]; and the set's whole effect ([`agentworks_core::set_effect`]): a
+//!    file that one part creates and another needs as a folder is refused here, not found
+//!    half way through step 5.
 //! 2. Idempotency: receipts under the id replay their recorded (reconciled) outcome when the
 //!    payload is the same, else `request_id_reused`.
 //! 3. Validate every file before any changes: opened through `confine` (no symlink, no escape,
@@ -56,6 +58,7 @@ use agentworks_contract::workspaced::*;
 use agentworks_core::guard::{RelPath, ResolvedGuard};
 use agentworks_core::patch::{FileChange, PatchError, PatchSetLimits, parse_patch_set};
 use agentworks_core::revision::Revision;
+use agentworks_core::set_effect::{self, Change, Names};
 use agentworks_fs::confine::ConfineError;
 use agentworks_fs::failpoint::{self, Hit};
 use std::sync::Mutex;
@@ -176,6 +179,15 @@ fn name_files(
             expected: None,
         });
     }
+    let changes: Vec<Change<'_>> = files
+        .iter()
+        .map(|f| match f.change {
+            FileChange::Create => Change::Create(&f.path),
+            FileChange::Modify => Change::Modify(&f.path),
+            FileChange::Delete => Change::Delete(&f.path),
+        })
+        .collect();
+    set_effect::check_set(&changes, Names::Exact).map_err(PatchError::from)?;
     for (raw, revision) in req.expected_revisions.iter().flatten() {
         let named = RelPath::parse(raw).ok();
         let Some(file) = files.iter_mut().find(|f| Some(&f.path) == named.as_ref()) else {
@@ -724,6 +736,45 @@ mod tests {
         assert_eq!(error.code(), "too_large", "{error}");
         assert!(error.to_string().contains("big.txt"), "{error}");
         assert!(!f.project.join("big.txt").exists());
+    }
+
+    /// Issue 42 item 8: the first file creates `x`, the second needs `x/` as a folder. Each
+    /// is fine on its own; together they used to stop half applied (`x` made, `x/y.txt` not).
+    #[test]
+    fn a_set_that_cannot_apply_whole_is_refused_before_anything_changes() {
+        let f = fixture(&[("m.txt", "m\n")]);
+        for (diff, id) in [
+            (
+                "--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+x\n--- /dev/null\n+++ b/x/y.txt\n@@ -0,0 +1 @@\n+y\n",
+                "file-then-folder",
+            ),
+            (
+                "--- /dev/null\n+++ b/x/y.txt\n@@ -0,0 +1 @@\n+y\n--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+x\n",
+                "folder-then-file",
+            ),
+            (
+                "--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-m\n+M\n--- /dev/null\n+++ b/m.txt/z\n@@ -0,0 +1 @@\n+z\n",
+                "modified-then-folder",
+            ),
+        ] {
+            let req = request(diff, &[("m.txt", Revision::of(b"m\n"))], id);
+            let error = f.workspace.patch_set(&req).unwrap_err();
+            assert_eq!(error.code(), "patch_rejected", "{id}: {error}");
+            assert!(
+                error.to_string().contains("cannot be both"),
+                "{id}: {error}"
+            );
+            assert!(!f.project.join("x").exists(), "{id}");
+            assert_eq!(
+                std::fs::read_to_string(f.project.join("m.txt")).unwrap(),
+                "m\n"
+            );
+            let receipt = f.workspace.receipt(&ReceiptRequest {
+                context: context(writable()),
+                request_id: id.into(),
+            });
+            assert_eq!(receipt.unwrap_err().code(), "not_found", "{id}: no receipt");
+        }
     }
 
     #[test]

@@ -36,9 +36,13 @@ impl Workspace {
     ) -> Result<(), WorkspaceError> {
         // What a path holds now; `None` for a file that has gained a second link since: it is
         // not read (its other name may be a file outside the project), so the receipt stays
-        // uncertain rather than being decided from it.
+        // uncertain rather than being decided from it. `None` too for a path recorded before
+        // a rule refused it (a control character): it is never opened again.
         let on_disk = |path: &str| -> Result<Option<Revision>, WorkspaceError> {
-            match revision_on_disk(project.root.as_fd(), &RelPath::parse(path)?) {
+            let Ok(path) = RelPath::parse(path) else {
+                return Ok(None);
+            };
+            match revision_on_disk(project.root.as_fd(), &path) {
                 Ok(revision) => Ok(Some(revision)),
                 Err(WorkspaceError::Confine(ConfineError::HardLink { .. })) => Ok(None),
                 Err(e) => Err(e),

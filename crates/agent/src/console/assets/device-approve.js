@@ -1,6 +1,11 @@
 // The device-login approval page (`/v1/device/approve?user_code=…`, the link `agentworks
 // login` prints): the signed-in person sees which computer asks, and approves or denies it
 // once. Not signed in: off to the console's sign-in, which comes back here (`?next=`).
+//
+// The device's name and the code are shown side by side, each written exactly as `agentworks
+// login` prints it (`Device: …`, `Code: …`), so the person compares them with their own
+// terminal: a link sent by someone else carries that person's code and device, and approving
+// it would give their laptop this account.
 
 import { api, session } from './api.js';
 import { h, fill, showStatus } from './dom.js';
@@ -76,12 +81,14 @@ async function pending(userCode, user) {
   const minutes = Math.max(1, Math.round(login.expires_in / 60));
   fill(main(),
     h('h1', {}, 'Approve a device login'),
-    h('dl', {},
-      h('dt', {}, 'Code'), h('dd', { id: 'device-code' }, login.user_code),
-      h('dt', {}, 'Device'), h('dd', { id: 'device-name' }, login.device_name || '(no name given)')),
+    h('p', {}, 'Your terminal shows these two lines under agentworks login. Approve only if they are the same there:'),
+    h('div', { id: 'compare', class: 'compare', role: 'group', 'aria-label': 'What agentworks login shows' },
+      h('samp', { id: 'device-name' }, `Device: ${login.device_name || '(no name given)'}`),
+      h('samp', { id: 'device-code' }, `Code: ${login.user_code}`)),
     h('p', {}, 'Approving grants ', h('code', {}, login.scopes.join(', ')),
       `: it lets that computer connect as your executor (as ${user}) and nothing else.`),
-    h('p', {}, `Only approve a login you started yourself. The code expires in about ${minutes} min.`),
+    h('p', {}, 'Only approve a login you started yourself.'),
+    h('p', { id: 'expiry' }, `The code expires in about ${minutes} min.`),
     h('div', { id: 'decision' }, approve, ' ', deny));
 }
 
