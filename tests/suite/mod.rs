@@ -5,6 +5,7 @@ mod agentd;
 mod agentd_cluster;
 mod attachments;
 mod attack_authority;
+mod attack_connections;
 mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
