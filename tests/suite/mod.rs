@@ -4,6 +4,7 @@ mod agent;
 mod agentd;
 mod agentd_cluster;
 mod attachments;
+mod attack_accounts;
 mod attack_authority;
 mod attack_connections;
 mod attack_listeners;
