@@ -217,7 +217,7 @@ pub(super) fn exchange(s: &Setup, client: &str, code: &str, verifier: &str) -> (
     )
 }
 
-fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, Value) {
+pub(super) fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, Value) {
     let mut pairs = vec![
         ("grant_type", "refresh_token"),
         ("refresh_token", token),
@@ -230,7 +230,7 @@ fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, V
 }
 
 /// A whole grant for the `flows` project with `decision`: (client, tokens).
-fn granted(s: &Setup, scope: &str, decision: Value) -> (String, Value) {
+pub(super) fn granted(s: &Setup, scope: &str, decision: Value) -> (String, Value) {
     let client = public_client(&s.stack);
     let verifier = "v".repeat(43) + "-fixed-verifier";
     let id = start(s, &client, scope, &verifier);

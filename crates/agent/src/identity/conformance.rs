@@ -301,6 +301,66 @@ pub fn oauth_codes_and_refresh_tokens_work_once(open: &dyn Fn() -> IdentityStore
     assert!(a.authenticate(&tokens.access_token).unwrap().is_err());
 }
 
+/// Disabling an account on one host ends its sessions and its OAuth grants for good, on every
+/// host: the session is gone, the grant's access token refused and its refresh token refused,
+/// and enabling the account again brings none of them back (issue 42, item 3). A personal
+/// token an operator made is only refused while the account is disabled.
+pub fn disabling_an_account_ends_its_sessions_and_grants_for_good(
+    open: &dyn Fn() -> IdentityStore,
+) {
+    let (a, b) = (open(), open());
+    let alice = a.add_user("alice").unwrap();
+    let project = a
+        .add_project("demo", ProjectKind::Workflow, "demo", &policy(), "alice")
+        .unwrap();
+    let now = now_ms();
+    let policy = SessionPolicy::default();
+    let session = a.create_session(&alice, policy, now).unwrap();
+    let (_, code) = a
+        .create_grant(&new_grant(&alice.id, &project.id, VERIFIER), now)
+        .unwrap();
+    let issued = a
+        .exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+        .unwrap();
+    let personal = token_for(&a, "alice", vec![Scope::WorkflowsRead]);
+
+    b.set_user_disabled("alice", true).unwrap();
+    assert!(
+        a.check_session(&session.secret, policy, now)
+            .unwrap()
+            .is_none()
+    );
+    assert!(a.authenticate(&issued.access_token).unwrap().is_err());
+    assert!(
+        a.refresh(&issued.refresh_token, "cli_x", None, now)
+            .is_err()
+    );
+    assert!(matches!(
+        a.create_grant(&new_grant(&alice.id, &project.id, VERIFIER), now),
+        Err(IdentityError::Invalid(_))
+    ));
+    assert!(a.create_session(&alice, policy, now).is_err());
+
+    a.set_user_disabled("alice", false).unwrap();
+    assert!(
+        b.check_session(&session.secret, policy, now)
+            .unwrap()
+            .is_none(),
+        "the session came back with the account"
+    );
+    assert!(
+        b.authenticate(&issued.access_token).unwrap().is_err(),
+        "the grant's access token came back with the account"
+    );
+    assert!(
+        b.refresh(&issued.refresh_token, "cli_x", None, now)
+            .is_err(),
+        "the grant's refresh token came back with the account"
+    );
+    assert!(b.grants_of(&alice.id).unwrap().is_empty());
+    assert!(b.authenticate(&personal).unwrap().is_ok());
+}
+
 /// One code exchanged through several hosts at once issues tokens once; one user name added
 /// through several hosts at once is one user, the others told it exists.
 pub fn racing_hosts_redeem_a_code_once_and_take_a_name_once(open: &dyn Fn() -> IdentityStore) {
@@ -683,6 +743,7 @@ mod on_sqlite {
         oauth_codes_and_refresh_tokens_work_once,
         racing_hosts_redeem_a_code_once_and_take_a_name_once,
         accounts_codes_and_sessions,
+        disabling_an_account_ends_its_sessions_and_grants_for_good,
         authorization_requests_are_decided_once,
         failed_attempts_are_limited_across_hosts,
         device_logins_are_decided_once_and_redeemed_once,
