@@ -6,13 +6,14 @@
 //!
 //! - a disabled account's console session and OAuth grant coming back when it is enabled
 //!   again (item 3);
-//! - a member guessing another person's chat id to learn who owns it (item 4).
+//! - a member guessing another person's chat id to learn who owns it (item 4);
+//! - a password guesser locking a person out of the console from another address (item 12).
 
 use serde_json::{Value, json};
 
 use super::agent::{code_project, create_chat, user};
-use super::console_sessions::request;
-use super::harness::{Stack, http};
+use super::console_sessions::{PASSWORD, alice, origin, request};
+use super::harness::{Stack, http, http_from};
 use super::oauth::{granted, mcp_status, refresh, setup};
 
 /// Item 3: alice is signed in to the console and has an OAuth grant (an access token and a
@@ -123,4 +124,66 @@ fn a_chats_refusal_never_names_its_owner() {
         "the refusal names the chat's owner: {text}"
     );
     assert!(text.contains("not your chat"), "{text}");
+}
+
+/// The attacker's client address, and a person's, both loopback.
+const ATTACKER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+const PERSON: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 3);
+
+/// A password sign-in from `source`, from the console's own page: (status, answer).
+fn sign_in_from(
+    stack: &Stack,
+    source: std::net::Ipv4Addr,
+    name: &str,
+    password: &str,
+) -> (u16, hyper::HeaderMap, Value) {
+    let origin = origin(stack);
+    let (status, headers, text) = http_from(
+        source,
+        stack.port,
+        "POST",
+        "/v1/console/sign-in",
+        &[("content-type", "application/json"), ("origin", &origin)],
+        &json!({"username": name, "password": password}).to_string(),
+    );
+    let answer = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, headers, answer)
+}
+
+/// Item 12: an attacker who knows the name `alice` guesses passwords from one address. Past a
+/// few failures that address waits (and keeps waiting: refused attempts are not counted, and
+/// the right password does not help there), while alice signing in from another address gets
+/// in at once. Before the fix five wrong passwords locked `alice` for 15 minutes for everyone.
+#[test]
+fn a_password_guesser_is_slowed_down_at_their_address_and_the_person_elsewhere_signs_in() {
+    let stack = Stack::start();
+    alice(&stack);
+    for attempt in 0..5 {
+        let (status, _, answer) = sign_in_from(&stack, ATTACKER, "alice", "wrong guess");
+        assert_eq!(status, 401, "guess {attempt}: {answer}");
+    }
+    // alice, elsewhere: signed in at once.
+    let (status, _, answer) = sign_in_from(&stack, PERSON, "alice", PASSWORD);
+    assert_eq!(
+        status, 200,
+        "the person was locked out by the attacker: {answer}"
+    );
+    assert_eq!(answer["user"]["name"], "alice");
+    for guess in ["wrong again", PASSWORD] {
+        let (status, headers, answer) = sign_in_from(&stack, ATTACKER, "alice", guess);
+        assert_eq!(status, 429, "{answer}");
+        assert_eq!(answer["error"]["code"], "too_many_attempts");
+        let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=30).contains(&retry), "the first wait is 30 s: {retry}");
+    }
+    // The attacker's other names at the same address are slowed down by the address's own
+    // limit in the end, and alice elsewhere still is not.
+    for i in 0..15 {
+        let (status, _, _) = sign_in_from(&stack, ATTACKER, &format!("guess{i}"), "x-wrong-x");
+        assert_eq!(status, 401, "name {i}");
+    }
+    let (status, _, _) = sign_in_from(&stack, ATTACKER, "someone", "x-wrong-x");
+    assert_eq!(status, 429, "twenty failures from one address");
+    let (status, _, answer) = sign_in_from(&stack, PERSON, "alice", PASSWORD);
+    assert_eq!(status, 200, "{answer}");
 }

@@ -12,6 +12,7 @@ use std::sync::Barrier;
 use agentworks_core::guard::Guard;
 
 use super::accounts::{CodeKind, SessionPolicy};
+use super::attempt_limits::AttemptLimit;
 use super::authority::{FileGuard, Role, Scope};
 use super::authorization_requests::Decision;
 use super::device_logins::{DEVICE_LOGIN_TTL_MS, DecideError, DevicePoll};
@@ -649,6 +650,39 @@ pub fn failed_attempts_are_limited_across_hosts(open: &dyn Fn() -> IdentityStore
         counted.iter().filter(|ok| **ok).count(),
         3,
         "a limit of 3, {HOSTS} hosts at once: {counted:?}"
+    );
+
+    // A backoff: two free, then 30 s after the last failure, then 60 s; counted on any host,
+    // and a refused attempt is not counted (waiting is enough).
+    let backoff = [(
+        "signin:alice@x",
+        AttemptLimit::Backoff {
+            free: 2,
+            first_wait_ms: 30_000,
+        },
+    )];
+    assert!(a.count_attempt(&backoff, now, WINDOW).unwrap().is_ok());
+    assert!(
+        b.count_attempt(&backoff, now + 1_000, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        a.count_attempt(&backoff, now + 2_000, WINDOW).unwrap(),
+        Err(29)
+    );
+    assert_eq!(
+        b.count_attempt(&backoff, now + 30_000, WINDOW).unwrap(),
+        Err(1)
+    );
+    assert!(
+        b.count_attempt(&backoff, now + 31_000, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        a.count_attempt(&backoff, now + 31_000, WINDOW).unwrap(),
+        Err(60)
     );
 }
 
