@@ -7,7 +7,9 @@
 //! - a disabled account's console session and OAuth grant coming back when it is enabled
 //!   again (item 3);
 //! - a member guessing another person's chat id to learn who owns it (item 4);
-//! - a password guesser locking a person out of the console from another address (item 12).
+//! - a password guesser locking a person out of the console from another address (item 12);
+//! - a login CSRF, a session cookie planted beside the person's, and the cookie's name on an
+//!   https console (item 13).
 
 use serde_json::{Value, json};
 
@@ -186,4 +188,159 @@ fn a_password_guesser_is_slowed_down_at_their_address_and_the_person_elsewhere_s
     assert_eq!(status, 429, "twenty failures from one address");
     let (status, _, answer) = sign_in_from(&stack, PERSON, "alice", PASSWORD);
     assert_eq!(status, 200, "{answer}");
+}
+
+/// A sign-in POST with `headers` (besides the JSON content type): (status, Set-Cookie pair
+/// or "", answer).
+fn sign_in_with(
+    stack: &Stack,
+    headers: &[(&str, &str)],
+    name: &str,
+    password: &str,
+) -> (u16, String, Value) {
+    let (status, headers, answer) = request(
+        stack,
+        "POST",
+        "/v1/console/sign-in",
+        headers,
+        json!({"username": name, "password": password}),
+    );
+    let cookie = headers
+        .get("set-cookie")
+        .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, cookie, answer)
+}
+
+/// Item 13, on a console served over plain loopback http (cookie `aw_session`): a login CSRF
+/// (another site's form posting the attacker's password, so the victim's browser works in the
+/// attacker's account) is refused when the request says it comes from the console in neither
+/// `Origin` nor `Sec-Fetch-Site`; a session cookie planted beside the person's own (a cookie
+/// for a narrower path is sent with it) makes the request refused, not served as the planter.
+/// Before the fix the sign-in answered 200 with a cookie, and the request with two cookies was
+/// served in the first one's session.
+#[test]
+fn a_login_csrf_and_a_planted_second_session_cookie_are_refused() {
+    let stack = Stack::start();
+    alice(&stack);
+    let added = stack.ctl(&["user", "add", "mallory"]);
+    assert!(added.status.success(), "{added:?}");
+    let set = super::console_sessions::passwd(&stack, "mallory", PASSWORD);
+    assert!(set.status.success(), "{set:?}");
+
+    for (headers, why) in [
+        (vec![], "neither Origin nor Sec-Fetch-Site"),
+        (vec![("sec-fetch-site", "cross-site")], "a cross-site form"),
+        (
+            vec![("sec-fetch-site", "same-site")],
+            "a sibling host's form",
+        ),
+        (vec![("origin", "http://evil.example")], "another origin"),
+    ] {
+        let (status, cookie, answer) = sign_in_with(&stack, &headers, "mallory", PASSWORD);
+        assert_eq!(status, 403, "{why}: {answer}");
+        assert_eq!(answer["error"]["code"], "csrf_refused", "{why}");
+        assert!(cookie.is_empty(), "{why}: a session cookie was set");
+    }
+    // The console's own pages: its Origin, or (a browser that sent none) same-origin.
+    let own = origin(&stack);
+    let (status, mallory_cookie, _) =
+        sign_in_with(&stack, &[("origin", &own)], "mallory", PASSWORD);
+    assert_eq!(status, 200);
+    let (status, alice_cookie, _) = sign_in_with(
+        &stack,
+        &[("sec-fetch-site", "same-origin")],
+        "alice",
+        PASSWORD,
+    );
+    assert_eq!(status, 200);
+    assert!(alice_cookie.starts_with("aw_session="), "{alice_cookie}");
+
+    // mallory's cookie planted beside alice's: refused, whichever comes first.
+    let who = |cookies: &str| {
+        let (status, _, answer) = request(
+            &stack,
+            "GET",
+            "/v1/console/session",
+            &[("cookie", cookies)],
+            Value::Null,
+        );
+        (status, answer)
+    };
+    for cookies in [
+        format!("{mallory_cookie}; {alice_cookie}"),
+        format!("{alice_cookie}; theme=dark; {mallory_cookie}"),
+    ] {
+        let (status, answer) = who(&cookies);
+        assert_eq!(status, 400, "served with two session cookies: {answer}");
+        assert_eq!(answer["error"]["code"], "duplicate_session_cookie");
+        let (status, _, chats) = request(
+            &stack,
+            "GET",
+            "/v1/chats",
+            &[("cookie", &cookies)],
+            Value::Null,
+        );
+        assert_eq!(status, 400, "{chats}");
+    }
+    let (status, answer) = who(&alice_cookie);
+    assert_eq!(
+        (status, answer["user"]["name"].as_str()),
+        (200, Some("alice"))
+    );
+}
+
+/// Item 13, on a console served over https (behind a TLS proxy: `public_url` is https): the
+/// session cookie is `__Host-aw_session`, `Secure`, `Path=/` and without `Domain`, so no
+/// sibling host or path can plant one; an unprefixed `aw_session` cookie (what a sibling could
+/// plant) is no session at all. Before the fix the cookie was `aw_session` on https too.
+#[test]
+fn over_https_the_session_cookie_is_host_prefixed_and_an_unprefixed_one_is_no_session() {
+    let port = super::harness::free_port();
+    let console = "https://console.example";
+    let stack = Stack::start_on(
+        port,
+        &format!(
+            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\npublic_url = \"{console}\"\n"
+        ),
+    );
+    alice(&stack);
+    let (status, headers, answer) = request(
+        &stack,
+        "POST",
+        "/v1/console/sign-in",
+        &[("origin", console)],
+        json!({"username": "alice", "password": PASSWORD}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let set_cookie = headers["set-cookie"].to_str().unwrap().to_owned();
+    let (pair, attributes) = set_cookie.split_once("; ").unwrap();
+    let (name, secret) = pair.split_once('=').unwrap();
+    assert_eq!(name, "__Host-aw_session", "{set_cookie}");
+    let attributes: Vec<&str> = attributes.split("; ").collect();
+    for wanted in ["Path=/", "Secure", "HttpOnly", "SameSite=Lax"] {
+        assert!(attributes.contains(&wanted), "{wanted}: {set_cookie}");
+    }
+    assert!(
+        !attributes
+            .iter()
+            .any(|a| a.to_ascii_lowercase().starts_with("domain")),
+        "{set_cookie}"
+    );
+    let who = |cookie: String| {
+        request(
+            &stack,
+            "GET",
+            "/v1/console/session",
+            &[("cookie", &cookie)],
+            Value::Null,
+        )
+        .0
+    };
+    assert_eq!(who(format!("__Host-aw_session={secret}")), 200);
+    assert_eq!(
+        who(format!("aw_session={secret}")),
+        401,
+        "an unprefixed cookie was taken as the session"
+    );
 }

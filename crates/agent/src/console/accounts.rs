@@ -16,12 +16,11 @@
 //! user name alone: an attacker guessing alice's password from one address slows down only
 //! there, and alice signing in from another address is not locked out. An IPv6 client counts
 //! by its /64 (one host usually holds a whole /64). Sign-in and invite need an `Origin` that is
-//! the console's, or none (a login CSRF from another site would sign the victim's browser into
-//! the attacker's account).
+//! the console's, or, without one, `Sec-Fetch-Site: same-origin` (a login CSRF from another
+//! site would sign the victim's browser into the attacker's account). The session cookie is
+//! [`crate::console::session`]'s: `__Host-aw_session` over https.
 
-use crate::console::session::{
-    self, SESSION_COOKIE, Sessions, cookie_secret, not_signed_in, store_unavailable,
-};
+use crate::console::session::{self, Sessions, not_signed_in, store_unavailable};
 use crate::identity::accounts::{NewSession, Session};
 use crate::identity::attempt_limits::{AttemptLimit, CountedAttempt};
 use crate::identity::store::now_ms;
@@ -238,15 +237,29 @@ fn too_many_attempts(seconds: i64) -> Response<Body> {
     response
 }
 
-/// Sign-in and invite come from the console's pages or from no page at all.
+/// Sign-in and invite come from the console's own pages: an `Origin` the console's, or, from
+/// a browser that sent none, `Sec-Fetch-Site: same-origin`. Anything else (another site's
+/// form, a request that says where it comes from in neither header) is refused: a login CSRF
+/// would sign the victim's browser into the attacker's account.
 fn check_origin(inner: &session::Inner, parts: &Parts) -> Result<(), Refusal> {
-    if inner.origin_allowed(&parts.headers, true) {
+    let same_site_fetch = || {
+        parts
+            .headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"same-origin"))
+    };
+    let from_console = if parts.headers.contains_key(hyper::header::ORIGIN) {
+        inner.origin_allowed(&parts.headers, false)
+    } else {
+        same_site_fetch()
+    };
+    if from_console {
         Ok(())
     } else {
         Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "csrf_refused",
-            "signing in is only possible from the console's own origin",
+            "signing in is only possible from the console's own pages (an Origin header of the console, or Sec-Fetch-Site: same-origin)",
         ))
     }
 }
@@ -285,14 +298,17 @@ fn session_body(session: &Session) -> serde_json::Value {
     })
 }
 
+/// The session cookie: `__Host-aw_session` with `Secure` over https (the prefix makes the
+/// browser insist on `Secure`, `Path=/` and no `Domain`), `aw_session` on plain http.
 fn cookie(inner: &session::Inner, value: &str, max_age_s: i64) -> Option<HeaderValue> {
     let secure = if inner.secure_cookie() {
         "; Secure"
     } else {
         ""
     };
+    let name = inner.cookie_name();
     HeaderValue::from_str(&format!(
-        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age={max_age_s}"
+        "{name}={value}; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age={max_age_s}"
     ))
     .ok()
 }
@@ -399,7 +415,7 @@ async fn sign_in(
 
 async fn current(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, Refusal> {
     let inner = inner(sessions)?;
-    let Some(secret) = cookie_secret(&parts.headers) else {
+    let Some(secret) = inner.session_cookie(&parts.headers)? else {
         return Err(not_signed_in());
     };
     match inner.check_secret(secret.to_owned()).await? {
@@ -415,7 +431,10 @@ async fn sign_out(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, 
         Some(Err(refusal)) => return Err(refusal),
         None => return Err(not_signed_in()),
     }
-    let secret = cookie_secret(&parts.headers).unwrap_or("").to_owned();
+    let secret = inner
+        .session_cookie(&parts.headers)?
+        .unwrap_or("")
+        .to_owned();
     let identity = inner.identity.clone();
     blocking(move || identity.end_session(&secret)).await?;
     let mut response = Response::new(full(Bytes::new()));
@@ -487,15 +506,15 @@ mod tests {
     fn the_cookie_is_secure_on_an_https_console() {
         let dir = tempfile::tempdir().unwrap();
         let identity = crate::identity::IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
-        for (url, secure) in [
-            ("https://console.example", "; Secure"),
-            ("http://127.0.0.1:8470", ""),
+        for (url, name, secure) in [
+            ("https://console.example", "__Host-aw_session", "; Secure"),
+            ("http://127.0.0.1:8470", "aw_session", ""),
         ] {
             let sessions = Sessions::new(identity.clone(), url.into(), Vec::new(), None);
             let header = cookie(sessions.inner().unwrap(), "abc", 60).unwrap();
             assert_eq!(
                 header.to_str().unwrap(),
-                format!("aw_session=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
+                format!("{name}=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
             );
         }
     }
