@@ -9,14 +9,17 @@
 //! - a member guessing another person's chat id to learn who owns it (item 4);
 //! - a password guesser locking a person out of the console from another address (item 12);
 //! - a login CSRF, a session cookie planted beside the person's, and the cookie's name on an
-//!   https console (item 13).
+//!   https console (item 13);
+//! - one address flooding `/oauth/authorize`, `/v1/device/code` and client metadata fetches,
+//!   and the fetched document's answer shown on the error page (item 11); the consent screen
+//!   naming a client (item 14).
 
 use serde_json::{Value, json};
 
 use super::agent::{code_project, create_chat, user};
 use super::console_sessions::{PASSWORD, alice, origin, request};
 use super::harness::{Stack, http, http_from};
-use super::oauth::{granted, mcp_status, refresh, setup};
+use super::oauth::{REDIRECT, challenge_of, consent_view, granted, mcp_status, refresh, setup};
 
 /// Item 3: alice is signed in to the console and has an OAuth grant (an access token and a
 /// refresh token). An operator disables her account: all of it stops at once. Enabled again,
@@ -343,4 +346,255 @@ fn over_https_the_session_cookie_is_host_prefixed_and_an_unprefixed_one_is_no_se
         401,
         "an unprefixed cookie was taken as the session"
     );
+}
+
+/// `GET /oauth/authorize` for `client` from `source`: where it sends the browser (a 303's
+/// Location), or the status of a page answered instead.
+fn authorize_from(stack: &Stack, source: std::net::Ipv4Addr, client: &str) -> Result<String, u16> {
+    let resource = stack.mcp_url();
+    let challenge = challenge_of(&"c".repeat(43));
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs([
+            ("response_type", "code"),
+            ("client_id", client),
+            ("redirect_uri", REDIRECT),
+            ("code_challenge", &challenge),
+            ("code_challenge_method", "S256"),
+            ("state", "st-flood"),
+            ("resource", &resource),
+        ])
+        .finish();
+    let (status, headers, _) = http_from(
+        source,
+        stack.port,
+        "GET",
+        &format!("/oauth/authorize?{query}"),
+        &[],
+        "",
+    );
+    match headers.get("location") {
+        Some(location) if status == 303 => Ok(location.to_str().unwrap().to_owned()),
+        _ => Err(status),
+    }
+}
+
+/// Whether an authorization request was kept for consent (not refused back to the client).
+fn kept(answer: &Result<String, u16>) -> bool {
+    matches!(answer, Ok(location) if location.starts_with("/oauth/consent?request="))
+}
+
+/// A client registered with `/register` under `name` (a public one, redirecting to
+/// [`REDIRECT`]).
+fn registered_client(stack: &Stack, name: &str) -> String {
+    let (status, _, answer) = request(
+        stack,
+        "POST",
+        "/register",
+        &[],
+        json!({"client_name": name, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    answer["client_id"].as_str().unwrap().to_owned()
+}
+
+/// Item 11 (and item 14's consent screen): one address floods `/oauth/authorize` with one
+/// client until it is refused. It fills only its own share: a person at another address with
+/// another app still gets to the consent page. More addresses flooding the same app fill that
+/// app's share, and still not another app's. Before the fix the flood ran until the one global
+/// cap (1,000 waiting) and then locked every client out. The consent page says the registered
+/// app's name is unverified (anyone can register as "Claude").
+#[test]
+fn one_address_flooding_authorize_fills_only_its_own_share() {
+    use agentworks_agent::oauth::server::{
+        MAX_PENDING, MAX_PENDING_PER_ADDRESS, MAX_PENDING_PER_CLIENT,
+    };
+    let s = setup();
+    let flood = registered_client(&s.stack, "Flood");
+    let app = registered_client(&s.stack, "Claude");
+    let mut sent = 0;
+    while kept(&authorize_from(&s.stack, ATTACKER, &flood)) {
+        sent += 1;
+        assert!(sent <= MAX_PENDING, "never refused");
+    }
+    let person = authorize_from(&s.stack, PERSON, &app);
+    assert!(
+        kept(&person),
+        "after {sent} requests from one address, a person elsewhere is refused: {person:?}"
+    );
+    assert_eq!(sent, MAX_PENDING_PER_ADDRESS, "one address's share");
+    let refused = authorize_from(&s.stack, ATTACKER, &app).unwrap();
+    assert!(
+        refused.contains("error=temporarily_unavailable") && refused.contains("this+address"),
+        "{refused}"
+    );
+
+    // The consent page for the person's request: the name is the app's own claim.
+    let id = person.unwrap().split_once("request=").unwrap().1.to_owned();
+    let view = consent_view(&s, &id);
+    assert_eq!(view["client_name"], "Claude");
+    assert_eq!(view["client_name_verified"], false, "{view}");
+    assert_eq!(view["client_registered"], true, "{view}");
+    assert_eq!(view["client_host"], Value::Null, "{view}");
+
+    // More addresses flooding the same app: refused once the app has its share waiting.
+    let mut from_many = i64::from(sent);
+    'flood: for last in 10..=30u8 {
+        let source = std::net::Ipv4Addr::new(127, 0, 0, last);
+        for _ in 0..MAX_PENDING_PER_ADDRESS {
+            if !kept(&authorize_from(&s.stack, source, &flood)) {
+                break 'flood;
+            }
+            from_many += 1;
+        }
+    }
+    assert_eq!(from_many, MAX_PENDING_PER_CLIENT, "one app's share");
+    let refused = authorize_from(&s.stack, PERSON, &flood).unwrap();
+    assert!(refused.contains("this+app"), "{refused}");
+    assert!(kept(&authorize_from(&s.stack, PERSON, &app)));
+}
+
+/// Item 11, device logins: one address asking `/v1/device/code` without end fills only its
+/// own share of waiting logins; a laptop at another address still gets a code. Before the fix
+/// the one bound was 10,000 waiting logins for everyone.
+#[test]
+fn one_address_flooding_device_logins_fills_only_its_own_share() {
+    use agentworks_agent::identity::device_logins::{
+        MAX_WAITING_DEVICE_LOGINS, MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS,
+    };
+    let stack = Stack::start();
+    let ask = |source| {
+        let (status, _, body) = http_from(
+            source,
+            stack.port,
+            "POST",
+            "/v1/device/code",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            "client_id=agentworks&scope=devices%3Aconnect",
+        );
+        (status, body)
+    };
+    let mut started = 0;
+    loop {
+        let (status, body) = ask(ATTACKER);
+        if status != 200 {
+            assert_eq!(status, 429, "{body}");
+            break;
+        }
+        started += 1;
+        assert!(started <= MAX_WAITING_DEVICE_LOGINS, "never refused");
+    }
+    let (status, body) = ask(PERSON);
+    assert_eq!(
+        status, 200,
+        "after {started} logins from one address, a laptop elsewhere is refused: {body}"
+    );
+    assert_eq!(started, MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS);
+}
+
+/// Item 11, client metadata documents: an anonymous client makes agentd fetch addresses of
+/// its choosing. The error page says only that the document could not be used, never what
+/// the address answered (a status, a body, an error); and one address gets a bounded number
+/// of fetches in the window, while a person elsewhere is still served. Item 14: the consent
+/// page names a metadata document's client by its client id's host. Before the fix the page
+/// said "fetching the client metadata document answered 404 Not Found" and fetches were
+/// unbounded.
+#[test]
+fn client_metadata_fetches_are_bounded_per_address_and_their_answers_never_shown() {
+    use super::oauth_cimd::{agentd_with, internal_ca, requested, serve_documents};
+    use super::outbound::Netns;
+    use agentworks_agent::oauth::server::MAX_METADATA_FETCHES_PER_ADDRESS;
+
+    let netns = Netns::create();
+    let dir = tempfile::tempdir().unwrap();
+    internal_ca(dir.path(), netns.inside);
+    let origin = format!("https://{}", netns.inside);
+    let client = format!("{origin}/client.json");
+    let document =
+        json!({"client_id": client, "client_name": "Doc App", "redirect_uris": [REDIRECT]});
+    let log = dir.path().join("requests.log");
+    let _server = serve_documents(
+        &netns,
+        dir.path(),
+        json!({
+            "/client.json": {"status": 200, "headers": {"Content-Type": "application/json"},
+                             "body": document.to_string()},
+            "/secret.json": {"status": 404, "body": "internal-banner-7f3 at db.corp"},
+            "/junk.json": {"status": 200, "body": "db_password=hunter2"},
+        }),
+        &log,
+    );
+    let s = super::oauth::setup_on(agentd_with(&format!(
+        "outbound_root_certificates = [{:?}]",
+        dir.path().join("ca.pem").display().to_string()
+    )));
+    for (path, answered) in [
+        ("/secret.json", ["404", "Not Found", "internal-banner"]),
+        ("/junk.json", ["hunter2", "JSON", "expected"]),
+    ] {
+        let (status, _, page) = http_from(
+            ATTACKER,
+            s.stack.port,
+            "GET",
+            &format!(
+                "/oauth/authorize?client_id={}&redirect_uri={}&response_type=code",
+                percent(&format!("{origin}{path}")),
+                percent(REDIRECT)
+            ),
+            &[],
+            "",
+        );
+        assert_eq!(status, 400, "{page}");
+        assert!(page.contains("could not be used"), "{page}");
+        for told in answered {
+            assert!(
+                !page.contains(told),
+                "the page tells what {path} answered ({told}): {page}"
+            );
+        }
+    }
+    // Every fetch counts, whatever the request came to (here a redirect URI the document
+    // does not list: refused after the fetch, nothing kept): the address's share runs out,
+    // and a refused request fetches nothing.
+    let fetch = || {
+        http_from(
+            ATTACKER,
+            s.stack.port,
+            "GET",
+            &format!(
+                "/oauth/authorize?client_id={}&redirect_uri={}&response_type=code",
+                percent(&client),
+                percent("https://elsewhere.example/cb")
+            ),
+            &[],
+            "",
+        )
+        .0
+    };
+    let mut fetched = requested(&log).len();
+    assert_eq!(fetched, 2);
+    while fetch() == 400 {
+        fetched += 1;
+        assert!(
+            fetched <= MAX_METADATA_FETCHES_PER_ADDRESS + 1,
+            "never refused"
+        );
+    }
+    assert_eq!(fetched, MAX_METADATA_FETCHES_PER_ADDRESS);
+    assert_eq!(fetch(), 429);
+    assert_eq!(authorize_from(&s.stack, ATTACKER, &client), Err(429));
+    assert_eq!(requested(&log).len(), fetched, "a refused request fetched");
+    // A person elsewhere: fetched, and the consent page names the document's host.
+    let person = authorize_from(&s.stack, PERSON, &client);
+    assert!(kept(&person), "{person:?}");
+    let id = person.unwrap().split_once("request=").unwrap().1.to_owned();
+    let view = consent_view(&s, &id);
+    assert_eq!(view["client_name"], "Doc App");
+    assert_eq!(view["client_registered"], false, "{view}");
+    assert_eq!(view["client_host"], netns.inside.to_string(), "{view}");
+    assert_eq!(view["client_name_verified"], false, "{view}");
+}
+
+/// A query value, percent-encoded.
+fn percent(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
