@@ -378,9 +378,23 @@ impl Opener {
         .map_err(|e| unavailable(e.to_string()))?
     }
 
-    /// A refresh grant, its result sealed and stored before it is used.
+    /// A refresh grant, its result sealed and stored before it is used. A sign-in made with an
+    /// operator's app is refreshed with the app as it is now (still pinned to the sign-in's
+    /// issuer, or not at all).
     async fn refreshed(&self, id: &str, current: &Credentials) -> Result<Credentials, ToolError> {
-        let fresh = crate::mcp_oauth::refresh(&self.client, current)
+        let app = match current.app_key.clone() {
+            None => None,
+            Some(key) => {
+                let (store, sealing) = (self.store.clone(), self.sealing.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::mcp_apps::load_app(&store, sealing.as_deref(), &key)
+                })
+                .await
+                .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+                .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+            }
+        };
+        let fresh = crate::mcp_oauth::refresh(&self.client, current, app)
             .await
             .map_err(sign_in_error)?;
         store_credentials(self.sealing.as_ref(), &self.store, id, &fresh).await?;

@@ -1079,47 +1079,27 @@ impl IdentityStore {
 /// Stores made before OAuth grants have no `tokens.grant_id`: add it (a NULL for every
 /// existing token, which are all personal).
 fn add_token_grant_column(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    add_column(conn, "tokens", "grant_id", "TEXT")?;
+    crate::db::add_sqlite_column(conn, "tokens", "grant_id", "TEXT")?;
     conn.execute_batch("CREATE INDEX IF NOT EXISTS tokens_grant ON tokens (grant_id);")
-}
-
-/// `table.column` (declared `definition`), added to a store made before it had one.
-fn add_column(
-    conn: &rusqlite::Connection,
-    table: &str,
-    column: &str,
-    definition: &str,
-) -> rusqlite::Result<()> {
-    let has_column = conn
-        .prepare(&format!(
-            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'"
-        ))?
-        .exists([])?;
-    if !has_column {
-        conn.execute_batch(&format!(
-            "ALTER TABLE {table} ADD COLUMN {column} {definition};"
-        ))?;
-    }
-    Ok(())
 }
 
 /// Stores made before authorization requests and device logins were bounded per client and
 /// per source address have no columns saying who is waiting: add them (rows already waiting
 /// count as an unknown client and address; they expire within minutes).
 fn add_waiting_address_columns(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    add_column(
+    crate::db::add_sqlite_column(
         conn,
         "oauth_requests",
         "client_id",
         "TEXT NOT NULL DEFAULT ''",
     )?;
-    add_column(
+    crate::db::add_sqlite_column(
         conn,
         "oauth_requests",
         "address",
         "TEXT NOT NULL DEFAULT ''",
     )?;
-    add_column(conn, "device_logins", "address", "TEXT NOT NULL DEFAULT ''")?;
+    crate::db::add_sqlite_column(conn, "device_logins", "address", "TEXT NOT NULL DEFAULT ''")?;
     conn.execute_batch(
         "CREATE INDEX IF NOT EXISTS oauth_requests_by_client ON oauth_requests (client_id);
          CREATE INDEX IF NOT EXISTS oauth_requests_by_address ON oauth_requests (address);
