@@ -35,9 +35,12 @@ pub(super) struct Model {
     /// Answer JSON whatever the request asks.
     plain: Arc<AtomicBool>,
     /// The request (its number in `requests`, from 1) whose answer waits for [`Hold::release`].
-    held: Arc<Mutex<Option<(usize, Arc<tokio::sync::Semaphore>)>>>,
+    held: Held,
     _runtime: tokio::runtime::Runtime,
 }
+
+/// Which request's answer is held, and the gate it waits at.
+type Held = Arc<Mutex<Option<(usize, Arc<tokio::sync::Semaphore>)>>>;
 
 /// The answer to one model request, held back until the test releases it
 /// ([`Model::hold_answer`]): the test acts between two rounds of a turn.
@@ -168,7 +171,7 @@ impl Model {
         let requests: Arc<Mutex<Vec<Value>>> = Default::default();
         let authorizations: Arc<Mutex<Vec<Option<String>>>> = Default::default();
         let plain: Arc<AtomicBool> = Default::default();
-        let held: Arc<Mutex<Option<(usize, Arc<tokio::sync::Semaphore>)>>> = Default::default();
+        let held: Held = Default::default();
         let (s, r, a, p, h) = (
             script.clone(),
             requests.clone(),

@@ -93,16 +93,7 @@ fn a_chats_refusal_never_names_its_owner() {
     let stack = Stack::start();
     let alice = user(&stack, "alice");
     code_project(&stack, "app", "alice", &[]);
-    let alice_id = stack
-        .admin("users/list", json!({}))
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == "alice")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let alice_id = super::attack_authority::user_id(&stack, "alice");
     let chat = create_chat(&stack, &alice, "app");
     let bob = user(&stack, "bob");
     stack.admin(
@@ -437,7 +428,7 @@ fn one_address_flooding_authorize_fills_only_its_own_share() {
     assert_eq!(view["client_host"], Value::Null, "{view}");
 
     // More addresses flooding the same app: refused once the app has its share waiting.
-    let mut from_many = i64::from(sent);
+    let mut from_many = sent;
     'flood: for last in 10..=30u8 {
         let source = std::net::Ipv4Addr::new(127, 0, 0, last);
         for _ in 0..MAX_PENDING_PER_ADDRESS {
