@@ -14,8 +14,9 @@
 //   decision   "allow" (default) or "deny"
 //   projects   names to leave checked (default: all)
 //   writable   lines for "Writable folders" (default: leave the prefilled authoring paths)
-//   expect     {client_name?, scopes?: [...], writes?: bool, checked?: [project names checked
-//              before any change]} checked on the page
+//   expect     {client_name?, client_label? ("unverified", or a metadata document's host),
+//              scopes?: [...], writes?: bool, checked?: [project names checked before any
+//              change]} checked on the page
 //   shot       a PNG path for a screenshot of the consent page (optional)
 //   revoke     a client name: after REDIRECT, wait for a line `revoke` on stdin (the caller
 //              has exchanged the code meanwhile), then revoke the app on the console's
@@ -72,7 +73,11 @@ try {
   check(new URL(page.url()).pathname === '/oauth/consent', `not the consent page: ${page.url()}`);
   const title = (await heading.textContent()) || '';
   const want = config.expect || {};
-  if (want.client_name) check(title === `Allow ${want.client_name} to use agentworks?`, `heading: ${title}`);
+  // The name with how far it can be trusted: `unverified` for a registered app, the host of a
+  // metadata document's client id otherwise (expect.client_label).
+  if (want.client_name) {
+    check(title === `Allow ${want.client_name} (${want.client_label}) to use agentworks?`, `heading: ${title}`);
+  }
   const body = (await page.locator('main').textContent()) || '';
   for (const scope of want.scopes || []) check(body.includes(scope), `the page does not show ${scope}`);
   const writable = page.getByLabel('Writable folders', { exact: true });

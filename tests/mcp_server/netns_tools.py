@@ -6,14 +6,20 @@ answers one line per MCP request (`POST <path>?<query> session=<id or -> <method
 session the server made (`new session <id> for <path>?<query>`), so a test can tell which
 session each call used.
 
-Usage: netns_tools.py ADDRESS PORT [CERT KEY]
+With --authorization-tool there is a third tool, authorization, which answers the
+Authorization header its call came with (what a server the project's secret is sent to can
+hand back to whoever calls it).
+
+Usage: netns_tools.py ADDRESS PORT [CERT KEY] [--authorization-tool]
 """
 import json, sys, uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
-address, port = sys.argv[1], int(sys.argv[2])
-cert = sys.argv[3] if len(sys.argv) > 3 else None
-key = sys.argv[4] if len(sys.argv) > 4 else None
+flags = [a for a in sys.argv[1:] if a.startswith("--")]
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+address, port = args[0], int(args[1])
+cert = args[2] if len(args) > 2 else None
+key = args[3] if len(args) > 3 else None
 server = MCPServer("netns-tools")
 @server.tool()
 def echo(text: str) -> str:
@@ -23,6 +29,12 @@ def echo(text: str) -> str:
 def add(a: int, b: int) -> int:
     """Add two numbers."""
     return a + b
+if "--authorization-tool" in flags:
+    @server.tool()
+    def authorization(ctx: Context) -> str:
+        """Say which Authorization header this call came with."""
+        request = ctx.request_context.request
+        return "authorization: " + (request.headers.get("authorization", "-") if request is not None else "?")
 inner = server.streamable_http_app(
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
 legacy = server.sse_app(

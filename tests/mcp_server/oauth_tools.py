@@ -11,9 +11,14 @@ Test controls: POST /test/expire makes every access token expire now (so the nex
 refresh); GET /test/log answers one line per issued token and per /mcp bearer seen, so a test can
 check which tokens were used.
 
+Every token request's form (client_secret included) is logged too, as `token-request <form>`,
+so a test can tell where a client secret was sent.
+
 Usage: oauth_tools.py ADDRESS PORT CERT KEY [--preregistered CLIENT_ID CLIENT_SECRET REDIRECT_URI]
+       [--name HOST]
 With --preregistered the server offers no dynamic registration and knows only that one
-confidential client (as a provider such as Google does).
+confidential client (as a provider such as Google does). With --name the server calls itself
+https://HOST:PORT (its issuer and resource), listening on ADDRESS all the same.
 """
 import secrets, sys, time
 import uvicorn
@@ -24,9 +29,15 @@ from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, Re
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
-address, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-preregistered = sys.argv[6:9] if len(sys.argv) >= 9 and sys.argv[5] == "--preregistered" else None
-base = f"https://{address}:{port}"
+args = sys.argv[1:]
+name = None
+if "--name" in args:
+    at = args.index("--name")
+    name = args[at + 1]
+    del args[at:at + 2]
+address, port, cert, key = args[0], int(args[1]), args[2], args[3]
+preregistered = args[5:8] if len(args) >= 8 and args[4] == "--preregistered" else None
+base = f"https://{name or address}:{port}"
 LIFETIME = 3600
 log = []
 
@@ -150,6 +161,24 @@ async def app(scope, receive, send):
         if scope["path"] == "/mcp":
             auth = dict(scope["headers"]).get(b"authorization", b"").decode()
             log.append(f"mcp {auth.removeprefix('Bearer ') or '-'}")
+        if scope["path"] == "/token":
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            log.append("token-request " + body.decode(errors="replace"))
+            replayed = False
+
+            async def replay():
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            return await inner(scope, replay, send)
     await inner(scope, receive, send)
 
 

@@ -34,7 +34,22 @@ pub(super) struct Model {
     authorizations: Arc<Mutex<Vec<Option<String>>>>,
     /// Answer JSON whatever the request asks.
     plain: Arc<AtomicBool>,
+    /// The request (its number in `requests`, from 1) whose answer waits for [`Hold::release`].
+    held: Held,
     _runtime: tokio::runtime::Runtime,
+}
+
+/// Which request's answer is held, and the gate it waits at.
+type Held = Arc<Mutex<Option<(usize, Arc<tokio::sync::Semaphore>)>>>;
+
+/// The answer to one model request, held back until the test releases it
+/// ([`Model::hold_answer`]): the test acts between two rounds of a turn.
+pub(super) struct Hold(Arc<tokio::sync::Semaphore>);
+
+impl Hold {
+    pub(super) fn release(&self) {
+        self.0.add_permits(1);
+    }
 }
 
 pub(super) fn text(t: &str) -> Value {
@@ -163,22 +178,25 @@ impl Model {
         let requests: Arc<Mutex<Vec<Value>>> = Default::default();
         let authorizations: Arc<Mutex<Vec<Option<String>>>> = Default::default();
         let plain: Arc<AtomicBool> = Default::default();
-        let (s, r, a, p) = (
+        let held: Held = Default::default();
+        let (s, r, a, p, h) = (
             script.clone(),
             requests.clone(),
             authorizations.clone(),
             plain.clone(),
+            held.clone(),
         );
         runtime.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (s, r, a, p) = (s.clone(), r.clone(), a.clone(), p.clone());
+                let (s, r, a, p, h) = (s.clone(), r.clone(), a.clone(), p.clone(), h.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
-                            let (s, r, a, p) = (s.clone(), r.clone(), a.clone(), p.clone());
+                            let (s, r, a, p, h) =
+                                (s.clone(), r.clone(), a.clone(), p.clone(), h.clone());
                             async move {
                                 use http_body_util::BodyExt;
                                 assert_eq!(req.uri().path(), "/v1/chat/completions");
@@ -193,7 +211,20 @@ impl Model {
                                 // As real endpoints do: a streamed answer when asked for one,
                                 // unless this model plays an endpoint that ignores `stream`.
                                 let streamed = value["stream"] == true && !p.load(Ordering::SeqCst);
-                                r.lock().unwrap().push(value);
+                                let number = {
+                                    let mut requests = r.lock().unwrap();
+                                    requests.push(value);
+                                    requests.len()
+                                };
+                                let hold = h
+                                    .lock()
+                                    .unwrap()
+                                    .as_ref()
+                                    .filter(|(n, _)| *n == number)
+                                    .map(|(_, gate)| gate.clone());
+                                if let Some(gate) = hold {
+                                    let _ = gate.acquire().await;
+                                }
                                 let step = s.lock().unwrap().pop_front();
                                 let (delay, answer) =
                                     step.unwrap_or((Duration::ZERO, text("(script ended)")));
@@ -242,8 +273,17 @@ impl Model {
             requests,
             authorizations,
             plain,
+            held,
             _runtime: runtime,
         }
+    }
+
+    /// The answer to the `number`th request (counted from 1 since the last [`Model::clear`])
+    /// waits until the [`Hold`] is released.
+    pub(super) fn hold_answer(&self, number: usize) -> Hold {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        *self.held.lock().unwrap() = Some((number, gate.clone()));
+        Hold(gate)
     }
 
     /// From now on, answer JSON even when a request asks for a stream (an endpoint that

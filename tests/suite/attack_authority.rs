@@ -109,7 +109,8 @@ impl Bench {
     }
 }
 
-fn user_id(stack: &Stack, name: &str) -> String {
+/// The id of the user `name`, from the operator's list.
+pub(super) fn user_id(stack: &Stack, name: &str) -> String {
     stack
         .admin("users/list", json!({}))
         .as_array()

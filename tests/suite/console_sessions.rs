@@ -64,9 +64,17 @@ pub(crate) fn request(
     (status, headers, value)
 }
 
-/// A successful sign-in: (the `aw_session=…` cookie pair, the answer).
+/// A successful sign-in from the console's page (its Origin): (the `aw_session=…` cookie
+/// pair, the answer).
 pub(crate) fn sign_in(stack: &Stack, body: Value) -> (String, Value) {
-    let (status, headers, answer) = request(stack, "POST", "/v1/console/sign-in", &[], body);
+    let own = origin(stack);
+    let (status, headers, answer) = request(
+        stack,
+        "POST",
+        "/v1/console/sign-in",
+        &[("origin", &own)],
+        body,
+    );
     assert_eq!(status, 200, "{answer}");
     (session_cookie(&headers), answer)
 }
@@ -81,7 +89,7 @@ fn password_sign_in(stack: &Stack, name: &str, password: &str) -> (u16, hyper::H
         stack,
         "POST",
         "/v1/console/sign-in",
-        &[],
+        &[("origin", &origin(stack))],
         json!({"username": name, "password": password}),
     )
 }
@@ -272,7 +280,8 @@ fn failed_sign_ins_on_one_host_count_on_another() {
     alice(&stack);
     let (_agentd_b, port_b) = stack.start_agentd_host("host-b");
     let wrong = json!({"username": "alice", "password": "not the password"}).to_string();
-    let json = [("content-type", "application/json")];
+    let origin_b = format!("http://127.0.0.1:{port_b}");
+    let json = [("content-type", "application/json"), ("origin", &origin_b)];
     for _ in 0..3 {
         assert_eq!(password_sign_in(&stack, "alice", "not the password").0, 401);
     }
@@ -312,7 +321,7 @@ fn failed_sign_ins_are_limited_per_user_and_per_address() {
         &stack,
         "POST",
         "/v1/console/sign-in",
-        &[],
+        &[("origin", &origin(&stack))],
         json!({"link_code": "0".repeat(64)}),
     );
     assert_eq!(status, 429, "links count against the address too");
@@ -334,11 +343,12 @@ fn invites_and_sign_in_links_work_once_and_a_disabled_user_is_signed_out() {
         "{printed}"
     );
     let invite = code(url);
+    let own = origin(&stack);
     let (status, _, short) = request(
         &stack,
         "POST",
         "/v1/console/invite",
-        &[],
+        &[("origin", &own)],
         json!({"code": invite, "password": "short"}),
     );
     assert_eq!(status, 400, "{short}");
@@ -359,7 +369,7 @@ fn invites_and_sign_in_links_work_once_and_a_disabled_user_is_signed_out() {
         &stack,
         "POST",
         "/v1/console/invite",
-        &[],
+        &[("origin", &own)],
         json!({"code": invite, "password": "another password"}),
     );
     assert_eq!(status, 401, "{again}");
@@ -389,7 +399,7 @@ fn invites_and_sign_in_links_work_once_and_a_disabled_user_is_signed_out() {
         &stack,
         "POST",
         "/v1/console/sign-in",
-        &[],
+        &[("origin", &own)],
         json!({"link_code": code(url)}),
     );
     assert_eq!(status, 401, "{used}");

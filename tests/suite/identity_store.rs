@@ -29,6 +29,7 @@ on_postgres!(
     oauth_codes_and_refresh_tokens_work_once,
     racing_hosts_redeem_a_code_once_and_take_a_name_once,
     accounts_codes_and_sessions,
+    disabling_an_account_ends_its_sessions_and_grants_for_good,
     device_logins_are_decided_once_and_redeemed_once,
     failed_attempts_are_limited_across_hosts,
     authorization_requests_are_decided_once,

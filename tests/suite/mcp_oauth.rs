@@ -411,6 +411,8 @@ fn a_server_without_registration_signs_in_with_the_operators_app() {
         "agentworks-app",
         "--client-secret-file",
         secret_file.to_str().unwrap(),
+        "--issuer",
+        base,
     ]);
     assert!(set.status.success(), "{set:?}");
     let shown: Value = serde_json::from_slice(&set.stdout).unwrap();

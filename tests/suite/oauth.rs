@@ -217,7 +217,7 @@ pub(super) fn exchange(s: &Setup, client: &str, code: &str, verifier: &str) -> (
     )
 }
 
-fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, Value) {
+pub(super) fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, Value) {
     let mut pairs = vec![
         ("grant_type", "refresh_token"),
         ("refresh_token", token),
@@ -230,7 +230,7 @@ fn refresh(s: &Setup, client: &str, token: &str, scope: Option<&str>) -> (u16, V
 }
 
 /// A whole grant for the `flows` project with `decision`: (client, tokens).
-fn granted(s: &Setup, scope: &str, decision: Value) -> (String, Value) {
+pub(super) fn granted(s: &Setup, scope: &str, decision: Value) -> (String, Value) {
     let client = public_client(&s.stack);
     let verifier = "v".repeat(43) + "-fixed-verifier";
     let id = start(s, &client, scope, &verifier);
@@ -641,7 +641,8 @@ fn authorization_and_token_requests_are_refused_each_with_its_error() {
         authorize(&s.stack, &pairs)
     };
     // A redirect URI that does not match, an unknown client, and metadata documents on a
-    // loopback or a private address: an error page here, never a redirect.
+    // loopback or a private address: an error page here, never a redirect. (What a metadata
+    // document's address came to is never told: only that the document could not be used.)
     for (name, value, says) in [
         (
             "redirect_uri",
@@ -654,12 +655,20 @@ fn authorization_and_token_requests_are_refused_each_with_its_error() {
             "redirect_uri",
         ),
         ("client_id", "cli_0000000000000000", "not registered"),
-        ("client_id", "https://127.0.0.1/client.json", "loopback"),
-        ("client_id", "https://10.1.2.3/client.json", "private"),
+        (
+            "client_id",
+            "https://127.0.0.1/client.json",
+            "could not be used",
+        ),
+        (
+            "client_id",
+            "https://10.1.2.3/client.json",
+            "could not be used",
+        ),
         (
             "client_id",
             "https://169.254.169.254/latest/meta-data",
-            "link-local",
+            "could not be used",
         ),
     ] {
         let (status, location, page) = run(with(name, Some(value)));
@@ -975,7 +984,7 @@ fn a_person_consents_in_a_real_browser_and_revokes_in_connected_apps() {
         "redirect": REDIRECT,
         "projects": ["flows"],
         "writable": ["workflows/a"],
-        "expect": {"client_name": "Test <b>App</b>", "scopes": ["workflows:write"], "writes": true,
+        "expect": {"client_name": "Test <b>App</b>", "client_label": "unverified", "scopes": ["workflows:write"], "writes": true,
                    "checked": ["app", "flows"]},
         "shot": shot,
         "revoke": "Test <b>App</b>",
@@ -1043,7 +1052,7 @@ fn the_python_sdk_signs_in_with_oauth_writes_within_its_folder_refreshes_and_is_
                 "redirect": redirect_uri,
                 "projects": ["flows"],
                 "writable": ["workflows/a"],
-                "expect": {"client_name": "SDK App", "writes": true},
+                "expect": {"client_name": "SDK App", "client_label": "unverified", "writes": true},
                 "revoke": "SDK App",
             }));
             let back = person.redirect();

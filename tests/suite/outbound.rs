@@ -86,6 +86,7 @@ async fn a_server_on_loopback_is_never_reached() {
 pub(super) struct Netns {
     pub(super) name: String,
     root_link: String,
+    ns_link: String,
     pub(super) inside: Ipv4Addr,
 }
 
@@ -116,6 +117,7 @@ impl Netns {
         let netns = Netns {
             name: name.clone(),
             root_link: root_link.clone(),
+            ns_link: ns_link.clone(),
             inside: Ipv4Addr::new(11, a, b, c + 2),
         };
         let outside = format!("11.{a}.{b}.{}/30", c + 1);
@@ -133,11 +135,41 @@ impl Netns {
         netns
     }
 
+    /// Also gives our end of the link the IPv6 address `outside` and the namespace's end
+    /// `inside`, both in one `/prefix` (no duplicate address detection: usable at once).
+    fn add_ipv6(&self, outside: std::net::Ipv6Addr, inside: std::net::Ipv6Addr, prefix: u8) {
+        let (outside, inside) = (format!("{outside}/{prefix}"), format!("{inside}/{prefix}"));
+        ip(&[
+            "-6",
+            "addr",
+            "add",
+            &outside,
+            "dev",
+            &self.root_link,
+            "nodad",
+        ]);
+        ip(&[
+            "-n",
+            &self.name,
+            "-6",
+            "addr",
+            "add",
+            &inside,
+            "dev",
+            &self.ns_link,
+            "nodad",
+        ]);
+    }
+
     /// A TCP listener bound inside the namespace: a thread joins it, binds, and hands the
     /// socket back (a socket stays in the namespace it was made in).
     fn listen(&self, port: u16) -> tokio::net::TcpListener {
+        self.listen_at(SocketAddr::from((self.inside, port)))
+    }
+
+    /// [`Netns::listen`] at `address` (one of the namespace's).
+    fn listen_at(&self, address: SocketAddr) -> tokio::net::TcpListener {
         let path = format!("/run/netns/{}", self.name);
-        let address = SocketAddr::from((self.inside, port));
         let listener = std::thread::spawn(move || {
             let file = std::fs::File::open(&path).unwrap();
             nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
@@ -214,6 +246,73 @@ async fn route<B>(request: Request<B>, origin: &str) -> Response<Full<Bytes>> {
             .status(StatusCode::NOT_FOUND)
             .body(Full::new(Bytes::new()))
             .unwrap(),
+    }
+}
+
+/// Issue 42, item 14: a host whose network has a local-use NAT64 (64:ff9b:1::/48) or an
+/// IPv4 translator (::ffff:0:0:0/96) reaches private IPv4 hosts through those IPv6 addresses.
+/// Here the namespace host answers at one address of each (routed to it, as a translator
+/// would be): a plain connection gets there, and the guarded client refuses both before
+/// connecting. Before the fix both were public addresses to it and it fetched from them.
+#[tokio::test]
+async fn addresses_behind_a_local_nat64_or_an_ipv4_translator_are_refused() {
+    use std::net::Ipv6Addr;
+    let netns = Netns::create();
+    let [_, a, b, c] = netns.inside.octets();
+    let nat64 = |host: u16| {
+        Ipv6Addr::new(
+            0x64,
+            0xff9b,
+            1,
+            u16::from(a) << 8 | u16::from(b),
+            u16::from(c),
+            0,
+            0,
+            host,
+        )
+    };
+    // ::ffff:0:a.b.c.d for the link's two IPv4 addresses, one /126 as the IPv4 /30.
+    let translated =
+        |v4: Ipv4Addr| Ipv6Addr::from((0xffff_0000_u128 << 32) | u128::from(u32::from(v4)));
+    let outside_v4 = Ipv4Addr::from(u32::from(netns.inside) - 1);
+    netns.add_ipv6(nat64(1), nat64(2), 64);
+    netns.add_ipv6(translated(outside_v4), translated(netns.inside), 126);
+    let client = GuardedClient::builder().allow_plain_http().build().unwrap();
+    for (inside, range) in [
+        (nat64(2), "local-use NAT64"),
+        (translated(netns.inside), "IPv4-translated"),
+    ] {
+        let address = SocketAddr::from((inside, 8080));
+        let accepted = serve(netns.listen_at(address), format!("http://{address}"));
+        // The address is reachable: an unguarded connection lands.
+        let direct = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::TcpStream::connect(address),
+        )
+        .await;
+        assert!(
+            matches!(direct, Ok(Ok(_))),
+            "{address} is not reachable: {direct:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while accepted.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "{address}: never accepted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let error = client
+            .get(&format!("http://{address}/hello"))
+            .await
+            .expect_err("the guarded client fetched from a translated address");
+        assert!(
+            matches!(error, OutboundError::RefusedAddress { .. }),
+            "{range}: {error}"
+        );
+        assert!(error.to_string().contains(range), "{range}: {error}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "{range}: the guarded client connected"
+        );
     }
 }
 

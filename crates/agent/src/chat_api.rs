@@ -428,13 +428,11 @@ impl ChatService {
                 .access(caller, &chat.project_id)
                 .await
                 .map_err(|_| no_chat(chat_id))?;
+            // Never who owns it: a member who guesses an id learns only that it is not theirs.
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
                 "chat_not_yours",
-                format!(
-                    "chat {chat_id} belongs to {}; only the person who created a chat can run turns in it",
-                    chat.owner_name
-                ),
+                "not your chat: only the person who created a chat can run turns in it",
             ));
         }
         Ok(chat)

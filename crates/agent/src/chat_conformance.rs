@@ -467,13 +467,23 @@ pub fn connections_sign_ins_and_apps(open: &dyn Fn() -> ConnectionStore) {
     assert!(!a.remove_credentials(&second.id).unwrap());
     assert!(b.signed_in("p1").unwrap().is_empty());
 
-    a.set_app("google", "id-1", Some(b"sealed")).unwrap();
+    a.set_app(
+        "google",
+        "id-1",
+        Some(b"sealed"),
+        "https://accounts.google.com",
+    )
+    .unwrap();
     let app = b.app("google").unwrap().unwrap();
     assert_eq!(app.sealed_secret.as_deref(), Some(&b"sealed"[..]));
-    b.set_app("google", "id-2", None).unwrap();
-    b.set_app("github", "id-3", None).unwrap();
+    assert_eq!(app.issuer.as_deref(), Some("https://accounts.google.com"));
+    b.set_app("google", "id-2", None, "https://oauth.google.example")
+        .unwrap();
+    b.set_app("github", "id-3", None, "https://github.com/login/oauth")
+        .unwrap();
     let app = a.app("google").unwrap().unwrap();
     assert_eq!((app.client_id.as_str(), app.sealed_secret), ("id-2", None));
+    assert_eq!(app.issuer.as_deref(), Some("https://oauth.google.example"));
     let keys: Vec<String> = a.apps().unwrap().into_iter().map(|app| app.key).collect();
     assert_eq!(keys, ["github", "google"]);
     assert!(a.remove_app("google").unwrap());

@@ -477,6 +477,27 @@ pub trait Sql {
     }
 }
 
+/// `table.column` (declared `definition`), added to an SQLite store made before it had one
+/// (SQLite's own migrations; PostgreSQL's are numbered, see [`Schema`]).
+pub fn add_sqlite_column(
+    conn: &rusqlite::Connection,
+    table: &str,
+    column: &str,
+    definition: &str,
+) -> rusqlite::Result<()> {
+    let has_column = conn
+        .prepare(&format!(
+            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'"
+        ))?
+        .exists([])?;
+    if !has_column {
+        conn.execute_batch(&format!(
+            "ALTER TABLE {table} ADD COLUMN {column} {definition};"
+        ))?;
+    }
+    Ok(())
+}
+
 fn sqlite_params<'p>(params: &'p [&'p dyn Value]) -> Vec<&'p dyn rusqlite::ToSql> {
     params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect()
 }

@@ -26,7 +26,7 @@
 
 use crate::identity::device_logins::{
     DEVICE_LOGIN_TTL_MS, DEVICE_POLL_INTERVAL_MS, DecideError, DevicePoll,
-    MAX_WAITING_DEVICE_LOGINS,
+    MAX_WAITING_DEVICE_LOGINS, MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS, WaitingRefusal,
 };
 use crate::identity::store::now_ms;
 use crate::identity::{IdentityStore, Scope, TokenCheckError};
@@ -184,7 +184,10 @@ pub async fn handle_public(
         .get(hyper::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     Some(match path {
-        "/v1/device/code" => device_code(identity, public_url, content_type, body).await,
+        "/v1/device/code" => {
+            let address = crate::console::accounts::client_bucket(parts);
+            device_code(identity, public_url, content_type, body, address).await
+        }
         "/v1/device/token" => device_token(identity, content_type, body).await,
         // `agentworks logout`: a token revokes itself (RFC 7009 in spirit; only its own).
         "/v1/device/revoke" => device_revoke(identity, parts).await,
@@ -197,12 +200,14 @@ pub async fn handle_public(
     })
 }
 
-/// `POST /v1/device/code`: a new pending login (RFC 8628 §3.1), only for `devices:connect`.
+/// `POST /v1/device/code`: a new pending login (RFC 8628 §3.1), only for `devices:connect`,
+/// asked from `address` (its bucket), which may have a few waiting at once.
 async fn device_code(
     identity: &IdentityStore,
     public_url: &str,
     content_type: Option<&str>,
     body: &[u8],
+    address: String,
 ) -> Response<Body> {
     let request = match decode::<CodeRequest>(content_type, body) {
         Ok(request) => request,
@@ -231,15 +236,26 @@ async fn device_code(
     }
     let identity = identity.clone();
     let started = tokio::task::spawn_blocking(move || {
-        identity.start_device_login(&label, now_ms(), MAX_WAITING_DEVICE_LOGINS)
+        identity.start_device_login(
+            &label,
+            &address,
+            now_ms(),
+            MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS,
+            MAX_WAITING_DEVICE_LOGINS,
+        )
     })
     .await;
     match started {
-        Ok(Ok(Some(login))) => json_response(
+        Ok(Ok(Ok(login))) => json_response(
             StatusCode::OK,
             &device_code_answer(public_url, login.device_code, login.user_code),
         ),
-        Ok(Ok(None)) => oauth_error(
+        Ok(Ok(Err(WaitingRefusal::Address))) => oauth_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "temporarily_unavailable",
+            "too many logins from this address are waiting to be approved; approve or let them expire (10 minutes) first",
+        ),
+        Ok(Ok(Err(WaitingRefusal::Total))) => oauth_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "temporarily_unavailable",
             "too many logins are waiting to be approved; try again in a few minutes",

@@ -5,17 +5,22 @@
 //! | --- | --- |
 //! | `GET /v1/admin/mcp-apps` | `{apps: [app]}` |
 //! | `GET /v1/admin/mcp-apps/{key}` | the app |
-//! | `PUT /v1/admin/mcp-apps/{key} {client_id, client_secret?}` | the app, set or replaced |
+//! | `PUT /v1/admin/mcp-apps/{key} {client_id, client_secret?, issuer}` | the app, set or replaced |
 //! | `DELETE /v1/admin/mcp-apps/{key}` | `{removed: key}` |
 //!
-//! An app is `{key, client_id, has_secret, callback_url, updated_at_ms}`: the client secret is
-//! sealed ([`crate::sealed`], bound to the app's key) before it is stored and never answered;
-//! `callback_url` is what the operator registers with the provider. Every Google server uses the
-//! `google` app, GitHub's `github`, Slack's `slack`, any other server its host
-//! ([`crate::mcp_connections::provider_key`]).
+//! An app is `{key, client_id, has_secret, issuer, callback_url, updated_at_ms}`: the client
+//! secret is sealed ([`crate::sealed`], bound to the app's key) before it is stored and never
+//! answered; `callback_url` is what the operator registers with the provider. Every Google
+//! server uses the `google` app, GitHub's `github`, Slack's `slack`, any other server its host
+//! ([`crate::mcp_connections::provider_key`]); but the key only finds the app: `issuer` (the
+//! provider's OAuth issuer, an https URL, required) pins it, and a sign-in or a refresh uses it
+//! only with an authorization server whose metadata names exactly that issuer
+//! ([`crate::mcp_oauth`]), so `evil.slack.com` never gets Slack's app. An app stored before
+//! apps were pinned has no issuer and is never used until it is set again.
 
 use crate::mcp_connections::{ConnectionStore, ConnectionStoreError, StoredApp};
 use crate::mcp_connections_api::{CALLBACK_PATH, app_place};
+use crate::mcp_oauth::ClientApp;
 use crate::sealed::SealingKey;
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use bytes::Bytes;
@@ -67,6 +72,7 @@ impl McpApps {
             "key": app.key,
             "client_id": app.client_id,
             "has_secret": app.sealed_secret.is_some(),
+            "issuer": app.issuer,
             "callback_url": format!("{}{CALLBACK_PATH}", self.public_url),
             "updated_at_ms": app.updated_at_ms,
         })
@@ -101,9 +107,12 @@ impl McpApps {
                     client_id: String,
                     #[serde(default)]
                     client_secret: Option<String>,
+                    #[serde(default)]
+                    issuer: Option<String>,
                 }
                 check_key(key)?;
                 let request: SetApp = decode_json(body)?;
+                let issuer = check_issuer(request.issuer.as_deref())?;
                 let client_id = request.client_id.trim().to_owned();
                 if client_id.is_empty()
                     || client_id.len() > 512
@@ -134,11 +143,11 @@ impl McpApps {
                 };
                 let owned = key.to_owned();
                 let app = run_blocking(
-                    move || store.set_app(&owned, &client_id, sealed.as_deref()),
+                    move || store.set_app(&owned, &client_id, sealed.as_deref(), &issuer),
                     store_error,
                 )
                 .await?;
-                tracing::info!(app = key, "MCP sign-in app set");
+                tracing::info!(app = key, issuer = ?app.issuer, "MCP sign-in app set");
                 Ok(json_response(StatusCode::OK, &self.shown(&app)))
             }
             (&Method::DELETE, Some(key)) => {
@@ -158,6 +167,85 @@ impl McpApps {
             )),
         }
     }
+}
+
+/// The issuer an app is pinned to: an https URL with a host and no query, fragment or user
+/// information, as the provider's authorization-server metadata names it.
+fn check_issuer(issuer: Option<&str>) -> Result<String, Refusal> {
+    let refused = |why: &str| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_issuer",
+            format!(
+                "{why}: give the provider's OAuth issuer, the `issuer` of its authorization-server metadata (an https URL such as https://slack.com)"
+            ),
+        )
+    };
+    let issuer = issuer
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| refused("issuer is required"))?;
+    let url =
+        url::Url::parse(issuer).map_err(|e| refused(&format!("{issuer:?} is no URL ({e})")))?;
+    if url.scheme() != "https"
+        || url.host_str().is_none()
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || !url.username().is_empty()
+        || url.password().is_some()
+    {
+        return Err(refused(&format!(
+            "{issuer:?} is not an https URL with a host and no query, fragment or user"
+        )));
+    }
+    Ok(issuer.to_owned())
+}
+
+/// Why an operator's sign-in app cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    Store(#[from] ConnectionStoreError),
+    #[error(
+        "the sign-in app {key:?} is unusable (its secret does not open); an operator sets it again"
+    )]
+    SecretUnusable { key: String },
+    #[error("sign-in apps are unavailable: agentd's sealing key is unusable (see its log)")]
+    NoSealingKey,
+}
+
+/// The operator's sign-in app `key`, its secret unsealed; a secret that does not open is an
+/// error (never a sign-in without it). Blocks: call it off the async workers.
+pub fn load_app(
+    store: &ConnectionStore,
+    sealing: Option<&SealingKey>,
+    key: &str,
+) -> Result<Option<ClientApp>, AppError> {
+    let Some(stored) = store.app(key)? else {
+        return Ok(None);
+    };
+    let client_secret = match (&stored.sealed_secret, sealing) {
+        (None, _) => None,
+        (Some(sealed), Some(sealing)) => Some(
+            sealing
+                .open(app_place(key), sealed)
+                .ok()
+                .and_then(|plain| String::from_utf8(plain).ok())
+                .ok_or_else(|| {
+                    tracing::error!(app = key, "an MCP sign-in app's secret does not open");
+                    AppError::SecretUnusable {
+                        key: key.to_owned(),
+                    }
+                })?,
+        ),
+        (Some(_), None) => return Err(AppError::NoSealingKey),
+    };
+    Ok(Some(ClientApp {
+        key: stored.key,
+        client_id: stored.client_id,
+        client_secret,
+        issuer: stored.issuer,
+    }))
 }
 
 fn no_app(key: &str) -> Refusal {

@@ -7,6 +7,11 @@
 //! a person who lost access, gets an error, never a call). Local-bound turns never come here
 //! ([`crate::turn`] asks only in server mode).
 //!
+//! A connection acts with the project's credentials (a secret header, an owner's sign-in), so
+//! its tools are for people with an authoring role (owner, co-owner, editor), checked from live
+//! rows at the turn's start and again at every call, as the laptop tools are: a viewer's or a
+//! runner's turn gets none of them and its tool list and prompt say nothing about them.
+//!
 //! Names: the model sees `mcp_<display name>_<6 hex of the internal name>__<tool>` (see
 //! [`tool_prefix`]) and a description that starts with the server's display name. Everything
 //! kept per connection (the session opened at the turn's start, its tool list) is keyed by the
@@ -23,6 +28,7 @@ use crate::mcp_oauth::Credentials;
 use crate::mcp_remote::{RemoteSession, RemoteTool};
 use crate::project_secrets::SecretStore;
 use crate::sealed::SealingKey;
+use crate::turn::require_authoring_role_for;
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -372,9 +378,23 @@ impl Opener {
         .map_err(|e| unavailable(e.to_string()))?
     }
 
-    /// A refresh grant, its result sealed and stored before it is used.
+    /// A refresh grant, its result sealed and stored before it is used. A sign-in made with an
+    /// operator's app is refreshed with the app as it is now (still pinned to the sign-in's
+    /// issuer, or not at all).
     async fn refreshed(&self, id: &str, current: &Credentials) -> Result<Credentials, ToolError> {
-        let fresh = crate::mcp_oauth::refresh(&self.client, current)
+        let app = match current.app_key.clone() {
+            None => None,
+            Some(key) => {
+                let (store, sealing) = (self.store.clone(), self.sealing.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::mcp_apps::load_app(&store, sealing.as_deref(), &key)
+                })
+                .await
+                .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+                .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+            }
+        };
+        let fresh = crate::mcp_oauth::refresh(&self.client, current, app)
             .await
             .map_err(sign_in_error)?;
         store_credentials(self.sealing.as_ref(), &self.store, id, &fresh).await?;
@@ -413,13 +433,17 @@ pub async fn store_credentials(
     }
 }
 
-/// The project's connections, if `caller` may see the project now.
+/// What a connection's tools are, for the authoring-role refusal.
+const CONNECTION_TOOLS: &str = "using the project's MCP connections";
+
+/// The project's connections, if `caller` may see the project now with an authoring role.
 async fn live_connections(
     service: &ChatService,
     caller: &Caller,
     project_id: &str,
 ) -> Result<Vec<McpConnection>, ToolError> {
-    let (project, _) = service.files.access(caller, project_id).await?;
+    let (project, access) = service.files.access(caller, project_id).await?;
+    require_authoring_role_for(&access, CONNECTION_TOOLS)?;
     let store = service.connections.clone();
     tokio::task::spawn_blocking(move || store.list(&project.id))
         .await
@@ -427,8 +451,8 @@ async fn live_connections(
         .map_err(|e| ToolError::new("unavailable", e.to_string()))
 }
 
-/// Call the remote tool `function` for `caller`, after checking again that the person may see
-/// the project and the project still has the connection.
+/// Call the remote tool `function` for `caller`, after checking again that the person's live
+/// role on the project authors and the project still has the connection.
 pub async fn call(
     service: &ChatService,
     turn: &TurnConnections,
@@ -443,7 +467,8 @@ pub async fn call(
             format!("there is no tool {function:?} in this turn"),
         ));
     };
-    let (project, _) = service.files.access(caller, project_id).await?;
+    let (project, access) = service.files.access(caller, project_id).await?;
+    require_authoring_role_for(&access, CONNECTION_TOOLS)?;
     let store = service.connections.clone();
     let id = offered.connection_id.clone();
     let still_there = tokio::task::spawn_blocking(move || store.get(&project.id, &id))

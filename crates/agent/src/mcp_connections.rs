@@ -217,12 +217,16 @@ pub fn provider_key(url: &str) -> String {
     }
 }
 
-/// An operator-configured sign-in app, as stored: its secret sealed.
+/// An operator-configured sign-in app, as stored: its secret sealed, and the issuer (the
+/// provider's OAuth authorization server) it is pinned to: it is used only with a server whose
+/// discovered metadata names exactly that issuer. `None` for an app set before apps were
+/// pinned: such an app is never used (fail closed) until an operator sets its issuer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredApp {
     pub key: String,
     pub client_id: String,
     pub sealed_secret: Option<Vec<u8>>,
+    pub issuer: Option<String>,
     pub updated_at_ms: i64,
 }
 
@@ -387,7 +391,8 @@ CREATE TABLE IF NOT EXISTS mcp_apps (
     key TEXT PRIMARY KEY,
     client_id TEXT NOT NULL,
     sealed_secret BLOB,
-    updated_at_ms INTEGER NOT NULL
+    updated_at_ms INTEGER NOT NULL,
+    issuer TEXT
 );
 CREATE TABLE IF NOT EXISTS mcp_sign_ins (
     state_hash TEXT PRIMARY KEY,
@@ -423,6 +428,11 @@ CREATE TABLE mcp_apps (
 CREATE TABLE mcp_sign_ins (
     state_hash TEXT PRIMARY KEY, user_id TEXT NOT NULL, sealed BYTEA NOT NULL,
     started_at_ms BIGINT NOT NULL);
+",
+    // 3: the issuer each operator sign-in app is pinned to (issue 42); NULL (an app set
+    // before) is never used until an operator sets it.
+    "
+ALTER TABLE mcp_apps ADD COLUMN issuer TEXT;
 ",
 ];
 
@@ -477,8 +487,12 @@ fn row_app(r: &Row<'_>) -> Result<StoredApp, DbError> {
         client_id: r.get(1)?,
         sealed_secret: r.get(2)?,
         updated_at_ms: r.get(3)?,
+        issuer: r.get(4)?,
     })
 }
+
+/// The columns [`row_app`] reads.
+const APP_COLUMNS: &str = "key, client_id, sealed_secret, updated_at_ms, issuer";
 
 /// The connection read, with its headers parsed.
 fn with_headers(
@@ -491,11 +505,15 @@ fn with_headers(
 impl ConnectionStore {
     /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<ConnectionStore, ConnectionStoreError> {
-        let db =
-            Database::open_sqlite(path, SCHEMA).map_err(|source| ConnectionStoreError::Open {
-                path: path.to_owned(),
-                source,
-            })?;
+        let err = |source| ConnectionStoreError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let db = Database::open_sqlite(path, SCHEMA).map_err(err)?;
+        if let Some(conn) = db.sqlite() {
+            // A store from before sign-in apps were pinned to an issuer.
+            crate::db::add_sqlite_column(&conn, "mcp_apps", "issuer", "TEXT").map_err(err)?;
+        }
         Ok(ConnectionStore { db })
     }
 
@@ -660,24 +678,27 @@ impl ConnectionStore {
         )?)
     }
 
-    /// Set (or replace) an operator sign-in app.
+    /// Set (or replace) an operator sign-in app, pinned to `issuer`.
     pub fn set_app(
         &self,
         key: &str,
         client_id: &str,
         sealed_secret: Option<&[u8]>,
+        issuer: &str,
     ) -> Result<StoredApp, ConnectionStoreError> {
         let now = agentworks_support::clock::now_ms();
         self.db.conn()?.execute(
-            "INSERT INTO mcp_apps (key, client_id, sealed_secret, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO mcp_apps (key, client_id, sealed_secret, updated_at_ms, issuer) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (key) DO UPDATE SET client_id = excluded.client_id,
-                 sealed_secret = excluded.sealed_secret, updated_at_ms = excluded.updated_at_ms",
-            &[&key, &client_id, &sealed_secret, &now],
+                 sealed_secret = excluded.sealed_secret, updated_at_ms = excluded.updated_at_ms,
+                 issuer = excluded.issuer",
+            &[&key, &client_id, &sealed_secret, &now, &issuer],
         )?;
         Ok(StoredApp {
             key: key.to_owned(),
             client_id: client_id.to_owned(),
             sealed_secret: sealed_secret.map(<[u8]>::to_vec),
+            issuer: Some(issuer.to_owned()),
             updated_at_ms: now,
         })
     }
@@ -685,7 +706,7 @@ impl ConnectionStore {
     /// One operator sign-in app.
     pub fn app(&self, key: &str) -> Result<Option<StoredApp>, ConnectionStoreError> {
         Ok(self.db.conn()?.query_opt(
-            "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps WHERE key = ?1",
+            &format!("SELECT {APP_COLUMNS} FROM mcp_apps WHERE key = ?1"),
             &[&key],
             row_app,
         )?)
@@ -694,7 +715,7 @@ impl ConnectionStore {
     /// Every operator sign-in app, by key.
     pub fn apps(&self) -> Result<Vec<StoredApp>, ConnectionStoreError> {
         Ok(self.db.conn()?.query_all(
-            "SELECT key, client_id, sealed_secret, updated_at_ms FROM mcp_apps ORDER BY key",
+            &format!("SELECT {APP_COLUMNS} FROM mcp_apps ORDER BY key"),
             &[],
             row_app,
         )?)
@@ -961,10 +982,20 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let store = ConnectionStore::open(&dir.path().join("c.db")).unwrap();
-        store.set_app("google", "id-1", Some(b"sealed")).unwrap();
-        store.set_app("google", "id-2", None).unwrap();
+        store
+            .set_app(
+                "google",
+                "id-1",
+                Some(b"sealed"),
+                "https://accounts.google.com",
+            )
+            .unwrap();
+        store
+            .set_app("google", "id-2", None, "https://oauth2.google.example")
+            .unwrap();
         let app = store.app("google").unwrap().unwrap();
         assert_eq!((app.client_id.as_str(), app.sealed_secret), ("id-2", None));
+        assert_eq!(app.issuer.as_deref(), Some("https://oauth2.google.example"));
         assert_eq!(store.apps().unwrap().len(), 1);
         assert!(store.remove_app("google").unwrap());
         assert_eq!(store.app("google").unwrap(), None);

@@ -344,39 +344,23 @@ impl ChatService {
     /// The operator's sign-in app for `key`, its secret unsealed; a secret that does not open is
     /// an error (never a sign-in without it).
     async fn sign_in_app(&self, key: &str) -> Result<Option<crate::mcp_oauth::ClientApp>, Refusal> {
-        let store = self.connections.clone();
-        let owned = key.to_owned();
-        let Some(stored) = blocking(move || store.app(&owned)).await? else {
-            return Ok(None);
-        };
-        let client_secret = match (&stored.sealed_secret, &self.sealing) {
-            (None, _) => None,
-            (Some(sealed), Some(sealing)) => Some(
-                sealing
-                    .open(app_place(key), sealed)
-                    .ok()
-                    .and_then(|plain| String::from_utf8(plain).ok())
-                    .ok_or_else(|| {
-                        tracing::error!(app = key, "an MCP sign-in app's secret does not open");
-                        Refusal::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "unavailable",
-                            format!("the sign-in app {key:?} is unusable (its secret does not open); an operator sets it again"),
-                        )
-                    })?,
-            ),
-            (Some(_), None) => {
-                return Err(Refusal::new(
+        let (store, sealing, key) = (
+            self.connections.clone(),
+            self.sealing.clone(),
+            key.to_owned(),
+        );
+        blocking(move || {
+            crate::mcp_apps::load_app(&store, sealing.as_deref(), &key).map_err(|error| match error
+            {
+                crate::mcp_apps::AppError::Store(error) => Refusal::from(error),
+                other => Refusal::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
-                    "sign-in apps are unavailable: agentd's sealing key is unusable (see its log)",
-                ));
-            }
-        };
-        Ok(Some(crate::mcp_oauth::ClientApp {
-            client_id: stored.client_id,
-            client_secret,
-        }))
+                    other.to_string(),
+                ),
+            })
+        })
+        .await
     }
 
     /// `GET /v1/mcp-connections/callback`: finish the sign-in `state` names, for the person who

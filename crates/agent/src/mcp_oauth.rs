@@ -12,13 +12,20 @@
 //! [`refresh`]: a refresh grant; a new refresh token replaces the old one when the server
 //! rotates it.
 //!
+//! An operator's sign-in app ([`ClientApp`], chosen by the provider's domain) is pinned to its
+//! provider's issuer: [`begin`] uses it only when the issuer the server's metadata names (and
+//! whose own metadata confirms it) is exactly the pinned one, and [`refresh`] checks the pin
+//! again and sends the app's secret only to the token endpoint the pinned issuer's metadata
+//! names then. A server under the provider's domain that is not the provider gets nothing.
+//!
 //! What a sign-in leaves ([`Credentials`]) is sealed before it is stored (see
 //! [`crate::mcp_connection_tools`]). A sign-in waiting for its callback ([`Pending`], with its
 //! PKCE verifier and client secret) is sealed too and kept in the connection store under the
 //! SHA-256 of its `state` for [`PENDING_LIFETIME`], so in a cluster the callback may reach
 //! another agentd host than the one that started it; it is taken once.
 //!
-//! Must never: send a token to any URL but the token endpoint and the connection's own URL, show
+//! Must never: send a token to any URL but the token endpoint and the connection's own URL, send
+//! an operator app's secret to a token endpoint its pinned issuer did not name, show
 //! a person a non-https authorization URL, or accept a code for a `state` it did not issue or
 //! for another person than the one who started the sign-in.
 
@@ -66,6 +73,26 @@ pub enum SignInError {
         "the authorization response names the issuer {got:?}, not {expected:?}: refused (RFC 9207)"
     )]
     WrongIssuer { expected: String, got: String },
+    #[error(
+        "the operator's sign-in app {key:?} is pinned to no issuer, so it is not used (it was set before apps were pinned); an operator sets it again with `agentworksctl mcp-app set {key} --client-id … --issuer <the provider's issuer URL>`"
+    )]
+    AppNotPinned { key: String },
+    #[error(
+        "the operator's sign-in app {key:?} is for the issuer {pinned:?}, and this server's authorization server is {found:?}: the app is not used with it (its secret is never sent there), and the server offers no registration of its own"
+    )]
+    AppForAnotherIssuer {
+        key: String,
+        pinned: String,
+        found: String,
+    },
+    #[error(
+        "the operator's sign-in app {key:?} this sign-in was made with is gone, changed its client or is pinned to another issuer now; sign in again"
+    )]
+    AppChanged { key: String },
+    #[error(
+        "this sign-in was made with a client secret before sign-in apps were pinned to an issuer, so it is not refreshed (the secret might go to an unpinned server); sign in again"
+    )]
+    MadeBeforePinning,
 }
 
 impl SignInError {
@@ -83,6 +110,9 @@ impl SignInError {
             SignInError::NotYours => "forbidden",
             SignInError::Unavailable(_) | SignInError::Seal(_) => "unavailable",
             SignInError::WrongIssuer { .. } => "wrong_issuer",
+            SignInError::AppNotPinned { .. } => "app_not_pinned",
+            SignInError::AppForAnotherIssuer { .. } => "app_issuer_mismatch",
+            SignInError::AppChanged { .. } | SignInError::MadeBeforePinning => "sign_in_required",
         }
     }
 }
@@ -101,6 +131,14 @@ pub struct Credentials {
     /// the sign-in goes when they leave the project or their account is disabled.
     #[serde(default)]
     pub signed_in_by: String,
+    /// The authorization server's issuer the sign-in was made with (`None`: a sign-in from
+    /// before it was recorded).
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// The operator's sign-in app it was made with, if any: every refresh checks the app is
+    /// still pinned to [`Credentials::issuer`] before its secret is sent.
+    #[serde(default)]
+    pub app_key: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -155,6 +193,9 @@ pub struct Pending {
     client_secret: Option<String>,
     token_endpoint: String,
     resource: String,
+    /// The operator's sign-in app used, if any.
+    #[serde(default)]
+    app_key: Option<String>,
 }
 
 /// A sign-in just started: where the person goes, and what waits for the callback there.
@@ -330,11 +371,54 @@ fn metadata_url(issuer: &Url, well_known: &str) -> String {
     url.to_string()
 }
 
-/// An operator-configured client for a provider (see [`crate::mcp_connections::provider_key`]).
+/// An operator-configured client for a provider (see [`crate::mcp_connections::provider_key`]),
+/// pinned to its provider's issuer: it is used only with an authorization server whose
+/// discovered metadata names exactly that issuer, at every sign-in and every refresh.
 #[derive(Clone)]
 pub struct ClientApp {
+    /// Its key (`slack`, `google`, a host name).
+    pub key: String,
     pub client_id: String,
     pub client_secret: Option<String>,
+    /// The issuer it is pinned to; `None` (an app set before apps were pinned) is never used.
+    pub issuer: Option<String>,
+}
+
+impl ClientApp {
+    /// Whether the app is pinned to `issuer` (compared as URLs, so `https://as.example` and
+    /// `https://as.example/` are one issuer).
+    fn pinned_to(&self, issuer: &str) -> bool {
+        let parse = |text: &str| Url::parse(text).ok();
+        match (self.issuer.as_deref().and_then(parse), parse(issuer)) {
+            (Some(pinned), Some(found)) => pinned == found,
+            _ => false,
+        }
+    }
+}
+
+/// The RFC 8414 metadata (else OpenID Connect discovery) of the authorization server
+/// `issuer`, read from the issuer's own address; its `issuer` must be `issuer` exactly.
+async fn authorization_server(client: &GuardedClient, issuer: &str) -> Result<Value, SignInError> {
+    let url = Url::parse(&https_url(&json!(issuer), "authorization server")?)
+        .map_err(|e| SignInError::Metadata(e.to_string()))?;
+    let mut server = None;
+    for well_known in ["oauth-authorization-server", "openid-configuration"] {
+        let response = client.get(&metadata_url(&url, well_known)).await?;
+        if response.status.is_success() {
+            server = Some(json_of(response, "the authorization server's metadata").await?);
+            break;
+        }
+    }
+    let server = server.ok_or_else(|| {
+        SignInError::Metadata(format!("{issuer} serves no authorization server metadata"))
+    })?;
+    if server["issuer"].as_str() != Some(issuer) {
+        return Err(SignInError::Metadata(format!(
+            "the authorization server's metadata names the issuer {}, not {issuer:?}",
+            server["issuer"]
+        )));
+    }
+    Ok(server)
 }
 
 /// Start a sign-in for `connection` by `user_id`: the authorization URL to open. With `app`, its
@@ -391,8 +475,6 @@ pub async fn begin(
         .as_str()
         .ok_or_else(|| SignInError::Metadata("it names no authorization server".into()))?
         .to_owned();
-    let issuer = Url::parse(&https_url(&json!(issuer_text), "authorization server")?)
-        .map_err(|e| SignInError::Metadata(e.to_string()))?;
     let scope = challenge_parameter(&challenge, "scope").or_else(|| {
         resource_metadata["scopes_supported"].as_array().map(|s| {
             s.iter()
@@ -402,25 +484,7 @@ pub async fn begin(
         })
     });
     // 3. The authorization server's metadata (RFC 8414, else OpenID Connect discovery).
-    let mut server = None;
-    for well_known in ["oauth-authorization-server", "openid-configuration"] {
-        let response = client.get(&metadata_url(&issuer, well_known)).await?;
-        if response.status.is_success() {
-            server = Some(json_of(response, "the authorization server's metadata").await?);
-            break;
-        }
-    }
-    let server = server.ok_or_else(|| {
-        SignInError::Metadata(format!(
-            "{issuer_text} serves no authorization server metadata"
-        ))
-    })?;
-    if server["issuer"].as_str() != Some(issuer_text.as_str()) {
-        return Err(SignInError::Metadata(format!(
-            "the authorization server's metadata names the issuer {}, not {issuer_text:?}",
-            server["issuer"]
-        )));
-    }
+    let server = authorization_server(client, &issuer_text).await?;
     let s256 = server["code_challenge_methods_supported"]
         .as_array()
         .is_some_and(|m| m.iter().any(|m| m == "S256"));
@@ -432,10 +496,32 @@ pub async fn begin(
     let authorization_endpoint =
         https_url(&server["authorization_endpoint"], "authorization_endpoint")?;
     let token_endpoint = https_url(&server["token_endpoint"], "token_endpoint")?;
-    // 4. The operator's app for this provider, else dynamic registration.
-    let (client_id, client_secret) = match app {
-        Some(app) => (app.client_id, app.client_secret),
-        None => register(client, &server, redirect_uri).await?,
+    // 4. The operator's app for this provider, only if it is pinned to exactly this issuer:
+    //    a server under the provider's domain that names another authorization server (its
+    //    own) never gets the app, nor its secret at the token endpoint it names. Else dynamic
+    //    registration with the server itself.
+    let (client_id, client_secret, app_key) = match app {
+        Some(app) if app.issuer.is_none() => {
+            return Err(SignInError::AppNotPinned { key: app.key });
+        }
+        Some(app) if app.pinned_to(&issuer_text) => {
+            (app.client_id, app.client_secret, Some(app.key))
+        }
+        Some(app) => match register(client, &server, redirect_uri).await {
+            Ok((id, secret)) => (id, secret, None),
+            Err(SignInError::NeedsClientId { .. }) => {
+                return Err(SignInError::AppForAnotherIssuer {
+                    pinned: app.issuer.unwrap_or_default(),
+                    key: app.key,
+                    found: issuer_text,
+                });
+            }
+            Err(error) => return Err(error),
+        },
+        None => {
+            let (id, secret) = register(client, &server, redirect_uri).await?;
+            (id, secret, None)
+        }
     };
     // 5. The authorization URL, with PKCE and a fresh state.
     let verifier = random_token();
@@ -473,6 +559,7 @@ pub async fn begin(
             client_secret,
             token_endpoint,
             resource,
+            app_key,
         },
     })
 }
@@ -611,25 +698,51 @@ pub async fn finish(
         refresh_token: token["refresh_token"].as_str().map(str::to_owned),
         expires_at_ms: expiry(&token, now),
         signed_in_by: pending.user_id,
+        issuer: Some(pending.issuer),
+        app_key: pending.app_key,
     })
 }
 
 /// A refresh grant: the new access token, and the new refresh token when the server rotated it
-/// (else the old one is kept).
+/// (else the old one is kept). A sign-in made with an operator's app (`app`, its current
+/// state) is refreshed only while that app is still pinned to the sign-in's issuer, at the
+/// token endpoint that issuer's metadata names now, with the app's secret; one made with a
+/// secret before apps were pinned is not refreshed at all.
 pub async fn refresh(
     client: &GuardedClient,
     credentials: &Credentials,
+    app: Option<ClientApp>,
 ) -> Result<Credentials, SignInError> {
     let Some(refresh_token) = credentials.refresh_token.as_deref() else {
         return Err(SignInError::Refused(
             "the sign-in has expired and the server gave no refresh token; sign in again".into(),
         ));
     };
+    let (token_endpoint, client_secret) = match (&credentials.app_key, &credentials.issuer) {
+        (Some(key), Some(issuer)) => {
+            let changed = || SignInError::AppChanged { key: key.clone() };
+            let app = app.filter(|app| &app.key == key).ok_or_else(changed)?;
+            if !app.pinned_to(issuer) || app.client_id != credentials.client_id {
+                return Err(changed());
+            }
+            let server = authorization_server(client, issuer).await?;
+            let token_endpoint = https_url(&server["token_endpoint"], "token_endpoint")?;
+            (token_endpoint, app.client_secret)
+        }
+        (Some(key), None) => return Err(SignInError::AppChanged { key: key.clone() }),
+        (None, None) if credentials.client_secret.is_some() => {
+            return Err(SignInError::MadeBeforePinning);
+        }
+        (None, _) => (
+            credentials.token_endpoint.clone(),
+            credentials.client_secret.clone(),
+        ),
+    };
     let token = token_request(
         client,
-        &credentials.token_endpoint,
+        &token_endpoint,
         &credentials.client_id,
-        credentials.client_secret.as_deref(),
+        client_secret.as_deref(),
         vec![
             ("grant_type", "refresh_token"),
             ("refresh_token", refresh_token),
@@ -648,6 +761,8 @@ pub async fn refresh(
             .map(str::to_owned)
             .or_else(|| credentials.refresh_token.clone()),
         expires_at_ms: expiry(&token, now),
+        token_endpoint,
+        client_secret,
         ..credentials.clone()
     })
 }
@@ -711,6 +826,7 @@ mod tests {
                 client_secret: Some("the-client-secret".into()),
                 token_endpoint: "https://as.example/token".into(),
                 resource: "https://mcp.example/mcp".into(),
+                app_key: Some("slack".into()),
             },
         };
         pending.insert(&key, &started).unwrap();
@@ -770,6 +886,8 @@ mod tests {
             refresh_token: Some("rt-1".into()),
             expires_at_ms: Some(1_000_000),
             signed_in_by: "u1".into(),
+            issuer: Some("https://as.example".into()),
+            app_key: None,
         };
         let shown = format!("{credentials:?}");
         for secret in ["secret-1", "at-1", "rt-1"] {

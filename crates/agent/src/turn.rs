@@ -10,7 +10,9 @@
 //!
 //! - server mode (no binding): exactly `read_file`, `list_files`, `search_files`, `write_file`,
 //!   through [`FileTools`](crate::files::FileTools) with the person's live authority (source `agent`); the project is
-//!   always the chat's, and write request ids are made here, never by the model;
+//!   always the chat's, and write request ids are made here, never by the model; and, for a
+//!   person whose live role authors (owner, co-owner, editor), the project's MCP connections'
+//!   tools ([`mcp_connection_tools`]: none, and no word of them, for a viewer or a runner);
 //! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
 //!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or
 //!   project argument), dispatched through gatewayd to the bound device and folder with
@@ -233,6 +235,13 @@ fn system_prompt(spec: &TurnSpec, mode: Mode) -> String {
 /// running commands and patches on a laptop folder is authoring, whatever a viewer or runner
 /// may read.
 pub fn require_authoring_role(access: &Access) -> Result<(), ToolError> {
+    require_authoring_role_for(access, "running commands or patches in a laptop folder")
+}
+
+/// Refuses `what` (a tool that acts for the project: a laptop folder, an MCP connection with
+/// the project's secrets) unless the person's live role on the project is owner, co-owner or
+/// editor: 403 `forbidden`, reason `no_authoring_role`, with the role.
+pub fn require_authoring_role_for(access: &Access, what: &str) -> Result<(), ToolError> {
     if access.role.is_some_and(|role| role.can_author()) {
         return Ok(());
     }
@@ -240,7 +249,7 @@ pub fn require_authoring_role(access: &Access) -> Result<(), ToolError> {
     let mut error = ToolError::new(
         "forbidden",
         format!(
-            "running commands or patches in a laptop folder needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
+            "{what} needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
         ),
     );
     error
@@ -419,7 +428,8 @@ async fn drive(
         },
     };
     // A project's MCP connections serve server-mode turns only: a turn bound to a laptop folder
-    // gets exactly its local tools (and read_image), never a remote server's.
+    // gets exactly its local tools (and read_image), never a remote server's. They also need an
+    // authoring role, checked there (and at every call).
     let remote = match mode {
         Mode::Server => {
             mcp_connection_tools::for_turn(service, &spec.caller, &spec.chat.project_id).await

@@ -207,8 +207,12 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
 /// `mcp-app set|show|list|remove`: the operator's MCP sign-in apps (agentd's `mcp-apps`).
 async fn mcp_app(config: &Config, command: &McpAppCmd, json_output: bool) -> ExitCode {
     let print_app = |app: &Value| {
+        let issuer = match app["issuer"].as_str() {
+            Some(issuer) => format!("pinned to the issuer {issuer}"),
+            None => "pinned to no issuer, so never used: set it again with --issuer".to_owned(),
+        };
         println!(
-            "{}: client id {}, {}; callback URL {}",
+            "{}: client id {}, {}, {issuer}; callback URL {}",
             text(&app["key"]),
             text(&app["client_id"]),
             if app["has_secret"] == true {
@@ -230,6 +234,7 @@ async fn mcp_app(config: &Config, command: &McpAppCmd, json_output: bool) -> Exi
             key,
             client_id,
             client_secret_file,
+            issuer,
         } => {
             let secret = match client_secret_file {
                 None => Ok(None),
@@ -239,7 +244,8 @@ async fn mcp_app(config: &Config, command: &McpAppCmd, json_output: bool) -> Exi
             };
             match (secret, key_path(key)) {
                 (Ok(secret), Ok(path)) => {
-                    let body = json!({"client_id": client_id, "client_secret": secret});
+                    let body =
+                        json!({"client_id": client_id, "client_secret": secret, "issuer": issuer});
                     admin::call_resource(config, "PUT", &path, Some(&body)).await
                 }
                 (Err(e), _) | (_, Err(e)) => Err(e),

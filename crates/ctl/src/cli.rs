@@ -114,6 +114,11 @@ pub enum McpAppCmd {
         /// A file holding the client secret (read once, sealed by agentd, never printed).
         #[arg(long, value_name = "FILE")]
         client_secret_file: Option<PathBuf>,
+        /// The provider's OAuth issuer (the `issuer` of its authorization-server metadata, an
+        /// https URL): the app is used only with servers whose authorization server is exactly
+        /// this one, never with another server under the same domain.
+        #[arg(long, value_name = "URL")]
+        issuer: String,
     },
     /// Show one app (never its secret).
     Show { key: String },

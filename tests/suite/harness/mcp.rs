@@ -23,11 +23,45 @@ pub fn http_bytes(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, hyper::HeaderMap, String) {
+    send_http(None, port, method, path, headers, body)
+}
+
+/// [`http`] from the loopback address `source` (any of 127.0.0.0/8, so a test has as many
+/// clients at distinct addresses as it needs): what a daemon sees as the peer's address.
+pub fn http_from(
+    source: std::net::Ipv4Addr,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, hyper::HeaderMap, String) {
+    send_http(Some(source), port, method, path, headers, body.as_bytes())
+}
+
+fn send_http(
+    source: Option<std::net::Ipv4Addr>,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, hyper::HeaderMap, String) {
     use http_body_util::BodyExt;
     block_on(async {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
+        let stream = match source {
+            None => tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap(),
+            Some(source) => {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind((source, 0).into()).unwrap();
+                socket
+                    .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
+                    .await
+                    .unwrap()
+            }
+        };
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await

@@ -8,17 +8,21 @@
 //! | `POST /v1/console/invite {code, password}` | sets the password from a one-time invite, then as sign-in |
 //!
 //! A wrong name or password is one answer, 401 `invalid_credentials`. Failed attempts are
-//! counted per user name and per client address ([`FailureLimits`], in the identity store, so
-//! every host of a cluster counts the same); past the
-//! limit the answer is 429 `too_many_attempts` with `Retry-After`, before any password is
-//! checked. Sign-in and invite need an `Origin` that is the console's, or none (a login CSRF
-//! from another site would sign the victim's browser into the attacker's account).
+//! counted per user name *and* client address, and per client address ([`FailureLimits`], in
+//! the identity store, so every host of a cluster counts the same), each with a backoff: a few
+//! failures are free, then the next attempt waits 30 s after the last failure, twice as long
+//! after each further one (at most the 15-minute window). Meanwhile the answer is 429
+//! `too_many_attempts` with `Retry-After`, before any password is checked. Nothing counts per
+//! user name alone: an attacker guessing alice's password from one address slows down only
+//! there, and alice signing in from another address is not locked out. An IPv6 client counts
+//! by its /64 (one host usually holds a whole /64). Sign-in and invite need an `Origin` that is
+//! the console's, or, without one, `Sec-Fetch-Site: same-origin` (a login CSRF from another
+//! site would sign the victim's browser into the attacker's account). The session cookie is
+//! [`crate::console::session`]'s: `__Host-aw_session` over https.
 
-use crate::console::session::{
-    self, SESSION_COOKIE, Sessions, cookie_secret, not_signed_in, store_unavailable,
-};
+use crate::console::session::{self, Sessions, not_signed_in, store_unavailable};
 use crate::identity::accounts::{NewSession, Session};
-use crate::identity::attempt_limits::CountedAttempt;
+use crate::identity::attempt_limits::{AttemptLimit, CountedAttempt};
 use crate::identity::store::now_ms;
 use crate::identity::store::validate_name;
 use crate::identity::{IdentityError, IdentityStore};
@@ -34,16 +38,44 @@ use serde_json::json;
 use std::net::IpAddr;
 
 /// The client's address, which agentd's public listener puts in each request's extensions
-/// (for the failed-attempt limits).
+/// (for the failed-attempt limits): the TCP peer's, never a header's (agentd trusts no proxy).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddress(pub IpAddr);
 
+impl ClientAddress {
+    /// What limits count this client under: its IPv4 address (an IPv4-mapped IPv6 one as
+    /// IPv4), or the /64 of an IPv6 one, which one host usually holds whole.
+    pub fn bucket(&self) -> String {
+        match self.0 {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => {
+                    let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                    format!("{}/64", std::net::Ipv6Addr::from(prefix))
+                }
+            },
+        }
+    }
+}
+
 /// Failed attempts count for this long: 15 minutes.
 pub const FAILURE_WINDOW_MS: i64 = 15 * 60_000;
-/// Failed sign-ins per user name within the window before further attempts are refused.
+/// The first wait once a key's free failures are spent: 30 seconds, doubled after each
+/// further failure.
+pub const FIRST_BACKOFF_MS: i64 = 30_000;
+/// Failed sign-ins per user name from one client address let through before the backoff.
 pub const MAX_FAILURES_PER_USER: usize = 5;
-/// Failed attempts per client address within the window before further ones are refused.
+/// Failed attempts per client address (whatever the name) let through before the backoff.
 pub const MAX_FAILURES_PER_ADDRESS: usize = 20;
+
+/// The backoff after `free` failures.
+fn backoff(free: usize) -> AttemptLimit {
+    AttemptLimit::Backoff {
+        free,
+        first_wait_ms: FIRST_BACKOFF_MS,
+    }
+}
 
 const SIGN_IN: &str = "/v1/console/sign-in";
 const SESSION: &str = "/v1/console/session";
@@ -78,13 +110,17 @@ impl FailureLimits {
     /// already at its limit nothing is counted.
     pub(crate) async fn begin(
         &self,
-        keys: &[(&str, usize)],
+        keys: &[(&str, impl Into<AttemptLimit> + Copy)],
         now: i64,
     ) -> Result<CountedAttempt, Limited> {
         let identity = self.identity.clone();
-        let keys: Vec<(String, usize)> = keys.iter().map(|(k, l)| ((*k).to_owned(), *l)).collect();
+        let keys: Vec<(String, AttemptLimit)> = keys
+            .iter()
+            .map(|(k, l)| ((*k).to_owned(), (*l).into()))
+            .collect();
         let counted = tokio::task::spawn_blocking(move || {
-            let keys: Vec<(&str, usize)> = keys.iter().map(|(k, l)| (k.as_str(), *l)).collect();
+            let keys: Vec<(&str, AttemptLimit)> =
+                keys.iter().map(|(k, l)| (k.as_str(), *l)).collect();
             identity.count_attempt(&keys, now, FAILURE_WINDOW_MS)
         })
         .await;
@@ -201,24 +237,43 @@ fn too_many_attempts(seconds: i64) -> Response<Body> {
     response
 }
 
-/// Sign-in and invite come from the console's pages or from no page at all.
+/// Sign-in and invite come from the console's own pages: an `Origin` the console's, or, from
+/// a browser that sent none, `Sec-Fetch-Site: same-origin`. Anything else (another site's
+/// form, a request that says where it comes from in neither header) is refused: a login CSRF
+/// would sign the victim's browser into the attacker's account.
 fn check_origin(inner: &session::Inner, parts: &Parts) -> Result<(), Refusal> {
-    if inner.origin_allowed(&parts.headers, true) {
+    let same_site_fetch = || {
+        parts
+            .headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"same-origin"))
+    };
+    let from_console = if parts.headers.contains_key(hyper::header::ORIGIN) {
+        inner.origin_allowed(&parts.headers, false)
+    } else {
+        same_site_fetch()
+    };
+    if from_console {
         Ok(())
     } else {
         Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "csrf_refused",
-            "signing in is only possible from the console's own origin",
+            "signing in is only possible from the console's own pages (an Origin header of the console, or Sec-Fetch-Site: same-origin)",
         ))
     }
 }
 
+/// The client's bucket ([`ClientAddress::bucket`]), `unknown` when the listener gave none.
+pub(crate) fn client_bucket(parts: &Parts) -> String {
+    parts
+        .extensions
+        .get::<ClientAddress>()
+        .map_or_else(|| "unknown".into(), ClientAddress::bucket)
+}
+
 pub(crate) fn address_key(parts: &Parts) -> String {
-    match parts.extensions.get::<ClientAddress>() {
-        Some(ClientAddress(ip)) => format!("address:{ip}"),
-        None => "address:unknown".into(),
-    }
+    format!("address:{}", client_bucket(parts))
 }
 
 /// A store call on a blocking thread; a store failure is a 503.
@@ -243,14 +298,17 @@ fn session_body(session: &Session) -> serde_json::Value {
     })
 }
 
+/// The session cookie: `__Host-aw_session` with `Secure` over https (the prefix makes the
+/// browser insist on `Secure`, `Path=/` and no `Domain`), `aw_session` on plain http.
 fn cookie(inner: &session::Inner, value: &str, max_age_s: i64) -> Option<HeaderValue> {
     let secure = if inner.secure_cookie() {
         "; Secure"
     } else {
         ""
     };
+    let name = inner.cookie_name();
     HeaderValue::from_str(&format!(
-        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age={max_age_s}"
+        "{name}={value}; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age={max_age_s}"
     ))
     .ok()
 }
@@ -297,14 +355,15 @@ async fn sign_in(
             password: Some(password),
             link_code: None,
         } => {
-            // A name no account can have is not tracked (it would only fill the map); the
-            // address still counts the attempt.
+            // The name counts together with the address, never alone: failures from one
+            // address never slow down the same name from another. A name no account can have
+            // is not tracked (it would only fill the table); the address still counts it.
             let user_key = validate_name("user", &username)
                 .is_ok()
-                .then(|| format!("user:{username}"));
-            let mut limits = vec![(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+                .then(|| format!("sign-in:{username}@{}", client_bucket(parts)));
+            let mut limits = vec![(address.as_str(), backoff(MAX_FAILURES_PER_ADDRESS))];
             if let Some(key) = &user_key {
-                limits.push((key.as_str(), MAX_FAILURES_PER_USER));
+                limits.push((key.as_str(), backoff(MAX_FAILURES_PER_USER)));
             }
             let attempt = match inner.failures.begin(&limits, now).await {
                 Ok(attempt) => attempt,
@@ -330,7 +389,7 @@ async fn sign_in(
             password: None,
             link_code: Some(code),
         } => {
-            let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+            let limits = [(address.as_str(), backoff(MAX_FAILURES_PER_ADDRESS))];
             let attempt = match inner.failures.begin(&limits, now).await {
                 Ok(attempt) => attempt,
                 Err(refused) => return Ok(limited(refused)),
@@ -356,7 +415,7 @@ async fn sign_in(
 
 async fn current(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, Refusal> {
     let inner = inner(sessions)?;
-    let Some(secret) = cookie_secret(&parts.headers) else {
+    let Some(secret) = inner.session_cookie(&parts.headers)? else {
         return Err(not_signed_in());
     };
     match inner.check_secret(secret.to_owned()).await? {
@@ -372,7 +431,10 @@ async fn sign_out(sessions: &Sessions, parts: &Parts) -> Result<Response<Body>, 
         Some(Err(refusal)) => return Err(refusal),
         None => return Err(not_signed_in()),
     }
-    let secret = cookie_secret(&parts.headers).unwrap_or("").to_owned();
+    let secret = inner
+        .session_cookie(&parts.headers)?
+        .unwrap_or("")
+        .to_owned();
     let identity = inner.identity.clone();
     blocking(move || identity.end_session(&secret)).await?;
     let mut response = Response::new(full(Bytes::new()));
@@ -399,7 +461,7 @@ async fn invite(
     let request: Invite = decode_json(body)?;
     let address = address_key(parts);
     let now = now_ms();
-    let limits = [(address.as_str(), MAX_FAILURES_PER_ADDRESS)];
+    let limits = [(address.as_str(), backoff(MAX_FAILURES_PER_ADDRESS))];
     let attempt = match inner.failures.begin(&limits, now).await {
         Ok(attempt) => attempt,
         Err(refused) => return Ok(limited(refused)),
@@ -431,18 +493,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn clients_count_by_address_and_ipv6_ones_by_their_64() {
+        let bucket = |ip: &str| ClientAddress(ip.parse().unwrap()).bucket();
+        assert_eq!(bucket("127.0.0.2"), "127.0.0.2");
+        assert_eq!(bucket("::ffff:10.1.2.3"), "10.1.2.3");
+        assert_eq!(bucket("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(bucket("2001:db8:1:2:bbbb::9"), bucket("2001:db8:1:2::1"));
+        assert_ne!(bucket("2001:db8:1:3::1"), bucket("2001:db8:1:2::1"));
+    }
+
+    #[test]
     fn the_cookie_is_secure_on_an_https_console() {
         let dir = tempfile::tempdir().unwrap();
         let identity = crate::identity::IdentityStore::open(&dir.path().join("agentd.db")).unwrap();
-        for (url, secure) in [
-            ("https://console.example", "; Secure"),
-            ("http://127.0.0.1:8470", ""),
+        for (url, name, secure) in [
+            ("https://console.example", "__Host-aw_session", "; Secure"),
+            ("http://127.0.0.1:8470", "aw_session", ""),
         ] {
             let sessions = Sessions::new(identity.clone(), url.into(), Vec::new(), None);
             let header = cookie(sessions.inner().unwrap(), "abc", 60).unwrap();
             assert_eq!(
                 header.to_str().unwrap(),
-                format!("aw_session=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
+                format!("{name}=abc; Path=/; HttpOnly; SameSite=Lax{secure}; Max-Age=60")
             );
         }
     }

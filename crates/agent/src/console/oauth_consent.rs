@@ -3,7 +3,7 @@
 //!
 //! | request | answer |
 //! | --- | --- |
-//! | `GET /v1/console/oauth/requests/{id}` | 200 the client, its redirect host, the scopes asked and the person's projects |
+//! | `GET /v1/console/oauth/requests/{id}` | 200 the client (its name, never verified: `client_name_verified` false; `client_registered`, or the `client_host` of its metadata document's client id), its redirect host, the scopes asked and the person's projects |
 //! | `POST /v1/console/oauth/requests/{id} {allow, projects, write_folders, read_only_folders}` | 200 `{redirect}`; 409 `already_decided`; 404 `not_found` |
 //! | `GET /v1/console/oauth/apps` | 200 `{apps: [...]}`: the person's live grants |
 //! | `DELETE /v1/console/oauth/apps/{grant}` | 200 `{revoked}`; 404 `not_found` |
@@ -216,10 +216,25 @@ fn describe(id: &str, pending: &Pending, projects: &[(Project, Role)]) -> Value 
         .collect();
     let expires_in =
         (pending.created_at_ms + crate::oauth::server::PENDING_TTL_MS - now_ms()).max(0) / 1000;
+    // No client's name is verified: a registered client chose its own when it registered
+    // (anyone can register as "Claude"), so the page marks it unverified; a metadata
+    // document's client is at least named by a document on its client id's host, shown with it.
+    let client_host = pending
+        .client_id
+        .starts_with("https:")
+        .then(|| url::Url::parse(&pending.client_id).ok())
+        .flatten()
+        .and_then(|u| {
+            let host = u.host_str()?.to_owned();
+            Some(u.port().map_or(host.clone(), |p| format!("{host}:{p}")))
+        });
     json!({
         "request": id,
         "client_id": pending.client_id,
         "client_name": pending.client_name,
+        "client_name_verified": false,
+        "client_registered": client_host.is_none(),
+        "client_host": client_host,
         "redirect_host": pending.redirect_host(),
         "redirect_uri": pending.redirect_uri,
         "scopes": pending.scopes,

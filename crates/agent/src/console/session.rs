@@ -1,13 +1,18 @@
 //! Signed-in sessions of the web console.
 //!
-//! The interface the console's pages and the chat API use. A session is the `aw_session`
-//! cookie (a 256-bit secret; the store keeps its SHA-256, see
-//! [`crate::identity::accounts`]), read only from a request without an `Authorization`
-//! header: a bearer token is never mixed up with a session. A state-changing request (any
-//! method but GET and HEAD) made with a session must also come from the console's origin
-//! (`Origin` present and allowed by the same rule as `/mcp`'s) and carry the session's CSRF
-//! token in [`CSRF_HEADER`]; a browser adds the cookie to a cross-site request by itself, but
-//! only the console's own pages can read the CSRF token.
+//! The interface the console's pages and the chat API use. A session is a cookie (a 256-bit
+//! secret; the store keeps its SHA-256, see [`crate::identity::accounts`]), read only from a
+//! request without an `Authorization` header: a bearer token is never mixed up with a session.
+//! A state-changing request (any method but GET and HEAD) made with a session must also come
+//! from the console's origin (`Origin` present and allowed by the same rule as `/mcp`'s) and
+//! carry the session's CSRF token in [`CSRF_HEADER`]; a browser adds the cookie to a
+//! cross-site request by itself, but only the console's own pages can read the CSRF token.
+//!
+//! The cookie is `__Host-aw_session` on a console served over https ([`SECURE_SESSION_COOKIE`]:
+//! the browser then takes it only with `Secure`, `Path=/` and no `Domain`, so a sibling host
+//! or another path cannot plant one), and `aw_session` on plain http (a loopback console,
+//! where browsers refuse `Secure` cookies). Only the name in use is read, and a request that
+//! carries it twice (one planted beside the real one) is refused rather than guessed at.
 
 use crate::console::accounts::FailureLimits;
 use crate::identity::accounts::{self, SessionPolicy};
@@ -19,8 +24,10 @@ use hyper::http::request::Parts;
 use hyper::{Method, StatusCode};
 use std::sync::Arc;
 
-/// The session cookie's name.
+/// The session cookie's name on a console served over plain http.
 pub const SESSION_COOKIE: &str = "aw_session";
+/// The session cookie's name on a console served over https.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-aw_session";
 /// The header a state-changing request made with a session carries its CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
@@ -130,15 +137,19 @@ impl Sessions {
         self.inner.as_deref()
     }
 
-    /// `None`: the request carries no session cookie. `Some(Err)`: a session that is unknown,
-    /// expired or signed out (401), or, on a state-changing method, a foreign `Origin` or a
-    /// missing or wrong CSRF token (403). `Some(Ok)`: the signed-in person.
+    /// `None`: the request carries no session cookie. `Some(Err)`: two session cookies (400),
+    /// a session that is unknown, expired or signed out (401), or, on a state-changing method,
+    /// a foreign `Origin` or a missing or wrong CSRF token (403). `Some(Ok)`: the signed-in
+    /// person.
     pub async fn check(&self, parts: &Parts) -> Option<Result<SignedIn, Refusal>> {
         let inner = self.inner.as_ref()?;
         if parts.headers.contains_key(AUTHORIZATION) {
             return None;
         }
-        let secret = cookie_secret(&parts.headers)?.to_owned();
+        let secret = match inner.session_cookie(&parts.headers) {
+            Ok(secret) => secret?.to_owned(),
+            Err(refusal) => return Some(Err(refusal)),
+        };
         let session = match inner.check_secret(secret).await {
             Ok(Some(session)) => session,
             Ok(None) => return Some(Err(not_signed_in())),
@@ -204,18 +215,51 @@ impl Inner {
             .get(..8)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
     }
+
+    /// The session cookie's name here: `__Host-aw_session` over https, else `aw_session`.
+    pub(crate) fn cookie_name(&self) -> &'static str {
+        if self.secure_cookie() {
+            SECURE_SESSION_COOKIE
+        } else {
+            SESSION_COOKIE
+        }
+    }
+
+    /// The request's session cookie (`Ok(None)`: none), or the refusal of a request that
+    /// carries two ([`session_cookie`]).
+    pub(crate) fn session_cookie<'a>(
+        &self,
+        headers: &'a HeaderMap,
+    ) -> Result<Option<&'a str>, Refusal> {
+        session_cookie(headers, self.cookie_name())
+    }
 }
 
-/// The `aw_session` cookie's value, from any `Cookie` header.
-pub(crate) fn cookie_secret(headers: &HeaderMap) -> Option<&str> {
-    headers
+/// The value of the cookie `name`, from every `Cookie` header; more than one cookie of that
+/// name is refused (400 `duplicate_session_cookie`): a browser sends a cookie planted for a
+/// narrower path (or a parent domain, on plain http) beside the real one, and whichever was
+/// picked, the request could act in the planter's session.
+pub(crate) fn session_cookie<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a str>, Refusal> {
+    let mut found = headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .map(|(_, value)| value.trim())
+        .filter(|(cookie, _)| *cookie == name)
+        .map(|(_, value)| value.trim());
+    let first = found.next();
+    if found.next().is_some() {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "duplicate_session_cookie",
+            "the request carries two session cookies; clear this site's cookies and sign in again",
+        ));
+    }
+    Ok(first)
 }
 
 pub(crate) fn not_signed_in() -> Refusal {
@@ -270,7 +314,8 @@ mod tests {
                 crate::identity::store::now_ms(),
             )
             .unwrap();
-        let cookie = format!("{SESSION_COOKIE}={}", new.secret);
+        // An https console: the prefixed name.
+        let cookie = format!("{SECURE_SESSION_COOKIE}={}", new.secret);
         let csrf = new.session.csrf_token.as_str();
         let code = |r: Option<Result<SignedIn, Refusal>>| match r {
             None => "none".to_owned(),
@@ -329,7 +374,7 @@ mod tests {
                 "{origin}"
             );
         }
-        let stale = format!("{SESSION_COOKIE}={}", "0".repeat(64));
+        let stale = format!("{SECURE_SESSION_COOKIE}={}", "0".repeat(64));
         assert_eq!(
             code(sessions.check(&parts("GET", &[("cookie", &stale)])).await),
             "not_signed_in"
@@ -345,12 +390,38 @@ mod tests {
     }
 
     #[test]
-    fn the_session_cookie_is_found_among_others() {
-        let mut headers = HeaderMap::new();
-        headers.append(COOKIE, "a=1; aw_session=abc ; b=2".parse().unwrap());
-        assert_eq!(cookie_secret(&headers), Some("abc"));
-        let mut other = HeaderMap::new();
-        other.append(COOKIE, "x_aw_session=abc".parse().unwrap());
-        assert_eq!(cookie_secret(&other), None);
+    fn the_session_cookie_is_found_among_others_and_two_are_refused() {
+        let headers = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(COOKIE, value.parse().unwrap());
+            }
+            headers
+        };
+        let found = |values: &[&str], name: &str| {
+            session_cookie(&headers(values), name)
+                .map(|v| v.map(str::to_owned))
+                .map_err(|r| r.code)
+        };
+        assert_eq!(
+            found(&["a=1; aw_session=abc ; b=2"], SESSION_COOKIE),
+            Ok(Some("abc".into()))
+        );
+        assert_eq!(found(&["x_aw_session=abc"], SESSION_COOKIE), Ok(None));
+        // Over https only the prefixed name counts: an unprefixed one is no session.
+        assert_eq!(found(&["aw_session=abc"], SECURE_SESSION_COOKIE), Ok(None));
+        assert_eq!(
+            found(&["__Host-aw_session=abc"], SECURE_SESSION_COOKIE),
+            Ok(Some("abc".into()))
+        );
+        for twice in [
+            &["aw_session=planted; aw_session=real"][..],
+            &["aw_session=planted", "aw_session=real"][..],
+        ] {
+            assert_eq!(
+                found(twice, SESSION_COOKIE),
+                Err("duplicate_session_cookie".into())
+            );
+        }
     }
 }

@@ -308,19 +308,43 @@ impl IdentityStore {
             created_at_ms: now,
             expires_at_ms,
         };
-        self.db()?.execute(
-            "INSERT INTO sessions (id, secret_hash, user_id, token_id, csrf_token, created_at_ms, last_used_at_ms, expires_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
-            &[
-                &session.id,
-                &token::hash_secret(&secret),
-                &user.id,
-                &session.token.id,
-                &session.csrf_token,
-                &now,
-                &expires_at_ms,
-            ],
-        )?;
+        let secret_hash = token::hash_secret(&secret);
+        let started = self.transaction(|tx| {
+            // Checked in the insert's transaction: an account disabled since its password was
+            // checked gets no session (which enabling it again would otherwise bring back).
+            let disabled: Option<i64> = tx.query_opt(
+                "SELECT disabled FROM users WHERE id = ?1",
+                &[&user.id],
+                |r| r.get(0),
+            )?;
+            if disabled != Some(0) {
+                tx.execute(
+                    "UPDATE tokens SET revoked_at_ms = ?1 WHERE id = ?2 AND revoked_at_ms IS NULL",
+                    &[&now, &session.token.id],
+                )?;
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO sessions (id, secret_hash, user_id, token_id, csrf_token, created_at_ms, last_used_at_ms, expires_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
+                &[
+                    &session.id,
+                    &secret_hash,
+                    &user.id,
+                    &session.token.id,
+                    &session.csrf_token,
+                    &now,
+                    &expires_at_ms,
+                ],
+            )?;
+            Ok(true)
+        })?;
+        if !started {
+            return Err(IdentityError::Invalid(format!(
+                "the account {} is disabled",
+                user.name
+            )));
+        }
         Ok(NewSession { secret, session })
     }
 
@@ -423,15 +447,8 @@ impl IdentityStore {
 
     /// Every session of the user ends (their tokens revoked).
     fn end_sessions_of(&self, user_id: &str) -> Result<(), IdentityError> {
-        let rows: Vec<(String, String)> = self.db()?.query_all(
-            "SELECT id, token_id FROM sessions WHERE user_id = ?1",
-            &[&user_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        for (id, token_id) in rows {
-            self.delete_session(&id, &token_id)?;
-        }
-        Ok(())
+        let now = crate::identity::store::now_ms();
+        self.transaction(|tx| Ok(end_sessions_in(tx, user_id, now)?))
     }
 
     fn delete_session(&self, id: &str, token_id: &str) -> Result<(), IdentityError> {
@@ -445,6 +462,21 @@ impl IdentityStore {
             Ok(())
         })
     }
+}
+
+/// Every session of `user_id` ends in `tx`: deleted, and its token revoked.
+pub(super) fn end_sessions_in(
+    tx: &mut crate::db::Tx<'_>,
+    user_id: &str,
+    now: i64,
+) -> Result<(), crate::db::DbError> {
+    tx.execute(
+        "UPDATE tokens SET revoked_at_ms = ?1
+         WHERE id IN (SELECT token_id FROM sessions WHERE user_id = ?2) AND revoked_at_ms IS NULL",
+        &[&now, &user_id],
+    )?;
+    tx.execute("DELETE FROM sessions WHERE user_id = ?1", &[&user_id])?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -640,7 +672,27 @@ mod tests {
         s.set_user_disabled("alice", true).unwrap();
         assert!(s.check_session(&off.secret, policy, now).unwrap().is_none());
         s.set_user_disabled("alice", false).unwrap();
-        assert!(s.check_session(&off.secret, policy, now).unwrap().is_some());
+        assert!(
+            s.check_session(&off.secret, policy, now).unwrap().is_none(),
+            "enabling the account again does not bring its sessions back"
+        );
+        assert!(
+            s.token_by_id(&off.session.token.id)
+                .unwrap()
+                .unwrap()
+                .revoked_at_ms
+                .is_some(),
+            "disabling revoked the session's token"
+        );
+        s.set_user_disabled("alice", true).unwrap();
+        assert!(
+            matches!(
+                s.create_session(&alice, policy, now),
+                Err(IdentityError::Invalid(_))
+            ),
+            "a disabled account gets no session"
+        );
+        s.set_user_disabled("alice", false).unwrap();
         assert!(
             s.check_session(&"0".repeat(64), policy, now)
                 .unwrap()

@@ -12,9 +12,10 @@ use std::sync::Barrier;
 use agentworks_core::guard::Guard;
 
 use super::accounts::{CodeKind, SessionPolicy};
+use super::attempt_limits::AttemptLimit;
 use super::authority::{FileGuard, Role, Scope};
-use super::authorization_requests::Decision;
-use super::device_logins::{DEVICE_LOGIN_TTL_MS, DecideError, DevicePoll};
+use super::authorization_requests::{Decision, PendingLimits, PendingRefusal};
+use super::device_logins::{DEVICE_LOGIN_TTL_MS, DecideError, DevicePoll, WaitingRefusal};
 use super::oauth::NewGrant;
 use super::store::{IdentityError, IdentityStore, ProjectKind, TokenRefusal, TokenRequest, now_ms};
 use crate::oauth::pkce;
@@ -301,6 +302,66 @@ pub fn oauth_codes_and_refresh_tokens_work_once(open: &dyn Fn() -> IdentityStore
     assert!(a.authenticate(&tokens.access_token).unwrap().is_err());
 }
 
+/// Disabling an account on one host ends its sessions and its OAuth grants for good, on every
+/// host: the session is gone, the grant's access token refused and its refresh token refused,
+/// and enabling the account again brings none of them back (issue 42, item 3). A personal
+/// token an operator made is only refused while the account is disabled.
+pub fn disabling_an_account_ends_its_sessions_and_grants_for_good(
+    open: &dyn Fn() -> IdentityStore,
+) {
+    let (a, b) = (open(), open());
+    let alice = a.add_user("alice").unwrap();
+    let project = a
+        .add_project("demo", ProjectKind::Workflow, "demo", &policy(), "alice")
+        .unwrap();
+    let now = now_ms();
+    let policy = SessionPolicy::default();
+    let session = a.create_session(&alice, policy, now).unwrap();
+    let (_, code) = a
+        .create_grant(&new_grant(&alice.id, &project.id, VERIFIER), now)
+        .unwrap();
+    let issued = a
+        .exchange_code(&code, "cli_x", REDIRECT, VERIFIER, now)
+        .unwrap();
+    let personal = token_for(&a, "alice", vec![Scope::WorkflowsRead]);
+
+    b.set_user_disabled("alice", true).unwrap();
+    assert!(
+        a.check_session(&session.secret, policy, now)
+            .unwrap()
+            .is_none()
+    );
+    assert!(a.authenticate(&issued.access_token).unwrap().is_err());
+    assert!(
+        a.refresh(&issued.refresh_token, "cli_x", None, now)
+            .is_err()
+    );
+    assert!(matches!(
+        a.create_grant(&new_grant(&alice.id, &project.id, VERIFIER), now),
+        Err(IdentityError::Invalid(_))
+    ));
+    assert!(a.create_session(&alice, policy, now).is_err());
+
+    a.set_user_disabled("alice", false).unwrap();
+    assert!(
+        b.check_session(&session.secret, policy, now)
+            .unwrap()
+            .is_none(),
+        "the session came back with the account"
+    );
+    assert!(
+        b.authenticate(&issued.access_token).unwrap().is_err(),
+        "the grant's access token came back with the account"
+    );
+    assert!(
+        b.refresh(&issued.refresh_token, "cli_x", None, now)
+            .is_err(),
+        "the grant's refresh token came back with the account"
+    );
+    assert!(b.grants_of(&alice.id).unwrap().is_empty());
+    assert!(b.authenticate(&personal).unwrap().is_ok());
+}
+
 /// One code exchanged through several hosts at once issues tokens once; one user name added
 /// through several hosts at once is one user, the others told it exists.
 pub fn racing_hosts_redeem_a_code_once_and_take_a_name_once(open: &dyn Fn() -> IdentityStore) {
@@ -406,7 +467,7 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
     a.add_user("alice").unwrap();
     let now = now_ms();
     let login = a
-        .start_device_login("<b>laptop</b>", now, 10)
+        .start_device_login("<b>laptop</b>", "10.0.0.1", now, 10, 10)
         .unwrap()
         .unwrap();
     assert_eq!(login.user_code.len(), 9, "{login:?}");
@@ -495,7 +556,10 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         DevicePoll::Invalid
     );
 
-    let denied = a.start_device_login("", now, 10).unwrap().unwrap();
+    let denied = a
+        .start_device_login("", "10.0.0.1", now, 10, 10)
+        .unwrap()
+        .unwrap();
     assert_eq!(
         b.decide_device_login(&denied.user_code, "alice", false, now)
             .unwrap(),
@@ -517,11 +581,20 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         "a denied login is gone once answered"
     );
 
-    let expired = a.start_device_login("old", now, 10).unwrap().unwrap();
+    let expired = a
+        .start_device_login("old", "10.0.0.2", now, 10, 10)
+        .unwrap()
+        .unwrap();
     // At most two waiting ("old" and this one: the redeemed and the denied logins are gone);
     // expired ones free their places.
-    a.start_device_login("third", now, 2).unwrap().unwrap();
-    assert_eq!(b.start_device_login("fourth", now, 2).unwrap(), None);
+    a.start_device_login("third", "10.0.0.3", now, 10, 2)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        b.start_device_login("fourth", "10.0.0.4", now, 10, 2)
+            .unwrap(),
+        Err(WaitingRefusal::Total)
+    );
     let later = now + DEVICE_LOGIN_TTL_MS;
     assert_eq!(
         b.pending_device_login(&expired.user_code, later).unwrap(),
@@ -536,7 +609,40 @@ pub fn device_logins_are_decided_once_and_redeemed_once(open: &dyn Fn() -> Ident
         a.poll_device_login(&expired.device_code, later).unwrap(),
         DevicePoll::Expired
     );
-    assert!(b.start_device_login("fourth", later, 2).unwrap().is_some());
+    assert!(
+        b.start_device_login("fourth", "10.0.0.4", later, 10, 2)
+            .unwrap()
+            .is_ok()
+    );
+
+    // One address has its own share of waiting logins, counted on every host; a decided
+    // login leaves it, and another address is not held back meanwhile.
+    let fresh = later + DEVICE_LOGIN_TTL_MS;
+    let first = a
+        .start_device_login("flood", "10.9.9.9", fresh, 2, 100)
+        .unwrap()
+        .unwrap();
+    b.start_device_login("flood", "10.9.9.9", fresh, 2, 100)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a.start_device_login("flood", "10.9.9.9", fresh, 2, 100)
+            .unwrap(),
+        Err(WaitingRefusal::Address)
+    );
+    assert!(
+        b.start_device_login("person", "10.1.1.1", fresh, 2, 100)
+            .unwrap()
+            .is_ok()
+    );
+    b.decide_device_login(&first.user_code, "alice", false, fresh)
+        .unwrap()
+        .unwrap();
+    assert!(
+        a.start_device_login("flood", "10.9.9.9", fresh, 2, 100)
+            .unwrap()
+            .is_ok()
+    );
 }
 
 /// Failed attempts: counted per key within the window on any host, refused past a limit with
@@ -590,17 +696,69 @@ pub fn failed_attempts_are_limited_across_hosts(open: &dyn Fn() -> IdentityStore
         3,
         "a limit of 3, {HOSTS} hosts at once: {counted:?}"
     );
+
+    // A backoff: two free, then 30 s after the last failure, then 60 s; counted on any host,
+    // and a refused attempt is not counted (waiting is enough).
+    let backoff = [(
+        "signin:alice@x",
+        AttemptLimit::Backoff {
+            free: 2,
+            first_wait_ms: 30_000,
+        },
+    )];
+    assert!(a.count_attempt(&backoff, now, WINDOW).unwrap().is_ok());
+    assert!(
+        b.count_attempt(&backoff, now + 1_000, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        a.count_attempt(&backoff, now + 2_000, WINDOW).unwrap(),
+        Err(29)
+    );
+    assert_eq!(
+        b.count_attempt(&backoff, now + 30_000, WINDOW).unwrap(),
+        Err(1)
+    );
+    assert!(
+        b.count_attempt(&backoff, now + 31_000, WINDOW)
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        a.count_attempt(&backoff, now + 31_000, WINDOW).unwrap(),
+        Err(60)
+    );
 }
 
 /// OAuth authorization requests waiting for consent: kept on one host, shown and decided on
-/// another, decided once even when six hosts decide at once; none past the cap or the time.
+/// another, decided once even when six hosts decide at once; none past the caps or the time:
+/// undecided ones per client and per source address, and live ones in all (issue 42, item 11).
 pub fn authorization_requests_are_decided_once(open: &dyn Fn() -> IdentityStore) {
     const TTL: i64 = 600_000;
+    let limits = |per_client, per_address, total| PendingLimits {
+        per_client,
+        per_address,
+        total,
+    };
     let (a, b) = (open(), open());
     let now = 1_000_000;
-    assert!(
-        a.put_authorization_request("r1", "{\"x\":1}", now, TTL, 3)
+    let put = |host: &IdentityStore, id: &str, client: &str, address: &str, at, caps| {
+        host.put_authorization_request(id, "{}", client, address, at, TTL, caps)
             .unwrap()
+    };
+    assert_eq!(
+        a.put_authorization_request(
+            "r1",
+            "{\"x\":1}",
+            "c1",
+            "10.0.0.1",
+            now,
+            TTL,
+            limits(3, 3, 3)
+        )
+        .unwrap(),
+        Ok(())
     );
     assert_eq!(
         b.authorization_request("r1", now + 1, TTL)
@@ -630,18 +788,19 @@ pub fn authorization_requests_are_decided_once(open: &dyn Fn() -> IdentityStore)
         a.decide_authorization_request("nope", now, TTL).unwrap(),
         Decision::NotFound
     );
-    // The cap counts live requests (the decided one included); an expired one frees its place.
-    assert!(
-        a.put_authorization_request("r2", "{}", now, TTL, 3)
-            .unwrap()
+    // The total counts live requests (the decided one included); an expired one frees its
+    // place.
+    assert_eq!(
+        put(&a, "r2", "c2", "10.0.0.2", now, limits(3, 3, 3)),
+        Ok(())
     );
-    assert!(
-        a.put_authorization_request("r3", "{}", now, TTL, 3)
-            .unwrap()
+    assert_eq!(
+        put(&a, "r3", "c3", "10.0.0.3", now, limits(3, 3, 3)),
+        Ok(())
     );
-    assert!(
-        !b.put_authorization_request("r4", "{}", now, TTL, 3)
-            .unwrap()
+    assert_eq!(
+        put(&b, "r4", "c4", "10.0.0.4", now, limits(3, 3, 3)),
+        Err(PendingRefusal::Total)
     );
     assert_eq!(
         b.decide_authorization_request("r2", now + TTL, TTL)
@@ -649,10 +808,33 @@ pub fn authorization_requests_are_decided_once(open: &dyn Fn() -> IdentityStore)
         Decision::NotFound,
         "expired"
     );
-    assert!(
-        b.put_authorization_request("r4", "{}", now + TTL, TTL, 3)
-            .unwrap()
+    assert_eq!(
+        put(&b, "r4", "c4", "10.0.0.4", now + TTL, limits(3, 3, 3)),
+        Ok(())
     );
+
+    // One address, then one client, fill their own shares (counted on every host); another
+    // client from another address still gets in. A decided request leaves the shares.
+    let later = now + 3 * TTL;
+    let caps = limits(3, 2, 100);
+    assert_eq!(put(&a, "f1", "flood", "10.6.6.6", later, caps), Ok(()));
+    assert_eq!(put(&b, "f2", "flood", "10.6.6.6", later, caps), Ok(()));
+    assert_eq!(
+        put(&a, "f3", "other", "10.6.6.6", later, caps),
+        Err(PendingRefusal::Address)
+    );
+    assert_eq!(put(&b, "f4", "flood", "10.7.7.7", later, caps), Ok(()));
+    assert_eq!(
+        put(&a, "f5", "flood", "10.8.8.8", later, caps),
+        Err(PendingRefusal::Client)
+    );
+    assert_eq!(put(&b, "p1", "person", "10.1.1.1", later, caps), Ok(()));
+    assert!(matches!(
+        a.decide_authorization_request("f1", later, TTL).unwrap(),
+        Decision::Taken(_)
+    ));
+    assert_eq!(put(&a, "f6", "flood", "10.8.8.8", later, caps), Ok(()));
+    assert_eq!(put(&b, "f7", "other", "10.6.6.6", later, caps), Ok(()));
 }
 
 #[cfg(test)]
@@ -683,6 +865,7 @@ mod on_sqlite {
         oauth_codes_and_refresh_tokens_work_once,
         racing_hosts_redeem_a_code_once_and_take_a_name_once,
         accounts_codes_and_sessions,
+        disabling_an_account_ends_its_sessions_and_grants_for_good,
         authorization_requests_are_decided_once,
         failed_attempts_are_limited_across_hosts,
         device_logins_are_decided_once_and_redeemed_once,

@@ -23,8 +23,21 @@ pub const DEVICE_LOGIN_TTL_MS: i64 = 600_000;
 /// of it is answered `slow_down`.
 pub const DEVICE_POLL_INTERVAL_MS: i64 = 2_000;
 /// Logins waiting at most: `/v1/device/code` is anonymous, so its rows are bounded; past this
-/// a new login is refused until some expire (10 minutes at most).
+/// a new login is refused until some expire (10 minutes at most). The last resort: each
+/// source address has its own, much smaller share ([`MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS`]).
 pub const MAX_WAITING_DEVICE_LOGINS: i64 = 10_000;
+/// Undecided logins one source address (its bucket) may have waiting: a flood from one
+/// address fills its own share, never the table.
+pub const MAX_WAITING_DEVICE_LOGINS_PER_ADDRESS: i64 = 20;
+
+/// Which bound refused a new login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingRefusal {
+    /// The source address has its share waiting.
+    Address,
+    /// All logins together are at their bound.
+    Total,
+}
 /// User codes: 8 characters from an alphabet without vowels or look-alikes, shown XXXX-XXXX.
 const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 
@@ -108,14 +121,17 @@ const UNDECIDED: &str = "user_code = ?1 AND created_at_ms > ?2 \
 type PollRow = (i64, Option<i64>, Option<String>, i64, bool);
 
 impl IdentityStore {
-    /// Starts a login for the device named `label` (cut to 64 characters); `None` when `max`
-    /// live logins are waiting already.
+    /// Starts a login for the device named `label` (cut to 64 characters), asked from
+    /// `address`; refused when `per_address` undecided logins from there, or `max` live logins
+    /// in all, are waiting already.
     pub fn start_device_login(
         &self,
         label: &str,
+        address: &str,
         now: i64,
+        per_address: i64,
         max: i64,
-    ) -> Result<Option<NewDeviceLogin>, IdentityError> {
+    ) -> Result<Result<NewDeviceLogin, WaitingRefusal>, IdentityError> {
         let device_code = hex::encode(rand::random::<[u8; 32]>());
         let hash = token::hash_secret(&device_code);
         let label: String = label.chars().take(64).collect();
@@ -124,10 +140,19 @@ impl IdentityStore {
                 "DELETE FROM device_logins WHERE created_at_ms <= ?1",
                 &[&(now - DEVICE_LOGIN_TTL_MS)],
             )?;
+            let from_address: i64 = tx.query_one(
+                "SELECT count(*) FROM device_logins
+                 WHERE address = ?1 AND approved_for IS NULL AND denied = 0",
+                &[&address],
+                |r| r.get(0),
+            )?;
+            if from_address >= per_address {
+                return Ok(Err(WaitingRefusal::Address));
+            }
             let waiting: i64 =
                 tx.query_one("SELECT count(*) FROM device_logins", &[], |r| r.get(0))?;
             if waiting >= max {
-                return Ok(None);
+                return Ok(Err(WaitingRefusal::Total));
             }
             // 20^8 codes: a clash with a live login is rare; draw again until there is none.
             let mut user_code = random_user_code();
@@ -142,11 +167,11 @@ impl IdentityStore {
                 user_code = random_user_code();
             }
             tx.execute(
-                "INSERT INTO device_logins (device_code_hash, user_code, label, created_at_ms, denied)
-                 VALUES (?1, ?2, ?3, ?4, 0)",
-                &[&hash, &user_code, &label, &now],
+                "INSERT INTO device_logins (device_code_hash, user_code, label, created_at_ms, denied, address)
+                 VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                &[&hash, &user_code, &label, &now, &address],
             )?;
-            Ok::<_, IdentityError>(Some(user_code))
+            Ok::<_, IdentityError>(Ok(user_code))
         })?;
         Ok(user_code.map(|user_code| NewDeviceLogin {
             device_code,

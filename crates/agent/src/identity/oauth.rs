@@ -180,6 +180,29 @@ fn revoke_grant_in(tx: &mut Tx<'_>, grant_id: &str, now: i64) -> Result<(), DbEr
     Ok(())
 }
 
+/// Revoke every live grant of `user_id` (a disabled account), in `tx`.
+pub(super) fn revoke_grants_of_in(tx: &mut Tx<'_>, user_id: &str, now: i64) -> Result<(), DbError> {
+    let live: Vec<String> = tx.query_all(
+        "SELECT id FROM oauth_grants WHERE user_id = ?1 AND revoked_at_ms IS NULL",
+        &[&user_id],
+        |r| r.get(0),
+    )?;
+    for grant_id in live {
+        revoke_grant_in(tx, &grant_id, now)?;
+    }
+    Ok(())
+}
+
+/// Whether `user_id`'s account is disabled (or gone), read in `tx`.
+fn account_disabled_in(tx: &mut Tx<'_>, user_id: &str) -> Result<bool, DbError> {
+    let disabled: Option<i64> = tx.query_opt(
+        "SELECT disabled FROM users WHERE id = ?1",
+        &[&user_id],
+        |r| r.get(0),
+    )?;
+    Ok(disabled != Some(0))
+}
+
 /// Issue an access token and a refresh token for `grant` with `scopes`, in `tx`.
 fn issue_in(
     tx: &mut Tx<'_>,
@@ -292,6 +315,11 @@ impl IdentityStore {
         };
         let code = format!("awc_{}", hex::encode(rand::random::<[u8; 32]>()));
         self.transaction(|tx| {
+        // In the grant's transaction: an account disabled meanwhile gets no grant (which
+        // enabling it again would otherwise bring back).
+        if account_disabled_in(tx, &grant.user_id)? {
+            return Err(IdentityError::Invalid("the account is disabled".into()));
+        }
         tx.execute(
             &format!(
                 "INSERT INTO oauth_grants ({GRANT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL)"
@@ -422,6 +450,9 @@ impl IdentityStore {
             }
             if grant.revoked_at_ms.is_some() {
                 return Ok(Err(invalid("the grant was revoked")));
+            }
+            if account_disabled_in(tx, &grant.user_id)? {
+                return Ok(Err(invalid("the account is disabled")));
             }
             if used.is_some() {
                 revoke_grant_in(tx, &grant_id, now)?;

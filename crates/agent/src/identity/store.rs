@@ -204,7 +204,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS device_logins (
     device_code_hash TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, label TEXT NOT NULL,
     created_at_ms INTEGER NOT NULL, last_poll_at_ms INTEGER, approved_for TEXT,
-    denied INTEGER NOT NULL DEFAULT 0, redeemed_at_ms INTEGER);
+    denied INTEGER NOT NULL DEFAULT 0, redeemed_at_ms INTEGER,
+    address TEXT NOT NULL DEFAULT '');
 -- failed sign-ins and other guesses, by key (identity::attempt_limits)
 CREATE TABLE IF NOT EXISTS attempt_failures (
     id TEXT PRIMARY KEY, key TEXT NOT NULL, at_ms INTEGER NOT NULL);
@@ -213,7 +214,8 @@ CREATE INDEX IF NOT EXISTS attempt_failures_by_time ON attempt_failures (at_ms);
 -- OAuth authorization requests waiting for consent (identity::authorization_requests)
 CREATE TABLE IF NOT EXISTS oauth_requests (
     id_hash TEXT PRIMARY KEY, request TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
-    decided INTEGER NOT NULL DEFAULT 0);
+    decided INTEGER NOT NULL DEFAULT 0, client_id TEXT NOT NULL DEFAULT '',
+    address TEXT NOT NULL DEFAULT '');
 ";
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
@@ -279,6 +281,16 @@ CREATE INDEX attempt_failures_by_time ON attempt_failures (at_ms);
 CREATE TABLE oauth_requests (
     id_hash TEXT PRIMARY KEY, request TEXT NOT NULL, created_at_ms BIGINT NOT NULL,
     decided BIGINT NOT NULL DEFAULT 0);
+",
+    // 3: who is waiting (issue 42): the client and the source address of each authorization
+    // request, and the source address of each device login, so each is bounded on its own.
+    "
+ALTER TABLE oauth_requests ADD COLUMN client_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE oauth_requests ADD COLUMN address TEXT NOT NULL DEFAULT '';
+CREATE INDEX oauth_requests_by_client ON oauth_requests (client_id);
+CREATE INDEX oauth_requests_by_address ON oauth_requests (address);
+ALTER TABLE device_logins ADD COLUMN address TEXT NOT NULL DEFAULT '';
+CREATE INDEX device_logins_by_address ON device_logins (address);
 ",
 ];
 
@@ -512,6 +524,7 @@ impl IdentityStore {
         let db = Database::open_sqlite(path, SCHEMA).map_err(err)?;
         if let Some(conn) = db.sqlite() {
             add_token_grant_column(&conn).map_err(err)?;
+            add_waiting_address_columns(&conn).map_err(err)?;
         }
         Ok(IdentityStore::on(db))
     }
@@ -657,12 +670,25 @@ impl IdentityStore {
         )?)
     }
 
+    /// Disable or enable a user. Disabling also ends, at once and for good, what the person is
+    /// signed in with: every console session is deleted (its token revoked) and every OAuth
+    /// grant is revoked (its access tokens too, its refresh tokens spent), in the same
+    /// transaction, so enabling the account again brings none of them back. Tokens an operator
+    /// made stay, refused while the account is disabled.
     pub fn set_user_disabled(&self, name: &str, disabled: bool) -> Result<User, IdentityError> {
         let user = self.require_user(name)?;
-        self.db()?.execute(
-            "UPDATE users SET disabled = ?1 WHERE id = ?2",
-            &[&(disabled as i64), &user.id],
-        )?;
+        let now = now_ms();
+        self.transaction(|tx| {
+            tx.execute(
+                "UPDATE users SET disabled = ?1 WHERE id = ?2",
+                &[&(disabled as i64), &user.id],
+            )?;
+            if disabled {
+                crate::identity::accounts::end_sessions_in(tx, &user.id, now)?;
+                crate::identity::oauth::revoke_grants_of_in(tx, &user.id, now)?;
+            }
+            Ok(())
+        })?;
         Ok(User { disabled, ..user })
     }
 
@@ -1053,13 +1079,32 @@ impl IdentityStore {
 /// Stores made before OAuth grants have no `tokens.grant_id`: add it (a NULL for every
 /// existing token, which are all personal).
 fn add_token_grant_column(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let has_column = conn
-        .prepare("SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'grant_id'")?
-        .exists([])?;
-    if !has_column {
-        conn.execute_batch("ALTER TABLE tokens ADD COLUMN grant_id TEXT;")?;
-    }
+    crate::db::add_sqlite_column(conn, "tokens", "grant_id", "TEXT")?;
     conn.execute_batch("CREATE INDEX IF NOT EXISTS tokens_grant ON tokens (grant_id);")
+}
+
+/// Stores made before authorization requests and device logins were bounded per client and
+/// per source address have no columns saying who is waiting: add them (rows already waiting
+/// count as an unknown client and address; they expire within minutes).
+fn add_waiting_address_columns(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    crate::db::add_sqlite_column(
+        conn,
+        "oauth_requests",
+        "client_id",
+        "TEXT NOT NULL DEFAULT ''",
+    )?;
+    crate::db::add_sqlite_column(
+        conn,
+        "oauth_requests",
+        "address",
+        "TEXT NOT NULL DEFAULT ''",
+    )?;
+    crate::db::add_sqlite_column(conn, "device_logins", "address", "TEXT NOT NULL DEFAULT ''")?;
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS oauth_requests_by_client ON oauth_requests (client_id);
+         CREATE INDEX IF NOT EXISTS oauth_requests_by_address ON oauth_requests (address);
+         CREATE INDEX IF NOT EXISTS device_logins_by_address ON device_logins (address);",
+    )
 }
 
 /// `error`, or [`IdentityError::Exists`] when it is a name or id already taken (by another

@@ -14,16 +14,22 @@
 //! redirector). Then `response_type=code`, a PKCE S256 `code_challenge`, `state` and
 //! `resource` (this server's `/mcp`, RFC 8707) are required; their errors go back to the
 //! client's redirect URI with `state` and `iss` (RFC 9207). The request waits in the identity
-//! store (at most [`MAX_PENDING`], [`PENDING_TTL_MS`]; `identity::authorization_requests`, so
-//! in a cluster any host shows and decides it) for the person's decision on the consent page.
+//! store ([`PENDING_TTL_MS`]; `identity::authorization_requests`, so in a cluster any host
+//! shows and decides it) for the person's decision on the consent page. The endpoint is
+//! anonymous, so what waits is bounded per client ([`MAX_PENDING_PER_CLIENT`]) and per source
+//! address ([`MAX_PENDING_PER_ADDRESS`]), with [`MAX_PENDING`] in all only as the last resort:
+//! one address flooding it fills its own share and no one else's.
 //!
 //! A `client_id` that is an https URL is a Client ID Metadata Document, fetched through the
 //! [`GuardedClient`] (no loopback, private, link-local or metadata address, no proxy, no
-//! redirect). Any other `client_id` must be a live registration.
+//! redirect), at most [`MAX_METADATA_FETCHES_PER_ADDRESS`] times per source address in 15
+//! minutes. Whatever the fetch came to, the page says only that the document could not be
+//! used (the details go to agentd's log): agentd never tells an anonymous client what an
+//! address it chose answered. Any other `client_id` must be a live registration.
 
 use crate::identity::IdentityStore;
 use crate::identity::authority::Scope;
-use crate::identity::authorization_requests::Decision;
+use crate::identity::authorization_requests::{Decision, PendingLimits, PendingRefusal};
 use crate::identity::oauth::{IssuedTokens, RegisteredClient};
 use crate::identity::store::now_ms;
 use crate::oauth::client_metadata::{self, TokenEndpointAuthMethod};
@@ -50,8 +56,17 @@ pub const CONSENT_PATH: &str = "/oauth/consent";
 pub const TOKEN_PATH: &str = "/oauth/token";
 pub const REVOKE_PATH: &str = "/oauth/revoke";
 
-/// Authorization requests waiting for a decision at once; one more is refused.
+/// Authorization requests waiting at once in all, decided ones included: the last resort,
+/// after the per-client and per-address bounds.
 pub const MAX_PENDING: i64 = 1_000;
+/// Undecided authorization requests one client may have waiting.
+pub const MAX_PENDING_PER_CLIENT: i64 = 100;
+/// Undecided authorization requests one source address (its bucket: an IPv4 address, an IPv6
+/// /64) may have waiting.
+pub const MAX_PENDING_PER_ADDRESS: i64 = 20;
+/// Client metadata documents fetched for one source address in the failure window (15
+/// minutes); each authorization request naming one fetches it.
+pub const MAX_METADATA_FETCHES_PER_ADDRESS: usize = 30;
 /// How long a person has to decide: 10 minutes.
 pub const PENDING_TTL_MS: i64 = 10 * 60_000;
 /// Registrations per client address in the failure window (15 minutes).
@@ -233,7 +248,10 @@ impl AuthorizationServer {
             },
             AUTHORIZE_PATH => match expect(Method::GET, "GET, HEAD") {
                 Some(refused) => refused,
-                None => self.authorize(parts.uri.query().unwrap_or("")).await,
+                None => {
+                    self.authorize(parts.uri.query().unwrap_or(""), client_address)
+                        .await
+                }
             },
             CONSENT_PATH => expect(Method::GET, "GET, HEAD").unwrap_or_else(|| {
                 crate::console::assets::page(crate::console::assets::OAUTH_CONSENT_HTML)
@@ -258,10 +276,7 @@ impl AuthorizationServer {
             Err(error) => return oauth_error(StatusCode::BAD_REQUEST, &error),
         };
         let now = now_ms();
-        let key = format!(
-            "register:{}",
-            address.map(|a| a.to_string()).unwrap_or_default()
-        );
+        let key = format!("register:{}", bucket(address));
         match self
             .inner
             .registrations
@@ -320,7 +335,8 @@ impl AuthorizationServer {
 
     // ----- /oauth/authorize -----
 
-    async fn authorize(&self, query: &str) -> Response<Body> {
+    async fn authorize(&self, query: &str, address: Option<std::net::IpAddr>) -> Response<Body> {
+        let address = bucket(address);
         let params = match single_params(query.as_bytes()) {
             Ok(params) => params,
             Err(error) => return error_page(&error),
@@ -329,9 +345,15 @@ impl AuthorizationServer {
         let Some(client_id) = get("client_id").filter(|id| !id.is_empty()) else {
             return error_page(&OAuthError::InvalidRequest("client_id is missing".into()));
         };
-        let client = match self.client(client_id).await {
+        let client = match self.client(client_id, &address).await {
             Ok(client) => client,
-            Err(error) => return error_page(&error),
+            Err(ClientRefusal::Refused(error)) => return error_page(&error),
+            Err(ClientRefusal::TooMany(wait_s)) => {
+                return too_many_page(
+                    wait_s,
+                    "too many client metadata documents were fetched for this address",
+                );
+            }
         };
         let redirect_uri = match get("redirect_uri") {
             Some(uri) => match redirect::find_match(uri, &client.redirect_uris) {
@@ -421,20 +443,38 @@ impl AuthorizationServer {
         };
         let id = hex::encode(rand::random::<[u8; 16]>());
         let (identity, kept_id) = (self.inner.identity.clone(), id.clone());
+        let client_key = client_id.to_owned();
         let kept = tokio::task::spawn_blocking(move || {
             let request = serde_json::to_string(&pending).map_err(|e| e.to_string())?;
+            let limits = PendingLimits {
+                per_client: MAX_PENDING_PER_CLIENT,
+                per_address: MAX_PENDING_PER_ADDRESS,
+                total: MAX_PENDING,
+            };
             identity
-                .put_authorization_request(&kept_id, &request, now, PENDING_TTL_MS, MAX_PENDING)
+                .put_authorization_request(
+                    &kept_id,
+                    &request,
+                    &client_key,
+                    &address,
+                    now,
+                    PENDING_TTL_MS,
+                    limits,
+                )
                 .map_err(|e| e.to_string())
         })
         .await;
         match kept {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
-                return back(OAuthError::TemporarilyUnavailable(
-                    "too many authorization requests are waiting; try again in a few minutes"
-                        .into(),
-                ));
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(refused))) => {
+                let who = match refused {
+                    PendingRefusal::Address => "from this address",
+                    PendingRefusal::Client => "for this app",
+                    PendingRefusal::Total => "on this server",
+                };
+                return back(OAuthError::TemporarilyUnavailable(format!(
+                    "too many authorization requests {who} are waiting; finish or abandon them, or try again in a few minutes"
+                )));
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "cannot keep an authorization request");
@@ -447,27 +487,51 @@ impl AuthorizationServer {
         see_other(&format!("{CONSENT_PATH}?request={id}"))
     }
 
-    /// The client a `client_id` names: a metadata document (https URL) or a registration.
-    async fn client(&self, client_id: &str) -> Result<ClientInfo, OAuthError> {
+    /// The client a `client_id` names: a metadata document (https URL, fetched at most
+    /// [`MAX_METADATA_FETCHES_PER_ADDRESS`] times for `address`) or a registration.
+    async fn client(&self, client_id: &str, address: &str) -> Result<ClientInfo, ClientRefusal> {
         if client_id.starts_with("https:") {
             client_metadata::check_client_id_url(client_id)?;
             let Some(outbound) = &self.inner.outbound else {
                 return Err(OAuthError::InvalidClient(
                     "client metadata documents cannot be fetched by this server".into(),
-                ));
+                )
+                .into());
             };
-            let fetched = outbound.get(client_id).await.map_err(|error| {
-                OAuthError::InvalidClient(format!(
-                    "the client metadata document could not be fetched: {error}"
-                ))
-            })?;
-            if fetched.status != StatusCode::OK {
-                return Err(OAuthError::InvalidClient(format!(
-                    "fetching the client metadata document answered {}",
-                    fetched.status
-                )));
+            // Every fetch counts (it is never uncounted): an address cannot make agentd
+            // fetch documents without end.
+            let key = format!("client-metadata:{address}");
+            let limit = [(key.as_str(), MAX_METADATA_FETCHES_PER_ADDRESS)];
+            match self.inner.registrations.begin(&limit, now_ms()).await {
+                Ok(_) => {}
+                Err(crate::console::accounts::Limited::Wait(wait_s)) => {
+                    return Err(ClientRefusal::TooMany(wait_s));
+                }
+                Err(crate::console::accounts::Limited::Unavailable(error)) => {
+                    tracing::warn!(%error, "cannot count a client metadata fetch; refused");
+                    return Err(OAuthError::TemporarilyUnavailable(
+                        "the authorization server cannot fetch client metadata now".into(),
+                    )
+                    .into());
+                }
             }
-            let document = client_metadata::parse_document(&fetched.body, client_id)?;
+            // What the address answered (a status, an error, a body) stays in the log: the
+            // page only says the document could not be used.
+            let unusable = |why: String| {
+                tracing::info!(client_id, %why, "a client metadata document could not be used");
+                ClientRefusal::Refused(OAuthError::InvalidClient(format!(
+                    "the client metadata document at {client_id} could not be used"
+                )))
+            };
+            let fetched = outbound
+                .get(client_id)
+                .await
+                .map_err(|error| unusable(error.to_string()))?;
+            if fetched.status != StatusCode::OK {
+                return Err(unusable(format!("it answered {}", fetched.status)));
+            }
+            let document = client_metadata::parse_document(&fetched.body, client_id)
+                .map_err(|error| unusable(error.to_string()))?;
             return Ok(ClientInfo {
                 name: document.client_name,
                 redirect_uris: document.redirect_uris,
@@ -700,6 +764,28 @@ struct ClientInfo {
     redirect_uris: Vec<String>,
 }
 
+/// Why the authorization endpoint has no client to go on.
+enum ClientRefusal {
+    /// The client is unknown or unusable: the error page says why.
+    Refused(OAuthError),
+    /// This address fetched too many metadata documents: wait this many seconds.
+    TooMany(i64),
+}
+
+impl From<OAuthError> for ClientRefusal {
+    fn from(error: OAuthError) -> ClientRefusal {
+        ClientRefusal::Refused(error)
+    }
+}
+
+/// The bucket limits count a client address under ([`crate::console::accounts::ClientAddress`]).
+fn bucket(address: Option<std::net::IpAddr>) -> String {
+    address.map_or_else(
+        || "unknown".into(),
+        |ip| crate::console::accounts::ClientAddress(ip).bucket(),
+    )
+}
+
 async fn run<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, OAuthError> + Send + 'static,
 ) -> Result<T, OAuthError> {
@@ -830,6 +916,20 @@ fn no_store(mut response: Response<Body>) -> Response<Body> {
     let headers = response.headers_mut();
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(PRAGMA, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// [`error_page`] answered 429 with `Retry-After`: the client cannot be looked up now.
+fn too_many_page(wait_s: i64, why: &str) -> Response<Body> {
+    let mut response = error_page(&OAuthError::TemporarilyUnavailable(format!(
+        "{why}; try again in {wait_s} s"
+    )));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    if let Ok(value) = HeaderValue::from_str(&wait_s.max(1).to_string()) {
+        response
+            .headers_mut()
+            .insert(hyper::header::RETRY_AFTER, value);
+    }
     response
 }
 

@@ -57,8 +57,15 @@ function textarea(label, value, hint) {
   };
 }
 
+// How far the app's name can be trusted: a registered app chose it itself (unverified); an
+// app named by a metadata document is shown with that document's host.
+function clientLabel(request) {
+  return request.client_registered || !request.client_host ? 'unverified' : request.client_host;
+}
+
 function consentForm(request) {
   const name = request.client_name || request.client_id;
+  const label = clientLabel(request);
   const scopes = request.scopes || [];
   const host = request.redirect_host;
   const projects = projectBoxes(request);
@@ -115,9 +122,13 @@ function consentForm(request) {
   const reads = scopes.includes('workflows:run') ? 'read and run' : 'read';
   const minutes = Math.max(1, Math.round(request.expires_in / 60));
   const form = h('form', { class: 'consent', 'aria-labelledby': 'consent-title' },
-    h('h1', { id: 'consent-title' }, `Allow ${name} to use agentworks?`),
+    h('h1', { id: 'consent-title' }, `Allow ${name} (${label}) to use agentworks?`),
     h('dl', {},
-      h('dt', {}, 'App'), h('dd', { id: 'client-name' }, name),
+      h('dt', {}, 'App'), h('dd', { id: 'client-name' }, name, ' ',
+        h('span', { id: 'client-verification', class: 'muted' },
+          request.client_registered || !request.client_host
+            ? '(unverified: the app chose this name itself when it registered)'
+            : `(named by a document at ${request.client_host}; the name itself is unverified)`)),
       h('dt', {}, 'Client ID'), h('dd', { id: 'client-id' }, h('code', {}, request.client_id)),
       h('dt', {}, 'Returns to'), h('dd', { id: 'redirect-host' }, host)),
     h('h2', {}, 'It asks to'),
@@ -136,7 +147,7 @@ function consentForm(request) {
     event.preventDefault();
     decide(true);
   });
-  document.title = `Allow ${name} · agentworks`;
+  document.title = `Allow ${name} (${label}) · agentworks`;
   fill(main(), form);
 }
 
