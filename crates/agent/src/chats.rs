@@ -535,6 +535,12 @@ impl ChatStore {
 mod tests {
     use super::*;
 
+    /// `chats` as layouts 0 and 1 had it: no title.
+    const OLD_CHATS: &str = "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL,
+        owner_id TEXT NOT NULL, owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
+        device_id TEXT, folder TEXT, bound_at_ms INTEGER,
+        binding_generation INTEGER NOT NULL DEFAULT 0, turns INTEGER NOT NULL DEFAULT 0);";
+
     #[test]
     fn chats_messages_turns_and_bindings_persist() {
         let dir = tempfile::tempdir().unwrap();
@@ -628,12 +634,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chats.db");
         let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(OLD_CHATS).unwrap();
         old.execute_batch(
-            "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, owner_id TEXT NOT NULL,
-                owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL, device_id TEXT, folder TEXT,
-                bound_at_ms INTEGER, binding_generation INTEGER NOT NULL DEFAULT 0,
-                turns INTEGER NOT NULL DEFAULT 0);
-             CREATE INDEX chats_owner ON chats(owner_id, project_id);
+            "CREATE INDEX chats_owner ON chats(owner_id, project_id);
              CREATE TABLE messages (chat_id TEXT NOT NULL REFERENCES chats(id), seq INTEGER NOT NULL,
                 turn INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, body TEXT NOT NULL,
                 PRIMARY KEY (chat_id, seq));
@@ -682,12 +685,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chats.db");
         let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(OLD_CHATS).unwrap();
         old.execute_batch(
-            "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, owner_id TEXT NOT NULL,
-                owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL, device_id TEXT, folder TEXT,
-                bound_at_ms INTEGER, binding_generation INTEGER NOT NULL DEFAULT 0,
-                turns INTEGER NOT NULL DEFAULT 0);
-             INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, turns)
+            "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, turns)
                 VALUES ('c1', 'p1', 'u1', 'alice', 1, 2);
              PRAGMA user_version = 1;",
         )
