@@ -142,15 +142,23 @@ pub fn a_chat_is_titled_once(open: &dyn Fn() -> ChatStore) {
         b.list("u1", Some("p1")).unwrap()[0].title.as_deref(),
         Some("Fix the build")
     );
-    assert!(!a.title_once("nope", "x").unwrap(), "no title for a missing chat");
+    assert!(
+        !a.title_once("nope", "x").unwrap(),
+        "no title for a missing chat"
+    );
 
     let racing = a.create("p1", "u1", "alice").unwrap();
     let hosts: Vec<ChatStore> = (0..HOSTS).map(|_| open()).collect();
     let set = race(&hosts, |i, host| {
-        host.title_once(&racing.chat_id, &format!("title {i}")).unwrap()
+        host.title_once(&racing.chat_id, &format!("title {i}"))
+            .unwrap()
     });
     let winners: Vec<usize> = (0..HOSTS).filter(|&i| set[i]).collect();
-    assert_eq!(winners.len(), 1, "exactly one host titles the chat: {set:?}");
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one host titles the chat: {set:?}"
+    );
     assert_eq!(
         a.get(&racing.chat_id).unwrap().unwrap().title,
         Some(format!("title {}", winners[0]))

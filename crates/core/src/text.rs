@@ -139,8 +139,14 @@ mod tests {
 
     #[test]
     fn a_first_line_is_one_bounded_line_without_controls() {
-        assert_eq!(first_line("\n  \n  Fix the build\nthen the tests", 80), "Fix the build");
-        assert_eq!(first_line("a\tb\rc\x1b[2Jd\u{202e}e\u{7}", 80), "a b c[2Jde");
+        assert_eq!(
+            first_line("\n  \n  Fix the build\nthen the tests", 80),
+            "Fix the build"
+        );
+        assert_eq!(
+            first_line("a\tb\rc\x1b[2Jd\u{202e}e\u{7}", 80),
+            "a b c[2Jde"
+        );
         assert_eq!(first_line("\x1b\u{202e}\n\u{7}", 80), "");
         assert_eq!(first_line("", 80), "");
         assert_eq!(first_line("éééé", 4), "éééé");

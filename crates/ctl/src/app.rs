@@ -203,9 +203,8 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
         Cmd::Quickstart { .. }
         | Cmd::Status
         | Cmd::McpApp(_)
-        | Cmd::User(
-            UserCmd::Passwd { .. } | UserCmd::Invite { .. } | UserCmd::SignInLink { .. },
-        ) => {
+        | Cmd::User(UserCmd::Passwd { .. } | UserCmd::Invite { .. } | UserCmd::SignInLink { .. }) =>
+        {
             return Err(CtlError::Usage("handled elsewhere".into()));
         }
     })
