@@ -1,6 +1,6 @@
 // The web console in Debian's chromium, driven by tests/suite/console.rs against the real
 // daemons. Reads AGENTWORKS_CONSOLE_CONFIG (JSON: url, username, password, wrong_password,
-// scenarios) and writes one screenshot per scenario into AGENTWORKS_CONSOLE_SCREENSHOTS.
+// image, text_file, sign_in_link, scenarios) and writes one screenshot per scenario into AGENTWORKS_CONSOLE_SCREENSHOTS.
 // Prints one JSON line per scenario; exits non-zero on the first failure.
 //
 // What only the Rust side can do (script the model, check its request log, stop the executor)
@@ -26,6 +26,7 @@ function expect(locator) {
   const text = async () => (await locator.textContent({ timeout: 1000 })) || '';
   return {
     toBeVisible: (o = {}) => poll('to be visible', () => locator.isVisible(), o.timeout),
+    toBeHidden: (o = {}) => poll('to be hidden', async () => !(await locator.isVisible()), o.timeout),
     toBeEnabled: (o = {}) => poll('to be enabled', () => locator.isEnabled({ timeout: 1000 }), o.timeout),
     toBeDisabled: (o = {}) => poll('to be disabled', () => locator.isDisabled({ timeout: 1000 }), o.timeout),
     toContainText: (t, o = {}) => poll(`to contain ${t}`, async () => (await text()).includes(t) || await text(), o.timeout),
@@ -85,6 +86,8 @@ const scenarios = {
     await page.getByRole('button', { name: 'New chat' }).first().click();
     await expect(page.getByRole('textbox', { name: 'Message', exact: true })).toBeVisible({ timeout: T });
     check(/\/chat/.test(page.url()), `not on a chat page: ${page.url()}`);
+    // Untitled until its first message.
+    await expect(page.locator('#chat-title')).toHaveText('New chat');
     for (const tab of ['Local CLI connection', 'Costs', 'Models']) {
       await expect(page.getByRole('tab', { name: tab })).toBeVisible();
     }
@@ -99,6 +102,9 @@ const scenarios = {
     const line = await tools.last().locator('summary').textContent();
     check(line.startsWith('✓') && line.includes('read_file'), `the tool call's line: ${line}`);
     check(!(await tools.last().locator('details').evaluate((d) => d.open)), 'the tool call is not folded');
+    // The first message titles the chat (issue 43, item 9).
+    await expect(page.locator('#chat-title')).toHaveText('what does server.txt say?', { timeout: T });
+    check(await page.title() === 'what does server.txt say? · agentworks', `the window's title: ${await page.title()}`);
   },
   async attachments() {
     await expect(composer()).toContainText('go to the server and the model');
@@ -130,6 +136,9 @@ const scenarios = {
   },
   async 'local-cli'() {
     await page.getByRole('tab', { name: 'Local CLI connection' }).click();
+    const setup = page.getByRole('heading', { name: 'Set up the CLI on your computer' });
+    const setupAgain = page.getByRole('button', { name: 'Set up another computer' });
+    await expect(setup).toBeVisible();
     const folder = page.getByLabel(/^repo \(writable\)/);
     await expect(folder).toBeVisible({ timeout: T });
     await folder.check();
@@ -137,6 +146,17 @@ const scenarios = {
     await expect(page.getByText('Commands the agent runs can reach the network')).toBeVisible();
     await page.getByRole('button', { name: 'Use this folder' }).click();
     await expect(page.getByText('This chat uses the folder')).toBeVisible({ timeout: T });
+    // Bound, the setup steps give way to a button that brings them back (issue 43, item 9).
+    await expect(setup).toBeHidden();
+    await expect(page.getByRole('textbox', { name: 'Folder to share' })).toBeHidden();
+    await setupAgain.click();
+    await expect(setup).toBeVisible();
+    await expect(setupAgain).toBeHidden();
+    await page.reload();
+    await page.getByRole('tab', { name: 'Local CLI connection' }).click();
+    await expect(page.getByText('This chat uses the folder')).toBeVisible({ timeout: T });
+    await expect(setupAgain).toBeVisible();
+    await expect(setup).toBeHidden();
     await need('local-cli');
     await send('make a file on my laptop');
     // The model's answer is held back: the turn runs, and the connection cannot change.
@@ -150,6 +170,7 @@ const scenarios = {
     await page.getByRole('button', { name: 'Disconnect' }).click();
     await page.getByRole('button', { name: 'Switch to server files' }).click();
     await expect(page.getByText('This chat uses server files.')).toBeVisible({ timeout: T });
+    await expect(setup).toBeVisible();
   },
   async 'executor-offline'() {
     // Bound again, then the executor stops: the device shows offline and the chat keeps its
@@ -170,6 +191,18 @@ const scenarios = {
     await expect(conversation).toContainText('The file says: server file');
     await expect(conversation).toContainText('✓ execute_shell_command exit 0');
     await expect(page.getByText('laptop is offline. The chat keeps this binding').first()).toBeVisible({ timeout: T });
+  },
+  async 'chat-title'() {
+    // The chat keeps the title its first message gave it, in the list and on its page, after
+    // later turns; the list shows no timestamp as a chat's name (issue 43, item 9).
+    await page.goto(`${base}/console/`);
+    const chats = page.getByRole('list', { name: 'Chats in app' });
+    const link = chats.getByRole('link', { name: 'what does server.txt say?', exact: true });
+    await expect(link).toBeVisible({ timeout: T });
+    check(!(await chats.getByRole('link').allTextContents()).some((t) => t.startsWith('Chat of')), 'a chat is named by its time');
+    await link.click();
+    await expect(page.locator('#chat-title')).toHaveText('what does server.txt say?', { timeout: T });
+    await expect(page.getByRole('list', { name: 'Conversation' })).toContainText('make a file on my laptop');
   },
   async 'device-approve'() {
     const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
@@ -199,9 +232,37 @@ const scenarios = {
     check(spoofed.status() === 400, `a device name with U+202E answered ${spoofed.status()}`);
     await expect(page.getByText('devices:connect').first()).toBeVisible();
     await expect(page.getByRole('button', { name: 'Deny' })).toBeVisible();
+    // Denied: the page says so, no longer asks, and leads back (issue 43, item 9). A second
+    // login of its own, so the first is still pending for Approve below.
+    const second = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'not-mine' } });
+    const denied = await second.json();
+    await page.goto(`${base}/v1/device/approve?user_code=${encodeURIComponent(denied.user_code)}`);
+    await expect(page.locator('#compare #device-name')).toHaveText('Device: not-mine', { timeout: T });
+    await page.getByRole('button', { name: 'Deny' }).click();
+    await expect(page.getByRole('heading', { name: 'Device login denied' })).toBeVisible({ timeout: T });
+    await expect(page.locator('#outcome')).toContainText('not-mine was not given access');
+    await expect(page.getByRole('heading', { name: 'Approve a device login' })).toBeHidden();
+    await expect(page.getByRole('button', { name: 'Approve' })).toBeHidden();
+    await expect(page.getByText('The code expires in')).toBeHidden();
+    await page.getByRole('link', { name: 'Back to the console' }).click();
+    await expect(page.getByRole('heading', { name: 'Your projects' })).toBeVisible({ timeout: T });
+    const refusedToken = await page.request.post(`${base}/v1/device/token`, {
+      form: { grant_type: 'urn:ietf:params:oauth:grant-type:device_code', device_code: denied.device_code },
+    });
+    check((await refusedToken.json()).error === 'access_denied', 'the denied login got a token');
+    // Approved: the page says what happened and what comes next, and leads back.
+    await page.goto(`${base}/v1/device/approve?user_code=${encodeURIComponent(code.user_code)}`);
+    await expect(page.locator('#compare #device-code')).toHaveText(`Code: ${code.user_code}`, { timeout: T });
     await page.getByRole('button', { name: 'Approve' }).click();
     await expect(page.getByRole('status').filter({ hasText: 'Approved:' }))
       .toHaveText(`Approved: browser-laptop can now connect as ${config.username}.`, { timeout: T });
+    await expect(page.getByRole('heading', { name: 'Device login approved' })).toBeVisible();
+    await expect(page.locator('#outcome')).toContainText('agentworks login');
+    await expect(page.getByRole('heading', { name: 'Approve a device login' })).toBeHidden();
+    await expect(page.getByText('The code expires in')).toBeHidden();
+    await expect(page.getByRole('button', { name: 'Approve' })).toBeHidden();
+    await expect(page.getByRole('button', { name: 'Deny' })).toBeHidden();
+    await expect(page.getByRole('link', { name: 'Back to the console' })).toBeVisible();
     const token = await page.request.post(`${base}/v1/device/token`, {
       form: { grant_type: 'urn:ietf:params:oauth:grant-type:device_code', device_code: code.device_code },
     });
@@ -275,6 +336,24 @@ const scenarios = {
     check(!shown.includes('lin_api_browser-typed-0451'), 'the secret value is still on the page');
     await page.getByRole('button', { name: 'Remove Linear' }).click();
     await expect(page.getByRole('list', { name: 'MCP connections' })).toContainText('No MCP connections.', { timeout: T });
+  },
+  async 'reused-sign-in-link'() {
+    // The link the operator made (`agentworksctl user sign-in-link`) signs in once.
+    const fresh = await browser.newContext();
+    const first = await fresh.newPage();
+    await first.goto(config.sign_in_link);
+    await expect(first.getByText(`Signed in as ${config.username}`)).toBeVisible({ timeout: T });
+    await fresh.close();
+    // Opened again, it says it was used or expired and how to get a new one, and the password
+    // form is a choice, not the answer (issue 43, item 9).
+    await page.goto(config.sign_in_link);
+    await expect(page.getByRole('heading', { name: 'This sign-in link no longer works' })).toBeVisible({ timeout: T });
+    await expect(page.getByRole('alert')).toContainText('used already or has expired');
+    await expect(page.locator('#new-link-command')).toHaveText('agentworksctl user sign-in-link YOUR-USER-NAME');
+    await expect(page.getByLabel('Password', { exact: true })).toBeHidden();
+    check(!page.url().includes('code='), `the used code stays in the address bar: ${page.url()}`);
+    const password = page.getByRole('link', { name: 'Sign in with a password instead' });
+    check(await password.getAttribute('href') === '/console/sign-in', 'no way to the password form');
   },
   async 'sign-out-replay'() {
     await page.goto(`${base}/console/`);

@@ -1268,11 +1268,32 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
         let home = tempfile::tempdir().unwrap();
         setup.run_chat(home.path(), &[&["--local", "repo"], extra].concat(), stdin)
     };
-    // Without a "yes" nothing is bound.
+    let chats = || {
+        let (status, body) = api(&setup.stack, &setup.alice, "GET", "/v1/chats", Value::Null);
+        assert_eq!(status, 200, "{body}");
+        body["chats"].as_array().unwrap().len()
+    };
+    // Without a "yes" nothing is bound, and (issue 43, item 7) no chat is left behind: the
+    // folder is found and confirmed before the chat is created.
     let refused = chat_cli("no\n", &[]);
     assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("consequences"));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("not bound"));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("consequences"), "{said}");
+    assert!(said.contains("not bound"), "{said}");
+    assert!(said.contains("no chat was started"), "{said}");
+    assert_eq!(chats(), 0, "a refused binding left a chat");
+    // A folder no device shares: refused before any chat exists.
+    let home = tempfile::tempdir().unwrap();
+    let wrong = setup.run_chat(home.path(), &["--local", "nope", "--yes"], "hello\n");
+    assert!(!wrong.status.success());
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        said.contains("no device of yours shares a folder named \"nope\"")
+            && said.contains("laptop:repo")
+            && said.contains("no chat was started"),
+        "{said}"
+    );
+    assert_eq!(chats(), 0, "a wrong --local left an empty chat");
 
     let out = chat_cli("run it\n/unbind\n/quit\n", &["--yes"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1288,6 +1309,7 @@ fn the_terminal_client_binds_shows_a_turn_and_unbinds() {
     );
     assert!(stdout.contains("agent> all done"), "{stdout}");
     assert!(stdout.contains("unbound: server files"), "{stdout}");
+    assert_eq!(chats(), 1);
     // The command really ran on the laptop: the model got its output.
     let results = tool_results(&setup.model.requests()[1]);
     assert!(results[0].1.to_string().contains("hi"), "{results:?}");

@@ -35,6 +35,7 @@ macro_rules! on_postgres {
 on_postgres!(
     |url: &str| ChatStore::open_postgres(url).unwrap() =>
     chats_messages_turns_and_bindings,
+    a_chat_is_titled_once,
     racing_hosts_number_turns_and_messages_once,
     one_host_at_a_time_runs_a_chats_turn,
 );

@@ -29,9 +29,11 @@ const SCENARIOS: &[&str] = &[
     "stop",
     "local-cli",
     "executor-offline",
+    "chat-title",
     "device-approve",
     "cross-origin",
     "connections",
+    "reused-sign-in-link",
     "sign-out-replay",
 ];
 
@@ -183,6 +185,16 @@ fn the_console_works_in_a_real_browser() {
     if !has_approval_page {
         println!("NOT RUN device-approve: the approval page is not on this branch");
     }
+    // A sign-in link as an operator makes one, with the real agentworksctl.
+    let made = setup.stack.ctl(&["user", "sign-in-link", "alice"]);
+    let printed = String::from_utf8_lossy(&made.stdout);
+    assert!(made.status.success(), "{made:?}");
+    let sign_in_link = printed.lines().next().unwrap_or_default().to_owned();
+    assert!(
+        sign_in_link.starts_with(&format!("{}/console/sign-in#code=", origin(&setup.stack))),
+        "{printed}"
+    );
+    assert!(printed.contains("works once"), "{printed}");
     let config = files.path().join("config.json");
     let body = json!({
         "url": origin(&setup.stack),
@@ -191,6 +203,7 @@ fn the_console_works_in_a_real_browser() {
         "wrong_password": "not the password",
         "image": image,
         "text_file": notes,
+        "sign_in_link": sign_in_link,
         "scenarios": scenarios,
     });
     std::fs::write(&config, body.to_string()).unwrap();

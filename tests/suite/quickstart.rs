@@ -64,8 +64,8 @@ fn port_of(started: &Value) -> u16 {
         .unwrap()
 }
 
-/// A chat in the quickstart's code project and one turn in it: its events, or the refusal.
-fn chat_turn(started: &Value, message: &str) -> Result<Vec<(String, Value)>, (u16, Value)> {
+/// A new chat in the quickstart's code project: its id.
+fn new_chat(started: &Value) -> String {
     let (status, chat) = call(
         started,
         "POST",
@@ -73,12 +73,26 @@ fn chat_turn(started: &Value, message: &str) -> Result<Vec<(String, Value)>, (u1
         json!({"project": started["code_project_id"]}),
     );
     assert_eq!(status, 201, "{chat}");
+    chat["chat_id"].as_str().unwrap().to_owned()
+}
+
+/// One turn in `chat`: its events, or the refusal.
+fn turn_in(
+    started: &Value,
+    chat: &str,
+    message: &str,
+) -> Result<Vec<(String, Value)>, (u16, Value)> {
     super::agent::turn(
         port_of(started),
         started["token"].as_str().unwrap(),
-        chat["chat_id"].as_str().unwrap(),
+        chat,
         message,
     )
+}
+
+/// A chat in the quickstart's code project and one turn in it: its events, or the refusal.
+fn chat_turn(started: &Value, message: &str) -> Result<Vec<(String, Value)>, (u16, Value)> {
+    turn_in(started, &new_chat(started), message)
 }
 
 fn stop(mut run: QuickstartRun) {
@@ -136,7 +150,7 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     assert_eq!(status, 401, "a sign-in link worked twice: {body}");
 
     // The demo user owns the demo workflow and a code project, which has chats; without a
-    // model, a turn answers model_not_configured.
+    // model, a turn keeps the message and answers model_not_configured.
     let (status, body) = call(&started, "GET", "/v1/projects", Value::Null);
     assert_eq!(status, 200, "{body}");
     let mut projects: Vec<(String, String, String, String)> = body["projects"]
@@ -174,18 +188,27 @@ fn quickstart_starts_serves_and_stops_cleanly() {
             json!({"configured": false, "model": null, "base_url": null})
         )
     );
-    let (status, refused) = chat_turn(&started, "hello?").unwrap_err();
-    assert_eq!(status, 503, "{refused}");
+    // Issue 43, item 7: the refusal named only the config file to a quickstart user, and the
+    // message was dropped, leaving an empty chat. Now the message is kept (and titles the
+    // chat), and the error names both ways to configure a model.
+    let chat = new_chat(&started);
+    let events = turn_in(&started, &chat, "hello?\nis anyone there").unwrap();
+    let errors = super::agent::of_kind(&events, "error");
+    assert_eq!(errors.len(), 1, "{events:?}");
+    assert_eq!(errors[0]["code"], "model_not_configured", "{events:?}");
+    let said = errors[0]["message"].as_str().unwrap();
+    for needed in ["[agentd.model]", "--model-url URL --model NAME", "kept"] {
+        assert!(said.contains(needed), "{needed:?} missing from {said:?}");
+    }
+    assert_eq!(events.last().unwrap().1["reason"], "error", "{events:?}");
+    let (status, kept) = call(&started, "GET", &format!("/v1/chats/{chat}"), Value::Null);
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["title"], "hello?", "{kept}");
+    assert_eq!(kept["messages"].as_array().unwrap().len(), 1, "{kept}");
+    assert_eq!(kept["messages"][0]["role"], "user", "{kept}");
     assert_eq!(
-        refused["error"]["code"], "model_not_configured",
-        "{refused}"
-    );
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("[agentd.model]"),
-        "{refused}"
+        kept["messages"][0]["content"], "hello?\nis anyone there",
+        "{kept}"
     );
     assert_eq!(
         started["gateway_url"],
@@ -253,10 +276,31 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     );
 
     // Running it again reuses the state root: the same workflow, the edit kept, the same
-    // token (see quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces).
+    // token (see quickstart_keeps_its_token_while_valid_and_revokes_what_it_replaces). This
+    // time with a model: the chat whose turn had none goes on from the message it kept.
+    let model = Model::start();
     let ports = reserve_ports(2);
-    let run = start_quickstart(&state, [ports[0], ports[1]]);
+    let run = QuickstartRun::spawn(quickstart_command(
+        &state,
+        [ports[0], ports[1]],
+        &["--model-url", &model.base_url(), "--model", "scripted"],
+    ));
     let (again, second) = (run.child, run.started);
+    model.play(vec![text("yes, I am here")]);
+    let events = turn_in(&second, &chat, "now?").unwrap();
+    assert_eq!(
+        super::agent::answer_text(&events),
+        "yes, I am here",
+        "{events:?}"
+    );
+    let asked = model.requests()[0]["messages"].to_string();
+    assert!(
+        asked.contains("hello?\\nis anyone there") && asked.contains("now?"),
+        "the model did not get the kept message: {asked}"
+    );
+    let (_, continued) = call(&second, "GET", &format!("/v1/chats/{chat}"), Value::Null);
+    assert_eq!(continued["title"], "hello?", "the title stays: {continued}");
+    assert_eq!(continued["turns"], 2, "{continued}");
     assert_eq!(second["workflow_id"], started["workflow_id"]);
     assert_eq!(second["code_project_id"], started["code_project_id"]);
     assert_eq!(second["token"], started["token"]);

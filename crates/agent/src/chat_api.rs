@@ -3,7 +3,7 @@
 //!
 //! | request | answer |
 //! | --- | --- |
-//! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns}` |
+//! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns, title}` |
 //! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
 //! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (tool messages with `state` and `summary`) + `usage: {turns: [{turn, prompt_tokens, completion_tokens, total_tokens}], total}` (owner only, else 404) |
 //! | `POST /v1/chats/{id}/attachments?name=N` (the file's bytes as the body) | 201 attachment: `{attachment_id, name, kind, media_type, size, …}`, pending until a message names it (owner only) |
@@ -24,6 +24,12 @@
 //! abandoned, a command running on the laptop is cancelled through gatewayd (its process group
 //! is killed and its result recorded), tool calls not yet started are answered "not run", and
 //! the stream ends with `end {reason: "cancelled"}`.
+//!
+//! A turn stores the person's message first; the first message sent in a chat titles it (its
+//! first line, [`crate::chats::title_of`]), and the title stays. Without a configured model
+//! the message is still stored and the turn's events are `error` (`model_not_configured`,
+//! naming both ways to configure one) and `end {reason: "error"}`: nothing the person sent is
+//! lost, and a later turn goes on from it.
 //!
 //! The turn's events are the SSE lines `event: <kind>` / `data: <json>`, each sent as the turn
 //! produces it (a streaming body); the turn itself runs in its own task and ends (and is
@@ -324,13 +330,6 @@ impl ChatService {
                 count: request.attachments.len(),
             }
             .into());
-        }
-        if self.model.is_none() {
-            return Err(Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "model_not_configured",
-                "no model is configured: an operator sets [agentd.model] base_url and model in the config file",
-            ));
         }
         let (project, _) = self
             .files

@@ -123,6 +123,48 @@ pub fn chats_messages_turns_and_bindings(open: &dyn Fn() -> ChatStore) {
     assert_eq!(a.set_binding("nope", None).unwrap(), None);
 }
 
+/// A chat's title: none when created, then the first one given, kept whoever titles it next
+/// (the first message titles the chat; later ones leave it), and listed with the chat. Of
+/// hosts titling one chat at once, exactly one sets it.
+pub fn a_chat_is_titled_once(open: &dyn Fn() -> ChatStore) {
+    let a = open();
+    let b = open();
+    let chat = a.create("p1", "u1", "alice").unwrap();
+    assert_eq!(chat.title, None);
+    assert_eq!(b.get(&chat.chat_id).unwrap().unwrap().title, None);
+    assert!(a.title_once(&chat.chat_id, "Fix the build").unwrap());
+    assert!(!b.title_once(&chat.chat_id, "and the tests").unwrap());
+    assert_eq!(
+        b.get(&chat.chat_id).unwrap().unwrap().title.as_deref(),
+        Some("Fix the build")
+    );
+    assert_eq!(
+        b.list("u1", Some("p1")).unwrap()[0].title.as_deref(),
+        Some("Fix the build")
+    );
+    assert!(
+        !a.title_once("nope", "x").unwrap(),
+        "no title for a missing chat"
+    );
+
+    let racing = a.create("p1", "u1", "alice").unwrap();
+    let hosts: Vec<ChatStore> = (0..HOSTS).map(|_| open()).collect();
+    let set = race(&hosts, |i, host| {
+        host.title_once(&racing.chat_id, &format!("title {i}"))
+            .unwrap()
+    });
+    let winners: Vec<usize> = (0..HOSTS).filter(|&i| set[i]).collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one host titles the chat: {set:?}"
+    );
+    assert_eq!(
+        a.get(&racing.chat_id).unwrap().unwrap().title,
+        Some(format!("title {}", winners[0]))
+    );
+}
+
 /// Hosts starting turns, appending messages and adding usage to one chat at once: every turn
 /// number and every message number is taken once, and no usage is lost.
 pub fn racing_hosts_number_turns_and_messages_once(open: &dyn Fn() -> ChatStore) {
@@ -586,6 +628,15 @@ mod on_sqlite {
             "chats.db",
             |path| crate::chats::ChatStore::open(path).unwrap(),
             super::chats_messages_turns_and_bindings,
+        );
+    }
+
+    #[test]
+    fn a_chat_is_titled_once() {
+        run(
+            "chats.db",
+            |path| crate::chats::ChatStore::open(path).unwrap(),
+            super::a_chat_is_titled_once,
         );
     }
 

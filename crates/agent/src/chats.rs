@@ -12,9 +12,14 @@
 //! makes for tool calls. Each turn's token usage (the sum over its model calls, as the model
 //! reported it) is kept in `turn_usage`, added to after every model answer.
 //!
-//! SQLite layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it. Opening a
-//! version-0 store creates the table (its turns have no usage rows: they count as zero).
-//! PostgreSQL starts at the current layout ([`POSTGRES_MIGRATIONS`]).
+//! A chat's title is the first line of the first message sent in it ([`title_of`]), set once
+//! when that message is stored and kept afterwards; a chat from before titles has none until
+//! its next message.
+//!
+//! SQLite layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it; 2 adds
+//! `chats.title`. Opening an older store creates what it lacks (its turns have no usage rows:
+//! they count as zero; its chats have no title). PostgreSQL migrates by
+//! [`POSTGRES_MIGRATIONS`].
 //!
 //! Must never hand out another person's chat: every lookup that serves a request is checked
 //! against the owner by the caller ([`crate::chat_api`]).
@@ -72,6 +77,18 @@ pub struct Chat {
     pub binding_generation: i64,
     /// Turns started so far.
     pub turns: i64,
+    /// From the first message sent in it ([`title_of`]); `None` until then.
+    pub title: Option<String>,
+}
+
+/// The longest title a chat gets, in characters.
+pub const MAX_TITLE_CHARS: usize = 80;
+
+/// A chat's title from the first message sent in it: its first line with anything to show,
+/// without control or bidirectional formatting characters, at most [`MAX_TITLE_CHARS`]
+/// characters. `None` when the message has nothing to show.
+pub fn title_of(message: &str) -> Option<String> {
+    Some(agentworks_core::text::first_line(message, MAX_TITLE_CHARS)).filter(|t| !t.is_empty())
 }
 
 /// The tokens one turn used (the sum over its model calls).
@@ -104,7 +121,8 @@ CREATE TABLE IF NOT EXISTS chats (
     folder TEXT,
     bound_at_ms INTEGER,
     binding_generation INTEGER NOT NULL DEFAULT 0,
-    turns INTEGER NOT NULL DEFAULT 0
+    turns INTEGER NOT NULL DEFAULT 0,
+    title TEXT
 );
 CREATE INDEX IF NOT EXISTS chats_owner ON chats(owner_id, project_id);
 CREATE TABLE IF NOT EXISTS messages (
@@ -129,8 +147,10 @@ CREATE TABLE IF NOT EXISTS turn_claims (
     host TEXT NOT NULL,
     expires_at_ms INTEGER NOT NULL
 );
-PRAGMA user_version = 1;
 ";
+
+/// The SQLite layout this binary writes (`PRAGMA user_version`).
+const SQLITE_VERSION: i64 = 2;
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
 /// `agentd` beside the identity store's: every integer a `BIGINT`, as [`crate::db`] reads them.
@@ -159,6 +179,10 @@ CREATE TABLE turn_claims (
     chat_id TEXT PRIMARY KEY REFERENCES chats(id), claim TEXT NOT NULL, host TEXT NOT NULL,
     expires_at_ms BIGINT NOT NULL);
 ",
+    // 3: a chat's title, from the first message sent in it.
+    "
+ALTER TABLE chats ADD COLUMN title TEXT;
+",
 ];
 
 /// agentd's chat tables in PostgreSQL, migrated under the advisory lock "awagchat".
@@ -172,7 +196,7 @@ pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
     };
 
 const CHAT_COLUMNS: &str = "id, project_id, owner_id, owner_name, created_at_ms, device_id, folder, \
-     bound_at_ms, binding_generation, turns";
+     bound_at_ms, binding_generation, turns, title";
 
 fn row_chat(r: &Row<'_>) -> Result<Chat, DbError> {
     let device_id: Option<String> = r.get(5)?;
@@ -195,7 +219,20 @@ fn row_chat(r: &Row<'_>) -> Result<Chat, DbError> {
         binding,
         binding_generation: r.get(8)?,
         turns: r.get(9)?,
+        title: r.get(10)?,
     })
+}
+
+/// Stores of layout 1 or older have no `chats.title`: add it (NULL, no title, for every
+/// existing chat), then mark the layout current.
+fn add_title_column(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let has_column = conn
+        .prepare("SELECT 1 FROM pragma_table_info('chats') WHERE name = 'title'")?
+        .exists([])?;
+    if !has_column {
+        conn.execute_batch("ALTER TABLE chats ADD COLUMN title TEXT;")?;
+    }
+    conn.execute_batch(&format!("PRAGMA user_version = {SQLITE_VERSION};"))
 }
 
 /// A cheap-to-clone handle on the chat store. Calls block: run them off the async workers.
@@ -207,10 +244,14 @@ pub struct ChatStore {
 impl ChatStore {
     /// The SQLite store at `path` (one host).
     pub fn open(path: &Path) -> Result<ChatStore, ChatStoreError> {
-        let db = Database::open_sqlite(path, SCHEMA).map_err(|source| ChatStoreError::Open {
+        let err = |source| ChatStoreError::Open {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let db = Database::open_sqlite(path, SCHEMA).map_err(err)?;
+        if let Some(conn) = db.sqlite() {
+            add_title_column(&conn).map_err(err)?;
+        }
         Ok(ChatStore { db })
     }
 
@@ -251,7 +292,17 @@ impl ChatStore {
             binding: None,
             binding_generation: 0,
             turns: 0,
+            title: None,
         })
+    }
+
+    /// Titles the chat `title` unless it has a title already: `true` if this call set it.
+    /// One statement, so of two first messages racing on two hosts one titles the chat.
+    pub fn title_once(&self, chat_id: &str, title: &str) -> Result<bool, ChatStoreError> {
+        Ok(self.db.conn()?.execute(
+            "UPDATE chats SET title = ?2 WHERE id = ?1 AND title IS NULL",
+            &[&chat_id, &title],
+        )? == 1)
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Chat>, ChatStoreError> {
@@ -484,6 +535,12 @@ impl ChatStore {
 mod tests {
     use super::*;
 
+    /// `chats` as layouts 0 and 1 had it: no title.
+    const OLD_CHATS: &str = "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL,
+        owner_id TEXT NOT NULL, owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
+        device_id TEXT, folder TEXT, bound_at_ms INTEGER,
+        binding_generation INTEGER NOT NULL DEFAULT 0, turns INTEGER NOT NULL DEFAULT 0);";
+
     #[test]
     fn chats_messages_turns_and_bindings_persist() {
         let dir = tempfile::tempdir().unwrap();
@@ -571,18 +628,15 @@ mod tests {
     }
 
     /// A chats.db written before usage was stored (layout 0) opens, keeps its chats and
-    /// messages, and records usage from then on.
+    /// messages, and records usage and titles from then on.
     #[test]
     fn a_store_from_before_usage_is_migrated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chats.db");
         let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(OLD_CHATS).unwrap();
         old.execute_batch(
-            "CREATE TABLE chats (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, owner_id TEXT NOT NULL,
-                owner_name TEXT NOT NULL, created_at_ms INTEGER NOT NULL, device_id TEXT, folder TEXT,
-                bound_at_ms INTEGER, binding_generation INTEGER NOT NULL DEFAULT 0,
-                turns INTEGER NOT NULL DEFAULT 0);
-             CREATE INDEX chats_owner ON chats(owner_id, project_id);
+            "CREATE INDEX chats_owner ON chats(owner_id, project_id);
              CREATE TABLE messages (chat_id TEXT NOT NULL REFERENCES chats(id), seq INTEGER NOT NULL,
                 turn INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, body TEXT NOT NULL,
                 PRIMARY KEY (chat_id, seq));
@@ -609,12 +663,62 @@ mod tests {
             )
             .unwrap();
         assert_eq!(store.usage("c1").unwrap()[0].total_tokens, 8);
+        assert_eq!(store.get("c1").unwrap().unwrap().title, None);
+        assert!(store.title_once("c1", "next message").unwrap());
+        assert_eq!(
+            store.get("c1").unwrap().unwrap().title.as_deref(),
+            Some("next message")
+        );
         let version: i64 = store
             .db
             .sqlite()
             .unwrap()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 1);
+        assert_eq!(version, SQLITE_VERSION);
+    }
+
+    /// A chats.db of layout 1 (usage, no titles) opens with its chats untitled, and opening
+    /// the current layout again changes nothing.
+    #[test]
+    fn a_store_from_before_titles_is_migrated_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(OLD_CHATS).unwrap();
+        old.execute_batch(
+            "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, turns)
+                VALUES ('c1', 'p1', 'u1', 'alice', 1, 2);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        drop(old);
+        let store = ChatStore::open(&path).unwrap();
+        let chat = store.get("c1").unwrap().unwrap();
+        assert_eq!((chat.turns, chat.title), (2, None));
+        assert!(store.title_once("c1", "first").unwrap());
+        drop(store);
+        let store = ChatStore::open(&path).unwrap();
+        assert_eq!(
+            store.get("c1").unwrap().unwrap().title.as_deref(),
+            Some("first")
+        );
+        assert!(!store.title_once("c1", "second").unwrap());
+    }
+
+    #[test]
+    fn a_title_is_the_first_line_of_the_message_bounded_and_without_controls() {
+        assert_eq!(
+            title_of("\n  Fix the failing build\nIt fails since Tuesday").as_deref(),
+            Some("Fix the failing build")
+        );
+        assert_eq!(
+            title_of("run \x1b]0;pwned\x07it\u{202e}txt").as_deref(),
+            Some("run ]0;pwnedittxt")
+        );
+        assert_eq!(title_of(" \n\t\u{1b}\n"), None);
+        let long = title_of(&"word ".repeat(100)).unwrap();
+        assert_eq!(long.chars().count(), MAX_TITLE_CHARS);
+        assert!(long.ends_with('…'), "{long}");
     }
 }

@@ -1,5 +1,8 @@
 //! One turn of a chat: the model loop and its tools.
 //!
+//! The person's message is stored first (titling a chat that has no title yet); a turn
+//! without a configured model ends there, with [`NO_MODEL`].
+//!
 //! The loop sends the conversation and the turn's tool list to the model, runs the tool calls
 //! it asks for, feeds the results back, and ends when the model answers without tool calls (or
 //! after `max_tool_rounds` rounds, an error). Every message (user, assistant, tool) is stored,
@@ -64,6 +67,13 @@ use serde_json::{Map, Value, json};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
+
+/// What a turn without a model answers (`model_not_configured`). agentd cannot tell a
+/// quickstart from an installed server, so it names both ways to configure one.
+pub const NO_MODEL: &str = "no model is configured, so nothing answers: an operator sets \
+     [agentd.model] base_url and model in the config file, or starts agentworksctl quickstart \
+     with --model-url URL --model NAME. Your message is kept in this chat; once a model is \
+     configured, send another and the agent answers from there";
 
 /// One server-sent event: `(kind, data)`.
 pub type Event = (&'static str, Value);
@@ -360,20 +370,9 @@ pub fn call_state(content: &Value) -> (CallState, String) {
     (CallState::Done, one_line(&summary))
 }
 
-/// The first non-empty line of `text`, trimmed, at most [`MAX_SUMMARY_CHARS`] characters (cut
-/// on a character boundary, with `…` when cut).
+/// The first line of `text` with anything to show, at most [`MAX_SUMMARY_CHARS`] characters.
 fn one_line(text: &str) -> String {
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default();
-    if line.chars().count() <= MAX_SUMMARY_CHARS {
-        return line.to_owned();
-    }
-    let mut cut: String = line.chars().take(MAX_SUMMARY_CHARS - 1).collect();
-    cut.push('…');
-    cut
+    agentworks_core::text::first_line(text, MAX_SUMMARY_CHARS)
 }
 
 /// Runs one turn to its end, sending events to `events`. Never panics the caller: every
@@ -412,15 +411,23 @@ async fn drive(
     emit: &impl Fn(&'static str, Value),
     usage: &mut Usage,
 ) -> Result<&'static str, ToolError> {
-    let Some(model) = service.model.clone() else {
-        return Err(ToolError::new(
-            "model_not_configured",
-            "no model is configured ([agentd.model] in the config file)",
-        ));
-    };
     let chat_id = spec.chat.chat_id.clone();
     let user = user_message(spec);
     service.append(&chat_id, spec.turn, user).await?;
+    // The first message sent titles the chat; a later one leaves the title as it is.
+    if let Some(title) = crate::chats::title_of(&spec.message) {
+        let store = service.chats.clone();
+        let id = chat_id.clone();
+        blocking(move || store.title_once(&id, &title))
+            .await
+            .map_err(to_tool)?;
+    }
+    // Only now: without a model the person's message is kept in the chat (and titles it),
+    // so nothing they sent is lost and a later turn, once a model is configured, goes on
+    // from it.
+    let Some(model) = service.model.clone() else {
+        return Err(ToolError::new("model_not_configured", NO_MODEL));
+    };
     let mode = match &spec.chat.binding {
         None => Mode::Server,
         Some(binding) => Mode::Local {

@@ -7,6 +7,7 @@
 //! lines already printed) and the Unicode bidirectional formatting characters (U+202E shows
 //! `txt.exe` as `exe.txt`). Refusing them in paths is [`crate::guard::RelPath`]'s job, with
 //! [`is_control_or_bidi`]; everything else here leaves the text's other characters as they are.
+//! [`first_line`] makes a short one-line label (a summary, a chat's title) from longer text.
 //!
 //! Must never: allocate when the text holds nothing to escape or strip.
 
@@ -60,6 +61,35 @@ pub fn strip_controls(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// The first line of `text` that has anything to show, without its [`is_control_or_bidi`]
+/// characters (a tab or a lone carriage return becomes a space), trimmed, and at most
+/// `max_chars` characters: a longer line is cut on a character boundary and ends in `…`.
+/// Empty when no line has anything to show.
+pub fn first_line(text: &str, max_chars: usize) -> String {
+    let shown = |line: &str| -> String {
+        line.chars()
+            .filter_map(|c| match c {
+                '\t' | '\r' => Some(' '),
+                c if is_control_or_bidi(c) => None,
+                c => Some(c),
+            })
+            .collect::<String>()
+            .trim()
+            .to_owned()
+    };
+    let line = text
+        .lines()
+        .map(shown)
+        .find(|line| !line.is_empty())
+        .unwrap_or_default();
+    if line.chars().count() <= max_chars {
+        return line;
+    }
+    let mut cut: String = line.chars().take(max_chars.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +135,22 @@ mod tests {
             "a]52;c;aGk=b[2A1;1Hc\nd\te"
         );
         assert_eq!(strip_controls("\x1b\x1b\x1b"), "");
+    }
+
+    #[test]
+    fn a_first_line_is_one_bounded_line_without_controls() {
+        assert_eq!(
+            first_line("\n  \n  Fix the build\nthen the tests", 80),
+            "Fix the build"
+        );
+        assert_eq!(
+            first_line("a\tb\rc\x1b[2Jd\u{202e}e\u{7}", 80),
+            "a b c[2Jde"
+        );
+        assert_eq!(first_line("\x1b\u{202e}\n\u{7}", 80), "");
+        assert_eq!(first_line("", 80), "");
+        assert_eq!(first_line("éééé", 4), "éééé");
+        assert_eq!(first_line("ééééé", 4), "ééé…");
+        assert_eq!(first_line(&"x".repeat(500), 60).chars().count(), 60);
     }
 }

@@ -119,7 +119,7 @@ pub async fn invite(config: &Config, name: &str) -> Result<ConsoleLink, CtlError
 }
 
 /// A one-time console sign-in link for the user (15 minutes): what the quickstart prints so
-/// its person is signed in without a password.
+/// its person is signed in without a password, and what `user sign-in-link` makes anew.
 pub async fn sign_in_link(config: &Config, name: &str) -> Result<ConsoleLink, CtlError> {
     link(config, name, "sign-in-links").await
 }

@@ -93,7 +93,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
     match &cli.command {
         Cmd::User(UserCmd::Passwd { name }) => return user_passwd(&config, name, cli.json).await,
-        Cmd::User(UserCmd::Invite { name }) => return user_invite(&config, name, cli.json).await,
+        Cmd::User(UserCmd::Invite { name }) => {
+            return user_link(&config, name, ConsoleLinkKind::Invite, cli.json).await;
+        }
+        Cmd::User(UserCmd::SignInLink { name }) => {
+            return user_link(&config, name, ConsoleLinkKind::SignIn, cli.json).await;
+        }
         _ => {}
     }
     let (endpoint, body) = match request(cli.command) {
@@ -198,7 +203,8 @@ fn request(command: Cmd) -> Result<(&'static str, Value), CtlError> {
         Cmd::Quickstart { .. }
         | Cmd::Status
         | Cmd::McpApp(_)
-        | Cmd::User(UserCmd::Passwd { .. } | UserCmd::Invite { .. }) => {
+        | Cmd::User(UserCmd::Passwd { .. } | UserCmd::Invite { .. } | UserCmd::SignInLink { .. }) =>
+        {
             return Err(CtlError::Usage("handled elsewhere".into()));
         }
     })
@@ -295,18 +301,45 @@ async fn user_passwd(config: &Config, name: &str, json_output: bool) -> ExitCode
     })
 }
 
-/// `user invite NAME`: the link, printed once, and when it expires.
-async fn user_invite(config: &Config, name: &str, json_output: bool) -> ExitCode {
-    let result = admin::invite(config, name)
-        .await
-        .and_then(|link| Ok(serde_json::to_value(link)?));
+/// Which one-time console link `user invite` or `user sign-in-link` makes.
+#[derive(Debug, Clone, Copy)]
+enum ConsoleLinkKind {
+    /// Sets the person's password, then signs them in (7 days).
+    Invite,
+    /// Signs the person in, no password needed (15 minutes).
+    SignIn,
+}
+
+/// `user invite NAME` and `user sign-in-link NAME`: the link, printed once, and when it
+/// expires.
+async fn user_link(
+    config: &Config,
+    name: &str,
+    kind: ConsoleLinkKind,
+    json_output: bool,
+) -> ExitCode {
+    let link = match kind {
+        ConsoleLinkKind::Invite => admin::invite(config, name).await,
+        ConsoleLinkKind::SignIn => admin::sign_in_link(config, name).await,
+    };
+    let result = link.and_then(|link| Ok(serde_json::to_value(link)?));
     finish(result, json_output, |answer| {
         println!("{}", text(&answer["url"]));
-        let left_ms =
-            answer["expires_at_ms"].as_i64().unwrap_or(0) - agentworks_support::clock::now_ms();
+        let left_ms = (answer["expires_at_ms"].as_i64().unwrap_or(0)
+            - agentworks_support::clock::now_ms())
+        .max(0);
+        let what = match kind {
+            ConsoleLinkKind::Invite => format!(
+                "invite for {name}: it sets their password; expires in {} h",
+                left_ms / 3_600_000
+            ),
+            ConsoleLinkKind::SignIn => format!(
+                "console sign-in link for {name}: it works once; expires in {} min",
+                left_ms / 60_000
+            ),
+        };
         println!(
-            "(a one-time invite for {name}: it sets their password; expires in {} h, at {} ms since the epoch)",
-            left_ms.max(0) / 3_600_000,
+            "(a one-time {what}, at {} ms since the epoch)",
             answer["expires_at_ms"]
         );
     })
@@ -544,6 +577,8 @@ mod tests {
         assert!(matches!(cli.command, Cmd::User(UserCmd::Passwd { name }) if name == "ann"));
         let cli = Cli::try_parse_from(["agentworksctl", "user", "invite", "ann"]).unwrap();
         assert!(matches!(cli.command, Cmd::User(UserCmd::Invite { name }) if name == "ann"));
+        let cli = Cli::try_parse_from(["agentworksctl", "user", "sign-in-link", "ann"]).unwrap();
+        assert!(matches!(cli.command, Cmd::User(UserCmd::SignInLink { name }) if name == "ann"));
     }
 
     /// The typed requests give the JSON the literal bodies gave.

@@ -78,7 +78,7 @@ pub enum Cmd {
     /// Show each daemon's health: of the configuration given, else the system install, else
     /// a running quickstart of yours (see agentworksctl --help).
     Status,
-    /// Users: add, list, disable, enable, console password and invites.
+    /// Users: add, list, disable, enable, console password, invites and sign-in links.
     #[command(subcommand)]
     User(UserCmd),
     /// Projects (a folder under the documents root each): add, list.
@@ -156,6 +156,9 @@ pub enum UserCmd {
     /// Make a one-time web console invite for a user (valid 7 days): the link lets them set
     /// their password and sign in. Printed once.
     Invite { name: String },
+    /// Make a one-time web console sign-in link for a user (valid 15 minutes, no password
+    /// needed): a new one when the last was used or expired. Printed once.
+    SignInLink { name: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -822,7 +822,7 @@ pub fn print_human(started: &Started) {
     println!("agentworks quickstart is running (Ctrl-C stops it)");
     println!("  console:         {}", started.console_url);
     println!(
-        "  sign in:         {}   (one-time, for 15 minutes; a password: agentworksctl user passwd demo)",
+        "  sign in:         {}   (one-time, for 15 minutes; a new one: agentworksctl user sign-in-link demo; a password: agentworksctl user passwd demo)",
         started.sign_in_link
     );
     println!("  MCP endpoint:    {}", started.mcp_url);

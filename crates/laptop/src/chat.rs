@@ -1,7 +1,9 @@
 //! `agentworks chat`: a line-oriented terminal client for agentd's chats.
 //!
 //! Creates or resumes a chat in a project, optionally binds it to this person's shared laptop
-//! folder (showing the consequences first and asking for an explicit "yes"), then reads one
+//! folder (showing the consequences first and asking for an explicit "yes"; the folder is
+//! found and confirmed before a new chat is created, so a wrong `--local` or a "no" leaves no
+//! empty chat), then reads one
 //! message per line and shows the turn's streamed events readably: model text as it arrives,
 //! each tool call and its result folded to one line, with a spinner while a tool runs.
 //! A resumed chat first shows its earlier turns, folded the same way.
@@ -492,6 +494,21 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         server: &options.server,
         token: &options.token,
     };
+    // The folder is found and the consequences confirmed before a chat exists: a wrong
+    // `--local` (or a "no") leaves no empty chat behind.
+    let folder = match &options.local {
+        Some(alias) => Some(
+            choose_folder(&api, alias, options.device.as_deref(), options.assume_yes)
+                .await
+                .map_err(|error| match (error, &options.chat) {
+                    (ChatError::Usage(why), None) => {
+                        ChatError::Usage(format!("{why} (no chat was started)"))
+                    }
+                    (error, _) => error,
+                })?,
+        ),
+        None => None,
+    };
     let (chat_id, chat) = open_chat(&api, &options).await?;
     println!("chat {} in {}", shown(&chat_id), shown(&options.project));
     let earlier = history_lines(&chat);
@@ -502,15 +519,8 @@ pub async fn run(options: ChatOptions) -> Result<(), ChatError> {
         }
         println!("— now —");
     }
-    if let Some(alias) = &options.local {
-        bind_local(
-            &api,
-            &chat_id,
-            alias,
-            options.device.as_deref(),
-            options.assume_yes,
-        )
-        .await?;
+    if let Some(folder) = folder {
+        bind(&api, &chat_id, &folder).await?;
     }
     converse(&api, &chat_id).await
 }
@@ -591,15 +601,22 @@ async fn open_chat(api: &Api<'_>, options: &ChatOptions) -> Result<(String, Valu
     Ok((id, chat))
 }
 
-/// Bind the chat to the device folder shared as `alias`, after showing the consequences and
-/// getting an explicit "yes" (or `assume_yes`); without it nothing is bound.
-async fn bind_local(
+/// A folder of the person's device that a chat is to be bound to, its consequences confirmed.
+struct ChosenFolder {
+    device_id: Value,
+    /// The device's name as the terminal may show it.
+    device_name: String,
+    alias: String,
+}
+
+/// The device folder shared as `alias`, once the consequences are shown and an explicit "yes"
+/// (or `assume_yes`) is given; without it nothing is chosen (and nothing will be bound).
+async fn choose_folder(
     api: &Api<'_>,
-    chat_id: &str,
     alias: &str,
     device: Option<&str>,
     assume_yes: bool,
-) -> Result<(), ChatError> {
+) -> Result<ChosenFolder, ChatError> {
     let devices = api.call("GET", "/v1/devices", None).await?;
     let (device, folder) = pick_device(&devices, alias, device)?;
     let access = folder["access"].as_str().unwrap_or("read_only");
@@ -629,13 +646,22 @@ async fn bind_local(
             "not bound: the consequences were not confirmed".into(),
         ));
     }
+    Ok(ChosenFolder {
+        device_id: device["device_id"].clone(),
+        device_name,
+        alias: alias.to_owned(),
+    })
+}
+
+/// Bind the chat to the folder chosen (and confirmed) with [`choose_folder`].
+async fn bind(api: &Api<'_>, chat_id: &str, folder: &ChosenFolder) -> Result<(), ChatError> {
     api.call(
         "PUT",
         &format!("/v1/chats/{chat_id}/binding"),
-        Some(json!({ "device_id": device["device_id"], "folder": alias, "confirm": CONFIRMATION })),
+        Some(json!({ "device_id": folder.device_id, "folder": folder.alias, "confirm": CONFIRMATION })),
     )
     .await?;
-    println!("bound to {device_name}:{shown_alias}");
+    println!("bound to {}:{}", folder.device_name, shown(&folder.alias));
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 import { api, session, remember, forget, errorMessage } from './api.js';
 import { h, fill, uid, showStatus, clearStatus } from './dom.js';
 import { parseRoute, safeNext, fragmentCode } from './paths.js';
-import { chatView } from './chat.js';
+import { chatView, chatName } from './chat.js';
 import { appsView } from './apps.js';
 import { settingsView } from './settings.js';
 
@@ -126,8 +126,27 @@ async function linkView() {
   fill(main(), h('p', { class: 'card' }, 'Signing in…'));
   const answer = await api('POST', '/v1/console/sign-in', { link_code: code });
   if (answer.status === 200) return signedIn(answer);
-  showStatus(`The sign-in link did not work: ${errorMessage(answer)}`, 'error');
-  signInView('The sign-in link did not work (it may have been used or have expired). Sign in with your password, or ask for a new link.');
+  if (answer.status === 401) return usedLinkView();
+  // Not the link's fault (too many attempts, the server unreachable): the link may still work.
+  showStatus(`Signing in with the link failed: ${errorMessage(answer)}`, 'error');
+  fill(main(), h('section', { class: 'card' },
+    h('h1', {}, 'Signing in failed'),
+    h('p', { role: 'alert' }, errorMessage(answer)),
+    h('p', {}, 'Open the link again in a moment; it still works if it was not used.')));
+}
+
+// A sign-in link that was used already, has expired or is unknown: say so, and how to get a
+// new one (an operator makes it; on a quickstart, that is the person who started it).
+function usedLinkView() {
+  document.title = 'Sign-in link used or expired · agentworks';
+  fill(main(), h('section', { class: 'card', 'aria-labelledby': 'link-title' },
+    h('h1', { id: 'link-title' }, 'This sign-in link no longer works'),
+    h('p', { role: 'alert' }, 'It was used already or has expired: a sign-in link works once, within 15 minutes of being made.'),
+    h('p', {}, 'To get a new one, ask your operator to run this on the server and send you the link it prints:'),
+    h('pre', {}, h('code', { id: 'new-link-command' }, 'agentworksctl user sign-in-link YOUR-USER-NAME')),
+    h('p', { class: 'muted' }, 'If you started agentworksctl quickstart yourself, run ',
+      h('code', {}, 'agentworksctl user sign-in-link demo'), ' in another terminal.'),
+    h('p', {}, h('a', { href: '/console/sign-in' }, 'Sign in with a password instead'))));
 }
 
 // Home: the person's projects, each code project's chats and its New chat button.
@@ -189,8 +208,8 @@ async function loadChats(project, list) {
     return;
   }
   fill(list, chats.map((chat) => h('li', {},
-    h('a', { href: `/console/chats/${encodeURIComponent(chat.chat_id)}` },
-      `Chat of ${new Date(chat.created_at_ms).toLocaleString()}`),
+    h('a', { href: `/console/chats/${encodeURIComponent(chat.chat_id)}` }, chatName(chat)),
+    ` · ${new Date(chat.created_at_ms).toLocaleString()}`,
     ` · ${chat.turns} ${chat.turns === 1 ? 'turn' : 'turns'}`,
     chat.binding ? ` · laptop folder ${chat.binding.folder}` : ' · server files')));
 }

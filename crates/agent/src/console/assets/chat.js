@@ -18,6 +18,12 @@ function sizeText(bytes) {
   return `${(bytes / (1024 * 1024)).toFixed(1)} MB`;
 }
 
+// A chat's name where the console lists or shows it: its title (the first line of its first
+// message, which the server keeps), else `New chat` while it has no message.
+export function chatName(chat) {
+  return chat && typeof chat.title === 'string' && chat.title !== '' ? chat.title : 'New chat';
+}
+
 export async function chatView(container, chatId, { onSignedOut }) {
   document.title = 'Chat · agentworks';
   fill(container, h('p', {}, 'Loading the chat…'));
@@ -32,7 +38,8 @@ export async function chatView(container, chatId, { onSignedOut }) {
   }
   const state = { chat: answer.body, running: false, devices: [], devicesError: null };
 
-  const title = h('h1', { id: 'chat-title' }, 'Chat');
+  const title = h('h1', { id: 'chat-title' });
+  const where = h('span', { id: 'chat-project' });
   const messages = h('ol', { class: 'messages', 'aria-label': 'Conversation' });
   const connection = h('p', { class: 'connection', id: 'connection', 'aria-live': 'polite' });
   const input = h('textarea', { id: 'message', name: 'message', rows: 3, 'aria-describedby': 'connection' });
@@ -60,15 +67,22 @@ export async function chatView(container, chatId, { onSignedOut }) {
   });
   fill(container, h('div', { class: 'chat-layout' },
     h('section', { class: 'conversation', 'aria-labelledby': 'chat-title' },
-      h('p', { class: 'crumbs' }, h('a', { href: '/console/' }, 'Your projects')),
+      h('p', { class: 'crumbs' }, h('a', { href: '/console/' }, 'Your projects'), where),
       title, messages, form),
     panel.element));
+  showTitle();
   projectName(state.chat.project_id).then((name) => {
-    if (name) title.textContent = `Chat in ${name}`;
+    if (name) where.textContent = ` › ${name}`;
   });
 
   for (const item of foldMessages(state.chat.messages)) messages.append(itemElement(item).element);
   showConnection();
+
+  // The heading and the window's title: the chat's title once its first message is stored.
+  function showTitle() {
+    title.textContent = chatName(state.chat);
+    document.title = `${chatName(state.chat)} · agentworks`;
+  }
 
   // The composer says which files the agent works on; it is changed in the panel only.
   function showConnection() {
@@ -179,6 +193,7 @@ export async function chatView(container, chatId, { onSignedOut }) {
     const again = await api('GET', path);
     if (again.status === 200) {
       state.chat = again.body;
+      showTitle();
       showConnection();
       panel.update();
     }

@@ -1,6 +1,7 @@
 // The device-login approval page (`/v1/device/approve?user_code=…`, the link `agentworks
 // login` prints): the signed-in person sees which computer asks, and approves or denies it
-// once. Not signed in: off to the console's sign-in, which comes back here (`?next=`).
+// once; then the page says what happened and links back to the console. Not signed in: off to
+// the console's sign-in, which comes back here (`?next=`).
 //
 // The device's name and the code are shown side by side, each written exactly as `agentworks
 // login` prints it (`Device: …`, `Code: …`), so the person compares them with their own
@@ -35,15 +36,43 @@ function codeForm() {
   input.focus();
 }
 
-function decided(answer) {
-  const body = answer.body;
-  document.getElementById('decision')?.remove();
-  if (answer.status === 200) {
-    showStatus(body.approved
-      ? `Approved: ${body.device_name || 'the device'} can now connect as ${body.user}.`
-      : 'Denied: the login was refused.');
+// Where the person goes from here: the console, or another code.
+function wayBack() {
+  return h('p', { class: 'actions' },
+    h('a', { href: '/console/', id: 'back-to-console' }, 'Back to the console'),
+    ' · ',
+    h('a', { href: '/v1/device/approve' }, 'Approve another device'));
+}
+
+// The page once the login is decided (or cannot be): what happened, what to do next, and a
+// way back. The code, the expiry and the buttons are gone: nothing is left to decide.
+function decided(answer, login) {
+  const body = answer.body || {};
+  const device = body.device_name || login.device_name || 'the device';
+  if (answer.status === 200 && body.approved) {
+    document.title = 'Device login approved · agentworks';
+    showStatus(`Approved: ${device} can now connect as ${body.user}.`);
+    fill(main(),
+      h('h1', {}, 'Device login approved'),
+      h('p', { id: 'outcome' }, `${device} can now connect as your executor (as ${body.user}). `,
+        'Go back to the terminal where agentworks login runs: it names your account and asks you to confirm. Then agentworks executor connect there shares a folder.'),
+      h('p', {}, 'You can close this page.'),
+      wayBack());
+  } else if (answer.status === 200) {
+    document.title = 'Device login denied · agentworks';
+    showStatus('Denied: the login was refused.');
+    fill(main(),
+      h('h1', {}, 'Device login denied'),
+      h('p', { id: 'outcome' }, `${device} was not given access: agentworks login on that computer stops and says the login was denied. `,
+        'If it was your own login after all, run agentworks login again there.'),
+      wayBack());
   } else {
+    document.title = 'Device login not decided · agentworks';
     showStatus(problem(answer), 'error');
+    fill(main(),
+      h('h1', {}, 'Device login not decided here'),
+      h('p', { id: 'outcome', role: 'alert' }, problem(answer)),
+      wayBack());
   }
 }
 
@@ -53,31 +82,31 @@ function signIn() {
   location.replace(`/console/sign-in?next=${encodeURIComponent(next)}`);
 }
 
-async function decide(userCode, approve, buttons) {
+async function decide(login, approve, buttons) {
   for (const button of buttons) button.disabled = true;
-  const answer = await api('POST', API, { user_code: userCode, approve });
+  const answer = await api('POST', API, { user_code: login.user_code, approve });
   if (answer.status === 401) return signIn();
   if (answer.status === 429 || answer.status === 0 || answer.status >= 500) {
     // Nothing was decided: the person may try again.
     for (const button of buttons) button.disabled = false;
     return showStatus(problem(answer), 'error');
   }
-  decided(answer);
+  decided(answer, login);
 }
 
 async function pending(userCode, user) {
   const answer = await api('GET', `${API}?user_code=${encodeURIComponent(userCode)}`);
   if (answer.status === 401) return signIn();
   if (answer.status !== 200) {
-    fill(main(), h('h1', {}, 'Approve a device login'));
+    fill(main(), h('h1', {}, 'Approve a device login'), h('p', { role: 'alert' }, problem(answer)), wayBack());
     return showStatus(problem(answer), 'error');
   }
   const login = answer.body;
   const approve = h('button', { type: 'button' }, 'Approve');
   const deny = h('button', { type: 'button' }, 'Deny');
   const buttons = [approve, deny];
-  approve.addEventListener('click', () => decide(login.user_code, true, buttons));
-  deny.addEventListener('click', () => decide(login.user_code, false, buttons));
+  approve.addEventListener('click', () => decide(login, true, buttons));
+  deny.addEventListener('click', () => decide(login, false, buttons));
   const minutes = Math.max(1, Math.round(login.expires_in / 60));
   fill(main(),
     h('h1', {}, 'Approve a device login'),

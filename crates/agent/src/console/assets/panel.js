@@ -1,6 +1,7 @@
 // The chat's right-side panel: exactly three tabs, Local CLI connection, Costs and Models.
 // Local CLI connection: the binding's status and Disconnect, the person's devices and folders
-// (polled every 3 s), the consequences review and Use this folder, and the setup commands.
+// (polled every 3 s), the consequences review and Use this folder, and the setup commands
+// (folded away behind Set up another computer while the chat is bound).
 
 import { api, errorMessage } from './api.js';
 import { h, fill, uid, showStatus } from './dom.js';
@@ -96,7 +97,7 @@ async function loadModels(container) {
   const { configured, model, base_url: baseUrl } = answer.body;
   if (!configured) {
     fill(container,
-      h('p', { class: 'warning' }, 'No model is configured on this server: a turn is answered with model_not_configured.'),
+      h('p', { class: 'warning' }, 'No model is configured on this server: nothing answers. A message you send is kept in the chat, and a turn sent once a model is configured answers from there.'),
       h('p', {}, 'An operator sets base_url and model in the [agentd.model] section of agentd\'s config file (or runs agentworksctl quickstart with --model-url URL --model NAME).'));
     return;
   }
@@ -113,12 +114,19 @@ function localConnection(state, onChange) {
   const devices = h('div', { class: 'devices' });
   const review = h('div', { class: 'review' });
   const setup = setupSteps();
+  // Once the chat is bound the setup is done: its steps give way to a button that brings
+  // them back (another computer, another folder).
+  let setupWanted = false;
+  const showSetup = h('button', {
+    type: 'button', id: 'show-setup', onclick: () => { setupWanted = true; render(); },
+  }, 'Set up another computer');
   const element = h('div', {},
     h('h2', {}, 'Local CLI connection'),
     status,
     h('h3', {}, 'Your devices'),
     devices,
     review,
+    showSetup,
     setup);
   let selected = null; // {device_id, folder}: picking changes nothing until Use this folder
   let disconnecting = false;
@@ -141,6 +149,7 @@ function localConnection(state, onChange) {
     state.chat = { ...state.chat, ...answer.body, binding: answer.body.binding || null };
     selected = null;
     disconnecting = false;
+    setupWanted = false;
     showStatus(message, 'info');
     onChange();
   }
@@ -259,6 +268,8 @@ function localConnection(state, onChange) {
     fill(status, bindingStatus());
     renderDevices();
     renderReview();
+    setup.hidden = Boolean(state.chat.binding) && !setupWanted;
+    showSetup.hidden = !setup.hidden;
   }
 
   let polling = false;
