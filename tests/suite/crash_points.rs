@@ -150,27 +150,6 @@ fn operations() -> Vec<(model::Op, [model::Content; 2])> {
     ]
 }
 
-fn crash_points() -> Vec<model::CrashPoint> {
-    use model::CrashPoint::*;
-    let mut points = vec![
-        BeforeLock,
-        ReceiptUnavailable,
-        AfterPrepare,
-        AfterStage,
-        BeforeRename,
-        BeforeUnlink,
-        AfterRename,
-        AfterDirFsync,
-        BeforeMarkApplied,
-        MarkApplied,
-        AfterMarkApplied,
-    ];
-    for n in 1..=2 {
-        points.extend([PatchSetBefore(n), PatchSetRenamed(n), PatchSetApplied(n)]);
-    }
-    points
-}
-
 fn state_name(state: model::RState) -> &'static str {
     match state {
         model::RState::Prepared => "prepared",
@@ -189,7 +168,7 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
     let mut covered = std::collections::BTreeSet::new();
     let mut cases = 0;
     for (op, initial) in operations() {
-        for point in crash_points() {
+        for point in model::CrashPoint::ALL {
             let Some(expected) = model::after_crash(op.clone(), initial, point) else {
                 continue;
             };
@@ -264,7 +243,7 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
     }
     assert_eq!(
         covered,
-        crash_points().into_iter().collect(),
+        model::CrashPoint::ALL.into_iter().collect(),
         "crash points no operation reaches"
     );
     eprintln!(

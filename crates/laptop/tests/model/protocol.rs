@@ -822,11 +822,9 @@ impl Protocol {
             return;
         };
         match frame {
-            Frame::Result(o) => {
-                // Counts only for a request pending on this connection.
-                if std::mem::take(&mut g.pending) {
-                    self.start_resolve(s, Record::Done(o));
-                }
+            // Counts only for a request pending on this connection.
+            Frame::Result(o) if std::mem::take(&mut g.pending) => {
+                self.start_resolve(s, Record::Done(o));
             }
             Frame::Receipt(answer) => {
                 let Some(h) = g.recover.filter(|h| h.pc == RecoverPc::Asking) else {

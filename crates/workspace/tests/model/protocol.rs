@@ -440,6 +440,27 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
+    /// Every crash point (a patch set's for its first and second file).
+    pub const ALL: [CrashPoint; 17] = [
+        CrashPoint::BeforeLock,
+        CrashPoint::ReceiptUnavailable,
+        CrashPoint::AfterPrepare,
+        CrashPoint::AfterStage,
+        CrashPoint::BeforeRename,
+        CrashPoint::BeforeUnlink,
+        CrashPoint::AfterRename,
+        CrashPoint::AfterDirFsync,
+        CrashPoint::BeforeMarkApplied,
+        CrashPoint::MarkApplied,
+        CrashPoint::AfterMarkApplied,
+        CrashPoint::PatchSetBefore(1),
+        CrashPoint::PatchSetBefore(2),
+        CrashPoint::PatchSetRenamed(1),
+        CrashPoint::PatchSetRenamed(2),
+        CrashPoint::PatchSetApplied(1),
+        CrashPoint::PatchSetApplied(2),
+    ];
+
     /// The failpoint's name (`AGENTWORKS_FAILPOINT`), with a patch set's file number.
     pub fn failpoint(self) -> (&'static str, Option<u8>) {
         match self {
@@ -870,8 +891,8 @@ impl Protocol {
             });
         }
         daemon.waiting = rest;
-        for j in 0..jobs.len() {
-            jobs[j].answer = self.replay_or_plan(s, jobs[j].req);
+        for job in &mut jobs {
+            job.answer = self.replay_or_plan(s, job.req);
         }
         let mut work = Work {
             kind: Kind::Batch,
