@@ -21,7 +21,7 @@ const PATHS: [&str; 2] = ["a.txt", "b.txt"];
 
 /// The text of a model content (`None`: no file). A content is the same text at either
 /// path: a move takes it from one to the other.
-fn text(_path: usize, content: model::Content) -> Option<String> {
+fn text(content: model::Content) -> Option<String> {
     match content {
         model::MISSING => None,
         model::INITIAL => Some("the first content\n".to_owned()),
@@ -30,8 +30,8 @@ fn text(_path: usize, content: model::Content) -> Option<String> {
 }
 
 /// The request body (besides the context and id) and endpoint of a model operation.
-fn request(op: &model::Op, initial: [model::Content; 2]) -> (&'static str, Value) {
-    let rev = |path: u8, content| match text(path as usize, content) {
+fn request(op: &model::Op) -> (&'static str, Value) {
+    let rev = |content| match text(content) {
         Some(t) => revision(&t),
         None => "missing".to_owned(),
     };
@@ -43,8 +43,8 @@ fn request(op: &model::Op, initial: [model::Content; 2]) -> (&'static str, Value
             content,
         } => (
             "/v1/write",
-            json!({"path": path(*p), "content": text(*p as usize, *content),
-                   "expected_revision": rev(*p, *expected)}),
+            json!({"path": path(*p), "content": text(*content),
+                   "expected_revision": rev(*expected)}),
         ),
         model::Op::Edit {
             path: p,
@@ -52,24 +52,24 @@ fn request(op: &model::Op, initial: [model::Content; 2]) -> (&'static str, Value
             content,
         } => (
             "/v1/edit",
-            json!({"path": path(*p), "expected_revision": rev(*p, *expected),
-                   "edits": [{"old_text": text(*p as usize, *expected).unwrap(),
-                              "new_text": text(*p as usize, *content).unwrap()}]}),
+            json!({"path": path(*p), "expected_revision": rev(*expected),
+                   "edits": [{"old_text": text(*expected).unwrap(),
+                              "new_text": text(*content).unwrap()}]}),
         ),
         model::Op::Delete { path: p, expected } => (
             "/v1/delete",
-            json!({"path": path(*p), "expected_revision": rev(*p, *expected)}),
+            json!({"path": path(*p), "expected_revision": rev(*expected)}),
         ),
         model::Op::Move { from, to, expected } => (
             "/v1/move",
             json!({"path": path(*from), "to_path": path(*to),
-                   "expected_revision": rev(*from, *expected)}),
+                   "expected_revision": rev(*expected)}),
         ),
         model::Op::PatchSet { files } => {
             let mut diff = String::new();
             let mut expected_revisions = serde_json::Map::new();
             for (p, expected, result) in files {
-                let (before, after) = (text(*p as usize, *expected), text(*p as usize, *result));
+                let (before, after) = (text(*expected), text(*result));
                 let (old, new) = (
                     before
                         .as_ref()
@@ -94,10 +94,9 @@ fn request(op: &model::Op, initial: [model::Content; 2]) -> (&'static str, Value
                     diff.push_str(&format!("+{a}"));
                 }
                 if before.is_some() && after.is_some() {
-                    expected_revisions.insert(path(*p).into(), json!(rev(*p, *expected)));
+                    expected_revisions.insert(path(*p).into(), json!(rev(*expected)));
                 }
             }
-            let _ = initial;
             (
                 "/v1/patch_set",
                 json!({"diff": diff, "expected_revisions": expected_revisions}),
@@ -177,11 +176,11 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
             let case = format!("{op:?} killed at {}", point.spec());
             let state = StateRoot::new();
             let files: Vec<(&str, String)> = (0..2)
-                .filter_map(|p| text(p, initial[p]).map(|t| (PATHS[p], t)))
+                .filter_map(|p| text(initial[p]).map(|t| (PATHS[p], t)))
                 .collect();
             let refs: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
             let dir = state.project("p", &refs);
-            let (endpoint, mut body) = request(&op, initial);
+            let (endpoint, mut body) = request(&op);
             body["context"] = json!(alice);
             body["request_id"] = json!("r1");
 
@@ -213,7 +212,7 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
             for (p, name) in PATHS.iter().enumerate() {
                 assert_eq!(
                     std::fs::read_to_string(dir.join(name)).ok(),
-                    text(p, expected.contents[p]),
+                    text(expected.contents[p]),
                     "{case}: {name} after the restart"
                 );
             }
