@@ -18,6 +18,7 @@ mod cluster_restarts;
 mod console;
 mod console_sessions;
 mod crash;
+mod crash_points;
 mod device_login;
 mod docs;
 mod executor;

@@ -832,6 +832,82 @@ fn workspaced_keeps_every_acknowledged_write_across_power_cuts() {
     assert!(tally.acknowledged >= cuts, "{tally:?}");
 }
 
+/// Regression, found by the workspaced model (`crates/workspace/tests/model.rs`, its property
+/// "a receipt says applied only if its change is on disk"): a change killed after its rename
+/// (or unlink, or move) and before its folder's sync is reconciled at the next start from what
+/// the disk shows; a power cut after that must not undo what the receipt then says. Before the
+/// fix recovery read the new entry without syncing its folder, recorded `applied` durably, and
+/// after the cut the file held the old content again (or the deleted file was back) while its
+/// receipt, and every replay of the request, still said applied.
+#[test]
+fn a_change_reconciled_after_a_crash_survives_a_power_cut() {
+    const OLD: &str = "the old content\n";
+    const NEW: &str = "the new content\n";
+    let alice = ctx("p", "alice");
+    // (endpoint, request body beyond the context, what notes.txt and moved.txt hold after it)
+    let changes = [
+        (
+            "/v1/write",
+            json!({"path": "notes.txt", "content": NEW, "expected_revision": revision(OLD)}),
+            (Some(NEW), None),
+        ),
+        (
+            "/v1/delete",
+            json!({"path": "notes.txt", "expected_revision": revision(OLD)}),
+            (None, None),
+        ),
+        (
+            "/v1/move",
+            json!({"path": "notes.txt", "to_path": "moved.txt", "expected_revision": revision(OLD)}),
+            (None, Some(OLD)),
+        ),
+    ];
+    for (endpoint, body, (notes, moved)) in changes {
+        let mut rig = PowerRig::new();
+        rig.state.project("p", &[("notes.txt", OLD)]);
+        rig.fs.sync_all();
+        let mut body = body;
+        body["context"] = json!(alice);
+        body["request_id"] = json!("r1");
+        // Killed after the rename, before the folder's sync.
+        let mut dying = Workspaced::start_with(
+            &rig.state,
+            Options {
+                failpoint: Some("after_rename".into()),
+                ..rig.options()
+            },
+        );
+        let cut_off = post(&dying.client(), endpoint, body.clone());
+        assert!(
+            matches!(&cut_off, Err((code, _)) if code == "transport"),
+            "{endpoint}: answered although killed: {cut_off:?}"
+        );
+        dying.child.wait().unwrap();
+        // Recovery decides the change applied from what it sees: the new entry.
+        let client = rig.start();
+        let found = receipt(&client, "p", "r1").expect("the receipt");
+        assert_eq!(found["state"], "applied", "{endpoint}: {found}");
+        // The power goes; what the receipt says must still be what the disk holds.
+        rig.cut();
+        let client = rig.start();
+        let found = receipt(&client, "p", "r1").expect("the receipt");
+        assert_eq!(found["state"], "applied", "{endpoint}: {found}");
+        let dir = project_dir(&rig, "p");
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        assert_eq!(
+            (read("notes.txt").as_deref(), read("moved.txt").as_deref()),
+            (notes, moved),
+            "{endpoint}: the receipt says applied, the disk after the cut"
+        );
+        let again = post(&client, endpoint, body).expect("the replay");
+        assert_eq!(
+            (&again["state"], &again["replayed"]),
+            (&json!("applied"), &json!(true)),
+            "{endpoint}: {again}"
+        );
+    }
+}
+
 // ----- the laptop executor -----
 
 /// A counter file the executor's patches step up, one value at a time.

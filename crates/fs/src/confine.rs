@@ -21,7 +21,7 @@
 //! and never hands out a regular file that has a second name.
 
 #[cfg(target_os = "linux")]
-use crate::failpoint::{self, Hit};
+use crate::failpoint::{self, Failpoint, Hit};
 use agentworks_core::guard::RelPath;
 #[cfg(target_os = "linux")]
 use rustix::fs::ResolveFlags;
@@ -95,7 +95,7 @@ pub fn open_beneath(
     #[cfg(target_os = "linux")]
     if !OPENAT2_MISSING.load(Ordering::Relaxed) {
         // Debug builds: `AGENTWORKS_FAILPOINT=openat2:fail` answers as systemd's filter does.
-        let answer = match failpoint::hit("openat2") {
+        let answer = match failpoint::hit(Failpoint::Openat2) {
             Hit::Fail => Err(Errno::NOSYS),
             Hit::Continue => openat2_beneath(dir, path, flags, mode),
         };

@@ -75,6 +75,7 @@ use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response
 use agentworks_daemon::ipc::server::{
     Peer, PeerPolicy, ServerLimits, refuse_peer, serve as serve_ipc,
 };
+use agentworks_fs::failpoint::{self, Failpoint};
 use agentworks_support::clock::now_ms;
 
 /// How long a recovery waits for the device to answer a receipt query.
@@ -352,6 +353,7 @@ async fn dispatch(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Ref
     check_ids(&request.user_id, Some(&request.request_id))?;
     check_operation(&request.operation)?;
     let (deadline, kind) = deadline_and_kind(&request.operation);
+    failpoint::hit(Failpoint::DispatchReceived);
 
     // A request id seen before is answered from its record, never sent again.
     let store = gateway.store.clone();
@@ -549,6 +551,7 @@ async fn send_once(
     if let Begin::Existing(record) = begun {
         return replay(record, request).map(Sent::Answered);
     }
+    failpoint::hit(Failpoint::DispatchRecorded);
     let (reply, answer) = oneshot::channel();
     let pending = Pending {
         conn_id: live.conn_id,
@@ -582,6 +585,7 @@ async fn send_once(
             .await;
         return Ok(Sent::Answered(ok(&state)));
     }
+    failpoint::hit(Failpoint::DispatchSent);
     Ok(Sent::Waiting(answer))
 }
 
@@ -777,6 +781,7 @@ async fn settle_from_receipt(
             let (id, recorded) = (request_id.to_owned(), outcome.clone());
             let changed =
                 blocking(move || store.recover_request(&id, &recorded, now_ms())).await?;
+            failpoint::hit(Failpoint::ReceiptSettled);
             let state = DispatchState::Done { outcome };
             if changed {
                 super::audit_request(&record.user_id, &record.device_id, kind, request_id, &state);

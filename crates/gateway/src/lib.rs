@@ -58,6 +58,7 @@ use agentworks_contract::gatewayd::DispatchState;
 use agentworks_daemon::audit;
 use agentworks_daemon::config::Config;
 use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
+use agentworks_fs::failpoint::{self, Failpoint};
 use agentworks_support::clock::now_ms;
 use registry::{Pending, Registry};
 use store::{Store, StoreError};
@@ -254,6 +255,7 @@ impl Gateway {
             }
             Err(error) => tracing::error!(%error, request_id, "recording task failed"),
         }
+        failpoint::hit(Failpoint::ResultRecorded);
         audit_request(
             &pending.user_id,
             &pending.device_id,

@@ -473,12 +473,14 @@ async fn executor_connect(
 }
 
 /// Variables `executor connect` keeps: the commands' own (see [`shell::kept_env`]), the XDG
-/// dirs it needs to find its credential and state, and (debug builds) the Landlock test knob.
+/// dirs it needs to find its credential and state, and (debug builds) the Landlock test knob
+/// and the crash tests' failpoint (`agentworks_fs::failpoint`), neither passed to commands.
 fn executor_keeps(key: &std::ffi::OsStr) -> bool {
     shell::kept_env(key)
         || key == "XDG_CONFIG_HOME"
         || key == "XDG_STATE_HOME"
-        || (cfg!(debug_assertions) && key == sandbox::TEST_ABI_ENV)
+        || (cfg!(debug_assertions)
+            && (key == sandbox::TEST_ABI_ENV || key == "AGENTWORKS_FAILPOINT"))
 }
 
 /// Keeps the executor's secrets out of reach of the commands it runs, which run as the same

@@ -33,6 +33,7 @@ use agentworks_contract::executor::{
     CLOSE_REVOKED, CLOSE_UNAUTHORIZED, ExecutorFrame, FolderAccess, GatewayFrame, MAX_FRAME_BYTES,
     MAX_TIMEOUT_SECS, Operation, Outcome,
 };
+use agentworks_fs::failpoint::{self, Failpoint};
 
 use super::cgroup::CommandCgroup;
 use super::config::{Dirs, ensure_private_dir};
@@ -802,6 +803,7 @@ async fn handle(
             request_id: request_id.to_owned(),
         })
         .await;
+    failpoint::hit(Failpoint::ExecutorReceived);
     let begin = {
         let receipts = Arc::clone(&executor.receipts);
         let (id, f, op) = (request_id.to_owned(), folder.to_owned(), operation.clone());
@@ -809,11 +811,15 @@ async fn handle(
     };
     let outcome = match begin {
         Ok(Ok(Begin::Run)) => {
+            failpoint::hit(Failpoint::ExecutorRunning);
             let outcome = execute(executor, request_id, folder, operation, cancel).await;
+            failpoint::hit(Failpoint::ExecutorRan);
             let receipts = Arc::clone(&executor.receipts);
             let (id, o) = (request_id.to_owned(), outcome.clone());
             match tokio::task::spawn_blocking(move || receipts.finish(&id, &o)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    failpoint::hit(Failpoint::ExecutorDone);
+                }
                 Ok(Err(e)) => executor
                     .status
                     .show(&format!("cannot record a receipt: {e}")),

@@ -49,10 +49,16 @@ impl Gatewayd {
     /// Start gatewayd on the stack's state root and wait until both its socket and its
     /// WebSocket port answer.
     pub fn start(stack: &Stack, port: u16) -> Gatewayd {
+        Gatewayd::start_with_env(stack, port, &[])
+    }
+
+    /// [`Gatewayd::start`] with `env` added to its environment (`AGENTWORKS_FAILPOINT`).
+    pub fn start_with_env(stack: &Stack, port: u16, env: &[(&str, &str)]) -> Gatewayd {
         let child = as_daemon_on(
             &mut Command::new(env!("CARGO_BIN_EXE_agentworks-gatewayd")),
             stack.state.root(),
         )
+        .envs(env.iter().copied())
         .spawn()
         .unwrap();
         let mut daemon = Gatewayd {

@@ -12,7 +12,7 @@ use crate::error::WorkspaceError;
 use agentworks_core::guard::RelPath;
 use agentworks_core::revision::Revision;
 use agentworks_fs::confine::ConfineError;
-use agentworks_fs::failpoint;
+use agentworks_fs::failpoint::{self, Failpoint};
 use agentworks_fs::staged::StagedFile;
 use rustix::fs::{AtFlags, RenameFlags, Stat};
 use rustix::io::Errno;
@@ -50,7 +50,7 @@ impl Workspace {
             ),
             Action::Delete { parent, name, stat } => {
                 self.recheck(parent.as_fd(), name, stat, &planned.previous, path)?;
-                failpoint_io("before_unlink", path)?;
+                failpoint_io(Failpoint::BeforeUnlink, path)?;
                 rustix::fs::unlinkat(parent, name.as_str(), AtFlags::empty())
                     .map_err(|e| WorkspaceError::io("delete", path, e))
             }
@@ -69,7 +69,7 @@ impl Workspace {
                     &planned.previous,
                     path,
                 )?;
-                failpoint_io("before_rename", path)?;
+                failpoint_io(Failpoint::BeforeRename, path)?;
                 match rustix::fs::renameat_with(
                     from_parent,
                     from_name.as_str(),
@@ -127,7 +127,7 @@ impl Workspace {
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
         let staged = self.stage(parent, content, existing, path)?;
-        failpoint::hit("after_stage");
+        failpoint::hit(Failpoint::AfterStage);
         self.rename_staged(staged, parent, name, existing, previous, path)
     }
 
@@ -187,7 +187,7 @@ impl Workspace {
         previous: &Revision,
         path: &RelPath,
     ) -> Result<(), WorkspaceError> {
-        failpoint_io("before_rename", path)?;
+        failpoint_io(Failpoint::BeforeRename, path)?;
         match existing {
             Some((_, checked)) => {
                 self.recheck(parent, name, checked, previous, path)?;
@@ -215,7 +215,7 @@ impl Workspace {
     /// After the rename or unlink reached the target: make the folder entries durable.
     pub(super) fn sync_after(&self, planned: &Planned) -> Result<(), WorkspaceError> {
         let path = &planned.path;
-        failpoint_io("after_rename", path)?;
+        failpoint_io(Failpoint::AfterRename, path)?;
         match &planned.action {
             Action::Replace { parent, .. } | Action::Delete { parent, .. } => {
                 fsync_fd(parent.as_fd(), "fsync folder", path)?;
@@ -229,7 +229,7 @@ impl Workspace {
                 fsync_fd(from_parent.as_fd(), "fsync folder", path)?;
             }
         }
-        failpoint::hit("after_dir_fsync");
+        failpoint::hit(Failpoint::AfterDirFsync);
         Ok(())
     }
 }

@@ -50,7 +50,7 @@ use crate::lock::LockError;
 use crate::receipts::{Operation, Receipt, ReceiptState};
 use agentworks_contract::workspaced::{ChangeResponse, Context};
 use agentworks_core::guard::RelPath;
-use agentworks_fs::failpoint::{self, Hit};
+use agentworks_fs::failpoint::{self, Failpoint, Hit};
 use agentworks_fs::staged::StagedFile;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -335,6 +335,7 @@ impl Workspace {
             .iter()
             .map(|job| job.flight_key(&project.name))
             .collect();
+        failpoint::hit(Failpoint::BeforeLock);
         let _lock = match self.lock(project) {
             Ok(lock) => lock,
             Err(error) => {
@@ -431,9 +432,9 @@ impl Workspace {
                 .collect()
         };
         if recorded.iter().any(|r| *r) {
-            failpoint::hit("after_prepare");
+            failpoint::hit(Failpoint::AfterPrepare);
             if staged.iter().any(Option::is_some) {
-                failpoint::hit("after_stage");
+                failpoint::hit(Failpoint::AfterStage);
             }
         }
         // 4's second half: re-check and rename in order; a failure fails that change alone.
@@ -487,7 +488,7 @@ impl Workspace {
         // 5. Each folder synced once; a change whose folder could not be synced is uncertain.
         let applied = self.sync_folders(applied, &mut answers);
         if !applied.is_empty() {
-            failpoint::hit("before_mark_applied");
+            failpoint::hit(Failpoint::BeforeMarkApplied);
         }
         // 6. The applied and not_applied marks in one transaction.
         marks.extend(
@@ -495,7 +496,7 @@ impl Workspace {
                 .iter()
                 .map(|p| (p.receipt.receipt_id.clone(), ReceiptState::Applied)),
         );
-        let marked = match (marks.is_empty(), failpoint::hit("mark_applied")) {
+        let marked = match (marks.is_empty(), failpoint::hit(Failpoint::MarkApplied)) {
             (true, _) => Ok(0),
             (false, Hit::Fail) => Err("failpoint".to_owned()),
             (false, Hit::Continue) => {
@@ -508,6 +509,9 @@ impl Workspace {
                     .map_err(|e| e.to_string())
             }
         };
+        if !applied.is_empty() {
+            failpoint::hit(Failpoint::AfterMarkApplied);
+        }
         for mut p in applied {
             let request_id = p.receipt.request_id.clone();
             let answer = match &marked {
@@ -608,7 +612,7 @@ impl Workspace {
         if applied.is_empty() {
             return applied;
         }
-        let failed_before = match failpoint::hit("after_rename") {
+        let failed_before = match failpoint::hit(Failpoint::AfterRename) {
             Hit::Continue => None,
             Hit::Fail => Some("failpoint".to_owned()),
         };
@@ -646,7 +650,7 @@ impl Workspace {
                 }
             }
         }
-        failpoint::hit("after_dir_fsync");
+        failpoint::hit(Failpoint::AfterDirFsync);
         kept
     }
 }

@@ -48,7 +48,7 @@ use agentworks_core::guard::RelPath;
 use agentworks_core::revision::Revision;
 use agentworks_daemon::layout::{StateLayout, ensure_private_dir, root_key};
 use agentworks_fs::confine::{self, ConfineError};
-use agentworks_fs::failpoint::{self, Hit};
+use agentworks_fs::failpoint::{self, Failpoint, Hit};
 use rustix::fs::{Mode, OFlags, Stat};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
@@ -185,11 +185,11 @@ fn fsync_fd(fd: BorrowedFd<'_>, what: &'static str, path: &RelPath) -> Result<()
     rustix::fs::fsync(fd).map_err(|e| WorkspaceError::io(what, path, e))
 }
 
-fn failpoint_io(name: &'static str, path: &RelPath) -> Result<(), WorkspaceError> {
-    match failpoint::hit(name) {
+fn failpoint_io(point: Failpoint, path: &RelPath) -> Result<(), WorkspaceError> {
+    match failpoint::hit(point) {
         Hit::Continue => Ok(()),
         Hit::Fail => Err(WorkspaceError::io(
-            name,
+            point.name(),
             path,
             std::io::Error::other("failpoint"),
         )),

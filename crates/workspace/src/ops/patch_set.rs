@@ -60,7 +60,7 @@ use agentworks_core::patch::{FileChange, PatchError, PatchSetLimits, parse_patch
 use agentworks_core::revision::Revision;
 use agentworks_core::set_effect::{self, Change, Names};
 use agentworks_fs::confine::ConfineError;
-use agentworks_fs::failpoint::{self, Hit};
+use agentworks_fs::failpoint::{self, Failpoint, Hit};
 use std::sync::Mutex;
 
 /// Most files one patch set changes.
@@ -253,6 +253,7 @@ impl Workspace {
             req.request_id.clone(),
         );
         self.counted_in_flight(&flight_key, || {
+            failpoint::hit(Failpoint::BeforeLock);
             let _lock = self.lock_for_request(&project, &flight_key, &req.request_id)?;
             let store = self.store(&project)?;
             if let Some(replayed) = self.replay_set(&project, &store, req, &hash, &files)? {
@@ -427,16 +428,16 @@ impl Workspace {
         for (index, file) in planned.into_iter().enumerate() {
             let path = file.path.clone();
             // `patch_set_before_<n>:fail`: file n fails before anything of it is written.
-            let applied = if failpoint::hit(&format!("patch_set_before_{}", index + 1)) == Hit::Fail
-            {
-                Err(WorkspaceError::io(
-                    "patch_set_before",
-                    &path,
-                    std::io::Error::other("failpoint"),
-                ))
-            } else {
-                Ok(())
-            };
+            let applied =
+                if failpoint::hit_numbered(Failpoint::PatchSetBefore, index + 1) == Hit::Fail {
+                    Err(WorkspaceError::io(
+                        "patch_set_before",
+                        &path,
+                        std::io::Error::other("failpoint"),
+                    ))
+                } else {
+                    Ok(())
+                };
             let applied = applied.and_then(|()| match file.step {
                 Step::Ready(planned) => self.apply(&planned).map(|()| *planned),
                 Step::CreateInNewFolder(content) => self
@@ -478,7 +479,7 @@ impl Workspace {
                     receipt: Box::new(receipts[index].clone()),
                 });
             }
-            failpoint::hit(&format!("patch_set_renamed_{}", index + 1));
+            failpoint::hit_numbered(Failpoint::PatchSetRenamed, index + 1);
             match mark_applied(store, request_id, receipts[index].clone()) {
                 Ok(receipt) => {
                     audit(&receipt);
@@ -489,7 +490,7 @@ impl Workspace {
                     return Err(uncertain);
                 }
             }
-            failpoint::hit(&format!("patch_set_applied_{}", index + 1));
+            failpoint::hit_numbered(Failpoint::PatchSetApplied, index + 1);
         }
         Ok(answer(request_id, &receipts, files, false))
     }
@@ -560,7 +561,7 @@ fn prepare_set(
             }
         })
         .collect();
-    if failpoint::hit("receipt_unavailable") == Hit::Fail {
+    if failpoint::hit(Failpoint::ReceiptUnavailable) == Hit::Fail {
         return Err(WorkspaceError::AuditUnavailable(
             ReceiptError::Unavailable {
                 path: lock_poisoned(store).path().to_owned(),
@@ -569,7 +570,7 @@ fn prepare_set(
         ));
     }
     lock_poisoned(store).insert_prepared_all(&receipts)?;
-    failpoint::hit("after_prepare");
+    failpoint::hit(Failpoint::AfterPrepare);
     Ok(receipts)
 }
 

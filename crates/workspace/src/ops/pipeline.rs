@@ -21,7 +21,7 @@ use crate::receipts::{
 use agentworks_contract::workspaced::*;
 use agentworks_core::guard::RelPath;
 use agentworks_daemon::audit;
-use agentworks_fs::failpoint::{self, Hit};
+use agentworks_fs::failpoint::{self, Failpoint, Hit};
 use std::sync::{Arc, Mutex};
 
 /// Who is making which change: project, caller and request id. Counts the calls of one request
@@ -141,6 +141,7 @@ impl Workspace {
         change: ChangeInFlight<'_>,
         plan: impl FnOnce(&Project) -> Result<Planned, WorkspaceError>,
     ) -> Result<ChangeResponse, WorkspaceError> {
+        failpoint::hit(Failpoint::BeforeLock);
         let _lock = self.lock_for_change(&change)?;
         let store = self.store(change.project)?;
         // 1. Same id: replay the recorded outcome, or refuse a different payload.
@@ -157,9 +158,10 @@ impl Workspace {
         // The target changed. If its folder cannot be synced the change may not survive a
         // crash: leave the receipt prepared (reconciled from the disk later) and say so.
         let receipt = self.durable_or_uncertain(&planned, request_id, receipt)?;
-        failpoint::hit("before_mark_applied");
+        failpoint::hit(Failpoint::BeforeMarkApplied);
         // 5. Applied, audited, answered.
         let receipt = mark_applied(&store, request_id, receipt)?;
+        failpoint::hit(Failpoint::AfterMarkApplied);
         audit(&receipt);
         Ok(ChangeResponse {
             state: ReceiptState::Applied,
@@ -291,7 +293,7 @@ fn prepare_receipt(
 ) -> Result<Receipt, WorkspaceError> {
     let receipt = build_receipt(change, planned, store)?;
     lock_poisoned(store).insert_prepared(&receipt)?;
-    failpoint::hit("after_prepare");
+    failpoint::hit(Failpoint::AfterPrepare);
     Ok(receipt)
 }
 
@@ -338,7 +340,7 @@ pub(super) fn build_receipt(
         before_truncated,
         part: None,
     };
-    if failpoint::hit("receipt_unavailable") == Hit::Fail {
+    if failpoint::hit(Failpoint::ReceiptUnavailable) == Hit::Fail {
         return Err(WorkspaceError::AuditUnavailable(
             ReceiptError::Unavailable {
                 path: lock_poisoned(store).path().to_owned(),
@@ -356,7 +358,7 @@ pub(super) fn mark_applied(
     request_id: &str,
     mut receipt: Receipt,
 ) -> Result<Receipt, WorkspaceError> {
-    let marked = match failpoint::hit("mark_applied") {
+    let marked = match failpoint::hit(Failpoint::MarkApplied) {
         Hit::Fail => Err(ReceiptError::Unavailable {
             path: lock_poisoned(store).path().to_owned(),
             source: rusqlite::Error::InvalidQuery,

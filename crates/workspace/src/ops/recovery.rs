@@ -2,18 +2,23 @@
 //! now and marked applied, not applied or uncertain, at start for every project ([`Workspace::recover`],
 //! with the temp sweep) and on request by request id ([`Workspace::receipt`]).
 //!
-//! It must never change a document: it reads the tree and writes only receipts.
+//! Before it reads a path it syncs the path's folder, so what it decides from is durable: a
+//! change whose process died between its rename and its folder's sync is visible but would
+//! be undone by a power cut.
+//!
+//! It must never change a document: it reads the tree (and syncs its folders) and writes
+//! only receipts.
 
 use super::pipeline::audit;
 use super::sweep::sweep_temp_files;
-use super::{Project, Workspace, lock_poisoned, revision_on_disk, validate_request_id};
+use super::{Project, Workspace, fsync_fd, lock_poisoned, revision_on_disk, validate_request_id};
 use crate::error::WorkspaceError;
 use crate::receipts::{Operation, Receipt, ReceiptState, ReceiptStore};
 use agentworks_contract::workspaced::*;
 use agentworks_core::guard::RelPath;
 use agentworks_core::revision::Revision;
 use agentworks_daemon::audit;
-use agentworks_fs::confine::ConfineError;
+use agentworks_fs::confine::{self, ConfineError};
 use std::os::fd::AsFd;
 use std::sync::Mutex;
 
@@ -24,6 +29,19 @@ pub struct RecoveryReport {
     pub applied: usize,
     pub not_applied: usize,
     pub uncertain: usize,
+}
+
+/// fsync the folder that holds `path` in `project`, if it exists (a path the rules now refuse
+/// is never opened: nothing to sync, its receipt is decided `uncertain`).
+fn sync_folder_of(project: &Project, path: &str) -> Result<(), WorkspaceError> {
+    let Ok(path) = RelPath::parse(path) else {
+        return Ok(());
+    };
+    match confine::open_parent(project.root.as_fd(), &path, false) {
+        Ok((folder, _)) => fsync_fd(folder.as_fd(), "fsync folder", &path),
+        Err(ConfineError::NotFound { .. }) | Err(ConfineError::NotADirectory { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl Workspace {
@@ -48,6 +66,20 @@ impl Workspace {
                 Err(e) => Err(e),
             }
         };
+        // What the disk shows is not yet durable when the change's process died between its
+        // rename (or unlink) and its folder's sync: the new entry is seen now and lost at a
+        // power cut. Deciding from it would record `applied` for a change that a cut then
+        // undoes. So the folders are synced first, and only what they hold is decided; one
+        // that cannot be synced leaves the receipt prepared, answered `uncertain` for now.
+        let mut synced = sync_folder_of(project, &receipt.path);
+        if let (Ok(()), Some(to)) = (&synced, &receipt.to_path) {
+            synced = sync_folder_of(project, to);
+        }
+        if let Err(error) = synced {
+            tracing::warn!(receipt = %receipt.receipt_id, %error, "cannot sync the folder of an interrupted change; it stays prepared");
+            receipt.state = ReceiptState::Uncertain;
+            return Ok(());
+        }
         let at_path = on_disk(&receipt.path)?;
         let state = match (&receipt.to_path, at_path) {
             (_, None) => ReceiptState::Uncertain,
