@@ -43,6 +43,7 @@ mod powercut;
 mod quickstart;
 mod rmcp_client;
 mod sandbox;
+mod sandbox_jobs;
 mod systemd;
 mod workspaced;
 mod workspaced_bus;

@@ -15,7 +15,7 @@ use landlock::{
     CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr,
     RulesetStatus, Scope,
 };
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
 use super::plan::{Plan, plan_rules};
@@ -30,7 +30,10 @@ use crate::seccomp;
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first so that one arriving during setup stays pending and is
     // handled by the wait loop (killing the shell) instead of killing the launcher while
-    // descendants run on. The shell does not inherit the mask: std resets it in the child.
+    // descendants run on. The mask the launcher was started with is kept for the shell: a
+    // child inherits its parent's mask across fork and exec (std has not reset it since Rust
+    // 1.66), and a shell started with SIGCHLD blocked waits for a background job forever, one
+    // with SIGTERM blocked cannot be stopped by `kill` or `timeout`.
     let mut signals = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -40,8 +43,8 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     ] {
         signals.add(signal);
     }
-    signals
-        .thread_block()
+    let started_with = signals
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
 
     let (policy, program, program_args) = parse_launcher_args(args)?;
@@ -148,16 +151,19 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
     // no lock can be held by a thread that vanished in the fork and allocating is sound.
     // It only writes to a cgroup.procs descriptor opened before the fork, calls
-    // landlock_restrict_self on a ruleset built before the fork, and drops capabilities
-    // (prctl, capset).
+    // landlock_restrict_self on a ruleset built before the fork, drops capabilities (prctl,
+    // capset) and sets the signal mask (sigprocmask).
     unsafe {
         command.pre_exec(move || {
             if let Some(fds) = &child_cgroup {
                 fds.join_self()?;
             }
             restrict_to_scopes(&mut scopes)?;
-            // Last: a privileged launcher's command gets no capability (privileges.rs).
-            privileges::drop_capabilities()
+            // A privileged launcher's command gets no capability (privileges.rs).
+            privileges::drop_capabilities()?;
+            // Last: the shell starts with the signal mask the launcher was started with, not
+            // the launcher's own (the stop signals and SIGCHLD blocked for its sigwait).
+            started_with.thread_set_mask().map_err(io::Error::from)
         });
     }
     // A launcher with CAP_SYS_ADMIN (a root executor, which RLIMIT_NPROC does not bind) puts
