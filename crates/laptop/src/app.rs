@@ -178,7 +178,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                     write_folders,
                     block,
                     read_only,
-                    downloads,
+                    // One `true` per --downloads; where each stands is in `downloads_for`.
+                    downloads: _,
+                    downloads_for,
                     allow_unix_sockets,
                     max_processes,
                     max_memory,
@@ -191,7 +193,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 write_folders,
                 block,
                 read_only,
-                downloads,
+                downloads: downloads_for,
             };
             let grants = Grants::validate(&args, &dirs)?;
             print!("{}", grants.permissions_text());

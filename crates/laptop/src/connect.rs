@@ -855,7 +855,8 @@ async fn execute(
                 Ok(timeout) => timeout,
                 Err(refusal) => return cleanup(&scratch, refusal),
             };
-            run_shell(executor, command, timeout, policy, cancel).await
+            let downloads = executor.grants.downloads_of(folder);
+            run_shell(executor, command, timeout, policy, downloads, cancel).await
         }
         Operation::DiffPatchWorkspaceFile { filepath, diff } => {
             if folder.access != FolderAccess::ReadWrite {
@@ -954,16 +955,18 @@ fn shell_timeout(timeout: Option<u64>) -> Result<Option<Duration>, Outcome> {
     }
 }
 
-/// Runs one shell command through the launcher and turns its end into the request's outcome.
+/// Runs one shell command through the launcher and turns its end into the request's outcome;
+/// `downloads` is the folder's Downloads companion, if it has one (`$AGENTWORKS_DOWNLOADS`).
 async fn run_shell(
     executor: &Executor,
     command: String,
     timeout: Option<Duration>,
     policy: SandboxPolicy,
+    downloads: Option<&std::path::Path>,
     cancel: CancellationToken,
 ) -> Outcome {
     let mut env_extra = Vec::new();
-    if let Some(downloads) = &executor.grants.downloads {
+    if let Some(downloads) = downloads {
         env_extra.push((
             "AGENTWORKS_DOWNLOADS".to_owned(),
             downloads.to_string_lossy().into_owned(),

@@ -13,10 +13,15 @@
 //! A toolchain folder inside a writable grant is not pinned as a toolchain: it is the agent's to
 //! change, and its files are reachable through that grant anyway.
 //!
+//! `--downloads` links `~/Downloads` to the folder it follows on the command line, as the
+//! console's generated command writes it: only that folder's commands and patches reach it (and
+//! get `$AGENTWORKS_DOWNLOADS`); another folder, even one shared as a second alias on the same
+//! connection, gets no Downloads.
+//!
 //! Must never: share the home directory, one of its parents, `/`, or a folder that contains (or
 //! lies inside) the CLI's credentials or private state; skip a grant that cannot be opened;
-//! let a request on one folder reach another shared folder (only its own `--downloads`
-//! companion); widen a read-only folder nested in a writable one. Paths are compared canonical
+//! let a request on one folder reach another shared folder (only the Downloads companion it was
+//! linked to); widen a read-only folder nested in a writable one. Paths are compared canonical
 //! and component by component (`Path::starts_with`), never as strings.
 
 use std::collections::HashSet;
@@ -94,6 +99,10 @@ pub enum GrantError {
         "the shared folder {path} was moved or replaced ({reason}); reconnect to share it again"
     )]
     Replaced { path: PathBuf, reason: String },
+    #[error(
+        "--downloads follows {path}, which is not a --folder or --write-folder given here; put it after the folder whose commands may use ~/Downloads"
+    )]
+    DownloadsNotShared { path: PathBuf },
 }
 
 impl From<ResolveError> for GrantError {
@@ -206,7 +215,9 @@ pub struct GrantArgs {
     pub write_folders: Vec<PathBuf>,
     pub block: Vec<PathBuf>,
     pub read_only: Vec<PathBuf>,
-    pub downloads: bool,
+    /// The folders (as given in `folders` or `write_folders`) that a `--downloads` follows:
+    /// only their requests get the Downloads companion.
+    pub downloads: Vec<PathBuf>,
 }
 
 /// One shared folder.
@@ -216,6 +227,9 @@ pub struct Folder {
     /// Canonical.
     pub path: PathBuf,
     pub access: FolderAccess,
+    /// `--downloads` followed it: its requests get `~/Downloads` (read/write) and
+    /// `$AGENTWORKS_DOWNLOADS`.
+    pub downloads: bool,
 }
 
 /// Validated grants, every path canonical.
@@ -226,7 +240,8 @@ pub struct Grants {
     pub blocked: Vec<PathBuf>,
     /// `--read-only` paths.
     pub read_only: Vec<PathBuf>,
-    /// `~/Downloads`, when `--downloads` was given.
+    /// `~/Downloads`, when `--downloads` was given (after at least one folder, the ones whose
+    /// [`Folder::downloads`] is set).
     pub downloads: Option<PathBuf>,
     /// The CLI's private dirs (canonical where they exist), denied to every command.
     pub private: Vec<PathBuf>,
@@ -421,7 +436,13 @@ fn grant_folders(
             alias: alias_for(&canonical, &mut taken)?,
             path: canonical,
             access,
+            downloads: args.downloads.contains(path),
         });
+    }
+    for path in &args.downloads {
+        if !args.folders.contains(path) && !args.write_folders.contains(path) {
+            return Err(GrantError::DownloadsNotShared { path: path.clone() });
+        }
     }
     Ok((folders, folder_pins))
 }
@@ -432,7 +453,7 @@ fn grant_downloads(
     dirs: &Dirs,
     off_limits: &OffLimits,
 ) -> Result<Option<PinnedDir>, GrantError> {
-    if !args.downloads {
+    if args.downloads.is_empty() {
         return Ok(None);
     }
     let given = dirs.home.join("Downloads");
@@ -504,14 +525,25 @@ impl Grants {
         })
     }
 
-    /// Refuses a request on `folder` when it, or the Downloads companion, is no longer the
+    /// Refuses a request on `folder` when it, or its Downloads companion, is no longer the
     /// directory pinned at connect.
     pub fn check_pinned(&self, folder: &Folder) -> Result<(), GrantError> {
         self.folder_pin(folder)?.check()?;
-        match &self.pins.downloads {
+        match self.downloads_pin(folder) {
             Some(downloads) => downloads.check(),
             None => Ok(()),
         }
+    }
+
+    /// The pinned Downloads companion of `folder`: `None` unless `--downloads` followed it.
+    fn downloads_pin(&self, folder: &Folder) -> Option<&PinnedDir> {
+        self.pins.downloads.as_ref().filter(|_| folder.downloads)
+    }
+
+    /// `~/Downloads` when it is `folder`'s companion (`--downloads` followed it), else `None`:
+    /// what its commands get as `$AGENTWORKS_DOWNLOADS` and its patches may name.
+    pub fn downloads_of(&self, folder: &Folder) -> Option<&Path> {
+        self.downloads_pin(folder).map(PinnedDir::path)
     }
 
     fn folder_pin(&self, folder: &Folder) -> Result<&PinnedDir, GrantError> {
@@ -526,10 +558,10 @@ impl Grants {
     }
 
     /// The writable roots a request on `folder` gets: the folder if it is a write folder, and
-    /// Downloads.
+    /// its Downloads companion.
     fn writable_roots<'a>(&'a self, folder: &'a Folder) -> Vec<&'a Path> {
         let own = (folder.access == FolderAccess::ReadWrite).then_some(folder.path.as_path());
-        own.into_iter().chain(self.downloads.as_deref()).collect()
+        own.into_iter().chain(self.downloads_of(folder)).collect()
     }
 
     pub fn folder(&self, alias: &str) -> Option<&Folder> {
@@ -543,7 +575,7 @@ impl Grants {
             .map(|f| FolderInfo {
                 alias: f.alias.clone(),
                 access: f.access,
-                downloads: self.downloads.is_some(),
+                downloads: f.downloads && self.downloads.is_some(),
             })
             .collect()
     }
@@ -569,9 +601,17 @@ impl Grants {
             }
         }
         if let Some(d) = &self.downloads {
+            let linked: Vec<&str> = self
+                .folders
+                .iter()
+                .filter(|f| f.downloads)
+                .map(|f| f.alias.as_str())
+                .collect();
             out.push_str(&format!(
-                "  Downloads ({}): read and write for commands of every shared folder ($AGENTWORKS_DOWNLOADS)\n",
-                d.display()
+                "  Downloads ({}): read and write for commands of {} only ($AGENTWORKS_DOWNLOADS); \
+                 other folders' commands get no Downloads\n",
+                d.display(),
+                linked.join(", ")
             ));
             for b in self.blocked.iter().filter(|b| b.starts_with(d)) {
                 out.push_str(&format!("    blocked: {}\n", b.display()));
@@ -614,7 +654,7 @@ impl Grants {
     }
 
     /// The sandbox a request on `folder` runs under, with `scratch` as its private scratch dir:
-    /// the folder, Downloads and the toolchains through their pinned descriptors; every
+    /// the folder, its Downloads companion and the toolchains through their pinned descriptors; every
     /// `--block` path, the CLI's private dirs and the toolchains' credentials denied; inside
     /// each writable root, its `--read-only` paths and every read-only folder shared inside it
     /// (whichever folder the request is on) read-only.
@@ -624,7 +664,7 @@ impl Grants {
             FolderAccess::ReadWrite => PinnedAccess::ReadWrite,
         };
         let mut pinned = vec![self.folder_pin(folder)?.grant(access)];
-        if let Some(downloads) = &self.pins.downloads {
+        if let Some(downloads) = self.downloads_pin(folder) {
             pinned.push(downloads.grant(PinnedAccess::ReadWrite));
         }
         pinned.extend(
@@ -701,6 +741,7 @@ impl Grants {
             alias: String::new(),
             path: downloads.clone(),
             access: FolderAccess::ReadWrite,
+            downloads: false,
         }))
     }
 }

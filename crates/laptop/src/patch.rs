@@ -89,16 +89,16 @@ pub struct DownloadsCompanion {
 }
 
 impl PatchJob {
-    /// The job for a patch sent to `folder`: its guard and, with `--downloads`, the Downloads
-    /// folder with its own guard.
+    /// The job for a patch sent to `folder`: its guard and, when `--downloads` followed it, the
+    /// Downloads folder with its own guard.
     pub fn new(grants: &Grants, folder: &Folder, filepath: String, diff: String) -> PatchJob {
         PatchJob {
             filepath,
             diff,
             guard: grants.guard(folder),
             downloads: grants
-                .downloads
-                .clone()
+                .downloads_of(folder)
+                .map(Path::to_path_buf)
                 .zip(grants.downloads_guard())
                 .map(|(path, guard)| DownloadsCompanion { path, guard }),
         }
@@ -942,7 +942,7 @@ mod tests {
             write_folders: vec![proj.clone(), downloads.join("rw")],
             block: vec![downloads.join("rw/secret")],
             read_only: Vec::new(),
-            downloads: true,
+            downloads: vec![proj.clone(), downloads.join("ro"), downloads.join("rw")],
         };
         let grants = Grants::validate(&args, &dirs).expect("valid grants");
         for (alias, access) in [
