@@ -44,6 +44,7 @@ mod quickstart;
 mod rmcp_client;
 mod sandbox;
 mod sandbox_jobs;
+mod sandbox_overmount;
 mod systemd;
 mod workspaced;
 mod workspaced_bus;

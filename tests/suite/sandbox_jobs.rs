@@ -91,6 +91,7 @@ impl Folder {
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
             limits: Default::default(),
+            overmount_exclusions: false,
         }
     }
 

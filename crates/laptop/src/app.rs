@@ -70,8 +70,9 @@ pub enum AppError {
 }
 
 /// The hidden modes, recognised by the first argument: the sandbox launcher
-/// (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`) and the patch applier
-/// (`agentworks __apply-patch <folder>`, job on stdin). `None` when this is neither.
+/// (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`), its namespace probe
+/// (`agentworks __sandbox-probe`) and the patch applier (`agentworks __apply-patch <folder>`,
+/// job on stdin). `None` when this is none of them.
 ///
 /// Must be called first in `main`, before the command line is parsed and while the process is
 /// single-threaded: the launcher confines the process it is in. It only returns on error,
@@ -82,6 +83,10 @@ pub fn hidden_mode() -> Option<ExitCode> {
         let error = sandbox::launcher_main(&args[2..]);
         eprintln!("{}{error}", sandbox::REFUSAL_PREFIX);
         return Some(ExitCode::from(EXIT_LAUNCHER_REFUSED));
+    }
+    // Run by the executor at connect: can this machine give a command its own namespaces?
+    if std::env::args().nth(1).as_deref() == Some(sandbox::PROBE_SUBCOMMAND) {
+        return Some(ExitCode::from(sandbox::probe_main()));
     }
     // Run by the launcher above, already inside the sandbox.
     if std::env::args().nth(1).as_deref() == Some(patch::SUBCOMMAND) {
@@ -303,6 +308,9 @@ async fn executor_connect(
     limits: Limits,
     target: ConnectTarget,
 ) -> Result<ExitCode, AppError> {
+    let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
+    let exclusions = sandbox::exclusion_mechanism(&launcher);
+    print!("{}", grants.file_creation_text(&exclusions));
     let abi = sandbox::check_available();
     print!("{}", limits.text(abi.as_ref().ok().copied().flatten()));
     if let Err(e) = abi {
@@ -334,7 +342,6 @@ async fn executor_connect(
             "{interrupted} request(s) were interrupted when the executor last stopped; they will not run again"
         );
     }
-    let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
     let executor = Arc::new(Executor {
         gateways,
         token: creds.token,
@@ -344,6 +351,7 @@ async fn executor_connect(
         receipts: Arc::new(receipts),
         launcher,
         limits: Arc::new(limits),
+        exclusions,
         status: Status::default(),
         advertised: Default::default(),
     });
@@ -367,7 +375,8 @@ fn executor_keeps(key: &std::ffi::OsStr) -> bool {
     shell::kept_env(key)
         || key == "XDG_CONFIG_HOME"
         || key == "XDG_STATE_HOME"
-        || (cfg!(debug_assertions) && key == sandbox::TEST_ABI_ENV)
+        || (cfg!(debug_assertions)
+            && (key == sandbox::TEST_ABI_ENV || key == sandbox::TEST_NO_USERNS_ENV))
 }
 
 /// Keeps the executor's secrets out of reach of the commands it runs, which run as the same

@@ -296,6 +296,8 @@ pub struct Executor {
     pub launcher: PathBuf,
     /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
     pub limits: Arc<super::limits::Limits>,
+    /// How exclusions inside writable folders are enforced here (found at connect).
+    pub exclusions: super::sandbox::ExclusionMechanism,
     pub status: Status,
     /// The executor endpoints the server advertised in its last welcome (`[gatewayd]
     /// advertised_urls`), each checked as [`executor_url`] checks `--gateway`; empty until one
@@ -919,6 +921,8 @@ fn prepare<'a>(
         Ok(policy) => policy,
         Err(e) => return Err(cleanup(&scratch, refused("folder_replaced", e.to_string()))),
     };
+    policy.overmount_exclusions =
+        executor.exclusions == super::sandbox::ExclusionMechanism::Overmount;
     let cgroup = match executor.limits.for_command(&mut policy) {
         Ok(cgroup) => cgroup,
         Err(e) => {

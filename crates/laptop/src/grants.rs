@@ -37,7 +37,8 @@ use agentworks_core::guard::{Guard, RelPath};
 use super::config::Dirs;
 use super::resolve::{ResolveError, resolve_lenient};
 use super::sandbox::{
-    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
+    ExclusionMechanism, HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant,
+    SandboxPolicy,
 };
 
 /// Why the grants were refused.
@@ -462,6 +463,26 @@ fn grant_downloads(
     Ok(Some(pin(&given, &canonical)?))
 }
 
+/// The folders the rule walk grants entry by entry for an exclusion at `path` inside `root`:
+/// `root` and every existing folder below it on the way to `path`'s parent. Each loses file
+/// creation directly in it.
+fn walked_dirs(root: &Path, path: &Path) -> Vec<PathBuf> {
+    let Ok(relative) = path.strip_prefix(root) else {
+        return Vec::new();
+    };
+    let mut dirs = vec![root.to_owned()];
+    let mut current = root.to_owned();
+    let parents: Vec<_> = relative.parent().into_iter().flat_map(Path::iter).collect();
+    for name in parents {
+        current.push(name);
+        if !std::fs::symlink_metadata(&current).is_ok_and(|m| m.is_dir()) {
+            break;
+        }
+        dirs.push(current.clone());
+    }
+    dirs
+}
+
 /// The `flag` paths (`--block`, `--read-only`), resolved; each must lie inside a shared folder
 /// or Downloads.
 fn inside_shared(
@@ -700,7 +721,79 @@ impl Grants {
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
             limits: Default::default(),
+            // The executor decides, from its connect-time probe.
+            overmount_exclusions: false,
         })
+    }
+
+    /// The text printed after the permissions: in which shared folders a command cannot create
+    /// new entries directly, and why, given how this machine enforces exclusions. Empty when
+    /// every folder keeps file creation.
+    pub fn file_creation_text(&self, mechanism: &ExclusionMechanism) -> String {
+        let why_walk = match mechanism {
+            ExclusionMechanism::Profile => return String::new(),
+            ExclusionMechanism::Overmount => None,
+            ExclusionMechanism::Walk(reason) => Some(reason.as_str()),
+        };
+        let mut writable: Vec<&Path> = self
+            .folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadWrite)
+            .map(|f| f.path.as_path())
+            .collect();
+        if self.folders.iter().any(|f| f.downloads) {
+            writable.extend(self.downloads.as_deref());
+        }
+        let nested_read_only = self
+            .folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadOnly)
+            .map(|f| ("--folder", &f.path));
+        let exclusions: Vec<(&str, &PathBuf)> = self
+            .blocked
+            .iter()
+            .map(|p| ("--block", p))
+            .chain(self.read_only.iter().map(|p| ("--read-only", p)))
+            .chain(nested_read_only)
+            .collect();
+        let mut lines = Vec::new();
+        for root in writable {
+            for (flag, path) in &exclusions {
+                if *path == root || !path.starts_with(root) {
+                    continue;
+                }
+                let coverable = std::fs::symlink_metadata(path)
+                    .is_ok_and(|m| m.file_type().is_file() || m.file_type().is_dir());
+                let why = match why_walk {
+                    Some(reason) => format!(
+                        "this machine does not let the sandbox make a user and mount namespace \
+                         ({reason}), so Landlock, which can only grant, carves {flag} {} out by \
+                         granting every other entry one by one",
+                        path.display()
+                    ),
+                    None if coverable => continue,
+                    None => format!(
+                        "{flag} {} is not a file or folder now, and only an existing one can be \
+                         covered: create it (even empty) to lift this",
+                        path.display()
+                    ),
+                };
+                let dirs: Vec<String> = walked_dirs(root, path)
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
+                lines.push(format!("  {}: {why}\n", dirs.join(", ")));
+            }
+        }
+        if lines.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "Commands cannot create new files or folders directly in these folders (inside their \
+             subfolders they can):\n",
+        );
+        out.extend(lines);
+        out
     }
 
     /// The guard patches on `folder` are checked against: the whole folder writable except its
