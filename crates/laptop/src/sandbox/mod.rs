@@ -6,11 +6,15 @@
 //! The launcher, in this order (each step in `launcher.rs` says why it comes there): marks
 //! inherited descriptors close-on-exec; becomes the leader of a new session with no controlling
 //! terminal; becomes a child subreaper; opens the command's cgroup (when the executor made one);
-//! sets `no_new_privs` and `RLIMIT_NPROC`; builds and applies a Landlock ruleset to itself that
+//! sets `no_new_privs` and `RLIMIT_NPROC`; covers the exclusions inside writable folders by
+//! mounts in a user and mount namespace of its own, where it can (`overmount.rs`); builds and
+//! applies a Landlock ruleset to itself that
 //! grants no terminal device; installs the seccomp filter refusing Unix sockets and io_uring
 //! (below ABI 9, unless allowed; `seccomp.rs`); forks the shell (which moves into the command's
-//! cgroup and enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
-//! signal the launcher or connect to an abstract socket outside the sandbox); and when the shell
+//! cgroup, enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
+//! signal the launcher or connect to an abstract socket outside the sandbox, drops every
+//! capability, takes the namespace and mount seccomp filter when it is in the launcher's
+//! namespaces, and gets back the signal mask the launcher was started with); and when the shell
 //! ends — or the launcher is told to stop — ends everything the command left (`cgroup.kill`
 //! first, then SIGKILL to every descendant it finds) and exits with the shell's status only once
 //! `waitpid(-1)` answers `ECHILD`.
@@ -34,6 +38,8 @@
 //! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
 //! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
 //! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
+//! `overmount.rs` the covers of exclusions by mounts in the command's own user and mount
+//! namespace, and the connect-time probe for them;
 //! `launcher.rs` the launcher's steps in their order, applying the planned ruleset; `reaper.rs`
 //! the waiting for the shell and the ending and reaping of every process the command left.
 //!
@@ -48,15 +54,21 @@
 //! # How exclusions work
 //!
 //! Landlock rules only ever allow, and a rule on a directory covers everything beneath it, so a
-//! blocked path cannot be carved out of a granted folder. Instead, for a grant `W` containing an
+//! blocked path cannot be carved out of a granted folder. Where the kernel allows it and the
+//! policy asks for it ([`SandboxPolicy::overmount_exclusions`]), the launcher covers each
+//! existing `--block` and `--read-only` path inside a writable folder with a mount in a user and
+//! mount namespace of the command's own (`overmount.rs`), and the walk below no longer descends
+//! to it. Everything else (missing paths, the CLI's own dirs, machines without the namespace)
+//! goes through the walk: for a grant `W` containing an
 //! excluded path `W/a/b`, the launcher grants every entry of `W` except `a` individually, then
 //! every entry of `a` except `b`, and so on; `W` and `a` themselves only get directory listing
 //! (or read access when the exclusion is a read-only one). `--block` paths, the CLI's
 //! credentials and state (`denied`) and the toolchains' credential files are excluded that way;
 //! `--read-only` paths (and read-only folders nested in a writable one) get read access only.
 //!
-//! Residual limits: new entries cannot be created directly in a folder that lies on the path to
-//! an exclusion (`W` and `a` above), since only their existing entries are granted; entries
+//! Residual limits: where the walk is used, new entries cannot be created directly in a folder
+//! that lies on the path to an exclusion (`W` and `a` above), since only their existing entries
+//! are granted (connect names those folders); entries
 //! created after the ruleset is built are covered only when their parent folder is; the names
 //! (never the contents) inside a blocked directory can be listed, because listing rights on `W`
 //! reach down the whole tree; `/proc` is readable (the command sees every process's command
