@@ -7,6 +7,7 @@ mod attachments;
 mod attack_authority;
 mod attack_listeners;
 mod attack_patch;
+mod attack_project_config;
 mod attack_sandbox;
 mod chat_stores;
 mod cluster;

@@ -1143,6 +1143,7 @@ async fn dispatch(
                 stderr_truncated,
                 timed_out,
                 cancelled,
+                undone,
             } => {
                 let mut result = json!({
                     "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
@@ -1151,6 +1152,11 @@ async fn dispatch(
                 });
                 if timed_out {
                     result["timeout_secs"] = json!(timeout_secs);
+                }
+                // The laptop put back what the command changed in the project config that
+                // makes the person's tools run programs: the model and the person see it.
+                if !undone.is_empty() {
+                    result["undone"] = json!(undone);
                 }
                 Ok(result)
             }

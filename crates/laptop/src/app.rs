@@ -187,6 +187,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                     downloads: _,
                     downloads_for,
                     allow_unix_sockets,
+                    allow_project_config,
                     max_processes,
                     max_memory,
                     server,
@@ -208,6 +209,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 name,
                 server,
                 gateways,
+                allow_project_config,
             };
             executor_connect(dirs, grants, limits, target).await
         }
@@ -298,6 +300,8 @@ struct ConnectTarget {
     server: Option<String>,
     /// `--gateway`, repeated, in failover order; empty: the ones stored at login.
     gateways: Vec<String>,
+    /// `--allow-project-config`.
+    allow_project_config: bool,
 }
 
 /// `agentworks executor connect`, once the grants are validated and the limits set up: dial
@@ -311,6 +315,10 @@ async fn executor_connect(
     let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
     let exclusions = sandbox::exclusion_mechanism(&launcher);
     print!("{}", grants.file_creation_text(&exclusions));
+    print!(
+        "{}",
+        crate::project_config::permissions_text(target.allow_project_config)
+    );
     let abi = sandbox::check_available();
     print!("{}", limits.text(abi.as_ref().ok().copied().flatten()));
     if let Err(e) = abi {
@@ -352,6 +360,7 @@ async fn executor_connect(
         launcher,
         limits: Arc::new(limits),
         exclusions,
+        allow_project_config: target.allow_project_config,
         status: Status::default(),
         advertised: Default::default(),
     });

@@ -130,6 +130,14 @@ pub enum ExecutorCommand {
         /// (or, on Landlock ABI 9+, connecting to one outside the shared folders).
         #[arg(long)]
         allow_unix_sockets: bool,
+        /// Let commands change the project config that makes your own tools run programs: the
+        /// git config keys that name one (core.fsmonitor, core.hooksPath, aliases starting with
+        /// !, include.path, …) and the git hooks, .envrc, .vscode/tasks.json and settings.json,
+        /// .mcp.json and the coding CLIs' .claude/, .codex/, .gemini/ and .cursor/. Without
+        /// it, every such change a command makes is undone when the command ends, and the
+        /// result says so; patches are refused there.
+        #[arg(long)]
+        allow_project_config: bool,
         /// How many processes a command may start. RLIMIT_NPROC counts all of your user's
         /// processes (threads, in fact), so each command's limit is your user's count when it
         /// starts plus N: a command can start about N more, fewer if your other programs start
