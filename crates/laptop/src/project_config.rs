@@ -157,6 +157,12 @@ pub fn permissions_text(allowed: bool) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Missing,
+    /// A folder on the way to it is a symlink (git, direnv or an editor would follow it here).
+    BehindSymlink {
+        folder: PathBuf,
+        target: PathBuf,
+    },
+    Dir,
     /// A regular file kept whole, with its permission bits.
     File {
         content: Vec<u8>,
@@ -183,6 +189,10 @@ enum Kind {
     File,
     /// A git config: only its protected keys are compared and put back.
     Config,
+    /// A folder that holds protected files (`.git`, `.git/hooks`, `.vscode`, `.claude`, …): only
+    /// a symlink or a file put in its place is undone (a tool would follow it to files the walk
+    /// never sees); what it holds is each file's own business.
+    Folder,
 }
 
 /// The protected set of one folder at one moment.
@@ -250,6 +260,7 @@ impl Snapshot {
                     Some(undo_file(root_fd.as_fd(), path, before_state, after_state))
                 }
                 Kind::Config => undo_config(root_fd.as_fd(), path, before_state, after_state),
+                Kind::Folder => undo_folder(root_fd.as_fd(), path, before_state, after_state),
                 Kind::File => None,
             };
             if let Some((change, done)) = change {
@@ -296,8 +307,10 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
     let Some(name) = path.file_name() else {
         return State::Missing;
     };
-    let Ok(dir) = open_at(root, parent, OFlags::PATH | OFlags::DIRECTORY) else {
-        return State::Missing;
+    let dir = match open_at(root, parent, OFlags::PATH | OFlags::DIRECTORY) {
+        Ok(dir) => dir,
+        Err(rustix::io::Errno::LOOP) => return behind_symlink(root, parent),
+        Err(_) => return State::Missing,
     };
     let Ok(stat) = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) else {
         return State::Missing;
@@ -350,10 +363,26 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
                 mode: stat.st_mode & 0o7777,
             }
         }
+        FileType::Directory => State::Dir,
         _ => State::Other {
             kind: stat.st_mode & libc::S_IFMT,
         },
     }
+}
+
+/// The first symlink on the way to `folder` beneath `root`, and where it points.
+fn behind_symlink(root: BorrowedFd<'_>, folder: &Path) -> State {
+    let mut walked = PathBuf::new();
+    for component in folder.components() {
+        walked.push(component);
+        if let State::Symlink { target } = read_state(root, &walked) {
+            return State::BehindSymlink {
+                folder: walked,
+                target,
+            };
+        }
+    }
+    State::Missing
 }
 
 /// One walk over a folder: which paths are protected, and their states.
@@ -420,11 +449,13 @@ impl<'a> Walk<'a> {
 
     /// The tool files at the top of a project.
     fn project_root(&mut self, dir: &Path) {
+        self.add(dir.join(".vscode"), Kind::Folder);
         for file in TOOL_FILES {
             self.add(dir.join(file), Kind::File);
         }
         for tool in TOOL_DIRS {
             let tool_dir = dir.join(tool);
+            self.add(tool_dir.clone(), Kind::Folder);
             let mut files = Vec::new();
             files_beneath(self.root, &tool_dir, &mut files, MAX_TOOL_FILES);
             for file in files {
@@ -440,7 +471,8 @@ impl<'a> Walk<'a> {
     fn repository(&mut self, dir: &Path) {
         let dot_git = dir.join(".git");
         match read_state(self.root, &dot_git) {
-            State::Other { kind } if kind == libc::S_IFDIR => {
+            State::Dir => {
+                self.add(dot_git.clone(), Kind::Folder);
                 self.git_dir(&dot_git, dir, 0);
             }
             State::File { content, .. } => {
@@ -482,6 +514,7 @@ impl<'a> Walk<'a> {
 
     /// Every file of a hooks folder but the samples.
     fn hooks(&mut self, hooks: &Path) {
+        self.add(hooks.to_owned(), Kind::Folder);
         for name in list(self.root, hooks).into_iter().take(MAX_TOOL_FILES) {
             if !name.as_bytes().ends_with(b".sample") {
                 self.add(hooks.join(name), Kind::File);
@@ -592,8 +625,61 @@ fn files_beneath(root: BorrowedFd<'_>, dir: &Path, out: &mut Vec<PathBuf>, max: 
     }
 }
 
+/// A folder that holds protected files: a symlink (or anything but a folder) the command put in
+/// its place is removed, and the folder made again when there was one; the files it held are
+/// put back as files of their own.
+fn undo_folder(
+    root: BorrowedFd<'_>,
+    path: &Path,
+    before: &State,
+    after: &State,
+) -> Option<(String, bool)> {
+    if before == after || matches!(after, State::Dir | State::Missing) {
+        return None;
+    }
+    if matches!(after, State::BehindSymlink { .. }) {
+        // The symlink above it is its own item, or is undone with the first file below it.
+        return None;
+    }
+    let result = match before {
+        State::Dir => write_back(root, path, |dir, name| {
+            remove_entry(dir, name)?;
+            rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755)).map_err(Into::into)
+        })
+        .map(|()| "it was replaced (by a symlink or a file): removed, and the folder made again"),
+        State::Missing => {
+            remove(root, path).map(|()| "it was made as a symlink or a file: removed")
+        }
+        _ => return Some(undo_file(root, path, before, after)),
+    };
+    Some(match result {
+        Ok(change) => (change.to_owned(), true),
+        Err(e) => (
+            format!("it was replaced, and undoing that failed: {e}"),
+            false,
+        ),
+    })
+}
+
 /// Puts a protected file back as it was: `(what happened, whether it was undone)`.
 fn undo_file(root: BorrowedFd<'_>, path: &Path, before: &State, after: &State) -> (String, bool) {
+    // A symlink the command put above it: removed first (the folder made again), never followed.
+    if let State::BehindSymlink { folder, .. } = after
+        && !matches!(before, State::BehindSymlink { .. })
+        && let Err(e) = open_parent_making(root, folder)
+    {
+        return (
+            format!("a folder above it was replaced by a symlink, and removing it failed: {e}"),
+            false,
+        );
+    }
+    if matches!(after, State::BehindSymlink { .. }) && *before == State::Missing {
+        return (
+            "a folder above it was replaced by a symlink: removed, and the folder made again"
+                .to_owned(),
+            true,
+        );
+    }
     let result = match before {
         State::Missing => remove(root, path).map(|()| "it was new: removed".to_owned()),
         State::File { content, mode } => write_back(root, path, |dir, name| {
@@ -608,7 +694,12 @@ fn undo_file(root: BorrowedFd<'_>, path: &Path, before: &State, after: &State) -
             rustix::fs::symlinkat(target.as_path(), dir, name).map_err(std::io::Error::from)
         })
         .map(|()| "it was changed: the symlink was put back".to_owned()),
-        State::Large { .. } | State::Other { .. } => {
+        State::Dir => write_back(root, path, |dir, name| {
+            remove_entry(dir, name)?;
+            rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755)).map_err(Into::into)
+        })
+        .map(|()| "it was replaced: the folder was made again".to_owned()),
+        State::BehindSymlink { .. } | State::Large { .. } | State::Other { .. } => {
             return (
                 "it was changed, and it could not be put back (it was too large to keep, or \
                  not a file)"
@@ -640,9 +731,11 @@ fn undo_config(
             State::File { content, .. } => {
                 gitconfig::parse(&String::from_utf8_lossy(content)).map_err(|e| e.to_string())
             }
-            State::Large { .. } | State::Other { .. } | State::Symlink { .. } => {
-                Err("not a config file git reads".to_owned())
-            }
+            State::Large { .. }
+            | State::Other { .. }
+            | State::Symlink { .. }
+            | State::Dir
+            | State::BehindSymlink { .. } => Err("not a config file git reads".to_owned()),
         }
     };
     let before_entries = entries(before).unwrap_or_default();
@@ -877,6 +970,101 @@ mod tests {
                 "{section}.{name}"
             );
         }
+    }
+
+    fn write(path: &Path, content: &str) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, content).expect("write");
+    }
+
+    /// A folder holding a repository (`.git/config`, a hook of the person's), a `.vscode`
+    /// folder, and a file outside it.
+    fn folder() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical").join("proj");
+        write(&root.join(".git/config"), "[core]\n\tbare = false\n");
+        write(&root.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+        write(&root.join(".git/hooks/pre-push.sample"), "sample\n");
+        write(&root.join(".vscode/extensions.json"), "{}\n");
+        let outside = dir
+            .path()
+            .canonicalize()
+            .expect("canonical")
+            .join("outside.txt");
+        write(&outside, "outside\n");
+        (dir, root, outside)
+    }
+
+    fn paths(undone: &[UndoneChange]) -> Vec<&str> {
+        undone.iter().map(|u| u.path.as_str()).collect()
+    }
+
+    /// Symlinks the command put where the set's folders were are removed, never followed, and
+    /// what they led to is never written.
+    #[test]
+    fn symlinked_folders_of_the_set_are_removed_not_followed() {
+        let (_dir, root, outside) = folder();
+        let before = Snapshot::take(&root, "proj").expect("snapshot");
+        write(&root.join("evil/pre-commit"), "#!/bin/sh\ntouch PWNED\n");
+        write(&root.join("elsewhere/tasks.json"), "{\"tasks\": []}\n");
+        std::fs::remove_dir_all(root.join(".git/hooks")).expect("rm hooks");
+        std::os::unix::fs::symlink("../evil", root.join(".git/hooks")).expect("symlink");
+        std::fs::remove_dir_all(root.join(".vscode")).expect("rm .vscode");
+        std::os::unix::fs::symlink("elsewhere", root.join(".vscode")).expect("symlink");
+        let undone = before.undo();
+        assert!(undone.iter().all(|u| u.undone), "{undone:?}");
+        assert!(paths(&undone).contains(&"proj/.git/hooks"), "{undone:?}");
+        assert!(paths(&undone).contains(&"proj/.vscode"), "{undone:?}");
+        let hooks = std::fs::symlink_metadata(root.join(".git/hooks")).expect("hooks");
+        assert!(hooks.is_dir(), "still a symlink");
+        assert_eq!(
+            std::fs::read_to_string(root.join(".git/hooks/pre-commit")).expect("hook"),
+            "#!/bin/sh\nexit 0\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("evil/pre-commit")).expect("evil"),
+            "#!/bin/sh\ntouch PWNED\n",
+            "the symlink's target was written"
+        );
+        assert!(
+            !std::fs::symlink_metadata(root.join(".vscode"))
+                .expect(".vscode")
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&outside).expect("outside"),
+            "outside\n"
+        );
+    }
+
+    /// A hook replaced by a hard link to a file elsewhere: putting the hook back replaces the
+    /// link, and the file it shared stays as it was.
+    #[test]
+    fn a_hard_link_in_the_set_is_replaced_not_written_through() {
+        let (_dir, root, outside) = folder();
+        let before = Snapshot::take(&root, "proj").expect("snapshot");
+        let hook = root.join(".git/hooks/pre-commit");
+        std::fs::remove_file(&hook).expect("rm");
+        std::fs::hard_link(&outside, &hook).expect("link");
+        let undone = before.undo();
+        assert_eq!(
+            paths(&undone),
+            vec!["proj/.git/hooks/pre-commit"],
+            "{undone:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&hook).expect("hook"),
+            "#!/bin/sh\nexit 0\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&outside).expect("outside"),
+            "outside\n"
+        );
+        // Samples and other .vscode files are not the set's.
+        std::fs::write(root.join(".git/hooks/pre-push.sample"), "changed\n").expect("write");
+        std::fs::write(root.join(".vscode/extensions.json"), "[]\n").expect("write");
+        assert!(before.undo().is_empty());
     }
 
     #[test]
