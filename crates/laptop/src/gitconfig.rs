@@ -261,8 +261,7 @@ fn read_value(r: &mut Reader<'_>) -> Result<String, ParseError> {
     // Bytes of trailing unquoted blanks, dropped if nothing follows them.
     let mut pending_blanks: Vec<u8> = Vec::new();
     let mut started = false;
-    loop {
-        let Some(c) = r.peek() else { break };
+    while let Some(c) = r.peek() {
         match c {
             b'\n' => {
                 if quoted {

@@ -34,8 +34,9 @@
 //! command put on the way (`.git/hooks` → elsewhere) is removed, never followed.
 //!
 //! Bounds (so a huge tree costs a bounded walk): folders are walked [`MAX_DEPTH`] deep and at
-//! most [`MAX_FOLDERS`] of them, `node_modules` and the insides of `.git` (beyond the parts
-//! above) skipped; a protected file over [`MAX_FILE_BYTES`] is recorded by its size and hash
+//! most [`MAX_FOLDERS`] of them, `node_modules`, `target`, `.venv`, `venv`, `__pycache__` and
+//! the insides of `.git` (beyond the parts above) skipped (5,000 folders took about a quarter
+//! of a second to walk in a debug build, 50 about 2 ms); a protected file over [`MAX_FILE_BYTES`] is recorded by its size and hash
 //! only, and a change to it is reported as not undone. The permissions text says so.
 //!
 //! Owns: [`Snapshot::take`], [`Snapshot::undo`]. Must never: follow a symlink, write outside the
@@ -70,8 +71,16 @@ const MAX_INCLUDE_DEPTH: usize = 10;
 const TOOL_FILES: &[&str] = &[".vscode/tasks.json", ".vscode/settings.json", ".mcp.json"];
 /// The coding CLIs' project folders, protected whole.
 const TOOL_DIRS: &[&str] = &[".claude", ".codex", ".gemini", ".cursor"];
-/// Folders never walked into.
-const SKIPPED: &[&str] = &["node_modules", ".git"];
+/// Folders never walked into: `.git` (its parts are read as the set says), and the trees of
+/// dependencies and build output, thousands of folders where no one keeps a repository.
+const SKIPPED: &[&str] = &[
+    ".git",
+    "node_modules",
+    "target",
+    ".venv",
+    "venv",
+    "__pycache__",
+];
 
 /// Whether the git config key `section.subsection.name` (section and name lowercase) with
 /// `value` names a program git runs, or pulls in more config.
@@ -135,7 +144,7 @@ pub fn permissions_text(allowed: bool) -> String {
          !-aliases, include.path, …), .envrc, .vscode/tasks.json and settings.json, .mcp.json, \
          .claude/, .codex/, .gemini/ and .cursor/, in each writable folder and every repository \
          in it (nested ones up to {MAX_DEPTH} folders deep, the first {MAX_FOLDERS} folders, \
-         node_modules skipped)"
+         node_modules, target, .venv, venv and __pycache__ skipped)"
     );
     if allowed {
         format!(
