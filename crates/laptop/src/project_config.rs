@@ -305,6 +305,24 @@ fn open_at(root: BorrowedFd<'_>, path: &Path, flags: OFlags) -> rustix::io::Resu
     agentworks_fs::confine::open_beneath(root, path, flags | OFlags::NOFOLLOW, Mode::empty())
 }
 
+/// How a folder is opened only to look beneath it: `O_PATH` on Linux; macOS has none.
+#[cfg(target_os = "linux")]
+const LOOK_ONLY: OFlags = OFlags::PATH;
+#[cfg(target_os = "macos")]
+const LOOK_ONLY: OFlags = OFlags::RDONLY;
+
+/// The file-type bits of a mode (`mode_t` is 32 bits on Linux, 16 on macOS).
+#[allow(clippy::useless_conversion)]
+fn kind_bits(mode: libc::mode_t) -> u32 {
+    u32::from(mode & libc::S_IFMT)
+}
+
+/// The permission bits of a mode.
+#[allow(clippy::useless_conversion)]
+fn permission_bits(mode: libc::mode_t) -> u32 {
+    u32::from(mode & 0o7777)
+}
+
 /// The state of `path` beneath `root`.
 fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
     let parent = path.parent().unwrap_or(Path::new(""));
@@ -316,7 +334,7 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
     let Some(name) = path.file_name() else {
         return State::Missing;
     };
-    let dir = match open_at(root, parent, OFlags::PATH | OFlags::DIRECTORY) {
+    let dir = match open_at(root, parent, LOOK_ONLY | OFlags::DIRECTORY) {
         Ok(dir) => dir,
         Err(rustix::io::Errno::LOOP) => return behind_symlink(root, parent),
         Err(_) => return State::Missing,
@@ -330,7 +348,7 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
                 target: PathBuf::from(OsStr::from_bytes(target.as_bytes())),
             },
             Err(_) => State::Other {
-                kind: stat.st_mode & libc::S_IFMT,
+                kind: kind_bits(stat.st_mode),
             },
         },
         FileType::RegularFile => {
@@ -342,7 +360,7 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
                 Mode::empty(),
             ) else {
                 return State::Other {
-                    kind: stat.st_mode & libc::S_IFMT,
+                    kind: kind_bits(stat.st_mode),
                 };
             };
             let mut content = Vec::new();
@@ -364,17 +382,17 @@ fn read_state(root: BorrowedFd<'_>, path: &Path) -> State {
                 .is_err()
             {
                 return State::Other {
-                    kind: stat.st_mode & libc::S_IFMT,
+                    kind: kind_bits(stat.st_mode),
                 };
             }
             State::File {
                 content,
-                mode: stat.st_mode & 0o7777,
+                mode: permission_bits(stat.st_mode),
             }
         }
         FileType::Directory => State::Dir,
         _ => State::Other {
-            kind: stat.st_mode & libc::S_IFMT,
+            kind: kind_bits(stat.st_mode),
         },
     }
 }
@@ -896,13 +914,13 @@ fn replace_file(
         dir,
         temp,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(mode & 0o777),
+        Mode::from_raw_mode((mode & 0o777) as _),
     )?;
     let mut file = std::fs::File::from(fd);
     let written = file
         .write_all(content)
         .and_then(|()| {
-            rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o777)).map_err(Into::into)
+            rustix::fs::fchmod(&file, Mode::from_raw_mode((mode & 0o777) as _)).map_err(Into::into)
         })
         .and_then(|()| file.sync_all())
         .and_then(|()| rustix::fs::renameat(dir, temp, dir, name).map_err(Into::into));
