@@ -322,6 +322,7 @@ async fn serve(ws: &mut Ws, stop: &CancellationToken) -> bool {
                         stderr_truncated: false,
                         timed_out: false,
                         cancelled: false,
+                        undone: Vec::new(),
                     },
                 };
                 if ws.feed(text(&accepted)).await.is_err() || ws.send(text(&result)).await.is_err()

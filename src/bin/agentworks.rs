@@ -5,8 +5,7 @@
 use std::process::ExitCode;
 
 use agentworks_laptop::app;
-use agentworks_laptop::cli::Cli;
-use clap::Parser;
+use agentworks_laptop::cli;
 
 fn main() -> ExitCode {
     // The sandbox launcher and patch applier modes: first, before parsing and while the
@@ -14,5 +13,5 @@ fn main() -> ExitCode {
     if let Some(code) = app::hidden_mode() {
         return code;
     }
-    app::run(Cli::parse())
+    app::run(cli::parse())
 }

@@ -317,7 +317,8 @@ fn a_patch_sent_for_one_file_cannot_change_another() {
 
 /// A laptop with `~/src/repo` and `~/Downloads` holding `inbox/`, a read-only project
 /// `ro-project/` and a writable project `site/` with a blocked `site/secrets/`; shared as
-/// `--downloads --write-folder repo --folder ro-project --write-folder site --block site/secrets`.
+/// `--write-folder repo --downloads --folder ro-project --write-folder site --downloads --block
+/// site/secrets` (Downloads linked to both writable folders).
 fn downloads_laptop() -> Shared {
     let laptop = Laptop::new(
         "aw-patch-downloads-",
@@ -333,13 +334,14 @@ fn downloads_laptop() -> Shared {
     );
     let downloads = laptop.home().join("Downloads");
     let grants = vec![
-        "--downloads".into(),
         "--write-folder".into(),
         path_arg(laptop.folder("repo")),
+        "--downloads".into(),
         "--folder".into(),
         path_arg(downloads.join("ro-project")),
         "--write-folder".into(),
         path_arg(downloads.join("site")),
+        "--downloads".into(),
         "--block".into(),
         path_arg(downloads.join("site/secrets")),
     ];

@@ -98,6 +98,7 @@ impl Folder {
                 scratch: self.scratch.clone(),
                 cwd: self.project.clone(),
                 limits,
+                overmount_exclusions: true,
             },
             env_extra: env
                 .iter()

@@ -884,9 +884,9 @@ fn downloads_is_a_writable_companion_that_never_widens_a_nested_read_only_projec
     // other folders are fully writable.
     std::fs::create_dir_all(downloads.join("inbox")).unwrap();
     let grants = vec![
-        "--downloads".to_owned(),
         "--folder".to_owned(),
         nested.to_str().unwrap().to_owned(),
+        "--downloads".to_owned(),
     ];
     let setup = Setup::start_on(laptop, &grants, &[]);
     let device = setup.wait_online();
@@ -1019,11 +1019,11 @@ fn a_toolchain_folder_turned_into_a_symlink_to_home_grants_nothing() {
 fn a_shared_folder_replaced_by_a_symlink_is_refused_until_reconnect() {
     let laptop = toolchain_laptop();
     let grants = vec![
-        "--downloads".to_owned(),
         "--write-folder".to_owned(),
         path_arg(laptop.home().join("Downloads/proj")),
         "--write-folder".to_owned(),
         path_arg(laptop.folder("repo")),
+        "--downloads".to_owned(),
     ];
     let setup = Setup::start_on(laptop, &grants, &[]);
     assert_eq!(stdout(&setup.run("proj", "cat readme.txt")), "readme\n");
@@ -1067,9 +1067,9 @@ fn a_shared_folder_replaced_by_a_symlink_is_refused_until_reconnect() {
 fn downloads_replaced_by_a_symlink_is_refused() {
     let laptop = toolchain_laptop();
     let grants = vec![
-        "--downloads".to_owned(),
         "--write-folder".to_owned(),
         path_arg(laptop.folder("repo")),
+        "--downloads".to_owned(),
     ];
     let setup = Setup::start_on(laptop, &grants, &[]);
     let downloads = setup.laptop.home().join("Downloads");
@@ -1091,11 +1091,12 @@ fn a_read_only_project_in_downloads_stays_read_only_from_every_folder() {
     let laptop = toolchain_laptop();
     let ro = laptop.home().join("Downloads/ro");
     let grants = vec![
-        "--downloads".to_owned(),
         "--folder".to_owned(),
         path_arg(ro.clone()),
+        "--downloads".to_owned(),
         "--write-folder".to_owned(),
         path_arg(laptop.folder("repo")),
+        "--downloads".to_owned(),
     ];
     let setup = Setup::start_on(laptop, &grants, &[]);
     let read = setup.run("repo", "cat \"$AGENTWORKS_DOWNLOADS/ro/spec.txt\"");
@@ -1129,13 +1130,13 @@ fn block_and_read_only_inside_downloads_are_accepted_and_enforced() {
     let laptop = toolchain_laptop();
     let downloads = laptop.home().join("Downloads");
     let grants = vec![
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
         "--downloads".to_owned(),
         "--block".to_owned(),
         path_arg(downloads.join("secret.txt")),
         "--read-only".to_owned(),
         path_arg(downloads.join("keep")),
-        "--write-folder".to_owned(),
-        path_arg(laptop.folder("repo")),
     ];
     let setup = Setup::start_on(laptop, &grants, &[]);
     assert_denied(
@@ -1167,6 +1168,79 @@ fn block_and_read_only_inside_downloads_are_accepted_and_enforced() {
         std::fs::read_to_string(downloads.join("keep/k.txt")).unwrap(),
         "keep\n"
     );
+}
+
+/// Issue 42, item 7: `--folder A --write-folder B --downloads` granted `~/Downloads` to the
+/// commands of both folders. `--downloads` links it to the folder it follows: B's commands and
+/// patches reach it (with `$AGENTWORKS_DOWNLOADS`), A's get no Downloads at all, by any path, and
+/// the server is told so per folder.
+#[test]
+fn downloads_is_linked_to_the_folder_it_follows_only() {
+    let laptop = toolchain_laptop();
+    let downloads = laptop.home().join("Downloads");
+    let grants = vec![
+        "--folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+        "--write-folder".to_owned(),
+        path_arg(laptop.home().join("go")),
+        "--downloads".to_owned(),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+
+    // A (repo): no variable, and Downloads unreadable by its real path.
+    let env = setup.run("repo", "echo \"[${AGENTWORKS_DOWNLOADS-unset}]\"");
+    assert_eq!(stdout(&env), "[unset]\n", "{env}");
+    let inbox = path_arg(downloads.join("inbox"));
+    assert_denied(&setup, "repo", &format!("cat {inbox}/r.txt"), "report");
+    assert_denied(&setup, "repo", &format!("ls {inbox}"), "r.txt");
+    let device = setup.wait_online();
+    assert_eq!(
+        device["folders"],
+        json!([
+            {"alias": "repo", "access": "read_only", "downloads": false},
+            {"alias": "go", "access": "read_write", "downloads": true},
+        ])
+    );
+
+    // B (go), which --downloads follows: read and write, through $AGENTWORKS_DOWNLOADS.
+    let linked = setup.run(
+        "go",
+        "cat \"$AGENTWORKS_DOWNLOADS/inbox/r.txt\" && echo saved > \"$AGENTWORKS_DOWNLOADS/inbox/b.txt\"",
+    );
+    assert_eq!(stdout(&linked), "report\n", "{linked}");
+    assert_eq!(
+        std::fs::read_to_string(downloads.join("inbox/b.txt")).unwrap(),
+        "saved\n"
+    );
+    let from_b = path_arg(downloads.join("inbox/from-b.txt"));
+    let diff = format!("--- /dev/null\n+++ {from_b}\n@@ -0,0 +1 @@\n+b\n");
+    let patched = setup.done("go", patch(&from_b, &diff));
+    assert_eq!(patched["status"], "patched", "{patched}");
+
+    // A read-only folder's commands could not write anyway; a write folder without the link is
+    // the real test, so B is shared a second time, under another alias, without --downloads.
+    drop(setup);
+    let laptop = toolchain_laptop();
+    let downloads = laptop.home().join("Downloads");
+    let inbox = path_arg(downloads.join("inbox"));
+    let grants = vec![
+        "--write-folder".to_owned(),
+        path_arg(laptop.home().join("go")),
+        "--downloads".to_owned(),
+        "--write-folder".to_owned(),
+        path_arg(laptop.folder("repo")),
+    ];
+    let setup = Setup::start_on(laptop, &grants, &[]);
+    let env = setup.run("repo", "echo \"[${AGENTWORKS_DOWNLOADS-unset}]\"");
+    assert_eq!(stdout(&env), "[unset]\n", "{env}");
+    assert_denied(&setup, "repo", &format!("cat {inbox}/r.txt"), "report");
+    assert_fails(&setup, "repo", &format!("echo x > {inbox}/from-a.txt"));
+    let from_a = path_arg(downloads.join("inbox/from-a.txt"));
+    let diff = format!("--- /dev/null\n+++ {from_a}\n@@ -0,0 +1 @@\n+a\n");
+    refused_with(&setup, "repo", patch(&from_a, &diff), "outside_folder");
+    assert!(!downloads.join("inbox/from-a.txt").exists());
+    let linked = setup.run("go", "cat \"$AGENTWORKS_DOWNLOADS/inbox/r.txt\"");
+    assert_eq!(stdout(&linked), "report\n", "{linked}");
 }
 
 /// Regression: the private scratch dir (`$TMPDIR`) lies in the CLI's state dir, which is denied,

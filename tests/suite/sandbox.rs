@@ -82,6 +82,7 @@ impl Fixture {
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
             limits: Default::default(),
+            overmount_exclusions: false,
         }
     }
 
@@ -234,14 +235,23 @@ async fn read_only_folder_is_unwritable() {
     assert!(!f.project.join("moved.txt").exists());
 }
 
+/// Both ways of enforcing exclusions: the rule walk, and covers in the command's own
+/// namespaces (which leave the missing paths here to the walk).
 #[tokio::test]
 async fn blocked_paths_are_unreadable_unwritable_and_uncreatable() {
+    for overmount in [false, true] {
+        blocked_paths_hold(overmount).await;
+    }
+}
+
+async fn blocked_paths_hold(overmount: bool) {
     let f = Fixture::new();
     write(&f.project.join(".env"), "BLOCKED-ENV");
     write(&f.project.join("keys/private/key.pem"), "BLOCKED-PEM");
     write(&f.project.join("keys/public.pem"), "public");
     write(&f.project.join("src/main.c"), "int main(void){return 0;}\n");
     let mut policy = f.policy();
+    policy.overmount_exclusions = overmount;
     policy.blocked = vec![
         f.project.join(".env"),
         f.project.join("keys/private"),
@@ -286,10 +296,17 @@ async fn blocked_paths_are_unreadable_unwritable_and_uncreatable() {
 
 #[tokio::test]
 async fn read_only_within_a_writable_folder() {
+    for overmount in [false, true] {
+        read_only_within_holds(overmount).await;
+    }
+}
+
+async fn read_only_within_holds(overmount: bool) {
     let f = Fixture::new();
     write(&f.project.join("vendor/lib.txt"), "vendored\n");
     write(&f.project.join("src/a.txt"), "a\n");
     let mut policy = f.policy();
+    policy.overmount_exclusions = overmount;
     policy.read_only_within = vec![f.project.join("vendor")];
     let req = |c: &str| f.request_with(c, policy.clone());
     assert_eq!(ok(req("cat vendor/lib.txt")).await, "vendored\n");

@@ -1160,6 +1160,7 @@ async fn dispatch(
                 stderr_truncated,
                 timed_out,
                 cancelled,
+                undone,
             } => {
                 let mut result = json!({
                     "stdout": stdout, "stderr": stderr, "exit_code": exit_code,
@@ -1168,6 +1169,11 @@ async fn dispatch(
                 });
                 if timed_out {
                     result["timeout_secs"] = json!(timeout_secs);
+                }
+                // The laptop put back what the command changed in the project config that
+                // makes the person's tools run programs: the model and the person see it.
+                if !undone.is_empty() {
+                    result["undone"] = json!(undone);
                 }
                 Ok(result)
             }

@@ -113,6 +113,12 @@ pub enum Outcome {
         timed_out: bool,
         #[serde(default)]
         cancelled: bool,
+        /// Changes the command made to the protected project config of its folders (git
+        /// config keys and hooks that make git run a program, `.envrc`, editor tasks, the
+        /// coding CLIs' project config), each undone once the command was gone. Absent when
+        /// there were none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        undone: Vec<UndoneChange>,
     },
     /// A patch was applied; every changed file with its new revision.
     Patched { files: Vec<PatchedFile> },
@@ -121,6 +127,18 @@ pub enum Outcome {
     /// It was running when the executor died: the outcome is unknown and it is never re-run
     /// under this request id.
     Interrupted { message: String },
+}
+
+/// One change to a folder's protected project config, and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UndoneChange {
+    /// The folder's alias (or `~/Downloads`), then the path in it, e.g. `proj/.git/config`.
+    pub path: String,
+    /// What the command changed and what was done about it, for a person to read.
+    pub change: String,
+    /// Whether it was put back; `false` when putting it back failed (the change says why).
+    pub undone: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -549,7 +549,7 @@ async fn send_once(
 ) -> Result<Sent, Refusal> {
     let begun = record_request(gateway, request, kind, true).await?;
     if let Begin::Existing(record) = begun {
-        return replay(record, request).map(Sent::Answered);
+        return replay(*record, request).map(Sent::Answered);
     }
     failpoint::hit(Failpoint::DispatchRecorded);
     let (reply, answer) = oneshot::channel();
@@ -659,7 +659,7 @@ async fn recover(gateway: &Gateway, body: &Bytes) -> Result<Response<Body>, Refu
     // dispatch of it still under way finds the claim and answers from it).
     let record = match record_request(gateway, &request, kind, false).await? {
         Begin::New => return Ok(ok(&Recovery::NeverSent)),
-        Begin::Existing(record) => record,
+        Begin::Existing(record) => *record,
     };
     if !same_request(&record, &request) {
         return Err(reused());

@@ -262,8 +262,8 @@ pub struct NewRequest<'a> {
 pub enum Begin {
     /// Recorded as pending now: the caller may send it, once.
     New,
-    /// The id was recorded before: never send it again.
-    Existing(RequestRecord),
+    /// The id was recorded before: never send it again. Boxed: a record holds a whole outcome.
+    Existing(Box<RequestRecord>),
 }
 
 /// A host's hold on a device's connection.

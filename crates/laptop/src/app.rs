@@ -82,8 +82,9 @@ pub enum AppError {
 }
 
 /// The hidden modes, recognised by the first argument: the sandbox launcher
-/// (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`) and the patch applier
-/// (`agentworks __apply-patch <folder>`, job on stdin). `None` when this is neither.
+/// (`agentworks __sandbox-exec <policy-json> -- <sh> -c <command>`), its namespace probe
+/// (`agentworks __sandbox-probe`) and the patch applier (`agentworks __apply-patch <folder>`,
+/// job on stdin). `None` when this is none of them.
 ///
 /// Must be called first in `main`, before the command line is parsed and while the process is
 /// single-threaded: the launcher confines the process it is in. It only returns on error,
@@ -94,6 +95,10 @@ pub fn hidden_mode() -> Option<ExitCode> {
         let error = sandbox::launcher_main(&args[2..]);
         eprintln!("{}{error}", sandbox::REFUSAL_PREFIX);
         return Some(ExitCode::from(EXIT_LAUNCHER_REFUSED));
+    }
+    // Run by the executor at connect: can this machine give a command its own namespaces?
+    if std::env::args().nth(1).as_deref() == Some(sandbox::PROBE_SUBCOMMAND) {
+        return Some(ExitCode::from(sandbox::probe_main()));
     }
     // Run by the launcher above, already inside the sandbox.
     if std::env::args().nth(1).as_deref() == Some(patch::SUBCOMMAND) {
@@ -193,8 +198,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                     write_folders,
                     block,
                     read_only,
-                    downloads,
+                    // One `true` per --downloads; where each stands is in `downloads_for`.
+                    downloads: _,
+                    downloads_for,
                     allow_unix_sockets,
+                    allow_project_config,
                     max_processes,
                     max_memory,
                     server,
@@ -213,7 +221,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 write_folders,
                 block,
                 read_only,
-                downloads,
+                downloads: downloads_for,
             };
             let grants = Grants::validate(&args, &dirs)?;
             let creds = Credentials::load(&dirs)?;
@@ -227,6 +235,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 name,
                 server,
                 gateways,
+                allow_project_config,
             };
             executor_connect(dirs, creds, grants, limits, target).await
         }
@@ -403,6 +412,8 @@ struct ConnectTarget {
     server: Option<String>,
     /// `--gateway`, repeated, in failover order; empty: the ones stored at login.
     gateways: Vec<String>,
+    /// `--allow-project-config`.
+    allow_project_config: bool,
 }
 
 /// `agentworks executor connect`, once the grants are validated and the limits set up: dial
@@ -414,6 +425,13 @@ async fn executor_connect(
     limits: Limits,
     target: ConnectTarget,
 ) -> Result<ExitCode, AppError> {
+    let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
+    let exclusions = sandbox::exclusion_mechanism(&launcher);
+    print!("{}", grants.file_creation_text(&exclusions));
+    print!(
+        "{}",
+        crate::project_config::permissions_text(target.allow_project_config)
+    );
     let abi = sandbox::check_available();
     print!("{}", limits.text(abi.as_ref().ok().copied().flatten()));
     if let Err(e) = abi {
@@ -444,7 +462,6 @@ async fn executor_connect(
             "{interrupted} request(s) were interrupted when the executor last stopped; they will not run again"
         );
     }
-    let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
     let executor = Arc::new(Executor {
         gateways,
         token: creds.token,
@@ -455,6 +472,8 @@ async fn executor_connect(
         receipts: Arc::new(receipts),
         launcher,
         limits: Arc::new(limits),
+        exclusions,
+        allow_project_config: target.allow_project_config,
         status: Status::default(),
         advertised: Default::default(),
     });
@@ -480,7 +499,9 @@ fn executor_keeps(key: &std::ffi::OsStr) -> bool {
         || key == "XDG_CONFIG_HOME"
         || key == "XDG_STATE_HOME"
         || (cfg!(debug_assertions)
-            && (key == sandbox::TEST_ABI_ENV || key == "AGENTWORKS_FAILPOINT"))
+            && (key == sandbox::TEST_ABI_ENV
+                || key == sandbox::TEST_NO_USERNS_ENV
+                || key == "AGENTWORKS_FAILPOINT"))
 }
 
 /// Keeps the executor's secrets out of reach of the commands it runs, which run as the same

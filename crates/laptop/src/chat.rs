@@ -190,6 +190,13 @@ fn summarize_result(event: &Value) -> String {
             if result["stdout_truncated"] == true || result["stderr_truncated"] == true {
                 s.push_str(", truncated");
             }
+            if let Some(undone) = result["undone"].as_array().filter(|u| !u.is_empty()) {
+                s.push_str(&format!(
+                    ", {} change{} to project config undone",
+                    undone.len(),
+                    if undone.len() == 1 { "" } else { "s" }
+                ));
+            }
             s
         }
         "diff_patch_workspace_file" => match result["files"].as_array() {

@@ -1,7 +1,10 @@
 //! The command line of `agentworks`, the laptop CLI. Its hidden modes (`__sandbox-exec`,
 //! `__apply-patch`) are dispatched by hand before clap and are not part of it.
+//!
+//! [`parse`] is how the binary reads it: clap's parse, then the one thing clap's derive cannot
+//! say, where each `--downloads` stands (it links `~/Downloads` to the folder before it).
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -117,15 +120,29 @@ pub enum ExecutorCommand {
         /// A path inside a write folder that stays read-only. Repeatable.
         #[arg(long = "read-only", value_name = "PATH")]
         read_only: Vec<PathBuf>,
-        /// Also share ~/Downloads read-write with commands ($AGENTWORKS_DOWNLOADS).
-        #[arg(long)]
-        downloads: bool,
+        /// Also share ~/Downloads read-write with the commands and patches of the folder this
+        /// follows (--folder or --write-folder), as $AGENTWORKS_DOWNLOADS; other folders get no
+        /// Downloads. Repeat it after each folder that needs it.
+        #[arg(long, action = clap::ArgAction::Append, num_args = 0,
+              default_missing_value = "true", value_parser = clap::value_parser!(bool))]
+        downloads: Vec<bool>,
+        /// The folders (as given) that a --downloads follows; filled in by [`parse`].
+        #[arg(skip)]
+        downloads_for: Vec<PathBuf>,
         /// Let commands use Unix sockets: they can then reach local services over Unix
         /// sockets, such as ssh-agent, D-Bus and docker.sock (and, where the agentworks daemons
         /// run as you, their operator sockets). Without it, creating a Unix socket is refused
         /// (or, on Landlock ABI 9+, connecting to one outside the shared folders).
         #[arg(long)]
         allow_unix_sockets: bool,
+        /// Let commands change the project config that makes your own tools run programs: the
+        /// git config keys that name one (core.fsmonitor, core.hooksPath, aliases starting with
+        /// !, include.path, …) and the git hooks, .envrc, .vscode/tasks.json and settings.json,
+        /// .mcp.json and the coding CLIs' .claude/, .codex/, .gemini/ and .cursor/. Without
+        /// it, every such change a command makes is undone when the command ends, and the
+        /// result says so; patches are refused there.
+        #[arg(long)]
+        allow_project_config: bool,
         /// How many processes a command may start. RLIMIT_NPROC counts all of your user's
         /// processes (threads, in fact), so each command's limit is your user's count when it
         /// starts plus N: a command can start about N more, fewer if your other programs start
@@ -158,4 +175,113 @@ pub enum ExecutorCommand {
 /// The clap definition of `agentworks` (for man pages and completions).
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// The command line of this process, parsed; exits with clap's usage error (code 2) when it
+/// is wrong, including a `--downloads` that follows no folder.
+pub fn parse() -> Cli {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse`] of `args` (the program name first).
+pub fn parse_from<I, T>(args: I) -> Cli
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().get_matches_from(args);
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let connect = matches
+        .subcommand_matches("executor")
+        .and_then(|m| m.subcommand_matches("connect"));
+    if let (
+        Command::Executor {
+            command: ExecutorCommand::Connect { downloads_for, .. },
+        },
+        Some(connect),
+    ) = (&mut cli.command, connect)
+    {
+        *downloads_for = downloads_followed(connect).unwrap_or_else(|message| {
+            Cli::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, message)
+                .exit()
+        });
+    }
+    cli
+}
+
+/// The folder each `--downloads` of `executor connect` follows: the `--folder` or
+/// `--write-folder` given last before it. One before any folder is an error.
+fn downloads_followed(connect: &ArgMatches) -> Result<Vec<PathBuf>, String> {
+    let mut folders: Vec<(usize, PathBuf)> = Vec::new();
+    for id in ["folders", "write_folders"] {
+        if let (Some(indices), Some(values)) =
+            (connect.indices_of(id), connect.get_many::<PathBuf>(id))
+        {
+            folders.extend(indices.zip(values.cloned()));
+        }
+    }
+    let mut linked: Vec<PathBuf> = Vec::new();
+    for at in connect.indices_of("downloads").into_iter().flatten() {
+        let Some((_, folder)) = folders
+            .iter()
+            .filter(|(index, _)| *index < at)
+            .max_by_key(|(index, _)| *index)
+        else {
+            return Err(
+                "--downloads must follow the --folder or --write-folder whose commands may use \
+                 ~/Downloads (e.g. --write-folder ~/src/site --downloads)"
+                    .to_owned(),
+            );
+        };
+        if !linked.contains(folder) {
+            linked.push(folder.clone());
+        }
+    }
+    Ok(linked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linked(args: &[&str]) -> Result<Vec<PathBuf>, String> {
+        let mut all = vec!["agentworks", "executor", "connect"];
+        all.extend(args);
+        let matches = Cli::command().try_get_matches_from(all).expect("parses");
+        let connect = matches
+            .subcommand_matches("executor")
+            .and_then(|m| m.subcommand_matches("connect"))
+            .expect("connect");
+        downloads_followed(connect)
+    }
+
+    #[test]
+    fn downloads_links_the_folder_it_follows() {
+        assert_eq!(
+            linked(&["--folder", "a", "--write-folder", "b", "--downloads"]),
+            Ok(vec![PathBuf::from("b")])
+        );
+        assert_eq!(
+            linked(&["--folder", "a", "--downloads", "--write-folder", "b"]),
+            Ok(vec![PathBuf::from("a")])
+        );
+        // The console's command: the folder, its exclusions, then --downloads.
+        assert_eq!(
+            linked(&["--write-folder", "b", "--block", "b/.env", "--downloads"]),
+            Ok(vec![PathBuf::from("b")])
+        );
+        assert_eq!(
+            linked(&[
+                "--folder",
+                "a",
+                "--downloads",
+                "--write-folder=b",
+                "--downloads"
+            ]),
+            Ok(vec![PathBuf::from("a"), PathBuf::from("b")])
+        );
+        assert_eq!(linked(&["--folder", "a"]), Ok(vec![]));
+        assert!(linked(&["--downloads", "--folder", "a"]).is_err());
+    }
 }

@@ -31,13 +31,14 @@ use tokio_util::task::TaskTracker;
 
 use agentworks_contract::executor::{
     CLOSE_REVOKED, CLOSE_UNAUTHORIZED, ExecutorFrame, FolderAccess, GatewayFrame, MAX_FRAME_BYTES,
-    MAX_TIMEOUT_SECS, Operation, Outcome,
+    MAX_TIMEOUT_SECS, Operation, Outcome, UndoneChange,
 };
 use agentworks_fs::failpoint::{self, Failpoint};
 
 use super::cgroup::CommandCgroup;
 use super::config::{Dirs, ensure_private_dir};
 use super::grants::{Folder, Grants};
+use super::project_config::Snapshot;
 use super::receipts::{Begin, Receipts};
 use super::sandbox::SandboxPolicy;
 use super::shell::{self, ShellError, ShellRequest};
@@ -302,6 +303,10 @@ pub struct Executor {
     pub launcher: PathBuf,
     /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
     pub limits: Arc<super::limits::Limits>,
+    /// How exclusions inside writable folders are enforced here (found at connect).
+    pub exclusions: super::sandbox::ExclusionMechanism,
+    /// `--allow-project-config`: commands' changes to the protected project config stay.
+    pub allow_project_config: bool,
     pub status: Status,
     /// The executor endpoints the server advertised in its last welcome (`[gatewayd]
     /// advertised_urls`), each checked as [`executor_url`] checks `--gateway`; empty until one
@@ -875,13 +880,19 @@ async fn execute(
         Ok(prepared) => prepared,
         Err(refusal) => return refusal,
     };
+    let mut protected = Vec::new();
     let outcome = match operation {
         Operation::ExecuteShellCommand { command, timeout } => {
             let timeout = match shell_timeout(timeout) {
                 Ok(timeout) => timeout,
                 Err(refusal) => return cleanup(&scratch, refusal),
             };
-            run_shell(executor, command, timeout, policy, cancel).await
+            protected = match record_project_config(executor, folder).await {
+                Ok(snapshots) => snapshots,
+                Err(refusal) => return cleanup(&scratch, refusal),
+            };
+            let downloads = executor.grants.downloads_of(folder);
+            run_shell(executor, command, timeout, policy, downloads, cancel).await
         }
         Operation::DiffPatchWorkspaceFile { filepath, diff } => {
             if folder.access != FolderAccess::ReadWrite {
@@ -890,7 +901,8 @@ async fn execute(
                     format!("{alias} is shared read-only (--folder); patches need --write-folder"),
                 )
             } else {
-                let job = super::patch::PatchJob::new(&executor.grants, folder, filepath, diff);
+                let mut job = super::patch::PatchJob::new(&executor.grants, folder, filepath, diff);
+                job.allow_project_config = executor.allow_project_config;
                 super::patch::run(&executor.launcher, &policy, &folder.path, &job).await
             }
         }
@@ -900,7 +912,106 @@ async fn execute(
     {
         executor.status.show(&format!("{e}"));
     }
+    // The command's process tree is gone (the launcher exits only then, and its cgroup was
+    // killed above): its changes to the protected project config are undone now.
+    let outcome = undo_project_config(executor, protected, outcome).await;
     cleanup(&scratch, outcome)
+}
+
+/// The protected project config (project_config.rs) of every writable folder a command on
+/// `folder` may change: the folder, if it is a write folder, and its Downloads companion. None
+/// with `--allow-project-config`. A folder whose set cannot be recorded refuses the command.
+async fn record_project_config(
+    executor: &Arc<Executor>,
+    folder: &Folder,
+) -> Result<Vec<Snapshot>, Outcome> {
+    if executor.allow_project_config {
+        return Ok(Vec::new());
+    }
+    let mut roots: Vec<(PathBuf, String)> = Vec::new();
+    if folder.access == FolderAccess::ReadWrite {
+        roots.push((folder.path.clone(), folder.alias.clone()));
+    }
+    if let Some(downloads) = executor.grants.downloads_of(folder) {
+        roots.push((downloads.to_owned(), "~/Downloads".to_owned()));
+    }
+    if roots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let taken = tokio::task::spawn_blocking(move || {
+        roots
+            .iter()
+            .map(|(root, label)| Snapshot::take(root, label))
+            .collect::<std::io::Result<Vec<Snapshot>>>()
+    })
+    .await;
+    match taken {
+        Ok(Ok(snapshots)) => Ok(snapshots),
+        Ok(Err(e)) => Err(refused(
+            "project_config_unavailable",
+            format!(
+                "the command was not run: its folder's protected project config could not be \
+                 recorded ({e})"
+            ),
+        )),
+        Err(e) => Err(refused(
+            "project_config_unavailable",
+            format!("the command was not run: {e}"),
+        )),
+    }
+}
+
+/// Undoes every change to the protected sets recorded in `snapshots` and adds what was undone to
+/// a completed command's outcome.
+async fn undo_project_config(
+    executor: &Executor,
+    snapshots: Vec<Snapshot>,
+    outcome: Outcome,
+) -> Outcome {
+    if snapshots.is_empty() {
+        return outcome;
+    }
+    let changes = tokio::task::spawn_blocking(move || {
+        snapshots
+            .iter()
+            .flat_map(Snapshot::undo)
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        vec![UndoneChange {
+            path: String::new(),
+            change: format!("the protected project config could not be checked: {e}"),
+            undone: false,
+        }]
+    });
+    for change in &changes {
+        executor
+            .status
+            .show(&format!("undone: {}: {}", change.path, change.change));
+    }
+    match outcome {
+        Outcome::Completed {
+            stdout,
+            stderr,
+            exit_code,
+            stdout_truncated,
+            stderr_truncated,
+            timed_out,
+            cancelled,
+            undone,
+        } => Outcome::Completed {
+            stdout,
+            stderr,
+            exit_code,
+            stdout_truncated,
+            stderr_truncated,
+            timed_out,
+            cancelled,
+            undone: undone.into_iter().chain(changes).collect(),
+        },
+        other => other,
+    }
 }
 
 /// The checks that refuse a request before anything runs, in order, then its scratch dir,
@@ -944,6 +1055,8 @@ fn prepare<'a>(
         Ok(policy) => policy,
         Err(e) => return Err(cleanup(&scratch, refused("folder_replaced", e.to_string()))),
     };
+    policy.overmount_exclusions =
+        executor.exclusions == super::sandbox::ExclusionMechanism::Overmount;
     let cgroup = match executor.limits.for_command(&mut policy) {
         Ok(cgroup) => cgroup,
         Err(e) => {
@@ -980,16 +1093,18 @@ fn shell_timeout(timeout: Option<u64>) -> Result<Option<Duration>, Outcome> {
     }
 }
 
-/// Runs one shell command through the launcher and turns its end into the request's outcome.
+/// Runs one shell command through the launcher and turns its end into the request's outcome;
+/// `downloads` is the folder's Downloads companion, if it has one (`$AGENTWORKS_DOWNLOADS`).
 async fn run_shell(
     executor: &Executor,
     command: String,
     timeout: Option<Duration>,
     policy: SandboxPolicy,
+    downloads: Option<&std::path::Path>,
     cancel: CancellationToken,
 ) -> Outcome {
     let mut env_extra = Vec::new();
-    if let Some(downloads) = &executor.grants.downloads {
+    if let Some(downloads) = downloads {
         env_extra.push((
             "AGENTWORKS_DOWNLOADS".to_owned(),
             downloads.to_string_lossy().into_owned(),
@@ -1010,6 +1125,7 @@ async fn run_shell(
             stderr_truncated: done.stderr_truncated,
             timed_out: done.timed_out,
             cancelled: done.cancelled,
+            undone: Vec::new(),
         },
         Err(ShellError::SandboxRefused(reason)) => refused(
             "sandbox_unavailable",

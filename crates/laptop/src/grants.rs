@@ -13,10 +13,15 @@
 //! A toolchain folder inside a writable grant is not pinned as a toolchain: it is the agent's to
 //! change, and its files are reachable through that grant anyway.
 //!
+//! `--downloads` links `~/Downloads` to the folder it follows on the command line, as the
+//! console's generated command writes it: only that folder's commands and patches reach it (and
+//! get `$AGENTWORKS_DOWNLOADS`); another folder, even one shared as a second alias on the same
+//! connection, gets no Downloads.
+//!
 //! Must never: share the home directory, one of its parents, `/`, or a folder that contains (or
 //! lies inside) the CLI's credentials or private state; skip a grant that cannot be opened;
-//! let a request on one folder reach another shared folder (only its own `--downloads`
-//! companion); widen a read-only folder nested in a writable one. Paths are compared canonical
+//! let a request on one folder reach another shared folder (only the Downloads companion it was
+//! linked to); widen a read-only folder nested in a writable one. Paths are compared canonical
 //! and component by component (`Path::starts_with`), never as strings.
 
 use std::collections::HashSet;
@@ -32,7 +37,8 @@ use agentworks_core::guard::{Guard, RelPath};
 use super::config::Dirs;
 use super::resolve::{ResolveError, resolve_lenient};
 use super::sandbox::{
-    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
+    ExclusionMechanism, HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant,
+    SandboxPolicy,
 };
 
 /// Why the grants were refused.
@@ -96,6 +102,10 @@ pub enum GrantError {
         "the shared folder {path} was moved or replaced ({reason}); reconnect to share it again"
     )]
     Replaced { path: PathBuf, reason: String },
+    #[error(
+        "--downloads follows {path}, which is not a --folder or --write-folder given here; put it after the folder whose commands may use ~/Downloads"
+    )]
+    DownloadsNotShared { path: PathBuf },
 }
 
 impl From<ResolveError> for GrantError {
@@ -208,7 +218,9 @@ pub struct GrantArgs {
     pub write_folders: Vec<PathBuf>,
     pub block: Vec<PathBuf>,
     pub read_only: Vec<PathBuf>,
-    pub downloads: bool,
+    /// The folders (as given in `folders` or `write_folders`) that a `--downloads` follows:
+    /// only their requests get the Downloads companion.
+    pub downloads: Vec<PathBuf>,
 }
 
 /// One shared folder.
@@ -218,6 +230,9 @@ pub struct Folder {
     /// Canonical.
     pub path: PathBuf,
     pub access: FolderAccess,
+    /// `--downloads` followed it: its requests get `~/Downloads` (read/write) and
+    /// `$AGENTWORKS_DOWNLOADS`.
+    pub downloads: bool,
 }
 
 /// Validated grants, every path canonical.
@@ -228,7 +243,8 @@ pub struct Grants {
     pub blocked: Vec<PathBuf>,
     /// `--read-only` paths.
     pub read_only: Vec<PathBuf>,
-    /// `~/Downloads`, when `--downloads` was given.
+    /// `~/Downloads`, when `--downloads` was given (after at least one folder, the ones whose
+    /// [`Folder::downloads`] is set).
     pub downloads: Option<PathBuf>,
     /// The CLI's private dirs (canonical where they exist), denied to every command.
     pub private: Vec<PathBuf>,
@@ -423,7 +439,13 @@ fn grant_folders(
             alias: alias_for(&canonical, &mut taken)?,
             path: canonical,
             access,
+            downloads: args.downloads.contains(path),
         });
+    }
+    for path in &args.downloads {
+        if !args.folders.contains(path) && !args.write_folders.contains(path) {
+            return Err(GrantError::DownloadsNotShared { path: path.clone() });
+        }
     }
     Ok((folders, folder_pins))
 }
@@ -434,13 +456,33 @@ fn grant_downloads(
     dirs: &Dirs,
     off_limits: &OffLimits,
 ) -> Result<Option<PinnedDir>, GrantError> {
-    if !args.downloads {
+    if args.downloads.is_empty() {
         return Ok(None);
     }
     let given = dirs.home.join("Downloads");
     let canonical = open_dir(&given)?;
     off_limits.check(&given, &canonical)?;
     Ok(Some(pin(&given, &canonical)?))
+}
+
+/// The folders the rule walk grants entry by entry for an exclusion at `path` inside `root`:
+/// `root` and every existing folder below it on the way to `path`'s parent. Each loses file
+/// creation directly in it.
+fn walked_dirs(root: &Path, path: &Path) -> Vec<PathBuf> {
+    let Ok(relative) = path.strip_prefix(root) else {
+        return Vec::new();
+    };
+    let mut dirs = vec![root.to_owned()];
+    let mut current = root.to_owned();
+    let parents: Vec<_> = relative.parent().into_iter().flat_map(Path::iter).collect();
+    for name in parents {
+        current.push(name);
+        if !std::fs::symlink_metadata(&current).is_ok_and(|m| m.is_dir()) {
+            break;
+        }
+        dirs.push(current.clone());
+    }
+    dirs
 }
 
 /// The `flag` paths (`--block`, `--read-only`), resolved; each must lie inside a shared folder
@@ -506,14 +548,25 @@ impl Grants {
         })
     }
 
-    /// Refuses a request on `folder` when it, or the Downloads companion, is no longer the
+    /// Refuses a request on `folder` when it, or its Downloads companion, is no longer the
     /// directory pinned at connect.
     pub fn check_pinned(&self, folder: &Folder) -> Result<(), GrantError> {
         self.folder_pin(folder)?.check()?;
-        match &self.pins.downloads {
+        match self.downloads_pin(folder) {
             Some(downloads) => downloads.check(),
             None => Ok(()),
         }
+    }
+
+    /// The pinned Downloads companion of `folder`: `None` unless `--downloads` followed it.
+    fn downloads_pin(&self, folder: &Folder) -> Option<&PinnedDir> {
+        self.pins.downloads.as_ref().filter(|_| folder.downloads)
+    }
+
+    /// `~/Downloads` when it is `folder`'s companion (`--downloads` followed it), else `None`:
+    /// what its commands get as `$AGENTWORKS_DOWNLOADS` and its patches may name.
+    pub fn downloads_of(&self, folder: &Folder) -> Option<&Path> {
+        self.downloads_pin(folder).map(PinnedDir::path)
     }
 
     fn folder_pin(&self, folder: &Folder) -> Result<&PinnedDir, GrantError> {
@@ -528,10 +581,10 @@ impl Grants {
     }
 
     /// The writable roots a request on `folder` gets: the folder if it is a write folder, and
-    /// Downloads.
+    /// its Downloads companion.
     fn writable_roots<'a>(&'a self, folder: &'a Folder) -> Vec<&'a Path> {
         let own = (folder.access == FolderAccess::ReadWrite).then_some(folder.path.as_path());
-        own.into_iter().chain(self.downloads.as_deref()).collect()
+        own.into_iter().chain(self.downloads_of(folder)).collect()
     }
 
     pub fn folder(&self, alias: &str) -> Option<&Folder> {
@@ -545,7 +598,7 @@ impl Grants {
             .map(|f| FolderInfo {
                 alias: f.alias.clone(),
                 access: f.access,
-                downloads: self.downloads.is_some(),
+                downloads: f.downloads && self.downloads.is_some(),
             })
             .collect()
     }
@@ -571,9 +624,17 @@ impl Grants {
             }
         }
         if let Some(d) = &self.downloads {
+            let linked: Vec<&str> = self
+                .folders
+                .iter()
+                .filter(|f| f.downloads)
+                .map(|f| f.alias.as_str())
+                .collect();
             out.push_str(&format!(
-                "  Downloads ({}): read and write for commands of every shared folder ($AGENTWORKS_DOWNLOADS)\n",
-                d.display()
+                "  Downloads ({}): read and write for commands of {} only ($AGENTWORKS_DOWNLOADS); \
+                 other folders' commands get no Downloads\n",
+                d.display(),
+                linked.join(", ")
             ));
             for b in self.blocked.iter().filter(|b| b.starts_with(d)) {
                 out.push_str(&format!("    blocked: {}\n", b.display()));
@@ -616,7 +677,7 @@ impl Grants {
     }
 
     /// The sandbox a request on `folder` runs under, with `scratch` as its private scratch dir:
-    /// the folder, Downloads and the toolchains through their pinned descriptors; every
+    /// the folder, its Downloads companion and the toolchains through their pinned descriptors; every
     /// `--block` path, the CLI's private dirs and the toolchains' credentials denied; inside
     /// each writable root, its `--read-only` paths and every read-only folder shared inside it
     /// (whichever folder the request is on) read-only.
@@ -626,7 +687,7 @@ impl Grants {
             FolderAccess::ReadWrite => PinnedAccess::ReadWrite,
         };
         let mut pinned = vec![self.folder_pin(folder)?.grant(access)];
-        if let Some(downloads) = &self.pins.downloads {
+        if let Some(downloads) = self.downloads_pin(folder) {
             pinned.push(downloads.grant(PinnedAccess::ReadWrite));
         }
         pinned.extend(
@@ -662,7 +723,79 @@ impl Grants {
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
             limits: Default::default(),
+            // The executor decides, from its connect-time probe.
+            overmount_exclusions: false,
         })
+    }
+
+    /// The text printed after the permissions: in which shared folders a command cannot create
+    /// new entries directly, and why, given how this machine enforces exclusions. Empty when
+    /// every folder keeps file creation.
+    pub fn file_creation_text(&self, mechanism: &ExclusionMechanism) -> String {
+        let why_walk = match mechanism {
+            ExclusionMechanism::Profile => return String::new(),
+            ExclusionMechanism::Overmount => None,
+            ExclusionMechanism::Walk(reason) => Some(reason.as_str()),
+        };
+        let mut writable: Vec<&Path> = self
+            .folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadWrite)
+            .map(|f| f.path.as_path())
+            .collect();
+        if self.folders.iter().any(|f| f.downloads) {
+            writable.extend(self.downloads.as_deref());
+        }
+        let nested_read_only = self
+            .folders
+            .iter()
+            .filter(|f| f.access == FolderAccess::ReadOnly)
+            .map(|f| ("--folder", &f.path));
+        let exclusions: Vec<(&str, &PathBuf)> = self
+            .blocked
+            .iter()
+            .map(|p| ("--block", p))
+            .chain(self.read_only.iter().map(|p| ("--read-only", p)))
+            .chain(nested_read_only)
+            .collect();
+        let mut lines = Vec::new();
+        for root in writable {
+            for (flag, path) in &exclusions {
+                if *path == root || !path.starts_with(root) {
+                    continue;
+                }
+                let coverable = std::fs::symlink_metadata(path)
+                    .is_ok_and(|m| m.file_type().is_file() || m.file_type().is_dir());
+                let why = match why_walk {
+                    Some(reason) => format!(
+                        "this machine does not let the sandbox make a user and mount namespace \
+                         ({reason}), so Landlock, which can only grant, carves {flag} {} out by \
+                         granting every other entry one by one",
+                        path.display()
+                    ),
+                    None if coverable => continue,
+                    None => format!(
+                        "{flag} {} is not a file or folder now, and only an existing one can be \
+                         covered: create it (even empty) to lift this",
+                        path.display()
+                    ),
+                };
+                let dirs: Vec<String> = walked_dirs(root, path)
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
+                lines.push(format!("  {}: {why}\n", dirs.join(", ")));
+            }
+        }
+        if lines.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "Commands cannot create new files or folders directly in these folders (inside their \
+             subfolders they can):\n",
+        );
+        out.extend(lines);
+        out
     }
 
     /// The guard patches on `folder` are checked against: the whole folder writable except its
@@ -703,6 +836,7 @@ impl Grants {
             alias: String::new(),
             path: downloads.clone(),
             access: FolderAccess::ReadWrite,
+            downloads: false,
         }))
     }
 }

@@ -15,6 +15,9 @@
 //! - [`resolve`]: a path that may not exist yet, canonicalised as far as it exists (grants
 //!   and the sandbox's exclusions).
 //! - [`patch`]: `diff_patch_workspace_file` applied inside a granted folder.
+//! - [`project_config`]: the files and git config keys that make the person's tools run a
+//!   program, recorded before each command and put back after it ([`gitconfig`] reads git's
+//!   config files).
 //! - [`chat`]: `agentworks chat`, the terminal client for agentd's chats.
 //!
 //! Platforms: Linux and macOS. Linux-only mechanisms (Landlock, seccomp, capabilities, cgroups,
@@ -38,6 +41,7 @@ pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod connect;
+pub mod gitconfig;
 pub mod grants;
 #[cfg(target_os = "macos")]
 pub mod keychain;
@@ -46,6 +50,7 @@ pub mod login;
 pub mod patch;
 #[cfg(target_os = "linux")]
 pub mod privileges;
+pub mod project_config;
 pub mod receipts;
 pub mod resolve;
 pub mod sandbox;

@@ -82,6 +82,9 @@ pub struct PatchJob {
     /// The Downloads companion, when the executor shares `--downloads`.
     #[serde(default)]
     pub downloads: Option<DownloadsCompanion>,
+    /// `--allow-project-config`: the protected project config may be patched.
+    #[serde(default)]
+    pub allow_project_config: bool,
 }
 
 /// `~/Downloads` as a patch sees it: its canonical path and its own guard.
@@ -93,18 +96,19 @@ pub struct DownloadsCompanion {
 }
 
 impl PatchJob {
-    /// The job for a patch sent to `folder`: its guard and, with `--downloads`, the Downloads
-    /// folder with its own guard.
+    /// The job for a patch sent to `folder`: its guard and, when `--downloads` followed it, the
+    /// Downloads folder with its own guard.
     pub fn new(grants: &Grants, folder: &Folder, filepath: String, diff: String) -> PatchJob {
         PatchJob {
             filepath,
             diff,
             guard: grants.guard(folder),
             downloads: grants
-                .downloads
-                .clone()
+                .downloads_of(folder)
+                .map(Path::to_path_buf)
                 .zip(grants.downloads_guard())
                 .map(|(path, guard)| DownloadsCompanion { path, guard }),
+            allow_project_config: false,
         }
     }
 }
@@ -158,6 +162,52 @@ pub fn apply_main(args: &[String]) -> i32 {
         }
         Err(_) => 1,
     }
+}
+
+/// A patch never changes a folder's protected project config (`project_config.rs`: the files
+/// and git configs that make the person's tools run a program), which a command's changes are
+/// undone in: a refusal when `filepath` or a file the diff names is in the protected set of the
+/// folder or of its Downloads companion. Most of the set has a dot component and is out of a
+/// patch's reach anyway; this catches the rest (a `core.hooksPath` folder, an included config).
+async fn refuse_protected_project_config(folder: &Path, job: &PatchJob) -> Option<Outcome> {
+    if job.allow_project_config {
+        return None;
+    }
+    let mut named: Vec<PathBuf> = vec![PathBuf::from(&job.filepath)];
+    if let Ok(files) = agentworks_core::patch::split_files(&job.diff) {
+        for file in files {
+            named.extend(
+                file.old_path
+                    .into_iter()
+                    .chain(file.new_path)
+                    .map(PathBuf::from),
+            );
+        }
+    }
+    let named: Vec<PathBuf> = named
+        .into_iter()
+        .map(|p| if p.is_absolute() { p } else { folder.join(p) })
+        .collect();
+    let mut roots = vec![folder.to_owned()];
+    roots.extend(job.downloads.as_ref().map(|d| d.path.clone()));
+    let found = tokio::task::spawn_blocking(move || {
+        roots.iter().find_map(|root| {
+            let snapshot = crate::project_config::Snapshot::take(root, "").ok()?;
+            named.iter().find(|p| snapshot.contains(p)).cloned()
+        })
+    })
+    .await
+    .ok()
+    .flatten()?;
+    Some(refused(
+        "protected_project_config",
+        format!(
+            "{} makes your tools run a program (git hooks and config, editor tasks, the coding \
+             CLIs' project config); patches do not change it unless the executor was started \
+             with --allow-project-config",
+            found.display()
+        ),
+    ))
 }
 
 /// One validated file, ready to write.
@@ -664,6 +714,9 @@ pub async fn run(
     folder: &Path,
     job: &PatchJob,
 ) -> Outcome {
+    if let Some(refusal) = refuse_protected_project_config(folder, job).await {
+        return refusal;
+    }
     let mut policy = policy.clone();
     policy.read_only.push(launcher.to_owned());
     let policy_json = match serde_json::to_string(&policy) {
@@ -805,6 +858,7 @@ mod tests {
                 ..Guard::default()
             },
             downloads: None,
+            allow_project_config: false,
         }
     }
 
@@ -986,7 +1040,7 @@ mod tests {
             write_folders: vec![proj.clone(), downloads.join("rw")],
             block: vec![downloads.join("rw/secret")],
             read_only: Vec::new(),
-            downloads: true,
+            downloads: vec![proj.clone(), downloads.join("ro"), downloads.join("rw")],
         };
         let grants = Grants::validate(&args, &dirs).expect("valid grants");
         for (alias, access) in [

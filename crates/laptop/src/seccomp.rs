@@ -24,6 +24,15 @@
 //! `socketcall()` whose arguments a filter cannot read) kills the process: 32-bit programs do
 //! not run in a sandbox that has this filter.
 //!
+//! A second filter, [`namespace_filters`], goes on every command that runs in the user and mount
+//! namespace the launcher made to cover its exclusions (`sandbox/overmount.rs`): the command may
+//! not make or enter a namespace (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag; `clone3`,
+//! whose flags a filter cannot read, answers `ENOSYS`, so the C library falls back to `clone`)
+//! nor mount, unmount or move anything (`mount`, `umount2`, `pivot_root`, `open_tree`,
+//! `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr`), with `EPERM`.
+//! Landlock already refuses every mount operation to a sandboxed process and the command holds no
+//! capability; this is the third lock on the covers.
+//!
 //! Must never: be skipped when it is needed (a filter that cannot be built or installed is an
 //! error, and the launcher refuses the command); refuse `socketpair` for stream sockets.
 
@@ -107,6 +116,79 @@ pub fn unix_socket_filter() -> Result<BpfProgram, SeccompError> {
     BpfProgram::try_from(filter).map_err(SeccompError::Build)
 }
 
+/// The `CLONE_NEW*` flags `clone` may not be given (`CLONE_NEWTIME` is not a `clone` flag).
+const CLONE_NEW: [u64; 7] = [
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+];
+
+/// The namespace and mount filters of the module doc: the first refuses with `EPERM`, the
+/// second answers `clone3` with `ENOSYS`. Both must be installed.
+pub fn namespace_filters() -> Result<[BpfProgram; 2], SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SeccompError::Architecture(std::env::consts::ARCH))?;
+    let rule = |conditions| SeccompRule::new(conditions).map_err(SeccompError::Build);
+    let mut refused: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for call in [
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+    ] {
+        refused.insert(call, Vec::new());
+    }
+    // clone's first argument holds its flags (on x86-64 and aarch64 alike).
+    let mut clone_rules = Vec::new();
+    for flag in CLONE_NEW {
+        let condition = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(flag),
+            flag,
+        )
+        .map_err(SeccompError::Build)?;
+        clone_rules.push(rule(vec![condition])?);
+    }
+    refused.insert(libc::SYS_clone, clone_rules);
+    let mut clone3: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, Vec::new());
+    #[cfg(target_arch = "x86_64")]
+    for rules in [&mut refused, &mut clone3] {
+        let x32: Vec<(i64, Vec<SeccompRule>)> = rules
+            .iter()
+            .map(|(call, chain)| (call | X32_SYSCALL_BIT, chain.clone()))
+            .collect();
+        rules.extend(x32);
+    }
+    let compile = |rules, errno: i32| {
+        let filter = SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno as u32),
+            arch,
+        )
+        .map_err(SeccompError::Build)?;
+        BpfProgram::try_from(filter).map_err(SeccompError::Build)
+    };
+    Ok([
+        compile(refused, libc::EPERM)?,
+        compile(clone3, libc::ENOSYS)?,
+    ])
+}
+
 /// Installs `program` on the calling thread (the single-threaded launcher, so the whole
 /// process); every process it forks afterwards inherits it. Needs `no_new_privs`.
 pub fn install(program: &BpfProgram) -> Result<(), SeccompError> {
@@ -130,5 +212,8 @@ mod tests {
     fn the_filter_compiles() {
         let program = unix_socket_filter().expect("filter");
         assert!(!program.is_empty());
+        for program in namespace_filters().expect("namespace filters") {
+            assert!(!program.is_empty());
+        }
     }
 }

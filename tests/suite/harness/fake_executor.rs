@@ -155,7 +155,7 @@ impl FakeExecutor {
                                             let outcome = Outcome::Completed {
                                                 stdout, stderr: String::new(), exit_code: Some(0),
                                                 stdout_truncated: false, stderr_truncated: false,
-                                                timed_out: false, cancelled: false,
+                                                timed_out: false, cancelled: false, undone: vec![],
                                             };
                                             ws.send(text(&ExecutorFrame::Result { request_id, outcome })).await.unwrap();
                                         }

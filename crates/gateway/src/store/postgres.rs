@@ -336,7 +336,7 @@ impl PostgresStore {
         }
         // Request rows are never deleted: the one that won is there.
         match PostgresStore::request_in(&mut *conn, request.request_id)? {
-            Some(existing) => Ok(Begin::Existing(existing)),
+            Some(existing) => Ok(Begin::Existing(Box::new(existing))),
             None => Err(StoreError::ClaimVanished {
                 request_id: request.request_id.to_owned(),
             }),

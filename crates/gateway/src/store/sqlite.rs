@@ -295,7 +295,7 @@ impl SqliteStore {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(query("begin a request"))?;
         if let Some(existing) = SqliteStore::request_in(&tx, request.request_id)? {
-            return Ok(Begin::Existing(existing));
+            return Ok(Begin::Existing(Box::new(existing)));
         }
         let (state, reason, finished) = new_request_columns(send, now_ms);
         tx.execute(

@@ -15,9 +15,10 @@ use landlock::{
     CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr,
     RulesetStatus, Scope,
 };
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
+use super::overmount;
 use super::plan::{Plan, plan_rules};
 use super::reaper::{end_command, wait_for_shell};
 use super::{SandboxError, TEST_ABI_ENV, check_no_terminal, landlock_status, parse_launcher_args};
@@ -30,7 +31,10 @@ use crate::seccomp;
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first so that one arriving during setup stays pending and is
     // handled by the wait loop (killing the shell) instead of killing the launcher while
-    // descendants run on. The shell does not inherit the mask: std resets it in the child.
+    // descendants run on. The mask the launcher was started with is kept for the shell: a
+    // child inherits its parent's mask across fork and exec (std has not reset it since Rust
+    // 1.66), and a shell started with SIGCHLD blocked waits for a background job forever, one
+    // with SIGTERM blocked cannot be stopped by `kill` or `timeout`.
     let mut signals = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -40,8 +44,8 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     ] {
         signals.add(signal);
     }
-    signals
-        .thread_block()
+    let started_with = signals
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
 
     let (policy, program, program_args) = parse_launcher_args(args)?;
@@ -105,23 +109,41 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
 
     // 6. The process limit: RLIMIT_NPROC counts every process of the user, so it is the count
     // now plus the command's allowance (see limits.rs); the shell and everything it starts
-    // inherit it.
+    // inherit it. Before the user namespace below, whose counts it also caps from outside.
     limits::set_process_limit(policy.limits.max_processes)
         .map_err(SandboxError::setup("set RLIMIT_NPROC"))?;
 
-    // 7. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
+    // 7. The exclusions inside writable folders, covered by mounts in a user and mount
+    // namespace of the command's own (overmount.rs), where the policy asks for it and the
+    // kernel allows it; what is not covered is left to the rule walk below. Before Landlock,
+    // which forbids mounting to a sandboxed process. Whether the launcher may give the shell a
+    // PID namespace is decided first: inside a new user namespace every launcher holds
+    // CAP_SYS_ADMIN, so only one that held it before gets one (privileges.rs).
+    let may_own_pid_namespace = privileges::may_unshare_pid();
+    let covered = if overmount::wanted(&policy) {
+        overmount::cover(&policy)?
+    } else {
+        overmount::Covered::default()
+    };
+    let namespace_filters = if covered.in_namespace {
+        Some(seccomp::namespace_filters()?)
+    } else {
+        None
+    };
+
+    // 8. The Landlock ruleset, applied to the launcher itself (single-threaded, so to the whole
     // process) and inherited by the shell. Fully enforced or refuse. From ABI 9 it also
     // governs connect() to named Unix sockets (only beneath the writable folders and the
     // scratch dir), unless the person allowed Unix sockets.
     let abi = landlock_status()?;
-    let mut plan = plan_rules(&policy, abi)?;
+    let mut plan = plan_rules(&policy, abi, &covered.paths)?;
     if policy.limits.allow_unix_sockets {
         plan.allow_unix_sockets();
     }
     apply_ruleset(plan)?;
     let scopes = scope_ruleset(abi)?;
 
-    // 8. Below ABI 9, the seccomp filter refusing Unix sockets and io_uring (seccomp.rs),
+    // 9. Below ABI 9, the seccomp filter refusing Unix sockets and io_uring (seccomp.rs),
     // unless the person allowed Unix sockets. Built and installed last, so nothing the
     // launcher still needs is refused; one that cannot be installed refuses.
     if seccomp::needs_unix_socket_filter(abi, policy.limits.allow_unix_sockets) {
@@ -129,8 +151,9 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         seccomp::install(&filter)?;
     }
 
-    // 9. Fork the shell: it moves itself into the command's cgroup and enters the nested scope
-    // ruleset (signals and abstract Unix sockets), then execs.
+    // 10. Fork the shell: it moves itself into the command's cgroup, enters the nested scope
+    // ruleset (signals and abstract Unix sockets), drops every capability, takes the namespace
+    // filters when it runs in the launcher's namespaces, then execs.
     let mut command = std::process::Command::new(&program);
     command
         .args(&program_args)
@@ -148,16 +171,28 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // single-threaded (launcher_main runs first in main; nothing here spawns threads), so
     // no lock can be held by a thread that vanished in the fork and allocating is sound.
     // It only writes to a cgroup.procs descriptor opened before the fork, calls
-    // landlock_restrict_self on a ruleset built before the fork, and drops capabilities
-    // (prctl, capset).
+    // landlock_restrict_self on a ruleset built before the fork, drops capabilities (prctl,
+    // capset), installs seccomp filters compiled before the fork and sets the signal mask
+    // (sigprocmask).
     unsafe {
         command.pre_exec(move || {
             if let Some(fds) = &child_cgroup {
                 fds.join_self()?;
             }
             restrict_to_scopes(&mut scopes)?;
-            // Last: a privileged launcher's command gets no capability (privileges.rs).
-            privileges::drop_capabilities()
+            // A privileged launcher's command gets no capability (privileges.rs), nor does one
+            // that holds them only in the launcher's own user namespace.
+            privileges::drop_capabilities()?;
+            // After the drop, which the filters would not hinder but the order keeps plain: no
+            // namespace and no mount of the command's own.
+            if let Some(filters) = &namespace_filters {
+                for filter in filters {
+                    seccomp::install(filter).map_err(io::Error::other)?;
+                }
+            }
+            // Last: the shell starts with the signal mask the launcher was started with, not
+            // the launcher's own (the stop signals and SIGCHLD blocked for its sigwait).
+            started_with.thread_set_mask().map_err(io::Error::from)
         });
     }
     // A launcher with CAP_SYS_ADMIN (a root executor, which RLIMIT_NPROC does not bind) puts
@@ -165,7 +200,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // kernel kills the rest, so a fork-hopping chain cannot outrun the reaper. Only now: the
     // first process forked after this is the namespace's, and the process-limit probe above
     // forks too.
-    if privileges::may_unshare_pid() {
+    if may_own_pid_namespace {
         privileges::own_pid_namespace().map_err(SandboxError::setup("create a PID namespace"))?;
     }
     let child = command.spawn().map_err(|source| SandboxError::Spawn {
@@ -176,7 +211,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // We reap with waitpid(-1) below (orphans included), so std's handle is not used to wait.
     drop(child);
 
-    // 10. Wait for the shell (or a stop signal), then end everything the command left.
+    // 11. Wait for the shell (or a stop signal), then end everything the command left.
     let status = wait_for_shell(shell, &signals);
     end_command(cgroup.as_ref());
     std::process::exit(status)

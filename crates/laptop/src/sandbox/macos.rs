@@ -13,10 +13,11 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
@@ -36,13 +37,15 @@ const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGH
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first, so that one arriving during setup stays pending and the
     // wait loop handles it (ending the command) instead of killing the launcher while the
-    // command's processes run on. std resets the mask in the child.
+    // command's processes run on. The command gets the mask the launcher was started with
+    // (std keeps the parent's mask in the child): with SIGTERM blocked, `kill` and `timeout`
+    // could not stop its background jobs.
     let mut signals = SigSet::empty();
     for signal in STOP_SIGNALS {
         signals.add(signal);
     }
-    signals
-        .thread_block()
+    let started_with = signals
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
     // The executor that started us: macOS has no PR_SET_PDEATHSIG, so the wait loop watches
     // for re-parenting instead. Already re-parented: the executor is gone, run nothing.
@@ -91,14 +94,19 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
 
     // 6. Start `sandbox-exec -p <profile> -- <program> <args>`: in our session and process
     // group, so the group finds what the command leaves.
-    let child = std::process::Command::new(SANDBOX_EXEC)
+    let mut command = std::process::Command::new(SANDBOX_EXEC);
+    command
         .args(sandbox_exec_args(&profile, &program, &program_args))
-        .current_dir(&policy.cwd)
-        .spawn()
-        .map_err(|source| SandboxError::Spawn {
-            program: format!("{SANDBOX_EXEC} ({})", program.to_string_lossy()),
-            source,
-        })?;
+        .current_dir(&policy.cwd);
+    // SAFETY: the closure runs in the forked child before exec and makes one async-signal-safe
+    // system call (sigprocmask) with a mask copied before the fork; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || started_with.thread_set_mask().map_err(io::Error::from));
+    }
+    let child = command.spawn().map_err(|source| SandboxError::Spawn {
+        program: format!("{SANDBOX_EXEC} ({})", program.to_string_lossy()),
+        source,
+    })?;
     let shell = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     drop(child);
 

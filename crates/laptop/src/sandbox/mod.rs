@@ -6,11 +6,15 @@
 //! The launcher, in this order (each step in `launcher.rs` says why it comes there): marks
 //! inherited descriptors close-on-exec; becomes the leader of a new session with no controlling
 //! terminal; becomes a child subreaper; opens the command's cgroup (when the executor made one);
-//! sets `no_new_privs` and `RLIMIT_NPROC`; builds and applies a Landlock ruleset to itself that
+//! sets `no_new_privs` and `RLIMIT_NPROC`; covers the exclusions inside writable folders by
+//! mounts in a user and mount namespace of its own, where it can (`overmount.rs`); builds and
+//! applies a Landlock ruleset to itself that
 //! grants no terminal device; installs the seccomp filter refusing Unix sockets and io_uring
 //! (below ABI 9, unless allowed; `seccomp.rs`); forks the shell (which moves into the command's
-//! cgroup and enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
-//! signal the launcher or connect to an abstract socket outside the sandbox); and when the shell
+//! cgroup, enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
+//! signal the launcher or connect to an abstract socket outside the sandbox, drops every
+//! capability, takes the namespace and mount seccomp filter when it is in the launcher's
+//! namespaces, and gets back the signal mask the launcher was started with); and when the shell
 //! ends — or the launcher is told to stop — ends everything the command left (`cgroup.kill`
 //! first, then SIGKILL to every descendant it finds) and exits with the shell's status only once
 //! `waitpid(-1)` answers `ECHILD`.
@@ -34,6 +38,8 @@
 //! `spawn.rs` what the executor sets on the launcher's process before exec ([`new_session`],
 //! [`die_with_parent`], [`inherit_pinned`]); `plan.rs` the rule planning (which paths get which
 //! Landlock rights, the exclusion walk, the pinned-descriptor checks), which applies nothing;
+//! `overmount.rs` the covers of exclusions by mounts in the command's own user and mount
+//! namespace, and the connect-time probe for them;
 //! `launcher.rs` the launcher's steps in their order, applying the planned ruleset; `reaper.rs`
 //! the waiting for the shell and the ending and reaping of every process the command left.
 //!
@@ -48,15 +54,21 @@
 //! # How exclusions work
 //!
 //! Landlock rules only ever allow, and a rule on a directory covers everything beneath it, so a
-//! blocked path cannot be carved out of a granted folder. Instead, for a grant `W` containing an
+//! blocked path cannot be carved out of a granted folder. Where the kernel allows it and the
+//! policy asks for it ([`SandboxPolicy::overmount_exclusions`]), the launcher covers each
+//! existing `--block` and `--read-only` path inside a writable folder with a mount in a user and
+//! mount namespace of the command's own (`overmount.rs`), and the walk below no longer descends
+//! to it. Everything else (missing paths, the CLI's own dirs, machines without the namespace)
+//! goes through the walk: for a grant `W` containing an
 //! excluded path `W/a/b`, the launcher grants every entry of `W` except `a` individually, then
 //! every entry of `a` except `b`, and so on; `W` and `a` themselves only get directory listing
 //! (or read access when the exclusion is a read-only one). `--block` paths, the CLI's
 //! credentials and state (`denied`) and the toolchains' credential files are excluded that way;
 //! `--read-only` paths (and read-only folders nested in a writable one) get read access only.
 //!
-//! Residual limits: new entries cannot be created directly in a folder that lies on the path to
-//! an exclusion (`W` and `a` above), since only their existing entries are granted; entries
+//! Residual limits: where the walk is used, new entries cannot be created directly in a folder
+//! that lies on the path to an exclusion (`W` and `a` above), since only their existing entries
+//! are granted (connect names those folders); entries
 //! created after the ruleset is built are covered only when their parent folder is; the names
 //! (never the contents) inside a blocked directory can be listed, because listing rights on `W`
 //! reach down the whole tree; `/proc` is readable (the command sees every process's command
@@ -85,6 +97,8 @@ use super::seccomp::SeccompError;
 mod launcher;
 #[cfg(target_os = "macos")]
 mod macos;
+#[cfg(target_os = "linux")]
+mod overmount;
 #[cfg(any(target_os = "macos", test))]
 mod pinned;
 #[cfg(target_os = "linux")]
@@ -112,6 +126,11 @@ pub const REFUSAL_PREFIX: &str = "agentworks sandbox refused: ";
 pub const MIN_ABI: i32 = 3;
 /// Debug builds only: simulate a kernel reporting this Landlock ABI (`0` = unavailable).
 pub const TEST_ABI_ENV: &str = "AGENTWORKS_TEST_LANDLOCK_ABI";
+/// Debug builds only, read by the executor at connect: `1` makes it act as on a machine that
+/// refuses unprivileged user namespaces (the exclusions then use the rule walk).
+pub const TEST_NO_USERNS_ENV: &str = "AGENTWORKS_TEST_NO_USERNS";
+/// The hidden subcommand of the connect-time namespace probe ([`exclusion_mechanism`]).
+pub const PROBE_SUBCOMMAND: &str = "__sandbox-probe";
 
 /// Toolchain folders under the person's home granted read and execute. Never the whole home.
 pub const HOME_TOOLCHAINS: &[&str] = &[
@@ -188,6 +207,14 @@ pub struct SandboxPolicy {
     /// Processes, Unix sockets and the command's cgroup (see [`CommandLimits`]).
     #[serde(default)]
     pub limits: CommandLimits,
+    /// Linux: enforce the `blocked` and `read_only_within` paths that lie inside a writable
+    /// folder by mounts in a user and mount namespace of the command's own, so the folder is
+    /// granted whole and keeps file creation (`overmount.rs`); what cannot be covered is left to
+    /// the rule walk, and so is everything when the kernel refuses the namespace. The executor
+    /// sets it when its connect-time probe ([`mount_namespace_status`]) found namespaces
+    /// usable. Ignored on macOS, whose profile denies a path inside an allowed folder itself.
+    #[serde(default)]
+    pub overmount_exclusions: bool,
 }
 
 /// Why the launcher refused (or failed) to run a command.
@@ -237,6 +264,9 @@ pub enum SandboxError {
     #[cfg(target_os = "linux")]
     #[error("{0}, so the command is refused")]
     Seccomp(#[from] SeccompError),
+    #[cfg(target_os = "linux")]
+    #[error("the command's user namespace cannot be used ({0}), so the command is refused")]
+    Namespace(#[from] overmount::OvermountError),
     #[cfg(target_os = "macos")]
     #[error("{path} cannot be used, so commands are refused: {source}")]
     SandboxExecUnavailable {
@@ -269,6 +299,59 @@ impl SandboxError {
     fn setup(what: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
         move |source| SandboxError::Setup { what, source }
     }
+}
+
+/// How this machine enforces a `--block` or `--read-only` path inside a writable folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExclusionMechanism {
+    /// macOS: the profile denies the path itself; nothing else loses access.
+    Profile,
+    /// Linux: a mount covers it in the command's own user and mount namespace, and the folder
+    /// keeps file creation; a path that does not exist yet is still carved out by the walk.
+    Overmount,
+    /// Linux, where the kernel refuses an unprivileged user and mount namespace: the rule walk,
+    /// and every directory on the path to an exclusion loses file creation. Why.
+    Walk(String),
+}
+
+/// Which [`ExclusionMechanism`] commands get here, found at connect by running `launcher`
+/// (the `agentworks` binary) as `agentworks __sandbox-probe`, which tries the namespace steps
+/// the launcher takes. Debug builds honour [`TEST_NO_USERNS_ENV`].
+pub fn exclusion_mechanism(launcher: &std::path::Path) -> ExclusionMechanism {
+    if cfg!(target_os = "macos") {
+        return ExclusionMechanism::Profile;
+    }
+    if cfg!(debug_assertions) && std::env::var(TEST_NO_USERNS_ENV).is_ok_and(|v| v == "1") {
+        return ExclusionMechanism::Walk(format!(
+            "{TEST_NO_USERNS_ENV}=1 simulates a machine that refuses them"
+        ));
+    }
+    match std::process::Command::new(launcher)
+        .arg(PROBE_SUBCOMMAND)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => ExclusionMechanism::Overmount,
+        Ok(out) => ExclusionMechanism::Walk(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        Err(e) => ExclusionMechanism::Walk(format!(
+            "the probe {} could not run: {e}",
+            launcher.display()
+        )),
+    }
+}
+
+/// The probe's entry (`agentworks __sandbox-probe`): first thing in `main`, while the process is
+/// single-threaded. Linux: enters a user and mount namespace and makes one cover of each kind,
+/// detached; prints why it could not on stdout. Returns the exit code (0: usable).
+pub fn probe_main() -> u8 {
+    #[cfg(target_os = "linux")]
+    if let Err(reason) = overmount::probe() {
+        println!("{reason}");
+        return 1;
+    }
+    0
 }
 
 /// Launcher mode entry: called by the `agentworks` binary when re-executed as

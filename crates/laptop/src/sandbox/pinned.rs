@@ -90,6 +90,7 @@ mod tests {
             scratch: "/nonexistent/scratch".into(),
             cwd: "/".into(),
             limits: CommandLimits::default(),
+            overmount_exclusions: false,
         }
     }
 

@@ -74,15 +74,24 @@ pub(super) struct Plan {
     read: BitFlags<AccessFs>,
     file: BitFlags<AccessFs>,
     exclusions: Vec<(PathBuf, Exclusion)>,
+    /// Exclusions a mount covers already (`overmount.rs`): never granted when a walk meets them,
+    /// but no reason to walk the folders above them.
+    covered: Vec<PathBuf>,
     pub(super) rules: Vec<PlannedRule>,
 }
 
-/// Resolves the policy into Landlock rules (the exclusion walk happens here).
+/// Resolves the policy into Landlock rules (the exclusion walk happens here). `covered` are the
+/// exclusions a mount covers already: a folder above one of them is granted whole.
 ///
 /// The order matters: every exclusion is known before the first grant, since a grant is cut
 /// down by the exclusions present when it is made.
-pub(super) fn plan_rules(policy: &SandboxPolicy, abi_version: i32) -> Result<Plan, SandboxError> {
+pub(super) fn plan_rules(
+    policy: &SandboxPolicy,
+    abi_version: i32,
+    covered: &[PathBuf],
+) -> Result<Plan, SandboxError> {
     let mut plan = Plan::new(ABI::from(abi_version));
+    plan.covered = covered.to_vec();
 
     let roots = collect_roots(policy)?;
     let scratch = resolve_existing(&policy.scratch, "scratch dir")?;
@@ -208,6 +217,7 @@ impl Plan {
             read: AccessFs::from_read(abi),
             file: AccessFs::from_file(abi),
             exclusions: Vec::new(),
+            covered: Vec::new(),
             rules: Vec::new(),
         }
     }
@@ -374,9 +384,9 @@ impl Plan {
         Some(access)
     }
 
-    /// A directory: whole when no exclusion lies beneath it, else entry by entry (recursively)
-    /// with the folder itself getting listing (or reading, when nothing beneath it is
-    /// unreadable).
+    /// A directory: whole when no exclusion lies beneath it (or only covered ones), else entry by
+    /// entry (recursively) with the folder itself getting listing (or reading, when nothing
+    /// beneath it is unreadable).
     fn grant_directory(
         &mut self,
         fd: OwnedFd,
@@ -386,7 +396,7 @@ impl Plan {
         let inner: Vec<Exclusion> = self
             .exclusions
             .iter()
-            .filter(|(e, _)| e != path && e.starts_with(path))
+            .filter(|(e, _)| e != path && e.starts_with(path) && !self.covered.contains(e))
             .map(|(_, kind)| *kind)
             .collect();
         if inner.is_empty() {
@@ -512,6 +522,7 @@ mod tests {
             scratch: root.join("scratch"),
             cwd: root.join("w"),
             limits: CommandLimits::default(),
+            overmount_exclusions: false,
         }
     }
 
@@ -525,7 +536,7 @@ mod tests {
         std::fs::write(root.join("w/f"), "x").expect("write");
         std::os::unix::fs::symlink("/etc", root.join("w/link")).expect("symlink");
         let abi = landlock_status().expect("landlock");
-        let plan = plan_rules(&policy(&root), abi).expect("plan");
+        let plan = plan_rules(&policy(&root), abi, &[]).expect("plan");
         let find = |p: &str| {
             plan.rules
                 .iter()
@@ -577,7 +588,7 @@ mod tests {
         policy.read_only = vec![root.join("r")];
         policy.denied = vec![root.join("w/.agentworks")];
         let abi = landlock_status().expect("landlock");
-        let plan = plan_rules(&policy, abi).expect("plan");
+        let plan = plan_rules(&policy, abi, &[]).expect("plan");
         let profile = Profile::generate(&policy, None);
         let landlock = |path: &Path, right: AccessFs| {
             plan.rules
@@ -633,7 +644,7 @@ mod tests {
         for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
             std::fs::create_dir_all(root.join(d)).expect("mkdir");
         }
-        let mut plan = plan_rules(&policy(&root), 9).expect("plan");
+        let mut plan = plan_rules(&policy(&root), 9, &[]).expect("plan");
         assert!(plan.handled.contains(AccessFs::ResolveUnix));
         let has = |plan: &Plan, path: &Path| {
             plan.rules
@@ -664,7 +675,7 @@ mod tests {
         for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
             std::fs::create_dir_all(root.join(d)).expect("mkdir");
         }
-        let plan = plan_rules(&policy(&root), MIN_ABI).expect("plan");
+        let plan = plan_rules(&policy(&root), MIN_ABI, &[]).expect("plan");
         for terminal in ["/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/console"] {
             assert!(!DEVICES.contains(&terminal), "{terminal}");
         }
@@ -683,7 +694,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().canonicalize().expect("canonical");
         std::fs::create_dir_all(root.join("scratch")).expect("mkdir");
-        let error = plan_rules(&policy(&root), MIN_ABI)
+        let error = plan_rules(&policy(&root), MIN_ABI, &[])
             .err()
             .expect("must fail");
         assert!(matches!(error, SandboxError::GrantPath { .. }), "{error}");

@@ -294,6 +294,7 @@ mod tests {
             scratch: "/Users/ann/Library/Application Support/agentworks/scratch/1".into(),
             cwd: "/Users/ann/src/app".into(),
             limits: CommandLimits::default(),
+            overmount_exclusions: false,
         }
     }
 

@@ -352,7 +352,7 @@ function setupSteps() {
         readOnlyField,
         h('p', { class: 'field' }, h('label', { for: blockId }, 'Blocked paths (--block), one per line, inside the folder'), block),
         h('p', { class: 'check' }, downloads, h('label', { for: downloadsId }, 'Also share Downloads'),
-          h('span', { id: `${downloadsId}-note`, class: 'muted' }, ' adds --downloads: ~/Downloads is shared read-write with commands.')),
+          h('span', { id: `${downloadsId}-note`, class: 'muted' }, ' adds --downloads after the folder: ~/Downloads is shared read-write with the commands of this folder only.')),
         problem,
         h('pre', { hidden: true }, command),
         copy),
