@@ -9,6 +9,7 @@ mod attack_listeners;
 mod attack_patch;
 mod attack_sandbox;
 mod chat_stores;
+mod cli_install;
 mod cluster;
 mod cluster_auth;
 mod cluster_hosts;
