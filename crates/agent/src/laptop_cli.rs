@@ -286,10 +286,7 @@ impl LaptopCli {
                 Err(reason) => not_offered.push(NotOffered {
                     os: platform.os,
                     arch: platform.arch,
-                    reason: format!(
-                        "{reason}; its operator installs the agentworks package, which carries \
-                         it, or puts it there; or build it: {BUILD_COMMAND}"
-                    ),
+                    reason: format!("{reason}; {}", what_to_do(platform)),
                 }),
             }
         }
@@ -327,10 +324,9 @@ impl LaptopCli {
                     StatusCode::NOT_FOUND,
                     "not_found",
                     format!(
-                        "this server has no agentworks CLI for {}: {reason}. Its operator \
-                         installs the agentworks package, which carries it, or puts it there; \
-                         or build it: {BUILD_COMMAND}",
-                        platform.uname
+                        "this server has no agentworks CLI for {}: {reason}; {}",
+                        platform.uname,
+                        what_to_do(platform)
                     ),
                     Default::default(),
                 );
@@ -420,6 +416,23 @@ impl LaptopCli {
             (opened, sha256)
         })
     }
+}
+
+/// What to do about a platform's binary that is not offered. The packages carry the CLI for
+/// the architecture they are built for only (a cross build of the other costs more than CI
+/// gives it: README, "systemd and packages").
+fn what_to_do(platform: &Platform) -> String {
+    let operator = if platform.arch == std::env::consts::ARCH {
+        "the server's operator installs the agentworks package, which carries it".to_owned()
+    } else {
+        format!(
+            "the agentworks package carries the CLI for the server's own architecture ({}) only; \
+             the server's operator may put a {} build there",
+            std::env::consts::ARCH,
+            platform.arch
+        )
+    };
+    format!("{operator}; or build it: {BUILD_COMMAND}")
 }
 
 /// Opens the platform's binary in `dir` by its fixed name (or, for agentd's own architecture,
@@ -658,11 +671,13 @@ mod tests {
         assert!(line.contains(&binary.sha256) && line.contains(&binary.url));
         let other = &manifest.not_offered[0];
         assert_eq!(other.arch, other_platform().arch);
-        assert!(
-            other.reason.contains(other_platform().file) && other.reason.contains(BUILD_COMMAND),
-            "{}",
-            other.reason
-        );
+        for says in [
+            other_platform().file,
+            BUILD_COMMAND,
+            "for the server's own architecture",
+        ] {
+            assert!(other.reason.contains(says), "{says}: {}", other.reason);
+        }
         assert!(
             !other.reason.contains(&dir.path().display().to_string()),
             "the public manifest names no path: {}",
