@@ -20,7 +20,7 @@
 use agentworks_daemon::ipc::envelope::{Body, error_response, full, json_response};
 use bytes::Bytes;
 use hyper::header::{
-    ALLOW, CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName,
+    CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName,
     HeaderValue, IF_NONE_MATCH, X_CONTENT_TYPE_OPTIONS,
 };
 use hyper::http::request::Parts;
@@ -240,16 +240,7 @@ impl LaptopCli {
             Some(PLATFORMS.iter().find(|p| p.file == name).ok_or(path))
         };
         if parts.method != Method::GET && parts.method != Method::HEAD {
-            let mut refused = error_response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("{} is not served on {path}; use GET", parts.method),
-                Default::default(),
-            );
-            refused
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return Some(refused);
+            return Some(crate::console::assets::get_only(&parts.method, path));
         }
         Some(match target {
             None => self.manifest_response().await,
@@ -560,8 +551,7 @@ fn fits_in_the_line(url: &str) -> bool {
 /// The one line a person pastes into any shell (sh, bash, zsh, fish: it is a single
 /// `sh -c '…'`) to install the binary at `url` as `~/.local/bin/agentworks`, no sudo:
 ///
-/// 1. refuses a machine that is not `platform` (`uname -s`, `uname -m`), and one without curl
-///    or sha256sum;
+/// 1. refuses a machine that is not `platform` (`uname -sm`), and one without sha256sum;
 /// 2. downloads into a temp file beside the destination (so the final move is a rename);
 /// 3. checks it with `sha256sum -c` against `sha256`, the value the server published: a
 ///    mismatch removes the temp file, installs nothing and says so (exit 1);
@@ -574,15 +564,15 @@ pub fn install_line(url: &str, sha256: &str, platform: &Platform) -> Option<Stri
         return None;
     }
     let uname = platform.uname;
+    // Short on purpose: the console shows it whole. A missing curl is reported by sh itself.
     let script = [
         "set -eu".to_owned(),
         format!(
-            "case \"$(uname -s) $(uname -m)\" in \"{uname}\") ;; *) echo \"agentworks: this \
-             line installs the CLI for {uname}, and this machine is $(uname -s) $(uname -m)\" \
-             >&2; exit 1;; esac"
+            "case \"$(uname -sm)\" in \"{uname}\") ;; *) echo \"agentworks: this line is for \
+             {uname}, not $(uname -sm)\" >&2; exit 1;; esac"
         ),
-        "command -v curl >/dev/null && command -v sha256sum >/dev/null || { echo \
-         \"agentworks: the install needs curl and sha256sum\" >&2; exit 1; }"
+        "command -v sha256sum >/dev/null || { echo \"agentworks: the install needs sha256sum\" \
+         >&2; exit 1; }"
             .to_owned(),
         "d=\"$HOME/.local/bin\"".to_owned(),
         "mkdir -p \"$d\"".to_owned(),
@@ -591,15 +581,14 @@ pub fn install_line(url: &str, sha256: &str, platform: &Platform) -> Option<Stri
         format!("curl -fsS -o \"$t\" \"{url}\""),
         format!(
             "printf \"%s  %s\\n\" {sha256} \"$t\" | sha256sum -c - >/dev/null || {{ echo \
-             \"agentworks: the download does not match the SHA-256 this server published \
-             ({sha256}); nothing was installed\" >&2; exit 1; }}"
+             \"agentworks: the download does not match the SHA-256 this server published; \
+             nothing was installed\" >&2; exit 1; }}"
         ),
         "chmod 0755 \"$t\"".to_owned(),
         "mv -f \"$t\" \"$d/agentworks\"".to_owned(),
         "echo \"installed $d/agentworks: $(\"$d/agentworks\" --version)\"".to_owned(),
         "case \":$PATH:\" in *\":$d:\"*) ;; *) echo \"$d is not on your PATH: add it \
-         (export PATH=\\\"\\$HOME/.local/bin:\\$PATH\\\" in ~/.profile), or run \
-         $d/agentworks\";; esac"
+         (export PATH=\\\"\\$HOME/.local/bin:\\$PATH\\\" in ~/.profile)\";; esac"
             .to_owned(),
     ];
     Some(format!("sh -c '{}'", script.join("; ")))
@@ -902,7 +891,7 @@ mod tests {
             "sha256sum -c",
             "$HOME/.local/bin",
             "chmod 0755",
-            "\"Linux x86_64\")",
+            "\"$(uname -sm)\" in \"Linux x86_64\")",
             &sha,
         ] {
             assert!(inner.contains(part), "{part}: {inner}");
