@@ -175,8 +175,9 @@ fn the_consoles_install_line_installs_the_cli_for_a_user_without_root() {
 /// The attack: the file the server serves is replaced after the person was shown the line (a
 /// compromised mirror or proxy would do the same to the download) by one that even answers
 /// `--version` as the real one does. The line's SHA-256 check refuses it: exit 1, the
-/// earlier install untouched, no temp file left. Then the binary removed: the manifest says it
-/// is not offered and why, and its URL is 404 saying what to do.
+/// earlier install untouched, no temp file left. The other architecture's line refuses this
+/// machine. Then the binaries removed: the manifest says they are not offered and why, and the
+/// URL is 404 saying what to do.
 #[test]
 fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -184,6 +185,15 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
     std::fs::create_dir(&cli_dir).unwrap();
     let file = format!("agentworks-linux-{}", std::env::consts::ARCH);
     std::fs::copy(env!("CARGO_BIN_EXE_agentworks"), cli_dir.join(&file)).unwrap();
+    // The other architecture's line, for a machine it is not for (any bytes will do: the line
+    // refuses before it downloads).
+    let other_arch = if std::env::consts::ARCH == "x86_64" {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let other_file = format!("agentworks-linux-{other_arch}");
+    std::fs::copy(env!("CARGO_BIN_EXE_agentworks"), cli_dir.join(&other_file)).unwrap();
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
@@ -200,6 +210,14 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
         .as_str()
         .unwrap()
         .to_owned();
+    let other_line = manifest["binaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["arch"] == other_arch)
+        .and_then(|b| b["install"].as_str())
+        .unwrap_or_else(|| panic!("no {other_arch} line in {manifest}"))
+        .to_owned();
     let version = manifest["version"].as_str().unwrap();
 
     let person = Person::new();
@@ -214,6 +232,20 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
         std::os::unix::fs::chown(&path, Some(person.uid), Some(person.gid)).unwrap();
     }
     std::fs::set_permissions(&earlier, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let elsewhere = person.paste(PLAIN_PATH, &other_line);
+    assert_eq!(elsewhere.status.code(), Some(1), "{elsewhere:?}");
+    assert!(
+        text(&elsewhere.stderr).contains(&format!(
+            "this line is for Linux {other_arch}, not Linux {}",
+            std::env::consts::ARCH
+        )),
+        "{elsewhere:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&earlier).unwrap(),
+        "#!/bin/sh\necho the earlier install\n"
+    );
 
     let tampered = format!("#!/bin/sh\necho agentworks {version}\n");
     let staged = cli_dir.join("staged");
@@ -237,6 +269,7 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
     assert_eq!(person.installed(), ["agentworks"], "no temp file left");
 
     std::fs::remove_file(cli_dir.join(&file)).unwrap();
+    std::fs::remove_file(cli_dir.join(&other_file)).unwrap();
     let manifest = self::manifest(port);
     assert!(
         manifest["binaries"].as_array().unwrap().is_empty(),
