@@ -960,7 +960,7 @@ pub fn print_human(started: &Started) {
             started.api_url
         );
         println!(
-            "  (another machine installs the CLI with the one line in the console's Local CLI connection tab, from {}/v1/cli)",
+            "  (or install the CLI as ~/.local/bin/agentworks: the one line in the console's Local CLI connection tab, from {}/v1/cli)",
             started.api_url
         );
         println!();
