@@ -18,6 +18,31 @@ use std::process::{Command, Output, Stdio};
 /// A PATH without the build folder and without `~/.local/bin`, as on a fresh machine.
 const PLAIN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
+/// A quickstart (`agentworksctl quickstart`) stopped as Ctrl-C stops it, SIGTERM, and waited
+/// for when dropped, also when the test fails: its daemons stop with it (a SIGKILL would leave
+/// them running).
+struct StopOnDrop<'a>(&'a mut std::process::Child);
+
+impl StopOnDrop<'_> {
+    /// Stops it now; its exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            return status;
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.0.wait().unwrap()
+    }
+}
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 fn quickstart(state: &Path, extra: &[&str]) -> QuickstartRun {
     let ports = reserve_ports(2);
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentworksctl"));
@@ -118,8 +143,9 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn the_consoles_install_line_installs_the_cli_for_a_user_without_root() {
     let dir = tempfile::tempdir().unwrap();
-    let run = quickstart(&dir.path().join("qs"), &[]);
+    let mut run = quickstart(&dir.path().join("qs"), &[]);
     let port = port_of(&run.started);
+    let mut running = StopOnDrop(&mut run.child);
     let manifest = manifest(port);
     let binary = own_binary(&manifest);
     // The build folder's CLI: the one quickstart runs beside.
@@ -169,7 +195,7 @@ fn the_consoles_install_line_installs_the_cli_for_a_user_without_root() {
     let version = person.run(&with_bin, "agentworks", &["--version"]);
     assert!(version.status.success(), "{version:?}");
     assert_eq!(person.installed(), ["agentworks"]);
-    drop(run);
+    assert!(running.stop().success());
 }
 
 /// The attack: the file the server serves is replaced after the person was shown the line (a
@@ -200,11 +226,12 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
         format!("[agentd]\ncli_dir = \"{}\"\n", cli_dir.display()),
     )
     .unwrap();
-    let run = quickstart(
+    let mut run = quickstart(
         &dir.path().join("qs"),
         &["--config", config.to_str().unwrap()],
     );
     let port = port_of(&run.started);
+    let mut running = StopOnDrop(&mut run.child);
     let manifest = manifest(port);
     let line = own_binary(&manifest)["install"]
         .as_str()
@@ -290,7 +317,7 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
     let (status, _, body) = http(port, "GET", &format!("/v1/cli/{file}"), &[], "");
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("agentworks package"), "{body}");
-    drop(run);
+    assert!(running.stop().success());
 }
 
 /// The commands of quickstart's banner, run as printed by `sh` with a PATH that does not hold
@@ -303,21 +330,21 @@ fn the_quickstart_banner_prints_commands_that_run_as_printed() {
     let mut args = quickstart_args(&dir.path().join("qs"), [ports[0], ports[1]]);
     args.retain(|a| a != "--json");
     let log = dir.path().join("quickstart.log");
-    let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
-            .args(args)
-            .env_clear()
-            .env("PATH", PLAIN_PATH)
-            .env("XDG_STATE_HOME", state_home.path())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(args)
+        .env_clear()
+        .env("PATH", PLAIN_PATH)
+        .env("XDG_STATE_HOME", state_home.path())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut running = StopOnDrop(&mut child);
     let log = || std::fs::read_to_string(&log).unwrap_or_default();
     let mut banner = Vec::new();
     // Kept open to the end: quickstart prints `stopped` when it stops.
-    let mut stdout = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut stdout = std::io::BufReader::new(stdout).lines();
     for line in stdout.by_ref() {
         let line = line.unwrap();
         let last = line.starts_with("Administer it from another shell:");
@@ -374,12 +401,8 @@ fn the_quickstart_banner_prints_commands_that_run_as_printed() {
             "{command}: {status:?}"
         );
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.0.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let stopped = running.stop();
     let rest: Vec<String> = stdout.map(Result::unwrap).collect();
     assert_eq!(rest, ["stopped"], "{}", log());
-    assert!(child.0.wait().unwrap().success(), "{}", log());
+    assert!(stopped.success(), "{}", log());
 }
