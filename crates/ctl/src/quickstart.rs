@@ -956,8 +956,8 @@ pub fn print_human(started: &Started) {
         );
         println!("  {cli} executor connect --gateway {gateway} --write-folder ~/src/project");
         println!(
-            "  {cli} chat --server {} --project {CODE_PROJECT} --local project",
-            started.api_url
+            "  AGENTWORKS_TOKEN={} {cli} chat --server {} --project {CODE_PROJECT} --local project",
+            started.token, started.api_url
         );
         println!(
             "  (or install the CLI as ~/.local/bin/agentworks: the one line in the console's Local CLI connection tab, from {}/v1/cli)",
