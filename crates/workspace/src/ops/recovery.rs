@@ -1,7 +1,8 @@
 //! Deciding interrupted changes: a receipt left *prepared* is compared with what the disk holds
 //! now and marked applied, not applied or uncertain, at start for every project ([`Workspace::recover`],
-//! with the temp sweep), on request by request id ([`Workspace::receipt`]), and before a
-//! change of the same path is planned ([`Workspace::decide_prepared_on`]).
+//! after the walk that removes staged files and syncs every folder), on request by request id
+//! ([`Workspace::receipt`]), and before a change of the same path is planned
+//! ([`Workspace::decide_prepared_on`]).
 //!
 //! Before it reads a path it syncs the path's folder, so what it decides from is durable: a
 //! change whose process died between its rename and its folder's sync is visible but would
@@ -18,7 +19,7 @@
 //! only receipts.
 
 use super::pipeline::audit;
-use super::sweep::sweep_temp_files;
+use super::sweep::sweep_and_sync;
 use super::{Project, Workspace, fsync_fd, lock_poisoned, revision_on_disk, validate_request_id};
 use crate::error::WorkspaceError;
 use crate::receipts::{Operation, Receipt, ReceiptState, ReceiptStore};
@@ -34,6 +35,8 @@ use std::sync::Mutex;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub temp_files_removed: usize,
+    /// Folders synced by the walk (see `sweep.rs`), the documents root included.
+    pub folders_synced: usize,
     pub applied: usize,
     pub not_applied: usize,
     pub uncertain: usize,
@@ -189,9 +192,15 @@ impl Workspace {
         })
     }
 
-    /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.
+    /// Sweep our leftover temp files, sync every folder, and reconcile every prepared
+    /// receipt. Runs before READY.
     pub fn recover(&self) -> Result<RecoveryReport, WorkspaceError> {
         let mut report = RecoveryReport::default();
+        // The projects' own entries (made by `ensure_project`) first.
+        rustix::fs::fsync(&self.documents_fd).map_err(|e| {
+            WorkspaceError::io("sync documents root", self.documents_root.display(), e)
+        })?;
+        report.folders_synced += 1;
         let projects = rustix::fs::Dir::read_from(&self.documents_fd).map_err(|e| {
             WorkspaceError::io("list documents root", self.documents_root.display(), e)
         })?;
@@ -208,7 +217,9 @@ impl Workspace {
                 continue;
             };
             let _lock = self.lock(&project)?;
-            report.temp_files_removed += sweep_temp_files(project.root.as_fd(), 0);
+            let swept = sweep_and_sync(project.root.as_fd())?;
+            report.temp_files_removed += swept.temp_files_removed;
+            report.folders_synced += swept.folders_synced;
             if !self
                 .layout
                 .receipts_dir(&project.root_path)
