@@ -959,7 +959,9 @@ fn a_write_acknowledged_in_a_folder_made_before_a_crash_survives_a_power_cut() {
         rig.cut();
         let client = rig.start();
         assert_eq!(
-            std::fs::read_to_string(dir.join("new/second.txt")).ok().as_deref(),
+            std::fs::read_to_string(dir.join("new/second.txt"))
+                .ok()
+                .as_deref(),
             Some("new/second.txt\n"),
             "{failpoint}: the acknowledged write after the cut"
         );

@@ -327,10 +327,10 @@ fn failed_sync_then_restore() -> Config {
     }
 }
 
-/// A write of `B` into a folder that does not exist yet: the plan makes it, and a crash (or
-/// a failed sync) may come between the `mkdir` and the sync of the folder above; the write is
-/// sent again (and a move into the folder after it), each acknowledged, then the power may go.
-fn write_into_a_new_folder() -> Config {
+/// `request`, which creates `B` in a folder that does not exist yet: its plan makes the
+/// folder, and a crash (or a failed sync) may come between the `mkdir` and the sync of the
+/// folder above; the request is sent again until acknowledged, then the power may go.
+fn into_a_new_folder(request: Request) -> Config {
     Config {
         initial: [INITIAL, MISSING],
         new_folder: true,
@@ -338,31 +338,25 @@ fn write_into_a_new_folder() -> Config {
         kills: 1,
         cuts: 1,
         attempts: 4,
-        ..base(vec![write(0, B, MISSING, 2)], vec![vec![0]])
+        ..base(vec![request], vec![vec![0]])
     }
+}
+
+/// A write of `B` into its new folder.
+fn write_into_a_new_folder() -> Config {
+    into_a_new_folder(write(0, B, MISSING, 2))
 }
 
 /// A move of `A` into `B`'s new folder: the move's plan makes the destination's folder.
 fn move_into_a_new_folder() -> Config {
-    Config {
-        initial: [INITIAL, MISSING],
-        new_folder: true,
-        faults: 1,
-        kills: 1,
-        cuts: 1,
-        attempts: 4,
-        ..base(
-            vec![Request {
-                id: 0,
-                op: Op::Move {
-                    from: A,
-                    to: B,
-                    expected: INITIAL,
-                },
-            }],
-            vec![vec![0]],
-        )
-    }
+    into_a_new_folder(Request {
+        id: 0,
+        op: Op::Move {
+            from: A,
+            to: B,
+            expected: INITIAL,
+        },
+    })
 }
 
 fn scenarios() -> Vec<(&'static str, Config)> {

@@ -1478,13 +1478,22 @@ impl Protocol {
                 replayed: false,
                 of: job.req,
             });
-            self.answered(s, job.client, job.req, answer, answer != Answer::Failed, false);
+            self.answered(
+                s,
+                job.client,
+                job.req,
+                answer,
+                answer != Answer::Failed,
+                false,
+            );
         }
     }
 
     /// Every path the requests change.
     fn paths_of(&self, reqs: &[u8]) -> Vec<u8> {
-        reqs.iter().flat_map(|r| self.config.op(*r).paths()).collect()
+        reqs.iter()
+            .flat_map(|r| self.config.op(*r).paths())
+            .collect()
     }
 }
 
