@@ -36,11 +36,11 @@
 //! stored) even if the client goes away.
 
 use crate::attachments::{self, AttachmentInfo};
+use crate::catalog::backend::caller_of;
 use crate::chat_service::{ChatService, Running, blocking, from_tool};
 use crate::chats::{Chat, ChatStoreError};
 use crate::identity::{ProjectKind, TokenCheckError};
 use crate::mcp::Caller;
-use crate::mcp_backend::caller_of;
 use crate::turn::{self, TurnSpec};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};

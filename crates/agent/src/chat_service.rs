@@ -5,8 +5,8 @@
 //! other.
 
 use crate::attachments::{AttachmentError, AttachmentStore};
+use crate::catalog::files::FileTools;
 use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
-use crate::files::FileTools;
 use crate::gatewayd_client::GatewaydClient;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};

@@ -3,8 +3,6 @@
 //! - [`identity`]: users, projects, roles, tokens and the write authority.
 //! - [`mcp`]: the MCP streamable HTTP endpoint (both protocol eras) over a `Backend`.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
-//! - [`files`]: the catalog's file operations for one caller, through workspaced.
-//! - [`mcp_backend`]: agentd's implementation of the MCP layer's `Backend`.
 //! - [`console`]: the web console and its signed-in sessions.
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
@@ -37,12 +35,10 @@ pub mod cli;
 pub mod console;
 pub mod db;
 pub mod device;
-pub mod files;
 pub mod gatewayd_client;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_apps;
-pub mod mcp_backend;
 pub mod mcp_connection_tools;
 pub mod mcp_connections;
 pub mod mcp_connections_api;
@@ -110,7 +106,7 @@ pub enum AgentdError {
 pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
-    files: &files::FileTools,
+    files: &catalog::files::FileTools,
     gatewayd: gatewayd_client::GatewaydClient,
 ) -> Result<chat_service::ChatService, AgentdError> {
     let dir = config.layout().agent_dir();
@@ -222,7 +218,7 @@ pub async fn run(
         workspaced,
         gatewayd,
     } = daemons;
-    let files = files::FileTools::new(identity.clone(), workspaced.clone());
+    let files = catalog::files::FileTools::new(identity.clone(), workspaced.clone());
     let sessions = console::session::Sessions::new(
         identity.clone(),
         config.agentd.public_url(),
@@ -399,16 +395,16 @@ fn root_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String
 }
 
 /// agentd's MCP endpoint: the transport over the workflow-file catalog.
-pub type AgentMcp = McpService<Catalog<mcp_backend::AgentBackend>>;
+pub type AgentMcp = McpService<Catalog<catalog::backend::AgentBackend>>;
 
 /// The MCP endpoint over agentd's backend, configured for the public listener it serves on.
 fn mcp_service(
     config: &Config,
     identity: &IdentityStore,
-    files: files::FileTools,
+    files: catalog::files::FileTools,
     public: &tokio::net::TcpListener,
 ) -> Arc<AgentMcp> {
-    let runner = mcp_backend::AgentBackend::new(
+    let runner = catalog::backend::AgentBackend::new(
         identity.clone(),
         files,
         format!("{}/mcp", config.agentd.public_url()),

@@ -12,7 +12,7 @@
 //! The tool list is fixed when the turn starts, from the chat's binding:
 //!
 //! - server mode (no binding): exactly `read_file`, `list_files`, `search_files`, `write_file`,
-//!   through [`FileTools`](crate::files::FileTools) with the person's live authority (source `agent`); the project is
+//!   through [`FileTools`](crate::catalog::files::FileTools) with the person's live authority (source `agent`); the project is
 //!   always the chat's, and write request ids are made here, never by the model; and, for a
 //!   person whose live role authors (owner, co-owner, editor), the project's MCP connections'
 //!   tools ([`mcp_connection_tools`]: none, and no word of them, for a viewer or a runner);
@@ -50,9 +50,9 @@
 //! record), or `outcome_unknown`, never a guess.
 
 use crate::attachments::{AttachmentInfo, Kind, text_preview};
+use crate::catalog::files::Source;
 use crate::chat_service::{ChatService, blocking, to_tool};
 use crate::chats::{Binding, Chat};
-use crate::files::Source;
 use crate::identity::Access;
 use crate::mcp::{Caller, ToolError};
 use crate::mcp_connection_tools::{self, TurnConnections};
