@@ -7,7 +7,6 @@
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`revocations`]: with `[cluster]`, announcing revoked tokens to every gatewayd on NATS.
-//! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
 //!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
@@ -34,7 +33,6 @@ pub mod chats;
 pub mod cli;
 pub mod console;
 pub mod db;
-pub mod device;
 pub mod gatewayd_client;
 pub mod identity;
 pub mod mcp;
@@ -267,7 +265,7 @@ pub async fn run(
         // The console's failed-sign-in limits count per client address.
         parts
             .extensions
-            .insert(console::accounts::ClientAddress(peer.ip()));
+            .insert(identity::attempt_limits::ClientAddress(peer.ip()));
         let routes = routes.clone();
         async move { routes.handle(parts, body).await }
     };
@@ -472,7 +470,7 @@ impl PublicRoutes {
         body: bytes::Bytes,
     ) -> hyper::Response<Body> {
         if let Some(response) =
-            device::handle_public(&self.identity, &self.public_url, &parts, &body).await
+            oauth::device::handle_public(&self.identity, &self.public_url, &parts, &body).await
         {
             return response;
         }
@@ -481,7 +479,7 @@ impl PublicRoutes {
         }
         let client_address = parts
             .extensions
-            .get::<console::accounts::ClientAddress>()
+            .get::<identity::attempt_limits::ClientAddress>()
             .map(|address| address.0);
         if let Some(response) = self.oauth.handle(&parts, &body, client_address).await {
             return response;

@@ -63,7 +63,7 @@ macro_rules! asset {
 pub const INDEX_HTML: &str = include_str!("assets/index.html");
 
 /// The device-login approval page, answered at `GET /v1/device/approve` (see
-/// [`crate::device`]); its script is `device-approve.js`.
+/// [`crate::oauth::device`]); its script is `device-approve.js`.
 pub const DEVICE_APPROVE_HTML: &str = include_str!("assets/device-approve.html");
 
 /// The OAuth consent page, answered at `GET /oauth/consent?request=…`; its script is

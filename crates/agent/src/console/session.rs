@@ -14,8 +14,8 @@
 //! where browsers refuse `Secure` cookies). Only the name in use is read, and a request that
 //! carries it twice (one planted beside the real one) is refused rather than guessed at.
 
-use crate::console::accounts::FailureLimits;
 use crate::identity::accounts::{self, SessionPolicy};
+use crate::identity::attempt_limits::FailureLimits;
 use crate::identity::token::hashes_equal;
 use crate::identity::{IdentityStore, TokenInfo, User};
 use agentworks_daemon::ipc::envelope::Refusal;
@@ -43,7 +43,7 @@ pub async fn session_only(
     parts: &Parts,
     what: &str,
 ) -> Result<SignedIn, hyper::Response<agentworks_daemon::ipc::envelope::Body>> {
-    use crate::device::oauth_error;
+    use crate::oauth::answer::oauth_error;
     if parts.headers.contains_key(AUTHORIZATION) {
         return Err(oauth_error(
             hyper::StatusCode::UNAUTHORIZED,

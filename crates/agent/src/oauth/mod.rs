@@ -1,8 +1,9 @@
 //! agentd's OAuth 2.1 authorization server for MCP clients (issue 13). [`server`] is the HTTP
 //! side (metadata, registration, authorization, token, revocation); what it stores is
 //! [`crate::identity::oauth`]; the consent and connected-apps API is
-//! [`crate::console::oauth_consent`]. The rest are pure building blocks (no network, no HTTP,
-//! no store):
+//! [`crate::console::oauth_consent`]. [`device`] is the device authorization grant (RFC 8628)
+//! that `agentworks login` uses; [`answer`] is the `{error, error_description}` refusal every
+//! OAuth endpoint sends. The rest are pure building blocks (no network, no HTTP, no store):
 //!
 //! - [`pkce`]: RFC 7636 proof keys, S256 only.
 //! - [`redirect`]: redirect URI registration and matching (RFC 6749 §3.1.2, RFC 8252 §7.3, §8.3).
@@ -13,7 +14,9 @@
 //! Every refusal is an [`OAuthError`], which carries the OAuth `error` code the endpoint
 //! answers with and a description for `error_description`.
 
+pub mod answer;
 pub mod client_metadata;
+pub mod device;
 pub mod metadata;
 pub mod pkce;
 pub mod redirect;
