@@ -7,7 +7,7 @@
 use crate::attachments::{AttachmentError, AttachmentStore};
 use crate::catalog::files::FileTools;
 use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
-use crate::gatewayd_client::GatewaydClient;
+use crate::clients::gatewayd::GatewaydClient;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
 use crate::mcp_connections::ConnectionStore;

@@ -6,7 +6,8 @@
 //! - [`console`]: the web console and its signed-in sessions.
 //! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
-//! - [`revocations`]: with `[cluster]`, announcing revoked tokens to every gatewayd on NATS.
+//! - [`clients`]: how agentd reaches workspaced and gatewayd (and, in a cluster, announces
+//!   revoked tokens to every gatewayd).
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
 //!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
@@ -31,9 +32,9 @@ pub mod chat_conformance;
 pub mod chat_service;
 pub mod chats;
 pub mod cli;
+pub mod clients;
 pub mod console;
 pub mod db;
-pub mod gatewayd_client;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_apps;
@@ -45,12 +46,10 @@ pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
 pub mod project_secrets;
-pub mod revocations;
 pub mod sealed;
 pub mod start;
 pub mod turn;
 pub mod turn_peers;
-pub mod workspaced_client;
 
 use crate::catalog::Catalog;
 use crate::identity::IdentityStore;
@@ -105,7 +104,7 @@ pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
     files: &catalog::files::FileTools,
-    gatewayd: gatewayd_client::GatewaydClient,
+    gatewayd: clients::gatewayd::GatewaydClient,
 ) -> Result<chat_service::ChatService, AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
@@ -198,8 +197,8 @@ pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
 /// How agentd reaches the other daemons: workspaced and gatewayd, each over its socket on this
 /// host or, in a cluster, over NATS.
 pub struct DaemonClients {
-    pub workspaced: workspaced_client::WorkspacedClient,
-    pub gatewayd: gatewayd_client::GatewaydClient,
+    pub workspaced: clients::workspaced::WorkspacedClient,
+    pub gatewayd: clients::gatewayd::GatewaydClient,
 }
 
 /// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.

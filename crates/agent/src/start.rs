@@ -22,13 +22,13 @@ pub enum StartError {
     Identity(#[source] AgentdError),
     /// In a cluster: the NATS server could not be joined.
     #[error("cannot join the cluster's NATS server")]
-    Nats(#[source] crate::revocations::NatsError),
+    Nats(#[source] crate::clients::revocations::NatsError),
     /// `[agentd] workspaced_host`: that host's workspaced cannot be called.
     #[error("cannot call the workspaced of another host")]
-    Workspaced(#[source] crate::workspaced_client::WorkspacedClientError),
+    Workspaced(#[source] crate::clients::workspaced::WorkspacedClientError),
     /// In a cluster: agentd cannot seal its calls to gatewayd.
     #[error("cannot call gatewayd over the cluster's NATS server")]
-    Gatewayd(#[source] crate::gatewayd_client::GatewaydClientError),
+    Gatewayd(#[source] crate::clients::gatewayd::GatewaydClientError),
     /// In a cluster: the other agentd hosts' calls cannot be taken.
     #[error("cannot take calls from the other agentd hosts")]
     TurnPeers(#[source] crate::turn_peers::TurnPeersError),
@@ -46,17 +46,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     // In a cluster, revoked tokens are announced to every gatewayd; NATS must answer now.
     let mut nats = None;
     let announcer = if config.cluster.is_enabled() {
-        let bus = crate::revocations::RevocationBus::join(&config.cluster)
+        let bus = crate::clients::revocations::RevocationBus::join(&config.cluster)
             .await
             .map_err(StartError::Nats)?;
         nats = Some(bus.client());
         let (revoked, announced) = tokio::sync::mpsc::unbounded_channel();
         identity.announce_revocations_to(revoked);
-        Some(tokio::spawn(crate::revocations::publish_revocations(
-            bus,
-            announced,
-            shutdown.clone(),
-        )))
+        Some(tokio::spawn(
+            crate::clients::revocations::publish_revocations(bus, announced, shutdown.clone()),
+        ))
     } else {
         None
     };
@@ -69,10 +67,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         ),
         None => None,
     };
-    let gatewayd = crate::gatewayd_client::GatewaydClient::for_config(&config, nats.clone())
+    let gatewayd = crate::clients::gatewayd::GatewaydClient::for_config(&config, nats.clone())
         .await
         .map_err(StartError::Gatewayd)?;
-    let workspaced = crate::workspaced_client::WorkspacedClient::for_config(&config, nats)
+    let workspaced = crate::clients::workspaced::WorkspacedClient::for_config(&config, nats)
         .await
         .map_err(StartError::Workspaced)?;
     tracing::info!(

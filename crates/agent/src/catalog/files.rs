@@ -50,7 +50,7 @@ impl Source {
 #[derive(Clone)]
 pub struct FileTools {
     identity: IdentityStore,
-    workspaced: crate::workspaced_client::WorkspacedClient,
+    workspaced: crate::clients::workspaced::WorkspacedClient,
 }
 
 fn not_visible(workflow_id: &str) -> ToolError {
@@ -231,7 +231,7 @@ pub const READ_FILES_MAX_CONTENT_BYTES: u64 = 8 * 1024 * 1024;
 impl FileTools {
     pub fn new(
         identity: IdentityStore,
-        workspaced: crate::workspaced_client::WorkspacedClient,
+        workspaced: crate::clients::workspaced::WorkspacedClient,
     ) -> FileTools {
         FileTools {
             identity,

@@ -335,7 +335,7 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), IdentityError> {
 pub struct IdentityStore {
     db: Database,
     /// In a cluster, where a revoked token's id goes once its revocation is committed (agentd
-    /// publishes it on NATS: `crate::revocations`). Unset on one host.
+    /// publishes it on NATS: `crate::clients::revocations`). Unset on one host.
     revoked: Arc<OnceLock<mpsc::UnboundedSender<String>>>,
 }
 
