@@ -14,7 +14,9 @@
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
 //! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
 //! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
-//! | `…/v1/projects/{id}/mcp-connections[/{connection}]`, `…/secrets[/{NAME}]` | a project's MCP connections and the secrets their headers name ([`crate::mcp_connections_api`]) |
+//!
+//! A project's MCP connections and secrets (`/v1/projects/{id}/mcp-connections…`, `…/secrets…`)
+//! are [`crate::connections::api`]'s, beside these on the same listener and the same callers.
 //!
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
@@ -36,13 +38,12 @@
 //! stored) even if the client goes away.
 
 use crate::attachments::{self, AttachmentInfo};
-use crate::catalog::backend::caller_of;
-use crate::chat_service::{ChatService, Running, blocking, from_tool};
+use crate::catalog::files::from_tool;
+use crate::chat_service::{ChatService, Running, blocking};
 use crate::chats::{Chat, ChatStoreError};
-use crate::identity::{ProjectKind, TokenCheckError};
+use crate::identity::ProjectKind;
 use crate::mcp::Caller;
 use crate::turn::{self, TurnSpec};
-use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
 use agentworks_support::clock::now_ms;
 use bytes::Bytes;
@@ -62,54 +63,7 @@ pub use agentworks_contract::public_api::CONFIRMATION;
 
 impl ChatService {
     async fn authenticate(&self, parts: &Parts) -> Result<Caller, Refusal> {
-        let unauthorized =
-            |code: &str, message: &str| Refusal::new(StatusCode::UNAUTHORIZED, code, message);
-        // A console session counts only on a request without an Authorization header.
-        if let Some(checked) = self.sessions.check(parts).await {
-            let signed_in = checked?;
-            return Ok(caller_of(signed_in.token, signed_in.user));
-        }
-        let presented = match bearer(&parts.headers) {
-            Bearer::Token(token) => token,
-            Bearer::Absent => {
-                return Err(unauthorized(
-                    "missing_token",
-                    "this endpoint needs an `Authorization: Bearer <token>` header",
-                ));
-            }
-            Bearer::Malformed => {
-                return Err(unauthorized(
-                    "invalid_token",
-                    "the Authorization header is not one `Bearer <token>`",
-                ));
-            }
-        };
-        let (token, user) = match self.identity.check_bearer(presented).await {
-            Ok(found) => found,
-            Err(TokenCheckError::Refused(refusal)) => {
-                return Err(unauthorized(refusal.code(), refusal.message()));
-            }
-            Err(error) => {
-                tracing::warn!(%error, "token check failed");
-                return Err(Refusal::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "the identity store is unavailable; try again shortly",
-                ));
-            }
-        };
-        if !token
-            .scopes
-            .iter()
-            .any(|s| s.as_str().starts_with("workflows:"))
-        {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "insufficient_scope",
-                "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
-            ));
-        }
-        Ok(caller_of(token, user))
+        self.sessions.person(&self.identity, parts).await
     }
 
     /// The chat, if the caller created it; anyone else gets the same 404 as for no chat.
@@ -163,23 +117,6 @@ impl ChatService {
                     .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
                 Route::Projects => self.projects(&caller).await,
                 Route::Models => Ok(json_response(StatusCode::OK, &self.models())),
-                Route::Connections(project) => self.list_connections(&caller, &project).await,
-                Route::AddConnection(project) => self.add_connection(&caller, &project, body).await,
-                Route::RemoveConnection(project, connection) => {
-                    self.remove_connection(&caller, &project, &connection).await
-                }
-                Route::SignIn(project, connection) => {
-                    self.sign_in_connection(&caller, &project, &connection)
-                        .await
-                }
-                Route::SignInCallback => self.sign_in_callback(&caller, parts.uri.query()).await,
-                Route::Secrets(project) => self.list_secrets(&caller, &project).await,
-                Route::SetSecret(project, name) => {
-                    self.set_secret(&caller, &project, &name, body).await
-                }
-                Route::RemoveSecret(project, name) => {
-                    self.remove_secret(&caller, &project, &name).await
-                }
             }
         }
         .await;
@@ -745,38 +682,7 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
         (["v1", "projects"], m) if *m == Method::GET => Route::Projects,
         (["v1", "models"], m) if *m == Method::GET => Route::Models,
-        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::GET => {
-            Route::Connections(project.to_string())
-        }
-        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::POST => {
-            Route::AddConnection(project.to_string())
-        }
-        (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
-            Route::RemoveConnection(project.to_string(), connection.to_string())
-        }
-        (
-            [
-                "v1",
-                "projects",
-                project,
-                "mcp-connections",
-                connection,
-                "sign-in",
-            ],
-            m,
-        ) if *m == Method::POST => Route::SignIn(project.to_string(), connection.to_string()),
-        (["v1", "mcp-connections", "callback"], m) if *m == Method::GET => Route::SignInCallback,
-        (["v1", "projects", project, "secrets"], m) if *m == Method::GET => {
-            Route::Secrets(project.to_string())
-        }
-        (["v1", "projects", project, "secrets", name], m) if *m == Method::PUT => {
-            Route::SetSecret(project.to_string(), name.to_string())
-        }
-        (["v1", "projects", project, "secrets", name], m) if *m == Method::DELETE => {
-            Route::RemoveSecret(project.to_string(), name.to_string())
-        }
-        (["v1", "projects", _, "mcp-connections" | "secrets", ..], _)
-        | (["v1", "chats", ..], _)
+        (["v1", "chats", ..], _)
         | (["v1", "devices"], _)
         | (["v1", "projects"], _)
         | (["v1", "models"], _) => {
@@ -802,14 +708,6 @@ enum Route {
     Devices,
     Projects,
     Models,
-    Connections(String),
-    AddConnection(String),
-    RemoveConnection(String, String),
-    SignIn(String, String),
-    SignInCallback,
-    Secrets(String),
-    SetSecret(String, String),
-    RemoveSecret(String, String),
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

@@ -8,13 +8,9 @@
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`clients`]: how agentd reaches workspaced and gatewayd (and, in a cluster, announces
 //!   revoked tokens to every gatewayd).
-//! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
-//!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
-//! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
-//!   the rules a connection meets, and the API that manages them); [`mcp_remote`]: the client
-//!   that talks to them through the guarded outbound client; [`mcp_connection_tools`]: their
-//!   tools in a server-mode turn; [`mcp_oauth`]: signing a connection in with OAuth;
-//!   [`mcp_apps`]: the operator's sign-in apps for servers without dynamic registration.
+//! - [`connections`]: a project's remote MCP servers (the store, the API that manages them, the
+//!   client that talks to them, signing in, the operator's sign-in apps, the project secrets
+//!   their headers name, sealing) and their tools in a server-mode turn.
 //! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
 //!   endpoints (REST + SSE on the public listener), the service handle they share with the
 //!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
@@ -33,20 +29,13 @@ pub mod chat_service;
 pub mod chats;
 pub mod cli;
 pub mod clients;
+pub mod connections;
 pub mod console;
 pub mod db;
 pub mod identity;
 pub mod mcp;
-pub mod mcp_apps;
-pub mod mcp_connection_tools;
-pub mod mcp_connections;
-pub mod mcp_connections_api;
-pub mod mcp_oauth;
-pub mod mcp_remote;
 pub mod model;
 pub mod oauth;
-pub mod project_secrets;
-pub mod sealed;
 pub mod start;
 pub mod turn;
 pub mod turn_peers;
@@ -89,9 +78,9 @@ pub enum AgentdError {
     #[error("{0}")]
     Attachments(#[from] attachments::AttachmentError),
     #[error("{0}")]
-    Connections(#[from] mcp_connections::ConnectionStoreError),
+    Connections(#[from] connections::store::ConnectionStoreError),
     #[error("{0}")]
-    Secrets(#[from] project_secrets::SecretStoreError),
+    Secrets(#[from] connections::secrets::SecretStoreError),
 }
 
 // ----- the agent (chats): begin -----
@@ -99,13 +88,14 @@ pub enum AgentdError {
 /// cluster's PostgreSQL with `[cluster] database_url` (every agentd host sees the same chats,
 /// uploads, connections and secrets), else beside each other in `<state>/agent/`; and the
 /// model client, if configured. The sealing key stays per host (its file, or the systemd
-/// credential), so hosts sharing a database must be given the same credential.
+/// credential), so hosts sharing a database must be given the same credential. The chats get
+/// the connections' tools; the connections get their guarded client from `config` too.
 pub fn open_chats(
     config: &Config,
     identity: &IdentityStore,
     files: &catalog::files::FileTools,
     gatewayd: clients::gatewayd::GatewaydClient,
-) -> Result<chat_service::ChatService, AgentdError> {
+) -> Result<(chat_service::ChatService, connections::Connections), AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
         path: dir.clone(),
@@ -113,16 +103,16 @@ pub fn open_chats(
     })?;
     // In a cluster, on the identity store's connections: one pool for the whole process.
     let shared = identity.postgres_pool();
-    let (store, attachments, connections) = match shared {
+    let (store, attachments, connection_store) = match shared {
         Some(pool) => (
             chats::ChatStore::on_postgres(pool)?,
             attachments::AttachmentStore::on_postgres(pool)?,
-            mcp_connections::ConnectionStore::on_postgres(pool)?,
+            connections::store::ConnectionStore::on_postgres(pool)?,
         ),
         None => (
             chats::ChatStore::open(&dir.join("chats.db"))?,
             attachments::AttachmentStore::open(&dir.join("attachments.db"))?,
-            mcp_connections::ConnectionStore::open(&dir.join("mcp_connections.db"))?,
+            connections::store::ConnectionStore::open(&dir.join("mcp_connections.db"))?,
         ),
     };
     let host_id = config
@@ -139,7 +129,10 @@ pub fn open_chats(
         );
     }
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
-    let sealing = match sealed::SealingKey::load_or_create(&dir, credentials.as_deref()) {
+    let sealing = match connections::sealed::SealingKey::load_or_create(
+        &dir,
+        credentials.as_deref(),
+    ) {
         Ok(key) => Some(Arc::new(key)),
         Err(error) => {
             tracing::error!(%error, "project secrets and MCP connection sign-ins are unavailable");
@@ -147,36 +140,41 @@ pub fn open_chats(
         }
     };
     let secrets = match (&sealing, shared) {
-        (Some(key), Some(pool)) => Some(project_secrets::SecretStore::on_postgres(
+        (Some(key), Some(pool)) => Some(connections::secrets::SecretStore::on_postgres(
             pool,
             key.clone(),
         )?),
-        (Some(key), None) => Some(project_secrets::SecretStore::open(
+        (Some(key), None) => Some(connections::secrets::SecretStore::open(
             &dir.join("project_secrets.db"),
             key.clone(),
         )?),
         (None, _) => None,
+    };
+    let connections = connections::Connections {
+        client: connections_client(config),
+        secrets,
+        sealing,
+        public_url: config.agentd.public_url(),
+        ..connections::Connections::new(identity.clone(), files.clone(), connection_store)
     };
     let model = config
         .agentd
         .model
         .clone()
         .map(|m| model::ModelClient::new(m, credentials));
-    Ok(chat_service::ChatService {
-        secrets,
-        sealing,
-        public_url: config.agentd.public_url(),
+    let chats = chat_service::ChatService {
         host_id,
         ..chat_service::ChatService::new(
             identity.clone(),
             files.clone(),
             store,
             attachments,
-            connections,
+            connections.tools(),
             gatewayd,
             model,
         )
-    })
+    };
+    Ok((chats, connections))
 }
 // ----- the agent (chats): end -----
 
@@ -223,17 +221,22 @@ pub async fn run(
         console::session::loopback_port(&public),
     );
     // ----- the agent (chats): begin -----
-    let chat_service = match open_chats(config, &identity, &files, gatewayd) {
-        Ok(service) => Some(chat_service::ChatService {
-            sessions: sessions.clone(),
-            connections_client: connections_client(config),
-            peers: peers.as_ref().map(|(peers, _)| peers.clone()),
-            ..service
-        }),
+    let (chat_service, connections) = match open_chats(config, &identity, &files, gatewayd) {
+        Ok((chats, connections)) => (
+            Some(chat_service::ChatService {
+                sessions: sessions.clone(),
+                peers: peers.as_ref().map(|(peers, _)| peers.clone()),
+                ..chats
+            }),
+            Some(connections::Connections {
+                sessions: sessions.clone(),
+                ..connections
+            }),
+        ),
         Err(error) => {
             // MCP and the operator socket still serve; the chat endpoints answer 503.
             tracing::error!(%error, "cannot open the chat store; chats are unavailable");
-            None
+            (None, None)
         }
     };
     // ----- the agent (chats): end -----
@@ -241,6 +244,7 @@ pub async fn run(
     let screen = Arc::new(PublicScreen {
         mcp: mcp.clone(),
         chats: chat_service.clone(),
+        connections: connections.clone(),
         sessions: sessions.clone(),
     });
     let outbound = outbound_client(config);
@@ -256,6 +260,7 @@ pub async fn run(
         identity: identity.clone(),
         public_url: config.agentd.public_url(),
         chats: chat_service.clone(),
+        connections: connections.clone(),
         sessions,
     };
     let public_handler = move |peer: std::net::SocketAddr,
@@ -268,9 +273,8 @@ pub async fn run(
         let routes = routes.clone();
         async move { routes.handle(parts, body).await }
     };
-    let mcp_apps = mcp_apps_of(chat_service.as_ref());
     let admin = admin::Admin {
-        mcp_apps,
+        mcp_apps: connections.as_ref().map(connections::Connections::apps),
         public_url: config.agentd.public_url(),
         identity,
         workspaced,
@@ -305,15 +309,6 @@ pub async fn run(
         serve(socket, socket_handler, shutdown.clone(), socket_limits),
         peer_calls,
     );
-}
-
-/// The operator's MCP sign-in apps, on the chat side's connection store and sealing key.
-fn mcp_apps_of(chats: Option<&chat_service::ChatService>) -> Option<mcp_apps::McpApps> {
-    chats.map(|service| mcp_apps::McpApps {
-        store: service.connections.clone(),
-        sealing: service.sealing.clone(),
-        public_url: service.public_url.clone(),
-    })
 }
 
 /// The guarded client agentd fetches OAuth client metadata documents with: the public web
@@ -459,6 +454,7 @@ struct PublicRoutes {
     identity: IdentityStore,
     public_url: String,
     chats: Option<chat_service::ChatService>,
+    connections: Option<connections::Connections>,
     sessions: console::session::Sessions,
 }
 
@@ -507,15 +503,20 @@ impl PublicRoutes {
             || chat_path == "/v1/devices"
             || chat_path == "/v1/projects"
             || chat_path.starts_with("/v1/projects/")
-            || chat_path == mcp_connections_api::CALLBACK_PATH
+            || chat_path == connections::sign_in::CALLBACK_PATH
             || chat_path == "/v1/models"
         {
-            return match &self.chats {
-                Some(service) => match service.handle(&parts, &body).await {
-                    Some(response) => response,
-                    None => not_found(chat_path),
-                },
-                None => error_response(
+            return match (&self.chats, &self.connections) {
+                (Some(chats), Some(connections)) => {
+                    if let Some(response) = connections.handle(&parts, &body).await {
+                        return response;
+                    }
+                    match chats.handle(&parts, &body).await {
+                        Some(response) => response,
+                        None => not_found(chat_path),
+                    }
+                }
+                _ => error_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
                     "the chat store could not be opened; see agentd's log",
@@ -542,6 +543,7 @@ impl PublicRoutes {
 struct PublicScreen {
     mcp: Arc<AgentMcp>,
     chats: Option<chat_service::ChatService>,
+    connections: Option<connections::Connections>,
     sessions: console::session::Sessions,
 }
 
@@ -552,6 +554,14 @@ impl Screen for PublicScreen {
         }
         if let Some(verdict) = console::accounts::screen(&self.sessions, head).await {
             return verdict;
+        }
+        if let Some(connections) = &self.connections
+            && let Some(screened) = connections.screen(head).await
+        {
+            return match screened {
+                Ok(max_body_bytes) => Verdict::Authenticated { max_body_bytes },
+                Err(refusal) => Verdict::Refused(refusal),
+            };
         }
         if let Some(chats) = &self.chats
             && let Some(screened) = chats.screen(head).await

@@ -15,7 +15,7 @@
 //!   through [`FileTools`](crate::catalog::files::FileTools) with the person's live authority (source `agent`); the project is
 //!   always the chat's, and write request ids are made here, never by the model; and, for a
 //!   person whose live role authors (owner, co-owner, editor), the project's MCP connections'
-//!   tools ([`mcp_connection_tools`]: none, and no word of them, for a viewer or a runner);
+//!   tools ([`crate::connections::tools`]: none, and no word of them, for a viewer or a runner);
 //! - bound to a laptop folder: exactly `execute_shell_command {command, timeout?}` and
 //!   `diff_patch_workspace_file {filepath, diff}` (the bridge schemas: no device, folder or
 //!   project argument), dispatched through gatewayd to the bound device and folder with
@@ -50,12 +50,12 @@
 //! record), or `outcome_unknown`, never a guess.
 
 use crate::attachments::{AttachmentInfo, Kind, text_preview};
-use crate::catalog::files::Source;
+use crate::catalog::files::{Source, require_authoring_role_for};
 use crate::chat_service::{ChatService, blocking, to_tool};
 use crate::chats::{Binding, Chat};
+use crate::connections::TurnConnections;
 use crate::identity::Access;
 use crate::mcp::{Caller, ToolError};
-use crate::mcp_connection_tools::{self, TurnConnections};
 use crate::model::{ToolCall, Usage};
 use agentworks_contract::executor::{DEFAULT_TIMEOUT_SECS, FolderAccess, Operation, Outcome};
 use agentworks_contract::gatewayd::{
@@ -248,27 +248,6 @@ pub fn require_authoring_role(access: &Access) -> Result<(), ToolError> {
     require_authoring_role_for(access, "running commands or patches in a laptop folder")
 }
 
-/// Refuses `what` (a tool that acts for the project: a laptop folder, an MCP connection with
-/// the project's secrets) unless the person's live role on the project is owner, co-owner or
-/// editor: 403 `forbidden`, reason `no_authoring_role`, with the role.
-pub fn require_authoring_role_for(access: &Access, what: &str) -> Result<(), ToolError> {
-    if access.role.is_some_and(|role| role.can_author()) {
-        return Ok(());
-    }
-    let role = access.role.map_or("none", |role| role.as_str());
-    let mut error = ToolError::new(
-        "forbidden",
-        format!(
-            "{what} needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
-        ),
-    );
-    error
-        .details
-        .insert("reason".into(), json!("no_authoring_role"));
-    error.details.insert("role".into(), json!(role));
-    Err(error)
-}
-
 /// The most recent part of a chat's messages whose JSON fits in `budget` bytes, cut only before a
 /// user message, so it starts with one and every tool call keeps its results. The current turn
 /// (from the last user message on) is always included, whatever its size.
@@ -439,7 +418,10 @@ async fn drive(
     // authoring role, checked there (and at every call).
     let remote = match mode {
         Mode::Server => {
-            mcp_connection_tools::for_turn(service, &spec.caller, &spec.chat.project_id).await
+            service
+                .connection_tools
+                .for_turn(&spec.caller, &spec.chat.project_id)
+                .await
         }
         Mode::Local { .. } => TurnConnections::default(),
     };
@@ -862,15 +844,16 @@ async fn execute(
                     format!("the arguments are not JSON: {e}"),
                 )
             })?;
-            mcp_connection_tools::call(
-                service,
-                &toolset.remote,
-                &spec.caller,
-                &spec.chat.project_id,
-                &call.name,
-                arguments,
-            )
-            .await
+            service
+                .connection_tools
+                .call(
+                    &toolset.remote,
+                    &spec.caller,
+                    &spec.chat.project_id,
+                    &call.name,
+                    arguments,
+                )
+                .await
         }
         None => execute_on_server(service, spec, toolset.mode, call, request_id).await,
         Some(binding) => {
