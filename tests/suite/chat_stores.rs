@@ -1,6 +1,6 @@
 //! agentd's chat-side stores on both back ends (issue 16): chats, attachments, MCP connections
 //! and project secrets. The conformance suites written once in
-//! `agentworks_agent::chat_conformance` and `agentworks_agent::connections::conformance` run on
+//! `agentworks_agent::chat::conformance` and `agentworks_agent::connections::conformance` run on
 //! SQLite in the unit tests; here they run on a real PostgreSQL server (one private server per test, from the harness), where every `open` is
 //! another agentd host's connection pool on the same database. Then what only the shared
 //! database has: each store's schema migrated once, beside the identity store's, by hosts
@@ -9,9 +9,9 @@
 use std::sync::Arc;
 
 use super::harness::Postgres;
-use agentworks_agent::attachments::AttachmentStore;
-use agentworks_agent::chat_conformance;
-use agentworks_agent::chats::{ChatStore, ChatStoreError};
+use agentworks_agent::chat::attachments::AttachmentStore;
+use agentworks_agent::chat::conformance as chat_conformance;
+use agentworks_agent::chat::store::{ChatStore, ChatStoreError};
 use agentworks_agent::connections::conformance as connection_conformance;
 use agentworks_agent::connections::sealed::SealingKey;
 use agentworks_agent::connections::secrets::SecretStore;
@@ -118,11 +118,11 @@ fn hosts_starting_together_migrate_each_schema_once() {
         ),
         (
             "chats_schema",
-            agentworks_agent::chats::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::chat::store::POSTGRES_MIGRATIONS.len(),
         ),
         (
             "attachments_schema",
-            agentworks_agent::attachments::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::chat::attachments::POSTGRES_MIGRATIONS.len(),
         ),
         (
             "mcp_connections_schema",

@@ -4,29 +4,22 @@
 //! - [`mcp`]: the MCP streamable HTTP endpoint (both protocol eras) over a `Backend`.
 //! - [`cli`]: its command line; [`start`]: its start as a daemon (listeners, store, READY).
 //! - [`console`]: the web console and its signed-in sessions.
-//! - [`attachments`]: files attached to a chat message, kept in agentd's private state.
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`clients`]: how agentd reaches workspaced and gatewayd (and, in a cluster, announces
 //!   revoked tokens to every gatewayd).
 //! - [`connections`]: a project's remote MCP servers (the store, the API that manages them, the
 //!   client that talks to them, signing in, the operator's sign-in apps, the project secrets
 //!   their headers name, sealing) and their tools in a server-mode turn.
-//! - [`chat_api`], [`chat_service`], [`chats`], [`turn`], [`model`]: the agent: the chat
-//!   endpoints (REST + SSE on the public listener), the service handle they share with the
-//!   model loop, the chat store, the loop itself, chats bound to a laptop folder.
+//! - [`chat`]: the agent: the chat endpoints, the chat store, the turn (one driver per kind of
+//!   agent, one file per kind of tool), chats bound to a laptop folder.
 //! - [`db`]: the SQL layer the stores share, on SQLite (one host) or the cluster's PostgreSQL.
 //!
 //! agentd never opens a document: every file operation goes to workspaced over its socket,
 //! with the caller's resolved guard, which workspaced re-applies.
 
 pub mod admin;
-pub mod attachments;
 pub mod catalog;
-pub mod chat_api;
-#[cfg(any(test, feature = "store-conformance"))]
-pub mod chat_conformance;
-pub mod chat_service;
-pub mod chats;
+pub mod chat;
 pub mod cli;
 pub mod clients;
 pub mod connections;
@@ -34,11 +27,8 @@ pub mod console;
 pub mod db;
 pub mod identity;
 pub mod mcp;
-pub mod model;
 pub mod oauth;
 pub mod start;
-pub mod turn;
-pub mod turn_peers;
 
 use crate::catalog::Catalog;
 use crate::identity::IdentityStore;
@@ -74,9 +64,9 @@ pub enum AgentdError {
     #[error("{0}")]
     Identity(#[from] crate::identity::IdentityError),
     #[error("{0}")]
-    Chats(#[from] chats::ChatStoreError),
+    Chats(#[from] chat::store::ChatStoreError),
     #[error("{0}")]
-    Attachments(#[from] attachments::AttachmentError),
+    Attachments(#[from] chat::attachments::AttachmentError),
     #[error("{0}")]
     Connections(#[from] connections::store::ConnectionStoreError),
     #[error("{0}")]
@@ -95,7 +85,7 @@ pub fn open_chats(
     identity: &IdentityStore,
     files: &catalog::files::FileTools,
     gatewayd: clients::gatewayd::GatewaydClient,
-) -> Result<(chat_service::ChatService, connections::Connections), AgentdError> {
+) -> Result<(chat::service::ChatService, connections::Connections), AgentdError> {
     let dir = config.layout().agent_dir();
     ensure_private_dir(&dir, 0o700).map_err(|source| AgentdError::StateDir {
         path: dir.clone(),
@@ -105,13 +95,13 @@ pub fn open_chats(
     let shared = identity.postgres_pool();
     let (store, attachments, connection_store) = match shared {
         Some(pool) => (
-            chats::ChatStore::on_postgres(pool)?,
-            attachments::AttachmentStore::on_postgres(pool)?,
+            chat::store::ChatStore::on_postgres(pool)?,
+            chat::attachments::AttachmentStore::on_postgres(pool)?,
             connections::store::ConnectionStore::on_postgres(pool)?,
         ),
         None => (
-            chats::ChatStore::open(&dir.join("chats.db"))?,
-            attachments::AttachmentStore::open(&dir.join("attachments.db"))?,
+            chat::store::ChatStore::open(&dir.join("chats.db"))?,
+            chat::attachments::AttachmentStore::open(&dir.join("attachments.db"))?,
             connections::store::ConnectionStore::open(&dir.join("mcp_connections.db"))?,
         ),
     };
@@ -161,10 +151,10 @@ pub fn open_chats(
         .agentd
         .model
         .clone()
-        .map(|m| model::ModelClient::new(m, credentials));
-    let chats = chat_service::ChatService {
+        .map(|m| chat::model::ModelClient::new(m, credentials));
+    let chats = chat::service::ChatService {
         host_id,
-        ..chat_service::ChatService::new(
+        ..chat::service::ChatService::new(
             identity.clone(),
             files.clone(),
             store,
@@ -204,7 +194,7 @@ pub async fn run(
     config: &Config,
     identity: IdentityStore,
     daemons: DaemonClients,
-    peers: Option<(turn_peers::TurnPeers, async_nats::Subscriber)>,
+    peers: Option<(chat::peers::TurnPeers, async_nats::Subscriber)>,
     public: tokio::net::TcpListener,
     socket: tokio::net::UnixListener,
     shutdown: CancellationToken,
@@ -223,7 +213,7 @@ pub async fn run(
     // ----- the agent (chats): begin -----
     let (chat_service, connections) = match open_chats(config, &identity, &files, gatewayd) {
         Ok((chats, connections)) => (
-            Some(chat_service::ChatService {
+            Some(chat::service::ChatService {
                 sessions: sessions.clone(),
                 peers: peers.as_ref().map(|(peers, _)| peers.clone()),
                 ..chats
@@ -295,7 +285,7 @@ pub async fn run(
     // The other agentd hosts' calls (a turn's cancel), answered from the chat service.
     let peer_calls = async {
         if let (Some((peers, calls)), Some(chats)) = (peers, chat_service) {
-            turn_peers::serve(peers, calls, chats, shutdown.clone()).await;
+            chat::peers::serve(peers, calls, chats, shutdown.clone()).await;
         }
     };
     tokio::join!(
@@ -453,7 +443,7 @@ struct PublicRoutes {
     oauth: oauth::server::AuthorizationServer,
     identity: IdentityStore,
     public_url: String,
-    chats: Option<chat_service::ChatService>,
+    chats: Option<chat::service::ChatService>,
     connections: Option<connections::Connections>,
     sessions: console::session::Sessions,
 }
@@ -542,7 +532,7 @@ impl PublicRoutes {
 /// gets [`agentworks_daemon::ipc::server::MAX_ANONYMOUS_BODY_BYTES`].
 struct PublicScreen {
     mcp: Arc<AgentMcp>,
-    chats: Option<chat_service::ChatService>,
+    chats: Option<chat::service::ChatService>,
     connections: Option<connections::Connections>,
     sessions: console::session::Sessions,
 }

@@ -31,7 +31,7 @@ pub enum StartError {
     Gatewayd(#[source] crate::clients::gatewayd::GatewaydClientError),
     /// In a cluster: the other agentd hosts' calls cannot be taken.
     #[error("cannot take calls from the other agentd hosts")]
-    TurnPeers(#[source] crate::turn_peers::TurnPeersError),
+    TurnPeers(#[source] crate::chat::peers::TurnPeersError),
 }
 
 /// Runs agentd until SIGTERM/SIGINT.
@@ -61,7 +61,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     // In a cluster, the other agentd hosts ask this one to stop the turns it runs.
     let peers = match &nats {
         Some(client) => Some(
-            crate::turn_peers::TurnPeers::join(&config.cluster, client.clone())
+            crate::chat::peers::TurnPeers::join(&config.cluster, client.clone())
                 .await
                 .map_err(StartError::TurnPeers)?,
         ),

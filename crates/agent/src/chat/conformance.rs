@@ -13,11 +13,11 @@ use std::collections::BTreeSet;
 
 use serde_json::json;
 
-use crate::attachments::{AttachmentError, AttachmentStore, PENDING_LIFETIME_MS};
-use crate::chats::{ChatStore, TurnUsage};
+use crate::chat::attachments::{AttachmentError, AttachmentStore, PENDING_LIFETIME_MS};
+use crate::chat::model::Usage;
+use crate::chat::store::{ChatStore, TurnUsage};
 use crate::db::Sql;
 use crate::db::conformance::{HOSTS, race};
-use crate::model::Usage;
 
 fn usage(prompt: u64, completion: u64) -> Usage {
     Usage {
@@ -373,7 +373,7 @@ mod on_sqlite {
     fn chats_messages_turns_and_bindings() {
         on_sqlite(
             "chats.db",
-            |path| crate::chats::ChatStore::open(path).unwrap(),
+            |path| crate::chat::store::ChatStore::open(path).unwrap(),
             super::chats_messages_turns_and_bindings,
         );
     }
@@ -382,7 +382,7 @@ mod on_sqlite {
     fn a_chat_is_titled_once() {
         on_sqlite(
             "chats.db",
-            |path| crate::chats::ChatStore::open(path).unwrap(),
+            |path| crate::chat::store::ChatStore::open(path).unwrap(),
             super::a_chat_is_titled_once,
         );
     }
@@ -391,7 +391,7 @@ mod on_sqlite {
     fn racing_hosts_number_turns_and_messages_once() {
         on_sqlite(
             "chats.db",
-            |path| crate::chats::ChatStore::open(path).unwrap(),
+            |path| crate::chat::store::ChatStore::open(path).unwrap(),
             super::racing_hosts_number_turns_and_messages_once,
         );
     }
@@ -400,7 +400,7 @@ mod on_sqlite {
     fn one_host_at_a_time_runs_a_chats_turn() {
         on_sqlite(
             "chats.db",
-            |path| crate::chats::ChatStore::open(path).unwrap(),
+            |path| crate::chat::store::ChatStore::open(path).unwrap(),
             super::one_host_at_a_time_runs_a_chats_turn,
         );
     }
@@ -409,7 +409,7 @@ mod on_sqlite {
     fn attachments_upload_claim_and_read() {
         on_sqlite(
             "attachments.db",
-            |path| crate::attachments::AttachmentStore::open(path).unwrap(),
+            |path| crate::chat::attachments::AttachmentStore::open(path).unwrap(),
             super::attachments_upload_claim_and_read,
         );
     }
@@ -418,7 +418,7 @@ mod on_sqlite {
     fn racing_hosts_claim_an_upload_once() {
         on_sqlite(
             "attachments.db",
-            |path| crate::attachments::AttachmentStore::open(path).unwrap(),
+            |path| crate::chat::attachments::AttachmentStore::open(path).unwrap(),
             super::racing_hosts_claim_an_upload_once,
         );
     }

@@ -1,17 +1,17 @@
 //! The chats' service handle: the stores and clients a chat endpoint and a running turn share,
 //! and the few operations both use (append and read messages, check that a turn is still the
-//! running one, list the caller's devices). It knows nothing of HTTP routing: `chat_api`
-//! serves the endpoints on it and `turn` runs the model loop with it, so neither imports the
+//! running one, list the caller's devices). It knows nothing of HTTP routing: [`super::api`]
+//! serves the endpoints on it and [`super::turn`] runs turns with it, so neither imports the
 //! other.
 
-use crate::attachments::{AttachmentError, AttachmentStore};
 use crate::catalog::files::FileTools;
-use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
+use crate::chat::attachments::{AttachmentError, AttachmentStore};
+use crate::chat::model::ModelClient;
+use crate::chat::store::{ChatStore, ChatStoreError, StoredMessage};
 use crate::clients::gatewayd::GatewaydClient;
 use crate::connections::ConnectionTools;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
-use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
 use agentworks_daemon::ipc::envelope::{Refusal, run_blocking};
 use agentworks_support::unix_http::ClientError;
@@ -61,8 +61,8 @@ pub struct ChatService {
     /// This agentd's `cluster.host_id` ("-" on one host), named in its turn claims.
     pub host_id: String,
     /// In a cluster, the way to the other agentd hosts: a turn one of them runs is stopped
-    /// there (`turn_peers.rs`).
-    pub peers: Option<crate::turn_peers::TurnPeers>,
+    /// there ([`super::peers`]).
+    pub peers: Option<crate::chat::peers::TurnPeers>,
 }
 
 /// The chat API's refusal for an attachment the store refused, with the status that fits.

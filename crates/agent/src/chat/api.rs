@@ -28,7 +28,7 @@
 //! the stream ends with `end {reason: "cancelled"}`.
 //!
 //! A turn stores the person's message first; the first message sent in a chat titles it (its
-//! first line, [`crate::chats::title_of`]), and the title stays. Without a configured model
+//! first line, [`crate::chat::store::title_of`]), and the title stays. Without a configured model
 //! the message is still stored and the turn's events are `error` (`model_not_configured`,
 //! naming both ways to configure one) and `end {reason: "error"}`: nothing the person sent is
 //! lost, and a later turn goes on from it.
@@ -37,13 +37,15 @@
 //! produces it (a streaming body); the turn itself runs in its own task and ends (and is
 //! stored) even if the client goes away.
 
-use crate::attachments::{self, AttachmentInfo};
 use crate::catalog::files::from_tool;
-use crate::chat_service::{ChatService, Running, blocking};
-use crate::chats::{Chat, ChatStoreError};
+use crate::chat::attachments::{self, AttachmentInfo};
+use crate::chat::peers::RunningTurns;
+use crate::chat::service::{ChatService, Running, blocking};
+use crate::chat::store::{Chat, ChatStoreError};
+use crate::chat::tools;
+use crate::chat::turn::{self, TurnSpec};
 use crate::identity::ProjectKind;
 use crate::mcp::Caller;
-use crate::turn::{self, TurnSpec};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
 use agentworks_support::clock::now_ms;
 use bytes::Bytes;
@@ -183,7 +185,7 @@ impl ChatService {
                         .as_str()
                         .and_then(|c| serde_json::from_str::<Value>(c).ok())
                         .unwrap_or(Value::Null);
-                    let (state, summary) = turn::call_state(&content);
+                    let (state, summary) = tools::call_state(&content);
                     out["state"] = json!(state);
                     out["summary"] = json!(summary);
                 }
@@ -193,10 +195,10 @@ impl ChatService {
                 out
             })
             .collect();
-        let mut total = crate::model::Usage::default();
+        let mut total = crate::chat::model::Usage::default();
         for turn in &usage {
             let count = |n: i64| u64::try_from(n).unwrap_or(0);
-            total.add(crate::model::Usage {
+            total.add(crate::chat::model::Usage {
                 prompt_tokens: count(turn.prompt_tokens),
                 completion_tokens: count(turn.completion_tokens),
                 total_tokens: count(turn.total_tokens),
@@ -588,7 +590,7 @@ impl ChatService {
             ));
         }
         // A bound chat runs commands: only an authoring role binds (and every call re-checks).
-        turn::require_authoring_role(&access).map_err(from_tool)?;
+        tools::laptop::require_authoring_role(&access).map_err(from_tool)?;
         if self.running.lock().await.contains_key(chat_id) {
             return Err(turn_running(chat_id));
         }
@@ -658,6 +660,20 @@ impl ChatService {
         };
         tracing::info!(chat = %chat_id, bound = chat.binding.is_some(), "chat binding changed");
         Ok(json_response(StatusCode::OK, &chat))
+    }
+}
+
+/// Another agentd host's cancel ([`crate::chat::peers`]) is answered as this host's own cancel
+/// endpoint answers its owner, who that host has checked.
+impl RunningTurns for ChatService {
+    async fn cancel_for_peer(&self, chat_id: &str, origin: &str) -> Response<Body> {
+        match self.cancel_running(chat_id).await {
+            Some(turn) => {
+                tracing::info!(chat = %chat_id, turn, %origin, "turn cancel requested by another agentd host");
+                cancel_accepted(chat_id, turn)
+            }
+            None => no_turn_running(chat_id).into_response(),
+        }
     }
 }
 
@@ -744,8 +760,8 @@ fn turn_running_on(chat_id: &str, host: &str) -> Refusal {
     )
 }
 
-/// The cancel endpoint's 409, here or asked by another host (`turn_peers.rs`).
-pub(crate) fn no_turn_running(chat_id: &str) -> Refusal {
+/// The cancel endpoint's 409, here or asked by another host.
+fn no_turn_running(chat_id: &str) -> Refusal {
     Refusal::new(
         StatusCode::CONFLICT,
         "no_turn_running",
@@ -754,14 +770,14 @@ pub(crate) fn no_turn_running(chat_id: &str) -> Refusal {
 }
 
 /// The cancel endpoint's 202 for turn number `turn`.
-pub(crate) fn cancel_accepted(chat_id: &str, turn: i64) -> Response<Body> {
+fn cancel_accepted(chat_id: &str, turn: i64) -> Response<Body> {
     json_response(
         StatusCode::ACCEPTED,
         &json!({"chat_id": chat_id, "turn": turn}),
     )
 }
 
-/// A fresh id for a claim on a chat ([`crate::chats::ChatStore::claim_turn`]).
+/// A fresh id for a claim on a chat ([`crate::chat::store::ChatStore::claim_turn`]).
 fn new_claim() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
