@@ -21,6 +21,9 @@ pub fn caller_of(token: TokenInfo, user: User) -> Caller {
     }
 }
 
+/// agentd's MCP endpoint: the transport over the workflow-file catalog.
+pub type AgentMcp = crate::mcp::McpService<crate::catalog::Catalog<AgentBackend>>;
+
 pub struct AgentBackend {
     identity: IdentityStore,
     files: FileTools,

@@ -30,6 +30,9 @@
 //! What a backend serves besides tools ([`Features`]) is what is declared and routed; agentd's
 //! serves tools only.
 //!
+//! May call: nothing else in agentd (its unit tests run it over the catalog). Everything it needs
+//! to know about a caller comes through the [`Backend`].
+//!
 //! **Refusals.** A request refused at the HTTP layer keeps its status and headers
 //! (`WWW-Authenticate`, `Allow`) in every case; what the body says depends on whether the request
 //! was JSON-RPC, decided from its head alone so that a refusal before the body is read (the

@@ -13,6 +13,11 @@
 //!
 //! Every refusal is an [`OAuthError`], which carries the OAuth `error` code the endpoint
 //! answers with and a description for `error_description`.
+//!
+//! May call: `identity` (what the server stores: clients, grants, pending authorizations, device
+//! logins, the failed-attempt limits), `catalog`'s scope list (the metadata's `scopes_supported`)
+//! and `console::assets` (the page shell of the device and authorization pages). The pure building
+//! blocks call nothing but `identity::token`'s constant-time comparison.
 
 pub mod answer;
 pub mod client_metadata;

@@ -11,6 +11,10 @@
 //!
 //! A message's attachments (uploaded in the console, kept in agentd's private state) are stored
 //! with it as listed; each driver gives them to its agent from the server, never the laptop.
+//!
+//! May call: the chat service and stores, [`crate::chat::tools`] (the turn's [`Toolset`] and its
+//! one executor), the model client, and `mcp`'s tool error. A driver sees only what
+//! [`driver::Turn`] gives it; connections reach it only as tools in the toolset.
 
 pub mod driver;
 pub mod model_loop;
