@@ -19,7 +19,7 @@
 //!   their headers name, sealing) and their tools in a server-mode turn. A chat reaches it only
 //!   through `ConnectionTools`; it never calls the chats.
 //! - [`console`]: the web console: its pages, sign-in and sessions, device-login approval and
-//!   OAuth consent.
+//!   OAuth consent, and the laptop CLI this server shipped with (`/v1/cli`, unauthenticated).
 //! - [`clients`]: how agentd reaches workspaced and gatewayd (and, in a cluster, announces
 //!   revoked tokens to every gatewayd).
 //!
@@ -48,6 +48,7 @@ pub mod start;
 use crate::catalog::backend::AgentMcp;
 use crate::chat::ChatService;
 use crate::connections::Connections;
+use crate::console::laptop_cli::LaptopCli;
 use crate::console::session::Sessions;
 use crate::identity::IdentityStore;
 use agentworks_contract::envelope::Health;
@@ -61,8 +62,8 @@ const MAX_MCP_BODY_BYTES: usize = 48 * 1024 * 1024;
 
 /// What the public listener serves, in the order it is tried: device login (and its approval
 /// page), the console's device-login API, OAuth, the console's consent and sign-in endpoints and
-/// assets, health, the connections and chat endpoints, then MCP (which answers its own paths;
-/// everything else is a 404).
+/// assets, the laptop CLI (`/v1/cli`), health, the connections and chat endpoints, then MCP
+/// (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 pub(crate) struct PublicRoutes {
     pub(crate) mcp: Arc<AgentMcp>,
@@ -73,6 +74,7 @@ pub(crate) struct PublicRoutes {
     pub(crate) chats: Option<ChatService>,
     pub(crate) connections: Option<Connections>,
     pub(crate) sessions: Sessions,
+    pub(crate) laptop_cli: LaptopCli,
 }
 
 impl PublicRoutes {
@@ -105,6 +107,9 @@ impl PublicRoutes {
             return response;
         }
         if let Some(response) = console::assets::handle(&parts) {
+            return response;
+        }
+        if let Some(response) = self.laptop_cli.handle(&parts).await {
             return response;
         }
         if parts.method == Method::GET && parts.uri.path() == "/v1/health" {

@@ -311,6 +311,12 @@ pub async fn serve_listeners(
         crate::console::session::loopback_port(&public),
         outbound,
     );
+    let laptop_cli = crate::console::laptop_cli::LaptopCli::new(
+        config.agentd.cli_dir.clone(),
+        config.agentd.public_url(),
+        shutdown.clone(),
+    );
+    laptop_cli.offer();
     let routes = PublicRoutes {
         mcp,
         oauth,
@@ -319,6 +325,7 @@ pub async fn serve_listeners(
         chats: chat_service.clone(),
         connections: connections.clone(),
         sessions,
+        laptop_cli,
     };
     let public_handler = move |peer: std::net::SocketAddr,
                                mut parts: hyper::http::request::Parts,
