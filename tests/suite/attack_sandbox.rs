@@ -1049,7 +1049,7 @@ fn quickstart_as(state: &Path, uid: u32, gid: u32) -> (Child, Value) {
         .stdin(Stdio::null());
     as_user(&mut command, uid, gid, Start::default());
     let run = QuickstartRun::spawn(command);
-    (run.child, run.started)
+    run.into_parts()
 }
 
 #[test]
