@@ -8,8 +8,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentworks_laptop::sandbox::{self, SandboxPolicy};
 use agentworks_laptop::shell::{self, ShellError, ShellOutcome, ShellRequest};
+use agentworks_sandbox::{self as sandbox, SandboxPolicy};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::processes_with;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use agentworks_contract::executor::{ExecutorFrame, Operation, Outcome};
-use agentworks_laptop::sandbox::{self, SandboxPolicy, TEST_NO_USERNS_ENV};
+use agentworks_sandbox::{self as sandbox, SandboxPolicy, TEST_NO_USERNS_ENV};
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 use super::harness::{Gateway, Laptop, ensure_user, request, runtime, users_lock};

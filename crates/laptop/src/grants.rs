@@ -35,8 +35,8 @@ use agentworks_contract::executor::{FolderAccess, FolderInfo, MAX_FOLDERS, check
 use agentworks_core::guard::{Guard, RelPath};
 
 use super::config::Dirs;
-use super::resolve::{ResolveError, resolve_lenient};
-use super::sandbox::{
+use agentworks_sandbox::resolve::{ResolveError, resolve_lenient};
+use agentworks_sandbox::{
     ExclusionMechanism, HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant,
     SandboxPolicy,
 };

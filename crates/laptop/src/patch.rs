@@ -62,7 +62,7 @@ use agentworks_fs::confine::{self, ConfineError};
 use agentworks_fs::staged::StagedFile;
 
 use super::grants::{Folder, Grants};
-use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND as SANDBOX_SUBCOMMAND, SandboxPolicy};
+use agentworks_sandbox::{REFUSAL_PREFIX, SUBCOMMAND as SANDBOX_SUBCOMMAND, SandboxPolicy};
 
 /// The hidden subcommand of the applier.
 pub const SUBCOMMAND: &str = "__apply-patch";
@@ -771,9 +771,9 @@ fn applier_command(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    super::sandbox::new_session(&mut command);
-    super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, policy);
+    agentworks_sandbox::new_session(&mut command);
+    agentworks_sandbox::die_with_parent(&mut command);
+    agentworks_sandbox::inherit_pinned(&mut command, policy);
     command
 }
 

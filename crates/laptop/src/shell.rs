@@ -27,8 +27,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
-use super::cgroup::kill_cgroup_at;
-use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND, SandboxPolicy};
+use agentworks_sandbox::cgroup::kill_cgroup_at;
+use agentworks_sandbox::{REFUSAL_PREFIX, SUBCOMMAND, SandboxPolicy};
 
 /// Default timeout when the request names none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -255,9 +255,9 @@ fn launcher_command(
 
     // A new session (and process group) for the launcher: no controlling terminal, and the
     // group id is the launcher's pid, which the SIGKILL fallback reaches.
-    super::sandbox::new_session(&mut command);
-    super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, &request.policy);
+    agentworks_sandbox::new_session(&mut command);
+    agentworks_sandbox::die_with_parent(&mut command);
+    agentworks_sandbox::inherit_pinned(&mut command, &request.policy);
     command
 }
 
@@ -355,7 +355,7 @@ fn start_time(pid: Pid) -> Option<u64> {
 /// The start time of `pid` (macOS: from `proc_pidinfo`, there is no `/proc`).
 #[cfg(target_os = "macos")]
 fn start_time(pid: Pid) -> Option<u64> {
-    super::sandbox::process_start_time(pid.as_raw())
+    agentworks_sandbox::process_start_time(pid.as_raw())
 }
 
 /// One output stream read to EOF in a task, keeping the first [`MAX_CAPTURE`] bytes.

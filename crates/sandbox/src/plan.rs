@@ -2,7 +2,7 @@
 //!
 //! Owns: resolving a [`SandboxPolicy`] into rules ([`plan_rules`]): the system paths and
 //! devices, the toolchains, the granted roots (pinned descriptors checked against the directory
-//! the executor pinned), and the exclusion walk described in the module doc of `sandbox`.
+//! the executor pinned), and the exclusion walk described in the crate's module doc.
 //! Must never: apply anything (the launcher does), follow a symlink when granting, grant a
 //! terminal device or `/`, or skip a granted folder it cannot open.
 
@@ -16,8 +16,7 @@ use landlock::{ABI, Access, AccessFs, BitFlags};
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::resolve::resolve_lenient;
-
-use super::{
+use crate::{
     HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy,
 };
 
@@ -62,22 +61,22 @@ enum Exclusion {
 
 /// One Landlock rule: an `O_PATH` descriptor opened without following symlinks, and its rights.
 #[derive(Debug)]
-pub(super) struct PlannedRule {
-    pub(super) path: PathBuf,
-    pub(super) fd: OwnedFd,
-    pub(super) access: BitFlags<AccessFs>,
+pub(crate) struct PlannedRule {
+    pub(crate) path: PathBuf,
+    pub(crate) fd: OwnedFd,
+    pub(crate) access: BitFlags<AccessFs>,
 }
 
-pub(super) struct Plan {
-    pub(super) abi: ABI,
-    pub(super) handled: BitFlags<AccessFs>,
+pub(crate) struct Plan {
+    pub(crate) abi: ABI,
+    pub(crate) handled: BitFlags<AccessFs>,
     read: BitFlags<AccessFs>,
     file: BitFlags<AccessFs>,
     exclusions: Vec<(PathBuf, Exclusion)>,
     /// Exclusions a mount covers already (`overmount.rs`): never granted when a walk meets them,
     /// but no reason to walk the folders above them.
     covered: Vec<PathBuf>,
-    pub(super) rules: Vec<PlannedRule>,
+    pub(crate) rules: Vec<PlannedRule>,
 }
 
 /// Resolves the policy into Landlock rules (the exclusion walk happens here). `covered` are the
@@ -85,7 +84,7 @@ pub(super) struct Plan {
 ///
 /// The order matters: every exclusion is known before the first grant, since a grant is cut
 /// down by the exclusions present when it is made.
-pub(super) fn plan_rules(
+pub(crate) fn plan_rules(
     policy: &SandboxPolicy,
     abi_version: i32,
     covered: &[PathBuf],
@@ -422,7 +421,7 @@ impl Plan {
 
     /// `--allow-unix-sockets` from ABI 9: `connect()` to named Unix sockets is not handled, so
     /// allowed everywhere (below ABI 9 the right does not exist and this changes nothing).
-    pub(super) fn allow_unix_sockets(&mut self) {
+    pub(crate) fn allow_unix_sockets(&mut self) {
         self.handled.remove(AccessFs::ResolveUnix);
         for rule in &mut self.rules {
             rule.access.remove(AccessFs::ResolveUnix);
@@ -508,7 +507,7 @@ fn resolve_existing(path: &Path, what: &str) -> Result<PathBuf, SandboxError> {
 mod tests {
     use super::*;
     use crate::limits::CommandLimits;
-    use crate::sandbox::{MIN_ABI, landlock_status};
+    use crate::{MIN_ABI, landlock_status};
 
     fn policy(root: &Path) -> SandboxPolicy {
         SandboxPolicy {
@@ -562,7 +561,7 @@ mod tests {
     /// decides agree, for reading and for writing.
     #[test]
     fn the_landlock_plan_and_the_macos_profile_decide_alike() {
-        use crate::sandbox::sbpl::{Access as Sbpl, Profile};
+        use crate::sbpl::{Access as Sbpl, Profile};
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().canonicalize().expect("canonical");
         let files = [

@@ -1,5 +1,5 @@
-//! The launcher: the re-executed `agentworks __sandbox-exec` process that confines itself and
-//! forks the command's shell.
+//! The Linux launcher: the re-executed `<binary> __sandbox-exec` process that confines itself
+//! and forks the command (the laptop's shell, a coding CLI).
 //!
 //! Owns: the security steps in their order (`launch`, each step with why it comes there),
 //! applying the ruleset `plan.rs` planned and the nested scope ruleset, and the shell's fork.
@@ -18,14 +18,12 @@ use landlock::{
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
-use super::overmount;
-use super::plan::{Plan, plan_rules};
 use super::reaper::{end_command, wait_for_shell};
-use super::{SandboxError, TEST_ABI_ENV, check_no_terminal, landlock_status, parse_launcher_args};
+use super::{check_no_terminal, parse_launcher_args};
 use crate::cgroup::CommandCgroupFds;
-use crate::limits;
-use crate::privileges;
-use crate::seccomp;
+use crate::plan::{Plan, plan_rules};
+use crate::{SandboxError, TEST_ABI_ENV, landlock_status};
+use crate::{limits, overmount, privileges, seccomp};
 
 /// The Linux launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {

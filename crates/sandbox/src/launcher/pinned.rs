@@ -10,7 +10,7 @@
 use std::io;
 use std::os::unix::fs::MetadataExt;
 
-use super::{SandboxError, SandboxPolicy};
+use crate::{SandboxError, SandboxPolicy};
 
 /// Every pinned descriptor is the directory recorded at connect, and its path still
 /// names that directory (no symlink at its end).
@@ -63,7 +63,7 @@ mod tests {
 
     use super::*;
     use crate::limits::CommandLimits;
-    use crate::sandbox::{PinnedAccess, PinnedGrant};
+    use crate::{PinnedAccess, PinnedGrant};
 
     fn pin(path: &Path) -> (OwnedFd, PinnedGrant) {
         let fd: OwnedFd = std::fs::File::open(path).expect("open").into();

@@ -26,7 +26,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use super::{HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, SandboxPolicy};
+use crate::{HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, SandboxPolicy};
 
 /// The macOS launcher runs every command through this program.
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
@@ -261,8 +261,8 @@ fn render(rules: &[FileRule]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PinnedGrant;
     use crate::limits::CommandLimits;
-    use crate::sandbox::PinnedGrant;
 
     fn policy() -> SandboxPolicy {
         SandboxPolicy {

@@ -54,11 +54,11 @@ use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
 
-use super::{PinnedAccess, SandboxPolicy};
+use crate::{PinnedAccess, SandboxPolicy};
 
 /// How an exclusion is covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cover {
+pub(crate) enum Cover {
     /// `--block`: nothing readable, writable or listable.
     Hide,
     /// `--read-only`, and read-only folders nested in a writable one: a read-only view.
@@ -68,11 +68,11 @@ pub(super) enum Cover {
 /// What the launcher could do: the exclusions now covered by a mount (canonical paths, as the
 /// policy gives them), which the rule walk leaves alone.
 #[derive(Debug, Default)]
-pub(super) struct Covered {
-    pub(super) paths: Vec<PathBuf>,
+pub(crate) struct Covered {
+    pub(crate) paths: Vec<PathBuf>,
     /// Whether the launcher is in namespaces of its own now (the shell then gets the seccomp
     /// filter that keeps it from making or entering others).
-    pub(super) in_namespace: bool,
+    pub(crate) in_namespace: bool,
 }
 
 /// Why the namespace or a cover could not be made.
@@ -163,7 +163,7 @@ fn roots_and_targets(policy: &SandboxPolicy) -> Vec<Root> {
 }
 
 /// Whether `policy` has an exclusion a cover would serve: one inside a writable root.
-pub(super) fn wanted(policy: &SandboxPolicy) -> bool {
+pub(crate) fn wanted(policy: &SandboxPolicy) -> bool {
     policy.overmount_exclusions && !roots_and_targets(policy).is_empty()
 }
 
@@ -171,7 +171,7 @@ pub(super) fn wanted(policy: &SandboxPolicy) -> bool {
 /// root that it can. `Ok` with nothing covered when the kernel refuses the namespace (the walk
 /// then does everything, as without namespaces); an error only when the process is left in a
 /// namespace it cannot use (its ids could not be mapped), and the command must be refused.
-pub(super) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
+pub(crate) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
     let roots = roots_and_targets(policy);
     if roots.is_empty() || !policy.overmount_exclusions {
         return Ok(Covered::default());

@@ -10,7 +10,7 @@ use std::io;
 #[cfg(target_os = "linux")]
 use nix::sys::signal::Signal;
 
-use super::SandboxPolicy;
+use crate::SandboxPolicy;
 
 /// Makes a launcher about to be spawned by `command` receive SIGTERM when the executor dies
 /// (even by SIGKILL), so that it kills the command and every descendant instead of running on

@@ -22,10 +22,11 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::pinned::check_pinned;
-use super::sbpl::{Profile, SANDBOX_EXEC, sandbox_exec_args};
-use super::tree::{self, ProcessInfo, ProcessTable, Seen};
-use super::{SandboxError, check_no_terminal, parse_launcher_args};
+use super::{check_no_terminal, parse_launcher_args};
+use crate::SandboxError;
 use crate::limits;
+use crate::sbpl::{Profile, SANDBOX_EXEC, sandbox_exec_args};
+use crate::tree::{self, ProcessInfo, ProcessTable, Seen};
 
 /// How often the wait loop records the command's processes and checks for a stop signal.
 const POLL: Duration = Duration::from_millis(10);
