@@ -87,7 +87,7 @@ impl Folder {
             blocked: vec![],
             read_only_within: vec![],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
             limits: Default::default(),

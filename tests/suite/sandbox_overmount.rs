@@ -317,7 +317,7 @@ fn an_unprivileged_launcher_covers_the_exclusions_and_keeps_file_creation() {
         blocked: vec![proj.join(".env")],
         read_only_within: vec![proj.join("vendor")],
         denied: vec![],
-        home: None,
+        read_only_if_present: vec![],
         scratch: scratch.clone(),
         cwd: proj.clone(),
         limits: Default::default(),

@@ -63,10 +63,10 @@
 //! Must never: run a command without a ruleset the kernel reports as fully enforced (Landlock
 //! missing, an ABI below [`MIN_ABI`], a rule that cannot be added or a partially enforced
 //! ruleset all refuse), nor with a controlling terminal, nor without a scope or seccomp filter
-//! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant the
-//! whole home directory (only a fixed list of toolchain folders, read/execute) or a terminal
-//! device; exit while a process of the command is alive; leave files or mount points in the
-//! person's folders; restrict the network.
+//! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant a path
+//! the policy does not name (besides the system paths and the null and random devices), `/`
+//! or a terminal device; exit while a process of the command is alive; leave files or mount
+//! points in the person's folders; restrict the network.
 //!
 //! # How exclusions work
 //!
@@ -138,7 +138,5 @@ pub use launcher::{
     PROBE_SUBCOMMAND, REFUSAL_EXIT, REFUSAL_PREFIX, SUBCOMMAND, launcher_main, probe_main,
 };
 pub use limits::CommandLimits;
-pub use policy::{
-    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxPolicy,
-};
+pub use policy::{PinnedAccess, PinnedGrant, SandboxPolicy};
 pub use spawn::{die_with_parent, inherit_pinned, new_session};

@@ -734,7 +734,7 @@ mod tests {
             ],
             read_only_within: vec![PathBuf::from("/w/a")],
             denied: vec![PathBuf::from("/w/state")],
-            home: None,
+            read_only_if_present: vec![],
             scratch: PathBuf::from("/s"),
             cwd: PathBuf::from("/w"),
             limits: Default::default(),

@@ -16,9 +16,7 @@ use landlock::{ABI, Access, AccessFs, BitFlags};
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::resolve::resolve_lenient;
-use crate::{
-    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy,
-};
+use crate::{PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy};
 
 /// System paths every command may read and execute (missing ones are skipped).
 const SYSTEM_READ: &[&str] = &[
@@ -97,17 +95,8 @@ pub(crate) fn plan_rules(
     refuse_whole_filesystem(&roots, &scratch)?;
 
     plan.exclude_policy_paths(policy, &roots)?;
-    let home = match &policy.home {
-        Some(home) => Some(resolve_existing(home, "home")?),
-        None => None,
-    };
-    if let Some(home) = &home {
-        for secret in HOME_TOOLCHAIN_SECRETS {
-            plan.exclude(&home.join(secret), Exclusion::NoAccess)?;
-        }
-    }
 
-    plan.grant_system(home.as_deref())?;
+    plan.grant_system(&policy.read_only_if_present)?;
     plan.grant_roots(roots)?;
     // The private scratch dir lies in the CLI's (denied) state dir: it is granted as itself,
     // past the exclusions.
@@ -255,9 +244,9 @@ impl Plan {
         Ok(())
     }
 
-    /// The system paths (read), the devices (read/write, never a terminal) and, with a home,
-    /// its toolchain folders (read); missing ones are skipped.
-    fn grant_system(&mut self, home: Option<&Path>) -> Result<(), SandboxError> {
+    /// The system paths (read), the devices (read/write, never a terminal) and the policy's
+    /// `read_only_if_present` paths (read); missing ones are skipped.
+    fn grant_system(&mut self, if_present: &[PathBuf]) -> Result<(), SandboxError> {
         let read = self.read;
         for path in SYSTEM_READ {
             self.grant_optional(Path::new(path), read)?;
@@ -268,10 +257,9 @@ impl Plan {
         for path in DEVICES {
             self.grant_optional(Path::new(path), device | (self.handled & AccessFs::ReadDir))?;
         }
-        if let Some(home) = home {
-            for dir in HOME_TOOLCHAINS {
-                self.grant_optional(&home.join(dir), read)?;
-            }
+        for path in if_present {
+            check_absolute(path)?;
+            self.grant_optional(path, read)?;
         }
         Ok(())
     }
@@ -517,7 +505,7 @@ mod tests {
             blocked: vec![root.join("w/a/b"), root.join("w/missing")],
             read_only_within: vec![root.join("w/ro")],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: root.join("scratch"),
             cwd: root.join("w"),
             limits: CommandLimits::default(),
@@ -588,7 +576,7 @@ mod tests {
         policy.denied = vec![root.join("w/.agentworks")];
         let abi = landlock_status().expect("landlock");
         let plan = plan_rules(&policy, abi, &[]).expect("plan");
-        let profile = Profile::generate(&policy, None);
+        let profile = Profile::generate(&policy);
         let landlock = |path: &Path, right: AccessFs| {
             plan.rules
                 .iter()

@@ -10,73 +10,66 @@ use std::path::PathBuf;
 
 use crate::limits::CommandLimits;
 
-/// Toolchain folders under the person's home granted read and execute. Never the whole home.
-pub const HOME_TOOLCHAINS: &[&str] = &[
-    ".rustup",
-    ".cargo",
-    ".nvm",
-    ".pyenv",
-    ".volta",
-    ".bun",
-    ".deno",
-    ".local/bin",
-    ".local/lib",
-    "go/bin",
-    "go/pkg/mod",
-];
-
-/// Credential files inside the toolchain folders: never readable.
-pub const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
-
 /// What a pinned directory grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PinnedAccess {
-    /// Read, write, create, remove (a `--write-folder`, the Downloads companion).
+    /// Read, write, create, remove (the laptop's `--write-folder` and Downloads companion).
     ReadWrite,
-    /// Read and execute (a `--folder`, a toolchain folder).
+    /// Read and execute (the laptop's `--folder` and toolchain folders).
     ReadOnly,
 }
 
-/// A directory the executor opened once at connect and keeps open (an `O_PATH` descriptor),
-/// granted to a command through that descriptor: whatever its path names later (a symlink, a
-/// folder moved in its place) does not change what the rule covers. The launcher inherits the
-/// descriptor ([`inherit_pinned`](crate::inherit_pinned)) and checks that it still is the directory recorded here.
+/// A directory the caller opened once (the laptop: at connect) and keeps open (an `O_PATH`
+/// descriptor), granted to a command through that descriptor: whatever its path names later (a
+/// symlink, a folder moved in its place) does not change what the rule covers. The launcher
+/// inherits the descriptor ([`inherit_pinned`](crate::inherit_pinned)) and checks that it still
+/// is the directory recorded here.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PinnedGrant {
-    /// The descriptor's number in the executor, and so in the launcher.
+    /// The descriptor's number in the caller, and so in the launcher.
     pub fd: i32,
     /// Device and inode of the directory when it was opened.
     pub dev: u64,
     pub ino: u64,
-    /// Its canonical path at connect: exclusions are matched against it, and messages name it.
+    /// Its canonical path when it was opened: exclusions are matched against it, and messages
+    /// name it.
     pub path: PathBuf,
     pub access: PinnedAccess,
 }
 
-/// What a command may touch. Paths must be absolute; the path-based ones (`read_write`,
-/// `read_only`, `home`) are resolved (symlinks followed) by the launcher before the ruleset is
-/// built, so the executor grants its shared folders, Downloads and toolchains through `pinned`
-/// descriptors instead and uses paths only for its own private scratch dir and executable.
+/// What a command may touch, besides the system paths and devices every command gets (read and
+/// execute; the null and random devices, never a terminal). Paths must be absolute; the
+/// path-based ones (`read_write`, `read_only`, `read_only_if_present`) are resolved (symlinks
+/// followed) by the launcher before the ruleset is built, so a grant whose path someone else
+/// can change goes through `pinned` descriptors instead (the laptop's shared folders, Downloads
+/// and toolchains; paths only for its own scratch dir and executable).
+///
+/// Everything that is the caller's own comes in here, none of it is built in: its credentials
+/// and state (`denied`), its toolchains or install dirs (`read_only`, `read_only_if_present`),
+/// its runtime or scratch dir (`scratch`, `read_write`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxPolicy {
-    /// Directories granted through descriptors pinned at connect.
+    /// Directories granted through descriptors pinned by the caller.
     #[serde(default)]
     pub pinned: Vec<PinnedGrant>,
-    /// Writable folders granted by path.
+    /// Writable folders granted by path (read, write, create, remove).
     pub read_write: Vec<PathBuf>,
-    /// Read-only paths granted by path (the launcher executable, for patches).
+    /// Paths granted read and execute by path, which must exist (the launcher executable, for
+    /// the laptop's patches; a coding CLI's install dir).
     pub read_only: Vec<PathBuf>,
-    /// `--block` paths: neither readable nor writable nor creatable (existing or not).
+    /// Paths granted read and execute where they exist, skipped where they do not (toolchain
+    /// folders under a home). Granted with the system paths, before any other grant.
+    #[serde(default)]
+    pub read_only_if_present: Vec<PathBuf>,
+    /// Neither readable nor writable nor creatable, existing or not (the laptop's `--block`).
     pub blocked: Vec<PathBuf>,
-    /// `--read-only` paths inside a writable folder: not writable.
+    /// Paths inside a writable folder that are not writable (the laptop's `--read-only`).
     pub read_only_within: Vec<PathBuf>,
-    /// The CLI's credentials and state dirs: never readable.
+    /// Never readable nor writable, wherever they lie: the caller's credentials and state, a
+    /// toolchain's credential files.
     pub denied: Vec<PathBuf>,
-    /// The person's home, for toolchain read/exec grants by path (never credentials); the
-    /// executor pins its toolchains instead and leaves this empty.
-    pub home: Option<PathBuf>,
     /// Private scratch dir (TMPDIR, caches point here): always read/write, whatever `denied`
     /// says of the state dir it lies in.
     pub scratch: PathBuf,
@@ -88,9 +81,10 @@ pub struct SandboxPolicy {
     /// Linux: enforce the `blocked` and `read_only_within` paths that lie inside a writable
     /// folder by mounts in a user and mount namespace of the command's own, so the folder is
     /// granted whole and keeps file creation (`overmount.rs`); what cannot be covered is left to
-    /// the rule walk, and so is everything when the kernel refuses the namespace. The executor
-    /// sets it when its connect-time probe ([`exclusion_mechanism`](crate::exclusion_mechanism)) found namespaces
-    /// usable. Ignored on macOS, whose profile denies a path inside an allowed folder itself.
+    /// the rule walk, and so is everything when the kernel refuses the namespace. The caller
+    /// sets it when the probe ([`exclusion_mechanism`](crate::exclusion_mechanism)) found
+    /// namespaces usable. Ignored on macOS, whose profile denies a path inside an allowed folder
+    /// itself.
     #[serde(default)]
     pub overmount_exclusions: bool,
 }

@@ -91,7 +91,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         path: SANDBOX_EXEC.into(),
         source,
     })?;
-    let profile = Profile::generate(&policy, policy.home.as_deref());
+    let profile = Profile::generate(&policy);
 
     // 6. Start `sandbox-exec -p <profile> -- <program> <args>`: in our session and process
     // group, so the group finds what the command leaves.

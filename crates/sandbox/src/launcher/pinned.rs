@@ -86,7 +86,7 @@ mod tests {
             blocked: vec![],
             read_only_within: vec![],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: "/nonexistent/scratch".into(),
             cwd: "/".into(),
             limits: CommandLimits::default(),
