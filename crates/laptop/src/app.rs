@@ -423,7 +423,9 @@ async fn executor_connect(
     target: ConnectTarget,
 ) -> Result<ExitCode, AppError> {
     let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
-    let exclusions = agentworks_sandbox::exclusion_mechanism(&launcher);
+    let exclusions = agentworks_sandbox::exclusion_mechanism(
+        &agentworks_sandbox::process::Launcher::at(&launcher),
+    );
     print!("{}", grants.file_creation_text(&exclusions));
     print!(
         "{}",

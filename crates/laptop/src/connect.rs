@@ -301,7 +301,8 @@ pub struct Executor {
     pub receipts: Arc<Receipts>,
     /// The `agentworks` executable (the sandbox launcher).
     pub launcher: PathBuf,
-    /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
+    /// Process, memory and Unix-socket limits, and the delegated cgroup (the sandbox crate's
+    /// `limits`).
     pub limits: Arc<agentworks_sandbox::limits::Limits>,
     /// How exclusions inside writable folders are enforced here (found at connect).
     pub exclusions: agentworks_sandbox::ExclusionMechanism,

@@ -10,6 +10,7 @@ use std::io;
 
 use crate::SandboxError;
 use crate::launcher::PROBE_SUBCOMMAND;
+use crate::process::Launcher;
 #[cfg(target_os = "macos")]
 use crate::sbpl;
 
@@ -18,7 +19,7 @@ use crate::sbpl;
 pub const MIN_ABI: i32 = 3;
 /// Debug builds only: simulate a kernel reporting this Landlock ABI (`0` = unavailable).
 pub const TEST_ABI_ENV: &str = "AGENTWORKS_TEST_LANDLOCK_ABI";
-/// Debug builds only, read by the executor at connect: `1` makes it act as on a machine that
+/// Debug builds only, read by [`exclusion_mechanism`] (the laptop's executor at connect): `1` makes it act as on a machine that
 /// refuses unprivileged user namespaces (the exclusions then use the rule walk).
 pub const TEST_NO_USERNS_ENV: &str = "AGENTWORKS_TEST_NO_USERNS";
 
@@ -35,10 +36,10 @@ pub enum ExclusionMechanism {
     Walk(String),
 }
 
-/// Which [`ExclusionMechanism`] commands get here, found at connect by running `launcher`
-/// (the `agentworks` binary) as `agentworks __sandbox-probe`, which tries the namespace steps
-/// the launcher takes. Debug builds honour [`TEST_NO_USERNS_ENV`].
-pub fn exclusion_mechanism(launcher: &std::path::Path) -> ExclusionMechanism {
+/// Which [`ExclusionMechanism`] commands get here, found (the laptop: at connect) by running
+/// `launcher` as `<launcher> __sandbox-probe`, which tries the namespace steps the launcher
+/// takes. Debug builds honour [`TEST_NO_USERNS_ENV`].
+pub fn exclusion_mechanism(launcher: &Launcher) -> ExclusionMechanism {
     if cfg!(target_os = "macos") {
         return ExclusionMechanism::Profile;
     }
@@ -47,7 +48,7 @@ pub fn exclusion_mechanism(launcher: &std::path::Path) -> ExclusionMechanism {
             "{TEST_NO_USERNS_ENV}=1 simulates a machine that refuses them"
         ));
     }
-    match std::process::Command::new(launcher)
+    match std::process::Command::new(launcher.exe())
         .arg(PROBE_SUBCOMMAND)
         .env_clear()
         .stdin(std::process::Stdio::null())
@@ -58,7 +59,7 @@ pub fn exclusion_mechanism(launcher: &std::path::Path) -> ExclusionMechanism {
         Ok(out) => ExclusionMechanism::Walk(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
         Err(e) => ExclusionMechanism::Walk(format!(
             "the probe {} could not run: {e}",
-            launcher.display()
+            launcher.exe().display()
         )),
     }
 }

@@ -10,6 +10,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
+use nix::sys::signal::Signal;
 use rustix::fs::{Mode, OFlags};
 
 use crate::{SandboxError, SandboxPolicy};
@@ -28,7 +29,7 @@ use linux::launch;
 #[cfg(target_os = "macos")]
 use macos::launch;
 #[cfg(target_os = "macos")]
-pub use macos::start_time as process_start_time;
+pub(crate) use macos::start_time as process_start_time;
 
 /// The hidden subcommand that puts a binary in launcher mode.
 pub const SUBCOMMAND: &str = "__sandbox-exec";
@@ -87,6 +88,17 @@ pub fn launcher_main(args: &[String]) -> SandboxError {
         Ok(never) => match never {},
         Err(error) => error,
     }
+}
+
+/// Sends `signal` to every live process of the command the launcher `launcher` (a child of this
+/// process) runs, never to the launcher itself; returns how many. Linux: the launcher's
+/// descendants in `/proc` (it is their subreaper, so orphans are among them); macOS: its
+/// descendants and the members of its process group.
+pub(crate) fn signal_command(launcher: i32, signal: Signal) -> usize {
+    #[cfg(target_os = "linux")]
+    return reaper::signal_live_descendants(launcher, signal, 0);
+    #[cfg(target_os = "macos")]
+    return macos::signal_command(launcher, signal);
 }
 
 /// Both launchers' check that they have no controlling terminal: `/dev/tty` must not open

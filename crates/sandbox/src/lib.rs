@@ -2,9 +2,57 @@
 //! that runs commands for an agent (the laptop CLI's executor; the server's coding-CLI runner).
 //!
 //! Owns: [`SandboxPolicy`] (which folders a command may read, write or never touch), the
-//! support check ([`check_available`], [`landlock_status`]) and the launcher: the caller's own
-//! binary re-executed as `<binary> __sandbox-exec <policy-json> -- <program> [args...]`, whose
-//! `main` calls [`launcher::main_if_launcher`] first.
+//! support check ([`check_available`], [`landlock_status`]), the launcher that enforces the
+//! policy, and the process that runs a command through it.
+//!
+//! Using it, for a program that runs commands (the laptop's `agentworks`; a daemon): its
+//! `main` calls [`launcher::main_if_launcher`] first, so that the same binary re-executed as
+//! `<binary> __sandbox-exec <policy-json> -- <program> [args...]` becomes the launcher. To run a
+//! command it builds a [`SandboxPolicy`] (the folders, its own state `denied`, a scratch dir,
+//! the [`CommandLimits`]: a cgroup per command from [`limits::Limits::for_command`] where the
+//! caller's cgroup is delegated) and either runs a shell command to completion with its output
+//! captured ([`shell::run`]: 1 MiB per stream, 60 s by default, 300 s at most, the tree ended on
+//! cancel) or starts any program with [`process::SandboxCommand`] (an explicit environment, piped
+//! streams) and holds a [`process::SandboxedChild`]: read and write its pipes as it runs, signal
+//! its processes, end its whole tree, wait for its exit:
+//!
+//! ```no_run
+//! use agentworks_sandbox::SandboxPolicy;
+//! use agentworks_sandbox::process::{Launcher, SandboxCommand, Stream};
+//! use tokio::io::AsyncBufReadExt;
+//!
+//! fn main() -> std::process::ExitCode {
+//!     // First, while single-threaded: re-executed as the launcher, the binary becomes it.
+//!     if let Some(code) = agentworks_sandbox::launcher::main_if_launcher() {
+//!         return code;
+//!     }
+//!     // …the program itself: a runtime, and commands started as below.
+//!     std::process::ExitCode::SUCCESS
+//! }
+//!
+//! async fn turn(policy: SandboxPolicy) -> Result<(), Box<dyn std::error::Error>> {
+//!     let mut command = SandboxCommand::new("/opt/cli/bin/agent", policy);
+//!     command
+//!         .args(["exec", "--json"])
+//!         .env("PATH", "/usr/bin:/bin")
+//!         .env("HOME", "/var/lib/runner/home")
+//!         .stdin(Stream::Piped)
+//!         .stdout(Stream::Piped);
+//!     let mut child = command.spawn(&Launcher::current_exe()?)?;
+//!     let stdout = child.stdout.take().ok_or("stdout is piped")?;
+//!     let mut lines = tokio::io::BufReader::new(stdout).lines();
+//!     while let Some(event) = lines.next_line().await? {
+//!         if event.contains("\"cancelled\"") {
+//!             child.kill_tree().await?;
+//!             break;
+//!         }
+//!     }
+//!     let status = child.wait().await?;
+//!     println!("the agent exited: {status}");
+//!     Ok(())
+//! }
+//! ```
+//!
 //! The launcher, in this order (each step in `launcher/linux.rs` says why it comes there): marks
 //! inherited descriptors close-on-exec; becomes the leader of a new session with no controlling
 //! terminal; becomes a child subreaper; opens the command's cgroup (when the caller made one);
@@ -35,6 +83,10 @@
 //! Layout:
 //! - [`policy`]: the policy; [`error`]: why the launcher refused; [`check`]: whether this
 //!   machine can sandbox, and how it enforces exclusions (the namespace probe).
+//! - [`process`]: a command started through the launcher and the handle on it; [`shell`]: a
+//!   shell command run to completion, captured and bounded in time; `spawn.rs`: what is set on
+//!   the launcher's process before exec (a new session, death with its parent, the pinned
+//!   descriptors inherited).
 //! - [`launcher`]: the hidden subcommands and their entry, the argument parsing and terminal
 //!   check both launchers share; `launcher/linux.rs` the Linux launcher's steps in their order,
 //!   applying the planned ruleset; `launcher/reaper.rs` the waiting for the command and the
@@ -42,15 +94,13 @@
 //!   `launcher/pinned.rs` its check of the pinned folders (tested anywhere).
 //! - `plan.rs` the rule planning (which paths get which Landlock rights, the exclusion walk, the
 //!   pinned-descriptor checks), which applies nothing; `overmount.rs` the covers of exclusions by
-//!   mounts in the command's own user and mount namespace, and the probe for them; [`seccomp`]
-//!   the filters; [`privileges`] a root launcher's PID namespace and capability drop.
+//!   mounts in the command's own user and mount namespace, and the probe for them; `seccomp`
+//!   the filters; `privileges` a root launcher's PID namespace and capability drop (Linux).
 //! - [`sbpl`]: the macOS back end of the same policy (a `sandbox-exec` profile, generated and
-//!   evaluated on any machine); [`tree`]: finding a command's processes without a subreaper
+//!   evaluated on any machine); `tree`: finding a command's processes without a subreaper
 //!   (pure, tested anywhere).
 //! - [`limits`]: the process, memory and Unix-socket limits; [`cgroup`]: one cgroup per command
 //!   in a delegated subtree.
-//! - `spawn.rs`: what the caller sets on the launcher's process before exec ([`new_session`],
-//!   [`die_with_parent`], [`inherit_pinned`]).
 //! - [`resolve`]: a path that may not exist yet, canonicalised as far as it exists.
 //!
 //! Platforms: Linux and macOS. Linux-only mechanisms (Landlock, seccomp, capabilities, cgroups,
@@ -117,10 +167,12 @@ mod plan;
 pub mod policy;
 #[cfg(target_os = "linux")]
 pub mod privileges;
+pub mod process;
 pub mod resolve;
 pub mod sbpl;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
+pub mod shell;
 mod spawn;
 #[cfg(any(target_os = "macos", test))]
 pub mod tree;
@@ -132,11 +184,8 @@ pub use check::{
     exclusion_mechanism,
 };
 pub use error::SandboxError;
-#[cfg(target_os = "macos")]
-pub use launcher::process_start_time;
 pub use launcher::{
     PROBE_SUBCOMMAND, REFUSAL_EXIT, REFUSAL_PREFIX, SUBCOMMAND, launcher_main, probe_main,
 };
 pub use limits::CommandLimits;
 pub use policy::{PinnedAccess, PinnedGrant, SandboxPolicy};
-pub use spawn::{die_with_parent, inherit_pinned, new_session};

@@ -37,7 +37,7 @@ pub struct CommandLimits {
     /// `--allow-unix-sockets`: no seccomp filter on `socket(AF_UNIX)` (below Landlock ABI 9),
     /// no `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` restriction (from ABI 9).
     pub allow_unix_sockets: bool,
-    /// The command's own cgroup, made by the executor: the launcher moves the command into it
+    /// The command's own cgroup, made by the caller: the launcher moves the command into it
     /// and ends it with `cgroup.kill`.
     pub cgroup: Option<PathBuf>,
 }

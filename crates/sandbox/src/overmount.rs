@@ -36,7 +36,7 @@
 //! refuses the namespace and mount system calls (`seccomp::namespace_filter`).
 //!
 //! Where the kernel refuses the namespace (Ubuntu's `apparmor_restrict_unprivileged_userns`,
-//! most containers), the executor's connect-time [`probe`] finds out, the policy asks for no
+//! most containers), the caller's probe ([`probe`], the laptop's at connect) finds out, the policy asks for no
 //! cover, and connect prints which directories lose file creation and why.
 //!
 //! Owns: entering the namespaces, the covers and their checks, the probe.
@@ -107,7 +107,7 @@ struct Target {
 #[derive(Debug)]
 struct Root {
     path: PathBuf,
-    /// Device and inode the executor pinned (for a pinned root): the path must still name it.
+    /// Device and inode the caller pinned (for a pinned root): the path must still name it.
     pinned: Option<(u64, u64)>,
     targets: Vec<Target>,
 }
@@ -260,7 +260,7 @@ fn write_proc(path: &str, contents: &[u8]) -> Result<(), rustix::io::Errno> {
 }
 
 /// The root, opened by its path in this namespace (the pinned descriptor belongs to the
-/// executor's, where these mounts are not seen), and checked to be the directory pinned.
+/// caller's, where these mounts are not seen), and checked to be the directory pinned.
 fn open_root(root: &Root) -> Result<OwnedFd, rustix::io::Errno> {
     let fd = rustix::fs::open(
         &root.path,
@@ -609,7 +609,7 @@ fn unescape(field: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The connect-time check, run in a process of its own (`agentworks __sandbox-probe`, so it can
+/// The probe, run in a process of its own (`<launcher> __sandbox-probe`, so it can
 /// enter namespaces): the same namespace steps as [`cover`] and one cover of each kind on a
 /// detached mount. `Err` says which step the kernel refused.
 pub fn probe() -> Result<(), String> {

@@ -2,7 +2,7 @@
 //!
 //! Owns: resolving a [`SandboxPolicy`] into rules ([`plan_rules`]): the system paths and
 //! devices, the toolchains, the granted roots (pinned descriptors checked against the directory
-//! the executor pinned), and the exclusion walk described in the crate's module doc.
+//! the caller pinned), and the exclusion walk described in the crate's module doc.
 //! Must never: apply anything (the launcher does), follow a symlink when granting, grant a
 //! terminal device or `/`, or skip a granted folder it cannot open.
 
@@ -28,7 +28,7 @@ const SYSTEM_READ: &[&str] = &[
     "/lib64",
     "/libx32",
     // Configuration: resolver, certificates, passwd/group, alternatives. Secret files in /etc
-    // are root-only by permission, and the executor runs as the person.
+    // are root-only by permission, and the caller runs as the person (or a daemon's user).
     "/etc",
     "/opt",
     "/nix",
@@ -161,7 +161,7 @@ enum Source<'a> {
 }
 
 /// Takes over a pinned descriptor the launcher inherited, after checking it still is the
-/// directory the executor pinned (same device and inode, a directory). The launcher owns it from
+/// directory the caller pinned (same device and inode, a directory). The launcher owns it from
 /// here (it marked every inherited descriptor close-on-exec at start, so the command never has
 /// it).
 fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
@@ -173,7 +173,7 @@ fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
     if pinned.fd < 3 {
         return Err(refuse("not a pinned descriptor number".to_owned()));
     }
-    // SAFETY: the number was passed by the executor, which keeps that descriptor open for its
+    // SAFETY: the number was passed by the caller, which keeps that descriptor open for its
     // life and let this process inherit it (inherit_pinned); nothing else in the launcher owns
     // or closes it, so borrowing it for the duplication below is sound. An unexpected number is
     // caught by the checks that follow (fstat fails, or it is not the recorded directory).
@@ -212,7 +212,7 @@ impl Plan {
 
     /// The policy's exclusions, and a read-only root nested in a writable one.
     ///
-    /// Exclusions are matched by path. Both the path as given (the executor's are canonical
+    /// Exclusions are matched by path. Both the path as given (the laptop's are canonical
     /// from connect) and its resolution now are excluded: a component turned into a symlink
     /// since can only add an exclusion, never drop one.
     fn exclude_policy_paths(

@@ -23,8 +23,9 @@ pub enum PinnedAccess {
 /// A directory the caller opened once (the laptop: at connect) and keeps open (an `O_PATH`
 /// descriptor), granted to a command through that descriptor: whatever its path names later (a
 /// symlink, a folder moved in its place) does not change what the rule covers. The launcher
-/// inherits the descriptor ([`inherit_pinned`](crate::inherit_pinned)) and checks that it still
-/// is the directory recorded here.
+/// inherits the descriptor (and only the pinned ones:
+/// [`SandboxCommand::spawn`](crate::process::SandboxCommand::spawn)) and checks that it still is
+/// the directory recorded here. The caller keeps it open at least until the launcher started.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PinnedGrant {

@@ -23,7 +23,7 @@ pub(super) fn check_pinned(policy: &SandboxPolicy) -> Result<(), SandboxError> {
         };
         let fd_stat = nix::sys::stat::fstat(borrow_open_fd(grant.fd)?)
             .map_err(|e| pinned(format!("the descriptor cannot be read: {e}")))?;
-        // dev_t is i32 on macOS; the executor recorded it with the same cast.
+        // dev_t is i32 on macOS; the caller recorded it with the same cast.
         #[allow(clippy::unnecessary_cast)]
         let (dev, ino) = (fd_stat.st_dev as u64, fd_stat.st_ino as u64);
         if (dev, ino) != (grant.dev, grant.ino) {
