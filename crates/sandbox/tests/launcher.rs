@@ -24,7 +24,7 @@ use agentworks_sandbox::SandboxPolicy;
 use agentworks_sandbox::process::{Launcher, SandboxCommand, SandboxedChild, Stream, refusal};
 use agentworks_sandbox::shell::{self, ShellCommand};
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 use tokio_util::sync::CancellationToken;
 
@@ -98,6 +98,16 @@ fn lines(child: &mut SandboxedChild) -> Lines<BufReader<ChildStdout>> {
 
 async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
     lines.next_line().await.unwrap().expect("stdout ended")
+}
+
+/// Everything a piped stream gives until it ends, as text.
+async fn read_to_end(pipe: Option<impl AsyncRead + Unpin>) -> String {
+    let mut text = String::new();
+    pipe.expect("the stream is piped")
+        .read_to_string(&mut text)
+        .await
+        .unwrap();
+    text
 }
 
 /// A script that starts two sleepers whose command line holds `marker` (a link to `sleep` in
@@ -199,14 +209,7 @@ async fn the_environment_is_only_what_the_caller_set() {
         .env("ONE", "one")
         .stdout(Stream::Piped);
     let mut child = command.spawn(&launcher()).unwrap();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
+    let out = read_to_end(child.stdout.take()).await;
     assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}");
     let mut vars: Vec<&str> = out.lines().collect();
     vars.sort_unstable();
@@ -224,14 +227,7 @@ async fn the_command_runs_under_the_policy() {
         )
         .spawn(&launcher())
         .unwrap();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
+    let out = read_to_end(child.stdout.take()).await;
     child.wait().await.unwrap();
     assert!(out.starts_with("hello\n"), "{out}");
     assert!(!out.contains(SECRET), "{out}");
@@ -302,14 +298,7 @@ async fn a_refusal_says_why_and_nothing_runs() {
         .env("PATH", PATH)
         .stderr(Stream::Piped);
     let mut child = command.spawn(&launcher()).unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .await
-        .unwrap();
+    let err = read_to_end(child.stderr.take()).await;
     let status = child.wait().await.unwrap();
     let reason = refusal(&status, &err).unwrap_or_else(|| panic!("not a refusal: {status} {err}"));
     assert!(reason.contains("scratch dir"), "{reason}");
