@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The crate graph DESIGN.md promises, read from `cargo metadata`; exits 1 on any breach.
+"""The crate graph ARCHITECTURE.md promises ("The code"), read from `cargo metadata`; exits 1 on any breach.
 
 - No domain crate (one per process) depends on another domain crate, directly or through a
   shared crate.

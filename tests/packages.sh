@@ -9,7 +9,10 @@
 #      agentworks-cli-*.rpm; `rpmlint -r rpm/agentworks.rpmlintrc` on the spec and them (0 errors).
 #   3. What each package holds: the daemons, agentworksctl, the units, sysusers/tmpfiles, the
 #      catalog, man pages and the configuration as a conffile / %config(noreplace) in
-#      agentworks; the laptop command alone (and its man page) in agentworks-cli.
+#      agentworks, and the laptop CLI agentd serves at /v1/cli (the same bytes as
+#      agentworks-cli's, answering --version with the package's version) in
+#      /usr/lib/agentworks/cli/agentworks-linux-<arch>; the laptop command alone (and its man
+#      page) in agentworks-cli.
 #
 # Both builds share CARGO_TARGET_DIR (default <repo>/target), so the second compiles only what
 # its environment changes (agentworks and the C crates).
@@ -103,7 +106,20 @@ has "$work/deb-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-a
 lacks "$work/deb-server.list" '^/usr/bin/agentworks$'
 has "$work/deb-cli.list" /usr/bin/agentworks /usr/share/man/man1/agentworks.1.gz \
     /usr/share/bash-completion/completions/agentworks
-lacks "$work/deb-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/'
+lacks "$work/deb-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
+# The laptop CLI agentd serves (/v1/cli): in agentworks, for the architecture built, the same
+# bytes as agentworks-cli's /usr/bin/agentworks, and it runs.
+cli_arch=$(dpkg-architecture -qDEB_HOST_GNU_CPU)
+served_cli=/usr/lib/agentworks/cli/agentworks-linux-$cli_arch
+has "$work/deb-server.list" "$served_cli"
+mkdir "$work/deb-server" "$work/deb-cli"
+dpkg-deb -x "$server_deb" "$work/deb-server"
+dpkg-deb -x "$cli_deb" "$work/deb-cli"
+cmp -s "$work/deb-server$served_cli" "$work/deb-cli/usr/bin/agentworks" ||
+    die "$served_cli in agentworks is not agentworks-cli's /usr/bin/agentworks"
+[ "$("$work/deb-server$served_cli" --version)" = "agentworks $version" ] ||
+    die "$served_cli --version: $("$work/deb-server$served_cli" --version 2>&1)"
+log "agentworks carries the laptop CLI agentd serves for $cli_arch only (the other architecture is not cross-built: README, \"systemd and packages\")"
 dpkg-deb -f "$server_deb" Depends | grep -q systemd || die "agentworks does not depend on systemd"
 mkdir "$work/control"
 dpkg-deb -e "$server_deb" "$work/control"
@@ -156,7 +172,8 @@ has "$work/rpm-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-a
     /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml
 lacks "$work/rpm-server.list" '^/usr/bin/agentworks$'
 has "$work/rpm-cli.list" /usr/bin/agentworks
-lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/'
+lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
+has "$work/rpm-server.list" "/usr/lib/agentworks/cli/agentworks-linux-$(rpm --eval '%{_arch}')"
 rpm -qpc "$server_rpm" 2>/dev/null | grep -qx /etc/agentworks/agentworks.toml ||
     die "/etc/agentworks/agentworks.toml is not %config in the rpm"
 lacks "$work/rpm-server.list" "untracked-canary"

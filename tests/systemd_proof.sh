@@ -17,6 +17,9 @@
 #      entry and the group survive a second write (under RestrictSUIDSGID=yes, without
 #      PrivateUsers=).
 #   6. `journalctl MESSAGE_ID=<write id> AGENTWORKS_REQUEST_ID=<request id>` finds the audit entry.
+#      The laptop CLI the package carries is served by the hardened agentd: GET /v1/cli offers
+#      this machine's architecture with the SHA-256 of the installed file, and its install line,
+#      run by nobody in the container's network namespace, installs that file.
 #   7. `systemctl restart agentworks-workspaced.service` slowed by a test drop-in: a request on
 #      /run/agentworks/workspaced.sock (reached through /proc/<leader>/root) sent after the old
 #      process exited and before the new one serves waits in the backlog and is answered by
@@ -60,6 +63,7 @@ nspawn_pid=
 leader=
 pg_pid=
 pg_dir=
+cli_home=
 start=$(date +%s)
 
 log() { echo "proof: $*" >&2; }
@@ -92,6 +96,7 @@ cleanup() {
         kill -KILL "$pg_pid" 2>/dev/null || true
     fi
     [ -z "$pg_dir" ] || rm -rf "$pg_dir"
+    [ -z "$cli_home" ] || rm -rf "$cli_home"
     # Whatever is left in our cgroup (a container that would not halt) is killed by pid, then
     # the cgroups the container's systemd made are removed, deepest first.
     for h in $(cgroup_dirs); do
@@ -348,6 +353,30 @@ printf '%s\n' "$entry" | grep -q 'AGENTWORKS_PATH=code/hello.txt' || die "audit 
 printf '%s\n' "$entry" | grep -q 'hello from the proof' && die "file contents in the journal"
 printf '%s\n' "$entry" | grep -qF "$token" && die "the token in the journal"
 log "audit entry found: journalctl MESSAGE_ID=$write_id AGENTWORKS_REQUEST_ID=$request_id"
+
+# The laptop CLI the package carries, served by agentd under its hardened unit: the manifest
+# offers this machine's architecture with the SHA-256 of the file the package installed, and
+# the manifest's install line, run by a user without root (nobody, a home of its own) in the
+# container's network namespace, installs that very file.
+arch=$(uname -m)
+packaged=$root/usr/lib/agentworks/cli/agentworks-linux-$arch
+[ -f "$packaged" ] || die "the package did not install /usr/lib/agentworks/cli/agentworks-linux-$arch"
+manifest=$(nsenter -t "$leader" -n curl -fsS http://127.0.0.1:8470/v1/cli) || die "GET /v1/cli failed"
+line=$(printf '%s' "$manifest" | python3 -c 'import json, sys
+offered = [b for b in json.load(sys.stdin)["binaries"] if b["arch"] == sys.argv[1]]
+assert offered and offered[0]["sha256"] == sys.argv[2], offered
+print(offered[0]["install"])' "$arch" "$(sha256sum <"$packaged" | cut -d' ' -f1)") ||
+    die "the manifest does not offer the packaged CLI for $arch: $manifest"
+cli_home=$(mktemp -d /var/tmp/agentworks-proof-cli.XXXXXX)
+chown nobody:nogroup "$cli_home"
+nsenter -t "$leader" -n setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    env -i HOME="$cli_home" PATH=/usr/bin:/bin sh -c "$line" >"$work/cli-install.log" 2>&1 ||
+    die "the install line failed: $(cat "$work/cli-install.log")"
+cmp -s "$cli_home/.local/bin/agentworks" "$packaged" ||
+    die "the install line did not install the packaged CLI: $(cat "$work/cli-install.log")"
+log "agentd serves the packaged CLI (linux-$arch); its install line installed it as nobody"
+rm -rf "$cli_home"
+cli_home=
 
 # --- 7. a restart loses no request -------------------------------------------------------------
 # A drop-in for this test only slows the start down (ExecStartPre= sleeps), so the request below

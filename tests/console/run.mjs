@@ -139,6 +139,13 @@ const scenarios = {
     const setup = page.getByRole('heading', { name: 'Set up the CLI on your computer' });
     const setupAgain = page.getByRole('button', { name: 'Set up another computer' });
     await expect(setup).toBeVisible();
+    // The setup step shows the server's install line exactly as GET /v1/cli gives it.
+    const manifest = await (await page.request.get(`${base}/v1/cli`)).json();
+    check(manifest.binaries.length > 0, `the server offers no CLI: ${JSON.stringify(manifest)}`);
+    for (const binary of manifest.binaries) {
+      await expect(page.locator(`code.install-command[data-arch="${binary.arch}"]`)).toHaveText(binary.install, { timeout: T });
+    }
+    await expect(page.locator('#cli-platforms')).toContainText(`This server offers the CLI for Linux ${manifest.binaries[0].arch}`);
     const folder = page.getByLabel(/^repo \(writable\)/);
     await expect(folder).toBeVisible({ timeout: T });
     await folder.check();

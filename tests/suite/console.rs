@@ -156,7 +156,12 @@ fn serve(setup: &mut Setup, need: &str) -> Result<(), String> {
 fn the_console_works_in_a_real_browser() {
     require_browser();
     let started = Instant::now();
-    let mut setup = Setup::start(true);
+    // agentd offers the build folder's laptop CLI, as a quickstart's does: the setup step shows
+    // its install line.
+    let build_folder = Path::new(env!("CARGO_BIN_EXE_agentworks"))
+        .parent()
+        .unwrap();
+    let mut setup = Setup::start_with(true, &format!("cli_dir = {:?}", build_folder));
     let set = passwd(&setup.stack, "alice", PASSWORD);
     assert!(set.status.success(), "{set:?}");
 

@@ -12,6 +12,7 @@ mod attack_patch;
 mod attack_project_config;
 mod attack_sandbox;
 mod chat_stores;
+mod cli_install;
 mod cluster;
 mod cluster_auth;
 mod cluster_hosts;

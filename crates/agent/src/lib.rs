@@ -10,6 +10,8 @@
 //! - [`admin`]: the operator and gateway endpoints on `agentd.sock`.
 //! - [`revocations`]: with `[cluster]`, announcing revoked tokens to every gatewayd on NATS.
 //! - [`device`]: the device authorization grant (RFC 8628) for `agentworks login`.
+//! - [`laptop_cli`]: the laptop CLI this server shipped with, its manifest and its one-line
+//!   install, served unauthenticated at `/v1/cli`.
 //! - [`sealed`]: AES-256-GCM sealing of secrets kept at rest (the key file or credential);
 //!   [`project_secrets`]: a project's sealed secrets (what connection headers name).
 //! - [`mcp_connections`], [`mcp_connections_api`]: a project's remote MCP servers (the store,
@@ -40,6 +42,7 @@ pub mod device;
 pub mod files;
 pub mod gatewayd_client;
 pub mod identity;
+pub mod laptop_cli;
 pub mod mcp;
 pub mod mcp_apps;
 pub mod mcp_backend;
@@ -257,6 +260,12 @@ pub async fn run(
         console::session::loopback_port(&public),
         outbound,
     );
+    let laptop_cli = laptop_cli::LaptopCli::new(
+        config.agentd.cli_dir.clone(),
+        config.agentd.public_url(),
+        shutdown.clone(),
+    );
+    laptop_cli.offer();
     let routes = PublicRoutes {
         mcp,
         oauth,
@@ -264,6 +273,7 @@ pub async fn run(
         public_url: config.agentd.public_url(),
         chats: chat_service.clone(),
         sessions,
+        laptop_cli,
     };
     let public_handler = move |peer: std::net::SocketAddr,
                                mut parts: hyper::http::request::Parts,
@@ -458,7 +468,8 @@ fn public_limits(config: &Config, socket_limits: &ServerLimits) -> PublicLimits 
 }
 
 /// What the public listener serves, in the order it is tried: device login (and its approval
-/// page), the console's device-login API and sign-in endpoints, health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
+/// page), the console's device-login API and sign-in endpoints, the console's pages, the laptop
+/// CLI (`/v1/cli`), health, the chat endpoints, then MCP (which answers its own paths; everything else is a 404).
 #[derive(Clone)]
 struct PublicRoutes {
     mcp: Arc<AgentMcp>,
@@ -467,6 +478,7 @@ struct PublicRoutes {
     public_url: String,
     chats: Option<chat_service::ChatService>,
     sessions: console::session::Sessions,
+    laptop_cli: laptop_cli::LaptopCli,
 }
 
 impl PublicRoutes {
@@ -499,6 +511,9 @@ impl PublicRoutes {
             return response;
         }
         if let Some(response) = console::assets::handle(&parts) {
+            return response;
+        }
+        if let Some(response) = self.laptop_cli.handle(&parts).await {
             return response;
         }
         if parts.method == Method::GET && parts.uri.path() == "/v1/health" {

@@ -274,7 +274,8 @@ fn configuration(state_root: &Path, options: &Options) -> Result<String, Quickst
         }),
         None => None,
     };
-    let text = config_text(options.ports, user, model.as_ref());
+    let cli_dir = offered_cli_dir(&binaries_dir());
+    let text = config_text(options.ports, user, model.as_ref(), cli_dir.as_deref());
     let config = Config::from_text(&text, &state_root.join(CONFIG_FILE), &|name| {
         (name == agentworks_daemon::config::ENV_STATE_ROOT)
             .then(|| state_root.to_string_lossy().into_owned())
@@ -421,9 +422,26 @@ fn check_key_file(path: &Path, origin: &'static str) -> Result<PathBuf, Quicksta
     Ok(absolute)
 }
 
+/// The folder whose laptop CLI quickstart's agentd offers at `/v1/cli` (the console's install
+/// line): the folder of the running binaries when it holds `agentworks` (a build folder, where
+/// a newcomer's `cargo build --bins` put it), else `None` (agentd's default, where the
+/// packages install it).
+fn offered_cli_dir(binaries: &Path) -> Option<PathBuf> {
+    binaries
+        .join("agentworks")
+        .is_file()
+        .then(|| binaries.to_owned())
+}
+
 /// The daemons' configuration: `user` (the `--config` file) with quickstart's
-/// [`FORCED_SETTINGS`] over it, then `model` over its `[agentd.model]`.
-fn config_text(ports: Ports, user: Option<toml::Table>, model: Option<&ModelFlags>) -> String {
+/// [`FORCED_SETTINGS`] over it, then `model` over its `[agentd.model]`; `cli_dir` is agentd's
+/// unless the file sets one.
+fn config_text(
+    ports: Ports,
+    user: Option<toml::Table>,
+    model: Option<&ModelFlags>,
+    cli_dir: Option<&Path>,
+) -> String {
     use toml::Value;
     let mut config = user.unwrap_or_default();
     for (section, key) in FORCED_SETTINGS {
@@ -451,6 +469,14 @@ fn config_text(ports: Ports, user: Option<toml::Table>, model: Option<&ModelFlag
             "listen".into(),
             Value::String(format!("127.0.0.1:{}", ports.http)),
         );
+        if let Some(dir) = cli_dir
+            && !agentd.contains_key("cli_dir")
+        {
+            agentd.insert(
+                "cli_dir".into(),
+                Value::String(dir.to_string_lossy().into_owned()),
+            );
+        }
         let Some(flags) = model else { return };
         with_table(agentd, "model", |table| {
             table.insert("base_url".into(), Value::String(flags.base_url.clone()));
@@ -485,11 +511,17 @@ fn write_private(path: &Path, content: &str) -> std::io::Result<()> {
     file.write_all(content.as_bytes())
 }
 
-fn sibling(binary: &str) -> Result<PathBuf, QuickstartError> {
-    let dir = std::env::current_exe()
+/// The folder of the running agentworksctl, where quickstart finds the daemons (and the laptop
+/// CLI it offers).
+fn binaries_dir() -> PathBuf {
+    std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from("."));
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn sibling(binary: &str) -> Result<PathBuf, QuickstartError> {
+    let dir = binaries_dir();
     let path = dir.join(binary);
     if path.is_file() {
         Ok(path)
@@ -817,19 +849,64 @@ pub async fn run(
     Ok(())
 }
 
+/// Characters a POSIX shell takes literally in an unquoted word.
+fn is_plain_shell_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(&b)
+}
+
+/// `text` as one POSIX shell word: as it is when every character is plain, else in single
+/// quotes (each `'` written `'\''`).
+fn shell_word(text: &str) -> String {
+    if !text.is_empty() && text.bytes().all(is_plain_shell_byte) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// How the banner names `binary` of this build (in `dir`) so that the command works as printed:
+/// the bare name when `PATH` (`path_env`) finds this very file, else its absolute path as a
+/// shell word (after `cargo build --bins` the binaries are in `target/debug`, which is not on
+/// PATH, and another `agentworks` there would be another build). The bare name when this
+/// build has no such file.
+fn command_name(binary: &str, dir: &Path, path_env: Option<&std::ffi::OsStr>) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let ours = dir.join(binary);
+    let Ok(own) = std::fs::metadata(&ours) else {
+        return binary.to_owned();
+    };
+    let found = path_env
+        .into_iter()
+        .flat_map(std::env::split_paths)
+        .filter(|entry| entry.is_absolute())
+        .find_map(|entry| {
+            std::fs::metadata(entry.join(binary))
+                .ok()
+                .filter(|m| m.is_file())
+        });
+    match found {
+        Some(first) if (first.dev(), first.ino()) == (own.dev(), own.ino()) => binary.to_owned(),
+        _ => shell_word(&ours.to_string_lossy()),
+    }
+}
+
 /// The human-readable banner.
 pub fn print_human(started: &Started) {
+    let dir = binaries_dir();
+    let path_env = std::env::var_os("PATH");
+    let ctl = command_name("agentworksctl", &dir, path_env.as_deref());
+    let cli = command_name("agentworks", &dir, path_env.as_deref());
     println!("agentworks quickstart is running (Ctrl-C stops it)");
     println!("  console:         {}", started.console_url);
     println!(
-        "  sign in:         {}   (one-time, for 15 minutes; a new one: agentworksctl user sign-in-link demo; a password: agentworksctl user passwd demo)",
+        "  sign in:         {}   (one-time, for 15 minutes; a new one: {ctl} user sign-in-link demo; a password: {ctl} user passwd demo)",
         started.sign_in_link
     );
     println!("  MCP endpoint:    {}", started.mcp_url);
     println!("  token:           {}", started.token);
     if started.token_reused {
         println!(
-            "                   (the same as the last run: still valid, kept in the state root's {TOKEN_FILE}; for a new one: agentworksctl token revoke {}, then restart)",
+            "                   (the same as the last run: still valid, kept in the state root's {TOKEN_FILE}; for a new one: {ctl} token revoke {}, then restart)",
             started.token_id
         );
     } else if started.revoked_token_ids.is_empty() {
@@ -874,24 +951,28 @@ pub fn print_human(started: &Started) {
     if let Some(gateway) = &started.gateway_url {
         println!("Share a laptop folder with the server-side agent:");
         println!(
-            "  agentworks login --server {}          # then open the approval page it prints, signed in to the console",
+            "  {cli} login --server {}          # then open the approval page it prints, signed in to the console",
             started.api_url
         );
-        println!("  agentworks executor connect --gateway {gateway} --write-folder ~/src/project");
+        println!("  {cli} executor connect --gateway {gateway} --write-folder ~/src/project");
         println!(
-            "  agentworks chat --server {} --project {CODE_PROJECT} --local project",
+            "  AGENTWORKS_TOKEN={} {cli} chat --server {} --project {CODE_PROJECT} --local project",
+            started.token, started.api_url
+        );
+        println!(
+            "  (or install the CLI as ~/.local/bin/agentworks: the one line in the console's Local CLI connection tab, from {}/v1/cli)",
             started.api_url
         );
         println!();
     }
     match &started.record {
         Some(_) => println!(
-            "Administer it from another shell: agentworksctl status (it finds this quickstart while it runs, unless a system install is there), or AGENTWORKS_STATE_ROOT={} agentworksctl status",
-            started.state_root.display()
+            "Administer it from another shell: {ctl} status (it finds this quickstart while it runs, unless a system install is there), or AGENTWORKS_STATE_ROOT={} {ctl} status",
+            shell_word(&started.state_root.to_string_lossy())
         ),
         None => println!(
-            "Administer it from another shell: AGENTWORKS_STATE_ROOT={} agentworksctl status",
-            started.state_root.display()
+            "Administer it from another shell: AGENTWORKS_STATE_ROOT={} {ctl} status",
+            shell_word(&started.state_root.to_string_lossy())
         ),
     }
 }
@@ -923,7 +1004,7 @@ mod tests {
     fn merged(user: &str, model: Option<&ModelFlags>) -> toml::Table {
         let ports = Ports::new(9100, None).unwrap();
         let user = (!user.is_empty()).then(|| user.parse::<toml::Table>().unwrap());
-        config_text(ports, user, model).parse().unwrap()
+        config_text(ports, user, model, None).parse().unwrap()
     }
 
     #[test]
@@ -972,6 +1053,67 @@ mod tests {
             };
             assert!(!table.contains_key(key), "{section}.{key}");
         }
+    }
+
+    #[test]
+    fn agentd_offers_the_build_folders_cli_unless_the_config_file_names_a_folder() {
+        let ports = Ports::new(9100, None).unwrap();
+        let dir = Path::new("/src/agentworks/target/debug");
+        let config: toml::Table = config_text(ports, None, None, Some(dir)).parse().unwrap();
+        assert_eq!(
+            config["agentd"]["cli_dir"].as_str(),
+            Some("/src/agentworks/target/debug")
+        );
+        let user = "[agentd]\ncli_dir = \"/opt/cli\"\n"
+            .parse::<toml::Table>()
+            .unwrap();
+        let config: toml::Table = config_text(ports, Some(user), None, Some(dir))
+            .parse()
+            .unwrap();
+        assert_eq!(config["agentd"]["cli_dir"].as_str(), Some("/opt/cli"));
+        let config: toml::Table = config_text(ports, None, None, None).parse().unwrap();
+        assert!(config["agentd"].get("cli_dir").is_none());
+
+        let build = tempfile::tempdir().unwrap();
+        assert_eq!(offered_cli_dir(build.path()), None, "no agentworks built");
+        std::fs::write(build.path().join("agentworks"), "").unwrap();
+        assert_eq!(offered_cli_dir(build.path()).as_deref(), Some(build.path()));
+    }
+
+    #[test]
+    fn the_banner_names_a_binary_by_its_path_unless_path_finds_that_very_file() {
+        let root = tempfile::tempdir().unwrap();
+        let build = root.path().join("my build/target/debug");
+        let other = root.path().join("bin");
+        std::fs::create_dir_all(&build).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(build.join("agentworksctl"), "ours").unwrap();
+        std::fs::write(other.join("agentworksctl"), "another build").unwrap();
+        let ours = build.join("agentworksctl").to_string_lossy().into_owned();
+        let quoted = format!("'{ours}'");
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+        for (path_env, expected) in [
+            (None, quoted.as_str()),
+            (Some(path(&[])), quoted.as_str()),
+            (Some(path(&[&build])), "agentworksctl"),
+            (Some(path(&[&other, &build])), quoted.as_str()),
+            (Some(path(&[&build, &other])), "agentworksctl"),
+            // A relative entry is where the person happens to be: never relied on.
+            (Some("target/debug".into()), quoted.as_str()),
+        ] {
+            assert_eq!(
+                command_name("agentworksctl", &build, path_env.as_deref()),
+                expected,
+                "{path_env:?}"
+            );
+        }
+        // Not built: the bare name is all there is to say.
+        assert_eq!(
+            command_name("agentworks", &build, Some(&path(&[&build]))),
+            "agentworks"
+        );
+        assert_eq!(shell_word("/plain/path-1.2"), "/plain/path-1.2");
+        assert_eq!(shell_word("/it's here"), "'/it'\\''s here'");
     }
 
     #[test]

@@ -39,6 +39,8 @@ const MAX_TOKEN_RECHECK_MS: u64 = 3_600_000;
 const DEFAULT_STATE_ROOT: &str = "/var/lib/agentworks";
 const DEFAULT_DOCUMENTS_ROOT: &str = "/var/lib/agentworks-documents";
 const DEFAULT_RUNTIME_DIR: &str = "/run/agentworks";
+/// Where the packages install the laptop CLI that agentd serves (`[agentd] cli_dir`).
+pub const DEFAULT_CLI_DIR: &str = "/usr/lib/agentworks/cli";
 
 /// The validated configuration of every daemon.
 ///
@@ -151,6 +153,11 @@ pub struct AgentdConfig {
     /// client metadata documents. A file agentd cannot read or parse is logged and metadata
     /// documents are then not fetched at all.
     pub outbound_root_certificates: Vec<PathBuf>,
+    /// The folder of the laptop CLI binaries agentd offers at `/v1/cli`, by fixed names
+    /// (`agentworks-linux-x86_64`, `agentworks-linux-aarch64`; in a cargo build folder also
+    /// `agentworks`, for agentd's own architecture). Absolute. The packages install the CLI
+    /// built with the daemons at [`DEFAULT_CLI_DIR`].
+    pub cli_dir: PathBuf,
     /// The `[agentd.model]` sub-table: the chat model. `None`: chats work, turns are refused.
     pub model: Option<ModelConfig>,
     /// With `[cluster]`: reach the workspaced of cluster host `workspaced_host` over NATS
@@ -240,6 +247,7 @@ impl Default for AgentdConfig {
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             max_sessions_per_token: 32,
             outbound_root_certificates: Vec::new(),
+            cli_dir: PathBuf::from(DEFAULT_CLI_DIR),
             model: None,
             workspaced_host: None,
             project_workspaced_hosts: std::collections::BTreeMap::new(),
@@ -711,11 +719,12 @@ impl Config {
     /// Checks that every root is absolute and every limit positive.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let model = self.agentd.model.as_ref();
-        let paths: [(&'static str, Option<&Path>); 5] = [
+        let paths: [(&'static str, Option<&Path>); 6] = [
             ("state_root", Some(&self.state_root)),
             ("documents_root", Some(&self.documents_root)),
             ("runtime_dir", Some(&self.runtime_dir)),
             ("workspaced.socket", self.workspaced.socket.as_deref()),
+            ("agentd.cli_dir", Some(&self.agentd.cli_dir)),
             (
                 "agentd.model.api_key_file",
                 model.and_then(|m| m.api_key_file.as_deref()),
@@ -1175,6 +1184,7 @@ mod tests {
         );
         assert_eq!(a.0.max_body_bytes_in_flight, a.1.max_body_bytes_in_flight);
         assert_eq!(a.0.max_sessions_per_token, a.1.max_sessions_per_token);
+        assert_eq!(a.0.cli_dir, a.1.cli_dir);
         let g = (&parsed.gatewayd, &defaults.gatewayd);
         assert_eq!(g.0.max_connections, g.1.max_connections);
         assert_eq!(
@@ -1597,6 +1607,7 @@ public_url = "wss://gw.example.com/"
                 "[agentd.model]\nbase_url = \"https://x/v1\"\nmodel = \"m\"\napi_key_file = \"k\"",
                 "agentd.model.api_key_file",
             ),
+            ("[agentd]\ncli_dir = \"target/debug\"", "agentd.cli_dir"),
             // The key would cross the network in clear: refused at start, not at a turn.
             (
                 "[agentd.model]\nbase_url = \"http://example.com/v1\"\nmodel = \"m\"",

@@ -102,16 +102,7 @@ pub fn handle(parts: &Parts) -> Option<Response<Body>> {
         return None;
     };
     let mut response = if parts.method != Method::GET && parts.method != Method::HEAD {
-        let mut refused = error_response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            format!("{} is not served on {path}; use GET", parts.method),
-            Default::default(),
-        );
-        refused
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-        refused
+        get_only(&parts.method, path)
     } else {
         match target {
             Target::Home => redirect_home(),
@@ -125,6 +116,21 @@ pub fn handle(parts: &Parts) -> Option<Response<Body>> {
     };
     add_security_headers(&mut response);
     Some(response)
+}
+
+/// The answer to `method` (neither GET nor HEAD) on a path served for reading only: 405 with
+/// `Allow: GET, HEAD` (also the laptop CLI's, [`crate::laptop_cli`]).
+pub fn get_only(method: &Method, path: &str) -> Response<Body> {
+    let mut refused = error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not served on {path}; use GET"),
+        Default::default(),
+    );
+    refused
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    refused
 }
 
 enum Target<'a> {

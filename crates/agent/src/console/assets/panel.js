@@ -1,7 +1,8 @@
 // The chat's right-side panel: exactly three tabs, Local CLI connection, Costs and Models.
 // Local CLI connection: the binding's status and Disconnect, the person's devices and folders
-// (polled every 3 s), the consequences review and Use this folder, and the setup commands
-// (folded away behind Set up another computer while the chat is bound).
+// (polled every 3 s), the consequences review and Use this folder, and the setup steps (the
+// CLI's install line from GET /v1/cli, then the commands; folded away behind Set up another
+// computer while the chat is bound).
 
 import { api, errorMessage } from './api.js';
 import { h, fill, uid, showStatus } from './dom.js';
@@ -340,8 +341,7 @@ function setupSteps() {
   const element = h('section', { class: 'setup', 'aria-labelledby': 'setup-title' },
     h('h3', { id: 'setup-title' }, 'Set up the CLI on your computer'),
     h('ol', {},
-      h('li', {}, 'Install the CLI: the agentworks-cli package (', h('code', {}, 'sudo apt install agentworks-cli'),
-        ' or ', h('code', {}, 'sudo dnf install agentworks-cli'), ').'),
+      installStep(),
       h('li', {}, 'Sign in: ', h('pre', {}, h('code', { id: 'login-command' }, login)),
         `It shows a code to approve at ${origin}/v1/device/approve while signed in here. The credential it stores can only connect devices (devices:connect).`),
       h('li', {}, 'Share a project folder (not your home directory, which the CLI refuses) and keep the command running; Ctrl-C stops sharing.',
@@ -359,6 +359,57 @@ function setupSteps() {
       h('li', {}, 'Your computer appears under Your devices: pick the folder, review what it means, then Use this folder.')));
   update();
   return element;
+}
+
+// The first setup step: the CLI this server offers (GET /v1/cli, no sign-in needed). For each
+// binary, the manifest's one line, shown exactly as the server wrote it: it downloads the
+// binary, checks it against the SHA-256 in the line and installs it as ~/.local/bin/agentworks,
+// no sudo. Then what this server does not offer, and the package for machines with the
+// project's package repository.
+function installStep() {
+  const body = h('div', {}, h('p', { class: 'muted' }, 'Asking the server which CLI it offers…'));
+  const step = h('li', { id: 'install-step' }, 'Install the CLI.', body);
+  api('GET', '/v1/cli').then((answer) => fill(body, ...installText(answer)));
+  return step;
+}
+
+const OS_NAMES = { linux: 'Linux', macos: 'macOS' };
+const platformName = ({ os, arch }) => `${OS_NAMES[os] || os} ${arch}`;
+
+function installText(answer) {
+  const { binaries = [], not_offered: notOffered = [], package: cliPackage = 'agentworks-cli' } =
+    answer.status === 200 && answer.body ? answer.body : {};
+  const parts = [];
+  if (answer.status !== 200) {
+    parts.push(h('p', {}, `The server did not say which CLI it offers: ${errorMessage(answer)}`));
+  } else if (binaries.length === 0) {
+    const linux = notOffered.find((n) => n.os === 'linux');
+    parts.push(h('p', { id: 'no-cli' }, 'This server has no CLI to offer', linux ? `: ${linux.reason}.` : '.'));
+  }
+  for (const binary of binaries) {
+    const name = platformName(binary);
+    if (binary.install) {
+      parts.push(
+        h('p', {}, `${name} (uname -sm prints "${OS_NAMES[binary.os] || binary.os} ${binary.arch}"): paste this line into a terminal. It downloads the CLI, checks its SHA-256 and installs it as ~/.local/bin/agentworks, without sudo:`),
+        h('pre', {}, h('code', { class: 'install-command', 'data-arch': binary.arch }, binary.install)),
+        h('button', { type: 'button', onclick: () => copyText(binary.install) }, `Copy the ${name} line`));
+    } else {
+      parts.push(h('p', {}, `${name}: download `, h('code', {}, binary.url), ', check that its SHA-256 is ',
+        h('code', {}, binary.sha256), ', make it executable and put it on your PATH as agentworks.'));
+    }
+  }
+  if (answer.status === 200) {
+    const offered = binaries.map(platformName);
+    const missing = notOffered.map(platformName);
+    parts.push(h('p', { id: 'cli-platforms', class: 'muted' },
+      offered.length ? `This server offers the CLI for ${offered.join(' and ')}.` : '',
+      missing.length ? ` Not for ${missing.join(', ')}: build it from a clone of the repository, ` : '',
+      missing.length ? h('code', {}, 'cargo build --release -p agentworks-laptop --features bin') : '',
+      missing.length ? '.' : ''));
+  }
+  parts.push(h('p', {}, 'Or, where the agentworks package repository is set up: ',
+    h('code', {}, `sudo apt install ${cliPackage}`), ' or ', h('code', {}, `sudo dnf install ${cliPackage}`), '.'));
+  return parts;
 }
 
 async function copyText(text) {
