@@ -35,7 +35,7 @@ pub enum SandboxError {
         source: io::Error,
     },
     #[error(
-        "the pinned descriptor {fd} for {path} is not that directory any more ({reason}); reconnect to share it again"
+        "the pinned descriptor {fd} for {path} is not that directory any more ({reason}); it must be opened and pinned again (on the laptop: reconnect to share it again)"
     )]
     Pinned {
         fd: i32,

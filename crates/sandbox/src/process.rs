@@ -13,8 +13,9 @@
 //!
 //! The launcher is spawned as `<launcher> __sandbox-exec <policy-json> -- <program> [args...]`:
 //! the leader of a new session (no controlling terminal; its process group id is its pid),
-//! receiving SIGTERM when the thread that spawned it ends, with the policy's pinned descriptors
-//! inherited and no other, in the command's working directory. Its exit status is the
+//! receiving SIGTERM when the thread that spawned it ends (Linux; on macOS the launcher ends the
+//! command once it sees its parent is gone), with the policy's pinned descriptors inherited and
+//! no other, in the command's working directory. Its exit status is the
 //! command's (128+signal when the command was signalled or the launcher told to stop); a
 //! launcher that refused exits [`REFUSAL_EXIT`] after writing [`REFUSAL_PREFIX`] and why to
 //! stderr ([`refusal`] reads it).
@@ -192,9 +193,10 @@ impl SandboxCommand {
 
     /// Starts the launcher, which confines itself and then runs the program. Returns once the
     /// launcher is started, not the program: a launcher that refuses exits [`REFUSAL_EXIT`]
-    /// ([`refusal`]). Call it from a tokio runtime's worker thread, never a blocking-pool one:
-    /// the launcher is sent SIGTERM (and ends the command) when the spawning thread ends. The
-    /// policy's pinned descriptors must stay open until this returns.
+    /// ([`refusal`]). Call it from a tokio runtime's worker thread (or the thread that runs
+    /// `block_on`), never a blocking-pool one: on Linux the launcher is sent SIGTERM (and ends
+    /// the command) when the spawning thread ends. The policy's pinned descriptors must stay
+    /// open until this returns.
     pub fn spawn(&self, launcher: &Launcher) -> Result<SandboxedChild, SpawnError> {
         let policy_json = serde_json::to_string(&self.policy)?;
         let mut command = tokio::process::Command::new(launcher.exe());
