@@ -147,7 +147,8 @@ import json, sys
 started = json.load(open(sys.argv[1]))
 print(json.dumps({"url": sys.argv[2], "sign_in_link": started["sign_in_link"],
                   "redirect": f"http://127.0.0.1:{sys.argv[3]}/callback", "deliver": True,
-                  "expect": {"client_name": "MCP conformance suite", "writes": False}}))
+                  "expect": {"client_name": "MCP conformance suite", "client_label": "unverified",
+                             "writes": False}}))
 PY
 )"
   if ! (cd "$root/tests/console" && AGENTWORKS_CONSENT="$consent" node consent.mjs > "$out/consent.log" 2>&1); then

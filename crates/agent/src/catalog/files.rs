@@ -10,6 +10,9 @@
 //! blocked and read-only paths, confinement), takes the project lock, checks the expected
 //! revision and keeps the receipt that makes a request id idempotent.
 //!
+//! A tool that acts for the project (commands on a laptop folder, an MCP connection with the
+//! project's secrets) also needs an authoring role ([`require_authoring_role_for`]).
+//!
 //! This module never opens a document itself: workspaced does.
 
 use crate::catalog::{
@@ -25,7 +28,9 @@ use agentworks_contract::workspaced::{
     ReceiptAnswer, ReceiptRequest, ReceiptState, SearchRequest, SearchResponse, StatRequest,
     StatResponse, TextEdit, WriteRequest,
 };
+use agentworks_daemon::ipc::envelope::Refusal;
 use agentworks_support::unix_http::ClientError;
+use hyper::StatusCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
@@ -46,11 +51,49 @@ impl Source {
     }
 }
 
+/// Refuses `what` (a tool that acts for the project: a laptop folder, an MCP connection with
+/// the project's secrets) unless the person's live role on the project is owner, co-owner or
+/// editor: 403 `forbidden`, reason `no_authoring_role`, with the role.
+pub fn require_authoring_role_for(access: &Access, what: &str) -> Result<(), ToolError> {
+    if access.role.is_some_and(|role| role.can_author()) {
+        return Ok(());
+    }
+    let role = access.role.map_or("none", |role| role.as_str());
+    let mut error = ToolError::new(
+        "forbidden",
+        format!(
+            "{what} needs an authoring role (owner, co-owner or editor) on the project; your role is {role}; nothing was run"
+        ),
+    );
+    error
+        .details
+        .insert("reason".into(), json!("no_authoring_role"));
+    error.details.insert("role".into(), json!(role));
+    Err(error)
+}
+
+/// A file-tool refusal (from a live access check, [`FileTools::access`]) as the REST API's
+/// refusal (the chats', the connections').
+pub fn from_tool(error: ToolError) -> Refusal {
+    let status = match error.code.as_str() {
+        "not_found" => StatusCode::NOT_FOUND,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" => StatusCode::FORBIDDEN,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    Refusal {
+        status,
+        code: error.code,
+        message: error.message,
+        details: error.details,
+    }
+}
+
 /// File operations against workspaced with live authority.
 #[derive(Clone)]
 pub struct FileTools {
     identity: IdentityStore,
-    workspaced: crate::workspaced_client::WorkspacedClient,
+    workspaced: crate::clients::workspaced::WorkspacedClient,
 }
 
 fn not_visible(workflow_id: &str) -> ToolError {
@@ -231,7 +274,7 @@ pub const READ_FILES_MAX_CONTENT_BYTES: u64 = 8 * 1024 * 1024;
 impl FileTools {
     pub fn new(
         identity: IdentityStore,
-        workspaced: crate::workspaced_client::WorkspacedClient,
+        workspaced: crate::clients::workspaced::WorkspacedClient,
     ) -> FileTools {
         FileTools {
             identity,

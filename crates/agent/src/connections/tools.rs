@@ -5,7 +5,11 @@
 //! from the store for the chat's stored project, after the pinned person's live access to that
 //! project is checked; at every call both are checked again (a connection removed mid-turn, or
 //! a person who lost access, gets an error, never a call). Local-bound turns never come here
-//! ([`crate::turn`] asks only in server mode).
+//! (the chat's tool executor asks only in server mode).
+//!
+//! This is the one way a chat turn reaches the connections: [`ConnectionTools`] (which the chat
+//! service holds) opens a turn's [`TurnConnections`] for the turn's person and project and calls
+//! their tools. It never calls back into the chats.
 //!
 //! A connection acts with the project's credentials (a secret header, an owner's sign-in), so
 //! its tools are for people with an authoring role (owner, co-owner, editor), checked from live
@@ -13,22 +17,21 @@
 //! runner's turn gets none of them and its tool list and prompt say nothing about them.
 //!
 //! Names: the model sees `mcp_<display name>_<6 hex of the internal name>__<tool>` (see
-//! [`tool_prefix`]) and a description that starts with the server's display name. Everything
+//! [`tool_prefix`](super::store::tool_prefix)) and a description that starts with the server's display name. Everything
 //! kept per connection (the session opened at the turn's start, its tool list) is keyed by the
 //! internal name, so two connections named alike never share either.
 //!
 //! A server that is down, or that wants a sign-in, is left out of the turn and reported: the
 //! model is told in its system prompt, the page gets a `connection_unavailable` event.
 
-use crate::chat_service::ChatService;
+use crate::catalog::files::{FileTools, require_authoring_role_for};
+use crate::connections::remote::{RemoteSession, RemoteTool};
+use crate::connections::sealed::SealingKey;
+use crate::connections::secrets::SecretStore;
+use crate::connections::sign_in::{Credentials, store_credentials};
+use crate::connections::store::{ConnectionStore, McpConnection, SecretHeader, tool_prefix};
+use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
-use crate::mcp_connections::ConnectionStore;
-use crate::mcp_connections::{McpConnection, SecretHeader};
-use crate::mcp_oauth::Credentials;
-use crate::mcp_remote::{RemoteSession, RemoteTool};
-use crate::project_secrets::SecretStore;
-use crate::sealed::SealingKey;
-use crate::turn::require_authoring_role_for;
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -41,33 +44,6 @@ pub const MAX_TOOLS_PER_TURN: usize = 64;
 pub const MAX_DESCRIPTION_CHARS: usize = 1024;
 /// The most text of one call's result kept for the model and the chat, in bytes.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
-
-/// The prefix of every tool of `connection`, as the model sees it: `mcp_`, the display name
-/// in lower case with every run of other characters as one `_` (at most 16), `_`, the first 6
-/// hex digits of the internal name, `__`.
-pub fn tool_prefix(connection: &McpConnection) -> String {
-    let mut slug = String::new();
-    for c in connection.name.chars() {
-        if c.is_ascii_alphanumeric() {
-            slug.push(c.to_ascii_lowercase());
-        } else if !slug.ends_with('_') {
-            slug.push('_');
-        }
-    }
-    let slug: String = slug.trim_matches('_').chars().take(16).collect();
-    let slug = if slug.is_empty() {
-        "server".into()
-    } else {
-        slug
-    };
-    let tag: String = connection
-        .id
-        .trim_start_matches("mcpc_")
-        .chars()
-        .take(6)
-        .collect();
-    format!("mcp_{slug}_{tag}__")
-}
 
 /// A function name a model API takes: 1 to 64 of `[A-Za-z0-9_-]`.
 fn is_function_name(name: &str) -> bool {
@@ -169,96 +145,114 @@ fn resolve_headers(
     Ok(map)
 }
 
-/// The connections a turn in `project_id` may use now, for `caller`, each opened and listed.
-pub async fn for_turn(service: &ChatService, caller: &Caller, project_id: &str) -> TurnConnections {
-    let mut turn = TurnConnections::default();
-    let Some(client) = service.connections_client.clone() else {
-        return turn;
-    };
-    let connections = match live_connections(service, caller, project_id).await {
-        Ok(connections) => connections,
-        Err(error) => {
-            tracing::info!(code = %error.code, "no MCP connections this turn: {}", error.message);
+/// What a chat turn may use of a project's connections: their tools, opened for the turn's
+/// person and project and called with every check made again. Cheap to clone.
+#[derive(Clone)]
+pub struct ConnectionTools {
+    pub identity: IdentityStore,
+    /// The person's live access to the project, checked at the turn's start and every call.
+    pub files: FileTools,
+    pub store: ConnectionStore,
+    /// The guarded client the servers are called through (`None`: connections are not used).
+    pub client: Option<GuardedClient>,
+    /// The secrets headers name (`None`: the sealing key is unusable).
+    pub secrets: Option<SecretStore>,
+    /// The key sign-ins are sealed with (`None`: unusable; no sign-in is used).
+    pub sealing: Option<Arc<SealingKey>>,
+}
+
+impl ConnectionTools {
+    /// The connections a turn in `project_id` may use now, for `caller`, each opened and listed.
+    pub async fn for_turn(&self, caller: &Caller, project_id: &str) -> TurnConnections {
+        let mut turn = TurnConnections::default();
+        let Some(client) = self.client.clone() else {
             return turn;
-        }
-    };
-    let mut opening = tokio::task::JoinSet::new();
-    for connection in connections {
-        let opener = Opener {
-            identity: service.identity.clone(),
-            client: client.clone(),
-            secrets: service.secrets.clone(),
-            sealing: service.sealing.clone(),
-            store: service.connections.clone(),
         };
-        opening.spawn(async move {
-            let opened = opener.open(&connection).await;
-            (connection, opened)
-        });
-    }
-    let mut opened = Vec::new();
-    while let Some(joined) = opening.join_next().await {
-        if let Ok(result) = joined {
-            opened.push(result);
-        }
-    }
-    // The order the connections were added in, so the model sees a stable list.
-    opened.sort_by(|(a, _), (b, _)| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-    for (connection, result) in opened {
-        let (session, tools) = match result {
-            Ok(found) => found,
+        let connections = match self.live_connections(caller, project_id).await {
+            Ok(connections) => connections,
             Err(error) => {
-                turn.unavailable
-                    .push((connection.name.clone(), error.code, error.message));
-                continue;
+                tracing::info!(code = %error.code, "no MCP connections this turn: {}", error.message);
+                return turn;
             }
         };
-        let prefix = tool_prefix(&connection);
-        for tool in tools {
-            let function = format!("{prefix}{}", tool.name);
-            if !is_function_name(&function) || turn.offered.contains_key(&function) {
-                tracing::info!(connection = %connection.id, tool = %tool.name, "a remote tool's name cannot be offered; skipped");
-                continue;
-            }
-            if turn.offered.len() >= MAX_TOOLS_PER_TURN {
-                break;
-            }
-            let description: String =
-                format!("[MCP server \"{}\"] {}", connection.name, tool.description)
-                    .chars()
-                    .take(MAX_DESCRIPTION_CHARS)
-                    .collect();
-            turn.tools.push(json!({"type": "function", "function": {
-                "name": function, "description": description, "parameters": tool.input_schema}}));
-            turn.offered.insert(
-                function,
-                Offered {
-                    connection_id: connection.id.clone(),
-                    connection_name: connection.name.clone(),
-                    tool: tool.name,
-                },
-            );
+        let mut opening = tokio::task::JoinSet::new();
+        for connection in connections {
+            let opener = Opener {
+                identity: self.identity.clone(),
+                client: client.clone(),
+                secrets: self.secrets.clone(),
+                sealing: self.sealing.clone(),
+                store: self.store.clone(),
+            };
+            opening.spawn(async move {
+                let opened = opener.open(&connection).await;
+                (connection, opened)
+            });
         }
-        turn.sessions
-            .insert(connection.id.clone(), Arc::new(session));
+        let mut opened = Vec::new();
+        while let Some(joined) = opening.join_next().await {
+            if let Ok(result) = joined {
+                opened.push(result);
+            }
+        }
+        // The order the connections were added in, so the model sees a stable list.
+        opened.sort_by(|(a, _), (b, _)| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        for (connection, result) in opened {
+            let (session, tools) = match result {
+                Ok(found) => found,
+                Err(error) => {
+                    turn.unavailable
+                        .push((connection.name.clone(), error.code, error.message));
+                    continue;
+                }
+            };
+            let prefix = tool_prefix(&connection);
+            for tool in tools {
+                let function = format!("{prefix}{}", tool.name);
+                if !is_function_name(&function) || turn.offered.contains_key(&function) {
+                    tracing::info!(connection = %connection.id, tool = %tool.name, "a remote tool's name cannot be offered; skipped");
+                    continue;
+                }
+                if turn.offered.len() >= MAX_TOOLS_PER_TURN {
+                    break;
+                }
+                let description: String =
+                    format!("[MCP server \"{}\"] {}", connection.name, tool.description)
+                        .chars()
+                        .take(MAX_DESCRIPTION_CHARS)
+                        .collect();
+                turn.tools.push(json!({"type": "function", "function": {
+                "name": function, "description": description, "parameters": tool.input_schema}}));
+                turn.offered.insert(
+                    function,
+                    Offered {
+                        connection_id: connection.id.clone(),
+                        connection_name: connection.name.clone(),
+                        tool: tool.name,
+                    },
+                );
+            }
+            turn.sessions
+                .insert(connection.id.clone(), Arc::new(session));
+        }
+        turn
     }
-    turn
 }
 
 /// What opening a connection needs.
 struct Opener {
-    identity: crate::identity::IdentityStore,
+    identity: IdentityStore,
     client: GuardedClient,
     secrets: Option<SecretStore>,
     sealing: Option<Arc<SealingKey>>,
     store: ConnectionStore,
 }
 
-fn remote_error(error: crate::mcp_remote::RemoteError) -> ToolError {
+fn remote_error(error: crate::connections::remote::RemoteError) -> ToolError {
     ToolError::new(error.code(), error.to_string())
 }
 
-fn sign_in_error(error: crate::mcp_oauth::SignInError) -> ToolError {
+fn sign_in_error(error: crate::connections::sign_in::SignInError) -> ToolError {
     ToolError::new(
         "sign_in_required",
         format!(
@@ -318,7 +312,7 @@ impl Opener {
                     let tools = session.list_tools().await.map_err(remote_error)?;
                     return Ok((session, tools));
                 }
-                Err(crate::mcp_remote::RemoteError::Unauthorized { .. })
+                Err(crate::connections::remote::RemoteError::Unauthorized { .. })
                     if !refreshed
                         && credentials
                             .as_ref()
@@ -387,14 +381,14 @@ impl Opener {
             Some(key) => {
                 let (store, sealing) = (self.store.clone(), self.sealing.clone());
                 tokio::task::spawn_blocking(move || {
-                    crate::mcp_apps::load_app(&store, sealing.as_deref(), &key)
+                    super::apps::load_app(&store, sealing.as_deref(), &key)
                 })
                 .await
                 .map_err(|e| ToolError::new("unavailable", e.to_string()))?
                 .map_err(|e| ToolError::new("unavailable", e.to_string()))?
             }
         };
-        let fresh = crate::mcp_oauth::refresh(&self.client, current, app)
+        let fresh = crate::connections::sign_in::refresh(&self.client, current, app)
             .await
             .map_err(sign_in_error)?;
         store_credentials(self.sealing.as_ref(), &self.store, id, &fresh).await?;
@@ -402,118 +396,89 @@ impl Opener {
     }
 }
 
-/// Seal and store a connection's sign-in.
-pub async fn store_credentials(
-    sealing: Option<&Arc<SealingKey>>,
-    store: &ConnectionStore,
-    id: &str,
-    credentials: &Credentials,
-) -> Result<(), ToolError> {
-    let key = sealing.ok_or_else(|| {
-        ToolError::new(
-            "unavailable",
-            "sign-ins cannot be stored: agentd's sealing key is unusable (see its log)",
-        )
-    })?;
-    let sealed = credentials
-        .seal(key, id)
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
-    let (store, id) = (store.clone(), id.to_owned());
-    let stored = tokio::task::spawn_blocking(move || store.put_credentials(&id, &sealed))
-        .await
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
-    if stored {
-        Ok(())
-    } else {
-        Err(ToolError::new(
-            "connection_removed",
-            "the connection was removed while signing in",
-        ))
-    }
-}
-
 /// What a connection's tools are, for the authoring-role refusal.
 const CONNECTION_TOOLS: &str = "using the project's MCP connections";
 
-/// The project's connections, if `caller` may see the project now with an authoring role.
-async fn live_connections(
-    service: &ChatService,
-    caller: &Caller,
-    project_id: &str,
-) -> Result<Vec<McpConnection>, ToolError> {
-    let (project, access) = service.files.access(caller, project_id).await?;
-    require_authoring_role_for(&access, CONNECTION_TOOLS)?;
-    let store = service.connections.clone();
-    tokio::task::spawn_blocking(move || store.list(&project.id))
-        .await
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))
-}
-
-/// Call the remote tool `function` for `caller`, after checking again that the person's live
-/// role on the project authors and the project still has the connection.
-pub async fn call(
-    service: &ChatService,
-    turn: &TurnConnections,
-    caller: &Caller,
-    project_id: &str,
-    function: &str,
-    arguments: Value,
-) -> Result<Value, ToolError> {
-    let Some(offered) = turn.offered.get(function) else {
-        return Err(ToolError::new(
-            "unknown_tool",
-            format!("there is no tool {function:?} in this turn"),
-        ));
-    };
-    let (project, access) = service.files.access(caller, project_id).await?;
-    require_authoring_role_for(&access, CONNECTION_TOOLS)?;
-    let store = service.connections.clone();
-    let id = offered.connection_id.clone();
-    let still_there = tokio::task::spawn_blocking(move || store.get(&project.id, &id))
-        .await
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
-        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
-    if still_there.is_none() {
-        return Err(ToolError::new(
-            "connection_removed",
-            format!(
-                "the MCP connection \"{}\" was removed from the project; its tools cannot be called",
-                offered.connection_name
-            ),
-        ));
+impl ConnectionTools {
+    /// The project's connections, if `caller` may see the project now with an authoring role.
+    async fn live_connections(
+        &self,
+        caller: &Caller,
+        project_id: &str,
+    ) -> Result<Vec<McpConnection>, ToolError> {
+        let (project, access) = self.files.access(caller, project_id).await?;
+        require_authoring_role_for(&access, CONNECTION_TOOLS)?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.list(&project.id))
+            .await
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))
     }
-    let Some(session) = turn.sessions.get(&offered.connection_id) else {
-        return Err(ToolError::new(
-            "unavailable",
-            "the connection has no session this turn",
-        ));
-    };
-    let arguments = match arguments {
-        Value::Object(_) => arguments,
-        Value::Null => json!({}),
-        _ => {
+
+    /// Call the remote tool `function` for `caller`, after checking again that the person's live
+    /// role on the project authors and the project still has the connection.
+    pub async fn call(
+        &self,
+        turn: &TurnConnections,
+        caller: &Caller,
+        project_id: &str,
+        function: &str,
+        arguments: Value,
+    ) -> Result<Value, ToolError> {
+        let Some(offered) = turn.offered.get(function) else {
             return Err(ToolError::new(
-                "invalid_arguments",
-                "the arguments must be a JSON object",
+                "unknown_tool",
+                format!("there is no tool {function:?} in this turn"),
+            ));
+        };
+        let (project, access) = self.files.access(caller, project_id).await?;
+        require_authoring_role_for(&access, CONNECTION_TOOLS)?;
+        let store = self.store.clone();
+        let id = offered.connection_id.clone();
+        let still_there = tokio::task::spawn_blocking(move || store.get(&project.id, &id))
+            .await
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+            .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+        if still_there.is_none() {
+            return Err(ToolError::new(
+                "connection_removed",
+                format!(
+                    "the MCP connection \"{}\" was removed from the project; its tools cannot be called",
+                    offered.connection_name
+                ),
             ));
         }
-    };
-    let result = session
-        .call_tool(&offered.tool, arguments)
-        .await
-        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
-    let text = bounded_text(&result);
-    if result["isError"] == Value::Bool(true) {
-        return Err(ToolError::new("tool_error", text));
+        let Some(session) = turn.sessions.get(&offered.connection_id) else {
+            return Err(ToolError::new(
+                "unavailable",
+                "the connection has no session this turn",
+            ));
+        };
+        let arguments = match arguments {
+            Value::Object(_) => arguments,
+            Value::Null => json!({}),
+            _ => {
+                return Err(ToolError::new(
+                    "invalid_arguments",
+                    "the arguments must be a JSON object",
+                ));
+            }
+        };
+        let result = session
+            .call_tool(&offered.tool, arguments)
+            .await
+            .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        let text = bounded_text(&result);
+        if result["isError"] == Value::Bool(true) {
+            return Err(ToolError::new("tool_error", text));
+        }
+        Ok(json!({
+            "server": offered.connection_name,
+            "tool": offered.tool,
+            "content": text,
+            "structured": result.get("structuredContent").cloned().unwrap_or(Value::Null),
+        }))
     }
-    Ok(json!({
-        "server": offered.connection_name,
-        "tool": offered.tool,
-        "content": text,
-        "structured": result.get("structuredContent").cloned().unwrap_or(Value::Null),
-    }))
 }
 
 /// The text of a `CallToolResult`'s content, at most [`MAX_RESULT_BYTES`] (cut on a character
@@ -544,7 +509,7 @@ fn bounded_text(result: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp_connections::Transport;
+    use crate::connections::store::Transport;
 
     fn connection(id: &str, name: &str) -> McpConnection {
         McpConnection {
@@ -577,7 +542,7 @@ mod tests {
     #[test]
     fn headers_are_filled_from_sealed_secrets_and_a_missing_one_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
-        let key = Arc::new(crate::sealed::SealingKey::load_or_create(dir.path(), None).unwrap());
+        let key = Arc::new(SealingKey::load_or_create(dir.path(), None).unwrap());
         let secrets = SecretStore::open(&dir.path().join("s.db"), key).unwrap();
         let mut headers = BTreeMap::new();
         headers.insert(

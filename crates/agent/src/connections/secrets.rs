@@ -5,7 +5,7 @@
 //! `project_secrets_schema`). Hosts sharing that database must share the sealing key too (the
 //! same systemd credential): a value sealed by one host opens only with its key.
 //!
-//! Every value is sealed ([`crate::sealed`], AES-256-GCM) before it reaches the store, with the
+//! Every value is sealed ([`crate::connections::sealed`], AES-256-GCM) before it reaches the store, with the
 //! additional data naming this store, the project and the secret's name: a blob copied to
 //! another row does not open. Only names and times are ever listed. A value must be usable
 //! as an HTTP header value (visible ASCII, spaces and tabs; no line breaks), at most
@@ -14,8 +14,8 @@
 //! Must never: write a value in clear, return one through any API, or put one into a command's
 //! environment (secrets only ever become request headers of the project's MCP connections).
 
+use crate::connections::sealed::{Place, SealError, SealingKey};
 use crate::db::{Database, DbError, Sql};
-use crate::sealed::{Place, SealError, SealingKey};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;

@@ -23,7 +23,7 @@
 //! share any of it.
 //!
 //! Must never: store or return a header value or a credential in clear, or decide who may use
-//! a connection (the caller checks the live role at every request: [`crate::mcp_connections_api`]).
+//! a connection (the caller checks the live role at every request: [`crate::connections::api`]).
 
 use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use agentworks_support::outbound::check_host;
@@ -172,12 +172,39 @@ impl McpConnection {
             "url": shown_url(&self.url),
             "transport": self.transport,
             "headers": self.headers,
-            "tool_prefix": crate::mcp_connection_tools::tool_prefix(self),
+            "tool_prefix": tool_prefix(self),
             "app_key": provider_key(&self.url),
             "created_by": self.created_by,
             "created_at_ms": self.created_at_ms,
         })
     }
+}
+
+/// The prefix of every tool of `connection`, as the model sees it: `mcp_`, the display name
+/// in lower case with every run of other characters as one `_` (at most 16), `_`, the first 6
+/// hex digits of the internal name, `__`.
+pub fn tool_prefix(connection: &McpConnection) -> String {
+    let mut slug = String::new();
+    for c in connection.name.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.ends_with('_') {
+            slug.push('_');
+        }
+    }
+    let slug: String = slug.trim_matches('_').chars().take(16).collect();
+    let slug = if slug.is_empty() {
+        "server".into()
+    } else {
+        slug
+    };
+    let tag: String = connection
+        .id
+        .trim_start_matches("mcpc_")
+        .chars()
+        .take(6)
+        .collect();
+    format!("mcp_{slug}_{tag}__")
 }
 
 /// `url` as it may be shown: scheme, host, port and path only.
@@ -346,7 +373,7 @@ pub fn check(new: NewConnection) -> Result<CheckedConnection, ConnectionRuleErro
                 "header {header} must name a project secret, as {{\"secret\": \"NAME\", \"format\": \"Bearer {{}}\"}}; a value typed into a connection is never stored"
             ))
         })?;
-        crate::project_secrets::check_name(&secret.secret)
+        crate::connections::secrets::check_name(&secret.secret)
             .map_err(|e| ConnectionRuleError::Header(e.to_string()))?;
         if secret.format.matches("{}").count() != 1
             || secret.format.chars().any(|c| c.is_control())

@@ -9,19 +9,19 @@
 //! | `DELETE /v1/admin/mcp-apps/{key}` | `{removed: key}` |
 //!
 //! An app is `{key, client_id, has_secret, issuer, callback_url, updated_at_ms}`: the client
-//! secret is sealed ([`crate::sealed`], bound to the app's key) before it is stored and never
+//! secret is sealed ([`crate::connections::sealed`], bound to the app's key) before it is stored and never
 //! answered; `callback_url` is what the operator registers with the provider. Every Google
 //! server uses the `google` app, GitHub's `github`, Slack's `slack`, any other server its host
-//! ([`crate::mcp_connections::provider_key`]); but the key only finds the app: `issuer` (the
+//! ([`crate::connections::store::provider_key`]); but the key only finds the app: `issuer` (the
 //! provider's OAuth issuer, an https URL, required) pins it, and a sign-in or a refresh uses it
 //! only with an authorization server whose metadata names exactly that issuer
-//! ([`crate::mcp_oauth`]), so `evil.slack.com` never gets Slack's app. An app stored before
+//! ([`crate::connections::sign_in`]), so `evil.slack.com` never gets Slack's app. An app stored before
 //! apps were pinned has no issuer and is never used until it is set again.
 
-use crate::mcp_connections::{ConnectionStore, ConnectionStoreError, StoredApp};
-use crate::mcp_connections_api::{CALLBACK_PATH, app_place};
-use crate::mcp_oauth::ClientApp;
-use crate::sealed::SealingKey;
+use crate::connections::sealed::SealingKey;
+use crate::connections::sign_in::CALLBACK_PATH;
+use crate::connections::sign_in::ClientApp;
+use crate::connections::store::{ConnectionStore, ConnectionStoreError, StoredApp};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use bytes::Bytes;
 use hyper::{Method, Response, StatusCode};
@@ -37,6 +37,14 @@ pub struct McpApps {
     pub public_url: String,
 }
 
+/// Where an operator sign-in app's secret is sealed: the apps store, the app's key.
+pub fn app_place(key: &str) -> crate::connections::sealed::Place<'_> {
+    crate::connections::sealed::Place {
+        store: "mcp_apps",
+        path: key,
+    }
+}
+
 fn store_error(error: ConnectionStoreError) -> Refusal {
     tracing::error!(%error, "MCP connection store failed");
     Refusal::new(
@@ -46,7 +54,7 @@ fn store_error(error: ConnectionStoreError) -> Refusal {
     )
 }
 
-/// An app's key: what [`crate::mcp_connections::provider_key`] can make (a host name, an
+/// An app's key: what [`crate::connections::store::provider_key`] can make (a host name, an
 /// address, or a provider's name).
 fn check_key(key: &str) -> Result<(), Refusal> {
     let ok = (1..=253).contains(&key.len())

@@ -25,9 +25,7 @@ use agentworks_daemon::bus::{self, BusError, BusKey, OpenedCall};
 use agentworks_daemon::config::ClusterConfig;
 use agentworks_support::clock::now_ms;
 
-use crate::chat_api::{cancel_accepted, no_turn_running};
-use crate::chat_service::ChatService;
-use agentworks_daemon::ipc::envelope::Refusal;
+use agentworks_daemon::ipc::envelope::{Body, Refusal};
 
 /// How long a host waits for another to answer a cancel: it only looks up a map.
 pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -124,11 +122,23 @@ fn accept(call: &PeerCall) -> Result<(), &'static str> {
     }
 }
 
+/// What answers another host's call: the turns running here. The chat service implements it
+/// (in [`crate::chat::api`], beside the cancel endpoint it answers as).
+pub trait RunningTurns: Clone + Send + Sync + 'static {
+    /// Stops the turn running in `chat_id` on this host, if one does, and answers as the cancel
+    /// endpoint does (202 with the turn, or 409 `no_turn_running`); `origin` is the asking host.
+    fn cancel_for_peer(
+        &self,
+        chat_id: &str,
+        origin: &str,
+    ) -> impl std::future::Future<Output = hyper::Response<Body>> + Send;
+}
+
 /// Answers the other hosts' calls on `calls` until `shutdown`, each in its own task.
 pub async fn serve(
     peers: TurnPeers,
     calls: async_nats::Subscriber,
-    chats: ChatService,
+    chats: impl RunningTurns,
     shutdown: CancellationToken,
 ) {
     let key = peers.key.clone();
@@ -144,16 +154,10 @@ pub async fn serve(
 }
 
 /// Stops the turn a call names, if it runs here, and answers as the cancel endpoint does.
-async fn answer(peers: TurnPeers, chats: ChatService, opened: OpenedCall) {
+async fn answer(peers: TurnPeers, chats: impl RunningTurns, opened: OpenedCall) {
     let OpenedCall { call, reply } = opened;
     let response = match serde_json::from_str::<CancelTurn>(&call.body) {
-        Ok(CancelTurn { chat_id }) => match chats.cancel_running(&chat_id).await {
-            Some(turn) => {
-                tracing::info!(chat = %chat_id, turn, origin = %call.origin, "turn cancel requested by another agentd host");
-                cancel_accepted(&chat_id, turn)
-            }
-            None => no_turn_running(&chat_id).into_response(),
-        },
+        Ok(CancelTurn { chat_id }) => chats.cancel_for_peer(&chat_id, &call.origin).await,
         Err(_) => {
             Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", "not a cancel").into_response()
         }

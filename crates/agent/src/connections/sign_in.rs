@@ -19,7 +19,7 @@
 //! names then. A server under the provider's domain that is not the provider gets nothing.
 //!
 //! What a sign-in leaves ([`Credentials`]) is sealed before it is stored (see
-//! [`crate::mcp_connection_tools`]). A sign-in waiting for its callback ([`Pending`], with its
+//! [`crate::connections::tools`]). A sign-in waiting for its callback ([`Pending`], with its
 //! PKCE verifier and client secret) is sealed too and kept in the connection store under the
 //! SHA-256 of its `state` for [`PENDING_LIFETIME`], so in a cluster the callback may reach
 //! another agentd host than the one that started it; it is taken once.
@@ -29,8 +29,9 @@
 //! a person a non-https authorization URL, or accept a code for a `state` it did not issue or
 //! for another person than the one who started the sign-in.
 
-use crate::mcp_connections::{ConnectionStore, McpConnection, SignInTakeRefusal};
-use crate::sealed::{Place, SealError, SealingKey};
+use crate::connections::sealed::{Place, SealError, SealingKey};
+use crate::connections::store::{ConnectionStore, McpConnection, SignInTakeRefusal};
+use crate::mcp::ToolError;
 use agentworks_support::outbound::{GuardedClient, OutboundError, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -39,8 +40,12 @@ use hyper::header::{ACCEPT, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
+
+/// Where a connection's OAuth sign-in comes back to, on agentd's public listener.
+pub const CALLBACK_PATH: &str = "/v1/mcp-connections/callback";
 
 /// How long a started sign-in waits for its callback.
 pub const PENDING_LIFETIME: Duration = Duration::from_secs(10 * 60);
@@ -371,7 +376,7 @@ fn metadata_url(issuer: &Url, well_known: &str) -> String {
     url.to_string()
 }
 
-/// An operator-configured client for a provider (see [`crate::mcp_connections::provider_key`]),
+/// An operator-configured client for a provider (see [`crate::connections::store::provider_key`]),
 /// pinned to its provider's issuer: it is used only with an authorization server whose
 /// discovered metadata names exactly that issuer, at every sign-in and every refresh.
 #[derive(Clone)]
@@ -439,7 +444,7 @@ pub async fn begin(
         .header(ACCEPT, "application/json, text/event-stream")
         .body(Bytes::from(
             json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": crate::mcp_remote::PROTOCOL_VERSION, "capabilities": {},
+                "protocolVersion": crate::connections::remote::PROTOCOL_VERSION, "capabilities": {},
                 "clientInfo": {"name": "agentworks-agentd", "version": env!("CARGO_PKG_VERSION")}}})
             .to_string(),
         ))
@@ -765,6 +770,37 @@ pub async fn refresh(
         client_secret,
         ..credentials.clone()
     })
+}
+
+/// Seal and store a connection's sign-in.
+pub async fn store_credentials(
+    sealing: Option<&Arc<SealingKey>>,
+    store: &ConnectionStore,
+    id: &str,
+    credentials: &Credentials,
+) -> Result<(), ToolError> {
+    let key = sealing.ok_or_else(|| {
+        ToolError::new(
+            "unavailable",
+            "sign-ins cannot be stored: agentd's sealing key is unusable (see its log)",
+        )
+    })?;
+    let sealed = credentials
+        .seal(key, id)
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+    let (store, id) = (store.clone(), id.to_owned());
+    let stored = tokio::task::spawn_blocking(move || store.put_credentials(&id, &sealed))
+        .await
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?
+        .map_err(|e| ToolError::new("unavailable", e.to_string()))?;
+    if stored {
+        Ok(())
+    } else {
+        Err(ToolError::new(
+            "connection_removed",
+            "the connection was removed while signing in",
+        ))
+    }
 }
 
 #[cfg(test)]

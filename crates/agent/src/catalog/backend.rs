@@ -4,8 +4,8 @@
 //! It never trusts the MCP layer's word on authority beyond the token's scopes: every call
 //! resolves the caller's live access again.
 
+use crate::catalog::files::{FileTools, Source};
 use crate::catalog::{Operation, OperationRunner};
-use crate::files::{FileTools, Source};
 use crate::identity::{IdentityStore, TokenCheckError, TokenInfo, User};
 use crate::mcp::{AuthError, Caller, Reach, ToolError};
 use serde_json::{Map, Value};
@@ -20,6 +20,9 @@ pub fn caller_of(token: TokenInfo, user: User) -> Caller {
         reach: None,
     }
 }
+
+/// agentd's MCP endpoint: the transport over the workflow-file catalog.
+pub type AgentMcp = crate::mcp::McpService<crate::catalog::Catalog<AgentBackend>>;
 
 pub struct AgentBackend {
     identity: IdentityStore,

@@ -50,6 +50,7 @@ fn device_code_answer(public_url: &str, device_code: String, user_code: String) 
 
 // ----- HTTP glue (public listener) -----
 
+use crate::oauth::answer::{oauth_error, server_error, store_unavailable};
 use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, json_response};
 use hyper::{Response, StatusCode};
@@ -82,32 +83,6 @@ struct ApproveBody {
 
 fn yes() -> bool {
     true
-}
-
-/// RFC 6749 §5.2 error answers (what OAuth clients expect here, not our envelope).
-/// The store could not answer: 503 `temporarily_unavailable`.
-pub(crate) fn store_unavailable(error: impl std::fmt::Display) -> Response<Body> {
-    oauth_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "temporarily_unavailable",
-        &error.to_string(),
-    )
-}
-
-/// The blocking task that reads the store failed: 500 `server_error`.
-pub(crate) fn server_error(error: impl std::fmt::Display) -> Response<Body> {
-    oauth_error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        &error.to_string(),
-    )
-}
-
-pub(crate) fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
-    json_response(
-        status,
-        &serde_json::json!({"error": error, "error_description": description}),
-    )
 }
 
 /// RFC 8628 requests are form-encoded; JSON is accepted too.
@@ -185,7 +160,7 @@ pub async fn handle_public(
         .and_then(|v| v.to_str().ok());
     Some(match path {
         "/v1/device/code" => {
-            let address = crate::console::accounts::client_bucket(parts);
+            let address = crate::identity::attempt_limits::client_bucket(parts);
             device_code(identity, public_url, content_type, body, address).await
         }
         "/v1/device/token" => device_token(identity, content_type, body).await,

@@ -20,7 +20,7 @@
 //! origin, keep reading past the size limit, or hand the model an answer that is not the
 //! JSON-RPC response to the request it sent.
 
-use crate::mcp_connections::Transport;
+use crate::connections::store::Transport;
 use agentworks_support::outbound::{GuardedClient, OutboundError, Streaming};
 use bytes::Bytes;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, WWW_AUTHENTICATE};

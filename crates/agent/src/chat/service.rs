@@ -1,17 +1,17 @@
 //! The chats' service handle: the stores and clients a chat endpoint and a running turn share,
 //! and the few operations both use (append and read messages, check that a turn is still the
-//! running one, list the caller's devices). It knows nothing of HTTP routing: `chat_api`
-//! serves the endpoints on it and `turn` runs the model loop with it, so neither imports the
+//! running one, list the caller's devices). It knows nothing of HTTP routing: [`super::api`]
+//! serves the endpoints on it and [`super::turn`] runs turns with it, so neither imports the
 //! other.
 
-use crate::attachments::{AttachmentError, AttachmentStore};
-use crate::chats::{ChatStore, ChatStoreError, StoredMessage};
-use crate::files::FileTools;
-use crate::gatewayd_client::GatewaydClient;
+use crate::catalog::files::FileTools;
+use crate::chat::attachments::{AttachmentError, AttachmentStore};
+use crate::chat::model::ModelClient;
+use crate::chat::store::{ChatStore, ChatStoreError, StoredMessage};
+use crate::clients::gatewayd::GatewaydClient;
+use crate::connections::ConnectionTools;
 use crate::identity::IdentityStore;
 use crate::mcp::{Caller, ToolError};
-use crate::mcp_connections::ConnectionStore;
-use crate::model::ModelClient;
 use agentworks_contract::gatewayd::{DeviceInfo, DevicesRequest};
 use agentworks_daemon::ipc::envelope::{Refusal, run_blocking};
 use agentworks_support::unix_http::ClientError;
@@ -33,22 +33,6 @@ impl From<ChatStoreError> for Refusal {
     }
 }
 
-/// A file-tool refusal (from a live access check) as the chat API's refusal.
-pub(crate) fn from_tool(error: ToolError) -> Refusal {
-    let status = match error.code.as_str() {
-        "not_found" => StatusCode::NOT_FOUND,
-        "unauthorized" => StatusCode::UNAUTHORIZED,
-        "forbidden" => StatusCode::FORBIDDEN,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    Refusal {
-        status,
-        code: error.code,
-        message: error.message,
-        details: error.details,
-    }
-}
-
 /// Which turn is running in a chat, and how to cancel it.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
@@ -66,21 +50,9 @@ pub struct ChatService {
     pub files: FileTools,
     pub chats: ChatStore,
     pub attachments: AttachmentStore,
-    /// The projects' MCP connections.
-    pub connections: ConnectionStore,
-    /// The guarded client their requests go through (`None`: connections are not used, e.g.
-    /// when a configured root certificate file is unusable).
-    pub connections_client: Option<agentworks_support::outbound::GuardedClient>,
-    /// The projects' sealed secrets (`None`: the sealing key is unusable, logged at start; the
-    /// secrets API answers 503 and a connection that names a secret is not used).
-    pub secrets: Option<crate::project_secrets::SecretStore>,
-    /// The key connection sign-ins are sealed with (`None`: unusable, logged at start; no
-    /// sign-in is stored or used).
-    pub sealing: Option<Arc<crate::sealed::SealingKey>>,
-    /// Connection sign-ins waiting for their callback.
-    pub sign_ins: crate::mcp_oauth::PendingSignIns,
-    /// agentd's public URL: where a connection sign-in's callback comes back to.
-    pub public_url: String,
+    /// The projects' MCP connections, as a server-mode turn uses them: the one way from the
+    /// chats to the connections.
+    pub connection_tools: ConnectionTools,
     pub gatewayd: GatewaydClient,
     pub model: Option<ModelClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
@@ -89,8 +61,8 @@ pub struct ChatService {
     /// This agentd's `cluster.host_id` ("-" on one host), named in its turn claims.
     pub host_id: String,
     /// In a cluster, the way to the other agentd hosts: a turn one of them runs is stopped
-    /// there (`turn_peers.rs`).
-    pub peers: Option<crate::turn_peers::TurnPeers>,
+    /// there ([`super::peers`]).
+    pub peers: Option<crate::chat::peers::TurnPeers>,
 }
 
 /// The chat API's refusal for an attachment the store refused, with the status that fits.
@@ -136,7 +108,7 @@ impl ChatService {
         files: FileTools,
         chats: ChatStore,
         attachments: AttachmentStore,
-        connections: ConnectionStore,
+        connection_tools: ConnectionTools,
         gatewayd: GatewaydClient,
         model: Option<ModelClient>,
     ) -> ChatService {
@@ -145,12 +117,7 @@ impl ChatService {
             files,
             chats,
             attachments,
-            connections_client: None,
-            secrets: None,
-            sealing: None,
-            sign_ins: crate::mcp_oauth::PendingSignIns::new(connections.clone()),
-            connections,
-            public_url: String::new(),
+            connection_tools,
             gatewayd,
             model,
             sessions: Default::default(),

@@ -1,12 +1,12 @@
 //! The MCP connections API on agentd's public listener (a console session, or a person's
-//! bearer token with a `workflows:*` scope), routed by [`crate::chat_api`]:
+//! bearer token with a `workflows:*` scope, as for the chats):
 //!
 //! | request | answer |
 //! | --- | --- |
 //! | `GET /v1/projects/{id}/mcp-connections` | `{connections: [{connection_id, name, url, transport, headers, created_by, created_at_ms}]}` (anyone who can see the project) |
 //! | `POST /v1/projects/{id}/mcp-connections {name, url, transport?, headers?}` | 201 the connection (owner or co-owner, a `workflows:write` token, a `code` project) |
 //! | `DELETE /v1/projects/{id}/mcp-connections/{connection_id}` | `{removed: connection_id}` (owner or co-owner, a `workflows:write` token) |
-//! | `POST /v1/projects/{id}/mcp-connections/{connection}/sign-in` | `{authorization_url}` to open (owner or co-owner): OAuth with the server ([`crate::mcp_oauth`]); 400 `needs_client_id` with the callback URL when the server has no dynamic registration, `no_sign_in_needed` when it asks for none |
+//! | `POST /v1/projects/{id}/mcp-connections/{connection}/sign-in` | `{authorization_url}` to open (owner or co-owner): OAuth with the server ([`crate::connections::sign_in`]); 400 `needs_client_id` with the callback URL when the server has no dynamic registration, `no_sign_in_needed` when it asks for none |
 //! | `GET /v1/mcp-connections/callback?code&state[&iss]` | where the server sends the person back: the sign-in is finished and sealed, then 303 to the project's settings page (`?signed_in=` or `?sign_in_error=`); only the person who started it can finish it |
 //! | `GET /v1/projects/{id}/secrets` | `{secrets: [{name, updated_by, updated_at_ms}]}`: names only, never a value (owner or co-owner) |
 //! | `PUT /v1/projects/{id}/secrets/{NAME} {value}` | the secret as listed (owner or co-owner, a `workflows:write` token); sealed before it is stored |
@@ -17,14 +17,18 @@
 //! person removed from the project can do nothing. The URL shown has no query string; a header
 //! shows the secret it names, never a value.
 
-use crate::chat_service::{ChatService, blocking, from_tool};
+use crate::catalog::files::from_tool;
+use crate::connections::Connections;
+use crate::connections::secrets::{SecretRuleError, SecretStore, SecretStoreError};
+use crate::connections::sign_in::CALLBACK_PATH;
+use crate::connections::store::{self, ConnectionRuleError, ConnectionStoreError, NewConnection};
 use crate::identity::ProjectKind;
 use crate::mcp::Caller;
-use crate::mcp_connections::{self, ConnectionRuleError, ConnectionStoreError, NewConnection};
-use crate::project_secrets::{SecretRuleError, SecretStore, SecretStoreError};
 use agentworks_contract::agentd::Role;
-use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
+use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response, run_blocking};
 use bytes::Bytes;
+use hyper::Method;
+use hyper::http::request::Parts;
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
@@ -70,14 +74,6 @@ impl From<SecretRuleError> for Refusal {
     }
 }
 
-/// Where an operator sign-in app's secret is sealed: the apps store, the app's key.
-pub fn app_place(key: &str) -> crate::sealed::Place<'_> {
-    crate::sealed::Place {
-        store: "mcp_apps",
-        path: key,
-    }
-}
-
 /// What a query value or path segment keeps as it is: RFC 3986's unreserved characters.
 const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
@@ -85,12 +81,118 @@ const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUME
     .remove(b'.')
     .remove(b'~');
 
-/// Where a connection's OAuth sign-in comes back to, on agentd's public listener.
-pub const CALLBACK_PATH: &str = "/v1/mcp-connections/callback";
+/// Largest body of a connections endpoint (a connection, a secret).
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
 
-impl ChatService {
+impl Connections {
+    /// What the public listener may do with a request's body before the handler runs, from
+    /// the head alone: `None` if it is not an endpoint here (or not with this method, which
+    /// [`Connections::handle`] answers 405 without authenticating); else the largest body the
+    /// endpoint takes once the caller checks out, or the 401/403 the request gets anyway.
+    pub async fn screen(&self, parts: &Parts) -> Option<Result<usize, Response<Body>>> {
+        let Ok(_) = route(parts)? else {
+            return None;
+        };
+        Some(match self.sessions.person(&self.identity, parts).await {
+            Ok(_) => Ok(MAX_REQUEST_BODY_BYTES),
+            Err(error) => Err(error.into_response()),
+        })
+    }
+
+    /// Serves a connections endpoint, or `None` if the path is not one.
+    pub async fn handle(&self, parts: &Parts, body: &Bytes) -> Option<Response<Body>> {
+        let route = match route(parts)? {
+            Ok(route) => route,
+            Err(refusal) => return Some(refusal.into_response()),
+        };
+        let result = async {
+            let caller = self.sessions.person(&self.identity, parts).await?;
+            match route {
+                Route::Connections(project) => self.list_connections(&caller, &project).await,
+                Route::AddConnection(project) => self.add_connection(&caller, &project, body).await,
+                Route::RemoveConnection(project, connection) => {
+                    self.remove_connection(&caller, &project, &connection).await
+                }
+                Route::SignIn(project, connection) => {
+                    self.sign_in_connection(&caller, &project, &connection)
+                        .await
+                }
+                Route::SignInCallback => self.sign_in_callback(&caller, parts.uri.query()).await,
+                Route::Secrets(project) => self.list_secrets(&caller, &project).await,
+                Route::SetSecret(project, name) => {
+                    self.set_secret(&caller, &project, &name, body).await
+                }
+                Route::RemoveSecret(project, name) => {
+                    self.remove_secret(&caller, &project, &name).await
+                }
+            }
+        }
+        .await;
+        Some(result.unwrap_or_else(Refusal::into_response))
+    }
+}
+
+/// The connections endpoint a request names: `None` for another path, `Err` (405) for a path
+/// of this API with a method it does not serve.
+fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
+    let path = parts.uri.path();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(Ok(match (segments.as_slice(), &parts.method) {
+        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::GET => {
+            Route::Connections(project.to_string())
+        }
+        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::POST => {
+            Route::AddConnection(project.to_string())
+        }
+        (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
+            Route::RemoveConnection(project.to_string(), connection.to_string())
+        }
+        (
+            [
+                "v1",
+                "projects",
+                project,
+                "mcp-connections",
+                connection,
+                "sign-in",
+            ],
+            m,
+        ) if *m == Method::POST => Route::SignIn(project.to_string(), connection.to_string()),
+        (["v1", "mcp-connections", "callback"], m) if *m == Method::GET => Route::SignInCallback,
+        (["v1", "projects", project, "secrets"], m) if *m == Method::GET => {
+            Route::Secrets(project.to_string())
+        }
+        (["v1", "projects", project, "secrets", name], m) if *m == Method::PUT => {
+            Route::SetSecret(project.to_string(), name.to_string())
+        }
+        (["v1", "projects", project, "secrets", name], m) if *m == Method::DELETE => {
+            Route::RemoveSecret(project.to_string(), name.to_string())
+        }
+        (["v1", "projects", _, "mcp-connections" | "secrets", ..], _) => {
+            return Some(Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} is not served on {path}", parts.method),
+            )));
+        }
+        _ => return None,
+    }))
+}
+
+enum Route {
+    Connections(String),
+    AddConnection(String),
+    RemoveConnection(String, String),
+    SignIn(String, String),
+    SignInCallback,
+    Secrets(String),
+    SetSecret(String, String),
+    RemoveSecret(String, String),
+}
+
+impl Connections {
     /// `GET …/mcp-connections`: the project's connections, for anyone who can see it.
-    pub(crate) async fn list_connections(
+    async fn list_connections(
         &self,
         caller: &Caller,
         project: &str,
@@ -100,10 +202,16 @@ impl ChatService {
             .access(caller, project)
             .await
             .map_err(from_tool)?;
-        let store = self.connections.clone();
-        let (listed, signed_in) = blocking(move || {
-            Ok::<_, ConnectionStoreError>((store.list(&project.id)?, store.signed_in(&project.id)?))
-        })
+        let store = self.store.clone();
+        let (listed, signed_in) = run_blocking(
+            move || {
+                Ok::<_, ConnectionStoreError>((
+                    store.list(&project.id)?,
+                    store.signed_in(&project.id)?,
+                ))
+            },
+            Refusal::from,
+        )
         .await?;
         let shown: Vec<_> = listed
             .iter()
@@ -120,7 +228,7 @@ impl ChatService {
     }
 
     /// `POST …/mcp-connections`: add one, after the role check and every rule.
-    pub(crate) async fn add_connection(
+    async fn add_connection(
         &self,
         caller: &Caller,
         project: &str,
@@ -139,32 +247,36 @@ impl ChatService {
             ));
         }
         let request: NewConnection = decode_json(body)?;
-        let checked = mcp_connections::check(request)?;
-        let store = self.connections.clone();
+        let checked = store::check(request)?;
+        let store = self.store.clone();
         let user = caller.user_id.clone();
-        let added = blocking(move || store.add(&project.id, &user, checked)).await??;
+        let added = run_blocking(
+            move || store.add(&project.id, &user, checked),
+            Refusal::from,
+        )
+        .await??;
         tracing::info!(
             connection = %added.id,
             project = %added.project_id,
             user = %caller.user_id,
-            url = %mcp_connections::shown_url(&added.url),
+            url = %store::shown_url(&added.url),
             "MCP connection added"
         );
         Ok(json_response(StatusCode::CREATED, &added.shown()))
     }
 
     /// `DELETE …/mcp-connections/{id}`.
-    pub(crate) async fn remove_connection(
+    async fn remove_connection(
         &self,
         caller: &Caller,
         project: &str,
         connection: &str,
     ) -> Result<Response<Body>, Refusal> {
         let project = self.managed_project(caller, project).await?;
-        let store = self.connections.clone();
+        let store = self.store.clone();
         let id = connection.to_owned();
         let project_id = project.id.clone();
-        if !blocking(move || store.remove(&project_id, &id)).await? {
+        if !run_blocking(move || store.remove(&project_id, &id), Refusal::from).await? {
             return Err(no_connection(&project.name, connection));
         }
         tracing::info!(connection, project = %project.id, user = %caller.user_id, "MCP connection removed");
@@ -218,19 +330,19 @@ impl ChatService {
     }
 
     /// `GET …/secrets`: the names, for the people who manage the project's connections.
-    pub(crate) async fn list_secrets(
+    async fn list_secrets(
         &self,
         caller: &Caller,
         project: &str,
     ) -> Result<Response<Body>, Refusal> {
         let project = self.managed_project(caller, project).await?;
         let store = self.secret_store()?;
-        let listed = blocking(move || store.list(&project.id)).await?;
+        let listed = run_blocking(move || store.list(&project.id), Refusal::from).await?;
         Ok(json_response(StatusCode::OK, &json!({"secrets": listed})))
     }
 
     /// `PUT …/secrets/{NAME} {value}`: set or replace one; the answer never holds the value.
-    pub(crate) async fn set_secret(
+    async fn set_secret(
         &self,
         caller: &Caller,
         project: &str,
@@ -254,13 +366,17 @@ impl ChatService {
         })?;
         let (name, user) = (name.to_owned(), caller.user_id.clone());
         let project_id = project.id.clone();
-        let info = blocking(move || store.set(&project_id, &name, &request.value, &user)).await??;
+        let info = run_blocking(
+            move || store.set(&project_id, &name, &request.value, &user),
+            Refusal::from,
+        )
+        .await??;
         tracing::info!(project = %project.id, secret = %info.name, user = %caller.user_id, "project secret set");
         Ok(json_response(StatusCode::OK, &info))
     }
 
     /// `DELETE …/secrets/{NAME}`.
-    pub(crate) async fn remove_secret(
+    async fn remove_secret(
         &self,
         caller: &Caller,
         project: &str,
@@ -269,7 +385,7 @@ impl ChatService {
         let project = self.managed_project(caller, project).await?;
         let store = self.secret_store()?;
         let (id, secret) = (project.id.clone(), name.to_owned());
-        if !blocking(move || store.remove(&id, &secret)).await? {
+        if !run_blocking(move || store.remove(&id, &secret), Refusal::from).await? {
             return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -281,16 +397,18 @@ impl ChatService {
     }
 
     /// `POST …/mcp-connections/{id}/sign-in`: start an OAuth sign-in with the server.
-    pub(crate) async fn sign_in_connection(
+    async fn sign_in_connection(
         &self,
         caller: &Caller,
         project: &str,
         connection: &str,
     ) -> Result<Response<Body>, Refusal> {
         let project = self.managed_project(caller, project).await?;
-        let store = self.connections.clone();
+        let store = self.store.clone();
         let (project_id, id) = (project.id.clone(), connection.to_owned());
-        let Some(connection) = blocking(move || store.get(&project_id, &id)).await? else {
+        let Some(connection) =
+            run_blocking(move || store.get(&project_id, &id), Refusal::from).await?
+        else {
             return Err(no_connection(&project.name, connection));
         };
         if connection.headers.contains_key("authorization") {
@@ -300,7 +418,7 @@ impl ChatService {
                 "this connection sends its own Authorization header (a project secret); remove it, or the connection, to sign in with OAuth instead",
             ));
         }
-        let (Some(client), Some(key)) = (&self.connections_client, &self.sealing) else {
+        let (Some(client), Some(key)) = (&self.client, &self.sealing) else {
             return Err(Refusal::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -308,16 +426,23 @@ impl ChatService {
             ));
         };
         let callback = format!("{}{CALLBACK_PATH}", self.public_url);
-        let app_key = crate::mcp_connections::provider_key(&connection.url);
+        let app_key = store::provider_key(&connection.url);
         let app = self.sign_in_app(&app_key).await?;
-        let started =
-            crate::mcp_oauth::begin(client, &connection, &caller.user_id, &callback, app).await;
+        let started = crate::connections::sign_in::begin(
+            client,
+            &connection,
+            &caller.user_id,
+            &callback,
+            app,
+        )
+        .await;
         let started = match started {
             Ok(started) => {
                 let (sign_ins, key) = (self.sign_ins.clone(), key.clone());
-                blocking(move || {
-                    Ok::<_, Refusal>(sign_ins.insert(&key, &started).map(|()| started))
-                })
+                run_blocking(
+                    move || Ok::<_, Refusal>(sign_ins.insert(&key, &started).map(|()| started)),
+                    Refusal::from,
+                )
                 .await?
             }
             Err(error) => Err(error),
@@ -330,7 +455,8 @@ impl ChatService {
             Err(error) => {
                 let mut refusal =
                     Refusal::new(StatusCode::BAD_REQUEST, error.code(), error.to_string());
-                if let crate::mcp_oauth::SignInError::NeedsClientId { callback } = &error {
+                if let crate::connections::sign_in::SignInError::NeedsClientId { callback } = &error
+                {
                     refusal
                         .details
                         .insert("callback_url".into(), json!(callback));
@@ -343,29 +469,32 @@ impl ChatService {
 
     /// The operator's sign-in app for `key`, its secret unsealed; a secret that does not open is
     /// an error (never a sign-in without it).
-    async fn sign_in_app(&self, key: &str) -> Result<Option<crate::mcp_oauth::ClientApp>, Refusal> {
-        let (store, sealing, key) = (
-            self.connections.clone(),
-            self.sealing.clone(),
-            key.to_owned(),
-        );
-        blocking(move || {
-            crate::mcp_apps::load_app(&store, sealing.as_deref(), &key).map_err(|error| match error
-            {
-                crate::mcp_apps::AppError::Store(error) => Refusal::from(error),
-                other => Refusal::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    other.to_string(),
-                ),
-            })
-        })
+    async fn sign_in_app(
+        &self,
+        key: &str,
+    ) -> Result<Option<crate::connections::sign_in::ClientApp>, Refusal> {
+        let (store, sealing, key) = (self.store.clone(), self.sealing.clone(), key.to_owned());
+        run_blocking(
+            move || {
+                crate::connections::apps::load_app(&store, sealing.as_deref(), &key).map_err(
+                    |error| match error {
+                        crate::connections::apps::AppError::Store(error) => Refusal::from(error),
+                        other => Refusal::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "unavailable",
+                            other.to_string(),
+                        ),
+                    },
+                )
+            },
+            Refusal::from,
+        )
         .await
     }
 
     /// `GET /v1/mcp-connections/callback`: finish the sign-in `state` names, for the person who
     /// started it, then send the browser back to the project's settings.
-    pub(crate) async fn sign_in_callback(
+    async fn sign_in_callback(
         &self,
         caller: &Caller,
         query: Option<&str>,
@@ -378,11 +507,13 @@ impl ChatService {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        let refused = |error: crate::mcp_oauth::SignInError| {
+        let refused = |error: crate::connections::sign_in::SignInError| {
             let status = match error {
-                crate::mcp_oauth::SignInError::NotYours => StatusCode::FORBIDDEN,
-                crate::mcp_oauth::SignInError::Unavailable(_)
-                | crate::mcp_oauth::SignInError::Seal(_) => StatusCode::SERVICE_UNAVAILABLE,
+                crate::connections::sign_in::SignInError::NotYours => StatusCode::FORBIDDEN,
+                crate::connections::sign_in::SignInError::Unavailable(_)
+                | crate::connections::sign_in::SignInError::Seal(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
                 _ => StatusCode::BAD_REQUEST,
             };
             Refusal::new(status, error.code(), error.to_string())
@@ -406,9 +537,12 @@ impl ChatService {
             state.to_owned(),
             caller.user_id.clone(),
         );
-        let pending = blocking(move || Ok::<_, Refusal>(sign_ins.take(&key, &state, &user_id)))
-            .await?
-            .map_err(refused)?;
+        let pending = run_blocking(
+            move || Ok::<_, Refusal>(sign_ins.take(&key, &state, &user_id)),
+            Refusal::from,
+        )
+        .await?
+        .map_err(refused)?;
         let back = |outcome: &str| {
             let location = format!(
                 "/console/projects/{}/settings?{outcome}",
@@ -431,20 +565,20 @@ impl ChatService {
         let Some(code) = get("code") else {
             return Ok(back("sign_in_error=no_code"));
         };
-        let Some(client) = &self.connections_client else {
+        let Some(client) = &self.client else {
             return Ok(back("sign_in_error=unavailable"));
         };
         let connection_id = pending.connection_id.clone();
-        match crate::mcp_oauth::finish(client, pending.clone(), code, get("iss")).await {
+        match crate::connections::sign_in::finish(client, pending.clone(), code, get("iss")).await {
             Ok(credentials) => {
-                crate::mcp_connection_tools::store_credentials(
+                super::sign_in::store_credentials(
                     self.sealing.as_ref(),
-                    &self.connections,
+                    &self.store,
                     &connection_id,
                     &credentials,
                 )
                 .await
-                .map_err(crate::chat_service::from_tool)?;
+                .map_err(from_tool)?;
                 tracing::info!(connection = %connection_id, user = %caller.user_id, "MCP connection signed in");
                 Ok(back(&format!("signed_in={}", encode(&connection_id))))
             }

@@ -22,7 +22,7 @@
 //! [`POSTGRES_MIGRATIONS`].
 //!
 //! Must never hand out another person's chat: every lookup that serves a request is checked
-//! against the owner by the caller ([`crate::chat_api`]).
+//! against the owner by the caller ([`crate::chat::api`]).
 
 use crate::db::{Database, DbError, Row, Sql, TransactionError};
 use serde::Serialize;
@@ -458,13 +458,13 @@ impl ChatStore {
     }
 
     /// Adds one model call's tokens to the turn's usage (the row is made by the first call).
-    /// Counts are bounded where they are parsed ([`crate::model::MAX_REPORTED_TOKENS`]), so
+    /// Counts are bounded where they are parsed ([`crate::chat::model::MAX_REPORTED_TOKENS`]), so
     /// the sums stay far from overflowing.
     pub fn add_usage(
         &self,
         chat_id: &str,
         turn: i64,
-        usage: &crate::model::Usage,
+        usage: &crate::chat::model::Usage,
     ) -> Result<(), ChatStoreError> {
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         // The old values are named by their table: PostgreSQL finds a bare column name
@@ -590,7 +590,7 @@ mod tests {
 
     #[test]
     fn usage_adds_up_per_turn_and_persists() {
-        use crate::model::Usage;
+        use crate::chat::model::Usage;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chats.db");
         let store = ChatStore::open(&path).unwrap();
@@ -655,7 +655,7 @@ mod tests {
             .add_usage(
                 "c1",
                 turn,
-                &crate::model::Usage {
+                &crate::chat::model::Usage {
                     prompt_tokens: 7,
                     completion_tokens: 1,
                     total_tokens: 8,

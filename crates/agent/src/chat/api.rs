@@ -14,7 +14,9 @@
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
 //! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
 //! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
-//! | `…/v1/projects/{id}/mcp-connections[/{connection}]`, `…/secrets[/{NAME}]` | a project's MCP connections and the secrets their headers name ([`crate::mcp_connections_api`]) |
+//!
+//! A project's MCP connections and secrets (`/v1/projects/{id}/mcp-connections…`, `…/secrets…`)
+//! are [`crate::connections::api`]'s, beside these on the same listener and the same callers.
 //!
 //! A chat is pinned to its creator: a turn from anyone else is refused with 403
 //! `chat_not_yours` (a person who cannot see the project gets 404). Only `code` projects have
@@ -26,7 +28,7 @@
 //! the stream ends with `end {reason: "cancelled"}`.
 //!
 //! A turn stores the person's message first; the first message sent in a chat titles it (its
-//! first line, [`crate::chats::title_of`]), and the title stays. Without a configured model
+//! first line, [`crate::chat::store::title_of`]), and the title stays. Without a configured model
 //! the message is still stored and the turn's events are `error` (`model_not_configured`,
 //! naming both ways to configure one) and `end {reason: "error"}`: nothing the person sent is
 //! lost, and a later turn goes on from it.
@@ -35,14 +37,15 @@
 //! produces it (a streaming body); the turn itself runs in its own task and ends (and is
 //! stored) even if the client goes away.
 
-use crate::attachments::{self, AttachmentInfo};
-use crate::chat_service::{ChatService, Running, blocking, from_tool};
-use crate::chats::{Chat, ChatStoreError};
-use crate::identity::{ProjectKind, TokenCheckError};
+use crate::catalog::files::from_tool;
+use crate::chat::attachments::{self, AttachmentInfo};
+use crate::chat::peers::RunningTurns;
+use crate::chat::service::{ChatService, Running, blocking};
+use crate::chat::store::{Chat, ChatStoreError};
+use crate::chat::tools;
+use crate::chat::turn::{self, TurnSpec};
+use crate::identity::ProjectKind;
 use crate::mcp::Caller;
-use crate::mcp_backend::caller_of;
-use crate::turn::{self, TurnSpec};
-use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::{Body, Refusal, decode_json, json_response};
 use agentworks_support::clock::now_ms;
 use bytes::Bytes;
@@ -62,54 +65,7 @@ pub use agentworks_contract::public_api::CONFIRMATION;
 
 impl ChatService {
     async fn authenticate(&self, parts: &Parts) -> Result<Caller, Refusal> {
-        let unauthorized =
-            |code: &str, message: &str| Refusal::new(StatusCode::UNAUTHORIZED, code, message);
-        // A console session counts only on a request without an Authorization header.
-        if let Some(checked) = self.sessions.check(parts).await {
-            let signed_in = checked?;
-            return Ok(caller_of(signed_in.token, signed_in.user));
-        }
-        let presented = match bearer(&parts.headers) {
-            Bearer::Token(token) => token,
-            Bearer::Absent => {
-                return Err(unauthorized(
-                    "missing_token",
-                    "this endpoint needs an `Authorization: Bearer <token>` header",
-                ));
-            }
-            Bearer::Malformed => {
-                return Err(unauthorized(
-                    "invalid_token",
-                    "the Authorization header is not one `Bearer <token>`",
-                ));
-            }
-        };
-        let (token, user) = match self.identity.check_bearer(presented).await {
-            Ok(found) => found,
-            Err(TokenCheckError::Refused(refusal)) => {
-                return Err(unauthorized(refusal.code(), refusal.message()));
-            }
-            Err(error) => {
-                tracing::warn!(%error, "token check failed");
-                return Err(Refusal::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "the identity store is unavailable; try again shortly",
-                ));
-            }
-        };
-        if !token
-            .scopes
-            .iter()
-            .any(|s| s.as_str().starts_with("workflows:"))
-        {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "insufficient_scope",
-                "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
-            ));
-        }
-        Ok(caller_of(token, user))
+        self.sessions.person(&self.identity, parts).await
     }
 
     /// The chat, if the caller created it; anyone else gets the same 404 as for no chat.
@@ -163,23 +119,6 @@ impl ChatService {
                     .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
                 Route::Projects => self.projects(&caller).await,
                 Route::Models => Ok(json_response(StatusCode::OK, &self.models())),
-                Route::Connections(project) => self.list_connections(&caller, &project).await,
-                Route::AddConnection(project) => self.add_connection(&caller, &project, body).await,
-                Route::RemoveConnection(project, connection) => {
-                    self.remove_connection(&caller, &project, &connection).await
-                }
-                Route::SignIn(project, connection) => {
-                    self.sign_in_connection(&caller, &project, &connection)
-                        .await
-                }
-                Route::SignInCallback => self.sign_in_callback(&caller, parts.uri.query()).await,
-                Route::Secrets(project) => self.list_secrets(&caller, &project).await,
-                Route::SetSecret(project, name) => {
-                    self.set_secret(&caller, &project, &name, body).await
-                }
-                Route::RemoveSecret(project, name) => {
-                    self.remove_secret(&caller, &project, &name).await
-                }
             }
         }
         .await;
@@ -246,7 +185,7 @@ impl ChatService {
                         .as_str()
                         .and_then(|c| serde_json::from_str::<Value>(c).ok())
                         .unwrap_or(Value::Null);
-                    let (state, summary) = turn::call_state(&content);
+                    let (state, summary) = tools::call_state(&content);
                     out["state"] = json!(state);
                     out["summary"] = json!(summary);
                 }
@@ -256,10 +195,10 @@ impl ChatService {
                 out
             })
             .collect();
-        let mut total = crate::model::Usage::default();
+        let mut total = crate::chat::model::Usage::default();
         for turn in &usage {
             let count = |n: i64| u64::try_from(n).unwrap_or(0);
-            total.add(crate::model::Usage {
+            total.add(crate::chat::model::Usage {
                 prompt_tokens: count(turn.prompt_tokens),
                 completion_tokens: count(turn.completion_tokens),
                 total_tokens: count(turn.total_tokens),
@@ -651,7 +590,7 @@ impl ChatService {
             ));
         }
         // A bound chat runs commands: only an authoring role binds (and every call re-checks).
-        turn::require_authoring_role(&access).map_err(from_tool)?;
+        tools::laptop::require_authoring_role(&access).map_err(from_tool)?;
         if self.running.lock().await.contains_key(chat_id) {
             return Err(turn_running(chat_id));
         }
@@ -724,6 +663,20 @@ impl ChatService {
     }
 }
 
+/// Another agentd host's cancel ([`crate::chat::peers`]) is answered as this host's own cancel
+/// endpoint answers its owner, who that host has checked.
+impl RunningTurns for ChatService {
+    async fn cancel_for_peer(&self, chat_id: &str, origin: &str) -> Response<Body> {
+        match self.cancel_running(chat_id).await {
+            Some(turn) => {
+                tracing::info!(chat = %chat_id, turn, %origin, "turn cancel requested by another agentd host");
+                cancel_accepted(chat_id, turn)
+            }
+            None => no_turn_running(chat_id).into_response(),
+        }
+    }
+}
+
 /// The chat endpoint a request names: `None` for another path, `Err` (405) for a chat path
 /// with a method it does not serve.
 fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
@@ -745,38 +698,7 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
         (["v1", "projects"], m) if *m == Method::GET => Route::Projects,
         (["v1", "models"], m) if *m == Method::GET => Route::Models,
-        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::GET => {
-            Route::Connections(project.to_string())
-        }
-        (["v1", "projects", project, "mcp-connections"], m) if *m == Method::POST => {
-            Route::AddConnection(project.to_string())
-        }
-        (["v1", "projects", project, "mcp-connections", connection], m) if *m == Method::DELETE => {
-            Route::RemoveConnection(project.to_string(), connection.to_string())
-        }
-        (
-            [
-                "v1",
-                "projects",
-                project,
-                "mcp-connections",
-                connection,
-                "sign-in",
-            ],
-            m,
-        ) if *m == Method::POST => Route::SignIn(project.to_string(), connection.to_string()),
-        (["v1", "mcp-connections", "callback"], m) if *m == Method::GET => Route::SignInCallback,
-        (["v1", "projects", project, "secrets"], m) if *m == Method::GET => {
-            Route::Secrets(project.to_string())
-        }
-        (["v1", "projects", project, "secrets", name], m) if *m == Method::PUT => {
-            Route::SetSecret(project.to_string(), name.to_string())
-        }
-        (["v1", "projects", project, "secrets", name], m) if *m == Method::DELETE => {
-            Route::RemoveSecret(project.to_string(), name.to_string())
-        }
-        (["v1", "projects", _, "mcp-connections" | "secrets", ..], _)
-        | (["v1", "chats", ..], _)
+        (["v1", "chats", ..], _)
         | (["v1", "devices"], _)
         | (["v1", "projects"], _)
         | (["v1", "models"], _) => {
@@ -802,14 +724,6 @@ enum Route {
     Devices,
     Projects,
     Models,
-    Connections(String),
-    AddConnection(String),
-    RemoveConnection(String, String),
-    SignIn(String, String),
-    SignInCallback,
-    Secrets(String),
-    SetSecret(String, String),
-    RemoveSecret(String, String),
 }
 
 fn no_chat(chat_id: &str) -> Refusal {
@@ -846,8 +760,8 @@ fn turn_running_on(chat_id: &str, host: &str) -> Refusal {
     )
 }
 
-/// The cancel endpoint's 409, here or asked by another host (`turn_peers.rs`).
-pub(crate) fn no_turn_running(chat_id: &str) -> Refusal {
+/// The cancel endpoint's 409, here or asked by another host.
+fn no_turn_running(chat_id: &str) -> Refusal {
     Refusal::new(
         StatusCode::CONFLICT,
         "no_turn_running",
@@ -856,14 +770,14 @@ pub(crate) fn no_turn_running(chat_id: &str) -> Refusal {
 }
 
 /// The cancel endpoint's 202 for turn number `turn`.
-pub(crate) fn cancel_accepted(chat_id: &str, turn: i64) -> Response<Body> {
+fn cancel_accepted(chat_id: &str, turn: i64) -> Response<Body> {
     json_response(
         StatusCode::ACCEPTED,
         &json!({"chat_id": chat_id, "turn": turn}),
     )
 }
 
-/// A fresh id for a claim on a chat ([`crate::chats::ChatStore::claim_turn`]).
+/// A fresh id for a claim on a chat ([`crate::chat::store::ChatStore::claim_turn`]).
 fn new_claim() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
