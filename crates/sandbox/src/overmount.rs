@@ -36,7 +36,7 @@
 //! refuses the namespace and mount system calls (`seccomp::namespace_filter`).
 //!
 //! Where the kernel refuses the namespace (Ubuntu's `apparmor_restrict_unprivileged_userns`,
-//! most containers), the executor's connect-time [`probe`] finds out, the policy asks for no
+//! most containers), the caller's probe ([`probe`], the laptop's at connect) finds out, the policy asks for no
 //! cover, and connect prints which directories lose file creation and why.
 //!
 //! Owns: entering the namespaces, the covers and their checks, the probe.
@@ -54,11 +54,11 @@ use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
 
-use super::{PinnedAccess, SandboxPolicy};
+use crate::{PinnedAccess, SandboxPolicy};
 
 /// How an exclusion is covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cover {
+pub(crate) enum Cover {
     /// `--block`: nothing readable, writable or listable.
     Hide,
     /// `--read-only`, and read-only folders nested in a writable one: a read-only view.
@@ -68,11 +68,11 @@ pub(super) enum Cover {
 /// What the launcher could do: the exclusions now covered by a mount (canonical paths, as the
 /// policy gives them), which the rule walk leaves alone.
 #[derive(Debug, Default)]
-pub(super) struct Covered {
-    pub(super) paths: Vec<PathBuf>,
+pub(crate) struct Covered {
+    pub(crate) paths: Vec<PathBuf>,
     /// Whether the launcher is in namespaces of its own now (the shell then gets the seccomp
     /// filter that keeps it from making or entering others).
-    pub(super) in_namespace: bool,
+    pub(crate) in_namespace: bool,
 }
 
 /// Why the namespace or a cover could not be made.
@@ -107,7 +107,7 @@ struct Target {
 #[derive(Debug)]
 struct Root {
     path: PathBuf,
-    /// Device and inode the executor pinned (for a pinned root): the path must still name it.
+    /// Device and inode the caller pinned (for a pinned root): the path must still name it.
     pinned: Option<(u64, u64)>,
     targets: Vec<Target>,
 }
@@ -163,7 +163,7 @@ fn roots_and_targets(policy: &SandboxPolicy) -> Vec<Root> {
 }
 
 /// Whether `policy` has an exclusion a cover would serve: one inside a writable root.
-pub(super) fn wanted(policy: &SandboxPolicy) -> bool {
+pub(crate) fn wanted(policy: &SandboxPolicy) -> bool {
     policy.overmount_exclusions && !roots_and_targets(policy).is_empty()
 }
 
@@ -171,7 +171,7 @@ pub(super) fn wanted(policy: &SandboxPolicy) -> bool {
 /// root that it can. `Ok` with nothing covered when the kernel refuses the namespace (the walk
 /// then does everything, as without namespaces); an error only when the process is left in a
 /// namespace it cannot use (its ids could not be mapped), and the command must be refused.
-pub(super) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
+pub(crate) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
     let roots = roots_and_targets(policy);
     if roots.is_empty() || !policy.overmount_exclusions {
         return Ok(Covered::default());
@@ -260,7 +260,7 @@ fn write_proc(path: &str, contents: &[u8]) -> Result<(), rustix::io::Errno> {
 }
 
 /// The root, opened by its path in this namespace (the pinned descriptor belongs to the
-/// executor's, where these mounts are not seen), and checked to be the directory pinned.
+/// caller's, where these mounts are not seen), and checked to be the directory pinned.
 fn open_root(root: &Root) -> Result<OwnedFd, rustix::io::Errno> {
     let fd = rustix::fs::open(
         &root.path,
@@ -609,7 +609,7 @@ fn unescape(field: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The connect-time check, run in a process of its own (`agentworks __sandbox-probe`, so it can
+/// The probe, run in a process of its own (`<launcher> __sandbox-probe`, so it can
 /// enter namespaces): the same namespace steps as [`cover`] and one cover of each kind on a
 /// detached mount. `Err` says which step the kernel refused.
 pub fn probe() -> Result<(), String> {
@@ -734,7 +734,7 @@ mod tests {
             ],
             read_only_within: vec![PathBuf::from("/w/a")],
             denied: vec![PathBuf::from("/w/state")],
-            home: None,
+            read_only_if_present: vec![],
             scratch: PathBuf::from("/s"),
             cwd: PathBuf::from("/w"),
             limits: Default::default(),

@@ -1,7 +1,7 @@
-//! Commands in cgroups of their own, where the person's cgroup v2 subtree is delegated to them.
+//! Commands in cgroups of their own, where the caller's cgroup v2 subtree is delegated to it.
 //!
-//! Owns: finding the executor's cgroup and deciding whether it is delegated ([`CgroupTree::
-//! delegated`]); moving the executor into a leaf of it and enabling the memory and pids
+//! Owns: finding the caller's cgroup and deciding whether it is delegated ([`CgroupTree::
+//! delegated`]); moving the caller into a leaf of it and enabling the memory and pids
 //! controllers for its children; one cgroup per command with `memory.max` and `pids.max`
 //! ([`CgroupTree::command`]), ended with `cgroup.kill` and removed afterwards
 //! ([`CommandCgroup::kill_and_remove`]); and the launcher's side, descriptors on the command
@@ -9,28 +9,29 @@
 //! ([`CommandCgroupFds`]).
 //!
 //! Layout, for a delegated cgroup `D` (e.g. the scope `systemd-run --user --scope -p Delegate=yes
-//! agentworks executor connect …` makes):
+//! agentworks executor connect …` makes, or a unit's `Delegate=yes`), with the names the caller
+//! gives in its [`CgroupLayout`] (the laptop's executor's shown):
 //!
 //! ```text
 //! D/                                   +memory +pids in cgroup.subtree_control (when D allows)
-//!   agentworks-executor/               the executor and its launchers
+//!   agentworks-executor/               the caller and its launchers (`own_leaf`)
 //!   agentworks-command-<pid>-<n>/      one command (memory.max, pids.max), ended by cgroup.kill
 //! ```
 //!
 //! cgroup v2's "no internal processes" rule: controllers can be enabled for D's children only
-//! while D itself holds no process, so the executor first moves itself into the leaf, and the
+//! while D itself holds no process, so the caller first moves itself into the leaf, and the
 //! controllers come only when D held nothing else (a scope of its own). Otherwise commands still
-//! get their own cgroup and `cgroup.kill`, but no memory limit, and the executor says so.
+//! get their own cgroup and `cgroup.kill`, but no memory limit, and the caller says so.
 //!
-//! "Delegated" means: not the root cgroup, the directory owned by the executor's user, and its
+//! "Delegated" means: not the root cgroup, the directory owned by the caller's user, and its
 //! `cgroup.procs` and `cgroup.subtree_control` writable by it, which is what systemd's
-//! `Delegate=yes` gives a user's unit or scope. The launcher, a child of the executor, stays in
+//! `Delegate=yes` gives a user's unit or scope. The launcher, a child of the caller, stays in
 //! the leaf; it moves only the command (in the forked child, before exec) into the command's
 //! cgroup, so `cgroup.kill` never kills the launcher that waits for the command.
 //!
 //! Must never: write to a cgroup that is not delegated (the root cgroup, a cgroup of another
 //! user, one of systemd's own that is not writable); leave a command's cgroup with processes in
-//! it; follow a request id into a path (command cgroups are named by the executor's pid and a
+//! it; follow a request id into a path (command cgroups are named by the caller's pid and a
 //! counter).
 
 use std::io::{self, Write};
@@ -42,10 +43,16 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 
-/// The executor's own leaf inside the delegated cgroup.
-const EXECUTOR_LEAF: &str = "agentworks-executor";
-/// Prefix of a command's cgroup name.
-const COMMAND_PREFIX: &str = "agentworks-command-";
+/// The names a caller uses in its delegated cgroup, and how messages name the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLayout {
+    /// The caller as a person reads it in a message ("the executor").
+    pub owner: &'static str,
+    /// The caller's own leaf inside the delegated cgroup.
+    pub own_leaf: &'static str,
+    /// Prefix of a command's cgroup name (then the caller's pid and a counter).
+    pub command_prefix: &'static str,
+}
 /// How long removing a killed command's cgroup may wait for its processes to be gone.
 const REMOVE_WAIT: Duration = Duration::from_secs(5);
 
@@ -74,11 +81,12 @@ fn io_error(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Cgroup
     move |source| CgroupError::Io { what, path, source }
 }
 
-/// The delegated cgroup the executor runs in, prepared for command cgroups.
+/// The delegated cgroup the caller runs in, prepared for command cgroups.
 #[derive(Debug)]
 pub struct CgroupTree {
     /// The delegated cgroup `D`.
     base: PathBuf,
+    layout: CgroupLayout,
     /// Whether `memory` is enabled for `D`'s children (so `memory.max` exists in them).
     memory: bool,
     /// Whether `pids` is enabled for `D`'s children (so `pids.max` exists in them).
@@ -155,10 +163,10 @@ fn writable(path: &Path) -> bool {
 }
 
 impl CgroupTree {
-    /// Finds the executor's cgroup, checks that it is delegated, moves the executor into its
-    /// leaf and enables the memory and pids controllers for command cgroups where it can.
-    /// `Err` says, for a person, why commands get no cgroup.
-    pub fn delegated() -> Result<CgroupTree, NoCgroup> {
+    /// Finds the caller's cgroup, checks that it is delegated, moves the caller (every thread
+    /// of this process) into its leaf and enables the memory and pids controllers for command
+    /// cgroups where it can. `Err` says, for a person, why commands get no cgroup.
+    pub fn delegated(layout: CgroupLayout) -> Result<CgroupTree, NoCgroup> {
         if cfg!(target_os = "macos") {
             return Err(NoCgroup(
                 "macOS has no cgroups (the launcher finds and ends the command's processes itself)"
@@ -169,26 +177,27 @@ impl CgroupTree {
             .map_err(|e| NoCgroup(format!("cannot read /proc/self/cgroup: {e}")))?;
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| NoCgroup(format!("cannot read /proc/self/mountinfo: {e}")))?;
-        let base = locate(&cgroup, &mountinfo)?;
+        let base = locate(&cgroup, &mountinfo, layout.owner)?;
         check_delegated(&base)?;
-        CgroupTree::prepare(base)
+        CgroupTree::prepare(base, layout)
     }
 
-    fn prepare(base: PathBuf) -> Result<CgroupTree, NoCgroup> {
-        let leaf = base.join(EXECUTOR_LEAF);
+    fn prepare(base: PathBuf, layout: CgroupLayout) -> Result<CgroupTree, NoCgroup> {
+        let owner = layout.owner;
+        let leaf = base.join(layout.own_leaf);
         match std::fs::create_dir(&leaf) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => {
                 return Err(NoCgroup(format!(
-                    "cannot create the executor's cgroup {}: {e}",
+                    "cannot create the cgroup of {owner} {}: {e}",
                     leaf.display()
                 )));
             }
         }
         // "0" moves the writing process, every thread of it.
         write(&leaf.join("cgroup.procs"), "0")
-            .map_err(|e| NoCgroup(format!("cannot move the executor into its own cgroup: {e}")))?;
+            .map_err(|e| NoCgroup(format!("cannot move {owner} into its own cgroup: {e}")))?;
 
         let available = read(&base.join("cgroup.controllers")).unwrap_or_default();
         let available: Vec<&str> = available.split_whitespace().collect();
@@ -217,13 +226,14 @@ impl CgroupTree {
             ))
         } else {
             Some(format!(
-                "the memory controller cannot be enabled in {} ({}); it must hold no process but the executor: start the executor in a scope of its own",
+                "the memory controller cannot be enabled in {} ({}); it must hold no process but {owner}: start {owner} in a scope of its own",
                 base.display(),
                 enable_error.unwrap_or_else(|| "it stayed disabled".to_owned())
             ))
         };
         Ok(CgroupTree {
             base,
+            layout,
             memory,
             pids,
             memory_unavailable,
@@ -250,9 +260,11 @@ impl CgroupTree {
     /// controllers are enabled.
     pub fn command(&self, memory_max: u64, pids_max: u64) -> Result<CommandCgroup, CgroupError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .base
-            .join(format!("{COMMAND_PREFIX}{}-{n}", std::process::id()));
+        let path = self.base.join(format!(
+            "{}{}-{n}",
+            self.layout.command_prefix,
+            std::process::id()
+        ));
         std::fs::create_dir(&path).map_err(io_error("create the command cgroup", &path))?;
         let cgroup = CommandCgroup { path: Some(path) };
         let path = cgroup.path();
@@ -267,7 +279,7 @@ impl CgroupTree {
 }
 
 /// The cgroup v2 directory this process is in.
-fn locate(proc_self_cgroup: &str, mountinfo: &str) -> Result<PathBuf, NoCgroup> {
+fn locate(proc_self_cgroup: &str, mountinfo: &str, owner: &str) -> Result<PathBuf, NoCgroup> {
     let Some(own) = own_cgroup_path(proc_self_cgroup) else {
         return Err(NoCgroup(
             "this machine has no cgroup v2 hierarchy (cgroup v1 only)".to_owned(),
@@ -285,9 +297,9 @@ fn locate(proc_self_cgroup: &str, mountinfo: &str) -> Result<PathBuf, NoCgroup> 
     };
     let relative = relative.trim_start_matches('/');
     if relative.is_empty() {
-        return Err(NoCgroup(
-            "the executor runs in the root cgroup, which is never delegated".to_owned(),
-        ));
+        return Err(NoCgroup(format!(
+            "{owner} runs in the root cgroup, which is never delegated"
+        )));
     }
     if relative
         .split('/')
@@ -452,6 +464,8 @@ fn write_fd(fd: &OwnedFd, bytes: &[u8]) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    const OWNER: &str = "the executor";
+
     const MOUNTINFO: &str = "\
 24 30 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
 35 24 0:30 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
@@ -461,30 +475,30 @@ mod tests {
     fn finds_the_cgroup_v2_directory() {
         let cgroup = "4:memory:/x\n0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
         assert_eq!(
-            locate(cgroup, MOUNTINFO).expect("path"),
+            locate(cgroup, MOUNTINFO, OWNER).expect("path"),
             PathBuf::from(
                 "/sys/fs/cgroup/unified/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope"
             )
         );
         assert!(
-            locate("0::/\n", MOUNTINFO)
+            locate("0::/\n", MOUNTINFO, OWNER)
                 .expect_err("root")
                 .0
                 .contains("root cgroup")
         );
         assert!(
-            locate("4:memory:/x\n", MOUNTINFO)
+            locate("4:memory:/x\n", MOUNTINFO, OWNER)
                 .expect_err("v1")
                 .0
                 .contains("v1")
         );
         assert!(
-            locate("0::/a\n", "")
+            locate("0::/a\n", "", OWNER)
                 .expect_err("unmounted")
                 .0
                 .contains("not mounted")
         );
-        assert!(locate("0::/a/../b\n", MOUNTINFO).is_err());
+        assert!(locate("0::/a/../b\n", MOUNTINFO, OWNER).is_err());
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! not run in a sandbox that has this filter.
 //!
 //! A second filter, [`namespace_filters`], goes on every command that runs in the user and mount
-//! namespace the launcher made to cover its exclusions (`sandbox/overmount.rs`): the command may
+//! namespace the launcher made to cover its exclusions (`overmount.rs`): the command may
 //! not make or enter a namespace (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag; `clone3`,
 //! whose flags a filter cannot read, answers `ENOSYS`, so the C library falls back to `clone`)
 //! nor mount, unmount or move anything (`mount`, `umount2`, `pivot_root`, `open_tree`,

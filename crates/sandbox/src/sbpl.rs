@@ -26,7 +26,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use super::{HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, SandboxPolicy};
+use crate::{PinnedAccess, SandboxPolicy};
 
 /// The macOS launcher runs every command through this program.
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
@@ -131,8 +131,8 @@ pub fn literal(path: &Path) -> String {
 }
 
 impl Profile {
-    /// The profile for `policy`; `home` is the person's home (toolchains are read there).
-    pub fn generate(policy: &SandboxPolicy, home: Option<&Path>) -> Profile {
+    /// The profile for `policy`.
+    pub fn generate(policy: &SandboxPolicy) -> Profile {
         let mut rules = Vec::new();
         let mut allow = |access: &[Access], subpath: bool, path: &Path| {
             rules.push(FileRule {
@@ -148,10 +148,8 @@ impl Profile {
         for device in DEVICES {
             allow(&[Access::Read, Access::Write], false, Path::new(device));
         }
-        if let Some(home) = home {
-            for toolchain in HOME_TOOLCHAINS {
-                allow(&[Access::Read], true, &home.join(toolchain));
-            }
+        for path in &policy.read_only_if_present {
+            allow(&[Access::Read], true, path);
         }
         for grant in &policy.pinned {
             match grant.access {
@@ -179,11 +177,6 @@ impl Profile {
         }
         for path in &policy.blocked {
             deny(&[Access::Read, Access::Write], path);
-        }
-        if let Some(home) = home {
-            for secret in HOME_TOOLCHAIN_SECRETS {
-                deny(&[Access::Read, Access::Write], &home.join(secret));
-            }
         }
         for path in &policy.denied {
             deny(&[Access::Read, Access::Write], path);
@@ -261,8 +254,8 @@ fn render(rules: &[FileRule]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PinnedGrant;
     use crate::limits::CommandLimits;
-    use crate::sandbox::PinnedGrant;
 
     fn policy() -> SandboxPolicy {
         SandboxPolicy {
@@ -290,12 +283,39 @@ mod tests {
                 "/Users/ann/Library/Application Support/agentworks".into(),
                 "/Users/ann/src/app/.agentworks".into(),
             ],
-            home: None,
+            read_only_if_present: vec![],
             scratch: "/Users/ann/Library/Application Support/agentworks/scratch/1".into(),
             cwd: "/Users/ann/src/app".into(),
             limits: CommandLimits::default(),
             overmount_exclusions: false,
         }
+    }
+
+    /// The toolchain folders and their credential files the laptop grants and denies under a
+    /// home (its `grants::HOME_TOOLCHAINS` and `HOME_TOOLCHAIN_SECRETS`).
+    const TOOLCHAINS: &[&str] = &[
+        ".rustup",
+        ".cargo",
+        ".nvm",
+        ".pyenv",
+        ".volta",
+        ".bun",
+        ".deno",
+        ".local/bin",
+        ".local/lib",
+        "go/bin",
+        "go/pkg/mod",
+    ];
+    const TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
+
+    /// `policy` with the toolchains under `home` read/execute where present and their
+    /// credentials denied, as the laptop grants them.
+    fn with_toolchains(mut policy: SandboxPolicy, home: &str) -> SandboxPolicy {
+        let home = Path::new(home);
+        policy.read_only_if_present = TOOLCHAINS.iter().map(|t| home.join(t)).collect();
+        let secrets = TOOLCHAIN_SECRETS.iter().map(|s| home.join(s));
+        policy.denied = secrets.chain(policy.denied).collect();
+        policy
     }
 
     /// The golden profile, reviewed by hand once: compare, never regenerate blindly.
@@ -349,13 +369,13 @@ mod tests {
 
     #[test]
     fn the_profile_matches_the_reviewed_golden_one() {
-        let profile = Profile::generate(&policy(), Some(Path::new("/Users/ann")));
+        let profile = Profile::generate(&with_toolchains(policy(), "/Users/ann"));
         assert_eq!(profile.text, GOLDEN);
     }
 
     #[test]
     fn exclusions_inside_granted_folders_win_because_they_come_after() {
-        let profile = Profile::generate(&policy(), Some(Path::new("/Users/ann")));
+        let profile = Profile::generate(&with_toolchains(policy(), "/Users/ann"));
         let read = |p: &str| profile.decide(Path::new(p), Access::Read);
         let write = |p: &str| profile.decide(Path::new(p), Access::Write);
         // The writable folder.
@@ -408,7 +428,7 @@ mod tests {
             let mut hostile = policy();
             let folder = PathBuf::from("/Users/ann/src").join(name);
             hostile.pinned[0].path = folder.clone();
-            let profile = Profile::generate(&hostile, None);
+            let profile = Profile::generate(&hostile);
             // Read as SBPL reads it (strings with their escapes), every line is still one rule
             // with one path: the name added no rule and no parenthesis outside its string.
             for line in profile.text.lines().filter(|l| !l.starts_with(";;")) {
@@ -426,7 +446,7 @@ mod tests {
             }
             assert_eq!(
                 profile.text.lines().count(),
-                Profile::generate(&policy(), None).text.lines().count(),
+                Profile::generate(&policy()).text.lines().count(),
                 "{name:?}"
             );
             assert!(profile.text.contains(&literal(&folder)));
@@ -468,8 +488,8 @@ mod tests {
         let mut broad = policy();
         broad.read_write = vec!["/".into(), "/System".into(), "/Users/ann".into()];
         for profile in [
-            Profile::generate(&policy(), None),
-            Profile::generate(&broad, Some(Path::new("/Users/ann"))),
+            Profile::generate(&policy()),
+            Profile::generate(&with_toolchains(broad, "/Users/ann")),
         ] {
             for line in profile.text.lines().filter(|l| l.starts_with("(allow")) {
                 for service in NEVER_ALLOWED {
@@ -501,7 +521,7 @@ mod tests {
             hostile
                 .blocked
                 .push(PathBuf::from("/Users/ann/src").join(name).join("b"));
-            let profile = Profile::generate(&hostile, Some(Path::new("/Users/ann")));
+            let profile = Profile::generate(&with_toolchains(hostile, "/Users/ann"));
             for line in profile.text.lines().filter(|l| !l.starts_with(";;")) {
                 let shape = skeleton(line);
                 for service in NEVER_ALLOWED {
@@ -521,7 +541,7 @@ mod tests {
     /// the program and its arguments untouched (a name starting with `-` stays a program).
     #[test]
     fn sandbox_exec_gets_the_profile_then_the_program() {
-        let profile = Profile::generate(&policy(), None);
+        let profile = Profile::generate(&policy());
         let args = sandbox_exec_args(
             &profile,
             OsStr::new("/bin/sh"),
@@ -544,7 +564,7 @@ mod tests {
         p.pinned[0].path = "/tmp/project".into();
         p.blocked = vec!["/var/folders/zz/secret".into()];
         p.read_write = vec!["/var/folders/zz".into()];
-        let profile = Profile::generate(&p, None);
+        let profile = Profile::generate(&p);
         assert!(profile.text.contains("(subpath \"/private/tmp/project\")"));
         assert!(
             profile

@@ -1,4 +1,4 @@
-//! The launcher on macOS: the re-executed `agentworks __sandbox-exec` process that runs the
+//! The launcher on macOS: the re-executed `<binary> __sandbox-exec` process that runs the
 //! command as `sandbox-exec -p <profile> -- <program> <args…>` and ends everything it left.
 //!
 //! Owns: the macOS launcher's steps in their order (`launch`, each with why it comes there),
@@ -22,10 +22,11 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::pinned::check_pinned;
-use super::sbpl::{Profile, SANDBOX_EXEC, sandbox_exec_args};
-use super::tree::{self, ProcessInfo, ProcessTable, Seen};
-use super::{SandboxError, check_no_terminal, parse_launcher_args};
+use super::{check_no_terminal, parse_launcher_args};
+use crate::SandboxError;
 use crate::limits;
+use crate::sbpl::{Profile, SANDBOX_EXEC, sandbox_exec_args};
+use crate::tree::{self, ProcessInfo, ProcessTable, Seen};
 
 /// How often the wait loop records the command's processes and checks for a stop signal.
 const POLL: Duration = Duration::from_millis(10);
@@ -47,12 +48,13 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     let started_with = signals
         .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
-    // The executor that started us: macOS has no PR_SET_PDEATHSIG, so the wait loop watches
-    // for re-parenting instead. Already re-parented: the executor is gone, run nothing.
-    let executor = nix::unistd::getppid();
-    if executor.as_raw() == 1 {
+    // The caller that started us (the executor): macOS has no PR_SET_PDEATHSIG, so the wait
+    // loop watches for re-parenting instead. Already re-parented: the caller is gone, run
+    // nothing.
+    let caller = nix::unistd::getppid();
+    if caller.as_raw() == 1 {
         return Err(SandboxError::Setup {
-            what: "start: the executor that started this launcher is gone",
+            what: "start: the program that started this launcher is gone",
             source: io::Error::from_raw_os_error(libc::ESRCH),
         });
     }
@@ -90,7 +92,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
         path: SANDBOX_EXEC.into(),
         source,
     })?;
-    let profile = Profile::generate(&policy, policy.home.as_deref());
+    let profile = Profile::generate(&policy);
 
     // 6. Start `sandbox-exec -p <profile> -- <program> <args>`: in our session and process
     // group, so the group finds what the command leaves.
@@ -113,7 +115,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // 7. Wait, recording the command's processes; then end every one that can be found.
     let table = Libproc;
     let mut seen = Seen::new();
-    let status = wait_for_command(&table, me, shell, executor, &mut seen);
+    let status = wait_for_command(&table, me, shell, caller, &mut seen);
     end_command(&table, me, &mut seen);
     std::process::exit(status)
 }
@@ -146,8 +148,8 @@ fn mark_inherited_cloexec() -> io::Result<()> {
 
 /// Waits for sandbox-exec (the command), recording its processes every [`POLL`]; returns its
 /// status (128+signal if signalled), or 128+signal of a stop signal, or 128+SIGTERM when the
-/// executor went away. Exited children are reaped as they go.
-fn wait_for_command(table: &Libproc, me: Pid, shell: Pid, executor: Pid, seen: &mut Seen) -> i32 {
+/// caller went away. Exited children are reaped as they go.
+fn wait_for_command(table: &Libproc, me: Pid, shell: Pid, caller: Pid, seen: &mut Seen) -> i32 {
     loop {
         tree::record(table, me.as_raw(), seen);
         loop {
@@ -164,7 +166,7 @@ fn wait_for_command(table: &Libproc, me: Pid, shell: Pid, executor: Pid, seen: &
         if let Some(signal) = pending_stop_signal() {
             return 128 + signal as i32;
         }
-        if nix::unistd::getppid() != executor {
+        if nix::unistd::getppid() != caller {
             return 128 + Signal::SIGTERM as i32;
         }
         std::thread::sleep(POLL);
@@ -290,6 +292,16 @@ fn bsd_info(pid: i32) -> Option<libc::proc_bsdinfo> {
         )
     };
     (written == size).then_some(info)
+}
+
+/// Sends `signal` to every process of the command of the launcher `launcher` that can be found
+/// from outside it: its descendants and the members of its process group (what the launcher
+/// recorded of processes that left both is its own). Returns how many.
+pub(crate) fn signal_command(launcher: i32, signal: Signal) -> usize {
+    tree::command_processes(&Libproc, launcher, &Seen::new())
+        .into_iter()
+        .filter(|&pid| kill(Pid::from_raw(pid), signal).is_ok())
+        .count()
 }
 
 /// The start time of `pid` (microseconds since the epoch), for the runner's check that a pid

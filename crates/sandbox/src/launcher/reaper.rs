@@ -61,9 +61,10 @@ fn reap(shell: Option<Pid>) -> Option<i32> {
 /// child of the launcher, a zombie keeps its slot in the user's RLIMIT_NPROC count until it is
 /// reaped, so the chain can make at most about `--max-processes` more hops before its forks
 /// fail and it stays where the next round kills it. (Root is not bound by RLIMIT_NPROC; a root
-/// executor needs a delegated cgroup for that.) There is no deadline: a launcher that gave up
+/// caller needs a delegated cgroup for that.) There is no deadline: a launcher that gave up
 /// would leave the rest to init (the runner's SIGKILL to the launcher's group after
-/// `shell::LAUNCHER_GRACE` is the last resort, for a launcher stuck on an unkillable process).
+/// [`LAUNCHER_GRACE`](crate::process::LAUNCHER_GRACE) is the last resort, for a launcher stuck
+/// on an unkillable process).
 pub(super) fn end_command(cgroup: Option<&CommandCgroupFds>) {
     // Every process of the command is in its cgroup (the shell moved in before exec, and
     // nothing in the sandbox can write a cgroup.procs: /sys is read-only), so once cgroup.kill
@@ -92,7 +93,7 @@ pub(super) fn end_command(cgroup: Option<&CommandCgroupFds>) {
     let mut fruitless = 0;
     loop {
         let newer_than = if fruitless < 3 { me } else { 0 };
-        if kill_live_descendants(me, newer_than) > 0 {
+        if signal_live_descendants(me, Signal::SIGKILL, newer_than) > 0 {
             fruitless = 0;
             continue;
         }
@@ -133,19 +134,21 @@ fn reap_all() -> Reaped {
     }
 }
 
-/// One pass over /proc: SIGKILLs every live process whose parent is `root` or a descendant
-/// already found, the moment its `stat` is read; processes listed before their parent are
-/// resolved at the end of the pass. Only pids above `newer_than` are read (`0`: all). Returns
-/// how many were signalled. Kept cheap (one `openat` and one `read` per process into a reused
-/// buffer, no allocation per entry), since a pass races a command that keeps forking.
-fn kill_live_descendants(root: i32, newer_than: i32) -> usize {
+/// One pass over /proc: sends `signal` to every live process whose parent is `root` or a
+/// descendant already found, the moment its `stat` is read; processes listed before their
+/// parent are resolved at the end of the pass. Only pids above `newer_than` are read (`0`: all).
+/// Returns how many were signalled. Kept cheap (one `openat` and one `read` per process into a
+/// reused buffer, no allocation per entry), since a pass races a command that keeps forking.
+/// The launcher kills with it (`root` itself); a caller signals a launcher's command with it
+/// ([`SandboxedChild::signal`](crate::process::SandboxedChild::signal)).
+pub(crate) fn signal_live_descendants(root: i32, signal: Signal, newer_than: i32) -> usize {
     let mut known: std::collections::HashSet<i32> = [root].into_iter().collect();
     let mut unresolved: Vec<(i32, i32, bool)> = Vec::new();
     let mut killed = 0;
     let hit = |pid: i32, live: bool, killed: &mut usize| {
         if live {
             // ESRCH (already gone) is fine.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(pid), signal);
             *killed += 1;
         }
     };

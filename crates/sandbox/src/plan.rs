@@ -2,7 +2,7 @@
 //!
 //! Owns: resolving a [`SandboxPolicy`] into rules ([`plan_rules`]): the system paths and
 //! devices, the toolchains, the granted roots (pinned descriptors checked against the directory
-//! the executor pinned), and the exclusion walk described in the module doc of `sandbox`.
+//! the caller pinned), and the exclusion walk described in the crate's module doc.
 //! Must never: apply anything (the launcher does), follow a symlink when granting, grant a
 //! terminal device or `/`, or skip a granted folder it cannot open.
 
@@ -16,10 +16,7 @@ use landlock::{ABI, Access, AccessFs, BitFlags};
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::resolve::resolve_lenient;
-
-use super::{
-    HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy,
-};
+use crate::{PinnedAccess, PinnedGrant, SandboxError, SandboxPolicy};
 
 /// System paths every command may read and execute (missing ones are skipped).
 const SYSTEM_READ: &[&str] = &[
@@ -31,7 +28,7 @@ const SYSTEM_READ: &[&str] = &[
     "/lib64",
     "/libx32",
     // Configuration: resolver, certificates, passwd/group, alternatives. Secret files in /etc
-    // are root-only by permission, and the executor runs as the person.
+    // are root-only by permission, and the caller runs as the person (or a daemon's user).
     "/etc",
     "/opt",
     "/nix",
@@ -62,22 +59,22 @@ enum Exclusion {
 
 /// One Landlock rule: an `O_PATH` descriptor opened without following symlinks, and its rights.
 #[derive(Debug)]
-pub(super) struct PlannedRule {
-    pub(super) path: PathBuf,
-    pub(super) fd: OwnedFd,
-    pub(super) access: BitFlags<AccessFs>,
+pub(crate) struct PlannedRule {
+    pub(crate) path: PathBuf,
+    pub(crate) fd: OwnedFd,
+    pub(crate) access: BitFlags<AccessFs>,
 }
 
-pub(super) struct Plan {
-    pub(super) abi: ABI,
-    pub(super) handled: BitFlags<AccessFs>,
+pub(crate) struct Plan {
+    pub(crate) abi: ABI,
+    pub(crate) handled: BitFlags<AccessFs>,
     read: BitFlags<AccessFs>,
     file: BitFlags<AccessFs>,
     exclusions: Vec<(PathBuf, Exclusion)>,
     /// Exclusions a mount covers already (`overmount.rs`): never granted when a walk meets them,
     /// but no reason to walk the folders above them.
     covered: Vec<PathBuf>,
-    pub(super) rules: Vec<PlannedRule>,
+    pub(crate) rules: Vec<PlannedRule>,
 }
 
 /// Resolves the policy into Landlock rules (the exclusion walk happens here). `covered` are the
@@ -85,7 +82,7 @@ pub(super) struct Plan {
 ///
 /// The order matters: every exclusion is known before the first grant, since a grant is cut
 /// down by the exclusions present when it is made.
-pub(super) fn plan_rules(
+pub(crate) fn plan_rules(
     policy: &SandboxPolicy,
     abi_version: i32,
     covered: &[PathBuf],
@@ -98,17 +95,8 @@ pub(super) fn plan_rules(
     refuse_whole_filesystem(&roots, &scratch)?;
 
     plan.exclude_policy_paths(policy, &roots)?;
-    let home = match &policy.home {
-        Some(home) => Some(resolve_existing(home, "home")?),
-        None => None,
-    };
-    if let Some(home) = &home {
-        for secret in HOME_TOOLCHAIN_SECRETS {
-            plan.exclude(&home.join(secret), Exclusion::NoAccess)?;
-        }
-    }
 
-    plan.grant_system(home.as_deref())?;
+    plan.grant_system(&policy.read_only_if_present)?;
     plan.grant_roots(roots)?;
     // The private scratch dir lies in the CLI's (denied) state dir: it is granted as itself,
     // past the exclusions.
@@ -173,7 +161,7 @@ enum Source<'a> {
 }
 
 /// Takes over a pinned descriptor the launcher inherited, after checking it still is the
-/// directory the executor pinned (same device and inode, a directory). The launcher owns it from
+/// directory the caller pinned (same device and inode, a directory). The launcher owns it from
 /// here (it marked every inherited descriptor close-on-exec at start, so the command never has
 /// it).
 fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
@@ -185,7 +173,7 @@ fn open_pinned(pinned: &PinnedGrant) -> Result<OwnedFd, SandboxError> {
     if pinned.fd < 3 {
         return Err(refuse("not a pinned descriptor number".to_owned()));
     }
-    // SAFETY: the number was passed by the executor, which keeps that descriptor open for its
+    // SAFETY: the number was passed by the caller, which keeps that descriptor open for its
     // life and let this process inherit it (inherit_pinned); nothing else in the launcher owns
     // or closes it, so borrowing it for the duplication below is sound. An unexpected number is
     // caught by the checks that follow (fstat fails, or it is not the recorded directory).
@@ -224,7 +212,7 @@ impl Plan {
 
     /// The policy's exclusions, and a read-only root nested in a writable one.
     ///
-    /// Exclusions are matched by path. Both the path as given (the executor's are canonical
+    /// Exclusions are matched by path. Both the path as given (the laptop's are canonical
     /// from connect) and its resolution now are excluded: a component turned into a symlink
     /// since can only add an exclusion, never drop one.
     fn exclude_policy_paths(
@@ -256,9 +244,9 @@ impl Plan {
         Ok(())
     }
 
-    /// The system paths (read), the devices (read/write, never a terminal) and, with a home,
-    /// its toolchain folders (read); missing ones are skipped.
-    fn grant_system(&mut self, home: Option<&Path>) -> Result<(), SandboxError> {
+    /// The system paths (read), the devices (read/write, never a terminal) and the policy's
+    /// `read_only_if_present` paths (read); missing ones are skipped.
+    fn grant_system(&mut self, if_present: &[PathBuf]) -> Result<(), SandboxError> {
         let read = self.read;
         for path in SYSTEM_READ {
             self.grant_optional(Path::new(path), read)?;
@@ -269,10 +257,9 @@ impl Plan {
         for path in DEVICES {
             self.grant_optional(Path::new(path), device | (self.handled & AccessFs::ReadDir))?;
         }
-        if let Some(home) = home {
-            for dir in HOME_TOOLCHAINS {
-                self.grant_optional(&home.join(dir), read)?;
-            }
+        for path in if_present {
+            check_absolute(path)?;
+            self.grant_optional(path, read)?;
         }
         Ok(())
     }
@@ -422,7 +409,7 @@ impl Plan {
 
     /// `--allow-unix-sockets` from ABI 9: `connect()` to named Unix sockets is not handled, so
     /// allowed everywhere (below ABI 9 the right does not exist and this changes nothing).
-    pub(super) fn allow_unix_sockets(&mut self) {
+    pub(crate) fn allow_unix_sockets(&mut self) {
         self.handled.remove(AccessFs::ResolveUnix);
         for rule in &mut self.rules {
             rule.access.remove(AccessFs::ResolveUnix);
@@ -508,7 +495,7 @@ fn resolve_existing(path: &Path, what: &str) -> Result<PathBuf, SandboxError> {
 mod tests {
     use super::*;
     use crate::limits::CommandLimits;
-    use crate::sandbox::{MIN_ABI, landlock_status};
+    use crate::{MIN_ABI, landlock_status};
 
     fn policy(root: &Path) -> SandboxPolicy {
         SandboxPolicy {
@@ -518,7 +505,7 @@ mod tests {
             blocked: vec![root.join("w/a/b"), root.join("w/missing")],
             read_only_within: vec![root.join("w/ro")],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: root.join("scratch"),
             cwd: root.join("w"),
             limits: CommandLimits::default(),
@@ -562,7 +549,7 @@ mod tests {
     /// decides agree, for reading and for writing.
     #[test]
     fn the_landlock_plan_and_the_macos_profile_decide_alike() {
-        use crate::sandbox::sbpl::{Access as Sbpl, Profile};
+        use crate::sbpl::{Access as Sbpl, Profile};
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().canonicalize().expect("canonical");
         let files = [
@@ -589,7 +576,7 @@ mod tests {
         policy.denied = vec![root.join("w/.agentworks")];
         let abi = landlock_status().expect("landlock");
         let plan = plan_rules(&policy, abi, &[]).expect("plan");
-        let profile = Profile::generate(&policy, None);
+        let profile = Profile::generate(&policy);
         let landlock = |path: &Path, right: AccessFs| {
             plan.rules
                 .iter()

@@ -10,7 +10,7 @@
 use std::io;
 use std::os::unix::fs::MetadataExt;
 
-use super::{SandboxError, SandboxPolicy};
+use crate::{SandboxError, SandboxPolicy};
 
 /// Every pinned descriptor is the directory recorded at connect, and its path still
 /// names that directory (no symlink at its end).
@@ -23,7 +23,7 @@ pub(super) fn check_pinned(policy: &SandboxPolicy) -> Result<(), SandboxError> {
         };
         let fd_stat = nix::sys::stat::fstat(borrow_open_fd(grant.fd)?)
             .map_err(|e| pinned(format!("the descriptor cannot be read: {e}")))?;
-        // dev_t is i32 on macOS; the executor recorded it with the same cast.
+        // dev_t is i32 on macOS; the caller recorded it with the same cast.
         #[allow(clippy::unnecessary_cast)]
         let (dev, ino) = (fd_stat.st_dev as u64, fd_stat.st_ino as u64);
         if (dev, ino) != (grant.dev, grant.ino) {
@@ -63,7 +63,7 @@ mod tests {
 
     use super::*;
     use crate::limits::CommandLimits;
-    use crate::sandbox::{PinnedAccess, PinnedGrant};
+    use crate::{PinnedAccess, PinnedGrant};
 
     fn pin(path: &Path) -> (OwnedFd, PinnedGrant) {
         let fd: OwnedFd = std::fs::File::open(path).expect("open").into();
@@ -86,7 +86,7 @@ mod tests {
             blocked: vec![],
             read_only_within: vec![],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: "/nonexistent/scratch".into(),
             cwd: "/".into(),
             limits: CommandLimits::default(),

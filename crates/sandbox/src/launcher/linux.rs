@@ -1,5 +1,5 @@
-//! The launcher: the re-executed `agentworks __sandbox-exec` process that confines itself and
-//! forks the command's shell.
+//! The Linux launcher: the re-executed `<binary> __sandbox-exec` process that confines itself
+//! and forks the command (the laptop's shell, a coding CLI).
 //!
 //! Owns: the security steps in their order (`launch`, each step with why it comes there),
 //! applying the ruleset `plan.rs` planned and the nested scope ruleset, and the shell's fork.
@@ -18,14 +18,12 @@ use landlock::{
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
-use super::overmount;
-use super::plan::{Plan, plan_rules};
 use super::reaper::{end_command, wait_for_shell};
-use super::{SandboxError, TEST_ABI_ENV, check_no_terminal, landlock_status, parse_launcher_args};
+use super::{check_no_terminal, parse_launcher_args};
 use crate::cgroup::CommandCgroupFds;
-use crate::limits;
-use crate::privileges;
-use crate::seccomp;
+use crate::plan::{Plan, plan_rules};
+use crate::{SandboxError, TEST_ABI_ENV, landlock_status};
+use crate::{limits, overmount, privileges, seccomp};
 
 /// The Linux launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
@@ -87,7 +85,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| SandboxError::setup("become a child subreaper")(e.into()))?;
 
-    // 4. The command's cgroup (when the executor made one): its cgroup.procs (to move the shell
+    // 4. The command's cgroup (when the caller made one): its cgroup.procs (to move the shell
     // in) and cgroup.kill (to end it) are opened now, since the ruleset below grants /sys
     // read-only. The launcher itself stays outside, so cgroup.kill never kills it.
     let cgroup = match &policy.limits.cgroup {
@@ -195,7 +193,7 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
             started_with.thread_set_mask().map_err(io::Error::from)
         });
     }
-    // A launcher with CAP_SYS_ADMIN (a root executor, which RLIMIT_NPROC does not bind) puts
+    // A launcher with CAP_SYS_ADMIN (a root caller, which RLIMIT_NPROC does not bind) puts
     // the command in its own PID namespace: when the shell, its first process, is killed, the
     // kernel kills the rest, so a fork-hopping chain cannot outrun the reaper. Only now: the
     // first process forked after this is the namespace's, and the process-limit probe above
@@ -260,7 +258,7 @@ fn apply_ruleset(plan: Plan) -> Result<(), SandboxError> {
 }
 
 /// A second, nested ruleset for the shell alone (ABI 6+, whenever the kernel has it): it may
-/// not signal processes outside its own domain (so neither the launcher nor the executor), nor
+/// not signal processes outside its own domain (so neither the launcher nor its caller), nor
 /// connect to an abstract Unix socket made outside it (a same-user service listening on one).
 fn scope_ruleset(abi: i32) -> Result<Option<RulesetCreated>, SandboxError> {
     if abi < 6 {

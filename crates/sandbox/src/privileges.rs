@@ -1,4 +1,4 @@
-//! What the launcher does when it holds privileges (an executor run as root, or given
+//! What the launcher does when it holds privileges (a caller run as root, or given
 //! capabilities): Landlock confines paths, not what capabilities reach (`CAP_SYS_MODULE` loads
 //! a module from memory, `CAP_BPF` and `CAP_SYS_ADMIN` reach the kernel, `CAP_DAC_OVERRIDE`
 //! reads other users' files in a shared folder), and `RLIMIT_NPROC` never binds root.
@@ -36,9 +36,9 @@ fn holds_capabilities() -> io::Result<bool> {
     Ok(!permitted.is_empty() || !ambient.is_empty())
 }
 
-/// Drops every capability for good; a process without any (a person's ordinary executor) is
-/// left as it is, since it has nothing to drop and the bounding set is harmless under
-/// `no_new_privs`. Runs in the forked shell before exec (the launcher is single-threaded).
+/// Drops every capability for good; a process without any (a person's ordinary executor, a
+/// daemon without capabilities) is left as it is, since it has nothing to drop and the
+/// bounding set is harmless under `no_new_privs`. Runs in the forked shell before exec (the launcher is single-threaded).
 pub fn drop_capabilities() -> io::Result<()> {
     if !holds_capabilities()? {
         return Ok(());

@@ -12,7 +12,8 @@
 //! end (the Linux one has the subreaper and cgroups).
 //!
 //! Owns: the walk over a [`ProcessTable`] (pure, tested with a fake table here); the macOS
-//! table over `proc_listchildpids`, `proc_listpgrppids` and `proc_pidinfo` is in `macos.rs`.
+//! table over `proc_listchildpids`, `proc_listpgrppids` and `proc_pidinfo` is in
+//! `launcher/macos.rs`.
 //! Must never: return the launcher itself, a zombie, or a recorded pid whose start time changed.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
