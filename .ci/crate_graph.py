@@ -6,6 +6,8 @@
 - The laptop crate reaches none of the daemon plumbing: not agentworks-daemon, nor libsystemd,
   sd-notify or tracing-journald (the laptop CLI is not a daemon).
 - The shared crates depend on no domain crate.
+- The sandbox crate (shared by the laptop CLI and the server's runner) reaches no daemon
+  plumbing either: the laptop links it.
 
 Only normal (non-dev, non-build) dependencies count: a test may start any binary.
 """
@@ -26,6 +28,7 @@ SHARED = {
     "agentworks-contract",
     "agentworks-support",
     "agentworks-daemon",
+    "agentworks-sandbox",
 }
 NOT_ON_THE_LAPTOP = {"agentworks-daemon", "libsystemd", "sd-notify", "tracing-journald"}
 
@@ -70,9 +73,10 @@ for crate in sorted(SHARED):
     domains = reachable(crate) & DOMAIN
     if domains:
         breaches.append(f"the shared crate {crate} depends on {sorted(domains)}")
-plumbing = reachable("agentworks-laptop") & NOT_ON_THE_LAPTOP
-if plumbing:
-    breaches.append(f"agentworks-laptop reaches daemon plumbing: {sorted(plumbing)}")
+for crate in ("agentworks-laptop", "agentworks-sandbox"):
+    plumbing = reachable(crate) & NOT_ON_THE_LAPTOP
+    if plumbing:
+        breaches.append(f"{crate} reaches daemon plumbing: {sorted(plumbing)}")
 
 for crate in sorted(DOMAIN | SHARED):
     inner = sorted(d for d in normal[crate] if d in DOMAIN | SHARED)
@@ -81,4 +85,7 @@ if breaches:
     for breach in breaches:
         print(f"crate graph: BREACH: {breach}", file=sys.stderr)
     sys.exit(1)
-print("crate graph: no domain crate depends on another; the laptop crate has no daemon plumbing")
+print(
+    "crate graph: no domain crate depends on another; the laptop and sandbox crates have no "
+    "daemon plumbing"
+)

@@ -56,7 +56,7 @@ mod harness;
 #[path = "common/measure.rs"]
 mod measure;
 
-use agentworks_agent::gatewayd_client::GatewaydClient;
+use agentworks_agent::clients::gatewayd::GatewaydClient;
 use agentworks_contract::executor::{
     ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame, Operation, Outcome,
 };

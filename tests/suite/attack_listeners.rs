@@ -841,7 +841,7 @@ fn quickstart_documents_are_private_under_a_permissive_umask() {
             .env_remove("AGENTWORKS_STATE_ROOT")
             .env_remove("AGENTWORKS_CONFIG");
         let run = QuickstartRun::spawn(command);
-        (run.child, run.started)
+        run.into_parts()
     };
     let stop = |mut child: std::process::Child| {
         nix::sys::signal::kill(

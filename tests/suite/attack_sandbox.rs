@@ -23,9 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentworks_laptop::limits::CommandLimits;
-use agentworks_laptop::sandbox::{self, SandboxPolicy};
 use agentworks_laptop::shell::{self, ShellOutcome, ShellRequest};
+use agentworks_sandbox::{self as sandbox, CommandLimits, SandboxPolicy};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -94,7 +93,7 @@ impl Folder {
                 blocked: vec![],
                 read_only_within: vec![],
                 denied: vec![],
-                home: None,
+                read_only_if_present: vec![],
                 scratch: self.scratch.clone(),
                 cwd: self.project.clone(),
                 limits,
@@ -845,7 +844,7 @@ impl Drop for DelegatedCgroup {
 /// `/sys/fs/cgroup/unified`).
 fn cgroup2_root() -> PathBuf {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    agentworks_laptop::cgroup::cgroup2_mount(&mountinfo)
+    agentworks_sandbox::cgroup::cgroup2_mount(&mountinfo)
         .expect("this test needs a cgroup v2 hierarchy (cgroup2 is not mounted)")
         .0
 }
@@ -1049,7 +1048,7 @@ fn quickstart_as(state: &Path, uid: u32, gid: u32) -> (Child, Value) {
         .stdin(Stdio::null());
     as_user(&mut command, uid, gid, Start::default());
     let run = QuickstartRun::spawn(command);
-    (run.child, run.started)
+    run.into_parts()
 }
 
 #[test]

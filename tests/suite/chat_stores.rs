@@ -1,7 +1,7 @@
 //! agentd's chat-side stores on both back ends (issue 16): chats, attachments, MCP connections
-//! and project secrets. The conformance suite written once in
-//! `agentworks_agent::chat_conformance` runs on SQLite in the unit tests; here it runs on a real
-//! PostgreSQL server (one private server per test, from the harness), where every `open` is
+//! and project secrets. The conformance suites written once in
+//! `agentworks_agent::chat::conformance` and `agentworks_agent::connections::conformance` run on
+//! SQLite in the unit tests; here they run on a real PostgreSQL server (one private server per test, from the harness), where every `open` is
 //! another agentd host's connection pool on the same database. Then what only the shared
 //! database has: each store's schema migrated once, beside the identity store's, by hosts
 //! starting together, and a clear error for an unreachable server.
@@ -9,30 +9,33 @@
 use std::sync::Arc;
 
 use super::harness::Postgres;
-use agentworks_agent::attachments::AttachmentStore;
-use agentworks_agent::chat_conformance;
-use agentworks_agent::chats::{ChatStore, ChatStoreError};
+use agentworks_agent::chat::attachments::AttachmentStore;
+use agentworks_agent::chat::conformance as chat_conformance;
+use agentworks_agent::chat::store::{ChatStore, ChatStoreError};
+use agentworks_agent::connections::conformance as connection_conformance;
+use agentworks_agent::connections::sealed::SealingKey;
+use agentworks_agent::connections::secrets::SecretStore;
+use agentworks_agent::connections::store::ConnectionStore;
 use agentworks_agent::identity::IdentityStore;
-use agentworks_agent::mcp_connections::ConnectionStore;
-use agentworks_agent::project_secrets::SecretStore;
-use agentworks_agent::sealed::SealingKey;
 
-/// One conformance function as a test on PostgreSQL; `open` makes one store from the URL.
+/// One conformance function of `$suite` as a test on PostgreSQL; `open` makes one store from
+/// the URL.
 macro_rules! on_postgres {
-    ($open:expr => $($name:ident),* $(,)?) => {
+    ($suite:ident, $open:expr => $($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
                 let server = Postgres::start();
                 let url = server.url();
                 let open = $open;
-                chat_conformance::$name(&|| open(&url));
+                $suite::$name(&|| open(&url));
             }
         )*
     };
 }
 
 on_postgres!(
+    chat_conformance,
     |url: &str| ChatStore::open_postgres(url).unwrap() =>
     chats_messages_turns_and_bindings,
     a_chat_is_titled_once,
@@ -41,12 +44,14 @@ on_postgres!(
 );
 
 on_postgres!(
+    chat_conformance,
     |url: &str| AttachmentStore::open_postgres(url).unwrap() =>
     attachments_upload_claim_and_read,
     racing_hosts_claim_an_upload_once,
 );
 
 on_postgres!(
+    connection_conformance,
     |url: &str| ConnectionStore::open_postgres(url).unwrap() =>
     connections_sign_ins_and_apps,
     sign_ins_wait_for_their_callback_once,
@@ -60,7 +65,7 @@ fn secrets_sealed_listed_replaced_and_removed() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let key = Arc::new(SealingKey::load_or_create(dir.path(), None).unwrap());
-    chat_conformance::secrets_sealed_listed_replaced_and_removed(&|| {
+    connection_conformance::secrets_sealed_listed_replaced_and_removed(&|| {
         SecretStore::open_postgres(&url, key.clone()).unwrap()
     });
 }
@@ -113,19 +118,19 @@ fn hosts_starting_together_migrate_each_schema_once() {
         ),
         (
             "chats_schema",
-            agentworks_agent::chats::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::chat::store::POSTGRES_MIGRATIONS.len(),
         ),
         (
             "attachments_schema",
-            agentworks_agent::attachments::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::chat::attachments::POSTGRES_MIGRATIONS.len(),
         ),
         (
             "mcp_connections_schema",
-            agentworks_agent::mcp_connections::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::connections::store::POSTGRES_MIGRATIONS.len(),
         ),
         (
             "project_secrets_schema",
-            agentworks_agent::project_secrets::POSTGRES_MIGRATIONS.len(),
+            agentworks_agent::connections::secrets::POSTGRES_MIGRATIONS.len(),
         ),
     ] {
         // Each version recorded once: as many rows as migrations, none twice.

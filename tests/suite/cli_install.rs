@@ -145,7 +145,7 @@ fn the_consoles_install_line_installs_the_cli_for_a_user_without_root() {
     let dir = tempfile::tempdir().unwrap();
     let mut run = quickstart(&dir.path().join("qs"), &[]);
     let port = port_of(&run.started);
-    let mut running = StopOnDrop(&mut run.child);
+    let mut running = StopOnDrop(run.child());
     let manifest = manifest(port);
     let binary = own_binary(&manifest);
     // The build folder's CLI: the one quickstart runs beside.
@@ -231,7 +231,7 @@ fn a_download_that_does_not_match_the_published_sha256_is_refused_and_installs_n
         &["--config", config.to_str().unwrap()],
     );
     let port = port_of(&run.started);
-    let mut running = StopOnDrop(&mut run.child);
+    let mut running = StopOnDrop(run.child());
     let manifest = manifest(port);
     let line = own_binary(&manifest)["install"]
         .as_str()

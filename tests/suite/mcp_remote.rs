@@ -1,4 +1,4 @@
-//! agentd's client for remote MCP servers (`agentworks_agent::mcp_remote`) against a real one:
+//! agentd's client for remote MCP servers (`agentworks_agent::connections::remote`) against a real one:
 //! the official Python SDK's server (`tests/mcp_server/netns_tools.py`) over https, on a host in
 //! a network namespace at a public-looking address (`suite::outbound`'s [`Netns`]), with a
 //! certificate the client trusts only because the test adds it. The session initialises, lists
@@ -12,8 +12,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentworks_agent::mcp_connections::Transport;
-use agentworks_agent::mcp_remote::{RemoteError, RemoteSession};
+use agentworks_agent::connections::remote::{RemoteError, RemoteSession};
+use agentworks_agent::connections::store::Transport;
 use agentworks_support::outbound::GuardedClient;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};

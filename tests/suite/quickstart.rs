@@ -96,8 +96,8 @@ fn chat_turn(started: &Value, message: &str) -> Result<Vec<(String, Value)>, (u1
 }
 
 fn stop(mut run: QuickstartRun) {
-    signal(&run.child, nix::sys::signal::Signal::SIGTERM);
-    assert!(run.child.wait().unwrap().success());
+    signal(run.child(), nix::sys::signal::Signal::SIGTERM);
+    assert!(run.child().wait().unwrap().success());
 }
 
 fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
@@ -111,7 +111,7 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     let ports = reserve_ports(2);
     let (port, gateway_port) = (ports[0], ports[1]);
     let run = start_quickstart(&state, [port, gateway_port]);
-    let (mut child, started) = (run.child, run.started);
+    let (mut child, started) = run.into_parts();
     for key in [
         "mcp_url",
         "api_url",
@@ -285,7 +285,7 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         [ports[0], ports[1]],
         &["--model-url", &model.base_url(), "--model", "scripted"],
     ));
-    let (again, second) = (run.child, run.started);
+    let (again, second) = run.into_parts();
     model.play(vec![text("yes, I am here")]);
     let events = turn_in(&second, &chat, "now?").unwrap();
     assert_eq!(
@@ -813,8 +813,8 @@ fn daemon_logs_in_a_file_hold_no_colour_codes_or_struct_dumps() {
     let (status, _) = call(&run.started, "GET", "/v1/projects", Value::Null);
     assert_eq!(status, 200);
     let mut run = run;
-    signal(&run.child, nix::sys::signal::Signal::SIGTERM);
-    assert!(run.child.wait().unwrap().success());
+    signal(run.child(), nix::sys::signal::Signal::SIGTERM);
+    assert!(run.child().wait().unwrap().success());
     let log = run.stderr();
     for wanted in [
         "workspaced ready",

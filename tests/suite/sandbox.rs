@@ -8,8 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentworks_laptop::sandbox::{self, SandboxPolicy};
+use agentworks_laptop::grants::{HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS};
 use agentworks_laptop::shell::{self, ShellError, ShellOutcome, ShellRequest};
+use agentworks_sandbox::{self as sandbox, SandboxPolicy};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::processes_with;
@@ -77,8 +78,11 @@ impl Fixture {
             read_only: vec![self.ro.clone()],
             blocked: vec![],
             read_only_within: vec![],
-            denied: vec![self.state.clone()],
-            home: Some(self.home.clone()),
+            // The laptop's toolchains under home where present, their credentials denied.
+            read_only_if_present: HOME_TOOLCHAINS.iter().map(|t| self.home.join(t)).collect(),
+            denied: std::iter::once(self.state.clone())
+                .chain(HOME_TOOLCHAIN_SECRETS.iter().map(|s| self.home.join(s)))
+                .collect(),
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
             limits: Default::default(),

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use agentworks_laptop::sandbox::{self, SandboxPolicy};
 use agentworks_laptop::shell::{self, ShellRequest};
+use agentworks_sandbox::{self as sandbox, SandboxPolicy};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{ensure_user, users_lock};
@@ -87,7 +87,7 @@ impl Folder {
             blocked: vec![],
             read_only_within: vec![],
             denied: vec![],
-            home: None,
+            read_only_if_present: vec![],
             scratch: self.scratch.clone(),
             cwd: self.project.clone(),
             limits: Default::default(),

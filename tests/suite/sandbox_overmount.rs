@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use agentworks_contract::executor::{ExecutorFrame, Operation, Outcome};
-use agentworks_laptop::sandbox::{self, SandboxPolicy, TEST_NO_USERNS_ENV};
+use agentworks_sandbox::{self as sandbox, SandboxPolicy, TEST_NO_USERNS_ENV};
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 use super::harness::{Gateway, Laptop, ensure_user, request, runtime, users_lock};
@@ -317,7 +317,7 @@ fn an_unprivileged_launcher_covers_the_exclusions_and_keeps_file_creation() {
         blocked: vec![proj.join(".env")],
         read_only_within: vec![proj.join("vendor")],
         denied: vec![],
-        home: None,
+        read_only_if_present: vec![],
         scratch: scratch.clone(),
         cwd: proj.clone(),
         limits: Default::default(),

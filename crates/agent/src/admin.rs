@@ -87,10 +87,10 @@ pub struct Admin {
     /// The console's links (`<public_url>/console/…`) are made from it.
     pub public_url: String,
     pub identity: IdentityStore,
-    pub workspaced: crate::workspaced_client::WorkspacedClient,
+    pub workspaced: crate::clients::workspaced::WorkspacedClient,
     pub policy: std::sync::Arc<SocketPolicy>,
     /// The operator's MCP sign-in apps (`None` when the chat side could not open its stores).
-    pub mcp_apps: Option<crate::mcp_apps::McpApps>,
+    pub mcp_apps: Option<crate::connections::apps::McpApps>,
 }
 
 /// The socket API's refusal for an identity store error: its code, with the status that code

@@ -620,6 +620,50 @@ impl Sql for Tx<'_> {
     }
 }
 
+/// What the stores' conformance functions share (each store's are written once and run on
+/// both back ends: by the unit tests on SQLite, by the integration suite on PostgreSQL).
+#[cfg(any(test, feature = "store-conformance"))]
+pub mod conformance {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::{Arc, Barrier};
+
+    /// How many hosts race in the `racing_hosts_…` functions.
+    pub const HOSTS: usize = 6;
+
+    /// Runs `work` on every host at once (after a barrier); what each returned, in host order.
+    pub fn race<H: Sync, T: Send>(hosts: &[H], work: impl Fn(usize, &H) -> T + Sync) -> Vec<T> {
+        let barrier = Arc::new(Barrier::new(hosts.len()));
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, host)| {
+                    let (barrier, work) = (barrier.clone(), &work);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        work(i, host)
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|run| run.join().unwrap()).collect()
+        })
+    }
+
+    /// One conformance function on a fresh SQLite file in a temporary directory; every call of
+    /// the closure opens it again (another connection, as a second process would).
+    #[cfg(test)]
+    pub fn on_sqlite<S>(
+        file: &str,
+        open: impl Fn(&std::path::Path) -> S,
+        check: fn(&dyn Fn() -> S),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(file);
+        check(&|| open(&path));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

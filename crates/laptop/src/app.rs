@@ -25,17 +25,14 @@ use crate::cli::{Cli, Command, ExecutorCommand};
 use crate::config::{ConfigError, Credentials, Dirs, ensure_private_dir};
 use crate::connect::{self, ConnectError, End, Executor, Status};
 use crate::grants::{GrantArgs, GrantError, Grants};
-use crate::limits::Limits;
 use crate::login::{self, LoginError};
 use crate::receipts::{ReceiptError, Receipts};
-use crate::{patch, sandbox, shell};
+use crate::{patch, shell};
 use agentworks_core::text::strip_controls;
+use agentworks_sandbox::limits::Limits;
 
 /// Exit code: the credential is missing or no longer accepted.
 pub const EXIT_RELOGIN: u8 = 3;
-
-/// Exit code: the sandbox launcher refused to run a command.
-const EXIT_LAUNCHER_REFUSED: u8 = 126;
 
 /// Why a subcommand failed (exit code 1). Printed with its whole source chain.
 #[derive(Debug, thiserror::Error)]
@@ -90,15 +87,10 @@ pub enum AppError {
 /// single-threaded: the launcher confines the process it is in. It only returns on error,
 /// before any command ran.
 pub fn hidden_mode() -> Option<ExitCode> {
-    if std::env::args().nth(1).as_deref() == Some(sandbox::SUBCOMMAND) {
-        let args: Vec<String> = std::env::args().collect();
-        let error = sandbox::launcher_main(&args[2..]);
-        eprintln!("{}{error}", sandbox::REFUSAL_PREFIX);
-        return Some(ExitCode::from(EXIT_LAUNCHER_REFUSED));
-    }
-    // Run by the executor at connect: can this machine give a command its own namespaces?
-    if std::env::args().nth(1).as_deref() == Some(sandbox::PROBE_SUBCOMMAND) {
-        return Some(ExitCode::from(sandbox::probe_main()));
+    // The launcher, and the namespace probe the executor runs at connect (can this machine
+    // give a command its own namespaces?).
+    if let Some(code) = agentworks_sandbox::launcher::main_if_launcher() {
+        return Some(code);
     }
     // Run by the launcher above, already inside the sandbox.
     if std::env::args().nth(1).as_deref() == Some(patch::SUBCOMMAND) {
@@ -230,7 +222,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, AppError> {
                 println!("{}", shared_with(creds));
             }
             // Moves the executor into a leaf of its delegated cgroup, when it has one.
-            let limits = Limits::setup(max_processes, max_memory, allow_unix_sockets);
+            let limits = Limits::setup(
+                max_processes,
+                max_memory,
+                allow_unix_sockets,
+                crate::limits::EXECUTOR_CGROUPS,
+            );
             let target = ConnectTarget {
                 name,
                 server,
@@ -426,14 +423,19 @@ async fn executor_connect(
     target: ConnectTarget,
 ) -> Result<ExitCode, AppError> {
     let launcher = std::env::current_exe().map_err(AppError::NoExecutable)?;
-    let exclusions = sandbox::exclusion_mechanism(&launcher);
+    let exclusions = agentworks_sandbox::exclusion_mechanism(
+        &agentworks_sandbox::process::Launcher::at(&launcher),
+    );
     print!("{}", grants.file_creation_text(&exclusions));
     print!(
         "{}",
         crate::project_config::permissions_text(target.allow_project_config)
     );
-    let abi = sandbox::check_available();
-    print!("{}", limits.text(abi.as_ref().ok().copied().flatten()));
+    let abi = agentworks_sandbox::check_available();
+    print!(
+        "{}",
+        crate::limits::limits_text(&limits, abi.as_ref().ok().copied().flatten())
+    );
     if let Err(e) = abi {
         eprintln!("warning: {e}\nCommands and patches will be refused on this machine.");
     }
@@ -499,8 +501,8 @@ fn executor_keeps(key: &std::ffi::OsStr) -> bool {
         || key == "XDG_CONFIG_HOME"
         || key == "XDG_STATE_HOME"
         || (cfg!(debug_assertions)
-            && (key == sandbox::TEST_ABI_ENV
-                || key == sandbox::TEST_NO_USERNS_ENV
+            && (key == agentworks_sandbox::TEST_ABI_ENV
+                || key == agentworks_sandbox::TEST_NO_USERNS_ENV
                 || key == "AGENTWORKS_FAILPOINT"))
 }
 

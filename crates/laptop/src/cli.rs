@@ -148,14 +148,14 @@ pub enum ExecutorCommand {
         /// starts plus N: a command can start about N more, fewer if your other programs start
         /// more meanwhile. It does not bind root. In a delegated cgroup the command also gets
         /// pids.max = N, its own exact limit.
-        #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_MAX_PROCESSES,
-              value_parser = crate::limits::parse_count)]
+        #[arg(long, value_name = "N", default_value_t = agentworks_sandbox::limits::DEFAULT_MAX_PROCESSES,
+              value_parser = agentworks_sandbox::limits::parse_count)]
         max_processes: u64,
         /// The memory a command may use (memory.max of its cgroup), e.g. 4G or 512M; default:
         /// half of this machine's memory. Needs a delegated cgroup with the memory controller,
         /// e.g. `systemd-run --user --scope -p Delegate=yes agentworks executor connect …`;
         /// without one, commands run with no memory limit and connect says so.
-        #[arg(long, value_name = "SIZE", value_parser = crate::limits::parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = agentworks_sandbox::limits::parse_size)]
         max_memory: Option<u64>,
         /// agentd's URL (default: the one stored at login); the gateway defaults to its host on
         /// port 8471.

@@ -35,14 +35,14 @@ use agentworks_contract::executor::{
 };
 use agentworks_fs::failpoint::{self, Failpoint};
 
-use super::cgroup::CommandCgroup;
 use super::config::{Dirs, ensure_private_dir};
 use super::grants::{Folder, Grants};
 use super::project_config::Snapshot;
 use super::receipts::{Begin, Receipts};
-use super::sandbox::SandboxPolicy;
 use super::shell::{self, ShellError, ShellRequest};
 use super::tls::TlsClient;
+use agentworks_sandbox::SandboxPolicy;
+use agentworks_sandbox::cgroup::CommandCgroup;
 
 /// The gateway's default port, used when no gateway URL was given: agentd's host, this port,
 /// `ws` for an `http` agentd and `wss` for an `https` one.
@@ -301,10 +301,11 @@ pub struct Executor {
     pub receipts: Arc<Receipts>,
     /// The `agentworks` executable (the sandbox launcher).
     pub launcher: PathBuf,
-    /// Process, memory and Unix-socket limits, and the delegated cgroup (limits.rs).
-    pub limits: Arc<super::limits::Limits>,
+    /// Process, memory and Unix-socket limits, and the delegated cgroup (the sandbox crate's
+    /// `limits`).
+    pub limits: Arc<agentworks_sandbox::limits::Limits>,
     /// How exclusions inside writable folders are enforced here (found at connect).
-    pub exclusions: super::sandbox::ExclusionMechanism,
+    pub exclusions: agentworks_sandbox::ExclusionMechanism,
     /// `--allow-project-config`: commands' changes to the protected project config stay.
     pub allow_project_config: bool,
     pub status: Status,
@@ -1030,7 +1031,7 @@ fn prepare<'a>(
     };
     // No sandbox, no command and no patch. The launcher checks again, but it cannot be relied on
     // to see what this process sees (it runs with a scrubbed environment).
-    if let Err(e) = super::sandbox::check_available() {
+    if let Err(e) = agentworks_sandbox::check_available() {
         return Err(refused(
             "sandbox_unavailable",
             format!("the request was not run: {e}"),
@@ -1056,7 +1057,7 @@ fn prepare<'a>(
         Err(e) => return Err(cleanup(&scratch, refused("folder_replaced", e.to_string()))),
     };
     policy.overmount_exclusions =
-        executor.exclusions == super::sandbox::ExclusionMechanism::Overmount;
+        executor.exclusions == agentworks_sandbox::ExclusionMechanism::Overmount;
     let cgroup = match executor.limits.for_command(&mut policy) {
         Ok(cgroup) => cgroup,
         Err(e) => {

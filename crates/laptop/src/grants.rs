@@ -35,11 +35,27 @@ use agentworks_contract::executor::{FolderAccess, FolderInfo, MAX_FOLDERS, check
 use agentworks_core::guard::{Guard, RelPath};
 
 use super::config::Dirs;
-use super::resolve::{ResolveError, resolve_lenient};
-use super::sandbox::{
-    ExclusionMechanism, HOME_TOOLCHAIN_SECRETS, HOME_TOOLCHAINS, PinnedAccess, PinnedGrant,
-    SandboxPolicy,
-};
+use agentworks_sandbox::resolve::{ResolveError, resolve_lenient};
+use agentworks_sandbox::{ExclusionMechanism, PinnedAccess, PinnedGrant, SandboxPolicy};
+
+/// Toolchain folders under the person's home that commands may read and execute (each pinned at
+/// connect where it exists). Never the whole home.
+pub const HOME_TOOLCHAINS: &[&str] = &[
+    ".rustup",
+    ".cargo",
+    ".nvm",
+    ".pyenv",
+    ".volta",
+    ".bun",
+    ".deno",
+    ".local/bin",
+    ".local/lib",
+    "go/bin",
+    "go/pkg/mod",
+];
+
+/// Credential files inside the toolchain folders: denied to every command.
+pub const HOME_TOOLCHAIN_SECRETS: &[&str] = &[".cargo/credentials", ".cargo/credentials.toml"];
 
 /// Why the grants were refused.
 #[derive(Debug, thiserror::Error)]
@@ -719,7 +735,8 @@ impl Grants {
             blocked: self.blocked.clone(),
             read_only_within,
             denied,
-            home: None,
+            // The toolchains are pinned.
+            read_only_if_present: Vec::new(),
             scratch: scratch.to_owned(),
             cwd: folder.path.clone(),
             limits: Default::default(),
@@ -964,7 +981,8 @@ mod tests {
         );
         assert!(policy.read_write.is_empty() && policy.read_only.is_empty());
         assert_eq!(
-            policy.home, None,
+            policy.read_only_if_present,
+            Vec::<PathBuf>::new(),
             "toolchains are pinned, not resolved by path"
         );
         assert_eq!(policy.read_only_within, vec![a.join("sub")]);

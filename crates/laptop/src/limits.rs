@@ -1,259 +1,108 @@
-//! What a command may use beyond its files: processes, memory, Unix sockets, and what the
-//! person is told about it at connect.
+//! What the person is told at connect about the limits every command runs under: the terminal,
+//! Unix sockets, processes, memory, and how commands are ended.
 //!
-//! Owns: [`CommandLimits`], the part of the sandbox policy the launcher enforces besides
-//! Landlock (the process limit, whether Unix sockets are allowed, the command's cgroup);
-//! [`Limits`], the executor-wide settings from `--max-processes`, `--max-memory` and
-//! `--allow-unix-sockets` together with the delegated cgroup found at connect; the per-request
-//! step that gives a command its own cgroup ([`Limits::for_command`]); the process count and
-//! `RLIMIT_NPROC` the launcher sets ([`set_process_limit`]); and [`Limits::text`], printed after
-//! the folders' permissions.
-//!
-//! `RLIMIT_NPROC` counts every process (every thread, in fact) of the person's user, not only
-//! the command's, so an absolute limit would stop a person who already runs more than that from
-//! running any command. The launcher therefore sets it to the user's current count plus
-//! `--max-processes`: the command can start about that many more, fewer if the person's other
-//! programs start more meanwhile. It does not bind root (nor a process with `CAP_SYS_RESOURCE`).
-//! In a delegated cgroup, `pids.max` gives the command an exact limit of its own.
-//!
-//! Must never: refuse a connect because no memory limit can be applied (it is said, by name);
-//! run a command whose cgroup could not be made when the executor has one (refused instead).
+//! Owns: [`limits_text`], printed after the folders' permissions, and the executor's cgroup layout
+//! ([`EXECUTOR_CGROUPS`]). The limits themselves are the sandbox crate's
+//! ([`agentworks_sandbox::limits`]). Must never: say a limit holds that the machine cannot
+//! enforce (a missing memory controller or cgroup is named).
 
-use std::path::PathBuf;
-
-use super::cgroup::{CgroupError, CgroupTree, CommandCgroup, NoCgroup};
-use super::sandbox::SandboxPolicy;
+use agentworks_sandbox::cgroup::CgroupLayout;
+use agentworks_sandbox::limits::Limits;
 #[cfg(target_os = "linux")]
-use super::seccomp;
+use agentworks_sandbox::seccomp;
 
-/// `--max-processes` when not given.
-pub const DEFAULT_MAX_PROCESSES: u64 = 512;
+/// The executor's leaf and its commands' cgroups in its delegated cgroup.
+pub const EXECUTOR_CGROUPS: CgroupLayout = CgroupLayout {
+    owner: "the executor",
+    own_leaf: "agentworks-executor",
+    command_prefix: "agentworks-command-",
+};
 
-/// What the launcher enforces for one command besides the Landlock ruleset. Every field has a
-/// safe default, so a policy without it gets [`DEFAULT_MAX_PROCESSES`] and no Unix sockets.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct CommandLimits {
-    /// Processes (threads) the command may start beyond its user's count when it starts.
-    pub max_processes: u64,
-    /// `--allow-unix-sockets`: no seccomp filter on `socket(AF_UNIX)` (below Landlock ABI 9),
-    /// no `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` restriction (from ABI 9).
-    pub allow_unix_sockets: bool,
-    /// The command's own cgroup, made by the executor: the launcher moves the command into it
-    /// and ends it with `cgroup.kill`.
-    pub cgroup: Option<PathBuf>,
-}
-
-impl Default for CommandLimits {
-    fn default() -> Self {
-        CommandLimits {
-            max_processes: DEFAULT_MAX_PROCESSES,
-            allow_unix_sockets: false,
-            cgroup: None,
-        }
-    }
-}
-
-/// A bad `--max-memory` or `--max-processes` value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LimitError {
-    #[error(
-        "{value:?} is not a size: use a number of bytes with an optional K, M, G or T (powers of 1024), e.g. 4G"
-    )]
-    BadSize { value: String },
-    #[error("the limit must be more than zero")]
-    Zero,
-}
-
-/// Parses `--max-memory`: bytes, or a number with `K`, `M`, `G` or `T` (KiB … TiB; an
-/// optional trailing `B` or `iB` is accepted).
-pub fn parse_size(value: &str) -> Result<u64, LimitError> {
-    let bad = || LimitError::BadSize {
-        value: value.to_owned(),
-    };
-    let trimmed = value.trim();
-    let upper = trimmed.to_ascii_uppercase();
-    let without_b = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let (digits, shift) = match without_b.chars().last() {
-        Some('K') => (&without_b[..without_b.len() - 1], 10),
-        Some('M') => (&without_b[..without_b.len() - 1], 20),
-        Some('G') => (&without_b[..without_b.len() - 1], 30),
-        Some('T') => (&without_b[..without_b.len() - 1], 40),
-        _ => (without_b, 0),
-    };
-    let number: u64 = digits.trim().parse().map_err(|_| bad())?;
-    let bytes = number.checked_mul(1u64 << shift).ok_or_else(bad)?;
-    if bytes == 0 {
-        return Err(LimitError::Zero);
-    }
-    Ok(bytes)
-}
-
-/// Parses `--max-processes` (more than zero).
-pub fn parse_count(value: &str) -> Result<u64, LimitError> {
-    match value.trim().parse::<u64>() {
-        Ok(0) => Err(LimitError::Zero),
-        Ok(n) => Ok(n),
-        Err(_) => Err(LimitError::BadSize {
-            value: value.to_owned(),
-        }),
-    }
-}
-
-/// Half of `MemTotal` in `/proc/meminfo` (the default `--max-memory`).
-pub fn half_of_memory(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024 / 2)
-}
-
-/// The executor-wide limits: the flags, and the delegated cgroup (or why there is none).
-#[derive(Debug)]
-pub struct Limits {
-    pub max_processes: u64,
-    /// `memory.max` for each command's cgroup.
-    pub max_memory: u64,
-    pub allow_unix_sockets: bool,
-    pub cgroups: Result<CgroupTree, NoCgroup>,
-}
-
-impl Limits {
-    /// The flags' limits and the executor's delegated cgroup, when it has one (it moves itself
-    /// into a leaf of it). `max_memory` `None` means half of the machine's memory.
-    pub fn setup(max_processes: u64, max_memory: Option<u64>, allow_unix_sockets: bool) -> Limits {
-        let max_memory = max_memory
-            .or_else(|| {
-                std::fs::read_to_string("/proc/meminfo")
-                    .ok()
-                    .and_then(|m| half_of_memory(&m))
-            })
-            .unwrap_or(u64::MAX);
-        Limits {
-            max_processes,
-            max_memory,
-            allow_unix_sockets,
-            cgroups: CgroupTree::delegated(),
-        }
-    }
-
-    /// Limits without a cgroup (tests, and the defaults of a policy).
-    pub fn without_cgroup(reason: &str) -> Limits {
-        Limits {
-            max_processes: DEFAULT_MAX_PROCESSES,
-            max_memory: u64::MAX,
-            allow_unix_sockets: false,
-            cgroups: Err(NoCgroup(reason.to_owned())),
-        }
-    }
-
-    /// Sets `policy`'s [`CommandLimits`] for one request and, with a delegated cgroup, makes
-    /// the command's cgroup (killed and removed with [`CommandCgroup::kill_and_remove`] once the
-    /// request is done).
-    pub fn for_command(
-        &self,
-        policy: &mut SandboxPolicy,
-    ) -> Result<Option<CommandCgroup>, CgroupError> {
-        let cgroup = match &self.cgroups {
-            Ok(tree) => Some(tree.command(self.max_memory, self.max_processes)?),
-            Err(_) => None,
-        };
-        policy.limits = CommandLimits {
-            max_processes: self.max_processes,
-            allow_unix_sockets: self.allow_unix_sockets,
-            cgroup: cgroup.as_ref().map(|c| c.path().to_owned()),
-        };
-        Ok(cgroup)
-    }
-
-    /// Printed at connect after the folders' permissions: terminals, Unix sockets, process and
-    /// memory limits, and how commands are ended. `abi` is the kernel's Landlock ABI.
-    pub fn text(&self, abi: Option<i32>) -> String {
-        let mut out = String::from("Each command also runs:\n");
-        out.push_str(
-            "  without a terminal: a new session with no controlling terminal, and no terminal device (/dev/tty, /dev/pts) is reachable, so commands cannot type into or read your terminals\n",
-        );
-        #[cfg(target_os = "linux")]
-        self.unix_socket_text(&mut out, abi.unwrap_or(0));
-        #[cfg(target_os = "macos")]
-        {
-            // `abi` is Landlock's: None on macOS.
-            let _ = abi;
-            out.push_str(
-                "  under a sandbox-exec profile: no access to the desktop (Apple Events, launching apps), the clipboard, the Keychain or other services, and Unix sockets are NOT restricted (the profile allows the network, as on Linux, and Unix sockets with it): local services such as ssh-agent stay reachable\n",
-            );
-        }
-        self.process_text(&mut out);
-        out
-    }
-
-    /// Linux: what Landlock and seccomp do to Unix sockets, abstract sockets and signals.
+/// Printed at connect after the folders' permissions: terminals, Unix sockets, process and
+/// memory limits, and how commands are ended. `abi` is the kernel's Landlock ABI.
+pub fn limits_text(limits: &Limits, abi: Option<i32>) -> String {
+    let mut out = String::from("Each command also runs:\n");
+    out.push_str(
+        "  without a terminal: a new session with no controlling terminal, and no terminal device (/dev/tty, /dev/pts) is reachable, so commands cannot type into or read your terminals\n",
+    );
     #[cfg(target_os = "linux")]
-    fn unix_socket_text(&self, out: &mut String, abi: i32) {
-        if self.allow_unix_sockets {
-            out.push_str(
-                "  Unix sockets ALLOWED (--allow-unix-sockets): commands can reach local services over Unix sockets, such as ssh-agent, D-Bus and docker.sock\n",
-            );
-        } else if seccomp::needs_unix_socket_filter(abi, false) {
-            out.push_str(
-                "  without Unix sockets: creating one is refused (seccomp), so local services such as ssh-agent, D-Bus, docker.sock and the agentworks daemons' sockets are out of reach; io_uring is refused too (--allow-unix-sockets lifts this)\n",
-            );
-        } else {
-            out.push_str(
-                "  with Unix sockets only inside the shared folders and the scratch dir (Landlock): ssh-agent, D-Bus, docker.sock and the agentworks daemons' sockets are out of reach (--allow-unix-sockets lifts this)\n",
-            );
-        }
-        if abi >= 6 {
-            out.push_str(
-                "  without access to abstract Unix sockets or signals of processes outside its sandbox\n",
-            );
-        }
+    unix_socket_text(limits, &mut out, abi.unwrap_or(0));
+    #[cfg(target_os = "macos")]
+    {
+        // `abi` is Landlock's: None on macOS.
+        let _ = abi;
+        out.push_str(
+            "  under a sandbox-exec profile: no access to the desktop (Apple Events, launching apps), the clipboard, the Keychain or other services, and Unix sockets are NOT restricted (the profile allows the network, as on Linux, and Unix sockets with it): local services such as ssh-agent stay reachable\n",
+        );
     }
+    process_text(limits, &mut out);
+    out
+}
 
-    /// The process and memory limits, and how commands are ended.
-    fn process_text(&self, out: &mut String) {
-        let root = rustix::process::getuid().is_root();
-        out.push_str(&format!(
-            "  with at most {} more processes than your user runs when it starts (RLIMIT_NPROC{}){}\n",
-            self.max_processes,
-            if root {
-                "; NOT enforced, since the executor runs as root"
-            } else {
-                ""
-            },
-            match &self.cgroups {
-                Ok(tree) if tree.has_pids() => format!(
-                    " and at most {} in its own cgroup (pids.max)",
-                    self.max_processes
-                ),
-                _ => String::new(),
+/// Linux: what Landlock and seccomp do to Unix sockets, abstract sockets and signals.
+#[cfg(target_os = "linux")]
+fn unix_socket_text(limits: &Limits, out: &mut String, abi: i32) {
+    if limits.allow_unix_sockets {
+        out.push_str(
+            "  Unix sockets ALLOWED (--allow-unix-sockets): commands can reach local services over Unix sockets, such as ssh-agent, D-Bus and docker.sock\n",
+        );
+    } else if seccomp::needs_unix_socket_filter(abi, false) {
+        out.push_str(
+            "  without Unix sockets: creating one is refused (seccomp), so local services such as ssh-agent, D-Bus, docker.sock and the agentworks daemons' sockets are out of reach; io_uring is refused too (--allow-unix-sockets lifts this)\n",
+        );
+    } else {
+        out.push_str(
+            "  with Unix sockets only inside the shared folders and the scratch dir (Landlock): ssh-agent, D-Bus, docker.sock and the agentworks daemons' sockets are out of reach (--allow-unix-sockets lifts this)\n",
+        );
+    }
+    if abi >= 6 {
+        out.push_str(
+            "  without access to abstract Unix sockets or signals of processes outside its sandbox\n",
+        );
+    }
+}
+
+/// The process and memory limits, and how commands are ended.
+fn process_text(limits: &Limits, out: &mut String) {
+    let root = rustix::process::getuid().is_root();
+    out.push_str(&format!(
+        "  with at most {} more processes than your user runs when it starts (RLIMIT_NPROC{}){}\n",
+        limits.max_processes,
+        if root {
+            "; NOT enforced, since the executor runs as root"
+        } else {
+            ""
+        },
+        match &limits.cgroups {
+            Ok(tree) if tree.has_pids() => format!(
+                " and at most {} in its own cgroup (pids.max)",
+                limits.max_processes
+            ),
+            _ => String::new(),
+        }
+    ));
+    match &limits.cgroups {
+        Ok(tree) => {
+            match tree.memory_unavailable() {
+                None => out.push_str(&format!(
+                    "  with at most {} of memory (memory.max)\n",
+                    human_size(limits.max_memory)
+                )),
+                Some(reason) => out.push_str(&format!("  with NO memory limit: {reason}\n")),
             }
-        ));
-        match &self.cgroups {
-            Ok(tree) => {
-                match tree.memory_unavailable() {
-                    None => out.push_str(&format!(
-                        "  with at most {} of memory (memory.max)\n",
-                        human_size(self.max_memory)
-                    )),
-                    Some(reason) => out.push_str(&format!("  with NO memory limit: {reason}\n")),
-                }
-                out.push_str(&format!(
-                    "  in a cgroup of its own under {}, ended with cgroup.kill\n",
-                    tree.base().display()
-                ));
-            }
-            Err(reason) => {
-                out.push_str(&format!(
-                    "  with NO memory limit and no cgroup of its own: {reason}; commands are ended by the launcher, which waits for every process it finds\n"
-                ));
-                #[cfg(target_os = "linux")]
-                out.push_str(
-                    "    (for both, start the executor in a delegated cgroup: systemd-run --user --scope -p Delegate=yes agentworks executor connect …)\n",
-                );
-            }
+            out.push_str(&format!(
+                "  in a cgroup of its own under {}, ended with cgroup.kill\n",
+                tree.base().display()
+            ));
+        }
+        Err(reason) => {
+            out.push_str(&format!(
+                "  with NO memory limit and no cgroup of its own: {reason}; commands are ended by the launcher, which waits for every process it finds\n"
+            ));
+            #[cfg(target_os = "linux")]
+            out.push_str(
+                "    (for both, start the executor in a delegated cgroup: systemd-run --user --scope -p Delegate=yes agentworks executor connect …)\n",
+            );
         }
     }
 }
@@ -274,132 +123,14 @@ fn human_size(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// Sets `RLIMIT_NPROC` (soft and hard, so the command cannot raise it) to the real user's
-/// current task count plus `max_processes`; returns the limit. Call only while the process is
-/// single-threaded (the launcher, before it forks the shell): the count is probed by forking.
-pub fn set_process_limit(max_processes: u64) -> std::io::Result<u64> {
-    let limit = user_task_count()?.saturating_add(max_processes);
-    let rlimit = rustix::process::Rlimit {
-        current: Some(limit),
-        maximum: Some(limit),
-    };
-    rustix::process::setrlimit(rustix::process::Resource::Nproc, rlimit)?;
-    Ok(limit)
-}
-
-/// The real user's task count as `RLIMIT_NPROC` counts it (threads and zombies of every
-/// process of the user). The kernel does not publish it, and reading every `/proc/<pid>/status`
-/// can take a second on a busy machine, so it is probed: with a soft limit `L`, a fork succeeds
-/// exactly when the count is below `L`, so the count is the smallest `L` at which a fork
-/// succeeds, less one (about 20 forks of a child that exits at once). For root, whom the limit
-/// does not bind, every fork succeeds and this says 0. The original limit is restored.
-fn user_task_count() -> std::io::Result<u64> {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let original = getrlimit(Resource::Nproc);
-    let hard = original.maximum.unwrap_or(u64::MAX);
-    let probe = |limit: u64| -> std::io::Result<bool> {
-        setrlimit(
-            Resource::Nproc,
-            Rlimit {
-                current: Some(limit),
-                maximum: original.maximum,
-            },
-        )?;
-        fork_succeeds()
-    };
-    // The smallest L in (low, high] with a successful fork.
-    let mut low = 0u64;
-    let mut high = 1024u64.min(hard);
-    let found = loop {
-        if probe(high)? {
-            break true;
-        }
-        if high >= hard {
-            break false;
-        }
-        low = high;
-        high = high.saturating_mul(2).min(hard);
-    };
-    let result = if found {
-        while high - low > 1 {
-            let mid = low + (high - low) / 2;
-            if probe(mid)? {
-                high = mid;
-            } else {
-                low = mid;
-            }
-        }
-        Ok(high - 1)
-    } else {
-        // Even the hard limit is reached: no command can start a process anyway.
-        Ok(hard)
-    };
-    setrlimit(Resource::Nproc, original)?;
-    result
-}
-
-/// Forks a child that exits at once and reaps it: `Ok(false)` when the fork fails with
-/// `EAGAIN` (the user is at its `RLIMIT_NPROC`).
-fn fork_succeeds() -> std::io::Result<bool> {
-    // SAFETY: called only while the process is single-threaded (the launcher before it forks
-    // the shell), so the child is a copy of the only thread; the child calls only _exit, which
-    // is async-signal-safe, and touches no memory.
-    match unsafe { libc::fork() } {
-        -1 => {
-            let error = std::io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::EAGAIN) {
-                Ok(false)
-            } else {
-                Err(error)
-            }
-        }
-        0 => {
-            // SAFETY: _exit ends the child without running anything of the parent's.
-            unsafe { libc::_exit(0) }
-        }
-        child => {
-            let pid = nix::unistd::Pid::from_raw(child);
-            loop {
-                match nix::sys::wait::waitpid(pid, None) {
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Ok(_) => return Ok(true),
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4G"), Ok(4 << 30));
-        assert_eq!(parse_size("512m"), Ok(512 << 20));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert_eq!(parse_size("2TB"), Ok(2 << 40));
-        assert_eq!(parse_size("0"), Err(LimitError::Zero));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
-        assert!(parse_size("99999999999T").is_err());
-        assert_eq!(parse_count("512"), Ok(512));
-        assert_eq!(parse_count("0"), Err(LimitError::Zero));
-    }
-
-    #[test]
-    fn half_of_the_machine() {
-        let meminfo = "MemTotal:       24576000 kB\nMemFree:         1000 kB\n";
-        assert_eq!(half_of_memory(meminfo), Some(24576000 * 1024 / 2));
-        assert_eq!(half_of_memory("nothing"), None);
-    }
-
-    #[test]
     fn text_names_what_is_missing() {
         let limits = Limits::without_cgroup("the executor runs in the root cgroup");
-        let text = limits.text(Some(7));
+        let text = limits_text(&limits, Some(7));
         assert!(text.contains("NO memory limit"), "{text}");
         assert!(text.contains("root cgroup"), "{text}");
         assert!(text.contains("without Unix sockets"), "{text}");
@@ -412,14 +143,9 @@ mod tests {
             ..Limits::without_cgroup("x")
         };
         assert!(
-            allowed
-                .text(Some(7))
+            limits_text(&allowed, Some(7))
                 .contains("commands can reach local services over Unix sockets, such as ssh-agent, D-Bus and docker.sock")
         );
-        assert!(
-            limits
-                .text(Some(9))
-                .contains("only inside the shared folders")
-        );
+        assert!(limits_text(&limits, Some(9)).contains("only inside the shared folders"));
     }
 }

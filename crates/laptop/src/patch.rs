@@ -2,12 +2,12 @@
 //! its Downloads companion, under the same Landlock sandbox as commands.
 //!
 //! Owns: the hidden `agentworks __apply-patch <folder>` mode ([`apply_main`]) and the
-//! executor-side [`run`] that launches it as
+//! executor-side [`run`] that launches it through the sandbox crate as
 //! `agentworks __sandbox-exec <policy> -- agentworks __apply-patch <folder>` with the job
 //! ([`PatchJob`]: the diff, the folder's guard, the Downloads companion and its guard) on stdin
 //! and the [`Outcome`] as JSON on stdout.
 //!
-//! Why a re-exec and not a forked child: the sandbox module's ruleset building is private to
+//! Why a re-exec and not a forked child: the sandbox crate's ruleset building is private to
 //! its launcher, and a fork of the multi-threaded tokio executor could only safely exec anyway;
 //! the launcher already forks, confines and reaps, so the applier is just another program it
 //! runs. The executable itself is granted read/execute in the policy (it may live outside the
@@ -47,7 +47,6 @@
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags, Stat};
@@ -62,7 +61,8 @@ use agentworks_fs::confine::{self, ConfineError};
 use agentworks_fs::staged::StagedFile;
 
 use super::grants::{Folder, Grants};
-use super::sandbox::{REFUSAL_PREFIX, SUBCOMMAND as SANDBOX_SUBCOMMAND, SandboxPolicy};
+use agentworks_sandbox::process::{Launcher, SandboxCommand, SandboxedChild, SpawnError, Stream};
+use agentworks_sandbox::{REFUSAL_PREFIX, SandboxPolicy};
 
 /// The hidden subcommand of the applier.
 pub const SUBCOMMAND: &str = "__apply-patch";
@@ -719,21 +719,17 @@ pub async fn run(
     }
     let mut policy = policy.clone();
     policy.read_only.push(launcher.to_owned());
-    let policy_json = match serde_json::to_string(&policy) {
-        Ok(json) => json,
-        Err(e) => return refused("internal", e.to_string()),
-    };
     let job_json = match serde_json::to_vec(job) {
         Ok(json) => json,
         Err(e) => return refused("internal", e.to_string()),
     };
-    let mut command = applier_command(launcher, &policy, &policy_json, folder);
-    let child = match command.spawn() {
+    let child = match applier_command(launcher, policy, folder).spawn(&Launcher::at(launcher)) {
         Ok(child) => child,
-        Err(e) => {
+        Err(SpawnError::Policy(e)) => return refused("internal", e.to_string()),
+        Err(SpawnError::Launcher { source, .. }) => {
             return refused(
                 "sandbox_unavailable",
-                format!("cannot start the launcher: {e}"),
+                format!("cannot start the launcher: {source}"),
             );
         }
     };
@@ -748,39 +744,26 @@ pub async fn run(
     read_outcome(status, &out, &err)
 }
 
-/// `agentworks __sandbox-exec <policy> -- agentworks __apply-patch <folder>`, with a cleared
-/// environment, in its own session, dying with the executor, holding the policy's pinned fds.
-fn applier_command(
-    launcher: &Path,
-    policy: &SandboxPolicy,
-    policy_json: &str,
-    folder: &Path,
-) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(launcher);
+/// `agentworks __sandbox-exec <policy> -- agentworks __apply-patch <folder>`, with only `PATH`
+/// in its environment and its three streams piped (the launcher starts in its own session,
+/// dying with the executor, holding the policy's pinned fds; a handle dropped on a timeout ends
+/// the applier's tree).
+fn applier_command(launcher: &Path, policy: SandboxPolicy, folder: &Path) -> SandboxCommand {
+    let mut command = SandboxCommand::new(launcher, policy);
     command
-        .arg(SANDBOX_SUBCOMMAND)
-        .arg(policy_json)
-        .arg("--")
-        .arg(launcher)
         .arg(SUBCOMMAND)
         .arg(folder)
-        .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .current_dir(folder)
-        .kill_on_drop(true)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    super::sandbox::new_session(&mut command);
-    super::sandbox::die_with_parent(&mut command);
-    super::sandbox::inherit_pinned(&mut command, policy);
+        .stdin(Stream::Piped)
+        .stdout(Stream::Piped)
+        .stderr(Stream::Piped);
     command
 }
 
 /// Write the job to the applier's stdin and close it, read its stdout (up to 8 MiB) and stderr
 /// (up to 64 KiB), and reap it. The caller bounds the whole exchange in time.
 async fn exchange_with_applier(
-    mut child: tokio::process::Child,
+    mut child: SandboxedChild,
     job_json: &[u8],
 ) -> (std::io::Result<std::process::ExitStatus>, Vec<u8>, Vec<u8>) {
     let mut stdin = child.stdin.take();

@@ -724,7 +724,7 @@ impl GatewayPair {
 /// thread may call it.
 pub struct ClusterAgentd {
     runtime: tokio::runtime::Runtime,
-    gateways: agentworks_agent::gatewayd_client::GatewaydClient,
+    gateways: agentworks_agent::clients::gatewayd::GatewaydClient,
 }
 
 impl ClusterAgentd {
@@ -757,7 +757,7 @@ impl ClusterAgentd {
             )
             .await
             .expect("the gatewayd key is readable");
-            agentworks_agent::gatewayd_client::GatewaydClient::cluster(client, key, origin)
+            agentworks_agent::clients::gatewayd::GatewaydClient::cluster(client, key, origin)
         });
         ClusterAgentd { runtime, gateways }
     }

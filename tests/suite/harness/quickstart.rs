@@ -5,8 +5,11 @@
 //! `XDG_STATE_HOME` of its own unless the test chose one (so that no test's quickstart is found
 //! by another test's commands).
 
+use super::daemons::send_signal;
+use nix::sys::signal::Signal;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The arguments of `agentworksctl quickstart --json` on `state` with both of its ports given
 /// (`--port`, `--gateway-port`).
@@ -31,7 +34,8 @@ pub fn quickstart_args(state: &Path, ports: [u16; 2]) -> Vec<std::ffi::OsString>
 /// `Started`). Its stderr, which its daemons inherit, goes to `stderr`, shown whenever its
 /// start fails.
 pub struct QuickstartRun {
-    pub child: Child,
+    /// `None` once [`QuickstartRun::into_parts`] handed it to the test.
+    child: Option<Child>,
     pub started: serde_json::Value,
     pub stderr: tempfile::NamedTempFile,
     /// The `XDG_STATE_HOME` the harness gave it (none when the test set it, or `HOME`).
@@ -59,7 +63,7 @@ impl QuickstartRun {
         let read = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
         match read.ok().and_then(|_| serde_json::from_str(&line).ok()) {
             Some(started) => QuickstartRun {
-                child,
+                child: Some(child),
                 started,
                 stderr,
                 _state_home: state_home,
@@ -75,8 +79,43 @@ impl QuickstartRun {
         }
     }
 
+    /// The quickstart process.
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the child was handed over")
+    }
+
+    /// The process and its `Started` line, for a test that stops it itself.
+    pub fn into_parts(mut self) -> (Child, serde_json::Value) {
+        let child = self.child.take().expect("the child was handed over");
+        (child, std::mem::take(&mut self.started))
+    }
+
     /// What quickstart and its daemons wrote to stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.stderr.path()).unwrap()
+    }
+}
+
+/// A quickstart the test did not stop (it failed, or it only needed the stack) is stopped as a
+/// person would, SIGTERM, and waited for, so its daemons never outlive the test and hold its
+/// ports; one that does not stop within 30 s is killed.
+impl Drop for QuickstartRun {
+    fn drop(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = send_signal(child, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(child.try_wait(), Ok(None)) {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

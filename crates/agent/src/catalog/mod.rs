@@ -12,8 +12,17 @@
 //! and the token carries one of its scopes, and the runner still resolves the caller's live
 //! access on every call.
 //!
-//! `table` (the operations, schemas, scopes and annotations) is pure.
+//! Files: `table` (the operations, schemas, scopes and annotations; pure); `resources` (project
+//! files as MCP resources, read through the catalog's own operations); [`backend`] (agentd's
+//! [`OperationRunner`]: token authentication against the identity store and dispatch to the file
+//! tools); [`files`] (the file operations for one caller, through workspaced, which the chats'
+//! server-file tools use too).
+//!
+//! May call: `mcp` (the transport's types), `identity` (live access), the workspaced client.
+//! Never calls chats or connections.
 
+pub mod backend;
+pub mod files;
 mod resources;
 mod table;
 
@@ -175,7 +184,7 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
         request: RequestContext<'_>,
         cursor: Option<&str>,
     ) -> Result<mcp::Page, CallError> {
-        self.resource_page(request.caller, cursor).await
+        resources::page(self, request.caller, cursor).await
     }
 
     async fn list_resource_templates(
@@ -195,7 +204,19 @@ impl<R: OperationRunner> mcp::Backend for Catalog<R> {
         request: RequestContext<'_>,
         uri: &str,
     ) -> Result<mcp::ResourceContents, CallError> {
-        self.read_file_resource(request.caller, uri).await
+        resources::read(self, request.caller, uri).await
+    }
+}
+
+/// The resources reach the files through the catalog's own operations, with every check.
+impl<R: OperationRunner> resources::Operations for Catalog<R> {
+    async fn run(
+        &self,
+        caller: &Caller,
+        operation: Operation,
+        arguments: Map<String, Value>,
+    ) -> Result<Result<Value, ToolError>, CallError> {
+        self.call_operation(caller, operation, arguments).await
     }
 }
 

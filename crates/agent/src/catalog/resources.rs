@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::mcp::{CacheHint, CallError, Caller, Page, ResourceContents, ToolError};
 
-use super::{Catalog, Operation, OperationRunner};
+use super::Operation;
 
 /// Every resource URI starts with this.
 const PREFIX: &str = "agentworks://workflows/";
@@ -102,124 +102,134 @@ fn mime_type(path: &str) -> &'static str {
     }
 }
 
-impl<R: OperationRunner> Catalog<R> {
-    /// One page of the files `caller` may read, across their workflows in id order.
-    pub(super) async fn resource_page(
+/// How the resources reach the files: the catalog's own operations, run for the caller with
+/// every check a tool call gets (the token's scopes, then the runner's live access).
+/// [`super::Catalog`] is the one implementation outside the tests; this module never runs an
+/// operation another way.
+pub(super) trait Operations {
+    fn run(
         &self,
         caller: &Caller,
-        cursor: Option<&str>,
-    ) -> Result<Page, CallError> {
-        let start = match cursor {
-            None => None,
-            Some(cursor) => Some(Cursor::decode(cursor).ok_or_else(|| {
-                CallError::InvalidParams("the cursor is not one this server issued".to_owned())
-            })?),
-        };
-        let mut workflows: Vec<(String, String)> = match self
-            .call_operation(caller, Operation::ListWorkflows, Map::new())
-            .await?
-        {
-            Ok(answer) => answer["workflows"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|w| {
-                    Some((
-                        w["workflow_id"].as_str()?.to_owned(),
-                        w["name"].as_str().unwrap_or_default().to_owned(),
-                    ))
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        workflows.sort();
-        let mut items = Vec::new();
-        // The file last put on the page: the next page starts after it.
-        let mut last: Option<Cursor> = None;
-        for (workflow_id, name) in workflows {
-            let after = match &start {
-                Some(start) if workflow_id < start.workflow_id => continue,
-                Some(start) if workflow_id == start.workflow_id => Some(start.after.as_str()),
-                _ => None,
-            };
-            let arguments =
-                json!({"workflow_id": workflow_id, "max_entries": MAX_FILES_PER_WORKFLOW});
-            let Ok(listed) = self
-                .call_operation(caller, Operation::ListFiles, object(arguments))
-                .await?
-            else {
-                // Not readable (a role without reads, a policy): none of its files are listed.
-                continue;
-            };
-            let mut files: Vec<(&str, Option<u64>)> = listed["entries"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|e| e["kind"] == "file")
-                .filter_map(|e| Some((e["path"].as_str()?, e["size"].as_u64())))
-                .filter(|(path, _)| after.is_none_or(|after| *path > after))
-                .collect();
-            files.sort();
-            for (path, size) in files {
-                if items.len() == PAGE_SIZE {
-                    return Ok(Page {
-                        items,
-                        next_cursor: last.as_ref().map(Cursor::encode),
-                        cache: CacheHint::default(),
-                    });
-                }
-                let mut resource = json!({
-                    "uri": uri(&workflow_id, path),
-                    "name": path,
-                    "title": format!("{path} ({name})"),
-                    "mimeType": mime_type(path),
-                });
-                if let Some(size) = size {
-                    resource["size"] = json!(size);
-                }
-                items.push(resource);
-                last = Some(Cursor {
-                    workflow_id: workflow_id.clone(),
-                    after: path.to_owned(),
-                });
-            }
-        }
-        Ok(Page {
-            items,
-            next_cursor: None,
-            // Files change and what a token may read is its own: never cached across callers.
-            cache: CacheHint::default(),
-        })
-    }
+        operation: Operation,
+        arguments: Map<String, Value>,
+    ) -> impl std::future::Future<Output = Result<Result<Value, ToolError>, CallError>> + Send;
+}
 
-    /// The file a URI names, read through `read_file` (its guard and confinement).
-    pub(super) async fn read_file_resource(
-        &self,
-        caller: &Caller,
-        resource: &str,
-    ) -> Result<ResourceContents, CallError> {
-        let Some((workflow_id, path)) = parse_uri(resource) else {
-            return Err(CallError::UnknownResource(resource.to_owned()));
+/// One page of the files `caller` may read, across their workflows in id order.
+pub(super) async fn page(
+    operations: &(impl Operations + Sync),
+    caller: &Caller,
+    cursor: Option<&str>,
+) -> Result<Page, CallError> {
+    let start = match cursor {
+        None => None,
+        Some(cursor) => Some(Cursor::decode(cursor).ok_or_else(|| {
+            CallError::InvalidParams("the cursor is not one this server issued".to_owned())
+        })?),
+    };
+    let mut workflows: Vec<(String, String)> = match operations
+        .run(caller, Operation::ListWorkflows, Map::new())
+        .await?
+    {
+        Ok(answer) => answer["workflows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| {
+                Some((
+                    w["workflow_id"].as_str()?.to_owned(),
+                    w["name"].as_str().unwrap_or_default().to_owned(),
+                ))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    workflows.sort();
+    let mut items = Vec::new();
+    // The file last put on the page: the next page starts after it.
+    let mut last: Option<Cursor> = None;
+    for (workflow_id, name) in workflows {
+        let after = match &start {
+            Some(start) if workflow_id < start.workflow_id => continue,
+            Some(start) if workflow_id == start.workflow_id => Some(start.after.as_str()),
+            _ => None,
         };
-        let arguments = json!({"workflow_id": workflow_id, "path": path});
-        match self
-            .call_operation(caller, Operation::ReadFile, object(arguments))
+        let arguments = json!({"workflow_id": workflow_id, "max_entries": MAX_FILES_PER_WORKFLOW});
+        let Ok(listed) = operations
+            .run(caller, Operation::ListFiles, object(arguments))
             .await?
-        {
-            Ok(read) => Ok(ResourceContents {
-                contents: vec![json!({
-                    "uri": resource,
-                    "mimeType": mime_type(&path),
-                    "text": read["content"],
-                    "_meta": {REVISION_META: read["revision"], "agentworks/size": read["size"]},
-                })],
-                cache: CacheHint::default(),
-            }),
-            Err(error) if error.code == "not_found" => {
-                Err(CallError::UnknownResource(resource.to_owned()))
+        else {
+            // Not readable (a role without reads, a policy): none of its files are listed.
+            continue;
+        };
+        let mut files: Vec<(&str, Option<u64>)> = listed["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["kind"] == "file")
+            .filter_map(|e| Some((e["path"].as_str()?, e["size"].as_u64())))
+            .filter(|(path, _)| after.is_none_or(|after| *path > after))
+            .collect();
+        files.sort();
+        for (path, size) in files {
+            if items.len() == PAGE_SIZE {
+                return Ok(Page {
+                    items,
+                    next_cursor: last.as_ref().map(Cursor::encode),
+                    cache: CacheHint::default(),
+                });
             }
-            Err(error) => Err(refused(error)),
+            let mut resource = json!({
+                "uri": uri(&workflow_id, path),
+                "name": path,
+                "title": format!("{path} ({name})"),
+                "mimeType": mime_type(path),
+            });
+            if let Some(size) = size {
+                resource["size"] = json!(size);
+            }
+            items.push(resource);
+            last = Some(Cursor {
+                workflow_id: workflow_id.clone(),
+                after: path.to_owned(),
+            });
         }
+    }
+    Ok(Page {
+        items,
+        next_cursor: None,
+        // Files change and what a token may read is its own: never cached across callers.
+        cache: CacheHint::default(),
+    })
+}
+
+/// The file a URI names, read through `read_file` (its guard and confinement).
+pub(super) async fn read(
+    operations: &(impl Operations + Sync),
+    caller: &Caller,
+    resource: &str,
+) -> Result<ResourceContents, CallError> {
+    let Some((workflow_id, path)) = parse_uri(resource) else {
+        return Err(CallError::UnknownResource(resource.to_owned()));
+    };
+    let arguments = json!({"workflow_id": workflow_id, "path": path});
+    match operations
+        .run(caller, Operation::ReadFile, object(arguments))
+        .await?
+    {
+        Ok(read) => Ok(ResourceContents {
+            contents: vec![json!({
+                "uri": resource,
+                "mimeType": mime_type(&path),
+                "text": read["content"],
+                "_meta": {REVISION_META: read["revision"], "agentworks/size": read["size"]},
+            })],
+            cache: CacheHint::default(),
+        }),
+        Err(error) if error.code == "not_found" => {
+            Err(CallError::UnknownResource(resource.to_owned()))
+        }
+        Err(error) => Err(refused(error)),
     }
 }
 
@@ -250,7 +260,6 @@ fn object(value: Value) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::AuthError;
 
     #[test]
     fn a_uri_names_exactly_one_path_and_round_trips() {
@@ -307,39 +316,34 @@ mod tests {
     /// path sorts before prj_a's last. Every file is listed on its own URI.
     struct TwoWorkflows;
 
-    impl OperationRunner for TwoWorkflows {
-        async fn authenticate(&self, _bearer: Option<&str>) -> Result<Caller, AuthError> {
-            Err(AuthError::Missing)
-        }
-        async fn allowed_operations(&self, _caller: &Caller) -> Vec<Operation> {
-            Operation::ALL.to_vec()
-        }
-        async fn call(
+    impl Operations for TwoWorkflows {
+        async fn run(
             &self,
             _caller: &Caller,
             operation: Operation,
             arguments: Map<String, Value>,
-        ) -> Result<Value, ToolError> {
-            match (
-                operation,
-                arguments.get("workflow_id").and_then(Value::as_str),
-            ) {
-                (Operation::ListWorkflows, _) => Ok(json!({"workflows": [
+        ) -> Result<Result<Value, ToolError>, CallError> {
+            Ok(
+                match (
+                    operation,
+                    arguments.get("workflow_id").and_then(Value::as_str),
+                ) {
+                    (Operation::ListWorkflows, _) => Ok(json!({"workflows": [
                     {"workflow_id": "prj_b", "name": "b"}, {"workflow_id": "prj_a", "name": "a"}]})),
-                (Operation::ListFiles, Some("prj_a")) => Ok(json!({"entries": (0..PAGE_SIZE)
+                    (Operation::ListFiles, Some("prj_a")) => Ok(json!({"entries": (0..PAGE_SIZE)
                     .map(|i| json!({"path": format!("f{i:03}.md"), "kind": "file"}))
                     .collect::<Vec<_>>()})),
-                (Operation::ListFiles, Some("prj_b")) => {
-                    Ok(json!({"entries": [{"path": "a.md", "kind": "file"}]}))
-                }
-                _ => Err(ToolError::new("not_found", "no such thing")),
-            }
+                    (Operation::ListFiles, Some("prj_b")) => {
+                        Ok(json!({"entries": [{"path": "a.md", "kind": "file"}]}))
+                    }
+                    _ => Err(ToolError::new("not_found", "no such thing")),
+                },
+            )
         }
     }
 
     #[tokio::test]
     async fn a_page_ending_at_a_workflows_last_file_continues_with_the_next_workflow() {
-        let catalog = Catalog::new(TwoWorkflows);
         let caller = Caller {
             token_id: "t".into(),
             user_id: "u".into(),
@@ -347,7 +351,7 @@ mod tests {
             scopes: vec!["workflows:read".into()],
             reach: None,
         };
-        let first = catalog.resource_page(&caller, None).await.unwrap();
+        let first = page(&TwoWorkflows, &caller, None).await.unwrap();
         assert_eq!(first.items.len(), PAGE_SIZE);
         assert!(
             first
@@ -356,7 +360,7 @@ mod tests {
                 .all(|r| r["uri"].as_str().unwrap().contains("/prj_a/"))
         );
         let cursor = first.next_cursor.expect("a second page");
-        let second = catalog.resource_page(&caller, Some(&cursor)).await.unwrap();
+        let second = page(&TwoWorkflows, &caller, Some(&cursor)).await.unwrap();
         let uris: Vec<&str> = second
             .items
             .iter()

@@ -8,10 +8,11 @@
 //! | `POST /v1/console/invite {code, password}` | sets the password from a one-time invite, then as sign-in |
 //!
 //! A wrong name or password is one answer, 401 `invalid_credentials`. Failed attempts are
-//! counted per user name *and* client address, and per client address ([`FailureLimits`], in
-//! the identity store, so every host of a cluster counts the same), each with a backoff: a few
-//! failures are free, then the next attempt waits 30 s after the last failure, twice as long
-//! after each further one (at most the 15-minute window). Meanwhile the answer is 429
+//! counted per user name *and* client address, and per client address
+//! ([`FailureLimits`](crate::identity::attempt_limits::FailureLimits), in the identity store, so
+//! every host of a cluster counts the same), each with a backoff: a few failures are free, then
+//! the next attempt waits 30 s after the last failure, twice as long after each further one (at
+//! most the 15-minute window). Meanwhile the answer is 429
 //! `too_many_attempts` with `Retry-After`, before any password is checked. Nothing counts per
 //! user name alone: an attacker guessing alice's password from one address slows down only
 //! there, and alice signing in from another address is not locked out. An IPv6 client counts
@@ -21,11 +22,11 @@
 //! [`crate::console::session`]'s: `__Host-aw_session` over https.
 
 use crate::console::session::{self, Sessions, not_signed_in, store_unavailable};
+use crate::identity::IdentityError;
 use crate::identity::accounts::{NewSession, Session};
-use crate::identity::attempt_limits::{AttemptLimit, CountedAttempt};
+use crate::identity::attempt_limits::{AttemptLimit, Limited, address_key, client_bucket};
 use crate::identity::store::now_ms;
 use crate::identity::store::validate_name;
-use crate::identity::{IdentityError, IdentityStore};
 use agentworks_daemon::ipc::envelope::{
     Body, Refusal, decode_json, full, json_response, run_blocking,
 };
@@ -35,32 +36,7 @@ use hyper::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER, SET_COOKIE};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
-use std::net::IpAddr;
 
-/// The client's address, which agentd's public listener puts in each request's extensions
-/// (for the failed-attempt limits): the TCP peer's, never a header's (agentd trusts no proxy).
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddress(pub IpAddr);
-
-impl ClientAddress {
-    /// What limits count this client under: its IPv4 address (an IPv4-mapped IPv6 one as
-    /// IPv4), or the /64 of an IPv6 one, which one host usually holds whole.
-    pub fn bucket(&self) -> String {
-        match self.0 {
-            IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => v4.to_string(),
-                None => {
-                    let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                    format!("{}/64", std::net::Ipv6Addr::from(prefix))
-                }
-            },
-        }
-    }
-}
-
-/// Failed attempts count for this long: 15 minutes.
-pub const FAILURE_WINDOW_MS: i64 = 15 * 60_000;
 /// The first wait once a key's free failures are spent: 30 seconds, doubled after each
 /// further failure.
 pub const FIRST_BACKOFF_MS: i64 = 30_000;
@@ -85,66 +61,9 @@ const INVITE: &str = "/v1/console/invite";
 /// The largest body these endpoints read (a name and a 1024-character password fit).
 const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// Failed attempts by key (`user:<name>`, `address:<ip>`), counted in the identity store
-/// ([`crate::identity::attempt_limits`]) so every agentd host of a cluster counts the same.
-/// Cheap to clone.
-#[derive(Clone)]
-pub(crate) struct FailureLimits {
-    identity: IdentityStore,
-}
-
-/// Why an attempt was not let through: too many failures (the seconds to wait), or the store
-/// could not count it (refused rather than let through uncounted).
-pub(crate) enum Limited {
-    Wait(i64),
-    Unavailable(String),
-}
-
-impl FailureLimits {
-    pub(crate) fn new(identity: IdentityStore) -> FailureLimits {
-        FailureLimits { identity }
-    }
-
-    /// Count an attempt as failed before it is checked, so concurrent attempts cannot slip
-    /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
-    /// already at its limit nothing is counted.
-    pub(crate) async fn begin(
-        &self,
-        keys: &[(&str, impl Into<AttemptLimit> + Copy)],
-        now: i64,
-    ) -> Result<CountedAttempt, Limited> {
-        let identity = self.identity.clone();
-        let keys: Vec<(String, AttemptLimit)> = keys
-            .iter()
-            .map(|(k, l)| ((*k).to_owned(), (*l).into()))
-            .collect();
-        let counted = tokio::task::spawn_blocking(move || {
-            let keys: Vec<(&str, AttemptLimit)> =
-                keys.iter().map(|(k, l)| (k.as_str(), *l)).collect();
-            identity.count_attempt(&keys, now, FAILURE_WINDOW_MS)
-        })
-        .await;
-        match counted {
-            Ok(Ok(Ok(attempt))) => Ok(attempt),
-            Ok(Ok(Err(seconds))) => Err(Limited::Wait(seconds)),
-            Ok(Err(error)) => Err(Limited::Unavailable(error.to_string())),
-            Err(error) => Err(Limited::Unavailable(error.to_string())),
-        }
-    }
-
-    /// The attempt [`FailureLimits::begin`] counted succeeded: uncount it. A failure to do so
-    /// is logged: it only leaves one failure too many in the window.
-    pub(crate) async fn succeeded(&self, attempt: &CountedAttempt) {
-        let (identity, attempt) = (self.identity.clone(), attempt.clone());
-        let uncounted =
-            tokio::task::spawn_blocking(move || identity.uncount_attempt(&attempt)).await;
-        if let Ok(Err(error)) = uncounted {
-            tracing::warn!(%error, "cannot uncount a successful attempt");
-        }
-    }
-}
-
-/// The answer to an attempt [`FailureLimits::begin`] did not let through.
+/// The answer to an attempt
+/// [`FailureLimits::begin`](crate::identity::attempt_limits::FailureLimits::begin) did not
+/// let through.
 fn limited(limited: Limited) -> Response<Body> {
     match limited {
         Limited::Wait(seconds) => too_many_attempts(seconds),
@@ -262,18 +181,6 @@ fn check_origin(inner: &session::Inner, parts: &Parts) -> Result<(), Refusal> {
             "signing in is only possible from the console's own pages (an Origin header of the console, or Sec-Fetch-Site: same-origin)",
         ))
     }
-}
-
-/// The client's bucket ([`ClientAddress::bucket`]), `unknown` when the listener gave none.
-pub(crate) fn client_bucket(parts: &Parts) -> String {
-    parts
-        .extensions
-        .get::<ClientAddress>()
-        .map_or_else(|| "unknown".into(), ClientAddress::bucket)
-}
-
-pub(crate) fn address_key(parts: &Parts) -> String {
-    format!("address:{}", client_bucket(parts))
 }
 
 /// A store call on a blocking thread; a store failure is a 503.
@@ -491,16 +398,6 @@ async fn invite(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clients_count_by_address_and_ipv6_ones_by_their_64() {
-        let bucket = |ip: &str| ClientAddress(ip.parse().unwrap()).bucket();
-        assert_eq!(bucket("127.0.0.2"), "127.0.0.2");
-        assert_eq!(bucket("::ffff:10.1.2.3"), "10.1.2.3");
-        assert_eq!(bucket("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
-        assert_eq!(bucket("2001:db8:1:2:bbbb::9"), bucket("2001:db8:1:2::1"));
-        assert_ne!(bucket("2001:db8:1:3::1"), bucket("2001:db8:1:2::1"));
-    }
 
     #[test]
     fn the_cookie_is_secure_on_an_https_console() {

@@ -63,7 +63,7 @@ macro_rules! asset {
 pub const INDEX_HTML: &str = include_str!("assets/index.html");
 
 /// The device-login approval page, answered at `GET /v1/device/approve` (see
-/// [`crate::device`]); its script is `device-approve.js`.
+/// [`crate::oauth::device`]); its script is `device-approve.js`.
 pub const DEVICE_APPROVE_HTML: &str = include_str!("assets/device-approve.html");
 
 /// The OAuth consent page, answered at `GET /oauth/consent?request=…`; its script is
@@ -119,7 +119,7 @@ pub fn handle(parts: &Parts) -> Option<Response<Body>> {
 }
 
 /// The answer to `method` (neither GET nor HEAD) on a path served for reading only: 405 with
-/// `Allow: GET, HEAD` (also the laptop CLI's, [`crate::laptop_cli`]).
+/// `Allow: GET, HEAD` (also the laptop CLI's, [`super::laptop_cli`]).
 pub fn get_only(method: &Method, path: &str) -> Response<Body> {
     let mut refused = error_response(
         StatusCode::METHOD_NOT_ALLOWED,

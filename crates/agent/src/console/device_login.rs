@@ -14,12 +14,13 @@
 //! `too_many_attempts` with `Retry-After`. Successful ones (and already-decided codes, which
 //! are not guesses) do not count.
 
-use crate::console::accounts::{FAILURE_WINDOW_MS, MAX_FAILURES_PER_ADDRESS, address_key};
+use crate::console::accounts::MAX_FAILURES_PER_ADDRESS;
 use crate::console::session::Sessions;
-use crate::device::{oauth_error, server_error, store_unavailable};
 use crate::identity::Scope;
+use crate::identity::attempt_limits::{FAILURE_WINDOW_MS, Limited, address_key};
 use crate::identity::device_logins::DecideError;
 use crate::identity::store::now_ms;
+use crate::oauth::answer::{oauth_error, server_error, store_unavailable};
 use agentworks_daemon::ipc::envelope::{Body, json_response};
 use hyper::header::{ALLOW, CACHE_CONTROL, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
@@ -108,8 +109,8 @@ async fn answer(sessions: &Sessions, parts: &Parts, body: &[u8]) -> Response<Bod
     let now = now_ms();
     let attempt = match inner.failures.begin(&limits, now).await {
         Ok(attempt) => attempt,
-        Err(crate::console::accounts::Limited::Wait(seconds)) => return too_many_attempts(seconds),
-        Err(crate::console::accounts::Limited::Unavailable(error)) => {
+        Err(Limited::Wait(seconds)) => return too_many_attempts(seconds),
+        Err(Limited::Unavailable(error)) => {
             tracing::warn!(%error, "cannot count a device-login lookup; refused");
             return oauth_error(
                 StatusCode::SERVICE_UNAVAILABLE,

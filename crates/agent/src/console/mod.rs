@@ -7,9 +7,17 @@
 //! - [`accounts`]: sign-in, the current session, sign-out and invites.
 //! - [`device_login`]: the API of the device-login approval page (`agentworks login`).
 //! - [`oauth_consent`]: the API of the OAuth consent page and of Connected apps.
+//! - [`laptop_cli`]: the laptop CLI this server shipped with, its manifest and the one-line
+//!   install the setup page shows, served unauthenticated at `/v1/cli`.
+//!
+//! May call: `identity` (accounts, sessions' people, device logins, OAuth grants), `oauth` (the
+//! authorization server the consent page completes, the OAuth refusal), `mcp`'s caller and `Origin`
+//! check and `catalog::backend`'s caller (a session is a caller as a token is). Never calls the
+//! chats or the connections, whose APIs accept its sessions.
 
 pub mod accounts;
 pub mod assets;
 pub mod device_login;
+pub mod laptop_cli;
 pub mod oauth_consent;
 pub mod session;

@@ -19,11 +19,11 @@
 //! `write_folders: []`: its tokens can never write, whatever a later request asks.
 
 use crate::console::session::Sessions;
-use crate::device::oauth_error;
 use crate::identity::authority::{FileGuard, Scope};
 use crate::identity::oauth::NewGrant;
 use crate::identity::store::now_ms;
 use crate::identity::{IdentityError, Project, Role};
+use crate::oauth::answer::oauth_error;
 use crate::oauth::server::{AuthorizationServer, Pending, TakeError};
 use agentworks_core::guard::{Guard, RelPath};
 use agentworks_daemon::ipc::envelope::{Body, json_response};

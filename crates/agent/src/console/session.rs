@@ -1,6 +1,7 @@
 //! Signed-in sessions of the web console.
 //!
-//! The interface the console's pages and the chat API use. A session is a cookie (a 256-bit
+//! The interface the console's pages and the REST API (chats, MCP connections) use; the REST
+//! API's caller is [`Sessions::person`]. A session is a cookie (a 256-bit
 //! secret; the store keeps its SHA-256, see [`crate::identity::accounts`]), read only from a
 //! request without an `Authorization` header: a bearer token is never mixed up with a session.
 //! A state-changing request (any method but GET and HEAD) made with a session must also come
@@ -14,10 +15,13 @@
 //! where browsers refuse `Secure` cookies). Only the name in use is read, and a request that
 //! carries it twice (one planted beside the real one) is refused rather than guessed at.
 
-use crate::console::accounts::FailureLimits;
+use crate::catalog::backend::caller_of;
 use crate::identity::accounts::{self, SessionPolicy};
+use crate::identity::attempt_limits::FailureLimits;
 use crate::identity::token::hashes_equal;
-use crate::identity::{IdentityStore, TokenInfo, User};
+use crate::identity::{IdentityStore, TokenCheckError, TokenInfo, User};
+use crate::mcp::Caller;
+use agentworks_daemon::ipc::bearer::{Bearer, bearer};
 use agentworks_daemon::ipc::envelope::Refusal;
 use hyper::header::{AUTHORIZATION, COOKIE, HeaderMap, ORIGIN};
 use hyper::http::request::Parts;
@@ -43,7 +47,7 @@ pub async fn session_only(
     parts: &Parts,
     what: &str,
 ) -> Result<SignedIn, hyper::Response<agentworks_daemon::ipc::envelope::Body>> {
-    use crate::device::oauth_error;
+    use crate::oauth::answer::oauth_error;
     if parts.headers.contains_key(AUTHORIZATION) {
         return Err(oauth_error(
             hyper::StatusCode::UNAUTHORIZED,
@@ -177,6 +181,61 @@ impl Sessions {
             token: session.token,
             csrf_token: session.csrf_token,
         }))
+    }
+
+    /// The person a request to the public REST API (the chats, the MCP connections) comes
+    /// from: the console session of a request without an `Authorization` header, else its
+    /// bearer token, which must carry a `workflows:*` scope. 401 without either (or with a bad
+    /// one), 403 for a token without the scope, 503 when the identity store cannot answer.
+    pub async fn person(&self, identity: &IdentityStore, parts: &Parts) -> Result<Caller, Refusal> {
+        let unauthorized =
+            |code: &str, message: &str| Refusal::new(StatusCode::UNAUTHORIZED, code, message);
+        // A console session counts only on a request without an Authorization header.
+        if let Some(checked) = self.check(parts).await {
+            let signed_in = checked?;
+            return Ok(caller_of(signed_in.token, signed_in.user));
+        }
+        let presented = match bearer(&parts.headers) {
+            Bearer::Token(token) => token,
+            Bearer::Absent => {
+                return Err(unauthorized(
+                    "missing_token",
+                    "this endpoint needs an `Authorization: Bearer <token>` header",
+                ));
+            }
+            Bearer::Malformed => {
+                return Err(unauthorized(
+                    "invalid_token",
+                    "the Authorization header is not one `Bearer <token>`",
+                ));
+            }
+        };
+        let (token, user) = match identity.check_bearer(presented).await {
+            Ok(found) => found,
+            Err(TokenCheckError::Refused(refusal)) => {
+                return Err(unauthorized(refusal.code(), refusal.message()));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "token check failed");
+                return Err(Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the identity store is unavailable; try again shortly",
+                ));
+            }
+        };
+        if !token
+            .scopes
+            .iter()
+            .any(|s| s.as_str().starts_with("workflows:"))
+        {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "chats need a token with a workflows:* scope (a devices:connect token is only for `agentworks executor connect`)",
+            ));
+        }
+        Ok(caller_of(token, user))
     }
 }
 

@@ -1,4 +1,6 @@
-//! Console accounts: passwords, one-time codes (invites and sign-in links) and sessions.
+//! Console accounts: passwords, one-time codes (invites and sign-in links), sessions, and
+//! disabling an account (which ends its sessions and revokes its OAuth grants, so it calls
+//! [`crate::identity::oauth`]; the store itself calls neither).
 //!
 //! - A password is stored as an Argon2id PHC string. Checking one always runs Argon2, against
 //!   a dummy hash when the user is unknown or has no password, so the time taken does not
@@ -443,6 +445,28 @@ impl IdentityStore {
             self.delete_session(&id, &token_id)?;
         }
         Ok(())
+    }
+
+    /// Disable or enable a user. Disabling also ends, at once and for good, what the person is
+    /// signed in with: every console session is deleted (its token revoked) and every OAuth
+    /// grant is revoked (its access tokens too, its refresh tokens spent), in the same
+    /// transaction, so enabling the account again brings none of them back. Tokens an operator
+    /// made stay, refused while the account is disabled.
+    pub fn set_user_disabled(&self, name: &str, disabled: bool) -> Result<User, IdentityError> {
+        let user = self.require_user(name)?;
+        let now = crate::identity::store::now_ms();
+        self.transaction(|tx| {
+            tx.execute(
+                "UPDATE users SET disabled = ?1 WHERE id = ?2",
+                &[&(disabled as i64), &user.id],
+            )?;
+            if disabled {
+                end_sessions_in(tx, &user.id, now)?;
+                crate::identity::oauth::revoke_grants_of_in(tx, &user.id, now)?;
+            }
+            Ok(())
+        })?;
+        Ok(User { disabled, ..user })
     }
 
     /// Every session of the user ends (their tokens revoked).

@@ -12,9 +12,15 @@
 //! ([`AttemptLimit::Backoff`]): a few failures free, then a wait after the last one that
 //! doubles with every further failure, so a guesser slows down fast while a person who
 //! mistyped waits seconds, not the whole window.
+//!
+//! [`FailureLimits`] is how the public listener's endpoints count (console sign-in and invites,
+//! device-login approval, OAuth registration and authorization): by keys made from the client's
+//! address ([`ClientAddress`], which the listener puts in each request), on a blocking thread.
 
 use crate::db::Sql;
 use crate::identity::store::{IdentityError, IdentityStore, new_id};
+use hyper::http::request::Parts;
+use std::net::IpAddr;
 
 /// The rows one counted attempt added (one per key): uncounted together if it succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,9 +123,115 @@ impl IdentityStore {
     }
 }
 
+/// The client's address, which agentd's public listener puts in each request's extensions
+/// (for the failed-attempt limits): the TCP peer's, never a header's (agentd trusts no proxy).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub IpAddr);
+
+impl ClientAddress {
+    /// What limits count this client under: its IPv4 address (an IPv4-mapped IPv6 one as
+    /// IPv4), or the /64 of an IPv6 one, which one host usually holds whole.
+    pub fn bucket(&self) -> String {
+        match self.0 {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => {
+                    let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                    format!("{}/64", std::net::Ipv6Addr::from(prefix))
+                }
+            },
+        }
+    }
+}
+
+/// Failed attempts count for this long: 15 minutes.
+pub const FAILURE_WINDOW_MS: i64 = 15 * 60_000;
+/// Failed attempts by key (`user:<name>`, `address:<ip>`), counted in the identity store
+/// ([`crate::identity::attempt_limits`]) so every agentd host of a cluster counts the same.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct FailureLimits {
+    identity: IdentityStore,
+}
+
+/// Why an attempt was not let through: too many failures (the seconds to wait), or the store
+/// could not count it (refused rather than let through uncounted).
+pub enum Limited {
+    Wait(i64),
+    Unavailable(String),
+}
+
+impl FailureLimits {
+    pub fn new(identity: IdentityStore) -> FailureLimits {
+        FailureLimits { identity }
+    }
+
+    /// Count an attempt as failed before it is checked, so concurrent attempts cannot slip
+    /// past the limit together; [`FailureLimits::succeeded`] takes it back. If a key is
+    /// already at its limit nothing is counted.
+    pub async fn begin(
+        &self,
+        keys: &[(&str, impl Into<AttemptLimit> + Copy)],
+        now: i64,
+    ) -> Result<CountedAttempt, Limited> {
+        let identity = self.identity.clone();
+        let keys: Vec<(String, AttemptLimit)> = keys
+            .iter()
+            .map(|(k, l)| ((*k).to_owned(), (*l).into()))
+            .collect();
+        let counted = tokio::task::spawn_blocking(move || {
+            let keys: Vec<(&str, AttemptLimit)> =
+                keys.iter().map(|(k, l)| (k.as_str(), *l)).collect();
+            identity.count_attempt(&keys, now, FAILURE_WINDOW_MS)
+        })
+        .await;
+        match counted {
+            Ok(Ok(Ok(attempt))) => Ok(attempt),
+            Ok(Ok(Err(seconds))) => Err(Limited::Wait(seconds)),
+            Ok(Err(error)) => Err(Limited::Unavailable(error.to_string())),
+            Err(error) => Err(Limited::Unavailable(error.to_string())),
+        }
+    }
+
+    /// The attempt [`FailureLimits::begin`] counted succeeded: uncount it. A failure to do so
+    /// is logged: it only leaves one failure too many in the window.
+    pub async fn succeeded(&self, attempt: &CountedAttempt) {
+        let (identity, attempt) = (self.identity.clone(), attempt.clone());
+        let uncounted =
+            tokio::task::spawn_blocking(move || identity.uncount_attempt(&attempt)).await;
+        if let Ok(Err(error)) = uncounted {
+            tracing::warn!(%error, "cannot uncount a successful attempt");
+        }
+    }
+}
+
+/// The client's bucket ([`ClientAddress::bucket`]), `unknown` when the listener gave none.
+pub fn client_bucket(parts: &Parts) -> String {
+    parts
+        .extensions
+        .get::<ClientAddress>()
+        .map_or_else(|| "unknown".into(), ClientAddress::bucket)
+}
+
+/// The key a client's address counts under: `address:<bucket>`.
+pub fn address_key(parts: &Parts) -> String {
+    format!("address:{}", client_bucket(parts))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::AttemptLimit;
+    use super::{AttemptLimit, ClientAddress};
+
+    #[test]
+    fn clients_count_by_address_and_ipv6_ones_by_their_64() {
+        let bucket = |ip: &str| ClientAddress(ip.parse().unwrap()).bucket();
+        assert_eq!(bucket("127.0.0.2"), "127.0.0.2");
+        assert_eq!(bucket("::ffff:10.1.2.3"), "10.1.2.3");
+        assert_eq!(bucket("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(bucket("2001:db8:1:2:bbbb::9"), bucket("2001:db8:1:2::1"));
+        assert_ne!(bucket("2001:db8:1:3::1"), bucket("2001:db8:1:2::1"));
+    }
 
     const WINDOW: i64 = 15 * 60_000;
 

@@ -335,7 +335,7 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), IdentityError> {
 pub struct IdentityStore {
     db: Database,
     /// In a cluster, where a revoked token's id goes once its revocation is committed (agentd
-    /// publishes it on NATS: `crate::revocations`). Unset on one host.
+    /// publishes it on NATS: `crate::clients::revocations`). Unset on one host.
     revoked: Arc<OnceLock<mpsc::UnboundedSender<String>>>,
 }
 
@@ -654,7 +654,7 @@ impl IdentityStore {
         })
     }
 
-    fn require_user(&self, name: &str) -> Result<User, IdentityError> {
+    pub(super) fn require_user(&self, name: &str) -> Result<User, IdentityError> {
         self.user_by_name(name)?
             .ok_or_else(|| IdentityError::NotFound {
                 kind: "user",
@@ -668,28 +668,6 @@ impl IdentityStore {
             &[],
             row_user,
         )?)
-    }
-
-    /// Disable or enable a user. Disabling also ends, at once and for good, what the person is
-    /// signed in with: every console session is deleted (its token revoked) and every OAuth
-    /// grant is revoked (its access tokens too, its refresh tokens spent), in the same
-    /// transaction, so enabling the account again brings none of them back. Tokens an operator
-    /// made stay, refused while the account is disabled.
-    pub fn set_user_disabled(&self, name: &str, disabled: bool) -> Result<User, IdentityError> {
-        let user = self.require_user(name)?;
-        let now = now_ms();
-        self.transaction(|tx| {
-            tx.execute(
-                "UPDATE users SET disabled = ?1 WHERE id = ?2",
-                &[&(disabled as i64), &user.id],
-            )?;
-            if disabled {
-                crate::identity::accounts::end_sessions_in(tx, &user.id, now)?;
-                crate::identity::oauth::revoke_grants_of_in(tx, &user.id, now)?;
-            }
-            Ok(())
-        })?;
-        Ok(User { disabled, ..user })
     }
 
     // ----- projects and members -----

@@ -30,6 +30,9 @@
 //! What a backend serves besides tools ([`Features`]) is what is declared and routed; agentd's
 //! serves tools only.
 //!
+//! May call: nothing else in agentd (its unit tests run it over the catalog). Everything it needs
+//! to know about a caller comes through the [`Backend`].
+//!
 //! **Refusals.** A request refused at the HTTP layer keeps its status and headers
 //! (`WWW-Authenticate`, `Allow`) in every case; what the body says depends on whether the request
 //! was JSON-RPC, decided from its head alone so that a refusal before the body is read (the
@@ -73,6 +76,8 @@
 //! - `access`: Origin validation, bearer extraction, scope checks and the `WWW-Authenticate`
 //!   challenges. Pure.
 //! - `session`: the legacy session table (bounded, idle-expiring, owner-bound).
+//! - `answer`: what answering a request produced, and how a refusal is spelled (the envelope,
+//!   or a JSON-RPC error).
 //! - `service`: [`McpService`], routing a request through the checks above to the backend.
 //!
 //! **Why hand-written and not `rmcp`.** The official Rust SDK brings its own tower/axum service
@@ -85,6 +90,7 @@
 //! 2.3.0) checks the result end to end in `tests.rs`.
 
 pub(crate) mod access;
+mod answer;
 mod client_requests;
 mod request_state;
 mod service;
@@ -99,8 +105,8 @@ pub mod wire;
 mod tests;
 
 pub use service::McpService;
-pub use stream::{LogLevel, Notifier};
-pub use wire::Era;
+pub use stream::Notifier;
+pub use wire::{Era, LogLevel};
 
 /// Who is calling: the token that authenticated the request and its user.
 #[derive(Debug, Clone, PartialEq, Eq)]

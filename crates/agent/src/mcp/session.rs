@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use super::stream::LogLevel;
+use super::wire::LogLevel;
 
 /// Why a session could not be used or opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

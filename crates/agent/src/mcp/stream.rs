@@ -18,57 +18,14 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::service::Answer;
+use super::answer::Answer;
+use super::wire::LogLevel;
 
 /// Events one streamed response may have queued and not yet sent; beyond this the client is
 /// not reading and further notifications are dropped.
 pub(super) const QUEUE_EVENTS: usize = 64;
 /// The largest notification sent; a bigger one is dropped (a log line is not a file).
 const MAX_NOTIFICATION_BYTES: usize = 64 * 1024;
-
-/// A log message's severity (RFC 5424 order, as MCP names them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Debug,
-    Info,
-    Notice,
-    Warning,
-    Error,
-    Critical,
-    Alert,
-    Emergency,
-}
-
-impl LogLevel {
-    /// The level MCP spells `name`, if it is one.
-    pub fn parse(name: &str) -> Option<LogLevel> {
-        Some(match name {
-            "debug" => LogLevel::Debug,
-            "info" => LogLevel::Info,
-            "notice" => LogLevel::Notice,
-            "warning" => LogLevel::Warning,
-            "error" => LogLevel::Error,
-            "critical" => LogLevel::Critical,
-            "alert" => LogLevel::Alert,
-            "emergency" => LogLevel::Emergency,
-            _ => return None,
-        })
-    }
-
-    /// The MCP spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Debug => "debug",
-            LogLevel::Info => "info",
-            LogLevel::Notice => "notice",
-            LogLevel::Warning => "warning",
-            LogLevel::Error => "error",
-            LogLevel::Critical => "critical",
-            LogLevel::Alert => "alert",
-            LogLevel::Emergency => "emergency",
-        }
-    }
-}
 
 /// One item on a streamed request's queue: a notification (an encoded SSE event), or the end.
 pub(super) enum Item {

@@ -24,6 +24,50 @@ pub(super) const LOG_LEVEL_META_KEY: &str = "io.modelcontextprotocol/logLevel";
 /// `result._meta` key carrying our name and version on `server/discover`.
 pub(super) const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
 
+/// A log message's severity (RFC 5424 order, as MCP names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Notice,
+    Warning,
+    Error,
+    Critical,
+    Alert,
+    Emergency,
+}
+
+impl LogLevel {
+    /// The level MCP spells `name`, if it is one.
+    pub fn parse(name: &str) -> Option<LogLevel> {
+        Some(match name {
+            "debug" => LogLevel::Debug,
+            "info" => LogLevel::Info,
+            "notice" => LogLevel::Notice,
+            "warning" => LogLevel::Warning,
+            "error" => LogLevel::Error,
+            "critical" => LogLevel::Critical,
+            "alert" => LogLevel::Alert,
+            "emergency" => LogLevel::Emergency,
+            _ => return None,
+        })
+    }
+
+    /// The MCP spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Notice => "notice",
+            LogLevel::Warning => "warning",
+            LogLevel::Error => "error",
+            LogLevel::Critical => "critical",
+            LogLevel::Alert => "alert",
+            LogLevel::Emergency => "emergency",
+        }
+    }
+}
+
 /// The stateless revisions we serve.
 pub(super) const MODERN_VERSIONS: [&str; 1] = ["2026-07-28"];
 /// The handshake revisions we serve, oldest first.

@@ -1,8 +1,9 @@
 //! agentd's OAuth 2.1 authorization server for MCP clients (issue 13). [`server`] is the HTTP
 //! side (metadata, registration, authorization, token, revocation); what it stores is
 //! [`crate::identity::oauth`]; the consent and connected-apps API is
-//! [`crate::console::oauth_consent`]. The rest are pure building blocks (no network, no HTTP,
-//! no store):
+//! [`crate::console::oauth_consent`]. [`device`] is the device authorization grant (RFC 8628)
+//! that `agentworks login` uses; [`answer`] is the `{error, error_description}` refusal every
+//! OAuth endpoint sends. The rest are pure building blocks (no network, no HTTP, no store):
 //!
 //! - [`pkce`]: RFC 7636 proof keys, S256 only.
 //! - [`redirect`]: redirect URI registration and matching (RFC 6749 §3.1.2, RFC 8252 §7.3, §8.3).
@@ -12,8 +13,15 @@
 //!
 //! Every refusal is an [`OAuthError`], which carries the OAuth `error` code the endpoint
 //! answers with and a description for `error_description`.
+//!
+//! May call: `identity` (what the server stores: clients, grants, pending authorizations, device
+//! logins, the failed-attempt limits), `catalog`'s scope list (the metadata's `scopes_supported`)
+//! and `console::assets` (the page shell of the device and authorization pages). The pure building
+//! blocks call nothing but `identity::token`'s constant-time comparison.
 
+pub mod answer;
 pub mod client_metadata;
+pub mod device;
 pub mod metadata;
 pub mod pkce;
 pub mod redirect;

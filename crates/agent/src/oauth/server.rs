@@ -127,7 +127,7 @@ struct Inner {
     /// all name `/mcp` (as they name its origin).
     loopback_port: Option<u16>,
     outbound: Option<GuardedClient>,
-    registrations: crate::console::accounts::FailureLimits,
+    registrations: crate::identity::attempt_limits::FailureLimits,
 }
 
 impl AuthorizationServer {
@@ -141,7 +141,9 @@ impl AuthorizationServer {
     ) -> AuthorizationServer {
         AuthorizationServer {
             inner: Arc::new(Inner {
-                registrations: crate::console::accounts::FailureLimits::new(identity.clone()),
+                registrations: crate::identity::attempt_limits::FailureLimits::new(
+                    identity.clone(),
+                ),
                 identity,
                 issuer: public_url.trim_end_matches('/').to_owned(),
                 loopback_port,
@@ -285,10 +287,10 @@ impl AuthorizationServer {
         {
             // A registration counts whether or not it is stored: it is never uncounted.
             Ok(_) => {}
-            Err(crate::console::accounts::Limited::Wait(wait_s)) => {
+            Err(crate::identity::attempt_limits::Limited::Wait(wait_s)) => {
                 return too_many(wait_s, "too many registrations from this address");
             }
-            Err(crate::console::accounts::Limited::Unavailable(error)) => {
+            Err(crate::identity::attempt_limits::Limited::Unavailable(error)) => {
                 tracing::warn!(%error, "cannot count a registration; refused");
                 return server_error();
             }
@@ -504,10 +506,10 @@ impl AuthorizationServer {
             let limit = [(key.as_str(), MAX_METADATA_FETCHES_PER_ADDRESS)];
             match self.inner.registrations.begin(&limit, now_ms()).await {
                 Ok(_) => {}
-                Err(crate::console::accounts::Limited::Wait(wait_s)) => {
+                Err(crate::identity::attempt_limits::Limited::Wait(wait_s)) => {
                     return Err(ClientRefusal::TooMany(wait_s));
                 }
-                Err(crate::console::accounts::Limited::Unavailable(error)) => {
+                Err(crate::identity::attempt_limits::Limited::Unavailable(error)) => {
                     tracing::warn!(%error, "cannot count a client metadata fetch; refused");
                     return Err(OAuthError::TemporarilyUnavailable(
                         "the authorization server cannot fetch client metadata now".into(),
@@ -778,11 +780,11 @@ impl From<OAuthError> for ClientRefusal {
     }
 }
 
-/// The bucket limits count a client address under ([`crate::console::accounts::ClientAddress`]).
+/// The bucket limits count a client address under ([`crate::identity::attempt_limits::ClientAddress`]).
 fn bucket(address: Option<std::net::IpAddr>) -> String {
     address.map_or_else(
         || "unknown".into(),
-        |ip| crate::console::accounts::ClientAddress(ip).bucket(),
+        |ip| crate::identity::attempt_limits::ClientAddress(ip).bucket(),
     )
 }
 
@@ -862,7 +864,7 @@ fn see_other(location: &str) -> Response<Body> {
 
 /// The OAuth error answer: `{error, error_description}`.
 pub fn oauth_error(status: StatusCode, error: &OAuthError) -> Response<Body> {
-    crate::device::oauth_error(status, error.code(), error.description())
+    super::answer::oauth_error(status, error.code(), error.description())
 }
 
 fn invalid_client(description: &str, used_basic: bool) -> Response<Body> {

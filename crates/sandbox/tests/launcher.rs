@@ -1,0 +1,416 @@
+//! The sandbox crate driven as a program other than the laptop CLI drives it (the server's
+//! coding-CLI runner): this test binary is its own launcher — its `main` calls
+//! `main_if_launcher` first, and `Launcher::current_exe()` names it — and every test starts a
+//! real command through that launcher, under a real Landlock ruleset, and reads and writes its
+//! pipes while it runs, signals it, ends its tree or drops it.
+//!
+//! Linux: the checks that processes are gone read `/proc`.
+//!
+//! `harness = false` (Cargo.toml): libtest's `main` is not ours, so a libtest binary could not
+//! be a launcher. The lines at the end run the tests instead; names given on the command line
+//! select the tests whose names contain them.
+
+// Not compiled as `cfg(test)` (no harness), so the workspace's unwrap lints would apply: in a
+// test, a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use agentworks_sandbox::SandboxPolicy;
+use agentworks_sandbox::process::{Launcher, SandboxCommand, SandboxedChild, Stream, refusal};
+use agentworks_sandbox::shell::{self, ShellCommand};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::ChildStdout;
+use tokio_util::sync::CancellationToken;
+
+const SECRET: &str = "OUTSIDE-SECRET-FIXTURE-3b9e";
+const PATH: &str = "/usr/bin:/bin";
+
+/// A writable project with a README, a private scratch dir, and a secret outside both.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    project: PathBuf,
+    scratch: PathBuf,
+    outside: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let project = root.join("project");
+        let scratch = root.join("scratch");
+        let outside = root.join("outside");
+        for folder in [&project, &scratch, &outside] {
+            std::fs::create_dir(folder).unwrap();
+        }
+        std::fs::write(project.join("README"), "hello\n").unwrap();
+        std::fs::write(outside.join("secret"), SECRET).unwrap();
+        Fixture {
+            _dir: dir,
+            project,
+            scratch,
+            outside,
+        }
+    }
+
+    fn policy(&self) -> SandboxPolicy {
+        SandboxPolicy {
+            pinned: vec![],
+            read_write: vec![self.project.clone()],
+            read_only: vec![],
+            read_only_if_present: vec![],
+            blocked: vec![],
+            read_only_within: vec![],
+            denied: vec![],
+            scratch: self.scratch.clone(),
+            cwd: self.project.clone(),
+            limits: Default::default(),
+            overmount_exclusions: false,
+        }
+    }
+
+    /// `/bin/sh -c <script>` with PATH, TMPDIR (the scratch dir) and OUTSIDE set, stdout piped.
+    fn shell(&self, script: &str) -> SandboxCommand {
+        let mut command = SandboxCommand::new("/bin/sh", self.policy());
+        command
+            .args(["-c", script])
+            .env("PATH", PATH)
+            .env("TMPDIR", &self.scratch)
+            .env("OUTSIDE", &self.outside)
+            .stdout(Stream::Piped);
+        command
+    }
+}
+
+fn launcher() -> Launcher {
+    Launcher::current_exe().unwrap()
+}
+
+fn lines(child: &mut SandboxedChild) -> Lines<BufReader<ChildStdout>> {
+    BufReader::new(child.stdout.take().unwrap()).lines()
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    lines.next_line().await.unwrap().expect("stdout ended")
+}
+
+/// Everything a piped stream gives until it ends, as text.
+async fn read_to_end(pipe: Option<impl AsyncRead + Unpin>) -> String {
+    let mut text = String::new();
+    pipe.expect("the stream is piped")
+        .read_to_string(&mut text)
+        .await
+        .unwrap();
+    text
+}
+
+/// A script that starts two sleepers whose command line holds `marker` (a link to `sleep` in
+/// the scratch dir), one in a session of its own, and says `started`.
+fn sleepers(marker: &str) -> String {
+    format!(
+        "ln -s \"$(command -v sleep)\" \"$TMPDIR/{marker}\" && \
+         ( setsid \"$TMPDIR/{marker}\" 300 & ) ; \"$TMPDIR/{marker}\" 300 & echo started; wait"
+    )
+}
+
+/// Every live process whose command line contains `marker` (the sleepers, and the shell and
+/// launcher whose arguments name them), as `"<pid>: <command line>"`.
+fn processes_with(marker: &str) -> Vec<String> {
+    command_lines()
+        .into_iter()
+        .filter(|(_, args)| args.iter().any(|a| a.contains(marker)))
+        .map(|(pid, args)| format!("{pid}: {}", args.join(" ")))
+        .collect()
+}
+
+/// How many live processes run as the sleeper `marker` (their `argv[0]` is its link).
+fn sleepers_running(marker: &str) -> usize {
+    command_lines()
+        .iter()
+        .filter(|(_, args)| {
+            args.first()
+                .is_some_and(|a| a.ends_with(&format!("/{marker}")))
+        })
+        .count()
+}
+
+/// Each process's pid and arguments, from `/proc/<pid>/cmdline` (empty for a zombie).
+fn command_lines() -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let args = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            found.push((pid, args));
+        }
+    }
+    found
+}
+
+/// Polls until `cond` holds; fails with `what` if it has not after 30 s (a bound on whether it
+/// happens at all, not on how fast).
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn marker(test: &str) -> String {
+    format!("aw-sandbox-{test}-{}", std::process::id())
+}
+
+/// A long-running command answers line by line on its pipes: each answer is read before the
+/// next line is written, which a run-to-completion API could not do.
+async fn pipes_are_read_and_written_while_the_command_runs() {
+    let f = Fixture::new();
+    let mut command = f.shell("while read -r line; do echo \"got $line\"; done; echo bye");
+    command.stdin(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = lines(&mut child);
+    for word in ["one", "two", "three"] {
+        stdin
+            .write_all(format!("{word}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+        assert_eq!(next_line(&mut lines).await, format!("got {word}"));
+    }
+    drop(stdin);
+    assert_eq!(next_line(&mut lines).await, "bye");
+    assert_eq!(lines.next_line().await.unwrap(), None);
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+}
+
+/// The command's environment is exactly what the caller set: nothing of this process's (which
+/// has PATH, HOME and cargo's variables) comes through.
+async fn the_environment_is_only_what_the_caller_set() {
+    assert!(std::env::var_os("PATH").is_some(), "the test needs a PATH");
+    let f = Fixture::new();
+    let mut command = SandboxCommand::new("/usr/bin/env", f.policy());
+    command
+        .env("ONE", "1")
+        .env("TWO", "2")
+        .env("ONE", "one")
+        .stdout(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}");
+    let mut vars: Vec<&str> = out.lines().collect();
+    vars.sort_unstable();
+    assert_eq!(vars, ["ONE=one", "TWO=2"]);
+}
+
+/// The program runs under the policy: the project is readable and writable, a file outside it
+/// is neither.
+async fn the_command_runs_under_the_policy() {
+    let f = Fixture::new();
+    let mut child = f
+        .shell(
+            "cat README; cat \"$OUTSIDE/secret\"; echo \"read outside: $?\"; \
+             echo a > new.txt; echo b > \"$OUTSIDE/new.txt\"; echo \"wrote outside: $?\"",
+        )
+        .spawn(&launcher())
+        .unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    child.wait().await.unwrap();
+    assert!(out.starts_with("hello\n"), "{out}");
+    assert!(!out.contains(SECRET), "{out}");
+    assert!(!out.contains("read outside: 0"), "{out}");
+    assert!(!out.contains("wrote outside: 0"), "{out}");
+    assert!(f.project.join("new.txt").exists());
+    assert!(!f.outside.join("new.txt").exists());
+}
+
+/// `signal` reaches the command, which traps it and exits as it chooses; the launcher, which
+/// would take SIGINT as a request to end the tree (128+2), is not signalled.
+async fn a_signal_reaches_the_command_and_not_the_launcher() {
+    let f = Fixture::new();
+    let mut child = f
+        .shell("trap 'echo got-int; exit 3' INT; echo ready; while :; do sleep 1; done")
+        .spawn(&launcher())
+        .unwrap();
+    let mut lines = lines(&mut child);
+    assert_eq!(next_line(&mut lines).await, "ready");
+    let signalled = child.signal(Signal::SIGINT);
+    assert!(signalled >= 1, "signalled {signalled}");
+    assert_eq!(next_line(&mut lines).await, "got-int");
+    assert_eq!(child.wait().await.unwrap().code(), Some(3));
+    assert_eq!(child.signal(Signal::SIGINT), 0, "nothing left to signal");
+}
+
+/// `kill_tree` ends every process of the command, one in a session of its own included, before
+/// it returns.
+async fn kill_tree_ends_every_process_of_the_command() {
+    let f = Fixture::new();
+    let marker = marker("kill-tree");
+    let mut child = f.shell(&sleepers(&marker)).spawn(&launcher()).unwrap();
+    let mut lines = lines(&mut child);
+    assert_eq!(next_line(&mut lines).await, "started");
+    wait_until("both sleepers run", || sleepers_running(&marker) == 2);
+    let status = child.kill_tree().await.unwrap();
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+    assert_eq!(
+        status.code(),
+        Some(128 + Signal::SIGTERM as i32),
+        "{status}"
+    );
+}
+
+/// A handle dropped while its command runs ends the command's tree.
+async fn a_dropped_handle_ends_the_tree() {
+    let f = Fixture::new();
+    let marker = marker("dropped");
+    let mut child = f.shell(&sleepers(&marker)).spawn(&launcher()).unwrap();
+    let mut lines = lines(&mut child);
+    assert_eq!(next_line(&mut lines).await, "started");
+    wait_until("both sleepers run", || sleepers_running(&marker) == 2);
+    drop(child);
+    wait_until("the dropped command's processes are gone", || {
+        processes_with(&marker).is_empty()
+    });
+}
+
+/// A launcher that cannot build the sandbox (here: the scratch dir is missing) refuses before
+/// anything runs, and says why on stderr.
+async fn a_refusal_says_why_and_nothing_runs() {
+    let f = Fixture::new();
+    let mut policy = f.policy();
+    policy.scratch = f.scratch.join("missing");
+    let mut command = SandboxCommand::new("/bin/sh", policy);
+    command
+        .args(["-c", "touch ran"])
+        .env("PATH", PATH)
+        .stderr(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let err = read_to_end(child.stderr.take()).await;
+    let status = child.wait().await.unwrap();
+    let reason = refusal(&status, &err).unwrap_or_else(|| panic!("not a refusal: {status} {err}"));
+    assert!(reason.contains("scratch dir"), "{reason}");
+    assert!(!f.project.join("ran").exists());
+}
+
+/// The run-to-completion helper through this launcher: output captured, and a command that
+/// outlives its timeout is ended with every process it started.
+async fn a_shell_command_runs_to_completion_and_its_timeout_ends_the_tree() {
+    let f = Fixture::new();
+    let marker = marker("shell-timeout");
+    let command = |script: String, timeout: u64| ShellCommand {
+        command: script,
+        timeout: Some(Duration::from_secs(timeout)),
+        policy: f.policy(),
+        env: vec![("PATH".into(), PATH.into())],
+    };
+    let done = shell::run(
+        &launcher(),
+        command("cat README; echo oops >&2; exit 4".to_owned(), 60),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (done.exit_code, done.stdout.as_str(), done.stderr.as_str()),
+        (Some(4), "hello\n", "oops\n")
+    );
+    assert!(!done.timed_out);
+    let out = shell::run(
+        &launcher(),
+        command(sleepers(&marker), 1),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(out.timed_out, "{out:?}");
+    assert_eq!(out.stdout, "started\n");
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+}
+
+type Test = std::pin::Pin<Box<dyn Future<Output = ()>>>;
+type TestFn = fn() -> Test;
+
+/// `(name, test)` for each async test function named.
+macro_rules! tests {
+    ($($test:ident),* $(,)?) => {
+        vec![$((stringify!($test), (|| -> Test { Box::pin($test()) }) as TestFn)),*]
+    };
+}
+
+fn main() -> ExitCode {
+    // First, while single-threaded: re-executed as the launcher, this binary becomes it.
+    if let Some(code) = agentworks_sandbox::launcher::main_if_launcher() {
+        return code;
+    }
+    if let Err(e) = agentworks_sandbox::check_available() {
+        eprintln!("these tests need the sandbox, which this machine refuses: {e}");
+        return ExitCode::FAILURE;
+    }
+    let tests: Vec<(&str, TestFn)> = tests![
+        pipes_are_read_and_written_while_the_command_runs,
+        the_environment_is_only_what_the_caller_set,
+        the_command_runs_under_the_policy,
+        a_signal_reaches_the_command_and_not_the_launcher,
+        kill_tree_ends_every_process_of_the_command,
+        a_dropped_handle_ends_the_tree,
+        a_refusal_says_why_and_nothing_runs,
+        a_shell_command_runs_to_completion_and_its_timeout_ends_the_tree,
+    ];
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut failed = Vec::new();
+    let mut passed = 0;
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| block_on(test())));
+        match result {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(name);
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("failures: {}", failed.join(", "));
+        ExitCode::FAILURE
+    }
+}
+
+/// Each test on a runtime of its own, its future on this (the main) thread: a launcher is sent
+/// SIGTERM when the thread that spawned it ends, and this one lives as long as the run.
+fn block_on(test: Test) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
