@@ -18,6 +18,17 @@ use std::os::unix::process::ExitStatusExt;
 use workspaced_model as model;
 
 const PATHS: [&str; 2] = ["a.txt", "b.txt"];
+/// The paths when `B` is in a folder of its own that does not exist yet (the model's
+/// `Config::new_folder`).
+const PATHS_IN_NEW_FOLDER: [&str; 2] = ["a.txt", "new/b.txt"];
+
+fn paths(new_folder: bool) -> [&'static str; 2] {
+    if new_folder {
+        PATHS_IN_NEW_FOLDER
+    } else {
+        PATHS
+    }
+}
 
 /// The text of a model content (`None`: no file). A content is the same text at either
 /// path: a move takes it from one to the other.
@@ -29,13 +40,14 @@ fn text(content: model::Content) -> Option<String> {
     }
 }
 
-/// The request body (besides the context and id) and endpoint of a model operation.
-fn request(op: &model::Op) -> (&'static str, Value) {
+/// The request body (besides the context and id) and endpoint of a model operation, on
+/// `paths` (see [`paths`]).
+fn request(op: &model::Op, paths: [&'static str; 2]) -> (&'static str, Value) {
     let rev = |content| match text(content) {
         Some(t) => revision(&t),
         None => "missing".to_owned(),
     };
-    let path = |p: u8| PATHS[p as usize];
+    let path = |p: u8| paths[p as usize];
     match op {
         model::Op::Write {
             path: p,
@@ -105,10 +117,12 @@ fn request(op: &model::Op) -> (&'static str, Value) {
     }
 }
 
-/// The operations whose crash points the test covers: between them they reach every one.
-fn operations() -> Vec<(model::Op, [model::Content; 2])> {
+/// The operations whose crash points the test covers, each with what the paths hold first
+/// and whether `B` is in a new folder: between them they reach every one.
+fn operations() -> Vec<(model::Op, [model::Content; 2], bool)> {
     use model::{INITIAL, MISSING, Op};
-    vec![
+    let in_place = |(op, initial)| (op, initial, false);
+    let mut operations: Vec<(model::Op, [model::Content; 2], bool)> = [
         (
             Op::Write {
                 path: 0,
@@ -147,6 +161,20 @@ fn operations() -> Vec<(model::Op, [model::Content; 2])> {
             [INITIAL, INITIAL],
         ),
     ]
+    .into_iter()
+    .map(in_place)
+    .collect();
+    // A write that makes its folder (the crash between the `mkdir` and the sync above it).
+    operations.push((
+        Op::Write {
+            path: 1,
+            expected: MISSING,
+            content: 2,
+        },
+        [INITIAL, MISSING],
+        true,
+    ));
+    operations
 }
 
 fn state_name(state: model::RState) -> &'static str {
@@ -166,9 +194,11 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
     let alice = ctx("p", "alice");
     let mut covered = std::collections::BTreeSet::new();
     let mut cases = 0;
-    for (op, initial) in operations() {
+    for (op, initial, new_folder) in operations() {
+        let names = paths(new_folder);
         for point in model::CrashPoint::ALL {
-            let Some(expected) = model::after_crash(op.clone(), initial, point) else {
+            let Some(expected) = model::after_crash_in(op.clone(), initial, new_folder, point)
+            else {
                 continue;
             };
             covered.insert(point);
@@ -176,11 +206,11 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
             let case = format!("{op:?} killed at {}", point.spec());
             let state = StateRoot::new();
             let files: Vec<(&str, String)> = (0..2)
-                .filter_map(|p| text(initial[p]).map(|t| (PATHS[p], t)))
+                .filter_map(|p| text(initial[p]).map(|t| (names[p], t)))
                 .collect();
             let refs: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
             let dir = state.project("p", &refs);
-            let (endpoint, mut body) = request(&op);
+            let (endpoint, mut body) = request(&op, names);
             body["context"] = json!(alice);
             body["request_id"] = json!("r1");
 
@@ -209,7 +239,7 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
 
             let daemon = Workspaced::start(&state);
             let client = daemon.client();
-            for (p, name) in PATHS.iter().enumerate() {
+            for (p, name) in names.iter().enumerate() {
                 assert_eq!(
                     std::fs::read_to_string(dir.join(name)).ok(),
                     text(expected.contents[p]),
@@ -249,6 +279,71 @@ fn workspaced_killed_at_each_crash_point_leaves_what_the_model_says() {
         "workspaced: {cases} kills cover the model's {} crash points",
         covered.len()
     );
+}
+
+/// Regression (issue 48, the model's "failed sync then restore" scenario and its property "a
+/// receipt says not_applied only if its change never reached the file"): a change whose
+/// folder sync or applied mark fails while workspaced runs on is answered `uncertain`, its
+/// receipt left prepared; a later change of the same path then puts the first content back.
+/// Before the fix the earlier receipt stayed prepared until the next start (or a lookup),
+/// which found the first content on disk and recorded `not_applied`, a guess, and wrong: the
+/// change had reached the file, and a caller told "not applied" sends it again. Now the later
+/// change decides the earlier receipt from the disk before it is planned. Both failpoints,
+/// through the group commit (`/v1/write`) and the one-change pipeline (`/v1/edit`); the
+/// daemon is killed and restarted before the receipts are looked at.
+#[test]
+fn a_change_left_prepared_is_decided_before_the_next_change_of_its_path() {
+    const FIRST: &str = "the first content\n";
+    const SECOND: &str = "the second content\n";
+    let alice = ctx("p", "alice");
+    let change = |endpoint: &str, from: &str, to: &str, request_id: &str| match endpoint {
+        "/v1/write" => json!({"context": alice, "path": "a.txt", "content": to,
+            "expected_revision": revision(from), "request_id": request_id}),
+        _ => json!({"context": alice, "path": "a.txt", "expected_revision": revision(from),
+            "edits": [{"old_text": from, "new_text": to}], "request_id": request_id}),
+    };
+    for failpoint in ["after_rename:fail", "mark_applied:fail"] {
+        for endpoint in ["/v1/write", "/v1/edit"] {
+            let case = format!("{endpoint} with {failpoint}");
+            let state = StateRoot::new();
+            let dir = state.project("p", &[("a.txt", FIRST)]);
+            let read = || std::fs::read_to_string(dir.join("a.txt")).unwrap();
+            let mut failing = Workspaced::start_with(
+                &state,
+                Options {
+                    failpoint: Some(failpoint.into()),
+                    ..Options::default()
+                },
+            );
+            let client = failing.client();
+            // Every change's last step fails in this daemon: each is answered `uncertain`
+            // after it reached the file.
+            for (from, to, id) in [(FIRST, SECOND, "r1"), (SECOND, FIRST, "r2")] {
+                let (code, details) = client
+                    .json(endpoint, change(endpoint, from, to, id))
+                    .unwrap_err();
+                assert_eq!(code, "uncertain", "{case}, {id}: {details}");
+                assert_eq!(read(), to, "{case}, {id}");
+            }
+            failing.kill();
+            let daemon = Workspaced::start(&state);
+            let client = daemon.client();
+            for id in ["r1", "r2"] {
+                let found = client.receipt(&alice, id).unwrap();
+                assert_eq!(found["state"], "applied", "{case}: {id} {found}");
+            }
+            // r1's retry is told what happened and changes nothing.
+            let again = client
+                .json(endpoint, change(endpoint, FIRST, SECOND, "r1"))
+                .unwrap();
+            assert_eq!(
+                (&again["state"], &again["replayed"]),
+                (&json!("applied"), &json!(true)),
+                "{case}: {again}"
+            );
+            assert_eq!(read(), FIRST, "{case}");
+        }
+    }
 }
 
 // ----- the laptop request: gatewayd and the executor -----

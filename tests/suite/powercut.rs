@@ -908,6 +908,68 @@ fn a_change_reconciled_after_a_crash_survives_a_power_cut() {
     }
 }
 
+/// Regression (issue 48, the model's "write into a new folder" scenario and its property "an
+/// acknowledged change is never lost"): a write into a folder that does not exist makes the
+/// folder, then syncs the folder above it. Killed between the two (`after_mkdir`), or with
+/// that sync failing while workspaced runs on (`after_mkdir:fail`), the folder is there but
+/// its entry is not durable; every later change finds it there and never made it durable.
+/// Before the fix a write acknowledged in it after that was lost with the folder at the next
+/// power cut. Now start-up recovery syncs every folder of every project, and a folder whose
+/// sync failed is remembered and synced by the next change that creates a file in it.
+#[test]
+fn a_write_acknowledged_in_a_folder_made_before_a_crash_survives_a_power_cut() {
+    let alice = ctx("p", "alice");
+    let write = |path: &str, request_id: &str| {
+        json!({"context": alice, "path": path, "content": format!("{path}\n"),
+            "expected_revision": "missing", "request_id": request_id})
+    };
+    for (failpoint, killed) in [("after_mkdir", true), ("after_mkdir:fail", false)] {
+        let mut rig = PowerRig::new();
+        rig.state.project("p", &[("notes.txt", "notes\n")]);
+        rig.fs.sync_all();
+        let mut first = Workspaced::start_with(
+            &rig.state,
+            Options {
+                failpoint: Some(failpoint.into()),
+                ..rig.options()
+            },
+        );
+        let refused = post(&first.client(), "/v1/write", write("new/first.txt", "r1"));
+        let dir = project_dir(&rig, "p");
+        assert!(dir.join("new").is_dir(), "{failpoint}: the folder was made");
+        let client = if killed {
+            assert!(
+                matches!(&refused, Err((code, _)) if code == "transport"),
+                "{failpoint}: answered although killed: {refused:?}"
+            );
+            first.child.wait().unwrap();
+            rig.start()
+        } else {
+            assert!(
+                matches!(&refused, Err((code, _)) if code == "io_error"),
+                "{failpoint}: {refused:?}"
+            );
+            let client = first.client();
+            rig.daemon = Some(first);
+            client
+        };
+        // Written into the folder, after the restart or by the same daemon: acknowledged.
+        let acked = post(&client, "/v1/write", write("new/second.txt", "r2")).expect("the write");
+        assert_eq!(acked["state"], "applied", "{failpoint}: {acked}");
+        rig.cut();
+        let client = rig.start();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("new/second.txt"))
+                .ok()
+                .as_deref(),
+            Some("new/second.txt\n"),
+            "{failpoint}: the acknowledged write after the cut"
+        );
+        let found = receipt(&client, "p", "r2").expect("the receipt");
+        assert_eq!(found["state"], "applied", "{failpoint}: {found}");
+    }
+}
+
 // ----- the laptop executor -----
 
 /// A counter file the executor's patches step up, one value at a time.

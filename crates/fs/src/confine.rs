@@ -17,10 +17,16 @@
 //! lie anywhere on the same filesystem (a private key, a root-only file), and no path check can
 //! see them, so confinement by path says nothing about what such a file is.
 //!
+//! A folder it makes is durable before it is handed out: its entry is synced in the folder
+//! above. If that sync fails, the folder above is remembered (in this process) and synced by
+//! the next [`open_dir_creating`] or [`make_dir`] that passes through it, so a folder that
+//! exists is never used as durable when its entry may not be. A crash forgets that; the
+//! process's start-up must then sync what it serves (workspaced's recovery syncs every folder
+//! of every project).
+//!
 //! This module never opens a path string relative to the process cwd, never follows a symlink
 //! and never hands out a regular file that has a second name.
 
-#[cfg(target_os = "linux")]
 use crate::failpoint::{self, Failpoint, Hit};
 use agentworks_core::guard::RelPath;
 #[cfg(target_os = "linux")]
@@ -28,8 +34,69 @@ use rustix::fs::ResolveFlags;
 use rustix::fs::{AtFlags, Mode, OFlags, Stat};
 use rustix::io::Errno;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
 #[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Folders (device, inode) in which this process made a folder whose entry it then failed to
+/// sync: the next walk through one syncs it first (see the module doc).
+static UNSYNCED_PARENTS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+fn unsynced_parents() -> std::sync::MutexGuard<'static, Vec<(u64, u64)>> {
+    // A panic while holding it leaves a valid list.
+    UNSYNCED_PARENTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn identity(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+    let stat = rustix::fs::fstat(fd)?;
+    // dev_t and ino_t: u64 here, narrower on some targets.
+    #[allow(clippy::useless_conversion)]
+    Ok((u64::from(stat.st_dev), u64::from(stat.st_ino)))
+}
+
+/// Sync `folder` if a folder made in it was left unsynced (see the module doc); it is
+/// forgotten once the sync succeeds.
+fn sync_if_left_unsynced(folder: BorrowedFd<'_>) -> Result<(), Errno> {
+    if unsynced_parents().is_empty() {
+        return Ok(());
+    }
+    let id = identity(folder)?;
+    if !unsynced_parents().contains(&id) {
+        return Ok(());
+    }
+    rustix::fs::fsync(folder)?;
+    unsynced_parents().retain(|known| *known != id);
+    Ok(())
+}
+
+/// Make the folder `name` in `parent` and sync `parent`, so the new entry is durable: `true`
+/// if it was made, `false` if it was there already (then `parent` is synced first if a folder
+/// made in it before was left unsynced). A failed sync leaves the new folder in place and
+/// `parent` remembered, for the next call through it to sync.
+pub fn make_dir(parent: BorrowedFd<'_>, name: &str) -> Result<bool, Errno> {
+    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o777)) {
+        Ok(()) => {
+            let synced = match failpoint::hit(Failpoint::AfterMkdir) {
+                Hit::Fail => Err(Errno::IO),
+                Hit::Continue => rustix::fs::fsync(parent),
+            };
+            if let Err(e) = synced {
+                // An identity that cannot be read leaves nothing to find it by; the error
+                // still refuses this change.
+                if let Ok(id) = identity(parent) {
+                    unsynced_parents().push(id);
+                }
+                return Err(e);
+            }
+            Ok(true)
+        }
+        Err(Errno::EXIST) => {
+            sync_if_left_unsynced(parent)?;
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
 
 /// How often a resolution interrupted by a concurrent rename (`EAGAIN`) is retried.
 #[cfg(target_os = "linux")]
@@ -201,12 +268,16 @@ pub fn open_dir(root: BorrowedFd<'_>, dir: Option<&RelPath>) -> Result<OwnedFd, 
 }
 
 /// Open the directory `dir` beneath `root`, creating missing components one at a time (each
-/// created with `mkdirat` on the fd of its confined parent, so a symlink planted meanwhile is
-/// refused, and the kernel applies the parent's default ACL as for any new directory).
+/// created with [`make_dir`] on the fd of its confined parent, so a symlink planted meanwhile
+/// is refused, the kernel applies the parent's default ACL as for any new directory, and the
+/// new entry is synced). While a folder made earlier is left unsynced, every component is
+/// walked, so the folder above it is synced before it is used.
 pub fn open_dir_creating(root: BorrowedFd<'_>, dir: &RelPath) -> Result<OwnedFd, ConfineError> {
-    match open_dir(root, Some(dir)) {
-        Err(ConfineError::NotFound { .. }) => {}
-        other => return other,
+    if unsynced_parents().is_empty() {
+        match open_dir(root, Some(dir)) {
+            Err(ConfineError::NotFound { .. }) => {}
+            other => return other,
+        }
     }
     let mut current = open_dir(root, None)?;
     let mut walked = String::new();
@@ -215,12 +286,7 @@ pub fn open_dir_creating(root: BorrowedFd<'_>, dir: &RelPath) -> Result<OwnedFd,
             walked.push('/');
         }
         walked.push_str(component);
-        match rustix::fs::mkdirat(&current, component, Mode::from_raw_mode(0o777)) {
-            // A new entry is durable only once its parent folder is synced.
-            Ok(()) => rustix::fs::fsync(&current).map_err(|e| classify(&walked, e))?,
-            Err(Errno::EXIST) => {}
-            Err(e) => return Err(classify(&walked, e)),
-        }
+        make_dir(current.as_fd(), component).map_err(|e| classify(&walked, e))?;
         current = open_beneath(
             current.as_fd(),
             component,
@@ -448,6 +514,25 @@ mod tests {
                 assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino), "{path}");
             }
         }
+    }
+
+    /// A folder whose new entry could not be synced is synced by the next walk through it,
+    /// also when the path is there already (the fast open would never look at it).
+    #[test]
+    fn a_folder_left_unsynced_is_synced_by_the_next_walk_through_it() {
+        let project = tempfile::tempdir().unwrap();
+        let root = root_fd(project.path());
+        std::fs::create_dir_all(project.path().join("a/b")).unwrap();
+        let a = open_dir(root.as_fd(), Some(&p("a"))).unwrap();
+        let id = identity(a.as_fd()).unwrap();
+        // As `make_dir` leaves it when the sync after `mkdirat(a, "b")` fails.
+        unsynced_parents().push(id);
+        open_dir_creating(root.as_fd(), &p("a/b")).unwrap();
+        assert!(!unsynced_parents().contains(&id));
+        // A folder made anew is synced at once; one that exists is left alone.
+        assert!(make_dir(a.as_fd(), "c").unwrap());
+        assert!(!make_dir(a.as_fd(), "c").unwrap());
+        assert!(!unsynced_parents().contains(&id));
     }
 
     #[test]

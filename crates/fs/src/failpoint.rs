@@ -43,6 +43,10 @@ pub enum Failpoint {
     /// workspaced: a change (or a batch's first) waits for the project's lock; nothing of it
     /// is recorded.
     BeforeLock,
+    /// A new folder is made ([`crate::confine::open_dir_creating`]: a change's plan), the
+    /// folder above it not yet synced, so its entry is not durable (`:fail`: that sync
+    /// fails). Reached by the laptop executor's patches too; the workspaced model names it.
+    AfterMkdir,
     /// workspaced: the receipt is built, not yet stored (`:fail`: the store is unavailable).
     ReceiptUnavailable,
     /// workspaced: the prepared receipt (a batch's, a set's) is durable; the file untouched.
@@ -93,9 +97,10 @@ pub enum Failpoint {
 
 impl Failpoint {
     /// Every failpoint, in the order of the steps.
-    pub const ALL: [Failpoint; 24] = [
+    pub const ALL: [Failpoint; 25] = [
         Failpoint::Openat2,
         Failpoint::BeforeLock,
+        Failpoint::AfterMkdir,
         Failpoint::ReceiptUnavailable,
         Failpoint::AfterPrepare,
         Failpoint::AfterStage,
@@ -125,6 +130,7 @@ impl Failpoint {
         match self {
             Failpoint::Openat2 => "openat2",
             Failpoint::BeforeLock => "before_lock",
+            Failpoint::AfterMkdir => "after_mkdir",
             Failpoint::ReceiptUnavailable => "receipt_unavailable",
             Failpoint::AfterPrepare => "after_prepare",
             Failpoint::AfterStage => "after_stage",

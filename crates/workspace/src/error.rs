@@ -91,6 +91,17 @@ pub enum WorkspaceError {
     },
     #[error("no receipt for request id {request_id:?}")]
     ReceiptNotFound { request_id: String },
+    /// An earlier change of the path is still undecided (its receipt prepared) and cannot be
+    /// decided now (its folder cannot be synced); a new change would make its decision a
+    /// guess, so it is refused until the earlier one can be decided.
+    #[error(
+        "an earlier change of {path} (request {request_id:?}, receipt {receipt_id}) is not decided yet and its folder cannot be synced to decide it; retry later"
+    )]
+    Undecided {
+        path: String,
+        request_id: String,
+        receipt_id: String,
+    },
     #[error("{0}")]
     CannotRestore(String),
     #[error("{operation} {path}: {source}")]
@@ -145,6 +156,7 @@ impl WorkspaceError {
             WorkspaceError::InFile { source, .. } => source.code(),
             WorkspaceError::PartiallyApplied { .. } => "partially_applied",
             WorkspaceError::ReceiptNotFound { .. } => "not_found",
+            WorkspaceError::Undecided { .. } => "earlier_change_undecided",
             WorkspaceError::CannotRestore(_) => "cannot_restore",
             WorkspaceError::Io { .. } => "io_error",
         }
@@ -165,7 +177,9 @@ impl WorkspaceError {
             "patch_rejected" | "edit_no_match" | "edit_not_unique" | "ownership_not_kept" => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            "busy" | "audit_unavailable" | "lock_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            "busy" | "audit_unavailable" | "lock_unavailable" | "earlier_change_undecided" => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -219,6 +233,11 @@ impl WorkspaceError {
                 json!({"retryable": true})
             }
             WorkspaceError::AuditUnavailable(_) => json!({"retryable": true}),
+            WorkspaceError::Undecided {
+                request_id,
+                receipt_id,
+                ..
+            } => json!({"retryable": true, "request_id": request_id, "receipt_id": receipt_id}),
             WorkspaceError::Uncertain { receipt, .. } => json!({
                 "receipt": receipt,
                 "previous_revision": receipt.previous_revision,

@@ -85,6 +85,7 @@ pub async fn run(config: Config, kept: Vec<Capability>) -> Result<(), StartError
         documents_root = %workspace.documents_root().display(),
         capabilities = ?kept,
         temp_files_removed = report.temp_files_removed,
+        folders_synced = report.folders_synced,
         reconciled_applied = report.applied,
         reconciled_not_applied = report.not_applied,
         reconciled_uncertain = report.uncertain,

@@ -17,8 +17,9 @@
 //!
 //! A batch follows the pipeline's order (`pipeline.rs`), each step once for all its changes:
 //! under the project's lock, (1) each change's idempotency check and (2) revision check and
-//! plan, in arrival order; (3) every prepared receipt in one SQLite transaction (one sync) while
-//! (4a) each change's temp file is written, then each synced (the writes of all started before
+//! plan (an earlier change of its path still prepared decided first), in arrival order; (3)
+//! every prepared receipt in one SQLite transaction (one sync) while (4a) each change's temp
+//! file is written, then each synced (the writes of all started before
 //! the first sync waits: a temp file is nothing anyone sees, and the sweep removes one a crash
 //! leaves); only when both are done, (4b) each target re-checked and renamed, in order, so no
 //! target is touched before its prepared receipt is durable; (5) each folder synced once; (6)
@@ -382,7 +383,11 @@ impl Workspace {
                     continue;
                 }
             }
-            let planned = match plan(self, project) {
+            // An earlier change of the path left prepared is decided first (`recovery.rs`).
+            let planned = match plan(self, project).and_then(|planned| {
+                self.decide_prepared_on(project, &store, &[&planned.path])?;
+                Ok(planned)
+            }) {
                 Ok(planned) => planned,
                 Err(e) => {
                     answers[index] = Some(Err(e));

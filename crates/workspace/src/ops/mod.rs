@@ -25,7 +25,7 @@
 //! writes and patches queued for one project as one batch through the same steps; `apply.rs` is the part of those
 //! steps that touches the tree (stage, re-check, rename or unlink, folder fsync);
 //! `recovery.rs` decides interrupted changes from the disk, at start and on request;
-//! `sweep.rs` removes our leftover staged files at start.
+//! `sweep.rs` removes our leftover staged files at start and syncs every folder.
 
 mod apply;
 mod change;
@@ -50,7 +50,6 @@ use agentworks_daemon::layout::{StateLayout, ensure_private_dir, root_key};
 use agentworks_fs::confine::{self, ConfineError};
 use agentworks_fs::failpoint::{self, Failpoint, Hit};
 use rustix::fs::{Mode, OFlags, Stat};
-use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Read;
@@ -336,16 +335,9 @@ impl Workspace {
                 "a project folder is one name directly under the documents root".into(),
             ));
         }
-        let created =
-            match rustix::fs::mkdirat(&self.documents_fd, rel.as_str(), Mode::from_raw_mode(0o777))
-            {
-                Ok(()) => {
-                    fsync_fd(self.documents_fd.as_fd(), "fsync documents root", &rel)?;
-                    true
-                }
-                Err(Errno::EXIST) => false,
-                Err(e) => return Err(WorkspaceError::io("create project folder", &rel, e)),
-            };
+        // Made and its entry synced (or, if that sync failed once, synced now).
+        let created = confine::make_dir(self.documents_fd.as_fd(), rel.as_str())
+            .map_err(|e| WorkspaceError::io("create project folder", &rel, e))?;
         // It must be a real folder (not a symlink or a file someone put there).
         self.project(rel.as_str())?;
         Ok(EnsureProjectResponse {

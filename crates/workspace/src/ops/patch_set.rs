@@ -17,7 +17,8 @@
 //!    within `max_file_bytes`, and the contents held for the whole set (each file as read plus
 //!    as it will be) within [`SET_CONTENT_FACTOR`] times it. Any failure
 //!    is the first file's error (wrapped in [`WorkspaceError::InFile`], naming it) and nothing
-//!    has changed: no receipt, no folder, no file.
+//!    has changed: no receipt, no folder, no file. Every earlier change of these files still
+//!    prepared is then decided from the disk ([`Workspace::decide_prepared_on`]).
 //! 4. Every receipt *prepared*, in one transaction.
 //! 5. Each file in the diff's order: stage + carry-over + re-check + rename or unlink (the
 //!    single-file change's [`Workspace::apply`]), folder fsync, its receipt *applied*, its audit
@@ -260,6 +261,9 @@ impl Workspace {
                 return Ok(replayed);
             }
             let planned = self.plan_set(&project, &files)?;
+            // An earlier change of any of the files left prepared is decided first.
+            let paths: Vec<&RelPath> = planned.iter().map(|p| &p.path).collect();
+            self.decide_prepared_on(&project, &store, &paths)?;
             let receipts = prepare_set(req, &project, &hash, &planned, &store)?;
             self.apply_set(&project, &store, &req.request_id, planned, receipts, &files)
         })

@@ -2,7 +2,9 @@
 //!
 //! [`Workspace::change`] counts the request as in flight and takes the lock; then, in this
 //! order, each step a function of its own: (1) the idempotency check (replay the recorded
-//! outcome of the same request id), (2) the revision check and plan, (3) the durable *prepared*
+//! outcome of the same request id), (2) the revision check and plan, with every earlier
+//! change of the planned paths still prepared decided from the disk first
+//! ([`Workspace::decide_prepared_on`]), (3) the durable *prepared*
 //! receipt, (4) stage + fsync + metadata carry-over, identity re-check and rename or unlink
 //! ([`Workspace::apply`]), (5) the folder fsync, (6) the *applied* receipt, (7) the audit event.
 //!
@@ -148,8 +150,13 @@ impl Workspace {
         if let Some(replayed) = self.replay_recorded(&change, &store)? {
             return Ok(replayed);
         }
-        // 2. Revision check and planning (nothing changes yet).
+        // 2. Revision check and planning (nothing changes yet); an earlier change of these
+        // paths left prepared is decided first, before this one can change what it finds.
         let planned = plan(change.project)?;
+        let paths: Vec<&RelPath> = std::iter::once(&planned.path)
+            .chain(&planned.to_path)
+            .collect();
+        self.decide_prepared_on(change.project, &store, &paths)?;
         // 3. Durable prepared receipt; if it cannot be written, refuse before touching the file.
         let request_id = change.request_id;
         let receipt = prepare_receipt(change, &planned, &store)?;

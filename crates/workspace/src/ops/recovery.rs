@@ -1,16 +1,25 @@
 //! Deciding interrupted changes: a receipt left *prepared* is compared with what the disk holds
 //! now and marked applied, not applied or uncertain, at start for every project ([`Workspace::recover`],
-//! with the temp sweep) and on request by request id ([`Workspace::receipt`]).
+//! after the walk that removes staged files and syncs every folder), on request by request id
+//! ([`Workspace::receipt`]), and before a change of the same path is planned
+//! ([`Workspace::decide_prepared_on`]).
 //!
 //! Before it reads a path it syncs the path's folder, so what it decides from is durable: a
 //! change whose process died between its rename and its folder's sync is visible but would
 //! be undone by a power cut.
 //!
+//! A receipt is left prepared while workspaced runs on when its change's folder sync or its
+//! applied mark failed after the rename (the caller was told `uncertain`). It must be decided
+//! before another change of its path: that change could put the previous content back (then
+//! a later reconcile would record `not_applied` for a change that did reach the file, and a
+//! caller told so sends it again) or write the same content (`applied` for one that did not).
+//! What cannot be decided then refuses the new change.
+//!
 //! It must never change a document: it reads the tree (and syncs its folders) and writes
 //! only receipts.
 
 use super::pipeline::audit;
-use super::sweep::sweep_temp_files;
+use super::sweep::sweep_and_sync;
 use super::{Project, Workspace, fsync_fd, lock_poisoned, revision_on_disk, validate_request_id};
 use crate::error::WorkspaceError;
 use crate::receipts::{Operation, Receipt, ReceiptState, ReceiptStore};
@@ -26,6 +35,8 @@ use std::sync::Mutex;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub temp_files_removed: usize,
+    /// Folders synced by the walk (see `sweep.rs`), the documents root included.
+    pub folders_synced: usize,
     pub applied: usize,
     pub not_applied: usize,
     pub uncertain: usize,
@@ -45,13 +56,14 @@ fn sync_folder_of(project: &Project, path: &str) -> Result<(), WorkspaceError> {
 }
 
 impl Workspace {
-    /// Decide a prepared receipt from what is on disk and record the decision.
+    /// Decide a prepared receipt from what is on disk and record the decision. `Ok(false)`
+    /// when its folder cannot be synced: the receipt stays prepared (answered `uncertain`).
     pub(super) fn reconcile(
         &self,
         project: &Project,
         store: &Mutex<ReceiptStore>,
         receipt: &mut Receipt,
-    ) -> Result<(), WorkspaceError> {
+    ) -> Result<bool, WorkspaceError> {
         // What a path holds now; `None` for a file that has gained a second link since: it is
         // not read (its other name may be a file outside the project), so the receipt stays
         // uncertain rather than being decided from it. `None` too for a path recorded before
@@ -78,7 +90,7 @@ impl Workspace {
         if let Err(error) = synced {
             tracing::warn!(receipt = %receipt.receipt_id, %error, "cannot sync the folder of an interrupted change; it stays prepared");
             receipt.state = ReceiptState::Uncertain;
-            return Ok(());
+            return Ok(false);
         }
         let at_path = on_disk(&receipt.path)?;
         let state = match (&receipt.to_path, at_path) {
@@ -120,6 +132,30 @@ impl Workspace {
         if state == ReceiptState::Applied {
             audit(receipt);
         }
+        Ok(true)
+    }
+
+    /// Decide every receipt of `paths` (as source or destination) still prepared, before a
+    /// change of them is planned (see the module doc). One indexed query when there is none,
+    /// which is nearly always. A receipt that cannot be decided now refuses the change.
+    pub(super) fn decide_prepared_on(
+        &self,
+        project: &Project,
+        store: &Mutex<ReceiptStore>,
+        paths: &[&RelPath],
+    ) -> Result<(), WorkspaceError> {
+        for path in paths {
+            let prepared = lock_poisoned(store).prepared_on(path.as_str())?;
+            for mut receipt in prepared {
+                if !self.reconcile(project, store, &mut receipt)? {
+                    return Err(WorkspaceError::Undecided {
+                        path: path.to_string(),
+                        request_id: receipt.request_id,
+                        receipt_id: receipt.receipt_id,
+                    });
+                }
+            }
+        }
         Ok(())
     }
 
@@ -156,9 +192,15 @@ impl Workspace {
         })
     }
 
-    /// Sweep our leftover temp files and reconcile every prepared receipt. Runs before READY.
+    /// Sweep our leftover temp files, sync every folder, and reconcile every prepared
+    /// receipt. Runs before READY.
     pub fn recover(&self) -> Result<RecoveryReport, WorkspaceError> {
         let mut report = RecoveryReport::default();
+        // The projects' own entries (made by `ensure_project`) first.
+        rustix::fs::fsync(&self.documents_fd).map_err(|e| {
+            WorkspaceError::io("sync documents root", self.documents_root.display(), e)
+        })?;
+        report.folders_synced += 1;
         let projects = rustix::fs::Dir::read_from(&self.documents_fd).map_err(|e| {
             WorkspaceError::io("list documents root", self.documents_root.display(), e)
         })?;
@@ -175,7 +217,9 @@ impl Workspace {
                 continue;
             };
             let _lock = self.lock(&project)?;
-            report.temp_files_removed += sweep_temp_files(project.root.as_fd(), 0);
+            let swept = sweep_and_sync(project.root.as_fd())?;
+            report.temp_files_removed += swept.temp_files_removed;
+            report.folders_synced += swept.folders_synced;
             if !self
                 .layout
                 .receipts_dir(&project.root_path)

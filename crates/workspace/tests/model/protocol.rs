@@ -10,10 +10,13 @@
 //! failpoint the code reaches at the same step ([`CrashPoint::failpoint`]).
 //!
 //! What is abstracted: contents are small numbers (a content is its own revision); two paths,
-//! `A` and `B`, in one folder (one folder fsync makes both entries durable); one user (request
-//! ids are per user in the code, so one user is where they meet); no outside editor, no I/O
-//! error, no lock timeout. What is kept exactly: the order of the steps and which of them wait
-//! for the disk. The disk keeps, per path, the changes that reached it in order and how many of
+//! `A` and `B`, in one folder (one folder fsync makes both entries durable), or, in a scenario
+//! with [`Config::new_folder`], `B` in a folder of its own that the first change creating `B`
+//! makes (its entry durable only once the folder above it is synced); one user (request ids are
+//! per user in the code, so one user is where they meet); no outside editor, no lock timeout;
+//! I/O errors only where a failpoint's `:fail` injects one ([`Action::Fail`]: a folder sync or
+//! the applied mark fails while the daemon keeps running, or a new folder's sync). What is
+//! kept exactly: the order of the steps and which of them wait for the disk. The disk keeps, per path, the changes that reached it in order and how many of
 //! them are durable (a rename is durable only once its folder is synced); a power cut keeps any
 //! prefix of what was not synced, per path (a change whose data was never synced comes back
 //! torn). The receipt store keeps what was committed with `synchronous=FULL`, then the
@@ -33,6 +36,9 @@ pub const TORN: Content = 255;
 
 /// The two paths of the model, `A` and `B`, in one folder.
 pub const PATHS: usize = 2;
+/// `A`'s and `B`'s index in [`State::files`].
+pub const A_PATH: usize = 0;
+pub const B_PATH: usize = 1;
 
 /// What a request asks workspaced to do.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -132,6 +138,16 @@ pub enum Mutation {
     ReconcileGuesses,
     /// A patch set sent again under its id applies the files it had not applied yet.
     SetRetryFinishesSet,
+    /// A change is planned on a path whose earlier change is still *prepared* (its folder
+    /// sync or its applied mark failed while the daemon kept running) without deciding that
+    /// one first: the code before the issue-48 follow-up.
+    PlanOverPrepared,
+    /// Start-up recovery does not sync the project's folders: a folder made just before a
+    /// crash, its entry never synced, stays so while later changes are acknowledged in it.
+    NoFolderSyncAtStart,
+    /// A folder whose sync failed after its `mkdir` is forgotten: the next change finds it
+    /// there and never syncs the folder above it.
+    ForgetUnsyncedFolder,
 }
 
 /// A scenario: the requests, which client sends which in order, the faults allowed.
@@ -151,19 +167,25 @@ pub struct Config {
     pub lookups: bool,
     /// Two requests that expect the same revision of one path: exactly one may apply.
     pub concurrent: Option<(u8, u8)>,
-    pub mutation: Option<Mutation>,
+    /// I/O errors the run may inject ([`Action::Fail`]).
+    pub faults: u8,
+    /// `B` lives in a folder of its own that does not exist at the start (`initial[B]` is
+    /// [`MISSING`]); the first change that creates `B` makes it.
+    pub new_folder: bool,
+    /// The changes to the code this run makes (none: the code as it is).
+    pub mutations: Vec<Mutation>,
 }
 
 impl Config {
+    /// This scenario with `mutation` made too.
     pub fn mutated(&self, mutation: Mutation) -> Config {
-        Config {
-            mutation: Some(mutation),
-            ..self.clone()
-        }
+        let mut mutated = self.clone();
+        mutated.mutations.push(mutation);
+        mutated
     }
 
     fn is(&self, mutation: Mutation) -> bool {
-        self.mutation == Some(mutation)
+        self.mutations.contains(&mutation)
     }
 
     fn same_payload(&self, a: u8, b: u8) -> bool {
@@ -298,11 +320,16 @@ pub enum Answer {
     Reused,
     /// A lookup found no receipt.
     NotFound,
+    /// An I/O error before anything was recorded (a new folder's sync failed): the caller
+    /// may send the request again.
+    Failed,
 }
 
 /// Where the change (or batch) holding the project's lock is: each is a crash point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pc {
+    /// The plan made `B`'s folder; the folder above it is not synced yet.
+    AfterMkdir,
     ReceiptUnavailable,
     AfterPrepare,
     AfterStage(u8),
@@ -403,10 +430,23 @@ pub struct Ghost {
     pub answers: Vec<Option<Answer>>,
 }
 
+/// `B`'s folder in a [`Config::new_folder`] scenario (otherwise it is the one folder, always
+/// there and durable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Folder {
+    pub exists: bool,
+    /// Its entry in the folder above is durable.
+    pub durable: bool,
+    /// Its sync after the `mkdir` failed and the daemon remembers it: the next change that
+    /// creates a file in it syncs the folder above first.
+    pub unsynced: bool,
+}
+
 /// The whole system.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     pub files: [File; PATHS],
+    pub folder: Folder,
     /// Staged temp files on disk.
     pub temps: u8,
     pub db: Db,
@@ -415,6 +455,7 @@ pub struct State {
     pub clients: Vec<Client>,
     pub kills: u8,
     pub cuts: u8,
+    pub faults: u8,
     pub ghost: Ghost,
 }
 
@@ -423,6 +464,7 @@ pub struct State {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CrashPoint {
     BeforeLock,
+    AfterMkdir,
     ReceiptUnavailable,
     AfterPrepare,
     AfterStage,
@@ -441,8 +483,9 @@ pub enum CrashPoint {
 
 impl CrashPoint {
     /// Every crash point (a patch set's for its first and second file).
-    pub const ALL: [CrashPoint; 17] = [
+    pub const ALL: [CrashPoint; 18] = [
         CrashPoint::BeforeLock,
+        CrashPoint::AfterMkdir,
         CrashPoint::ReceiptUnavailable,
         CrashPoint::AfterPrepare,
         CrashPoint::AfterStage,
@@ -465,6 +508,7 @@ impl CrashPoint {
     pub fn failpoint(self) -> (&'static str, Option<u8>) {
         match self {
             CrashPoint::BeforeLock => ("before_lock", None),
+            CrashPoint::AfterMkdir => ("after_mkdir", None),
             CrashPoint::ReceiptUnavailable => ("receipt_unavailable", None),
             CrashPoint::AfterPrepare => ("after_prepare", None),
             CrashPoint::AfterStage => ("after_stage", None),
@@ -491,6 +535,7 @@ impl CrashPoint {
 
     fn of(pc: Pc) -> CrashPoint {
         match pc {
+            Pc::AfterMkdir => CrashPoint::AfterMkdir,
             Pc::ReceiptUnavailable => CrashPoint::ReceiptUnavailable,
             Pc::AfterPrepare => CrashPoint::AfterPrepare,
             Pc::AfterStage(_) => CrashPoint::AfterStage,
@@ -523,6 +568,10 @@ pub enum Action {
     Step,
     /// [`Mutation::ReleaseLockBeforeMark`]: the detached batch does its next step.
     StepDetached,
+    /// The step the work under the lock is at fails with an I/O error (a failpoint's
+    /// `:fail`): the new folder's sync, the folders' sync after the renames, or the applied
+    /// mark. The daemon keeps running.
+    Fail,
     /// SIGKILL.
     Kill,
     /// The power goes: per path how many changes stay, and how many unsynced commits.
@@ -539,6 +588,15 @@ pub struct Protocol {
 
 impl Protocol {
     pub fn new(config: Config) -> Protocol {
+        // A patch set makes its folders at its own turn, after its receipts: not modelled.
+        assert!(
+            !config.new_folder
+                || config
+                    .requests
+                    .iter()
+                    .all(|r| !matches!(r.op, Op::PatchSet { .. })),
+            "a new-folder scenario has no patch set"
+        );
         Protocol { config }
     }
 
@@ -546,6 +604,11 @@ impl Protocol {
         let c = &self.config;
         State {
             files: Default::default(),
+            folder: Folder {
+                exists: !c.new_folder,
+                durable: !c.new_folder,
+                unsynced: false,
+            },
             temps: 0,
             db: Db::default(),
             daemon: Some(Daemon::default()),
@@ -565,6 +628,7 @@ impl Protocol {
                 .collect(),
             kills: 0,
             cuts: 0,
+            faults: 0,
             ghost: Ghost {
                 changes: vec![0; 16 * PATHS],
                 answers: vec![None; c.requests.len()],
@@ -627,6 +691,9 @@ impl Protocol {
             }
         } else {
             actions.push(Action::Step);
+            if s.faults < c.faults && daemon.work.as_ref().is_some_and(|w| self.can_fail(w)) {
+                actions.push(Action::Fail);
+            }
         }
         if daemon.detached.is_some() {
             actions.push(Action::StepDetached);
@@ -676,6 +743,12 @@ impl Protocol {
                 let work = self.step(&mut s, work, true);
                 s.daemon.as_mut()?.detached = work;
             }
+            Action::Fail => {
+                s.faults += 1;
+                let work = s.daemon.as_mut()?.work.take()?;
+                let work = self.fail(&mut s, work);
+                s.daemon.as_mut()?.work = work;
+            }
             Action::Kill => {
                 s.kills += 1;
                 self.down(&mut s);
@@ -695,15 +768,26 @@ impl Protocol {
                 }
                 s.db.durable = s.db.kept(commits as usize);
                 s.db.pending.clear();
+                // A folder whose entry was never synced is gone, with everything in it.
+                if !s.folder.durable {
+                    s.folder = Folder {
+                        exists: false,
+                        durable: false,
+                        unsynced: false,
+                    };
+                    s.files[B_PATH] = File::default();
+                }
             }
             Action::Restart => self.restart(&mut s),
         }
         Some(s)
     }
 
-    /// The daemon dies: every waiting caller loses its answer.
+    /// The daemon dies: every waiting caller loses its answer, and what it kept in memory
+    /// goes with it.
     fn down(&self, s: &mut State) {
         s.daemon = None;
+        s.folder.unsynced = false;
         for client in &mut s.clients {
             if client.phase == Phase::Waiting {
                 client.phase = Phase::Cut;
@@ -711,9 +795,14 @@ impl Protocol {
         }
     }
 
-    /// `recover`: sweep the temp files, reconcile every prepared receipt; then serve.
+    /// `recover`: sweep the temp files and sync every folder of the project (so a folder
+    /// made before the crash, its entry not yet synced, is durable before anything is
+    /// acknowledged in it), reconcile every prepared receipt; then serve.
     fn restart(&self, s: &mut State) {
         s.temps = 0;
+        if !self.config.is(Mutation::NoFolderSyncAtStart) {
+            self.sync_folders_of(s, &[A_PATH as u8, B_PATH as u8]);
+        }
         for row in s.db.visible() {
             if row.state == RState::Prepared {
                 self.reconcile(s, row);
@@ -726,12 +815,10 @@ impl Protocol {
     /// record the decision durably.
     fn reconcile(&self, s: &mut State, row: Row) -> RState {
         let c = &self.config;
-        if !c.is(Mutation::ReconcileWithoutSync) {
-            for file in &mut s.files {
-                file.durable = file.history.len() as u8;
-            }
-        }
         let op = c.op(row.req);
+        if !c.is(Mutation::ReconcileWithoutSync) {
+            self.sync_folders_of(s, &op.paths());
+        }
         let (path, previous, result) = op.parts()[row.part as usize];
         let at = self.content(s, path);
         let state = if c.is(Mutation::ReconcileGuesses) {
@@ -848,6 +935,18 @@ impl Protocol {
                 of: first.req,
             });
         }
+        // An earlier change of these paths still prepared (its folder sync or its applied
+        // mark failed while the daemon ran on) is decided from the disk first, before this
+        // change can make it look like something else.
+        if !c.is(Mutation::PlanOverPrepared) {
+            let paths = c.op(req).paths();
+            for row in s.db.visible() {
+                let touches = self.row_paths(row).iter().any(|p| paths.contains(p));
+                if row.state == RState::Prepared && touches {
+                    self.reconcile(s, row);
+                }
+            }
+        }
         if c.is(Mutation::NoRevisionCheck) {
             return None;
         }
@@ -894,9 +993,10 @@ impl Protocol {
         for job in &mut jobs {
             job.answer = self.replay_or_plan(s, job.req);
         }
+        let made = self.make_folder(s, &jobs);
         let mut work = Work {
             kind: Kind::Batch,
-            pc: Pc::ReceiptUnavailable,
+            pc: made.unwrap_or(Pc::ReceiptUnavailable),
             jobs,
         };
         if work.planned().is_empty() {
@@ -905,6 +1005,14 @@ impl Protocol {
         if let Some(daemon) = s.daemon.as_mut() {
             daemon.work = Some(work);
         }
+    }
+
+    /// The paths a receipt row's change touches: its part's path and a move's destination.
+    pub fn row_paths(&self, row: Row) -> Vec<u8> {
+        let op = self.config.op(row.req);
+        let mut paths = vec![op.parts()[row.part as usize].0];
+        paths.extend(op.move_to());
+        paths
     }
 
     /// An edit, delete, move or patch set takes the lock; steps 1 and 2.
@@ -918,14 +1026,16 @@ impl Protocol {
             Op::PatchSet { .. } => Kind::Set,
             _ => Kind::Single,
         };
+        let jobs = vec![Job {
+            client,
+            req,
+            answer,
+        }];
+        let made = self.make_folder(s, &jobs);
         let work = Work {
             kind,
-            pc: Pc::ReceiptUnavailable,
-            jobs: vec![Job {
-                client,
-                req,
-                answer,
-            }],
+            pc: made.unwrap_or(Pc::ReceiptUnavailable),
+            jobs,
         };
         if answer.is_some() {
             self.finish(s, &work);
@@ -1000,13 +1110,115 @@ impl Protocol {
         }
     }
 
-    /// The folder sync: every entry in it durable (unless the mutation skips it).
-    fn sync_folder(&self, s: &mut State) {
+    /// The folder sync after a change of `paths` (unless the mutation skips it).
+    fn sync_folder(&self, s: &mut State, paths: &[u8]) {
         if self.config.is(Mutation::SkipDirFsync) {
             return;
         }
-        for file in &mut s.files {
-            file.durable = file.history.len() as u8;
+        self.sync_folders_of(s, paths);
+    }
+
+    /// Sync the folder that holds each of `paths`: its entries durable. `A`'s folder is the
+    /// project's, which holds `B`'s folder's entry too when `B` has one of its own.
+    fn sync_folders_of(&self, s: &mut State, paths: &[u8]) {
+        for path in paths {
+            if *path as usize == B_PATH && self.config.new_folder {
+                if s.folder.exists {
+                    s.files[B_PATH].durable = s.files[B_PATH].history.len() as u8;
+                }
+            } else {
+                s.files[A_PATH].durable = s.files[A_PATH].history.len() as u8;
+                if self.config.new_folder {
+                    s.folder.durable = s.folder.exists;
+                } else {
+                    s.files[B_PATH].durable = s.files[B_PATH].history.len() as u8;
+                }
+            }
+        }
+    }
+
+    /// Whether `req` creates a file in `B`'s own folder (a write or move to `B` that expects
+    /// it missing), which makes the folder if it is not there.
+    fn creates_in_folder(&self, req: u8) -> bool {
+        let op = self.config.op(req);
+        self.config.new_folder
+            && (op.move_to() == Some(B_PATH as u8)
+                || op.parts().iter().any(|(path, expected, result)| {
+                    *path as usize == B_PATH && *expected == MISSING && *result != MISSING
+                }))
+    }
+
+    /// The plan's `confine::open_dir_creating` for the planned jobs that create in `B`'s
+    /// folder: `Some(Pc::AfterMkdir)` if it makes the folder (the folder above not yet
+    /// synced); a folder remembered unsynced is synced now.
+    fn make_folder(&self, s: &mut State, jobs: &[Job]) -> Option<Pc> {
+        let needed = jobs
+            .iter()
+            .any(|j| j.answer.is_none() && self.creates_in_folder(j.req));
+        if !needed {
+            return None;
+        }
+        if !s.folder.exists {
+            s.folder.exists = true;
+            s.folder.durable = false;
+            return Some(Pc::AfterMkdir);
+        }
+        if s.folder.unsynced {
+            s.folder.durable = true;
+            s.folder.unsynced = false;
+        }
+        None
+    }
+
+    /// Whether [`Action::Fail`] can come at the work's step: a step whose failpoint takes
+    /// `:fail` and leaves the daemon running.
+    fn can_fail(&self, work: &Work) -> bool {
+        match (work.kind, work.pc) {
+            (_, Pc::AfterMkdir) => true,
+            (Kind::Set, _) => false,
+            (Kind::Batch, Pc::AfterRename(1)) => false,
+            (_, Pc::AfterRename(_) | Pc::MarkApplied(_)) => !work.planned().is_empty(),
+            _ => false,
+        }
+    }
+
+    /// [`Action::Fail`] at the work's step; the work that goes on, if any.
+    fn fail(&self, s: &mut State, mut work: Work) -> Option<Work> {
+        match work.pc {
+            Pc::AfterMkdir => {
+                // `open_dir_creating` reports the sync's error: the changes that needed the
+                // folder are refused before anything is recorded; the folder stays, its entry
+                // not durable, remembered unless the mutation forgets it.
+                if !self.config.is(Mutation::ForgetUnsyncedFolder) {
+                    s.folder.unsynced = true;
+                }
+                for job in &mut work.jobs {
+                    if job.answer.is_none() && self.creates_in_folder(job.req) {
+                        job.answer = Some(Answer::Failed);
+                    }
+                }
+                if work.planned().is_empty() {
+                    self.finish(s, &work);
+                    return None;
+                }
+                work.pc = Pc::ReceiptUnavailable;
+                Some(work)
+            }
+            _ => {
+                // The folders' sync or the applied mark failed after the renames: each
+                // planned change is answered `uncertain`, its receipt left prepared (decided
+                // from the disk later); the lock is released.
+                for job in &work.jobs {
+                    let answer = job.answer.unwrap_or(Answer::Receipt {
+                        state: RState::Uncertain,
+                        replayed: false,
+                        of: job.req,
+                    });
+                    let done = job.answer.is_some_and(|a| a != Answer::Failed);
+                    self.answered(s, job.client, job.req, answer, done, false);
+                }
+                None
+            }
         }
     }
 
@@ -1033,6 +1245,10 @@ impl Protocol {
             }
         };
         work.pc = match work.pc {
+            Pc::AfterMkdir => {
+                self.sync_folders_of(s, &[A_PATH as u8]);
+                Pc::ReceiptUnavailable
+            }
             Pc::ReceiptUnavailable => {
                 if c.is(Mutation::RenameBeforePrepare) {
                     s.temps += reqs.len() as u8;
@@ -1052,7 +1268,7 @@ impl Protocol {
             }
             // The mutation's folder sync, after the answers.
             Pc::AfterRename(1) => {
-                self.sync_folder(s);
+                self.sync_folder(s, &self.paths_of(&reqs));
                 return false;
             }
             Pc::AfterRename(_) => {
@@ -1062,7 +1278,7 @@ impl Protocol {
                 if c.is(Mutation::MarkBeforeDirSync) {
                     Pc::BeforeMarkApplied(0)
                 } else {
-                    self.sync_folder(s);
+                    self.sync_folder(s, &self.paths_of(&reqs));
                     Pc::AfterDirFsync(0)
                 }
             }
@@ -1120,6 +1336,10 @@ impl Protocol {
             _ => Pc::BeforeRename(0),
         };
         work.pc = match work.pc {
+            Pc::AfterMkdir => {
+                self.sync_folders_of(s, &[A_PATH as u8]);
+                Pc::ReceiptUnavailable
+            }
             Pc::ReceiptUnavailable => {
                 if c.is(Mutation::RenameBeforePrepare) {
                     if matches!(op, Op::Edit { .. }) {
@@ -1149,7 +1369,7 @@ impl Protocol {
                 if c.is(Mutation::RenameBeforePrepare) {
                     self.prepare(s, &[req]);
                 }
-                self.sync_folder(s);
+                self.sync_folder(s, &op.paths());
                 Pc::AfterDirFsync(0)
             }
             Pc::AfterDirFsync(_) => Pc::BeforeMarkApplied(0),
@@ -1211,7 +1431,7 @@ impl Protocol {
                 Pc::AfterRename(f)
             }
             Pc::AfterRename(f) => {
-                self.sync_folder(s);
+                self.sync_folder(s, &[parts[f as usize].0]);
                 Pc::AfterDirFsync(f)
             }
             Pc::AfterDirFsync(f) => Pc::PatchSetRenamed(f),
@@ -1258,8 +1478,22 @@ impl Protocol {
                 replayed: false,
                 of: job.req,
             });
-            self.answered(s, job.client, job.req, answer, true, false);
+            self.answered(
+                s,
+                job.client,
+                job.req,
+                answer,
+                answer != Answer::Failed,
+                false,
+            );
         }
+    }
+
+    /// Every path the requests change.
+    fn paths_of(&self, reqs: &[u8]) -> Vec<u8> {
+        reqs.iter()
+            .flat_map(|r| self.config.op(*r).paths())
+            .collect()
     }
 }
 
@@ -1296,6 +1530,17 @@ pub struct AfterCrash {
 /// Runs one client's one request, killing the daemon at the first state whose crash point is
 /// `point`, then restarts it; see [`AfterCrash`].
 pub fn after_crash(op: Op, initial: [Content; PATHS], point: CrashPoint) -> Option<AfterCrash> {
+    after_crash_in(op, initial, false, point)
+}
+
+/// [`after_crash`], with `B` in a folder of its own that does not exist yet when
+/// `new_folder` (see [`Config::new_folder`]).
+pub fn after_crash_in(
+    op: Op,
+    initial: [Content; PATHS],
+    new_folder: bool,
+    point: CrashPoint,
+) -> Option<AfterCrash> {
     let protocol = Protocol::new(Config {
         requests: vec![Request { id: 0, op }],
         clients: vec![vec![0]],
@@ -1305,7 +1550,9 @@ pub fn after_crash(op: Op, initial: [Content; PATHS], point: CrashPoint) -> Opti
         attempts: 1,
         lookups: false,
         concurrent: None,
-        mutation: None,
+        faults: 0,
+        new_folder,
+        mutations: Vec::new(),
     });
     let mut s = protocol.init();
     s = protocol.next(&s, &Action::Send(0))?;
