@@ -40,18 +40,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Folders (device, inode) in which this process made a folder whose entry it then failed to
 /// sync: the next walk through one syncs it first (see the module doc).
-static UNSYNCED_PARENTS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+static UNSYNCED_PARENTS: Mutex<Vec<FolderId>> = Mutex::new(Vec::new());
 
-fn unsynced_parents() -> std::sync::MutexGuard<'static, Vec<(u64, u64)>> {
+/// A folder's (device, inode); dev_t is signed and narrower on macOS.
+type FolderId = (rustix::fs::Dev, u64);
+
+fn unsynced_parents() -> std::sync::MutexGuard<'static, Vec<FolderId>> {
     // A panic while holding it leaves a valid list.
     UNSYNCED_PARENTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn identity(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+fn identity(fd: BorrowedFd<'_>) -> Result<FolderId, Errno> {
     let stat = rustix::fs::fstat(fd)?;
-    // dev_t and ino_t: u64 here, narrower on some targets.
+    // ino_t: u64 here, narrower on some targets.
     #[allow(clippy::useless_conversion)]
-    Ok((u64::from(stat.st_dev), u64::from(stat.st_ino)))
+    Ok((stat.st_dev, u64::from(stat.st_ino)))
 }
 
 /// Sync `folder` if a folder made in it was left unsynced (see the module doc); it is
