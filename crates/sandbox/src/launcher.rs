@@ -101,6 +101,33 @@ pub(crate) fn signal_command(launcher: i32, signal: Signal) -> usize {
     return macos::signal_command(launcher, signal);
 }
 
+/// Both launchers' last step in the command's process before exec: no signal blocked and
+/// every signal at its default action. What the program that started the launcher blocked or
+/// ignored is not the command's: a script's `cmd &` starts `cmd` with SIGINT and SIGQUIT
+/// ignored, `nohup` adds SIGHUP, and a non-interactive shell cannot trap a signal ignored on
+/// entry (POSIX), so `signal` and `kill -INT` would never reach a command's trap; a command
+/// started with SIGCHLD blocked waits for its background jobs forever. exec already resets
+/// caught signals; ignored ones and the mask it keeps. Async-signal-safe: sigaction and
+/// sigprocmask only, nothing allocated.
+pub(crate) fn default_signals_for_command() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    const LAST_SIGNAL: libc::c_int = 64;
+    #[cfg(target_os = "macos")]
+    const LAST_SIGNAL: libc::c_int = 31;
+    for signal in 1..=LAST_SIGNAL {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sets a disposition in the forked child, whose only thread this is; SIG_DFL
+        // installs no handler. A number the C library keeps for itself (glibc's 32 and 33)
+        // fails with EINVAL and keeps its default, which is what we want anyway.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    }
+    nix::sys::signal::SigSet::empty()
+        .thread_set_mask()
+        .map_err(std::io::Error::from)
+}
+
 /// Both launchers' check that they have no controlling terminal: `/dev/tty` must not open
 /// (`ENXIO`: no controlling terminal; `ENOENT`: no such device on this machine).
 pub(crate) fn check_no_terminal() -> Result<(), SandboxError> {

@@ -96,8 +96,14 @@ fn lines(child: &mut SandboxedChild) -> Lines<BufReader<ChildStdout>> {
     BufReader::new(child.stdout.take().unwrap()).lines()
 }
 
+/// The command's next line; a command that prints nothing for a minute fails the test rather
+/// than hang it.
 async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
-    lines.next_line().await.unwrap().expect("stdout ended")
+    tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("no line from the command within a minute")
+        .unwrap()
+        .expect("stdout ended")
 }
 
 /// Everything a piped stream gives until it ends, as text.
@@ -254,6 +260,34 @@ async fn a_signal_reaches_the_command_and_not_the_launcher() {
     assert_eq!(child.signal(Signal::SIGINT), 0, "nothing left to signal");
 }
 
+/// What the caller ignored is not the command's: started from a process that ignores SIGINT,
+/// SIGQUIT and SIGHUP (as a script's `cmd &` and `nohup` start one), the command can still
+/// trap them, so `signal` reaches it. A non-interactive shell cannot trap a signal ignored on
+/// entry, so without the launcher's reset this command never prints got-int.
+async fn signals_the_caller_ignored_are_the_commands_to_trap() {
+    use nix::sys::signal::{SigHandler, signal};
+    let f = Fixture::new();
+    let ignored = [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP];
+    let before: Vec<SigHandler> = ignored
+        .iter()
+        // SAFETY: SIG_IGN installs no handler; this harness runs one test at a time.
+        .map(|&s| unsafe { signal(s, SigHandler::SigIgn) }.unwrap())
+        .collect();
+    let spawned = f
+        .shell("trap 'echo got-int; exit 3' INT; echo ready; while :; do sleep 1; done")
+        .spawn(&launcher());
+    for (&s, &handler) in ignored.iter().zip(&before) {
+        // SAFETY: puts back what this process had.
+        unsafe { signal(s, handler) }.unwrap();
+    }
+    let mut child = spawned.unwrap();
+    let mut lines = lines(&mut child);
+    assert_eq!(next_line(&mut lines).await, "ready");
+    assert!(child.signal(Signal::SIGINT) >= 1);
+    assert_eq!(next_line(&mut lines).await, "got-int");
+    assert_eq!(child.wait().await.unwrap().code(), Some(3));
+}
+
 /// `kill_tree` ends every process of the command, one in a session of its own included, before
 /// it returns.
 async fn kill_tree_ends_every_process_of_the_command() {
@@ -364,6 +398,7 @@ fn main() -> ExitCode {
         the_environment_is_only_what_the_caller_set,
         the_command_runs_under_the_policy,
         a_signal_reaches_the_command_and_not_the_launcher,
+        signals_the_caller_ignored_are_the_commands_to_trap,
         kill_tree_ends_every_process_of_the_command,
         a_dropped_handle_ends_the_tree,
         a_refusal_says_why_and_nothing_runs,

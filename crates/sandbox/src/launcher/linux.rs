@@ -15,7 +15,7 @@ use landlock::{
     CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr,
     RulesetStatus, Scope,
 };
-use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::Pid;
 
 use super::reaper::{end_command, wait_for_shell};
@@ -29,10 +29,11 @@ use crate::{limits, overmount, privileges, seccomp};
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first so that one arriving during setup stays pending and is
     // handled by the wait loop (killing the shell) instead of killing the launcher while
-    // descendants run on. The mask the launcher was started with is kept for the shell: a
-    // child inherits its parent's mask across fork and exec (std has not reset it since Rust
-    // 1.66), and a shell started with SIGCHLD blocked waits for a background job forever, one
-    // with SIGTERM blocked cannot be stopped by `kill` or `timeout`.
+    // descendants run on. The shell gets no blocked signal and no ignored one
+    // (default_signals_for_command): a child inherits its parent's mask across fork and exec
+    // (std has not reset it since Rust 1.66), and a shell started with SIGCHLD blocked waits
+    // for a background job forever, one with SIGTERM blocked cannot be stopped by `kill` or
+    // `timeout`.
     let mut signals = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -42,8 +43,8 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     ] {
         signals.add(signal);
     }
-    let started_with = signals
-        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+    signals
+        .thread_block()
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
 
     let (policy, program, program_args) = parse_launcher_args(args)?;
@@ -170,8 +171,8 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // no lock can be held by a thread that vanished in the fork and allocating is sound.
     // It only writes to a cgroup.procs descriptor opened before the fork, calls
     // landlock_restrict_self on a ruleset built before the fork, drops capabilities (prctl,
-    // capset), installs seccomp filters compiled before the fork and sets the signal mask
-    // (sigprocmask).
+    // capset), installs seccomp filters compiled before the fork and resets the signals
+    // (sigaction, sigprocmask).
     unsafe {
         command.pre_exec(move || {
             if let Some(fds) = &child_cgroup {
@@ -188,9 +189,10 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
                     seccomp::install(filter).map_err(io::Error::other)?;
                 }
             }
-            // Last: the shell starts with the signal mask the launcher was started with, not
-            // the launcher's own (the stop signals and SIGCHLD blocked for its sigwait).
-            started_with.thread_set_mask().map_err(io::Error::from)
+            // Last: the shell starts with no signal blocked or ignored, not with the
+            // launcher's mask (the stop signals and SIGCHLD blocked for its sigwait) nor with
+            // what its caller ignored.
+            super::default_signals_for_command()
         });
     }
     // A launcher with CAP_SYS_ADMIN (a root caller, which RLIMIT_NPROC does not bind) puts

@@ -17,7 +17,7 @@ use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
+use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
@@ -38,15 +38,15 @@ const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGH
 pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // Block the stop signals first, so that one arriving during setup stays pending and the
     // wait loop handles it (ending the command) instead of killing the launcher while the
-    // command's processes run on. The command gets the mask the launcher was started with
-    // (std keeps the parent's mask in the child): with SIGTERM blocked, `kill` and `timeout`
-    // could not stop its background jobs.
+    // command's processes run on. The command gets no blocked or ignored signal
+    // (default_signals_for_command; std keeps the parent's mask in the child): with SIGTERM
+    // blocked, `kill` and `timeout` could not stop its background jobs.
     let mut signals = SigSet::empty();
     for signal in STOP_SIGNALS {
         signals.add(signal);
     }
-    let started_with = signals
-        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+    signals
+        .thread_block()
         .map_err(|e| SandboxError::setup("block signals")(e.into()))?;
     // The caller that started us (the executor): macOS has no PR_SET_PDEATHSIG, so the wait
     // loop watches for re-parenting instead. Already re-parented: the caller is gone, run
@@ -100,10 +100,10 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     command
         .args(sandbox_exec_args(&profile, &program, &program_args))
         .current_dir(&policy.cwd);
-    // SAFETY: the closure runs in the forked child before exec and makes one async-signal-safe
-    // system call (sigprocmask) with a mask copied before the fork; it allocates nothing.
+    // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
+    // system calls (sigaction, sigprocmask); it allocates nothing.
     unsafe {
-        command.pre_exec(move || started_with.thread_set_mask().map_err(io::Error::from));
+        command.pre_exec(super::default_signals_for_command);
     }
     let child = command.spawn().map_err(|source| SandboxError::Spawn {
         program: format!("{SANDBOX_EXEC} ({})", program.to_string_lossy()),
