@@ -14,8 +14,11 @@
 #      /usr/lib/agentworks/cli/agentworks-linux-<arch>; the laptop command alone (and its man
 #      page) in agentworks-cli.
 #
-# Both builds share CARGO_TARGET_DIR (default <repo>/target), so the second compiles only what
-# its environment changes (agentworks and the C crates).
+# Both builds share CARGO_TARGET_DIR (default <repo>/target) and one source directory: the rpm
+# is built in place (rpmbuild --build-in-place) where the .deb was, with the C flags and
+# SOURCE_DATE_EPOCH the .deb's build had, so its cargo build finds the release build fresh and
+# compiles nothing again (a second release tree cost CI ten minutes and a gigabyte). The source
+# tarball is still made, from the tracked files before either build, and checked.
 #
 # Usage: tests/packages.sh [OUT_DIR]   the .debs and .rpms are left in OUT_DIR (for
 #        AW_PROOF_DEB_DIR=OUT_DIR tests/systemd_proof.sh); without it they are removed at exit.
@@ -55,6 +58,11 @@ mkdir -p "$src"
 (cd "$repo" && git ls-files -z --cached) |
     tar -C "$repo" --null -T - --ignore-failed-read -cf - | tar -C "$src" -xf -
 [ ! -e "$src/.untracked-canary-$$" ] || die "an untracked file reached the package sources"
+
+# The rpm's Source0, of the sources as they are before any build writes into them.
+top=$work/rpmbuild
+mkdir -p "$top/SOURCES"
+tar -C "$work/src" -czf "$top/SOURCES/agentworks-$version.tar.gz" "agentworks-$version"
 
 # --- 1. Debian -----------------------------------------------------------------------------------
 log "dpkg-buildpackage -us -uc -b"
@@ -142,12 +150,17 @@ log "agentworks.deb and agentworks-cli.deb hold what they should; the config is 
 # --- 2. RPM --------------------------------------------------------------------------------------
 log "rpmbuild -bb"
 started=$(date +%s)
-top=$work/rpmbuild
-mkdir -p "$top/SOURCES"
-tar -C "$work/src" -czf "$top/SOURCES/agentworks-$version.tar.gz" "agentworks-$version"
-# The crates from the registry are reused from the .deb's build; agentworks itself and the C
-# crates (rpmbuild exports its own CFLAGS/LDFLAGS) are compiled again.
-rpmbuild -bb --nodeps --define "_topdir $top" "$repo/rpm/agentworks.spec" >"$work/rpm.log" 2>&1 || {
+# In the .deb's source directory, with the environment its build's cargo saw: debhelper's build
+# flags (dpkg-buildflags, run there: its -ffile-prefix-map names the directory) and the
+# changelog's SOURCE_DATE_EPOCH, which the C crates' build scripts read (cc-rs reruns when
+# CFLAGS or SOURCE_DATE_EPOCH change). Debian's rpm sets neither.
+(
+    cd "$src"
+    eval "$(dpkg-buildflags --export=sh)"
+    SOURCE_DATE_EPOCH=$(dpkg-parsechangelog -STimestamp)
+    export SOURCE_DATE_EPOCH
+    rpmbuild -bb --nodeps --build-in-place --define "_topdir $top" "$repo/rpm/agentworks.spec"
+) >"$work/rpm.log" 2>&1 || {
     tail -40 "$work/rpm.log" >&2
     die "rpmbuild failed"
 }
@@ -180,5 +193,9 @@ lacks "$work/rpm-server.list" "untracked-canary"
 lacks "$work/rpm-cli.list" "untracked-canary"
 tar -tzf "$top/SOURCES/agentworks-$version.tar.gz" >"$work/tarball.list"
 lacks "$work/tarball.list" "untracked-canary" "node_modules/"
+# It holds the tracked files, the ones both packages were built from (the rpm in place).
+(cd "$repo" && git ls-files --cached | while IFS= read -r f; do [ -e "$f" ] && echo "agentworks-$version/$f"; done | sort) >"$work/tracked.list"
+grep -v '/$' "$work/tarball.list" | sort | cmp -s - "$work/tracked.list" ||
+    die "the source tarball does not hold exactly the tracked files: $(grep -v '/$' "$work/tarball.list" | sort | diff - "$work/tracked.list" | head -5)"
 log "agentworks.rpm and agentworks-cli.rpm hold what they should; the config is %config"
 log "PASS: $(cd "$out" && ls | tr '\n' ' ')"
