@@ -28,7 +28,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -999,29 +998,8 @@ fn runs(witness: &Path) -> HashMap<String, usize> {
     runs
 }
 
-/// `agentworks executor connect`, killed and reaped when dropped, also when the test fails
-/// (an executor left running would hold the test's stderr and a dead mount).
-struct ExecutorProcess(Child);
-
-impl ExecutorProcess {
-    fn start(laptop: &Laptop, gateway: &Gateway, args: &[&str]) -> ExecutorProcess {
-        ExecutorProcess(spawn_executor(laptop, &gateway.url(), args))
-    }
-
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for ExecutorProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Cut both filesystems, kill the executor (and wait for it), bring the power back.
-fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut ExecutorProcess) {
+fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut ExecutorChild) {
     for fs in fs.iter() {
         fs.cut();
     }
@@ -1072,7 +1050,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
         let gateway = Gateway::new().await;
         for number in 0..cuts {
             let context = format!("executor cut {number} (seed {seed})");
-            let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
+            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
             let (mut ws, _, _) = gateway.accept().await;
 
             // Check the last round first, now that the executor is back: every acknowledged
@@ -1162,7 +1140,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
                 continue;
             };
             unanswered += 1;
-            let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
+            let mut child = spawn_executor(&laptop, &gateway.url(), &args);
             let (mut ws, _, _) = gateway.accept().await;
             let on_disk = std::fs::read_to_string(project.join("counter.txt")).unwrap();
             let ran_before = runs(&witness).get(&id).copied().unwrap_or(0);
@@ -1207,7 +1185,7 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
             cut_executor(&mut [&mut state_fs, &mut project_fs], &mut child);
             drop(ws);
         }
-        let mut child = ExecutorProcess::start(&laptop, &gateway, &args);
+        let mut child = spawn_executor(&laptop, &gateway.url(), &args);
         let (mut ws, _, _) = gateway.accept().await;
         let before = runs(&witness);
         for (id, operation, outcome) in &acknowledged {

@@ -123,7 +123,38 @@ pub fn patch(filepath: &str, diff: &str) -> Operation {
     }
 }
 
-pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> Child {
+/// `agentworks executor connect`, killed and reaped when dropped, also when a test fails: an
+/// executor left running reconnects for ever, holding the test run's stderr (and a mount) open.
+pub struct ExecutorChild(Child);
+
+impl ExecutorChild {
+    /// Kills the executor (SIGKILL, as a crash) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for ExecutorChild {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ExecutorChild {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ExecutorChild {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> ExecutorChild {
     let mut all = vec![
         "executor",
         "connect",
@@ -133,12 +164,14 @@ pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> Child {
         gateway,
     ];
     all.extend(args);
-    laptop
-        .command(&all)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
+    ExecutorChild(
+        laptop
+            .command(&all)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 pub fn wait_exit(child: &mut Child) -> Option<i32> {
