@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use agentworks_contract::executor::{Operation, Outcome, UndoneChange};
 
-use super::harness::{Gateway, KillOnDrop, Laptop, patch, request, runtime};
+use super::harness::{Gateway, KillOnDrop, Laptop, patch, request, runtime, spawn_executor};
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
@@ -80,25 +80,9 @@ fn markers(dir: &Path) -> Vec<PathBuf> {
 
 fn connect(laptop: &Laptop, gateway: &str, extra: &[&str]) -> KillOnDrop {
     let proj = laptop.folder("proj");
-    let mut args = vec![
-        "executor",
-        "connect",
-        "--name",
-        "t",
-        "--gateway",
-        gateway,
-        "--write-folder",
-        proj.to_str().unwrap(),
-    ];
+    let mut args = vec!["--write-folder", proj.to_str().unwrap()];
     args.extend(extra);
-    KillOnDrop(
-        laptop
-            .command(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    )
+    spawn_executor(laptop, gateway, &args)
 }
 
 /// The attacks, each one command in the repository at `repo` (`.` or `nested`), with the path

@@ -477,7 +477,7 @@ fn executor_runs_commands_and_patches_under_its_grants() {
         }))
         .await
         .unwrap();
-        let code = tokio::task::spawn_blocking(move || wait_exit(&mut child))
+        let code = tokio::task::spawn_blocking(move || wait_exit(&mut child.0))
             .await
             .unwrap();
         assert_eq!(code, Some(3));
@@ -515,7 +515,8 @@ fn a_command_interrupted_by_a_crash_is_never_run_again() {
             assert!(Instant::now() < deadline, "the command did not run");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        child.kill();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
         drop(ws);
 
         // Restarted: the same id is reported interrupted and not run again.
@@ -540,7 +541,7 @@ fn a_command_interrupted_by_a_crash_is_never_run_again() {
 
         // Ctrl-C: close 1000, exit 0.
         nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::unistd::Pid::from_raw(child.0.id() as i32),
             nix::sys::signal::Signal::SIGINT,
         )
         .unwrap();
@@ -555,7 +556,7 @@ fn a_command_interrupted_by_a_crash_is_never_run_again() {
             }
         };
         assert_eq!(close.map(|f| u16::from(f.code)), Some(1000));
-        let code = tokio::task::spawn_blocking(move || wait_exit(&mut child))
+        let code = tokio::task::spawn_blocking(move || wait_exit(&mut child.0))
             .await
             .unwrap();
         assert_eq!(code, Some(0));

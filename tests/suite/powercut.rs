@@ -999,11 +999,12 @@ fn runs(witness: &Path) -> HashMap<String, usize> {
 }
 
 /// Cut both filesystems, kill the executor (and wait for it), bring the power back.
-fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut ExecutorChild) {
+fn cut_executor(fs: &mut [&mut PowercutFs], child: &mut KillOnDrop) {
     for fs in fs.iter() {
         fs.cut();
     }
-    child.kill();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
     for fs in fs.iter_mut() {
         fs.restore_power()
             .unwrap_or_else(|e| panic!("restoring power: {e}"));
@@ -1200,7 +1201,8 @@ fn the_executor_keeps_every_acknowledged_result_across_power_cuts() {
             before,
             "a replayed command ran again (seed {seed})"
         );
-        child.kill();
+        let _ = child.0.kill();
+        let _ = child.0.wait();
     });
     let ran_twice: Vec<_> = runs(&witness).into_iter().filter(|(_, n)| *n > 1).collect();
     assert!(

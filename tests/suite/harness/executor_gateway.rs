@@ -125,36 +125,7 @@ pub fn patch(filepath: &str, diff: &str) -> Operation {
 
 /// `agentworks executor connect`, killed and reaped when dropped, also when a test fails: an
 /// executor left running reconnects for ever, holding the test run's stderr (and a mount) open.
-pub struct ExecutorChild(Child);
-
-impl ExecutorChild {
-    /// Kills the executor (SIGKILL, as a crash) and reaps it.
-    pub fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl std::ops::Deref for ExecutorChild {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for ExecutorChild {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for ExecutorChild {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> ExecutorChild {
+pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> super::KillOnDrop {
     let mut all = vec![
         "executor",
         "connect",
@@ -164,7 +135,7 @@ pub fn spawn_executor(laptop: &Laptop, gateway: &str, args: &[&str]) -> Executor
         gateway,
     ];
     all.extend(args);
-    ExecutorChild(
+    super::KillOnDrop(
         laptop
             .command(&all)
             .stdout(Stdio::null())
