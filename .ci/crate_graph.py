@@ -21,6 +21,7 @@ DOMAIN = {
     "agentworks-gateway",
     "agentworks-laptop",
     "agentworks-ctl",
+    "agentworks-runner",
 }
 SHARED = {
     "agentworks-core",

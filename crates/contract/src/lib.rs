@@ -6,6 +6,7 @@
 //! - [`agentd`]: `agentd.sock`: the operator endpoints and the gateway's token checks; the
 //!   identity vocabulary (scopes, roles, project kinds).
 //! - [`public_api`]: agentd's public device login and chat API.
+//! - [`runnerd`]: `runnerd.sock`: agentd asks runnerd to run a turn with a coding CLI.
 //! - [`gatewayd`]: `gatewayd.sock`: dispatch to connected laptops (agentd calls it).
 //! - [`executor`]: the executor WebSocket between gatewayd and `agentworks executor connect`.
 //! - [`cluster`]: the NATS subjects and messages between the hosts of a cluster.
@@ -20,4 +21,5 @@ pub mod envelope;
 pub mod executor;
 pub mod gatewayd;
 pub mod public_api;
+pub mod runnerd;
 pub mod workspaced;

@@ -70,6 +70,8 @@ pub struct Config {
     pub agentd: AgentdConfig,
     /// The `[gatewayd]` section.
     pub gatewayd: GatewaydConfig,
+    /// The `[runnerd]` section: coding CLIs as a chat's agent.
+    pub runnerd: RunnerdConfig,
     /// The `[cluster]` section: absent (or empty) means one host on embedded SQLite.
     pub cluster: ClusterConfig,
 }
@@ -83,6 +85,7 @@ impl Default for Config {
             workspaced: WorkspacedConfig::default(),
             agentd: AgentdConfig::default(),
             gatewayd: GatewaydConfig::default(),
+            runnerd: RunnerdConfig::default(),
             cluster: ClusterConfig::default(),
         }
     }
@@ -316,6 +319,59 @@ impl GatewaydConfig {
     }
 }
 
+/// The `[runnerd]` section: the coding CLIs runnerd may run as a chat's agent, and its limits.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerdConfig {
+    /// The socket agentd calls; `None` means `<runtime_dir>/runnerd.sock`.
+    pub socket: Option<PathBuf>,
+    /// Peers (besides root and runnerd's own user) that may run turns: agentd's user.
+    pub allowed_users: Vec<String>,
+    /// The longest a turn may run, in seconds (then it ends with `turn_timeout`).
+    pub turn_timeout_secs: u64,
+    /// The most processes a turn's CLI and its commands may have at once.
+    pub max_processes: u64,
+    /// The most memory a turn may use, in MiB, where runnerd's cgroup is delegated to it;
+    /// `None`: half of the machine's memory.
+    pub max_memory_mib: Option<u64>,
+    /// The providers, by name (`[runnerd.providers.NAME]`).
+    pub providers: std::collections::BTreeMap<String, ProviderConfig>,
+}
+
+impl Default for RunnerdConfig {
+    fn default() -> RunnerdConfig {
+        RunnerdConfig {
+            socket: None,
+            allowed_users: vec!["agentworks".to_owned()],
+            turn_timeout_secs: 30 * 60,
+            max_processes: 512,
+            max_memory_mib: None,
+            providers: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// The drivers runnerd has: the CLI dialects it can run.
+pub const PROVIDER_DRIVERS: &[&str] = &["codex"];
+
+/// One `[runnerd.providers.NAME]` table: a coding CLI and the model it uses.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// The CLI's dialect: `codex`.
+    pub driver: String,
+    /// The CLI's executable: an absolute path, or a name looked up on runnerd's `PATH` at start.
+    pub executable: String,
+    /// The model name the CLI asks for.
+    pub model: String,
+    /// The upstream API's base URL (`https://…/v1`; `http://` to loopback only). runnerd's
+    /// model gateway forwards the CLI's requests there.
+    pub upstream: String,
+    /// The file holding the upstream's API key (an absolute path, read by runnerd only).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
 /// The `[cluster]` section, shared by agentd and gatewayd (issue 16): several hosts sharing
 /// PostgreSQL (the rows are the truth) and NATS (messages wake and route). Either both URLs
 /// are set or neither; neither means today's single host on embedded SQLite.
@@ -491,6 +547,9 @@ pub enum ConfigError {
     /// (shown with a password redacted).
     #[error("agentd.model.base_url {url:?} is refused: {problem}")]
     ModelUrl { url: String, problem: &'static str },
+    /// A `[runnerd.providers.NAME]` table is unusable.
+    #[error("[runnerd.providers.{name}] is refused: {problem}")]
+    Provider { name: String, problem: String },
     /// A limit is zero, which would refuse everything.
     #[error("{key} must be greater than 0")]
     ZeroLimit { key: &'static str },
@@ -851,7 +910,84 @@ impl Config {
                 });
             }
         }
+        self.validate_runnerd(origin)?;
         self.validate_cluster(origin)
+    }
+
+    /// Positive limits; each provider with a known driver, a usable executable, a model, an
+    /// upstream that keeps the key off the network in clear, and an absolute key file.
+    fn validate_runnerd(&self, origin: &str) -> Result<(), ConfigError> {
+        let runnerd = &self.runnerd;
+        for (key, value) in [
+            ("runnerd.turn_timeout_secs", runnerd.turn_timeout_secs),
+            ("runnerd.max_processes", runnerd.max_processes),
+            ("runnerd.max_memory_mib", runnerd.max_memory_mib.unwrap_or(1)),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroLimit { key });
+            }
+        }
+        if let Some(socket) = &runnerd.socket
+            && !socket.is_absolute()
+        {
+            return Err(ConfigError::RelativePath {
+                key: "runnerd.socket",
+                path: socket.clone(),
+                origin: origin.to_owned(),
+            });
+        }
+        if runnerd.allowed_users.iter().any(|u| u.trim().is_empty()) {
+            return Err(ConfigError::EmptyUserName);
+        }
+        for (name, provider) in &runnerd.providers {
+            let bad = |problem: String| ConfigError::Provider {
+                name: name.clone(),
+                problem,
+            };
+            let name_ok = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+                && name != "api";
+            if !name_ok {
+                return Err(bad("a provider's name is 1 to 64 of a-z, 0-9, '-' and '_', and not \"api\" (the built-in agent)".to_owned()));
+            }
+            if !PROVIDER_DRIVERS.contains(&provider.driver.as_str()) {
+                return Err(bad(format!(
+                    "driver {:?} is not one runnerd has (it has: {})",
+                    provider.driver,
+                    PROVIDER_DRIVERS.join(", ")
+                )));
+            }
+            let executable = Path::new(&provider.executable);
+            if provider.executable.is_empty()
+                || (!executable.is_absolute() && provider.executable.contains('/'))
+            {
+                return Err(bad(format!(
+                    "executable {:?} must be an absolute path or a bare name found on PATH",
+                    provider.executable
+                )));
+            }
+            if provider.model.trim().is_empty() {
+                return Err(bad("model is empty".to_owned()));
+            }
+            if let Some(problem) = agentworks_support::url::http_base_url_problem(&provider.upstream) {
+                return Err(bad(format!(
+                    "upstream {}: {problem}",
+                    redact_url(&provider.upstream)
+                )));
+            }
+            if let Some(key_file) = &provider.key_file
+                && !key_file.is_absolute()
+            {
+                return Err(bad(format!(
+                    "key_file {} must be an absolute path",
+                    key_file.display()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A cluster has both URLs (with the right schemes) or neither, an absolute credentials
@@ -1023,6 +1159,14 @@ impl Config {
         match &self.gatewayd.socket {
             Some(path) => path.clone(),
             None => self.runtime_dir.join("gatewayd.sock"),
+        }
+    }
+
+    /// The path of runnerd's socket: `runnerd.socket`, else `<runtime_dir>/runnerd.sock`.
+    pub fn runnerd_socket(&self) -> PathBuf {
+        match &self.runnerd.socket {
+            Some(path) => path.clone(),
+            None => self.runtime_dir.join("runnerd.sock"),
         }
     }
 

@@ -1,0 +1,151 @@
+//! `runnerd.sock`: agentd asks runnerd to run a chat's turn with a coding CLI (a provider).
+//!
+//! - `GET /v1/health`: the one health answer.
+//! - `GET /v1/providers`: [`ProvidersAnswer`], the configured providers and whether each one's
+//!   executable was found.
+//! - `POST /v1/turns` ([`TurnRequest`]): runs one turn; the answer is a stream of
+//!   newline-delimited JSON [`TurnEvent`]s, the first [`TurnEvent::Started`] (with the turn's
+//!   id), the last [`TurnEvent::End`] or [`TurnEvent::Error`]. Closing the stream does not stop
+//!   the turn; `POST /v1/turns/{id}/cancel` does.
+//! - `POST /v1/turns/{id}/cancel`: ends the turn's CLI and its whole process tree.
+//!
+//! runnerd trusts the request only because its socket peer passed the `SO_PEERCRED` check
+//! (agentd, or root), and re-checks what it can itself: the project's folder, the mode.
+
+use agentworks_core::guard::Guard;
+use serde::{Deserialize, Serialize};
+
+/// The most bytes of a turn request's body (the prompt is most of it).
+pub const MAX_TURN_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// What a CLI may do to the project in a chat, chosen when the chat starts and never promoted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The project is read-only.
+    #[default]
+    Run,
+    /// The project is writable within the resolved write grants (blocked, read-only and
+    /// protected paths excluded); only for authoring roles.
+    Builder,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Run => "run",
+            Mode::Builder => "builder",
+        }
+    }
+}
+
+/// `GET /v1/providers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvidersAnswer {
+    pub providers: Vec<ProviderInfo>,
+}
+
+/// One configured provider, as agentd and `agentworksctl status` see it (never its key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderInfo {
+    pub name: String,
+    /// The dialect runnerd drives it with: `codex`.
+    pub driver: String,
+    pub model: String,
+    /// The executable runnerd found at start, when it found one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executable: Option<String>,
+    /// Why the provider cannot run (its executable is missing), when it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
+/// `POST /v1/turns`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnRequest {
+    pub chat_id: String,
+    pub user_id: String,
+    /// The project's folder name under the documents root.
+    pub project: String,
+    pub provider: String,
+    pub mode: Mode,
+    /// The guard agentd resolved for this person on this project (Builder's write grants).
+    pub guard: Guard,
+    /// What the person wrote.
+    pub prompt: String,
+    /// The CLI's session (Codex's thread) recorded by an earlier turn of this chat, with the
+    /// session key it was recorded under: resumed only under the same key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// A CLI session to continue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    pub session_id: String,
+    pub session_key: String,
+}
+
+/// One line of a turn's stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TurnEvent {
+    /// The turn runs: its id (for cancel) and the session key of its runtime.
+    Started { turn_id: String, session_key: String },
+    /// The CLI's session, to resume in the chat's next turn (with the started key).
+    Session { session_id: String },
+    /// Text the CLI's model answered.
+    Text { text: String },
+    /// One of the CLI's own tool calls began (`command` is what it runs, folded to one line).
+    ToolCall {
+        call_id: String,
+        tool: String,
+        command: String,
+    },
+    /// It ended.
+    ToolResult {
+        call_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// Its output, bounded.
+        output: String,
+    },
+    /// Tokens the upstream counted for this turn's model requests so far.
+    Usage {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    /// The turn ended normally.
+    End {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+    },
+    /// The turn failed: a stable code and a sentence a person can act on.
+    Error { code: String, message: String },
+}
+
+/// The stable codes of [`TurnEvent::Error`].
+pub mod codes {
+    /// No provider of that name is configured.
+    pub const UNKNOWN_PROVIDER: &str = "unknown_provider";
+    /// The provider's executable was not found.
+    pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
+    /// The CLI could not be started, or exited before the turn ended.
+    pub const CLI_FAILED: &str = "cli_failed";
+    /// The upstream refused the operator's key.
+    pub const UPSTREAM_REFUSED: &str = "upstream_refused";
+    /// The runtime's `project` is something else than runnerd's link.
+    pub const RUNTIME_OCCUPIED: &str = "runtime_occupied";
+    /// The project's folder is missing, or was replaced.
+    pub const PROJECT_UNAVAILABLE: &str = "project_unavailable";
+    /// The turn ran longer than `[runnerd] turn_timeout`.
+    pub const TIMEOUT: &str = "turn_timeout";
+    /// The turn was cancelled.
+    pub const CANCELLED: &str = "cancelled";
+    /// The sandbox is not available on this machine.
+    pub const SANDBOX_UNAVAILABLE: &str = "sandbox_unavailable";
+    /// Anything else runnerd could not do.
+    pub const INTERNAL: &str = "internal";
+}

@@ -1,0 +1,23 @@
+//! `agentworks-runnerd`: a chat's agent as a coding CLI (Codex) that the operator installed and
+//! configured as a provider, run on the server's project in a private runtime, sandboxed.
+//!
+//! Owns: the providers ([`provider`]: `[runnerd.providers.NAME]`, the executable found at
+//! start), the private runtimes ([`runtime`]: a keyed directory per user, project, chat,
+//! provider and mode, with its `project` link and generated guidance), the model gateway
+//! ([`gateway`]: a per-turn capability on loopback, the operator's key added only there, usage
+//! counted), the Codex driver ([`codex`]: its generated config, its command line, its JSON
+//! stream turned into the turn's events), a turn ([`turn`]: the CLI in the sandbox, cancel,
+//! timeout), the socket API agentd calls ([`server`]) and the daemon's start ([`start`]).
+//!
+//! Must never: let a provider's key into a sandbox (environment, runtime files, arguments),
+//! start a CLI outside the sandbox, grant the project writable in Run mode, or delete what a
+//! runtime's `project` names.
+
+pub mod cli;
+pub mod codex;
+pub mod gateway;
+pub mod provider;
+pub mod runtime;
+pub mod server;
+pub mod start;
+pub mod turn;
