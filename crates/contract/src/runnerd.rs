@@ -93,7 +93,10 @@ pub struct Resume {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnEvent {
     /// The turn runs: its id (for cancel) and the session key of its runtime.
-    Started { turn_id: String, session_key: String },
+    Started {
+        turn_id: String,
+        session_key: String,
+    },
     /// The CLI's session, to resume in the chat's next turn (with the started key).
     Session { session_id: String },
     /// Text the CLI's model answered.

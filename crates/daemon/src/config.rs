@@ -921,7 +921,10 @@ impl Config {
         for (key, value) in [
             ("runnerd.turn_timeout_secs", runnerd.turn_timeout_secs),
             ("runnerd.max_processes", runnerd.max_processes),
-            ("runnerd.max_memory_mib", runnerd.max_memory_mib.unwrap_or(1)),
+            (
+                "runnerd.max_memory_mib",
+                runnerd.max_memory_mib.unwrap_or(1),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::ZeroLimit { key });
@@ -946,9 +949,9 @@ impl Config {
             };
             let name_ok = !name.is_empty()
                 && name.len() <= 64
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+                && name.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                })
                 && name != "api";
             if !name_ok {
                 return Err(bad("a provider's name is 1 to 64 of a-z, 0-9, '-' and '_', and not \"api\" (the built-in agent)".to_owned()));
@@ -972,7 +975,9 @@ impl Config {
             if provider.model.trim().is_empty() {
                 return Err(bad("model is empty".to_owned()));
             }
-            if let Some(problem) = agentworks_support::url::http_base_url_problem(&provider.upstream) {
+            if let Some(problem) =
+                agentworks_support::url::http_base_url_problem(&provider.upstream)
+            {
                 return Err(bad(format!(
                     "upstream {}: {problem}",
                     redact_url(&provider.upstream)

@@ -25,18 +25,14 @@
 //! and component by component (`Path::starts_with`), never as strings.
 
 use std::collections::HashSet;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use rustix::fs::{Mode, OFlags};
 
 use agentworks_contract::executor::{FolderAccess, FolderInfo, MAX_FOLDERS, check_alias};
 use agentworks_core::guard::{Guard, RelPath};
 
 use super::config::Dirs;
 use agentworks_sandbox::resolve::{ResolveError, resolve_lenient};
-use agentworks_sandbox::{ExclusionMechanism, PinnedAccess, PinnedGrant, SandboxPolicy};
+use agentworks_sandbox::{ExclusionMechanism, PinnedAccess, PinnedDir, SandboxPolicy};
 
 /// Toolchain folders under the person's home that commands may read and execute (each pinned at
 /// connect where it exists). Never the whole home.
@@ -127,91 +123,6 @@ pub enum GrantError {
 impl From<ResolveError> for GrantError {
     fn from(ResolveError { path, source }: ResolveError) -> GrantError {
         GrantError::Resolve { path, source }
-    }
-}
-
-/// A directory opened at connect (`O_PATH`, no symlink followed) and kept open, with the device
-/// and inode it had then.
-#[derive(Debug, Clone)]
-pub struct PinnedDir {
-    /// Canonical at connect.
-    path: PathBuf,
-    fd: Arc<OwnedFd>,
-    dev: u64,
-    ino: u64,
-}
-
-impl PartialEq for PinnedDir {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.path, self.dev, self.ino) == (&other.path, other.dev, other.ino)
-    }
-}
-
-impl Eq for PinnedDir {}
-
-/// How a pinned directory is opened: `O_PATH` on Linux (no read access needed, nothing but a
-/// handle for Landlock's rules); macOS has no `O_PATH`, so a plain read-only directory
-/// descriptor, which the launcher only compares with the path (its profile names paths).
-#[cfg(target_os = "linux")]
-const PIN_ACCESS: OFlags = OFlags::PATH;
-#[cfg(target_os = "macos")]
-const PIN_ACCESS: OFlags = OFlags::RDONLY;
-
-/// Opens `path` (canonical) as a directory without following a symlink at its end; its device
-/// and inode.
-fn open_dir_at_path(path: &Path) -> std::io::Result<(OwnedFd, u64, u64)> {
-    let fd = rustix::fs::open(
-        path,
-        PIN_ACCESS | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let stat = rustix::fs::fstat(&fd)?;
-    // st_dev and st_ino are unsigned on Linux; the casts only widen.
-    #[allow(clippy::unnecessary_cast)]
-    Ok((fd, stat.st_dev as u64, stat.st_ino as u64))
-}
-
-impl PinnedDir {
-    fn open(path: &Path) -> std::io::Result<PinnedDir> {
-        let (fd, dev, ino) = open_dir_at_path(path)?;
-        Ok(PinnedDir {
-            path: path.to_owned(),
-            fd: Arc::new(fd),
-            dev,
-            ino,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether the path still names the pinned directory (no symlink at its end, same device
-    /// and inode).
-    pub fn check(&self) -> Result<(), GrantError> {
-        let replaced = |reason: String| GrantError::Replaced {
-            path: self.path.clone(),
-            reason,
-        };
-        match open_dir_at_path(&self.path) {
-            Ok((_, dev, ino)) if (dev, ino) == (self.dev, self.ino) => Ok(()),
-            Ok(_) => Err(replaced("another directory is there now".to_owned())),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                Err(replaced("it is a symlink now".to_owned()))
-            }
-            Err(e) => Err(replaced(e.to_string())),
-        }
-    }
-
-    /// The sandbox grant of this directory through its descriptor.
-    fn grant(&self, access: PinnedAccess) -> PinnedGrant {
-        PinnedGrant {
-            fd: self.fd.as_raw_fd(),
-            dev: self.dev,
-            ino: self.ino,
-            path: self.path.clone(),
-            access,
-        }
     }
 }
 
@@ -340,7 +251,7 @@ fn pin_toolchains(
             Err(source) => return Err(GrantError::Toolchain { path, source }),
         };
         if writable.iter().any(|w| canonical.starts_with(w))
-            || pinned.iter().any(|p| p.path == canonical)
+            || pinned.iter().any(|p| p.path() == canonical)
         {
             continue;
         }
@@ -552,7 +463,7 @@ impl Grants {
             folders,
             blocked,
             read_only,
-            downloads: downloads.as_ref().map(|d| d.path.clone()),
+            downloads: downloads.as_ref().map(|d| d.path().to_owned()),
             private: private.into_iter().map(|(_, p)| p).collect(),
             home,
             pins: Pins {
@@ -567,9 +478,15 @@ impl Grants {
     /// Refuses a request on `folder` when it, or its Downloads companion, is no longer the
     /// directory pinned at connect.
     pub fn check_pinned(&self, folder: &Folder) -> Result<(), GrantError> {
-        self.folder_pin(folder)?.check()?;
+        let check = |pin: &PinnedDir| {
+            pin.check().map_err(|reason| GrantError::Replaced {
+                path: pin.path().to_owned(),
+                reason,
+            })
+        };
+        check(self.folder_pin(folder)?)?;
         match self.downloads_pin(folder) {
-            Some(downloads) => downloads.check(),
+            Some(downloads) => check(downloads),
             None => Ok(()),
         }
     }
@@ -674,7 +591,7 @@ impl Grants {
             .pins
             .toolchains
             .iter()
-            .map(|t| t.path.display().to_string())
+            .map(|t| t.path().display().to_string())
             .collect();
         if !toolchains.is_empty() {
             out.push_str(&format!(

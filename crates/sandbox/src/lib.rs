@@ -162,6 +162,7 @@ pub mod launcher;
 pub mod limits;
 #[cfg(target_os = "linux")]
 mod overmount;
+pub mod pin;
 #[cfg(target_os = "linux")]
 mod plan;
 pub mod policy;
@@ -188,4 +189,5 @@ pub use launcher::{
     PROBE_SUBCOMMAND, REFUSAL_EXIT, REFUSAL_PREFIX, SUBCOMMAND, launcher_main, probe_main,
 };
 pub use limits::CommandLimits;
+pub use pin::PinnedDir;
 pub use policy::{PinnedAccess, PinnedGrant, SandboxPolicy};
