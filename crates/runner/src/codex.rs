@@ -371,11 +371,7 @@ impl EventParser {
                 output: str_field(item, "aggregated_output").to_owned(),
             },
             "mcp_tool_call" => ToolItem {
-                tool: format!(
-                    "{}.{}",
-                    str_field(item, "server"),
-                    str_field(item, "tool")
-                ),
+                tool: format!("{}.{}", str_field(item, "server"), str_field(item, "tool")),
                 command: item
                     .get("arguments")
                     .map(Value::to_string)
@@ -577,10 +573,7 @@ mod tests {
 
     #[test]
     fn args_read_the_prompt_from_stdin_and_resume_by_thread_id() {
-        assert_eq!(
-            args(None),
-            ["exec", "--json", "--skip-git-repo-check", "-"]
-        );
+        assert_eq!(args(None), ["exec", "--json", "--skip-git-repo-check", "-"]);
         assert_eq!(
             args(Some("01a2-thread")),
             [
