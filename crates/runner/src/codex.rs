@@ -126,8 +126,11 @@ struct Features {
 
 #[derive(Serialize)]
 struct ShellEnvironmentPolicy<'a> {
-    /// The capability stays out of the commands Codex runs (Codex's default excludes already
-    /// drop names containing KEY, SECRET or TOKEN; this names it whatever it is called).
+    /// Codex's default excludes (names containing KEY, SECRET or TOKEN) dropped from the
+    /// environment of the commands it runs: 0.171 ignores them unless told not to (seen: a
+    /// command's `env` showed `OTHER_API_KEY` without this).
+    ignore_default_excludes: bool,
+    /// The capability stays out of those commands whatever its variable is called.
     exclude: Vec<&'a str>,
 }
 
@@ -207,6 +210,7 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
         },
         features: Features { plugins: false },
         shell_environment_policy: ShellEnvironmentPolicy {
+            ignore_default_excludes: false,
             exclude: vec![config.key_env],
         },
         model_providers: BTreeMap::from([(
@@ -518,6 +522,9 @@ mod tests {
         assert_eq!(provider["wire_api"].as_str(), Some("responses"));
         assert_eq!(parsed["analytics"]["enabled"].as_bool(), Some(false));
         assert_eq!(parsed["features"]["plugins"].as_bool(), Some(false));
+        let policy = &parsed["shell_environment_policy"];
+        assert_eq!(policy["ignore_default_excludes"].as_bool(), Some(false));
+        assert_eq!(policy["exclude"][0].as_str(), Some("AGENTWORKS_MODEL_KEY"));
         assert!(!parsed.contains_key("mcp_servers"));
     }
 

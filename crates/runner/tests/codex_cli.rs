@@ -349,3 +349,39 @@ async fn a_second_turn_resumes_the_thread() {
     assert_eq!(resumed.header("authorization"), Some("Bearer cap-2"));
     assert_eq!(resumed.header("thread-id"), Some(thread.as_str()));
 }
+
+#[tokio::test]
+async fn the_capability_stays_out_of_the_commands_codex_runs() {
+    let server = ScriptedResponses::start(vec![
+        Reply::FunctionCall {
+            name: "exec_command".to_owned(),
+            call_id: "call_env".to_owned(),
+            arguments: json!({"cmd": "env"}),
+        },
+        text("Done."),
+    ])
+    .await
+    .unwrap();
+    let turn = Turn::new(&server);
+    let run = run_codex(
+        &turn,
+        None,
+        "Show the environment.",
+        "cap-secret-value",
+        EventParser::new(),
+    )
+    .await;
+    assert_eq!(run.exit_code, Some(0));
+    let output = run
+        .events
+        .iter()
+        .find_map(|e| match e {
+            TurnEvent::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the env command's result");
+    // The command ran (its environment is there) without the capability in it.
+    assert!(output.contains("CODEX_HOME="), "{output}");
+    assert!(!output.contains(KEY_ENV), "{output}");
+    assert!(!output.contains("cap-secret-value"), "{output}");
+}
