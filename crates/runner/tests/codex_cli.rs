@@ -12,41 +12,20 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use agentworks_contract::runnerd::TurnEvent;
 use agentworks_runner::codex::{CodexConfig, EventParser, args, config_toml};
 use serde_json::json;
+use support::codex_binary;
 use support::responses::{RecordedRequest, Reply, ScriptedResponses, USAGE_PER_REPLY};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const KEY_ENV: &str = "AGENTWORKS_MODEL_KEY";
 const MODEL: &str = "agentworks-test-model";
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The native binary in the npm install (the `bin/codex.js` wrapper only finds and execs it).
-fn codex_binary() -> PathBuf {
-    let (package, triple) = match std::env::consts::ARCH {
-        "x86_64" => ("codex-linux-x64", "x86_64-unknown-linux-musl"),
-        "aarch64" => ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
-        other => panic!("no Codex package for {other}"),
-    };
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/codex/node_modules/@openai")
-        .join(package)
-        .join("vendor")
-        .join(triple)
-        .join("bin/codex");
-    assert!(
-        path.is_file(),
-        "the Codex CLI is not installed at {}: run `(cd tests/codex && npm ci --ignore-scripts)` \
-         from the repository's root",
-        path.display()
-    );
-    path
-}
 
 /// One turn's private directories.
 struct Turn {
