@@ -437,3 +437,153 @@ fn base64_of(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+#[test]
+fn an_upstream_that_refuses_the_key_ends_the_turn_with_upstream_refused() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![Reply::RefuseKey]))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let events = runnerd
+        .turn(&request("chat-refused", "run", "hi"))
+        .finish(TURN);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "error", "{events:#?}");
+    assert_eq!(last["code"], "upstream_refused", "{events:#?}");
+    let message = last["message"].as_str().unwrap();
+    assert!(message.contains("[runnerd.providers.codex]"), "{message}");
+    assert!(!message.contains(&s.key), "{message}");
+}
+
+/// A provider whose executable is this shell script (a CLI that misbehaves on cue).
+fn fake_cli(state: &StateRoot, name: &str, script: &str) -> String {
+    let path = state.root().join(format!("cli-{name}/{name}"));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+fn fake_provider_config(executable: &str, runnerd: &str) -> String {
+    format!(
+        "[runnerd]\n{runnerd}\n[runnerd.providers.codex]\ndriver = \"codex\"\nexecutable = \"{executable}\"\nmodel = \"scripted\"\nupstream = \"http://127.0.0.1:9/v1\"\n"
+    )
+}
+
+#[test]
+fn a_cli_that_fails_or_exits_mid_turn_is_a_turn_error_with_its_last_words() {
+    let state = StateRoot::new();
+    state.project("p", &[("hello.txt", "hi")]);
+    let broken = fake_cli(
+        &state,
+        "broken",
+        "echo 'line one' >&2\necho 'error: the config is broken' >&2\nexit 3",
+    );
+    state.set_config(&fake_provider_config(&broken, ""));
+    let runnerd = Runnerd::start(&state);
+    let events = runnerd
+        .turn(&request("chat-broken", "run", "hi"))
+        .finish(TURN);
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "cli_failed", "{events:#?}");
+    let message = last["message"].as_str().unwrap();
+    assert!(message.contains("the config is broken"), "{message}");
+    drop(runnerd);
+
+    // Mid-turn: the thread started, then the CLI died.
+    let midway = fake_cli(
+        &state,
+        "midway",
+        r#"echo '{"type":"thread.started","thread_id":"t-1"}'
+echo '{"type":"turn.started"}'
+kill -9 $$"#,
+    );
+    state.set_config(&fake_provider_config(&midway, ""));
+    let runnerd = Runnerd::start(&state);
+    let events = runnerd
+        .turn(&request("chat-midway", "run", "hi"))
+        .finish(TURN);
+    assert_eq!(of_type(&events, "session")[0]["session_id"], "t-1");
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "cli_failed", "{events:#?}");
+    assert!(
+        last["message"]
+            .as_str()
+            .unwrap()
+            .contains("before the turn ended"),
+        "{last}"
+    );
+}
+
+#[test]
+fn a_turn_past_its_timeout_ends_with_its_whole_tree() {
+    let state = StateRoot::new();
+    state.project("p", &[("hello.txt", "hi")]);
+    let slow = fake_cli(
+        &state,
+        "slow",
+        "echo '{\"type\":\"thread.started\",\"thread_id\":\"t-slow\"}'\nsleep 600 &\nsleep 601",
+    );
+    state.set_config(&fake_provider_config(&slow, "turn_timeout_secs = 2"));
+    let runnerd = Runnerd::start(&state);
+    let started = std::time::Instant::now();
+    let events = runnerd
+        .turn(&request("chat-slow", "run", "hi"))
+        .finish(TURN);
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "turn_timeout", "{events:#?}");
+    assert!(
+        last["message"]
+            .as_str()
+            .unwrap()
+            .contains("turn_timeout_secs"),
+        "{last}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    wait_until(
+        "the slow CLI's processes are gone",
+        Duration::from_secs(3),
+        || processes_with(&slow).is_empty() && processes_with("sleep 601").is_empty(),
+    );
+    assert_eq!(runnerd.get("/v1/health")["status"], "ok");
+}
+
+#[test]
+fn a_project_folder_replaced_during_the_turn_is_refused() {
+    let state = StateRoot::new();
+    let project = state.project("p", &[("hello.txt", "hi")]);
+    let waits = fake_cli(
+        &state,
+        "waits",
+        "echo '{\"type\":\"thread.started\",\"thread_id\":\"t-w\"}'\nwhile [ ! -e go ]; do sleep 0.1; done\ncat project/hello.txt >&2\necho '{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}'",
+    );
+    state.set_config(&fake_provider_config(&waits, ""));
+    let runnerd = Runnerd::start(&state);
+    let turn = runnerd.turn(&request("chat-swap", "run", "hi"));
+    assert_eq!(turn.next(TURN)["type"], "started");
+    // The folder is moved away and another put in its place while the CLI runs.
+    std::fs::rename(&project, state.documents().join("p-moved")).unwrap();
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("hello.txt"), "impostor").unwrap();
+    let runtimes = state.root().join("runner/runtimes");
+    let runtime = std::fs::read_dir(&runtimes)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(runtime.join("go"), "").unwrap();
+    let events = turn.finish(TURN);
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "project_unavailable", "{events:#?}");
+    assert!(
+        last["message"].as_str().unwrap().contains("replaced"),
+        "{last}"
+    );
+}

@@ -308,28 +308,30 @@ impl Runner {
                 format!("the project's folder was replaced during the turn: {why}"),
             ));
         }
-        match outcome {
-            Ok((status, _)) if status.success() => Ok(status.code()),
-            Ok((status, stderr)) => {
-                if let Some(code) = refusal {
-                    return Err(TurnFailure::new(
-                        codes::UPSTREAM_REFUSED,
-                        format!(
-                            "the model API refused the operator's key (HTTP {code}): check key_file of [runnerd.providers.{}]",
-                            provider.name
-                        ),
-                    ));
-                }
-                Err(TurnFailure::new(
-                    codes::CLI_FAILED,
-                    format!(
-                        "{} exited with {status} before the turn ended{}",
-                        provider.name,
-                        tail_sentence(&stderr)
-                    ),
-                ))
-            }
-            Err(failure) => Err(failure),
+        let exit = outcome?;
+        if let Some(code) = refusal {
+            return Err(TurnFailure::new(
+                codes::UPSTREAM_REFUSED,
+                format!(
+                    "the model API refused the operator's key (HTTP {code}): check key_file of \
+                     [runnerd.providers.{}]",
+                    provider.name
+                ),
+            ));
+        }
+        match exit.failure {
+            None if exit.status.success() => Ok(exit.status.code()),
+            failure => Err(TurnFailure::new(
+                codes::CLI_FAILED,
+                format!(
+                    "{}{}",
+                    failure.unwrap_or_else(|| format!(
+                        "{} exited with {} before the turn ended",
+                        provider.name, exit.status
+                    )),
+                    tail_sentence(&exit.stderr)
+                ),
+            )),
         }
     }
 
@@ -447,7 +449,7 @@ impl Runner {
         prompt: &str,
         cancel: &CancellationToken,
         events: &Events,
-    ) -> Result<(std::process::ExitStatus, String), TurnFailure> {
+    ) -> Result<CliExit, TurnFailure> {
         let mut child = command.spawn(&self.launcher).map_err(|e| {
             TurnFailure::new(codes::CLI_FAILED, format!("cannot start the CLI: {e}"))
         })?;
@@ -459,7 +461,7 @@ impl Runner {
             });
         }
         let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));
-        if let Some(mut stderr) = child.stderr.take() {
+        let stderr_reader = child.stderr.take().map(|mut stderr| {
             let tail = stderr_tail.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
@@ -472,21 +474,30 @@ impl Runner {
                     let excess = tail.len().saturating_sub(STDERR_TAIL);
                     tail.drain(..excess);
                 }
-            });
-        }
+            })
+        });
         let stdout = child.stdout.take();
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut parser = EventParser::new();
+        let mut failure: Option<String> = None;
+        let forward = |turn_events: Vec<TurnEvent>, failure: &mut Option<String>| {
+            for event in turn_events {
+                match event {
+                    // The gateway's count is the turn's usage (sent at the end).
+                    TurnEvent::Usage { .. } => {}
+                    // The CLI's own failure ends the turn, after its exit: the last event.
+                    TurnEvent::Error { message, .. } => {
+                        failure.get_or_insert(message);
+                    }
+                    other => events.send(&other),
+                }
+            }
+        };
         let read_events = async {
             if let Some(stdout) = stdout {
                 let mut lines = tokio::io::BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    for event in parser.line(&line) {
-                        // The gateway's count is the turn's usage (sent at the end).
-                        if !matches!(event, TurnEvent::Usage { .. }) {
-                            events.send(&event);
-                        }
-                    }
+                    forward(parser.line(&line), &mut failure);
                 }
             }
         };
@@ -518,14 +529,29 @@ impl Runner {
         let status = status.map_err(|e| {
             TurnFailure::new(codes::CLI_FAILED, format!("cannot wait for the CLI: {e}"))
         })?;
-        // The stderr reader may still be copying its last bytes.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The stderr reader may still be copying its last bytes: the launcher has ended the
+        // tree, so the pipe closes; a second at most.
+        if let Some(reader) = stderr_reader {
+            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        }
         let tail = stderr_tail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        Ok((status, String::from_utf8_lossy(&tail).into_owned()))
+        forward(parser.finish(status.code()), &mut failure);
+        Ok(CliExit {
+            status,
+            stderr: String::from_utf8_lossy(&tail).into_owned(),
+            failure,
+        })
     }
+}
+
+/// How the CLI ended: its status, its stderr's tail, and the failure its own stream reported.
+struct CliExit {
+    status: std::process::ExitStatus,
+    stderr: String,
+    failure: Option<String>,
 }
 
 /// `": <its last lines>"` of a CLI's stderr, or nothing when it printed nothing.

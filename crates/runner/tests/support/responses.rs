@@ -27,6 +27,9 @@ pub const USAGE_PER_REPLY: (u64, u64) = (11, 7);
 pub enum Reply {
     /// An assistant message with this text.
     Text(String),
+    /// The upstream refuses the key: 401 with an OpenAI-style error body, for this request
+    /// and every later one.
+    RefuseKey,
     /// A call to one of the client's function tools.
     FunctionCall {
         name: String,
@@ -190,6 +193,20 @@ impl State {
         if method != "POST" || path != "/v1/responses" {
             return failure(format!("the scripted server has no {method} {path}"));
         }
+        let refusing =
+            matches!(self.script.last(), Some(Reply::RefuseKey)) && index + 1 >= self.script.len();
+        if refusing {
+            let body = json!({"error": {
+                "message": "Incorrect API key provided",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }});
+            return Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body.to_string())))
+                .expect("a static response is valid");
+        }
         let Some(reply) = self.script.get(index) else {
             return failure(format!(
                 "the script has {} replies; this is request {}",
@@ -222,6 +239,8 @@ fn events(reply: &Reply, index: usize) -> Vec<Value> {
         "response": {"id": response_id, "status": "in_progress"},
     })];
     match reply {
+        // Answered before any event (`ScriptedResponses::answer`).
+        Reply::RefuseKey => {}
         Reply::Text(text) => {
             let item_id = format!("msg_{index}");
             events.push(json!({
