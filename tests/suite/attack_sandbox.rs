@@ -13,10 +13,8 @@
 //! The laptop runs as an unprivileged test user wherever the kernel treats root differently
 //! (`TIOCSTI` and `RLIMIT_NPROC` do not bind root).
 
-use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +27,9 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{
-    Client, Gatewayd, Laptop, QuickstartRun, Stack, block_on, ensure_user, processes_with,
-    quickstart_args, reserve_ports, users_lock, wait_until,
+    Client, DelegatedCgroup, Gatewayd, Laptop, QuickstartRun, Stack, Start, as_user, block_on,
+    chown_tree, ensure_user, processes_with, quickstart_args, reserve_ports, tasks_of, users_lock,
+    wait_until,
 };
 use agentworks_support::unix_http::UnixClient;
 
@@ -569,56 +568,6 @@ fn laptop_user(name: &str) -> (u32, u32) {
     ensure_user(name, &[])
 }
 
-fn chown_tree(path: &Path, uid: u32, gid: u32) {
-    let status = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{gid}"))
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-/// How a laptop process is started: as `uid:gid`, optionally first moved (as root) into a
-/// cgroup and made the session leader of a terminal.
-#[derive(Clone, Default)]
-struct Start {
-    cgroup: Option<PathBuf>,
-    terminal: bool,
-}
-
-/// `command` as `uid:gid` (supplementary groups cleared), after `start`'s steps.
-fn as_user(command: &mut Command, uid: u32, gid: u32, start: Start) {
-    let procs = start
-        .cgroup
-        .map(|c| CString::new(c.join("cgroup.procs").to_str().unwrap()).unwrap());
-    let terminal = start.terminal;
-    // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
-    // system calls (open, write, close, setgroups, setgid, setuid, setsid, ioctl) on values
-    // prepared before the fork; it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if let Some(procs) = &procs {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-            }
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if terminal && (libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0) {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// A stack (agentd, workspaced, gatewayd, as root), a person with a `devices:connect` token,
 /// and a laptop owned by the unprivileged `uid`, logged in. Drops the executor first.
 struct UserLaptop {
@@ -780,95 +729,6 @@ fn login(laptop: &Laptop, stack: &Stack, gw_port: u16, token: &str, uid: u32, gi
 
 fn stdout(outcome: &Value) -> &str {
     outcome["stdout"].as_str().unwrap_or_default()
-}
-
-/// A cgroup v2 directory delegated to `uid:gid` the way systemd's `Delegate=yes` does it (the
-/// directory and its cgroup.procs, cgroup.threads and cgroup.subtree_control chowned); removed
-/// on drop (with whatever the executor made in it).
-struct DelegatedCgroup {
-    path: PathBuf,
-}
-
-impl DelegatedCgroup {
-    fn new(uid: u32, gid: u32) -> DelegatedCgroup {
-        let root = cgroup2_root();
-        let path = root.join(unique("awtest-delegated"));
-        std::fs::create_dir(&path).unwrap_or_else(|e| {
-            panic!(
-                "cannot create a cgroup under {} ({e}): this test needs a writable cgroup v2 hierarchy",
-                root.display()
-            )
-        });
-        for entry in [
-            "",
-            "cgroup.procs",
-            "cgroup.threads",
-            "cgroup.subtree_control",
-        ] {
-            nix::unistd::chown(
-                &path.join(entry),
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )
-            .unwrap();
-        }
-        DelegatedCgroup { path }
-    }
-
-    fn controllers(&self) -> String {
-        std::fs::read_to_string(self.path.join("cgroup.controllers")).unwrap_or_default()
-    }
-}
-
-impl Drop for DelegatedCgroup {
-    fn drop(&mut self) {
-        // Children first; each must be empty by now (the executor was killed before).
-        if let Ok(entries) = std::fs::read_dir(&self.path) {
-            for entry in entries.flatten() {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    let _ = std::fs::write(entry.path().join("cgroup.kill"), "1");
-                    for _ in 0..200 {
-                        if std::fs::remove_dir(entry.path()).is_ok() {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(&self.path);
-    }
-}
-
-/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` or, on a hybrid machine,
-/// `/sys/fs/cgroup/unified`).
-fn cgroup2_root() -> PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    agentworks_sandbox::cgroup::cgroup2_mount(&mountinfo)
-        .expect("this test needs a cgroup v2 hierarchy (cgroup2 is not mounted)")
-        .0
-}
-
-/// Tasks (threads) of real uid `uid` now, from `/proc/<pid>/status` (`Uid:` real id,
-/// `Threads:`), which is what RLIMIT_NPROC counts.
-fn tasks_of(uid: u32) -> u64 {
-    let mut count = 0;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        if field("Uid:") == Some(u64::from(uid)) {
-            count += field("Threads:").unwrap_or(1);
-        }
-    }
-    count
 }
 
 #[test]

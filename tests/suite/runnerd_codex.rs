@@ -587,3 +587,58 @@ fn a_project_folder_replaced_during_the_turn_is_refused() {
         "{last}"
     );
 }
+
+#[test]
+fn a_fork_bomb_hits_the_turns_limits_and_runnerd_survives() {
+    // Its own user (no other test's processes count against its limit) in a cgroup delegated
+    // to it, as systemd runs runnerd.
+    let (uid, gid) = {
+        let _lock = users_lock();
+        ensure_user("awtest-runnerbomb", &[])
+    };
+    let cgroup = DelegatedCgroup::new(uid, gid);
+    let state = StateRoot::new();
+    state.project("p", &[("hello.txt", "hi")]);
+    let bomb = fake_cli(
+        &state,
+        "bomb",
+        "echo '{\"type\":\"thread.started\",\"thread_id\":\"t-bomb\"}'\nbomb() { bomb | bomb & }\nsleep 30 & s=$!\n(bomb) &\nwait $s",
+    );
+    state.set_config(&fake_provider_config(
+        &bomb,
+        "turn_timeout_secs = 4\nmax_processes = 64",
+    ));
+    state.give_state_to(uid, gid);
+    let runnerd = Runnerd::start_as(&state, uid, gid, cgroup.path.clone());
+    let before = tasks_of(uid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = std::thread::spawn({
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        move || {
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                peak.fetch_max(tasks_of(uid), std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    let events = runnerd
+        .turn(&request("chat-bomb", "run", "hi"))
+        .finish(TURN);
+    let ended_at = std::time::Instant::now();
+    sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+    sampler.join().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "turn_timeout", "{events:#?}");
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("fork bomb in a turn: tasks of its user before {before}, peak {peak} (limit +64)");
+    // runnerd's own threads may grow by a few meanwhile.
+    assert!(peak <= before + 64 + 16, "peak {peak}, before {before}");
+    assert_eq!(runnerd.get("/v1/health")["status"], "ok");
+    wait_until(
+        "the bomb's processes are gone",
+        Duration::from_secs(3),
+        || processes_with(&bomb).is_empty(),
+    );
+    eprintln!("gone {:?} after the turn's end", ended_at.elapsed());
+}

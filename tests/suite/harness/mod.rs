@@ -11,7 +11,8 @@
 //! - [`runnerd`]: `agentworks-runnerd` and a turn's event stream read from its socket;
 //! - [`quickstart`]: `agentworksctl quickstart --json` with its stderr kept;
 //! - [`mcp`]: HTTP requests and MCP tool calls to a daemon's port;
-//! - [`users`]: real system users and groups;
+//! - [`users`]: real system users and groups; [`as_user`]: a command as one of them, in a
+//!   cgroup delegated to it;
 //! - [`cluster`]: a private PostgreSQL server and `nats-server` for the cluster-mode tests;
 //! - [`daemons`] (`tests/common/daemons.rs`, shared with the benchmarks): a daemon's cleared
 //!   environment, the readiness wait that fails as soon as the daemon exits, signals;
@@ -31,6 +32,7 @@
 //! is re-exported here under its old name.
 
 mod agentd;
+mod as_user;
 mod cluster;
 // Shared with the benchmarks, which use other parts of it (the `Process` guard).
 #[allow(dead_code)]
@@ -54,6 +56,7 @@ mod users;
 mod workspaced;
 
 pub use agentd::*;
+pub use as_user::*;
 pub use cluster::*;
 pub use executor_gateway::*;
 pub use fake_executor::*;

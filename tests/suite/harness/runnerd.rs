@@ -6,7 +6,7 @@
 //! and reaps it.
 
 use super::daemons::{as_daemon_on, send_signal, wait_ready};
-use super::{StateRoot, block_on};
+use super::{Start, StateRoot, as_user, block_on};
 use agentworks_support::unix_http::UnixClient;
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -29,8 +29,25 @@ pub fn runnerd_bin() -> &'static str {
 impl Runnerd {
     /// Starts runnerd on `state` (with the config the test set) and waits for its health.
     pub fn start(state: &StateRoot) -> Runnerd {
+        Runnerd::start_with(state, None)
+    }
+
+    /// Starts runnerd as `uid:gid` (who must own the state root: [`StateRoot::give_state_to`])
+    /// in `cgroup` (delegated to that user), as systemd runs it with `Delegate=yes`.
+    pub fn start_as(state: &StateRoot, uid: u32, gid: u32, cgroup: PathBuf) -> Runnerd {
+        Runnerd::start_with(state, Some((uid, gid, cgroup)))
+    }
+
+    fn start_with(state: &StateRoot, user: Option<(u32, u32, PathBuf)>) -> Runnerd {
         let mut command = Command::new(runnerd_bin());
         as_daemon_on(&mut command, state.root());
+        if let Some((uid, gid, cgroup)) = user {
+            let start = Start {
+                cgroup: Some(cgroup),
+                terminal: false,
+            };
+            as_user(&mut command, uid, gid, start);
+        }
         let child = command.spawn().expect("spawn runnerd");
         let socket = state.root().join("run/runnerd.sock");
         let mut daemon = Runnerd { child, socket };
