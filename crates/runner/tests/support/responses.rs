@@ -47,6 +47,8 @@ pub struct RecordedRequest {
     pub headers: Vec<(String, String)>,
     /// The JSON body (`Value::Null` when it was not JSON).
     pub body: Value,
+    /// When its head arrived (the benchmarks time a CLI's first model request).
+    pub at: std::time::Instant,
 }
 
 impl RecordedRequest {
@@ -161,6 +163,7 @@ struct State {
 
 impl State {
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let at = std::time::Instant::now();
         let method = request.method().to_string();
         let path = request.uri().path().to_owned();
         let headers = request
@@ -187,6 +190,7 @@ impl State {
                 path: path.clone(),
                 headers,
                 body,
+                at,
             });
             requests.len() - 1
         };
