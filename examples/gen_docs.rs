@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use clap_complete::Shell;
 
 /// Every program and its clap definition.
-fn programs() -> [(&'static str, clap::Command); 5] {
+fn programs() -> [(&'static str, clap::Command); 6] {
     [
         (
             "agentworks-workspaced",
@@ -23,6 +23,7 @@ fn programs() -> [(&'static str, clap::Command); 5] {
         ),
         ("agentworks-agentd", agentworks_agent::cli::command()),
         ("agentworks-gatewayd", agentworks_gateway::cli::command()),
+        ("agentworks-runnerd", agentworks_runner::cli::command()),
         ("agentworksctl", agentworks_ctl::cli::command()),
         ("agentworks", agentworks_laptop::cli::command()),
     ]

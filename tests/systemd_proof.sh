@@ -11,7 +11,8 @@
 #      and run commands in it with `nsenter -t <container PID 1> -a`.
 #   4. Nothing is enabled or running after installation. `systemctl start agentworks.target`:
 #      every service active (Type=notify, so READY=1 was
-#      received) and every socket unit listening.
+#      received) and every socket unit listening; runnerd answers /v1/health on runnerd.sock
+#      and made its state, runner/ and runner/runtimes/ (0700, agentworks-files).
 #   5. agentworksctl: a user, a project, a token; `write_file` through the MCP endpoint
 #      (POST /mcp on 127.0.0.1:8470 inside the container's network namespace); then an ACL
 #      entry and the group survive a second write (under RestrictSUIDSGID=yes, without
@@ -237,8 +238,9 @@ esac
 # --- 4. the target -----------------------------------------------------------------------------
 # The package enabled and started nothing: that is the operator's decision.
 for unit in agentworks.target agentworks-workspaced.service agentworks-agentd.service \
-    agentworks-gatewayd.service agentworks-workspaced.socket agentworks-agentd.socket \
-    agentworks-gatewayd.socket agentworks-gatewayd@gw2.service; do
+    agentworks-gatewayd.service agentworks-runnerd.service agentworks-workspaced.socket \
+    agentworks-agentd.socket agentworks-gatewayd.socket agentworks-runnerd.socket \
+    agentworks-gatewayd@gw2.service; do
     enabled=$(in_ct systemctl is-enabled "$unit" 2>/dev/null || true)
     active=$(in_ct systemctl show -P ActiveState "$unit")
     [ "$enabled" != enabled ] && [ "$active" = inactive ] ||
@@ -246,7 +248,7 @@ for unit in agentworks.target agentworks-workspaced.service agentworks-agentd.se
 done
 log "after installation nothing is enabled or running"
 in_ct systemctl start agentworks.target || die "systemctl start agentworks.target failed"
-for svc in workspaced agentd gatewayd; do
+for svc in workspaced agentd gatewayd runnerd; do
     unit=agentworks-$svc.service
     # The target wants the services without waiting for them: give each up to 60 s.
     i=0
@@ -276,6 +278,17 @@ for sock in $(in_ct systemctl list-units --plain --no-legend 'agentworks-*.socke
     [ "$(in_ct systemctl show -P ActiveState "$sock")" = active ] || die "$sock not active"
     log "$sock listening"
 done
+# runnerd (the documents' user) answers on its socket, 0660 for group agentworks, and made its
+# private state: runner/ (systemd's StateDirectory=) and runner/runtimes/ (its own), both 0700.
+out=$(curl -sS --max-time 10 --unix-socket "/proc/$leader/root/run/agentworks/runnerd.sock" \
+    http://localhost/v1/health) || die "GET /v1/health on runnerd.sock failed"
+[ "$(in_ct stat -c '%a %U %G' /run/agentworks/runnerd.sock)" = "660 agentworks-files agentworks" ] ||
+    die "runnerd.sock is $(in_ct stat -c '%a %U %G' /run/agentworks/runnerd.sock)"
+for dir in /var/lib/agentworks/runner /var/lib/agentworks/runner/runtimes; do
+    [ "$(in_ct stat -c '%a %U' "$dir")" = "700 agentworks-files" ] ||
+        die "$dir is $(in_ct stat -c '%a %U' "$dir" 2>&1)"
+done
+log "runnerd answers /v1/health on runnerd.sock ($out); runner/ and runner/runtimes/ are 0700 agentworks-files"
 
 # --- 5. a write through MCP --------------------------------------------------------------------
 in_ct agentworksctl status >/dev/null || die "agentworksctl status failed"
@@ -601,7 +614,8 @@ in_ct dpkg -i /root/agentworks.deb </dev/null >"$work/upgrade.log" 2>&1 || {
     die "reinstalling the package failed"
 }
 [ "$(sha256sum <"$config")" = "$edited" ] || die "the reinstall replaced the edited $config"
-for unit in agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service; do
+for unit in agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service \
+    agentworks-runnerd.service; do
     [ "$(in_ct systemctl show -P ActiveState "$unit")" = inactive ] ||
         die "the reinstall started $unit"
 done
@@ -628,7 +642,7 @@ as_carol() {
         AGENTWORKS_RUNTIME_DIR="/run/user/$carol/agentworks" "$@"
 }
 as_carol systemctl --user start agentworks.target || die "systemctl --user start agentworks.target"
-for svc in workspaced agentd gatewayd; do
+for svc in workspaced agentd gatewayd runnerd; do
     unit=agentworks-$svc.service
     i=0
     while :; do
@@ -663,9 +677,10 @@ file=$(ls -d "$root"/home/carol/.local/state/agentworks-documents/*/code/rootles
 [ "$(stat -c %u "$file")" = "$carol" ] || die "the rootless write is not owned by carol"
 log "rootless: an MCP write_file landed in ~carol/.local/state/agentworks-documents, owned by carol"
 as_carol systemctl --user stop agentworks.target || die "systemctl --user stop agentworks.target"
-settle_units="agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service"
+settle_units="agentworks-workspaced.service agentworks-agentd.service agentworks-gatewayd.service
+    agentworks-runnerd.service"
 settle as_carol systemctl --user
-for svc in workspaced agentd gatewayd; do
+for svc in workspaced agentd gatewayd runnerd; do
     [ "$(as_carol systemctl --user show -P ActiveState "agentworks-$svc.service")" = inactive ] ||
         die "user unit agentworks-$svc.service still running after stop"
 done

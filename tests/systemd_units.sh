@@ -9,7 +9,10 @@
 #   2. `systemd-analyze security --offline=yes` of each service, against its exposure goal
 #      (workspaced and gatewayd <= 0.5, agentd <= 1.1, the gatewayd@gw2 instance <= 1.1, and
 #      the main gatewayd with the cluster drop-in <= 1.1: a cluster gatewayd has the host's
-#      network and Internet sockets, IP traffic limited to localhost).
+#      network and Internet sockets, IP traffic limited to localhost; runnerd <= 2.2: it runs
+#      coding CLIs with the network and no IP filter, makes the sandbox's user and mount
+#      namespaces with the mount system calls, keeps capset, chown and setrlimit for the
+#      sandbox and the commands, JIT memory, a delegated cgroup, UMask=0027, all of /proc).
 #   3. systemd-sysusers and systemd-tmpfiles applied to the throw-away root with our
 #      packaging/ files: they must succeed and print nothing.
 #   4. packaging/agentworks.toml with every table and key uncommented, through the daemons'
@@ -41,7 +44,7 @@ for dir in /usr/lib/systemd/system /lib/systemd/system; do
             -exec cp -Pn {} "$root/usr/lib/systemd/system/" \;
     fi
 done
-for bin in agentworks-workspaced agentworks-agentd agentworks-gatewayd; do
+for bin in agentworks-workspaced agentworks-agentd agentworks-gatewayd agentworks-runnerd; do
     printf '#!/bin/sh\nexit 0\n' >"$root/usr/bin/$bin"
     chmod 0755 "$root/usr/bin/$bin"
 done
@@ -93,7 +96,7 @@ fi
 
 # 2. Exposure scores (root:daemon:goal; "cluster" is the root with the drop-in).
 for goal in shipped:workspaced:0.5 shipped:gatewayd:0.5 shipped:agentd:1.1 \
-    shipped:gatewayd@gw2:1.1 cluster:gatewayd:1.1; do
+    shipped:gatewayd@gw2:1.1 cluster:gatewayd:1.1 shipped:runnerd:2.2; do
     which=${goal%%:*}
     rest=${goal#*:}
     daemon=${rest%%:*}
@@ -141,7 +144,7 @@ if [ -n "$out" ]; then
     fail "systemd-tmpfiles printed something"
 fi
 for dir in var/lib/agentworks/agent var/lib/agentworks/files var/lib/agentworks/gateway \
-    var/lib/agentworks-documents; do
+    var/lib/agentworks/runner var/lib/agentworks-documents; do
     [ -d "$root/$dir" ] || fail "tmpfiles did not create /$dir"
 done
 

@@ -48,6 +48,11 @@ mod patch_set;
 mod powercut;
 mod quickstart;
 mod rmcp_client;
+mod runnerd;
+mod runnerd_codex;
+// The runner crate's scripted Responses server and where the real Codex is installed.
+#[path = "../../crates/runner/tests/support/mod.rs"]
+mod runner_support;
 mod sandbox;
 mod sandbox_jobs;
 mod sandbox_overmount;

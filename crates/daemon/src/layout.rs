@@ -36,6 +36,11 @@ impl StateLayout {
         self.root.join("gateway")
     }
 
+    /// runnerd's directory: `<root>/runner` (its private runtimes under `runtimes/`).
+    pub fn runner_dir(&self) -> PathBuf {
+        self.root.join("runner")
+    }
+
     /// The receipts of one project: `<root>/files/receipts/<root_key>`.
     pub fn receipts_dir(&self, project_root: &Path) -> PathBuf {
         self.files_dir()

@@ -21,3 +21,9 @@ pub mod runtime;
 pub mod server;
 pub mod start;
 pub mod turn;
+
+/// The sandbox's launcher, when this process was started as one (`__sandbox-exec`): the
+/// binary's `main` calls it first, while single-threaded.
+pub fn launcher_main_if_launcher() -> Option<std::process::ExitCode> {
+    agentworks_sandbox::launcher::main_if_launcher()
+}

@@ -1,1 +1,570 @@
-//! (being written)
+//! One turn of a coding CLI: the runtime prepared, the project pinned, a capability opened on
+//! the model gateway, the CLI started in the sandbox with the runtime as its cwd, its JSON
+//! stream turned into the turn's events, and the end: normal, failed, cancelled or timed out.
+//!
+//! Owns: [`Runner`] (what every turn shares: the providers, the gateway, the launcher, the
+//! limits, the turns running now) and the turn's sandbox policy ([`Runner::policy`]).
+//! Must never: start the CLI outside the sandbox, give it the project writable in Run mode,
+//! name the provider's key in its environment, files or arguments, or leave its process tree
+//! behind once the turn has ended.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentworks_contract::runnerd::{Mode, TurnEvent, TurnRequest, codes};
+use agentworks_core::guard::ResolvedGuard;
+use agentworks_core::guard::path::RelPath;
+use agentworks_sandbox::limits::Limits;
+use agentworks_sandbox::process::{Launcher, SandboxCommand, Stream};
+use agentworks_sandbox::{PinnedAccess, PinnedDir, SandboxPolicy};
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::codex::{self, CodexConfig, EventParser};
+use crate::gateway::{KeyHeader, ModelGateway, Upstream};
+use crate::provider::Providers;
+use crate::runtime::{self, RuntimeError, RuntimeKey};
+
+/// The environment variable the CLI reads its model API key from: the turn's capability,
+/// never the operator's key.
+pub const MODEL_KEY_ENV: &str = "AGENTWORKS_MODEL_KEY";
+
+/// The most of the CLI's stderr kept for an error message (its last bytes).
+const STDERR_TAIL: usize = 4096;
+
+/// How long a protected file is looked for below the project root, at most (entries visited).
+const PROTECTED_WALK_LIMIT: usize = 20_000;
+
+/// Where runnerd's turns live, and what they must never reach.
+#[derive(Debug, Clone)]
+pub struct RunnerPaths {
+    /// `<state>/runner/runtimes`.
+    pub runtimes: PathBuf,
+    /// The documents root (canonical): one folder per project.
+    pub documents_root: PathBuf,
+    /// Never readable in a turn, wherever they lie: the other daemons' state, the sockets'
+    /// directory, the config directory, the providers' key files.
+    pub denied: Vec<PathBuf>,
+}
+
+/// What every turn shares.
+pub struct Runner {
+    pub paths: RunnerPaths,
+    pub providers: Providers,
+    pub gateway: ModelGateway,
+    pub launcher: Launcher,
+    pub limits: Limits,
+    /// Whether exclusions inside writable folders are covered by mounts (the launcher's probe).
+    pub overmount: bool,
+    /// Why commands cannot be sandboxed here, when they cannot: every turn is then refused.
+    pub sandbox_unavailable: Option<String>,
+    pub timeout: Duration,
+    turns: Mutex<HashMap<String, CancellationToken>>,
+}
+
+/// Why a turn ended without [`TurnEvent::End`]: a code of [`codes`] and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnFailure {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl TurnFailure {
+    fn new(code: &'static str, message: impl Into<String>) -> TurnFailure {
+        TurnFailure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Sends the turn's events to whoever streams them; a reader that went away loses them (the
+/// turn goes on until it ends or is cancelled, as the contract says).
+#[derive(Clone)]
+struct Events(UnboundedSender<Bytes>);
+
+impl Events {
+    fn send(&self, event: &TurnEvent) {
+        if let Ok(mut line) = serde_json::to_vec(event) {
+            line.push(b'\n');
+            let _ = self.0.send(Bytes::from(line));
+        }
+    }
+}
+
+impl Runner {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        paths: RunnerPaths,
+        providers: Providers,
+        gateway: ModelGateway,
+        launcher: Launcher,
+        limits: Limits,
+        overmount: bool,
+        sandbox_unavailable: Option<String>,
+        timeout: Duration,
+    ) -> Runner {
+        Runner {
+            paths,
+            providers,
+            gateway,
+            launcher,
+            limits,
+            overmount,
+            sandbox_unavailable,
+            timeout,
+            turns: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts `request` as a turn of its own; its events go to `events`, one JSON line each,
+    /// the first `started`, the last `end` or `error`.
+    pub fn start_turn(self: &Arc<Self>, request: TurnRequest, events: UnboundedSender<Bytes>) {
+        let turn_id = format!("turn_{}", hex::encode(rand::random::<[u8; 12]>()));
+        let cancel = CancellationToken::new();
+        self.turns_lock().insert(turn_id.clone(), cancel.clone());
+        let runner = self.clone();
+        let events = Events(events);
+        tokio::spawn(async move {
+            let outcome = runner.turn(&turn_id, &request, &cancel, &events).await;
+            runner.turns_lock().remove(&turn_id);
+            match outcome {
+                Ok(exit_code) => events.send(&TurnEvent::End { exit_code }),
+                Err(failure) => {
+                    tracing::info!(turn = %turn_id, code = failure.code, message = %failure.message, "turn failed");
+                    events.send(&TurnEvent::Error {
+                        code: failure.code.to_owned(),
+                        message: failure.message,
+                    });
+                }
+            }
+        });
+    }
+
+    /// Cancels a running turn: its CLI's whole tree is ended. False if no such turn runs.
+    pub fn cancel(&self, turn_id: &str) -> bool {
+        match self.turns_lock().get(turn_id) {
+            Some(cancel) => {
+                cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many turns run now.
+    pub fn running(&self) -> usize {
+        self.turns_lock().len()
+    }
+
+    fn turns_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        // A panic while holding the map leaves it usable: it holds only tokens.
+        self.turns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn turn(
+        &self,
+        turn_id: &str,
+        request: &TurnRequest,
+        cancel: &CancellationToken,
+        events: &Events,
+    ) -> Result<Option<i32>, TurnFailure> {
+        if let Some(why) = &self.sandbox_unavailable {
+            return Err(TurnFailure::new(
+                codes::SANDBOX_UNAVAILABLE,
+                format!("coding CLIs cannot run on this server: {why}"),
+            ));
+        }
+        let provider = self.providers.get(&request.provider).ok_or_else(|| {
+            TurnFailure::new(
+                codes::UNKNOWN_PROVIDER,
+                format!(
+                    "no provider named {:?} is configured in [runnerd.providers]",
+                    request.provider
+                ),
+            )
+        })?;
+        let executable = provider.executable.as_ref().map_err(|why| {
+            TurnFailure::new(
+                codes::PROVIDER_UNAVAILABLE,
+                format!("provider {:?} cannot run: {why}", provider.name),
+            )
+        })?;
+        let guard = request.guard.resolve().map_err(|e| {
+            TurnFailure::new(codes::INTERNAL, format!("the turn's guard is invalid: {e}"))
+        })?;
+        let project = self.pin_project(&request.project, &guard)?;
+        let key = RuntimeKey {
+            user_id: &request.user_id,
+            project: &request.project,
+            chat_id: &request.chat_id,
+            provider: &provider.name,
+            mode: request.mode,
+        };
+        let runtime = runtime::prepare(&self.paths.runtimes, &key, Some(project.path())).map_err(
+            |e| match e {
+                RuntimeError::Occupied { .. } => {
+                    TurnFailure::new(codes::RUNTIME_OCCUPIED, e.to_string())
+                }
+                other => TurnFailure::new(
+                    codes::INTERNAL,
+                    format!("cannot prepare the runtime: {other}"),
+                ),
+            },
+        )?;
+        let real_key = provider
+            .read_key()
+            .map_err(|e| TurnFailure::new(codes::INTERNAL, e.to_string()))?;
+        let capability = self.gateway.open_turn(Upstream {
+            base_url: provider.upstream.clone(),
+            key: real_key,
+            auth: KeyHeader::Bearer,
+        });
+        let internal = |what: &str, e: &dyn std::fmt::Display| {
+            TurnFailure::new(codes::INTERNAL, format!("{what}: {e}"))
+        };
+        let guidance = runtime::guidance(
+            request.mode,
+            project.path(),
+            &request.guard.write_paths,
+            &request.guard.blocked_paths,
+            &[
+                request.guard.blocked_write_paths.clone(),
+                request.guard.read_only_paths.clone(),
+            ]
+            .concat(),
+        );
+        let base_url = self.gateway.base_url();
+        let config = codex::config_toml(&CodexConfig {
+            model: &provider.model,
+            gateway_base_url: &base_url,
+            key_env: MODEL_KEY_ENV,
+            bridge: None,
+            builder: request.mode == Mode::Builder,
+        })
+        .map_err(|e| internal("cannot write Codex's config", &e))?;
+        let hashes = vec![
+            runtime::write_generated(&runtime.dir, Path::new("AGENTS.md"), &guidance)
+                .map_err(|e| internal("cannot write AGENTS.md", &e))?,
+            runtime::write_generated(&runtime.dir, Path::new("codex/config.toml"), &config)
+                .map_err(|e| internal("cannot write Codex's config", &e))?,
+        ];
+        let session_key = runtime::session_key(&key, &hashes);
+        events.send(&TurnEvent::Started {
+            turn_id: turn_id.to_owned(),
+            session_key: session_key.clone(),
+        });
+        // A session recorded under another key (other guidance, chat, mode or provider) is
+        // never resumed: the turn starts a new one.
+        let resume = request
+            .resume
+            .as_ref()
+            .filter(|r| r.session_key == session_key)
+            .map(|r| r.session_id.as_str());
+
+        let (mut policy, _write_pins) =
+            self.policy(&project, &guard, request.mode, &runtime, executable)?;
+        let cgroup = self
+            .limits
+            .for_command(&mut policy)
+            .map_err(|e| internal("cannot make the turn's cgroup", &e))?;
+        let mut command = SandboxCommand::new(executable, policy);
+        command
+            .args(codex::args(resume))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(runtime.environment())
+            .env("CODEX_HOME", runtime.dir.join("codex"))
+            .env("LANG", "C.UTF-8")
+            .env(MODEL_KEY_ENV, capability.secret())
+            .stdin(Stream::Piped)
+            .stdout(Stream::Piped)
+            .stderr(Stream::Piped);
+        let outcome = self
+            .run_cli(&command, &request.prompt, cancel, events)
+            .await;
+        let usage = capability.usage();
+        let refusal = capability.upstream_refusal();
+        capability.close();
+        if let Some(cgroup) = cgroup
+            && let Err(e) = cgroup.kill_and_remove()
+        {
+            tracing::warn!(turn = %turn_id, error = %e, "cannot remove the turn's cgroup");
+        }
+        if usage.input_tokens > 0 || usage.output_tokens > 0 {
+            events.send(&TurnEvent::Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            });
+        }
+        // Project replaced while the turn ran: its writes went to the pinned directory, and
+        // the turn says so.
+        if let Err(why) = project.check() {
+            return Err(TurnFailure::new(
+                codes::PROJECT_UNAVAILABLE,
+                format!("the project's folder was replaced during the turn: {why}"),
+            ));
+        }
+        match outcome {
+            Ok((status, _)) if status.success() => Ok(status.code()),
+            Ok((status, stderr)) => {
+                if let Some(code) = refusal {
+                    return Err(TurnFailure::new(
+                        codes::UPSTREAM_REFUSED,
+                        format!(
+                            "the model API refused the operator's key (HTTP {code}): check key_file of [runnerd.providers.{}]",
+                            provider.name
+                        ),
+                    ));
+                }
+                Err(TurnFailure::new(
+                    codes::CLI_FAILED,
+                    format!(
+                        "{} exited with {status} before the turn ended{}",
+                        provider.name,
+                        tail_sentence(&stderr)
+                    ),
+                ))
+            }
+            Err(failure) => Err(failure),
+        }
+    }
+
+    /// Opens the project's folder (one name under the documents root, never a symlink) and
+    /// pins it for the turn's grants; refuses a project the guard blocks whole.
+    fn pin_project(&self, project: &str, guard: &ResolvedGuard) -> Result<PinnedDir, TurnFailure> {
+        let one_name = !project.is_empty()
+            && project != "."
+            && project != ".."
+            && !project.contains(['/', '\0']);
+        if !one_name {
+            return Err(TurnFailure::new(
+                codes::PROJECT_UNAVAILABLE,
+                format!("{project:?} is not a project's folder name"),
+            ));
+        }
+        if guard.root_blocked() {
+            return Err(TurnFailure::new(
+                codes::PROJECT_UNAVAILABLE,
+                "the project is blocked for this person",
+            ));
+        }
+        let path = self.paths.documents_root.join(project);
+        PinnedDir::open(&path).map_err(|e| {
+            TurnFailure::new(
+                codes::PROJECT_UNAVAILABLE,
+                format!(
+                    "the project's folder {} cannot be opened: {e}",
+                    path.display()
+                ),
+            )
+        })
+    }
+
+    /// The sandbox of a turn: the runtime read/write (the CLI's cwd and home), the CLI's
+    /// install directory read-only, the project through its pinned descriptor — read-only in
+    /// Run mode; in Builder mode its write grants writable, with blocked, read-only and
+    /// protected paths excluded — and the denied paths.
+    fn policy(
+        &self,
+        project: &PinnedDir,
+        guard: &ResolvedGuard,
+        mode: Mode,
+        runtime: &runtime::Runtime,
+        executable: &Path,
+    ) -> Result<(SandboxPolicy, Vec<PinnedDir>), TurnFailure> {
+        let root = project.path();
+        let at = |rel: &Option<RelPath>| match rel {
+            None => root.to_path_buf(),
+            Some(rel) => root.join(rel.as_str()),
+        };
+        let mut pinned = Vec::new();
+        let mut blocked: Vec<PathBuf> = guard.blocked_folders().iter().map(at).collect();
+        let mut read_only_within = Vec::new();
+        let whole_writable =
+            mode == Mode::Builder && guard.write_folders().iter().any(Option::is_none);
+        if whole_writable {
+            pinned.push(project.grant(PinnedAccess::ReadWrite));
+        } else {
+            pinned.push(project.grant(PinnedAccess::ReadOnly));
+        }
+        let mut pins = Vec::new();
+        if mode == Mode::Builder && !whole_writable {
+            for folder in guard.write_folders().iter().flatten() {
+                let path = root.join(folder.as_str());
+                // A grant whose folder does not exist yet (or is a file) grants nothing here.
+                match std::fs::canonicalize(&path) {
+                    Ok(canonical) if canonical.starts_with(root) && canonical.is_dir() => {
+                        let pin = PinnedDir::open(&canonical).map_err(|e| {
+                            TurnFailure::new(
+                                codes::PROJECT_UNAVAILABLE,
+                                format!("cannot open the write grant {}: {e}", path.display()),
+                            )
+                        })?;
+                        pinned.push(pin.grant(PinnedAccess::ReadWrite));
+                        pins.push(pin);
+                    }
+                    _ => continue,
+                }
+            }
+        }
+        if mode == Mode::Builder {
+            read_only_within.extend(guard.no_write_folders().iter().map(at));
+            read_only_within.extend(protected_files(root));
+        }
+        blocked.retain(|b| b != root);
+        // The CLI's own install: where npm put it, the binary and what lies beside it.
+        let install = executable
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/usr/bin"));
+        let policy = SandboxPolicy {
+            pinned,
+            read_write: vec![runtime.dir.clone()],
+            read_only: vec![install],
+            read_only_if_present: Vec::new(),
+            blocked,
+            read_only_within,
+            denied: self.paths.denied.clone(),
+            scratch: runtime.tmp.clone(),
+            cwd: runtime.dir.clone(),
+            limits: Default::default(),
+            overmount_exclusions: self.overmount,
+        };
+        // The write grants' descriptors must stay open until the launcher has started: the
+        // policy holds only their numbers, so the caller keeps the pins.
+        Ok((policy, pins))
+    }
+
+    /// Runs the CLI to its end: the prompt on stdin, its stdout's events forwarded, its stderr's
+    /// tail kept; ends its tree on cancel or timeout.
+    async fn run_cli(
+        &self,
+        command: &SandboxCommand,
+        prompt: &str,
+        cancel: &CancellationToken,
+        events: &Events,
+    ) -> Result<(std::process::ExitStatus, String), TurnFailure> {
+        let mut child = command.spawn(&self.launcher).map_err(|e| {
+            TurnFailure::new(codes::CLI_FAILED, format!("cannot start the CLI: {e}"))
+        })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let prompt = prompt.as_bytes().to_vec();
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&prompt).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));
+        if let Some(mut stderr) = child.stderr.take() {
+            let tail = stderr_tail.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    tail.extend_from_slice(&buf[..n]);
+                    let excess = tail.len().saturating_sub(STDERR_TAIL);
+                    tail.drain(..excess);
+                }
+            });
+        }
+        let stdout = child.stdout.take();
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut parser = EventParser::new();
+        let read_events = async {
+            if let Some(stdout) = stdout {
+                let mut lines = tokio::io::BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    for event in parser.line(&line) {
+                        // The gateway's count is the turn's usage (sent at the end).
+                        if !matches!(event, TurnEvent::Usage { .. }) {
+                            events.send(&event);
+                        }
+                    }
+                }
+            }
+        };
+        let ended = tokio::select! {
+            _ = read_events => None,
+            _ = cancel.cancelled() => Some(TurnFailure::new(codes::CANCELLED, "the turn was stopped")),
+            _ = tokio::time::sleep_until(deadline) => Some(TurnFailure::new(
+                codes::TIMEOUT,
+                format!("the turn ran longer than {} s ([runnerd] turn_timeout_secs)", self.timeout.as_secs()),
+            )),
+        };
+        let status = match ended {
+            Some(failure) => {
+                let _ = child.kill_tree().await;
+                return Err(failure);
+            }
+            None => tokio::select! {
+                status = child.wait() => status,
+                _ = cancel.cancelled() => {
+                    let _ = child.kill_tree().await;
+                    return Err(TurnFailure::new(codes::CANCELLED, "the turn was stopped"));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = child.kill_tree().await;
+                    return Err(TurnFailure::new(codes::TIMEOUT, "the turn ran too long"));
+                }
+            },
+        };
+        let status = status.map_err(|e| {
+            TurnFailure::new(codes::CLI_FAILED, format!("cannot wait for the CLI: {e}"))
+        })?;
+        // The stderr reader may still be copying its last bytes.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let tail = stderr_tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok((status, String::from_utf8_lossy(&tail).into_owned()))
+    }
+}
+
+/// `": <its last lines>"` of a CLI's stderr, or nothing when it printed nothing.
+fn tail_sentence(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let last = &lines[lines.len().saturating_sub(5)..];
+    format!("; its last words: {}", last.join(" / "))
+}
+
+/// The protected files (`workflow.json`, `product.json`) that exist below `root`, found
+/// without following symlinks, plus the two at the root whether they exist or not.
+fn protected_files(root: &Path) -> Vec<PathBuf> {
+    use agentworks_core::guard::PROTECTED_FILE_NAMES;
+    let mut found: Vec<PathBuf> = PROTECTED_FILE_NAMES.iter().map(|n| root.join(n)).collect();
+    let mut stack = vec![root.to_path_buf()];
+    let mut visited = 0usize;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            visited += 1;
+            if visited > PROTECTED_WALK_LIMIT {
+                return found;
+            }
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            let name = entry.file_name();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if PROTECTED_FILE_NAMES.iter().any(|n| name == *n) && !found.contains(&path) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}

@@ -100,6 +100,21 @@ impl Guard {
 }
 
 impl ResolvedGuard {
+    /// The write grants (`None`: the whole project), for a sandbox that enforces them itself.
+    pub fn write_folders(&self) -> &[Option<RelPath>] {
+        &self.write
+    }
+
+    /// The blocked paths (`None`: the whole project).
+    pub fn blocked_folders(&self) -> &[Option<RelPath>] {
+        &self.blocked
+    }
+
+    /// The paths readable but never writable (blocked writes and read-only grants).
+    pub fn no_write_folders(&self) -> &[Option<RelPath>] {
+        &self.no_write
+    }
+
     /// May `path` be read (or listed)?
     pub fn check_read(&self, path: &RelPath) -> Result<(), GuardError> {
         if covers(&self.blocked, path) {

@@ -1,0 +1,147 @@
+//! The real `agentworks-runnerd` on a [`StateRoot`] whose config the test wrote (its
+//! `[runnerd.providers.*]`), and a turn streamed from its socket the way agentd reads it:
+//! newline-delimited JSON events, read here through `curl --unix-socket -N` (what an operator
+//! would type), one event at a time. [`Runnerd::start`] returns once the health endpoint
+//! answers and panics if the daemon exits first; its stderr is inherited. Dropping it SIGKILLs
+//! and reaps it.
+
+use super::daemons::{as_daemon_on, send_signal, wait_ready};
+use super::{StateRoot, block_on};
+use agentworks_support::unix_http::UnixClient;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running `agentworks-runnerd`.
+pub struct Runnerd {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+pub fn runnerd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_agentworks-runnerd")
+}
+
+impl Runnerd {
+    /// Starts runnerd on `state` (with the config the test set) and waits for its health.
+    pub fn start(state: &StateRoot) -> Runnerd {
+        let mut command = Command::new(runnerd_bin());
+        as_daemon_on(&mut command, state.root());
+        let child = command.spawn().expect("spawn runnerd");
+        let socket = state.root().join("run/runnerd.sock");
+        let mut daemon = Runnerd { child, socket };
+        let client = UnixClient::new(&daemon.socket);
+        block_on(wait_ready(
+            &mut daemon.child,
+            "runnerd",
+            Duration::from_secs(20),
+            || async { client.get::<Value>("/v1/health").await.is_ok() },
+        ));
+        daemon
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        let client = UnixClient::new(&self.socket);
+        block_on(client.get::<Value>(path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// Cancels a running turn; the answer's JSON (or the error envelope).
+    pub fn cancel(&self, turn_id: &str) -> Value {
+        let client = UnixClient::new(&self.socket);
+        let path = format!("/v1/turns/{turn_id}/cancel");
+        match block_on(client.post::<Value, Value>(&path, &serde_json::json!({}))) {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        }
+    }
+
+    /// Starts a turn; its events arrive on the returned [`Turn`].
+    pub fn turn(&self, request: &Value) -> Turn {
+        let mut curl = Command::new("curl")
+            .args(["-sS", "-N", "--fail-with-body", "--unix-socket"])
+            .arg(&self.socket)
+            .args([
+                "-X",
+                "POST",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                "@-",
+                "http://runnerd/v1/turns",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn curl");
+        let mut stdin = curl.stdin.take().expect("curl's stdin");
+        stdin
+            .write_all(request.to_string().as_bytes())
+            .expect("write the turn request");
+        drop(stdin);
+        let stdout = curl.stdout.take().expect("curl's stdout");
+        let (sender, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({"type": "unparsed", "line": line}));
+                if sender.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Turn { curl, events }
+    }
+}
+
+impl Drop for Runnerd {
+    fn drop(&mut self) {
+        let _ = send_signal(&self.child, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+/// A turn's event stream.
+pub struct Turn {
+    curl: Child,
+    events: mpsc::Receiver<Value>,
+}
+
+impl Turn {
+    /// The next event, within `within` (panics otherwise, or when the stream ended).
+    pub fn next(&self, within: Duration) -> Value {
+        self.events
+            .recv_timeout(within)
+            .unwrap_or_else(|e| panic!("no turn event within {within:?}: {e}"))
+    }
+
+    /// Every event up to and including the last (`end` or `error`), within `within`.
+    pub fn finish(self, within: Duration) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + within;
+        let mut all = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(event) => {
+                    let last = matches!(event["type"].as_str(), Some("end" | "error"));
+                    all.push(event);
+                    if last {
+                        return all;
+                    }
+                }
+                Err(e) => panic!("the turn did not end within {within:?} ({e}); events: {all:#?}"),
+            }
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let _ = self.curl.kill();
+        let _ = self.curl.wait();
+    }
+}

@@ -1,0 +1,439 @@
+//! The real Codex (`tests/codex`, pinned) run by the real runnerd, against a scripted Responses
+//! API server on loopback, through runnerd's socket as agentd calls it: a Run turn reads the
+//! project through `project/` and cannot write it; a Builder turn writes within its grants but
+//! not a protected or blocked file; a second turn resumes the thread; Stop ends the CLI's tree;
+//! the operator's key reaches the upstream and nothing in the sandbox; the turn's capability is
+//! refused once the turn ended; the sandbox keeps the state root, other runtimes, the key file
+//! and the daemons' sockets out of reach.
+
+use super::harness::*;
+use super::runner_support::codex_binary;
+use super::runner_support::responses::{Reply, ScriptedResponses};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const TURN: Duration = Duration::from_secs(60);
+
+/// A state root with project `p`, the operator's key in a file, and a `codex` provider whose
+/// upstream is `model`.
+struct Setup {
+    state: StateRoot,
+    key: String,
+}
+
+fn setup(model: &ScriptedResponses, extra: &str) -> Setup {
+    setup_in(StateRoot::new(), new_key(), model, extra)
+}
+
+fn new_key() -> String {
+    format!("sk-operator-{}", hex::encode(rand::random::<[u8; 16]>()))
+}
+
+fn setup_in(state: StateRoot, key: String, model: &ScriptedResponses, extra: &str) -> Setup {
+    state.project(
+        "p",
+        &[
+            ("hello.txt", "hello from the project\n"),
+            ("workflow.json", "{}\n"),
+            ("secret/plans.txt", "blocked\n"),
+            ("docs/readme.md", "docs\n"),
+        ],
+    );
+    let key_file = state.root().join("provider.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    state.set_config(&format!(
+        "[runnerd]\nmax_processes = 256\n{extra}\n[runnerd.providers.codex]\ndriver = \"codex\"\nexecutable = \"{}\"\nmodel = \"scripted\"\nupstream = \"{}\"\nkey_file = \"{}\"\n",
+        codex_binary().display(),
+        model.base_url(),
+        key_file.display()
+    ));
+    Setup { state, key }
+}
+
+fn request(chat: &str, mode: &str, prompt: &str) -> Value {
+    json!({
+        "chat_id": chat,
+        "user_id": "user-1",
+        "project": "p",
+        "provider": "codex",
+        "mode": mode,
+        "guard": {"write_paths": [""], "blocked_paths": ["secret"]},
+        "prompt": prompt,
+    })
+}
+
+fn shell(call_id: &str, cmd: &str) -> Reply {
+    Reply::FunctionCall {
+        name: "exec_command".into(),
+        call_id: call_id.into(),
+        arguments: json!({"cmd": cmd}),
+    }
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// The output of the tool result whose call ran a command containing `needle`.
+fn output_of<'a>(events: &'a [Value], needle: &str) -> &'a str {
+    let call = of_type(events, "tool_call")
+        .into_iter()
+        .find(|c| c["command"].as_str().unwrap_or("").contains(needle))
+        .unwrap_or_else(|| panic!("no tool call running {needle:?}: {events:#?}"));
+    of_type(events, "tool_result")
+        .into_iter()
+        .find(|r| r["call_id"] == call["call_id"])
+        .and_then(|r| r["output"].as_str())
+        .unwrap_or_else(|| panic!("no result for {needle:?}: {events:#?}"))
+}
+
+fn ended(events: &[Value]) -> &Value {
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "end", "the turn failed: {events:#?}");
+    last
+}
+
+#[test]
+fn a_run_turn_reads_the_project_and_cannot_write_it() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            shell("c1", "cat project/hello.txt"),
+            shell("c2", "echo new > project/new.txt; echo rc=$?"),
+            shell("c3", "echo changed >> project/hello.txt; echo rc=$?"),
+            Reply::Text("The project says hello.".into()),
+        ]))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let events = runnerd
+        .turn(&request("chat-run", "run", "What does hello.txt say?"))
+        .finish(TURN);
+    ended(&events);
+    assert_eq!(events[0]["type"], "started");
+    assert!(!of_type(&events, "session").is_empty(), "{events:#?}");
+    assert!(output_of(&events, "cat project/hello.txt").contains("hello from the project"));
+    assert!(
+        output_of(&events, "project/new.txt").contains("rc=1"),
+        "{events:#?}"
+    );
+    assert!(output_of(&events, ">> project/hello.txt").contains("rc=1"));
+    let texts: Vec<&str> = of_type(&events, "text")
+        .iter()
+        .filter_map(|t| t["text"].as_str())
+        .collect();
+    assert!(
+        texts.concat().contains("The project says hello."),
+        "{texts:?}"
+    );
+    // The gateway counted every model request of the turn.
+    let usage = of_type(&events, "usage");
+    assert_eq!(usage.last().unwrap()["input_tokens"], 44, "{usage:?}");
+    let project = s.state.documents().join("p");
+    assert!(!project.join("new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(project.join("hello.txt")).unwrap(),
+        "hello from the project\n"
+    );
+    // The upstream got the operator's key; the CLI had only the turn's capability.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 4);
+    for r in &requests {
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {}", s.key).as_str())
+        );
+    }
+}
+
+#[test]
+fn a_builder_turn_writes_within_its_grants_only() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            shell("c1", "echo made > project/docs/new.md; echo rc=$?"),
+            shell("c2", "echo '{\"x\":1}' > project/workflow.json; echo rc=$?"),
+            shell("c3", "cat project/secret/plans.txt; echo rc=$?"),
+            Reply::Text("done".into()),
+        ]))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let events = runnerd
+        .turn(&request("chat-build", "builder", "edit"))
+        .finish(TURN);
+    ended(&events);
+    let project = s.state.documents().join("p");
+    assert!(
+        output_of(&events, "docs/new.md").contains("rc=0"),
+        "{events:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("docs/new.md")).unwrap(),
+        "made\n"
+    );
+    assert!(
+        output_of(&events, "workflow.json").contains("rc=1"),
+        "{events:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("workflow.json")).unwrap(),
+        "{}\n"
+    );
+    let blocked = output_of(&events, "secret/plans.txt");
+    assert!(
+        blocked.contains("rc=1") && !blocked.contains("blocked\n"),
+        "{blocked}"
+    );
+}
+
+#[test]
+fn a_second_turn_resumes_the_thread_under_the_same_key_only() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            Reply::Text("first answer".into()),
+            Reply::Text("second answer".into()),
+            Reply::Text("third answer".into()),
+        ]))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let first = runnerd
+        .turn(&request(
+            "chat-resume",
+            "run",
+            "remember the word tangerine",
+        ))
+        .finish(TURN);
+    ended(&first);
+    let key = first[0]["session_key"].as_str().unwrap().to_owned();
+    let session = of_type(&first, "session")[0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut second = request("chat-resume", "run", "which word?");
+    second["resume"] = json!({"session_id": session, "session_key": key});
+    let second = runnerd.turn(&second).finish(TURN);
+    ended(&second);
+    assert_eq!(
+        of_type(&second, "session")[0]["session_id"],
+        session.as_str()
+    );
+    let input = model.requests()[1].body["input"].to_string();
+    assert!(input.contains("tangerine"), "{input}");
+    assert!(input.contains("first answer"), "{input}");
+    // Under another key (another chat's), the session is not resumed: a new thread starts.
+    let mut third = request("chat-resume", "run", "and now?");
+    third["resume"] = json!({"session_id": session, "session_key": "0".repeat(64)});
+    let third = runnerd.turn(&third).finish(TURN);
+    ended(&third);
+    assert_ne!(
+        of_type(&third, "session")[0]["session_id"],
+        session.as_str()
+    );
+    assert!(
+        !model.requests()[2].body["input"]
+            .to_string()
+            .contains("tangerine")
+    );
+}
+
+#[test]
+fn stop_ends_the_clis_whole_tree() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![shell(
+            "c1",
+            "sleep 287 & sleep 288",
+        )]))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let turn = runnerd.turn(&request("chat-stop", "run", "wait"));
+    let started = turn.next(TURN);
+    let turn_id = started["turn_id"].as_str().unwrap().to_owned();
+    // Wait for the command to run.
+    let mut seen = Vec::new();
+    loop {
+        let event = turn.next(TURN);
+        let call = event["type"] == "tool_call";
+        seen.push(event);
+        if call {
+            break;
+        }
+    }
+    wait_until("the sleeps run", Duration::from_secs(20), || {
+        !processes_with("sleep 288").is_empty() && !processes_with("sleep 287").is_empty()
+    });
+    // The turn's capability, read (as root, from outside) from the CLI's environment, works
+    // now and is refused once the turn has ended.
+    let codex = codex_processes(&s.state);
+    let (codex_pid, capability) = codex.first().expect("the turn's codex runs").clone();
+    let gateway = gateway_url(&s.state);
+    assert_ne!(gateway_status(&gateway, &capability), 401);
+    let answer = runnerd.cancel(&turn_id);
+    assert_eq!(answer["cancelled"], turn_id.as_str(), "{answer}");
+    let events = turn.finish(Duration::from_secs(10));
+    let last = events.last().unwrap();
+    assert_eq!(last["code"], "cancelled", "{events:#?}");
+    wait_until("the sleeps are gone", Duration::from_secs(3), || {
+        processes_with("sleep 288").is_empty() && processes_with("sleep 287").is_empty()
+    });
+    assert!(!std::path::Path::new(&format!("/proc/{codex_pid}")).exists());
+    assert_eq!(gateway_status(&gateway, &capability), 401);
+    // runnerd goes on.
+    assert_eq!(runnerd.get("/v1/health")["status"], "ok");
+}
+
+/// The Codex processes of the turns on `state` (others run beside them in parallel tests), each
+/// with its pid and `AGENTWORKS_MODEL_KEY`, read as root from outside.
+fn codex_processes(state: &StateRoot) -> Vec<(String, String)> {
+    let codex = codex_binary().display().to_string();
+    let home = format!("CODEX_HOME={}", state.root().display());
+    let mut found = Vec::new();
+    for process in processes_with(&codex) {
+        let pid = process.split(':').next().unwrap().to_owned();
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: Vec<String> = environ
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        if !vars.iter().any(|v| v.starts_with(&home)) {
+            continue;
+        }
+        if let Some(capability) = vars
+            .iter()
+            .find_map(|v| v.strip_prefix("AGENTWORKS_MODEL_KEY="))
+        {
+            found.push((pid, capability.to_owned()));
+        }
+    }
+    found
+}
+
+/// The model gateway's base URL, from a runtime's generated Codex config.
+fn gateway_url(state: &StateRoot) -> String {
+    let runtimes = state.root().join("runner/runtimes");
+    for entry in std::fs::read_dir(&runtimes).unwrap().flatten() {
+        if let Ok(config) = std::fs::read_to_string(entry.path().join("codex/config.toml")) {
+            let line = config
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("base_url = "))
+                .expect("a base_url in the config");
+            return line.trim_matches('"').to_owned();
+        }
+    }
+    panic!(
+        "no runtime with a Codex config under {}",
+        runtimes.display()
+    )
+}
+
+/// The status of a model request to the gateway with `capability` as the bearer token.
+fn gateway_status(base_url: &str, capability: &str) -> u16 {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", &format!("authorization: Bearer {capability}")])
+        .args(["-H", "content-type: application/json", "-d", "{}"])
+        .arg(format!("{base_url}/responses"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn the_sandbox_keeps_the_key_state_runtimes_and_sockets_out() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let state = StateRoot::new();
+    let root = state.root().to_owned();
+    let key = new_key();
+    let key_part = &key[..20];
+    let other = root.join("runner/runtimes/0123456789abcdef0123456789abcdef");
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            shell("c1", &format!("cat {}/provider.key; echo rc=$?", root.display())),
+            shell(
+                "c2",
+                &format!("cat {}/AGENTS.md; echo rc=$?", other.display()),
+            ),
+            shell("c3", &format!("ls {}/files {}; echo rc=$?", root.display(), root.display())),
+            shell(
+                "c4",
+                &format!(
+                    "curl -sS --unix-socket {}/run/runnerd.sock http://x/v1/health; echo rc=$?",
+                    root.display()
+                ),
+            ),
+            shell(
+                "c5",
+                &format!(
+                    "env; grep -rsF \"$(echo {} | base64 -d)\" . /proc/self/environ /tmp 2>/dev/null | head -3; echo end",
+                    base64_of(key_part)
+                ),
+            ),
+            shell("c6", "cat project/../../AGENTS.md >/dev/null; ls project/; echo rc=$?"),
+            Reply::Text("looked".into()),
+        ]))
+        .unwrap();
+    let s = setup_in(state, key.clone(), &model, "");
+    // Another chat's runtime exists beside this one's; workspaced's state too.
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("AGENTS.md"), "another chat's guidance").unwrap();
+    std::fs::create_dir_all(root.join("files")).unwrap();
+    std::fs::write(root.join("files/receipts.db"), "receipts").unwrap();
+    let runnerd = Runnerd::start(&s.state);
+    let events = runnerd
+        .turn(&request("chat-probe", "builder", "probe"))
+        .finish(TURN);
+    ended(&events);
+    let key_read = output_of(&events, "provider.key");
+    assert!(
+        key_read.contains("rc=1") && !key_read.contains(&key),
+        "{key_read}"
+    );
+    let other_read = output_of(&events, "0123456789abcdef");
+    assert!(
+        other_read.contains("rc=1") && !other_read.contains("another chat"),
+        "{other_read}"
+    );
+    let state_read = output_of(&events, "/files ");
+    assert!(
+        state_read.contains("rc=2") && !state_read.contains("receipts.db"),
+        "{state_read}"
+    );
+    let socket = output_of(&events, "runnerd.sock");
+    assert!(
+        !socket.contains("agentworks-runnerd") && !socket.contains("rc=0"),
+        "{socket}"
+    );
+    let search = output_of(&events, "grep -rsF");
+    assert!(search.contains("HOME="), "env ran: {search}");
+    assert!(!search.contains(&key), "{search}");
+    assert!(
+        !search.contains("awcap_"),
+        "a command saw the turn's capability: {search}"
+    );
+    // Nothing under the runtime holds the key, after the turn either.
+    let runtimes = root.join("runner/runtimes");
+    for file in all_files(&runtimes) {
+        if let Ok(text) = std::fs::read(runtimes.join(&file)) {
+            assert!(
+                !String::from_utf8_lossy(&text).contains(key_part),
+                "{file} holds the key"
+            );
+        }
+    }
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
