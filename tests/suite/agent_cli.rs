@@ -368,8 +368,10 @@ fn a_cli_chat_runs_its_turns_through_runnerd_and_resumes_its_thread() {
             .any(|m| m["role"] == "tool" && m["state"] == "done"),
         "{got}"
     );
-    assert!(
-        got["usage"]["total"]["total_tokens"].as_u64().unwrap() > 0,
+    // Two model requests (the call, the answer), each counted by runnerd's gateway.
+    assert_eq!(
+        got["usage"]["turns"][0]["prompt_tokens"].as_u64(),
+        Some(2 * USAGE_PER_REPLY.0),
         "{got}"
     );
 
