@@ -84,7 +84,20 @@ const scenarios = {
   },
   async 'new-chat'() {
     await page.getByRole('button', { name: 'New chat' }).first().click();
+    // New chat asks which agent and which mode (issue 45): without runnerd, only the built-in
+    // agent, in Run mode, and the form says why no coding CLI is offered.
+    const form = page.getByRole('form', { name: /^New chat in / }).first();
+    const agent = form.getByLabel('Agent', { exact: true });
+    await expect(agent.locator('option')).toHaveCount(1, { timeout: T });
+    check((await agent.inputValue()) === 'api', `the agent offered: ${await agent.inputValue()}`);
+    const mode = form.getByLabel('Mode', { exact: true });
+    const modes = await mode.locator('option').evaluateAll((options) => options.map((o) => o.value));
+    check(JSON.stringify(modes) === '["run"]', `the modes offered: ${modes}`);
+    await expect(form).toContainText('runnerd is not running');
+    await form.getByRole('button', { name: 'Start chat' }).click();
     await expect(page.getByRole('textbox', { name: 'Message', exact: true })).toBeVisible({ timeout: T });
+    // The chat's header says who answers and in which mode.
+    await expect(page.locator('#chat-agent')).toHaveText('Agent: api · Run mode');
     check(/\/chat/.test(page.url()), `not on a chat page: ${page.url()}`);
     // Untitled until its first message.
     await expect(page.locator('#chat-title')).toHaveText('New chat');

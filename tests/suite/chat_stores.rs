@@ -39,6 +39,7 @@ on_postgres!(
     |url: &str| ChatStore::open_postgres(url).unwrap() =>
     chats_messages_turns_and_bindings,
     a_chat_is_titled_once,
+    a_chat_keeps_its_agent_mode_and_cli_session,
     racing_hosts_number_turns_and_messages_once,
     one_host_at_a_time_runs_a_chats_turn,
 );

@@ -1,6 +1,7 @@
 //! Integration suites. `harness` starts real daemons; the others test them.
 
 mod agent;
+mod agent_cli;
 mod agentd;
 mod agentd_cluster;
 mod attachments;

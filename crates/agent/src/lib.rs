@@ -126,6 +126,7 @@ impl PublicRoutes {
             || chat_path.starts_with("/v1/projects/")
             || chat_path == connections::sign_in::CALLBACK_PATH
             || chat_path == "/v1/models"
+            || chat_path == "/v1/agents"
         {
             return match (&self.chats, &self.connections) {
                 (Some(chats), Some(connections)) => {

@@ -223,6 +223,9 @@ pub fn open_chats_and_connections(
         .map(|m| crate::chat::model::ModelClient::new(m, credentials));
     let chats = crate::chat::service::ChatService {
         host_id,
+        runnerd: Some(crate::clients::runnerd::RunnerdClient::new(
+            config.runnerd_socket(),
+        )),
         ..crate::chat::service::ChatService::new(
             identity.clone(),
             files.clone(),

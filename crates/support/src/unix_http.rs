@@ -3,7 +3,8 @@
 //!
 //! Owns HTTP/1.1 exchanges over Unix-socket connections (kept alive and reused between calls
 //! from a small idle pool), JSON in and out, and turning the error envelope back into
-//! [`ClientError::Remote`].
+//! [`ClientError::Remote`]. A streamed answer (newline-delimited JSON, such as runnerd's turn)
+//! is read line by line on a connection of its own ([`UnixClient::post_lines`], [`LineStream`]).
 //!
 //! Must never retry a request the server may have seen (a write is not idempotent unless the
 //! caller says so): the only retry is on a fresh connection when a pooled one turned out to be
@@ -161,6 +162,61 @@ impl UnixClient {
         self.call(Method::DELETE, path, None).await
     }
 
+    /// POSTs `body` as JSON to `path` and answers the response's body as a stream of lines
+    /// (each at most `max_line` bytes), on a fresh connection that is never pooled: the stream
+    /// owns it until dropped. A non-2xx answer is read whole and is the error, with the same
+    /// rules as [`UnixClient::post`].
+    pub async fn post_lines<Req: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &Req,
+        max_line: usize,
+    ) -> Result<LineStream, ClientError> {
+        let http_error = |source| ClientError::Http {
+            socket: self.socket.clone(),
+            endpoint: path.to_owned(),
+            source,
+        };
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(HOST, HeaderValue::from_static("localhost"))
+            .header(ACCEPT, HeaderValue::from_static("application/x-ndjson"))
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(Full::new(encode(path, body)?))
+            .map_err(|source| ClientError::Request {
+                endpoint: path.to_owned(),
+                source,
+            })?;
+        let mut sender = self.connect(path).await?;
+        let response = sender.send_request(request).await.map_err(http_error)?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(http_error)?
+                .to_bytes();
+            return Err(decode_response::<serde_json::Value>(path, status, &bytes)
+                .err()
+                .unwrap_or_else(|| ClientError::Unexpected {
+                    endpoint: path.to_owned(),
+                    status: status.as_u16(),
+                    body: String::new(),
+                }));
+        }
+        Ok(LineStream {
+            body: response.into_body(),
+            buffer: Vec::new(),
+            max_line,
+            socket: self.socket.clone(),
+            endpoint: path.to_owned(),
+            ended: false,
+            _sender: sender,
+        })
+    }
+
     fn take_idle(&self) -> Option<Sender> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(sender) = idle.pop() {
@@ -270,6 +326,76 @@ impl UnixClient {
     }
 }
 
+/// A response body read line by line ([`UnixClient::post_lines`]). Dropping it closes the
+/// connection.
+pub struct LineStream {
+    body: hyper::body::Incoming,
+    /// Bytes received after the last line answered.
+    buffer: Vec<u8>,
+    max_line: usize,
+    socket: PathBuf,
+    endpoint: String,
+    ended: bool,
+    /// Keeps the connection open while the body is read.
+    _sender: Sender,
+}
+
+impl LineStream {
+    /// The next line, without its `\n` (a last line without one is a line too); `None` once
+    /// the body has ended. A line longer than the limit is an error, and the stream ends there.
+    pub async fn next_line(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
+        use hyper::body::Body as _;
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buffer.drain(..=end).collect();
+                line.pop();
+                if line.len() > self.max_line {
+                    return Err(self.too_long());
+                }
+                return Ok(Some(line));
+            }
+            if self.buffer.len() > self.max_line {
+                return Err(self.too_long());
+            }
+            if self.ended {
+                return Ok((!self.buffer.is_empty()).then(|| std::mem::take(&mut self.buffer)));
+            }
+            let frame =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut self.body).poll_frame(cx)).await;
+            match frame {
+                None => self.ended = true,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(source)) => {
+                    return Err(ClientError::Http {
+                        socket: self.socket.clone(),
+                        endpoint: self.endpoint.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    fn too_long(&mut self) -> ClientError {
+        // Nothing after an overlong line can be trusted to start a line.
+        self.buffer.clear();
+        self.ended = true;
+        // Not a variant of its own: callers match the others exhaustively.
+        ClientError::Unexpected {
+            endpoint: self.endpoint.clone(),
+            status: 200,
+            body: format!(
+                "a line of the streamed answer is longer than {} bytes",
+                self.max_line
+            ),
+        }
+    }
+}
+
 /// Turns a complete response into the caller's value or a [`ClientError`]: the rules of every
 /// call here, for a response that came another way (over NATS).
 pub fn decode_response<Resp: serde::de::DeserializeOwned>(
@@ -347,6 +473,108 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A body sent frame by frame as the test hands its chunks over.
+    struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            self.0
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+        }
+    }
+
+    /// A server on a real Unix socket answering one request with `status` and `chunks` as its
+    /// body, each chunk its own frame, a moment apart.
+    fn streaming_server(socket: &Path, status: StatusCode, chunks: &[&'static str]) {
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        let chunks: Vec<&'static str> = chunks.to_vec();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |_request| {
+                let chunks = chunks.clone();
+                async move {
+                    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+                    tokio::spawn(async move {
+                        for chunk in chunks {
+                            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                            if sender
+                                .send(Bytes::from_static(chunk.as_bytes()))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    });
+                    let mut response = hyper::Response::new(Chunks(receiver));
+                    *response.status_mut() = status;
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_is_read_line_by_line_across_frames() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("lines.sock");
+        streaming_server(
+            &socket,
+            StatusCode::OK,
+            &["{\"n\":1}\n{\"n\"", ":2}\n", "\n{\"n\":3}"],
+        );
+        let client = UnixClient::new(&socket);
+        let mut lines = client.post_lines("/v1/turns", &"x", 64).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            got.push(String::from_utf8(line).unwrap());
+        }
+        assert_eq!(got, ["{\"n\":1}", "{\"n\":2}", "", "{\"n\":3}"]);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_line_over_the_limit_is_an_error_and_ends_the_stream() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("long.sock");
+        streaming_server(
+            &socket,
+            StatusCode::OK,
+            &["short\n", "0123456789", "0123456789\n"],
+        );
+        let client = UnixClient::new(&socket);
+        let mut lines = client.post_lines("/v1/turns", &"x", 12).await.unwrap();
+        assert_eq!(lines.next_line().await.unwrap().unwrap(), b"short");
+        let err = lines.next_line().await.unwrap_err();
+        assert!(err.to_string().contains("longer than 12 bytes"), "{err}");
+        assert!(lines.next_line().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_refused_stream_is_the_remote_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("refused.sock");
+        streaming_server(
+            &socket,
+            StatusCode::BAD_REQUEST,
+            &[r#"{"error":{"code":"unknown_provider","message":"no provider x"}}"#],
+        );
+        let err = UnixClient::new(&socket)
+            .post_lines("/v1/turns", &"x", 1024)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.remote_code(), Some("unknown_provider"), "{err}");
     }
 
     #[tokio::test]

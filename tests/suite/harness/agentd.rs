@@ -73,6 +73,22 @@ impl Stack {
         )
     }
 
+    /// [`Stack::start`] with `runnerd` (a `[runnerd]` section and its providers) in the config,
+    /// and the real `agentworks-runnerd` started on the same state root: its socket is the
+    /// default `<runtime_dir>/runnerd.sock`, the one agentd calls. Returns once both answer;
+    /// dropping the [`super::Runnerd`] kills runnerd (agentd then finds it not running).
+    pub fn start_with_runnerd(runnerd: &str) -> (Stack, super::Runnerd) {
+        let port = free_port();
+        let stack = Stack::start_on(
+            port,
+            &format!(
+                "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n{runnerd}\n"
+            ),
+        );
+        let runnerd = super::Runnerd::start(&stack.state);
+        (stack, runnerd)
+    }
+
     /// workspaced + agentd on a new state root with `config`, agentd listening on `port`;
     /// returns once agentd answers on its socket.
     pub fn start_on(port: u16, config: &str) -> Stack {

@@ -3,7 +3,7 @@
 //!
 //! | request | answer |
 //! | --- | --- |
-//! | `POST /v1/chats {project}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns, title}` |
+//! | `POST /v1/chats {project, agent?, mode?}` | 201 chat: `{chat_id, project_id, owner, owner_name, created_at_ms, binding, turns, title, agent, mode}` ([`super::agents`] checks `agent` and `mode`) |
 //! | `GET /v1/chats[?project=P]` | `{chats: [chat]}`: the caller's own chats |
 //! | `GET /v1/chats/{id}` | chat + `messages: [{seq, turn, created_at_ms, role, content, …}]` (tool messages with `state` and `summary`) + `usage: {turns: [{turn, prompt_tokens, completion_tokens, total_tokens}], total}` (owner only, else 404) |
 //! | `POST /v1/chats/{id}/attachments?name=N` (the file's bytes as the body) | 201 attachment: `{attachment_id, name, kind, media_type, size, …}`, pending until a message names it (owner only) |
@@ -14,6 +14,7 @@
 //! | `GET /v1/devices` | `{devices: [...]}`: the caller's devices, folders, access and online state |
 //! | `GET /v1/projects` | `{projects: [{id, name, kind, role}]}`: the projects the caller's token may see |
 //! | `GET /v1/models` | `{configured, model, base_url}`: the model turns use (never its key) |
+//! | `GET /v1/agents` | `{agents: [{name, kind, driver?, model?, available, unavailable?, modes}], runnerd: {running, message?}}`: what a new chat may have as its agent |
 //!
 //! A project's MCP connections and secrets (`/v1/projects/{id}/mcp-connections…`, `…/secrets…`)
 //! are [`crate::connections::api`]'s, beside these on the same listener and the same callers.
@@ -27,6 +28,10 @@
 //! is killed and its result recorded), tool calls not yet started are answered "not run", and
 //! the stream ends with `end {reason: "cancelled"}`.
 //!
+//! A chat's agent and mode are given when it is created and never change. A chat whose agent is
+//! a coding CLI runs its turns through runnerd ([`crate::chat::turn::cli`]); it cannot be bound
+//! to a laptop folder yet (400 `not_supported`).
+//!
 //! A turn stores the person's message first; the first message sent in a chat titles it (its
 //! first line, [`crate::chat::store::title_of`]), and the title stays. Without a configured model
 //! the message is still stored and the turn's events are `error` (`model_not_configured`,
@@ -38,6 +43,7 @@
 //! stored) even if the client goes away.
 
 use crate::catalog::files::from_tool;
+use crate::chat::agents;
 use crate::chat::attachments::{self, AttachmentInfo};
 use crate::chat::peers::RunningTurns;
 use crate::chat::service::{ChatService, Running, blocking};
@@ -119,6 +125,7 @@ impl ChatService {
                     .map(|d| json_response(StatusCode::OK, &json!({"devices": d}))),
                 Route::Projects => self.projects(&caller).await,
                 Route::Models => Ok(json_response(StatusCode::OK, &self.models())),
+                Route::Agents => Ok(json_response(StatusCode::OK, &agents::options(self).await)),
             }
         }
         .await;
@@ -130,9 +137,15 @@ impl ChatService {
         #[serde(deny_unknown_fields)]
         struct CreateChat {
             project: String,
+            /// `api` (the default) or a provider's name.
+            #[serde(default)]
+            agent: Option<String>,
+            /// `run` (the default) or `builder`.
+            #[serde(default)]
+            mode: Option<String>,
         }
         let request: CreateChat = decode_json(body)?;
-        let (project, _) = self
+        let (project, access) = self
             .files
             .access(caller, &request.project)
             .await
@@ -148,9 +161,16 @@ impl ChatService {
                 ),
             ));
         }
+        let requested = agents::Requested {
+            agent: request.agent,
+            mode: request.mode,
+        };
+        let agent = agents::choose(self, &access, requested).await?;
         let store = self.chats.clone();
         let (user_id, user_name) = (caller.user_id.clone(), caller.user_name.clone());
-        let chat = blocking(move || store.create(&project.id, &user_id, &user_name)).await?;
+        let chat =
+            blocking(move || store.create_with(&project.id, &user_id, &user_name, &agent)).await?;
+        tracing::info!(chat = %chat.chat_id, agent = %chat.agent, mode = chat.mode.as_str(), user = %caller.user_id, "chat created");
         Ok(json_response(StatusCode::CREATED, &chat))
     }
 
@@ -566,6 +586,9 @@ impl ChatService {
             confirm: Option<String>,
         }
         let chat = self.own_chat(caller, chat_id).await?;
+        if chat.is_cli() {
+            return Err(cli_binding_unsupported());
+        }
         let request: BindRequest = decode_json(body)?;
         if request.confirm.as_deref() != Some(CONFIRMATION) {
             return Err(Refusal::new(
@@ -698,10 +721,12 @@ fn route(parts: &Parts) -> Option<Result<Route, Refusal>> {
         (["v1", "devices"], m) if *m == Method::GET => Route::Devices,
         (["v1", "projects"], m) if *m == Method::GET => Route::Projects,
         (["v1", "models"], m) if *m == Method::GET => Route::Models,
+        (["v1", "agents"], m) if *m == Method::GET => Route::Agents,
         (["v1", "chats", ..], _)
         | (["v1", "devices"], _)
         | (["v1", "projects"], _)
-        | (["v1", "models"], _) => {
+        | (["v1", "models"], _)
+        | (["v1", "agents"], _) => {
             return Some(Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -724,6 +749,17 @@ enum Route {
     Devices,
     Projects,
     Models,
+    Agents,
+}
+
+/// What the laptop binding answers for a chat whose agent is a coding CLI: not in this stage.
+pub fn cli_binding_unsupported() -> Refusal {
+    Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "not_supported",
+        "a coding CLI chat bound to a laptop folder is not supported yet; bind a chat whose \
+         agent is api, or keep this one on the server's project",
+    )
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::chat::attachments::{AttachmentError, AttachmentStore, PENDING_LIFETIME_MS};
 use crate::chat::model::Usage;
-use crate::chat::store::{ChatStore, TurnUsage};
+use crate::chat::store::{ChatAgent, ChatStore, CliSession, Mode, TurnUsage};
 use crate::db::Sql;
 use crate::db::conformance::{HOSTS, race};
 
@@ -25,6 +25,55 @@ fn usage(prompt: u64, completion: u64) -> Usage {
         completion_tokens: completion,
         total_tokens: prompt + completion,
     }
+}
+
+/// A chat's agent and mode are kept as created (an `api` chat in Run mode by default, a CLI
+/// chat as chosen) and listed; a CLI session recorded by one host is what another resumes,
+/// and the last one recorded replaces the one before.
+pub fn a_chat_keeps_its_agent_mode_and_cli_session(open: &dyn Fn() -> ChatStore) {
+    let a = open();
+    let b = open();
+    let api = a.create("p1", "u1", "alice").unwrap();
+    assert_eq!((api.agent.as_str(), api.mode), ("api", Mode::Run));
+    assert!(!api.is_cli());
+    let builder = ChatAgent {
+        agent: "codex".into(),
+        mode: Mode::Builder,
+    };
+    let cli = a.create_with("p1", "u1", "alice", &builder).unwrap();
+    assert!(cli.is_cli());
+    let read = b.get(&cli.chat_id).unwrap().unwrap();
+    assert_eq!(read, cli);
+    assert_eq!((read.agent.as_str(), read.mode), ("codex", Mode::Builder));
+    assert_eq!(read.cli_session, None);
+    let listed = b.list("u1", Some("p1")).unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|c| c.chat_id == cli.chat_id && c.mode == Mode::Builder)
+    );
+    let first = CliSession {
+        session_id: "thread-1".into(),
+        session_key: "key-1".into(),
+    };
+    a.set_cli_session(&cli.chat_id, &first).unwrap();
+    assert_eq!(
+        b.get(&cli.chat_id).unwrap().unwrap().cli_session,
+        Some(first)
+    );
+    let second = CliSession {
+        session_id: "thread-2".into(),
+        session_key: "key-2".into(),
+    };
+    b.set_cli_session(&cli.chat_id, &second).unwrap();
+    let read = a.get(&cli.chat_id).unwrap().unwrap();
+    assert_eq!(read.cli_session, Some(second));
+    assert_eq!(
+        read.mode,
+        Mode::Builder,
+        "recording a session changes nothing else"
+    );
+    assert_eq!(a.get(&api.chat_id).unwrap().unwrap().cli_session, None);
 }
 
 /// Chats, messages, turns, usage and bindings: what one host writes another reads, listings
@@ -375,6 +424,15 @@ mod on_sqlite {
             "chats.db",
             |path| crate::chat::store::ChatStore::open(path).unwrap(),
             super::chats_messages_turns_and_bindings,
+        );
+    }
+
+    #[test]
+    fn a_chat_keeps_its_agent_mode_and_cli_session() {
+        on_sqlite(
+            "chats.db",
+            |path| crate::chat::store::ChatStore::open(path).unwrap(),
+            super::a_chat_keeps_its_agent_mode_and_cli_session,
         );
     }
 

@@ -55,6 +55,9 @@ pub struct ChatService {
     pub connection_tools: ConnectionTools,
     pub gatewayd: GatewaydClient,
     pub model: Option<ModelClient>,
+    /// runnerd, which runs the turns of chats whose agent is a coding CLI (`None`: no runnerd,
+    /// so `api` is the only agent).
+    pub runnerd: Option<crate::clients::runnerd::RunnerdClient>,
     /// The console's sessions, accepted beside bearer tokens (none unless agentd sets them).
     pub sessions: crate::console::session::Sessions,
     pub(crate) running: Arc<tokio::sync::Mutex<HashMap<String, Running>>>,
@@ -120,6 +123,7 @@ impl ChatService {
             connection_tools,
             gatewayd,
             model,
+            runnerd: None,
             sessions: Default::default(),
             running: Default::default(),
             host_id: "-".to_owned(),

@@ -16,15 +16,23 @@
 //! when that message is stored and kept afterwards; a chat from before titles has none until
 //! its next message.
 //!
+//! A chat's agent ([`ChatAgent`]: `api`, the built-in model loop, or a provider runnerd runs)
+//! and its mode (`run` or `builder`) are chosen when it is created and never change; a chat
+//! whose agent is a coding CLI also keeps the CLI's session recorded by its last turn
+//! ([`CliSession`]), so the next turn resumes it under the same session key.
+//!
 //! SQLite layouts (`PRAGMA user_version`): 0 had no `turn_usage`; 1 adds it; 2 adds
-//! `chats.title`. Opening an older store creates what it lacks (its turns have no usage rows:
-//! they count as zero; its chats have no title). PostgreSQL migrates by
+//! `chats.title`; 3 adds `chats.agent`, `chats.mode` and the CLI session. Opening an older
+//! store creates what it lacks (its turns have no usage rows: they count as zero; its chats
+//! have no title, and are `api` chats in `run` mode). PostgreSQL migrates by
 //! [`POSTGRES_MIGRATIONS`].
 //!
 //! Must never hand out another person's chat: every lookup that serves a request is checked
 //! against the owner by the caller ([`crate::chat::api`]).
 
 use crate::db::{Database, DbError, Row, Sql, TransactionError};
+pub use agentworks_contract::public_api::API_AGENT;
+pub use agentworks_contract::runnerd::Mode;
 use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
@@ -79,6 +87,44 @@ pub struct Chat {
     pub turns: i64,
     /// From the first message sent in it ([`title_of`]); `None` until then.
     pub title: Option<String>,
+    /// Who answers: [`API_AGENT`] (the built-in model loop) or a provider's name.
+    pub agent: String,
+    /// What a coding CLI may do to the project (an `api` chat is always `run`).
+    pub mode: Mode,
+    /// The CLI session the chat's last CLI turn recorded, resumed by its next turn.
+    #[serde(skip)]
+    pub cli_session: Option<CliSession>,
+}
+
+impl Chat {
+    /// Whether a coding CLI (run by runnerd) answers this chat, rather than the model loop.
+    pub fn is_cli(&self) -> bool {
+        self.agent != API_AGENT
+    }
+}
+
+/// A chat's agent and mode, as chosen when it is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatAgent {
+    pub agent: String,
+    pub mode: Mode,
+}
+
+impl Default for ChatAgent {
+    /// The built-in model loop, in Run mode.
+    fn default() -> ChatAgent {
+        ChatAgent {
+            agent: API_AGENT.to_owned(),
+            mode: Mode::Run,
+        }
+    }
+}
+
+/// A coding CLI's session (Codex's thread) and the session key runnerd recorded it under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CliSession {
+    pub session_id: String,
+    pub session_key: String,
 }
 
 /// The longest title a chat gets, in characters.
@@ -122,7 +168,11 @@ CREATE TABLE IF NOT EXISTS chats (
     bound_at_ms INTEGER,
     binding_generation INTEGER NOT NULL DEFAULT 0,
     turns INTEGER NOT NULL DEFAULT 0,
-    title TEXT
+    title TEXT,
+    agent TEXT NOT NULL DEFAULT 'api',
+    mode TEXT NOT NULL DEFAULT 'run',
+    cli_session_id TEXT,
+    cli_session_key TEXT
 );
 CREATE INDEX IF NOT EXISTS chats_owner ON chats(owner_id, project_id);
 CREATE TABLE IF NOT EXISTS messages (
@@ -150,7 +200,7 @@ CREATE TABLE IF NOT EXISTS turn_claims (
 ";
 
 /// The SQLite layout this binary writes (`PRAGMA user_version`).
-const SQLITE_VERSION: i64 = 2;
+const SQLITE_VERSION: i64 = 3;
 
 /// The same tables in the cluster's PostgreSQL (`[cluster] database_url`), in the namespace
 /// `agentd` beside the identity store's: every integer a `BIGINT`, as [`crate::db`] reads them.
@@ -183,6 +233,13 @@ CREATE TABLE turn_claims (
     "
 ALTER TABLE chats ADD COLUMN title TEXT;
 ",
+    // 4: a chat's agent and mode (existing chats: the model loop, Run), and a CLI's session.
+    "
+ALTER TABLE chats ADD COLUMN agent TEXT NOT NULL DEFAULT 'api';
+ALTER TABLE chats ADD COLUMN mode TEXT NOT NULL DEFAULT 'run';
+ALTER TABLE chats ADD COLUMN cli_session_id TEXT;
+ALTER TABLE chats ADD COLUMN cli_session_key TEXT;
+",
 ];
 
 /// agentd's chat tables in PostgreSQL, migrated under the advisory lock "awagchat".
@@ -196,7 +253,7 @@ pub const POSTGRES_SCHEMA: agentworks_daemon::postgres::Schema =
     };
 
 const CHAT_COLUMNS: &str = "id, project_id, owner_id, owner_name, created_at_ms, device_id, folder, \
-     bound_at_ms, binding_generation, turns, title";
+     bound_at_ms, binding_generation, turns, title, agent, mode, cli_session_id, cli_session_key";
 
 fn row_chat(r: &Row<'_>) -> Result<Chat, DbError> {
     let device_id: Option<String> = r.get(5)?;
@@ -220,17 +277,45 @@ fn row_chat(r: &Row<'_>) -> Result<Chat, DbError> {
         binding_generation: r.get(8)?,
         turns: r.get(9)?,
         title: r.get(10)?,
+        agent: r.get(11)?,
+        mode: mode_of(&r.get::<String>(12)?),
+        cli_session: match (r.get(13)?, r.get(14)?) {
+            (Some(session_id), Some(session_key)) => Some(CliSession {
+                session_id,
+                session_key,
+            }),
+            _ => None,
+        },
     })
 }
 
-/// Stores of layout 1 or older have no `chats.title`: add it (NULL, no title, for every
-/// existing chat), then mark the layout current.
-fn add_title_column(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let has_column = conn
-        .prepare("SELECT 1 FROM pragma_table_info('chats') WHERE name = 'title'")?
-        .exists([])?;
-    if !has_column {
-        conn.execute_batch("ALTER TABLE chats ADD COLUMN title TEXT;")?;
+/// A stored mode. Only `builder` is Builder: anything else reads as Run, the lesser mode, so a
+/// damaged row never promotes a chat.
+fn mode_of(stored: &str) -> Mode {
+    match stored {
+        "builder" => Mode::Builder,
+        _ => Mode::Run,
+    }
+}
+
+/// Adds the columns an older layout lacks: `chats.title` (layout 1 or older: NULL, no title,
+/// for every existing chat), then the agent, the mode and the CLI session (layout 2 or older:
+/// every existing chat is an `api` chat in `run` mode); then marks the layout current.
+fn add_missing_columns(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let columns = [
+        ("title", "title TEXT"),
+        ("agent", "agent TEXT NOT NULL DEFAULT 'api'"),
+        ("mode", "mode TEXT NOT NULL DEFAULT 'run'"),
+        ("cli_session_id", "cli_session_id TEXT"),
+        ("cli_session_key", "cli_session_key TEXT"),
+    ];
+    for (name, definition) in columns {
+        let has_column = conn
+            .prepare("SELECT 1 FROM pragma_table_info('chats') WHERE name = ?1")?
+            .exists([name])?;
+        if !has_column {
+            conn.execute_batch(&format!("ALTER TABLE chats ADD COLUMN {definition};"))?;
+        }
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SQLITE_VERSION};"))
 }
@@ -250,7 +335,7 @@ impl ChatStore {
         };
         let db = Database::open_sqlite(path, SCHEMA).map_err(err)?;
         if let Some(conn) = db.sqlite() {
-            add_title_column(&conn).map_err(err)?;
+            add_missing_columns(&conn).map_err(err)?;
         }
         Ok(ChatStore { db })
     }
@@ -271,17 +356,31 @@ impl ChatStore {
         Ok(ChatStore { db })
     }
 
+    /// A new `api` chat in Run mode ([`ChatAgent::default`]).
     pub fn create(
         &self,
         project_id: &str,
         owner_id: &str,
         owner_name: &str,
     ) -> Result<Chat, ChatStoreError> {
+        self.create_with(project_id, owner_id, owner_name, &ChatAgent::default())
+    }
+
+    /// A new chat answered by `agent` (checked by the caller: [`crate::chat::agents`]).
+    pub fn create_with(
+        &self,
+        project_id: &str,
+        owner_id: &str,
+        owner_name: &str,
+        agent: &ChatAgent,
+    ) -> Result<Chat, ChatStoreError> {
         let id = format!("c{}", hex::encode(rand::random::<[u8; 10]>()));
         let now = agentworks_support::clock::now_ms();
+        let (name, mode) = (agent.agent.as_str(), agent.mode.as_str());
         self.db.conn()?.execute(
-            "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-            &[&id, &project_id, &owner_id, &owner_name, &now],
+            "INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, agent, mode) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            &[&id, &project_id, &owner_id, &owner_name, &now, &name, &mode],
         )?;
         Ok(Chat {
             chat_id: id,
@@ -293,7 +392,23 @@ impl ChatStore {
             binding_generation: 0,
             turns: 0,
             title: None,
+            agent: agent.agent.clone(),
+            mode: agent.mode,
+            cli_session: None,
         })
+    }
+
+    /// Records the CLI session a turn of the chat started (or resumed), replacing the last one.
+    pub fn set_cli_session(
+        &self,
+        chat_id: &str,
+        session: &CliSession,
+    ) -> Result<(), ChatStoreError> {
+        self.db.conn()?.execute(
+            "UPDATE chats SET cli_session_id = ?2, cli_session_key = ?3 WHERE id = ?1",
+            &[&chat_id, &session.session_id, &session.session_key],
+        )?;
+        Ok(())
     }
 
     /// Titles the chat `title` unless it has a title already: `true` if this call set it.
@@ -704,6 +819,53 @@ mod tests {
             Some("first")
         );
         assert!(!store.title_once("c1", "second").unwrap());
+    }
+
+    /// A chats.db of layout 2 (titles, no agents) opens with every chat an `api` chat in Run
+    /// mode, keeps its title, and takes CLI chats from then on.
+    #[test]
+    fn a_store_from_before_agents_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chats.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(OLD_CHATS).unwrap();
+        old.execute_batch(
+            "ALTER TABLE chats ADD COLUMN title TEXT;
+             INSERT INTO chats (id, project_id, owner_id, owner_name, created_at_ms, turns, title)
+                VALUES ('c1', 'p1', 'u1', 'alice', 1, 3, 'old chat');
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+        drop(old);
+        let store = ChatStore::open(&path).unwrap();
+        let chat = store.get("c1").unwrap().unwrap();
+        assert_eq!(
+            (
+                chat.agent.as_str(),
+                chat.mode,
+                chat.title.as_deref(),
+                chat.turns
+            ),
+            ("api", Mode::Run, Some("old chat"), 3)
+        );
+        let cli = ChatAgent {
+            agent: "codex".into(),
+            mode: Mode::Builder,
+        };
+        let created = store.create_with("p1", "u1", "alice", &cli).unwrap();
+        drop(store);
+        let store = ChatStore::open(&path).unwrap();
+        assert_eq!(
+            store.get(&created.chat_id).unwrap().unwrap().mode,
+            Mode::Builder
+        );
+        let version: i64 = store
+            .db
+            .sqlite()
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SQLITE_VERSION);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! How agentd reaches the other daemons: [`workspaced`] (every file operation, over
 //! `workspaced.sock` or, in a cluster, NATS), [`gatewayd`] (the laptops: devices, dispatch,
-//! cancel, recovery) and, in a cluster, [`revocations`] (every revoked token announced to every
+//! cancel, recovery), [`runnerd`] (a chat's turn with a coding CLI) and, in a cluster,
+//! [`revocations`] (every revoked token announced to every
 //! gatewayd on NATS).
 //!
 //! Clients only: they carry a call and its answer and decide nothing about who may make it.
@@ -8,4 +9,5 @@
 
 pub mod gatewayd;
 pub mod revocations;
+pub mod runnerd;
 pub mod workspaced;

@@ -12,11 +12,10 @@
 //! with the tokens it used. The turn then sends `end`; an error the driver returns is the
 //! turn's `error` event.
 //!
-//! The one driver today is the built-in model loop ([`super::model_loop`], the `api` agent).
-//! The next stage adds a turn whose agent is a coding CLI run by runnerd: a driver beside the
-//! model loop that asks runnerd to run the turn and turns runnerd's stream into these events,
-//! the CLI's bridge tool calls coming back to the same [`Toolset::execute`]. It gets the same
-//! [`Turn`]; nothing else in the turn changes.
+//! The drivers: the built-in model loop ([`super::model_loop`], the `api` agent), and a coding
+//! CLI run by runnerd ([`super::cli`]), which asks runnerd to run the turn and turns runnerd's
+//! stream into these events (the CLI's bridge tool calls, in a later stage, coming back to the
+//! same [`Toolset::execute`]). Both get the same [`Turn`].
 
 use crate::chat::attachments::AttachmentInfo;
 use crate::chat::model::Usage;

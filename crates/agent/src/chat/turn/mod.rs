@@ -1,9 +1,10 @@
 //! One turn of a chat, from the person's message to `end`.
 //!
 //! The person's message is stored first (titling a chat that has no title yet). Then the chat's
-//! agent picks the turn's driver ([`driver`] is the seam): every chat's agent is the built-in
-//! model loop today ([`model_loop`]), and a turn without a configured model ends there, with
-//! [`NO_MODEL`](model_loop::NO_MODEL); its message is kept, so nothing the person sent is lost
+//! agent picks the turn's driver ([`driver`] is the seam): the built-in model loop for an `api`
+//! chat ([`model_loop`]; a turn without a configured model ends there, with
+//! [`NO_MODEL`](model_loop::NO_MODEL)), a coding CLI run by runnerd for any other ([`cli`]; a
+//! turn without runnerd ends there, saying how to start it); its message is kept, so nothing the person sent is lost
 //! and a later turn goes on from it. Then the turn's tools are resolved once, from the chat's
 //! binding ([`crate::chat::tools`]), each connection left out is reported
 //! (`connection_unavailable`), and the driver runs the turn. Every failure becomes an `error`
@@ -13,9 +14,10 @@
 //! with it as listed; each driver gives them to its agent from the server, never the laptop.
 //!
 //! May call: the chat service and stores, [`crate::chat::tools`] (the turn's [`Toolset`] and its
-//! one executor), the model client, and `mcp`'s tool error. A driver sees only what
+//! one executor), the model client, runnerd's client, and `mcp`'s tool error. A driver sees only what
 //! [`driver::Turn`] gives it; connections reach it only as tools in the toolset.
 
+pub mod cli;
 pub mod driver;
 pub mod model_loop;
 
@@ -26,6 +28,7 @@ use crate::chat::service::{ChatService, blocking, to_tool};
 use crate::chat::store::title_of;
 use crate::chat::tools::Toolset;
 use crate::mcp::ToolError;
+use cli::CliAgent;
 use driver::{Driver, Events, Turn};
 use model_loop::ModelLoop;
 use serde_json::{Value, json};
@@ -76,10 +79,13 @@ async fn start_and_drive(
             .await
             .map_err(to_tool)?;
     }
-    // Only now: a turn whose driver cannot run (no model) keeps the person's message in the
-    // chat (and its title), so a later turn goes on from it. The chat's agent is the model
-    // loop for every chat today; a chat whose agent is a coding CLI gets its driver here.
-    let driver = ModelLoop::configured(service)?;
+    // Only now: a turn whose driver cannot run (no model, no runnerd) keeps the person's
+    // message in the chat (and its title), so a later turn goes on from it.
+    let driver = if spec.chat.is_cli() {
+        Agent::Cli(CliAgent::configured(service)?)
+    } else {
+        Agent::Model(ModelLoop::configured(service)?)
+    };
     let tools = Toolset::resolve(
         service,
         &spec.caller,
@@ -101,7 +107,16 @@ async fn start_and_drive(
         cancel,
         events,
     };
-    driver.drive(&turn, usage).await
+    match driver {
+        Agent::Model(driver) => driver.drive(&turn, usage).await,
+        Agent::Cli(driver) => driver.drive(&turn, usage).await,
+    }
+}
+
+/// The driver of a chat's agent.
+enum Agent {
+    Model(ModelLoop),
+    Cli(CliAgent),
 }
 
 /// The person's message as stored: the text and, when it carries any, its attachments as

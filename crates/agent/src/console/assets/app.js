@@ -166,10 +166,21 @@ async function homeView() {
     fill(list, h('p', {}, 'You are not a member of any project yet. An operator adds you to one (agentworksctl).'));
     return;
   }
-  fill(list, projects.map(projectSection));
+  // The agents a new chat may have (`api`, and runnerd's coding CLIs when it runs): asked once.
+  const agents = api('GET', '/v1/agents');
+  fill(list, projects.map((project) => projectSection(project, agents)));
 }
 
-function projectSection(project) {
+// The roles that may start a Builder chat (its coding CLI writes the project).
+const AUTHORING_ROLES = new Set(['owner', 'co-owner', 'editor']);
+
+// What a chat runs on, in a few words: `api · Run` or `codex · Builder`.
+function agentLabel(chat) {
+  const mode = chat.mode === 'builder' ? 'Builder' : 'Run';
+  return `${chat.agent || 'api'} · ${mode}`;
+}
+
+function projectSection(project, agentsAnswer) {
   const title = uid('project');
   const section = h('section', { class: 'project', 'aria-labelledby': title },
     h('h2', { id: title }, project.name, ' ', h('span', { class: 'kind' }, `${project.kind} project · ${project.role}`)));
@@ -178,22 +189,73 @@ function projectSection(project) {
     return section;
   }
   const chats = h('ul', { class: 'chats', 'aria-label': `Chats in ${project.name}` });
-  const button = h('button', { type: 'button', 'aria-describedby': title }, 'New chat');
+  const button = h('button', { type: 'button', 'aria-describedby': title, 'aria-expanded': 'false' }, 'New chat');
+  const dialog = newChatForm(project, agentsAnswer);
   button.addEventListener('click', async () => {
-    button.disabled = true;
-    const answer = await api('POST', '/v1/chats', { project: project.id });
-    button.disabled = false;
+    const open = dialog.element.hidden;
+    dialog.element.hidden = !open;
+    button.setAttribute('aria-expanded', String(open));
+    if (open) await dialog.load();
+  });
+  const settings = h('a', { href: `/console/projects/${encodeURIComponent(project.id)}/settings`, 'aria-describedby': title },
+    'MCP connections and secrets');
+  section.append(button, ' ', settings, dialog.element, chats);
+  loadChats(project, chats);
+  return section;
+}
+
+// New chat's questions: which agent (from GET /v1/agents) and which mode (Builder only for a
+// coding CLI and an authoring role), then the chat is created and opened.
+function newChatForm(project, agentsAnswer) {
+  const id = uid('new-chat');
+  const agent = h('select', { id: `${id}-agent`, name: 'agent' });
+  const mode = h('select', { id: `${id}-mode`, name: 'mode' });
+  const note = h('p', { class: 'hint', id: `${id}-note` });
+  const start = h('button', { type: 'submit' }, 'Start chat');
+  const element = h('form', { class: 'new-chat', hidden: true, 'aria-label': `New chat in ${project.name}` },
+    h('label', { for: agent.id }, 'Agent'), ' ', agent, ' ',
+    h('label', { for: mode.id }, 'Mode'), ' ', mode, ' ', start, note);
+  let agents = [];
+  const canAuthor = AUTHORING_ROLES.has(project.role);
+
+  function showModes() {
+    const chosen = agents.find((a) => a.name === agent.value);
+    const modes = (chosen && chosen.modes) || ['run'];
+    const options = [h('option', { value: 'run' }, 'Run (reads the project)')];
+    if (modes.includes('builder') && canAuthor) options.push(h('option', { value: 'builder' }, 'Builder (writes the project)'));
+    fill(mode, options);
+    mode.disabled = options.length === 1;
+    if (chosen && !chosen.available) note.textContent = `${chosen.name} cannot run: ${chosen.unavailable || 'unavailable'}`;
+    else if (modes.includes('builder') && !canAuthor) note.textContent = `Builder needs an authoring role; yours is ${project.role}.`;
+    else note.textContent = '';
+  }
+
+  async function load() {
+    if (agents.length > 0) return;
+    const answer = await agentsAnswer;
+    agents = answer.status === 200 ? answer.body.agents || [] : [];
+    if (agents.length === 0) agents = [{ name: 'api', kind: 'api', available: true, modes: ['run'] }];
+    fill(agent, agents.map((a) => h('option', { value: a.name, disabled: a.kind !== 'api' && !a.available },
+      a.kind === 'api' ? `api (built-in${a.model ? `, ${a.model}` : ''})` : `${a.name} (${a.driver || 'coding CLI'}, ${a.model})`)));
+    if (answer.status === 200 && answer.body.runnerd && !answer.body.runnerd.running) {
+      element.append(h('p', { class: 'hint muted' }, `Coding CLIs are not offered: ${answer.body.runnerd.message}`));
+    }
+    showModes();
+  }
+
+  agent.addEventListener('change', showModes);
+  element.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    start.disabled = true;
+    const answer = await api('POST', '/v1/chats', { project: project.id, agent: agent.value, mode: mode.value });
+    start.disabled = false;
     if (answer.status === 201 || answer.status === 200) {
       location.assign(`/console/chats/${encodeURIComponent(answer.body.chat_id)}`);
     } else {
       showStatus(`A new chat could not be created: ${errorMessage(answer)}`, 'error');
     }
   });
-  const settings = h('a', { href: `/console/projects/${encodeURIComponent(project.id)}/settings`, 'aria-describedby': title },
-    'MCP connections and secrets');
-  section.append(button, ' ', settings, chats);
-  loadChats(project, chats);
-  return section;
+  return { element, load };
 }
 
 async function loadChats(project, list) {
@@ -211,6 +273,7 @@ async function loadChats(project, list) {
     h('a', { href: `/console/chats/${encodeURIComponent(chat.chat_id)}` }, chatName(chat)),
     ` · ${new Date(chat.created_at_ms).toLocaleString()}`,
     ` · ${chat.turns} ${chat.turns === 1 ? 'turn' : 'turns'}`,
+    ` · ${agentLabel(chat)}`,
     chat.binding ? ` · laptop folder ${chat.binding.folder}` : ' · server files')));
 }
 

@@ -40,6 +40,9 @@ export async function chatView(container, chatId, { onSignedOut }) {
 
   const title = h('h1', { id: 'chat-title' });
   const where = h('span', { id: 'chat-project' });
+  // Who answers and what it may do to the project, fixed when the chat was created.
+  const agent = h('p', { class: 'chat-agent', id: 'chat-agent' },
+    `Agent: ${state.chat.agent || 'api'} · ${state.chat.mode === 'builder' ? 'Builder mode (writes the project)' : 'Run mode'}`);
   const messages = h('ol', { class: 'messages', 'aria-label': 'Conversation' });
   const connection = h('p', { class: 'connection', id: 'connection', 'aria-live': 'polite' });
   const input = h('textarea', { id: 'message', name: 'message', rows: 3, 'aria-describedby': 'connection' });
@@ -68,7 +71,7 @@ export async function chatView(container, chatId, { onSignedOut }) {
   fill(container, h('div', { class: 'chat-layout' },
     h('section', { class: 'conversation', 'aria-labelledby': 'chat-title' },
       h('p', { class: 'crumbs' }, h('a', { href: '/console/' }, 'Your projects'), where),
-      title, messages, form),
+      title, agent, messages, form),
     panel.element));
   showTitle();
   projectName(state.chat.project_id).then((name) => {

@@ -1,0 +1,585 @@
+//! The coding-CLI agent: a [`Driver`] that asks runnerd to run the turn (`runnerd.sock`,
+//! `POST /v1/turns`) and turns runnerd's stream into the turn's events.
+//!
+//! At the turn's start it resolves the person's live access to the project, as every file tool
+//! does ([`crate::catalog::files::FileTools::access`]): the guard runnerd gets is that resolved
+//! guard (Builder's write grants), and a Builder chat needs an authoring role at every turn, not
+//! only when it was created. A chat bound to a laptop folder is refused (not in this stage).
+//! The CLI session the chat's last turn recorded is resumed, with the session key it was
+//! recorded under; runnerd resumes it only under the same key.
+//!
+//! runnerd's events become the ones the console already renders ([`Relay`]): `text` as `text`;
+//! the CLI's own tool calls as `tool_call` and `tool_result` (a one-line command, its exit and
+//! its bounded output, with the state and summary every tool result gets); `usage` (the turn's
+//! running total) counted into the turn's usage and stored, so the Costs tab shows it; `error` as
+//! the turn's error with runnerd's code and sentence. What the chat keeps is stored as the model
+//! loop stores it: the CLI's text as the assistant's messages, its tool calls and their results.
+//!
+//! Cancel calls runnerd's cancel for the turn and waits a moment for its end. A runnerd that is
+//! not running fails the turn at once with a sentence; a stream that ends before the turn did
+//! is an error too: a turn never hangs on a runnerd that went away.
+//!
+//! May call: the chat service (its stores, the person's access, runnerd's client), the tools'
+//! result rule ([`tool_result`]). Never runs a tool itself: the CLI's tools run in runnerd's
+//! sandbox.
+
+use super::driver::{Driver, Event, Turn};
+use crate::catalog::files::require_authoring_role_for;
+use crate::chat::attachments::{Kind, text_preview};
+use crate::chat::model::{MAX_REPORTED_TOKENS, ToolCall, Usage};
+use crate::chat::service::{blocking, to_tool};
+use crate::chat::store::{CliSession, Mode};
+use crate::chat::tools::executor::tool_result;
+use crate::chat::tools::images::read_attachment;
+use crate::clients::runnerd::{RunnerdClient, RunnerdError, TurnStream};
+use crate::mcp::ToolError;
+use agentworks_contract::runnerd::{Resume, TurnEvent, TurnRequest, codes};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long a cancelled turn waits for runnerd's last events before it ends anyway.
+const CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+/// The coding CLI a chat's agent names, run by runnerd.
+pub struct CliAgent {
+    runnerd: RunnerdClient,
+}
+
+impl CliAgent {
+    /// The driver of a CLI chat's turn; without runnerd, the turn fails with the sentence
+    /// saying how to start it.
+    pub fn configured(service: &crate::chat::service::ChatService) -> Result<CliAgent, ToolError> {
+        match service.runnerd.clone() {
+            Some(runnerd) => Ok(CliAgent { runnerd }),
+            None => Err(ToolError::new(
+                "runnerd_not_running",
+                crate::clients::runnerd::NOT_RUNNING,
+            )),
+        }
+    }
+}
+
+fn from_runnerd(error: RunnerdError) -> ToolError {
+    ToolError::new(error.code(), error.to_string())
+}
+
+impl Driver for CliAgent {
+    async fn drive(&self, turn: &Turn<'_>, usage: &mut Usage) -> Result<&'static str, ToolError> {
+        let (service, spec) = (turn.service, turn.spec);
+        let chat = &spec.chat;
+        if chat.binding.is_some() {
+            return Err(ToolError::new(
+                "not_supported",
+                "a coding CLI chat bound to a laptop folder is not supported yet",
+            ));
+        }
+        // The person's live access now: the guard runnerd applies, and the role Builder needs.
+        let (project, access) = service.files.access(&spec.caller, &chat.project_id).await?;
+        if chat.mode == Mode::Builder {
+            require_authoring_role_for(
+                &access,
+                "a Builder turn (the coding CLI writes the project)",
+            )?;
+        }
+        let request = TurnRequest {
+            chat_id: chat.chat_id.clone(),
+            user_id: spec.caller.user_id.clone(),
+            project: project.folder,
+            provider: chat.agent.clone(),
+            mode: chat.mode,
+            guard: access.guard,
+            prompt: prompt(turn).await?,
+            resume: chat.cli_session.clone().map(|s| Resume {
+                session_id: s.session_id,
+                session_key: s.session_key,
+            }),
+        };
+        let mut stream = self
+            .runnerd
+            .start_turn(&request)
+            .await
+            .map_err(from_runnerd)?;
+        let mut relay = Relay::default();
+        let ended = self.relay(turn, &mut stream, &mut relay, usage).await;
+        // Whatever ended the turn, what the person saw is kept.
+        for message in relay.finish() {
+            service.append(&chat.chat_id, spec.turn, message).await?;
+        }
+        ended
+    }
+}
+
+impl CliAgent {
+    /// Reads runnerd's stream to the turn's end, emitting and storing as it goes.
+    async fn relay(
+        &self,
+        turn: &Turn<'_>,
+        stream: &mut TurnStream,
+        relay: &mut Relay,
+        usage: &mut Usage,
+    ) -> Result<&'static str, ToolError> {
+        let (service, spec) = (turn.service, turn.spec);
+        let chat_id = &spec.chat.chat_id;
+        let mut cancel_sent = false;
+        let mut grace: Option<tokio::time::Instant> = None;
+        loop {
+            // Once cancelled and runnerd knows the turn's id, it is told (once).
+            if turn.cancel.is_cancelled() && !cancel_sent {
+                if let Some(turn_id) = relay.turn_id.clone() {
+                    cancel_sent = true;
+                    if let Err(error) = self.runnerd.cancel(&turn_id).await {
+                        tracing::warn!(chat = %chat_id, turn_id, %error, "runnerd did not take the cancel");
+                    }
+                }
+                grace.get_or_insert_with(|| tokio::time::Instant::now() + CANCEL_GRACE);
+            }
+            let next = tokio::select! {
+                next = stream.next() => next,
+                _ = turn.cancel.cancelled(), if grace.is_none() => continue,
+                _ = sleep_until(grace), if grace.is_some() => return Ok("cancelled"),
+            };
+            let event = match next {
+                Ok(Some(event)) => event,
+                Ok(None) if grace.is_some() => return Ok("cancelled"),
+                Ok(None) => {
+                    return Err(ToolError::new(
+                        "runnerd_failed",
+                        "runnerd's stream ended before the turn did (did agentworks-runnerd stop?)",
+                    ));
+                }
+                Err(error) => {
+                    if let Some(turn_id) = relay.turn_id.clone() {
+                        let _ = self.runnerd.cancel(&turn_id).await;
+                    }
+                    return Err(from_runnerd(error));
+                }
+            };
+            let step = relay.on(event, grace.is_some());
+            for (kind, data) in step.emit {
+                turn.events.emit(kind, data);
+            }
+            for message in step.store {
+                service.append(chat_id, spec.turn, message).await?;
+            }
+            if let Some(session) = step.session {
+                let store = service.chats.clone();
+                let id = chat_id.clone();
+                blocking(move || store.set_cli_session(&id, &session))
+                    .await
+                    .map_err(to_tool)?;
+            }
+            if let Some(used) = step.usage {
+                usage.add(used);
+                let store = service.chats.clone();
+                let (id, number) = (chat_id.clone(), spec.turn);
+                blocking(move || store.add_usage(&id, number, &used))
+                    .await
+                    .map_err(to_tool)?;
+            }
+            if let Some(end) = step.end {
+                return end;
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the CLI is asked: the person's message, then each text attachment's bounded preview
+/// (read from the server's uploads); an image is named, not shown (a CLI gets no images yet).
+async fn prompt(turn: &Turn<'_>) -> Result<String, ToolError> {
+    let (service, spec) = (turn.service, turn.spec);
+    let mut prompt = spec.message.clone();
+    for attachment in &spec.attachments {
+        prompt.push_str("\n\n");
+        match attachment.kind {
+            Kind::Text => {
+                let (info, bytes) = read_attachment(
+                    service,
+                    &spec.chat.chat_id,
+                    spec.turn,
+                    &attachment.attachment_id,
+                )
+                .await
+                .map_err(to_tool)?;
+                prompt.push_str(&text_preview(&info, &bytes));
+            }
+            Kind::Image => prompt.push_str(&format!(
+                "[an image {:?} was attached; a coding CLI chat does not get images yet]",
+                attachment.name
+            )),
+        }
+    }
+    Ok(prompt)
+}
+
+/// runnerd's events of one turn, turned into the turn's events and the chat's messages.
+#[derive(Default)]
+struct Relay {
+    /// runnerd's id of the turn (for cancel), from `started`.
+    turn_id: Option<String>,
+    /// The session key of the turn's runtime, from `started`: a `session` is recorded under it.
+    session_key: Option<String>,
+    /// Text shown since the last stored message.
+    text: String,
+    /// The calls that began, by id: their tool and command.
+    calls: HashMap<String, (String, String)>,
+    /// The running total runnerd reported last.
+    reported: (u64, u64),
+}
+
+/// What one event of runnerd's comes to.
+#[derive(Default)]
+struct Step {
+    emit: Vec<Event>,
+    /// Messages the chat keeps, in order.
+    store: Vec<Value>,
+    /// The CLI session to resume next turn.
+    session: Option<CliSession>,
+    /// Tokens to add to the turn's usage.
+    usage: Option<Usage>,
+    /// The turn ended: how.
+    end: Option<Result<&'static str, ToolError>>,
+}
+
+impl Relay {
+    fn on(&mut self, event: TurnEvent, cancelled: bool) -> Step {
+        let mut step = Step::default();
+        match event {
+            TurnEvent::Started {
+                turn_id,
+                session_key,
+            } => {
+                self.turn_id = Some(turn_id);
+                self.session_key = Some(session_key);
+            }
+            TurnEvent::Session { session_id } => {
+                // A session without a key could never be resumed: it is not recorded.
+                if let Some(session_key) = self.session_key.clone() {
+                    step.session = Some(CliSession {
+                        session_id,
+                        session_key,
+                    });
+                }
+            }
+            TurnEvent::Text { text } => {
+                self.text.push_str(&text);
+                step.emit.push(("text", json!({"text": text})));
+            }
+            TurnEvent::ToolCall {
+                call_id,
+                tool,
+                command,
+            } => {
+                let arguments = json!({"command": command});
+                step.emit.push((
+                    "tool_call",
+                    json!({"id": call_id, "name": tool, "arguments": arguments}),
+                ));
+                // As the model loop stores a call: the text before it and the call, one message.
+                let content = match std::mem::take(&mut self.text) {
+                    text if text.is_empty() => Value::Null,
+                    text => Value::String(text),
+                };
+                step.store.push(
+                    json!({"role": "assistant", "content": content, "tool_calls": [{
+                        "id": call_id, "type": "function",
+                        "function": {"name": tool, "arguments": arguments.to_string()},
+                    }]}),
+                );
+                self.calls.insert(call_id, (tool, command));
+            }
+            TurnEvent::ToolResult {
+                call_id,
+                exit_code,
+                output,
+            } => {
+                let (tool, command) = self
+                    .calls
+                    .remove(&call_id)
+                    .unwrap_or_else(|| ("tool".to_owned(), String::new()));
+                let mut result = json!({"command": command, "output": output});
+                // No exit code (a tool that is not a command) is not "killed by a signal".
+                if let Some(code) = exit_code {
+                    result["exit_code"] = json!(code);
+                }
+                let call = ToolCall {
+                    id: call_id.clone(),
+                    name: tool,
+                    arguments: String::new(),
+                };
+                let (event, content) = tool_result(&call, &Ok(result));
+                step.emit.push(("tool_result", event));
+                step.store.push(json!({"role": "tool", "tool_call_id": call_id, "content": content.to_string()}));
+            }
+            TurnEvent::Usage {
+                input_tokens,
+                output_tokens,
+            } => {
+                // The turn's running total: what it adds is the increase over the last one.
+                let (input, output) = (
+                    input_tokens.min(MAX_REPORTED_TOKENS),
+                    output_tokens.min(MAX_REPORTED_TOKENS),
+                );
+                let added = (
+                    input.saturating_sub(self.reported.0),
+                    output.saturating_sub(self.reported.1),
+                );
+                self.reported = (input.max(self.reported.0), output.max(self.reported.1));
+                if added != (0, 0) {
+                    step.usage = Some(Usage {
+                        prompt_tokens: added.0,
+                        completion_tokens: added.1,
+                        total_tokens: added.0 + added.1,
+                    });
+                }
+            }
+            TurnEvent::End { .. } if cancelled => step.end = Some(Ok("cancelled")),
+            TurnEvent::End { .. } => step.end = Some(Ok("completed")),
+            TurnEvent::Error { code, .. } if code == codes::CANCELLED || cancelled => {
+                step.end = Some(Ok("cancelled"));
+            }
+            TurnEvent::Error { code, message } => {
+                step.end = Some(Err(ToolError::new(code, message)));
+            }
+        }
+        step
+    }
+
+    /// The text shown since the last stored message, as the assistant's message; and each
+    /// call that began without a result, answered so (every stored call has its result).
+    fn finish(&mut self) -> Vec<Value> {
+        let mut messages = Vec::new();
+        for (call_id, _) in std::mem::take(&mut self.calls) {
+            let content = json!({"ok": false, "error": {"code": "not_finished",
+                "message": "the turn ended before this call did"}});
+            messages.push(
+                json!({"role": "tool", "tool_call_id": call_id, "content": content.to_string()}),
+            );
+        }
+        let text = std::mem::take(&mut self.text);
+        if !text.is_empty() {
+            messages.push(json!({"role": "assistant", "content": text}));
+        }
+        messages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(step: &Step) -> Vec<&str> {
+        step.emit.iter().map(|(kind, _)| *kind).collect()
+    }
+
+    #[test]
+    fn a_turn_streams_text_and_folded_tool_calls_and_stores_what_the_chat_keeps() {
+        let mut relay = Relay::default();
+        let step = relay.on(
+            TurnEvent::Started {
+                turn_id: "t1".into(),
+                session_key: "k1".into(),
+            },
+            false,
+        );
+        assert!(step.emit.is_empty() && step.session.is_none());
+        assert_eq!(relay.turn_id.as_deref(), Some("t1"));
+        let step = relay.on(
+            TurnEvent::Session {
+                session_id: "s1".into(),
+            },
+            false,
+        );
+        assert_eq!(
+            step.session,
+            Some(CliSession {
+                session_id: "s1".into(),
+                session_key: "k1".into()
+            })
+        );
+        let step = relay.on(
+            TurnEvent::Text {
+                text: "Let me look. ".into(),
+            },
+            false,
+        );
+        assert_eq!(kinds(&step), ["text"]);
+        assert!(step.store.is_empty());
+        let step = relay.on(
+            TurnEvent::ToolCall {
+                call_id: "c1".into(),
+                tool: "exec_command".into(),
+                command: "cat project/a.txt".into(),
+            },
+            false,
+        );
+        assert_eq!(kinds(&step), ["tool_call"]);
+        assert_eq!(step.emit[0].1["arguments"]["command"], "cat project/a.txt");
+        assert_eq!(step.store[0]["content"], "Let me look. ");
+        assert_eq!(
+            step.store[0]["tool_calls"][0]["function"]["name"],
+            "exec_command"
+        );
+        let step = relay.on(
+            TurnEvent::ToolResult {
+                call_id: "c1".into(),
+                exit_code: Some(1),
+                output: "cat: project/a.txt: No such file\n".into(),
+            },
+            false,
+        );
+        let event = &step.emit[0].1;
+        assert_eq!(
+            (
+                &event["id"],
+                &event["name"],
+                &event["state"],
+                &event["summary"]
+            ),
+            (
+                &json!("c1"),
+                &json!("exec_command"),
+                &json!("failed"),
+                &json!("exit 1")
+            )
+        );
+        assert_eq!(event["result"]["command"], "cat project/a.txt");
+        assert_eq!(step.store[0]["role"], "tool");
+        // A result without an exit code (not a command) is done, not "killed by a signal".
+        relay.on(
+            TurnEvent::ToolCall {
+                call_id: "c2".into(),
+                tool: "mcp__bridge".into(),
+                command: "diff_patch_workspace_file a.txt".into(),
+            },
+            false,
+        );
+        let step = relay.on(
+            TurnEvent::ToolResult {
+                call_id: "c2".into(),
+                exit_code: None,
+                output: "patched".into(),
+            },
+            false,
+        );
+        assert_eq!(step.emit[0].1["state"], "done");
+        relay.on(
+            TurnEvent::Text {
+                text: "Done.".into(),
+            },
+            false,
+        );
+        let step = relay.on(TurnEvent::End { exit_code: Some(0) }, false);
+        assert!(matches!(step.end, Some(Ok("completed"))));
+        assert_eq!(
+            relay.finish(),
+            vec![json!({"role": "assistant", "content": "Done."})]
+        );
+    }
+
+    #[test]
+    fn usage_is_the_running_total_and_only_its_increase_is_added() {
+        let mut relay = Relay::default();
+        let used = |relay: &mut Relay, i, o| {
+            relay
+                .on(
+                    TurnEvent::Usage {
+                        input_tokens: i,
+                        output_tokens: o,
+                    },
+                    false,
+                )
+                .usage
+        };
+        assert_eq!(
+            used(&mut relay, 100, 10),
+            Some(Usage {
+                prompt_tokens: 100,
+                completion_tokens: 10,
+                total_tokens: 110
+            })
+        );
+        assert_eq!(used(&mut relay, 100, 10), None);
+        assert_eq!(
+            used(&mut relay, 150, 12),
+            Some(Usage {
+                prompt_tokens: 50,
+                completion_tokens: 2,
+                total_tokens: 52
+            })
+        );
+        assert_eq!(
+            used(&mut relay, u64::MAX, 0).unwrap().prompt_tokens,
+            MAX_REPORTED_TOKENS - 150
+        );
+    }
+
+    #[test]
+    fn errors_end_the_turn_with_runnerds_code_and_cancel_ends_it_cancelled() {
+        let mut relay = Relay::default();
+        let step = relay.on(
+            TurnEvent::Error {
+                code: "cli_failed".into(),
+                message: "codex exited: boom".into(),
+            },
+            false,
+        );
+        let error = step.end.unwrap().unwrap_err();
+        assert_eq!(
+            (error.code.as_str(), error.message.as_str()),
+            ("cli_failed", "codex exited: boom")
+        );
+        let step = relay.on(
+            TurnEvent::Error {
+                code: codes::CANCELLED.into(),
+                message: "cancelled".into(),
+            },
+            false,
+        );
+        assert!(matches!(step.end, Some(Ok("cancelled"))));
+        // After Stop, whatever ends the stream ends the turn cancelled.
+        let step = relay.on(TurnEvent::End { exit_code: None }, true);
+        assert!(matches!(step.end, Some(Ok("cancelled"))));
+    }
+
+    #[test]
+    fn a_session_without_a_started_key_is_not_recorded_and_unfinished_calls_get_a_result() {
+        let mut relay = Relay::default();
+        assert!(
+            relay
+                .on(
+                    TurnEvent::Session {
+                        session_id: "s".into()
+                    },
+                    false
+                )
+                .session
+                .is_none()
+        );
+        relay.on(
+            TurnEvent::ToolCall {
+                call_id: "c9".into(),
+                tool: "exec_command".into(),
+                command: "sleep 100".into(),
+            },
+            false,
+        );
+        relay.on(
+            TurnEvent::Text {
+                text: "partial".into(),
+            },
+            false,
+        );
+        let stored = relay.finish();
+        assert_eq!(stored[0]["tool_call_id"], "c9");
+        assert_eq!(stored[1]["content"], "partial");
+        assert!(relay.finish().is_empty());
+    }
+}
