@@ -397,7 +397,7 @@ fn checked_providers(flags: &ProviderFlags) -> Result<Vec<ProviderTable>, Quicks
         };
         let Some(driver) = PROVIDER_DRIVERS.iter().copied().find(|d| *d == name) else {
             return Err(refused(format!(
-                "runnerd has no driver {name:?}; a provider's name is its driver, and runnerd                  has: {}",
+                "runnerd has no driver {name:?}; a provider's name is its driver, and runnerd has: {}",
                 PROVIDER_DRIVERS.join(", ")
             )));
         };
@@ -1432,7 +1432,10 @@ mod tests {
         for (given, says) in [
             ("codex", "NAME=PATH"),
             ("claude=/usr/bin/claude", "runnerd has no driver \"claude\""),
-            ("claude=/usr/bin/claude", "has: codex"),
+            (
+                "claude=/usr/bin/claude",
+                "a provider's name is its driver, and runnerd has: codex",
+            ),
             ("codex=", "the executable is empty"),
         ] {
             let error = checked_providers(&provider_flags(&[given])).unwrap_err();
