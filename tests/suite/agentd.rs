@@ -667,17 +667,47 @@ fn agentworksctl_administers_with_clear_errors_and_json() {
         "god",
     ]);
     assert_eq!(usage.status.code(), Some(2));
-    // status reports every daemon; it fails while one is down and passes once all answer.
+    // status reports every daemon, runnerd (issue 45) among them; it fails while one is down
+    // and passes once all answer.
     let down = stack.ctl(&["status"]);
     assert_eq!(down.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&down.stdout).contains("DOWN agentworks-gatewayd"));
+    let said = String::from_utf8_lossy(&down.stdout).into_owned();
+    assert!(said.contains("DOWN agentworks-gatewayd"), "{said}");
+    assert!(said.contains("DOWN agentworks-runnerd"), "{said}");
     let _gatewayd = Gatewayd::start(&stack, gateway_port);
+    let down = stack.ctl(&["status"]);
+    assert_eq!(down.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&down.stdout).into_owned();
+    assert!(said.contains("ok   agentworks-gatewayd"), "{said}");
+    assert!(said.contains("DOWN agentworks-runnerd"), "{said}");
+    let _runnerd = Runnerd::start(&stack.state);
     let status = stack.ctl(&["status"]);
+    let said = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.status.success(), "{said}");
     assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stdout)
+        said.contains("ok   agentworks-runnerd") && said.contains("no provider"),
+        "{said}"
     );
+    let report: serde_json::Value =
+        serde_json::from_slice(&stack.ctl(&["--json", "status"]).stdout).unwrap();
+    let daemons: Vec<&str> = report
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["daemon"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        daemons,
+        [
+            "agentworks-workspaced",
+            "agentworks-agentd",
+            "agentworks-gatewayd",
+            "agentworks-runnerd"
+        ]
+    );
+    assert_eq!(report[3]["healthy"], true, "{report}");
+    assert_eq!(report[3]["providers"], json!([]), "{report}");
+    assert!(report[0].get("providers").is_none(), "{report}");
     let help = stack.ctl(&["token", "create", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--write-folder"));
 }

@@ -6,6 +6,9 @@
 //! `AGENTWORKS_STATE_ROOT` works, mistakes are refused before anything starts, a restart keeps
 //! the token, and the daemons' logs in a file are plain text. Its log (every daemon's stderr)
 //! keeps one line per event whatever a caller or a model puts in a path or a message.
+//! runnerd (issue 45) is its fourth daemon: `--provider NAME=PATH --provider-upstream URL`
+//! gives it a provider, listed on its socket (a missing executable as unavailable), and bad
+//! provider flags are refused before anything starts.
 
 use super::agent::{Model, http_error, text};
 use super::harness::*;
@@ -131,6 +134,9 @@ fn quickstart_starts_serves_and_stops_cleanly() {
         format!("http://127.0.0.1:{port}/console/")
     );
     assert_eq!(started["model"], Value::Null);
+    // runnerd runs too, with no provider.
+    assert_eq!(started["providers"], json!([]), "{started}");
+    assert_eq!(runnerd_providers(&started), json!([]));
 
     // The printed sign-in link signs the demo user in to the console, once.
     let link = started["sign_in_link"].as_str().unwrap();
@@ -273,6 +279,11 @@ fn quickstart_starts_serves_and_stops_cleanly() {
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", gateway_port)).is_err(),
         "gatewayd stopped too"
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(started["runnerd_socket"].as_str().unwrap())
+            .is_err(),
+        "runnerd stopped too"
     );
 
     // Running it again reuses the state root: the same workflow, the edit kept, the same
@@ -460,6 +471,208 @@ fn quickstart_takes_a_model_from_its_flags_and_refuses_a_bad_key_file() {
     stop(run);
 }
 
+/// Issue 45: `--provider codex=PATH --provider-upstream URL` gives runnerd, the fourth daemon,
+/// a provider: runnerd lists it on its socket with the executable the test made, the written
+/// configuration holds the key file made absolute (and never the key), and `status` shows it.
+/// A provider whose executable is missing does not stop the start: it is listed as
+/// unavailable, naming the missing file.
+#[test]
+fn quickstart_starts_runnerd_with_the_providers_its_flags_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let codex = dir.path().join("my-codex");
+    executable_file(&codex);
+    std::fs::write(dir.path().join("provider.key"), "sk-provider-51e0\n").unwrap();
+    let ports = reserve_ports(2);
+    let run = QuickstartRun::spawn({
+        let mut command = quickstart_command(
+            &state,
+            [ports[0], ports[1]],
+            &[
+                "--provider",
+                &format!("codex={}", codex.display()),
+                "--provider-upstream",
+                "http://127.0.0.1:9/v1",
+                "--provider-key-file",
+                "provider.key",
+            ],
+        );
+        // The key file is named relative to here.
+        command.current_dir(dir.path());
+        command
+    });
+    let expected = json!([{
+        "name": "codex",
+        "driver": "codex",
+        "model": "gpt-5.5",
+        "executable": codex.to_str().unwrap(),
+    }]);
+    assert_eq!(runnerd_providers(&run.started), expected);
+    assert_eq!(run.started["providers"], expected, "{}", run.started);
+    assert!(!run.started.to_string().contains("sk-provider"));
+    let written = std::fs::read_to_string(state.join("agentworks.toml")).unwrap();
+    let key_file = dir.path().join("provider.key").canonicalize().unwrap();
+    for line in [
+        "[runnerd.providers.codex]".to_owned(),
+        format!("key_file = \"{}\"", key_file.display()),
+        "upstream = \"http://127.0.0.1:9/v1\"".to_owned(),
+    ] {
+        assert!(written.contains(&line), "{line:?} missing from {written}");
+    }
+    assert!(!written.contains("sk-provider"), "{written}");
+
+    // status: runnerd among the daemons, with its provider, in JSON and for people.
+    let root = run.started["state_root"].as_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .args(["status", "--json"])
+        .env("AGENTWORKS_STATE_ROOT", root)
+        .env_remove("AGENTWORKS_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_status_under(&stdout, root);
+    let report: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report[3]["providers"], expected, "{stdout}");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .arg("status")
+        .env("AGENTWORKS_STATE_ROOT", root)
+        .env_remove("AGENTWORKS_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ok   agentworks-runnerd")
+            && stdout.contains(&format!(
+                "provider codex (driver codex, model gpt-5.5): {}",
+                codex.display()
+            )),
+        "{stdout}"
+    );
+    stop(run);
+
+    // The executable gone: runnerd still starts, and says which provider cannot run and why.
+    std::fs::remove_file(&codex).unwrap();
+    let ports = reserve_ports(2);
+    let run = QuickstartRun::spawn(quickstart_command(
+        &state,
+        [ports[0], ports[1]],
+        &[
+            "--provider",
+            &format!("codex={}", codex.display()),
+            "--provider-upstream",
+            "http://127.0.0.1:9/v1",
+            "--provider-model",
+            "o-test",
+        ],
+    ));
+    let providers = runnerd_providers(&run.started);
+    assert_eq!(providers, run.started["providers"]);
+    let listed = providers.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{providers}");
+    assert_eq!(listed[0]["name"], "codex");
+    assert_eq!(listed[0]["model"], "o-test");
+    assert!(listed[0].get("executable").is_none(), "{providers}");
+    let why = listed[0]["unavailable"].as_str().unwrap();
+    assert!(
+        why.contains(codex.to_str().unwrap()) && why.contains("does not exist"),
+        "{why}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_agentworksctl"))
+        .arg("status")
+        .env(
+            "AGENTWORKS_STATE_ROOT",
+            run.started["state_root"].as_str().unwrap(),
+        )
+        .env_remove("AGENTWORKS_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("provider codex (driver codex, model o-test): UNAVAILABLE"),
+        "{stdout}"
+    );
+    stop(run);
+}
+
+/// Issue 45: provider flags a person got wrong are refused (exit 2) with what to change, before
+/// the state root is made or any daemon starts: `--provider` without `--provider-upstream`, a
+/// driver runnerd does not have (the ones it has are listed), a key file that does not exist
+/// (named as given, relative), an upstream that would carry the key in clear.
+#[test]
+fn quickstart_refuses_bad_provider_flags_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("qs");
+    let codex = dir.path().join("codex");
+    executable_file(&codex);
+    let codex = format!("codex={}", codex.display());
+    let upstream = "http://127.0.0.1:9/v1";
+    let refusals: [(&[&str], &[&str]); 5] = [
+        (&["--provider", &codex], &["--provider-upstream"]),
+        (
+            &["--provider-upstream", upstream],
+            &["--provider <NAME=PATH>"],
+        ),
+        (
+            &[
+                "--provider",
+                "claude=/usr/bin/claude",
+                "--provider-upstream",
+                upstream,
+            ],
+            &[
+                "--provider \"claude=/usr/bin/claude\"",
+                "runnerd has no driver \"claude\"",
+                "has: codex",
+            ],
+        ),
+        (
+            &[
+                "--provider",
+                &codex,
+                "--provider-upstream",
+                upstream,
+                "--provider-key-file",
+                "no-such.key",
+            ],
+            &["no-such.key", "--provider-key-file", "cannot be opened"],
+        ),
+        (
+            &[
+                "--provider",
+                &codex,
+                "--provider-upstream",
+                "http://example.com/v1",
+            ],
+            &[
+                "--provider-upstream \"http://example.com/v1\"",
+                "loopback host only",
+            ],
+        ),
+    ];
+    for (flags, says) in refusals {
+        let ports = reserve_ports(2);
+        let (code, stderr) = refused_at_start(&state, [ports[0], ports[1]], flags);
+        assert_eq!(code, 2, "{flags:?}: {stderr}");
+        for said in says {
+            assert!(
+                stderr.contains(said),
+                "{flags:?}: {said:?} missing from {stderr}"
+            );
+        }
+        for port in ports {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+                "{flags:?}: a daemon was started"
+            );
+        }
+        assert!(
+            !state.exists(),
+            "{flags:?}: the state root was made before the refusal"
+        );
+    }
+}
+
 /// `agentworksctl OPTIONS…` run in `cwd` with no agentworks configuration in its environment
 /// and `state_home` as its `XDG_STATE_HOME` (where quickstarts record themselves): exit code,
 /// stdout, stderr.
@@ -489,7 +702,8 @@ fn system_install() -> bool {
 /// Every socket `status --json` reported, each under `root`.
 fn assert_status_under(stdout: &str, root: &str) {
     let report: Vec<Value> = serde_json::from_str(stdout).unwrap();
-    assert_eq!(report.len(), 3, "{stdout}");
+    assert_eq!(report.len(), 4, "{stdout}");
+    assert_eq!(report[3]["daemon"], "agentworks-runnerd", "{stdout}");
     for daemon in &report {
         assert!(
             daemon["socket"].as_str().unwrap().starts_with(root),

@@ -24,7 +24,7 @@ use crate::cli::{
     TokenCreate, UserCmd,
 };
 use crate::deployment::{self, Chosen, Settled};
-use crate::quickstart::{self, ModelFlags, Ports};
+use crate::quickstart::{self, ModelFlags, Ports, ProviderFlags};
 
 /// Run one parsed command line on a fresh runtime.
 pub fn run(cli: Cli) -> ExitCode {
@@ -49,6 +49,10 @@ async fn dispatch(cli: Cli) -> ExitCode {
         model_url,
         model,
         model_key_file,
+        providers,
+        provider_upstream,
+        provider_key_file,
+        provider_model,
     } = cli.command
     {
         let ports = match Ports::new(port, gateway_port) {
@@ -64,10 +68,18 @@ async fn dispatch(cli: Cli) -> ExitCode {
             model,
             key_file: model_key_file,
         });
+        // clap makes --provider and --provider-upstream come together.
+        let providers = provider_upstream.map(|upstream| ProviderFlags {
+            providers,
+            upstream,
+            key_file: provider_key_file,
+            model: provider_model,
+        });
         let options = quickstart::Options {
             ports,
             config: cli.config,
             model,
+            providers,
         };
         return run_quickstart(state_root, options, cli.json).await;
     }
@@ -545,6 +557,18 @@ async fn status(config: &Config, chosen: &Chosen, json_output: bool) -> ExitCode
         for d in &report {
             let mark = if d.healthy { "ok  " } else { "DOWN" };
             println!("{mark} {:<24} {}  ({})", d.daemon, d.socket, d.detail);
+            match d.providers.as_deref() {
+                Some([]) => println!(
+                    "       no provider: add one as [runnerd.providers.NAME] in the configuration \
+                     (a quickstart: --provider codex=PATH --provider-upstream URL)"
+                ),
+                Some(providers) => {
+                    for provider in providers {
+                        println!("       provider {}", crate::provider_line(provider));
+                    }
+                }
+                None => {}
+            }
         }
     }
     if *chosen == Chosen::Nothing && report.iter().all(|d| !d.healthy) {

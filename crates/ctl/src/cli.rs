@@ -51,6 +51,13 @@ pub enum Cmd {
     /// socket, agentd's and gatewayd's listen (from --port and --gateway-port) and the
     /// allowed users (every daemon runs as you). --model-url/--model/--model-key-file win over
     /// the file's [agentd.model]. Without a model a chat turn answers model_not_configured.
+    ///
+    /// agentworks-runnerd, the fourth daemon, runs coding CLIs as a chat's agent. Give it one
+    /// with --provider codex=PATH --provider-upstream URL [--provider-key-file FILE]
+    /// [--provider-model NAME], or with [runnerd.providers.NAME] tables in --config (a
+    /// --provider replaces the file's provider of the same name; the others are kept).
+    /// Without a provider runnerd runs with none. A provider whose executable is missing is
+    /// listed as unavailable (the banner and agentworksctl status say why), not refused.
     #[command(verbatim_doc_comment)]
     Quickstart {
         /// The private state root.
@@ -74,9 +81,33 @@ pub enum Cmd {
         /// every request, never printed).
         #[arg(long, value_name = "FILE", requires = "model_url")]
         model_key_file: Option<PathBuf>,
+        /// A coding CLI runnerd may run as a chat's agent, as NAME=PATH: the provider's name
+        /// is its driver (runnerd has: codex), PATH its executable, an absolute or relative
+        /// path or a bare name found on PATH, e.g. --provider codex=/usr/local/bin/codex.
+        /// Repeatable (one per driver); needs --provider-upstream.
+        #[arg(
+            long = "provider",
+            value_name = "NAME=PATH",
+            requires = "provider_upstream"
+        )]
+        providers: Vec<String>,
+        /// The model API's base URL the providers' requests go to, through runnerd's model
+        /// gateway, e.g. https://api.openai.com/v1 (http:// to a loopback host only); needs
+        /// --provider.
+        #[arg(long, value_name = "URL", requires = "providers")]
+        provider_upstream: Option<String>,
+        /// A file holding the upstream's API key (read by runnerd only, never shown to a CLI
+        /// or printed); needs --provider.
+        #[arg(long, value_name = "FILE", requires = "providers")]
+        provider_key_file: Option<PathBuf>,
+        /// The model name the providers' CLIs ask for [default: gpt-5.5]; needs --provider.
+        #[arg(long, value_name = "NAME", requires = "providers")]
+        provider_model: Option<String>,
     },
-    /// Show each daemon's health: of the configuration given, else the system install, else
-    /// a running quickstart of yours (see agentworksctl --help).
+    /// Show each daemon's health (workspaced, agentd, gatewayd, runnerd, and runnerd's
+    /// providers with their executable or why each is unavailable): of the configuration
+    /// given, else the system install, else a running quickstart of yours (see agentworksctl
+    /// --help).
     Status,
     /// Users: add, list, disable, enable, console password, invites and sign-in links.
     #[command(subcommand)]

@@ -10,7 +10,13 @@
 //! What a person asked for is checked before anything is made or started: the model's URL
 //! (https://, or http:// to loopback: the key would cross the network in clear), both ports
 //! free, the `--config` file against the configuration's schema (an unknown key is reported
-//! at its line of that file), the model's key file.
+//! at its line of that file), the model's key file, each `--provider` (a driver runnerd has),
+//! the providers' upstream URL (the same rule as the model's) and key file.
+//!
+//! runnerd, the fourth daemon, starts after workspaced and before agentd (agentd calls it);
+//! the providers it answers (`GET /v1/providers`, each with its executable or why it is
+//! unavailable) are in the banner. A provider whose executable is missing is not a reason to
+//! refuse the start: runnerd keeps it as unavailable, and so does the banner.
 //!
 //! Once its daemons answer, it records itself for agentworksctl's other commands
 //! ([`crate::deployment`]), so that `agentworksctl status` run with no configuration finds it;
@@ -19,7 +25,8 @@
 //! The configuration the daemons read, `<state>/agentworks.toml`, is written on every run:
 //! the `--config` file's sections (`[agentd.model]` and every other one), then quickstart's
 //! own settings over them where the stack depends on them ([`FORCED_SETTINGS`]), then the
-//! `--model-url`/`--model`/`--model-key-file` flags over `[agentd.model]`. The result is
+//! `--model-url`/`--model`/`--model-key-file` flags over `[agentd.model]`, then each
+//! `--provider` over the `[runnerd.providers.NAME]` of its name (the file's others are kept). The result is
 //! validated as the daemons will read it before anything is written. A model's key file must
 //! be readable (checked at start); its content is never printed. Without a model the stack runs
 //! and a turn answers `model_not_configured`.
@@ -29,7 +36,8 @@
 //! units do with `UMask=0077`), and forces the state root and the documents root to 0700
 //! (a state root left by an older version is tightened too); the demo files are 0600.
 
-use agentworks_daemon::config::Config;
+use agentworks_contract::runnerd::{ProviderInfo, ProvidersAnswer};
+use agentworks_daemon::config::{Config, PROVIDER_DRIVERS};
 use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde_json::{Value, json};
@@ -77,7 +85,7 @@ pub enum QuickstartError {
     UserConfig { path: PathBuf, reason: String },
     #[error("the merged configuration is refused: {0}")]
     Config(#[from] agentworks_daemon::config::ConfigError),
-    #[error("the model's key file {path} ({origin}): {reason}")]
+    #[error("the key file {path} ({origin}): {reason}")]
     KeyFile {
         path: PathBuf,
         origin: &'static str,
@@ -85,6 +93,12 @@ pub enum QuickstartError {
     },
     #[error("--model-url {url:?} is refused: {problem}")]
     ModelUrl { url: String, problem: &'static str },
+    #[error("--provider {given:?} is refused: {problem}")]
+    Provider { given: String, problem: String },
+    #[error("--provider-upstream {url:?} is refused: {problem}")]
+    ProviderUpstream { url: String, problem: &'static str },
+    #[error("runnerd answered its health but not its providers: {0}")]
+    Providers(String),
     #[error("port {port} is in use: {hint}")]
     PortInUse { port: u16, hint: &'static str },
     #[error("cannot listen on 127.0.0.1:{port} ({flag}): {source}")]
@@ -106,6 +120,8 @@ impl QuickstartError {
                 | QuickstartError::Config(_)
                 | QuickstartError::KeyFile { .. }
                 | QuickstartError::ModelUrl { .. }
+                | QuickstartError::Provider { .. }
+                | QuickstartError::ProviderUpstream { .. }
                 | QuickstartError::PortInUse { .. }
                 | QuickstartError::Listen { .. }
         )
@@ -121,6 +137,35 @@ pub struct ModelFlags {
     pub key_file: Option<PathBuf>,
 }
 
+/// The model runnerd's providers ask for when `--provider-model` is not given.
+pub const DEFAULT_PROVIDER_MODEL: &str = "gpt-5.5";
+
+/// `--provider NAME=PATH… --provider-upstream URL [--provider-key-file FILE]
+/// [--provider-model NAME]`: runnerd's providers, each over the `--config` file's
+/// `[runnerd.providers.NAME]` of its name. Checked by [`checked_providers`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderFlags {
+    /// Each `--provider` as given, `NAME=PATH`.
+    pub providers: Vec<String>,
+    pub upstream: String,
+    pub key_file: Option<PathBuf>,
+    /// `None`: [`DEFAULT_PROVIDER_MODEL`].
+    pub model: Option<String>,
+}
+
+/// One `[runnerd.providers.NAME]` table quickstart writes from the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProviderTable {
+    name: String,
+    driver: &'static str,
+    /// An absolute path, or a bare name runnerd looks up on its `PATH` (quickstart's).
+    executable: String,
+    model: String,
+    upstream: String,
+    /// Absolute, checked readable.
+    key_file: Option<PathBuf>,
+}
+
 /// What `agentworksctl quickstart` was asked for besides the state root.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -128,6 +173,7 @@ pub struct Options {
     /// `--config FILE`: merged under quickstart's own settings.
     pub config: Option<PathBuf>,
     pub model: Option<ModelFlags>,
+    pub providers: Option<ProviderFlags>,
 }
 
 /// The settings quickstart writes over the `--config` file, as `(section, key)` (`""`: the top
@@ -135,7 +181,7 @@ pub struct Options {
 /// under `<state>/run` and serve on the ports given (or removed: derived from the state root,
 /// which the daemons get as `AGENTWORKS_STATE_ROOT`); every daemon runs as the current user,
 /// so no other user is let in.
-pub const FORCED_SETTINGS: [(&str, &str); 10] = [
+pub const FORCED_SETTINGS: [(&str, &str); 12] = [
     ("", "state_root"),
     ("", "documents_root"),
     ("", "runtime_dir"),
@@ -146,6 +192,8 @@ pub const FORCED_SETTINGS: [(&str, &str); 10] = [
     ("gatewayd", "listen"),
     ("gatewayd", "socket"),
     ("gatewayd", "allowed_users"),
+    ("runnerd", "socket"),
+    ("runnerd", "allowed_users"),
 ];
 
 /// What quickstart started, printed for people and (with --json) as the first stdout line.
@@ -175,6 +223,10 @@ pub struct Started {
     pub documents_root: PathBuf,
     pub agentd_socket: PathBuf,
     pub workspaced_socket: PathBuf,
+    pub runnerd_socket: PathBuf,
+    /// runnerd's providers as it answered them at start (each with its executable, or why it
+    /// is unavailable); empty when none is configured.
+    pub providers: Vec<ProviderInfo>,
     /// A ready-to-paste MCP client configuration (the common `mcpServers` shape).
     pub mcp_client_config: Value,
     /// Where this quickstart recorded itself for agentworksctl's other commands (`None`: it
@@ -257,8 +309,8 @@ impl Ports {
 }
 
 /// The daemons' configuration for `options` on `state_root` (absolute), checked before
-/// anything is written: the `--config` file against the schema, the model's key file, and the
-/// merged text validated as the daemons will read it.
+/// anything is written: the `--config` file against the schema, the model's and the
+/// providers' flags and key files, and the merged text validated as the daemons will read it.
 fn configuration(state_root: &Path, options: &Options) -> Result<String, QuickstartError> {
     let user = match &options.config {
         Some(path) => Some(read_user_config(path)?),
@@ -274,8 +326,18 @@ fn configuration(state_root: &Path, options: &Options) -> Result<String, Quickst
         }),
         None => None,
     };
+    let providers = match &options.providers {
+        Some(flags) => checked_providers(flags)?,
+        None => Vec::new(),
+    };
     let cli_dir = offered_cli_dir(&binaries_dir());
-    let text = config_text(options.ports, user, model.as_ref(), cli_dir.as_deref());
+    let text = config_text(
+        options.ports,
+        user,
+        model.as_ref(),
+        &providers,
+        cli_dir.as_deref(),
+    );
     let config = Config::from_text(&text, &state_root.join(CONFIG_FILE), &|name| {
         (name == agentworks_daemon::config::ENV_STATE_ROOT)
             .then(|| state_root.to_string_lossy().into_owned())
@@ -289,7 +351,83 @@ fn configuration(state_root: &Path, options: &Options) -> Result<String, Quickst
     {
         check_key_file(file, "[agentd.model] api_key_file")?;
     }
+    // The file's providers (the flags' were checked above): runnerd reads a key file only
+    // when a turn runs, too late for a mistake to be found.
+    for (name, provider) in &config.runnerd.providers {
+        if let Some(file) = &provider.key_file
+            && !providers.iter().any(|p| &p.name == name)
+        {
+            check_key_file(file, "[runnerd.providers] key_file")?;
+        }
+    }
     Ok(text)
+}
+
+/// The `[runnerd.providers.NAME]` tables the provider flags ask for, each checked: `NAME=PATH`
+/// with a driver runnerd has as NAME (the name is the driver, for now), no name twice, PATH
+/// made absolute when it is a relative path (the daemons do not run in this directory; a
+/// bare name stays one, for runnerd to find on its PATH), the upstream URL under the model
+/// URL's rule, the key file readable. A missing executable is not refused here: runnerd
+/// lists its provider as unavailable, and the banner says so.
+fn checked_providers(flags: &ProviderFlags) -> Result<Vec<ProviderTable>, QuickstartError> {
+    if let Some(problem) = agentworks_support::url::http_base_url_problem(&flags.upstream) {
+        return Err(QuickstartError::ProviderUpstream {
+            url: agentworks_daemon::config::redact_url(&flags.upstream),
+            problem,
+        });
+    }
+    let key_file = match &flags.key_file {
+        Some(file) => Some(check_key_file(file, "--provider-key-file")?),
+        None => None,
+    };
+    let model = flags
+        .model
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PROVIDER_MODEL.to_owned());
+    let mut tables: Vec<ProviderTable> = Vec::new();
+    for given in &flags.providers {
+        let refused = |problem: String| QuickstartError::Provider {
+            given: given.clone(),
+            problem,
+        };
+        let Some((name, path)) = given.split_once('=') else {
+            return Err(refused(
+                "give NAME=PATH, e.g. --provider codex=/usr/local/bin/codex".into(),
+            ));
+        };
+        let Some(driver) = PROVIDER_DRIVERS.iter().copied().find(|d| *d == name) else {
+            return Err(refused(format!(
+                "runnerd has no driver {name:?}; a provider's name is its driver, and runnerd has: {}",
+                PROVIDER_DRIVERS.join(", ")
+            )));
+        };
+        if tables.iter().any(|t| t.name == name) {
+            return Err(refused(format!("the provider {name} is given twice")));
+        }
+        if path.is_empty() {
+            return Err(refused(format!(
+                "the executable is empty: give its path, e.g. --provider {name}=/usr/local/bin/{name}"
+            )));
+        }
+        let executable = if path.contains('/') {
+            std::path::absolute(path)
+                .map_err(|e| refused(format!("cannot make {path} absolute: {e}")))?
+                .to_str()
+                .ok_or_else(|| refused(format!("{path} is not valid UTF-8 once made absolute")))?
+                .to_owned()
+        } else {
+            path.to_owned()
+        };
+        tables.push(ProviderTable {
+            name: name.to_owned(),
+            driver,
+            executable,
+            model: model.clone(),
+            upstream: flags.upstream.clone(),
+            key_file: key_file.clone(),
+        });
+    }
+    Ok(tables)
 }
 
 /// Creates the documents root and the demo projects' first files (kept if they exist), and
@@ -434,12 +572,14 @@ fn offered_cli_dir(binaries: &Path) -> Option<PathBuf> {
 }
 
 /// The daemons' configuration: `user` (the `--config` file) with quickstart's
-/// [`FORCED_SETTINGS`] over it, then `model` over its `[agentd.model]`; `cli_dir` is agentd's
-/// unless the file sets one.
+/// [`FORCED_SETTINGS`] over it, then `model` over its `[agentd.model]`, then each of
+/// `providers` as its `[runnerd.providers.NAME]` (replacing the file's of that name whole);
+/// `cli_dir` is agentd's unless the file sets one.
 fn config_text(
     ports: Ports,
     user: Option<toml::Table>,
     model: Option<&ModelFlags>,
+    providers: &[ProviderTable],
     cli_dir: Option<&Path>,
 ) -> String {
     use toml::Value;
@@ -456,6 +596,31 @@ fn config_text(
     }
     with_table(&mut config, "workspaced", |workspaced| {
         workspaced.insert("allowed_users".into(), Value::Array(Vec::new()));
+    });
+    with_table(&mut config, "runnerd", |runnerd| {
+        runnerd.insert("allowed_users".into(), Value::Array(Vec::new()));
+        if providers.is_empty() {
+            return;
+        }
+        with_table(runnerd, "providers", |tables| {
+            for provider in providers {
+                let mut table = toml::Table::new();
+                table.insert("driver".into(), Value::String(provider.driver.into()));
+                table.insert(
+                    "executable".into(),
+                    Value::String(provider.executable.clone()),
+                );
+                table.insert("model".into(), Value::String(provider.model.clone()));
+                table.insert("upstream".into(), Value::String(provider.upstream.clone()));
+                if let Some(file) = &provider.key_file {
+                    table.insert(
+                        "key_file".into(),
+                        Value::String(file.to_string_lossy().into_owned()),
+                    );
+                }
+                tables.insert(provider.name.clone(), Value::Table(table));
+            }
+        });
     });
     with_table(&mut config, "gatewayd", |gatewayd| {
         gatewayd.insert(
@@ -496,7 +661,8 @@ fn config_text(
     });
     format!(
         "# written by agentworksctl quickstart on every run: the --config file's settings, then\n\
-         # quickstart's own (roots, sockets, listeners, allowed users), then --model-url/--model\n{config}"
+         # quickstart's own (roots, sockets, listeners, allowed users), then --model-url/--model,\n\
+         # then --provider\n{config}"
     )
 }
 
@@ -775,6 +941,15 @@ pub async fn run(
     let agentd_socket = state_root.join("run/agentd.sock");
     let mut workspaced = start("agentworks-workspaced", &state_root, &config)?;
     wait_healthy(&mut workspaced, &workspaced_socket).await?;
+    // Before agentd, which asks it for the providers and to run CLI turns.
+    let runnerd_socket = settings.runnerd_socket();
+    let mut runnerd = start("agentworks-runnerd", &state_root, &config)?;
+    wait_healthy(&mut runnerd, &runnerd_socket).await?;
+    let providers = UnixClient::new(&runnerd_socket)
+        .get::<ProvidersAnswer>("/v1/providers")
+        .await
+        .map_err(|e| QuickstartError::Providers(e.to_string()))?
+        .providers;
     let mut agentd = start("agentworks-agentd", &state_root, &config)?;
     wait_healthy(&mut agentd, &agentd_socket).await?;
     let gatewayd_socket = state_root.join("run/gatewayd.sock");
@@ -827,10 +1002,12 @@ pub async fn run(
         documents_root: documents,
         agentd_socket,
         workspaced_socket,
+        runnerd_socket,
+        providers,
         mcp_client_config,
         record: registration.as_ref().map(|r| r.path().to_owned()),
     });
-    let mut daemons = [gatewayd, agentd, workspaced];
+    let mut daemons = [gatewayd, agentd, runnerd, workspaced];
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -843,8 +1020,8 @@ pub async fn run(
             }
         }
     }
-    // gatewayd first, then agentd (it calls workspaced), then workspaced; each waits for its
-    // in-flight work.
+    // gatewayd first, then agentd (it calls runnerd and workspaced), then runnerd, then
+    // workspaced; each waits for its in-flight work.
     drop(daemons);
     Ok(())
 }
@@ -890,6 +1067,35 @@ fn command_name(binary: &str, dir: &Path, path_env: Option<&std::ffi::OsStr>) ->
     }
 }
 
+/// The banner's lines on runnerd: that it runs, and its providers, each with its executable or
+/// why it is unavailable; with none, how to add one.
+fn runnerd_lines(providers: &[ProviderInfo]) -> Vec<String> {
+    if providers.is_empty() {
+        return vec![
+            "  runnerd:         runs, with no provider (coding CLIs as a chat's agent)".into(),
+            "                   (add one: restart with --provider codex=PATH --provider-upstream URL [--provider-key-file FILE], or [runnerd.providers.NAME] in --config)".into(),
+        ];
+    }
+    let unavailable = providers.iter().filter(|p| p.unavailable.is_some()).count();
+    let mut lines = vec![format!(
+        "  runnerd:         runs, with {}{} (coding CLIs as a chat's agent)",
+        match providers.len() {
+            1 => "1 provider".to_owned(),
+            n => format!("{n} providers"),
+        },
+        match unavailable {
+            0 => String::new(),
+            n => format!(", {n} unavailable"),
+        }
+    )];
+    lines.extend(
+        providers
+            .iter()
+            .map(|p| format!("    provider {}", crate::provider_line(p))),
+    );
+    lines
+}
+
 /// The human-readable banner.
 pub fn print_human(started: &Started) {
     let dir = binaries_dir();
@@ -932,6 +1138,9 @@ pub fn print_human(started: &Started) {
         None => println!(
             "  model:           none (turns answer model_not_configured; restart with --model-url URL --model NAME)"
         ),
+    }
+    for line in runnerd_lines(&started.providers) {
+        println!("{line}");
     }
     println!("  state root:      {}", started.state_root.display());
     println!("  documents root:  {}", started.documents_root.display());
@@ -1004,7 +1213,7 @@ mod tests {
     fn merged(user: &str, model: Option<&ModelFlags>) -> toml::Table {
         let ports = Ports::new(9100, None).unwrap();
         let user = (!user.is_empty()).then(|| user.parse::<toml::Table>().unwrap());
-        config_text(ports, user, model, None).parse().unwrap()
+        config_text(ports, user, model, &[], None).parse().unwrap()
     }
 
     #[test]
@@ -1059,7 +1268,9 @@ mod tests {
     fn agentd_offers_the_build_folders_cli_unless_the_config_file_names_a_folder() {
         let ports = Ports::new(9100, None).unwrap();
         let dir = Path::new("/src/agentworks/target/debug");
-        let config: toml::Table = config_text(ports, None, None, Some(dir)).parse().unwrap();
+        let config: toml::Table = config_text(ports, None, None, &[], Some(dir))
+            .parse()
+            .unwrap();
         assert_eq!(
             config["agentd"]["cli_dir"].as_str(),
             Some("/src/agentworks/target/debug")
@@ -1067,11 +1278,11 @@ mod tests {
         let user = "[agentd]\ncli_dir = \"/opt/cli\"\n"
             .parse::<toml::Table>()
             .unwrap();
-        let config: toml::Table = config_text(ports, Some(user), None, Some(dir))
+        let config: toml::Table = config_text(ports, Some(user), None, &[], Some(dir))
             .parse()
             .unwrap();
         assert_eq!(config["agentd"]["cli_dir"].as_str(), Some("/opt/cli"));
-        let config: toml::Table = config_text(ports, None, None, None).parse().unwrap();
+        let config: toml::Table = config_text(ports, None, None, &[], None).parse().unwrap();
         assert!(config["agentd"].get("cli_dir").is_none());
 
         let build = tempfile::tempdir().unwrap();
@@ -1178,5 +1389,151 @@ mod tests {
             assert!(!text.contains("sk-secret"), "{text}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+    fn provider_flags(providers: &[&str]) -> ProviderFlags {
+        ProviderFlags {
+            providers: providers.iter().map(|p| (*p).to_owned()).collect(),
+            upstream: "http://127.0.0.1:9/v1".into(),
+            key_file: None,
+            model: None,
+        }
+    }
+
+    #[test]
+    fn provider_flags_name_a_driver_and_an_executable() {
+        let checked = checked_providers(&provider_flags(&["codex=/opt/codex/bin/codex"])).unwrap();
+        assert_eq!(
+            checked,
+            [ProviderTable {
+                name: "codex".into(),
+                driver: "codex",
+                executable: "/opt/codex/bin/codex".into(),
+                model: DEFAULT_PROVIDER_MODEL.into(),
+                upstream: "http://127.0.0.1:9/v1".into(),
+                key_file: None,
+            }]
+        );
+        // A bare name stays one (runnerd looks it up on its PATH); a relative path is made
+        // absolute here, where it means something.
+        let bare = checked_providers(&provider_flags(&["codex=codex"])).unwrap();
+        assert_eq!(bare[0].executable, "codex");
+        let relative = checked_providers(&provider_flags(&["codex=bin/codex"])).unwrap();
+        assert_eq!(
+            Path::new(&relative[0].executable),
+            std::env::current_dir().unwrap().join("bin/codex")
+        );
+        let modelled = checked_providers(&ProviderFlags {
+            model: Some("o9".into()),
+            ..provider_flags(&["codex=codex"])
+        })
+        .unwrap();
+        assert_eq!(modelled[0].model, "o9");
+
+        for (given, says) in [
+            ("codex", "NAME=PATH"),
+            ("claude=/usr/bin/claude", "runnerd has no driver \"claude\""),
+            (
+                "claude=/usr/bin/claude",
+                "a provider's name is its driver, and runnerd has: codex",
+            ),
+            ("codex=", "the executable is empty"),
+        ] {
+            let error = checked_providers(&provider_flags(&[given])).unwrap_err();
+            assert!(error.is_usage());
+            let text = error.to_string();
+            assert!(text.contains(says) && text.contains(given), "{text}");
+        }
+        let twice = checked_providers(&provider_flags(&["codex=a", "codex=b"])).unwrap_err();
+        assert!(twice.to_string().contains("given twice"), "{twice}");
+        let far = checked_providers(&ProviderFlags {
+            upstream: "http://example.com/v1".into(),
+            ..provider_flags(&["codex=codex"])
+        })
+        .unwrap_err();
+        assert!(far.is_usage());
+        assert!(
+            far.to_string().contains("--provider-upstream") && far.to_string().contains("https://"),
+            "{far}"
+        );
+    }
+
+    #[test]
+    fn a_provider_flag_replaces_the_files_provider_of_its_name_only() {
+        let ports = Ports::new(9100, None).unwrap();
+        let user = "[runnerd]\nsocket = \"/run/x.sock\"\nallowed_users = [\"agentworks\"]\nturn_timeout_secs = 60\n\
+                    [runnerd.providers.codex]\ndriver = \"codex\"\nexecutable = \"/old\"\nmodel = \"m\"\n\
+                    upstream = \"https://a/v1\"\nkey_file = \"/k\"\n\
+                    [runnerd.providers.other]\ndriver = \"codex\"\nexecutable = \"codex\"\nmodel = \"m2\"\n\
+                    upstream = \"https://b/v1\"\n"
+            .parse::<toml::Table>()
+            .unwrap();
+        let flags = checked_providers(&provider_flags(&["codex=/new/codex"])).unwrap();
+        let config: toml::Table = config_text(ports, Some(user), None, &flags, None)
+            .parse()
+            .unwrap();
+        let runnerd = &config["runnerd"];
+        assert!(runnerd.get("socket").is_none());
+        assert!(runnerd["allowed_users"].as_array().unwrap().is_empty());
+        assert_eq!(runnerd["turn_timeout_secs"].as_integer(), Some(60));
+        let codex = &runnerd["providers"]["codex"];
+        assert_eq!(codex["executable"].as_str(), Some("/new/codex"));
+        assert_eq!(codex["model"].as_str(), Some(DEFAULT_PROVIDER_MODEL));
+        assert_eq!(codex["upstream"].as_str(), Some("http://127.0.0.1:9/v1"));
+        assert!(
+            codex.get("key_file").is_none(),
+            "the file's key is not the flags'"
+        );
+        assert_eq!(
+            runnerd["providers"]["other"]["upstream"].as_str(),
+            Some("https://b/v1")
+        );
+        // No flags, no file: runnerd runs with no provider, and only the current user calls it.
+        let config: toml::Table = config_text(ports, None, None, &[], None).parse().unwrap();
+        assert!(config["runnerd"].get("providers").is_none());
+        assert!(
+            config["runnerd"]["allowed_users"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_banner_lists_runnerds_providers_and_says_how_to_add_one() {
+        let none = runnerd_lines(&[]).join("\n");
+        assert!(
+            none.contains("runnerd:")
+                && none.contains("no provider")
+                && none.contains("--provider codex=PATH"),
+            "{none}"
+        );
+        let providers = [
+            ProviderInfo {
+                name: "codex".into(),
+                driver: "codex".into(),
+                model: "gpt-5.5".into(),
+                executable: Some("/usr/local/bin/codex".into()),
+                unavailable: None,
+            },
+            ProviderInfo {
+                name: "spare".into(),
+                driver: "codex".into(),
+                model: "m".into(),
+                executable: None,
+                unavailable: Some("/gone/codex does not exist".into()),
+            },
+        ];
+        let lines = runnerd_lines(&providers);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].contains("2 providers, 1 unavailable"), "{lines:?}");
+        assert!(
+            lines[1].contains("codex (driver codex, model gpt-5.5): /usr/local/bin/codex"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[2].contains("spare")
+                && lines[2].contains("UNAVAILABLE, /gone/codex does not exist"),
+            "{lines:?}"
+        );
     }
 }

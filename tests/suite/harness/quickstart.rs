@@ -3,7 +3,8 @@
 //! kept in a file that is shown whenever the start fails (no JSON line) and that a test may
 //! read, and the record it leaves for agentworksctl's other commands kept in a temp
 //! `XDG_STATE_HOME` of its own unless the test chose one (so that no test's quickstart is found
-//! by another test's commands).
+//! by another test's commands). [`runnerd_providers`] asks a quickstart's runnerd for its
+//! providers on its socket, and [`executable_file`] makes the executable a `--provider` names.
 
 use super::daemons::send_signal;
 use nix::sys::signal::Signal;
@@ -118,4 +119,24 @@ impl Drop for QuickstartRun {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// `GET /v1/providers` on the socket of the runnerd a quickstart started (`runnerd_socket` of
+/// its `Started` line): the `providers` array.
+pub fn runnerd_providers(started: &serde_json::Value) -> serde_json::Value {
+    let socket = started["runnerd_socket"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no runnerd_socket in {started}"));
+    let client = agentworks_support::unix_http::UnixClient::new(socket);
+    let answer: serde_json::Value = super::block_on(client.get("/v1/providers"))
+        .unwrap_or_else(|e| panic!("GET /v1/providers on {socket}: {e}"));
+    answer["providers"].clone()
+}
+
+/// An executable file (0755) at `path`, a shell script that exits 0: what a `--provider`
+/// names when the test needs only that runnerd finds it, not that it runs.
+pub fn executable_file(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
