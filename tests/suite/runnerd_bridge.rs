@@ -98,6 +98,12 @@ fn run_mode_bridge_shell_reads_the_project_and_cannot_write_it() {
                 "echo new > new.txt; echo rc=$?; echo more >> hello.txt; echo rc=$?",
             ),
             shell("b3", "cat secret/plans.txt; echo rc=$?"),
+            // Codex's own shell: the bridge's token and URL are not in its commands' env.
+            Reply::FunctionCall {
+                name: "exec_command".into(),
+                call_id: "e1".into(),
+                arguments: json!({"cmd": "env; echo end"}),
+            },
             Reply::Text("read it".into()),
         ]))
         .unwrap();
@@ -142,6 +148,12 @@ fn run_mode_bridge_shell_reads_the_project_and_cannot_write_it() {
     assert!(
         !blocked.contains("rc=0") && !blocked.contains("blocked\\n"),
         "{blocked}"
+    );
+    let env = output_for(&requests, "e1");
+    assert!(env.contains("HOME=") && env.contains("end"), "{env}");
+    assert!(
+        !env.contains("AGENTWORKS_BRIDGE") && !env.contains("awbr_"),
+        "a command saw the bridge's capability: {env}"
     );
     // The stream shows the bridge calls as the CLI's tool calls.
     assert!(

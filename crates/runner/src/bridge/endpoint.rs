@@ -204,19 +204,18 @@ impl BridgeEndpoint {
         call_id: &str,
         answer: BridgeAnswer,
     ) -> Result<(), AnswerError> {
-        let well_formed = match &answer {
+        let well_formed = matches!(
+            &answer,
             BridgeAnswer {
                 ok: true,
                 error: None,
                 ..
-            } => true,
-            BridgeAnswer {
+            } | BridgeAnswer {
                 ok: false,
                 error: Some(_),
                 result: None,
-            } => true,
-            _ => false,
-        };
+            }
+        );
         if !well_formed {
             return Err(AnswerError::Malformed);
         }
