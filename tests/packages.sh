@@ -102,8 +102,8 @@ lacks() {
 dpkg-deb -c "$server_deb" | awk '{print $6}' | sed 's|^\./|/|' >"$work/deb-server.list"
 dpkg-deb -c "$cli_deb" | awk '{print $6}' | sed 's|^\./|/|' >"$work/deb-cli.list"
 has "$work/deb-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-agentd \
-    /usr/bin/agentworks-gatewayd /usr/bin/agentworks-runnerd /usr/bin/agentworksctl \
-    /lib/systemd/system/agentworks-runnerd.service /lib/systemd/system/agentworks-runnerd.socket \
+    /usr/bin/agentworks-gatewayd /usr/bin/agentworks-runnerd /usr/bin/agentworks-mcpbridge \
+    /usr/bin/agentworksctl /lib/systemd/system/agentworks-runnerd.service /lib/systemd/system/agentworks-runnerd.socket \
     /usr/lib/systemd/user/agentworks-runnerd.service /usr/share/man/man1/agentworks-runnerd.1.gz \
     /lib/systemd/system/agentworks.target /lib/systemd/system/agentworks-workspaced.service \
     /lib/systemd/system/agentworks-workspaced.socket /lib/systemd/system/agentworks-agentd-http.socket \
@@ -116,7 +116,7 @@ has "$work/deb-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-a
 lacks "$work/deb-server.list" '^/usr/bin/agentworks$'
 has "$work/deb-cli.list" /usr/bin/agentworks /usr/share/man/man1/agentworks.1.gz \
     /usr/share/bash-completion/completions/agentworks
-lacks "$work/deb-cli.list" 'agentworks-workspaced' 'agentworks-runnerd' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
+lacks "$work/deb-cli.list" 'agentworks-workspaced' 'agentworks-runnerd' 'agentworks-mcpbridge' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
 # The laptop CLI agentd serves (/v1/cli): in agentworks, for the architecture built, the same
 # bytes as agentworks-cli's /usr/bin/agentworks, and it runs.
 cli_arch=$(dpkg-architecture -qDEB_HOST_GNU_CPU)
@@ -180,8 +180,8 @@ log "rpmlint: $(tail -1 "$work/rpmlint.log" | sed 's/.*checked; //; s/, [0-9]* b
 rpm -qpl "$server_rpm" 2>/dev/null >"$work/rpm-server.list"
 rpm -qpl "$cli_rpm" 2>/dev/null >"$work/rpm-cli.list"
 has "$work/rpm-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-agentd \
-    /usr/bin/agentworks-gatewayd /usr/bin/agentworks-runnerd /usr/bin/agentworksctl \
-    /usr/lib/systemd/system/agentworks.target /usr/lib/systemd/system/agentworks-runnerd.service \
+    /usr/bin/agentworks-gatewayd /usr/bin/agentworks-runnerd /usr/bin/agentworks-mcpbridge \
+    /usr/bin/agentworksctl /usr/lib/systemd/system/agentworks.target /usr/lib/systemd/system/agentworks-runnerd.service \
     /usr/lib/systemd/system/agentworks-runnerd.socket /usr/lib/systemd/user/agentworks-runnerd.service \
     /usr/lib/systemd/system/agentworks-workspaced.socket /usr/lib/systemd/system/agentworks-gatewayd@.service \
     /usr/share/doc/agentworks/gatewayd-cluster.conf /usr/lib/systemd/user/agentworks.target \
@@ -189,7 +189,7 @@ has "$work/rpm-server.list" /usr/bin/agentworks-workspaced /usr/bin/agentworks-a
     /usr/lib/systemd/catalog/agentworks.catalog /etc/agentworks/agentworks.toml
 lacks "$work/rpm-server.list" '^/usr/bin/agentworks$'
 has "$work/rpm-cli.list" /usr/bin/agentworks
-lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworks-runnerd' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
+lacks "$work/rpm-cli.list" 'agentworks-workspaced' 'agentworks-runnerd' 'agentworks-mcpbridge' 'agentworksctl' '/lib/systemd/' '^/usr/lib/agentworks/'
 has "$work/rpm-server.list" "/usr/lib/agentworks/cli/agentworks-linux-$(rpm --eval '%{_arch}')"
 rpm -qpc "$server_rpm" 2>/dev/null | grep -qx /etc/agentworks/agentworks.toml ||
     die "/etc/agentworks/agentworks.toml is not %config in the rpm"

@@ -50,6 +50,7 @@ mod powercut;
 mod quickstart;
 mod rmcp_client;
 mod runnerd;
+mod runnerd_bridge;
 mod runnerd_codex;
 // The runner crate's scripted Responses server and where the real Codex is installed.
 #[path = "../../crates/runner/tests/support/mod.rs"]

@@ -8,6 +8,17 @@
 //!   id), the last [`TurnEvent::End`] or [`TurnEvent::Error`]. Closing the stream does not stop
 //!   the turn; `POST /v1/turns/{id}/cancel` does.
 //! - `POST /v1/turns/{id}/cancel`: ends the turn's CLI and its whole process tree.
+//! - `POST /v1/turns/{id}/bridge/{call_id}` ([`BridgeAnswer`]): agentd's answer to a
+//!   [`TurnEvent::BridgeCall`] of that turn. Each call is answered once; an answer to a call
+//!   that is not waiting (answered, timed out, its turn ended) is `unknown_bridge_call` (404).
+//!
+//! The bridge: the CLI's `agentworks-mcpbridge` forwards each call of a bridge tool to runnerd.
+//! runnerd runs a server-mode `execute_shell_command` itself (a fresh sandbox of the turn's
+//! mode, the project as cwd); every other call (`diff_patch_workspace_file`, and any tool
+//! runnerd does not run itself) goes to agentd as a [`TurnEvent::BridgeCall`] on the turn's
+//! stream, and waits for agentd's [`BridgeAnswer`] ([`BRIDGE_ANSWER_TIMEOUT_SECS`] at most; the
+//! turn's cancel or end ends the wait). agentd executes it with the person's live authority,
+//! exactly as the model loop's tool of that name, and makes its own request ids.
 //!
 //! runnerd trusts the request only because its socket peer passed the `SO_PEERCRED` check
 //! (agentd, or root), and re-checks what it can itself: the project's folder, the mode.
@@ -17,6 +28,10 @@ use serde::{Deserialize, Serialize};
 
 /// The most bytes of a turn request's body (the prompt is most of it).
 pub const MAX_TURN_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// How long runnerd waits for agentd's [`BridgeAnswer`] to a [`TurnEvent::BridgeCall`] before
+/// the CLI's call fails with a tool error saying so.
+pub const BRIDGE_ANSWER_TIMEOUT_SECS: u64 = 120;
 
 /// What a CLI may do to the project in a chat, chosen when the chat starts and never promoted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,9 +55,13 @@ impl Mode {
 }
 
 /// `GET /v1/providers`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProvidersAnswer {
     pub providers: Vec<ProviderInfo>,
+    /// Why CLIs run without the bridge tools (`agentworks-mcpbridge` was not found when runnerd
+    /// started), when they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_unavailable: Option<String>,
 }
 
 /// One configured provider, as agentd and `agentworksctl status` see it (never its key).
@@ -115,6 +134,16 @@ pub enum TurnEvent {
         /// Its output, bounded.
         output: String,
     },
+    /// The CLI called a bridge tool that agentd executes (`diff_patch_workspace_file`, or any
+    /// tool runnerd does not run itself): agentd runs it as the model loop's tool of that name,
+    /// with the person's live authority, and posts its [`BridgeAnswer`] to
+    /// `POST /v1/turns/{turn_id}/bridge/{call_id}`. `call_id` is runnerd's, unique per turn;
+    /// `arguments` are the CLI's, unchecked (agentd validates them as it does the model's).
+    BridgeCall {
+        call_id: String,
+        tool: String,
+        arguments: serde_json::Value,
+    },
     /// Tokens the upstream counted for this turn's model requests so far.
     Usage {
         input_tokens: u64,
@@ -128,6 +157,29 @@ pub enum TurnEvent {
     /// The turn failed: a stable code and a sentence a person can act on.
     Error { code: String, message: String },
 }
+
+/// `POST /v1/turns/{turn_id}/bridge/{call_id}`: agentd's answer to a bridge call. `ok: true`
+/// with the tool's `result` (a string is shown to the CLI's model as it is, anything else as
+/// JSON), or `ok: false` with the `error` the CLI's model sees as a tool error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeAnswer {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<BridgeError>,
+}
+
+/// Why a bridge call failed: a stable code and a sentence (agentd's tool error).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The most bytes of a [`BridgeAnswer`]'s body.
+pub const MAX_BRIDGE_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 
 /// The stable codes of [`TurnEvent::Error`].
 pub mod codes {

@@ -57,9 +57,14 @@ pub struct CodexConfig<'a> {
 pub struct BridgeServer<'a> {
     pub command: &'a str,
     pub args: Vec<String>,
-    /// Its environment (the bridge capability, runnerd's loopback URL), added to what Codex
-    /// passes on.
+    /// Values written into the config (`env`). Never a per-turn secret: the config's hash is
+    /// part of the session key, and the file stays in the runtime after the turn.
     pub env: Vec<(String, String)>,
+    /// Variables passed on from Codex's own environment (`env_vars`): the bridge capability
+    /// and runnerd's URL, which change every turn. Codex starts an MCP server with a cleared
+    /// environment (only HOME, PATH and these; seen with 0.171), and these are kept out of the
+    /// commands Codex runs (`shell_environment_policy.exclude`).
+    pub env_vars: Vec<String>,
 }
 
 /// Why the Codex config could not be written.
@@ -148,6 +153,8 @@ struct McpServer<'a> {
     args: &'a [String],
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     env: BTreeMap<&'a str, &'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    env_vars: &'a [String],
     /// The turn fails when the bridge does not start, rather than running without its tools.
     required: bool,
     tool_timeout_sec: u64,
@@ -174,6 +181,7 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
     }
 
     let mut mcp_servers = BTreeMap::new();
+    let mut exclude = vec![config.key_env];
     if let Some(bridge) = &config.bridge {
         if bridge.command.is_empty() {
             return Err(CodexError::BridgeCommand);
@@ -185,12 +193,19 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
             }
             env.insert(name.as_str(), value.as_str());
         }
+        for name in &bridge.env_vars {
+            if !is_env_name(name) {
+                return Err(CodexError::BridgeEnv { name: name.clone() });
+            }
+            exclude.push(name.as_str());
+        }
         mcp_servers.insert(
             BRIDGE_SERVER,
             McpServer {
                 command: bridge.command,
                 args: &bridge.args,
                 env,
+                env_vars: &bridge.env_vars,
                 required: true,
                 tool_timeout_sec: BRIDGE_TOOL_TIMEOUT_SECS,
             },
@@ -211,7 +226,7 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
         features: Features { plugins: false },
         shell_environment_policy: ShellEnvironmentPolicy {
             ignore_default_excludes: false,
-            exclude: vec![config.key_env],
+            exclude,
         },
         model_providers: BTreeMap::from([(
             PROVIDER_ID,
@@ -535,6 +550,7 @@ mod tests {
             command: "/usr/libexec/agentworks-mcpbridge",
             args: vec![tricky.clone(), "--x".to_owned()],
             env: vec![("AGENTWORKS_BRIDGE_URL".to_owned(), tricky.clone())],
+            env_vars: vec!["AGENTWORKS_BRIDGE_TOKEN".to_owned()],
         })))
         .unwrap();
         let parsed: toml::Table = toml::from_str(&text).unwrap();
@@ -549,6 +565,13 @@ mod tests {
             Some(tricky.as_str())
         );
         assert_eq!(bridge["required"].as_bool(), Some(true));
+        // Passed on to the bridge, kept from the commands.
+        assert_eq!(
+            bridge["env_vars"][0].as_str(),
+            Some("AGENTWORKS_BRIDGE_TOKEN")
+        );
+        let exclude = &parsed["shell_environment_policy"]["exclude"];
+        assert_eq!(exclude[1].as_str(), Some("AGENTWORKS_BRIDGE_TOKEN"));
         // Only one top-level key per name: the tricky value did not inject anything.
         assert!(!parsed.contains_key("c"));
     }
@@ -571,6 +594,7 @@ mod tests {
             command: "bridge",
             args: Vec::new(),
             env: vec![("A=B".to_owned(), "x".to_owned())],
+            env_vars: Vec::new(),
         }));
         assert!(matches!(
             config_toml(&bad),

@@ -7,12 +7,15 @@
 //! ([`gateway`]: a per-turn capability on loopback, the operator's key added only there, usage
 //! counted), the Codex driver ([`codex`]: its generated config, its command line, its JSON
 //! stream turned into the turn's events), a turn ([`turn`]: the CLI in the sandbox, cancel,
-//! timeout), the socket API agentd calls ([`server`]) and the daemon's start ([`start`]).
+//! timeout), the bridge ([`bridge`]: `agentworks-mcpbridge`'s stdio MCP server and runnerd's
+//! loopback endpoint that answers its calls), the socket API agentd calls ([`server`]) and the
+//! daemon's start ([`start`]).
 //!
 //! Must never: let a provider's key into a sandbox (environment, runtime files, arguments),
 //! start a CLI outside the sandbox, grant the project writable in Run mode, or delete what a
 //! runtime's `project` names.
 
+pub mod bridge;
 pub mod cli;
 pub mod codex;
 pub mod gateway;

@@ -1,5 +1,6 @@
 //! runnerd's socket API (`runnerd.sock`, `agentworks_contract::runnerd`): health, the providers,
-//! a turn as a stream of JSON lines, and cancel; after checking the peer.
+//! a turn as a stream of JSON lines, cancel, and agentd's answers to bridge calls; after
+//! checking the peer.
 //!
 //! Only root, runnerd's own user and the configured callers (agentd's user) are served; anyone
 //! else who can open the socket gets `peer_forbidden`. Every failure is the one error envelope.
@@ -7,7 +8,9 @@
 use std::sync::Arc;
 
 use agentworks_contract::envelope::Health;
-use agentworks_contract::runnerd::{MAX_TURN_REQUEST_BYTES, ProvidersAnswer, TurnRequest};
+use agentworks_contract::runnerd::{
+    BridgeAnswer, MAX_BRIDGE_ANSWER_BYTES, MAX_TURN_REQUEST_BYTES, ProvidersAnswer, TurnRequest,
+};
 use agentworks_daemon::ipc::envelope::{
     Body, decode_json, error_response, json_response, streaming,
 };
@@ -18,6 +21,7 @@ use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
+use crate::bridge::endpoint::AnswerError;
 use crate::turn::Runner;
 
 /// Serve `runner` on `listener` until `shutdown` is cancelled.
@@ -45,7 +49,7 @@ pub async fn run(
     };
     let limits = ServerLimits {
         max_connections: 256,
-        max_body_bytes: MAX_TURN_REQUEST_BYTES,
+        max_body_bytes: MAX_TURN_REQUEST_BYTES.max(MAX_BRIDGE_ANSWER_BYTES),
     };
     serve(listener, handler, shutdown, limits).await;
 }
@@ -65,6 +69,7 @@ fn route(runner: &Arc<Runner>, parts: &Parts, body: &[u8]) -> Response<Body> {
             StatusCode::OK,
             &ProvidersAnswer {
                 providers: runner.providers.info(),
+                bridge_unavailable: runner.bridge.binary.as_ref().err().cloned(),
             },
         ),
         (&Method::POST, "/v1/turns") => {
@@ -94,11 +99,44 @@ fn route(runner: &Arc<Runner>, parts: &Parts, body: &[u8]) -> Response<Body> {
                 )
             }
         }
-        (_, p) => error_response(
-            StatusCode::NOT_FOUND,
-            "unknown_endpoint",
-            format!("{} {p} is not an endpoint of runnerd", parts.method),
-            Default::default(),
-        ),
+        (&Method::POST, p) if p.starts_with("/v1/turns/") && p.contains("/bridge/") => {
+            let rest = &p["/v1/turns/".len()..];
+            let Some((turn_id, call_id)) = rest.split_once("/bridge/") else {
+                return unknown_endpoint(parts);
+            };
+            let answer: BridgeAnswer = match decode_json(body) {
+                Ok(answer) => answer,
+                Err(refusal) => return refusal.into_response(),
+            };
+            match runner.bridge.endpoint.answer(turn_id, call_id, answer) {
+                Ok(()) => json_response(StatusCode::OK, &serde_json::json!({"answered": call_id})),
+                Err(e @ AnswerError::Malformed) => error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    e.to_string(),
+                    Default::default(),
+                ),
+                Err(e) => error_response(
+                    StatusCode::NOT_FOUND,
+                    "unknown_bridge_call",
+                    e.to_string(),
+                    Default::default(),
+                ),
+            }
+        }
+        _ => unknown_endpoint(parts),
     }
+}
+
+fn unknown_endpoint(parts: &Parts) -> Response<Body> {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "unknown_endpoint",
+        format!(
+            "{} {} is not an endpoint of runnerd",
+            parts.method,
+            parts.uri.path()
+        ),
+        Default::default(),
+    )
 }

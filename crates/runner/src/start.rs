@@ -1,6 +1,6 @@
 //! runnerd's start and life as a daemon: no capability kept, then (in this order) the socket,
-//! its state directory, the providers, the sandbox check, the model gateway, READY, serving
-//! until shutdown.
+//! its state directory, the providers, the sandbox check, the model gateway, the bridge (its
+//! binary found, its endpoint listening), READY, serving until shutdown.
 //!
 //! It must never announce READY before the socket is bound and the gateway listens, and never
 //! run a turn when the sandbox is unavailable (each turn is refused, naming why).
@@ -19,6 +19,8 @@ use agentworks_sandbox::limits::Limits;
 use agentworks_sandbox::process::Launcher;
 use caps::Capability;
 
+use crate::bridge::endpoint::{BridgeEndpoint, EndpointError};
+use crate::bridge::{Bridge, discover};
 use crate::gateway::{GatewayError, ModelGateway};
 use crate::provider::Providers;
 use crate::turn::{Runner, RunnerPaths};
@@ -55,6 +57,8 @@ pub enum StartError {
     Executable(#[source] std::io::Error),
     #[error("cannot start the model gateway")]
     Gateway(#[source] GatewayError),
+    #[error("cannot start the bridge endpoint")]
+    Bridge(#[source] EndpointError),
 }
 
 /// Run runnerd with `config` until a shutdown signal.
@@ -102,6 +106,23 @@ pub async fn run(config: Config, _kept: Vec<Capability>) -> Result<(), StartErro
     let gateway = ModelGateway::start(shutdown.clone())
         .await
         .map_err(StartError::Gateway)?;
+    // The bridge binary, found once (never in a CLI's cwd); without it turns run without the
+    // bridge tools, and /v1/providers says so.
+    let bridge_binary = discover::find(
+        std::env::var_os(discover::OVERRIDE_ENV).as_deref(),
+        std::env::current_exe().ok().as_deref(),
+        std::env::var_os("PATH").as_deref(),
+    );
+    if let Err(why) = &bridge_binary {
+        tracing::warn!(%why, "coding CLIs run without the agentworks bridge tools");
+    }
+    let bridge = Bridge {
+        endpoint: BridgeEndpoint::start(shutdown.clone())
+            .await
+            .map_err(StartError::Bridge)?,
+        binary: bridge_binary,
+        scratch_root: layout.runner_dir().join("bridge"),
+    };
     let mut denied = vec![
         layout.agent_dir(),
         layout.files_dir(),
@@ -124,6 +145,8 @@ pub async fn run(config: Config, _kept: Vec<Capability>) -> Result<(), StartErro
         socket_activated = origin == listener::ListenerOrigin::Activated,
         providers = ?providers.info().iter().map(|p| (&p.name, p.unavailable.as_deref())).collect::<Vec<_>>(),
         gateway = %gateway.base_url(),
+        bridge = %bridge.endpoint.url(),
+        bridge_binary = ?bridge.binary,
         cgroups = ?limits.cgroups.as_ref().map(|t| t.base().display().to_string()),
         sandbox_unavailable = sandbox_unavailable.as_deref(),
         overmount,
@@ -139,6 +162,7 @@ pub async fn run(config: Config, _kept: Vec<Capability>) -> Result<(), StartErro
         gateway,
         launcher,
         limits,
+        bridge,
         overmount,
         sandbox_unavailable,
         Duration::from_secs(config.runnerd.turn_timeout_secs),

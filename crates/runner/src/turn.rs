@@ -24,7 +24,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::codex::{self, CodexConfig, EventParser};
+use crate::bridge::endpoint::{ShellSandbox, TurnBridge};
+use crate::bridge::{self, Bridge};
+use crate::codex::{self, BridgeServer, CodexConfig, EventParser};
 use crate::gateway::{KeyHeader, ModelGateway, Upstream};
 use crate::provider::Providers;
 use crate::runtime::{self, RuntimeError, RuntimeKey};
@@ -57,7 +59,9 @@ pub struct Runner {
     pub providers: Providers,
     pub gateway: ModelGateway,
     pub launcher: Launcher,
-    pub limits: Limits,
+    pub limits: Arc<Limits>,
+    /// `agentworks-mcpbridge` and the endpoint that answers it.
+    pub bridge: Bridge,
     /// Whether exclusions inside writable folders are covered by mounts (the launcher's probe).
     pub overmount: bool,
     /// Why commands cannot be sandboxed here, when they cannot: every turn is then refused.
@@ -104,6 +108,7 @@ impl Runner {
         gateway: ModelGateway,
         launcher: Launcher,
         limits: Limits,
+        bridge: Bridge,
         overmount: bool,
         sandbox_unavailable: Option<String>,
         timeout: Duration,
@@ -113,7 +118,8 @@ impl Runner {
             providers,
             gateway,
             launcher,
-            limits,
+            limits: Arc::new(limits),
+            bridge,
             overmount,
             sandbox_unavailable,
             timeout,
@@ -243,7 +249,14 @@ impl Runner {
             model: &provider.model,
             gateway_base_url: &base_url,
             key_env: MODEL_KEY_ENV,
-            bridge: None,
+            // The bridge's capability and URL change every turn: they reach it through Codex's
+            // environment, never the config (whose hash is part of the session key).
+            bridge: self.bridge.command().map(|command| BridgeServer {
+                command,
+                args: Vec::new(),
+                env: Vec::new(),
+                env_vars: vec![bridge::URL_ENV.to_owned(), bridge::TOKEN_ENV.to_owned()],
+            }),
             builder: request.mode == Mode::Builder,
         })
         .map_err(|e| internal("cannot write Codex's config", &e))?;
@@ -266,8 +279,21 @@ impl Runner {
             .filter(|r| r.session_key == session_key)
             .map(|r| r.session_id.as_str());
 
-        let (mut policy, _write_pins) =
+        let (mut policy, write_pins) =
             self.policy(&project, &guard, request.mode, &runtime, executable)?;
+        let bridge = self.open_bridge(
+            turn_id,
+            request,
+            cancel,
+            events,
+            &policy,
+            &project,
+            &write_pins,
+        );
+        if let Some(binary) = self.bridge.command() {
+            // The CLI spawns the bridge inside its sandbox: the one file, read and execute.
+            policy.read_only.push(PathBuf::from(binary));
+        }
         let cgroup = self
             .limits
             .for_command(&mut policy)
@@ -280,6 +306,12 @@ impl Runner {
             .env("CODEX_HOME", runtime.dir.join("codex"))
             .env("LANG", "C.UTF-8")
             .env(MODEL_KEY_ENV, capability.secret())
+            .envs(bridge.iter().flat_map(|b| {
+                [
+                    (bridge::URL_ENV, self.bridge.endpoint.url()),
+                    (bridge::TOKEN_ENV, b.secret().to_owned()),
+                ]
+            }))
             .stdin(Stream::Piped)
             .stdout(Stream::Piped)
             .stderr(Stream::Piped);
@@ -289,6 +321,8 @@ impl Runner {
         let usage = capability.usage();
         let refusal = capability.upstream_refusal();
         capability.close();
+        // Refused from now on; its calls still waiting end.
+        drop(bridge);
         if let Some(cgroup) = cgroup
             && let Err(e) = cgroup.kill_and_remove()
         {
@@ -364,6 +398,48 @@ impl Runner {
                 ),
             )
         })
+    }
+
+    /// The turn's bridge, when runnerd has the binary: a capability on the endpoint, and for a
+    /// server-mode turn the sandbox its shell commands run in — the turn's own policy (same
+    /// pinned grants, exclusions and denied paths, so the same mode) with the project as cwd,
+    /// no runtime and no CLI install: the cwd grants nothing by itself, Run stays read-only.
+    #[allow(clippy::too_many_arguments)]
+    fn open_bridge(
+        &self,
+        turn_id: &str,
+        request: &TurnRequest,
+        cancel: &CancellationToken,
+        events: &Events,
+        policy: &SandboxPolicy,
+        project: &PinnedDir,
+        write_pins: &[PinnedDir],
+    ) -> Option<bridge::endpoint::BridgeCapability> {
+        self.bridge.command()?;
+        let mut shell_policy = policy.clone();
+        shell_policy.cwd = project.path().to_path_buf();
+        shell_policy.read_write = Vec::new();
+        shell_policy.read_only = Vec::new();
+        let mut pins = vec![project.clone()];
+        pins.extend(write_pins.iter().cloned());
+        let shell = ShellSandbox {
+            launcher: self.launcher.clone(),
+            limits: self.limits.clone(),
+            policy: shell_policy,
+            scratch_root: self.bridge.scratch_root.clone(),
+            pins,
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+            ],
+        };
+        Some(self.bridge.endpoint.open_turn(TurnBridge {
+            turn_id: turn_id.to_owned(),
+            mode: request.mode,
+            events: events.0.clone(),
+            cancel: cancel.clone(),
+            shell: Some(shell),
+        }))
     }
 
     /// The sandbox of a turn: the runtime read/write (the CLI's cwd and home), the CLI's

@@ -36,6 +36,14 @@ pub enum Reply {
         call_id: String,
         arguments: Value,
     },
+    /// A call to a tool of the client's MCP server `server`, as Codex 0.171 offers them: a
+    /// function `tool` in the namespace `mcp__<server>`.
+    McpCall {
+        server: String,
+        tool: String,
+        call_id: String,
+        arguments: Value,
+    },
 }
 
 /// A request the server received.
@@ -269,6 +277,24 @@ fn events(reply: &Reply, index: usize) -> Vec<Value> {
             let item = json!({
                 "type": "function_call", "id": format!("fc_{index}"), "call_id": call_id,
                 "name": name, "arguments": arguments.to_string(),
+            });
+            events.push(
+                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+            );
+            events.push(
+                json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+            );
+        }
+        Reply::McpCall {
+            server,
+            tool,
+            call_id,
+            arguments,
+        } => {
+            let item = json!({
+                "type": "function_call", "id": format!("fc_{index}"), "call_id": call_id,
+                "name": tool, "namespace": format!("mcp__{server}"),
+                "arguments": arguments.to_string(),
             });
             events.push(
                 json!({"type": "response.output_item.added", "output_index": 0, "item": item}),

@@ -1,0 +1,141 @@
+//! The bridge (DESIGN.md, "The bridge"): the agentworks tools a coding CLI gets besides its
+//! own, offered by `agentworks-mcpbridge`, a stdio MCP server the CLI spawns inside its
+//! sandbox, and answered by runnerd.
+//!
+//! - [`mcp`]: the stdio MCP server (both protocol eras), run by the `agentworks-mcpbridge`
+//!   binary; it forwards each `tools/call` to runnerd ([`client`]) and holds no other authority.
+//! - [`client`]: the one HTTP request the bridge makes, to runnerd's loopback bridge endpoint,
+//!   with the turn's bridge capability.
+//! - [`endpoint`]: runnerd's side: the loopback listener, the per-turn capabilities, a
+//!   server-mode shell command run in a fresh sandbox, every other call handed to agentd on the
+//!   turn's stream and its answer awaited.
+//! - [`discover`]: where runnerd finds the bridge binary.
+//!
+//! This file holds what both sides share: the environment variables, the tools' definitions
+//! and the wire types between the bridge and runnerd.
+//!
+//! Must never: give the bridge a credential beyond its turn's bridge capability, or let a path
+//! the agent controls decide which binary is the bridge.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+pub mod client;
+pub mod discover;
+pub mod endpoint;
+pub mod mcp;
+
+/// The bridge binary's file name.
+pub const BINARY_NAME: &str = "agentworks-mcpbridge";
+/// runnerd's bridge endpoint, e.g. `http://127.0.0.1:PORT/v1/bridge` (the bridge posts to
+/// `<url>/call`).
+pub const URL_ENV: &str = "AGENTWORKS_BRIDGE_URL";
+/// The turn's bridge capability (distinct from its model capability).
+pub const TOKEN_ENV: &str = "AGENTWORKS_BRIDGE_TOKEN";
+
+/// The shell tool: runs in runnerd (server mode) or on the laptop.
+pub const SHELL_TOOL: &str = "execute_shell_command";
+/// The patch tool: agentd applies it through workspaced's guarded patch.
+pub const PATCH_TOOL: &str = "diff_patch_workspace_file";
+
+/// The most bytes of one bridge call's body (a diff is most of it), and of one MCP line.
+pub const MAX_CALL_BYTES: usize = 4 * 1024 * 1024;
+/// The most bytes of runnerd's answer to one call (two 1 MiB streams and some words fit).
+pub const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+/// What the bridge posts to runnerd for one `tools/call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeCall {
+    pub tool: String,
+    #[serde(default)]
+    pub arguments: Value,
+}
+
+/// runnerd's answer to a [`BridgeCall`]: the text the CLI's model sees, and whether it is a
+/// tool error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeReply {
+    pub is_error: bool,
+    pub text: String,
+}
+
+impl BridgeReply {
+    pub fn ok(text: impl Into<String>) -> BridgeReply {
+        BridgeReply {
+            is_error: false,
+            text: text.into(),
+        }
+    }
+
+    pub fn error(text: impl Into<String>) -> BridgeReply {
+        BridgeReply {
+            is_error: true,
+            text: text.into(),
+        }
+    }
+}
+
+/// The bridge tools as MCP `tools/list` describes them (paths are relative to the project).
+pub fn tools() -> Vec<Value> {
+    vec![
+        json!({
+            "name": SHELL_TOOL,
+            "title": "Run a shell command in the project",
+            "description": "Run a shell command (/bin/sh -c) with the project's folder as its \
+                working directory, in a fresh sandbox of this chat's mode: read-only in Run mode, \
+                writable within the person's write grants in Builder mode. The network is \
+                reachable. Returns the exit code, stdout and stderr (each cut at 1 MiB). Paths \
+                are relative to the project.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "the shell command"},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 300,
+                                "description": "seconds before the command is killed; default 60"}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            },
+            "annotations": {"openWorldHint": true}
+        }),
+        json!({
+            "name": PATCH_TOOL,
+            "title": "Patch one project file",
+            "description": "Apply a unified diff to one file of the project through agentworks' \
+                guarded patch (a receipt is kept; blocked, read-only and protected files are \
+                refused). Builder mode only. `filepath` is relative to the project's root; the \
+                diff's hunks are applied to that file (a diff against /dev/null creates it).",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "filepath": {"type": "string",
+                                 "description": "the file's path relative to the project's root"},
+                    "diff": {"type": "string", "description": "a unified diff of that file"}
+                },
+                "required": ["filepath", "diff"],
+                "additionalProperties": false
+            },
+            "annotations": {"destructiveHint": true, "idempotentHint": false}
+        }),
+    ]
+}
+
+/// The bridge every turn of this runnerd gets: the endpoint, and the binary found at start
+/// (or why there is none: turns then run without the bridge tools).
+#[derive(Debug)]
+pub struct Bridge {
+    pub endpoint: endpoint::BridgeEndpoint,
+    pub binary: Result<std::path::PathBuf, String>,
+    /// Where server-mode shell commands get their scratch directories
+    /// (`<state>/runner/bridge`, never inside a runtime).
+    pub scratch_root: std::path::PathBuf,
+}
+
+impl Bridge {
+    /// The bridge binary's path as the CLI's config names it, when there is one (a path that is
+    /// not UTF-8 cannot be written to the config: no bridge then).
+    pub fn command(&self) -> Option<&str> {
+        self.binary.as_ref().ok().and_then(|p| p.to_str())
+    }
+}
