@@ -44,7 +44,9 @@ fn main() {
     let total = 2 * (WARMUP + starts);
     let model = runtime
         .block_on(ScriptedResponses::start(
-            (0..total).map(|i| Reply::Text(format!("answer {i}"))).collect(),
+            (0..total)
+                .map(|i| Reply::Text(format!("answer {i}")))
+                .collect(),
         ))
         .unwrap();
     let codex = codex_binary();
@@ -147,7 +149,13 @@ fn runnerd_turn(socket: &Path, i: usize) -> Instant {
     let mut curl = Command::new("curl")
         .args(["-sS", "-N", "--unix-socket"])
         .arg(socket)
-        .args(["-X", "POST", "--data-binary", "@-", "http://runnerd/v1/turns"])
+        .args([
+            "-X",
+            "POST",
+            "--data-binary",
+            "@-",
+            "http://runnerd/v1/turns",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

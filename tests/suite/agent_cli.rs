@@ -474,3 +474,66 @@ fn stopping_a_cli_turn_cancels_it_in_runnerd() {
         "{events:#?}"
     );
 }
+
+/// A Builder chat edits one file natively and another through the bridge's patch, which
+/// agentd applies through workspaced's guarded patch: a receipt for the second.
+#[test]
+fn a_builder_chat_edits_natively_and_through_the_bridges_patch() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            shell("c1", "echo native > project/b.txt && echo wrote"),
+            Reply::McpCall {
+                server: "bridge".into(),
+                tool: "diff_patch_workspace_file".into(),
+                call_id: "c2".into(),
+                arguments: json!({"filepath": "a.txt", "diff": "@@ -1 +1 @@\n-alpha\n+beta\n"}),
+            },
+            Reply::Text("Both edited.".into()),
+        ]))
+        .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let (stack, _runnerd) =
+        Stack::start_with_runnerd(&runnerd_config(keys.path(), &model.base_url()));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[("a.txt", "alpha\n")]);
+    let root = stack.state.documents().join("app");
+    let (status, chat) = create(
+        &stack,
+        &alice,
+        json!({"project": "app", "agent": "codex", "mode": "builder"}),
+    );
+    assert_eq!(status, 201, "{chat}");
+    let chat = chat["chat_id"].as_str().unwrap().to_owned();
+    let events = turn(stack.port, &alice, &chat, "Edit both files.").unwrap();
+    let end = &of_kind(&events, "end")[0];
+    assert_eq!(end["reason"], "completed", "{events:#?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("b.txt")).unwrap(),
+        "native\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "beta\n"
+    );
+    let calls = of_kind(&events, "tool_call");
+    let patch = calls
+        .iter()
+        .find(|c| c["name"] == "diff_patch_workspace_file")
+        .unwrap_or_else(|| panic!("no bridge patch call: {events:#?}"));
+    let result = of_kind(&events, "tool_result")
+        .into_iter()
+        .find(|r| r["id"] == patch["id"])
+        .unwrap();
+    assert_eq!(result["state"], "done", "{result}");
+    let receipt = result["result"].to_string();
+    assert!(receipt.contains("receipt"), "{receipt}");
+    assert!(
+        receipt.contains("-bridge-"),
+        "the request id is agentd's: {receipt}"
+    );
+    // The model got the patch's answer back through the bridge.
+    let requests = model.requests();
+    let last = serde_json::to_string(requests.last().unwrap().input()).unwrap();
+    assert!(last.contains("applied"), "{last}");
+}

@@ -641,10 +641,13 @@ fn tail_sentence(stderr: &str) -> String {
 }
 
 /// The protected files (`workflow.json`, `product.json`) that exist below `root`, found
-/// without following symlinks, plus the two at the root whether they exist or not.
+/// without following symlinks. Only existing ones: an exclusion of a path that does not exist
+/// is carved out by the rule walk, which takes file creation from every folder on its way (the
+/// project's root, for these); a protected file the CLI creates natively is an unmanaged edit
+/// like any other, which workspaced still never writes.
 fn protected_files(root: &Path) -> Vec<PathBuf> {
     use agentworks_core::guard::PROTECTED_FILE_NAMES;
-    let mut found: Vec<PathBuf> = PROTECTED_FILE_NAMES.iter().map(|n| root.join(n)).collect();
+    let mut found: Vec<PathBuf> = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     let mut visited = 0usize;
     while let Some(dir) = stack.pop() {

@@ -6,7 +6,7 @@
 //! [`RunnerdError::NotRunning`], with the sentence a person acts on. Never decides who may
 //! run what: the chat API and the turn check the person first.
 
-use agentworks_contract::runnerd::{ProvidersAnswer, TurnEvent, TurnRequest};
+use agentworks_contract::runnerd::{BridgeAnswer, ProvidersAnswer, TurnEvent, TurnRequest};
 use agentworks_support::unix_http::{ClientError, LineStream, UnixClient};
 use std::path::Path;
 
@@ -83,6 +83,28 @@ impl RunnerdClient {
             .post_lines("/v1/turns", request, MAX_EVENT_LINE_BYTES)
             .await?;
         Ok(TurnStream { lines })
+    }
+
+    /// `POST /v1/turns/{id}/bridge/{call_id}`: agentd's answer to a bridge call of the turn.
+    pub async fn answer_bridge(
+        &self,
+        turn_id: &str,
+        call_id: &str,
+        answer: &BridgeAnswer,
+    ) -> Result<(), RunnerdError> {
+        let path = format!(
+            "/v1/turns/{}/bridge/{}",
+            url_segment(turn_id),
+            url_segment(call_id)
+        );
+        match self
+            .client
+            .post::<_, serde_json::Value>(&path, answer)
+            .await
+        {
+            Ok(_) | Err(ClientError::Decode { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// `POST /v1/turns/{id}/cancel`: ends the turn's CLI and its process tree.

@@ -19,9 +19,14 @@
 //! not running fails the turn at once with a sentence; a stream that ends before the turn did
 //! is an error too: a turn never hangs on a runnerd that went away.
 //!
+//! A call of the CLI's bridge that runnerd hands over (`bridge_call`: a patch) runs here, as
+//! the model loop's tool of that name would: through workspaced's guarded patch with the
+//! person's live authority and a request id made here, shown and stored like every tool call,
+//! its answer posted back to runnerd.
+//!
 //! May call: the chat service (its stores, the person's access, runnerd's client), the tools'
-//! result rule ([`tool_result`]). Never runs a tool itself: the CLI's tools run in runnerd's
-//! sandbox.
+//! result rule ([`tool_result`]) and the server file tools' bridge patch. The CLI's own tools
+//! run in runnerd's sandbox.
 
 use super::driver::{Driver, Event, Turn};
 use crate::catalog::files::require_authoring_role_for;
@@ -33,7 +38,9 @@ use crate::chat::tools::executor::tool_result;
 use crate::chat::tools::images::read_attachment;
 use crate::clients::runnerd::{RunnerdClient, RunnerdError, TurnStream};
 use crate::mcp::ToolError;
-use agentworks_contract::runnerd::{Resume, TurnEvent, TurnRequest, codes};
+use agentworks_contract::runnerd::{
+    BridgeAnswer, BridgeError, Resume, TurnEvent, TurnRequest, codes,
+};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -177,10 +184,97 @@ impl CliAgent {
                     .await
                     .map_err(to_tool)?;
             }
+            if let Some((call_id, tool, arguments)) = step.bridge {
+                self.bridge_call(turn, relay, &call_id, &tool, &arguments)
+                    .await?;
+            }
             if let Some(end) = step.end {
                 return end;
             }
         }
+    }
+
+    /// Runs one call of the CLI's bridge that runnerd handed over (a patch, through
+    /// workspaced's guarded patch with the person's live authority and a request id made here),
+    /// shows and stores its result as the model loop's, and answers runnerd. A cancel ends the
+    /// wait for it; runnerd's wait ends with the turn.
+    async fn bridge_call(
+        &self,
+        turn: &Turn<'_>,
+        relay: &Relay,
+        call_id: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<(), ToolError> {
+        let (service, spec) = (turn.service, turn.spec);
+        let chat = &spec.chat;
+        let safe_id: String = call_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(64)
+            .collect();
+        let request_id = format!("chat-{}-turn-{}-bridge-{safe_id}", chat.chat_id, spec.turn);
+        let run = async {
+            match tool {
+                "diff_patch_workspace_file" if chat.mode == Mode::Builder => {
+                    crate::chat::tools::server_files::bridge_patch(
+                        &service.files,
+                        &spec.caller,
+                        &chat.project_id,
+                        arguments,
+                        &request_id,
+                    )
+                    .await
+                }
+                "diff_patch_workspace_file" => Err(ToolError::new(
+                    "read_only_chat",
+                    "this chat runs in Run mode: the project is read-only",
+                )),
+                other => Err(ToolError::new(
+                    "unknown_tool",
+                    format!("agentd runs no bridge tool named {other:?} for a coding CLI"),
+                )),
+            }
+        };
+        let result = tokio::select! {
+            result = run => result,
+            _ = turn.cancel.cancelled() => Err(ToolError::new("cancelled", "the turn was stopped")),
+        };
+        let call = ToolCall {
+            id: call_id.to_owned(),
+            name: tool.to_owned(),
+            arguments: arguments.to_string(),
+        };
+        let (event, content) = tool_result(&call, &result);
+        turn.events.emit("tool_result", event);
+        service
+            .append(
+                &chat.chat_id,
+                spec.turn,
+                json!({"role": "tool", "tool_call_id": call_id, "content": content.to_string()}),
+            )
+            .await?;
+        let answer = match result {
+            Ok(value) => BridgeAnswer {
+                ok: true,
+                result: Some(value),
+                error: None,
+            },
+            Err(error) => BridgeAnswer {
+                ok: false,
+                result: None,
+                error: Some(BridgeError {
+                    code: error.code,
+                    message: error.message,
+                }),
+            },
+        };
+        if let Some(turn_id) = &relay.turn_id
+            && let Err(error) = self.runnerd.answer_bridge(turn_id, call_id, &answer).await
+        {
+            tracing::warn!(chat = %chat.chat_id, call_id, %error, "runnerd did not take a bridge answer");
+        }
+        Ok(())
     }
 }
 
@@ -246,6 +340,8 @@ struct Step {
     usage: Option<Usage>,
     /// The turn ended: how.
     end: Option<Result<&'static str, ToolError>>,
+    /// A call of the CLI's bridge that agentd runs: its id, tool and arguments.
+    bridge: Option<(String, String, Value)>,
 }
 
 impl Relay {
@@ -317,6 +413,27 @@ impl Relay {
                 let (event, content) = tool_result(&call, &Ok(result));
                 step.emit.push(("tool_result", event));
                 step.store.push(json!({"role": "tool", "tool_call_id": call_id, "content": content.to_string()}));
+            }
+            TurnEvent::BridgeCall {
+                call_id,
+                tool,
+                arguments,
+            } => {
+                step.emit.push((
+                    "tool_call",
+                    json!({"id": call_id, "name": tool, "arguments": arguments}),
+                ));
+                let content = match std::mem::take(&mut self.text) {
+                    text if text.is_empty() => Value::Null,
+                    text => Value::String(text),
+                };
+                step.store.push(
+                    json!({"role": "assistant", "content": content, "tool_calls": [{
+                        "id": call_id, "type": "function",
+                        "function": {"name": tool, "arguments": arguments.to_string()},
+                    }]}),
+                );
+                step.bridge = Some((call_id, tool, arguments));
             }
             TurnEvent::Usage {
                 input_tokens,
