@@ -18,7 +18,6 @@
 #[allow(dead_code)]
 #[path = "../tests/common/daemons.rs"]
 mod daemons;
-#[allow(dead_code)]
 #[path = "../crates/runner/tests/support/mod.rs"]
 mod support;
 

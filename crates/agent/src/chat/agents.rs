@@ -201,6 +201,7 @@ mod tests {
                     unavailable: unavailable.map(str::to_owned),
                 })
                 .collect(),
+            bridge_unavailable: None,
         })
     }
 
