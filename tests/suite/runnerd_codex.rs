@@ -368,9 +368,13 @@ fn the_sandbox_keeps_the_key_state_runtimes_and_sockets_out() {
             shell(
                 "c4",
                 &format!(
-                    "curl -sS --unix-socket {}/run/runnerd.sock http://x/v1/health; echo rc=$?",
+                    "for s in runnerd workspaced agentd gatewayd; do curl -sS --unix-socket {}/run/$s.sock http://x/v1/health; echo rc=$?; done",
                     root.display()
                 ),
+            ),
+            shell(
+                "c7",
+                &format!("cat {}/documents/other/private.txt; echo rc=$?", root.display()),
             ),
             shell(
                 "c5",
@@ -388,6 +392,8 @@ fn the_sandbox_keeps_the_key_state_runtimes_and_sockets_out() {
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("AGENTS.md"), "another chat's guidance").unwrap();
     std::fs::create_dir_all(root.join("files")).unwrap();
+    s.state
+        .project("other", &[("private.txt", "another project's secret")]);
     std::fs::write(root.join("files/receipts.db"), "receipts").unwrap();
     let runnerd = Runnerd::start(&s.state);
     let events = runnerd
@@ -409,10 +415,17 @@ fn the_sandbox_keeps_the_key_state_runtimes_and_sockets_out() {
         state_read.contains("rc=2") && !state_read.contains("receipts.db"),
         "{state_read}"
     );
-    let socket = output_of(&events, "runnerd.sock");
+    // Every daemon's socket: runnerd's listens; a sandboxed command cannot make a Unix socket.
+    let socket = output_of(&events, "--unix-socket");
     assert!(
         !socket.contains("agentworks-runnerd") && !socket.contains("rc=0"),
         "{socket}"
+    );
+    assert_eq!(socket.matches("rc=").count(), 4, "{socket}");
+    let other_project = output_of(&events, "other/private.txt");
+    assert!(
+        other_project.contains("rc=1") && !other_project.contains("another project's"),
+        "{other_project}"
     );
     let search = output_of(&events, "grep -rsF");
     assert!(search.contains("HOME="), "env ran: {search}");
