@@ -39,6 +39,10 @@
 //! most containers), the caller's probe ([`probe`], the laptop's at connect) finds out, the policy asks for no
 //! cover, and connect prints which directories lose file creation and why.
 //!
+//! The same namespace holds the command's private terminals when the policy asks for them
+//! ([`SandboxPolicy::private_terminals`], `terminals.rs`): entered for them alone if there is
+//! nothing to cover. Where it cannot be entered, the command gets no terminal at all.
+//!
 //! Owns: entering the namespaces, the covers and their checks, the probe.
 //! Must never: mount anything outside the launcher's own mount namespace, follow a symlink to a
 //! target, or report an exclusion as covered whose cover is not in place.
@@ -54,7 +58,7 @@ use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
 
-use crate::{PinnedAccess, SandboxPolicy};
+use crate::{PinnedAccess, SandboxPolicy, TEST_NO_USERNS_ENV, terminals};
 
 /// How an exclusion is covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +70,27 @@ pub(crate) enum Cover {
 }
 
 /// What the launcher could do: the exclusions now covered by a mount (canonical paths, as the
-/// policy gives them), which the rule walk leaves alone.
+/// policy gives them), which the rule walk leaves alone, and the command's terminals.
 #[derive(Debug, Default)]
 pub(crate) struct Covered {
     pub(crate) paths: Vec<PathBuf>,
     /// Whether the launcher is in namespaces of its own now (the shell then gets the seccomp
     /// filter that keeps it from making or entering others).
     pub(crate) in_namespace: bool,
+    pub(crate) terminals: Terminals,
+}
+
+/// Whether the command gets terminals of its own ([`SandboxPolicy::private_terminals`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) enum Terminals {
+    /// The policy did not ask: no terminal device is granted.
+    #[default]
+    NotAsked,
+    /// A devpts instance of its own is on `/dev/pts` and `/dev/ptmx` (`terminals.rs`): the
+    /// plan grants them.
+    Private,
+    /// Asked for, but not made (why): no terminal device is granted either.
+    Refused(String),
 }
 
 /// Why the namespace or a cover could not be made.
@@ -162,36 +180,74 @@ fn roots_and_targets(policy: &SandboxPolicy) -> Vec<Root> {
     roots
 }
 
-/// Whether `policy` has an exclusion a cover would serve: one inside a writable root.
+/// Whether `policy` asks for what only the namespace gives: private terminals, or an
+/// exclusion a cover would serve (one inside a writable root).
 pub(crate) fn wanted(policy: &SandboxPolicy) -> bool {
-    policy.overmount_exclusions && !roots_and_targets(policy).is_empty()
+    policy.private_terminals
+        || (policy.overmount_exclusions && !roots_and_targets(policy).is_empty())
 }
 
-/// Makes the user and mount namespace and covers every exclusion of `policy` inside a writable
-/// root that it can. `Ok` with nothing covered when the kernel refuses the namespace (the walk
-/// then does everything, as without namespaces); an error only when the process is left in a
-/// namespace it cannot use (its ids could not be mapped), and the command must be refused.
+/// Makes the user and mount namespace, mounts the command's private terminals when the policy
+/// asks for them (`terminals.rs`), and covers every exclusion of `policy` inside a writable
+/// root that it can. `Ok` with nothing covered and no terminal when the kernel refuses the
+/// namespace (the walk then does everything, as without namespaces); an error only when the
+/// process is left in a namespace it cannot use (its ids could not be mapped), and the command
+/// must be refused.
 pub(crate) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
-    let roots = roots_and_targets(policy);
-    if roots.is_empty() || !policy.overmount_exclusions {
+    let roots = if policy.overmount_exclusions {
+        roots_and_targets(policy)
+    } else {
+        Vec::new()
+    };
+    if roots.is_empty() && !policy.private_terminals {
         return Ok(Covered::default());
     }
+    // Until they are made, the terminals asked for are refused (fail closed).
+    let refused = |why: String| {
+        if policy.private_terminals {
+            Terminals::Refused(why)
+        } else {
+            Terminals::NotAsked
+        }
+    };
+    if cfg!(debug_assertions) && std::env::var(TEST_NO_USERNS_ENV).is_ok_and(|v| v == "1") {
+        return Ok(Covered {
+            terminals: refused(format!(
+                "{TEST_NO_USERNS_ENV}=1 simulates a machine that refuses user namespaces"
+            )),
+            ..Covered::default()
+        });
+    }
     match enter_namespaces()? {
-        Entered::Refused(_) => return Ok(Covered::default()),
+        Entered::Refused(e) => {
+            return Ok(Covered {
+                terminals: refused(explain(e)),
+                ..Covered::default()
+            });
+        }
         Entered::Yes => {}
     }
     let mut covered = Covered {
         paths: Vec::new(),
         in_namespace: true,
+        terminals: Terminals::NotAsked,
     };
     // Any failure from here on leaves the rest to the walk, which is complete by itself; the
     // mounts already made only take access away.
-    if rustix::mount::mount_change(
+    if let Err(e) = rustix::mount::mount_change(
         "/",
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .is_err()
-    {
+    ) {
+        covered.terminals = refused(explain(step("making / private")(e)));
+        return Ok(covered);
+    }
+    if policy.private_terminals {
+        covered.terminals = match terminals::make_private() {
+            Ok(()) => Terminals::Private,
+            Err(e) => Terminals::Refused(e.to_string()),
+        };
+    }
+    if roots.is_empty() {
         return Ok(covered);
     }
     let views = Views::read();
@@ -739,6 +795,7 @@ mod tests {
             cwd: PathBuf::from("/w"),
             limits: Default::default(),
             overmount_exclusions: true,
+            private_terminals: false,
         };
         let roots = roots_and_targets(&policy);
         let summary: Vec<(PathBuf, Vec<(PathBuf, Cover)>)> = roots
