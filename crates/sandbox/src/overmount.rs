@@ -35,6 +35,11 @@
 //! process, the shell gets no capability (`privileges::drop_capabilities`), and a seccomp filter
 //! refuses the namespace and mount system calls (`seccomp::namespace_filter`).
 //!
+//! The launcher first enters the namespace in a forked child (`trial_in_child`): a process
+//! cannot leave a user namespace, and one where `unshare` works but writing the id maps does not
+//! (uid 0 without `CAP_SETFCAP`) would leave it there as nobody; with the trial such a launcher
+//! stays as it was and uses the walk.
+//!
 //! Where the kernel refuses the namespace (Ubuntu's `apparmor_restrict_unprivileged_userns`,
 //! most containers), the caller's probe ([`probe`], the laptop's at connect) finds out, the policy asks for no
 //! cover, and connect prints which directories lose file creation and why.
@@ -218,6 +223,14 @@ pub(crate) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
             ..Covered::default()
         });
     }
+    // Tried in a child first: one that cannot map its ids leaves this process as it was, and
+    // the walk (with no terminal) takes over, instead of a refusal.
+    if let Err(e) = trial_in_child() {
+        return Ok(Covered {
+            terminals: refused(explain(e)),
+            ..Covered::default()
+        });
+    }
     match enter_namespaces()? {
         Entered::Refused(e) => {
             return Ok(Covered {
@@ -304,6 +317,69 @@ fn enter_namespaces() -> Result<Entered, OvermountError> {
     write_proc("/proc/self/gid_map", format!("{gid} {gid} 1").as_bytes())
         .map_err(step("writing /proc/self/gid_map"))?;
     Ok(Entered::Yes)
+}
+
+/// [`enter_namespaces`] in a forked child, which then exits: `Err` (the child's error) when it
+/// would fail. Why: `unshare` can succeed where writing the maps then fails (uid 0 without
+/// `CAP_SETFCAP` may not map itself since Linux 5.12: runnerd run as root without
+/// capabilities), and a process cannot leave the user namespace it entered, where it is
+/// nobody. Only while the process is single-threaded (the launcher, before it forks the shell).
+fn trial_in_child() -> Result<(), OvermountError> {
+    let failed = |what: &'static str| {
+        move |e: nix::errno::Errno| OvermountError::Step {
+            what,
+            source: e.into(),
+        }
+    };
+    let (reader, writer) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(failed("pipe2"))?;
+    // SAFETY: the launcher is single-threaded here, so the child is a copy of the only thread
+    // and no lock is held by a thread that vanished; it allocates (the error text), writes to
+    // its pipe and ends with _exit, running nothing of the parent's (no destructor, no atexit).
+    match unsafe { nix::unistd::fork() }.map_err(failed("fork (namespace trial)"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(reader);
+            let code = match enter_namespaces() {
+                Ok(Entered::Yes) => 0,
+                Ok(Entered::Refused(e)) | Err(e) => {
+                    let _ = rustix::io::write(&writer, e.to_string().as_bytes());
+                    1
+                }
+            };
+            // SAFETY: ends the child at once, without running anything of the parent's.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(writer);
+            let mut why = Vec::new();
+            let mut buf = [0u8; 512];
+            loop {
+                match rustix::io::read(&reader, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => why.extend_from_slice(&buf[..n]),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                }
+            }
+            let status = loop {
+                match nix::sys::wait::waitpid(child, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other.map_err(failed("waitpid (namespace trial)"))?,
+                }
+            };
+            if status == nix::sys::wait::WaitStatus::Exited(child, 0) {
+                return Ok(());
+            }
+            Err(OvermountError::Step {
+                what: "entering a user and mount namespace (tried in a child)",
+                source: io::Error::other(if why.is_empty() {
+                    format!("{status:?}")
+                } else {
+                    String::from_utf8_lossy(&why).into_owned()
+                }),
+            })
+        }
+    }
 }
 
 fn write_proc(path: &str, contents: &[u8]) -> Result<(), rustix::io::Errno> {
