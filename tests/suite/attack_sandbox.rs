@@ -97,6 +97,7 @@ impl Folder {
                 cwd: self.project.clone(),
                 limits,
                 overmount_exclusions: true,
+                private_terminals: false,
             },
             env_extra: env
                 .iter()

@@ -655,3 +655,59 @@ fn a_fork_bomb_hits_the_turns_limits_and_runnerd_survives() {
     );
     eprintln!("gone {:?} after the turn's end", ended_at.elapsed());
 }
+
+/// Codex's shell tool with `tty: true` runs its command on a terminal of its own (a PTY the
+/// sandbox lets it make in a devpts instance private to the turn): `tty` names a `/dev/pts`
+/// device, and the command runs to its end. runnerd runs as its own user, as systemd runs it
+/// (that user maps itself into the namespace that holds the terminals). Run as root without
+/// capabilities instead (as the other tests here run it), runnerd cannot map uid 0 into a user
+/// namespace (Linux 5.12+ wants CAP_SETFCAP for that): the command gets no terminal at all, and
+/// the turn goes on.
+#[test]
+fn a_command_asked_to_run_on_a_terminal_gets_one() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let script = || {
+        vec![
+            Reply::FunctionCall {
+                name: "exec_command".into(),
+                call_id: "c1".into(),
+                arguments: json!({"cmd": "tty; echo ok-$((6*7))", "tty": true}),
+            },
+            Reply::Text("Done.".into()),
+        ]
+    };
+    let model = runtime
+        .block_on(ScriptedResponses::start(script()))
+        .unwrap();
+    let (uid, gid) = {
+        let _lock = users_lock();
+        ensure_user("awtest-runnertty", &[])
+    };
+    let cgroup = DelegatedCgroup::new(uid, gid);
+    let s = setup(&model, "");
+    std::os::unix::fs::chown(s.state.root().join("provider.key"), Some(uid), Some(gid)).unwrap();
+    s.state.give_state_to(uid, gid);
+    let runnerd = Runnerd::start_as(&s.state, uid, gid, cgroup.path.clone());
+    let events = runnerd
+        .turn(&request("chat-tty", "run", "Which terminal?"))
+        .finish(TURN);
+    ended(&events);
+    let output = output_of(&events, "tty; echo ok");
+    assert!(output.contains("/dev/pts/"), "{output:?}: {events:#?}");
+    assert!(output.contains("ok-42"), "{output:?}: {events:#?}");
+    assert!(!output.contains("not a tty"), "{output:?}");
+    drop(runnerd);
+
+    let model = runtime
+        .block_on(ScriptedResponses::start(script()))
+        .unwrap();
+    let s = setup(&model, "");
+    let runnerd = Runnerd::start(&s.state);
+    let events = runnerd
+        .turn(&request("chat-tty", "run", "Which terminal?"))
+        .finish(TURN);
+    ended(&events);
+    let output = output_of(&events, "tty; echo ok");
+    assert!(!output.contains("/dev/pts/"), "{output:?}");
+    assert!(output.contains("openpty"), "{output:?}");
+}

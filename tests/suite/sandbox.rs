@@ -87,6 +87,7 @@ impl Fixture {
             cwd: self.project.clone(),
             limits: Default::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 

@@ -92,6 +92,7 @@ impl Folder {
             cwd: self.project.clone(),
             limits: Default::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 

@@ -322,6 +322,7 @@ fn an_unprivileged_launcher_covers_the_exclusions_and_keeps_file_creation() {
         cwd: proj.clone(),
         limits: Default::default(),
         overmount_exclusions: true,
+        private_terminals: false,
     };
     let policy = serde_json::to_string(&policy).unwrap();
     let run = |command: &str| {

@@ -659,6 +659,8 @@ impl Grants {
             limits: Default::default(),
             // The executor decides, from its connect-time probe.
             overmount_exclusions: false,
+            // No terminal device: the laptop's rule.
+            private_terminals: false,
         })
     }
 

@@ -511,6 +511,7 @@ impl Runner {
             cwd: runtime.dir.clone(),
             limits: Default::default(),
             overmount_exclusions: self.overmount,
+            private_terminals: true,
         };
         // The write grants' descriptors must stay open until the launcher has started: the
         // policy holds only their numbers, so the caller keeps the pins.

@@ -32,7 +32,9 @@ pub enum ExclusionMechanism {
     /// keeps file creation; a path that does not exist yet is still carved out by the walk.
     Overmount,
     /// Linux, where the kernel refuses an unprivileged user and mount namespace: the rule walk,
-    /// and every directory on the path to an exclusion loses file creation. Why.
+    /// and every directory on the path to an exclusion loses file creation; and no private
+    /// terminals ([`SandboxPolicy::private_terminals`](crate::SandboxPolicy::private_terminals)):
+    /// commands get no terminal device. Why.
     Walk(String),
 }
 

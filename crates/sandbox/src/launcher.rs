@@ -38,6 +38,11 @@ pub const SUBCOMMAND: &str = "__sandbox-exec";
 pub const PROBE_SUBCOMMAND: &str = "__sandbox-probe";
 /// Printed by the launcher before its error; the runner recognises a refusal by it.
 pub const REFUSAL_PREFIX: &str = "agentworks sandbox refused: ";
+/// Linux: the line the launcher writes on the command's stderr, before the reason, when the
+/// policy asked for private terminals and they could not be made (the command then runs with
+/// no terminal device at all).
+pub const NO_TERMINAL_NOTICE: &str =
+    "agentworks sandbox: no terminal for this command (private terminals cannot be made here): ";
 /// The exit status of a launcher that refused to run a command.
 pub const REFUSAL_EXIT: u8 = 126;
 

@@ -57,9 +57,10 @@
 //! inherited descriptors close-on-exec; becomes the leader of a new session with no controlling
 //! terminal; becomes a child subreaper; opens the command's cgroup (when the caller made one);
 //! sets `no_new_privs` and `RLIMIT_NPROC`; covers the exclusions inside writable folders by
-//! mounts in a user and mount namespace of its own, where it can (`overmount.rs`); builds and
-//! applies a Landlock ruleset to itself that
-//! grants no terminal device; installs the seccomp filter refusing Unix sockets and io_uring
+//! mounts in a user and mount namespace of its own, where it can (`overmount.rs`), and in the
+//! same namespace mounts a devpts instance of the command's own when the policy asks for
+//! private terminals (`terminals.rs`); builds and applies a Landlock ruleset to itself that
+//! grants no terminal device but those private ones; installs the seccomp filter refusing Unix sockets and io_uring
 //! (below ABI 9, unless allowed; `seccomp.rs`); forks the command (which moves into its
 //! cgroup, enters a nested ruleset with the signal and abstract-socket scopes, so it cannot
 //! signal the launcher or connect to an abstract socket outside the sandbox, drops every
@@ -94,7 +95,8 @@
 //!   `launcher/pinned.rs` its check of the pinned folders (tested anywhere).
 //! - `plan.rs` the rule planning (which paths get which Landlock rights, the exclusion walk, the
 //!   pinned-descriptor checks), which applies nothing; `overmount.rs` the covers of exclusions by
-//!   mounts in the command's own user and mount namespace, and the probe for them; `seccomp`
+//!   mounts in the command's own user and mount namespace, and the probe for them;
+//!   `terminals.rs` the command's private terminals in that namespace; `seccomp`
 //!   the filters; `privileges` a root launcher's PID namespace and capability drop (Linux).
 //! - [`sbpl`]: the macOS back end of the same policy (a `sandbox-exec` profile, generated and
 //!   evaluated on any machine); `tree`: finding a command's processes without a subreaper
@@ -115,7 +117,7 @@
 //! ruleset all refuse), nor with a controlling terminal, nor without a scope or seccomp filter
 //! it needs; skip a granted folder it cannot open; follow a symlink when granting; grant a path
 //! the policy does not name (besides the system paths and the null and random devices), `/`
-//! or a terminal device; exit while a process of the command is alive; leave files or mount
+//! or a terminal device other than the command's private ones; exit while a process of the command is alive; leave files or mount
 //! points in the person's folders; restrict the network.
 //!
 //! # How exclusions work
@@ -146,8 +148,23 @@
 //! (`TMPDIR` points at the private scratch dir); on kernels below ABI 6 the command can signal
 //! processes outside the sandbox (and, with `--allow-unix-sockets`, reach abstract sockets);
 //! without a delegated cgroup, ending a command is a race the launcher wins by killing faster
-//! than the command forks (a cgroup's `cgroup.kill` has no such race); ptys cannot be made
-//! (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do not work.
+//! than the command forks (a cgroup's `cgroup.kill` has no such race); without
+//! [`SandboxPolicy::private_terminals`] (the laptop), or where the namespace is refused, ptys
+//! cannot be made (`/dev/ptmx` is not granted), so tools that need one (`script`, `expect`) do
+//! not work.
+//!
+//! # Terminals
+//!
+//! Every command runs as the same user as its neighbours (every chat's coding CLI on a server),
+//! so the machine's terminals are never granted: one command could open another's `/dev/pts/N`
+//! and type into it. With [`SandboxPolicy::private_terminals`] the launcher mounts a new devpts
+//! instance on `/dev/pts` in its own user and mount namespace and binds that instance's `ptmx`
+//! over `/dev/ptmx` (`terminals.rs`), then grants those two and `/dev/tty`: the command makes
+//! and uses PTYs of its own, sees no other in `/dev/pts`, and cannot open another instance's by
+//! any path (the rules hold this instance's inodes only). Its session still has no controlling
+//! terminal from outside, so `TIOCSTI` reaches only a PTY it made. Where the namespace or the
+//! mount is refused, no terminal device is granted at all, and the command's stderr starts with
+//! [`NO_TERMINAL_NOTICE`] and the reason.
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
 compile_error!(
@@ -175,6 +192,8 @@ pub mod sbpl;
 pub mod seccomp;
 pub mod shell;
 mod spawn;
+#[cfg(target_os = "linux")]
+mod terminals;
 #[cfg(any(target_os = "macos", test))]
 pub mod tree;
 
@@ -186,7 +205,8 @@ pub use check::{
 };
 pub use error::SandboxError;
 pub use launcher::{
-    PROBE_SUBCOMMAND, REFUSAL_EXIT, REFUSAL_PREFIX, SUBCOMMAND, launcher_main, probe_main,
+    NO_TERMINAL_NOTICE, PROBE_SUBCOMMAND, REFUSAL_EXIT, REFUSAL_PREFIX, SUBCOMMAND, launcher_main,
+    probe_main,
 };
 pub use limits::CommandLimits;
 pub use pin::PinnedDir;

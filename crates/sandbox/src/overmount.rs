@@ -35,9 +35,18 @@
 //! process, the shell gets no capability (`privileges::drop_capabilities`), and a seccomp filter
 //! refuses the namespace and mount system calls (`seccomp::namespace_filter`).
 //!
+//! The launcher first enters the namespace in a forked child (`trial_in_child`): a process
+//! cannot leave a user namespace, and one where `unshare` works but writing the id maps does not
+//! (uid 0 without `CAP_SETFCAP`) would leave it there as nobody; with the trial such a launcher
+//! stays as it was and uses the walk.
+//!
 //! Where the kernel refuses the namespace (Ubuntu's `apparmor_restrict_unprivileged_userns`,
 //! most containers), the caller's probe ([`probe`], the laptop's at connect) finds out, the policy asks for no
 //! cover, and connect prints which directories lose file creation and why.
+//!
+//! The same namespace holds the command's private terminals when the policy asks for them
+//! ([`SandboxPolicy::private_terminals`], `terminals.rs`): entered for them alone if there is
+//! nothing to cover. Where it cannot be entered, the command gets no terminal at all.
 //!
 //! Owns: entering the namespaces, the covers and their checks, the probe.
 //! Must never: mount anything outside the launcher's own mount namespace, follow a symlink to a
@@ -54,7 +63,7 @@ use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
 
-use crate::{PinnedAccess, SandboxPolicy};
+use crate::{PinnedAccess, SandboxPolicy, TEST_NO_USERNS_ENV, terminals};
 
 /// How an exclusion is covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +75,27 @@ pub(crate) enum Cover {
 }
 
 /// What the launcher could do: the exclusions now covered by a mount (canonical paths, as the
-/// policy gives them), which the rule walk leaves alone.
+/// policy gives them), which the rule walk leaves alone, and the command's terminals.
 #[derive(Debug, Default)]
 pub(crate) struct Covered {
     pub(crate) paths: Vec<PathBuf>,
     /// Whether the launcher is in namespaces of its own now (the shell then gets the seccomp
     /// filter that keeps it from making or entering others).
     pub(crate) in_namespace: bool,
+    pub(crate) terminals: Terminals,
+}
+
+/// Whether the command gets terminals of its own ([`SandboxPolicy::private_terminals`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) enum Terminals {
+    /// The policy did not ask: no terminal device is granted.
+    #[default]
+    NotAsked,
+    /// A devpts instance of its own is on `/dev/pts` and `/dev/ptmx` (`terminals.rs`): the
+    /// plan grants them.
+    Private,
+    /// Asked for, but not made (why): no terminal device is granted either.
+    Refused(String),
 }
 
 /// Why the namespace or a cover could not be made.
@@ -162,36 +185,82 @@ fn roots_and_targets(policy: &SandboxPolicy) -> Vec<Root> {
     roots
 }
 
-/// Whether `policy` has an exclusion a cover would serve: one inside a writable root.
+/// Whether `policy` asks for what only the namespace gives: private terminals, or an
+/// exclusion a cover would serve (one inside a writable root).
 pub(crate) fn wanted(policy: &SandboxPolicy) -> bool {
-    policy.overmount_exclusions && !roots_and_targets(policy).is_empty()
+    policy.private_terminals
+        || (policy.overmount_exclusions && !roots_and_targets(policy).is_empty())
 }
 
-/// Makes the user and mount namespace and covers every exclusion of `policy` inside a writable
-/// root that it can. `Ok` with nothing covered when the kernel refuses the namespace (the walk
-/// then does everything, as without namespaces); an error only when the process is left in a
-/// namespace it cannot use (its ids could not be mapped), and the command must be refused.
+/// Makes the user and mount namespace, mounts the command's private terminals when the policy
+/// asks for them (`terminals.rs`), and covers every exclusion of `policy` inside a writable
+/// root that it can. `Ok` with nothing covered and no terminal when the kernel refuses the
+/// namespace (the walk then does everything, as without namespaces); an error only when the
+/// process is left in a namespace it cannot use (its ids could not be mapped), and the command
+/// must be refused.
 pub(crate) fn cover(policy: &SandboxPolicy) -> Result<Covered, OvermountError> {
-    let roots = roots_and_targets(policy);
-    if roots.is_empty() || !policy.overmount_exclusions {
+    let roots = if policy.overmount_exclusions {
+        roots_and_targets(policy)
+    } else {
+        Vec::new()
+    };
+    if roots.is_empty() && !policy.private_terminals {
         return Ok(Covered::default());
     }
+    // Until they are made, the terminals asked for are refused (fail closed).
+    let refused = |why: String| {
+        if policy.private_terminals {
+            Terminals::Refused(why)
+        } else {
+            Terminals::NotAsked
+        }
+    };
+    if cfg!(debug_assertions) && std::env::var(TEST_NO_USERNS_ENV).is_ok_and(|v| v == "1") {
+        return Ok(Covered {
+            terminals: refused(format!(
+                "{TEST_NO_USERNS_ENV}=1 simulates a machine that refuses user namespaces"
+            )),
+            ..Covered::default()
+        });
+    }
+    // Tried in a child first: one that cannot map its ids leaves this process as it was, and
+    // the walk (with no terminal) takes over, instead of a refusal.
+    if let Err(e) = trial_in_child() {
+        return Ok(Covered {
+            terminals: refused(explain(e)),
+            ..Covered::default()
+        });
+    }
     match enter_namespaces()? {
-        Entered::Refused(_) => return Ok(Covered::default()),
+        Entered::Refused(e) => {
+            return Ok(Covered {
+                terminals: refused(explain(e)),
+                ..Covered::default()
+            });
+        }
         Entered::Yes => {}
     }
     let mut covered = Covered {
         paths: Vec::new(),
         in_namespace: true,
+        terminals: Terminals::NotAsked,
     };
     // Any failure from here on leaves the rest to the walk, which is complete by itself; the
     // mounts already made only take access away.
-    if rustix::mount::mount_change(
+    if let Err(e) = rustix::mount::mount_change(
         "/",
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .is_err()
-    {
+    ) {
+        covered.terminals = refused(explain(step("making / private")(e)));
+        return Ok(covered);
+    }
+    if policy.private_terminals {
+        covered.terminals = match terminals::make_private() {
+            Ok(()) => Terminals::Private,
+            Err(e) => Terminals::Refused(e.to_string()),
+        };
+    }
+    if roots.is_empty() {
         return Ok(covered);
     }
     let views = Views::read();
@@ -248,6 +317,69 @@ fn enter_namespaces() -> Result<Entered, OvermountError> {
     write_proc("/proc/self/gid_map", format!("{gid} {gid} 1").as_bytes())
         .map_err(step("writing /proc/self/gid_map"))?;
     Ok(Entered::Yes)
+}
+
+/// [`enter_namespaces`] in a forked child, which then exits: `Err` (the child's error) when it
+/// would fail. Why: `unshare` can succeed where writing the maps then fails (uid 0 without
+/// `CAP_SETFCAP` may not map itself since Linux 5.12: runnerd run as root without
+/// capabilities), and a process cannot leave the user namespace it entered, where it is
+/// nobody. Only while the process is single-threaded (the launcher, before it forks the shell).
+fn trial_in_child() -> Result<(), OvermountError> {
+    let failed = |what: &'static str| {
+        move |e: nix::errno::Errno| OvermountError::Step {
+            what,
+            source: e.into(),
+        }
+    };
+    let (reader, writer) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(failed("pipe2"))?;
+    // SAFETY: the launcher is single-threaded here, so the child is a copy of the only thread
+    // and no lock is held by a thread that vanished; it allocates (the error text), writes to
+    // its pipe and ends with _exit, running nothing of the parent's (no destructor, no atexit).
+    match unsafe { nix::unistd::fork() }.map_err(failed("fork (namespace trial)"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(reader);
+            let code = match enter_namespaces() {
+                Ok(Entered::Yes) => 0,
+                Ok(Entered::Refused(e)) | Err(e) => {
+                    let _ = rustix::io::write(&writer, e.to_string().as_bytes());
+                    1
+                }
+            };
+            // SAFETY: ends the child at once, without running anything of the parent's.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(writer);
+            let mut why = Vec::new();
+            let mut buf = [0u8; 512];
+            loop {
+                match rustix::io::read(&reader, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => why.extend_from_slice(&buf[..n]),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                }
+            }
+            let status = loop {
+                match nix::sys::wait::waitpid(child, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other.map_err(failed("waitpid (namespace trial)"))?,
+                }
+            };
+            if status == nix::sys::wait::WaitStatus::Exited(child, 0) {
+                return Ok(());
+            }
+            Err(OvermountError::Step {
+                what: "entering a user and mount namespace (tried in a child)",
+                source: io::Error::other(if why.is_empty() {
+                    format!("{status:?}")
+                } else {
+                    String::from_utf8_lossy(&why).into_owned()
+                }),
+            })
+        }
+    }
 }
 
 fn write_proc(path: &str, contents: &[u8]) -> Result<(), rustix::io::Errno> {
@@ -739,6 +871,7 @@ mod tests {
             cwd: PathBuf::from("/w"),
             limits: Default::default(),
             overmount_exclusions: true,
+            private_terminals: false,
         };
         let roots = roots_and_targets(&policy);
         let summary: Vec<(PathBuf, Vec<(PathBuf, Cover)>)> = roots

@@ -3,8 +3,9 @@
 //! Owns: resolving a [`SandboxPolicy`] into rules ([`plan_rules`]): the system paths and
 //! devices, the toolchains, the granted roots (pinned descriptors checked against the directory
 //! the caller pinned), and the exclusion walk described in the crate's module doc.
-//! Must never: apply anything (the launcher does), follow a symlink when granting, grant a
-//! terminal device or `/`, or skip a granted folder it cannot open.
+//! Must never: apply anything (the launcher does), follow a symlink when granting, grant `/`
+//! or a terminal device (but the command's private ones, once the launcher made them), or skip
+//! a granted folder it cannot open.
 
 use std::ffi::OsStr;
 use std::io;
@@ -49,6 +50,13 @@ const DEVICES: &[&str] = &[
     "/dev/random",
     "/dev/urandom",
 ];
+
+/// The terminal devices a command with private terminals gets (`terminals.rs`), granted only
+/// once the launcher has put a devpts instance of the command's own on `/dev/pts` and
+/// `/dev/ptmx`: the rules then hold that instance's inodes, never the machine's (another
+/// instance's `/dev/pts/N` is not beneath them, whatever path reaches it). `/dev/tty` opens only
+/// the caller's controlling terminal, and the command's session has none but a PTY it made.
+const PRIVATE_TERMINALS: &[&str] = &["/dev/ptmx", "/dev/pts", "/dev/tty"];
 
 /// Whether an excluded path loses all access or only write access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,15 +259,35 @@ impl Plan {
         for path in SYSTEM_READ {
             self.grant_optional(Path::new(path), read)?;
         }
-        let device =
-            (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev)
-                & self.handled;
+        let device = self.device_access();
         for path in DEVICES {
-            self.grant_optional(Path::new(path), device | (self.handled & AccessFs::ReadDir))?;
+            self.grant_optional(Path::new(path), device)?;
         }
         for path in if_present {
             check_absolute(path)?;
             self.grant_optional(path, read)?;
+        }
+        Ok(())
+    }
+
+    /// What a device gets: read, write, truncate (`> /dev/null` opens with `O_TRUNC`), its
+    /// ioctls (ABI 5+), and listing where it is a directory (`/dev/pts`).
+    fn device_access(&self) -> BitFlags<AccessFs> {
+        (AccessFs::ReadFile
+            | AccessFs::WriteFile
+            | AccessFs::Truncate
+            | AccessFs::IoctlDev
+            | AccessFs::ReadDir)
+            & self.handled
+    }
+
+    /// The command's private terminals ([`PRIVATE_TERMINALS`]), as devices. Only for a
+    /// launcher that made them (`terminals.rs`): on the machine's devpts this would open every
+    /// terminal of the user.
+    pub(crate) fn grant_private_terminals(&mut self) -> Result<(), SandboxError> {
+        let device = self.device_access();
+        for path in PRIVATE_TERMINALS {
+            self.grant_optional(Path::new(path), device)?;
         }
         Ok(())
     }
@@ -510,6 +538,7 @@ mod tests {
             cwd: root.join("w"),
             limits: CommandLimits::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 
@@ -674,6 +703,44 @@ mod tests {
                 "{path} is granted"
             );
         }
+    }
+
+    /// The private terminals add exactly `/dev/ptmx`, `/dev/pts` and `/dev/tty`, as devices
+    /// (their ioctls included from ABI 5); `/dev/console` and the rest of `/dev` stay out.
+    #[test]
+    fn private_terminals_grant_ptmx_pts_and_tty_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        for d in ["w/a/b", "w/a/c", "w/d", "w/ro", "scratch"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        let mut plan = plan_rules(&policy(&root), 5, &[]).expect("plan");
+        let before = plan.rules.len();
+        plan.grant_private_terminals().expect("grant");
+        let added: Vec<(String, BitFlags<AccessFs>)> = plan.rules[before..]
+            .iter()
+            .map(|r| (r.path.to_string_lossy().into_owned(), r.access))
+            .collect();
+        let device =
+            AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
+        for (path, access) in &added {
+            assert!(
+                PRIVATE_TERMINALS.iter().any(|t| path == t
+                    || std::fs::canonicalize(t).is_ok_and(|c| c.to_string_lossy() == *path)),
+                "{path} is granted"
+            );
+            assert!(access.contains(device), "{path}: {access:?}");
+        }
+        let pts = added.iter().find(|(p, _)| p == "/dev/pts");
+        assert!(
+            pts.is_some_and(|(_, a)| a.contains(AccessFs::ReadDir)),
+            "{added:?}"
+        );
+        assert!(
+            !added
+                .iter()
+                .any(|(p, _)| p == "/dev/console" || p == "/dev")
+        );
     }
 
     #[test]

@@ -88,4 +88,15 @@ pub struct SandboxPolicy {
     /// itself.
     #[serde(default)]
     pub overmount_exclusions: bool,
+    /// Linux: let the command make terminals (PTYs: `openpty`, `script`, a coding CLI's
+    /// `tty: true` commands) in a devpts instance of its own, mounted in the same user and mount
+    /// namespace (`terminals.rs`): `/dev/ptmx`, that instance's `/dev/pts` and `/dev/tty` (which
+    /// only opens a controlling terminal, and the command's session has none but its own PTYs)
+    /// are granted, and no other instance's terminal is visible or can be opened, so commands of
+    /// other sandboxes (other chats of the same user) stay out of each other's terminals. Where
+    /// the kernel refuses the namespace the command gets no terminal at all, and the launcher
+    /// says so on the command's stderr. Off: no terminal device (the laptop's rule). Ignored on
+    /// macOS, whose PTYs are the machine's: no terminal there.
+    #[serde(default)]
+    pub private_terminals: bool,
 }

@@ -288,6 +288,7 @@ mod tests {
             cwd: "/Users/ann/src/app".into(),
             limits: CommandLimits::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 

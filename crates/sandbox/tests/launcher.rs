@@ -72,6 +72,7 @@ impl Fixture {
             cwd: self.project.clone(),
             limits: Default::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 
@@ -374,6 +375,311 @@ async fn a_shell_command_runs_to_completion_and_its_timeout_ends_the_tree() {
     assert_eq!(processes_with(&marker), Vec::<String>::new());
 }
 
+/// A PTY of this (unsandboxed) process on the machine's devpts, as another chat's or the
+/// person's terminal would be: its master, its slave and the slave's path.
+#[cfg(target_os = "linux")]
+fn outside_pty() -> (std::fs::File, std::fs::File, String) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt returns a new descriptor (or -1) and touches no memory of ours.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(
+        master >= 0,
+        "posix_openpt: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `master` is a descriptor we just opened and own alone.
+    let master_file = unsafe { std::fs::File::from_raw_fd(master) };
+    let mut name = [0 as libc::c_char; 64];
+    // SAFETY: grantpt and unlockpt take the descriptor only; ptsname_r writes at most
+    // `name.len()` bytes, NUL included, into the live buffer it is given.
+    unsafe {
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        assert_eq!(libc::ptsname_r(master, name.as_mut_ptr(), name.len()), 0);
+    }
+    // SAFETY: ptsname_r succeeded, so `name` holds a NUL-terminated string.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    use std::os::unix::fs::OpenOptionsExt;
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&path)
+        .unwrap();
+    (master_file, slave, path)
+}
+
+/// Tries to open a terminal by path; says `opened <path>` (and writes into it) or
+/// `refused <path> <errno>`.
+#[cfg(target_os = "linux")]
+const TRY_OPEN: &str = r#"
+import os, sys
+def try_open(path):
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    except OSError as e:
+        print("refused", path, e.errno, flush=True)
+        return
+    try:
+        os.write(fd, b"typed-from-the-sandbox\n")
+    except OSError:
+        pass
+    print("opened", path, flush=True)
+"#;
+
+/// With private terminals a command makes PTYs (`openpty`, `script`, `/dev/tty` on its own),
+/// sees none of the machine's in `/dev/pts`, and cannot open one, neither by its path nor
+/// through `/proc/<pid>/fd` of the process that holds it; nothing reaches that terminal.
+#[cfg(target_os = "linux")]
+async fn private_terminals_give_a_pty_and_none_of_the_machines() {
+    let f = Fixture::new();
+    let (mut master, slave, outside) = outside_pty();
+    let me = std::process::id();
+    let slave_fd = std::os::fd::AsRawFd::as_raw_fd(&slave);
+    let master_fd = std::os::fd::AsRawFd::as_raw_fd(&master);
+    let script = format!(
+        "{TRY_OPEN}
+print('listed', sorted(os.listdir('/dev/pts')), flush=True)
+for path in ['{outside}', '/proc/{me}/fd/{slave_fd}', '/proc/{me}/fd/{master_fd}']:
+    try_open(path)
+import pty
+m, s = pty.openpty()
+print('made', os.ttyname(s), flush=True)
+os.write(m, b'through-the-pty\\n')
+print('read', os.read(s, 100).decode().strip(), flush=True)
+print('listed-after', sorted(os.listdir('/dev/pts')), flush=True)
+"
+    );
+    let mut policy = f.policy();
+    policy.private_terminals = true;
+    let mut command = SandboxCommand::new("/usr/bin/python3", policy.clone());
+    command
+        .args(["-c", &script])
+        .env("PATH", PATH)
+        .stdout(Stream::Piped)
+        .stderr(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    let err = read_to_end(child.stderr.take()).await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}{err}");
+    assert!(out.contains("listed ['ptmx']\n"), "{out}");
+    for path in [
+        outside.clone(),
+        format!("/proc/{me}/fd/{slave_fd}"),
+        format!("/proc/{me}/fd/{master_fd}"),
+    ] {
+        assert!(out.contains(&format!("refused {path} ")), "{path}: {out}");
+    }
+    assert!(!out.contains("opened"), "{out}");
+    assert!(out.contains("made /dev/pts/0\n"), "{out}");
+    assert!(out.contains("read through-the-pty\n"), "{out}");
+    assert!(out.contains("listed-after ['0', 'ptmx']\n"), "{out}");
+    // Nothing was typed into the outside terminal: its master has nothing to read.
+    assert_eq!(pending(&mut master), "", "the outside terminal got input");
+
+    // `script` makes a PTY and its session's controlling terminal, which `tty` names and
+    // `/dev/tty` opens.
+    let mut command = SandboxCommand::new("/usr/bin/script", policy);
+    command
+        .args(["-qec", "tty; echo hi-$((6*7)) > /dev/tty", "/dev/null"])
+        .env("PATH", PATH)
+        .stdout(Stream::Piped)
+        .stderr(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    let err = read_to_end(child.stderr.take()).await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}{err}");
+    assert!(out.contains("/dev/pts/0"), "{out}{err}");
+    assert!(out.contains("hi-42"), "{out}{err}");
+    drop(slave);
+}
+
+/// What can be read from the master of a PTY right now, without waiting.
+#[cfg(target_os = "linux")]
+fn pending(master: &mut std::fs::File) -> String {
+    use std::io::Read;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(master);
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes the number of readable bytes into the valid int it is given.
+    assert_eq!(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) }, 0);
+    let mut buf = vec![0u8; usize::try_from(queued).unwrap()];
+    master.read_exact(&mut buf).unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Without private terminals (the laptop's rule) no terminal device opens: `openpty` and
+/// `script` fail, `/dev/ptmx`, `/dev/pts/*` and `/dev/tty` are refused.
+#[cfg(target_os = "linux")]
+async fn without_private_terminals_no_terminal_opens() {
+    let f = Fixture::new();
+    let (_master, _slave, outside) = outside_pty();
+    let script = format!(
+        "{TRY_OPEN}
+for path in ['/dev/ptmx', '/dev/pts/ptmx', '{outside}', '/dev/tty']:
+    try_open(path)
+import pty
+try:
+    pty.openpty()
+    print('made a pty', flush=True)
+except OSError:
+    print('openpty failed', flush=True)
+"
+    );
+    let mut command = SandboxCommand::new("/usr/bin/python3", f.policy());
+    command
+        .args(["-c", &script])
+        .env("PATH", PATH)
+        .stdout(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}");
+    for path in ["/dev/ptmx", "/dev/pts/ptmx", &outside] {
+        assert!(
+            out.contains(&format!("refused {path} {}", libc::EACCES)),
+            "{path}: {out}"
+        );
+    }
+    // No controlling terminal (ENXIO) or not granted (EACCES): refused either way.
+    assert!(out.contains("refused /dev/tty "), "{out}");
+    assert!(!out.contains("opened"), "{out}");
+    assert!(out.contains("openpty failed\n"), "{out}");
+
+    let mut command = SandboxCommand::new("/usr/bin/script", f.policy());
+    command
+        .args(["-qec", "tty", "/dev/null"])
+        .env("PATH", PATH)
+        .stdout(Stream::Piped)
+        .stderr(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    let _ = read_to_end(child.stderr.take()).await;
+    assert_ne!(child.wait().await.unwrap().code(), Some(0), "{out}");
+    assert!(!out.contains("/dev/pts/"), "{out}");
+}
+
+/// Where private terminals cannot be made (here the refusal of user namespaces is simulated)
+/// the command gets no terminal at all, and its stderr says why.
+#[cfg(target_os = "linux")]
+async fn where_private_terminals_cannot_be_made_there_is_no_terminal_and_stderr_says_so() {
+    let f = Fixture::new();
+    let mut policy = f.policy();
+    policy.private_terminals = true;
+    let mut command = SandboxCommand::new("/usr/bin/python3", policy);
+    command
+        .args([
+            "-c",
+            &format!("{TRY_OPEN}\ntry_open('/dev/ptmx')\nprint(sorted(os.environ))"),
+        ])
+        .env("PATH", PATH)
+        .env(agentworks_sandbox::TEST_NO_USERNS_ENV, "1")
+        .stdout(Stream::Piped)
+        .stderr(Stream::Piped);
+    let mut child = command.spawn(&launcher()).unwrap();
+    let out = read_to_end(child.stdout.take()).await;
+    let err = read_to_end(child.stderr.take()).await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!("refused /dev/ptmx {}", libc::EACCES)),
+        "{out}"
+    );
+    assert!(
+        err.starts_with(agentworks_sandbox::NO_TERMINAL_NOTICE),
+        "{err}"
+    );
+    assert!(
+        err.contains(agentworks_sandbox::TEST_NO_USERNS_ENV),
+        "{err}"
+    );
+    // The knob is the launcher's, not the command's.
+    assert!(
+        !out.contains(agentworks_sandbox::TEST_NO_USERNS_ENV),
+        "{out}"
+    );
+}
+
+/// Two commands with private terminals at once, as two chats' (same user): the first holds a
+/// PTY open and reads it; the second sees none of it in `/dev/pts`, cannot open it by its path
+/// nor through `/proc/<pid>/fd`, and its own `/dev/pts/0` (the same name) is another terminal:
+/// what it writes there never reaches the first.
+#[cfg(target_os = "linux")]
+async fn one_commands_terminal_is_out_of_reach_of_another() {
+    let f = Fixture::new();
+    let mut policy = f.policy();
+    policy.private_terminals = true;
+    let holder = r#"
+import os, pty, select, sys
+m, s = pty.openpty()
+print("holding", os.ttyname(s), m, s, flush=True)
+got = b""
+sys.stdin.readline()
+while select.select([m], [], [], 0.5)[0]:
+    got += os.read(m, 1000)
+print("got", repr(got.decode()), flush=True)
+"#;
+    let mut first = SandboxCommand::new("/usr/bin/python3", policy.clone());
+    first
+        .args(["-c", holder])
+        .env("PATH", PATH)
+        .stdin(Stream::Piped)
+        .stdout(Stream::Piped);
+    let mut first = first.spawn(&launcher()).unwrap();
+    let mut first_in = first.stdin.take().unwrap();
+    let mut first_out = lines(&mut first);
+    let holding = next_line(&mut first_out).await;
+    let fields: Vec<&str> = holding.split_whitespace().collect();
+    let ["holding", name, master_fd, slave_fd] = fields[..] else {
+        panic!("{holding}");
+    };
+    assert_eq!(name, "/dev/pts/0", "{holding}");
+    // The holder's pid as /proc shows it (its own may be a PID namespace's): the launcher's
+    // child.
+    let launcher_pid = first.id().unwrap();
+    let children =
+        std::fs::read_to_string(format!("/proc/{launcher_pid}/task/{launcher_pid}/children"))
+            .unwrap();
+    let pid = children.split_whitespace().next().expect("the holder runs");
+
+    let attacker = format!(
+        "{TRY_OPEN}
+print('listed', sorted(os.listdir('/dev/pts')), flush=True)
+for path in ['{name}', '/proc/{pid}/fd/{slave_fd}', '/proc/{pid}/fd/{master_fd}']:
+    try_open(path)
+import pty
+m, s = pty.openpty()
+print('made', os.ttyname(s), flush=True)
+try_open('{name}')
+"
+    );
+    let mut second = SandboxCommand::new("/usr/bin/python3", policy);
+    second
+        .args(["-c", &attacker])
+        .env("PATH", PATH)
+        .stdout(Stream::Piped);
+    let mut second = second.spawn(&launcher()).unwrap();
+    let out = read_to_end(second.stdout.take()).await;
+    assert_eq!(second.wait().await.unwrap().code(), Some(0), "{out}");
+    assert!(out.contains("listed ['ptmx']\n"), "{out}");
+    for path in [
+        name.to_owned(),
+        format!("/proc/{pid}/fd/{slave_fd}"),
+        format!("/proc/{pid}/fd/{master_fd}"),
+    ] {
+        assert!(out.contains(&format!("refused {path} ")), "{path}: {out}");
+    }
+    // Its own /dev/pts/0, which it may use.
+    assert!(
+        out.contains("made /dev/pts/0\nopened /dev/pts/0\n"),
+        "{out}"
+    );
+
+    first_in.write_all(b"done\n").await.unwrap();
+    first_in.flush().await.unwrap();
+    assert_eq!(next_line(&mut first_out).await, "got ''");
+    assert_eq!(first.wait().await.unwrap().code(), Some(0));
+}
+
 type Test = std::pin::Pin<Box<dyn Future<Output = ()>>>;
 type TestFn = fn() -> Test;
 
@@ -404,6 +710,18 @@ fn main() -> ExitCode {
         a_refusal_says_why_and_nothing_runs,
         a_shell_command_runs_to_completion_and_its_timeout_ends_the_tree,
     ];
+    // Private terminals are Linux's (a devpts instance of the command's own).
+    #[cfg(target_os = "linux")]
+    let tests = {
+        let mut tests = tests;
+        tests.extend(tests![
+            private_terminals_give_a_pty_and_none_of_the_machines,
+            without_private_terminals_no_terminal_opens,
+            where_private_terminals_cannot_be_made_there_is_no_terminal_and_stderr_says_so,
+            one_commands_terminal_is_out_of_reach_of_another,
+        ]);
+        tests
+    };
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))

@@ -19,10 +19,11 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::Pid;
 
 use super::reaper::{end_command, wait_for_shell};
-use super::{check_no_terminal, parse_launcher_args};
+use super::{NO_TERMINAL_NOTICE, check_no_terminal, parse_launcher_args};
 use crate::cgroup::CommandCgroupFds;
+use crate::overmount::Terminals;
 use crate::plan::{Plan, plan_rules};
-use crate::{SandboxError, TEST_ABI_ENV, landlock_status};
+use crate::{SandboxError, TEST_ABI_ENV, TEST_NO_USERNS_ENV, landlock_status};
 use crate::{limits, overmount, privileges, seccomp};
 
 /// The Linux launcher's steps ([`launcher_main`](super::launcher_main) is the entry).
@@ -114,16 +115,22 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
 
     // 7. The exclusions inside writable folders, covered by mounts in a user and mount
     // namespace of the command's own (overmount.rs), where the policy asks for it and the
-    // kernel allows it; what is not covered is left to the rule walk below. Before Landlock,
-    // which forbids mounting to a sandboxed process. Whether the launcher may give the shell a
-    // PID namespace is decided first: inside a new user namespace every launcher holds
-    // CAP_SYS_ADMIN, so only one that held it before gets one (privileges.rs).
+    // kernel allows it; what is not covered is left to the rule walk below. In the same
+    // namespace, the command's private terminals (a devpts instance of its own, terminals.rs)
+    // when the policy asks for them; where they cannot be made the command gets no terminal,
+    // and its stderr says so. Before Landlock, which forbids mounting to a sandboxed process.
+    // Whether the launcher may give the shell a PID namespace is decided first: inside a new
+    // user namespace every launcher holds CAP_SYS_ADMIN, so only one that held it before gets
+    // one (privileges.rs).
     let may_own_pid_namespace = privileges::may_unshare_pid();
     let covered = if overmount::wanted(&policy) {
         overmount::cover(&policy)?
     } else {
         overmount::Covered::default()
     };
+    if let Terminals::Refused(why) = &covered.terminals {
+        eprintln!("{NO_TERMINAL_NOTICE}{why}");
+    }
     let namespace_filters = if covered.in_namespace {
         Some(seccomp::namespace_filters()?)
     } else {
@@ -136,6 +143,9 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     // scratch dir), unless the person allowed Unix sockets.
     let abi = landlock_status()?;
     let mut plan = plan_rules(&policy, abi, &covered.paths)?;
+    if covered.terminals == Terminals::Private {
+        plan.grant_private_terminals()?;
+    }
     if policy.limits.allow_unix_sockets {
         plan.allow_unix_sockets();
     }
@@ -157,7 +167,8 @@ pub(super) fn launch(args: &[String]) -> Result<Infallible, SandboxError> {
     command
         .args(&program_args)
         .current_dir(&policy.cwd)
-        .env_remove(TEST_ABI_ENV);
+        .env_remove(TEST_ABI_ENV)
+        .env_remove(TEST_NO_USERNS_ENV);
     let mut scopes = scopes;
     let child_cgroup = cgroup.as_ref().map(CommandCgroupFds::try_clone);
     let child_cgroup = child_cgroup

@@ -91,6 +91,7 @@ mod tests {
             cwd: "/".into(),
             limits: CommandLimits::default(),
             overmount_exclusions: false,
+            private_terminals: false,
         }
     }
 
