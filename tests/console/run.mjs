@@ -224,6 +224,65 @@ const scenarios = {
     await expect(page.locator('#chat-title')).toHaveText('what does server.txt say?', { timeout: T });
     await expect(page.getByRole('list', { name: 'Conversation' })).toContainText('make a file on my laptop');
   },
+  async 'cli-chat'() {
+    // A coding CLI as the agent (issue 45): the real runnerd starts now, with the real Codex
+    // against a scripted model. Turn 1 reads a file through project/ and patches another
+    // through the bridge; turn 2 resumes the thread; turn 3's command is stopped.
+    const CLI = 90000; // Codex starts a process per turn
+    await need('start-runnerd');
+    await page.goto(`${base}/console/`);
+    await page.getByRole('button', { name: 'New chat' }).first().click();
+    const form = page.getByRole('form', { name: /^New chat in / }).first();
+    const agent = form.getByLabel('Agent', { exact: true });
+    await expect(agent.locator('option[value="codex"]')).toHaveCount(1, { timeout: T });
+    check(await agent.locator('option[value="ghost"]').isDisabled(), 'the unavailable provider can be picked');
+    await agent.selectOption('codex');
+    await form.getByLabel('Mode', { exact: true }).selectOption('builder');
+    await form.getByRole('button', { name: 'Start chat' }).click();
+    await expect(page.locator('#chat-agent')).toHaveText('Agent: codex · Builder mode (writes the project)', { timeout: T });
+    // agentd refuses to bind a CLI chat to a laptop folder: the panel offers none.
+    await expect(page.getByText('binding a coding CLI chat to a laptop folder is not supported yet')).toBeVisible({ timeout: T });
+    await expect(page.getByRole('heading', { name: 'Set up the CLI on your computer' })).toBeHidden();
+    await expect(page.getByRole('heading', { name: 'Your devices' })).toBeHidden();
+    await page.getByRole('tab', { name: 'Models' }).click();
+    await expect(page.locator('#tabpanel-models')).toContainText('is a coding CLI that runnerd runs with the model scripted', { timeout: T });
+    await page.getByRole('tab', { name: 'Local CLI connection' }).click();
+
+    await send('Read server.txt and fix plan.txt.');
+    await expect(lastAnswer()).toContainText('server.txt says server file; plan.txt now says shipped.', { timeout: CLI });
+    // Folded lines, each done: the command (Codex's `shell`) and agentd's bridge patch (Codex
+    // also reports its own MCP call, `bridge.diff_patch_workspace_file`, a line of its own).
+    const tools = page.locator('li.tool');
+    const lines = await tools.locator('summary').allTextContents();
+    check(lines.length >= 2 && lines.every((l) => l.startsWith('✓ ')), `the tool lines: ${JSON.stringify(lines)}`);
+    check(lines[0] === '✓ shell exit 0', `the command's line: ${lines[0]}`);
+    check(lines.includes('✓ diff_patch_workspace_file patched plan.txt'), `no bridge patch line: ${JSON.stringify(lines)}`);
+    check(!(await tools.locator('details').evaluateAll((all) => all.some((d) => d.open))), 'a tool call is not folded');
+    const shown = await tools.first().locator('pre.details').textContent();
+    check(shown.includes('cat project/server.txt') && shown.includes('server file'), `the command's details: ${shown}`);
+    await need('check-cli-patch');
+    await expect(page.getByRole('button', { name: 'Send' })).toBeEnabled({ timeout: T });
+
+    await send('And now?');
+    await expect(lastAnswer()).toContainText('Still the same thread.', { timeout: CLI });
+    await need('check-cli-resume');
+    await expect(page.getByRole('button', { name: 'Send' })).toBeEnabled({ timeout: T });
+
+    await send('Wait a while.');
+    await need('wait-cli-sleep');
+    await expect(tools.last().locator('summary')).toHaveText('… shell running');
+    await page.getByRole('button', { name: 'Stop' }).click();
+    await expect(page.getByText('Stopped: the turn was cancelled.')).toBeVisible({ timeout: T });
+    await need('check-cli-sleep-gone');
+    await expect(page.getByRole('button', { name: 'Send' })).toBeEnabled({ timeout: T });
+    // Reopened, the chat shows its turns and folded tool lines as stored.
+    await page.reload();
+    const conversation = page.getByRole('list', { name: 'Conversation' });
+    await expect(conversation).toContainText('plan.txt now says shipped.', { timeout: T });
+    await expect(conversation).toContainText('✓ diff_patch_workspace_file');
+    await expect(conversation).toContainText('Still the same thread.');
+    await expect(conversation).toContainText('✗ shell the turn ended before this call did');
+  },
   async 'device-approve'() {
     const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
     check(started.status() === 200, `POST /v1/device/code answered ${started.status()}`);

@@ -21,7 +21,7 @@ fn create(stack: &Stack, token: &str, body: Value) -> (u16, Value) {
 
 /// `[runnerd]` with a `codex` provider (the real Codex, its upstream `upstream`) and `ghost`,
 /// whose executable does not exist.
-fn runnerd_config(state_hint: &std::path::Path, upstream: &str) -> String {
+pub(super) fn runnerd_config(state_hint: &std::path::Path, upstream: &str) -> String {
     let key_file = state_hint.join("provider.key");
     std::fs::write(&key_file, "sk-test-operator-key\n").unwrap();
     std::fs::set_permissions(

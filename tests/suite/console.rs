@@ -3,6 +3,8 @@
 //! `agentworks executor connect` on a real folder, and the scripted model. One browser and one
 //! stack for all scenarios; what only this side can do (script the model, read its request log,
 //! stop the executor) the script asks for on its stdout (`NEED …`) and we answer on its stdin.
+//! The real runnerd (with the real Codex against a scripted Responses server) starts only when
+//! the `cli-chat` scenario asks, so the scenarios before it see a stack without runnerd.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,12 +16,17 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use super::agent::{LaptopExt, Setup, calls, text};
+use super::agent_cli::runnerd_config;
 use super::attachments::PNG;
 use super::console_sessions::{PASSWORD, origin, passwd};
-use super::harness::http;
+use super::harness::{Runnerd, http};
+use super::runner_support::responses::{Reply, ScriptedResponses};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const TEXT_FILE: &str = "# Plan\nship the console\n";
+/// The command the `cli-chat` scenario stops; not agent_cli's `sleep 120`, which may run at the
+/// same time in the suite, so the check below sees only this one.
+const CLI_SLEEP: &[&str] = &["sleep", "123"];
 const SCENARIOS: &[&str] = &[
     "sign-in",
     "new-chat",
@@ -30,6 +37,7 @@ const SCENARIOS: &[&str] = &[
     "local-cli",
     "executor-offline",
     "chat-title",
+    "cli-chat",
     "device-approve",
     "cross-origin",
     "connections",
@@ -73,8 +81,81 @@ pub(super) fn assert_not_blank(path: &Path) {
     );
 }
 
+/// The `cli-chat` scenario's side: the scripted Responses server Codex asks (its whole script,
+/// three turns) and runnerd once started.
+struct Cli {
+    model: ScriptedResponses,
+    runnerd: Option<Runnerd>,
+    keys: tempfile::TempDir,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Cli {
+    fn start() -> Cli {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let shell = |call_id: &str, cmd: &str| Reply::FunctionCall {
+            name: "exec_command".into(),
+            call_id: call_id.into(),
+            arguments: json!({ "cmd": cmd }),
+        };
+        let model = runtime
+            .block_on(ScriptedResponses::start(vec![
+                // Turn 1: read through project/, patch through the bridge, answer.
+                shell("c1", "cat project/server.txt"),
+                Reply::McpCall {
+                    server: "bridge".into(),
+                    tool: "diff_patch_workspace_file".into(),
+                    call_id: "c2".into(),
+                    arguments: json!({"filepath": "plan.txt", "diff": "@@ -1 +1 @@\n-draft\n+shipped\n"}),
+                },
+                Reply::Text("server.txt says server file; plan.txt now says shipped.".into()),
+                // Turn 2: the same thread.
+                Reply::Text("Still the same thread.".into()),
+                // Turn 3: a command the page stops.
+                shell("c3", &CLI_SLEEP.join(" ")),
+            ]))
+            .unwrap();
+        Cli {
+            model,
+            runnerd: None,
+            keys: tempfile::tempdir().unwrap(),
+            _runtime: runtime,
+        }
+    }
+}
+
+/// The pids of running `sleep 123` processes (their command line, from /proc).
+fn cli_sleeps() -> Vec<u32> {
+    let wanted: Vec<u8> = CLI_SLEEP
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `done` every 100 ms until it holds or `within` passes.
+fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while !done() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
 /// Answers one `NEED` of run.mjs: `Ok` or why not.
-fn serve(setup: &mut Setup, need: &str) -> Result<(), String> {
+fn serve(setup: &mut Setup, cli: &mut Cli, need: &str) -> Result<(), String> {
     let model = &setup.model;
     match need {
         "streamed-tool" => model.play(vec![
@@ -147,6 +228,47 @@ fn serve(setup: &mut Setup, need: &str) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             executor.child.wait().map_err(|e| e.to_string())?;
         }
+        "start-runnerd" => {
+            setup.stack.state.project("app", &[("plan.txt", "draft\n")]);
+            cli.runnerd = Some(Runnerd::start(&setup.stack.state));
+        }
+        "check-cli-patch" => {
+            let plan = setup.stack.state.documents().join("app/plan.txt");
+            match std::fs::read_to_string(&plan) {
+                Ok(s) if s == "shipped\n" => {}
+                other => return Err(format!("{}: {other:?}", plan.display())),
+            }
+        }
+        "check-cli-resume" => {
+            // The second turn's request carries the first turn's conversation: Codex resumed
+            // its thread.
+            let requests = cli.model.requests();
+            let last = requests.last().ok_or("Codex never asked the model")?;
+            let input = serde_json::to_string(last.input()).map_err(|e| e.to_string())?;
+            for said in [
+                "Read server.txt and fix plan.txt.",
+                "server file",
+                "And now?",
+            ] {
+                if !input.contains(said) {
+                    return Err(format!("the second turn's request lacks {said:?}: {input}"));
+                }
+            }
+        }
+        "wait-cli-sleep" => {
+            if !wait_for(Duration::from_secs(60), || !cli_sleeps().is_empty()) {
+                return Err(format!("`{}` never ran", CLI_SLEEP.join(" ")));
+            }
+        }
+        "check-cli-sleep-gone" => {
+            if !wait_for(Duration::from_secs(5), || cli_sleeps().is_empty()) {
+                return Err(format!(
+                    "`{}` still runs 5 s after Stop: pids {:?}",
+                    CLI_SLEEP.join(" "),
+                    cli_sleeps()
+                ));
+            }
+        }
         other => return Err(format!("unknown need {other}")),
     }
     Ok(())
@@ -161,7 +283,9 @@ fn the_console_works_in_a_real_browser() {
     let build_folder = Path::new(env!("CARGO_BIN_EXE_agentworks"))
         .parent()
         .unwrap();
-    let mut setup = Setup::start_with(true, &format!("cli_dir = {:?}", build_folder));
+    let mut cli = Cli::start();
+    let runnerd = runnerd_config(cli.keys.path(), &cli.model.base_url());
+    let mut setup = Setup::start_with(true, &format!("cli_dir = {build_folder:?}\n\n{runnerd}"));
     let set = passwd(&setup.stack, "alice", PASSWORD);
     assert!(set.status.success(), "{set:?}");
 
@@ -228,7 +352,7 @@ fn the_console_works_in_a_real_browser() {
     for line in BufReader::new(node.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
         if let Some(need) = line.strip_prefix("NEED ") {
-            let answer = match serve(&mut setup, need) {
+            let answer = match serve(&mut setup, &mut cli, need) {
                 Ok(()) => "ok".to_owned(),
                 Err(why) => format!("fail {why}"),
             };

@@ -64,7 +64,7 @@ export function createPanel(state, onChange) {
   panels.costs.append(h('h2', {}, 'Costs'), costs);
   const models = h('div', {}, h('p', {}, 'Loading…'));
   panels.models.append(h('h2', {}, 'Models'), models);
-  loadModels(models);
+  loadModels(models, state.chat);
 
   function update() {
     local.update();
@@ -89,7 +89,16 @@ function renderCosts(container, usage) {
       h('tfoot', {}, h('tr', {}, h('th', { scope: 'row' }, 'This chat'), cells(total)))));
 }
 
-async function loadModels(container) {
+async function loadModels(container, chat) {
+  // A coding CLI's model is its runnerd provider's, not the server's [agentd.model].
+  if (chat.agent && chat.agent !== 'api') {
+    const agents = await api('GET', '/v1/agents');
+    const found = agents.status === 200 ? (agents.body.agents || []).find((a) => a.name === chat.agent) : null;
+    fill(container, h('p', {}, found && found.model
+      ? `This chat's agent, ${chat.agent}, is a coding CLI that runnerd runs with the model ${found.model}.`
+      : `This chat's agent, ${chat.agent}, is a coding CLI that runnerd runs; its provider's configuration names its model.`));
+    return;
+  }
   const answer = await api('GET', '/v1/models');
   if (answer.status !== 200) {
     fill(container, h('p', { class: 'error' }, `The model could not be looked up: ${errorMessage(answer)}`));
@@ -121,10 +130,11 @@ function localConnection(state, onChange) {
   const showSetup = h('button', {
     type: 'button', id: 'show-setup', onclick: () => { setupWanted = true; render(); },
   }, 'Set up another computer');
+  const devicesHeading = h('h3', {}, 'Your devices');
   const element = h('div', {},
     h('h2', {}, 'Local CLI connection'),
     status,
-    h('h3', {}, 'Your devices'),
+    devicesHeading,
     devices,
     review,
     showSetup,
@@ -266,6 +276,15 @@ function localConnection(state, onChange) {
   }
 
   function render() {
+    // agentd refuses to bind a coding CLI's chat to a laptop folder: nothing to pick or set up.
+    const cli = Boolean(state.chat.agent) && state.chat.agent !== 'api';
+    for (const part of [devicesHeading, devices, review]) part.hidden = cli;
+    if (cli) {
+      fill(status, h('p', {}, `This chat's agent, ${state.chat.agent}, is a coding CLI: it works on the project's server files; binding a coding CLI chat to a laptop folder is not supported yet.`));
+      setup.hidden = true;
+      showSetup.hidden = true;
+      return;
+    }
     fill(status, bindingStatus());
     renderDevices();
     renderReview();
