@@ -326,6 +326,15 @@ struct Relay {
     calls: HashMap<String, (String, String)>,
     /// The running total runnerd reported last.
     reported: (u64, u64),
+    /// Codex's own reports of bridge calls that agentd runs (their bridge_call shows them).
+    hidden: std::collections::HashSet<String>,
+}
+
+/// Whether Codex's report of a call names a bridge tool agentd runs itself (every bridge tool
+/// but the shell, which runnerd runs and which Codex's report is the only record of).
+fn runs_here(tool: &str) -> bool {
+    tool.strip_prefix("bridge.")
+        .is_some_and(|name| name != "execute_shell_command")
 }
 
 /// What one event of runnerd's comes to.
@@ -368,6 +377,12 @@ impl Relay {
                 self.text.push_str(&text);
                 step.emit.push(("text", json!({"text": text})));
             }
+            // Codex reports each call of the bridge too; the ones agentd runs itself (all but
+            // the shell runnerd runs) are shown and stored once, from their bridge_call.
+            TurnEvent::ToolCall { call_id, tool, .. } if runs_here(&tool) => {
+                self.hidden.insert(call_id);
+            }
+            TurnEvent::ToolResult { call_id, .. } if self.hidden.remove(&call_id) => {}
             TurnEvent::ToolCall {
                 call_id,
                 tool,
@@ -664,6 +679,39 @@ mod tests {
         // After Stop, whatever ends the stream ends the turn cancelled.
         let step = relay.on(TurnEvent::End { exit_code: None }, true);
         assert!(matches!(step.end, Some(Ok("cancelled"))));
+    }
+
+    #[test]
+    fn codexs_own_report_of_a_bridge_call_agentd_runs_is_not_shown_twice() {
+        let mut relay = Relay::default();
+        let hidden = relay.on(
+            TurnEvent::ToolCall {
+                call_id: "m1".into(),
+                tool: "bridge.diff_patch_workspace_file".into(),
+                command: String::new(),
+            },
+            false,
+        );
+        assert!(hidden.emit.is_empty() && hidden.store.is_empty());
+        let result = relay.on(
+            TurnEvent::ToolResult {
+                call_id: "m1".into(),
+                exit_code: None,
+                output: "done".into(),
+            },
+            false,
+        );
+        assert!(result.emit.is_empty() && result.store.is_empty());
+        // The shell runnerd runs is shown from Codex's report, its only record.
+        let shown = relay.on(
+            TurnEvent::ToolCall {
+                call_id: "m2".into(),
+                tool: "bridge.execute_shell_command".into(),
+                command: "ls".into(),
+            },
+            false,
+        );
+        assert_eq!(kinds(&shown), ["tool_call"]);
     }
 
     #[test]
