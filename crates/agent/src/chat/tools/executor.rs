@@ -92,6 +92,18 @@ impl Toolset {
         tools
     }
 
+    /// The project's MCP connections' tools this turn offers (model API function tools), the
+    /// part of [`definitions`](Self::definitions) a coding CLI's bridge offers too: none in a
+    /// turn bound to a laptop folder, or for a person without an authoring role.
+    pub fn connection_definitions(&self) -> &[Value] {
+        &self.remote.tools
+    }
+
+    /// Whether `name` is one of the connections' tools this turn offers.
+    pub fn offers_connection_tool(&self, name: &str) -> bool {
+        self.chat.binding.is_none() && self.remote.offers(name)
+    }
+
     /// `(display name, code, message)` of each of the project's connections left out of the
     /// turn (down, or wanting a sign-in).
     pub fn unavailable(&self) -> &[(String, String, String)] {
