@@ -537,3 +537,137 @@ fn a_builder_chat_edits_natively_and_through_the_bridges_patch() {
     let last = serde_json::to_string(requests.last().unwrap().input()).unwrap();
     assert!(last.contains("applied"), "{last}");
 }
+
+/// Issue 45, point 6: the project's MCP connection tools reach a coding CLI through the bridge,
+/// for authoring roles only. The connection is the one the model loop's test uses
+/// (`suite::mcp_remote`: the official Python SDK's server over https in a network namespace);
+/// the owner's Codex calls its `echo` in the namespace `mcp__bridge`, agentd runs the call
+/// through the turn's one tool executor, and the result reaches the model's next request. A
+/// viewer's Run chat is offered the two built-in bridge tools and no connection tool.
+#[test]
+fn an_owners_cli_chat_calls_a_connections_tool_through_the_bridge_and_a_viewers_is_not_offered_it()
+{
+    use super::mcp_remote::start_sdk_server;
+    use super::outbound::{Netns, self_signed};
+    const PORT: u16 = 8443;
+
+    let netns = Netns::create();
+    let (certs, _der) = self_signed(netns.inside);
+    let _server = start_sdk_server(&netns, "netns_tools.py", certs.path(), PORT, &[]);
+    let keys = tempfile::tempdir().unwrap();
+    // The upstream is set once the connection's tool name is known (the model's script names
+    // it): runnerd starts again then, on the config with the scripted model's URL.
+    let placeholder = "http://127.0.0.1:9/v1";
+    let (stack, first_runnerd) = Stack::start_with_runnerd(&format!(
+        "outbound_root_certificates = [{:?}]\n\n{}",
+        certs.path().join("cert.pem").to_str().unwrap(),
+        runnerd_config(keys.path(), placeholder)
+    ));
+    let olive = user(&stack, "olive");
+    code_project(&stack, "app", "olive", &[("a.txt", "alpha\n")]);
+    let vera = user(&stack, "vera");
+    stack.admin(
+        "members/add",
+        json!({"project": "app", "user": "vera", "role": "viewer"}),
+    );
+    let (status, connection) = api(
+        &stack,
+        &olive,
+        "POST",
+        "/v1/projects/app/mcp-connections",
+        json!({"name": "Netns Tools", "url": format!("https://{}:{PORT}/mcp", netns.inside)}),
+    );
+    assert_eq!(status, 201, "{connection}");
+    let prefix = connection["tool_prefix"].as_str().unwrap().to_owned();
+    let echo = format!("{prefix}echo");
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedResponses::start(vec![
+            Reply::McpCall {
+                server: "bridge".into(),
+                tool: echo.clone(),
+                call_id: "m1".into(),
+                arguments: json!({"text": "via the bridge"}),
+            },
+            Reply::Text("The server echoed it.".into()),
+            Reply::Text("I can only read here.".into()),
+        ]))
+        .unwrap();
+    drop(first_runnerd);
+    let config_path = stack.state.root().join("agentworks.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replace(placeholder, &model.base_url())).unwrap();
+    let _runnerd = Runnerd::start(&stack.state);
+
+    // The owner's Run chat: the connection's tool is offered in the bridge's namespace, called,
+    // and its result goes back to the model.
+    let (status, chat) = create(&stack, &olive, json!({"project": "app", "agent": "codex"}));
+    assert_eq!(status, 201, "{chat}");
+    let chat = chat["chat_id"].as_str().unwrap().to_owned();
+    let events = turn(stack.port, &olive, &chat, "Echo something.").unwrap();
+    assert_eq!(
+        of_kind(&events, "end")[0]["reason"],
+        "completed",
+        "{events:#?}"
+    );
+    let requests = model.requests();
+    let offered = requests[0]
+        .tool("mcp__bridge")
+        .unwrap_or_else(|| panic!("no mcp__bridge in {:?}", requests[0].tool_names()))
+        .to_string();
+    assert!(
+        offered.contains(&echo) && offered.contains("execute_shell_command"),
+        "{offered}"
+    );
+    assert!(
+        offered.contains("[MCP server \\\"Netns Tools\\\"] Echo the text back."),
+        "{offered}"
+    );
+    let call = of_kind(&events, "tool_call")
+        .into_iter()
+        .find(|c| c["name"] == echo.as_str())
+        .unwrap_or_else(|| panic!("no call of {echo}: {events:#?}"));
+    assert_eq!(call["arguments"]["text"], "via the bridge");
+    let result = of_kind(&events, "tool_result")
+        .into_iter()
+        .find(|r| r["id"] == call["id"])
+        .unwrap();
+    assert_eq!(result["state"], "done", "{result}");
+    assert_eq!(
+        result["result"]["content"], "echo: via the bridge",
+        "{result}"
+    );
+    let answered = requests
+        .iter()
+        .flat_map(|r| r.input())
+        .find(|item| item["type"] == "function_call_output" && item["call_id"] == "m1")
+        .unwrap_or_else(|| panic!("the model never got m1's output: {requests:#?}"))
+        .to_string();
+    assert!(answered.contains("echo: via the bridge"), "{answered}");
+
+    // The viewer's Run chat: the bridge offers its two built-ins, no connection tool.
+    let (status, chat) = create(&stack, &vera, json!({"project": "app", "agent": "codex"}));
+    assert_eq!(status, 201, "{chat}");
+    let chat = chat["chat_id"].as_str().unwrap().to_owned();
+    let before = model.requests().len();
+    let events = turn(stack.port, &vera, &chat, "What can you use?").unwrap();
+    assert_eq!(
+        of_kind(&events, "end")[0]["reason"],
+        "completed",
+        "{events:#?}"
+    );
+    let requests = model.requests();
+    let offered = requests[before]
+        .tool("mcp__bridge")
+        .unwrap_or_else(|| panic!("no mcp__bridge in {:?}", requests[before].tool_names()))
+        .to_string();
+    assert!(
+        offered.contains("execute_shell_command") && offered.contains("diff_patch_workspace_file"),
+        "{offered}"
+    );
+    assert!(
+        !offered.contains(&prefix) && !offered.contains("Netns Tools"),
+        "a viewer was offered a connection's tool: {offered}"
+    );
+}

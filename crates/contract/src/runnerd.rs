@@ -20,6 +20,13 @@
 //! turn's cancel or end ends the wait). agentd executes it with the person's live authority,
 //! exactly as the model loop's tool of that name, and makes its own request ids.
 //!
+//! Besides its two built-in tools, the bridge offers the turn's [`TurnRequest::tools`]: in a
+//! server-mode chat of an authoring role, the project's MCP connections' tools, exactly as the
+//! model loop is offered them that turn. runnerd only lists them to the bridge (which fetches
+//! its tool list from runnerd's bridge endpoint when it starts) and hands their calls to agentd
+//! as [`TurnEvent::BridgeCall`]s; agentd runs them through its one tool executor, which checks
+//! the turn and the person's role again at every call.
+//!
 //! runnerd trusts the request only because its socket peer passed the `SO_PEERCRED` check
 //! (agentd, or root), and re-checks what it can itself: the project's folder, the mode.
 
@@ -97,6 +104,24 @@ pub struct TurnRequest {
     /// session key it was recorded under: resumed only under the same key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Resume>,
+    /// The tools the turn's bridge offers besides its built-in `execute_shell_command` and
+    /// `diff_patch_workspace_file`: for a server-mode chat, the project's MCP connections' tools
+    /// the person may use this turn (authoring roles only; none otherwise). Never the server
+    /// file tools (the CLI reads the project natively and patches through the bridge). Their
+    /// calls come back to agentd as [`TurnEvent::BridgeCall`]s. Empty when absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<BridgeTool>,
+}
+
+/// One extra tool of a turn's bridge, as MCP's `tools/list` describes a tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeTool {
+    /// The name the CLI's model calls it by (unique in the turn; never a built-in's).
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of its arguments (an object schema).
+    pub input_schema: serde_json::Value,
 }
 
 /// A CLI session to continue.

@@ -439,6 +439,8 @@ impl Runner {
             events: events.0.clone(),
             cancel: cancel.clone(),
             shell: Some(shell),
+            // Listed to the bridge; their calls go to agentd, which checks them again.
+            tools: request.tools.clone(),
         }))
     }
 

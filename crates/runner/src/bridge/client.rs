@@ -1,6 +1,6 @@
-//! The bridge's one kind of request: a tool call posted to runnerd's loopback bridge endpoint
-//! (`POST <url>/call`, `Authorization: Bearer <the turn's bridge capability>`), HTTP/1.1 on a
-//! fresh connection.
+//! The bridge's two requests to runnerd's loopback bridge endpoint, each HTTP/1.1 on a fresh
+//! connection with `Authorization: Bearer <the turn's bridge capability>`: its tool list
+//! (`GET <url>/tools`, once when it starts) and a tool call (`POST <url>/call`).
 //!
 //! Owns: reading the URL and the capability from the environment ([`Forwarder::from_env`]),
 //! refusing any URL that is not plain `http://` to a loopback address (the capability must not
@@ -16,7 +16,10 @@ use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
-use super::{BridgeCall, BridgeReply, MAX_REPLY_BYTES, TOKEN_ENV, URL_ENV};
+use super::{BridgeCall, BridgeReply, MAX_REPLY_BYTES, TOKEN_ENV, ToolList, URL_ENV};
+
+/// How long the bridge waits for its tool list before it offers the built-ins alone.
+const TOOL_LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why the bridge cannot start or forward.
 #[derive(Debug, thiserror::Error)]
@@ -87,14 +90,35 @@ impl Forwarder {
 
     /// Posts `call` and returns runnerd's reply; any failure is a tool error with a sentence.
     pub async fn call(&self, call: &BridgeCall) -> BridgeReply {
-        match self.exchange(call).await {
+        let exchanged = match serde_json::to_vec(call) {
+            Ok(body) => self.exchange(Method::POST, "call", body).await,
+            Err(e) => Err(format!("cannot encode the call: {e}")),
+        };
+        match exchanged.and_then(|bytes| {
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("runnerd's answer is not a bridge reply: {e}"))
+        }) {
             Ok(reply) => reply,
             Err(why) => BridgeReply::error(format!("the agentworks bridge failed: {why}")),
         }
     }
 
-    async fn exchange(&self, call: &BridgeCall) -> Result<BridgeReply, String> {
-        let body = serde_json::to_vec(call).map_err(|e| format!("cannot encode the call: {e}"))?;
+    /// The tools runnerd says the turn's bridge offers (the built-ins and the turn's extra
+    /// tools, as MCP describes them), or why there is no list ([`TOOL_LIST_TIMEOUT`] at most).
+    pub async fn tools(&self) -> Result<Vec<serde_json::Value>, String> {
+        let bytes = tokio::time::timeout(
+            TOOL_LIST_TIMEOUT,
+            self.exchange(Method::GET, "tools", Vec::new()),
+        )
+        .await
+        .map_err(|_| format!("runnerd did not answer within {TOOL_LIST_TIMEOUT:?}"))??;
+        serde_json::from_slice::<ToolList>(&bytes)
+            .map(|list| list.tools)
+            .map_err(|e| format!("runnerd's answer is not a tool list: {e}"))
+    }
+
+    /// One request to `<path>/<leaf>`; the body of a success, or a sentence.
+    async fn exchange(&self, method: Method, leaf: &str, body: Vec<u8>) -> Result<Bytes, String> {
         let stream = tokio::net::TcpStream::connect(self.address)
             .await
             .map_err(|e| format!("cannot reach runnerd at {}: {e}", self.address))?;
@@ -102,12 +126,15 @@ impl Forwarder {
             .await
             .map_err(|e| format!("cannot talk to runnerd: {e}"))?;
         let connection = tokio::spawn(connection);
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{}/call", self.path))
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}/{leaf}", self.path))
             .header(HOST, self.address.to_string())
-            .header(CONTENT_TYPE, "application/json")
-            .header(AUTHORIZATION, format!("Bearer {}", self.token))
+            .header(AUTHORIZATION, format!("Bearer {}", self.token));
+        if !body.is_empty() {
+            request = request.header(CONTENT_TYPE, "application/json");
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| format!("cannot build the request: {e}"))?;
         let response = sender
@@ -122,8 +149,7 @@ impl Forwarder {
             .to_bytes();
         connection.abort();
         if status.is_success() {
-            return serde_json::from_slice(&bytes)
-                .map_err(|e| format!("runnerd's answer is not a bridge reply: {e}"));
+            return Ok(bytes);
         }
         // The error envelope's sentence, when there is one.
         let message = serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -131,7 +157,7 @@ impl Forwarder {
             .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
         Err(format!(
-            "runnerd refused the call (HTTP {status}): {message}"
+            "runnerd refused the request (HTTP {status}): {message}"
         ))
     }
 }

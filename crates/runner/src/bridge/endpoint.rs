@@ -1,6 +1,7 @@
 //! runnerd's bridge endpoint: a loopback HTTP/1.1 listener of its own (`127.0.0.1`, a port the
-//! kernel picks), separate from the model gateway, where a turn's `agentworks-mcpbridge` posts
-//! its tool calls (`POST /v1/bridge/call`, `Authorization: Bearer <bridge capability>`).
+//! kernel picks), separate from the model gateway, where a turn's `agentworks-mcpbridge` reads
+//! its tool list (`GET /v1/bridge/tools`: the built-ins and the turn's extra tools) and posts its
+//! tool calls (`POST /v1/bridge/call`), each with `Authorization: Bearer <bridge capability>`.
 //!
 //! Each turn opens a [`BridgeCapability`]: a fresh random string (`awbr_…`, distinct from the
 //! model capability) that names the turn; only its SHA-256 digest is looked up. Dropping it
@@ -14,10 +15,11 @@
 //!   cwd, a fresh scratch directory outside every runtime, a cgroup of its own — and its exit
 //!   code, stdout and stderr answered. The cwd grants nothing: the sandbox grants only what the
 //!   policy lists, so Run stays read-only with the project as cwd.
-//! - any other tool: a [`TurnEvent::BridgeCall`] on the turn's stream, then the wait for agentd's
+//! - the patch tool and the turn's extra tools: a [`TurnEvent::BridgeCall`] on the turn's stream,
+//!   then the wait for agentd's
 //!   [`BridgeAnswer`] ([`BridgeEndpoint::answer`], from `runnerd.sock`), at most the answer
 //!   timeout; the turn's cancel or end ends the wait with a tool error. A patch in Run mode is
-//!   refused here already (the project is read-only).
+//!   refused here already (the project is read-only), and so is a tool the turn does not offer.
 //!
 //! Must never: accept a call without an open capability, run a command outside the sandbox or
 //! with more than the turn's grants, give a command the runtime (the CLI's files) or a scratch
@@ -31,7 +33,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentworks_contract::runnerd::{BRIDGE_ANSWER_TIMEOUT_SECS, BridgeAnswer, Mode, TurnEvent};
+use agentworks_contract::runnerd::{
+    BRIDGE_ANSWER_TIMEOUT_SECS, BridgeAnswer, BridgeTool, Mode, TurnEvent,
+};
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
 use agentworks_daemon::ipc::server::Acceptor;
 use agentworks_sandbox::limits::Limits;
@@ -50,10 +54,14 @@ use tokio::sync::{Semaphore, mpsc::UnboundedSender, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{BridgeCall, BridgeReply, MAX_CALL_BYTES, PATCH_TOOL, SHELL_TOOL};
+use super::{
+    BridgeCall, BridgeReply, MAX_CALL_BYTES, MAX_EXTRA_TOOLS, PATCH_TOOL, SHELL_TOOL, ToolList,
+};
 
 /// The path the bridge posts to (its URL is [`BridgeEndpoint::url`] + `/call`).
 const CALL_PATH: &str = "/v1/bridge/call";
+/// The path of the bridge's tool list (its URL + `/tools`).
+const TOOLS_PATH: &str = "/v1/bridge/tools";
 /// Connections served at once (a CLI makes one per call, a few in parallel).
 const MAX_CONNECTIONS: usize = 64;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -112,6 +120,9 @@ pub struct TurnBridge {
     pub cancel: CancellationToken,
     /// How server-mode shell commands run; `None` sends them to agentd too.
     pub shell: Option<ShellSandbox>,
+    /// The turn's extra tools ([`agentworks_contract::runnerd::TurnRequest::tools`]), offered
+    /// after the built-ins; one named like a built-in or an earlier one is left out.
+    pub tools: Vec<BridgeTool>,
 }
 
 /// A server-mode turn's shell: its sandbox policy with the project as cwd.
@@ -180,6 +191,8 @@ impl BridgeEndpoint {
         let digest = digest(secret.as_bytes());
         let turn_id = turn.turn_id.clone();
         let ended = turn.cancel.child_token();
+        let mut turn = turn;
+        turn.tools = extra_tools(std::mem::take(&mut turn.tools));
         let turn = Arc::new(BridgeTurn {
             setup: turn,
             waiting: Mutex::new(HashMap::new()),
@@ -270,6 +283,23 @@ impl Drop for BridgeCapability {
     }
 }
 
+/// The extra tools a turn offers: none named like a built-in or an earlier one, at most
+/// [`MAX_EXTRA_TOOLS`].
+fn extra_tools(tools: Vec<BridgeTool>) -> Vec<BridgeTool> {
+    let mut kept: Vec<BridgeTool> = Vec::new();
+    for tool in tools {
+        if super::is_builtin(&tool.name) || kept.iter().any(|k| k.name == tool.name) {
+            tracing::warn!(tool = %tool.name, "an extra bridge tool reuses a name; left out");
+            continue;
+        }
+        if kept.len() == MAX_EXTRA_TOOLS {
+            break;
+        }
+        kept.push(tool);
+    }
+    kept
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -352,11 +382,22 @@ async fn handle(request: Request<Incoming>, endpoint: Arc<Endpoint>) -> Response
             );
         }
     };
-    if request.uri().path() != CALL_PATH {
+    let path = request.uri().path();
+    if path == TOOLS_PATH {
+        if request.method() != Method::GET {
+            return refused(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{TOOLS_PATH} takes GET"),
+            );
+        }
+        return json_response(StatusCode::OK, &tool_list(&turn));
+    }
+    if path != CALL_PATH {
         return refused(
             StatusCode::NOT_FOUND,
             "unknown_endpoint",
-            format!("the bridge endpoint has only POST {CALL_PATH}"),
+            format!("the bridge endpoint has only GET {TOOLS_PATH} and POST {CALL_PATH}"),
         );
     }
     if request.method() != Method::POST {
@@ -412,8 +453,21 @@ fn authorize(endpoint: &Endpoint, headers: &HeaderMap) -> Option<Arc<BridgeTurn>
     (!turn.ended.is_cancelled()).then_some(turn)
 }
 
+/// Every tool `turn`'s bridge offers: the built-ins, then its extra tools.
+fn tool_list(turn: &BridgeTurn) -> ToolList {
+    let mut tools = super::tools();
+    tools.extend(turn.setup.tools.iter().map(super::extra_tool));
+    ToolList { tools }
+}
+
 async fn execute(endpoint: &Endpoint, turn: &Arc<BridgeTurn>, call: BridgeCall) -> BridgeReply {
+    let offered =
+        super::is_builtin(&call.tool) || turn.setup.tools.iter().any(|t| t.name == call.tool);
     match (call.tool.as_str(), &turn.setup.shell) {
+        _ if !offered => BridgeReply::error(format!(
+            "there is no bridge tool named {:?} in this turn",
+            call.tool
+        )),
         (SHELL_TOOL, Some(shell)) => run_shell(turn, shell, &call.arguments).await,
         (PATCH_TOOL, _) if turn.setup.mode == Mode::Run => BridgeReply::error(
             "this chat runs in Run mode: the project is read-only, so no patch can be applied",
@@ -607,6 +661,7 @@ mod tests {
             events: sender,
             cancel: cancel.clone(),
             shell: None,
+            tools: Vec::new(),
         });
         Opened {
             endpoint,
@@ -778,5 +833,170 @@ mod tests {
         ] {
             assert!(shell_arguments(&bad).is_err(), "{bad}");
         }
+    }
+
+    fn extra(name: &str) -> BridgeTool {
+        BridgeTool {
+            name: name.into(),
+            description: format!("[MCP server \"Docs\"] {name}"),
+            input_schema: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        }
+    }
+
+    /// A GET of the tool list with `token` on `endpoint`: the status and the JSON body.
+    async fn get_tools(endpoint: &BridgeEndpoint, token: &str, method: Method) -> (u16, Value) {
+        let stream = tokio::net::TcpStream::connect(endpoint.inner.address)
+            .await
+            .unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = Request::builder()
+            .method(method)
+            .uri(TOOLS_PATH)
+            .header(header::HOST, endpoint.inner.address.to_string())
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn listed(body: &Value) -> Vec<&str> {
+        body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_tool_list_is_the_turns_own_and_needs_its_open_token() {
+        let endpoint = BridgeEndpoint::start_with(CancellationToken::new(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let open_turn = |turn_id: &str, tools: Vec<BridgeTool>| {
+            let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+            let capability = endpoint.open_turn(TurnBridge {
+                turn_id: turn_id.into(),
+                mode: Mode::Run,
+                events: sender,
+                cancel: CancellationToken::new(),
+                shell: None,
+                tools,
+            });
+            (capability, events)
+        };
+        // An extra tool named like a built-in, or twice, is left out.
+        let (a, _a_events) = open_turn(
+            "turn_a",
+            vec![
+                extra("mcp_docs_a1b2c3__search"),
+                extra(SHELL_TOOL),
+                extra("mcp_docs_a1b2c3__search"),
+                extra("mcp_docs_a1b2c3__get"),
+            ],
+        );
+        let (b, _b_events) = open_turn("turn_b", Vec::new());
+        let (status, body) = get_tools(&endpoint, a.secret(), Method::GET).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            listed(&body),
+            [
+                SHELL_TOOL,
+                PATCH_TOOL,
+                "mcp_docs_a1b2c3__search",
+                "mcp_docs_a1b2c3__get"
+            ]
+        );
+        assert_eq!(
+            body["tools"][2]["inputSchema"]["properties"]["q"]["type"],
+            "string"
+        );
+        assert_eq!(body["tools"][0], crate::bridge::tools()[0]);
+        // Another turn's token gets that turn's list, never this one's.
+        let (status, body) = get_tools(&endpoint, b.secret(), Method::GET).await;
+        assert_eq!((status, listed(&body)), (200, vec![SHELL_TOOL, PATCH_TOOL]));
+        // No token of an open turn, no list; the list is read, never posted.
+        let (status, body) = get_tools(&endpoint, "awbr_wrong", Method::GET).await;
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (401, &json!("invalid_bridge_token"))
+        );
+        assert!(!body.to_string().contains("mcp_docs"));
+        let (status, _) = get_tools(&endpoint, a.secret(), Method::POST).await;
+        assert_eq!(status, 405);
+        let secret = a.secret().to_owned();
+        a.close();
+        let (status, _) = get_tools(&endpoint, &secret, Method::GET).await;
+        assert_eq!(status, 401, "a closed turn's token is refused");
+        // The forwarder reads the same list.
+        let f = Forwarder::new(&endpoint.url(), b.secret().to_owned()).unwrap();
+        let tools = f.tools().await.unwrap();
+        assert_eq!(tools.len(), 2);
+        assert!(
+            Forwarder::new(&endpoint.url(), secret)
+                .unwrap()
+                .tools()
+                .await
+                .unwrap_err()
+                .contains("HTTP 401")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_extra_tools_call_goes_to_agentd_and_a_tool_not_offered_is_refused() {
+        let endpoint =
+            BridgeEndpoint::start_with(CancellationToken::new(), Duration::from_secs(30))
+                .await
+                .unwrap();
+        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let capability = endpoint.open_turn(TurnBridge {
+            turn_id: "turn_x".into(),
+            mode: Mode::Run,
+            events: sender,
+            cancel: CancellationToken::new(),
+            shell: None,
+            tools: vec![extra("mcp_docs_a1b2c3__search")],
+        });
+        let f = Forwarder::new(&endpoint.url(), capability.secret().to_owned()).unwrap();
+        let refused = f
+            .call(&BridgeCall {
+                tool: "mcp_docs_a1b2c3__delete".into(),
+                arguments: json!({}),
+            })
+            .await;
+        assert!(
+            refused.is_error && refused.text.contains("no bridge tool named"),
+            "{refused:?}"
+        );
+        let call = tokio::spawn(async move {
+            f.call(&BridgeCall {
+                tool: "mcp_docs_a1b2c3__search".into(),
+                arguments: json!({"q": "bridge"}),
+            })
+            .await
+        });
+        // Only the offered one reached agentd.
+        let event = next_call(&mut events).await;
+        assert_eq!(event["tool"], "mcp_docs_a1b2c3__search");
+        assert_eq!(event["arguments"], json!({"q": "bridge"}));
+        endpoint
+            .answer(
+                "turn_x",
+                event["call_id"].as_str().unwrap(),
+                BridgeAnswer {
+                    ok: true,
+                    result: Some(json!("found it")),
+                    error: None,
+                },
+            )
+            .unwrap();
+        assert_eq!(call.await.unwrap(), BridgeReply::ok("found it"));
+        assert!(events.try_recv().is_err());
     }
 }

@@ -1,8 +1,12 @@
 //! `agentworks-mcpbridge`'s MCP server on stdio: newline-delimited JSON-RPC 2.0 on stdin and
 //! stdout, both protocol eras (the `initialize` handshake of 2025-06-18 and 2025-11-25, and the
 //! stateless 2026-07-28 `server/discover` with the version in each request's `_meta`), offering
-//! the bridge tools ([`super::tools`]) and forwarding each `tools/call` to runnerd
-//! ([`Forwarder`]).
+//! the bridge tools and forwarding each `tools/call` to runnerd ([`Forwarder`]).
+//!
+//! The tools are fetched from runnerd once, when the server starts ([`serve`]): the built-ins
+//! ([`super::tools`]) and the turn's extra tools (the project's MCP connections' tools, for an
+//! authoring role in server mode), merged by [`super::offered_tools`]; if runnerd cannot
+//! answer, the built-ins alone. A call of a tool not listed is refused here.
 //!
 //! Owns: the framing (one message per line, at most [`MAX_CALL_BYTES`] a line; a longer line is
 //! skipped whole and answered with a parse error), the method table, the errors (JSON-RPC
@@ -21,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::client::Forwarder;
-use super::{BridgeCall, MAX_CALL_BYTES, PATCH_TOOL, SHELL_TOOL};
+use super::{BridgeCall, MAX_CALL_BYTES};
 
 /// The handshake revisions served, oldest first.
 pub const HANDSHAKE_VERSIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
@@ -51,13 +55,44 @@ const INSTRUCTIONS: &str = "agentworks bridge tools: paths are relative to the p
     (Run: read-only; Builder: writable within the person's grants). diff_patch_workspace_file \
     applies a unified diff to one file through agentworks, with a receipt.";
 
-/// Serves MCP on `input` and `output` until `input` ends (the CLI closed it). Calls still
-/// running then are dropped: nobody is there to read their answers.
+/// What the instructions add when the turn offers its project's MCP connections' tools.
+const CONNECTIONS_NOTE: &str = " The other tools are the project's MCP connections' tools \
+    (each description names its server); agentworks calls them for you with the project's \
+    credentials.";
+
+/// Serves MCP on `input` and `output` until `input` ends (the CLI closed it), offering the
+/// tools runnerd lists for the turn (fetched once, now; the built-ins alone if runnerd cannot
+/// answer). Calls still running then are dropped: nobody is there to read their answers.
 pub async fn serve<R, W>(input: R, output: W, forwarder: Forwarder) -> std::io::Result<()>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let fetched = match forwarder.tools().await {
+        Ok(tools) => Some(tools),
+        Err(why) => {
+            // stderr only: stdout is the protocol.
+            eprintln!(
+                "agentworks-mcpbridge: no tool list from runnerd ({why}); offering the built-in tools only"
+            );
+            None
+        }
+    };
+    serve_tools(input, output, forwarder, super::offered_tools(fetched)).await
+}
+
+/// [`serve`] with the tool list given (`tools`, as `tools/list` answers it).
+pub async fn serve_tools<R, W>(
+    input: R,
+    output: W,
+    forwarder: Forwarder,
+    tools: Vec<Value>,
+) -> std::io::Result<()>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let tools = Tools::new(tools);
     let (answers, mut outbox) = mpsc::unbounded_channel::<Value>();
     let writer = tokio::spawn(async move {
         let mut output = output;
@@ -103,7 +138,8 @@ where
                     task.abort();
                 }
             }
-            Incoming::Request { id, method, params } => match answer(&id, &method, &params) {
+            Incoming::Request { id, method, params } => match answer(&tools, &id, &method, &params)
+            {
                 Reply::Now(message) => {
                     let _ = answers.send(message);
                 }
@@ -241,6 +277,39 @@ fn classify(text: &str) -> Incoming {
     }
 }
 
+/// The tools offered, and the instructions that describe them.
+struct Tools {
+    list: Vec<Value>,
+    instructions: String,
+}
+
+impl Tools {
+    fn new(list: Vec<Value>) -> Tools {
+        let mut instructions = INSTRUCTIONS.to_owned();
+        if list
+            .iter()
+            .any(|t| t["name"].as_str().is_some_and(|n| !super::is_builtin(n)))
+        {
+            instructions.push_str(CONNECTIONS_NOTE);
+        }
+        Tools { list, instructions }
+    }
+
+    fn offers(&self, name: &str) -> bool {
+        self.list.iter().any(|t| t["name"].as_str() == Some(name))
+    }
+
+    /// The names, for an error message.
+    fn names(&self) -> String {
+        let names: Vec<&str> = self
+            .list
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        names.join(", ")
+    }
+}
+
 /// How a request is answered.
 enum Reply {
     Now(Value),
@@ -251,7 +320,7 @@ enum Reply {
     },
 }
 
-fn answer(id: &Value, method: &str, params: &Map<String, Value>) -> Reply {
+fn answer(tools: &Tools, id: &Value, method: &str, params: &Map<String, Value>) -> Reply {
     let now = |result: Result<Value, (i64, String)>| {
         Reply::Now(match result {
             Ok(result) => result_message(id, result),
@@ -297,20 +366,20 @@ fn answer(id: &Value, method: &str, params: &Map<String, Value>) -> Reply {
                 "protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": false}},
                 "serverInfo": server_info(),
-                "instructions": INSTRUCTIONS,
+                "instructions": tools.instructions,
             })))
         }
         "server/discover" => now(complete(json!({
             "supportedVersions": supported_versions(),
             "capabilities": {"tools": {}},
-            "instructions": INSTRUCTIONS,
+            "instructions": tools.instructions,
             "ttlMs": 0,
             "cacheScope": "private",
             "_meta": {SERVER_INFO_META_KEY: server_info()},
         }))),
         "ping" => now(complete(json!({}))),
         "tools/list" => {
-            let mut result = json!({"tools": super::tools()});
+            let mut result = json!({"tools": tools.list});
             if modern {
                 result["ttlMs"] = json!(0);
                 result["cacheScope"] = json!("private");
@@ -327,10 +396,10 @@ fn answer(id: &Value, method: &str, params: &Map<String, Value>) -> Reply {
                     )));
                 }
             };
-            if name != SHELL_TOOL && name != PATCH_TOOL {
+            if !tools.offers(&name) {
                 return now(Err((
                     code::INVALID_PARAMS,
-                    format!("Unknown tool: {name} (the tools are {SHELL_TOOL} and {PATCH_TOOL})"),
+                    format!("Unknown tool: {name} (the tools are {})", tools.names()),
                 )));
             }
             let arguments = match params.get("arguments") {
@@ -387,6 +456,7 @@ fn id_key(id: &Value) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::bridge::{PATCH_TOOL, SHELL_TOOL};
     use tokio::io::{AsyncReadExt, BufReader};
 
     /// Runs the server over in-memory pipes on `input` (lines), returns every message it
@@ -581,5 +651,90 @@ mod tests {
         assert_eq!(answer["result"]["isError"], true);
         let text = answer["result"]["content"][0]["text"].as_str().unwrap();
         assert!(text.contains("cannot reach runnerd"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn extra_tools_are_listed_and_forwarded_and_unlisted_ones_refused() {
+        let extra = json!({"name": "mcp_docs_a1b2c3__search", "description": "[MCP server \"Docs\"] Search.",
+                           "inputSchema": {"type": "object"}});
+        let tools = crate::bridge::offered_tools(Some(vec![extra.clone()]));
+        let (mut client, server_in) = tokio::io::duplex(1 << 16);
+        let (out_write, out_read) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(serve_tools(
+            BufReader::new(server_in),
+            out_write,
+            dead_forwarder(),
+            tools,
+        ));
+        client
+            .write_all(concat!(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#,
+                "\n",
+                r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+                "\n",
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"mcp_other_d4e5f6__x","arguments":{}}}"#,
+                "\n",
+                r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"mcp_docs_a1b2c3__search","arguments":{"q":"x"}}}"#,
+                "\n",
+            ).as_bytes())
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(out_read).lines();
+        let mut out = Vec::new();
+        while out.len() < 4 {
+            let line = lines.next_line().await.unwrap().unwrap();
+            out.push(serde_json::from_str::<Value>(&line).unwrap());
+        }
+        drop(client);
+        server.await.unwrap().unwrap();
+        let instructions = by_id(&out, json!(1))["result"]["instructions"]
+            .as_str()
+            .unwrap();
+        assert!(instructions.contains("MCP connections"), "{instructions}");
+        let listed = by_id(&out, json!(2))["result"]["tools"].as_array().unwrap();
+        let names: Vec<&str> = listed.iter().filter_map(|t| t["name"].as_str()).collect();
+        assert_eq!(names, [SHELL_TOOL, PATCH_TOOL, "mcp_docs_a1b2c3__search"]);
+        assert_eq!(listed[2], extra);
+        let refused = &by_id(&out, json!(3))["error"];
+        assert_eq!(refused["code"], code::INVALID_PARAMS);
+        assert!(
+            refused["message"]
+                .as_str()
+                .unwrap()
+                .contains("mcp_docs_a1b2c3__search"),
+            "{refused}"
+        );
+        // The listed extra tool went to runnerd (nobody listens: a tool error saying so).
+        let forwarded = &by_id(&out, json!(4))["result"];
+        assert_eq!(forwarded["isError"], true);
+        assert!(
+            forwarded["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("cannot reach runnerd"),
+            "{forwarded}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_runnerds_list_the_builtins_alone_are_offered() {
+        let out = exchange(concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{}}"#,
+            "\n",
+        ))
+        .await;
+        let names: Vec<&str> = by_id(&out, json!(1))["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert_eq!(names, [SHELL_TOOL, PATCH_TOOL]);
+        let instructions = by_id(&out, json!(2))["result"]["instructions"]
+            .as_str()
+            .unwrap();
+        assert!(!instructions.contains("MCP connections"), "{instructions}");
     }
 }

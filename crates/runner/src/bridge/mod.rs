@@ -28,7 +28,7 @@ pub mod mcp;
 /// The bridge binary's file name.
 pub const BINARY_NAME: &str = "agentworks-mcpbridge";
 /// runnerd's bridge endpoint, e.g. `http://127.0.0.1:PORT/v1/bridge` (the bridge posts to
-/// `<url>/call`).
+/// `<url>/call` and reads its tool list from `<url>/tools`).
 pub const URL_ENV: &str = "AGENTWORKS_BRIDGE_URL";
 /// The turn's bridge capability (distinct from its model capability).
 pub const TOKEN_ENV: &str = "AGENTWORKS_BRIDGE_TOKEN";
@@ -76,6 +76,54 @@ impl BridgeReply {
     }
 }
 
+/// The most extra tools one turn's bridge offers (a project's connections offer at most 64).
+pub const MAX_EXTRA_TOOLS: usize = 128;
+
+/// runnerd's answer to the bridge's `GET <url>/tools`: every tool the turn's bridge offers, as
+/// MCP `tools/list` describes them (the built-ins first).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolList {
+    pub tools: Vec<Value>,
+}
+
+/// Whether `name` is one of the two built-in tools.
+pub fn is_builtin(name: &str) -> bool {
+    name == SHELL_TOOL || name == PATCH_TOOL
+}
+
+/// An extra tool of a turn, as MCP `tools/list` describes it.
+pub fn extra_tool(tool: &agentworks_contract::runnerd::BridgeTool) -> Value {
+    json!({
+        "name": tool.name,
+        "description": tool.description,
+        "inputSchema": tool.input_schema,
+    })
+}
+
+/// What the bridge offers, from the list runnerd answered (`None`: runnerd could not answer):
+/// always its own built-ins, as it defines them, then each fetched tool that is well formed (a
+/// non-empty string name, an object `inputSchema`), not a built-in's name and not a name
+/// already listed, at most [`MAX_EXTRA_TOOLS`].
+pub fn offered_tools(fetched: Option<Vec<Value>>) -> Vec<Value> {
+    let mut offered = tools();
+    let mut extras = 0;
+    for tool in fetched.unwrap_or_default() {
+        let Some(name) = tool["name"].as_str().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        let listed = offered.iter().any(|t| t["name"].as_str() == Some(name));
+        if is_builtin(name) || listed || !tool["inputSchema"].is_object() {
+            continue;
+        }
+        if extras == MAX_EXTRA_TOOLS {
+            break;
+        }
+        extras += 1;
+        offered.push(tool);
+    }
+    offered
+}
+
 /// The bridge tools as MCP `tools/list` describes them (paths are relative to the project).
 pub fn tools() -> Vec<Value> {
     vec![
@@ -119,6 +167,51 @@ pub fn tools() -> Vec<Value> {
             "annotations": {"destructiveHint": true, "idempotentHint": false}
         }),
     ]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn names(tools: &[Value]) -> Vec<&str> {
+        tools.iter().map(|t| t["name"].as_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_offered_list_is_the_builtins_then_the_well_formed_extras() {
+        let schema = json!({"type": "object", "properties": {}});
+        let fetched = vec![
+            // runnerd's list starts with the built-ins: kept once, as the bridge defines them.
+            json!({"name": SHELL_TOOL, "description": "changed", "inputSchema": schema}),
+            json!({"name": PATCH_TOOL, "inputSchema": schema}),
+            json!({"name": "mcp_linear_a1b2c3__search", "description": "d", "inputSchema": schema}),
+            json!({"name": "mcp_linear_a1b2c3__search", "description": "twice", "inputSchema": schema}),
+            json!({"name": "", "inputSchema": schema}),
+            json!({"name": 7, "inputSchema": schema}),
+            json!({"name": "no_schema"}),
+            json!({"name": "mcp_docs_d4e5f6__get", "description": "g", "inputSchema": schema}),
+        ];
+        let offered = offered_tools(Some(fetched));
+        assert_eq!(
+            names(&offered),
+            [
+                SHELL_TOOL,
+                PATCH_TOOL,
+                "mcp_linear_a1b2c3__search",
+                "mcp_docs_d4e5f6__get"
+            ]
+        );
+        assert_eq!(offered[0], tools()[0], "a built-in is never redefined");
+        assert_eq!(offered[2]["description"], "d");
+        // runnerd did not answer: the built-ins alone.
+        assert_eq!(names(&offered_tools(None)), [SHELL_TOOL, PATCH_TOOL]);
+        // At most MAX_EXTRA_TOOLS extras.
+        let many = (0..MAX_EXTRA_TOOLS + 5)
+            .map(|i| json!({"name": format!("t{i}"), "inputSchema": schema}))
+            .collect();
+        assert_eq!(offered_tools(Some(many)).len(), 2 + MAX_EXTRA_TOOLS);
+    }
 }
 
 /// The bridge every turn of this runnerd gets: the endpoint, and the binary found at start

@@ -1,8 +1,9 @@
 //! The tools a turn was given at its start ([`Toolset`]) and the one executor of their calls.
 //!
 //! Every driver of a turn calls [`Toolset::execute`]: the model loop for each tool call the
-//! model asks for, and (the next stage) a CLI agent's bridge for each of its calls, so both
-//! get the same checks and the same results. Every call re-checks the retained state first:
+//! model asks for, and a coding CLI's driver for each call of a connection's tool that the
+//! CLI's bridge hands over ([`Toolset::connection_definitions`] is what the bridge offers), so
+//! both get the same checks and the same results. Every call re-checks the retained state first:
 //! this turn is still the chat's running turn and the chat's binding is still the one the turn
 //! started with; a stale call is a tool error and does nothing. Then it goes to its kind: an
 //! image of the turn, a connection's tool, a server file, or the bound laptop folder.
@@ -90,6 +91,18 @@ impl Toolset {
             tools.push(images::definition());
         }
         tools
+    }
+
+    /// The project's MCP connections' tools this turn offers (model API function tools), the
+    /// part of [`definitions`](Self::definitions) a coding CLI's bridge offers too: none in a
+    /// turn bound to a laptop folder, or for a person without an authoring role.
+    pub fn connection_definitions(&self) -> &[Value] {
+        &self.remote.tools
+    }
+
+    /// Whether `name` is one of the connections' tools this turn offers.
+    pub fn offers_connection_tool(&self, name: &str) -> bool {
+        self.chat.binding.is_none() && self.remote.offers(name)
     }
 
     /// `(display name, code, message)` of each of the project's connections left out of the

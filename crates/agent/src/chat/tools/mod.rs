@@ -9,7 +9,7 @@
 //! - [`images`]: `read_image`, the images attached to the turn's message.
 //! - [`executor`]: the [`Toolset`] a turn is given at its start and the one executor of its
 //!   calls, which every driver of a turn calls: the model loop for each call the model asks
-//!   for, and, in the next stage, a CLI agent's bridge for each of its calls.
+//!   for, and a coding CLI's driver for each call of a connection's tool through its bridge.
 //!
 //! The tool list is fixed when the turn starts, from the chat's binding:
 //!

@@ -19,10 +19,15 @@
 //! not running fails the turn at once with a sentence; a stream that ends before the turn did
 //! is an error too: a turn never hangs on a runnerd that went away.
 //!
-//! A call of the CLI's bridge that runnerd hands over (`bridge_call`: a patch) runs here, as
-//! the model loop's tool of that name would: through workspaced's guarded patch with the
-//! person's live authority and a request id made here, shown and stored like every tool call,
-//! its answer posted back to runnerd.
+//! The bridge offers the CLI, besides its two built-in tools, the project's MCP connections'
+//! tools that the turn's [`Toolset`](crate::chat::tools::Toolset) offers (an authoring role in
+//! server mode; none otherwise), passed to runnerd in the turn request. A call of the CLI's
+//! bridge that runnerd hands over (`bridge_call`) runs here, as the model loop's tool of that
+//! name would: a patch through workspaced's guarded patch with the person's live authority and
+//! a request id made here; a connection's tool through the turn's one executor
+//! ([`Toolset::execute`](crate::chat::tools::Toolset::execute), which re-checks the turn and the
+//! person's role); anything else is refused. Each is shown and stored like every tool call, its
+//! answer posted back to runnerd.
 //!
 //! May call: the chat service (its stores, the person's access, runnerd's client), the tools'
 //! result rule ([`tool_result`]) and the server file tools' bridge patch. The CLI's own tools
@@ -39,7 +44,7 @@ use crate::chat::tools::images::read_attachment;
 use crate::clients::runnerd::{RunnerdClient, RunnerdError, TurnStream};
 use crate::mcp::ToolError;
 use agentworks_contract::runnerd::{
-    BridgeAnswer, BridgeError, Resume, TurnEvent, TurnRequest, codes,
+    BridgeAnswer, BridgeError, BridgeTool, Resume, TurnEvent, TurnRequest, codes,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -101,6 +106,7 @@ impl Driver for CliAgent {
                 session_id: s.session_id,
                 session_key: s.session_key,
             }),
+            tools: bridge_tools(turn.tools.connection_definitions()),
         };
         let mut stream = self
             .runnerd
@@ -195,7 +201,8 @@ impl CliAgent {
     }
 
     /// Runs one call of the CLI's bridge that runnerd handed over (a patch, through
-    /// workspaced's guarded patch with the person's live authority and a request id made here),
+    /// workspaced's guarded patch with the person's live authority and a request id made here;
+    /// a connection's tool the turn offers, through the turn's one executor),
     /// shows and stores its result as the model loop's, and answers runnerd. A cancel ends the
     /// wait for it; runnerd's wait ends with the turn.
     async fn bridge_call(
@@ -230,6 +237,18 @@ impl CliAgent {
                     "read_only_chat",
                     "this chat runs in Run mode: the project is read-only",
                 )),
+                // The one executor, as the model loop calls it: it re-checks the turn is
+                // current and the person's role before the connection is called.
+                connection if turn.tools.offers_connection_tool(connection) => {
+                    let call = ToolCall {
+                        id: call_id.to_owned(),
+                        name: connection.to_owned(),
+                        arguments: arguments.to_string(),
+                    };
+                    turn.tools
+                        .execute(service, &call, &request_id, turn.cancel)
+                        .await
+                }
                 other => Err(ToolError::new(
                     "unknown_tool",
                     format!("agentd runs no bridge tool named {other:?} for a coding CLI"),
@@ -276,6 +295,28 @@ impl CliAgent {
         }
         Ok(())
     }
+}
+
+/// The connections' tools the turn offers (model API function tools) as the bridge's extra
+/// tools: name, description and argument schema, unchanged.
+fn bridge_tools(definitions: &[Value]) -> Vec<BridgeTool> {
+    definitions
+        .iter()
+        .filter_map(|tool| {
+            let function = &tool["function"];
+            Some(BridgeTool {
+                name: function["name"].as_str()?.to_owned(),
+                description: function["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                input_schema: match &function["parameters"] {
+                    Value::Object(schema) => Value::Object(schema.clone()),
+                    _ => json!({"type": "object"}),
+                },
+            })
+        })
+        .collect()
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -614,6 +655,35 @@ mod tests {
             relay.finish(),
             vec![json!({"role": "assistant", "content": "Done."})]
         );
+    }
+
+    #[test]
+    fn the_bridge_gets_the_connections_tools_as_they_are_offered() {
+        let definitions = vec![
+            json!({"type": "function", "function": {"name": "mcp_docs_a1b2c3__search",
+                "description": "[MCP server \"Docs\"] Search.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}),
+            json!({"type": "function", "function": {"name": "mcp_docs_a1b2c3__ping",
+                "description": "[MCP server \"Docs\"] Ping.", "parameters": null}}),
+            json!({"type": "function", "function": {"description": "no name"}}),
+        ];
+        let tools = bridge_tools(&definitions);
+        assert_eq!(
+            tools,
+            [
+                BridgeTool {
+                    name: "mcp_docs_a1b2c3__search".into(),
+                    description: "[MCP server \"Docs\"] Search.".into(),
+                    input_schema: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+                },
+                BridgeTool {
+                    name: "mcp_docs_a1b2c3__ping".into(),
+                    description: "[MCP server \"Docs\"] Ping.".into(),
+                    input_schema: json!({"type": "object"}),
+                },
+            ]
+        );
+        assert!(bridge_tools(&[]).is_empty());
     }
 
     #[test]
