@@ -14,8 +14,9 @@
 //!
 //! The drivers: the built-in model loop ([`super::model_loop`], the `api` agent), and a coding
 //! CLI run by runnerd ([`super::cli`]), which asks runnerd to run the turn and turns runnerd's
-//! stream into these events (the CLI's bridge tool calls, in a later stage, coming back to the
-//! same [`Toolset::execute`]). Both get the same [`Turn`].
+//! stream into these events (the CLI's bridge tool calls that agentd runs come back to the same
+//! [`Toolset::execute`], but for the patch, which goes through workspaced's guarded patch). Both
+//! get the same [`Turn`].
 
 use crate::chat::attachments::AttachmentInfo;
 use crate::chat::model::Usage;
