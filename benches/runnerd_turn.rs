@@ -3,7 +3,13 @@
 //! request on runnerd.sock → the runtime prepared, the project pinned, the capability opened,
 //! the config written, the sandbox's launcher, Codex, the model gateway) against the bare
 //! `codex exec` started by hand with the same config pointing straight at the model (goal: at
-//! most 150 ms more at p50).
+//! most 150 ms more at p50); and a bridge tool call (`execute_shell_command` of `true`: the
+//! CLI's `agentworks-mcpbridge` over stdio, runnerd's loopback endpoint, a fresh sandbox of the
+//! turn's mode) against the model loop's direct call of the same tool (the same command through
+//! the same sandbox, in process: what agentd's tool executor does; goal: at most 5 ms more at
+//! p50). The bridge is driven as the CLI would: a provider whose "CLI" only holds the turn open
+//! leaves its environment (the bridge's URL and the turn's token) in its runtime, and this
+//! process starts the bridge with it.
 //!
 //! Both run the real release binaries: runnerd (`cargo bench` builds it) and the pinned Codex
 //! (`tests/codex`, `npm ci --ignore-scripts` there). The model is the tests' scripted Responses
@@ -57,12 +63,24 @@ fn main() {
         .unwrap();
     std::fs::create_dir_all(state.path().join("documents/p")).unwrap();
     std::fs::write(state.path().join("documents/p/hello.txt"), "hello\n").unwrap();
+    let holder = base.join("holder-cli");
+    std::fs::write(
+        &holder,
+        "#!/bin/sh\nenv > bridge.env\nwhile [ ! -e stop ]; do sleep 0.05; done\n\
+         echo '{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&holder, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::write(
         state.path().join("agentworks.toml"),
         format!(
             "[runnerd]\nallowed_users = []\n[runnerd.providers.codex]\ndriver = \"codex\"\n\
-             executable = \"{}\"\nmodel = \"scripted\"\nupstream = \"{}\"\n",
+             executable = \"{}\"\nmodel = \"scripted\"\nupstream = \"{}\"\n\
+             [runnerd.providers.holder]\ndriver = \"codex\"\nexecutable = \"{}\"\n\
+             model = \"none\"\nupstream = \"{}\"\n",
             codex.display(),
+            model.base_url(),
+            holder.display(),
             model.base_url()
         ),
     )
@@ -129,7 +147,171 @@ fn main() {
         "runnerd adds",
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
+
+    let calls = 10 * starts.max(3);
+    let (bridge, direct) = bridge_against_direct(state.path(), &socket, calls);
+    println!("a tool call (execute_shell_command of `true`, a fresh sandbox each):");
+    let ours = report("through the bridge", &bridge);
+    let theirs = report("direct (the model loop's executor)", &direct);
+    println!(
+        "{:>34}: {:+.1} ms at p50 (goal: at most +5 ms)",
+        "the bridge adds",
+        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0
+    );
     drop(runnerd);
+}
+
+/// `calls` round trips of `execute_shell_command {command: "true"}` through the bridge of a
+/// held turn, alternating with the same command run directly in the same sandbox (runnerd's
+/// binary is the launcher); the warm-up calls first.
+fn bridge_against_direct(
+    state: &Path,
+    socket: &Path,
+    calls: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let request = json!({
+        "chat_id": "bench-bridge",
+        "user_id": "bench",
+        "project": "p",
+        "provider": "holder",
+        "mode": "run",
+        "guard": {},
+        "prompt": "hold",
+    });
+    let mut curl = Command::new("curl")
+        .args(["-sS", "-N", "--unix-socket"])
+        .arg(socket)
+        .args([
+            "-X",
+            "POST",
+            "--data-binary",
+            "@-",
+            "http://runnerd/v1/turns",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn curl");
+    curl.stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let key = agentworks_runner::runtime::RuntimeKey {
+        user_id: "bench",
+        project: "p",
+        chat_id: "bench-bridge",
+        provider: "holder",
+        mode: agentworks_contract::runnerd::Mode::Run,
+    };
+    let runtime = state.join("runner/runtimes").join(key.dir_name());
+    let deadline = Instant::now() + WITHIN;
+    let env = loop {
+        if let Ok(env) = std::fs::read_to_string(runtime.join("bridge.env"))
+            && env.contains("AGENTWORKS_BRIDGE_TOKEN=")
+        {
+            break env;
+        }
+        assert!(Instant::now() < deadline, "the held turn never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in the CLI's environment"))
+            .to_owned()
+    };
+    let mut bridge = Command::new(env!("CARGO_BIN_EXE_agentworks-mcpbridge"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env(
+            agentworks_runner::bridge::URL_ENV,
+            var(agentworks_runner::bridge::URL_ENV),
+        )
+        .env(
+            agentworks_runner::bridge::TOKEN_ENV,
+            var(agentworks_runner::bridge::TOKEN_ENV),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the bridge");
+    let mut to_bridge = bridge.stdin.take().unwrap();
+    let mut from_bridge = std::io::BufReader::new(bridge.stdout.take().unwrap()).lines();
+    let mut rpc = |message: serde_json::Value, answered: bool| {
+        writeln!(to_bridge, "{message}").unwrap();
+        if answered {
+            let line = from_bridge.next().unwrap().unwrap();
+            assert!(!line.contains("\"isError\":true"), "{line}");
+        }
+    };
+    rpc(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "0"}}}),
+        true,
+    );
+    rpc(
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        false,
+    );
+
+    let project = state.join("documents/p");
+    let pin =
+        agentworks_sandbox::PinnedDir::open(&std::fs::canonicalize(&project).unwrap()).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let launcher =
+        agentworks_sandbox::process::Launcher::at(env!("CARGO_BIN_EXE_agentworks-runnerd"));
+    let runtime_rt = tokio::runtime::Runtime::new().unwrap();
+    let direct_call = || {
+        let policy = agentworks_sandbox::SandboxPolicy {
+            pinned: vec![pin.grant(agentworks_sandbox::PinnedAccess::ReadOnly)],
+            read_write: Vec::new(),
+            read_only: Vec::new(),
+            read_only_if_present: Vec::new(),
+            blocked: Vec::new(),
+            read_only_within: Vec::new(),
+            denied: Vec::new(),
+            scratch: scratch.path().to_owned(),
+            cwd: pin.path().to_owned(),
+            limits: Default::default(),
+            overmount_exclusions: false,
+            private_terminals: false,
+        };
+        let command = agentworks_sandbox::shell::ShellCommand {
+            command: "true".into(),
+            timeout: None,
+            policy,
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        };
+        let outcome = runtime_rt
+            .block_on(agentworks_sandbox::shell::run(
+                &launcher,
+                command,
+                tokio_util::sync::CancellationToken::new(),
+            ))
+            .unwrap();
+        assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+    };
+    let (mut through_bridge, mut direct) = (Vec::new(), Vec::new());
+    for i in 0..(WARMUP + calls) {
+        let started = Instant::now();
+        rpc(
+            json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {
+                "name": "execute_shell_command", "arguments": {"command": "true"}}}),
+            true,
+        );
+        through_bridge.push(started.elapsed());
+        let started = Instant::now();
+        direct_call();
+        direct.push(started.elapsed());
+    }
+    drop(to_bridge);
+    let _ = bridge.wait();
+    std::fs::write(runtime.join("stop"), "").unwrap();
+    let _ = curl.wait();
+    (through_bridge, direct)
 }
 
 /// Starts a turn on runnerd.sock (as agentd would, through curl) and reads it to its end;
