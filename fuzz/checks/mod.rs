@@ -5,8 +5,8 @@
 //! `run` function. A regression therefore fails `cargo test` without nightly or cargo-fuzz.
 //!
 //! Why files included with `#[path]` rather than a crate: a check calls into several domain
-//! crates (agentd's MCP transport, gatewayd, the laptop, workspaced), so as a workspace crate it
-//! would be a normal dependency joining domains the crate graph keeps apart
+//! crates (agentd's MCP transport, gatewayd, the laptop, workspaced, runnerd), so as a workspace
+//! crate it would be a normal dependency joining domains the crate graph keeps apart
 //! (`.ci/crate_graph.py`), and as a `fuzz/` crate it would have to belong to two workspaces.
 //! As product modules (`#[doc(hidden)] pub mod fuzzing`) the assertions would ship in the
 //! daemons. Included files need neither: the fuzz package and the main package's integration
@@ -17,9 +17,12 @@
 //! files, no network, no sleeping.
 
 pub mod acl_decode;
+pub mod bridge_mcp;
 pub mod client_metadata;
+pub mod codex_events;
 pub mod config_load;
 pub mod executor_frame;
+pub mod gateway_usage;
 pub mod mcp_request;
 pub mod patch_apply;
 pub mod patch_set;
@@ -30,11 +33,14 @@ pub mod workspaced_body;
 pub type Check = fn(&[u8]);
 
 /// Every target by name (the name of its `fuzz_targets/` binary and its corpus folder).
-pub const TARGETS: [(&str, Check); 9] = [
+pub const TARGETS: [(&str, Check); 12] = [
     ("acl_decode", acl_decode::run),
+    ("bridge_mcp", bridge_mcp::run),
     ("client_metadata", client_metadata::run),
+    ("codex_events", codex_events::run),
     ("config_load", config_load::run),
     ("executor_frame", executor_frame::run),
+    ("gateway_usage", gateway_usage::run),
     ("mcp_request", mcp_request::run),
     ("patch_apply", patch_apply::run),
     ("patch_set", patch_set::run),

@@ -956,6 +956,31 @@ impl Pump {
     }
 }
 
+/// What the answer pump makes of one upstream body arriving in `chunks`, without I/O: each
+/// chunk scanned for usage, then redacted, as [`Pump::run`] does (`events`: the answer is
+/// `text/event-stream`), returning the tokens counted and the bytes the client would get.
+/// Public (and hidden) only so the fuzz target `gateway_usage` (`fuzz/`) can reach the scanner
+/// and the redactor; not an API.
+#[doc(hidden)]
+pub fn scan_answer<'c>(
+    chunks: impl IntoIterator<Item = &'c [u8]>,
+    events: bool,
+    key: Option<&str>,
+) -> (Usage, Vec<u8>) {
+    let usage = Mutex::new(Usage::default());
+    let mut scanner = UsageScanner::new(events);
+    let mut redactor = Redactor::new(key);
+    let mut out = Vec::new();
+    for chunk in chunks {
+        scanner.push(chunk, &usage);
+        out.extend_from_slice(&redactor.push(Bytes::copy_from_slice(chunk)));
+    }
+    scanner.finish(&usage);
+    out.extend_from_slice(&redactor.finish());
+    let counted = *lock(&usage);
+    (counted, out)
+}
+
 /// Replaces every occurrence of the key in a byte stream with [`REDACTED`], even one split
 /// across chunks: a chunk's tail that could be the start of the key waits for the next chunk
 /// (an SSE event ends with a blank line, never a key's prefix, so events are not delayed).

@@ -574,9 +574,15 @@ impl Runner {
         };
         let read_events = async {
             if let Some(stdout) = stdout {
-                let mut lines = tokio::io::BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    forward(parser.line(&line), &mut failure);
+                let mut reader = tokio::io::BufReader::new(stdout);
+                let mut line = Vec::new();
+                // Each line bounded (a longer one is read to its end and dropped) and read as
+                // lossy UTF-8: a line the CLI garbles never stops the reading, so the CLI
+                // never blocks on a full pipe.
+                while let Ok(Some(long)) = read_bounded_line(&mut reader, &mut line).await {
+                    if !long {
+                        forward(parser.line(&String::from_utf8_lossy(&line)), &mut failure);
+                    }
                 }
             }
         };
@@ -623,6 +629,39 @@ impl Runner {
             stderr: String::from_utf8_lossy(&tail).into_owned(),
             failure,
         })
+    }
+}
+
+/// The longest line of the CLI's event stream kept (a tool's output is bounded far below).
+const MAX_EVENT_LINE: usize = 4 * 1024 * 1024;
+
+/// Reads one line (without its `\n`) into `line`, at most [`MAX_EVENT_LINE`] bytes kept;
+/// `Some(true)` when it was longer (read to its end and dropped), `None` at the end.
+async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
+    input: &mut R,
+    line: &mut Vec<u8>,
+) -> std::io::Result<Option<bool>> {
+    line.clear();
+    let mut long = false;
+    loop {
+        let available = input.fill_buf().await?;
+        if available.is_empty() {
+            return Ok((!line.is_empty() || long).then_some(long));
+        }
+        let (take, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(end) => (end, true),
+            None => (available.len(), false),
+        };
+        if !long && line.len() + take <= MAX_EVENT_LINE {
+            line.extend_from_slice(&available[..take]);
+        } else {
+            long = true;
+            line.clear();
+        }
+        input.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(long));
+        }
     }
 }
 
@@ -675,4 +714,35 @@ fn protected_files(root: &Path) -> Vec<PathBuf> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_EVENT_LINE, read_bounded_line};
+
+    #[tokio::test]
+    async fn event_lines_are_bounded_and_a_garbled_one_does_not_stop_the_reading() {
+        let mut input = Vec::new();
+        input.extend_from_slice(b"first\n");
+        input.extend(std::iter::repeat_n(b'x', MAX_EVENT_LINE + 10));
+        input.extend_from_slice(b"\n\xff\xfe garbled\nlast");
+        let mut reader = tokio::io::BufReader::with_capacity(4096, input.as_slice());
+        let mut line = Vec::new();
+        let mut seen = Vec::new();
+        while let Some(long) = read_bounded_line(&mut reader, &mut line)
+            .await
+            .expect("a slice reads")
+        {
+            seen.push((long, String::from_utf8_lossy(&line).into_owned()));
+        }
+        assert_eq!(
+            seen,
+            [
+                (false, "first".to_owned()),
+                (true, String::new()),
+                (false, "\u{fffd}\u{fffd} garbled".to_owned()),
+                (false, "last".to_owned()),
+            ]
+        );
+    }
 }

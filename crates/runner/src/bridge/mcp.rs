@@ -123,44 +123,33 @@ where
             ));
             continue;
         }
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim();
-        if text.is_empty() {
-            continue;
-        }
-        match classify(text) {
-            Incoming::Answer(message) => {
+        match act_on(&tools, &line) {
+            LineAction::Nothing => {}
+            LineAction::Answer(message) => {
                 let _ = answers.send(message);
             }
-            Incoming::Ignored => {}
-            Incoming::Cancelled(id) => {
+            LineAction::Cancel(id) => {
                 if let Some(task) = running.remove(&id_key(&id)) {
                     task.abort();
                 }
             }
-            Incoming::Request { id, method, params } => match answer(&tools, &id, &method, &params)
-            {
-                Reply::Now(message) => {
-                    let _ = answers.send(message);
-                }
-                Reply::Call { call, modern } => {
-                    let forwarder = forwarder.clone();
-                    let answers = answers.clone();
-                    let key = id_key(&id);
-                    let task = tokio::spawn(async move {
-                        let reply = forwarder.call(&call).await;
-                        let mut result = json!({
-                            "content": [{"type": "text", "text": reply.text}],
-                            "isError": reply.is_error,
-                        });
-                        if modern {
-                            result["resultType"] = json!("complete");
-                        }
-                        let _ = answers.send(result_message(&id, result));
+            LineAction::Call { id, call, modern } => {
+                let forwarder = forwarder.clone();
+                let answers = answers.clone();
+                let key = id_key(&id);
+                let task = tokio::spawn(async move {
+                    let reply = forwarder.call(&call).await;
+                    let mut result = json!({
+                        "content": [{"type": "text", "text": reply.text}],
+                        "isError": reply.is_error,
                     });
-                    running.insert(key, task.abort_handle());
-                }
-            },
+                    if modern {
+                        result["resultType"] = json!("complete");
+                    }
+                    let _ = answers.send(result_message(&id, result));
+                });
+                running.insert(key, task.abort_handle());
+            }
         }
     }
     for task in running.values() {
@@ -168,6 +157,51 @@ where
     }
     drop(answers);
     writer.await.unwrap_or(Ok(()))
+}
+
+/// What [`serve`] does with one line it read.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum LineAction {
+    /// Nothing: a blank line, a notification, or a reply to a request (the bridge sends none).
+    Nothing,
+    /// Write this message (an answer, or a protocol error).
+    Answer(Value),
+    /// Drop the running call with this request id (`notifications/cancelled`).
+    Cancel(Value),
+    /// Forward this tool call to runnerd; its result answers request `id`.
+    Call {
+        id: Value,
+        call: BridgeCall,
+        modern: bool,
+    },
+}
+
+/// One line from the client (without its `\n`, at most [`MAX_CALL_BYTES`]) turned into what
+/// the server does with it, without I/O, for a bridge offering the built-in tools: [`serve`]
+/// runs every line through the same steps with the turn's tools. Public (and hidden) only so
+/// the fuzz target `bridge_mcp` (`fuzz/`) can reach it; not an API.
+#[doc(hidden)]
+pub fn line_action(line: &[u8]) -> LineAction {
+    act_on(&Tools::new(super::offered_tools(None)), line)
+}
+
+/// [`line_action`] with the turn's tools.
+fn act_on(tools: &Tools, line: &[u8]) -> LineAction {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
+    if text.is_empty() {
+        return LineAction::Nothing;
+    }
+    match classify(text) {
+        Incoming::Answer(message) => LineAction::Answer(message),
+        Incoming::Ignored => LineAction::Nothing,
+        Incoming::Cancelled(id) => LineAction::Cancel(id),
+        Incoming::Request { id, method, params } => match answer(tools, &id, &method, &params) {
+            Reply::Now(message) => LineAction::Answer(message),
+            Reply::Call { call, modern } => LineAction::Call { id, call, modern },
+        },
+    }
 }
 
 /// Reads one line (without its `\n`) into `line`, at most `max` bytes kept; `Some(true)` when
@@ -240,32 +274,34 @@ fn classify(text: &str) -> Incoming {
     };
     let id = message.get("id").cloned();
     let valid_id = matches!(&id, Some(Value::String(_) | Value::Number(_)));
-    let params = match message.get("params") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(params)) => params.clone(),
-        Some(_) => {
-            let id = id.filter(|_| valid_id).unwrap_or(Value::Null);
-            return Incoming::Answer(error_message(
-                &id,
-                code::INVALID_PARAMS,
-                "params must be an object",
-            ));
-        }
-    };
     match (message.get("method"), id) {
+        // A notification is never answered, not even for a fault in its params.
         (Some(Value::String(method)), None) => {
             if method == "notifications/cancelled"
-                && let Some(request) = params.get("requestId")
+                && let Some(request) = message.get("params").and_then(|p| p.get("requestId"))
             {
                 return Incoming::Cancelled(request.clone());
             }
             Incoming::Ignored
         }
-        (Some(Value::String(method)), Some(id)) if valid_id => Incoming::Request {
-            id,
-            method: method.clone(),
-            params,
-        },
+        (Some(Value::String(method)), Some(id)) if valid_id => {
+            let params = match message.get("params") {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(params)) => params.clone(),
+                Some(_) => {
+                    return Incoming::Answer(error_message(
+                        &id,
+                        code::INVALID_PARAMS,
+                        "params must be an object",
+                    ));
+                }
+            };
+            Incoming::Request {
+                id,
+                method: method.clone(),
+                params,
+            }
+        }
         (None, Some(_)) if message.contains_key("result") || message.contains_key("error") => {
             Incoming::Ignored
         }
