@@ -25,6 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::endpoint::{ShellSandbox, TurnBridge};
+use crate::bridge::mcp::read_line;
 use crate::bridge::{self, Bridge};
 use crate::codex::{self, BridgeServer, CodexConfig, EventParser};
 use crate::gateway::{KeyHeader, ModelGateway, Upstream};
@@ -579,7 +580,7 @@ impl Runner {
                 // Each line bounded (a longer one is read to its end and dropped) and read as
                 // lossy UTF-8: a line the CLI garbles never stops the reading, so the CLI
                 // never blocks on a full pipe.
-                while let Ok(Some(long)) = read_bounded_line(&mut reader, &mut line).await {
+                while let Ok(Some(long)) = read_line(&mut reader, &mut line, MAX_EVENT_LINE).await {
                     if !long {
                         forward(parser.line(&String::from_utf8_lossy(&line)), &mut failure);
                     }
@@ -635,36 +636,6 @@ impl Runner {
 /// The longest line of the CLI's event stream kept (a tool's output is bounded far below).
 const MAX_EVENT_LINE: usize = 4 * 1024 * 1024;
 
-/// Reads one line (without its `\n`) into `line`, at most [`MAX_EVENT_LINE`] bytes kept;
-/// `Some(true)` when it was longer (read to its end and dropped), `None` at the end.
-async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
-    input: &mut R,
-    line: &mut Vec<u8>,
-) -> std::io::Result<Option<bool>> {
-    line.clear();
-    let mut long = false;
-    loop {
-        let available = input.fill_buf().await?;
-        if available.is_empty() {
-            return Ok((!line.is_empty() || long).then_some(long));
-        }
-        let (take, done) = match available.iter().position(|b| *b == b'\n') {
-            Some(end) => (end, true),
-            None => (available.len(), false),
-        };
-        if !long && line.len() + take <= MAX_EVENT_LINE {
-            line.extend_from_slice(&available[..take]);
-        } else {
-            long = true;
-            line.clear();
-        }
-        input.consume(if done { take + 1 } else { take });
-        if done {
-            return Ok(Some(long));
-        }
-    }
-}
-
 /// How the CLI ended: its status, its stderr's tail, and the failure its own stream reported.
 struct CliExit {
     status: std::process::ExitStatus,
@@ -718,7 +689,8 @@ fn protected_files(root: &Path) -> Vec<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_EVENT_LINE, read_bounded_line};
+    use super::MAX_EVENT_LINE;
+    use crate::bridge::mcp::read_line;
 
     #[tokio::test]
     async fn event_lines_are_bounded_and_a_garbled_one_does_not_stop_the_reading() {
@@ -729,7 +701,7 @@ mod tests {
         let mut reader = tokio::io::BufReader::with_capacity(4096, input.as_slice());
         let mut line = Vec::new();
         let mut seen = Vec::new();
-        while let Some(long) = read_bounded_line(&mut reader, &mut line)
+        while let Some(long) = read_line(&mut reader, &mut line, MAX_EVENT_LINE)
             .await
             .expect("a slice reads")
         {

@@ -205,8 +205,9 @@ fn act_on(tools: &Tools, line: &[u8]) -> LineAction {
 }
 
 /// Reads one line (without its `\n`) into `line`, at most `max` bytes kept; `Some(true)` when
-/// the line was longer (read to its end and dropped), `None` at the end of the input.
-async fn read_line<R: AsyncBufRead + Unpin>(
+/// the line was longer (read to its end and dropped), `None` at the end of the input. Also how
+/// runnerd reads a CLI's event stream (`turn.rs`).
+pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     input: &mut R,
     line: &mut Vec<u8>,
     max: usize,
