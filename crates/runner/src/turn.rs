@@ -20,7 +20,7 @@ use agentworks_sandbox::limits::Limits;
 use agentworks_sandbox::process::{Launcher, SandboxCommand, Stream};
 use agentworks_sandbox::{PinnedAccess, PinnedDir, SandboxPolicy};
 use bytes::Bytes;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
