@@ -25,31 +25,25 @@ use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agentworks_daemon::ipc::server::Acceptor;
+use crate::loopback::{digest, lock};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// The largest request body forwarded (a long conversation with images fits; a flood does not
 /// grow runnerd's heap beyond it per connection).
 pub const MAX_REQUEST_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// Connections served at once; further ones wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 64;
-/// How long a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long connecting to the upstream (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the upstream may take to send its answer's head: a non-streamed answer of a large
@@ -206,7 +200,13 @@ impl ModelGateway {
             tls,
             shutdown,
         });
-        tokio::spawn(serve(listener, gateway.clone()));
+        tokio::spawn(crate::loopback::serve(
+            listener,
+            gateway.clone(),
+            gateway.shutdown.clone(),
+            "the model gateway",
+            handle,
+        ));
         Ok(ModelGateway { gateway })
     }
 
@@ -287,70 +287,7 @@ impl Drop for TurnCapability {
     }
 }
 
-/// A std mutex's guard; a poisoned one is still used (the values are counts and a map, each
-/// left whole by any panic).
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn digest(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
 // ----- the server -----
-
-/// The accept loop: a semaphore bounds the connections, each runs in its own task; on shutdown
-/// the loop stops accepting and waits for the connections to finish (requests in flight are
-/// cut by the same token).
-async fn serve(listener: tokio::net::TcpListener, gateway: Arc<Gateway>) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let tracker = TaskTracker::new();
-    let shutdown = gateway.shutdown.clone();
-    let mut acceptor = Acceptor::new(listener);
-    loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break, // never closed
-            },
-        };
-        let Some((stream, _)) = acceptor.next(&shutdown).await else {
-            break;
-        };
-        let gateway = gateway.clone();
-        tracker.spawn(async move {
-            serve_connection(stream, gateway).await;
-            drop(permit);
-        });
-    }
-    drop(acceptor);
-    tracker.close();
-    tracker.wait().await;
-}
-
-async fn serve_connection(stream: tokio::net::TcpStream, gateway: Arc<Gateway>) {
-    let shutdown = gateway.shutdown.clone();
-    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let gateway = gateway.clone();
-        async move { Ok::<_, Infallible>(handle(request, gateway).await) }
-    });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service);
-    let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        _ = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
-    if let Err(error) = result {
-        tracing::debug!(%error, "model gateway connection ended with an error");
-    }
-}
 
 /// The body of every answer: a whole refusal, or an upstream answer streaming through.
 type GatewayBody = UnsyncBoxBody<Bytes, AnswerCut>;

@@ -19,6 +19,7 @@ pub mod bridge;
 pub mod cli;
 pub mod codex;
 pub mod gateway;
+mod loopback;
 pub mod provider;
 pub mod runtime;
 pub mod server;

@@ -26,18 +26,16 @@
 //! directory the CLI can reach, or let an answer reach another turn's call.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentworks_contract::runnerd::{
     BRIDGE_ANSWER_TIMEOUT_SECS, BridgeAnswer, BridgeTool, Mode, TurnEvent,
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
-use agentworks_daemon::ipc::server::Acceptor;
 use agentworks_sandbox::limits::Limits;
 use agentworks_sandbox::process::Launcher;
 use agentworks_sandbox::shell::{self, ShellCommand};
@@ -47,24 +45,19 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use tokio::sync::{Semaphore, mpsc::UnboundedSender, oneshot};
+use tokio::sync::{mpsc::UnboundedSender, oneshot};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::{
     BridgeCall, BridgeReply, MAX_CALL_BYTES, MAX_EXTRA_TOOLS, PATCH_TOOL, SHELL_TOOL, ToolList,
 };
+use crate::loopback::{digest, lock};
 
 /// The path the bridge posts to (its URL is [`BridgeEndpoint::url`] + `/call`).
 const CALL_PATH: &str = "/v1/bridge/call";
 /// The path of the bridge's tool list (its URL + `/tools`).
 const TOOLS_PATH: &str = "/v1/bridge/tools";
-/// Connections served at once (a CLI makes one per call, a few in parallel).
-const MAX_CONNECTIONS: usize = 64;
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// What every bridge capability starts with.
 const CAPABILITY_PREFIX: &str = "awbr_";
 
@@ -173,7 +166,13 @@ impl BridgeEndpoint {
             answer_timeout,
             shutdown,
         });
-        tokio::spawn(serve(listener, inner.clone()));
+        tokio::spawn(crate::loopback::serve(
+            listener,
+            inner.clone(),
+            inner.shutdown.clone(),
+            "the bridge endpoint",
+            handle,
+        ));
         Ok(BridgeEndpoint { inner })
     }
 
@@ -300,65 +299,7 @@ fn extra_tools(tools: Vec<BridgeTool>) -> Vec<BridgeTool> {
     kept
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn digest(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
 // ----- the server -----
-
-async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let tracker = TaskTracker::new();
-    let shutdown = endpoint.shutdown.clone();
-    let mut acceptor = Acceptor::new(listener);
-    loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        let Some((stream, _)) = acceptor.next(&shutdown).await else {
-            break;
-        };
-        let endpoint = endpoint.clone();
-        tracker.spawn(async move {
-            serve_connection(stream, endpoint).await;
-            drop(permit);
-        });
-    }
-    drop(acceptor);
-    tracker.close();
-    tracker.wait().await;
-}
-
-async fn serve_connection(stream: tokio::net::TcpStream, endpoint: Arc<Endpoint>) {
-    let shutdown = endpoint.shutdown.clone();
-    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let endpoint = endpoint.clone();
-        async move { Ok::<_, Infallible>(handle(request, endpoint).await) }
-    });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service);
-    let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        _ = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
-    if let Err(error) = result {
-        tracing::debug!(%error, "bridge endpoint connection ended with an error");
-    }
-}
 
 fn refused(status: StatusCode, code: &str, message: impl Into<String>) -> Response<Body> {
     let mut response = error_response(status, code, message, Default::default());
@@ -848,9 +789,10 @@ mod tests {
         let stream = tokio::net::TcpStream::connect(endpoint.inner.address)
             .await
             .unwrap();
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
         tokio::spawn(connection);
         let request = Request::builder()
             .method(method)
