@@ -285,21 +285,13 @@ fn with_runnerd_its_providers_are_offered_and_builder_is_for_authoring_roles_onl
     );
 }
 
-fn shell(call_id: &str, cmd: &str) -> Reply {
-    Reply::FunctionCall {
-        name: "exec_command".into(),
-        call_id: call_id.into(),
-        arguments: json!({"cmd": cmd}),
-    }
-}
-
 /// The real Codex through the real runnerd, from the chat API.
 #[test]
 fn a_cli_chat_runs_its_turns_through_runnerd_and_resumes_its_thread() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
         .block_on(ScriptedResponses::start(vec![
-            shell("c1", "cat project/a.txt"),
+            Reply::exec_command("c1", "cat project/a.txt"),
             Reply::Text("The file says alpha.".into()),
             Reply::Text("Still alpha.".into()),
         ]))
@@ -433,7 +425,10 @@ fn a_cli_chat_runs_its_turns_through_runnerd_and_resumes_its_thread() {
 fn stopping_a_cli_turn_cancels_it_in_runnerd() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
-        .block_on(ScriptedResponses::start(vec![shell("c1", "sleep 120")]))
+        .block_on(ScriptedResponses::start(vec![Reply::exec_command(
+            "c1",
+            "sleep 120",
+        )]))
         .unwrap();
     let keys = tempfile::tempdir().unwrap();
     let (stack, _runnerd) =
@@ -482,7 +477,7 @@ fn a_builder_chat_edits_natively_and_through_the_bridges_patch() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
         .block_on(ScriptedResponses::start(vec![
-            shell("c1", "echo native > project/b.txt && echo wrote"),
+            Reply::exec_command("c1", "echo native > project/b.txt && echo wrote"),
             Reply::McpCall {
                 server: "bridge".into(),
                 tool: "diff_patch_workspace_file".into(),

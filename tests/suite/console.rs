@@ -93,15 +93,10 @@ struct Cli {
 impl Cli {
     fn start() -> Cli {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let shell = |call_id: &str, cmd: &str| Reply::FunctionCall {
-            name: "exec_command".into(),
-            call_id: call_id.into(),
-            arguments: json!({ "cmd": cmd }),
-        };
         let model = runtime
             .block_on(ScriptedResponses::start(vec![
                 // Turn 1: read through project/, patch through the bridge, answer.
-                shell("c1", "cat project/server.txt"),
+                Reply::exec_command("c1", "cat project/server.txt"),
                 Reply::McpCall {
                     server: "bridge".into(),
                     tool: "diff_patch_workspace_file".into(),
@@ -112,7 +107,7 @@ impl Cli {
                 // Turn 2: the same thread.
                 Reply::Text("Still the same thread.".into()),
                 // Turn 3: a command the page stops.
-                shell("c3", &CLI_SLEEP.join(" ")),
+                Reply::exec_command("c3", &CLI_SLEEP.join(" ")),
             ]))
             .unwrap();
         Cli {

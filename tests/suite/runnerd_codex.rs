@@ -67,14 +67,6 @@ fn request(chat: &str, mode: &str, prompt: &str) -> Value {
     })
 }
 
-fn shell(call_id: &str, cmd: &str) -> Reply {
-    Reply::FunctionCall {
-        name: "exec_command".into(),
-        call_id: call_id.into(),
-        arguments: json!({"cmd": cmd}),
-    }
-}
-
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
 }
@@ -103,9 +95,9 @@ fn a_run_turn_reads_the_project_and_cannot_write_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
         .block_on(ScriptedResponses::start(vec![
-            shell("c1", "cat project/hello.txt"),
-            shell("c2", "echo new > project/new.txt; echo rc=$?"),
-            shell("c3", "echo changed >> project/hello.txt; echo rc=$?"),
+            Reply::exec_command("c1", "cat project/hello.txt"),
+            Reply::exec_command("c2", "echo new > project/new.txt; echo rc=$?"),
+            Reply::exec_command("c3", "echo changed >> project/hello.txt; echo rc=$?"),
             Reply::Text("The project says hello.".into()),
         ]))
         .unwrap();
@@ -156,9 +148,9 @@ fn a_builder_turn_writes_within_its_grants_only() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
         .block_on(ScriptedResponses::start(vec![
-            shell("c1", "echo made > project/docs/new.md; echo rc=$?"),
-            shell("c2", "echo '{\"x\":1}' > project/workflow.json; echo rc=$?"),
-            shell("c3", "cat project/secret/plans.txt; echo rc=$?"),
+            Reply::exec_command("c1", "echo made > project/docs/new.md; echo rc=$?"),
+            Reply::exec_command("c2", "echo '{\"x\":1}' > project/workflow.json; echo rc=$?"),
+            Reply::exec_command("c3", "cat project/secret/plans.txt; echo rc=$?"),
             Reply::Text("done".into()),
         ]))
         .unwrap();
@@ -248,7 +240,7 @@ fn a_second_turn_resumes_the_thread_under_the_same_key_only() {
 fn stop_ends_the_clis_whole_tree() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime
-        .block_on(ScriptedResponses::start(vec![shell(
+        .block_on(ScriptedResponses::start(vec![Reply::exec_command(
             "c1",
             "sleep 287 & sleep 288",
         )]))
@@ -359,31 +351,31 @@ fn the_sandbox_keeps_the_key_state_runtimes_and_sockets_out() {
     let other = root.join("runner/runtimes/0123456789abcdef0123456789abcdef");
     let model = runtime
         .block_on(ScriptedResponses::start(vec![
-            shell("c1", &format!("cat {}/provider.key; echo rc=$?", root.display())),
-            shell(
+            Reply::exec_command("c1", &format!("cat {}/provider.key; echo rc=$?", root.display())),
+            Reply::exec_command(
                 "c2",
                 &format!("cat {}/AGENTS.md; echo rc=$?", other.display()),
             ),
-            shell("c3", &format!("ls {}/files {}; echo rc=$?", root.display(), root.display())),
-            shell(
+            Reply::exec_command("c3", &format!("ls {}/files {}; echo rc=$?", root.display(), root.display())),
+            Reply::exec_command(
                 "c4",
                 &format!(
                     "for s in runnerd workspaced agentd gatewayd; do curl -sS --unix-socket {}/run/$s.sock http://x/v1/health; echo rc=$?; done",
                     root.display()
                 ),
             ),
-            shell(
+            Reply::exec_command(
                 "c7",
                 &format!("cat {}/documents/other/private.txt; echo rc=$?", root.display()),
             ),
-            shell(
+            Reply::exec_command(
                 "c5",
                 &format!(
                     "env; grep -rsF \"$(echo {} | base64 -d)\" . /proc/self/environ /tmp 2>/dev/null | head -3; echo end",
                     base64_of(key_part)
                 ),
             ),
-            shell("c6", "cat project/../../AGENTS.md >/dev/null; ls project/; echo rc=$?"),
+            Reply::exec_command("c6", "cat project/../../AGENTS.md >/dev/null; ls project/; echo rc=$?"),
             Reply::Text("looked".into()),
         ]))
         .unwrap();

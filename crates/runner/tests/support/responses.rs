@@ -46,6 +46,17 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// A call of Codex's shell tool (`exec_command {cmd}`), running `cmd`.
+    pub fn exec_command(call_id: &str, cmd: &str) -> Reply {
+        Reply::FunctionCall {
+            name: "exec_command".into(),
+            call_id: call_id.into(),
+            arguments: json!({ "cmd": cmd }),
+        }
+    }
+}
+
 /// A request the server received.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
