@@ -17,6 +17,12 @@ use agentworks_contract::runnerd::{TurnEvent, codes};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::bridge;
+use crate::driver::{
+    CliDriver, Conversation, DriverError, Generated, Launch, StreamParser, TurnSetup, is_env_name,
+};
+use crate::gateway::KeyHeader;
+
 /// The model provider's id in the generated config (`model_provider = "agentworks"`).
 pub const PROVIDER_ID: &str = "agentworks";
 
@@ -242,10 +248,82 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
     Ok(toml::to_string(&file)?)
 }
 
-fn is_env_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+/// The Codex dialect as a [`CliDriver`]: `AGENTS.md` and `codex/config.toml` in the runtime,
+/// `CODEX_HOME` pointing at the latter's folder, the capability in [`MODEL_KEY_ENV`].
+pub struct CodexDriver;
+
+/// The environment variable Codex reads its model API key from: the turn's capability, never
+/// the operator's key.
+pub const MODEL_KEY_ENV: &str = "AGENTWORKS_MODEL_KEY";
+
+impl CliDriver for CodexDriver {
+    fn upstream_auth(&self) -> KeyHeader {
+        KeyHeader::Bearer
+    }
+
+    fn files(&self, setup: &TurnSetup) -> Result<Vec<Generated>, DriverError> {
+        if setup.bound {
+            return Err(DriverError::Unbindable(
+                "Codex's native shell and patch tools cannot be switched off yet, so a Codex \
+                 chat cannot be bound to a laptop folder"
+                    .into(),
+            ));
+        }
+        let config = config_toml(&CodexConfig {
+            model: setup.model,
+            gateway_base_url: setup.gateway_base_url,
+            key_env: MODEL_KEY_ENV,
+            // The bridge's capability and URL change every turn: they reach it through Codex's
+            // environment, never the config (whose hash is part of the session key).
+            bridge: setup.bridge_command.map(|command| BridgeServer {
+                command,
+                args: Vec::new(),
+                env: Vec::new(),
+                env_vars: vec![bridge::URL_ENV.to_owned(), bridge::TOKEN_ENV.to_owned()],
+            }),
+            builder: setup.builder,
+        })
+        .map_err(|e| DriverError::Config(format!("cannot write Codex's config: {e}")))?;
+        Ok(vec![
+            Generated {
+                path: "AGENTS.md".into(),
+                content: setup.guidance.to_owned(),
+            },
+            Generated {
+                path: "codex/config.toml".into(),
+                content: config,
+            },
+        ])
+    }
+
+    fn launch(
+        &self,
+        setup: &TurnSetup,
+        capability: &str,
+        resume: Option<&str>,
+    ) -> Result<Launch, DriverError> {
+        Ok(Launch {
+            args: args(resume),
+            env: vec![
+                ("CODEX_HOME".into(), setup.runtime_dir.join("codex").into()),
+                (MODEL_KEY_ENV.into(), capability.into()),
+            ],
+        })
+    }
+
+    fn conversation(&self, _setup: &TurnSetup, _resume: Option<&str>) -> Conversation {
+        Conversation::PromptOnStdin(Box::new(EventParser::new()))
+    }
+}
+
+impl StreamParser for EventParser {
+    fn line(&mut self, line: &str) -> Vec<TurnEvent> {
+        EventParser::line(self, line)
+    }
+
+    fn finish(&mut self, exit_code: Option<i32>) -> Vec<TurnEvent> {
+        EventParser::finish(self, exit_code)
+    }
 }
 
 /// The arguments after the executable: `exec --json --skip-git-repo-check`, then with `resume`

@@ -18,6 +18,7 @@
 pub mod bridge;
 pub mod cli;
 pub mod codex;
+pub mod driver;
 pub mod gateway;
 mod loopback;
 pub mod provider;

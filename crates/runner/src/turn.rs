@@ -27,14 +27,10 @@ use tokio_util::sync::CancellationToken;
 use crate::bridge::endpoint::{ShellSandbox, TurnBridge};
 use crate::bridge::mcp::read_line;
 use crate::bridge::{self, Bridge};
-use crate::codex::{self, BridgeServer, CodexConfig, EventParser};
-use crate::gateway::{KeyHeader, ModelGateway, Upstream};
+use crate::driver::{self, Conversation, DriverError, TurnSetup};
+use crate::gateway::{ModelGateway, Upstream};
 use crate::provider::Providers;
 use crate::runtime::{self, RuntimeError, RuntimeKey};
-
-/// The environment variable the CLI reads its model API key from: the turn's capability,
-/// never the operator's key.
-pub const MODEL_KEY_ENV: &str = "AGENTWORKS_MODEL_KEY";
 
 /// The most of the CLI's stderr kept for an error message (its last bytes).
 const STDERR_TAIL: usize = 4096;
@@ -226,11 +222,7 @@ impl Runner {
         let real_key = provider
             .read_key()
             .map_err(|e| TurnFailure::new(codes::INTERNAL, e.to_string()))?;
-        let capability = self.gateway.open_turn(Upstream {
-            base_url: provider.upstream.clone(),
-            key: real_key,
-            auth: KeyHeader::Bearer,
-        });
+        let driver = driver::for_driver(provider.driver);
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             TurnFailure::new(codes::INTERNAL, format!("{what}: {e}"))
         };
@@ -246,32 +238,30 @@ impl Runner {
             .concat(),
         );
         let base_url = self.gateway.base_url();
-        let config = codex::config_toml(&CodexConfig {
+        let setup = TurnSetup {
             model: &provider.model,
             gateway_base_url: &base_url,
-            key_env: MODEL_KEY_ENV,
-            // The bridge's capability and URL change every turn: they reach it through Codex's
-            // environment, never the config (whose hash is part of the session key).
-            bridge: self.bridge.command().map(|command| BridgeServer {
-                command,
-                args: Vec::new(),
-                env: Vec::new(),
-                env_vars: vec![bridge::URL_ENV.to_owned(), bridge::TOKEN_ENV.to_owned()],
-            }),
+            bridge_command: self.bridge.command(),
             builder: request.mode == Mode::Builder,
-        })
-        .map_err(|e| internal("cannot write Codex's config", &e))?;
-        let hashes = vec![
-            runtime::write_generated(&runtime.dir, Path::new("AGENTS.md"), &guidance)
-                .map_err(|e| internal("cannot write AGENTS.md", &e))?,
-            runtime::write_generated(&runtime.dir, Path::new("codex/config.toml"), &config)
-                .map_err(|e| internal("cannot write Codex's config", &e))?,
-        ];
+            bound: false,
+            runtime_dir: &runtime.dir,
+            guidance: &guidance,
+        };
+        let refused = |e: DriverError| match e {
+            DriverError::Config(why) => TurnFailure::new(
+                codes::PROVIDER_UNAVAILABLE,
+                format!("provider {:?} cannot run: {why}", provider.name),
+            ),
+            DriverError::Unbindable(why) => TurnFailure::new(codes::PROVIDER_UNAVAILABLE, why),
+        };
+        let mut hashes = Vec::new();
+        for file in driver.files(&setup).map_err(refused)? {
+            hashes.push(
+                runtime::write_generated(&runtime.dir, &file.path, &file.content)
+                    .map_err(|e| internal(&format!("cannot write {}", file.path.display()), &e))?,
+            );
+        }
         let session_key = runtime::session_key(&key, &hashes);
-        events.send(&TurnEvent::Started {
-            turn_id: turn_id.to_owned(),
-            session_key: session_key.clone(),
-        });
         // A session recorded under another key (other guidance, chat, mode or provider) is
         // never resumed: the turn starts a new one.
         let resume = request
@@ -279,6 +269,19 @@ impl Runner {
             .as_ref()
             .filter(|r| r.session_key == session_key)
             .map(|r| r.session_id.as_str());
+        let capability = self.gateway.open_turn(Upstream {
+            base_url: provider.upstream.clone(),
+            key: real_key,
+            auth: driver.upstream_auth(),
+        });
+        let launch = driver
+            .launch(&setup, capability.secret(), resume)
+            .map_err(refused)?;
+        let conversation = driver.conversation(&setup, resume);
+        events.send(&TurnEvent::Started {
+            turn_id: turn_id.to_owned(),
+            session_key: session_key.clone(),
+        });
 
         let (mut policy, write_pins) =
             self.policy(&project, &guard, request.mode, &runtime, executable)?;
@@ -301,12 +304,11 @@ impl Runner {
             .map_err(|e| internal("cannot make the turn's cgroup", &e))?;
         let mut command = SandboxCommand::new(executable, policy);
         command
-            .args(codex::args(resume))
+            .args(launch.args)
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .envs(runtime.environment())
-            .env("CODEX_HOME", runtime.dir.join("codex"))
             .env("LANG", "C.UTF-8")
-            .env(MODEL_KEY_ENV, capability.secret())
+            .envs(launch.env)
             .envs(bridge.iter().flat_map(|b| {
                 [
                     (bridge::URL_ENV, self.bridge.endpoint.url()),
@@ -317,7 +319,7 @@ impl Runner {
             .stdout(Stream::Piped)
             .stderr(Stream::Piped);
         let outcome = self
-            .run_cli(&command, &request.prompt, cancel, events)
+            .run_cli(&command, conversation, &request.prompt, cancel, events)
             .await;
         let usage = capability.usage();
         let refusal = capability.upstream_refusal();
@@ -526,6 +528,7 @@ impl Runner {
     async fn run_cli(
         &self,
         command: &SandboxCommand,
+        conversation: Conversation,
         prompt: &str,
         cancel: &CancellationToken,
         events: &Events,
@@ -558,7 +561,7 @@ impl Runner {
         });
         let stdout = child.stdout.take();
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut parser = EventParser::new();
+        let Conversation::PromptOnStdin(mut parser) = conversation;
         let mut failure: Option<String> = None;
         let forward = |turn_events: Vec<TurnEvent>, failure: &mut Option<String>| {
             for event in turn_events {
