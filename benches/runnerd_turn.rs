@@ -110,6 +110,7 @@ fn main() {
         key_env: "AGENTWORKS_MODEL_KEY",
         bridge: None,
         builder: false,
+        bound: false,
     })
     .unwrap();
     std::fs::create_dir_all(bare_home.path().join("codex")).unwrap();
@@ -203,6 +204,7 @@ fn bridge_against_direct(
         chat_id: "bench-bridge",
         provider: "holder",
         mode: agentworks_contract::runnerd::Mode::Run,
+        laptop: false,
     };
     let runtime = state.join("runner/runtimes").join(key.dir_name());
     let deadline = Instant::now() + WITHIN;

@@ -240,10 +240,8 @@ const scenarios = {
     await form.getByLabel('Mode', { exact: true }).selectOption('builder');
     await form.getByRole('button', { name: 'Start chat' }).click();
     await expect(page.locator('#chat-agent')).toHaveText('Agent: codex · Builder mode (writes the project)', { timeout: T });
-    // agentd refuses to bind a CLI chat to a laptop folder: the panel offers none.
-    await expect(page.getByText('binding a coding CLI chat to a laptop folder is not supported yet')).toBeVisible({ timeout: T });
-    await expect(page.getByRole('heading', { name: 'Set up the CLI on your computer' })).toBeHidden();
-    await expect(page.getByRole('heading', { name: 'Your devices' })).toBeHidden();
+    // The Local CLI connection panel is the same whatever the agent: a CLI chat binds too.
+    await expect(page.getByRole('heading', { name: 'Your devices' })).toBeVisible({ timeout: T });
     await page.getByRole('tab', { name: 'Models' }).click();
     await expect(page.locator('#tabpanel-models')).toContainText('is a coding CLI that runnerd runs with the model scripted', { timeout: T });
     await page.getByRole('tab', { name: 'Local CLI connection' }).click();

@@ -3,7 +3,7 @@
 //! otherwise, `GET /v1/agents` offers `api` alone and says runnerd is not running, and asking for
 //! another agent or for Builder on `api` is refused with a sentence. With runnerd and its
 //! providers: the providers are offered (an unavailable one with its reason), Builder only to
-//! authoring roles, a CLI chat cannot be bound to a laptop folder. End to end, with the real
+//! authoring roles (binding a CLI chat to a laptop folder: `suite::agent_cli_laptop`). End to end, with the real
 //! Codex against a scripted Responses server: a Run chat's turn streams the CLI's text and its
 //! folded tool calls, stores the answer and the usage, a second turn resumes the thread, Stop
 //! ends the turn, and a turn without runnerd fails at once with the sentence saying so.
@@ -246,29 +246,6 @@ fn with_runnerd_its_providers_are_offered_and_builder_is_for_authoring_roles_onl
     );
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(message.contains(r#""api", "codex", "ghost""#), "{message}");
-
-    // A CLI chat bound to a laptop folder: refused before any device is looked up.
-    let (_, chat) = create(&stack, &alice, json!({"project": "app", "agent": "codex"}));
-    let id = chat["chat_id"].as_str().unwrap();
-    let (status, refused) = api(
-        &stack,
-        &alice,
-        "PUT",
-        &format!("/v1/chats/{id}/binding"),
-        json!({"device_id": "d", "folder": "repo", "confirm": agentworks_contract::public_api::CONFIRMATION}),
-    );
-    assert_eq!(
-        (status, &refused["error"]["code"]),
-        (400, &json!("not_supported")),
-        "{refused}"
-    );
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("a coding CLI chat bound to a laptop folder is not supported yet"),
-        "{refused}"
-    );
 
     // runnerd gone: only api is offered again, and a new CLI chat is refused saying why.
     drop(runnerd);

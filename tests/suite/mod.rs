@@ -2,6 +2,7 @@
 
 mod agent;
 mod agent_cli;
+mod agent_cli_laptop;
 mod agentd;
 mod agentd_cluster;
 mod attachments;

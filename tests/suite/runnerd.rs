@@ -113,6 +113,7 @@ fn a_runtime_whose_project_is_not_runnerds_link_is_refused_and_left_alone() {
             chat_id: chat,
             provider: "codex",
             mode: Mode::Run,
+            laptop: false,
         };
         state.root().join("runner/runtimes").join(key.dir_name())
     };

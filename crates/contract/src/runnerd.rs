@@ -111,6 +111,22 @@ pub struct TurnRequest {
     /// calls come back to agentd as [`TurnEvent::BridgeCall`]s. Empty when absent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<BridgeTool>,
+    /// The chat is bound to a folder on the person's laptop: the turn's runtime gets no
+    /// `project` link and its sandbox no project access at all, the CLI's native shell and
+    /// file tools are switched off (a CLI that cannot is refused), and both bridge tools go to
+    /// agentd ([`TurnEvent::BridgeCall`]), which sends them to the laptop through gatewayd.
+    /// `project` and `guard` then only name the runtime; `tools` must be empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub laptop: Option<LaptopFolder>,
+}
+
+/// The laptop folder a bound turn's bridge tools work in, as agentd saw it at the turn's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaptopFolder {
+    /// The device shares the folder writable: the patch tool is offered. agentd checks again
+    /// at every call.
+    pub writable: bool,
 }
 
 /// One extra tool of a turn's bridge, as MCP's `tools/list` describes a tool.

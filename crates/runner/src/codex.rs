@@ -56,6 +56,9 @@ pub struct CodexConfig<'a> {
     /// is enforced by our sandbox's Landlock rules and told to the model by the generated
     /// instructions, not by Codex (its own sandbox is off, see [`config_toml`]).
     pub builder: bool,
+    /// The chat is bound to a laptop folder: every native tool that reaches files or runs
+    /// commands here is off ([`config_toml`]), so the bridge's tools are the CLI's only hands.
+    pub bound: bool,
 }
 
 /// A stdio MCP server Codex spawns: the bridge.
@@ -111,6 +114,9 @@ struct ConfigFile<'a> {
     feedback: Enabled,
     /// No prompt history file (`history.jsonl`); the session files that resume reads stay.
     history: History<'a>,
+    /// `"disabled"` in a bound turn; the default otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    web_search: Option<&'a str>,
     features: Features,
     shell_environment_policy: ShellEnvironmentPolicy<'a>,
     model_providers: BTreeMap<&'a str, ModelProvider<'a>>,
@@ -133,6 +139,17 @@ struct Features {
     /// Plugins on, Codex runs `git ls-remote https://github.com/openai/plugins.git` at every
     /// start (seen with strace on 0.171): network traffic nobody asked for.
     plugins: bool,
+    /// A bound turn's native tools, all off (checked against 0.171's request, which then
+    /// offers no `exec_command`, `write_stdin`, `view_image`, agents or `apply_patch`; see
+    /// `crates/runner/tests/codex_cli.rs`). Unset (Codex's defaults) in server mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shell_tool: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    apply_patch_freeform: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    view_image: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    multi_agent: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -229,7 +246,14 @@ pub fn config_toml(config: &CodexConfig) -> Result<String, CodexError> {
         history: History {
             persistence: "none",
         },
-        features: Features { plugins: false },
+        web_search: config.bound.then_some("disabled"),
+        features: Features {
+            plugins: false,
+            shell_tool: config.bound.then_some(false),
+            apply_patch_freeform: config.bound.then_some(false),
+            view_image: config.bound.then_some(false),
+            multi_agent: config.bound.then_some(false),
+        },
         shell_environment_policy: ShellEnvironmentPolicy {
             ignore_default_excludes: false,
             exclude,
@@ -262,13 +286,6 @@ impl CliDriver for CodexDriver {
     }
 
     fn files(&self, setup: &TurnSetup) -> Result<Vec<Generated>, DriverError> {
-        if setup.bound {
-            return Err(DriverError::Unbindable(
-                "Codex's native shell and patch tools cannot be switched off yet, so a Codex \
-                 chat cannot be bound to a laptop folder"
-                    .into(),
-            ));
-        }
         let config = config_toml(&CodexConfig {
             model: setup.model,
             gateway_base_url: setup.gateway_base_url,
@@ -282,6 +299,7 @@ impl CliDriver for CodexDriver {
                 env_vars: vec![bridge::URL_ENV.to_owned(), bridge::TOKEN_ENV.to_owned()],
             }),
             builder: setup.builder,
+            bound: setup.bound,
         })
         .map_err(|e| DriverError::Config(format!("cannot write Codex's config: {e}")))?;
         Ok(vec![
@@ -595,6 +613,7 @@ mod tests {
             key_env: "AGENTWORKS_MODEL_KEY",
             bridge,
             builder: false,
+            bound: false,
         }
     }
 

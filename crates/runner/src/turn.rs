@@ -200,16 +200,29 @@ impl Runner {
         let guard = request.guard.resolve().map_err(|e| {
             TurnFailure::new(codes::INTERNAL, format!("the turn's guard is invalid: {e}"))
         })?;
-        let project = self.pin_project(&request.project, &guard)?;
+        check_project_name(&request.project)?;
+        if request.laptop.is_some() && !request.tools.is_empty() {
+            return Err(TurnFailure::new(
+                codes::INTERNAL,
+                "a turn in a laptop folder takes no extra bridge tools",
+            ));
+        }
+        // A turn in a laptop folder gets no project at all: no pinned folder, no link.
+        let project = match request.laptop {
+            None => Some(self.pin_project(&request.project, &guard)?),
+            Some(_) => None,
+        };
         let key = RuntimeKey {
             user_id: &request.user_id,
             project: &request.project,
             chat_id: &request.chat_id,
             provider: &provider.name,
             mode: request.mode,
+            laptop: request.laptop.is_some(),
         };
-        let runtime = runtime::prepare(&self.paths.runtimes, &key, Some(project.path())).map_err(
-            |e| match e {
+        let target = project.as_ref().map(PinnedDir::path);
+        let runtime =
+            runtime::prepare(&self.paths.runtimes, &key, target).map_err(|e| match e {
                 RuntimeError::Occupied { .. } => {
                     TurnFailure::new(codes::RUNTIME_OCCUPIED, e.to_string())
                 }
@@ -217,8 +230,7 @@ impl Runner {
                     codes::INTERNAL,
                     format!("cannot prepare the runtime: {other}"),
                 ),
-            },
-        )?;
+            })?;
         let real_key = provider
             .read_key()
             .map_err(|e| TurnFailure::new(codes::INTERNAL, e.to_string()))?;
@@ -226,24 +238,27 @@ impl Runner {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             TurnFailure::new(codes::INTERNAL, format!("{what}: {e}"))
         };
-        let guidance = runtime::guidance(
-            request.mode,
-            project.path(),
-            &request.guard.write_paths,
-            &request.guard.blocked_paths,
-            &[
-                request.guard.blocked_write_paths.clone(),
-                request.guard.read_only_paths.clone(),
-            ]
-            .concat(),
-        );
+        let guidance = match (&project, request.laptop) {
+            (Some(project), _) => runtime::guidance(
+                request.mode,
+                project.path(),
+                &request.guard.write_paths,
+                &request.guard.blocked_paths,
+                &[
+                    request.guard.blocked_write_paths.clone(),
+                    request.guard.read_only_paths.clone(),
+                ]
+                .concat(),
+            ),
+            (None, folder) => runtime::laptop_guidance(folder.is_some_and(|f| f.writable)),
+        };
         let base_url = self.gateway.base_url();
         let setup = TurnSetup {
             model: &provider.model,
             gateway_base_url: &base_url,
             bridge_command: self.bridge.command(),
             builder: request.mode == Mode::Builder,
-            bound: false,
+            bound: request.laptop.is_some(),
             runtime_dir: &runtime.dir,
             guidance: &guidance,
         };
@@ -284,14 +299,14 @@ impl Runner {
         });
 
         let (mut policy, write_pins) =
-            self.policy(&project, &guard, request.mode, &runtime, executable)?;
+            self.policy(project.as_ref(), &guard, request.mode, &runtime, executable)?;
         let bridge = self.open_bridge(
             turn_id,
             request,
             cancel,
             events,
             &policy,
-            &project,
+            project.as_ref(),
             &write_pins,
         );
         if let Some(binary) = self.bridge.command() {
@@ -339,7 +354,7 @@ impl Runner {
         }
         // Project replaced while the turn ran: its writes went to the pinned directory, and
         // the turn says so.
-        if let Err(why) = project.check() {
+        if let Some(Err(why)) = project.as_ref().map(PinnedDir::check) {
             return Err(TurnFailure::new(
                 codes::PROJECT_UNAVAILABLE,
                 format!("the project's folder was replaced during the turn: {why}"),
@@ -375,16 +390,6 @@ impl Runner {
     /// Opens the project's folder (one name under the documents root, never a symlink) and
     /// pins it for the turn's grants; refuses a project the guard blocks whole.
     fn pin_project(&self, project: &str, guard: &ResolvedGuard) -> Result<PinnedDir, TurnFailure> {
-        let one_name = !project.is_empty()
-            && project != "."
-            && project != ".."
-            && !project.contains(['/', '\0']);
-        if !one_name {
-            return Err(TurnFailure::new(
-                codes::PROJECT_UNAVAILABLE,
-                format!("{project:?} is not a project's folder name"),
-            ));
-        }
         if guard.root_blocked() {
             return Err(TurnFailure::new(
                 codes::PROJECT_UNAVAILABLE,
@@ -406,7 +411,8 @@ impl Runner {
     /// The turn's bridge, when runnerd has the binary: a capability on the endpoint, and for a
     /// server-mode turn the sandbox its shell commands run in — the turn's own policy (same
     /// pinned grants, exclusions and denied paths, so the same mode) with the project as cwd,
-    /// no runtime and no CLI install: the cwd grants nothing by itself, Run stays read-only.
+    /// no runtime and no CLI install: the cwd grants nothing by itself, Run stays read-only. A
+    /// turn in a laptop folder (no `project`) runs no command here: agentd sends them all.
     #[allow(clippy::too_many_arguments)]
     fn open_bridge(
         &self,
@@ -415,17 +421,37 @@ impl Runner {
         cancel: &CancellationToken,
         events: &Events,
         policy: &SandboxPolicy,
-        project: &PinnedDir,
+        project: Option<&PinnedDir>,
         write_pins: &[PinnedDir],
     ) -> Option<bridge::endpoint::BridgeCapability> {
         self.bridge.command()?;
+        let shell = project.map(|project| self.shell_sandbox(policy, project, write_pins));
+        Some(self.bridge.endpoint.open_turn(TurnBridge {
+            turn_id: turn_id.to_owned(),
+            mode: request.mode,
+            events: events.0.clone(),
+            cancel: cancel.clone(),
+            shell,
+            laptop: request.laptop,
+            // Listed to the bridge; their calls go to agentd, which checks them again.
+            tools: request.tools.clone(),
+        }))
+    }
+
+    /// A server-mode turn's shell: the turn's policy with the project as cwd.
+    fn shell_sandbox(
+        &self,
+        policy: &SandboxPolicy,
+        project: &PinnedDir,
+        write_pins: &[PinnedDir],
+    ) -> ShellSandbox {
         let mut shell_policy = policy.clone();
         shell_policy.cwd = project.path().to_path_buf();
         shell_policy.read_write = Vec::new();
         shell_policy.read_only = Vec::new();
         let mut pins = vec![project.clone()];
         pins.extend(write_pins.iter().cloned());
-        let shell = ShellSandbox {
+        ShellSandbox {
             launcher: self.launcher.clone(),
             limits: self.limits.clone(),
             policy: shell_policy,
@@ -435,70 +461,26 @@ impl Runner {
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
                 ("LANG".into(), "C.UTF-8".into()),
             ],
-        };
-        Some(self.bridge.endpoint.open_turn(TurnBridge {
-            turn_id: turn_id.to_owned(),
-            mode: request.mode,
-            events: events.0.clone(),
-            cancel: cancel.clone(),
-            shell: Some(shell),
-            // Listed to the bridge; their calls go to agentd, which checks them again.
-            tools: request.tools.clone(),
-        }))
+        }
     }
 
     /// The sandbox of a turn: the runtime read/write (the CLI's cwd and home), the CLI's
     /// install directory read-only, the project through its pinned descriptor — read-only in
     /// Run mode; in Builder mode its write grants writable, with blocked, read-only and
-    /// protected paths excluded — and the denied paths.
+    /// protected paths excluded — and the denied paths. A turn in a laptop folder (`project`
+    /// `None`) gets no project at all.
     fn policy(
         &self,
-        project: &PinnedDir,
+        project: Option<&PinnedDir>,
         guard: &ResolvedGuard,
         mode: Mode,
         runtime: &runtime::Runtime,
         executable: &Path,
     ) -> Result<(SandboxPolicy, Vec<PinnedDir>), TurnFailure> {
-        let root = project.path();
-        let at = |rel: &Option<RelPath>| match rel {
-            None => root.to_path_buf(),
-            Some(rel) => root.join(rel.as_str()),
+        let (pinned, pins, blocked, read_only_within) = match project {
+            Some(project) => project_grants(project, guard, mode)?,
+            None => Default::default(),
         };
-        let mut pinned = Vec::new();
-        let mut blocked: Vec<PathBuf> = guard.blocked_folders().iter().map(at).collect();
-        let mut read_only_within = Vec::new();
-        let whole_writable =
-            mode == Mode::Builder && guard.write_folders().iter().any(Option::is_none);
-        if whole_writable {
-            pinned.push(project.grant(PinnedAccess::ReadWrite));
-        } else {
-            pinned.push(project.grant(PinnedAccess::ReadOnly));
-        }
-        let mut pins = Vec::new();
-        if mode == Mode::Builder && !whole_writable {
-            for folder in guard.write_folders().iter().flatten() {
-                let path = root.join(folder.as_str());
-                // A grant whose folder does not exist yet (or is a file) grants nothing here.
-                match std::fs::canonicalize(&path) {
-                    Ok(canonical) if canonical.starts_with(root) && canonical.is_dir() => {
-                        let pin = PinnedDir::open(&canonical).map_err(|e| {
-                            TurnFailure::new(
-                                codes::PROJECT_UNAVAILABLE,
-                                format!("cannot open the write grant {}: {e}", path.display()),
-                            )
-                        })?;
-                        pinned.push(pin.grant(PinnedAccess::ReadWrite));
-                        pins.push(pin);
-                    }
-                    _ => continue,
-                }
-            }
-        }
-        if mode == Mode::Builder {
-            read_only_within.extend(guard.no_write_folders().iter().map(at));
-            read_only_within.extend(protected_files(root));
-        }
-        blocked.retain(|b| b != root);
         // The CLI's own install: where npm put it, the binary and what lies beside it.
         let install = executable
             .parent()
@@ -633,6 +615,81 @@ impl Runner {
             stderr: String::from_utf8_lossy(&tail).into_owned(),
             failure,
         })
+    }
+}
+
+/// What a server-mode turn's sandbox gets of its project: the pinned grants (the project
+/// read-only, or writable where Builder's write grants say), the descriptors of the write
+/// grants' folders (kept open until the launcher has started), the blocked folders, and what
+/// stays read-only within writable ones.
+#[allow(clippy::type_complexity)]
+fn project_grants(
+    project: &PinnedDir,
+    guard: &ResolvedGuard,
+    mode: Mode,
+) -> Result<
+    (
+        Vec<agentworks_sandbox::PinnedGrant>,
+        Vec<PinnedDir>,
+        Vec<PathBuf>,
+        Vec<PathBuf>,
+    ),
+    TurnFailure,
+> {
+    let root = project.path();
+    let at = |rel: &Option<RelPath>| match rel {
+        None => root.to_path_buf(),
+        Some(rel) => root.join(rel.as_str()),
+    };
+    let mut pinned = Vec::new();
+    let mut blocked: Vec<PathBuf> = guard.blocked_folders().iter().map(at).collect();
+    let mut read_only_within = Vec::new();
+    let whole_writable = mode == Mode::Builder && guard.write_folders().iter().any(Option::is_none);
+    if whole_writable {
+        pinned.push(project.grant(PinnedAccess::ReadWrite));
+    } else {
+        pinned.push(project.grant(PinnedAccess::ReadOnly));
+    }
+    let mut pins = Vec::new();
+    if mode == Mode::Builder && !whole_writable {
+        for folder in guard.write_folders().iter().flatten() {
+            let path = root.join(folder.as_str());
+            // A grant whose folder does not exist yet (or is a file) grants nothing here.
+            match std::fs::canonicalize(&path) {
+                Ok(canonical) if canonical.starts_with(root) && canonical.is_dir() => {
+                    let pin = PinnedDir::open(&canonical).map_err(|e| {
+                        TurnFailure::new(
+                            codes::PROJECT_UNAVAILABLE,
+                            format!("cannot open the write grant {}: {e}", path.display()),
+                        )
+                    })?;
+                    pinned.push(pin.grant(PinnedAccess::ReadWrite));
+                    pins.push(pin);
+                }
+                _ => continue,
+            }
+        }
+    }
+    if mode == Mode::Builder {
+        read_only_within.extend(guard.no_write_folders().iter().map(at));
+        read_only_within.extend(protected_files(root));
+    }
+    blocked.retain(|b| b != root);
+    Ok((pinned, pins, blocked, read_only_within))
+}
+
+/// Refuses a project name that is not one folder name under the documents root: it names the
+/// runtime (and, in server mode, the folder pinned).
+fn check_project_name(project: &str) -> Result<(), TurnFailure> {
+    let one_name =
+        !project.is_empty() && project != "." && project != ".." && !project.contains(['/', '\0']);
+    if one_name {
+        Ok(())
+    } else {
+        Err(TurnFailure::new(
+            codes::PROJECT_UNAVAILABLE,
+            format!("{project:?} is not a project's folder name"),
+        ))
     }
 }
 

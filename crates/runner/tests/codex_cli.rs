@@ -37,6 +37,11 @@ struct Turn {
 
 impl Turn {
     fn new(server: &ScriptedResponses) -> Self {
+        Self::with_native_tools(server, true)
+    }
+
+    /// `native_tools` false: the config of a chat bound to a laptop folder.
+    fn with_native_tools(server: &ScriptedResponses, native_tools: bool) -> Self {
         let root = tempfile::tempdir().unwrap();
         let codex_home = root.path().join("codex-home");
         let home = root.path().join("home");
@@ -51,6 +56,7 @@ impl Turn {
             key_env: KEY_ENV,
             bridge: None,
             builder: false,
+            bound: !native_tools,
         })
         .unwrap();
         std::fs::write(codex_home.join("config.toml"), config).unwrap();
@@ -363,4 +369,37 @@ async fn the_capability_stays_out_of_the_commands_codex_runs() {
     assert!(output.contains("CODEX_HOME="), "{output}");
     assert!(!output.contains(KEY_ENV), "{output}");
     assert!(!output.contains("cap-secret-value"), "{output}");
+}
+
+#[tokio::test]
+async fn a_bound_chats_config_offers_no_native_tool_that_reaches_files_or_runs_commands() {
+    // The tools that read or change the server's files, run commands here, or start agents
+    // that could: none of them may be offered when the chat's hands are on a laptop.
+    const NATIVE: &[&str] = &[
+        "exec_command",
+        "write_stdin",
+        "shell",
+        "apply_patch",
+        "view_image",
+        "multi_agent_v1",
+        "web_search",
+    ];
+    for native_tools in [true, false] {
+        let server = ScriptedResponses::start(vec![text("ok")]).await.unwrap();
+        let turn = Turn::with_native_tools(&server, native_tools);
+        let run = run_codex(&turn, None, "Hi.", "cap-bound", EventParser::new()).await;
+        assert_eq!(run.exit_code, Some(0));
+        let offered = server.requests()[0].tool_names();
+        let native: Vec<&str> = NATIVE
+            .iter()
+            .copied()
+            .filter(|n| offered.iter().any(|o| o == n))
+            .collect();
+        if native_tools {
+            // The same run with the default config offers the shell: the check can fail.
+            assert!(native.contains(&"exec_command"), "{offered:?}");
+        } else {
+            assert!(native.is_empty(), "a bound config still offers {native:?}");
+        }
+    }
 }

@@ -29,8 +29,8 @@
 //! the stream ends with `end {reason: "cancelled"}`.
 //!
 //! A chat's agent and mode are given when it is created and never change. A chat whose agent is
-//! a coding CLI runs its turns through runnerd ([`crate::chat::turn::cli`]); it cannot be bound
-//! to a laptop folder yet (400 `not_supported`).
+//! a coding CLI runs its turns through runnerd ([`crate::chat::turn::cli`]); bound to a laptop
+//! folder, like any chat, its CLI's hands are the bridge's tools on that folder.
 //!
 //! A turn stores the person's message first; the first message sent in a chat titles it (its
 //! first line, [`crate::chat::store::title_of`]), and the title stays. Without a configured model
@@ -586,9 +586,6 @@ impl ChatService {
             confirm: Option<String>,
         }
         let chat = self.own_chat(caller, chat_id).await?;
-        if chat.is_cli() {
-            return Err(cli_binding_unsupported());
-        }
         let request: BindRequest = decode_json(body)?;
         if request.confirm.as_deref() != Some(CONFIRMATION) {
             return Err(Refusal::new(
@@ -750,16 +747,6 @@ enum Route {
     Projects,
     Models,
     Agents,
-}
-
-/// What the laptop binding answers for a chat whose agent is a coding CLI: not in this stage.
-pub fn cli_binding_unsupported() -> Refusal {
-    Refusal::new(
-        StatusCode::BAD_REQUEST,
-        "not_supported",
-        "a coding CLI chat bound to a laptop folder is not supported yet; bind a chat whose \
-         agent is api, or keep this one on the server's project",
-    )
 }
 
 fn no_chat(chat_id: &str) -> Refusal {

@@ -105,7 +105,7 @@ impl Forwarder {
 
     /// The tools runnerd says the turn's bridge offers (the built-ins and the turn's extra
     /// tools, as MCP describes them), or why there is no list ([`TOOL_LIST_TIMEOUT`] at most).
-    pub async fn tools(&self) -> Result<Vec<serde_json::Value>, String> {
+    pub async fn tools(&self) -> Result<ToolList, String> {
         let bytes = tokio::time::timeout(
             TOOL_LIST_TIMEOUT,
             self.exchange(Method::GET, "tools", Vec::new()),
@@ -113,7 +113,6 @@ impl Forwarder {
         .await
         .map_err(|_| format!("runnerd did not answer within {TOOL_LIST_TIMEOUT:?}"))??;
         serde_json::from_slice::<ToolList>(&bytes)
-            .map(|list| list.tools)
             .map_err(|e| format!("runnerd's answer is not a tool list: {e}"))
     }
 

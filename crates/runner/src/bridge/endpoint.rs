@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentworks_contract::runnerd::{
-    BRIDGE_ANSWER_TIMEOUT_SECS, BridgeAnswer, BridgeTool, Mode, TurnEvent,
+    BRIDGE_ANSWER_TIMEOUT_SECS, BridgeAnswer, BridgeTool, LaptopFolder, Mode, TurnEvent,
 };
 use agentworks_daemon::ipc::envelope::{Body, error_response, json_response};
 use agentworks_sandbox::limits::Limits;
@@ -113,6 +113,9 @@ pub struct TurnBridge {
     pub cancel: CancellationToken,
     /// How server-mode shell commands run; `None` sends them to agentd too.
     pub shell: Option<ShellSandbox>,
+    /// The turn works in a laptop folder: its built-ins are the laptop's (the patch tool only
+    /// for a writable folder) and both go to agentd, whatever the chat's mode.
+    pub laptop: Option<LaptopFolder>,
     /// The turn's extra tools ([`agentworks_contract::runnerd::TurnRequest::tools`]), offered
     /// after the built-ins; one named like a built-in or an earlier one is left out.
     pub tools: Vec<BridgeTool>,
@@ -396,19 +399,26 @@ fn authorize(endpoint: &Endpoint, headers: &HeaderMap) -> Option<Arc<BridgeTurn>
 
 /// Every tool `turn`'s bridge offers: the built-ins, then its extra tools.
 fn tool_list(turn: &BridgeTurn) -> ToolList {
-    let mut tools = super::tools();
+    let mut tools = super::builtin_tools(turn.setup.laptop);
     tools.extend(turn.setup.tools.iter().map(super::extra_tool));
-    ToolList { tools }
+    ToolList {
+        tools,
+        laptop: turn.setup.laptop,
+    }
 }
 
 async fn execute(endpoint: &Endpoint, turn: &Arc<BridgeTurn>, call: BridgeCall) -> BridgeReply {
-    let offered =
-        super::is_builtin(&call.tool) || turn.setup.tools.iter().any(|t| t.name == call.tool);
+    let offered = super::builtin_tools(turn.setup.laptop)
+        .iter()
+        .any(|t| t["name"] == call.tool.as_str())
+        || turn.setup.tools.iter().any(|t| t.name == call.tool);
     match (call.tool.as_str(), &turn.setup.shell) {
         _ if !offered => BridgeReply::error(format!(
             "there is no bridge tool named {:?} in this turn",
             call.tool
         )),
+        // A laptop turn's calls are the laptop's: agentd sends them there.
+        _ if turn.setup.laptop.is_some() => ask_agentd(endpoint, turn, call).await,
         (SHELL_TOOL, Some(shell)) => run_shell(turn, shell, &call.arguments).await,
         (PATCH_TOOL, _) if turn.setup.mode == Mode::Run => BridgeReply::error(
             "this chat runs in Run mode: the project is read-only, so no patch can be applied",
@@ -591,6 +601,10 @@ mod tests {
     }
 
     async fn open(mode: Mode, answer_timeout: Duration) -> Opened {
+        open_at(mode, None, answer_timeout).await
+    }
+
+    async fn open_at(mode: Mode, laptop: Option<LaptopFolder>, answer_timeout: Duration) -> Opened {
         let endpoint = BridgeEndpoint::start_with(CancellationToken::new(), answer_timeout)
             .await
             .unwrap();
@@ -602,6 +616,7 @@ mod tests {
             events: sender,
             cancel: cancel.clone(),
             shell: None,
+            laptop,
             tools: Vec::new(),
         });
         Opened {
@@ -693,6 +708,68 @@ mod tests {
             call.await.unwrap(),
             BridgeReply::error("secret/ is blocked (path_blocked)")
         );
+    }
+
+    #[tokio::test]
+    async fn a_laptop_turn_sends_both_tools_to_agentd_and_has_no_patch_tool_on_a_read_only_folder()
+    {
+        // Writable folder, Run chat: the patch is the laptop's to judge, so it goes to agentd.
+        let mut o = open_at(
+            Mode::Run,
+            Some(LaptopFolder { writable: true }),
+            Duration::from_secs(30),
+        )
+        .await;
+        let f = forwarder(&o, o.capability.secret());
+        let listed = f.tools().await.unwrap();
+        assert_eq!(listed.laptop, Some(LaptopFolder { writable: true }));
+        let names: Vec<_> = listed.tools.iter().map(|t| t["name"].clone()).collect();
+        assert_eq!(names, [SHELL_TOOL, PATCH_TOOL]);
+        for call in [
+            patch(),
+            BridgeCall {
+                tool: SHELL_TOOL.into(),
+                arguments: json!({"command": "touch made-here"}),
+            },
+        ] {
+            let tool = call.tool.clone();
+            let f = forwarder(&o, o.capability.secret());
+            let reply = tokio::spawn(async move { f.call(&call).await });
+            let event = next_call(&mut o.events).await;
+            assert_eq!(event["tool"], tool.as_str());
+            let ok = BridgeAnswer {
+                ok: true,
+                result: Some(json!({"on": "laptop"})),
+                error: None,
+            };
+            let call_id = event["call_id"].as_str().unwrap();
+            o.endpoint.answer("turn_1", call_id, ok).unwrap();
+            assert_eq!(reply.await.unwrap(), BridgeReply::ok(r#"{"on":"laptop"}"#));
+        }
+
+        // A read-only folder: no patch tool, refused here without asking anyone.
+        let mut o = open_at(
+            Mode::Builder,
+            Some(LaptopFolder { writable: false }),
+            Duration::from_secs(30),
+        )
+        .await;
+        let f = forwarder(&o, o.capability.secret());
+        let names: Vec<_> = f
+            .tools()
+            .await
+            .unwrap()
+            .tools
+            .iter()
+            .map(|t| t["name"].clone())
+            .collect();
+        assert_eq!(names, [SHELL_TOOL]);
+        let reply = f.call(&patch()).await;
+        assert!(
+            reply.is_error && reply.text.contains("no bridge tool"),
+            "{reply:?}"
+        );
+        assert!(o.events.try_recv().is_err(), "nothing reached agentd");
     }
 
     #[tokio::test]
@@ -829,6 +906,7 @@ mod tests {
                 events: sender,
                 cancel: CancellationToken::new(),
                 shell: None,
+                laptop: None,
                 tools,
             });
             (capability, events)
@@ -879,7 +957,7 @@ mod tests {
         // The forwarder reads the same list.
         let f = Forwarder::new(&endpoint.url(), b.secret().to_owned()).unwrap();
         let tools = f.tools().await.unwrap();
-        assert_eq!(tools.len(), 2);
+        assert_eq!((tools.tools.len(), tools.laptop), (2, None));
         assert!(
             Forwarder::new(&endpoint.url(), secret)
                 .unwrap()
@@ -903,6 +981,7 @@ mod tests {
             events: sender,
             cancel: CancellationToken::new(),
             shell: None,
+            laptop: None,
             tools: vec![extra("mcp_docs_a1b2c3__search")],
         });
         let f = Forwarder::new(&endpoint.url(), capability.secret().to_owned()).unwrap();

@@ -694,7 +694,10 @@ mod tests {
     async fn extra_tools_are_listed_and_forwarded_and_unlisted_ones_refused() {
         let extra = json!({"name": "mcp_docs_a1b2c3__search", "description": "[MCP server \"Docs\"] Search.",
                            "inputSchema": {"type": "object"}});
-        let tools = crate::bridge::offered_tools(Some(vec![extra.clone()]));
+        let tools = crate::bridge::offered_tools(Some(crate::bridge::ToolList {
+            tools: vec![extra.clone()],
+            laptop: None,
+        }));
         let (mut client, server_in) = tokio::io::duplex(1 << 16);
         let (out_write, out_read) = tokio::io::duplex(1 << 16);
         let server = tokio::spawn(serve_tools(

@@ -17,6 +17,7 @@
 //! Must never: give the bridge a credential beyond its turn's bridge capability, or let a path
 //! the agent controls decide which binary is the bridge.
 
+use agentworks_contract::runnerd::LaptopFolder;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -84,6 +85,10 @@ pub const MAX_EXTRA_TOOLS: usize = 128;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolList {
     pub tools: Vec<Value>,
+    /// The turn works in a laptop folder: the built-ins are the laptop's
+    /// ([`builtin_tools`]). Absent for a server-mode turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub laptop: Option<LaptopFolder>,
 }
 
 /// Whether `name` is one of the two built-in tools.
@@ -101,13 +106,18 @@ pub fn extra_tool(tool: &agentworks_contract::runnerd::BridgeTool) -> Value {
 }
 
 /// What the bridge offers, from the list runnerd answered (`None`: runnerd could not answer):
-/// always its own built-ins, as it defines them, then each fetched tool that is well formed (a
-/// non-empty string name, an object `inputSchema`), not a built-in's name and not a name
-/// already listed, at most [`MAX_EXTRA_TOOLS`].
-pub fn offered_tools(fetched: Option<Vec<Value>>) -> Vec<Value> {
-    let mut offered = tools();
+/// always its own built-ins, as it defines them for the turn's place ([`builtin_tools`]: the
+/// server's project, or the laptop folder runnerd names), then each fetched tool that is well
+/// formed (a non-empty string name, an object `inputSchema`), not a built-in's name and not a
+/// name already listed, at most [`MAX_EXTRA_TOOLS`].
+pub fn offered_tools(fetched: Option<ToolList>) -> Vec<Value> {
+    let (fetched, laptop) = match fetched {
+        Some(list) => (list.tools, list.laptop),
+        None => (Vec::new(), None),
+    };
+    let mut offered = builtin_tools(laptop);
     let mut extras = 0;
-    for tool in fetched.unwrap_or_default() {
+    for tool in fetched {
         let Some(name) = tool["name"].as_str().filter(|n| !n.is_empty()) else {
             continue;
         };
@@ -122,6 +132,32 @@ pub fn offered_tools(fetched: Option<Vec<Value>>) -> Vec<Value> {
         offered.push(tool);
     }
     offered
+}
+
+/// The built-in tools of a turn: in server mode [`tools`]; in a laptop folder the shell, and
+/// the patch tool only when the folder is shared writable, described as working there.
+pub fn builtin_tools(laptop: Option<LaptopFolder>) -> Vec<Value> {
+    let Some(folder) = laptop else {
+        return tools();
+    };
+    let mut tools = tools();
+    tools.truncate(if folder.writable { 2 } else { 1 });
+    tools[0]["title"] = json!("Run a shell command in the person's folder");
+    tools[0]["description"] = json!(
+        "Run a shell command (/bin/sh -c) in the folder the person shared from their own \
+         computer (its working directory), sandboxed to that folder on their computer, not on \
+         this server. The network is reachable. Returns the exit code, stdout and stderr. \
+         Paths are relative to the folder."
+    );
+    if let Some(patch) = tools.get_mut(1) {
+        patch["title"] = json!("Patch one file in the person's folder");
+        patch["description"] = json!(
+            "Apply a unified diff to one file of the folder the person shared writable from \
+             their computer (a receipt is kept there). `filepath` is relative to the folder; a \
+             diff against /dev/null creates the file."
+        );
+    }
+    tools
 }
 
 /// The bridge tools as MCP `tools/list` describes them (paths are relative to the project).
@@ -192,7 +228,10 @@ mod tests {
             json!({"name": "no_schema"}),
             json!({"name": "mcp_docs_d4e5f6__get", "description": "g", "inputSchema": schema}),
         ];
-        let offered = offered_tools(Some(fetched));
+        let offered = offered_tools(Some(ToolList {
+            tools: fetched,
+            laptop: None,
+        }));
         assert_eq!(
             names(&offered),
             [
@@ -210,7 +249,25 @@ mod tests {
         let many = (0..MAX_EXTRA_TOOLS + 5)
             .map(|i| json!({"name": format!("t{i}"), "inputSchema": schema}))
             .collect();
+        let many = ToolList {
+            tools: many,
+            laptop: None,
+        };
         assert_eq!(offered_tools(Some(many)).len(), 2 + MAX_EXTRA_TOOLS);
+    }
+
+    #[test]
+    fn a_laptop_turn_offers_the_patch_tool_only_for_a_writable_folder() {
+        let list = |writable| {
+            offered_tools(Some(ToolList {
+                tools: tools(),
+                laptop: Some(LaptopFolder { writable }),
+            }))
+        };
+        assert_eq!(names(&list(true)), [SHELL_TOOL, PATCH_TOOL]);
+        assert_eq!(names(&list(false)), [SHELL_TOOL]);
+        let described = list(true)[0]["description"].as_str().unwrap().to_owned();
+        assert!(described.contains("their own computer"), "{described}");
     }
 }
 

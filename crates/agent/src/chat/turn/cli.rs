@@ -4,7 +4,9 @@
 //! At the turn's start it resolves the person's live access to the project, as every file tool
 //! does ([`crate::catalog::files::FileTools::access`]): the guard runnerd gets is that resolved
 //! guard (Builder's write grants), and a Builder chat needs an authoring role at every turn, not
-//! only when it was created. A chat bound to a laptop folder is refused (not in this stage).
+//! only when it was created. A chat bound to a laptop folder runs its CLI with no project at
+//! all and its native tools off (runnerd's side); the bridge's shell and patch calls come back
+//! here and go to the bound device through the turn's one executor, as the model loop's do.
 //! The CLI session the chat's last turn recorded is resumed, with the session key it was
 //! recorded under; runnerd resumes it only under the same key.
 //!
@@ -39,12 +41,13 @@ use crate::chat::attachments::{Kind, text_preview};
 use crate::chat::model::{MAX_REPORTED_TOKENS, ToolCall, Usage};
 use crate::chat::service::{blocking, to_tool};
 use crate::chat::store::{CliSession, Mode};
+use crate::chat::tools::Mode as ToolMode;
 use crate::chat::tools::executor::tool_result;
 use crate::chat::tools::images::read_attachment;
 use crate::clients::runnerd::{RunnerdClient, RunnerdError, TurnStream};
 use crate::mcp::ToolError;
 use agentworks_contract::runnerd::{
-    BridgeAnswer, BridgeError, BridgeTool, Resume, TurnEvent, TurnRequest, codes,
+    BridgeAnswer, BridgeError, BridgeTool, LaptopFolder, Resume, TurnEvent, TurnRequest, codes,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -80,12 +83,6 @@ impl Driver for CliAgent {
     async fn drive(&self, turn: &Turn<'_>, usage: &mut Usage) -> Result<&'static str, ToolError> {
         let (service, spec) = (turn.service, turn.spec);
         let chat = &spec.chat;
-        if chat.binding.is_some() {
-            return Err(ToolError::new(
-                "not_supported",
-                "a coding CLI chat bound to a laptop folder is not supported yet",
-            ));
-        }
         // The person's live access now: the guard runnerd applies, and the role Builder needs.
         let (project, access) = service.files.access(&spec.caller, &chat.project_id).await?;
         if chat.mode == Mode::Builder {
@@ -107,13 +104,22 @@ impl Driver for CliAgent {
                 session_key: s.session_key,
             }),
             tools: bridge_tools(turn.tools.connection_definitions()),
+            // Bound: the CLI's hands are the laptop's (the patch tool as the device shared the
+            // folder when the turn's tools were fixed); every call is checked again here.
+            laptop: match turn.tools.mode() {
+                ToolMode::Local { writable } => Some(LaptopFolder { writable }),
+                ToolMode::Server => None,
+            },
         };
         let mut stream = self
             .runnerd
             .start_turn(&request)
             .await
             .map_err(from_runnerd)?;
-        let mut relay = Relay::default();
+        let mut relay = Relay {
+            laptop: chat.binding.is_some(),
+            ..Relay::default()
+        };
         let ended = self.relay(turn, &mut stream, &mut relay, usage).await;
         // Whatever ended the turn, what the person saw is kept.
         for message in relay.finish() {
@@ -221,8 +227,31 @@ impl CliAgent {
             .take(64)
             .collect();
         let request_id = format!("chat-{}-turn-{}-bridge-{safe_id}", chat.chat_id, spec.turn);
+        // Through the turn's one executor, as the model loop calls it (it re-checks the turn
+        // is current and the person's role): bound to a laptop folder, both bridge tools go to
+        // the device through gatewayd (the patch tool only on a writable folder; never resent,
+        // the outcome recovered; `device_offline` with no fallback to the server); in server
+        // mode, a connection's tool the turn offers.
+        let through_executor = match chat.binding {
+            Some(_) => matches!(tool, "execute_shell_command" | "diff_patch_workspace_file"),
+            None => turn.tools.offers_connection_tool(tool),
+        };
         let run = async {
             match tool {
+                _ if through_executor => {
+                    let call = ToolCall {
+                        id: call_id.to_owned(),
+                        name: tool.to_owned(),
+                        arguments: arguments.to_string(),
+                    };
+                    turn.tools
+                        .execute(service, &call, &request_id, turn.cancel)
+                        .await
+                }
+                _ if chat.binding.is_some() => Err(ToolError::new(
+                    "unknown_tool",
+                    format!("a chat bound to a laptop folder has no bridge tool {tool:?}"),
+                )),
                 "diff_patch_workspace_file" if chat.mode == Mode::Builder => {
                     crate::chat::tools::server_files::bridge_patch(
                         &service.files,
@@ -237,18 +266,6 @@ impl CliAgent {
                     "read_only_chat",
                     "this chat runs in Run mode: the project is read-only",
                 )),
-                // The one executor, as the model loop calls it: it re-checks the turn is
-                // current and the person's role before the connection is called.
-                connection if turn.tools.offers_connection_tool(connection) => {
-                    let call = ToolCall {
-                        id: call_id.to_owned(),
-                        name: connection.to_owned(),
-                        arguments: arguments.to_string(),
-                    };
-                    turn.tools
-                        .execute(service, &call, &request_id, turn.cancel)
-                        .await
-                }
                 other => Err(ToolError::new(
                     "unknown_tool",
                     format!("agentd runs no bridge tool named {other:?} for a coding CLI"),
@@ -369,13 +386,16 @@ struct Relay {
     reported: (u64, u64),
     /// Codex's own reports of bridge calls that agentd runs (their bridge_call shows them).
     hidden: std::collections::HashSet<String>,
+    /// The chat is bound to a laptop folder: agentd runs every bridge call, the shell too.
+    laptop: bool,
 }
 
-/// Whether Codex's report of a call names a bridge tool agentd runs itself (every bridge tool
-/// but the shell, which runnerd runs and which Codex's report is the only record of).
-fn runs_here(tool: &str) -> bool {
+/// Whether Codex's report of a call names a bridge tool agentd runs itself: every bridge tool
+/// of a laptop turn; in server mode every one but the shell, which runnerd runs and which
+/// Codex's report is the only record of.
+fn runs_here(tool: &str, laptop: bool) -> bool {
     tool.strip_prefix("bridge.")
-        .is_some_and(|name| name != "execute_shell_command")
+        .is_some_and(|name| laptop || name != "execute_shell_command")
 }
 
 /// What one event of runnerd's comes to.
@@ -420,7 +440,7 @@ impl Relay {
             }
             // Codex reports each call of the bridge too; the ones agentd runs itself (all but
             // the shell runnerd runs) are shown and stored once, from their bridge_call.
-            TurnEvent::ToolCall { call_id, tool, .. } if runs_here(&tool) => {
+            TurnEvent::ToolCall { call_id, tool, .. } if runs_here(&tool, self.laptop) => {
                 self.hidden.insert(call_id);
             }
             TurnEvent::ToolResult { call_id, .. } if self.hidden.remove(&call_id) => {}
@@ -782,6 +802,20 @@ mod tests {
             false,
         );
         assert_eq!(kinds(&shown), ["tool_call"]);
+        // In a laptop turn agentd runs the shell too: its bridge_call shows it.
+        let mut relay = Relay {
+            laptop: true,
+            ..Relay::default()
+        };
+        let hidden = relay.on(
+            TurnEvent::ToolCall {
+                call_id: "m3".into(),
+                tool: "bridge.execute_shell_command".into(),
+                command: "ls".into(),
+            },
+            false,
+        );
+        assert!(hidden.emit.is_empty() && hidden.store.is_empty());
     }
 
     #[test]

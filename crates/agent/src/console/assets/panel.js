@@ -276,15 +276,7 @@ function localConnection(state, onChange) {
   }
 
   function render() {
-    // agentd refuses to bind a coding CLI's chat to a laptop folder: nothing to pick or set up.
-    const cli = Boolean(state.chat.agent) && state.chat.agent !== 'api';
-    for (const part of [devicesHeading, devices, review]) part.hidden = cli;
-    if (cli) {
-      fill(status, h('p', {}, `This chat's agent, ${state.chat.agent}, is a coding CLI: it works on the project's server files; binding a coding CLI chat to a laptop folder is not supported yet.`));
-      setup.hidden = true;
-      showSetup.hidden = true;
-      return;
-    }
+    // The same for every agent: a coding CLI's chat bound to a folder works there too.
     fill(status, bindingStatus());
     renderDevices();
     renderReview();
