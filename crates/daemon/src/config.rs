@@ -352,13 +352,44 @@ impl Default for RunnerdConfig {
 }
 
 /// The drivers runnerd has: the CLI dialects it can run.
-pub const PROVIDER_DRIVERS: &[&str] = &["codex"];
+pub const PROVIDER_DRIVERS: &[&str] = &["codex", "acp"];
+
+/// The ACP agents runnerd knows how to give the model gateway to (`acp.agent`), each with the
+/// APIs it can speak to the gateway (`acp.api`), its default first.
+pub const ACP_AGENTS: &[(&str, &[&str])] = &[("opencode", &["chat_completions"])];
 
 /// One `[runnerd.providers.NAME]` table: a coding CLI and the model it uses.
+///
+/// A Codex provider:
+///
+/// ```toml
+/// [runnerd.providers.codex]
+/// driver = "codex"
+/// executable = "codex"
+/// model = "gpt-5.1-codex"
+/// upstream = "https://api.openai.com/v1"
+/// key_file = "/etc/agentworks/openai.key"
+/// ```
+///
+/// An agent that speaks the Agent Client Protocol (OpenCode), with its `acp` table:
+///
+/// ```toml
+/// [runnerd.providers.opencode]
+/// driver = "acp"
+/// executable = "opencode"
+/// model = "gpt-4.1"
+/// upstream = "https://api.openai.com/v1"
+/// key_file = "/etc/agentworks/openai.key"
+///
+/// [runnerd.providers.opencode.acp]
+/// agent = "opencode"          # how the gateway is given to it: a generated opencode.json
+/// args = ["acp"]              # what makes the executable speak ACP on stdio
+/// api = "chat_completions"    # what it speaks to the gateway (the agent's default if left out)
+/// ```
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// The CLI's dialect: `codex`.
+    /// The CLI's dialect: `codex`, or `acp` for any agent speaking the Agent Client Protocol.
     pub driver: String,
     /// The CLI's executable: an absolute path, or a name looked up on runnerd's `PATH` at start.
     pub executable: String,
@@ -370,6 +401,26 @@ pub struct ProviderConfig {
     /// The file holding the upstream's API key (an absolute path, read by runnerd only).
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// `driver = "acp"` only, and then required: how the agent is run.
+    #[serde(default)]
+    pub acp: Option<AcpProviderConfig>,
+}
+
+/// `[runnerd.providers.NAME.acp]`: how an ACP agent is run and given the model gateway.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcpProviderConfig {
+    /// Which agent it is, so runnerd knows how to give it the gateway: `opencode` (a generated
+    /// `opencode.json` naming an OpenAI-compatible provider at the gateway). One of
+    /// [`ACP_AGENTS`].
+    pub agent: String,
+    /// The arguments after the executable that make it speak ACP on its stdin and stdout
+    /// (`["acp"]` for OpenCode, `["--acp"]` for Gemini CLI).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The API it speaks to the gateway: `chat_completions`; the agent's default when left out.
+    #[serde(default)]
+    pub api: Option<String>,
 }
 
 /// The `[cluster]` section, shared by agentd and gatewayd (issue 16): several hosts sharing
@@ -418,6 +469,55 @@ impl std::fmt::Debug for ClusterConfig {
             .field("host_id", &self.host_id)
             .finish()
     }
+}
+
+/// What is wrong with a provider's `acp` table for its driver, if anything: required with
+/// `driver = "acp"` and refused with any other, a known agent, an API that agent speaks, and
+/// arguments without NUL bytes.
+fn acp_problem(driver: &str, acp: Option<&AcpProviderConfig>) -> Option<String> {
+    let agents = || {
+        ACP_AGENTS
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let acp = match (driver, acp) {
+        ("acp", Some(acp)) => acp,
+        ("acp", None) => {
+            return Some(format!(
+                "driver \"acp\" needs an [acp] table naming the agent (one of: {}) and the \
+                 arguments that make it speak ACP, e.g. agent = \"opencode\", args = [\"acp\"]",
+                agents()
+            ));
+        }
+        (_, Some(_)) => {
+            return Some(format!(
+                "an [acp] table is only for driver \"acp\", not {driver:?}"
+            ));
+        }
+        (_, None) => return None,
+    };
+    let Some((_, apis)) = ACP_AGENTS.iter().find(|(name, _)| *name == acp.agent) else {
+        return Some(format!(
+            "acp.agent {:?} is not one runnerd knows how to give the model gateway to (it knows: {})",
+            acp.agent,
+            agents()
+        ));
+    };
+    if let Some(api) = &acp.api
+        && !apis.contains(&api.as_str())
+    {
+        return Some(format!(
+            "acp.api {api:?} is not one {} speaks to the gateway (it speaks: {})",
+            acp.agent,
+            apis.join(", ")
+        ));
+    }
+    if acp.args.iter().any(|arg| arg.contains('\0')) {
+        return Some("acp.args must not contain NUL bytes".to_owned());
+    }
+    None
 }
 
 /// `url` with the password of its user info (`scheme://user:password@host`) replaced by
@@ -990,6 +1090,9 @@ impl Config {
                     "key_file {} must be an absolute path",
                     key_file.display()
                 )));
+            }
+            if let Some(problem) = acp_problem(&provider.driver, provider.acp.as_ref()) {
+                return Err(bad(problem));
             }
         }
         Ok(())

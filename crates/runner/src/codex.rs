@@ -586,12 +586,12 @@ fn file_changes(item: &Value) -> String {
 }
 
 /// Folds a command to one line: every run of whitespace (newlines included) becomes one space.
-fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `text` cut to at most [`MAX_TOOL_OUTPUT_BYTES`] (on a character boundary, marked).
-fn bounded(text: &str) -> String {
+pub(crate) fn bounded(text: &str) -> String {
     if text.len() <= MAX_TOOL_OUTPUT_BYTES {
         return text.to_owned();
     }

@@ -38,6 +38,9 @@ pub struct TurnSetup<'a> {
     pub runtime_dir: &'a Path,
     /// The generated instructions (what AGENTS.md holds for Codex).
     pub guidance: &'a str,
+    /// An ACP provider's options (its arguments, its API, how the gateway is given to it);
+    /// `None` for the other drivers.
+    pub acp: Option<&'a crate::acp::AcpOptions>,
 }
 
 /// A file the driver generates in the runtime: hashed into the session key, so a chat whose
@@ -84,6 +87,9 @@ pub trait StreamParser: Send {
 pub enum Conversation {
     /// The prompt written to stdin, which is then closed; stdout read as lines by the parser.
     PromptOnStdin(Box<dyn StreamParser>),
+    /// The Agent Client Protocol on stdin and stdout ([`crate::acp::converse`]); the prompt
+    /// goes in `session/prompt`.
+    Acp(crate::acp::AcpSession),
 }
 
 /// One coding CLI's dialect.
@@ -108,6 +114,7 @@ pub trait CliDriver: Send + Sync {
 pub fn for_driver(driver: Driver) -> &'static dyn CliDriver {
     match driver {
         Driver::Codex => &crate::codex::CodexDriver,
+        Driver::Acp => &crate::acp::AcpDriver,
     }
 }
 

@@ -15,6 +15,7 @@
 //! start a CLI outside the sandbox, grant the project writable in Run mode, or delete what a
 //! runtime's `project` names.
 
+pub mod acp;
 pub mod bridge;
 pub mod cli;
 pub mod codex;

@@ -15,7 +15,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use agentworks_contract::runnerd::ProviderInfo;
-use agentworks_daemon::config::ProviderConfig;
+use agentworks_daemon::config::{AcpProviderConfig, ProviderConfig};
+
+use crate::acp::{AcpAgent, AcpApi, AcpOptions};
 
 /// The most bytes a key file may hold: a key is short; a big file is a mistake.
 const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
@@ -25,6 +27,9 @@ const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
 pub enum Driver {
     /// `codex exec --json`, its config in `CODEX_HOME`, the Responses API.
     Codex,
+    /// An agent speaking the Agent Client Protocol on stdio (OpenCode), with the provider's
+    /// [`AcpOptions`].
+    Acp,
 }
 
 impl Driver {
@@ -32,6 +37,7 @@ impl Driver {
     pub fn from_name(name: &str) -> Option<Driver> {
         match name {
             "codex" => Some(Driver::Codex),
+            "acp" => Some(Driver::Acp),
             _ => None,
         }
     }
@@ -39,6 +45,7 @@ impl Driver {
     pub fn as_str(self) -> &'static str {
         match self {
             Driver::Codex => "codex",
+            Driver::Acp => "acp",
         }
     }
 }
@@ -77,6 +84,8 @@ pub struct Provider {
     pub key_file: Option<PathBuf>,
     /// The executable found at start, or why none was.
     pub executable: Result<PathBuf, String>,
+    /// [`Driver::Acp`]: how the agent is run (validated with the config).
+    pub acp: Option<AcpOptions>,
 }
 
 impl Provider {
@@ -166,6 +175,20 @@ impl Providers {
                 );
                 continue;
             };
+            let acp = match (driver, &provider.acp) {
+                (Driver::Acp, Some(acp)) => match acp_options(acp) {
+                    Some(options) => Some(options),
+                    None => {
+                        tracing::warn!(provider = %name, agent = %acp.agent, "provider left out: runnerd cannot run this ACP agent");
+                        continue;
+                    }
+                },
+                (Driver::Acp, None) => {
+                    tracing::warn!(provider = %name, "provider left out: driver \"acp\" without an [acp] table");
+                    continue;
+                }
+                _ => None,
+            };
             let executable = resolve_executable(&provider.executable, path_var);
             if let Err(why) = &executable {
                 tracing::warn!(provider = %name, "provider unavailable: {why}");
@@ -179,6 +202,7 @@ impl Providers {
                     upstream: provider.upstream.clone(),
                     key_file: provider.key_file.clone(),
                     executable,
+                    acp,
                 },
             );
         }
@@ -193,6 +217,21 @@ impl Providers {
     pub fn info(&self) -> Vec<ProviderInfo> {
         self.by_name.values().map(Provider::info).collect()
     }
+}
+
+/// An `[acp]` table as the driver uses it: `None` for an agent or API runnerd does not have
+/// (config validation refuses them first).
+fn acp_options(acp: &AcpProviderConfig) -> Option<AcpOptions> {
+    let agent = AcpAgent::from_name(&acp.agent)?;
+    let api = match &acp.api {
+        Some(name) => AcpApi::from_name(name).filter(|api| agent.apis().contains(api))?,
+        None => *agent.apis().first()?,
+    };
+    Some(AcpOptions {
+        args: acp.args.clone(),
+        agent,
+        api,
+    })
 }
 
 /// Finds the executable the config names, or says why there is none.
@@ -270,6 +309,7 @@ mod tests {
             model: "gpt-test".into(),
             upstream: "https://api.example/v1".into(),
             key_file,
+            acp: None,
         }
     }
 

@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::acp;
 use crate::bridge::endpoint::{ShellSandbox, TurnBridge};
 use crate::bridge::mcp::read_line;
 use crate::bridge::{self, Bridge};
@@ -261,6 +262,7 @@ impl Runner {
             bound: request.laptop.is_some(),
             runtime_dir: &runtime.dir,
             guidance: &guidance,
+            acp: provider.acp.as_ref(),
         };
         let refused = |e: DriverError| match e {
             DriverError::Config(why) => TurnFailure::new(
@@ -292,7 +294,7 @@ impl Runner {
         let launch = driver
             .launch(&setup, capability.secret(), resume)
             .map_err(refused)?;
-        let conversation = driver.conversation(&setup, resume);
+        let mut conversation = driver.conversation(&setup, resume);
         events.send(&TurnEvent::Started {
             turn_id: turn_id.to_owned(),
             session_key: session_key.clone(),
@@ -312,6 +314,13 @@ impl Runner {
         if let Some(binary) = self.bridge.command() {
             // The CLI spawns the bridge inside its sandbox: the one file, read and execute.
             policy.read_only.push(PathBuf::from(binary));
+        }
+        // An ACP agent is given its MCP servers' environment in `session/new`, not its own.
+        if let (Conversation::Acp(session), Some(bridge)) = (&mut conversation, &bridge) {
+            session.bridge_env = vec![
+                (bridge::URL_ENV.to_owned(), self.bridge.endpoint.url()),
+                (bridge::TOKEN_ENV.to_owned(), bridge.secret().to_owned()),
+            ];
         }
         let cgroup = self
             .limits
@@ -372,7 +381,7 @@ impl Runner {
             ));
         }
         match exit.failure {
-            None if exit.status.success() => Ok(exit.status.code()),
+            None if exit.status.success() || exit.finished => Ok(exit.status.code()),
             failure => Err(TurnFailure::new(
                 codes::CLI_FAILED,
                 format!(
@@ -505,8 +514,8 @@ impl Runner {
         Ok((policy, pins))
     }
 
-    /// Runs the CLI to its end: the prompt on stdin, its stdout's events forwarded, its stderr's
-    /// tail kept; ends its tree on cancel or timeout.
+    /// Runs the CLI to its end: the prompt on stdin (or in ACP's `session/prompt`), its
+    /// stdout's events forwarded, its stderr's tail kept; ends its tree on cancel or timeout.
     async fn run_cli(
         &self,
         command: &SandboxCommand,
@@ -518,6 +527,16 @@ impl Runner {
         let mut child = command.spawn(&self.launcher).map_err(|e| {
             TurnFailure::new(codes::CLI_FAILED, format!("cannot start the CLI: {e}"))
         })?;
+        let stderr = StderrTail::start(&mut child);
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut parser = match conversation {
+            Conversation::PromptOnStdin(parser) => parser,
+            Conversation::Acp(session) => {
+                return self
+                    .run_acp(child, stderr, &session, prompt, cancel, events, deadline)
+                    .await;
+            }
+        };
         if let Some(mut stdin) = child.stdin.take() {
             let prompt = prompt.as_bytes().to_vec();
             tokio::spawn(async move {
@@ -525,39 +544,8 @@ impl Runner {
                 let _ = stdin.shutdown().await;
             });
         }
-        let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let stderr_reader = child.stderr.take().map(|mut stderr| {
-            let tail = stderr_tail.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = stderr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
-                    tail.extend_from_slice(&buf[..n]);
-                    let excess = tail.len().saturating_sub(STDERR_TAIL);
-                    tail.drain(..excess);
-                }
-            })
-        });
         let stdout = child.stdout.take();
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let Conversation::PromptOnStdin(mut parser) = conversation;
         let mut failure: Option<String> = None;
-        let forward = |turn_events: Vec<TurnEvent>, failure: &mut Option<String>| {
-            for event in turn_events {
-                match event {
-                    // The gateway's count is the turn's usage (sent at the end).
-                    TurnEvent::Usage { .. } => {}
-                    // The CLI's own failure ends the turn, after its exit: the last event.
-                    TurnEvent::Error { message, .. } => {
-                        failure.get_or_insert(message);
-                    }
-                    other => events.send(&other),
-                }
-            }
-        };
         let read_events = async {
             if let Some(stdout) = stdout {
                 let mut reader = tokio::io::BufReader::new(stdout);
@@ -567,7 +555,9 @@ impl Runner {
                 // never blocks on a full pipe.
                 while let Ok(Some(long)) = read_line(&mut reader, &mut line, MAX_EVENT_LINE).await {
                     if !long {
-                        forward(parser.line(&String::from_utf8_lossy(&line)), &mut failure);
+                        for event in parser.line(&String::from_utf8_lossy(&line)) {
+                            forward(events, event, &mut failure);
+                        }
                     }
                 }
             }
@@ -575,10 +565,7 @@ impl Runner {
         let ended = tokio::select! {
             _ = read_events => None,
             _ = cancel.cancelled() => Some(TurnFailure::new(codes::CANCELLED, "the turn was stopped")),
-            _ = tokio::time::sleep_until(deadline) => Some(TurnFailure::new(
-                codes::TIMEOUT,
-                format!("the turn ran longer than {} s ([runnerd] turn_timeout_secs)", self.timeout.as_secs()),
-            )),
+            _ = tokio::time::sleep_until(deadline) => Some(self.timed_out()),
         };
         let status = match ended {
             Some(failure) => {
@@ -593,28 +580,155 @@ impl Runner {
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = child.kill_tree().await;
-                    return Err(TurnFailure::new(codes::TIMEOUT, "the turn ran too long"));
+                    return Err(self.timed_out());
                 }
             },
         };
         let status = status.map_err(|e| {
             TurnFailure::new(codes::CLI_FAILED, format!("cannot wait for the CLI: {e}"))
         })?;
-        // The stderr reader may still be copying its last bytes: the launcher has ended the
-        // tree, so the pipe closes; a second at most.
-        if let Some(reader) = stderr_reader {
-            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        let stderr = stderr.finish().await;
+        for event in parser.finish(status.code()) {
+            forward(events, event, &mut failure);
         }
-        let tail = stderr_tail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        forward(parser.finish(status.code()), &mut failure);
         Ok(CliExit {
             status,
-            stderr: String::from_utf8_lossy(&tail).into_owned(),
+            stderr,
             failure,
+            finished: false,
         })
+    }
+
+    /// Runs an ACP agent's turn ([`acp::converse`] on its stdout and stdin) to the prompt's
+    /// answer, then closes its stdin and gives it [`ACP_EXIT_GRACE`] to exit before its tree
+    /// is ended. Stop sends `session/cancel` first ([`acp::CANCEL_GRACE`]), then ends the tree.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_acp(
+        &self,
+        mut child: agentworks_sandbox::process::SandboxedChild,
+        stderr: StderrTail,
+        session: &acp::AcpSession,
+        prompt: &str,
+        cancel: &CancellationToken,
+        events: &Events,
+        deadline: tokio::time::Instant,
+    ) -> Result<CliExit, TurnFailure> {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill_tree().await;
+            return Err(TurnFailure::new(
+                codes::INTERNAL,
+                "the CLI was started without its stdin and stdout pipes",
+            ));
+        };
+        let mut failure: Option<String> = None;
+        let outcome = {
+            let mut emit = |event: TurnEvent| forward(events, event, &mut failure);
+            // The agent's stdin is dropped with the conversation: the end of its input.
+            let talk = acp::converse(
+                tokio::io::BufReader::new(stdout),
+                stdin,
+                session,
+                prompt,
+                cancel,
+                &mut emit,
+            );
+            tokio::select! {
+                outcome = talk => Some(outcome),
+                _ = tokio::time::sleep_until(deadline) => None,
+            }
+        };
+        let finished = match outcome {
+            None => {
+                let _ = child.kill_tree().await;
+                return Err(self.timed_out());
+            }
+            Some(Err(acp::AcpError::Cancelled)) => {
+                let _ = child.kill_tree().await;
+                return Err(TurnFailure::new(codes::CANCELLED, "the turn was stopped"));
+            }
+            Some(Err(e)) => {
+                failure.get_or_insert(format!("the ACP agent failed: {e}"));
+                false
+            }
+            Some(Ok(())) => true,
+        };
+        let status = match tokio::time::timeout(ACP_EXIT_GRACE, child.wait()).await {
+            Ok(status) => status,
+            // Still running after its input ended: the turn is over all the same.
+            Err(_) => child.kill_tree().await,
+        }
+        .map_err(|e| {
+            TurnFailure::new(codes::CLI_FAILED, format!("cannot wait for the CLI: {e}"))
+        })?;
+        Ok(CliExit {
+            status,
+            stderr: stderr.finish().await,
+            failure,
+            finished,
+        })
+    }
+
+    fn timed_out(&self) -> TurnFailure {
+        TurnFailure::new(
+            codes::TIMEOUT,
+            format!(
+                "the turn ran longer than {} s ([runnerd] turn_timeout_secs)",
+                self.timeout.as_secs()
+            ),
+        )
+    }
+}
+
+/// How long an ACP agent has to exit once its turn is answered and its input closed.
+const ACP_EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Sends one of the CLI's events on: its usage is dropped (the gateway's count is the turn's,
+/// sent at the end), its own failure kept to end the turn after its exit (the last event).
+fn forward(events: &Events, event: TurnEvent, failure: &mut Option<String>) {
+    match event {
+        TurnEvent::Usage { .. } => {}
+        TurnEvent::Error { message, .. } => {
+            failure.get_or_insert(message);
+        }
+        other => events.send(&other),
+    }
+}
+
+/// The last [`STDERR_TAIL`] bytes of the CLI's stderr, copied as it writes them.
+struct StderrTail {
+    tail: Arc<Mutex<Vec<u8>>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl StderrTail {
+    fn start(child: &mut agentworks_sandbox::process::SandboxedChild) -> StderrTail {
+        let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let reader = child.stderr.take().map(|mut stderr| {
+            let tail = tail.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    tail.extend_from_slice(&buf[..n]);
+                    let excess = tail.len().saturating_sub(STDERR_TAIL);
+                    tail.drain(..excess);
+                }
+            })
+        });
+        StderrTail { tail, reader }
+    }
+
+    /// The tail, once the reader has copied the last bytes: the launcher has ended the tree,
+    /// so the pipe closes; a second at most.
+    async fn finish(self) -> String {
+        if let Some(reader) = self.reader {
+            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        }
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&tail).into_owned()
     }
 }
 
@@ -701,6 +815,9 @@ struct CliExit {
     status: std::process::ExitStatus,
     stderr: String,
     failure: Option<String>,
+    /// Its protocol ended the turn (ACP's answer to the prompt): how it then exited (or was
+    /// ended) does not make the turn a failure.
+    finished: bool,
 }
 
 /// `": <its last lines>"` of a CLI's stderr, or nothing when it printed nothing.
