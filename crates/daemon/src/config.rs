@@ -1381,6 +1381,38 @@ impl ParsedConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_acp_table_is_required_with_driver_acp_only_and_names_a_known_agent_and_api() {
+        let acp = |agent: &str, api: Option<&str>, args: &[&str]| AcpProviderConfig {
+            agent: agent.to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            api: api.map(str::to_owned),
+        };
+        assert_eq!(
+            acp_problem("acp", Some(&acp("opencode", None, &["acp"]))),
+            None
+        );
+        assert_eq!(
+            acp_problem(
+                "acp",
+                Some(&acp("opencode", Some("chat_completions"), &["acp"]))
+            ),
+            None
+        );
+        assert_eq!(acp_problem("codex", None), None);
+        let problem = |driver, table: Option<AcpProviderConfig>| {
+            acp_problem(driver, table.as_ref()).expect("a problem")
+        };
+        assert!(problem("acp", None).contains("needs an [acp] table"));
+        assert!(problem("codex", Some(acp("opencode", None, &[]))).contains("only for driver"));
+        assert!(problem("acp", Some(acp("gemini", None, &[]))).contains("it knows: opencode"));
+        assert!(
+            problem("acp", Some(acp("opencode", Some("messages"), &[])))
+                .contains("it speaks: chat_completions")
+        );
+        assert!(problem("acp", Some(acp("opencode", None, &["a\0b"]))).contains("NUL"));
+    }
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {

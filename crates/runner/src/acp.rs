@@ -1053,3 +1053,203 @@ pub mod wire {
         Ok(serde_json::from_value(value).ok())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn updates(lines: &[&str]) -> Vec<TurnEvent> {
+        let mut parser = UpdateParser::default();
+        let mut events = Vec::new();
+        let mut emit = |e: TurnEvent| events.push(e);
+        for line in lines {
+            if let Ok(n) = serde_json::from_str::<SessionNotification>(line) {
+                parser.update(n.update, &mut emit);
+            }
+        }
+        parser.flush(&mut emit);
+        events
+    }
+
+    // The shapes below are what OpenCode 1.18.33 sent (bridge call, then its own bash).
+    #[test]
+    fn tool_calls_and_text_become_events() {
+        let events = updates(&[
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"call_1","title":"bridge_execute_shell_command","kind":"other","status":"pending","locations":[],"rawInput":{}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"call_1","status":"in_progress","kind":"other","title":"bridge_execute_shell_command","locations":[],"rawInput":{"command":"echo hi"}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"call_1","status":"completed","content":[{"type":"content","content":{"type":"text","text":"ran: echo hi"}}],"rawOutput":{"output":"ran: echo hi","metadata":{"truncated":false}}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"call_2","title":"bash","kind":"execute","status":"pending","rawInput":{"cwd":"/r"}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"call_2","status":"completed","title":"echo native","content":[{"type":"content","content":{"type":"text","text":"native\n"}}],"rawInput":{"command":"echo native"},"rawOutput":{"output":"native\n","metadata":{"exit":0}}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"do"}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"ne"}}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[]}}"#,
+            r#"{"sessionId":"s","update":{"sessionUpdate":"something_new","x":1}}"#,
+            "not json",
+        ]);
+        assert_eq!(
+            events,
+            [
+                TurnEvent::ToolCall {
+                    call_id: "call_1".into(),
+                    tool: "bridge.execute_shell_command".into(),
+                    command: "echo hi".into()
+                },
+                TurnEvent::ToolResult {
+                    call_id: "call_1".into(),
+                    exit_code: None,
+                    output: "ran: echo hi".into()
+                },
+                TurnEvent::ToolCall {
+                    call_id: "call_2".into(),
+                    tool: "bash".into(),
+                    command: "echo native".into()
+                },
+                TurnEvent::ToolResult {
+                    call_id: "call_2".into(),
+                    exit_code: Some(0),
+                    output: "native\n".into()
+                },
+                TurnEvent::Text {
+                    text: "done".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_replayed_history_is_not_this_turns() {
+        let mut parser = UpdateParser {
+            replaying: true,
+            ..UpdateParser::default()
+        };
+        let mut events = Vec::new();
+        let n: SessionNotification = serde_json::from_str(
+            r#"{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"old"}}}"#,
+        )
+        .unwrap();
+        parser.update(n.update, &mut |e| events.push(e));
+        parser.flush(&mut |e| events.push(e));
+        assert!(events.is_empty());
+    }
+
+    #[test]
+    fn the_policy_allows_the_bridge_always_and_native_tools_only_in_server_mode() {
+        for bound in [false, true] {
+            assert_eq!(
+                decide_permission(Some("bridge_execute_shell_command"), bound),
+                Permission::Allow
+            );
+            assert_eq!(
+                decide_permission(Some("mcp__bridge__diff_patch_workspace_file"), bound),
+                Permission::Allow
+            );
+            assert!(matches!(
+                decide_permission(None, bound),
+                Permission::Refuse(_)
+            ));
+            // Only the bridge itself, not a name that merely starts like it.
+            assert!(matches!(
+                decide_permission(Some("bridgeway_x"), true),
+                Permission::Refuse(_)
+            ));
+        }
+        assert_eq!(decide_permission(Some("bash"), false), Permission::Allow);
+        assert!(matches!(
+            decide_permission(Some("bash"), true),
+            Permission::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn the_chosen_option_is_once_never_always_and_cancelled_without_one() {
+        let request: RequestPermissionRequest = serde_json::from_str(
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"c"},"options":[{"optionId":"always","kind":"allow_always","name":"A"},{"optionId":"once","kind":"allow_once","name":"O"},{"optionId":"reject","kind":"reject_once","name":"R"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            choose_option(&request, &Permission::Allow),
+            json!({"outcome": "selected", "optionId": "once"})
+        );
+        assert_eq!(
+            choose_option(&request, &Permission::Refuse("no")),
+            json!({"outcome": "selected", "optionId": "reject"})
+        );
+        let only_always: RequestPermissionRequest = serde_json::from_str(
+            r#"{"toolCall":{"toolCallId":"c"},"options":[{"optionId":"always","kind":"allow_always","name":"A"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            choose_option(&only_always, &Permission::Refuse("no")),
+            json!({"outcome": "cancelled"})
+        );
+    }
+
+    fn setup<'a>(options: &'a AcpOptions, bound: bool) -> TurnSetup<'a> {
+        TurnSetup {
+            model: "m-1",
+            gateway_base_url: "http://127.0.0.1:4000/v1",
+            bridge_command: None,
+            builder: false,
+            bound,
+            runtime_dir: std::path::Path::new("/r"),
+            guidance: "guide",
+            acp: Some(options),
+        }
+    }
+
+    #[test]
+    fn opencodes_config_names_the_gateway_and_the_key_variable_never_a_key() {
+        let options = AcpOptions {
+            args: vec!["acp".into()],
+            agent: AcpAgent::OpenCode,
+            api: AcpApi::ChatCompletions,
+        };
+        let files = AcpDriver.files(&setup(&options, false)).unwrap();
+        let config = files
+            .iter()
+            .find(|f| f.path.ends_with("opencode.json"))
+            .unwrap();
+        let value: Value = serde_json::from_str(&config.content).unwrap();
+        assert_eq!(value["model"], json!("agentworks/m-1"));
+        let provider = &value["provider"]["agentworks"];
+        assert_eq!(
+            provider["options"]["baseURL"],
+            json!("http://127.0.0.1:4000/v1")
+        );
+        assert_eq!(
+            provider["options"]["apiKey"],
+            json!("{env:AGENTWORKS_MODEL_KEY}")
+        );
+        assert_eq!(value["permission"], json!("allow"));
+        assert_eq!(value["autoupdate"], json!(false));
+        assert_eq!(value["share"], json!("disabled"));
+
+        let bound = AcpDriver.files(&setup(&options, true)).unwrap();
+        let value: Value = serde_json::from_str(
+            &bound
+                .iter()
+                .find(|f| f.path.ends_with("opencode.json"))
+                .unwrap()
+                .content,
+        )
+        .unwrap();
+        assert_eq!(
+            value["permission"],
+            json!({"*": "ask", "bridge_*": "allow"})
+        );
+
+        let launch = AcpDriver
+            .launch(&setup(&options, false), "cap-9", None)
+            .unwrap();
+        assert_eq!(launch.args, ["acp"]);
+        let env: HashMap<_, _> = launch.env.into_iter().collect();
+        assert_eq!(env[MODEL_KEY_ENV], "cap-9");
+        assert_eq!(env["OPENCODE_DISABLE_MODELS_FETCH"], "1");
+        assert!(env["OPENCODE_SERVER_PASSWORD"].len() >= 32);
+
+        let mut missing = setup(&options, false);
+        missing.acp = None;
+        assert!(AcpDriver.files(&missing).is_err());
+    }
+}

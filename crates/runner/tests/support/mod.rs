@@ -5,6 +5,7 @@
 //! Each test binary includes it with `mod support;` and uses only part of it.
 #![allow(dead_code)]
 
+pub mod chat_completions;
 pub mod responses;
 
 use std::path::{Path, PathBuf};
