@@ -352,13 +352,13 @@ impl Default for RunnerdConfig {
 }
 
 /// The drivers runnerd has: the CLI dialects it can run.
-pub const PROVIDER_DRIVERS: &[&str] = &["codex"];
+pub const PROVIDER_DRIVERS: &[&str] = &["codex", "claude"];
 
 /// One `[runnerd.providers.NAME]` table: a coding CLI and the model it uses.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// The CLI's dialect: `codex`.
+    /// The CLI's dialect: `codex` or `claude` (Claude Code).
     pub driver: String,
     /// The CLI's executable: an absolute path, or a name looked up on runnerd's `PATH` at start.
     pub executable: String,

@@ -16,6 +16,7 @@
 //! runtime's `project` names.
 
 pub mod bridge;
+pub mod claude;
 pub mod cli;
 pub mod codex;
 pub mod driver;

@@ -25,6 +25,9 @@ const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
 pub enum Driver {
     /// `codex exec --json`, its config in `CODEX_HOME`, the Responses API.
     Codex,
+    /// `claude --bare -p --output-format stream-json`, its config in `CLAUDE_CONFIG_DIR`, the
+    /// Messages API.
+    ClaudeCode,
 }
 
 impl Driver {
@@ -32,6 +35,7 @@ impl Driver {
     pub fn from_name(name: &str) -> Option<Driver> {
         match name {
             "codex" => Some(Driver::Codex),
+            "claude" => Some(Driver::ClaudeCode),
             _ => None,
         }
     }
@@ -39,6 +43,7 @@ impl Driver {
     pub fn as_str(self) -> &'static str {
         match self {
             Driver::Codex => "codex",
+            Driver::ClaudeCode => "claude",
         }
     }
 }
