@@ -2,8 +2,9 @@
 //! `claude --bare -p --output-format stream-json --verbose`, its configuration in
 //! `CLAUDE_CONFIG_DIR`, talking the Anthropic Messages API to runnerd's model gateway.
 //!
-//! Owns: the files written to the turn's runtime (`CLAUDE.md`, the instructions, and
-//! `claude/mcp.json`, the bridge: [`mcp_config`]), the command line after the executable
+//! Owns: the files written to the turn's runtime (`CLAUDE.md`, the instructions,
+//! `claude/mcp.json`, the bridge: [`mcp_config`], and `claude/command-env.sh`, which keeps the
+//! capabilities out of the commands Claude Code runs), the command line after the executable
 //! ([`args`]) and the environment ([`ClaudeDriver::launch`]), and the translation of the
 //! stream-json stdout into the turn's events ([`EventParser`]). The shapes were read from the
 //! real 2.1.337 binary (`crates/runner/tests/claude_cli.rs` runs it).
@@ -35,6 +36,15 @@ pub const INSTRUCTIONS_FILE: &str = "CLAUDE.md";
 pub const CONFIG_DIR: &str = "claude";
 /// The MCP configuration, relative to the runtime.
 pub const MCP_CONFIG_FILE: &str = "claude/mcp.json";
+/// The script Claude Code sources before each `Bash` command (`CLAUDE_ENV_FILE`), relative to
+/// the runtime: it drops the turn's capabilities from the commands' environment.
+pub const COMMAND_ENV_FILE: &str = "claude/command-env.sh";
+
+/// What the commands Claude Code runs must not inherit from it: the model capability and the
+/// bridge's URL and capability (as Codex's `shell_environment_policy.exclude` does). Claude
+/// Code's own scrubbing (`CLAUDE_CODE_SUBPROCESS_ENV_SCRUB`) needs bubblewrap, which cannot
+/// run inside our sandbox; `CLAUDE_ENV_FILE` is sourced by the command's own shell.
+const KEPT_FROM_COMMANDS: [&str; 3] = ["ANTHROPIC_API_KEY", bridge::TOKEN_ENV, bridge::URL_ENV];
 
 /// How many times Claude Code retries a failed model request. Its default (10, with a backoff
 /// that reaches tens of seconds) keeps a turn whose operator key the upstream refuses (401, which
@@ -71,6 +81,10 @@ impl CliDriver for ClaudeDriver {
                 path: MCP_CONFIG_FILE.into(),
                 content: mcp_config(setup.bridge_command)?,
             },
+            Generated {
+                path: COMMAND_ENV_FILE.into(),
+                content: format!("unset {}\n", KEPT_FROM_COMMANDS.join(" ")),
+            },
         ])
     }
 
@@ -106,6 +120,10 @@ impl CliDriver for ClaudeDriver {
             // ("cannot be used with root/sudo privileges"). It does: ours (crates/sandbox),
             // whoever runnerd runs as, and that is the boundary, not Claude Code's prompts.
             ("IS_SANDBOX".into(), "1".into()),
+            (
+                "CLAUDE_ENV_FILE".into(),
+                runtime.join(COMMAND_ENV_FILE).into(),
+            ),
         ];
         env.extend(QUIET_ENV.iter().map(|(n, v)| ((*n).into(), (*v).into())));
         Ok(Launch {
@@ -552,6 +570,10 @@ mod tests {
         );
         assert_eq!(env_of(&launch, "IS_SANDBOX").as_deref(), Some("1"));
         assert_eq!(
+            env_of(&launch, "CLAUDE_ENV_FILE").as_deref(),
+            Some("/state/runner/runtimes/abc/claude/command-env.sh")
+        );
+        assert_eq!(
             env_of(&launch, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC").as_deref(),
             Some("1")
         );
@@ -661,6 +683,11 @@ mod tests {
                 .unwrap();
         assert_eq!(none, json!({"mcpServers": {}}));
         assert!(matches!(mcp_config(Some("")), Err(DriverError::Config(_))));
+        assert_eq!(files[2].path, Path::new("claude/command-env.sh"));
+        assert_eq!(
+            files[2].content,
+            "unset ANTHROPIC_API_KEY AGENTWORKS_BRIDGE_TOKEN AGENTWORKS_BRIDGE_URL\n"
+        );
     }
 
     #[test]

@@ -509,3 +509,49 @@ async fn a_refused_key_ends_the_run_soon_with_the_failure() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn the_capabilities_stay_out_of_the_commands_claude_runs() {
+    let server = ScriptedMessages::start(vec![
+        Reply::bash("toolu_env", "env; echo end"),
+        Reply::mcp(
+            "bridge",
+            "echo",
+            "toolu_echo",
+            json!({"text": "still here"}),
+        ),
+        text("Done."),
+    ])
+    .await
+    .unwrap();
+    let runtime = Runtime::new(true);
+    let run = run_claude(
+        &runtime,
+        &server,
+        false,
+        None,
+        "Show the environment.",
+        "cap-secret-value",
+    )
+    .await;
+    assert_eq!(run.exit_code, Some(0));
+    let (_, (_, output)) = run.call("toolu_env");
+    // The command ran (its environment is there) without either capability or the bridge's URL.
+    assert!(output.contains("CLAUDE_CONFIG_DIR="), "{output}");
+    assert!(!output.contains("cap-secret-value"), "{output}");
+    assert!(!output.contains("ANTHROPIC_API_KEY"), "{output}");
+    assert!(!output.contains("bridge-token-of"), "{output}");
+    assert!(!output.contains(bridge::URL_ENV), "{output}");
+    // The bridge, which Claude Code starts itself, still has them.
+    let (_, (_, echoed)) = run.call("toolu_echo");
+    assert_eq!(echoed, "echo: still here");
+    let env = runtime
+        .bridge_lines()
+        .into_iter()
+        .find_map(|l| l.get("env").cloned())
+        .expect("the bridge started");
+    assert_eq!(
+        env[bridge::TOKEN_ENV],
+        json!("bridge-token-of-cap-secret-value")
+    );
+}
