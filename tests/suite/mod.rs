@@ -52,8 +52,10 @@ mod quickstart;
 mod rmcp_client;
 mod runnerd;
 mod runnerd_bridge;
+mod runnerd_claude;
 mod runnerd_codex;
-// The runner crate's scripted Responses server and where the real Codex is installed.
+// The runner crate's scripted model servers and where the real Codex and Claude Code are
+// installed.
 #[path = "../../crates/runner/tests/support/mod.rs"]
 mod runner_support;
 mod sandbox;

@@ -616,14 +616,14 @@ fn quickstart_refuses_bad_provider_flags_before_anything_starts() {
         (
             &[
                 "--provider",
-                "claude=/usr/bin/claude",
+                "gemini=/usr/bin/gemini",
                 "--provider-upstream",
                 upstream,
             ],
             &[
-                "--provider \"claude=/usr/bin/claude\"",
-                "runnerd has no driver \"claude\"",
-                "has: codex",
+                "--provider \"gemini=/usr/bin/gemini\"",
+                "runnerd has no driver \"gemini\"",
+                "has: codex, claude",
             ],
         ),
         (

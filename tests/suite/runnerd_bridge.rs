@@ -82,11 +82,6 @@ fn output_for(requests: &[RecordedRequest], call_id: &str) -> String {
         .unwrap_or_else(|| panic!("no output for {call_id}: {requests:#?}"))
 }
 
-fn ended(events: &[Value]) {
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "end", "the turn failed: {events:#?}");
-}
-
 #[test]
 fn run_mode_bridge_shell_reads_the_project_and_cannot_write_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();

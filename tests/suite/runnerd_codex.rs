@@ -67,29 +67,6 @@ fn request(chat: &str, mode: &str, prompt: &str) -> Value {
     })
 }
 
-fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["type"] == kind).collect()
-}
-
-/// The output of the tool result whose call ran a command containing `needle`.
-fn output_of<'a>(events: &'a [Value], needle: &str) -> &'a str {
-    let call = of_type(events, "tool_call")
-        .into_iter()
-        .find(|c| c["command"].as_str().unwrap_or("").contains(needle))
-        .unwrap_or_else(|| panic!("no tool call running {needle:?}: {events:#?}"));
-    of_type(events, "tool_result")
-        .into_iter()
-        .find(|r| r["call_id"] == call["call_id"])
-        .and_then(|r| r["output"].as_str())
-        .unwrap_or_else(|| panic!("no result for {needle:?}: {events:#?}"))
-}
-
-fn ended(events: &[Value]) -> &Value {
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "end", "the turn failed: {events:#?}");
-    last
-}
-
 #[test]
 fn a_run_turn_reads_the_project_and_cannot_write_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();

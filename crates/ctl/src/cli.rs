@@ -82,7 +82,7 @@ pub enum Cmd {
         #[arg(long, value_name = "FILE", requires = "model_url")]
         model_key_file: Option<PathBuf>,
         /// A coding CLI runnerd may run as a chat's agent, as NAME=PATH: the provider's name
-        /// is its driver (runnerd has: codex), PATH its executable, an absolute or relative
+        /// is its driver (runnerd has: codex, claude), PATH its executable, an absolute or relative
         /// path or a bare name found on PATH, e.g. --provider codex=/usr/local/bin/codex.
         /// Repeatable (one per driver); needs --provider-upstream.
         #[arg(

@@ -1413,6 +1413,11 @@ mod tests {
                 key_file: None,
             }]
         );
+        let claude = checked_providers(&provider_flags(&["claude=/opt/bin/claude"])).unwrap();
+        assert_eq!(
+            (claude[0].name.as_str(), claude[0].driver),
+            ("claude", "claude")
+        );
         // A bare name stays one (runnerd looks it up on its PATH); a relative path is made
         // absolute here, where it means something.
         let bare = checked_providers(&provider_flags(&["codex=codex"])).unwrap();
@@ -1431,10 +1436,10 @@ mod tests {
 
         for (given, says) in [
             ("codex", "NAME=PATH"),
-            ("claude=/usr/bin/claude", "runnerd has no driver \"claude\""),
+            ("gemini=/usr/bin/gemini", "runnerd has no driver \"gemini\""),
             (
-                "claude=/usr/bin/claude",
-                "a provider's name is its driver, and runnerd has: codex",
+                "gemini=/usr/bin/gemini",
+                "a provider's name is its driver, and runnerd has: codex, claude",
             ),
             ("codex=", "the executable is empty"),
         ] {

@@ -352,7 +352,7 @@ impl Default for RunnerdConfig {
 }
 
 /// The drivers runnerd has: the CLI dialects it can run.
-pub const PROVIDER_DRIVERS: &[&str] = &["codex", "acp"];
+pub const PROVIDER_DRIVERS: &[&str] = &["codex", "claude", "acp"];
 
 /// The ACP agents runnerd knows how to give the model gateway to (`acp.agent`), each with the
 /// APIs it can speak to the gateway (`acp.api`), its default first.
@@ -389,7 +389,8 @@ pub const ACP_AGENTS: &[(&str, &[&str])] = &[("opencode", &["chat_completions"])
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// The CLI's dialect: `codex`, or `acp` for any agent speaking the Agent Client Protocol.
+    /// The CLI's dialect: `codex`, `claude` (Claude Code), or `acp` for any agent speaking the
+    /// Agent Client Protocol.
     pub driver: String,
     /// The CLI's executable: an absolute path, or a name looked up on runnerd's `PATH` at start.
     pub executable: String,

@@ -37,8 +37,8 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::mcp::read_line;
-use crate::codex::{bounded, one_line};
 use crate::driver::{CliDriver, Conversation, DriverError, Generated, Launch, TurnSetup};
+use crate::driver::{bounded, one_line};
 use crate::gateway::KeyHeader;
 use wire::{
     ContentBlock, InitializeResponse, NewSessionResponse, PermissionOptionKind, PromptResponse,

@@ -13,28 +13,21 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use agentworks_contract::runnerd::{TurnEvent, codes};
+use agentworks_contract::runnerd::TurnEvent;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::bridge;
 use crate::driver::{
-    CliDriver, Conversation, DriverError, Generated, Launch, StreamParser, TurnSetup, is_env_name,
+    BRIDGE_SERVER, CliDriver, Conversation, DriverError, Generated, Launch, StreamParser,
+    TurnSetup, bounded, cli_failed, is_env_name, one_line, str_field,
 };
 use crate::gateway::KeyHeader;
 
 /// The model provider's id in the generated config (`model_provider = "agentworks"`).
 pub const PROVIDER_ID: &str = "agentworks";
 
-/// The MCP server name of `agentworks-mcpbridge` in the generated config; Codex reports its
-/// tools' calls with `server = "bridge"`.
-pub const BRIDGE_SERVER: &str = "bridge";
-
-/// The most bytes of a tool's output (and of its folded command) in one event.
-pub const MAX_TOOL_OUTPUT_BYTES: usize = 64 * 1024;
-
-/// What is appended to output cut at [`MAX_TOOL_OUTPUT_BYTES`].
-const TRUNCATED: &str = "\n[output truncated]";
+pub use crate::driver::MAX_TOOL_OUTPUT_BYTES;
 
 /// How long Codex waits for one bridge tool call. A bridge call may be a shell command run back
 /// in runnerd or on a laptop; the turn's own timeout bounds the whole turn anyway.
@@ -538,17 +531,6 @@ struct ToolItem {
     output: String,
 }
 
-fn cli_failed(message: String) -> TurnEvent {
-    TurnEvent::Error {
-        code: codes::CLI_FAILED.to_owned(),
-        message,
-    }
-}
-
-fn str_field<'v>(value: &'v Value, name: &str) -> &'v str {
-    value.get(name).and_then(Value::as_str).unwrap_or("")
-}
-
 /// An MCP call's result: its text content blocks, or its error.
 fn mcp_output(item: &Value) -> String {
     if let Some(error) = item.get("error").filter(|e| !e.is_null()) {
@@ -583,22 +565,6 @@ fn file_changes(item: &Value) -> String {
                 .join(", ")
         })
         .unwrap_or_default()
-}
-
-/// Folds a command to one line: every run of whitespace (newlines included) becomes one space.
-pub(crate) fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// `text` cut to at most [`MAX_TOOL_OUTPUT_BYTES`] (on a character boundary, marked).
-pub(crate) fn bounded(text: &str) -> String {
-    if text.len() <= MAX_TOOL_OUTPUT_BYTES {
-        return text.to_owned();
-    }
-    let cut = text.floor_char_boundary(MAX_TOOL_OUTPUT_BYTES - TRUNCATED.len());
-    let mut out = text[..cut].to_owned();
-    out.push_str(TRUNCATED);
-    out
 }
 
 #[cfg(test)]
@@ -896,7 +862,7 @@ mod tests {
             panic!("{events:?}")
         };
         assert!(output.len() <= MAX_TOOL_OUTPUT_BYTES);
-        assert!(output.ends_with(TRUNCATED));
+        assert!(output.ends_with(crate::driver::TRUNCATED));
         assert!(output.starts_with("éé"));
     }
 }

@@ -13,10 +13,21 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use agentworks_contract::runnerd::TurnEvent;
+use agentworks_contract::runnerd::{TurnEvent, codes};
+use serde_json::Value;
 
 use crate::gateway::KeyHeader;
 use crate::provider::Driver;
+
+/// The MCP server name of `agentworks-mcpbridge` in every driver's generated config; the CLIs
+/// report its tools' calls under it (Codex `server = "bridge"`, Claude Code `mcp__bridge__…`).
+pub const BRIDGE_SERVER: &str = "bridge";
+
+/// The most bytes of a tool's output (and of its folded command) in one event.
+pub const MAX_TOOL_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// What is appended to output cut at [`MAX_TOOL_OUTPUT_BYTES`].
+pub const TRUNCATED: &str = "\n[output truncated]";
 
 /// Everything a driver may use to prepare one turn.
 #[derive(Debug, Clone)]
@@ -115,6 +126,7 @@ pub fn for_driver(driver: Driver) -> &'static dyn CliDriver {
     match driver {
         Driver::Codex => &crate::codex::CodexDriver,
         Driver::Acp => &crate::acp::AcpDriver,
+        Driver::ClaudeCode => &crate::claude::ClaudeDriver,
     }
 }
 
@@ -123,4 +135,33 @@ pub fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// The CLI's own failure, as the turn's error event (`cli_failed`).
+pub fn cli_failed(message: String) -> TurnEvent {
+    TurnEvent::Error {
+        code: codes::CLI_FAILED.to_owned(),
+        message,
+    }
+}
+
+/// A string field of a JSON object from a CLI's stream; empty when missing or not a string.
+pub fn str_field<'v>(value: &'v Value, name: &str) -> &'v str {
+    value.get(name).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Folds a command to one line: every run of whitespace (newlines included) becomes one space.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` cut to at most [`MAX_TOOL_OUTPUT_BYTES`] (on a character boundary, marked).
+pub fn bounded(text: &str) -> String {
+    if text.len() <= MAX_TOOL_OUTPUT_BYTES {
+        return text.to_owned();
+    }
+    let cut = text.floor_char_boundary(MAX_TOOL_OUTPUT_BYTES - TRUNCATED.len());
+    let mut out = text[..cut].to_owned();
+    out.push_str(TRUNCATED);
+    out
 }

@@ -1,12 +1,14 @@
-//! `agentworks-runnerd`: a chat's agent as a coding CLI (Codex) that the operator installed and
-//! configured as a provider, run on the server's project in a private runtime, sandboxed.
+//! `agentworks-runnerd`: a chat's agent as a coding CLI (Codex, Claude Code) that the operator
+//! installed and configured as a provider, run on the server's project in a private runtime,
+//! sandboxed.
 //!
 //! Owns: the providers ([`provider`]: `[runnerd.providers.NAME]`, the executable found at
 //! start), the private runtimes ([`runtime`]: a keyed directory per user, project, chat,
 //! provider and mode, with its `project` link and generated guidance), the model gateway
 //! ([`gateway`]: a per-turn capability on loopback, the operator's key added only there, usage
-//! counted), the Codex driver ([`codex`]: its generated config, its command line, its JSON
-//! stream turned into the turn's events), a turn ([`turn`]: the CLI in the sandbox, cancel,
+//! counted), the drivers ([`driver`]: what each CLI dialect gives a turn; [`codex`] and
+//! [`claude`]: their generated config, command line and environment, their JSON stream turned
+//! into the turn's events), a turn ([`turn`]: the CLI in the sandbox, cancel,
 //! timeout), the bridge ([`bridge`]: `agentworks-mcpbridge`'s stdio MCP server and runnerd's
 //! loopback endpoint that answers its calls), the socket API agentd calls ([`server`]) and the
 //! daemon's start ([`start`]).
@@ -17,6 +19,7 @@
 
 pub mod acp;
 pub mod bridge;
+pub mod claude;
 pub mod cli;
 pub mod codex;
 pub mod driver;

@@ -30,6 +30,9 @@ pub enum Driver {
     /// An agent speaking the Agent Client Protocol on stdio (OpenCode), with the provider's
     /// [`AcpOptions`].
     Acp,
+    /// `claude --bare -p --output-format stream-json`, its config in `CLAUDE_CONFIG_DIR`, the
+    /// Messages API.
+    ClaudeCode,
 }
 
 impl Driver {
@@ -38,6 +41,7 @@ impl Driver {
         match name {
             "codex" => Some(Driver::Codex),
             "acp" => Some(Driver::Acp),
+            "claude" => Some(Driver::ClaudeCode),
             _ => None,
         }
     }
@@ -46,6 +50,7 @@ impl Driver {
         match self {
             Driver::Codex => "codex",
             Driver::Acp => "acp",
+            Driver::ClaudeCode => "claude",
         }
     }
 }

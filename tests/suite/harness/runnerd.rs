@@ -162,3 +162,28 @@ impl Drop for Turn {
         let _ = self.curl.wait();
     }
 }
+
+/// A turn's events of one `type`.
+pub fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// The output of the tool result whose call ran a command containing `needle`.
+pub fn output_of<'a>(events: &'a [Value], needle: &str) -> &'a str {
+    let call = of_type(events, "tool_call")
+        .into_iter()
+        .find(|c| c["command"].as_str().unwrap_or("").contains(needle))
+        .unwrap_or_else(|| panic!("no tool call running {needle:?}: {events:#?}"));
+    of_type(events, "tool_result")
+        .into_iter()
+        .find(|r| r["call_id"] == call["call_id"])
+        .and_then(|r| r["output"].as_str())
+        .unwrap_or_else(|| panic!("no result for {needle:?}: {events:#?}"))
+}
+
+/// The turn's last event, which must be its `end`.
+pub fn ended(events: &[Value]) -> &Value {
+    let last = events.last().expect("the turn sent events");
+    assert_eq!(last["type"], "end", "the turn failed: {events:#?}");
+    last
+}

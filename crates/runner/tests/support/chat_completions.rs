@@ -8,20 +8,16 @@
 //! `stream_options.include_usage` asks), then `data: [DONE]`. A request beyond the script, or to
 //! another path, gets a 500 naming why, so a test never passes on an answer it did not script.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
+use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
-pub use super::responses::RecordedRequest;
+pub use super::RecordedRequest;
+use super::{Body, ScriptedServer, failure, json_response, whole};
 
 /// The usage every scripted answer reports: (prompt tokens, completion tokens).
 pub const USAGE_PER_REPLY: (u64, u64) = (13, 5);
@@ -70,115 +66,40 @@ impl RecordedRequest {
             })
             .unwrap_or_default()
     }
-
-    /// The request's `messages`.
-    pub fn messages(&self) -> &[Value] {
-        self.body["messages"].as_array().map_or(&[], Vec::as_slice)
-    }
 }
 
 /// The running server; stops when dropped.
 pub struct ScriptedChat {
-    addr: SocketAddr,
-    requests: Arc<Mutex<Vec<RecordedRequest>>>,
-    task: JoinHandle<()>,
+    server: ScriptedServer,
 }
 
 impl ScriptedChat {
     /// Starts the server on an ephemeral loopback port.
     pub async fn start(script: Vec<Reply>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let state = Arc::new(State {
-            script,
-            requests: Arc::clone(&requests),
-        });
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let state = Arc::clone(&state);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, std::convert::Infallible>(state.answer(request).await) }
-                    });
-                    // A client that hangs up mid-answer is not the test's failure.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Self {
-            addr,
-            requests,
-            task,
-        })
+        let state = Arc::new(State { script });
+        let server =
+            ScriptedServer::start(move |request, index| state.answer(request, index)).await?;
+        Ok(Self { server })
     }
 
     /// The base URL a client is configured with: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.server.base_url()
     }
 
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.requests
-            .lock()
-            .expect("the request log's lock was poisoned")
-            .clone()
-    }
-}
-
-impl Drop for ScriptedChat {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.server.requests()
     }
 }
 
 struct State {
     script: Vec<Reply>,
-    requests: Arc<Mutex<Vec<RecordedRequest>>>,
 }
 
-type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
-
 impl State {
-    async fn answer(&self, request: Request<Incoming>) -> Response<Body> {
-        let at = std::time::Instant::now();
-        let method = request.method().to_string();
-        let path = request.uri().path().to_owned();
-        let headers = request
-            .headers()
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
-        let body = match request.into_body().collect().await {
-            Ok(collected) => serde_json::from_slice(&collected.to_bytes()).unwrap_or(Value::Null),
-            Err(_) => Value::Null,
-        };
-        let index = {
-            let mut requests = self
-                .requests
-                .lock()
-                .expect("the request log's lock was poisoned");
-            requests.push(RecordedRequest {
-                method: method.clone(),
-                path: path.clone(),
-                headers,
-                body,
-                at,
-            });
-            requests.len() - 1
-        };
+    fn answer(&self, request: &RecordedRequest, index: usize) -> Response<Body> {
+        let (method, path) = (&request.method, &request.path);
         if method != "POST" || path != "/v1/chat/completions" {
             return failure(format!("the scripted server has no {method} {path}"));
         }
@@ -190,11 +111,7 @@ impl State {
                 "type": "invalid_request_error",
                 "code": "invalid_api_key",
             }});
-            return full(
-                StatusCode::UNAUTHORIZED,
-                "application/json",
-                body.to_string(),
-            );
+            return json_response(StatusCode::UNAUTHORIZED, &body);
         }
         let Some(reply) = self.script.get(index) else {
             return failure(format!(
@@ -204,7 +121,7 @@ impl State {
             ));
         };
         if let Reply::Stall(text) = reply {
-            let first = Bytes::from(sse(&[chunk(
+            let first = Bytes::from(data_lines(&[chunk(
                 index,
                 json!({"role": "assistant", "content": text}),
                 None,
@@ -219,25 +136,12 @@ impl State {
                 .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
                 .expect("a static response is valid");
         }
-        full(
+        whole(
             StatusCode::OK,
             "text/event-stream",
-            sse(&chunks(reply, index)),
+            data_lines(&chunks(reply, index)),
         )
     }
-}
-
-fn full(status: StatusCode, content_type: &str, body: String) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(BodyExt::boxed(Full::new(Bytes::from(body))))
-        .expect("a static response is valid")
-}
-
-fn failure(message: String) -> Response<Body> {
-    let body = json!({"error": {"message": message, "type": "server_error"}}).to_string();
-    full(StatusCode::INTERNAL_SERVER_ERROR, "application/json", body)
 }
 
 /// One `chat.completion.chunk` with one choice.
@@ -289,8 +193,9 @@ fn chunks(reply: &Reply, index: usize) -> Vec<Value> {
     chunks
 }
 
-/// Server-sent events: `data: <json>` per chunk, then `data: [DONE]`.
-fn sse(chunks: &[Value]) -> String {
+/// Server-sent events as chat completions stream them: `data: <json>` per chunk (no `event:`
+/// line), then `data: [DONE]`.
+fn data_lines(chunks: &[Value]) -> String {
     let mut out: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
     out.push_str("data: [DONE]\n\n");
     out

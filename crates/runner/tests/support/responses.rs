@@ -7,17 +7,13 @@
 //! request beyond the script, or to another path, gets a 500 naming why, so a test never passes
 //! on an answer it did not script.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+
+pub use super::RecordedRequest;
+use super::{Body, ScriptedServer, failure, json_response, sse};
 
 /// The usage every scripted answer reports: (input tokens, output tokens).
 pub const USAGE_PER_REPLY: (u64, u64) = (11, 7);
@@ -57,162 +53,38 @@ impl Reply {
     }
 }
 
-/// A request the server received.
-#[derive(Debug, Clone)]
-pub struct RecordedRequest {
-    pub method: String,
-    pub path: String,
-    /// Header names lowercased.
-    pub headers: Vec<(String, String)>,
-    /// The JSON body (`Value::Null` when it was not JSON).
-    pub body: Value,
-    /// When its head arrived (the benchmarks time a CLI's first model request).
-    pub at: std::time::Instant,
-}
-
-impl RecordedRequest {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The names of the request's tools: functions by name, namespaces as `namespace`, hosted
-    /// tools by type.
-    pub fn tool_names(&self) -> Vec<String> {
-        self.body["tools"]
-            .as_array()
-            .map(|tools| {
-                tools
-                    .iter()
-                    .map(|t| {
-                        t["name"]
-                            .as_str()
-                            .or(t["type"].as_str())
-                            .unwrap_or("")
-                            .to_owned()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// The tool named `name`, when the request offers it.
-    pub fn tool(&self, name: &str) -> Option<&Value> {
-        self.body["tools"]
-            .as_array()?
-            .iter()
-            .find(|t| t["name"].as_str() == Some(name))
-    }
-
-    /// The request's `input` items.
-    pub fn input(&self) -> &[Value] {
-        self.body["input"].as_array().map_or(&[], Vec::as_slice)
-    }
-}
-
 /// The running server; stops when dropped.
 pub struct ScriptedResponses {
-    addr: SocketAddr,
-    requests: Arc<Mutex<Vec<RecordedRequest>>>,
-    task: JoinHandle<()>,
+    server: ScriptedServer,
 }
 
 impl ScriptedResponses {
     /// Starts the server on an ephemeral loopback port.
     pub async fn start(script: Vec<Reply>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let state = Arc::new(State {
-            script,
-            requests: Arc::clone(&requests),
-        });
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let state = Arc::clone(&state);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, std::convert::Infallible>(state.answer(request).await) }
-                    });
-                    // A client that hangs up mid-answer is not the test's failure.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Self {
-            addr,
-            requests,
-            task,
-        })
+        let state = Arc::new(State { script });
+        let server =
+            ScriptedServer::start(move |request, index| state.answer(request, index)).await?;
+        Ok(Self { server })
     }
 
     /// The base URL a client is configured with: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.server.base_url()
     }
 
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.requests
-            .lock()
-            .expect("the request log's lock was poisoned")
-            .clone()
-    }
-}
-
-impl Drop for ScriptedResponses {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.server.requests()
     }
 }
 
 struct State {
     script: Vec<Reply>,
-    requests: Arc<Mutex<Vec<RecordedRequest>>>,
 }
 
 impl State {
-    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        let at = std::time::Instant::now();
-        let method = request.method().to_string();
-        let path = request.uri().path().to_owned();
-        let headers = request
-            .headers()
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
-        let body = match request.into_body().collect().await {
-            Ok(collected) => serde_json::from_slice(&collected.to_bytes()).unwrap_or(Value::Null),
-            Err(_) => Value::Null,
-        };
-        let index = {
-            let mut requests = self
-                .requests
-                .lock()
-                .expect("the request log's lock was poisoned");
-            requests.push(RecordedRequest {
-                method: method.clone(),
-                path: path.clone(),
-                headers,
-                body,
-                at,
-            });
-            requests.len() - 1
-        };
+    fn answer(&self, request: &RecordedRequest, index: usize) -> Response<Body> {
+        let (method, path) = (&request.method, &request.path);
         if method != "POST" || path != "/v1/responses" {
             return failure(format!("the scripted server has no {method} {path}"));
         }
@@ -224,11 +96,7 @@ impl State {
                 "type": "invalid_request_error",
                 "code": "invalid_api_key",
             }});
-            return Response::builder()
-                .status(StatusCode::UNAUTHORIZED)
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body.to_string())))
-                .expect("a static response is valid");
+            return json_response(StatusCode::UNAUTHORIZED, &body);
         }
         let Some(reply) = self.script.get(index) else {
             return failure(format!(
@@ -237,21 +105,8 @@ impl State {
                 index + 1
             ));
         };
-        let stream = sse(&events(reply, index));
-        Response::builder()
-            .header("content-type", "text/event-stream")
-            .body(Full::new(Bytes::from(stream)))
-            .expect("a static response is valid")
+        sse(&events(reply, index))
     }
-}
-
-fn failure(message: String) -> Response<Full<Bytes>> {
-    let body = json!({"error": {"message": message, "type": "server_error"}}).to_string();
-    Response::builder()
-        .status(StatusCode::INTERNAL_SERVER_ERROR)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("a static response is valid")
 }
 
 /// The `response.*` events of one reply.
@@ -325,12 +180,4 @@ fn events(reply: &Reply, index: usize) -> Vec<Value> {
         }},
     }));
     events
-}
-
-/// Server-sent events: `event: <type>` and `data: <json>` per event.
-fn sse(events: &[Value]) -> String {
-    events
-        .iter()
-        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or("")))
-        .collect()
 }
