@@ -326,6 +326,13 @@ impl Runner {
             .limits
             .for_command(&mut policy)
             .map_err(|e| internal("cannot make the turn's cgroup", &e))?;
+        // The bridge's URL and capability reach a CLI that starts the bridge from its config
+        // through its environment; an ACP agent gets them in `session/new` instead, so they are
+        // not in its environment at all (nor, then, in its commands').
+        let bridge_env = match &conversation {
+            Conversation::Acp(_) => None,
+            Conversation::PromptOnStdin(_) => bridge.as_ref(),
+        };
         let mut command = SandboxCommand::new(executable, policy);
         command
             .args(launch.args)
@@ -333,7 +340,7 @@ impl Runner {
             .envs(runtime.environment())
             .env("LANG", "C.UTF-8")
             .envs(launch.env)
-            .envs(bridge.iter().flat_map(|b| {
+            .envs(bridge_env.iter().flat_map(|b| {
                 [
                     (bridge::URL_ENV, self.bridge.endpoint.url()),
                     (bridge::TOKEN_ENV, b.secret().to_owned()),
