@@ -17,7 +17,9 @@
 //! files, no network, no sleeping.
 
 pub mod acl_decode;
+pub mod acp_session;
 pub mod bridge_mcp;
+pub mod claude_events;
 pub mod client_metadata;
 pub mod codex_events;
 pub mod config_load;
@@ -33,9 +35,11 @@ pub mod workspaced_body;
 pub type Check = fn(&[u8]);
 
 /// Every target by name (the name of its `fuzz_targets/` binary and its corpus folder).
-pub const TARGETS: [(&str, Check); 12] = [
+pub const TARGETS: [(&str, Check); 14] = [
     ("acl_decode", acl_decode::run),
+    ("acp_session", acp_session::run),
     ("bridge_mcp", bridge_mcp::run),
+    ("claude_events", claude_events::run),
     ("client_metadata", client_metadata::run),
     ("codex_events", codex_events::run),
     ("config_load", config_load::run),
