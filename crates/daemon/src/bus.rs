@@ -188,6 +188,27 @@ pub fn open_call(
     max_bytes: usize,
     accept: impl Fn(&PeerCall) -> Result<(), &'static str>,
 ) -> Result<OpenedCall, &'static str> {
+    let payload = verify_sealed(key, message, max_bytes)?;
+    let call: PeerCall = serde_json::from_slice(payload).map_err(|_| "not a call")?;
+    let skew = u128::from(now_ms.abs_diff(call.sent_at_ms));
+    if skew > MAX_CLOCK_SKEW.as_millis() {
+        return Err("sent too long ago, or its clock is off");
+    }
+    accept(&call)?;
+    let reply = message.reply.as_ref().ok_or("no reply subject")?;
+    Ok(OpenedCall {
+        call,
+        reply: reply.to_string(),
+    })
+}
+
+/// The payload of `message` if it is at most `max_bytes` and sealed under `key` for the
+/// subject it came on; `Err` says why it is dropped.
+pub fn verify_sealed<'m>(
+    key: &BusKey,
+    message: &'m async_nats::Message,
+    max_bytes: usize,
+) -> Result<&'m [u8], &'static str> {
     if message.payload.len() > max_bytes {
         return Err("too large");
     }
@@ -199,17 +220,22 @@ pub fn open_call(
     if !key.verify(&message.subject, &message.payload, mac.as_str()) {
         return Err("its MAC does not verify");
     }
-    let call: PeerCall = serde_json::from_slice(&message.payload).map_err(|_| "not a call")?;
-    let skew = u128::from(now_ms.abs_diff(call.sent_at_ms));
-    if skew > MAX_CLOCK_SKEW.as_millis() {
-        return Err("sent too long ago, or its clock is off");
-    }
-    accept(&call)?;
-    let reply = message.reply.as_ref().ok_or("no reply subject")?;
-    Ok(OpenedCall {
-        call,
-        reply: reply.to_string(),
-    })
+    Ok(&message.payload)
+}
+
+/// Publishes `payload` on `subject` sealed with `key` (the MAC in [`PEER_MAC_HEADER`]).
+pub async fn publish_sealed(
+    client: &async_nats::Client,
+    key: &BusKey,
+    subject: String,
+    payload: Vec<u8>,
+) -> Result<(), String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(PEER_MAC_HEADER, key.seal(&subject, &payload).as_str());
+    client
+        .publish_with_headers(subject, headers, Bytes::from(payload))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Serves the calls on `calls` until `shutdown`: each message is opened by `open` (a refused
@@ -266,12 +292,7 @@ pub async fn answer(
         body: String::from_utf8_lossy(body).into_owned(),
     };
     let payload = serde_json::to_vec(&answer).map_err(|e| e.to_string())?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(PEER_MAC_HEADER, key.seal(&reply, &payload).as_str());
-    client
-        .publish_with_headers(reply, headers, Bytes::from(payload))
-        .await
-        .map_err(|e| e.to_string())
+    publish_sealed(client, key, reply, payload).await
 }
 
 /// [`answer`] with a socket's response: its status and its whole body, as the socket would

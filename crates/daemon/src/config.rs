@@ -336,6 +336,10 @@ pub struct RunnerdConfig {
     pub max_memory_mib: Option<u64>,
     /// The providers, by name (`[runnerd.providers.NAME]`).
     pub providers: std::collections::BTreeMap<String, ProviderConfig>,
+    /// With `[cluster]`: also serve runnerd to agentd hosts over NATS, on
+    /// `agentworks.runnerd.<host_id>.call` (the host that stores a project runs its CLIs;
+    /// agentd finds it as it finds that project's workspaced).
+    pub serve_cluster: bool,
 }
 
 impl Default for RunnerdConfig {
@@ -347,6 +351,7 @@ impl Default for RunnerdConfig {
             max_processes: 512,
             max_memory_mib: None,
             providers: std::collections::BTreeMap::new(),
+            serve_cluster: false,
         }
     }
 }
@@ -1161,6 +1166,7 @@ impl Config {
         self.refuse_cluster_in_clear()?;
         let needs_cluster = [
             ("workspaced.serve_cluster", self.workspaced.serve_cluster),
+            ("runnerd.serve_cluster", self.runnerd.serve_cluster),
             (
                 "agentd.workspaced_host",
                 self.agentd.workspaced_host.is_some(),
@@ -2033,6 +2039,7 @@ public_url = "wss://gw.example.com/"
                 "[workspaced]\nserve_cluster = true",
                 "workspaced.serve_cluster",
             ),
+            ("[runnerd]\nserve_cluster = true", "runnerd.serve_cluster"),
             (
                 "[agentd]\nworkspaced_host = \"storage-1\"",
                 "agentd.workspaced_host",
@@ -2053,11 +2060,13 @@ public_url = "wss://gw.example.com/"
                        nats_url = \"nats://127.0.0.1:4222\"\nhost_id = \"a\"\n";
         let ok = on_host(
             &format!(
-                "[workspaced]\nserve_cluster = true\n[agentd]\nworkspaced_host = \"s-1\"\n{cluster}"
+                "[workspaced]\nserve_cluster = true\n[runnerd]\nserve_cluster = true\n\
+                 [agentd]\nworkspaced_host = \"s-1\"\n{cluster}"
             ),
             Some("h"),
         )
         .unwrap();
+        assert!(ok.runnerd.serve_cluster);
         assert!(ok.workspaced.serve_cluster);
         assert_eq!(ok.agentd.workspaced_host.as_deref(), Some("s-1"));
         let err = on_host(
