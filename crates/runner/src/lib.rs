@@ -10,8 +10,9 @@
 //! [`claude`]: their generated config, command line and environment, their JSON stream turned
 //! into the turn's events), a turn ([`turn`]: the CLI in the sandbox, cancel,
 //! timeout), the bridge ([`bridge`]: `agentworks-mcpbridge`'s stdio MCP server and runnerd's
-//! loopback endpoint that answers its calls), the socket API agentd calls ([`server`]) and the
-//! daemon's start ([`start`]).
+//! loopback endpoint that answers its calls), the socket API agentd calls ([`server`]), the same
+//! API over the cluster's NATS for agentd on other hosts ([`cluster`]) and the daemon's start
+//! ([`start`]).
 //!
 //! Must never: let a provider's key into a sandbox (environment, runtime files, arguments),
 //! start a CLI outside the sandbox, grant the project writable in Run mode, or delete what a
@@ -21,6 +22,7 @@ pub mod acp;
 pub mod bridge;
 pub mod claude;
 pub mod cli;
+pub mod cluster;
 pub mod codex;
 pub mod driver;
 pub mod gateway;

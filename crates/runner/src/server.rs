@@ -54,7 +54,9 @@ pub async fn run(
     serve(listener, handler, shutdown, limits).await;
 }
 
-fn route(runner: &Arc<Runner>, parts: &Parts, body: &[u8]) -> Response<Body> {
+/// One call of the socket's API, after the peer check; also what a call over NATS runs
+/// ([`crate::cluster`]).
+pub(crate) fn route(runner: &Arc<Runner>, parts: &Parts, body: &[u8]) -> Response<Body> {
     let path = parts.uri.path();
     match (&parts.method, path) {
         (&Method::GET, "/v1/health") => json_response(

@@ -1,6 +1,7 @@
 //! runnerd's start and life as a daemon: no capability kept, then (in this order) the socket,
 //! its state directory, the providers, the sandbox check, the model gateway, the bridge (its
-//! binary found, its endpoint listening), READY, serving until shutdown.
+//! binary found, its endpoint listening), with `[runnerd] serve_cluster` the cluster's NATS and
+//! its runnerd key, READY, serving until shutdown.
 //!
 //! It must never announce READY before the socket is bound and the gateway listens, and never
 //! run a turn when the sandbox is unavailable (each turn is refused, naming why).
@@ -59,6 +60,9 @@ pub enum StartError {
     Gateway(#[source] GatewayError),
     #[error("cannot start the bridge endpoint")]
     Bridge(#[source] EndpointError),
+    /// `[runnerd] serve_cluster` is set and the cluster cannot be joined.
+    #[error("cannot serve agentd hosts over the cluster's NATS server")]
+    Cluster(#[source] crate::cluster::ClusterError),
 }
 
 /// Run runnerd with `config` until a shutdown signal.
@@ -140,8 +144,19 @@ pub async fn run(config: Config, _kept: Vec<Capability>) -> Result<(), StartErro
     if let Ok(credentials) = std::env::var("CREDENTIALS_DIRECTORY") {
         denied.push(PathBuf::from(credentials));
     }
+    // With serve_cluster, NATS and the database must answer now, before READY.
+    let cluster = if config.runnerd.serve_cluster {
+        Some(
+            crate::cluster::join(&config)
+                .await
+                .map_err(StartError::Cluster)?,
+        )
+    } else {
+        None
+    };
     tracing::info!(
         socket = %socket_path.display(),
+        cluster_subject = cluster.as_ref().map(|joined| joined.subject.as_str()),
         socket_activated = origin == listener::ListenerOrigin::Activated,
         providers = ?providers.info().iter().map(|p| (&p.name, p.unavailable.as_deref())).collect::<Vec<_>>(),
         gateway = %gateway.base_url(),
@@ -170,7 +185,17 @@ pub async fn run(config: Config, _kept: Vec<Capability>) -> Result<(), StartErro
     systemd::notify_ready("serving runnerd.sock");
     systemd::spawn_watchdog(shutdown.clone());
     let policy = PeerPolicy::for_users(&config.runnerd.allowed_users);
+    let bus = cluster.map(|joined| {
+        tokio::spawn(crate::cluster::serve(
+            runner.clone(),
+            joined,
+            shutdown.clone(),
+        ))
+    });
     crate::server::run(listener, runner, policy, shutdown).await;
+    if let Some(bus) = bus {
+        let _ = bus.await;
+    }
     tracing::info!("runnerd stopped");
     Ok(())
 }
