@@ -1,7 +1,7 @@
 //! agentd's start and life as a daemon, in this order: the signal token, `agentd.sock`, the
 //! public listener, the identity store, with `[cluster]` the NATS connection that announces
-//! revoked tokens and takes the other agentd hosts' calls, the clients of workspaced and
-//! gatewayd, READY, serving until shutdown ([`serve_listeners`]: the chats' and connections'
+//! revoked tokens and takes the other agentd hosts' calls, the clients of workspaced, gatewayd
+//! and runnerd, READY, serving until shutdown ([`serve_listeners`]: the chats' and connections'
 //! stores, the MCP endpoint, the OAuth server and the console, handed to the public listener's
 //! router in `lib.rs` and to the socket's [`crate::admin`]). agentd keeps no capability at all
 //! (`agentworks_daemon::entry` drops them before any thread exists).
@@ -47,6 +47,9 @@ pub enum StartError {
     /// In a cluster: agentd cannot seal its calls to gatewayd.
     #[error("cannot call gatewayd over the cluster's NATS server")]
     Gatewayd(#[source] crate::clients::gatewayd::GatewaydClientError),
+    /// In a cluster: agentd cannot seal its calls to the runnerd of another host.
+    #[error("cannot call the runnerd of another host")]
+    Runnerd(#[source] crate::clients::runnerd::RunnerdClientError),
     /// In a cluster: the other agentd hosts' calls cannot be taken.
     #[error("cannot take calls from the other agentd hosts")]
     TurnPeers(#[source] crate::chat::peers::TurnPeersError),
@@ -88,9 +91,14 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let gatewayd = crate::clients::gatewayd::GatewaydClient::for_config(&config, nats.clone())
         .await
         .map_err(StartError::Gatewayd)?;
-    let workspaced = crate::clients::workspaced::WorkspacedClient::for_config(&config, nats)
+    let workspaced =
+        crate::clients::workspaced::WorkspacedClient::for_config(&config, nats.clone())
+            .await
+            .map_err(StartError::Workspaced)?;
+    // A project's coding CLIs run on the host that stores it.
+    let runnerd = crate::clients::runnerd::RunnerdClient::for_config(&config, nats)
         .await
-        .map_err(StartError::Workspaced)?;
+        .map_err(StartError::Runnerd)?;
     tracing::info!(
         socket = %socket_path.display(),
         socket_activated = socket_origin == ListenerOrigin::Activated,
@@ -99,6 +107,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         public_url = %config.agentd.public_url(),
         workspaced = %workspaced.target(),
         gatewayd = %gatewayd.target(),
+        runnerd = %runnerd.target(),
         host_id = config.cluster.host_id.as_deref().unwrap_or("-"),
         "agentd ready"
     );
@@ -107,6 +116,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let daemons = DaemonClients {
         workspaced,
         gatewayd,
+        runnerd,
     };
     serve_listeners(&config, identity, daemons, peers, public, socket, shutdown).await;
     if let Some(announcer) = announcer {
@@ -148,6 +158,7 @@ pub fn open_chats_and_connections(
     identity: &IdentityStore,
     files: &crate::catalog::files::FileTools,
     gatewayd: crate::clients::gatewayd::GatewaydClient,
+    runnerd: crate::clients::runnerd::RunnerdClient,
 ) -> Result<
     (
         crate::chat::service::ChatService,
@@ -223,9 +234,7 @@ pub fn open_chats_and_connections(
         .map(|m| crate::chat::model::ModelClient::new(m, credentials));
     let chats = crate::chat::service::ChatService {
         host_id,
-        runnerd: Some(crate::clients::runnerd::RunnerdClient::new(
-            config.runnerd_socket(),
-        )),
+        runnerd: Some(runnerd),
         ..crate::chat::service::ChatService::new(
             identity.clone(),
             files.clone(),
@@ -253,11 +262,12 @@ pub fn open_identity(config: &Config) -> Result<IdentityStore, AgentdError> {
     }
 }
 
-/// How agentd reaches the other daemons: workspaced and gatewayd, each over its socket on this
-/// host or, in a cluster, over NATS.
+/// How agentd reaches the other daemons: workspaced, gatewayd and runnerd, each over its
+/// socket on this host or, in a cluster, over NATS.
 pub struct DaemonClients {
     pub workspaced: crate::clients::workspaced::WorkspacedClient,
     pub gatewayd: crate::clients::gatewayd::GatewaydClient,
+    pub runnerd: crate::clients::runnerd::RunnerdClient,
 }
 
 /// Serve the public listener and the socket until `shutdown`, then let in-flight requests end.
@@ -273,6 +283,7 @@ pub async fn serve_listeners(
     let DaemonClients {
         workspaced,
         gatewayd,
+        runnerd,
     } = daemons;
     let files = crate::catalog::files::FileTools::new(identity.clone(), workspaced.clone());
     let sessions = crate::console::session::Sessions::new(
@@ -282,7 +293,7 @@ pub async fn serve_listeners(
         crate::console::session::loopback_port(&public),
     );
     let (chat_service, connections) =
-        match open_chats_and_connections(config, &identity, &files, gatewayd) {
+        match open_chats_and_connections(config, &identity, &files, gatewayd, runnerd) {
             Ok((chats, connections)) => (
                 Some(crate::chat::service::ChatService {
                     sessions: sessions.clone(),

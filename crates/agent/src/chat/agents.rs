@@ -47,7 +47,9 @@ async fn providers(service: &ChatService) -> Providers {
 /// Why runnerd offers nothing, as a sentence.
 fn runnerd_down(error: &Option<RunnerdError>) -> String {
     match error {
-        Some(error @ RunnerdError::NotRunning { .. }) => error.to_string(),
+        Some(error @ (RunnerdError::NotRunning { .. } | RunnerdError::Unreachable { .. })) => {
+            error.to_string()
+        }
         Some(error) => format!("runnerd did not answer as expected ({error})"),
         None => NOT_RUNNING.to_owned(),
     }

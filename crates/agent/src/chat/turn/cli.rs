@@ -1,4 +1,5 @@
-//! The coding-CLI agent: a [`Driver`] that asks runnerd to run the turn (`runnerd.sock`,
+//! The coding-CLI agent: a [`Driver`] that asks runnerd to run the turn (`runnerd.sock`, or the
+//! runnerd of the project's host over NATS in a cluster:
 //! `POST /v1/turns`) and turns runnerd's stream into the turn's events.
 //!
 //! At the turn's start it resolves the person's live access to the project, as every file tool
@@ -111,7 +112,11 @@ impl Driver for CliAgent {
                 ToolMode::Server => None,
             },
         };
-        let mut stream = self
+        // The turn's start, cancel and bridge answers go to the runnerd of the project's host.
+        let on_project = CliAgent {
+            runnerd: self.runnerd.on_project(&request.project),
+        };
+        let mut stream = on_project
             .runnerd
             .start_turn(&request)
             .await
@@ -120,7 +125,7 @@ impl Driver for CliAgent {
             laptop: chat.binding.is_some(),
             ..Relay::default()
         };
-        let ended = self.relay(turn, &mut stream, &mut relay, usage).await;
+        let ended = on_project.relay(turn, &mut stream, &mut relay, usage).await;
         // Whatever ended the turn, what the person saw is kept.
         for message in relay.finish() {
             service.append(&chat.chat_id, spec.turn, message).await?;
