@@ -53,6 +53,7 @@ mod rmcp_client;
 mod runnerd;
 mod runnerd_bridge;
 mod runnerd_claude;
+mod runnerd_cluster;
 mod runnerd_codex;
 // The runner crate's scripted model servers and where the real Codex and Claude Code are
 // installed.
