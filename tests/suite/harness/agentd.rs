@@ -77,14 +77,30 @@ impl Stack {
     /// and the real `agentworks-runnerd` started on the same state root: its socket is the
     /// default `<runtime_dir>/runnerd.sock`, the one agentd calls. Returns once both answer;
     /// dropping the [`super::Runnerd`] kills runnerd (agentd then finds it not running).
+    /// In cluster mode ([`super::cluster_mode`]) agentd reaches workspaced and runnerd over a
+    /// NATS server of the stack's own instead ([`runnerd_behind_nats`]).
     pub fn start_with_runnerd(runnerd: &str) -> (Stack, super::Runnerd) {
         let port = free_port();
-        let stack = Stack::start_on(
-            port,
-            &format!(
+        let servers =
+            super::cluster_mode().then(|| (super::Postgres::start(), super::Nats::start()));
+        let config = match &servers {
+            Some((postgres, nats)) => {
+                let routed = runnerd_behind_nats(runnerd);
+                format!(
+                    "[workspaced]\nallowed_users = []\n{}\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n{}\n\
+                     {}\n{}",
+                    routed.workspaced,
+                    routed.agentd,
+                    routed.runnerd,
+                    super::cluster_section(postgres, nats, CLUSTER_HOST)
+                )
+            }
+            None => format!(
                 "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n{runnerd}\n"
             ),
-        );
+        };
+        let mut stack = Stack::start_on(port, &config);
+        stack.cluster = servers;
         let runnerd = super::Runnerd::start(&stack.state);
         (stack, runnerd)
     }
@@ -310,5 +326,30 @@ impl Drop for Stack {
     fn drop(&mut self) {
         let _ = send_signal(&self.agentd, Signal::SIGTERM);
         let _ = self.agentd.wait();
+    }
+}
+
+/// The host id of a cluster-mode stack: one host serving every role.
+pub const CLUSTER_HOST: &str = "gw-test";
+
+/// A config's sections put so that agentd reaches runnerd (and so workspaced, which routes the
+/// same way) over NATS rather than their sockets, on [`CLUSTER_HOST`]: the keys to add to
+/// `[workspaced]` and `[agentd]`, and `runnerd` (its `[runnerd]` section and providers) with
+/// `serve_cluster`.
+pub struct RoutedOverNats {
+    pub workspaced: &'static str,
+    pub agentd: String,
+    pub runnerd: String,
+}
+
+pub fn runnerd_behind_nats(runnerd: &str) -> RoutedOverNats {
+    assert!(
+        runnerd.contains("[runnerd]\n"),
+        "no [runnerd] section: {runnerd}"
+    );
+    RoutedOverNats {
+        workspaced: "serve_cluster = true\n",
+        agentd: format!("workspaced_host = \"{CLUSTER_HOST}\"\n"),
+        runnerd: runnerd.replacen("[runnerd]\n", "[runnerd]\nserve_cluster = true\n", 1),
     }
 }

@@ -16,7 +16,8 @@ impl Stack {
     /// workspaced, agentd and a `[gatewayd]` section (listen on a free loopback port,
     /// `allowed_users = []`) in the config, so the file holds both daemons' sections; in
     /// cluster mode ([`super::cluster_mode`]) also a `[cluster]` section on a PostgreSQL and a
-    /// NATS server of the stack's own (host `gw-test`). Returns the stack and the gateway's
+    /// NATS server of the stack's own (host `gw-test`), and, when the config has a `[runnerd]`
+    /// section, runnerd and workspaced reached over NATS ([`super::runnerd_behind_nats`]). Returns the stack and the gateway's
     /// port; start the daemon with [`Gatewayd::start`].
     pub fn start_with_gateway() -> (Stack, u16) {
         Stack::start_with_gateway_and("")
@@ -130,12 +131,27 @@ impl Stack {
         let servers = cluster.then(|| (super::Postgres::start(), super::Nats::start()));
         let cluster_section = match &servers {
             Some((postgres, nats)) => {
-                format!("{}\n", super::cluster_section(postgres, nats, "gw-test"))
+                format!(
+                    "{}\n",
+                    super::cluster_section(postgres, nats, super::CLUSTER_HOST)
+                )
             }
             None => String::new(),
         };
+        // In a cluster, a stack with runnerd reaches it (and workspaced) over NATS.
+        let routed = (servers.is_some() && agentd_extra.contains("[runnerd]\n"))
+            .then(|| super::runnerd_behind_nats(agentd_extra));
+        let (workspaced_keys, agentd_keys, agentd_extra) = match &routed {
+            Some(routed) => (
+                routed.workspaced,
+                routed.agentd.as_str(),
+                routed.runnerd.as_str(),
+            ),
+            None => ("", "", agentd_extra),
+        };
         let config = format!(
-            "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{port}\"\n\n\
+            "[workspaced]\nallowed_users = []\n{workspaced_keys}\n[agentd]\n\
+             listen = \"127.0.0.1:{port}\"\n{agentd_keys}\n\
              {agentd_extra}\n\n{cluster_section}[gatewayd]\nlisten = \"127.0.0.1:{gw_port}\"\n\
              allowed_users = []\n"
         );
