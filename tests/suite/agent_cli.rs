@@ -7,6 +7,9 @@
 //! Codex against a scripted Responses server: a Run chat's turn streams the CLI's text and its
 //! folded tool calls, stores the answer and the usage, a second turn resumes the thread, Stop
 //! ends the turn, and a turn without runnerd fails at once with the sentence saying so.
+//!
+//! In cluster mode (`AGENTWORKS_TEST_CLUSTER=1`) the same tests reach runnerd over NATS only
+//! (`[runnerd] serve_cluster`, agentd's `workspaced_host`; its socket moved away).
 
 use super::agent::{api, code_project, create_chat, of_kind, turn, user};
 use super::harness::*;
@@ -570,7 +573,10 @@ fn an_owners_cli_chat_calls_a_connections_tool_through_the_bridge_and_a_viewers_
     let config_path = stack.state.root().join("agentworks.toml");
     let config = std::fs::read_to_string(&config_path).unwrap();
     std::fs::write(&config_path, config.replace(placeholder, &model.base_url())).unwrap();
-    let _runnerd = Runnerd::start(&stack.state);
+    let mut runnerd = Runnerd::start(&stack.state);
+    if cluster_mode() {
+        runnerd.only_over_nats();
+    }
 
     // The owner's Run chat: the connection's tool is offered in the bridge's namespace, called,
     // and its result goes back to the model.

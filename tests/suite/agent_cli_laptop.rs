@@ -8,6 +8,8 @@
 //! in the laptop folder, with the laptop's receipts under agentd's request ids; nothing changes
 //! on the server). With the device offline the calls fail with `device_offline` and nothing
 //! falls back to the server. A folder shared read-only gets no patch tool.
+//!
+//! In cluster mode (`AGENTWORKS_TEST_CLUSTER=1`) agentd reaches runnerd over NATS only.
 
 use super::agent::{LaptopExt, Setup, api, of_kind, turn};
 use super::agent_cli::runnerd_config;
@@ -40,7 +42,11 @@ struct CliSetup {
 fn start(model: &ScriptedResponses) -> CliSetup {
     let keys = tempfile::tempdir().unwrap();
     let setup = Setup::start_with(true, &runnerd_config(keys.path(), &model.base_url()));
-    let runnerd = Runnerd::start(&setup.stack.state);
+    let mut runnerd = Runnerd::start(&setup.stack.state);
+    if cluster_mode() {
+        // The stack reaches runnerd over NATS (Stack::start_with_gateway_and): only that way.
+        runnerd.only_over_nats();
+    }
     let (status, chat) = api(
         &setup.stack,
         &setup.alice,

@@ -100,8 +100,11 @@ impl Stack {
             ),
         };
         let mut stack = Stack::start_on(port, &config);
+        let mut runnerd = super::Runnerd::start(&stack.state);
+        if servers.is_some() {
+            runnerd.only_over_nats();
+        }
         stack.cluster = servers;
-        let runnerd = super::Runnerd::start(&stack.state);
         (stack, runnerd)
     }
 
