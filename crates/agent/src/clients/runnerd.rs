@@ -14,8 +14,8 @@
 //! heartbeat comes for [`TURN_SILENT_HEARTBEATS`] heartbeats, runnerd or its host is gone and
 //! the turn ends with `runnerd_unreachable`, naming the host.
 //!
-//! runnerd is optional: without it the only agent is `api`. A socket nobody listens on is
-//! [`RunnerdError::NotRunning`], with the sentence a person acts on. Never decides who may
+//! runnerd is optional: without it the only agent is `api`. A socket (or a host's subject)
+//! nobody listens on is [`RunnerdError::NotRunning`], with the sentence a person acts on. Never decides who may
 //! run what: the chat API and the turn check the person first.
 
 use std::collections::BTreeMap;
@@ -52,11 +52,12 @@ const LOGGED_DROPS: u32 = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerdError {
-    /// Nothing listens on the socket (or it is missing): runnerd is not running.
+    /// Nothing listens on the socket (or it is missing), or on the NATS subject of the host's
+    /// runnerd: runnerd is not running. `socket` names where it was called.
     #[error("{NOT_RUNNING} (nothing answers on {socket})")]
     NotRunning { socket: String },
-    /// The runnerd of another cluster host does not answer: nobody serves its subject, a call
-    /// got no answer in time, or a running turn's frames stopped.
+    /// The runnerd of another cluster host does not answer: a call got no answer in time, or a
+    /// running turn's frames stopped.
     #[error("the runnerd of cluster host {host:?} cannot be reached: {reason}")]
     Unreachable { host: String, reason: String },
     /// Frames of a turn from another host never arrived: the turn's stream has a hole.
@@ -324,10 +325,12 @@ impl OnHost {
         )
         .await
         .map_err(|error| match error {
-            BusError::NoResponders { .. } => unreachable(format!(
-                "no runnerd serves it ({subject}: is agentworks-runnerd running there with \
-                 [runnerd] serve_cluster?); nothing was sent"
-            )),
+            BusError::NoResponders { .. } => RunnerdError::NotRunning {
+                socket: format!(
+                    "{subject}, cluster host {:?}, which needs [runnerd] serve_cluster",
+                    self.host
+                ),
+            },
             error @ BusError::TimedOut { .. } => unreachable(error.to_string()),
             other => RunnerdError::Failed(ClientError::Elsewhere {
                 endpoint: path.to_owned(),
