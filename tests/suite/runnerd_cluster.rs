@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 
 const STORAGE: &str = "storage-1";
 
+/// A chat turn's events when it ends, or its refusal (as `agent::turn` returns them).
+type TurnEvents = Result<Vec<(String, Value)>, (u16, Value)>;
+
 /// agentd on `a-1` and the storage host's workspaced and runnerd, with the `codex` provider
 /// against `model`; alice owns `app` (stored on `storage-1`).
 struct TwoHosts {
@@ -95,10 +98,7 @@ impl TwoHosts {
     }
 
     /// Runs a turn of `chat` on another thread; its events when it ends.
-    fn turn_in_background(
-        &self,
-        chat: &str,
-    ) -> std::thread::JoinHandle<Result<Vec<(String, Value)>, (u16, Value)>> {
+    fn turn_in_background(&self, chat: &str) -> std::thread::JoinHandle<TurnEvents> {
         let (port, token, chat) = (self.stack.port, self.alice.clone(), chat.to_owned());
         std::thread::spawn(move || turn(port, &token, &chat, "Wait a while."))
     }
