@@ -55,6 +55,7 @@ mod runnerd_bridge;
 mod runnerd_claude;
 mod runnerd_cluster;
 mod runnerd_codex;
+mod runnerd_opencode;
 // The runner crate's scripted model servers and where the real Codex and Claude Code are
 // installed.
 #[path = "../../crates/runner/tests/support/mod.rs"]

@@ -190,6 +190,8 @@ const OPENCODE_CONFIG_DIR: &str = "home/.config/opencode";
 ///   sandbox) — in a chat bound to a laptop, `ask` for everything but the bridge, and the ACP
 ///   policy refuses what asks ([`decide_permission`]).
 /// - `AGENTS.md`: the generated instructions (OpenCode reads the global one always).
+/// - `plugin/agentworks-shell-env.js`: its `shell.env` hook keeps the turn's capability and
+///   the server's password out of the environment of the commands its `bash` tool runs.
 /// - `package-lock.json` and `node_modules/`: OpenCode 1.18 installs `@opencode-ai/plugin` from
 ///   registry.npmjs.org into every config directory at start unless its `node_modules` exists
 ///   and its lock names that package (read from the binary: `Npm.install`); nothing here needs
@@ -252,12 +254,40 @@ fn opencode_files(setup: &TurnSetup, api: AcpApi) -> Result<Vec<Generated>, Driv
             .to_string(),
         },
         Generated {
+            path: dir.join("plugin/agentworks-shell-env.js"),
+            content: opencode_shell_env_plugin(),
+        },
+        Generated {
             path: dir.join("node_modules/README"),
             content: "Written by agentworks-runnerd so that OpenCode installs nothing here.\n"
                 .to_owned(),
         },
     ])
 }
+
+/// The variables of OpenCode's environment that its commands must not inherit: the turn's
+/// capability on the model gateway and the password of its loopback server.
+const OPENCODE_SHELL_HIDDEN: &[&str] = &[MODEL_KEY_ENV, "OPENCODE_SERVER_PASSWORD"];
+
+/// A plugin of OpenCode's (its `shell.env` hook, which every command of its `bash` tool goes
+/// through: `{...process.env, ...hook's env}`) that takes [`OPENCODE_SHELL_HIDDEN`] out of its
+/// commands' environment: a variable set to `undefined` is not passed to the child.
+fn opencode_shell_env_plugin() -> String {
+    let names = serde_json::to_string(OPENCODE_SHELL_HIDDEN).unwrap_or_else(|_| "[]".into());
+    OPENCODE_SHELL_ENV_PLUGIN.replace("HIDDEN_NAMES", &names)
+}
+
+const OPENCODE_SHELL_ENV_PLUGIN: &str = r#"// Written by agentworks-runnerd: the turn's secrets stay out of OpenCode's commands.
+const hidden = HIDDEN_NAMES;
+export default {
+  id: "agentworks-shell-env",
+  server: async () => ({
+    "shell.env": async (_input, output) => {
+      for (const name of hidden) output.env[name] = undefined;
+    },
+  }),
+};
+"#;
 
 /// OpenCode's environment: its background traffic off (update checks, the models.dev fetch,
 /// sharing, LSP downloads, the default auth plugins), no `~/.claude` or project-level config,
@@ -1224,6 +1254,20 @@ mod tests {
         assert_eq!(value["permission"], json!("allow"));
         assert_eq!(value["autoupdate"], json!(false));
         assert_eq!(value["share"], json!("disabled"));
+
+        // Its commands do not inherit the capability or the server's password.
+        let plugin = files
+            .iter()
+            .find(|f| f.path.ends_with("plugin/agentworks-shell-env.js"))
+            .unwrap();
+        assert!(
+            plugin
+                .content
+                .contains(r#"const hidden = ["AGENTWORKS_MODEL_KEY","OPENCODE_SERVER_PASSWORD"];"#),
+            "{}",
+            plugin.content
+        );
+        assert!(plugin.content.contains("\"shell.env\""));
 
         let bound = AcpDriver.files(&setup(&options, true)).unwrap();
         let value: Value = serde_json::from_str(
