@@ -3,34 +3,185 @@
 //! hands are the bridge's tools, which agentd sends to the real executor on the person's
 //! laptop through the real gatewayd, as it sends the model loop's.
 //!
-//! With Codex against the scripted Responses server: the model asks Codex's own shell (it is
-//! not there: the call fails and nothing runs), then the bridge's shell and patch (both happen
-//! in the laptop folder, with the laptop's receipts under agentd's request ids; nothing changes
-//! on the server). With the device offline the calls fail with `device_offline` and nothing
-//! falls back to the server. A folder shared read-only gets no patch tool.
+//! Each scenario runs with each CLI against its scripted model: Codex (the Responses API; its
+//! bridge tools in the namespace `mcp__bridge`) and OpenCode through the ACP driver (chat
+//! completions; `bridge_<tool>`). The model asks the CLI's own shell directly: Codex does not
+//! have it (the call fails and nothing runs); OpenCode asks for permission, runnerd's policy
+//! refuses it (the turn shows the call and the refusal) and nothing runs. Then the bridge's
+//! shell and patch: both happen in the laptop folder, with the laptop's receipts under
+//! agentd's request ids; nothing changes on the server. With the device offline the calls fail
+//! with `device_offline` and nothing falls back to the server. A folder shared read-only gets
+//! no patch tool.
 //!
 //! In cluster mode (`AGENTWORKS_TEST_CLUSTER=1`) agentd reaches runnerd over NATS only.
 
 use super::agent::{LaptopExt, Setup, api, of_kind, turn};
 use super::agent_cli::runnerd_config;
 use super::harness::*;
-use super::runner_support::responses::{RecordedRequest, Reply, ScriptedResponses};
+use super::runner_support::{chat_completions, responses};
+use super::runnerd_opencode::opencode_provider;
 use serde_json::{Value, json};
 use std::path::Path;
 
 const PATCH: &str = "--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n";
 
-/// A bridge tool's call, as the scripted model makes it for Codex.
-fn bridge(tool: &str, call_id: &str, arguments: Value) -> Reply {
-    Reply::McpCall {
-        server: "bridge".into(),
-        tool: tool.into(),
-        call_id: call_id.into(),
-        arguments,
+/// The coding CLI of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cli {
+    Codex,
+    OpenCode,
+}
+
+/// One answer of the scripted model, whichever CLI it talks to.
+enum Step {
+    /// A call of the CLI's own shell.
+    Native(&'static str, &'static str),
+    /// A call of a bridge tool: tool, call id, arguments.
+    Bridge(&'static str, &'static str, Value),
+    Text(&'static str),
+}
+
+/// The scripted model of a CLI's dialect.
+enum Model {
+    Responses(responses::ScriptedResponses),
+    Chat(chat_completions::ScriptedChat),
+}
+
+impl Cli {
+    /// The provider's name, the chat's agent.
+    fn agent(self) -> &'static str {
+        match self {
+            Cli::Codex => "codex",
+            Cli::OpenCode => "opencode",
+        }
+    }
+
+    fn model(self, runtime: &tokio::runtime::Runtime, steps: Vec<Step>) -> Model {
+        match self {
+            Cli::Codex => {
+                use responses::Reply;
+                let script = steps
+                    .into_iter()
+                    .map(|step| match step {
+                        Step::Native(id, command) => Reply::exec_command(id, command),
+                        Step::Bridge(tool, id, arguments) => Reply::McpCall {
+                            server: "bridge".into(),
+                            tool: tool.into(),
+                            call_id: id.into(),
+                            arguments,
+                        },
+                        Step::Text(text) => Reply::Text(text.into()),
+                    })
+                    .collect();
+                Model::Responses(
+                    runtime
+                        .block_on(responses::ScriptedResponses::start(script))
+                        .unwrap(),
+                )
+            }
+            Cli::OpenCode => {
+                use chat_completions::Reply;
+                let script = steps
+                    .into_iter()
+                    .map(|step| match step {
+                        Step::Native(id, command) => Reply::tool(
+                            "bash",
+                            id,
+                            json!({"command": command, "description": "Runs a command"}),
+                        ),
+                        Step::Bridge(tool, id, arguments) => {
+                            Reply::tool(&format!("bridge_{tool}"), id, arguments)
+                        }
+                        Step::Text(text) => Reply::Text(text.into()),
+                    })
+                    .collect();
+                Model::Chat(
+                    runtime
+                        .block_on(chat_completions::ScriptedChat::start(script))
+                        .unwrap(),
+                )
+            }
+        }
+    }
+
+    /// runnerd's config: the `codex` and `ghost` providers of `suite::agent_cli`, and OpenCode's
+    /// (the CLI not under test gets an upstream that answers nothing).
+    fn config(self, keys: &Path, model: &Model) -> String {
+        let nowhere = "http://127.0.0.1:9/v1".to_owned();
+        let (codex, opencode) = match self {
+            Cli::Codex => (model.base_url(), nowhere),
+            Cli::OpenCode => (nowhere, model.base_url()),
+        };
+        format!(
+            "{}\n{}",
+            runnerd_config(keys, &codex),
+            opencode_provider("opencode", &opencode, &keys.join("provider.key"))
+        )
     }
 }
 
-/// Everything real, plus runnerd with the `codex` provider against `model`: alice's Codex chat
+impl Model {
+    fn base_url(&self) -> String {
+        match self {
+            Model::Responses(model) => model.base_url(),
+            Model::Chat(model) => model.base_url(),
+        }
+    }
+
+    /// What the model was told about its call `call_id`, as text.
+    fn told(&self, call_id: &str) -> String {
+        let found = match self {
+            Model::Responses(model) => model
+                .requests()
+                .iter()
+                .flat_map(|r| r.input().to_vec())
+                .find(|item| item["call_id"] == call_id && item["type"] != "function_call")
+                .map(|item| item["output"].to_string()),
+            Model::Chat(model) => model
+                .requests()
+                .iter()
+                .flat_map(|r| r.messages().to_vec())
+                .find(|m| m["role"] == "tool" && m["tool_call_id"] == call_id)
+                .map(|m| m["content"].to_string()),
+        };
+        found.unwrap_or_else(|| panic!("the model never got an answer for {call_id}"))
+    }
+
+    /// The bridge tools the CLI offered the model in its first request, sorted.
+    fn bridge_tools(&self) -> Vec<String> {
+        let mut tools: Vec<String> = match self {
+            Model::Responses(model) => {
+                let first = &model.requests()[0];
+                let namespace = first
+                    .tool("mcp__bridge")
+                    .unwrap_or_else(|| panic!("no mcp__bridge in {:?}", first.tool_names()));
+                namespace["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].as_str().unwrap().to_owned())
+                    .collect()
+            }
+            Model::Chat(model) => model.requests()[0]
+                .function_names()
+                .into_iter()
+                .filter_map(|name| name.strip_prefix("bridge_").map(str::to_owned))
+                .collect(),
+        };
+        tools.sort();
+        tools
+    }
+
+    /// The first request's whole body, as text.
+    fn first_request(&self) -> String {
+        match self {
+            Model::Responses(model) => model.requests()[0].body.to_string(),
+            Model::Chat(model) => model.requests()[0].body.to_string(),
+        }
+    }
+}
+
+/// Everything real, plus runnerd with the providers of [`Cli::config`]: alice's chat of `cli`
 /// on `app`, bound to her laptop's `repo`.
 struct CliSetup {
     setup: Setup,
@@ -39,9 +190,9 @@ struct CliSetup {
     chat: String,
 }
 
-fn start(model: &ScriptedResponses) -> CliSetup {
+fn start(cli: Cli, model: &Model) -> CliSetup {
     let keys = tempfile::tempdir().unwrap();
-    let setup = Setup::start_with(true, &runnerd_config(keys.path(), &model.base_url()));
+    let setup = Setup::start_with(true, &cli.config(keys.path(), model));
     let mut runnerd = Runnerd::start(&setup.stack.state);
     if cluster_mode() {
         // The stack reaches runnerd over NATS (Stack::start_with_gateway_and): only that way.
@@ -52,7 +203,7 @@ fn start(model: &ScriptedResponses) -> CliSetup {
         &setup.alice,
         "POST",
         "/v1/chats",
-        json!({"project": "app", "agent": "codex", "mode": "builder"}),
+        json!({"project": "app", "agent": cli.agent(), "mode": "builder"}),
     );
     assert_eq!(status, 201, "{chat}");
     let chat = chat["chat_id"].as_str().unwrap().to_owned();
@@ -64,29 +215,6 @@ fn start(model: &ScriptedResponses) -> CliSetup {
         _keys: keys,
         chat,
     }
-}
-
-/// The bridge tools Codex offered the model in `request` (its `mcp__bridge` namespace).
-fn bridge_tools(request: &RecordedRequest) -> Vec<String> {
-    let namespace = request
-        .tool("mcp__bridge")
-        .unwrap_or_else(|| panic!("no mcp__bridge in {:?}", request.tool_names()));
-    namespace["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-/// What the model was told about call `call_id` (its `function_call_output`), as text.
-fn output_of(requests: &[RecordedRequest], call_id: &str) -> String {
-    requests
-        .iter()
-        .flat_map(|r| r.input().iter())
-        .find(|item| item["call_id"] == call_id && item["type"] != "function_call")
-        .map(|item| item["output"].to_string())
-        .unwrap_or_else(|| panic!("the model never got an answer for {call_id}"))
 }
 
 /// Every file named `name` below `root`.
@@ -109,29 +237,35 @@ fn find_named(root: &Path, name: &str) -> Vec<std::path::PathBuf> {
     found
 }
 
-#[test]
-fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell() {
+fn runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(cli: Cli) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let model = runtime
-        .block_on(ScriptedResponses::start(vec![
-            // Codex's own shell, asked for directly: switched off in a bound chat.
-            Reply::exec_command("n1", "echo native > native-shell.txt"),
-            bridge(
+    let model = cli.model(
+        &runtime,
+        vec![
+            // The CLI's own shell, asked for directly: switched off in a bound chat.
+            Step::Native("n1", "echo native > native-shell.txt"),
+            Step::Bridge(
                 "execute_shell_command",
                 "s1",
                 json!({"command": "cat a.txt; echo from-cli > made.txt; pwd"}),
             ),
-            bridge(
+            Step::Bridge(
                 "diff_patch_workspace_file",
                 "p1",
                 json!({"filepath": "a.txt", "diff": PATCH}),
             ),
-            Reply::Text("Patched a.txt on the laptop.".into()),
-        ]))
-        .unwrap();
-    let cli = start(&model);
-    let setup = &cli.setup;
-    let events = turn(setup.stack.port, &setup.alice, &cli.chat, "Fix a.txt.").unwrap();
+            Step::Text("Patched a.txt on the laptop."),
+        ],
+    );
+    let cli_setup = start(cli, &model);
+    let setup = &cli_setup.setup;
+    let events = turn(
+        setup.stack.port,
+        &setup.alice,
+        &cli_setup.chat,
+        "Fix a.txt.",
+    )
+    .unwrap();
     assert_eq!(
         of_kind(&events, "end")[0]["reason"],
         "completed",
@@ -158,7 +292,7 @@ fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_
     // The native shell ran nowhere: not in the runtime, not anywhere on the server.
     assert!(
         find_named(setup.stack.state.root(), "native-shell.txt").is_empty(),
-        "Codex's own shell ran in a bound chat"
+        "{cli:?}'s own shell ran in a bound chat"
     );
     assert!(!repo.join("native-shell.txt").exists());
     // The runtime the CLI ran in has no `project` link: no project at all.
@@ -167,22 +301,39 @@ fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     assert!(std::fs::symlink_metadata(dirs[0].path().join("project")).is_err());
 
-    // The turn shows both bridge calls done, under agentd's request ids, each with the
-    // laptop's receipt.
+    // The turn shows each bridge call once (agentd's dispatch, not also the CLI's own report
+    // of it), under agentd's request ids, each done with the laptop's receipt. OpenCode's
+    // refused shell is shown too: the call and runnerd's refusal as its result.
     let results = of_kind(&events, "tool_result");
-    // Each call shown once: agentd's dispatch, not also Codex's own report of it.
-    let shown: Vec<&Value> = of_kind(&events, "tool_call")
+    let shown: Vec<&str> = of_kind(&events, "tool_call")
         .into_iter()
-        .map(|c| &c["name"])
+        .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(
-        shown,
-        [
-            &json!("execute_shell_command"),
-            &json!("diff_patch_workspace_file")
-        ],
-        "{events:#?}"
-    );
+    let bridge_calls = ["execute_shell_command", "diff_patch_workspace_file"];
+    match cli {
+        Cli::Codex => assert_eq!(shown, bridge_calls, "{events:#?}"),
+        Cli::OpenCode => {
+            assert_eq!(
+                shown,
+                [&["bash"][..], &bridge_calls].concat(),
+                "{events:#?}"
+            );
+            let refused = results
+                .iter()
+                .find(|r| r["id"] == "n1")
+                .unwrap_or_else(|| panic!("no result of the refused shell: {events:#?}"));
+            // The call is shown, failed with runnerd's refusal; it never ran.
+            assert_eq!(refused["state"], "failed", "{refused}");
+            assert_eq!(refused["error"]["code"], "refused_by_policy", "{refused}");
+            let output = refused["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                output.starts_with(
+                    "refused by runnerd's policy: the chat is bound to a laptop folder"
+                ),
+                "{refused}"
+            );
+        }
+    }
     for tool in ["execute_shell_command", "diff_patch_workspace_file"] {
         let call = of_kind(&events, "tool_call")
             .into_iter()
@@ -207,38 +358,43 @@ fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_
         .collect();
     assert_eq!(receipts.len(), 2, "{receipts:?}");
     for (request_id, state) in &receipts {
-        let prefix = format!("chat-{}-turn-1-bridge-", cli.chat);
+        let prefix = format!("chat-{}-turn-1-bridge-", cli_setup.chat);
         assert!(request_id.starts_with(&prefix), "{receipts:?}");
         assert_eq!(state, "done", "{receipts:?}");
     }
 
-    // The model: the shell's output came back from the laptop; Codex's own shell was not
-    // there (the model was told so), and the bridge offered both tools of a writable folder.
-    let requests = model.requests();
-    let s1 = output_of(&requests, "s1");
+    // The model: the shell's output came back from the laptop; the CLI's own shell was not
+    // there or was refused (the model was told so), and the bridge offered both tools of a
+    // writable folder.
+    let s1 = model.told("s1");
     assert!(s1.contains("one") && s1.contains("two"), "{s1}");
     assert!(
         s1.contains(repo.to_str().unwrap()),
         "pwd is the laptop folder: {s1}"
     );
-    let n1 = output_of(&requests, "n1");
-    assert!(!n1.contains("native"), "the native shell ran: {n1}");
-    // Codex answers the model itself ("unsupported call: exec_command"), reporting nothing on
-    // its event stream.
-    assert!(n1.contains("unsupported call"), "{n1}");
-    assert!(
-        !requests[0].tool_names().iter().any(|t| t == "exec_command"),
-        "{:?}",
-        requests[0].tool_names()
-    );
-    let mut offered = bridge_tools(&requests[0]);
-    offered.sort();
+    let n1 = model.told("n1");
+    assert!(!n1.contains("native\\n"), "the native shell ran: {n1}");
+    match &model {
+        // Codex answers the model itself ("unsupported call: exec_command"), reporting nothing
+        // on its event stream; its shell is not among the tools it offers.
+        Model::Responses(responses) => {
+            assert!(n1.contains("unsupported call"), "{n1}");
+            let first = &responses.requests()[0];
+            assert!(
+                !first.tool_names().iter().any(|t| t == "exec_command"),
+                "{:?}",
+                first.tool_names()
+            );
+        }
+        // OpenCode offers its shell and asks before running it; the refusal is its answer.
+        Model::Chat(_) => assert!(n1.contains("rejected permission"), "{n1}"),
+    }
     assert_eq!(
-        offered,
+        model.bridge_tools(),
         ["diff_patch_workspace_file", "execute_shell_command"]
     );
     // The generated instructions say where the hands are.
-    let instructions = requests[0].body.to_string();
+    let instructions = model.first_request();
     assert!(
         instructions.contains("a folder the person shared from their own computer"),
         "{instructions}"
@@ -246,33 +402,51 @@ fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_
 }
 
 #[test]
-fn a_bound_codex_chat_with_the_device_offline_fails_its_calls_and_never_touches_the_server() {
+fn a_bound_codex_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell() {
+    runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(Cli::Codex);
+}
+
+#[test]
+fn a_bound_opencode_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_its_native_shell_is_refused()
+ {
+    runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(Cli::OpenCode);
+}
+
+fn with_the_device_offline_fails_its_calls_and_never_touches_the_server(cli: Cli) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let model = runtime
-        .block_on(ScriptedResponses::start(vec![
-            bridge(
+    let model = cli.model(
+        &runtime,
+        vec![
+            Step::Bridge(
                 "execute_shell_command",
                 "s1",
                 json!({"command": "echo changed > server.txt"}),
             ),
-            bridge(
+            Step::Bridge(
                 "diff_patch_workspace_file",
                 "p1",
                 json!({"filepath": "server.txt",
                        "diff": "--- a/server.txt\n+++ b/server.txt\n@@ -1 +1 @@\n-server file\n+changed\n"}),
             ),
-            Reply::Text("The laptop is offline.".into()),
-        ]))
+            Step::Text("The laptop is offline."),
+        ],
+    );
+    let mut cli_setup = start(cli, &model);
+    cli_setup
+        .setup
+        .executor
+        .as_mut()
+        .unwrap()
+        .child
+        .kill()
         .unwrap();
-    let mut cli = start(&model);
-    cli.setup.executor.as_mut().unwrap().child.kill().unwrap();
-    let _ = cli.setup.executor.as_mut().unwrap().child.wait();
-    cli.setup.wait_device(false);
-    let setup = &cli.setup;
+    let _ = cli_setup.setup.executor.as_mut().unwrap().child.wait();
+    cli_setup.setup.wait_device(false);
+    let setup = &cli_setup.setup;
     let events = turn(
         setup.stack.port,
         &setup.alice,
-        &cli.chat,
+        &cli_setup.chat,
         "Change server.txt.",
     )
     .unwrap();
@@ -281,9 +455,8 @@ fn a_bound_codex_chat_with_the_device_offline_fails_its_calls_and_never_touches_
         "completed",
         "{events:#?}"
     );
-    let requests = model.requests();
     for id in ["s1", "p1"] {
-        let output = output_of(&requests, id);
+        let output = model.told(id);
         assert!(output.contains("device_offline"), "{id}: {output}");
     }
     let failed: Vec<&Value> = of_kind(&events, "tool_result")
@@ -298,20 +471,30 @@ fn a_bound_codex_chat_with_the_device_offline_fails_its_calls_and_never_touches_
 }
 
 #[test]
-fn a_bound_codex_chat_on_a_read_only_folder_has_no_patch_tool() {
+fn a_bound_codex_chat_with_the_device_offline_fails_its_calls_and_never_touches_the_server() {
+    with_the_device_offline_fails_its_calls_and_never_touches_the_server(Cli::Codex);
+}
+
+#[test]
+fn a_bound_opencode_chat_with_the_device_offline_fails_its_calls_and_never_touches_the_server() {
+    with_the_device_offline_fails_its_calls_and_never_touches_the_server(Cli::OpenCode);
+}
+
+fn on_a_read_only_folder_has_no_patch_tool(cli: Cli) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let model = runtime
-        .block_on(ScriptedResponses::start(vec![
-            bridge(
+    let model = cli.model(
+        &runtime,
+        vec![
+            Step::Bridge(
                 "diff_patch_workspace_file",
                 "p1",
                 json!({"filepath": "a.txt", "diff": PATCH}),
             ),
-            Reply::Text("No patch tool here.".into()),
-        ]))
-        .unwrap();
+            Step::Text("No patch tool here."),
+        ],
+    );
     let keys = tempfile::tempdir().unwrap();
-    let mut setup = Setup::start_with(true, &runnerd_config(keys.path(), &model.base_url()));
+    let mut setup = Setup::start_with(true, &cli.config(keys.path(), &model));
     let _runnerd = Runnerd::start(&setup.stack.state);
     // The same folder, shared read-only this time.
     setup.executor = None;
@@ -334,7 +517,7 @@ fn a_bound_codex_chat_on_a_read_only_folder_has_no_patch_tool() {
     setup.executor = Some(super::agent::Executor { child });
     let device = setup.wait_device(true);
     assert_eq!(device["folders"][0]["access"], "read_only", "{device}");
-    let chat = create_chat_with(&setup, "codex");
+    let chat = create_chat_with(&setup, cli.agent());
     assert_eq!(setup.bind(&chat).0, 200);
     let events = turn(setup.stack.port, &setup.alice, &chat, "Patch a.txt.").unwrap();
     assert_eq!(
@@ -342,12 +525,21 @@ fn a_bound_codex_chat_on_a_read_only_folder_has_no_patch_tool() {
         "completed",
         "{events:#?}"
     );
-    let requests = model.requests();
-    assert_eq!(bridge_tools(&requests[0]), ["execute_shell_command"]);
+    assert_eq!(model.bridge_tools(), ["execute_shell_command"]);
     assert_eq!(
         std::fs::read_to_string(repo.join("a.txt")).unwrap(),
         "one\ntwo\nthree\n"
     );
+}
+
+#[test]
+fn a_bound_codex_chat_on_a_read_only_folder_has_no_patch_tool() {
+    on_a_read_only_folder_has_no_patch_tool(Cli::Codex);
+}
+
+#[test]
+fn a_bound_opencode_chat_on_a_read_only_folder_has_no_patch_tool() {
+    on_a_read_only_folder_has_no_patch_tool(Cli::OpenCode);
 }
 
 fn create_chat_with(setup: &Setup, agent: &str) -> String {

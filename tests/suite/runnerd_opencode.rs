@@ -6,7 +6,9 @@
 //! (a shell command in the turn's sandbox, a patch handed to agentd as a `bridge_call`); the
 //! next turn loads the session (the model gets the first turn's history); Stop ends the
 //! CLI's whole tree; the usage comes from the gateway; the operator's key reaches the upstream
-//! and nothing in the sandbox.
+//! and nothing in the sandbox, and OpenCode's commands see neither the turn's capability nor
+//! the bridge's. Last, an OpenCode chat through the real agentd. (Bound to a laptop folder:
+//! `suite::agent_cli_laptop`.)
 
 use super::harness::*;
 use super::runner_support::chat_completions::{
@@ -532,4 +534,116 @@ fn the_operators_key_is_in_no_environment_or_file_of_the_sandbox() {
 fn base64_of(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// The real OpenCode through the real runnerd, from agentd's chat API: its own shell's call
+/// and result folded into the turn, the answer and the usage stored, and the second turn loads
+/// the session (the model gets the first turn's conversation).
+#[test]
+fn an_opencode_chat_runs_its_turns_through_agentd_and_loads_its_session() {
+    use super::agent::{api, code_project, of_kind, turn, user};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedChat::start(vec![
+            bash("c1", "cat project/a.txt"),
+            Reply::Text("The file says alpha.".into()),
+            Reply::Text("Still alpha.".into()),
+        ]))
+        .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("provider.key");
+    std::fs::write(&key_file, "sk-test-operator-key\n").unwrap();
+    let (stack, _runnerd) = Stack::start_with_runnerd(&format!(
+        "[runnerd]\nmax_processes = 256\n\n{}",
+        opencode_provider("opencode", &model.base_url(), &key_file)
+    ));
+    let alice = user(&stack, "alice");
+    code_project(&stack, "app", "alice", &[("a.txt", "alpha\n")]);
+    let (status, agents) = api(&stack, &alice, "GET", "/v1/agents", Value::Null);
+    assert_eq!(status, 200, "{agents}");
+    let offered = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "opencode")
+        .unwrap_or_else(|| panic!("opencode is not offered: {agents}"))
+        .clone();
+    assert_eq!(
+        (&offered["driver"], &offered["available"]),
+        (&json!("acp"), &json!(true)),
+        "{offered}"
+    );
+    let (status, chat) = api(
+        &stack,
+        &alice,
+        "POST",
+        "/v1/chats",
+        json!({"project": "app", "agent": "opencode"}),
+    );
+    assert_eq!(status, 201, "{chat}");
+    let chat = chat["chat_id"].as_str().unwrap().to_owned();
+
+    let events = turn(stack.port, &alice, &chat, "What does a.txt say?").unwrap();
+    let end = &of_kind(&events, "end")[0];
+    assert_eq!(end["reason"], "completed", "{events:#?}");
+    let call = &of_kind(&events, "tool_call")[0];
+    assert_eq!(call["name"], "bash", "{events:#?}");
+    assert_eq!(call["arguments"]["command"], "cat project/a.txt");
+    let result = &of_kind(&events, "tool_result")[0];
+    assert_eq!(
+        (&result["id"], &result["state"]),
+        (&call["id"], &json!("done")),
+        "{result}"
+    );
+    assert!(
+        result["result"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("alpha"),
+        "{result}"
+    );
+    let text: String = of_kind(&events, "text")
+        .iter()
+        .map(|t| t["text"].as_str().unwrap())
+        .collect();
+    assert!(text.contains("The file says alpha."), "{events:#?}");
+    let (_, got) = api(
+        &stack,
+        &alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    assert_eq!(
+        got["usage"]["turns"][0]["prompt_tokens"].as_u64(),
+        Some(2 * USAGE_PER_REPLY.0),
+        "{got}"
+    );
+
+    let events = turn(stack.port, &alice, &chat, "And now?").unwrap();
+    assert_eq!(
+        of_kind(&events, "end")[0]["reason"],
+        "completed",
+        "{events:#?}"
+    );
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    let last = serde_json::to_string(requests[2].messages()).unwrap();
+    assert!(last.contains("What does a.txt say?"), "{last}");
+    assert!(last.contains("The file says alpha."), "{last}");
+    assert!(last.contains("And now?"), "{last}");
+    let (_, got) = api(
+        &stack,
+        &alice,
+        "GET",
+        &format!("/v1/chats/{chat}"),
+        Value::Null,
+    );
+    let per_turn = got["usage"]["turns"].as_array().unwrap();
+    assert_eq!(per_turn.len(), 2, "{got}");
+    assert_eq!(
+        per_turn[1]["prompt_tokens"].as_u64(),
+        Some(USAGE_PER_REPLY.0),
+        "{got}"
+    );
 }

@@ -174,6 +174,10 @@ pub enum TurnEvent {
         exit_code: Option<i32>,
         /// Its output, bounded.
         output: String,
+        /// runnerd's policy refused the call (an ACP agent's permission request): it never
+        /// ran, and `output` says why.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refused: bool,
     },
     /// The CLI called a bridge tool that agentd executes (`diff_patch_workspace_file`, or any
     /// tool runnerd does not run itself): agentd runs it as the model loop's tool of that name,

@@ -188,7 +188,8 @@ const OPENCODE_CONFIG_DIR: &str = "home/.config/opencode";
 ///   binary) at the gateway, its key read from [`MODEL_KEY_ENV`], the model; no update checks,
 ///   no sharing, no title requests; every permission `allow` (ours is the boundary: the
 ///   sandbox) — in a chat bound to a laptop, `ask` for everything but the bridge, and the ACP
-///   policy refuses what asks ([`decide_permission`]).
+///   policy refuses what asks ([`decide_permission`]); a refused call is answered to the
+///   model and the turn goes on (`experimental.continue_loop_on_deny`).
 /// - `AGENTS.md`: the generated instructions (OpenCode reads the global one always).
 /// - `plugin/agentworks-shell-env.js`: its `shell.env` hook keeps the turn's capability and
 ///   the server's password out of the environment of the commands its `bash` tool runs.
@@ -227,6 +228,9 @@ fn opencode_files(setup: &TurnSetup, api: AcpApi) -> Result<Vec<Generated>, Driv
         )]),
         // The title agent would send a request of its own per new session; it is only a label.
         agent: json!({ "title": { "disable": true } }),
+        // A call the policy refuses is answered to the model, which goes on (with the bridge's
+        // tools); by default OpenCode would end the turn at the first refusal.
+        experimental: json!({ "continue_loop_on_deny": true }),
         permission: if setup.bound {
             json!({ "*": "ask", format!("{BRIDGE_SERVER}_*"): "allow" })
         } else {
@@ -324,6 +328,7 @@ struct OpenCodeConfig<'a> {
     share: &'a str,
     provider: HashMap<&'a str, OpenCodeProvider<'a>>,
     agent: Value,
+    experimental: Value,
     permission: Value,
 }
 
@@ -693,6 +698,9 @@ where
         let decision = decide_permission(tool.as_deref(), self.bound);
         if let Permission::Refuse(why) = &decision {
             tracing::info!(tool = ?tool, why, "refused a tool call by policy");
+            // The turn shows the call and why it was refused; the agent's own report of its
+            // failure that follows is the same call's, not another result.
+            self.parser.refused(&request.tool_call, why, emit);
         }
         Ok(json!({ "outcome": choose_option(&request, &decision) }))
     }
@@ -759,6 +767,9 @@ pub struct UpdateParser {
     pub replaying: bool,
 }
 
+/// How the turn shows a tool call the policy refused (its result's output begins so).
+pub const REFUSED: &str = "refused by runnerd's policy";
+
 /// The most tool calls remembered in one turn (a hostile agent could announce without end).
 const MAX_TOOL_CALLS: usize = 10_000;
 
@@ -810,7 +821,15 @@ impl UpdateParser {
                     call.raw_output.as_ref(),
                 );
                 let status = call.status.unwrap_or(ToolCallStatus::Pending);
-                Self::progress(&id, state, status, output, call.raw_output.as_ref(), emit);
+                Self::progress(
+                    &id,
+                    state,
+                    status,
+                    output,
+                    call.raw_output.as_ref(),
+                    false,
+                    emit,
+                );
             }
             SessionUpdate::ToolCallUpdate(update) => {
                 self.flush(emit);
@@ -835,7 +854,15 @@ impl UpdateParser {
                     update.raw_output.as_ref(),
                 );
                 let status = update.status.unwrap_or(ToolCallStatus::Pending);
-                Self::progress(&id, state, status, output, update.raw_output.as_ref(), emit);
+                Self::progress(
+                    &id,
+                    state,
+                    status,
+                    output,
+                    update.raw_output.as_ref(),
+                    false,
+                    emit,
+                );
             }
             _ => {}
         }
@@ -847,6 +874,7 @@ impl UpdateParser {
         status: ToolCallStatus,
         output: String,
         raw_output: Option<&Value>,
+        refused: bool,
         emit: &mut (dyn FnMut(TurnEvent) + Send),
     ) {
         let ended = matches!(status, ToolCallStatus::Completed | ToolCallStatus::Failed);
@@ -883,8 +911,32 @@ impl UpdateParser {
                 call_id: id.to_owned(),
                 exit_code,
                 output: bounded(&output),
+                refused,
             });
         }
+    }
+
+    /// Tool call `call` was refused by policy ([`decide_permission`]): shown as called and
+    /// ended with [`REFUSED`] and why, once.
+    pub fn refused(
+        &mut self,
+        call: &wire::ToolCall,
+        why: &str,
+        emit: &mut (dyn FnMut(TurnEvent) + Send),
+    ) {
+        let id = call.tool_call_id.clone();
+        if !self.tools.contains_key(&id) && self.tools.len() >= MAX_TOOL_CALLS {
+            return;
+        }
+        let state = self.tools.entry(id.clone()).or_insert_with(|| ToolState {
+            name: call.name.clone().or(call.title.clone()).unwrap_or_default(),
+            ..ToolState::default()
+        });
+        if let Some(input) = call.raw_input.clone().filter(non_empty) {
+            state.input = Some(input);
+        }
+        let output = format!("{REFUSED}: {why}");
+        Self::progress(&id, state, ToolCallStatus::Failed, output, None, true, emit);
     }
 
     /// Sends the text gathered so far as one event.
@@ -1128,7 +1180,8 @@ mod tests {
                 TurnEvent::ToolResult {
                     call_id: "call_1".into(),
                     exit_code: None,
-                    output: "ran: echo hi".into()
+                    output: "ran: echo hi".into(),
+                    refused: false,
                 },
                 TurnEvent::ToolCall {
                     call_id: "call_2".into(),
@@ -1138,10 +1191,50 @@ mod tests {
                 TurnEvent::ToolResult {
                     call_id: "call_2".into(),
                     exit_code: Some(0),
-                    output: "native\n".into()
+                    output: "native\n".into(),
+                    refused: false,
                 },
                 TurnEvent::Text {
                     text: "done".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_call_refused_by_policy_is_shown_once_as_refused() {
+        let mut parser = UpdateParser::default();
+        let mut events = Vec::new();
+        let mut emit = |e: TurnEvent| events.push(e);
+        let announced: SessionNotification = serde_json::from_str(
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"bash","status":"pending","rawInput":{}}}"#,
+        )
+        .unwrap();
+        parser.update(announced.update, &mut emit);
+        let request: RequestPermissionRequest = serde_json::from_str(
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"c","rawInput":{"command":"rm -rf x"}},"options":[]}"#,
+        )
+        .unwrap();
+        parser.refused(&request.tool_call, "bound", &mut emit);
+        // The agent's own report of the refused call's failure adds nothing.
+        let failed: SessionNotification = serde_json::from_str(
+            r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"failed","rawOutput":{"error":"The user rejected permission"}}}"#,
+        )
+        .unwrap();
+        parser.update(failed.update, &mut emit);
+        assert_eq!(
+            events,
+            [
+                TurnEvent::ToolCall {
+                    call_id: "c".into(),
+                    tool: "bash".into(),
+                    command: "rm -rf x".into()
+                },
+                TurnEvent::ToolResult {
+                    call_id: "c".into(),
+                    exit_code: None,
+                    output: format!("{REFUSED}: bound"),
+                    refused: true,
                 },
             ]
         );

@@ -517,6 +517,7 @@ impl EventParser {
                 call_id: id.to_owned(),
                 exit_code: call.exit_code,
                 output: bounded(&call.output),
+                refused: false,
             });
         }
         events
@@ -734,6 +735,7 @@ mod tests {
             call_id: id.to_owned(),
             exit_code,
             output: output.to_owned(),
+            refused: false,
         };
         assert_eq!(
             events,
@@ -764,7 +766,8 @@ mod tests {
                 TurnEvent::ToolResult {
                     call_id: "item_5".to_owned(),
                     exit_code: None,
-                    output: "failed: update /p/a.txt, delete /p/b.txt".to_owned()
+                    output: "failed: update /p/a.txt, delete /p/b.txt".to_owned(),
+                    refused: false,
                 },
             ]
         );

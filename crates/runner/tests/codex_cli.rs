@@ -264,6 +264,7 @@ async fn a_shell_call_runs_and_its_output_goes_back_to_the_model() {
             call_id: id,
             exit_code,
             output,
+            ..
         } if *id == call_id => Some((*exit_code, output.clone())),
         _ => None,
     });

@@ -294,6 +294,7 @@ async fn a_native_tool_call_is_allowed_in_server_mode_and_its_output_goes_back()
                 call_id,
                 exit_code,
                 output,
+                refused: false,
             } if *call_id == call.0 => Some((*exit_code, output.clone())),
             _ => None,
         })

@@ -395,6 +395,10 @@ struct Relay {
     laptop: bool,
 }
 
+/// The error code of a CLI's tool call that runnerd's policy refused (an ACP agent asked to
+/// run its own tool in a chat bound to a laptop folder).
+pub const REFUSED_BY_POLICY: &str = "refused_by_policy";
+
 /// Whether Codex's report of a call names a bridge tool agentd runs itself: every bridge tool
 /// of a laptop turn; in server mode every one but the shell, which runnerd runs and which
 /// Codex's report is the only record of.
@@ -476,22 +480,29 @@ impl Relay {
                 call_id,
                 exit_code,
                 output,
+                refused,
             } => {
                 let (tool, command) = self
                     .calls
                     .remove(&call_id)
                     .unwrap_or_else(|| ("tool".to_owned(), String::new()));
-                let mut result = json!({"command": command, "output": output});
-                // No exit code (a tool that is not a command) is not "killed by a signal".
-                if let Some(code) = exit_code {
-                    result["exit_code"] = json!(code);
-                }
+                let result = if refused {
+                    // runnerd's policy refused it: it never ran, and the turn says why.
+                    Err(ToolError::new(REFUSED_BY_POLICY, output))
+                } else {
+                    let mut result = json!({"command": command, "output": output});
+                    // No exit code (a tool that is not a command) is not "killed by a signal".
+                    if let Some(code) = exit_code {
+                        result["exit_code"] = json!(code);
+                    }
+                    Ok(result)
+                };
                 let call = ToolCall {
                     id: call_id.clone(),
                     name: tool,
                     arguments: String::new(),
                 };
-                let (event, content) = tool_result(&call, &Ok(result));
+                let (event, content) = tool_result(&call, &result);
                 step.emit.push(("tool_result", event));
                 step.store.push(json!({"role": "tool", "tool_call_id": call_id, "content": content.to_string()}));
             }
@@ -630,6 +641,7 @@ mod tests {
                 call_id: "c1".into(),
                 exit_code: Some(1),
                 output: "cat: project/a.txt: No such file\n".into(),
+                refused: false,
             },
             false,
         );
@@ -664,10 +676,36 @@ mod tests {
                 call_id: "c2".into(),
                 exit_code: None,
                 output: "patched".into(),
+                refused: false,
             },
             false,
         );
         assert_eq!(step.emit[0].1["state"], "done");
+        // A call runnerd's policy refused: failed, saying why; it never ran.
+        relay.on(
+            TurnEvent::ToolCall {
+                call_id: "c3".into(),
+                tool: "bash".into(),
+                command: "rm -rf x".into(),
+            },
+            false,
+        );
+        let step = relay.on(
+            TurnEvent::ToolResult {
+                call_id: "c3".into(),
+                exit_code: None,
+                output: "refused by runnerd's policy: bound".into(),
+                refused: true,
+            },
+            false,
+        );
+        let event = &step.emit[0].1;
+        assert_eq!(event["state"], "failed", "{event}");
+        assert_eq!(event["error"]["code"], REFUSED_BY_POLICY, "{event}");
+        assert_eq!(
+            event["error"]["message"],
+            "refused by runnerd's policy: bound"
+        );
         relay.on(
             TurnEvent::Text {
                 text: "Done.".into(),
@@ -793,6 +831,7 @@ mod tests {
                 call_id: "m1".into(),
                 exit_code: None,
                 output: "done".into(),
+                refused: false,
             },
             false,
         );
