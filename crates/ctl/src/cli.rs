@@ -82,9 +82,11 @@ pub enum Cmd {
         #[arg(long, value_name = "FILE", requires = "model_url")]
         model_key_file: Option<PathBuf>,
         /// A coding CLI runnerd may run as a chat's agent, as NAME=PATH: the provider's name
-        /// is its driver (runnerd has: codex, claude), PATH its executable, an absolute or relative
-        /// path or a bare name found on PATH, e.g. --provider codex=/usr/local/bin/codex.
-        /// Repeatable (one per driver); needs --provider-upstream.
+        /// is its driver (runnerd has: codex, claude) or, for an agent that speaks ACP, the
+        /// agent (opencode: the ACP driver, `opencode acp`, chat completions); PATH its
+        /// executable, an absolute or relative path or a bare name found on PATH, e.g.
+        /// --provider codex=/usr/local/bin/codex. Repeatable (one per name); needs
+        /// --provider-upstream.
         #[arg(
             long = "provider",
             value_name = "NAME=PATH",

@@ -10,7 +10,8 @@
 //! What a person asked for is checked before anything is made or started: the model's URL
 //! (https://, or http:// to loopback: the key would cross the network in clear), both ports
 //! free, the `--config` file against the configuration's schema (an unknown key is reported
-//! at its line of that file), the model's key file, each `--provider` (a driver runnerd has),
+//! at its line of that file), the model's key file, each `--provider` (a driver runnerd has, or
+//! an ACP agent it knows: its `[acp]` table is written too),
 //! the providers' upstream URL (the same rule as the model's) and key file.
 //!
 //! runnerd, the fourth daemon, starts after workspaced and before agentd (agentd calls it);
@@ -37,7 +38,7 @@
 //! (a state root left by an older version is tightened too); the demo files are 0600.
 
 use agentworks_contract::runnerd::{ProviderInfo, ProvidersAnswer};
-use agentworks_daemon::config::{Config, PROVIDER_DRIVERS};
+use agentworks_daemon::config::Config;
 use agentworks_daemon::layout::{LayoutError, ensure_private_dir};
 use agentworks_support::unix_http::{ClientError, UnixClient};
 use serde_json::{Value, json};
@@ -153,11 +154,42 @@ pub struct ProviderFlags {
     pub model: Option<String>,
 }
 
+/// The providers `--provider NAME=PATH` can name: NAME, the driver runnerd runs it with, and
+/// for an agent that speaks ACP the `[runnerd.providers.NAME.acp]` table written beside it.
+/// Every driver runnerd has but `acp` is named by itself; an ACP agent by its own name (a
+/// unit test holds this list to the config's
+/// [`PROVIDER_DRIVERS`](agentworks_daemon::config::PROVIDER_DRIVERS) and
+/// [`ACP_AGENTS`](agentworks_daemon::config::ACP_AGENTS)).
+const QUICKSTART_PROVIDERS: &[(&str, &str, Option<AcpTable>)] = &[
+    ("codex", "codex", None),
+    ("claude", "claude", None),
+    (
+        "opencode",
+        "acp",
+        Some(AcpTable {
+            agent: "opencode",
+            args: &["acp"],
+            api: "chat_completions",
+        }),
+    ),
+];
+
+/// An ACP agent's `[acp]` table: which agent, what makes it speak ACP, what it speaks to the
+/// model gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AcpTable {
+    agent: &'static str,
+    args: &'static [&'static str],
+    api: &'static str,
+}
+
 /// One `[runnerd.providers.NAME]` table quickstart writes from the flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ProviderTable {
     name: String,
     driver: &'static str,
+    /// The `[acp]` table of an ACP agent.
+    acp: Option<AcpTable>,
     /// An absolute path, or a bare name runnerd looks up on its `PATH` (quickstart's).
     executable: String,
     model: String,
@@ -395,10 +427,12 @@ fn checked_providers(flags: &ProviderFlags) -> Result<Vec<ProviderTable>, Quicks
                 "give NAME=PATH, e.g. --provider codex=/usr/local/bin/codex".into(),
             ));
         };
-        let Some(driver) = PROVIDER_DRIVERS.iter().copied().find(|d| *d == name) else {
+        let Some(&(_, driver, acp)) = QUICKSTART_PROVIDERS.iter().find(|(n, ..)| *n == name) else {
+            let names: Vec<&str> = QUICKSTART_PROVIDERS.iter().map(|(n, ..)| *n).collect();
             return Err(refused(format!(
-                "runnerd has no driver {name:?}; a provider's name is its driver, and runnerd has: {}",
-                PROVIDER_DRIVERS.join(", ")
+                "runnerd has no driver {name:?}; a provider's name is its driver (or, for an \
+                 agent that speaks ACP, the agent's name), and runnerd has: {}",
+                names.join(", ")
             )));
         };
         if tables.iter().any(|t| t.name == name) {
@@ -421,6 +455,7 @@ fn checked_providers(flags: &ProviderFlags) -> Result<Vec<ProviderTable>, Quicks
         tables.push(ProviderTable {
             name: name.to_owned(),
             driver,
+            acp,
             executable,
             model: model.clone(),
             upstream: flags.upstream.clone(),
@@ -617,6 +652,21 @@ fn config_text(
                         "key_file".into(),
                         Value::String(file.to_string_lossy().into_owned()),
                     );
+                }
+                if let Some(acp) = provider.acp {
+                    let mut acp_table = toml::Table::new();
+                    acp_table.insert("agent".into(), Value::String(acp.agent.into()));
+                    acp_table.insert(
+                        "args".into(),
+                        Value::Array(
+                            acp.args
+                                .iter()
+                                .map(|arg| Value::String((*arg).into()))
+                                .collect(),
+                        ),
+                    );
+                    acp_table.insert("api".into(), Value::String(acp.api.into()));
+                    table.insert("acp".into(), Value::Table(acp_table));
                 }
                 tables.insert(provider.name.clone(), Value::Table(table));
             }
@@ -1400,6 +1450,32 @@ mod tests {
     }
 
     #[test]
+    fn quickstart_names_every_driver_and_every_acp_agent_runnerd_has() {
+        use agentworks_daemon::config::{ACP_AGENTS, PROVIDER_DRIVERS};
+        for driver in PROVIDER_DRIVERS.iter().filter(|d| **d != "acp") {
+            assert!(
+                QUICKSTART_PROVIDERS
+                    .iter()
+                    .any(|(name, d, acp)| name == driver && d == driver && acp.is_none()),
+                "{driver}"
+            );
+        }
+        for (agent, apis) in ACP_AGENTS {
+            let (_, driver, acp) = QUICKSTART_PROVIDERS
+                .iter()
+                .find(|(name, ..)| name == agent)
+                .unwrap_or_else(|| panic!("{agent}"));
+            assert_eq!(*driver, "acp");
+            let acp = acp.unwrap();
+            assert_eq!(acp.agent, *agent);
+            assert!(apis.contains(&acp.api), "{agent}: {}", acp.api);
+        }
+        for (_, driver, _) in QUICKSTART_PROVIDERS {
+            assert!(PROVIDER_DRIVERS.contains(driver), "{driver}");
+        }
+    }
+
+    #[test]
     fn provider_flags_name_a_driver_and_an_executable() {
         let checked = checked_providers(&provider_flags(&["codex=/opt/codex/bin/codex"])).unwrap();
         assert_eq!(
@@ -1407,6 +1483,7 @@ mod tests {
             [ProviderTable {
                 name: "codex".into(),
                 driver: "codex",
+                acp: None,
                 executable: "/opt/codex/bin/codex".into(),
                 model: DEFAULT_PROVIDER_MODEL.into(),
                 upstream: "http://127.0.0.1:9/v1".into(),
@@ -1417,6 +1494,20 @@ mod tests {
         assert_eq!(
             (claude[0].name.as_str(), claude[0].driver),
             ("claude", "claude")
+        );
+        // OpenCode is the ACP driver with its [acp] table.
+        let opencode = checked_providers(&provider_flags(&["opencode=/opt/bin/opencode"])).unwrap();
+        assert_eq!(
+            (opencode[0].name.as_str(), opencode[0].driver),
+            ("opencode", "acp")
+        );
+        assert_eq!(
+            opencode[0].acp,
+            Some(AcpTable {
+                agent: "opencode",
+                args: &["acp"],
+                api: "chat_completions"
+            })
         );
         // A bare name stays one (runnerd looks it up on its PATH); a relative path is made
         // absolute here, where it means something.
@@ -1439,8 +1530,10 @@ mod tests {
             ("gemini=/usr/bin/gemini", "runnerd has no driver \"gemini\""),
             (
                 "gemini=/usr/bin/gemini",
-                "a provider's name is its driver, and runnerd has: codex, claude",
+                "and runnerd has: codex, claude, opencode",
             ),
+            // `acp` is a dialect, not an agent: which agent would it configure?
+            ("acp=/usr/bin/opencode", "runnerd has no driver \"acp\""),
             ("codex=", "the executable is empty"),
         ] {
             let error = checked_providers(&provider_flags(&[given])).unwrap_err();
@@ -1500,6 +1593,41 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_opencode_provider_is_written_with_its_acp_table_and_the_daemons_read_it() {
+        let ports = Ports::new(9100, None).unwrap();
+        let flags = checked_providers(&provider_flags(&[
+            "opencode=/opt/oc/bin/opencode",
+            "codex=codex",
+        ]))
+        .unwrap();
+        let text = config_text(ports, None, None, &flags, None);
+        let config: toml::Table = text.parse().unwrap();
+        let opencode = &config["runnerd"]["providers"]["opencode"];
+        assert_eq!(opencode["driver"].as_str(), Some("acp"));
+        assert_eq!(
+            opencode["executable"].as_str(),
+            Some("/opt/oc/bin/opencode")
+        );
+        let acp = &opencode["acp"];
+        assert_eq!(acp["agent"].as_str(), Some("opencode"));
+        assert_eq!(acp["args"].as_array().unwrap(), &[toml::Value::from("acp")]);
+        assert_eq!(acp["api"].as_str(), Some("chat_completions"));
+        assert!(config["runnerd"]["providers"]["codex"].get("acp").is_none());
+        // As the daemons read it: valid, the [acp] table where the ACP driver needs it.
+        let dir = std::env::temp_dir().join(format!("aw-qs-acp-{}", std::process::id()));
+        let read = Config::from_text(&text, &dir.join("agentworks.toml"), &|_| None).unwrap();
+        let provider = &read.runnerd.providers["opencode"];
+        assert_eq!(provider.driver, "acp");
+        assert_eq!(
+            provider
+                .acp
+                .as_ref()
+                .map(|a| (a.agent.as_str(), a.args.clone())),
+            Some(("opencode", vec!["acp".to_owned()]))
         );
     }
 

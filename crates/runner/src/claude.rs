@@ -432,6 +432,7 @@ impl EventParser {
                 call_id: id.to_owned(),
                 exit_code,
                 output: bounded(&output),
+                refused: false,
             });
         }
         events
@@ -763,6 +764,7 @@ mod tests {
             call_id: id.to_owned(),
             exit_code,
             output: output.to_owned(),
+            refused: false,
         };
         assert_eq!(
             events,

@@ -182,6 +182,7 @@ impl Run {
                 call_id,
                 exit_code,
                 output,
+                ..
             } if call_id == id => Some((*exit_code, output.clone())),
             _ => None,
         });
