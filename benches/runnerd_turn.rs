@@ -11,10 +11,19 @@
 //! leaves its environment (the bridge's URL and the turn's token) in its runtime, and this
 //! process starts the bridge with it.
 //!
-//! Both run the real release binaries: runnerd (`cargo bench` builds it) and the pinned Codex
-//! (`tests/codex`, `npm ci --ignore-scripts` there). The model is the tests' scripted Responses
-//! server on loopback, answering each request with one short text. The two kinds of start
-//! alternate, so both see the same machine.
+//!
+//! The same first-request row for OpenCode through the ACP driver: a turn of an `acp` provider
+//! through runnerd (runtime, files, sandbox, `opencode acp`, `initialize`, `session/new` with the
+//! bridge, `session/prompt`, the gateway) against the bare `opencode acp` started by hand with
+//! the same generated config and driven over its stdio by the same ACP client code, pointing
+//! straight at the model and offered no bridge. The bridge rows are the CLI's: the bridge
+//! binary and runnerd's endpoint are the same whichever CLI starts it.
+//!
+//! They run the real release binaries: runnerd (`cargo bench` builds it), the pinned Codex
+//! (`tests/codex`, `npm ci --ignore-scripts` there) and the pinned OpenCode (`tests/opencode`).
+//! The models are the tests' scripted Responses and chat-completions servers on loopback,
+//! answering each request with one short text. The kinds of start alternate, so all see the
+//! same machine.
 //!
 //! Run: `cargo bench --bench runnerd_turn` (optionally `-- N` starts per series; default 15,
 //! after 2 warm-up starts each). A benchmark: nothing is asserted about timings; it exits
@@ -33,8 +42,9 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::codex_binary;
-use support::responses::{Reply, ScriptedResponses};
+use support::chat_completions::ScriptedChat;
+use support::responses::{RecordedRequest, Reply, ScriptedResponses};
+use support::{codex_binary, opencode_binary};
 
 const WARMUP: usize = 2;
 const WITHIN: Duration = Duration::from_secs(60);
@@ -54,7 +64,15 @@ fn main() {
                 .collect(),
         ))
         .unwrap();
+    let chat = runtime
+        .block_on(ScriptedChat::start(
+            (0..total)
+                .map(|i| support::chat_completions::Reply::Text(format!("answer {i}")))
+                .collect(),
+        ))
+        .unwrap();
     let codex = codex_binary();
+    let opencode = opencode_binary();
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-runnerd");
     std::fs::create_dir_all(&base).unwrap();
     let state = tempfile::Builder::new()
@@ -77,11 +95,16 @@ fn main() {
             "[runnerd]\nallowed_users = []\n[runnerd.providers.codex]\ndriver = \"codex\"\n\
              executable = \"{}\"\nmodel = \"scripted\"\nupstream = \"{}\"\n\
              [runnerd.providers.holder]\ndriver = \"codex\"\nexecutable = \"{}\"\n\
-             model = \"none\"\nupstream = \"{}\"\n",
+             model = \"none\"\nupstream = \"{}\"\n\
+             [runnerd.providers.opencode]\ndriver = \"acp\"\nexecutable = \"{}\"\n\
+             model = \"scripted\"\nupstream = \"{}\"\n\
+             [runnerd.providers.opencode.acp]\nagent = \"opencode\"\nargs = [\"acp\"]\n",
             codex.display(),
             model.base_url(),
             holder.display(),
-            model.base_url()
+            model.base_url(),
+            opencode.display(),
+            chat.base_url()
         ),
     )
     .unwrap();
@@ -116,15 +139,29 @@ fn main() {
     std::fs::create_dir_all(bare_home.path().join("codex")).unwrap();
     std::fs::write(bare_home.path().join("codex/config.toml"), config).unwrap();
 
+    let bare_opencode_dir = tempfile::Builder::new()
+        .prefix("bare-opencode-")
+        .tempdir_in(&base)
+        .unwrap();
+    let bare_opencode = BareOpenCode::new(bare_opencode_dir.path(), &chat.base_url());
+
     let mut through_runnerd = Vec::new();
     let mut bare = Vec::new();
+    let mut opencode_through_runnerd = Vec::new();
+    let mut opencode_bare = Vec::new();
     for i in 0..(WARMUP + starts) {
         let seen = model.requests().len();
-        let t = runnerd_turn(&socket, i);
-        through_runnerd.push(first_request_after(&model, seen, t));
+        let t = runnerd_turn(&socket, "codex", i);
+        through_runnerd.push(first_request_after(&model.requests(), seen, t));
         let seen = model.requests().len();
         let t = bare_codex(&codex, bare_home.path());
-        bare.push(first_request_after(&model, seen, t));
+        bare.push(first_request_after(&model.requests(), seen, t));
+        let seen = chat.requests().len();
+        let t = runnerd_turn(&socket, "opencode", i);
+        opencode_through_runnerd.push(first_request_after(&chat.requests(), seen, t));
+        let seen = chat.requests().len();
+        let t = bare_opencode.run(&runtime, &opencode);
+        opencode_bare.push(first_request_after(&chat.requests(), seen, t));
     }
     let report = |name: &str, samples: &[Duration]| {
         let mut sorted = samples[WARMUP..].to_vec();
@@ -146,6 +183,15 @@ fn main() {
     println!(
         "{:>34}: {more:+.1} ms at p50 ({:.2}x; goal: at most +150 ms)",
         "runnerd adds",
+        ours.as_secs_f64() / theirs.as_secs_f64()
+    );
+
+    let ours = report("OpenCode through runnerd (ACP)", &opencode_through_runnerd);
+    let theirs = report("bare opencode acp", &opencode_bare);
+    println!(
+        "{:>34}: {:+.1} ms at p50 ({:.2}x; goal: at most +150 ms)",
+        "runnerd adds",
+        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0,
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
 
@@ -318,12 +364,12 @@ fn bridge_against_direct(
 
 /// Starts a turn on runnerd.sock (as agentd would, through curl) and reads it to its end;
 /// returns when it started.
-fn runnerd_turn(socket: &Path, i: usize) -> Instant {
+fn runnerd_turn(socket: &Path, provider: &str, i: usize) -> Instant {
     let request = json!({
         "chat_id": format!("bench-{i}"),
         "user_id": "bench",
         "project": "p",
-        "provider": "codex",
+        "provider": provider,
         "mode": "run",
         "guard": {},
         "prompt": "say hi",
@@ -381,9 +427,121 @@ fn bare_codex(codex: &Path, home: &Path) -> Instant {
     started
 }
 
+/// `opencode acp` by hand: the ACP driver's files for a turn pointing straight at the model
+/// (no bridge), in a runtime of its own, and its launch environment.
+struct BareOpenCode {
+    dir: std::path::PathBuf,
+    options: agentworks_runner::acp::AcpOptions,
+    base_url: String,
+}
+
+impl BareOpenCode {
+    fn new(dir: &Path, base_url: &str) -> BareOpenCode {
+        for sub in [
+            "home/.config",
+            "home/.cache",
+            "home/.local/share",
+            "home/.local/state",
+            "tmp",
+        ] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let bare = BareOpenCode {
+            dir: dir.to_owned(),
+            options: agentworks_runner::acp::AcpOptions {
+                args: vec!["acp".into()],
+                agent: agentworks_runner::acp::AcpAgent::OpenCode,
+                api: agentworks_runner::acp::AcpApi::ChatCompletions,
+            },
+            base_url: base_url.to_owned(),
+        };
+        use agentworks_runner::driver::CliDriver;
+        for file in agentworks_runner::acp::AcpDriver
+            .files(&bare.setup())
+            .unwrap()
+        {
+            let path = dir.join(&file.path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, file.content).unwrap();
+        }
+        bare
+    }
+
+    fn setup(&self) -> agentworks_runner::driver::TurnSetup<'_> {
+        agentworks_runner::driver::TurnSetup {
+            model: "scripted",
+            gateway_base_url: &self.base_url,
+            bridge_command: None,
+            builder: false,
+            bound: false,
+            runtime_dir: &self.dir,
+            guidance: "Say hi.",
+            acp: Some(&self.options),
+        }
+    }
+
+    /// One turn: `opencode acp` started, `initialize`, `session/new`, `session/prompt` to its
+    /// answer, its input closed and its exit awaited; returns when it was started.
+    fn run(&self, runtime: &tokio::runtime::Runtime, opencode: &Path) -> Instant {
+        use agentworks_runner::driver::{CliDriver, Conversation};
+        let setup = self.setup();
+        let driver = agentworks_runner::acp::AcpDriver;
+        let launch = driver.launch(&setup, "bench", None).unwrap();
+        let Conversation::Acp(session) = driver.conversation(&setup, None) else {
+            panic!("the ACP driver's conversation is ACP")
+        };
+        let home = self.dir.join("home");
+        runtime.block_on(async {
+            let started = Instant::now();
+            let mut child = tokio::process::Command::new(opencode)
+                .args(&launch.args)
+                .current_dir(&self.dir)
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("LANG", "C.UTF-8")
+                .env("HOME", &home)
+                .env("TMPDIR", self.dir.join("tmp"))
+                .env("XDG_CONFIG_HOME", home.join(".config"))
+                .env("XDG_CACHE_HOME", home.join(".cache"))
+                .env("XDG_DATA_HOME", home.join(".local/share"))
+                .env("XDG_STATE_HOME", home.join(".local/state"))
+                .envs(launch.env)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn opencode");
+            let stdin = child.stdin.take().unwrap();
+            let stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let outcome = tokio::time::timeout(
+                WITHIN,
+                agentworks_runner::acp::converse(
+                    stdout,
+                    stdin,
+                    &session,
+                    "say hi",
+                    &cancel,
+                    &mut |_| {},
+                ),
+            )
+            .await
+            .expect("the bare opencode turn ran too long");
+            outcome.expect("the bare opencode turn failed");
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+            started
+        })
+    }
+}
+
 /// The time from `started` to the first model request after the first `seen`.
-fn first_request_after(model: &ScriptedResponses, seen: usize, started: Instant) -> Duration {
-    let requests = model.requests();
+fn first_request_after(requests: &[RecordedRequest], seen: usize, started: Instant) -> Duration {
     let first = requests.get(seen).expect("the CLI asked the model");
     first.at.duration_since(started)
 }
