@@ -11,19 +11,28 @@
 //! leaves its environment (the bridge's URL and the turn's token) in its runtime, and this
 //! process starts the bridge with it.
 //!
+//! Both run the real release binaries: runnerd (`cargo bench` builds it) and the pinned Codex
+//! (`tests/codex`, `npm ci --ignore-scripts` there). The model is the tests' scripted Responses
+//! server on loopback, answering each request with one short text. The two kinds of start
+//! alternate, so both see the same machine.
 //!
-//! The same first-request row for OpenCode through the ACP driver: a turn of an `acp` provider
-//! through runnerd (runtime, files, sandbox, `opencode acp`, `initialize`, `session/new` with the
-//! bridge, `session/prompt`, the gateway) against the bare `opencode acp` started by hand with
-//! the same generated config and driven over its stdio by the same ACP client code, pointing
-//! straight at the model and offered no bridge. The bridge rows are the CLI's: the bridge
-//! binary and runnerd's endpoint are the same whichever CLI starts it.
+//! Claude Code's rows ([`claude_rows`], its own runnerd with a `claude` provider, the pinned
+//! `tests/claude` against the tests' scripted Messages server): the same time to the first model
+//! request, through runnerd against the bare `claude` started by hand with the files, arguments
+//! and environment the driver makes (the bridge in its `mcp.json` too, since Claude Code starts
+//! its MCP servers before it asks the model); and a tool call as Claude Code makes it, the time
+//! from the model's `tool_use` answer to Claude Code's next request with the result, for the
+//! bridge's `execute_shell_command` of `true` (the bridge, runnerd, a fresh sandbox) against its
+//! own `Bash` of `true` (in the turn's sandbox, no bridge), both through runnerd.
 //!
-//! They run the real release binaries: runnerd (`cargo bench` builds it), the pinned Codex
-//! (`tests/codex`, `npm ci --ignore-scripts` there) and the pinned OpenCode (`tests/opencode`).
-//! The models are the tests' scripted Responses and chat-completions servers on loopback,
-//! answering each request with one short text. The kinds of start alternate, so all see the
-//! same machine.
+//! OpenCode's rows ([`opencode_rows`], its own runnerd with an `acp` provider, the pinned
+//! `tests/opencode` against the tests' scripted chat-completions server): the same time to the
+//! first model request, a turn through runnerd (runtime, files, sandbox, `opencode acp`,
+//! `initialize`, `session/new` with the bridge, `session/prompt`, the gateway) against the bare
+//! `opencode acp` started by hand with the same generated config and driven over its stdio by
+//! the same ACP client code, pointing straight at the model and offered no bridge. Its bridge
+//! calls are the bridge rows above: the binary and runnerd's endpoint are the same whichever
+//! CLI starts the bridge.
 //!
 //! Run: `cargo bench --bench runnerd_turn` (optionally `-- N` starts per series; default 15,
 //! after 2 warm-up starts each). A benchmark: nothing is asserted about timings; it exits
@@ -36,15 +45,18 @@ mod daemons;
 #[path = "../crates/runner/tests/support/mod.rs"]
 mod support;
 
+use agentworks_runner::claude::ClaudeDriver;
+use agentworks_runner::driver::{CliDriver, TurnSetup};
 use daemons::Process;
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::chat_completions::ScriptedChat;
-use support::responses::{RecordedRequest, Reply, ScriptedResponses};
-use support::{codex_binary, opencode_binary};
+use support::chat_completions::{self, ScriptedChat};
+use support::messages::{self, ScriptedMessages};
+use support::responses::{Reply, ScriptedResponses};
+use support::{RecordedRequest, claude_binary, codex_binary, opencode_binary};
 
 const WARMUP: usize = 2;
 const WITHIN: Duration = Duration::from_secs(60);
@@ -55,6 +67,16 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .and_then(|a| a.parse().ok())
         .unwrap_or(15);
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-runnerd");
+    std::fs::create_dir_all(&base).unwrap();
+    codex_rows(&base, starts);
+    claude_rows(&base, starts);
+    opencode_rows(&base, starts);
+}
+
+/// Codex's rows: the time to its first model request through runnerd against the bare
+/// `codex exec`, and a bridge call against the model loop's direct call of the same tool.
+fn codex_rows(base: &Path, starts: usize) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let total = 2 * (WARMUP + starts);
     let model = runtime
@@ -64,23 +86,7 @@ fn main() {
                 .collect(),
         ))
         .unwrap();
-    let chat = runtime
-        .block_on(ScriptedChat::start(
-            (0..total)
-                .map(|i| support::chat_completions::Reply::Text(format!("answer {i}")))
-                .collect(),
-        ))
-        .unwrap();
     let codex = codex_binary();
-    let opencode = opencode_binary();
-    let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-runnerd");
-    std::fs::create_dir_all(&base).unwrap();
-    let state = tempfile::Builder::new()
-        .prefix("state-")
-        .tempdir_in(&base)
-        .unwrap();
-    std::fs::create_dir_all(state.path().join("documents/p")).unwrap();
-    std::fs::write(state.path().join("documents/p/hello.txt"), "hello\n").unwrap();
     let holder = base.join("holder-cli");
     std::fs::write(
         &holder,
@@ -89,43 +95,24 @@ fn main() {
     )
     .unwrap();
     std::fs::set_permissions(&holder, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::write(
-        state.path().join("agentworks.toml"),
-        format!(
-            "[runnerd]\nallowed_users = []\n[runnerd.providers.codex]\ndriver = \"codex\"\n\
+    let runnerd = BenchRunnerd::start(
+        base,
+        &format!(
+            "[runnerd.providers.codex]\ndriver = \"codex\"\n\
              executable = \"{}\"\nmodel = \"scripted\"\nupstream = \"{}\"\n\
              [runnerd.providers.holder]\ndriver = \"codex\"\nexecutable = \"{}\"\n\
-             model = \"none\"\nupstream = \"{}\"\n\
-             [runnerd.providers.opencode]\ndriver = \"acp\"\nexecutable = \"{}\"\n\
-             model = \"scripted\"\nupstream = \"{}\"\n\
-             [runnerd.providers.opencode.acp]\nagent = \"opencode\"\nargs = [\"acp\"]\n",
+             model = \"none\"\nupstream = \"{}\"\n",
             codex.display(),
             model.base_url(),
             holder.display(),
-            model.base_url(),
-            opencode.display(),
-            chat.base_url()
+            model.base_url()
         ),
-    )
-    .unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks-runnerd"));
-    daemons::as_daemon_on(&mut command, state.path());
-    let child = command.spawn().expect("spawn runnerd");
-    let mut runnerd = Process {
-        name: "agentworks-runnerd",
-        child,
-    };
-    let socket = state.path().join("run/runnerd.sock");
-    let deadline = Instant::now() + WITHIN;
-    while !socket.exists() {
-        assert!(runnerd.exited().is_none(), "runnerd exited during start");
-        assert!(Instant::now() < deadline, "runnerd did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    );
+    let (state, socket) = (&runnerd.state, runnerd.socket());
 
     let bare_home = tempfile::Builder::new()
         .prefix("bare-")
-        .tempdir_in(&base)
+        .tempdir_in(base)
         .unwrap();
     let config = agentworks_runner::codex::config_toml(&agentworks_runner::codex::CodexConfig {
         model: "scripted",
@@ -139,44 +126,17 @@ fn main() {
     std::fs::create_dir_all(bare_home.path().join("codex")).unwrap();
     std::fs::write(bare_home.path().join("codex/config.toml"), config).unwrap();
 
-    let bare_opencode_dir = tempfile::Builder::new()
-        .prefix("bare-opencode-")
-        .tempdir_in(&base)
-        .unwrap();
-    let bare_opencode = BareOpenCode::new(bare_opencode_dir.path(), &chat.base_url());
-
     let mut through_runnerd = Vec::new();
     let mut bare = Vec::new();
-    let mut opencode_through_runnerd = Vec::new();
-    let mut opencode_bare = Vec::new();
     for i in 0..(WARMUP + starts) {
         let seen = model.requests().len();
-        let t = runnerd_turn(&socket, "codex", i);
+        let t = runnerd_turn(&socket, &turn_request("codex", &format!("bench-{i}")));
         through_runnerd.push(first_request_after(&model.requests(), seen, t));
         let seen = model.requests().len();
         let t = bare_codex(&codex, bare_home.path());
         bare.push(first_request_after(&model.requests(), seen, t));
-        let seen = chat.requests().len();
-        let t = runnerd_turn(&socket, "opencode", i);
-        opencode_through_runnerd.push(first_request_after(&chat.requests(), seen, t));
-        let seen = chat.requests().len();
-        let t = bare_opencode.run(&runtime, &opencode);
-        opencode_bare.push(first_request_after(&chat.requests(), seen, t));
     }
-    let report = |name: &str, samples: &[Duration]| {
-        let mut sorted = samples[WARMUP..].to_vec();
-        sorted.sort();
-        let p50 = sorted[sorted.len() / 2];
-        println!(
-            "{name:>34}: p50 {:7.1} ms  min {:7.1} ms  max {:7.1} ms  (n = {})",
-            p50.as_secs_f64() * 1000.0,
-            sorted[0].as_secs_f64() * 1000.0,
-            sorted[sorted.len() - 1].as_secs_f64() * 1000.0,
-            sorted.len()
-        );
-        p50
-    };
-    println!("time from the turn's start to the CLI's first model request:");
+    println!("Codex: time from the turn's start to the CLI's first model request:");
     let ours = report("through runnerd (sandboxed)", &through_runnerd);
     let theirs = report("bare codex exec", &bare);
     let more = ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0;
@@ -186,18 +146,9 @@ fn main() {
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
 
-    let ours = report("OpenCode through runnerd (ACP)", &opencode_through_runnerd);
-    let theirs = report("bare opencode acp", &opencode_bare);
-    println!(
-        "{:>34}: {:+.1} ms at p50 ({:.2}x; goal: at most +150 ms)",
-        "runnerd adds",
-        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0,
-        ours.as_secs_f64() / theirs.as_secs_f64()
-    );
-
     let calls = 10 * starts.max(3);
     let (bridge, direct) = bridge_against_direct(state.path(), &socket, calls);
-    println!("a tool call (execute_shell_command of `true`, a fresh sandbox each):");
+    println!("Codex: a tool call (execute_shell_command of `true`, a fresh sandbox each):");
     let ours = report("through the bridge", &bridge);
     let theirs = report("direct (the model loop's executor)", &direct);
     println!(
@@ -205,7 +156,6 @@ fn main() {
         "the bridge adds",
         ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0
     );
-    drop(runnerd);
 }
 
 /// `calls` round trips of `execute_shell_command {command: "true"}` through the bridge of a
@@ -362,18 +312,22 @@ fn bridge_against_direct(
     (through_bridge, direct)
 }
 
-/// Starts a turn on runnerd.sock (as agentd would, through curl) and reads it to its end;
-/// returns when it started.
-fn runnerd_turn(socket: &Path, provider: &str, i: usize) -> Instant {
-    let request = json!({
-        "chat_id": format!("bench-{i}"),
+/// A Run turn of `provider` in chat `chat` on project `p`.
+fn turn_request(provider: &str, chat: &str) -> serde_json::Value {
+    json!({
+        "chat_id": chat,
         "user_id": "bench",
         "project": "p",
         "provider": provider,
         "mode": "run",
         "guard": {},
         "prompt": "say hi",
-    });
+    })
+}
+
+/// Starts a turn on runnerd.sock (as agentd would, through curl) and reads it to its end;
+/// returns when it started.
+fn runnerd_turn(socket: &Path, request: &serde_json::Value) -> Instant {
     let started = Instant::now();
     let mut curl = Command::new("curl")
         .args(["-sS", "-N", "--unix-socket"])
@@ -425,6 +379,283 @@ fn bare_codex(codex: &Path, home: &Path) -> Instant {
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "codex exec failed");
     started
+}
+
+/// The time from `started` to the first of `requests` after the first `seen`.
+fn first_request_after(requests: &[RecordedRequest], seen: usize, started: Instant) -> Duration {
+    let first = requests.get(seen).expect("the CLI asked the model");
+    first.at.duration_since(started)
+}
+
+/// Prints a series' p50, min and max (its warm-up samples left out); returns its p50.
+fn report(name: &str, samples: &[Duration]) -> Duration {
+    let mut sorted = samples[WARMUP..].to_vec();
+    sorted.sort();
+    let p50 = sorted[sorted.len() / 2];
+    println!(
+        "{name:>34}: p50 {:7.1} ms  min {:7.1} ms  max {:7.1} ms  (n = {})",
+        p50.as_secs_f64() * 1000.0,
+        sorted[0].as_secs_f64() * 1000.0,
+        sorted[sorted.len() - 1].as_secs_f64() * 1000.0,
+        sorted.len()
+    );
+    p50
+}
+
+/// The release runnerd on a state root of its own under `base` (project `p` with one file),
+/// with `providers` (`[runnerd.providers.*]` tables) in its config; stopped when dropped.
+struct BenchRunnerd {
+    /// Declared first: runnerd stops (when dropped) before its state root goes.
+    _process: Process,
+    state: tempfile::TempDir,
+}
+
+impl BenchRunnerd {
+    fn start(base: &Path, providers: &str) -> BenchRunnerd {
+        let state = tempfile::Builder::new()
+            .prefix("state-")
+            .tempdir_in(base)
+            .unwrap();
+        std::fs::create_dir_all(state.path().join("documents/p")).unwrap();
+        std::fs::write(state.path().join("documents/p/hello.txt"), "hello\n").unwrap();
+        std::fs::write(
+            state.path().join("agentworks.toml"),
+            format!("[runnerd]\nallowed_users = []\n{providers}"),
+        )
+        .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks-runnerd"));
+        daemons::as_daemon_on(&mut command, state.path());
+        let child = command.spawn().expect("spawn runnerd");
+        let mut process = Process {
+            name: "agentworks-runnerd",
+            child,
+        };
+        let socket = state.path().join("run/runnerd.sock");
+        let deadline = Instant::now() + WITHIN;
+        while !socket.exists() {
+            assert!(process.exited().is_none(), "runnerd exited during start");
+            assert!(Instant::now() < deadline, "runnerd did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        BenchRunnerd {
+            _process: process,
+            state,
+        }
+    }
+
+    fn socket(&self) -> std::path::PathBuf {
+        self.state.path().join("run/runnerd.sock")
+    }
+}
+
+/// Claude Code's rows: the time to its first model request through runnerd against the bare
+/// `claude` with the driver's files, arguments and environment; and a tool call as Claude Code
+/// makes it, the bridge's shell against its own `Bash`, both through runnerd.
+fn claude_rows(base: &Path, starts: usize) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let runs = WARMUP + starts;
+    // The whole script in the order the requests come: one text answer a start (runnerd's and
+    // the bare one's alternating), then a call and a text answer a turn (the bridge's shell and
+    // Bash alternating).
+    let mut script: Vec<messages::Reply> = (0..2 * runs)
+        .map(|i| messages::Reply::Text(format!("answer {i}")))
+        .collect();
+    for i in 0..runs {
+        script.push(messages::Reply::mcp(
+            "bridge",
+            "execute_shell_command",
+            &format!("toolu_bridge_{i}"),
+            json!({"command": "true"}),
+        ));
+        script.push(messages::Reply::Text("bridged".into()));
+        script.push(messages::Reply::bash(&format!("toolu_bash_{i}"), "true"));
+        script.push(messages::Reply::Text("ran".into()));
+    }
+    let model = runtime.block_on(ScriptedMessages::start(script)).unwrap();
+    let claude = claude_binary();
+    let runnerd = BenchRunnerd::start(
+        base,
+        &format!(
+            "[runnerd.providers.claude]\ndriver = \"claude\"\nexecutable = \"{}\"\n\
+             model = \"scripted-claude\"\nupstream = \"{}\"\n",
+            claude.display(),
+            model.base_url()
+        ),
+    );
+    let socket = runnerd.socket();
+
+    // The bare run's runtime, made by hand: the files the driver writes (the instructions, the
+    // bridge in mcp.json, the commands' env file), with the model itself as its base URL.
+    let bare_dir = tempfile::Builder::new()
+        .prefix("bare-claude-")
+        .tempdir_in(base)
+        .unwrap();
+    let guidance = agentworks_runner::runtime::guidance(
+        agentworks_contract::runnerd::Mode::Run,
+        &runnerd.state.path().join("documents/p"),
+        &[],
+        &[],
+        &[],
+    );
+    let base_url = model.base_url();
+    let setup = TurnSetup {
+        model: "scripted-claude",
+        gateway_base_url: &base_url,
+        bridge_command: Some(env!("CARGO_BIN_EXE_agentworks-mcpbridge")),
+        builder: false,
+        bound: false,
+        runtime_dir: bare_dir.path(),
+        guidance: &guidance,
+        acp: None,
+    };
+    for file in ClaudeDriver.files(&setup).unwrap() {
+        let path = bare_dir.path().join(&file.path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, file.content).unwrap();
+    }
+    for dir in ["home", "tmp"] {
+        std::fs::create_dir_all(bare_dir.path().join(dir)).unwrap();
+    }
+
+    let (mut through_runnerd, mut bare) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        let seen = model.requests().len();
+        let t = runnerd_turn(
+            &socket,
+            &turn_request("claude", &format!("bench-claude-{i}")),
+        );
+        through_runnerd.push(first_request_after(&model.requests(), seen, t));
+        let seen = model.requests().len();
+        let t = bare_claude(&claude, &setup);
+        bare.push(first_request_after(&model.requests(), seen, t));
+    }
+    println!("Claude Code: time from the turn's start to the CLI's first model request:");
+    let ours = report("through runnerd (sandboxed)", &through_runnerd);
+    let theirs = report("bare claude -p", &bare);
+    println!(
+        "{:>34}: {:+.1} ms at p50 ({:.2}x; goal: at most +150 ms)",
+        "runnerd adds",
+        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0,
+        ours.as_secs_f64() / theirs.as_secs_f64()
+    );
+
+    let (mut bridge, mut bash) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        for (kind, series) in [("bridge", &mut bridge), ("bash", &mut bash)] {
+            let seen = model.requests().len();
+            runnerd_turn(
+                &socket,
+                &turn_request("claude", &format!("bench-claude-{kind}-{i}")),
+            );
+            series.push(tool_round_trip(
+                &model.requests()[seen..],
+                &format!("toolu_{kind}_{i}"),
+            ));
+        }
+    }
+    println!(
+        "Claude Code: a tool call (`true`), from the model's tool_use to the request with its result:"
+    );
+    let ours = report("bridge's execute_shell_command", &bridge);
+    let theirs = report("Claude Code's own Bash", &bash);
+    println!(
+        "{:>34}: {:+.1} ms at p50",
+        "the bridge adds",
+        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0
+    );
+}
+
+/// Runs the bare `claude` by hand as the driver would have runnerd run it for `setup` (its
+/// arguments and environment from [`ClaudeDriver::launch`], the bridge's variables set so it
+/// starts, the prompt on stdin); returns when it was started.
+fn bare_claude(claude: &Path, setup: &TurnSetup) -> Instant {
+    let launch = ClaudeDriver.launch(setup, "bench", None).unwrap();
+    let started = Instant::now();
+    let mut child = Command::new(claude)
+        .args(&launch.args)
+        .current_dir(setup.runtime_dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", setup.runtime_dir.join("home"))
+        .env("TMPDIR", setup.runtime_dir.join("tmp"))
+        .envs(launch.env)
+        .env(agentworks_runner::bridge::URL_ENV, "http://127.0.0.1:9")
+        .env(agentworks_runner::bridge::TOKEN_ENV, "bench")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn claude");
+    child.stdin.take().unwrap().write_all(b"say hi").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "claude -p failed");
+    started
+}
+
+/// From the request answered with the call `id` (the first of `requests`) to the next one, which
+/// must carry the call's result, not an error.
+fn tool_round_trip(requests: &[RecordedRequest], id: &str) -> Duration {
+    assert!(requests.len() >= 2, "no request after the call {id}");
+    let result = requests[1]
+        .messages()
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .find(|b| b["type"] == "tool_result" && b["tool_use_id"] == id)
+        .unwrap_or_else(|| panic!("no result of {id} in the next request"));
+    assert_ne!(result["is_error"], true, "{id} failed: {result}");
+    requests[1].at.duration_since(requests[0].at)
+}
+
+/// OpenCode's rows: the time to its first model request through runnerd (the ACP driver)
+/// against the bare `opencode acp` driven by the same ACP client with the same generated config.
+fn opencode_rows(base: &Path, starts: usize) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let total = 2 * (WARMUP + starts);
+    let chat = runtime
+        .block_on(ScriptedChat::start(
+            (0..total)
+                .map(|i| chat_completions::Reply::Text(format!("answer {i}")))
+                .collect(),
+        ))
+        .unwrap();
+    let opencode = opencode_binary();
+    let runnerd = BenchRunnerd::start(
+        base,
+        &format!(
+            "[runnerd.providers.opencode]\ndriver = \"acp\"\nexecutable = \"{}\"\n\
+             model = \"scripted\"\nupstream = \"{}\"\n\
+             [runnerd.providers.opencode.acp]\nagent = \"opencode\"\nargs = [\"acp\"]\n",
+            opencode.display(),
+            chat.base_url()
+        ),
+    );
+    let socket = runnerd.socket();
+    let bare_dir = tempfile::Builder::new()
+        .prefix("bare-opencode-")
+        .tempdir_in(base)
+        .unwrap();
+    let bare_opencode = BareOpenCode::new(bare_dir.path(), &chat.base_url());
+    let mut through_runnerd = Vec::new();
+    let mut bare = Vec::new();
+    for i in 0..(WARMUP + starts) {
+        let seen = chat.requests().len();
+        let t = runnerd_turn(&socket, &turn_request("opencode", &format!("bench-{i}")));
+        through_runnerd.push(first_request_after(&chat.requests(), seen, t));
+        let seen = chat.requests().len();
+        let t = bare_opencode.run(&runtime, &opencode);
+        bare.push(first_request_after(&chat.requests(), seen, t));
+    }
+    println!("OpenCode: time from the turn's start to its first model request:");
+    let ours = report("OpenCode through runnerd (ACP)", &through_runnerd);
+    let theirs = report("bare opencode acp", &bare);
+    println!(
+        "{:>34}: {:+.1} ms at p50 ({:.2}x; goal: at most +150 ms)",
+        "runnerd adds",
+        ours.as_secs_f64() * 1000.0 - theirs.as_secs_f64() * 1000.0,
+        ours.as_secs_f64() / theirs.as_secs_f64()
+    );
 }
 
 /// `opencode acp` by hand: the ACP driver's files for a turn pointing straight at the model
@@ -538,10 +769,4 @@ impl BareOpenCode {
             started
         })
     }
-}
-
-/// The time from `started` to the first model request after the first `seen`.
-fn first_request_after(requests: &[RecordedRequest], seen: usize, started: Instant) -> Duration {
-    let first = requests.get(seen).expect("the CLI asked the model");
-    first.at.duration_since(started)
 }

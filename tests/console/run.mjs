@@ -281,6 +281,49 @@ const scenarios = {
     await expect(conversation).toContainText('Still the same thread.');
     await expect(conversation).toContainText('✗ shell the turn ended before this call did');
   },
+  async 'cli-laptop'() {
+    // A coding CLI on the server with its hands on the laptop (issue 46): a Claude Code chat
+    // bound to the laptop folder with Use this folder; the scripted model asks the bridge for a
+    // command, which runs in the laptop folder; then the chat switches to server files.
+    const CLI = 90000;
+    await need('start-executor');
+    await page.goto(`${base}/console/`);
+    await page.getByRole('button', { name: 'New chat' }).first().click();
+    const form = page.getByRole('form', { name: /^New chat in / }).first();
+    const agent = form.getByLabel('Agent', { exact: true });
+    await expect(agent.locator('option[value="claude"]')).toHaveCount(1, { timeout: T });
+    await agent.selectOption('claude');
+    await form.getByRole('button', { name: 'Start chat' }).click();
+    await expect(page.locator('#chat-agent')).toHaveText('Agent: claude · Run mode', { timeout: T });
+    await page.getByRole('tab', { name: 'Local CLI connection' }).click();
+    const legend = page.locator('fieldset.device legend').filter({ hasText: 'laptop' });
+    await expect(legend).toContainText('online', { timeout: T });
+    await page.getByLabel(/^repo \(writable\)/).check();
+    await expect(page.getByRole('heading', { name: 'Review before using repo on laptop' })).toBeVisible();
+    await page.getByRole('button', { name: 'Use this folder' }).click();
+    await expect(page.getByText('This chat uses the folder')).toBeVisible({ timeout: T });
+
+    await send('Make a file in my folder.');
+    await expect(lastAnswer()).toContainText('Claude made the file on your laptop.', { timeout: CLI });
+    // One folded line: the bridge's command, run on the laptop by agentd through the executor
+    // (Claude Code's own report of the call is not shown a second time).
+    const tools = page.locator('li.tool');
+    const lines = await tools.locator('summary').allTextContents();
+    check(JSON.stringify(lines) === '["✓ execute_shell_command exit 0"]', `the tool lines: ${JSON.stringify(lines)}`);
+    check(!(await tools.locator('details').evaluate((d) => d.open)), 'the tool call is not folded');
+    const shown = await tools.first().locator('pre.details').textContent();
+    check(shown.includes('claude-made.txt'), `the command's details: ${shown}`);
+    await need('check-cli-laptop');
+    // The turn over, bound, with the call in the conversation: a screenshot of its own (the
+    // scenario's ends on server files).
+    await expect(page.getByRole('button', { name: 'Send' })).toBeEnabled({ timeout: T });
+    await expect(page.getByRole('button', { name: 'Disconnect' })).toBeEnabled({ timeout: T });
+    await page.screenshot({ path: join(shots, 'cli-laptop-bound.png'), fullPage: true });
+    await page.getByRole('button', { name: 'Disconnect' }).click();
+    await page.getByRole('button', { name: 'Switch to server files' }).click();
+    await expect(page.getByText('This chat uses server files.')).toBeVisible({ timeout: T });
+    await expect(page.getByText('This chat uses the folder')).toBeHidden();
+  },
   async 'device-approve'() {
     const started = await page.request.post(`${base}/v1/device/code`, { data: { device_name: 'browser-laptop' } });
     check(started.status() === 200, `POST /v1/device/code answered ${started.status()}`);

@@ -3,8 +3,10 @@
 //! `agentworks executor connect` on a real folder, and the scripted model. One browser and one
 //! stack for all scenarios; what only this side can do (script the model, read its request log,
 //! stop the executor) the script asks for on its stdout (`NEED …`) and we answer on its stdin.
-//! The real runnerd (with the real Codex against a scripted Responses server) starts only when
-//! the `cli-chat` scenario asks, so the scenarios before it see a stack without runnerd.
+//! The real runnerd (with the real Codex against a scripted Responses server, and the real
+//! Claude Code against a scripted Messages server) starts only when the `cli-chat` scenario
+//! asks, so the scenarios before it see a stack without runnerd; `cli-laptop` binds a Claude
+//! Code chat to the laptop folder (the executor started again) and runs a command there.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,8 @@ use super::agent_cli::runnerd_config;
 use super::attachments::PNG;
 use super::console_sessions::{PASSWORD, origin, passwd};
 use super::harness::{Runnerd, http};
+use super::runner_support::claude_binary;
+use super::runner_support::messages::{self, ScriptedMessages};
 use super::runner_support::responses::{Reply, ScriptedResponses};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -38,6 +42,7 @@ const SCENARIOS: &[&str] = &[
     "executor-offline",
     "chat-title",
     "cli-chat",
+    "cli-laptop",
     "device-approve",
     "cross-origin",
     "connections",
@@ -81,10 +86,15 @@ pub(super) fn assert_not_blank(path: &Path) {
     );
 }
 
-/// The `cli-chat` scenario's side: the scripted Responses server Codex asks (its whole script,
-/// three turns) and runnerd once started.
+/// The file the `cli-laptop` scenario's command makes in the laptop folder, and what it holds.
+const LAPTOP_FILE: (&str, &str) = ("claude-made.txt", "from-claude\n");
+
+/// The `cli-chat` and `cli-laptop` scenarios' side: the scripted Responses server Codex asks
+/// (its whole script, three turns), the scripted Messages server Claude Code asks (one turn),
+/// and runnerd once started.
 struct Cli {
     model: ScriptedResponses,
+    claude: ScriptedMessages,
     runnerd: Option<Runnerd>,
     keys: tempfile::TempDir,
     _runtime: tokio::runtime::Runtime,
@@ -110,12 +120,36 @@ impl Cli {
                 Reply::exec_command("c3", &CLI_SLEEP.join(" ")),
             ]))
             .unwrap();
+        let claude = runtime
+            .block_on(ScriptedMessages::start(vec![
+                // Bound to the laptop: a command through the bridge, which runs there.
+                messages::Reply::mcp(
+                    "bridge",
+                    "execute_shell_command",
+                    "toolu_l1",
+                    json!({"command": format!("echo {} > {}", LAPTOP_FILE.1.trim_end(), LAPTOP_FILE.0)}),
+                ),
+                messages::Reply::Text("Claude made the file on your laptop.".into()),
+            ]))
+            .unwrap();
         Cli {
             model,
+            claude,
             runnerd: None,
             keys: tempfile::tempdir().unwrap(),
             _runtime: runtime,
         }
+    }
+
+    /// The `[runnerd.providers.claude]` table: the real Claude Code against [`Cli::claude`],
+    /// with the key file [`runnerd_config`] wrote.
+    fn claude_provider(&self) -> String {
+        format!(
+            "\n[runnerd.providers.claude]\ndriver = \"claude\"\nexecutable = \"{}\"\nmodel = \"scripted-claude\"\nupstream = \"{}\"\nkey_file = \"{}\"\n",
+            claude_binary().display(),
+            self.claude.base_url(),
+            self.keys.path().join("provider.key").display()
+        )
     }
 }
 
@@ -250,6 +284,44 @@ fn serve(setup: &mut Setup, cli: &mut Cli, need: &str) -> Result<(), String> {
                 }
             }
         }
+        "start-executor" => {
+            // `executor-offline` stopped it: the same laptop, logged in already, connects again
+            // (an executor still running would be killed as it is dropped).
+            setup.executor = Some(setup.laptop.connect());
+            setup.wait_device(true);
+        }
+        "check-cli-laptop" => {
+            let made = setup.laptop.repo().join(LAPTOP_FILE.0);
+            match std::fs::read_to_string(&made) {
+                Ok(s) if s == LAPTOP_FILE.1 => {}
+                other => return Err(format!("{}: {other:?}", made.display())),
+            }
+            let on_server = setup
+                .stack
+                .state
+                .documents()
+                .join("app")
+                .join(LAPTOP_FILE.0);
+            if on_server.exists() {
+                return Err(format!("{} exists on the server", on_server.display()));
+            }
+            // Bound, Claude Code offered the model the bridge's tools and none of its own.
+            let requests = cli.claude.requests();
+            if requests.len() != 2 {
+                return Err(format!(
+                    "Claude Code asked the model {} times: {requests:#?}",
+                    requests.len()
+                ));
+            }
+            let offered = requests[0].tool_names();
+            if !offered
+                .iter()
+                .any(|t| t == "mcp__bridge__execute_shell_command")
+                || offered.iter().any(|t| !t.starts_with("mcp__bridge__"))
+            {
+                return Err(format!("the bound Claude Code offered {offered:?}"));
+            }
+        }
         "wait-cli-sleep" => {
             if !wait_for(Duration::from_secs(60), || !cli_sleeps().is_empty()) {
                 return Err(format!("`{}` never ran", CLI_SLEEP.join(" ")));
@@ -279,7 +351,11 @@ fn the_console_works_in_a_real_browser() {
         .parent()
         .unwrap();
     let mut cli = Cli::start();
-    let runnerd = runnerd_config(cli.keys.path(), &cli.model.base_url());
+    let runnerd = format!(
+        "{}{}",
+        runnerd_config(cli.keys.path(), &cli.model.base_url()),
+        cli.claude_provider()
+    );
     let mut setup = Setup::start_with(true, &format!("cli_dir = {build_folder:?}\n\n{runnerd}"));
     let set = passwd(&setup.stack, "alice", PASSWORD);
     assert!(set.status.success(), "{set:?}");

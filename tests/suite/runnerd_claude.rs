@@ -4,13 +4,20 @@
 //! turn writes within its grants; a second turn resumes the session with its history; Stop ends
 //! the CLI's tree and its capability; the gateway counts the usage; the operator's key reaches
 //! the upstream as `x-api-key` and nothing in the sandbox, and the turn's capability stays out
-//! of the commands Claude Code runs.
+//! of the commands Claude Code runs. Through the bridge (`agentworks-mcpbridge`, which Claude
+//! Code spawns from its generated `mcp.json`): `mcp__bridge__execute_shell_command` runs in a
+//! fresh sandbox of the turn's mode with the project as cwd, and
+//! `mcp__bridge__diff_patch_workspace_file` reaches this test (as agentd) as a `bridge_call`
+//! whose answer reaches the model. An upstream that refuses the operator's key ends the turn
+//! promptly with `upstream_refused`, naming where the key comes from.
 
 use super::harness::*;
+use super::runner_support::RecordedRequest;
 use super::runner_support::claude_binary;
 use super::runner_support::messages::{Reply, ScriptedMessages, USAGE_PER_REPLY};
+use agentworks_support::unix_http::UnixClient;
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const TURN: Duration = Duration::from_secs(90);
 
@@ -339,4 +346,172 @@ fn the_key_stays_out_of_the_sandbox_and_the_capability_out_of_commands() {
             );
         }
     }
+}
+
+/// What the model got back for its call `id`: the `tool_result` block of a later request, its
+/// text.
+fn tool_result_for(requests: &[RecordedRequest], id: &str) -> String {
+    requests
+        .iter()
+        .flat_map(|r| r.messages())
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .find(|block| block["type"] == "tool_result" && block["tool_use_id"] == id)
+        .map(|block| match &block["content"] {
+            Value::String(text) => text.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .map(|p| p["text"].as_str().unwrap_or_default())
+                .collect(),
+            other => other.to_string(),
+        })
+        .unwrap_or_else(|| panic!("no tool_result for {id}: {requests:#?}"))
+}
+
+#[test]
+fn the_bridge_runs_a_shell_command_in_a_sandbox_and_hands_a_patch_to_agentd() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let diff = "--- a/docs/readme.md\n+++ b/docs/readme.md\n@@ -1 +1 @@\n-docs\n+patched docs\n";
+    let model = runtime
+        .block_on(ScriptedMessages::start(vec![
+            Reply::mcp(
+                "bridge",
+                "execute_shell_command",
+                "b1",
+                json!({"command": "pwd; cat hello.txt; echo made > docs/new.md; echo rc=$?; \
+                    echo top > top.txt; echo rc=$?; cat secret/plans.txt; echo rc=$?; env"}),
+            ),
+            Reply::mcp(
+                "bridge",
+                "diff_patch_workspace_file",
+                "p1",
+                json!({"filepath": "docs/readme.md", "diff": diff}),
+            ),
+            Reply::Text("bridged".into()),
+        ]))
+        .unwrap();
+    let s = setup(&model);
+    std::fs::create_dir_all(s.state.documents().join("p/secret")).unwrap();
+    std::fs::write(s.state.documents().join("p/secret/plans.txt"), "blocked\n").unwrap();
+    let runnerd = Runnerd::start(&s.state);
+    let providers = runnerd.get("/v1/providers");
+    assert!(providers.get("bridge_unavailable").is_none(), "{providers}");
+    let mut builder = request("chat-bridge", "builder", "use the bridge");
+    builder["guard"] = json!({"write_paths": ["docs"], "blocked_paths": ["secret"]});
+    let turn = runnerd.turn(&builder);
+    let turn_id = turn.next(TURN)["turn_id"].as_str().unwrap().to_owned();
+    let mut events = Vec::new();
+    let call = loop {
+        let event = turn.next(TURN);
+        assert!(
+            !matches!(event["type"].as_str(), Some("end" | "error")),
+            "the turn ended without a bridge call: {event} after {events:#?}"
+        );
+        if event["type"] == "bridge_call" {
+            break event;
+        }
+        events.push(event);
+    };
+    // The shell command ran in runnerd (no bridge_call for it) before the patch was asked for.
+    assert_eq!(call["tool"], "diff_patch_workspace_file");
+    assert_eq!(call["arguments"]["filepath"], "docs/readme.md");
+    assert_eq!(call["arguments"]["diff"], diff);
+    let call_id = call["call_id"].as_str().unwrap().to_owned();
+    let client = UnixClient::new(&runnerd.socket);
+    let answer =
+        json!({"ok": true, "result": {"receipt": "rcpt-claude-7", "path": "docs/readme.md"}});
+    let answered: Value = runtime
+        .block_on(client.post(&format!("/v1/turns/{turn_id}/bridge/{call_id}"), &answer))
+        .unwrap();
+    assert_eq!(answered["answered"], call_id.as_str());
+    events.extend(turn.finish(TURN));
+    ended(&events);
+
+    let requests = model.requests();
+    // Claude Code offered the bridge's tools under its MCP names.
+    let offered = requests[0].tool_names();
+    for tool in [
+        "mcp__bridge__execute_shell_command",
+        "mcp__bridge__diff_patch_workspace_file",
+    ] {
+        assert!(offered.iter().any(|t| t == tool), "{offered:?}");
+    }
+    let project = s.state.documents().join("p");
+    // The bridge answers with the command's exit code, stdout and stderr as JSON.
+    let shell: Value = serde_json::from_str(&tool_result_for(&requests, "b1")).unwrap();
+    assert_eq!(shell["exit_code"], 0, "{shell}");
+    let stdout = shell["stdout"].as_str().unwrap();
+    let stderr = shell["stderr"].as_str().unwrap();
+    // The cwd is the project's folder; Builder writes within its grants and nowhere else.
+    assert!(
+        stdout.starts_with(&format!("{}\n", project.display())),
+        "{shell}"
+    );
+    assert!(stdout.contains("hello from the project"), "{shell}");
+    let codes: Vec<&str> = stdout.lines().filter(|l| l.starts_with("rc=")).collect();
+    assert_eq!(codes, ["rc=0", "rc=2", "rc=1"], "{shell}");
+    assert!(!stdout.contains("blocked"), "{shell}");
+    assert!(
+        stderr.contains("cannot create top.txt: Permission denied")
+            && stderr.contains("secret/plans.txt: Permission denied"),
+        "{shell}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("docs/new.md")).unwrap(),
+        "made\n"
+    );
+    assert!(!project.join("top.txt").exists());
+    // The command's environment has neither capability.
+    assert!(stdout.contains("\nHOME="), "{shell}");
+    for secret in ["awcap_", "awbr_", "AGENTWORKS_BRIDGE", s.key.as_str()] {
+        assert!(!stdout.contains(secret), "a command saw {secret}: {shell}");
+    }
+    // agentd's answer reached the model; runnerd patched nothing itself.
+    assert!(tool_result_for(&requests, "p1").contains("rcpt-claude-7"));
+    assert_eq!(
+        std::fs::read_to_string(project.join("docs/readme.md")).unwrap(),
+        "docs\n"
+    );
+    // The stream shows both as the CLI's tool calls, with their results.
+    let calls = of_type(&events, "tool_call");
+    let tools: Vec<&str> = calls.iter().filter_map(|c| c["tool"].as_str()).collect();
+    assert_eq!(
+        tools,
+        [
+            "bridge.execute_shell_command",
+            "bridge.diff_patch_workspace_file"
+        ],
+        "{events:#?}"
+    );
+    assert!(output_of(&events, "cat hello.txt").contains("rc=0"));
+    assert!(texts(&events).contains("bridged"));
+}
+
+#[test]
+fn an_upstream_that_refuses_the_key_ends_the_turn_promptly_with_upstream_refused() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime
+        .block_on(ScriptedMessages::start(vec![Reply::RefuseKey]))
+        .unwrap();
+    let s = setup(&model);
+    let runnerd = Runnerd::start(&s.state);
+    let started = Instant::now();
+    let events = runnerd
+        .turn(&request("chat-refused", "run", "hi"))
+        .finish(TURN);
+    let took = started.elapsed();
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "error", "{events:#?}");
+    assert_eq!(last["code"], "upstream_refused", "{events:#?}");
+    let message = last["message"].as_str().unwrap();
+    assert!(
+        message.contains("key_file of [runnerd.providers.claude]") && message.contains("401"),
+        "{message}"
+    );
+    assert!(!message.contains(&s.key), "{message}");
+    // Claude Code's own message is not shown as the model's answer.
+    assert!(texts(&events).is_empty(), "{events:#?}");
+    // Two retries, not Claude Code's default ten with a backoff of minutes.
+    assert_eq!(model.requests().len(), 3, "{:#?}", model.requests());
+    assert!(took < Duration::from_secs(20), "the turn took {took:?}");
 }
