@@ -4,9 +4,11 @@
 //! laptop through the real gatewayd, as it sends the model loop's.
 //!
 //! Each scenario runs with each CLI against its scripted model: Codex (the Responses API; its
-//! bridge tools in the namespace `mcp__bridge`) and OpenCode through the ACP driver (chat
-//! completions; `bridge_<tool>`). The model asks the CLI's own shell directly: Codex does not
-//! have it (the call fails and nothing runs); OpenCode asks for permission, runnerd's policy
+//! bridge tools in the namespace `mcp__bridge`), Claude Code (the Messages API;
+//! `mcp__bridge__<tool>`) and OpenCode through the ACP driver (chat completions;
+//! `bridge_<tool>`). The model asks the CLI's own shell directly: Codex does not have it (the
+//! call fails and nothing runs); Claude Code (`--tools ""`) answers "no such tool" (the turn
+//! shows the call failed) and nothing runs; OpenCode asks for permission, runnerd's policy
 //! refuses it (the turn shows the call and the refusal) and nothing runs. Then the bridge's
 //! shell and patch: both happen in the laptop folder, with the laptop's receipts under
 //! agentd's request ids; nothing changes on the server. With the device offline the calls fail
@@ -18,7 +20,7 @@
 use super::agent::{LaptopExt, Setup, api, of_kind, turn};
 use super::agent_cli::runnerd_config;
 use super::harness::*;
-use super::runner_support::{chat_completions, responses};
+use super::runner_support::{chat_completions, claude_binary, messages, responses};
 use super::runnerd_opencode::opencode_provider;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -29,6 +31,7 @@ const PATCH: &str = "--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cli {
     Codex,
+    ClaudeCode,
     OpenCode,
 }
 
@@ -44,6 +47,7 @@ enum Step {
 /// The scripted model of a CLI's dialect.
 enum Model {
     Responses(responses::ScriptedResponses),
+    Messages(messages::ScriptedMessages),
     Chat(chat_completions::ScriptedChat),
 }
 
@@ -52,6 +56,7 @@ impl Cli {
     fn agent(self) -> &'static str {
         match self {
             Cli::Codex => "codex",
+            Cli::ClaudeCode => "claude",
             Cli::OpenCode => "opencode",
         }
     }
@@ -76,6 +81,24 @@ impl Cli {
                 Model::Responses(
                     runtime
                         .block_on(responses::ScriptedResponses::start(script))
+                        .unwrap(),
+                )
+            }
+            Cli::ClaudeCode => {
+                use messages::Reply;
+                let script = steps
+                    .into_iter()
+                    .map(|step| match step {
+                        Step::Native(id, command) => Reply::bash(id, command),
+                        Step::Bridge(tool, id, arguments) => {
+                            Reply::mcp("bridge", tool, id, arguments)
+                        }
+                        Step::Text(text) => Reply::Text(text.into()),
+                    })
+                    .collect();
+                Model::Messages(
+                    runtime
+                        .block_on(messages::ScriptedMessages::start(script))
                         .unwrap(),
                 )
             }
@@ -104,18 +127,26 @@ impl Cli {
         }
     }
 
-    /// runnerd's config: the `codex` and `ghost` providers of `suite::agent_cli`, and OpenCode's
-    /// (the CLI not under test gets an upstream that answers nothing).
+    /// runnerd's config: the `codex` and `ghost` providers of `suite::agent_cli`, Claude Code's
+    /// and OpenCode's (the CLIs not under test get an upstream that answers nothing).
     fn config(self, keys: &Path, model: &Model) -> String {
-        let nowhere = "http://127.0.0.1:9/v1".to_owned();
-        let (codex, opencode) = match self {
-            Cli::Codex => (model.base_url(), nowhere),
-            Cli::OpenCode => (nowhere, model.base_url()),
+        let nowhere = || "http://127.0.0.1:9/v1".to_owned();
+        let upstream = |cli: Cli| {
+            if cli == self {
+                model.base_url()
+            } else {
+                nowhere()
+            }
         };
+        let key_file = keys.join("provider.key");
         format!(
-            "{}\n{}",
-            runnerd_config(keys, &codex),
-            opencode_provider("opencode", &opencode, &keys.join("provider.key"))
+            "{}\n{}\n[runnerd.providers.claude]\ndriver = \"claude\"\nexecutable = \"{}\"\n\
+             model = \"scripted-claude\"\nupstream = \"{}\"\nkey_file = \"{}\"\n",
+            runnerd_config(keys, &upstream(Cli::Codex)),
+            opencode_provider("opencode", &upstream(Cli::OpenCode), &key_file),
+            claude_binary().display(),
+            upstream(Cli::ClaudeCode),
+            key_file.display(),
         )
     }
 }
@@ -124,6 +155,7 @@ impl Model {
     fn base_url(&self) -> String {
         match self {
             Model::Responses(model) => model.base_url(),
+            Model::Messages(model) => model.base_url(),
             Model::Chat(model) => model.base_url(),
         }
     }
@@ -137,6 +169,13 @@ impl Model {
                 .flat_map(|r| r.input().to_vec())
                 .find(|item| item["call_id"] == call_id && item["type"] != "function_call")
                 .map(|item| item["output"].to_string()),
+            Model::Messages(model) => model
+                .requests()
+                .iter()
+                .flat_map(|r| r.messages().to_vec())
+                .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+                .find(|block| block["type"] == "tool_result" && block["tool_use_id"] == call_id)
+                .map(|block| block["content"].to_string()),
             Model::Chat(model) => model
                 .requests()
                 .iter()
@@ -162,6 +201,11 @@ impl Model {
                     .map(|t| t["name"].as_str().unwrap().to_owned())
                     .collect()
             }
+            Model::Messages(model) => model.requests()[0]
+                .tool_names()
+                .into_iter()
+                .filter_map(|name| name.strip_prefix("mcp__bridge__").map(str::to_owned))
+                .collect(),
             Model::Chat(model) => model.requests()[0]
                 .function_names()
                 .into_iter()
@@ -176,6 +220,7 @@ impl Model {
     fn first_request(&self) -> String {
         match self {
             Model::Responses(model) => model.requests()[0].body.to_string(),
+            Model::Messages(model) => model.requests()[0].body.to_string(),
             Model::Chat(model) => model.requests()[0].body.to_string(),
         }
     }
@@ -312,6 +357,26 @@ fn runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(cli: C
     let bridge_calls = ["execute_shell_command", "diff_patch_workspace_file"];
     match cli {
         Cli::Codex => assert_eq!(shown, bridge_calls, "{events:#?}"),
+        // Claude Code reports the model's call of its `Bash` and its own refusal (no such
+        // tool): shown as the call, failed with what Claude Code told the model.
+        Cli::ClaudeCode => {
+            assert_eq!(
+                shown,
+                [&["shell"][..], &bridge_calls].concat(),
+                "{events:#?}"
+            );
+            let refused = results
+                .iter()
+                .find(|r| r["id"] == "n1")
+                .unwrap_or_else(|| panic!("no result of the unavailable shell: {events:#?}"));
+            assert_eq!(refused["state"], "failed", "{refused}");
+            assert_eq!(refused["error"]["code"], "tool_failed", "{refused}");
+            let message = refused["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("No such tool available: Bash"),
+                "{refused}"
+            );
+        }
         Cli::OpenCode => {
             assert_eq!(
                 shown,
@@ -388,6 +453,8 @@ fn runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(cli: C
         }
         // OpenCode offers its shell and asks before running it; the refusal is its answer.
         Model::Chat(_) => assert!(n1.contains("rejected permission"), "{n1}"),
+        // Claude Code (`--tools ""`) answers the model itself: no such tool.
+        Model::Messages(_) => assert!(n1.contains("No such tool available: Bash"), "{n1}"),
     }
     assert_eq!(
         model.bridge_tools(),
@@ -552,4 +619,19 @@ fn create_chat_with(setup: &Setup, agent: &str) -> String {
     );
     assert_eq!(status, 201, "{chat}");
     chat["chat_id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_bound_claude_chat_runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell() {
+    runs_the_bridges_shell_and_patch_on_the_laptop_and_has_no_native_shell(Cli::ClaudeCode);
+}
+
+#[test]
+fn a_bound_claude_chat_with_the_device_offline_fails_its_calls_and_never_touches_the_server() {
+    with_the_device_offline_fails_its_calls_and_never_touches_the_server(Cli::ClaudeCode);
+}
+
+#[test]
+fn a_bound_claude_chat_on_a_read_only_folder_has_no_patch_tool() {
+    on_a_read_only_folder_has_no_patch_tool(Cli::ClaudeCode);
 }

@@ -178,6 +178,10 @@ pub enum TurnEvent {
         /// ran, and `output` says why.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         refused: bool,
+        /// The CLI reported the call failed (a tool error: a tool it does not have, an MCP
+        /// error) with no exit code to say so; `output` says what it told the model.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        failed: bool,
     },
     /// The CLI called a bridge tool that agentd executes (`diff_patch_workspace_file`, or any
     /// tool runnerd does not run itself): agentd runs it as the model loop's tool of that name,

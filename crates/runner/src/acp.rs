@@ -912,6 +912,7 @@ impl UpdateParser {
                 exit_code,
                 output: bounded(&output),
                 refused,
+                failed: status == ToolCallStatus::Failed && !refused && exit_code.is_none(),
             });
         }
     }
@@ -1182,6 +1183,7 @@ mod tests {
                     exit_code: None,
                     output: "ran: echo hi".into(),
                     refused: false,
+                    failed: false,
                 },
                 TurnEvent::ToolCall {
                     call_id: "call_2".into(),
@@ -1193,6 +1195,7 @@ mod tests {
                     exit_code: Some(0),
                     output: "native\n".into(),
                     refused: false,
+                    failed: false,
                 },
                 TurnEvent::Text {
                     text: "done".into()
@@ -1235,6 +1238,7 @@ mod tests {
                     exit_code: None,
                     output: format!("{REFUSED}: bound"),
                     refused: true,
+                    failed: false,
                 },
             ]
         );

@@ -433,6 +433,9 @@ impl EventParser {
                 exit_code,
                 output: bounded(&output),
                 refused: false,
+                // A tool error with no exit code to show it: a tool it does not have (a bound
+                // chat's Bash), an MCP error.
+                failed: is_error && exit_code.is_none(),
             });
         }
         events
@@ -765,6 +768,7 @@ mod tests {
             exit_code,
             output: output.to_owned(),
             refused: false,
+            failed: false,
         };
         assert_eq!(
             events,
@@ -780,11 +784,14 @@ mod tests {
                     "Exit code 127\n/bin/bash: nope: not found"
                 ),
                 call("toolu_4", "shell", "echo hi"),
-                result(
-                    "toolu_4",
-                    None,
-                    "<tool_use_error>Error: No such tool available: Bash. Bash is disabled for this session, in subagents as well as here.</tool_use_error>"
-                ),
+                // No exit code to show the error: the result says it failed.
+                TurnEvent::ToolResult {
+                    call_id: "toolu_4".to_owned(),
+                    exit_code: None,
+                    output: "<tool_use_error>Error: No such tool available: Bash. Bash is disabled for this session, in subagents as well as here.</tool_use_error>".to_owned(),
+                    refused: false,
+                    failed: true,
+                },
             ]
         );
     }

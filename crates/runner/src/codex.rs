@@ -518,6 +518,7 @@ impl EventParser {
                 exit_code: call.exit_code,
                 output: bounded(&call.output),
                 refused: false,
+                failed: call.exit_code.is_none() && str_field(item, "status") == "failed",
             });
         }
         events
@@ -736,6 +737,7 @@ mod tests {
             exit_code,
             output: output.to_owned(),
             refused: false,
+            failed: false,
         };
         assert_eq!(
             events,
@@ -768,6 +770,7 @@ mod tests {
                     exit_code: None,
                     output: "failed: update /p/a.txt, delete /p/b.txt".to_owned(),
                     refused: false,
+                    failed: true,
                 },
             ]
         );

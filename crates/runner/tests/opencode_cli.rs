@@ -295,6 +295,7 @@ async fn a_native_tool_call_is_allowed_in_server_mode_and_its_output_goes_back()
                 exit_code,
                 output,
                 refused: false,
+                failed: false,
             } if *call_id == call.0 => Some((*exit_code, output.clone())),
             _ => None,
         })

@@ -399,6 +399,10 @@ struct Relay {
 /// run its own tool in a chat bound to a laptop folder).
 pub const REFUSED_BY_POLICY: &str = "refused_by_policy";
 
+/// The error code of a CLI's tool call that the CLI itself reported failed without an exit
+/// code (a tool it does not have, as a bound chat's native shell; an MCP error).
+pub const TOOL_FAILED: &str = "tool_failed";
+
 /// Whether Codex's report of a call names a bridge tool agentd runs itself: every bridge tool
 /// of a laptop turn; in server mode every one but the shell, which runnerd runs and which
 /// Codex's report is the only record of.
@@ -481,6 +485,7 @@ impl Relay {
                 exit_code,
                 output,
                 refused,
+                failed,
             } => {
                 let (tool, command) = self
                     .calls
@@ -489,6 +494,9 @@ impl Relay {
                 let result = if refused {
                     // runnerd's policy refused it: it never ran, and the turn says why.
                     Err(ToolError::new(REFUSED_BY_POLICY, output))
+                } else if failed {
+                    // The CLI's own tool error (a tool it does not have, an MCP error).
+                    Err(ToolError::new(TOOL_FAILED, output))
                 } else {
                     let mut result = json!({"command": command, "output": output});
                     // No exit code (a tool that is not a command) is not "killed by a signal".
@@ -642,6 +650,7 @@ mod tests {
                 exit_code: Some(1),
                 output: "cat: project/a.txt: No such file\n".into(),
                 refused: false,
+                failed: false,
             },
             false,
         );
@@ -677,6 +686,7 @@ mod tests {
                 exit_code: None,
                 output: "patched".into(),
                 refused: false,
+                failed: false,
             },
             false,
         );
@@ -696,6 +706,7 @@ mod tests {
                 exit_code: None,
                 output: "refused by runnerd's policy: bound".into(),
                 refused: true,
+                failed: false,
             },
             false,
         );
@@ -832,6 +843,7 @@ mod tests {
                 exit_code: None,
                 output: "done".into(),
                 refused: false,
+                failed: false,
             },
             false,
         );
