@@ -1123,7 +1123,7 @@ fn runnerd_lines(providers: &[ProviderInfo]) -> Vec<String> {
     if providers.is_empty() {
         return vec![
             "  runnerd:         runs, with no provider (coding CLIs as a chat's agent)".into(),
-            "                   (add one: restart with --provider codex=PATH --provider-upstream URL [--provider-key-file FILE], or [runnerd.providers.NAME] in --config)".into(),
+            "                   (add one: restart with --provider codex|claude|opencode=PATH --provider-upstream URL [--provider-key-file FILE], or [runnerd.providers.NAME] in --config)".into(),
         ];
     }
     let unavailable = providers.iter().filter(|p| p.unavailable.is_some()).count();
