@@ -32,14 +32,17 @@ mod laptop_cli;
 mod ports;
 #[path = "common/sshd.rs"]
 mod sshd;
+// The stack and the laptop; this benchmark leaves the state root's path unread.
+#[allow(dead_code)]
+#[path = "common/gateway.rs"]
+mod gateway;
 
 use agentworks_contract::executor::{ExecutorFrame, FolderAccess, FolderInfo, GatewayFrame};
-use agentworks_support::unix_http::UnixClient;
-use daemons::Process;
 use futures_util::{SinkExt, StreamExt};
+use gateway::{Laptop, Stack, start_executor, wait_online};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -91,121 +94,6 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
         .unwrap_or(0)
-}
-
-/// workspaced + agentd + gatewayd on one state root. Fields drop in order: gatewayd, agentd,
-/// workspaced, then the state root.
-struct Stack {
-    gatewayd: Process,
-    _agentd: Process,
-    _workspaced: Process,
-    agentd_port: u16,
-    gateway_port: u16,
-    agentd_socket: UnixClient,
-    gatewayd_socket: UnixClient,
-    _state: tempfile::TempDir,
-}
-
-impl Stack {
-    async fn start(base: &Path) -> Stack {
-        let state_dir = tempfile::Builder::new()
-            .prefix("state-")
-            .tempdir_in(base)
-            .unwrap();
-        let state = state_dir.path();
-        let (agentd_port, gateway_port) = (ports::free_port(), ports::free_port());
-        std::fs::write(
-            state.join("agentworks.toml"),
-            format!(
-                "[workspaced]\nallowed_users = []\n\n[agentd]\nlisten = \"127.0.0.1:{agentd_port}\"\n\n\
-                 [gatewayd]\nlisten = \"127.0.0.1:{gateway_port}\"\nallowed_users = []\n\
-                 # every idle connection comes from this process's one address\n\
-                 max_connections_per_address = {IDLE_CONNECTIONS_LIMIT}\n"
-            ),
-        )
-        .unwrap();
-        let workspaced_socket = UnixClient::new(state.join("run/workspaced.sock"));
-        let agentd_socket = UnixClient::new(state.join("run/agentd.sock"));
-        let gatewayd_socket = UnixClient::new(state.join("run/gatewayd.sock"));
-
-        let mut workspaced = Process::daemon(
-            "agentworks-workspaced",
-            env!("CARGO_BIN_EXE_agentworks-workspaced"),
-            state,
-        );
-        workspaced
-            .wait_ready(Duration::from_secs(30), || async {
-                workspaced_socket.get::<Value>("/v1/health").await.is_ok()
-            })
-            .await;
-        let mut agentd = Process::daemon(
-            "agentworks-agentd",
-            env!("CARGO_BIN_EXE_agentworks-agentd"),
-            state,
-        );
-        agentd
-            .wait_ready(Duration::from_secs(30), || async {
-                agentd_socket
-                    .post::<_, Value>("/v1/admin/users/list", &json!({}))
-                    .await
-                    .is_ok()
-            })
-            .await;
-        let mut gatewayd = Process::daemon(
-            "agentworks-gatewayd",
-            env!("CARGO_BIN_EXE_agentworks-gatewayd"),
-            state,
-        );
-        gatewayd
-            .wait_ready(Duration::from_secs(30), || async {
-                gatewayd_socket.get::<Value>("/v1/health").await.is_ok()
-                    && tokio::net::TcpStream::connect(("127.0.0.1", gateway_port))
-                        .await
-                        .is_ok()
-            })
-            .await;
-        Stack {
-            gatewayd,
-            _agentd: agentd,
-            _workspaced: workspaced,
-            agentd_port,
-            gateway_port,
-            agentd_socket,
-            gatewayd_socket,
-            _state: state_dir,
-        }
-    }
-
-    async fn admin(&self, endpoint: &str, body: Value) -> Value {
-        self.agentd_socket
-            .post::<_, Value>(&format!("/v1/admin/{endpoint}"), &body)
-            .await
-            .unwrap_or_else(|e| panic!("admin {endpoint} {body}: {e}"))
-    }
-
-    /// A new devices:connect token of `user`: (token, user id).
-    async fn device_token(&self, user: &str) -> Result<(String, String), String> {
-        let created = self
-            .agentd_socket
-            .post::<_, Value>(
-                "/v1/admin/tokens/create",
-                &json!({"user": user, "scopes": ["devices:connect"]}),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((
-            created["token"].as_str().expect("a token").to_owned(),
-            created["info"]["user_id"]
-                .as_str()
-                .expect("the token's user id")
-                .to_owned(),
-        ))
-    }
-
-    async fn connected(&self) -> u64 {
-        let health: Value = self.gatewayd_socket.get("/v1/health").await.unwrap();
-        health["connected"].as_u64().unwrap_or(0)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,114 +243,8 @@ async fn measure_memory(stack: &Stack) -> MemoryFigures {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // Latency: one real executor.
-
-/// A temp laptop: `home/` (HOME, default XDG dirs) and `proj/` (the shared write folder).
-struct Laptop {
-    dir: tempfile::TempDir,
-}
-
-impl Laptop {
-    fn new(base: &Path) -> Laptop {
-        let dir = tempfile::Builder::new()
-            .prefix("laptop-")
-            .tempdir_in(base)
-            .unwrap();
-        let laptop = Laptop { dir };
-        std::fs::create_dir_all(laptop.home()).unwrap();
-        std::fs::create_dir_all(laptop.project()).unwrap();
-        laptop
-    }
-
-    fn root(&self) -> PathBuf {
-        self.dir.path().canonicalize().unwrap()
-    }
-
-    fn home(&self) -> PathBuf {
-        self.root().join("home")
-    }
-
-    fn project(&self) -> PathBuf {
-        self.root().join("proj")
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks"));
-        command
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("HOME", self.home())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null());
-        command
-    }
-}
-
-/// `agentworks login --with-token`, then `agentworks executor connect`.
-fn start_executor(laptop: &Laptop, stack: &Stack, token: &str) -> Process {
-    let server = format!("http://127.0.0.1:{}", stack.agentd_port);
-    let gateway = format!("ws://127.0.0.1:{}", stack.gateway_port);
-    laptop_cli::login_with_token(laptop.command(&[]), &server, &[&gateway], token);
-    let log = std::fs::File::create(laptop.root().join("executor.stderr")).unwrap();
-    let project = laptop.project();
-    let child = laptop
-        .command(&[
-            "executor",
-            "connect",
-            "--name",
-            "bench",
-            "--write-folder",
-            project.to_str().unwrap(),
-            "--server",
-            &server,
-            "--gateway",
-            &gateway,
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process {
-        name: "agentworks executor connect",
-        child,
-    }
-}
-
-/// The device id of the user's online device `name`, once it is listed online.
-async fn wait_online(
-    stack: &Stack,
-    executor: &mut Process,
-    laptop: &Laptop,
-    user_id: &str,
-) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let devices: Value = stack
-            .gatewayd_socket
-            .post("/v1/devices", &json!({"user_id": user_id}))
-            .await
-            .unwrap();
-        let online = devices.as_array().and_then(|ds| {
-            ds.iter()
-                .find(|d| d["name"] == "bench" && d["online"] == true)
-                .and_then(|d| d["device_id"].as_str())
-        });
-        if let Some(id) = online {
-            return id.to_owned();
-        }
-        if let Some(status) = executor.exited() {
-            let log =
-                std::fs::read_to_string(laptop.root().join("executor.stderr")).unwrap_or_default();
-            panic!("the executor exited ({status}) before it was online:\n{log}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the executor did not come online"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// One dispatch of `true`; checks it completed with exit code 0.
 async fn dispatch_true(stack: &Stack, user_id: &str, device_id: &str, request_id: &str) {
@@ -529,7 +311,13 @@ fn main() {
         .build()
         .unwrap();
     let (memory, gateway, direct) = runtime.block_on(async {
-        let stack = Stack::start(&base).await;
+        let stack = Stack::start(
+            &base,
+            // every idle connection comes from this process's one address
+            &format!("max_connections_per_address = {IDLE_CONNECTIONS_LIMIT}"),
+            "",
+        )
+        .await;
         let memory = measure_memory(&stack).await;
 
         let _ = stack.admin("users/add", json!({"name": "bench"})).await;

@@ -42,12 +42,14 @@
 #[allow(dead_code)]
 #[path = "../tests/common/daemons.rs"]
 mod daemons;
+#[path = "common/runnerd.rs"]
+mod runnerd;
 #[path = "../crates/runner/tests/support/mod.rs"]
 mod support;
 
 use agentworks_runner::claude::ClaudeDriver;
 use agentworks_runner::driver::{CliDriver, TurnSetup};
-use daemons::Process;
+use runnerd::{BenchRunnerd, HeldTurn, WITHIN, holder_cli};
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -59,7 +61,6 @@ use support::responses::{Reply, ScriptedResponses};
 use support::{RecordedRequest, claude_binary, codex_binary, opencode_binary};
 
 const WARMUP: usize = 2;
-const WITHIN: Duration = Duration::from_secs(60);
 
 fn main() {
     let starts: usize = std::env::args()
@@ -87,14 +88,7 @@ fn codex_rows(base: &Path, starts: usize) {
         ))
         .unwrap();
     let codex = codex_binary();
-    let holder = base.join("holder-cli");
-    std::fs::write(
-        &holder,
-        "#!/bin/sh\nenv > bridge.env\nwhile [ ! -e stop ]; do sleep 0.05; done\n\
-         echo '{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}'\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&holder, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let holder = holder_cli(base);
     let runnerd = BenchRunnerd::start(
         base,
         &format!(
@@ -194,42 +188,12 @@ fn bridge_against_direct(
         .unwrap()
         .write_all(request.to_string().as_bytes())
         .unwrap();
-    let key = agentworks_runner::runtime::RuntimeKey {
-        user_id: "bench",
-        project: "p",
-        chat_id: "bench-bridge",
-        provider: "holder",
-        mode: agentworks_contract::runnerd::Mode::Run,
-        laptop: false,
-    };
-    let runtime = state.join("runner/runtimes").join(key.dir_name());
-    let deadline = Instant::now() + WITHIN;
-    let env = loop {
-        if let Ok(env) = std::fs::read_to_string(runtime.join("bridge.env"))
-            && env.contains("AGENTWORKS_BRIDGE_TOKEN=")
-        {
-            break env;
-        }
-        assert!(Instant::now() < deadline, "the held turn never started");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let var = |name: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("no {name} in the CLI's environment"))
-            .to_owned()
-    };
+    let held = HeldTurn::wait(state);
     let mut bridge = Command::new(env!("CARGO_BIN_EXE_agentworks-mcpbridge"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .env(
-            agentworks_runner::bridge::URL_ENV,
-            var(agentworks_runner::bridge::URL_ENV),
-        )
-        .env(
-            agentworks_runner::bridge::TOKEN_ENV,
-            var(agentworks_runner::bridge::TOKEN_ENV),
-        )
+        .env(agentworks_runner::bridge::URL_ENV, &held.url)
+        .env(agentworks_runner::bridge::TOKEN_ENV, &held.token)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -307,7 +271,7 @@ fn bridge_against_direct(
     }
     drop(to_bridge);
     let _ = bridge.wait();
-    std::fs::write(runtime.join("stop"), "").unwrap();
+    held.stop();
     let _ = curl.wait();
     (through_bridge, direct)
 }
@@ -400,52 +364,6 @@ fn report(name: &str, samples: &[Duration]) -> Duration {
         sorted.len()
     );
     p50
-}
-
-/// The release runnerd on a state root of its own under `base` (project `p` with one file),
-/// with `providers` (`[runnerd.providers.*]` tables) in its config; stopped when dropped.
-struct BenchRunnerd {
-    /// Declared first: runnerd stops (when dropped) before its state root goes.
-    _process: Process,
-    state: tempfile::TempDir,
-}
-
-impl BenchRunnerd {
-    fn start(base: &Path, providers: &str) -> BenchRunnerd {
-        let state = tempfile::Builder::new()
-            .prefix("state-")
-            .tempdir_in(base)
-            .unwrap();
-        std::fs::create_dir_all(state.path().join("documents/p")).unwrap();
-        std::fs::write(state.path().join("documents/p/hello.txt"), "hello\n").unwrap();
-        std::fs::write(
-            state.path().join("agentworks.toml"),
-            format!("[runnerd]\nallowed_users = []\n{providers}"),
-        )
-        .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_agentworks-runnerd"));
-        daemons::as_daemon_on(&mut command, state.path());
-        let child = command.spawn().expect("spawn runnerd");
-        let mut process = Process {
-            name: "agentworks-runnerd",
-            child,
-        };
-        let socket = state.path().join("run/runnerd.sock");
-        let deadline = Instant::now() + WITHIN;
-        while !socket.exists() {
-            assert!(process.exited().is_none(), "runnerd exited during start");
-            assert!(Instant::now() < deadline, "runnerd did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        BenchRunnerd {
-            _process: process,
-            state,
-        }
-    }
-
-    fn socket(&self) -> std::path::PathBuf {
-        self.state.path().join("run/runnerd.sock")
-    }
 }
 
 /// Claude Code's rows: the time to its first model request through runnerd against the bare
