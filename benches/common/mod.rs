@@ -8,7 +8,10 @@
 //! `sshd.rs` here (a private sshd and `ssh localhost true` over a ControlMaster connection) is
 //! not part of this module: `gateway_roundtrip` includes it on its own with `#[path]`. Nor is
 //! `measure.rs` (a process's VmRSS, RLIMIT_NOFILE raised, percentiles), which needs none of
-//! the harness modules: `cluster_dispatch` includes it the same way.
+//! the harness modules: `cluster_dispatch` includes it the same way. Nor are `gateway.rs`
+//! (workspaced, agentd and gatewayd, and a real laptop's executor: `gateway_roundtrip`,
+//! `runnerd_laptop`) and `runnerd.rs` (runnerd and the holder CLI: `runnerd_turn`,
+//! `runnerd_laptop`), each included with `#[path]` by the benchmarks that start those.
 
 pub mod floor;
 pub mod reference;
