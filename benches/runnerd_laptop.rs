@@ -16,18 +16,19 @@
 //!   ([`Forwarder`]): runnerd → agentd (its bridge call: the role re-checked, the dispatch) →
 //!   gatewayd → the executor, its receipt and its sandbox → back. Timed from the post to the
 //!   reply.
-//! - the model loop's: an `api` chat whose one turn the scripted model fills with sequential
+//! - the model loop's: an `api` chat whose turns the scripted model fills with sequential
 //!   calls of the same tool with the same arguments; each is timed as the gap between its
 //!   `tool_call` and `tool_result` events as this process reads them off the turn's stream (what
 //!   agentd spends on it: the role check, the dispatch, the laptop's round trip, storing the
 //!   result).
 //!
-//! The difference of the p50s is what the bridge adds (runnerd's endpoint, its call to agentd,
+//! The two sides alternate in rounds of [`ROUND`] calls (a model-loop turn a round), so both
+//! see the same load; the first round is the warm-up. The difference of the p50s is what the bridge adds (runnerd's endpoint, its call to agentd,
 //! the HTTP of the post itself). A benchmark: nothing is asserted about timings; it panics only
 //! when a call fails or the stack does not start.
 //!
-//! Run: `cargo bench --bench runnerd_laptop` (optionally `-- N` timed calls per side; default
-//! 20, after [`WARMUP`] warm-up calls each).
+//! Run: `cargo bench --bench runnerd_laptop` (optionally `-- N` timed calls per side, rounded
+//! up to whole rounds; default 20).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The test harness's daemon helpers; this benchmark uses part of them.
@@ -63,7 +64,8 @@ use std::path::Path;
 use std::time::Instant;
 use support::chat_completions::{Reply, ScriptedChat};
 
-const WARMUP: usize = 3;
+/// Calls a side makes in a row before the other side's; the first round is the warm-up.
+const ROUND: usize = 5;
 /// What `PUT /v1/chats/{id}/binding` must be sent, word for word.
 const CONFIRM: &str = "I understand file contents and command output go to the server and the model, and commands can reach the network";
 
@@ -78,18 +80,23 @@ fn main() {
     std::fs::create_dir_all(&base).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
 
-    // The model loop's one turn: WARMUP + n calls, one a round, then its answer.
-    let calls = WARMUP + n;
-    let mut script: Vec<Reply> = (0..calls)
-        .map(|i| {
-            Reply::tool(
-                "execute_shell_command",
-                &format!("call_{i}"),
-                json!({"command": "true"}),
-            )
+    // Rounds of ROUND calls on each side, alternating, so both see the same load; the first
+    // round is the warm-up. A model-loop turn a round: ROUND calls, one a tool round, then its
+    // answer.
+    let rounds = n.div_ceil(ROUND) + 1;
+    let script: Vec<Reply> = (0..rounds)
+        .flat_map(|r| {
+            (0..ROUND)
+                .map(move |i| {
+                    Reply::tool(
+                        "execute_shell_command",
+                        &format!("call_{r}_{i}"),
+                        json!({"command": "true"}),
+                    )
+                })
+                .chain([Reply::Text("done".into())])
         })
         .collect();
-    script.push(Reply::Text("done".into()));
     let model = runtime.block_on(ScriptedChat::start(script)).unwrap();
     let holder = runnerd::holder_cli(&base);
     let sections = format!(
@@ -100,7 +107,7 @@ fn main() {
          model = \"none\"\nupstream = \"{url}\"\n",
         holder.display(),
         url = model.base_url(),
-        rounds = calls + 1,
+        rounds = ROUND + 1,
     );
     let stack = runtime.block_on(Stack::start(&base, "", &sections));
     let _runnerd = runnerd::start_on(stack.state.path());
@@ -137,9 +144,10 @@ fn main() {
         token,
     };
 
-    let bridge = runtime.block_on(async {
-        let chat = api.bound_chat("holder", &device_id).await;
-        let turn = tokio::spawn(api.turn(chat, "hold the turn open"));
+    let (bridge, model_loop) = runtime.block_on(async {
+        let cli_chat = api.bound_chat("holder", &device_id).await;
+        let api_chat = api.bound_chat("api", &device_id).await;
+        let cli_turn = tokio::spawn(api.turn(cli_chat, "hold the turn open"));
         let held = tokio::task::spawn_blocking({
             let state = stack.state.path().to_owned();
             move || HeldTurn::wait(&state)
@@ -151,42 +159,38 @@ fn main() {
             tool: "execute_shell_command".into(),
             arguments: json!({"command": "true"}),
         };
-        let mut samples = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            let started = Instant::now();
-            let reply = forwarder.call(&call).await;
-            samples.push(started.elapsed());
-            assert!(!reply.is_error, "the bridge call failed: {}", reply.text);
-            assert_ran_true(&serde_json::from_str(&reply.text).unwrap_or(Value::Null));
+        let (mut bridge, mut model_loop) = (Vec::new(), Vec::new());
+        for r in 0..rounds {
+            for _ in 0..ROUND {
+                let started = Instant::now();
+                let reply = forwarder.call(&call).await;
+                bridge.push(started.elapsed());
+                assert!(!reply.is_error, "the bridge call failed: {}", reply.text);
+                assert_ran_true(&serde_json::from_str(&reply.text).unwrap_or(Value::Null));
+            }
+            let events = api.turn(api_chat.clone(), "run true").await;
+            for i in 0..ROUND {
+                let id = format!("call_{r}_{i}");
+                let at = |kind: &str| {
+                    events
+                        .iter()
+                        .find(|e| e.kind == kind && e.data["id"] == id.as_str())
+                        .unwrap_or_else(|| panic!("no {kind} of {id} in the turn: {events:?}"))
+                };
+                let (called, result) = (at("tool_call"), at("tool_result"));
+                assert_eq!(result.data["ok"], true, "{id} failed: {}", result.data);
+                assert_ran_true(&result.data["result"]);
+                model_loop.push(result.at.duration_since(called.at));
+            }
         }
         held.stop();
-        let events = turn.await.unwrap();
+        let events = cli_turn.await.unwrap();
         assert!(
             events.last().is_some_and(|e| e.kind == "end"),
             "the CLI's turn did not end: {:?}",
             events.last()
         );
-        samples.split_off(WARMUP)
-    });
-
-    let model_loop = runtime.block_on(async {
-        let chat = api.bound_chat("api", &device_id).await;
-        let events = api.turn(chat, "run true").await;
-        let mut samples = Vec::with_capacity(calls);
-        for i in 0..calls {
-            let id = format!("call_{i}");
-            let at = |kind: &str| {
-                events
-                    .iter()
-                    .find(|e| e.kind == kind && e.data["id"] == id.as_str())
-                    .unwrap_or_else(|| panic!("no {kind} of {id} in the turn: {events:?}"))
-            };
-            let (called, result) = (at("tool_call"), at("tool_result"));
-            assert_eq!(result.data["ok"], true, "{id} failed: {}", result.data);
-            assert_ran_true(&result.data["result"]);
-            samples.push(result.at.duration_since(called.at));
-        }
-        samples.split_off(WARMUP)
+        (bridge.split_off(ROUND), model_loop.split_off(ROUND))
     });
     if let Some(status) = executor.exited() {
         panic!("the executor exited during the run: {status}");
@@ -202,8 +206,10 @@ fn main() {
     let (bridge, model_loop) = (stats(bridge), stats(model_loop));
     println!(
         "a bound chat's execute_shell_command of `true` on the laptop (executor, gatewayd, agentd, \
-         runnerd on one machine, {} cores), {n} timed calls each after {WARMUP} warm-up",
-        std::thread::available_parallelism().map_or(0, |p| p.get())
+         runnerd on one machine, {} cores), {} timed calls each after {ROUND} warm-up, \
+         alternating in rounds of {ROUND}",
+        std::thread::available_parallelism().map_or(0, |p| p.get()),
+        bridge.count
     );
     println!("                                                 p50 ms    p99 ms   mean ms");
     for (label, s) in [
