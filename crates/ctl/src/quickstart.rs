@@ -1637,7 +1637,7 @@ mod tests {
         assert!(
             none.contains("runnerd:")
                 && none.contains("no provider")
-                && none.contains("--provider codex=PATH"),
+                && none.contains("--provider codex|claude|opencode=PATH"),
             "{none}"
         );
         let providers = [
